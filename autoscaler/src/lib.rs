@@ -1,0 +1,6 @@
+//! The autoscaler role: the InferenceAutoscaler controller, the activator gateway, and the GPU pool manager.
+
+pub mod activator;
+pub mod controller;
+pub mod crd;
+pub mod pool;

@@ -1,0 +1,1 @@
+//! The GPU pool manager: capacity pods and reservations (being built, issue 5).

@@ -1,0 +1,17 @@
+//! Tessera's decisions, as pure functions over plain structs.
+//!
+//! Nothing in this crate does I/O or reads a clock: callers pass in what they observed and the time it is,
+//! and get back a value *and a reason*. That is what lets the sidecar, the autoscaler, the webhook and the
+//! what-if simulator share one copy of every rule — the simulator replays hours of traffic through exactly
+//! the code that runs in the cluster.
+//!
+//! Where to find a decision:
+//! - [`metrics`]: reading a vLLM `/metrics` page into a typed snapshot; windowed rates and quantiles.
+//! - [`recommend`]: how much GPU memory (KV cache bytes, `gpu_memory_utilization`, MiB) and compute a replica needs.
+//! - [`scale`]: how many replicas a model needs (the HPA replacement), including scale to zero.
+//! - [`pack`]: which GPU each fractional replica goes on, and which GPUs could be emptied.
+
+pub mod metrics;
+pub mod pack;
+pub mod recommend;
+pub mod scale;

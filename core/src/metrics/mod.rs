@@ -1,0 +1,1 @@
+//! Prometheus text parsing and the typed vLLM snapshot (see issue 2).

@@ -1,0 +1,1 @@
+//! Packing fractional replicas onto GPUs (see issue 5).

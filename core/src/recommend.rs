@@ -1,0 +1,1 @@
+//! The memory and compute recommendation for one replica (see issue 2).

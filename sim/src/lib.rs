@@ -1,0 +1,7 @@
+//! Simulation: the vLLM emulator, the what-if simulator, and the packing benchmark.
+
+pub mod emulator;
+pub mod model;
+pub mod pack;
+pub mod simulate;
+pub mod trace;

@@ -1,0 +1,1 @@
+//! The vLLM performance model, in virtual time (being built, issue 3).

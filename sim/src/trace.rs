@@ -1,0 +1,1 @@
+//! Trace readers (being built, issue 6).

@@ -1,0 +1,72 @@
+//! `tessera`: one binary, one subcommand per role, so one image serves every role.
+//!
+//! This file only parses arguments, sets up logging, and hands over to the role's crate.
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about = "Serve more models per GPU on Kubernetes: rightsized vLLM memory, \
+fractional GPUs, and inference-aware autoscaling with scale to zero.")]
+struct Cli {
+    /// Log format: human-readable text or one JSON object per line. The level comes from RUST_LOG (default info).
+    #[arg(long, global = true, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run beside a vLLM server: scrape its metrics, recommend its GPU memory and compute, serve /v1/status.
+    Sidecar(tessera_sidecar::Args),
+    /// Run in a capacity pod: report per-pod GPU memory and utilization from NVML.
+    GpuAgent(tessera_sidecar::agent::Args),
+    /// Run the InferenceAutoscaler controller (the HPA replacement) and the GPU pool manager.
+    Autoscaler(tessera_autoscaler::controller::Args),
+    /// Run the OpenAI-API gateway that routes by model and holds requests while a model scales from zero.
+    Activator(tessera_autoscaler::activator::Args),
+    /// Replay real traffic through Tessera's decisions and compare it with whole-GPU baselines.
+    Simulate(tessera_sim::simulate::Args),
+    /// Pack a GPU-sharing pod trace onto GPUs and compare with the lower bound.
+    Pack(tessera_sim::pack::Args),
+    /// Run an emulated vLLM server (OpenAI API and vLLM's /metrics) with a realistic performance model.
+    VllmSim(tessera_sim::emulator::Args),
+    /// Print the InferenceAutoscaler CustomResourceDefinition as YAML.
+    Crdgen,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Sidecar(args) => tessera_sidecar::run(args).await,
+        Command::GpuAgent(args) => tessera_sidecar::agent::run(args).await,
+        Command::Autoscaler(args) => tessera_autoscaler::controller::run(args).await,
+        Command::Activator(args) => tessera_autoscaler::activator::run(args).await,
+        Command::Simulate(args) => tessera_sim::simulate::run(args).await,
+        Command::Pack(args) => tessera_sim::pack::run(args).await,
+        Command::VllmSim(args) => tessera_sim::emulator::run(args).await,
+        Command::Crdgen => {
+            print!("{}", tessera_autoscaler::crd::crdgen()?);
+            Ok(())
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    // Logs go to stderr so that commands whose stdout is data (crdgen, simulate, pack) stay pipeable.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
