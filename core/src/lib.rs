@@ -10,8 +10,10 @@
 //! - [`recommend`]: how much GPU memory (KV cache bytes, `gpu_memory_utilization`, MiB) and compute a replica needs.
 //! - [`scale`]: how many replicas a model needs (the HPA replacement), including scale to zero.
 //! - [`pack`]: which GPU each fractional replica goes on, and which GPUs could be emptied.
+//! - [`wire`]: the JSON documents one role serves and another reads (sidecar status, activator stats).
 
 pub mod metrics;
 pub mod pack;
 pub mod recommend;
 pub mod scale;
+pub mod wire;

@@ -1,0 +1,1 @@
+//! The sidecar's `/v1/status` document (being built, issue 2).
