@@ -1,1 +1,238 @@
-//! The activator's per-model request statistics, as served to the autoscaler (being built, issue 4).
+//! The activator's per-model request statistics, as served on [`STATS_PATH`] and read by the controller.
+//!
+//! The activator is the only component that sees every request before a replica exists, so it is the source of
+//! two scaling signals the sidecars cannot give: the request rate of a model at zero replicas, and how long a model
+//! has been idle. It also tells the controller, through `queued`, that somebody is waiting right now — the
+//! controller must never scale a model to zero while `in_flight + queued > 0`.
+//!
+//! Counters (`requests_total`, `rejected_total`) are cumulative since the activator process started
+//! (`started_at_unix_ms`); a consumer derives rates from two documents with [`request_rate`], which detects
+//! restarts instead of reading them as a negative rate. Times are Unix milliseconds so that this crate stays free
+//! of a clock and of a date library, and so that they compare exactly across processes.
+//!
+//! The wake-up contract (how the activator tells the controller "scale this model from zero now") is a
+//! merge-patch of the annotation [`ACTIVATED_AT_ANNOTATION`] on the model's `InferenceAutoscaler`, whose value is
+//! an RFC 3339 timestamp; the controller watches its CRs, so the patch itself wakes its reconcile loop.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Where the activator serves [`ActivatorStats`] as JSON (`GET`).
+pub const STATS_PATH: &str = "/tessera/v1/stats";
+
+/// The annotation the activator sets (RFC 3339 UTC time) on an `InferenceAutoscaler` when a request arrives for
+/// one of its models while it has no ready replica. Its change is the controller's wake-up.
+pub const ACTIVATED_AT_ANNOTATION: &str = "tessera.dev/activated-at";
+
+/// The version of this document's shape; bumped on an incompatible change so a reader can refuse it clearly.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One activator's view of every model it knows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivatorStats {
+    /// [`SCHEMA_VERSION`] of the producer.
+    pub schema_version: u32,
+    /// Which activator instance produced this (the pod name in a cluster, or the listen address).
+    pub instance: String,
+    /// When the activator process started; counters restart from zero when this changes.
+    pub started_at_unix_ms: u64,
+    /// When this document was produced.
+    pub observed_at_unix_ms: u64,
+    /// Per model name (the OpenAI `model` field), sorted so the JSON is stable.
+    pub models: BTreeMap<String, ModelStats>,
+}
+
+/// Request counts for one model at one activator.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelStats {
+    /// Requests received for this model since the activator started, whatever their outcome.
+    pub requests_total: u64,
+    /// Requests rejected by the activator itself (queue full, hold timeout, no backend) since start.
+    pub rejected_total: u64,
+    /// Requests forwarded to a backend whose response has not finished yet.
+    pub in_flight: u64,
+    /// Requests held because the model has no ready backend (waiting for a scale from zero).
+    pub queued: u64,
+    /// Ready backends the activator currently routes to.
+    pub ready_backends: u32,
+    /// When the last request for this model arrived; `None` if none has since the activator started.
+    pub last_request_at_unix_ms: Option<u64>,
+}
+
+impl ModelStats {
+    /// True when somebody is being served or waiting: scaling to zero now would fail a request.
+    pub fn busy(&self) -> bool {
+        self.in_flight > 0 || self.queued > 0
+    }
+
+    /// How long the model has been idle at `now_unix_ms`, or `None` when it never saw a request since
+    /// `started_at_unix_ms` — then the idle time is *at least* `now - started_at`, which the caller may use.
+    /// A busy model is idle for zero, whatever its last arrival time.
+    pub fn idle_for_ms(&self, now_unix_ms: u64) -> Option<u64> {
+        if self.busy() {
+            return Some(0);
+        }
+        self.last_request_at_unix_ms
+            .map(|t| now_unix_ms.saturating_sub(t))
+    }
+
+    /// Adds another activator's view of the same model (several activator replicas share the traffic).
+    pub fn merge(&mut self, other: &ModelStats) {
+        self.requests_total = self.requests_total.saturating_add(other.requests_total);
+        self.rejected_total = self.rejected_total.saturating_add(other.rejected_total);
+        self.in_flight = self.in_flight.saturating_add(other.in_flight);
+        self.queued = self.queued.saturating_add(other.queued);
+        // Replicas are shared, not summed: each activator sees the same endpoints.
+        self.ready_backends = self.ready_backends.max(other.ready_backends);
+        self.last_request_at_unix_ms = match (self.last_request_at_unix_ms, other.last_request_at_unix_ms) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// Why no request rate could be derived from two documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RateError {
+    /// The two documents come from different activator processes (a restart): the counter began again at zero.
+    #[error("the activator restarted between the two samples; wait for the next sample")]
+    Restarted,
+    /// The later document is not later than the earlier one.
+    #[error("the samples are not in time order (or are the same sample)")]
+    NotLater,
+    /// The counter went backwards within one process, which a correct activator never does.
+    #[error("requests_total went backwards within one activator process")]
+    CounterDecreased,
+}
+
+/// Requests per second for `model` between two stats documents from the same activator.
+///
+/// A model absent from `earlier` but present in `later` was first seen in between, so its count started at zero;
+/// a model absent from `later` has rate zero only if it is also absent from `earlier`, and is otherwise treated as
+/// a counter going backwards (the activator never forgets a model).
+pub fn request_rate(earlier: &ActivatorStats, later: &ActivatorStats, model: &str) -> Result<f64, RateError> {
+    if earlier.instance != later.instance || earlier.started_at_unix_ms != later.started_at_unix_ms {
+        return Err(RateError::Restarted);
+    }
+    if later.observed_at_unix_ms <= earlier.observed_at_unix_ms {
+        return Err(RateError::NotLater);
+    }
+    let before = earlier.models.get(model).map_or(0, |m| m.requests_total);
+    let after = later.models.get(model).map_or(0, |m| m.requests_total);
+    let delta = after.checked_sub(before).ok_or(RateError::CounterDecreased)?;
+    let seconds = (later.observed_at_unix_ms - earlier.observed_at_unix_ms) as f64 / 1000.0;
+    Ok(delta as f64 / seconds)
+}
+
+/// Sums several activators' documents into one view per model (for the controller, which reads every replica of
+/// the activator).
+pub fn merge_models<'a>(docs: impl IntoIterator<Item = &'a ActivatorStats>) -> BTreeMap<String, ModelStats> {
+    let mut out: BTreeMap<String, ModelStats> = BTreeMap::new();
+    for doc in docs {
+        for (name, stats) in &doc.models {
+            out.entry(name.clone()).or_default().merge(stats);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use proptest::prelude::*;
+
+    fn doc(observed: u64, total: u64) -> ActivatorStats {
+        let mut models = BTreeMap::new();
+        models.insert(
+            "m".to_string(),
+            ModelStats {
+                requests_total: total,
+                ..Default::default()
+            },
+        );
+        ActivatorStats {
+            schema_version: SCHEMA_VERSION,
+            instance: "a-0".into(),
+            started_at_unix_ms: 1_000,
+            observed_at_unix_ms: observed,
+            models,
+        }
+    }
+
+    #[test]
+    fn json_shape_is_camel_case_and_round_trips() {
+        let d = doc(2_000, 7);
+        let json = serde_json::to_value(&d).unwrap();
+        assert_eq!(json["schemaVersion"], 1);
+        assert_eq!(json["models"]["m"]["requestsTotal"], 7);
+        assert!(json["models"]["m"]["lastRequestAtUnixMs"].is_null());
+        let back: ActivatorStats = serde_json::from_value(json).unwrap();
+        assert_eq!(back, d);
+    }
+
+    #[test]
+    fn rate_from_two_samples() {
+        assert_eq!(request_rate(&doc(2_000, 10), &doc(4_000, 30), "m"), Ok(10.0));
+        // A model first seen between the samples counted from zero.
+        assert_eq!(request_rate(&doc(2_000, 10), &doc(4_000, 30), "other"), Ok(0.0));
+    }
+
+    #[test]
+    fn rate_refuses_restart_and_disorder() {
+        let mut restarted = doc(4_000, 3);
+        restarted.started_at_unix_ms = 3_500;
+        assert_eq!(
+            request_rate(&doc(2_000, 10), &restarted, "m"),
+            Err(RateError::Restarted)
+        );
+        assert_eq!(
+            request_rate(&doc(4_000, 10), &doc(2_000, 30), "m"),
+            Err(RateError::NotLater)
+        );
+        assert_eq!(
+            request_rate(&doc(2_000, 10), &doc(4_000, 5), "m"),
+            Err(RateError::CounterDecreased)
+        );
+    }
+
+    #[test]
+    fn busy_model_is_never_idle() {
+        let s = ModelStats {
+            queued: 1,
+            last_request_at_unix_ms: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(s.idle_for_ms(1_000_000), Some(0));
+        let s = ModelStats {
+            last_request_at_unix_ms: Some(400),
+            ..Default::default()
+        };
+        assert_eq!(s.idle_for_ms(1_000), Some(600));
+        assert_eq!(ModelStats::default().idle_for_ms(1_000), None);
+    }
+
+    proptest! {
+        /// Merging keeps every waiting request visible: a merged view is busy iff some part is busy, and
+        /// its last arrival is the latest of the parts.
+        #[test]
+        fn merge_preserves_busy_and_latest(parts in proptest::collection::vec(
+            (0u64..5, 0u64..5, proptest::option::of(0u64..10_000)), 1..6)) {
+            let docs: Vec<ActivatorStats> = parts.iter().enumerate().map(|(i, (f, q, last))| {
+                let mut models = BTreeMap::new();
+                models.insert("m".to_string(), ModelStats {
+                    in_flight: *f, queued: *q, last_request_at_unix_ms: *last, ..Default::default()
+                });
+                ActivatorStats { schema_version: 1, instance: format!("a-{i}"), started_at_unix_ms: 0,
+                    observed_at_unix_ms: 1, models }
+            }).collect();
+            let merged = merge_models(&docs);
+            let m = &merged["m"];
+            prop_assert_eq!(m.busy(), parts.iter().any(|(f, q, _)| f + q > 0));
+            prop_assert_eq!(m.last_request_at_unix_ms, parts.iter().filter_map(|p| p.2).max());
+        }
+    }
+}
