@@ -1,1 +1,766 @@
-//! The memory and compute recommendation for one replica (see issue 2).
+//! The memory and compute recommendation for one replica (issue 2, item 3).
+//!
+//! vLLM reserves `gpu_memory_utilization × total` GPU memory at start-up and fills whatever is left after the
+//! weights, the activation peak and the CUDA context with KV cache, used or not. This module decides how much KV
+//! cache a replica really needs, from a window of what it actually used, and turns that into the numbers a pod is
+//! started with: `--kv-cache-memory-bytes`, `--gpu-memory-utilization`, the `tessera.dev/gpu-memory` MiB and the
+//! `tessera.dev/gpu-compute-fraction`.
+//!
+//! [`recommend`] is a pure function: the caller passes the window ([`Observation`]s, with their times), the KV
+//! geometry, what is known about memory, the previous recommendation and a [`Config`]; it returns either a
+//! [`Recommendation`] whose every field carries a [`Reason`], or [`Outcome::NotYet`] with the reason why not. The
+//! sidecar calls it after each scrape; the what-if simulator calls it per simulated replica.
+//!
+//! The rules, in the order they are applied to the KV size (in tokens, then bytes):
+//! 1. Too little history (fewer than `min_samples` usable samples, or a window shorter than `min_window_secs`)
+//!    → `NotYet`. Missing data never shrinks anything.
+//! 2. Target = `max(percentile(usage) × (1 + headroom), max(usage))` of the current KV size: a high percentile
+//!    plus headroom, and never less than the largest amount the window actually used.
+//! 3. Pressure — any preemption in the window, or requests waiting while KV usage was at least
+//!    `near_full_ratio` — means the cache was too small: the target becomes at least the current size plus
+//!    headroom (grow), and never less than the previous recommendation (never shrink).
+//! 4. At least one `max_model_len` sequence (vLLM refuses to start with less), and at least one block.
+//! 5. Bounded step relative to the previous recommendation (or the current size when there is none): at most
+//!    `max_step_up ×` up and `max_step_down_ratio` down per update. The floor of rule 2 still wins over the step
+//!    bound, since recommending less than what was just used would cause preemptions by construction.
+//! 6. Clamp to what fits: `non_kv + kv ≤ max_gpu_memory_utilization × total`. This is the only rule that can
+//!    go below the observed peak (a GPU cannot hold more than it has), and the reason says so.
+//!
+//! The result is rounded *up* to whole KV blocks, MiB and hundredths of utilization, so rounding never shrinks it.
+//!
+//! **Bytes per KV token** (what converts tokens to bytes) come, in order of preference, from: configuration
+//! (`2 × layers × kv_heads × head_dim × dtype bytes`, 1× for MLA models); `kv_cache_memory_bytes` in vLLM's
+//! `cache_config_info` divided by `num_gpu_blocks × block_size` (vLLM sized the cache from exactly that); or the
+//! measured process GPU memory: `(process GPU memory − non-KV memory) / (num_gpu_blocks × block_size)`.
+//! **Non-KV memory** (weights + activation peak + CUDA context and graphs) comes from configuration; or from the
+//! measured process memory minus the KV cache; or from vLLM's own budget rule, `KV = util × total − non_KV`, i.e.
+//! `non_KV = gpu_memory_utilization × total − KV`. Each source is reported so an operator can check it.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+const MIB: u64 = 1024 * 1024;
+
+/// One scrape's worth of what the recommendation looks at. Every field but the time may be missing (a family
+/// absent from the page, or a GPU without NVML); a missing value is skipped, never read as zero.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Observation {
+    /// When it was observed, in seconds since any fixed origin (the caller's clock; the core never reads one).
+    pub at_secs: f64,
+    /// KV cache usage as a 0–1 fraction of `num_gpu_blocks` (`vllm:kv_cache_usage_perc`).
+    pub kv_usage: Option<f64>,
+    /// Requests waiting to be scheduled (`vllm:num_requests_waiting`).
+    pub requests_waiting: Option<f64>,
+    /// The cumulative preemption counter (`vllm:num_preemptions_total`); resets are handled.
+    pub preemptions_total: Option<f64>,
+    /// This replica's GPU SM utilization as a 0–1 fraction (NVML on a dedicated GPU, or the gpu-agent).
+    pub sm_utilization: Option<f64>,
+}
+
+/// The shape of this replica's KV cache, from `vllm:cache_config_info` and the model's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvGeometry {
+    /// `num_gpu_blocks`: KV blocks vLLM allocated.
+    pub num_gpu_blocks: u64,
+    /// `block_size`: tokens per block (16 by default).
+    pub block_size: u64,
+    /// The longest sequence the server accepts; the KV cache must hold at least one. `None` = unknown.
+    pub max_model_len: Option<u64>,
+}
+
+impl KvGeometry {
+    /// Tokens the current KV cache holds.
+    pub fn tokens(&self) -> u64 {
+        self.num_gpu_blocks.saturating_mul(self.block_size)
+    }
+}
+
+/// What is known about this replica's GPU memory. Anything may be unknown; see the module docs for how the
+/// missing pieces are derived.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct MemoryFacts {
+    /// Total memory of the GPU (NVML or configuration), bytes.
+    pub gpu_total_bytes: Option<u64>,
+    /// Bytes per KV token from configuration.
+    pub bytes_per_kv_token: Option<u64>,
+    /// Non-KV memory (weights + activation peak + CUDA context) from configuration, bytes.
+    pub non_kv_bytes: Option<u64>,
+    /// Measured GPU memory of this replica's process(es), bytes (NVML device use on a dedicated GPU).
+    pub process_gpu_bytes: Option<u64>,
+    /// `gpu_memory_utilization` the server was started with (`cache_config_info`).
+    pub gpu_memory_utilization: Option<f64>,
+    /// `kv_cache_memory_bytes` the server was started with, when it was set (`cache_config_info`, vLLM ≥ 0.11).
+    pub kv_cache_memory_bytes: Option<u64>,
+}
+
+/// Tunables. [`Config::default`] is what the sidecar uses unless told otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// The percentile of KV usage to size for, 0–1 (0.95 = p95).
+    pub percentile: f64,
+    /// Headroom over the percentile, as a fraction (0.2 = +20%).
+    pub headroom: f64,
+    /// Fewest usable samples before recommending anything.
+    pub min_samples: usize,
+    /// Shortest window (last sample time − first) before recommending anything, seconds.
+    pub min_window_secs: f64,
+    /// Largest growth per update, as a factor (2.0 = at most double).
+    pub max_step_up: f64,
+    /// Largest shrink per update, as a fraction (0.1 = at most 10% smaller).
+    pub max_step_down_ratio: f64,
+    /// KV usage at or above which waiting requests count as memory pressure.
+    pub near_full_ratio: f64,
+    /// The most of the GPU a replica may be given, as a fraction of its total memory.
+    pub max_gpu_memory_utilization: f64,
+    /// Headroom over the observed SM utilization percentile for the compute fraction.
+    pub compute_headroom: f64,
+    /// Smallest compute fraction ever recommended.
+    pub min_compute_fraction: f64,
+    /// Compute fraction when no SM utilization was observed. 1.0 = the whole GPU, i.e. "no change": Tessera
+    /// never invents a smaller share it has no evidence for.
+    pub default_compute_fraction: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            percentile: 0.95,
+            headroom: 0.2,
+            min_samples: 12,
+            min_window_secs: 60.0,
+            max_step_up: 2.0,
+            max_step_down_ratio: 0.1,
+            near_full_ratio: 0.9,
+            max_gpu_memory_utilization: 0.95,
+            compute_headroom: 0.2,
+            min_compute_fraction: 0.05,
+            default_compute_fraction: 1.0,
+        }
+    }
+}
+
+impl Config {
+    /// Checks the tunables, naming the first one that is out of range and its valid range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let in_range = |name: &'static str, v: f64, lo: f64, hi: f64| {
+            if v.is_finite() && v >= lo && v <= hi {
+                Ok(())
+            } else {
+                Err(ConfigError {
+                    name,
+                    value: v,
+                    range: format!("{lo}..={hi}"),
+                })
+            }
+        };
+        in_range("percentile", self.percentile, 0.0, 1.0)?;
+        in_range("headroom", self.headroom, 0.0, 10.0)?;
+        in_range("min_window_secs", self.min_window_secs, 0.0, 1e9)?;
+        in_range("max_step_up", self.max_step_up, 1.0, 1000.0)?;
+        in_range("max_step_down_ratio", self.max_step_down_ratio, 0.0, 1.0)?;
+        in_range("near_full_ratio", self.near_full_ratio, 0.0, 1.0)?;
+        in_range(
+            "max_gpu_memory_utilization",
+            self.max_gpu_memory_utilization,
+            0.01,
+            1.0,
+        )?;
+        in_range("compute_headroom", self.compute_headroom, 0.0, 10.0)?;
+        in_range("min_compute_fraction", self.min_compute_fraction, 0.0, 1.0)?;
+        in_range(
+            "default_compute_fraction",
+            self.default_compute_fraction,
+            self.min_compute_fraction,
+            1.0,
+        )?;
+        if self.min_samples == 0 {
+            return Err(ConfigError {
+                name: "min_samples",
+                value: 0.0,
+                range: "1..".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A recommendation tunable outside its valid range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("recommendation setting `{name}` is {value}, but must be in {range}")]
+pub struct ConfigError {
+    /// The setting's name.
+    pub name: &'static str,
+    /// Its value.
+    pub value: f64,
+    /// The valid range.
+    pub range: String,
+}
+
+/// Everything [`recommend`] looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The window, oldest first (unsorted input is tolerated: it is sorted by time internally).
+    pub window: &'a [Observation],
+    /// The KV cache shape.
+    pub geometry: KvGeometry,
+    /// What is known about memory.
+    pub memory: MemoryFacts,
+    /// The previous recommendation for this replica, if any (bounds the step).
+    pub previous: Option<&'a Recommendation>,
+}
+
+/// Which output a [`Reason`] explains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Field {
+    /// `kv_cache_memory_bytes`.
+    KvCacheMemory,
+    /// `gpu_memory_utilization` and `gpu_memory_mib`.
+    GpuMemory,
+    /// `compute_fraction`.
+    ComputeFraction,
+}
+
+/// Why a field has its value (machine-readable; [`Reason::message`] has the numbers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasonCode {
+    /// Sized for the usage percentile plus headroom.
+    Percentile,
+    /// Sized for the largest usage the window saw (it exceeded percentile + headroom).
+    ObservedPeak,
+    /// Preemptions in the window: grown, never shrunk.
+    Preemptions,
+    /// Requests waited while the KV cache was nearly full: grown, never shrunk.
+    WaitingAtFullKv,
+    /// Raised to hold one `max_model_len` sequence (or one block).
+    MinimumSequence,
+    /// Growth capped by the per-update step limit.
+    StepLimitedUp,
+    /// Shrink slowed by the per-update step limit.
+    StepLimitedDown,
+    /// Reduced to what fits on the GPU.
+    ClampedToGpu,
+    /// Derived from the KV size plus non-KV memory.
+    KvPlusNonKv,
+    /// From observed SM utilization plus headroom.
+    ObservedSmUtilization,
+    /// No SM utilization observed: the conservative default.
+    DefaultCompute,
+}
+
+/// One explanation: which field, why (code), and a human sentence with the numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reason {
+    /// The output it explains.
+    pub field: Field,
+    /// Why.
+    pub code: ReasonCode,
+    /// The same, for people, with numbers.
+    pub message: String,
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Where a derived input came from, reported so an operator can check it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Given in configuration.
+    Configured,
+    /// From `kv_cache_memory_bytes` in `cache_config_info`.
+    CacheConfigKvBytes,
+    /// From the measured process GPU memory.
+    MeasuredProcessMemory,
+    /// From `gpu_memory_utilization × total − KV` (vLLM's budget rule).
+    VllmBudgetRule,
+}
+
+/// A recommendation for one replica. Every field is explained by at least one entry of `reasons`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recommendation {
+    /// For `--kv-cache-memory-bytes` (whole KV blocks).
+    pub kv_cache_memory_bytes: u64,
+    /// KV tokens that holds.
+    pub kv_cache_tokens: u64,
+    /// For `--gpu-memory-utilization` (rounded up to hundredths), for servers older than 0.11.
+    pub gpu_memory_utilization: f64,
+    /// For `tessera.dev/gpu-memory`: non-KV plus KV memory, MiB (rounded up).
+    pub gpu_memory_mib: u64,
+    /// For `tessera.dev/gpu-compute-fraction`, 0–1.
+    pub compute_fraction: f64,
+    /// Bytes per KV token used, and where it came from.
+    pub bytes_per_kv_token: u64,
+    /// Source of `bytes_per_kv_token`.
+    pub bytes_per_kv_token_source: Source,
+    /// Non-KV memory used, bytes.
+    pub non_kv_bytes: u64,
+    /// Source of `non_kv_bytes`.
+    pub non_kv_source: Source,
+    /// Why each field has its value, in the order the rules applied.
+    pub reasons: Vec<Reason>,
+}
+
+impl Recommendation {
+    /// One line for a status condition: the last reason of each field (the one that decided it).
+    pub fn summary(&self) -> String {
+        [Field::KvCacheMemory, Field::GpuMemory, Field::ComputeFraction]
+            .iter()
+            .filter_map(|f| self.reasons.iter().rev().find(|r| r.field == *f))
+            .map(|r| r.message.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// Why there is no recommendation yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NotYetCode {
+    /// Fewer usable samples than `min_samples`.
+    TooFewSamples,
+    /// The window spans less than `min_window_secs`.
+    WindowTooShort,
+    /// `num_gpu_blocks` or `block_size` unknown or zero.
+    UnknownKvGeometry,
+    /// GPU total memory unknown.
+    UnknownGpuMemory,
+    /// Bytes per KV token could not be determined.
+    UnknownBytesPerKvToken,
+    /// Non-KV memory could not be determined.
+    UnknownNonKvMemory,
+    /// The inputs contradict each other (e.g. non-KV memory larger than the GPU).
+    InconsistentInputs,
+    /// A recommendation setting is out of range.
+    InvalidConfig,
+}
+
+/// The answer of [`recommend`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Outcome {
+    /// A recommendation.
+    Ready(Recommendation),
+    /// None yet, and why; the caller keeps whatever it had.
+    NotYet {
+        /// Machine-readable reason.
+        code: NotYetCode,
+        /// What is missing and how to fix it.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// The recommendation, if there is one.
+    pub fn recommendation(&self) -> Option<&Recommendation> {
+        match self {
+            Outcome::Ready(r) => Some(r),
+            Outcome::NotYet { .. } => None,
+        }
+    }
+}
+
+fn not_yet(code: NotYetCode, reason: impl Into<String>) -> Outcome {
+    Outcome::NotYet {
+        code,
+        reason: reason.into(),
+    }
+}
+
+/// Nearest-rank percentile of a non-empty, sorted slice.
+fn percentile_sorted(sorted: &[f64], p: f64) -> f64 {
+    let n = sorted.len();
+    let rank = (p * n as f64).ceil() as usize;
+    sorted[rank.clamp(1, n) - 1]
+}
+
+/// Increase of a cumulative counter over the window, treating a decrease as a restart from zero.
+fn counter_increase(values: impl Iterator<Item = f64>) -> f64 {
+    let mut prev: Option<f64> = None;
+    let mut total = 0.0;
+    for v in values.filter(|v| v.is_finite() && *v >= 0.0) {
+        if let Some(p) = prev {
+            total += if v >= p { v - p } else { v };
+        }
+        prev = Some(v);
+    }
+    total
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1024.0 * MIB as f64))
+}
+
+/// The resolved memory inputs.
+struct Resolved {
+    total: u64,
+    bytes_per_token: u64,
+    bpt_source: Source,
+    non_kv: u64,
+    non_kv_source: Source,
+}
+
+fn resolve_memory(geometry: &KvGeometry, mem: &MemoryFacts) -> Result<Resolved, Outcome> {
+    let tokens = geometry.tokens();
+    let total = match mem.gpu_total_bytes {
+        Some(t) if t > 0 => t,
+        _ => {
+            return Err(not_yet(
+                NotYetCode::UnknownGpuMemory,
+                "the GPU's total memory is unknown: NVML is not available; pass --gpu-memory-mib",
+            ));
+        }
+    };
+    let kv_from_config = mem.kv_cache_memory_bytes.filter(|b| *b > 0);
+    let (bytes_per_token, bpt_source) = if let Some(b) = mem.bytes_per_kv_token.filter(|b| *b > 0) {
+        (b, Source::Configured)
+    } else if let Some(kv) = kv_from_config.filter(|kv| *kv >= tokens) {
+        (kv / tokens, Source::CacheConfigKvBytes)
+    } else if let (Some(used), Some(non_kv)) = (mem.process_gpu_bytes, mem.non_kv_bytes) {
+        let kv = used.saturating_sub(non_kv);
+        if kv < tokens {
+            return Err(not_yet(
+                NotYetCode::InconsistentInputs,
+                format!(
+                    "measured process GPU memory ({}) minus configured non-KV memory ({}) leaves no room for \
+                     {tokens} KV tokens: check --non-kv-memory-mib, or pass --bytes-per-kv-token",
+                    gib(used),
+                    gib(non_kv)
+                ),
+            ));
+        }
+        (kv / tokens, Source::MeasuredProcessMemory)
+    } else {
+        return Err(not_yet(
+            NotYetCode::UnknownBytesPerKvToken,
+            "bytes per KV token are unknown: pass --bytes-per-kv-token (2 × layers × kv_heads × head_dim × dtype \
+             bytes), or start vLLM with --kv-cache-memory-bytes, or give --non-kv-memory-mib with NVML present",
+        ));
+    };
+    let kv_now = tokens.saturating_mul(bytes_per_token);
+    let (non_kv, non_kv_source) = if let Some(n) = mem.non_kv_bytes {
+        (n, Source::Configured)
+    } else if let Some(used) = mem.process_gpu_bytes.filter(|u| *u > kv_now) {
+        (used - kv_now, Source::MeasuredProcessMemory)
+    } else if let Some(util) = mem
+        .gpu_memory_utilization
+        .filter(|u| u.is_finite() && *u > 0.0 && *u <= 1.0)
+    {
+        let budget = (util * total as f64) as u64;
+        if budget <= kv_now {
+            return Err(not_yet(
+                NotYetCode::InconsistentInputs,
+                format!(
+                    "gpu_memory_utilization {util} × {} = {} is not more than the KV cache ({}): the GPU total \
+                     or bytes per KV token is wrong; pass --non-kv-memory-mib",
+                    gib(total),
+                    gib(budget),
+                    gib(kv_now)
+                ),
+            ));
+        }
+        (budget - kv_now, Source::VllmBudgetRule)
+    } else {
+        return Err(not_yet(
+            NotYetCode::UnknownNonKvMemory,
+            "non-KV memory (weights + activations + CUDA context) is unknown: pass --non-kv-memory-mib, or run \
+             with NVML, or let vLLM report gpu_memory_utilization in cache_config_info",
+        ));
+    };
+    if non_kv >= total {
+        return Err(not_yet(
+            NotYetCode::InconsistentInputs,
+            format!(
+                "non-KV memory ({}) is not less than the GPU's total ({})",
+                gib(non_kv),
+                gib(total)
+            ),
+        ));
+    }
+    Ok(Resolved {
+        total,
+        bytes_per_token,
+        bpt_source,
+        non_kv,
+        non_kv_source,
+    })
+}
+
+/// Computes this replica's recommendation from a window of observations. Pure: same input, same answer.
+pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
+    if let Err(e) = config.validate() {
+        return not_yet(NotYetCode::InvalidConfig, e.to_string());
+    }
+    let geometry = input.geometry;
+    if geometry.num_gpu_blocks == 0 || geometry.block_size == 0 {
+        return not_yet(
+            NotYetCode::UnknownKvGeometry,
+            "num_gpu_blocks or block_size is unknown: vLLM has not published vllm:cache_config_info yet",
+        );
+    }
+
+    // Rule 1: enough usable history.
+    let mut window: Vec<Observation> = input
+        .window
+        .iter()
+        .filter(|o| o.at_secs.is_finite())
+        .copied()
+        .collect();
+    window.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs));
+    let mut usage: Vec<f64> = window
+        .iter()
+        .filter_map(|o| o.kv_usage)
+        .filter(|u| u.is_finite())
+        .map(|u| u.clamp(0.0, 1.0))
+        .collect();
+    if usage.len() < config.min_samples {
+        return not_yet(
+            NotYetCode::TooFewSamples,
+            format!(
+                "{} KV usage samples in the window, {} needed",
+                usage.len(),
+                config.min_samples
+            ),
+        );
+    }
+    let span = match (window.first(), window.last()) {
+        (Some(a), Some(b)) => b.at_secs - a.at_secs,
+        _ => 0.0,
+    };
+    if span < config.min_window_secs {
+        return not_yet(
+            NotYetCode::WindowTooShort,
+            format!(
+                "the window spans {span:.0} s, {:.0} s needed",
+                config.min_window_secs
+            ),
+        );
+    }
+    let mem = match resolve_memory(&geometry, &input.memory) {
+        Ok(m) => m,
+        Err(o) => return o,
+    };
+
+    let tokens_now = geometry.tokens();
+    let block_bytes = geometry.block_size.saturating_mul(mem.bytes_per_token);
+    let mut reasons = Vec::new();
+    let mut reason = |field, code, message: String| reasons.push(Reason { field, code, message });
+
+    // Rule 2: percentile + headroom, never below the peak.
+    usage.sort_by(f64::total_cmp);
+    let p = percentile_sorted(&usage, config.percentile);
+    let peak = usage.last().copied().unwrap_or(0.0);
+    let peak_tokens = (peak * tokens_now as f64).ceil() as u64;
+    let pct_tokens = (p * (1.0 + config.headroom) * tokens_now as f64).ceil() as u64;
+    let mut target = if pct_tokens >= peak_tokens {
+        reason(
+            Field::KvCacheMemory,
+            ReasonCode::Percentile,
+            format!(
+                "p{:.0} KV usage {:.1}% of {tokens_now} tokens + {:.0}% headroom = {pct_tokens} tokens",
+                config.percentile * 100.0,
+                p * 100.0,
+                config.headroom * 100.0
+            ),
+        );
+        pct_tokens
+    } else {
+        reason(
+            Field::KvCacheMemory,
+            ReasonCode::ObservedPeak,
+            format!(
+                "peak KV usage {:.1}% of {tokens_now} tokens = {peak_tokens} tokens exceeds p{:.0} + headroom",
+                peak * 100.0,
+                config.percentile * 100.0
+            ),
+        );
+        peak_tokens
+    };
+
+    // Rule 3: pressure means grow, never shrink.
+    let preemptions = counter_increase(window.iter().filter_map(|o| o.preemptions_total));
+    let waited_full = window.iter().any(|o| {
+        matches!((o.kv_usage, o.requests_waiting), (Some(u), Some(w)) if u >= config.near_full_ratio && w > 0.0)
+    });
+    let prev_tokens = input.previous.map(|r| r.kv_cache_tokens);
+    let pressure = preemptions > 0.0 || waited_full;
+    if pressure {
+        let grown = ((tokens_now as f64) * (1.0 + config.headroom)).ceil() as u64;
+        let floor = grown.max(prev_tokens.unwrap_or(0));
+        target = target.max(floor);
+        let (code, why) = if preemptions > 0.0 {
+            (
+                ReasonCode::Preemptions,
+                format!("{preemptions:.0} preemption(s) in the window"),
+            )
+        } else {
+            (
+                ReasonCode::WaitingAtFullKv,
+                format!(
+                    "requests waited while KV usage was ≥ {:.0}%",
+                    config.near_full_ratio * 100.0
+                ),
+            )
+        };
+        reason(
+            Field::KvCacheMemory,
+            code,
+            format!("{why}: grow to at least {floor} tokens (current {tokens_now} + headroom, never shrink)"),
+        );
+    }
+
+    // Rule 4: one max-length sequence, one block.
+    let min_tokens = geometry.max_model_len.unwrap_or(0).max(geometry.block_size);
+    if target < min_tokens {
+        target = min_tokens;
+        reason(
+            Field::KvCacheMemory,
+            ReasonCode::MinimumSequence,
+            format!("raised to {min_tokens} tokens: the cache must hold one max_model_len sequence"),
+        );
+    }
+
+    // Rule 5: bounded step from the previous recommendation (or what runs now). Under pressure the reference
+    // is at least what runs now, so a stale small recommendation cannot hold a preempting replica back.
+    let reference = match prev_tokens {
+        Some(prev) if pressure => prev.max(tokens_now),
+        Some(prev) => prev,
+        None => tokens_now,
+    }
+    .max(1);
+    let step_max = ((reference as f64) * config.max_step_up).floor() as u64;
+    let step_min = ((reference as f64) * (1.0 - config.max_step_down_ratio)).ceil() as u64;
+    // The step bound may not cap below what was used, below one sequence, or (under pressure) below what runs.
+    let hard_floor = peak_tokens
+        .max(min_tokens)
+        .max(if pressure { tokens_now } else { 0 });
+    let cap = step_max.max(hard_floor);
+    if target > cap {
+        reason(
+            Field::KvCacheMemory,
+            ReasonCode::StepLimitedUp,
+            format!(
+                "growth capped at ×{} per update: {target} → {cap} tokens (from {reference})",
+                config.max_step_up
+            ),
+        );
+        target = cap;
+    } else if target < step_min {
+        reason(
+            Field::KvCacheMemory,
+            ReasonCode::StepLimitedDown,
+            format!(
+                "shrink limited to {:.0}% per update: {target} → {step_min} tokens (from {reference})",
+                config.max_step_down_ratio * 100.0
+            ),
+        );
+        target = step_min;
+    }
+
+    // Round up to whole blocks; then rule 6: clamp to what fits.
+    let blocks = target.div_ceil(geometry.block_size);
+    let mut kv_bytes = blocks.saturating_mul(block_bytes);
+    let cap_total = (config.max_gpu_memory_utilization * mem.total as f64).floor() as u64;
+    let cap_kv = cap_total.saturating_sub(mem.non_kv);
+    let cap_kv_blocks = cap_kv / block_bytes.max(1);
+    if blocks > cap_kv_blocks {
+        kv_bytes = cap_kv_blocks.saturating_mul(block_bytes);
+        let below_peak = cap_kv_blocks.saturating_mul(geometry.block_size) < peak_tokens;
+        reason(
+            Field::KvCacheMemory,
+            ReasonCode::ClampedToGpu,
+            format!(
+                "clamped to {} of KV: {:.0}% of {} minus {} non-KV memory is all that fits{}",
+                gib(kv_bytes),
+                config.max_gpu_memory_utilization * 100.0,
+                gib(mem.total),
+                gib(mem.non_kv),
+                if below_peak {
+                    " (below the observed peak: this model needs a larger GPU)"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
+    let kv_tokens = kv_bytes / mem.bytes_per_token.max(1);
+
+    // GPU memory: non-KV plus KV, rounded up (MiB; hundredths of utilization), still within the cap.
+    let need = mem.non_kv.saturating_add(kv_bytes);
+    let gpu_memory_mib = need.div_ceil(MIB);
+    let util_exact = need as f64 / mem.total as f64;
+    let gpu_memory_utilization = ((util_exact * 100.0).ceil() / 100.0)
+        .min(config.max_gpu_memory_utilization)
+        .max(util_exact);
+    reason(
+        Field::GpuMemory,
+        ReasonCode::KvPlusNonKv,
+        format!(
+            "{} KV + {} non-KV ({:?}) = {gpu_memory_mib} MiB = {:.1}% of {} (bytes/token {} from {:?})",
+            gib(kv_bytes),
+            gib(mem.non_kv),
+            mem.non_kv_source,
+            util_exact * 100.0,
+            gib(mem.total),
+            mem.bytes_per_token,
+            mem.bpt_source
+        ),
+    );
+
+    // Compute: observed SM utilization + headroom, else the documented default (never invented).
+    let mut sm: Vec<f64> = window
+        .iter()
+        .filter_map(|o| o.sm_utilization)
+        .filter(|u| u.is_finite())
+        .map(|u| u.clamp(0.0, 1.0))
+        .collect();
+    let compute_fraction = if sm.len() >= config.min_samples {
+        sm.sort_by(f64::total_cmp);
+        let p = percentile_sorted(&sm, config.percentile);
+        let peak = sm.last().copied().unwrap_or(0.0);
+        // Hundredths, rounded up, so rounding never takes away compute.
+        let raw = (p * (1.0 + config.compute_headroom)).max(peak);
+        let f = ((raw * 100.0).ceil() / 100.0).clamp(config.min_compute_fraction, 1.0);
+        reason(
+            Field::ComputeFraction,
+            ReasonCode::ObservedSmUtilization,
+            format!(
+                "p{:.0} SM utilization {:.1}% + {:.0}% headroom (peak {:.1}%) → {f:.2}",
+                config.percentile * 100.0,
+                p * 100.0,
+                config.compute_headroom * 100.0,
+                peak * 100.0
+            ),
+        );
+        f
+    } else {
+        reason(
+            Field::ComputeFraction,
+            ReasonCode::DefaultCompute,
+            format!(
+                "{} SM utilization samples ({} needed): keeping the default {:.2}",
+                sm.len(),
+                config.min_samples,
+                config.default_compute_fraction
+            ),
+        );
+        config.default_compute_fraction
+    };
+
+    Outcome::Ready(Recommendation {
+        kv_cache_memory_bytes: kv_bytes,
+        kv_cache_tokens: kv_tokens,
+        gpu_memory_utilization,
+        gpu_memory_mib,
+        compute_fraction,
+        bytes_per_kv_token: mem.bytes_per_token,
+        bytes_per_kv_token_source: mem.bpt_source,
+        non_kv_bytes: mem.non_kv,
+        non_kv_source: mem.non_kv_source,
+        reasons,
+    })
+}

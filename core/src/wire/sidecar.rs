@@ -1,1 +1,201 @@
-//! The sidecar's `/v1/status` document (being built, issue 2).
+//! The sidecar's `/v1/status` document: what the autoscaler reads from every replica.
+//!
+//! The sidecar serializes [`SidecarStatus`]; the autoscaler deserializes the same type, so the two cannot drift.
+//! Compatibility rules: fields are only ever added (every new field is optional or has a default, so an older
+//! reader ignores it and a newer reader accepts an older document); a breaking change bumps
+//! [`SCHEMA_VERSION`]. Times are Unix seconds (floating point) taken from the sidecar's clock; `generated_at`
+//! lets a reader measure ages against the same clock. Ratios are 0–1; durations are seconds; memory is bytes
+//! unless the name says MiB. A value that is unknown is `null`, never 0.
+//!
+//! The schema is documented field by field in `docs/sidecar.md`.
+
+use crate::recommend::{Outcome, Recommendation};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of this document's shape. Bumped only for a breaking change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The whole `/v1/status` document.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SidecarStatus {
+    /// [`SCHEMA_VERSION`] of the producer.
+    pub schema_version: u32,
+    /// When this document was produced (Unix seconds, sidecar clock).
+    pub generated_at: f64,
+    /// The vLLM base URL the sidecar scrapes.
+    pub vllm_url: String,
+    /// True when the last scrape of vLLM's `/metrics` succeeded and parsed.
+    pub vllm_up: bool,
+    /// True once vLLM has answered a scrape at least once (the sidecar's `/ready`).
+    pub ready: bool,
+    /// True when `latest` is not from the last scrape attempt (vLLM down, slow, or returned garbage): a reader
+    /// must not scale on stale values as if they were current.
+    pub stale: bool,
+    /// Scrape bookkeeping: times, counts, last error.
+    pub scrape: ScrapeStatus,
+    /// The last good snapshot, if any scrape ever succeeded.
+    #[serde(default)]
+    pub latest: Option<SnapshotSummary>,
+    /// Summary of the window of good snapshots (the recommendation's input), if there are at least two.
+    #[serde(default)]
+    pub window: Option<WindowStatus>,
+    /// The GPU as the sidecar sees it (NVML or configuration), if known.
+    #[serde(default)]
+    pub gpu: Option<GpuStatus>,
+    /// The recommendation, or why there is none yet.
+    pub recommendation: RecommendationStatus,
+}
+
+impl SidecarStatus {
+    /// The current recommendation, if any (ready and computed from fresh data).
+    pub fn recommendation(&self) -> Option<&Recommendation> {
+        self.recommendation.outcome.recommendation()
+    }
+}
+
+/// Scrape bookkeeping.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ScrapeStatus {
+    /// Scrape interval, seconds.
+    pub interval_secs: f64,
+    /// When the last scrape attempt finished (Unix seconds).
+    #[serde(default)]
+    pub last_attempt_at: Option<f64>,
+    /// When the last successful scrape finished (Unix seconds).
+    #[serde(default)]
+    pub last_success_at: Option<f64>,
+    /// Successful scrapes since the sidecar started.
+    pub successes_total: u64,
+    /// Failed scrapes since the sidecar started, by reason (the `reason` label of `tessera_scrape_errors_total`).
+    #[serde(default)]
+    pub errors_total: BTreeMap<String, u64>,
+    /// The last error, if the last attempt failed (cleared by a success).
+    #[serde(default)]
+    pub last_error: Option<ScrapeError>,
+}
+
+/// One failed scrape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScrapeError {
+    /// Fixed reason label: `connect`, `timeout`, `http_status`, `body`, `parse`, `no_vllm_metrics`.
+    pub reason: String,
+    /// Human-readable detail.
+    pub message: String,
+    /// When it happened (Unix seconds).
+    pub at: f64,
+}
+
+/// The latest good snapshot of vLLM's `/metrics`, aggregated over engines and models as the parser documents.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SnapshotSummary {
+    /// When it was scraped (Unix seconds).
+    pub at: f64,
+    /// `model_name` label values seen on the page.
+    #[serde(default)]
+    pub model_names: Vec<String>,
+    /// KV cache usage, 0–1.
+    #[serde(default)]
+    pub kv_cache_usage_ratio: Option<f64>,
+    /// Requests running.
+    #[serde(default)]
+    pub requests_running: Option<f64>,
+    /// Requests waiting.
+    #[serde(default)]
+    pub requests_waiting: Option<f64>,
+    /// Cumulative preemptions.
+    #[serde(default)]
+    pub preemptions_total: Option<f64>,
+    /// Cumulative finished requests (all reasons).
+    #[serde(default)]
+    pub requests_finished_total: Option<f64>,
+    /// Cumulative prompt tokens.
+    #[serde(default)]
+    pub prompt_tokens_total: Option<f64>,
+    /// Cumulative generation tokens.
+    #[serde(default)]
+    pub generation_tokens_total: Option<f64>,
+    /// `vllm:cache_config_info` labels, as vLLM wrote them.
+    #[serde(default)]
+    pub cache_config: BTreeMap<String, String>,
+}
+
+/// Summary of the window of good snapshots.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct WindowStatus {
+    /// First and last snapshot times (Unix seconds).
+    pub start: f64,
+    /// Last snapshot time.
+    pub end: f64,
+    /// Good snapshots in the window.
+    pub samples: usize,
+    /// Mean KV cache usage over the samples, 0–1.
+    #[serde(default)]
+    pub kv_cache_usage_mean: Option<f64>,
+    /// Largest KV cache usage, 0–1.
+    #[serde(default)]
+    pub kv_cache_usage_max: Option<f64>,
+    /// Mean waiting requests.
+    #[serde(default)]
+    pub requests_waiting_mean: Option<f64>,
+    /// Largest waiting requests.
+    #[serde(default)]
+    pub requests_waiting_max: Option<f64>,
+    /// Mean running requests.
+    #[serde(default)]
+    pub requests_running_mean: Option<f64>,
+    /// Preemptions during the window (counter resets handled).
+    #[serde(default)]
+    pub preemptions: Option<f64>,
+    /// Finished requests per second over the window.
+    #[serde(default)]
+    pub requests_per_second: Option<f64>,
+    /// Prompt tokens per second over the window.
+    #[serde(default)]
+    pub prompt_tokens_per_second: Option<f64>,
+    /// Generation tokens per second over the window.
+    #[serde(default)]
+    pub generation_tokens_per_second: Option<f64>,
+    /// Time to first token over the window (from the difference of the first and last histograms), seconds.
+    #[serde(default)]
+    pub ttft_seconds: Quantiles,
+}
+
+/// Windowed quantiles; `null` when no request finished its first token in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Quantiles {
+    /// Median.
+    #[serde(default)]
+    pub p50: Option<f64>,
+    /// 95th percentile.
+    #[serde(default)]
+    pub p95: Option<f64>,
+    /// 99th percentile.
+    #[serde(default)]
+    pub p99: Option<f64>,
+}
+
+/// The GPU as the sidecar sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuStatus {
+    /// Where the numbers come from: `nvml` or `config`.
+    pub source: String,
+    /// Total memory, bytes.
+    pub total_bytes: u64,
+    /// Used memory of the device, bytes (on a dedicated GPU: this server's), when measured.
+    #[serde(default)]
+    pub used_bytes: Option<u64>,
+    /// SM utilization of the device, 0–1, when measured.
+    #[serde(default)]
+    pub sm_utilization: Option<f64>,
+}
+
+/// The recommendation and its bookkeeping.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecommendationStatus {
+    /// When it was computed (Unix seconds); `null` before the first attempt.
+    #[serde(default)]
+    pub computed_at: Option<f64>,
+    /// A recommendation (`state: "ready"`) or why not (`state: "not_yet"`, `code`, `reason`).
+    pub outcome: Outcome,
+}
