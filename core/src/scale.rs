@@ -1,1 +1,0 @@
-//! Replica decisions: the HPA replacement and scale to zero (see issue 4).
