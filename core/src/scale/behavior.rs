@@ -153,10 +153,10 @@ pub(super) fn stabilize(
     let mut up = raw;
     let mut down = raw;
     for r in history {
-        if r.at.is_within(behavior.scale_up.stabilization_window, now) && !behavior.scale_up.stabilization_window.is_zero() {
+        if r.at.is_within(behavior.scale_up.stabilization_window, now) {
             up = up.min(r.replicas);
         }
-        if r.at.is_within(behavior.scale_down.stabilization_window, now) && !behavior.scale_down.stabilization_window.is_zero() {
+        if r.at.is_within(behavior.scale_down.stabilization_window, now) {
             down = down.max(r.replicas);
         }
     }
