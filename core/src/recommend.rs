@@ -764,3 +764,545 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         reasons,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use proptest::prelude::*;
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+
+    /// `n` samples, 10 s apart, with KV usage from `usage(i)`.
+    fn window(n: usize, usage: impl Fn(usize) -> f64) -> Vec<Observation> {
+        (0..n)
+            .map(|i| Observation {
+                at_secs: 1000.0 + 10.0 * i as f64,
+                kv_usage: Some(usage(i)),
+                requests_waiting: Some(0.0),
+                preemptions_total: Some(0.0),
+                sm_utilization: None,
+            })
+            .collect()
+    }
+
+    fn geometry() -> KvGeometry {
+        // Qwen2-7B on an A100-80GB at gpu_memory_utilization 0.25 (memory-profiles.md example 1).
+        KvGeometry {
+            num_gpu_blocks: 5867,
+            block_size: 16,
+            max_model_len: Some(16384),
+        }
+    }
+
+    fn memory() -> MemoryFacts {
+        MemoryFacts {
+            gpu_total_bytes: Some(80 * GIB),
+            bytes_per_kv_token: Some(57_344), // 2 × 28 layers × 4 kv heads × 128 × 2 bytes
+            non_kv_bytes: Some(15 * GIB),
+            ..Default::default()
+        }
+    }
+
+    fn ready(o: Outcome) -> Recommendation {
+        match o {
+            Outcome::Ready(r) => r,
+            Outcome::NotYet { code, reason } => panic!("expected a recommendation, got {code:?}: {reason}"),
+        }
+    }
+
+    fn run(w: &[Observation], mem: MemoryFacts, prev: Option<&Recommendation>) -> Outcome {
+        recommend(
+            &Input {
+                window: w,
+                geometry: geometry(),
+                memory: mem,
+                previous: prev,
+            },
+            &Config::default(),
+        )
+    }
+
+    fn codes(r: &Recommendation) -> Vec<ReasonCode> {
+        r.reasons.iter().map(|r| r.code).collect()
+    }
+
+    #[test]
+    fn too_little_history_is_not_yet() {
+        let o = run(&window(5, |_| 0.3), memory(), None);
+        assert!(
+            matches!(
+                o,
+                Outcome::NotYet {
+                    code: NotYetCode::TooFewSamples,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+        // Enough samples but squeezed into 11 s.
+        let mut w = window(12, |_| 0.3);
+        for (i, o) in w.iter_mut().enumerate() {
+            o.at_secs = i as f64;
+        }
+        let o = run(&w, memory(), None);
+        assert!(
+            matches!(
+                o,
+                Outcome::NotYet {
+                    code: NotYetCode::WindowTooShort,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+        // Samples with no KV usage do not count.
+        let mut w = window(30, |_| 0.3);
+        for o in w.iter_mut().skip(5) {
+            o.kv_usage = None;
+        }
+        let o = run(&w, memory(), None);
+        assert!(
+            matches!(
+                o,
+                Outcome::NotYet {
+                    code: NotYetCode::TooFewSamples,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn missing_inputs_are_named() {
+        let w = window(30, |_| 0.3);
+        let mem = MemoryFacts {
+            gpu_total_bytes: None,
+            ..memory()
+        };
+        let o = run(&w, mem, None);
+        assert!(
+            matches!(
+                o,
+                Outcome::NotYet {
+                    code: NotYetCode::UnknownGpuMemory,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+        let mem = MemoryFacts {
+            bytes_per_kv_token: None,
+            ..memory()
+        };
+        let o = run(&w, mem, None);
+        assert!(
+            matches!(&o, Outcome::NotYet { code: NotYetCode::UnknownBytesPerKvToken, reason }
+            if reason.contains("--bytes-per-kv-token")),
+            "{o:?}"
+        );
+        let mem = MemoryFacts {
+            non_kv_bytes: None,
+            ..memory()
+        };
+        let o = run(&w, mem, None);
+        assert!(
+            matches!(
+                o,
+                Outcome::NotYet {
+                    code: NotYetCode::UnknownNonKvMemory,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+        let g = KvGeometry {
+            num_gpu_blocks: 0,
+            ..geometry()
+        };
+        let o = recommend(
+            &Input {
+                window: &w,
+                geometry: g,
+                memory: memory(),
+                previous: None,
+            },
+            &Config::default(),
+        );
+        assert!(
+            matches!(
+                o,
+                Outcome::NotYet {
+                    code: NotYetCode::UnknownKvGeometry,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+        let bad = Config {
+            percentile: 1.5,
+            ..Config::default()
+        };
+        let o = recommend(
+            &Input {
+                window: &w,
+                geometry: geometry(),
+                memory: memory(),
+                previous: None,
+            },
+            &bad,
+        );
+        assert!(
+            matches!(&o, Outcome::NotYet { code: NotYetCode::InvalidConfig, reason }
+            if reason.contains("percentile")),
+            "{o:?}"
+        );
+    }
+
+    #[test]
+    fn derives_geometry_from_vllm_budget_rule_on_real_numbers() {
+        // vLLM 0.10.1.1, Qwen2-7B, A100 80GB, util 0.25: "Available KV cache memory: 5.01 GiB",
+        // "GPU KV cache size: 93,872 tokens"; total 79.25 GiB as NVML reports for an A100-80GB.
+        let total = (79.25 * GIB as f64) as u64;
+        let kv = (5.01 * GIB as f64) as u64;
+        let mem = MemoryFacts {
+            gpu_total_bytes: Some(total),
+            gpu_memory_utilization: Some(0.25),
+            kv_cache_memory_bytes: Some(kv),
+            ..Default::default()
+        };
+        let r = ready(run(&window(30, |_| 0.5), mem, None));
+        assert_eq!(r.bytes_per_kv_token_source, Source::CacheConfigKvBytes);
+        assert_eq!(r.non_kv_source, Source::VllmBudgetRule);
+        // 5.01 GiB / 93,872 tokens = 57,307 bytes: the model's true 57,344 within rounding of the log line.
+        assert!(
+            (57_000..57_400).contains(&r.bytes_per_kv_token),
+            "{}",
+            r.bytes_per_kv_token
+        );
+        // Non-KV = 0.25 × 79.25 − 5.01 = 14.80 GiB (the design's measured 14.81 GiB).
+        let non_kv_gib = r.non_kv_bytes as f64 / GIB as f64;
+        assert!((non_kv_gib - 14.80).abs() < 0.02, "{non_kv_gib}");
+    }
+
+    #[test]
+    fn shrinks_in_bounded_steps_and_converges_on_percentile_plus_headroom() {
+        let w = window(60, |i| if i % 10 == 0 { 0.35 } else { 0.25 });
+        let tokens = geometry().tokens();
+        let first = ready(run(&w, memory(), None));
+        // Target is 0.35 × 1.2 = 42% (the p95 is 0.35), but one step may only shrink 10%.
+        assert_eq!(
+            first.kv_cache_tokens,
+            (tokens as f64 * 0.9).ceil() as u64 / 16 * 16 + 16
+        );
+        assert!(codes(&first).contains(&ReasonCode::StepLimitedDown));
+        let mut prev = first;
+        for _ in 0..30 {
+            prev = ready(run(&w, memory(), Some(&prev)));
+        }
+        let want = (0.35 * 1.2 * tokens as f64).ceil() as u64;
+        assert!(
+            prev.kv_cache_tokens >= want && prev.kv_cache_tokens < want + 16,
+            "{}",
+            prev.kv_cache_tokens
+        );
+        assert_eq!(
+            codes(&prev),
+            vec![
+                ReasonCode::Percentile,
+                ReasonCode::KvPlusNonKv,
+                ReasonCode::DefaultCompute
+            ]
+        );
+        assert_eq!(prev.kv_cache_memory_bytes, prev.kv_cache_tokens * 57_344);
+        let need = 15 * GIB + prev.kv_cache_memory_bytes;
+        assert_eq!(prev.gpu_memory_mib, need.div_ceil(MIB));
+        assert!(prev.gpu_memory_utilization >= need as f64 / (80 * GIB) as f64);
+        assert!(prev.gpu_memory_utilization <= need as f64 / (80 * GIB) as f64 + 0.01);
+        assert_eq!(prev.compute_fraction, 1.0);
+        assert!(!prev.summary().is_empty());
+    }
+
+    #[test]
+    fn a_lone_peak_above_percentile_sets_the_floor() {
+        // One sample at 90%, the rest at 10%: p95 + 20% = 12%, but the window used 90%.
+        let w = window(60, |i| if i == 30 { 0.9 } else { 0.1 });
+        let mut prev = ready(run(&w, memory(), None));
+        for _ in 0..30 {
+            prev = ready(run(&w, memory(), Some(&prev)));
+        }
+        let peak = (0.9 * geometry().tokens() as f64).ceil() as u64;
+        assert!(prev.kv_cache_tokens >= peak);
+        assert!(codes(&prev).contains(&ReasonCode::ObservedPeak));
+    }
+
+    #[test]
+    fn preemptions_grow_and_never_shrink() {
+        let mut w = window(30, |_| 0.2);
+        for (i, o) in w.iter_mut().enumerate() {
+            o.preemptions_total = Some(if i < 20 { 4.0 } else { 5.0 });
+        }
+        let r = ready(run(&w, memory(), None));
+        assert!(
+            r.kv_cache_tokens as f64 >= geometry().tokens() as f64 * 1.2,
+            "{}",
+            r.kv_cache_tokens
+        );
+        assert!(codes(&r).contains(&ReasonCode::Preemptions));
+        // A counter reset (server restart) is an increase, not a negative delta.
+        let mut w = window(30, |_| 0.2);
+        for (i, o) in w.iter_mut().enumerate() {
+            o.preemptions_total = Some(if i < 20 { 7.0 } else { 1.0 });
+        }
+        assert!(codes(&ready(run(&w, memory(), None))).contains(&ReasonCode::Preemptions));
+    }
+
+    #[test]
+    fn waiting_at_full_kv_grows() {
+        let mut w = window(30, |_| 0.5);
+        w[10].kv_usage = Some(0.97);
+        w[10].requests_waiting = Some(3.0);
+        let r = ready(run(&w, memory(), None));
+        assert!(codes(&r).contains(&ReasonCode::WaitingAtFullKv));
+        assert!(r.kv_cache_tokens > geometry().tokens());
+    }
+
+    #[test]
+    fn growth_is_step_bounded_and_clamped_to_the_gpu() {
+        let mut w = window(30, |_| 1.0);
+        w[3].preemptions_total = Some(50.0);
+        // A small previous recommendation: the step is from max(previous, current) under pressure.
+        let g = KvGeometry {
+            num_gpu_blocks: 40_000,
+            block_size: 16,
+            max_model_len: None,
+        };
+        let r = ready(recommend(
+            &Input {
+                window: &w,
+                geometry: g,
+                memory: memory(),
+                previous: None,
+            },
+            &Config::default(),
+        ));
+        // 640,000 tokens × 57,344 B = 34.2 GiB; +20% = 41 GiB; GPU cap is 0.95 × 80 − 15 = 61 GiB: fits.
+        assert!(r.kv_cache_tokens >= 768_000);
+        let small_gpu = MemoryFacts {
+            gpu_total_bytes: Some(48 * GIB),
+            ..memory()
+        };
+        let r = ready(recommend(
+            &Input {
+                window: &w,
+                geometry: g,
+                memory: small_gpu,
+                previous: None,
+            },
+            &Config::default(),
+        ));
+        assert!(codes(&r).contains(&ReasonCode::ClampedToGpu), "{:?}", r.reasons);
+        assert!(15 * GIB + r.kv_cache_memory_bytes <= (0.95 * (48 * GIB) as f64) as u64);
+        assert!(r.gpu_memory_utilization <= 0.95);
+        // The step limit caps growth at ×2 of the reference.
+        let cfg = Config {
+            headroom: 3.0,
+            ..Config::default()
+        };
+        let r = ready(recommend(
+            &Input {
+                window: &w,
+                geometry: g,
+                memory: memory(),
+                previous: None,
+            },
+            &cfg,
+        ));
+        assert!(
+            codes(&r).contains(&ReasonCode::StepLimitedUp) || codes(&r).contains(&ReasonCode::ClampedToGpu)
+        );
+        assert!(r.kv_cache_tokens <= 2 * g.tokens());
+    }
+
+    #[test]
+    fn holds_one_max_model_len_sequence() {
+        let g = KvGeometry {
+            num_gpu_blocks: 2000,
+            block_size: 16,
+            max_model_len: Some(32_768),
+        };
+        let w = window(30, |_| 0.0);
+        let mut prev: Option<Recommendation> = None;
+        for _ in 0..40 {
+            prev = Some(ready(recommend(
+                &Input {
+                    window: &w,
+                    geometry: g,
+                    memory: memory(),
+                    previous: prev.as_ref(),
+                },
+                &Config::default(),
+            )));
+        }
+        let r = prev.unwrap();
+        assert_eq!(r.kv_cache_tokens, 32_768);
+        assert!(codes(&r).contains(&ReasonCode::MinimumSequence));
+    }
+
+    #[test]
+    fn compute_fraction_from_observed_sm_use_else_default() {
+        let mut w = window(40, |_| 0.5);
+        for (i, o) in w.iter_mut().enumerate() {
+            o.sm_utilization = Some(if i % 4 == 0 { 0.30 } else { 0.20 });
+        }
+        let r = ready(run(&w, memory(), None));
+        // p95 = 0.30, + 20% = 0.36.
+        assert!((r.compute_fraction - 0.36).abs() < 1e-9, "{}", r.compute_fraction);
+        assert!(codes(&r).contains(&ReasonCode::ObservedSmUtilization));
+        for o in w.iter_mut() {
+            o.sm_utilization = Some(0.0);
+        }
+        assert_eq!(ready(run(&w, memory(), None)).compute_fraction, 0.05);
+        for o in w.iter_mut() {
+            o.sm_utilization = None;
+        }
+        let r = ready(run(&w, memory(), None));
+        assert_eq!(r.compute_fraction, 1.0);
+        assert!(codes(&r).contains(&ReasonCode::DefaultCompute));
+    }
+
+    #[test]
+    fn outcome_json_is_tagged() {
+        let o = not_yet(NotYetCode::TooFewSamples, "x");
+        let j = serde_json::to_value(&o).unwrap();
+        assert_eq!(j["state"], "not_yet");
+        assert_eq!(j["code"], "too_few_samples");
+        let r = run(&window(30, |_| 0.4), memory(), None);
+        let back: Outcome = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+    }
+
+    fn arb_case() -> impl Strategy<Value = (Vec<Observation>, KvGeometry, MemoryFacts, Option<u64>)> {
+        (
+            prop::collection::vec((0.0f64..=1.0, 0.0f64..5.0), 12..80),
+            1u64..50_000,
+            prop::sample::select(vec![1u64, 16, 32]),
+            prop::option::of(1u64..200_000),
+            1_000u64..200_000,
+            1u64..200,
+            0u64..100,
+            prop::option::of(1u64..1_000_000),
+        )
+            .prop_map(|(samples, blocks, bs, mml, bpt, total_gib, non_kv_pct, prev)| {
+                let w = samples
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (u, wait))| Observation {
+                        at_secs: 10.0 * i as f64,
+                        kv_usage: Some(*u),
+                        requests_waiting: Some(wait.floor()),
+                        preemptions_total: Some(0.0),
+                        sm_utilization: None,
+                    })
+                    .collect();
+                let total = total_gib * GIB;
+                let mem = MemoryFacts {
+                    gpu_total_bytes: Some(total),
+                    bytes_per_kv_token: Some(bpt),
+                    non_kv_bytes: Some(total / 100 * non_kv_pct.min(94)),
+                    ..Default::default()
+                };
+                let g = KvGeometry {
+                    num_gpu_blocks: blocks,
+                    block_size: bs,
+                    max_model_len: mml,
+                };
+                (w, g, mem, prev)
+            })
+    }
+
+    fn prev_rec(tokens: Option<u64>) -> Option<Recommendation> {
+        tokens.map(|t| Recommendation {
+            kv_cache_memory_bytes: 0,
+            kv_cache_tokens: t,
+            gpu_memory_utilization: 0.0,
+            gpu_memory_mib: 0,
+            compute_fraction: 1.0,
+            bytes_per_kv_token: 1,
+            bytes_per_kv_token_source: Source::Configured,
+            non_kv_bytes: 0,
+            non_kv_source: Source::Configured,
+            reasons: vec![],
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn always_within_the_gpu((w, g, mem, prev) in arb_case()) {
+            let p = prev_rec(prev);
+            let cfg = Config::default();
+            if let Outcome::Ready(r) = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref() }, &cfg) {
+                let total = mem.gpu_total_bytes.unwrap();
+                prop_assert!(r.non_kv_bytes + r.kv_cache_memory_bytes <= (cfg.max_gpu_memory_utilization * total as f64) as u64);
+                prop_assert!(r.gpu_memory_utilization <= cfg.max_gpu_memory_utilization + 1e-12);
+                prop_assert!(r.gpu_memory_utilization * total as f64 >= (r.non_kv_bytes + r.kv_cache_memory_bytes) as f64 - 1.0);
+                prop_assert!((r.gpu_memory_mib * MIB) >= r.non_kv_bytes + r.kv_cache_memory_bytes);
+                prop_assert!(r.compute_fraction > 0.0 && r.compute_fraction <= 1.0);
+                prop_assert_eq!(r.kv_cache_memory_bytes % (g.block_size * r.bytes_per_kv_token), 0);
+            }
+        }
+
+        #[test]
+        fn never_below_observed_peak_when_it_fits((w, g, mem, prev) in arb_case()) {
+            let p = prev_rec(prev);
+            let cfg = Config::default();
+            let out = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref() }, &cfg);
+            let r = out.recommendation().expect("complete inputs always give a recommendation");
+            let peak = w.iter().filter_map(|o| o.kv_usage).fold(0.0, f64::max);
+            let peak_tokens = (peak * g.tokens() as f64).ceil() as u64;
+            let room = (cfg.max_gpu_memory_utilization * mem.gpu_total_bytes.unwrap() as f64) as u64
+                - mem.non_kv_bytes.unwrap();
+            let fits = peak_tokens.div_ceil(g.block_size) * g.block_size * mem.bytes_per_kv_token.unwrap() <= room;
+            if fits {
+                prop_assert!(r.kv_cache_tokens >= peak_tokens, "{} < {}", r.kv_cache_tokens, peak_tokens);
+            } else {
+                prop_assert!(r.reasons.iter().any(|x| x.code == ReasonCode::ClampedToGpu));
+            }
+        }
+
+        #[test]
+        fn more_preemptions_never_shrink_it((w, g, mem, prev) in arb_case(), at in 0usize..80, n in 1.0f64..100.0) {
+            let p = prev_rec(prev);
+            let cfg = Config::default();
+            let base = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref() }, &cfg);
+            let mut w2 = w.clone();
+            let at = at % w2.len();
+            for o in w2.iter_mut().skip(at) {
+                o.preemptions_total = Some(n);
+            }
+            let more = recommend(&Input { window: &w2, geometry: g, memory: mem, previous: p.as_ref() }, &cfg);
+            let (a, b) = (base.recommendation().unwrap(), more.recommendation().unwrap());
+            prop_assert!(b.kv_cache_tokens >= a.kv_cache_tokens);
+            if at > 0 {
+                // A preemption is pressure: never below what runs now or the previous recommendation (if they fit).
+                let room = (cfg.max_gpu_memory_utilization * mem.gpu_total_bytes.unwrap() as f64) as u64
+                    - mem.non_kv_bytes.unwrap();
+                let floor = g.tokens().max(prev.unwrap_or(0));
+                if floor * mem.bytes_per_kv_token.unwrap() <= room {
+                    prop_assert!(b.kv_cache_tokens >= floor);
+                }
+            }
+        }
+
+        #[test]
+        fn short_windows_are_not_yet(n in 0usize..12, (w, g, mem, _prev) in arb_case()) {
+            let cfg = Config::default();
+            let out = recommend(&Input { window: &w[..n.min(w.len())], geometry: g, memory: mem, previous: None }, &cfg);
+            prop_assert!(
+                matches!(out, Outcome::NotYet { code: NotYetCode::TooFewSamples, .. }),
+                "{:?}", out
+            );
+        }
+    }
+}
