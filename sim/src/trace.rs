@@ -1,1 +1,0 @@
-//! Trace readers (being built, issue 6).
