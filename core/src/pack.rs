@@ -1,1 +1,0 @@
-//! Packing fractional replicas onto GPUs (see issue 5).

@@ -1,0 +1,773 @@
+//! Packing fractional replicas onto GPUs.
+//!
+//! A GPU has two capacities: compute, measured in integer milli-GPUs (1000 = the whole device, so no float
+//! rounding can ever let a GPU go over), and memory in MiB minus a headroom kept free for CUDA contexts. A
+//! replica asks for some of each. Everything here is pure: no clock, no I/O, so the pool manager, the webhook
+//! and the what-if simulator all place replicas with exactly the same rules.
+//!
+//! - [`Packer`] is the *online* packer: it holds the GPUs as they are now and places one replica at a time
+//!   (best fit on both dimensions, replicas of one model spread over different GPUs when possible). It also
+//!   answers "which GPUs could be emptied by moving at most K replicas" ([`Packer::defrag_candidates`]).
+//! - [`pack_offline`] packs a whole set at once (Minimum Bin Slack with an exact per-GPU subset-sum, plus a
+//!   best-fit-decreasing fallback), for capacity planning and the `tessera pack` benchmark.
+//! - [`lower_bound_l2`] is the Martello–Toth L2 bound, to say how far from optimal a packing can be.
+
+mod bounds;
+mod offline;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+pub use bounds::{lower_bound_l2, lower_bound_l2_counts};
+pub use offline::{OfflineAlgorithm, OfflinePacking, pack_first_fit_decreasing, pack_offline};
+
+/// The compute capacity of one GPU in milli-GPUs. Integers, so sums are exact.
+pub const GPU_COMPUTE_MILLI: u32 = 1000;
+
+/// What one GPU of a pool offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuShape {
+    /// The device's memory in MiB (e.g. 81920 for an 80 GiB card).
+    pub memory_mib: u64,
+    /// MiB kept free on every GPU: each CUDA context (one per process, more under time-slicing) takes a few
+    /// hundred MiB outside what vLLM accounts for, so packing to the last MiB would make the last tenant OOM.
+    pub headroom_mib: u64,
+}
+
+impl GpuShape {
+    /// A shape, checked: the headroom must leave some memory to hand out.
+    pub fn new(memory_mib: u64, headroom_mib: u64) -> Result<Self, PackError> {
+        let shape = Self {
+            memory_mib,
+            headroom_mib,
+        };
+        shape.validate()?;
+        Ok(shape)
+    }
+
+    /// Memory that replicas may reserve: the device's memory minus the headroom.
+    pub fn usable_memory_mib(&self) -> u64 {
+        self.memory_mib.saturating_sub(self.headroom_mib)
+    }
+
+    /// Checks the shape; a shape with no usable memory could never hold anything.
+    pub fn validate(&self) -> Result<(), PackError> {
+        if self.memory_mib == 0 || self.headroom_mib >= self.memory_mib {
+            return Err(PackError::InvalidShape {
+                memory_mib: self.memory_mib,
+                headroom_mib: self.headroom_mib,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One replica asking for a share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ReplicaRequest {
+    /// Unique among the replicas a packer holds (a pod name, a reservation id, a trace row).
+    pub id: String,
+    /// The model it serves: replicas of one model are spread over GPUs so one GPU failure cannot take all down.
+    pub model: String,
+    /// Compute share in milli-GPUs, 1..=1000.
+    pub compute_milli: u32,
+    /// GPU memory in MiB (0 when the memory dimension is unknown, as in compute-only traces).
+    pub memory_mib: u64,
+    /// Higher goes first when several are placed together ([`Packer::place_all`]).
+    pub priority: i32,
+}
+
+impl ReplicaRequest {
+    /// A request with priority 0.
+    pub fn new(id: impl Into<String>, model: impl Into<String>, compute_milli: u32, memory_mib: u64) -> Self {
+        Self {
+            id: id.into(),
+            model: model.into(),
+            compute_milli,
+            memory_mib,
+            priority: 0,
+        }
+    }
+
+    /// Its size normalised by a GPU, the larger of the two dimensions (0..=1): the order "largest first" uses.
+    pub(crate) fn weight(&self, shape: &GpuShape) -> f64 {
+        let c = f64::from(self.compute_milli) / f64::from(GPU_COMPUTE_MILLI);
+        let m = self.memory_mib as f64 / shape.usable_memory_mib().max(1) as f64;
+        c.max(m)
+    }
+}
+
+/// A GPU in a [`Packer`]. Ids are handed out by the packer and never reused within one packer, so a stale id
+/// from a removed GPU can never silently point at a different device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub struct GpuId(pub u64);
+
+impl fmt::Display for GpuId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "gpu-{}", self.0)
+    }
+}
+
+/// Why a replica went where it went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlaceReason {
+    /// The GPU that, after placement, leaves the least normalised room on compute plus memory, among the GPUs
+    /// that hold no replica of the same model.
+    BestFit,
+    /// The first GPU (in id order) with room, among those holding no replica of the same model (first-fit policy).
+    FirstFit,
+    /// Only GPUs that already hold a replica of this model had room; the one with the fewest replicas of the
+    /// model (then best fit) was chosen. Spreading is a preference, not a reason to leave a replica unplaced.
+    SameModelOnly,
+    /// No existing GPU had room and a new one was opened.
+    Opened,
+}
+
+impl PlaceReason {
+    /// A fixed, short label for logs, metrics and status conditions.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::BestFit => "BestFit",
+            Self::FirstFit => "FirstFit",
+            Self::SameModelOnly => "SameModelOnly",
+            Self::Opened => "OpenedGpu",
+        }
+    }
+}
+
+/// Why a replica could not be placed on an existing GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoRoomReason {
+    /// The packer holds no GPU at all.
+    NoGpus,
+    /// Every GPU lacks room on compute or memory (or both); a new GPU would take it.
+    AllFull {
+        /// The most free compute on any GPU, milli.
+        max_free_compute_milli: u32,
+        /// The most free memory on any GPU, MiB.
+        max_free_memory_mib: u64,
+    },
+}
+
+impl fmt::Display for NoRoomReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoGpus => write!(f, "no GPUs in the pool"),
+            Self::AllFull {
+                max_free_compute_milli,
+                max_free_memory_mib,
+            } => write!(
+                f,
+                "no GPU has room (most free: {max_free_compute_milli} milli compute, {max_free_memory_mib} MiB)"
+            ),
+        }
+    }
+}
+
+/// The answer of [`Packer::place`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Placed on this GPU, for this reason.
+    Gpu {
+        /// Where.
+        gpu: GpuId,
+        /// Why.
+        reason: PlaceReason,
+    },
+    /// Not placed; the packer is unchanged.
+    NoRoom(NoRoomReason),
+}
+
+impl Placement {
+    /// The GPU, if placed.
+    pub fn gpu(&self) -> Option<GpuId> {
+        match self {
+            Self::Gpu { gpu, .. } => Some(*gpu),
+            Self::NoRoom(_) => None,
+        }
+    }
+}
+
+/// A request the packer cannot take no matter how many GPUs it had, or a misuse of its API.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackError {
+    /// The GPU shape leaves no usable memory.
+    #[error(
+        "GPU shape has {memory_mib} MiB of memory and {headroom_mib} MiB of headroom: the headroom must be \
+         smaller than the memory (set the pool's gpuMemoryMiB to the device's memory and headroom to a few hundred MiB)"
+    )]
+    InvalidShape {
+        /// The device memory given.
+        memory_mib: u64,
+        /// The headroom given.
+        headroom_mib: u64,
+    },
+    /// The compute share is 0 or more than a whole GPU.
+    #[error(
+        "replica {id:?} asks for {compute_milli} milli-GPUs of compute: a fractional replica needs 1..=1000 \
+         (use a whole GPU outside the pool for more)"
+    )]
+    InvalidCompute {
+        /// The replica.
+        id: String,
+        /// What it asked.
+        compute_milli: u32,
+    },
+    /// The memory asked for is more than a GPU of this shape can hand out.
+    #[error(
+        "replica {id:?} asks for {memory_mib} MiB of GPU memory but a GPU of this pool offers {usable_mib} MiB \
+         after headroom: lower the request or use a pool with larger GPUs"
+    )]
+    TooMuchMemory {
+        /// The replica.
+        id: String,
+        /// What it asked.
+        memory_mib: u64,
+        /// What one GPU offers.
+        usable_mib: u64,
+    },
+    /// A replica with this id is already placed.
+    #[error("replica {0:?} is already placed; remove it first or use a unique id")]
+    Duplicate(String),
+    /// The GPU id is not (or no longer) in the packer.
+    #[error("{0} is not in this packer")]
+    UnknownGpu(GpuId),
+    /// The replica does not fit on the GPU it was assigned to.
+    #[error("replica {id:?} does not fit on {gpu}: {why}")]
+    DoesNotFit {
+        /// The replica.
+        id: String,
+        /// The GPU.
+        gpu: GpuId,
+        /// Which dimension is short.
+        why: String,
+    },
+}
+
+/// One GPU's tenants and what they use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuState {
+    /// Its id.
+    pub id: GpuId,
+    /// Sum of the tenants' compute, milli (never above 1000).
+    pub compute_used_milli: u32,
+    /// Sum of the tenants' memory, MiB (never above the usable memory).
+    pub memory_used_mib: u64,
+    /// The tenants, in placement order.
+    pub replicas: Vec<ReplicaRequest>,
+}
+
+impl GpuState {
+    fn new(id: GpuId) -> Self {
+        Self {
+            id,
+            compute_used_milli: 0,
+            memory_used_mib: 0,
+            replicas: Vec::new(),
+        }
+    }
+
+    /// Free compute, milli.
+    pub fn free_compute_milli(&self) -> u32 {
+        GPU_COMPUTE_MILLI.saturating_sub(self.compute_used_milli)
+    }
+
+    /// Free memory, MiB, for a GPU of `shape`.
+    pub fn free_memory_mib(&self, shape: &GpuShape) -> u64 {
+        shape.usable_memory_mib().saturating_sub(self.memory_used_mib)
+    }
+
+    /// Whether `r` fits in what is free.
+    pub fn fits(&self, r: &ReplicaRequest, shape: &GpuShape) -> bool {
+        r.compute_milli <= self.free_compute_milli() && r.memory_mib <= self.free_memory_mib(shape)
+    }
+
+    /// How many tenants serve `model`.
+    pub fn replicas_of(&self, model: &str) -> usize {
+        self.replicas.iter().filter(|r| r.model == model).count()
+    }
+
+    /// Whether it has no tenants.
+    pub fn is_empty(&self) -> bool {
+        self.replicas.is_empty()
+    }
+
+    /// Normalised room left after adding `r` (compute share + memory share; 0 = both exactly full).
+    fn leftover_after(&self, r: &ReplicaRequest, shape: &GpuShape) -> f64 {
+        let c = f64::from(self.free_compute_milli() - r.compute_milli) / f64::from(GPU_COMPUTE_MILLI);
+        let m = (self.free_memory_mib(shape) - r.memory_mib) as f64 / shape.usable_memory_mib().max(1) as f64;
+        c + m
+    }
+
+    fn add(&mut self, r: ReplicaRequest) {
+        self.compute_used_milli += r.compute_milli;
+        self.memory_used_mib += r.memory_mib;
+        self.replicas.push(r);
+    }
+
+    fn take(&mut self, id: &str) -> Option<ReplicaRequest> {
+        let i = self.replicas.iter().position(|r| r.id == id)?;
+        let r = self.replicas.remove(i);
+        self.compute_used_milli -= r.compute_milli;
+        self.memory_used_mib -= r.memory_mib;
+        Some(r)
+    }
+}
+
+/// How [`Packer::place`] chooses among GPUs with room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FitPolicy {
+    /// Least normalised leftover (compute + memory) after placement. Tessera's policy.
+    #[default]
+    BestFit,
+    /// Lowest GPU id with room: the naive baseline benchmarks compare against.
+    FirstFit,
+}
+
+/// Used and total capacity over all GPUs of a packer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Utilization {
+    /// GPUs held (empty ones included).
+    pub gpus: usize,
+    /// GPUs with no tenant.
+    pub empty_gpus: usize,
+    /// Sum of tenants' compute / (GPUs × 1000); 0 when there are no GPUs.
+    pub compute_ratio: f64,
+    /// Sum of tenants' memory / (GPUs × usable memory); 0 when there are no GPUs.
+    pub memory_ratio: f64,
+}
+
+/// Moving one replica during defragmentation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    /// The replica.
+    pub replica: String,
+    /// Where it is now.
+    pub from: GpuId,
+    /// Where it would go.
+    pub to: GpuId,
+}
+
+/// A GPU that could be emptied, and how.
+///
+/// Executing a plan is a later step, and must start each replica's new copy on `to` and wait for it to be
+/// ready before draining the old one, so that no request is dropped; the GPU is released only once empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefragPlan {
+    /// The GPU that would become empty.
+    pub gpu: GpuId,
+    /// The moves, in order.
+    pub moves: Vec<Move>,
+}
+
+/// The online packer: the GPUs of one pool, their tenants, and the placement rules.
+#[derive(Debug, Clone)]
+pub struct Packer {
+    shape: GpuShape,
+    policy: FitPolicy,
+    gpus: BTreeMap<GpuId, GpuState>,
+    location: HashMap<String, GpuId>,
+    next_id: u64,
+}
+
+impl Packer {
+    /// An empty packer with the best-fit policy. The shape should be validated ([`GpuShape::new`]); an invalid
+    /// one simply fits nothing.
+    pub fn new(shape: GpuShape) -> Self {
+        Self::with_policy(shape, FitPolicy::BestFit)
+    }
+
+    /// An empty packer with the given policy.
+    pub fn with_policy(shape: GpuShape, policy: FitPolicy) -> Self {
+        Self {
+            shape,
+            policy,
+            gpus: BTreeMap::new(),
+            location: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    /// The GPU shape.
+    pub fn shape(&self) -> &GpuShape {
+        &self.shape
+    }
+
+    /// Adds an empty GPU and returns its id.
+    pub fn add_gpu(&mut self) -> GpuId {
+        let id = GpuId(self.next_id);
+        self.next_id += 1;
+        self.gpus.insert(id, GpuState::new(id));
+        id
+    }
+
+    /// Removes a GPU and returns its tenants (now unplaced); `None` if unknown.
+    pub fn remove_gpu(&mut self, gpu: GpuId) -> Option<Vec<ReplicaRequest>> {
+        let state = self.gpus.remove(&gpu)?;
+        for r in &state.replicas {
+            self.location.remove(&r.id);
+        }
+        Some(state.replicas)
+    }
+
+    /// The GPUs, in id order.
+    pub fn gpus(&self) -> impl Iterator<Item = &GpuState> {
+        self.gpus.values()
+    }
+
+    /// One GPU.
+    pub fn gpu(&self, id: GpuId) -> Option<&GpuState> {
+        self.gpus.get(&id)
+    }
+
+    /// Where a replica is.
+    pub fn location(&self, replica: &str) -> Option<GpuId> {
+        self.location.get(replica).copied()
+    }
+
+    /// Number of replicas placed.
+    pub fn replica_count(&self) -> usize {
+        self.location.len()
+    }
+
+    /// GPUs with no tenants (candidates for release after the pool's grace period).
+    pub fn empty_gpus(&self) -> Vec<GpuId> {
+        self.gpus
+            .values()
+            .filter(|g| g.is_empty())
+            .map(|g| g.id)
+            .collect()
+    }
+
+    /// Used versus held capacity.
+    pub fn utilization(&self) -> Utilization {
+        let gpus = self.gpus.len();
+        let empty_gpus = self.gpus.values().filter(|g| g.is_empty()).count();
+        if gpus == 0 {
+            return Utilization {
+                gpus,
+                empty_gpus,
+                compute_ratio: 0.0,
+                memory_ratio: 0.0,
+            };
+        }
+        let c: u64 = self.gpus.values().map(|g| u64::from(g.compute_used_milli)).sum();
+        let m: u64 = self.gpus.values().map(|g| g.memory_used_mib).sum();
+        Utilization {
+            gpus,
+            empty_gpus,
+            compute_ratio: c as f64 / (gpus as f64 * f64::from(GPU_COMPUTE_MILLI)),
+            memory_ratio: m as f64 / (gpus as f64 * self.shape.usable_memory_mib().max(1) as f64),
+        }
+    }
+
+    /// Checks a request on its own (not against the current GPUs): could an empty GPU of this shape hold it?
+    pub fn check(&self, r: &ReplicaRequest) -> Result<(), PackError> {
+        check_request(r, &self.shape)
+    }
+
+    /// Places `r` on an existing GPU, or says why none has room (the packer is then unchanged).
+    ///
+    /// Among GPUs holding no replica of `r.model`, the policy picks (best fit by default). Only if none of those
+    /// has room is a GPU that already holds the model used: the one with the fewest replicas of it, then best fit.
+    pub fn place(&mut self, r: ReplicaRequest) -> Result<Placement, PackError> {
+        self.check(&r)?;
+        if self.location.contains_key(&r.id) {
+            return Err(PackError::Duplicate(r.id));
+        }
+        let placement = self.choose(&r, None);
+        if let Placement::Gpu { gpu, .. } = placement {
+            self.insert(gpu, r);
+        }
+        Ok(placement)
+    }
+
+    /// Places `r`, opening a new GPU if no existing one has room. Returns the GPU and whether it was opened.
+    pub fn place_or_open(&mut self, r: ReplicaRequest) -> Result<(GpuId, PlaceReason), PackError> {
+        self.check(&r)?;
+        if self.location.contains_key(&r.id) {
+            return Err(PackError::Duplicate(r.id));
+        }
+        match self.choose(&r, None) {
+            Placement::Gpu { gpu, reason } => {
+                self.insert(gpu, r);
+                Ok((gpu, reason))
+            }
+            Placement::NoRoom(_) => {
+                let gpu = self.add_gpu();
+                self.insert(gpu, r);
+                Ok((gpu, PlaceReason::Opened))
+            }
+        }
+    }
+
+    /// Places several at once: highest priority first, then largest first (so that big replicas are not
+    /// stranded by small ones), then by id for determinism. Opens GPUs only if `open` is true, at most
+    /// `max_gpus` in total. Returns each id with its placement (`NoRoom` for those left out).
+    pub fn place_all(
+        &mut self,
+        mut requests: Vec<ReplicaRequest>,
+        open: bool,
+        max_gpus: usize,
+    ) -> Vec<(String, Result<Placement, PackError>)> {
+        let shape = self.shape;
+        requests.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(b.weight(&shape).total_cmp(&a.weight(&shape)))
+                .then_with(|| a.id.cmp(&b.id))
+        });
+        let mut out = Vec::with_capacity(requests.len());
+        for r in requests {
+            let id = r.id.clone();
+            let res = match self.place(r.clone()) {
+                Ok(Placement::NoRoom(_)) if open && self.gpus.len() < max_gpus => self
+                    .place_or_open(r)
+                    .map(|(gpu, reason)| Placement::Gpu { gpu, reason }),
+                other => other,
+            };
+            out.push((id, res));
+        }
+        out
+    }
+
+    /// Puts `r` on a specific GPU (rebuilding state from the cluster, or executing a move). Checked: the GPU
+    /// must exist and have room.
+    pub fn assign(&mut self, gpu: GpuId, r: ReplicaRequest) -> Result<(), PackError> {
+        self.check(&r)?;
+        if self.location.contains_key(&r.id) {
+            return Err(PackError::Duplicate(r.id));
+        }
+        let state = self.gpus.get(&gpu).ok_or(PackError::UnknownGpu(gpu))?;
+        if !state.fits(&r, &self.shape) {
+            let why = if r.compute_milli > state.free_compute_milli() {
+                format!(
+                    "needs {} milli compute, {} free",
+                    r.compute_milli,
+                    state.free_compute_milli()
+                )
+            } else {
+                format!(
+                    "needs {} MiB, {} free",
+                    r.memory_mib,
+                    state.free_memory_mib(&self.shape)
+                )
+            };
+            return Err(PackError::DoesNotFit { id: r.id, gpu, why });
+        }
+        self.insert(gpu, r);
+        Ok(())
+    }
+
+    /// Removes a replica, freeing exactly its share. Returns it and its GPU; `None` if it was not placed.
+    /// The GPU stays (possibly empty): releasing empty GPUs is the caller's decision (grace periods).
+    pub fn remove(&mut self, replica: &str) -> Option<(GpuId, ReplicaRequest)> {
+        let gpu = self.location.remove(replica)?;
+        let r = self.gpus.get_mut(&gpu)?.take(replica)?;
+        Some((gpu, r))
+    }
+
+    fn insert(&mut self, gpu: GpuId, r: ReplicaRequest) {
+        if let Some(state) = self.gpus.get_mut(&gpu) {
+            self.location.insert(r.id.clone(), gpu);
+            state.add(r);
+        }
+    }
+
+    /// The placement decision, without changing anything. `exclude` is a GPU not to consider (the one being
+    /// emptied by a defragmentation plan).
+    fn choose(&self, r: &ReplicaRequest, exclude: Option<GpuId>) -> Placement {
+        choose_among(
+            self.gpus.values().filter(|g| Some(g.id) != exclude),
+            r,
+            &self.shape,
+            self.policy,
+        )
+    }
+
+    /// GPUs that could be emptied by moving at most `max_moves` replicas each onto other GPUs, without
+    /// opening any GPU and respecting both capacities (and the spreading preference, as [`Packer::place`]).
+    ///
+    /// Plans are cumulative: each is computed on the state left by the previous ones (a GPU being emptied is
+    /// never a target, and moved replicas take room), so executing them all in order is valid. GPUs with the
+    /// fewest replicas, then the least used, are tried first: they are the cheapest to empty.
+    pub fn defrag_candidates(&self, max_moves: usize) -> Vec<DefragPlan> {
+        self.defrag(max_moves, usize::MAX)
+    }
+
+    /// Like [`Packer::defrag_candidates`], stopping after `max_plans` plans (callers that act on one plan at a
+    /// time need not pay for finding all).
+    pub fn defrag(&self, max_moves: usize, max_plans: usize) -> Vec<DefragPlan> {
+        if max_moves == 0 || max_plans == 0 {
+            return Vec::new();
+        }
+        let mut sim = self.clone();
+        let mut order: Vec<&GpuState> = self
+            .gpus
+            .values()
+            .filter(|g| !g.is_empty() && g.replicas.len() <= max_moves)
+            .collect();
+        order.sort_by_key(|g| (g.replicas.len(), g.compute_used_milli, g.memory_used_mib, g.id));
+        let order: Vec<GpuId> = order.iter().map(|g| g.id).collect();
+        let mut emptied: Vec<GpuId> = Vec::new();
+        let mut plans = Vec::new();
+        for gpu in order {
+            if plans.len() >= max_plans {
+                break;
+            }
+            let Some(state) = sim.gpus.get(&gpu) else { continue };
+            // Earlier plans may have moved replicas here.
+            if state.replicas.len() > max_moves {
+                continue;
+            }
+            // Cheap rejection before simulating: the others must have enough free room in total.
+            let need_c: u32 = state.compute_used_milli;
+            let need_m: u64 = state.memory_used_mib;
+            let (free_c, free_m) = sim
+                .gpus
+                .values()
+                .filter(|g| g.id != gpu && !emptied.contains(&g.id))
+                .fold((0u64, 0u64), |(c, m), g| {
+                    (
+                        c + u64::from(g.free_compute_milli()),
+                        m + g.free_memory_mib(&sim.shape),
+                    )
+                });
+            if u64::from(need_c) > free_c || need_m > free_m {
+                continue;
+            }
+            let mut trial = sim.clone();
+            let mut moving = trial
+                .gpus
+                .get(&gpu)
+                .map(|g| g.replicas.clone())
+                .unwrap_or_default();
+            // Largest first: the hardest to fit decide whether the plan is possible at all.
+            moving.sort_by(|a, b| b.weight(&sim.shape).total_cmp(&a.weight(&sim.shape)));
+            let mut moves = Vec::new();
+            let mut ok = true;
+            for r in moving {
+                let candidates = trial
+                    .gpus
+                    .values()
+                    .filter(|g| g.id != gpu && !emptied.contains(&g.id) && !g.is_empty());
+                match choose_among(candidates, &r, &trial.shape, FitPolicy::BestFit) {
+                    Placement::Gpu { gpu: to, .. } => {
+                        trial.remove(&r.id);
+                        moves.push(Move {
+                            replica: r.id.clone(),
+                            from: gpu,
+                            to,
+                        });
+                        trial.insert(to, r);
+                    }
+                    Placement::NoRoom(_) => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            if ok {
+                emptied.push(gpu);
+                sim = trial;
+                plans.push(DefragPlan { gpu, moves });
+            }
+        }
+        plans
+    }
+
+    /// Applies a plan produced by [`Packer::defrag`] on this packer: every move is checked again (the state
+    /// may have changed since), and nothing is changed unless all moves succeed.
+    pub fn apply_plan(&mut self, plan: &DefragPlan) -> Result<(), PackError> {
+        let mut trial = self.clone();
+        for m in &plan.moves {
+            let (from, r) = trial.remove(&m.replica).ok_or(PackError::UnknownGpu(m.from))?;
+            if from != m.from {
+                return Err(PackError::UnknownGpu(m.from));
+            }
+            trial.assign(m.to, r)?;
+        }
+        *self = trial;
+        Ok(())
+    }
+}
+
+/// Whether `r` is a valid request for GPUs of `shape`.
+pub(crate) fn check_request(r: &ReplicaRequest, shape: &GpuShape) -> Result<(), PackError> {
+    if r.compute_milli == 0 || r.compute_milli > GPU_COMPUTE_MILLI {
+        return Err(PackError::InvalidCompute {
+            id: r.id.clone(),
+            compute_milli: r.compute_milli,
+        });
+    }
+    if r.memory_mib > shape.usable_memory_mib() {
+        return Err(PackError::TooMuchMemory {
+            id: r.id.clone(),
+            memory_mib: r.memory_mib,
+            usable_mib: shape.usable_memory_mib(),
+        });
+    }
+    Ok(())
+}
+
+/// The placement rule shared by online placement and defragmentation.
+fn choose_among<'a>(
+    gpus: impl Iterator<Item = &'a GpuState>,
+    r: &ReplicaRequest,
+    shape: &GpuShape,
+    policy: FitPolicy,
+) -> Placement {
+    // (score, id) of the best GPU without the model, and (model count, score, id) of the best with it.
+    let mut best_other: Option<(f64, GpuId)> = None;
+    let mut best_same: Option<(usize, f64, GpuId)> = None;
+    let mut any = false;
+    let mut max_free_c = 0;
+    let mut max_free_m = 0;
+    for g in gpus {
+        any = true;
+        max_free_c = max_free_c.max(g.free_compute_milli());
+        max_free_m = max_free_m.max(g.free_memory_mib(shape));
+        if !g.fits(r, shape) {
+            continue;
+        }
+        let score = match policy {
+            FitPolicy::BestFit => g.leftover_after(r, shape),
+            // Iteration is in id order, so the first seen wins with a constant score.
+            FitPolicy::FirstFit => 0.0,
+        };
+        let same = g.replicas_of(&r.model);
+        if same == 0 {
+            if best_other.is_none_or(|(s, _)| score < s) {
+                best_other = Some((score, g.id));
+                if policy == FitPolicy::FirstFit {
+                    break;
+                }
+            }
+        } else if best_same.is_none_or(|(n, s, _)| (same, score) < (n, s)) {
+            best_same = Some((same, score, g.id));
+        }
+    }
+    if let Some((_, gpu)) = best_other {
+        let reason = match policy {
+            FitPolicy::BestFit => PlaceReason::BestFit,
+            FitPolicy::FirstFit => PlaceReason::FirstFit,
+        };
+        return Placement::Gpu { gpu, reason };
+    }
+    if let Some((_, _, gpu)) = best_same {
+        return Placement::Gpu {
+            gpu,
+            reason: PlaceReason::SameModelOnly,
+        };
+    }
+    if !any {
+        return Placement::NoRoom(NoRoomReason::NoGpus);
+    }
+    Placement::NoRoom(NoRoomReason::AllFull {
+        max_free_compute_milli: max_free_c,
+        max_free_memory_mib: max_free_m,
+    })
+}
+
+#[cfg(test)]
+mod tests;
