@@ -1,0 +1,136 @@
+//! The activator's Prometheus metrics (one registry, served on `/metrics`).
+//!
+//! Counters and the hold histogram are updated on the request path; the per-model gauges (in flight, queued,
+//! ready backends) are read from the router's atomics when `/metrics` is scraped, so the hot path pays nothing
+//! for them.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::router::Router;
+
+/// `{model, code}`: `code` is the HTTP status returned to the client.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    /// The model name, or `unknown` for names the activator does not route (to bound cardinality).
+    pub model: String,
+    /// HTTP status code.
+    pub code: u16,
+}
+
+/// `{model}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// The model name.
+    pub model: String,
+}
+
+/// `{model, reason}` for requests the activator answered itself.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectLabels {
+    /// The model name, or `unknown`.
+    pub model: String,
+    /// The error's fixed label (see `RequestError::label`).
+    pub reason: &'static str,
+}
+
+/// The activator's metric families.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// `tessera_activator_requests_total{model,code}`.
+    pub requests: Family<CodeLabels, Counter>,
+    /// `tessera_activator_rejected_total{model,reason}`.
+    pub rejected: Family<RejectLabels, Counter>,
+    /// `tessera_activator_hold_seconds{model}`: how long held requests waited for a ready backend.
+    pub hold_seconds: Family<ModelLabels, Histogram>,
+    in_flight: Family<ModelLabels, Gauge>,
+    queued: Family<ModelLabels, Gauge>,
+    ready_backends: Family<ModelLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every family under the `tessera_activator` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tessera_activator");
+        let requests = Family::<CodeLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests answered, by model and HTTP status",
+            requests.clone(),
+        );
+        let rejected = Family::<RejectLabels, Counter>::default();
+        registry.register(
+            "rejected",
+            "Requests the activator answered itself with an error, by reason",
+            rejected.clone(),
+        );
+        // 1 ms .. ~9 min: from a backend that was just starting to a cold start of a large model.
+        let hold_seconds = Family::<ModelLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 20))
+        });
+        registry.register(
+            "hold_seconds",
+            "Time a request was held waiting for a ready backend (only requests that had to wait)",
+            hold_seconds.clone(),
+        );
+        let in_flight = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "in_flight_requests",
+            "Requests forwarded and not finished",
+            in_flight.clone(),
+        );
+        let queued = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "queued_requests",
+            "Requests held waiting for a ready backend",
+            queued.clone(),
+        );
+        let ready_backends = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "ready_backends",
+            "Ready backends per model",
+            ready_backends.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            rejected,
+            hold_seconds,
+            in_flight,
+            queued,
+            ready_backends,
+        }
+    }
+
+    /// The text exposition, with the gauges refreshed from `router`.
+    pub fn encode(&self, router: &Router) -> Result<String, std::fmt::Error> {
+        for e in router.entries() {
+            let l = ModelLabels {
+                model: e.name().to_string(),
+            };
+            self.in_flight
+                .get_or_create(&l)
+                .set(i64::try_from(e.in_flight()).unwrap_or(i64::MAX));
+            self.queued
+                .get_or_create(&l)
+                .set(i64::try_from(e.queued()).unwrap_or(i64::MAX));
+            self.ready_backends
+                .get_or_create(&l)
+                .set(i64::try_from(e.ready_count()).unwrap_or(i64::MAX));
+        }
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

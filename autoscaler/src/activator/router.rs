@@ -1,0 +1,450 @@
+//! Per-model routing state: which backends are ready, how many requests each has outstanding, and the bounded
+//! hold queue for a model with no ready backend.
+//!
+//! The hot path (picking a backend for a request) touches only atomics and a `watch` channel's read lock, so it
+//! costs well under a microsecond. Readiness is *pushed* by a discovery source ([`super::discovery`]) through
+//! [`ModelEntry::set_ready`] / [`ModelEntry::replace_ready`]; a held request waits on the `watch` channel, so it
+//! is forwarded the moment a backend turns ready instead of on the next tick of a poll loop.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use http::Uri;
+use tessera_core::wire::activator::{ActivatorStats, ModelStats, SCHEMA_VERSION};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+/// One backend (a model server replica) and its outstanding requests.
+#[derive(Debug)]
+pub struct Backend {
+    /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing slash); request paths are appended to it.
+    pub base: String,
+    outstanding: AtomicU64,
+}
+
+impl Backend {
+    fn new(base: &str) -> Self {
+        Self {
+            base: base.trim_end_matches('/').to_string(),
+            outstanding: AtomicU64::new(0),
+        }
+    }
+
+    /// Requests sent to this backend whose responses have not finished.
+    pub fn outstanding(&self) -> u64 {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// The full URI for `path_and_query` on this backend.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::uri::InvalidUri> {
+        format!("{}{}", self.base, path_and_query).parse()
+    }
+}
+
+/// A backend chosen for one request; its outstanding count drops when this is dropped (when the response body
+/// ends, fails, or the client goes away).
+#[derive(Debug)]
+pub struct Lease {
+    backend: Arc<Backend>,
+}
+
+impl Lease {
+    /// The chosen backend.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+type ReadySet = Arc<Vec<Arc<Backend>>>;
+
+/// Everything the activator tracks for one model name.
+#[derive(Debug)]
+pub struct ModelEntry {
+    name: String,
+    /// Every backend ever reported for this model and still listed, by base URL, so that a backend that flaps
+    /// keeps its outstanding count.
+    known: Mutex<BTreeMap<String, Arc<Backend>>>,
+    ready: watch::Sender<ReadySet>,
+    /// Wakes the discovery source (probe now / patch the controller) when a request has to be held.
+    demand: Arc<Notify>,
+    queue_size: u64,
+    requests_total: AtomicU64,
+    rejected_total: AtomicU64,
+    in_flight: AtomicU64,
+    queued: AtomicU64,
+    /// Unix ms of the last arrival; 0 means none yet.
+    last_request_ms: AtomicU64,
+    /// Rotates the starting point of the least-outstanding scan so ties spread round-robin.
+    rr: AtomicUsize,
+}
+
+/// Held-request accounting: decrements `queued` when the request stops waiting, however it stops.
+#[derive(Debug)]
+pub struct QueueSlot<'a> {
+    entry: &'a ModelEntry,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        self.entry.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// In-flight accounting for a forwarded request; owned by the response body so it lasts until the body ends.
+#[derive(Debug)]
+pub struct InFlight {
+    entry: Arc<ModelEntry>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.entry.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ModelEntry {
+    fn new(name: &str, queue_size: u64) -> Self {
+        let (ready, _) = watch::channel(Arc::new(Vec::new()));
+        Self {
+            name: name.to_string(),
+            known: Mutex::new(BTreeMap::new()),
+            ready,
+            demand: Arc::new(Notify::new()),
+            queue_size,
+            requests_total: AtomicU64::new(0),
+            rejected_total: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            last_request_ms: AtomicU64::new(0),
+            rr: AtomicUsize::new(0),
+        }
+    }
+
+    /// The model name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The notifier a discovery source waits on to learn that requests are being held for this model.
+    pub fn demand(&self) -> Arc<Notify> {
+        self.demand.clone()
+    }
+
+    /// Counts an arriving request.
+    pub fn record_arrival(&self, now_unix_ms: u64) {
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        // max, not store: concurrent arrivals may record out of order.
+        self.last_request_ms
+            .fetch_max(now_unix_ms.max(1), Ordering::Relaxed);
+    }
+
+    /// Counts a request the activator answered itself with an error (overflow, timeout, no backend).
+    pub fn record_rejection(&self) {
+        self.rejected_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Marks one request as forwarded and not yet finished.
+    pub fn start_in_flight(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight { entry: self.clone() }
+    }
+
+    /// Takes a place in the hold queue, or `None` when the queue is full.
+    pub fn try_enqueue(&self) -> Option<QueueSlot<'_>> {
+        let taken = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < self.queue_size).then_some(q + 1)
+            })
+            .is_ok();
+        if taken {
+            // Tell discovery at once; Notify keeps a permit if nobody is waiting yet, so no wake-up is lost.
+            self.demand.notify_one();
+            Some(QueueSlot { entry: self })
+        } else {
+            None
+        }
+    }
+
+    /// Requests currently held.
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// Requests currently forwarded and unfinished.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Ready backends now.
+    pub fn ready_count(&self) -> usize {
+        self.ready.borrow().len()
+    }
+
+    /// Picks the ready backend with the fewest outstanding requests (ties: the next one round-robin) and counts
+    /// the request against it; `None` when no backend is ready.
+    pub fn pick(&self) -> Option<Lease> {
+        let ready = self.ready.borrow();
+        let backend = pick_least_outstanding(&ready, self.rr.fetch_add(1, Ordering::Relaxed))?.clone();
+        drop(ready);
+        backend.outstanding.fetch_add(1, Ordering::Relaxed);
+        Some(Lease { backend })
+    }
+
+    /// Waits until at least one backend is ready or `deadline` passes; true if one is ready.
+    pub async fn wait_ready(&self, deadline: Instant) -> bool {
+        let mut rx = self.ready.subscribe();
+        let ready = async { rx.wait_for(|set| !set.is_empty()).await.is_ok() };
+        tokio::time::timeout_at(deadline, ready).await.unwrap_or(false)
+    }
+
+    /// Sets one backend's readiness (static discovery: one probe result).
+    pub fn set_ready(&self, base: &str, ready: bool) {
+        let backend = {
+            let mut known = lock(&self.known);
+            let key = base.trim_end_matches('/').to_string();
+            known
+                .entry(key)
+                .or_insert_with(|| Arc::new(Backend::new(base)))
+                .clone()
+        };
+        self.ready.send_if_modified(|set| {
+            let present = set.iter().any(|b| Arc::ptr_eq(b, &backend));
+            match (present, ready) {
+                (false, true) => Arc::make_mut(set).push(backend.clone()),
+                (true, false) => Arc::make_mut(set).retain(|b| !Arc::ptr_eq(b, &backend)),
+                _ => return false,
+            }
+            true
+        });
+    }
+
+    /// Replaces the whole ready set (Kubernetes discovery: the EndpointSlices' ready addresses). Backends no longer
+    /// listed are forgotten; their in-flight requests keep their own reference until they finish.
+    pub fn replace_ready(&self, bases: &[String]) {
+        let next: Vec<Arc<Backend>> = {
+            let mut known = lock(&self.known);
+            let keys: Vec<String> = bases
+                .iter()
+                .map(|b| b.trim_end_matches('/').to_string())
+                .collect();
+            known.retain(|k, _| keys.contains(k));
+            keys.iter()
+                .map(|k| {
+                    known
+                        .entry(k.clone())
+                        .or_insert_with(|| Arc::new(Backend::new(k)))
+                        .clone()
+                })
+                .collect()
+        };
+        self.ready.send_if_modified(|set| {
+            let same = set.len() == next.len() && set.iter().zip(&next).all(|(a, b)| Arc::ptr_eq(a, b));
+            if !same {
+                *set = Arc::new(next);
+            }
+            !same
+        });
+    }
+
+    /// This model's counters as the wire type.
+    pub fn stats(&self) -> ModelStats {
+        let last = self.last_request_ms.load(Ordering::Relaxed);
+        ModelStats {
+            requests_total: self.requests_total.load(Ordering::Relaxed),
+            rejected_total: self.rejected_total.load(Ordering::Relaxed),
+            in_flight: self.in_flight(),
+            queued: self.queued(),
+            ready_backends: u32::try_from(self.ready_count()).unwrap_or(u32::MAX),
+            last_request_at_unix_ms: (last > 0).then_some(last),
+        }
+    }
+}
+
+/// The least-outstanding choice, scanning from `start` so that equal candidates take turns.
+pub fn pick_least_outstanding(ready: &[Arc<Backend>], start: usize) -> Option<&Arc<Backend>> {
+    let n = ready.len();
+    (0..n)
+        .map(|i| &ready[(start + i) % n])
+        .min_by_key(|b| b.outstanding())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding this lock cannot leave the map half-updated (each update is one insert/retain),
+    // so a poisoned lock is still safe to use.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every model the activator knows, by name.
+#[derive(Debug)]
+pub struct Router {
+    models: RwLock<HashMap<String, Arc<ModelEntry>>>,
+    queue_size: u64,
+    instance: String,
+    started_at_unix_ms: u64,
+}
+
+impl Router {
+    /// An empty router whose per-model hold queues take at most `queue_size` requests.
+    pub fn new(queue_size: u64, instance: String, started_at_unix_ms: u64) -> Self {
+        Self {
+            models: RwLock::new(HashMap::new()),
+            queue_size,
+            instance,
+            started_at_unix_ms,
+        }
+    }
+
+    /// The entry for `model`, if the model is known.
+    pub fn get(&self, model: &str) -> Option<Arc<ModelEntry>> {
+        self.models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(model)
+            .cloned()
+    }
+
+    /// The entry for `model`, created (with no ready backend) when new.
+    pub fn ensure(&self, model: &str) -> Arc<ModelEntry> {
+        if let Some(e) = self.get(model) {
+            return e;
+        }
+        let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
+        models
+            .entry(model.to_string())
+            .or_insert_with(|| Arc::new(ModelEntry::new(model, self.queue_size)))
+            .clone()
+    }
+
+    /// Forgets a model (its routing config was deleted). Held requests for it keep their entry and time out.
+    pub fn remove(&self, model: &str) {
+        self.models
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(model);
+    }
+
+    /// Known model names, sorted.
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Every entry, for metrics.
+    pub fn entries(&self) -> Vec<Arc<ModelEntry>> {
+        self.models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The stats document at `now_unix_ms`.
+    pub fn stats(&self, now_unix_ms: u64) -> ActivatorStats {
+        ActivatorStats {
+            schema_version: SCHEMA_VERSION,
+            instance: self.instance.clone(),
+            started_at_unix_ms: self.started_at_unix_ms,
+            observed_at_unix_ms: now_unix_ms,
+            models: self
+                .entries()
+                .iter()
+                .map(|e| (e.name.clone(), e.stats()))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn least_outstanding_then_round_robin() {
+        let e = ModelEntry::new("m", 4);
+        e.set_ready("http://a", true);
+        e.set_ready("http://b/", true);
+        let l1 = e.pick().unwrap();
+        let l2 = e.pick().unwrap();
+        assert_ne!(
+            l1.backend().base,
+            l2.backend().base,
+            "a tie must spread over both"
+        );
+        drop(l1);
+        // One backend has 1 outstanding, the other 0: the idle one wins whatever the rotation.
+        let idle = e.pick().unwrap();
+        assert_ne!(idle.backend().base, l2.backend().base);
+    }
+
+    #[test]
+    fn queue_is_bounded_and_released_on_drop() {
+        let e = ModelEntry::new("m", 2);
+        let a = e.try_enqueue().unwrap();
+        let _b = e.try_enqueue().unwrap();
+        assert!(e.try_enqueue().is_none());
+        drop(a);
+        assert!(e.try_enqueue().is_some());
+    }
+
+    #[tokio::test]
+    async fn held_request_wakes_when_a_backend_turns_ready() {
+        let e = Arc::new(ModelEntry::new("m", 2));
+        let waiter = {
+            let e = e.clone();
+            tokio::spawn(async move {
+                e.wait_ready(Instant::now() + std::time::Duration::from_secs(5))
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        e.set_ready("http://a", true);
+        assert!(waiter.await.unwrap());
+        assert!(!ModelEntry::new("x", 1).wait_ready(Instant::now()).await);
+    }
+
+    #[test]
+    fn replace_keeps_counts_of_surviving_backends() {
+        let e = ModelEntry::new("m", 2);
+        e.replace_ready(&["http://a".into(), "http://b".into()]);
+        let lease = e.pick().unwrap();
+        let base = lease.backend().base.clone();
+        e.replace_ready(&[base.clone(), "http://c".into()]);
+        assert_eq!(e.ready_count(), 2);
+        let survivor = e.ready.borrow().iter().find(|b| b.base == base).unwrap().clone();
+        assert_eq!(survivor.outstanding(), 1);
+        e.replace_ready(&[]);
+        assert!(e.pick().is_none());
+    }
+
+    proptest! {
+        /// The chosen backend always has the minimum outstanding count, whatever the rotation.
+        #[test]
+        fn pick_is_a_minimum(counts in proptest::collection::vec(0u64..5, 1..8), start in 0usize..100) {
+            let set: Vec<Arc<Backend>> = counts.iter().enumerate().map(|(i, c)| {
+                let b = Backend::new(&format!("http://b{i}"));
+                b.outstanding.store(*c, Ordering::Relaxed);
+                Arc::new(b)
+            }).collect();
+            let chosen = pick_least_outstanding(&set, start).unwrap();
+            prop_assert_eq!(chosen.outstanding(), *counts.iter().min().unwrap());
+        }
+    }
+}
