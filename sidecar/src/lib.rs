@@ -1,6 +1,28 @@
 //! The sidecar that runs beside every vLLM server, and the gpu-agent that runs in every capacity pod.
+//!
+//! `tessera sidecar` scrapes vLLM's `/metrics` every `--scrape-interval`, keeps a `--window` of good scrapes,
+//! reads the GPU through NVML when it can, computes this replica's memory and compute recommendation with
+//! [`tessera_core::recommend`], and serves it all:
+//! - `/metrics`: Prometheus text (`tessera_*`), see [`exporter`];
+//! - `/v1/status`: [`tessera_core::wire::sidecar::SidecarStatus`] as JSON, what the autoscaler reads;
+//! - `/live` (the process serves) and `/ready` (vLLM has answered a scrape).
+//!
+//! Layers: [`scrape`] (HTTP), [`gpu`] (NVML behind a trait), [`state`] (pure bookkeeping, time passed in),
+//! [`exporter`] (the registry), [`server`] (axum). This file holds the flags and the loop that ties them.
 
 pub mod agent;
+pub mod error;
+pub mod exporter;
+pub mod gpu;
+pub mod scrape;
+pub mod server;
+pub mod state;
+
+use anyhow::Context as _;
+use error::ConfigError;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio_util::sync::CancellationToken;
 
 /// `tessera sidecar` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -11,9 +33,262 @@ pub struct Args {
     /// Address to serve /metrics, /v1/status, /live and /ready on.
     #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:9090")]
     pub listen: std::net::SocketAddr,
+    /// How often to scrape vLLM's /metrics.
+    #[arg(long, env = "TESSERA_SCRAPE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub scrape_interval: Duration,
+    /// Longest a scrape may take (connect, headers and body); a slower answer counts as an error.
+    #[arg(long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub scrape_timeout: Duration,
+    /// How much history the recommendation and the window summary look at.
+    #[arg(long, env = "TESSERA_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub window: Duration,
+    /// Total GPU memory in MiB, used when NVML is not available (NVML's figure wins when it is).
+    #[arg(long, env = "TESSERA_GPU_MEMORY_MIB")]
+    pub gpu_memory_mib: Option<u64>,
+    /// Bytes of KV cache per token: 2 × layers × kv_heads × head_dim × dtype bytes (1× for MLA models).
+    /// Without it, it is derived from vLLM's kv_cache_memory_bytes or the measured process memory.
+    #[arg(long, env = "TESSERA_BYTES_PER_KV_TOKEN")]
+    pub bytes_per_kv_token: Option<u64>,
+    /// Non-KV GPU memory (weights + activation peak + CUDA context), MiB. Without it, it is measured (NVML on a
+    /// dedicated GPU) or derived from vLLM's gpu_memory_utilization × total − KV cache.
+    #[arg(long, env = "TESSERA_NON_KV_MEMORY_MIB")]
+    pub non_kv_memory_mib: Option<u64>,
+    /// The server's --max-model-len: the KV cache is never recommended below one such sequence.
+    #[arg(long, env = "TESSERA_MAX_MODEL_LEN")]
+    pub max_model_len: Option<u64>,
+    /// NVML index of the GPU this server uses.
+    #[arg(long, env = "TESSERA_NVML_DEVICE_INDEX", default_value_t = 0)]
+    pub nvml_device_index: u32,
+    /// Do not try NVML at all (the GPU total then comes from --gpu-memory-mib).
+    #[arg(long, env = "TESSERA_NO_NVML")]
+    pub no_nvml: bool,
+    /// The GPU is shared with other servers: its used memory and busy time are not this server's, so only its
+    /// total is used (per-pod use comes from the gpu-agent).
+    #[arg(long, env = "TESSERA_GPU_SHARED")]
+    pub gpu_shared: bool,
+    /// Percentile of KV usage to size for (0.95 = p95).
+    #[arg(long, env = "TESSERA_PERCENTILE", default_value_t = 0.95)]
+    pub percentile: f64,
+    /// Headroom over that percentile (0.2 = +20%); also used for the compute fraction.
+    #[arg(long, env = "TESSERA_HEADROOM", default_value_t = 0.2)]
+    pub headroom: f64,
+    /// Fewest good scrapes in the window before recommending.
+    #[arg(long, env = "TESSERA_MIN_SAMPLES", default_value_t = 12)]
+    pub min_samples: usize,
+    /// Shortest window before recommending.
+    #[arg(long, env = "TESSERA_MIN_WINDOW", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub min_window: Duration,
+    /// Largest growth per update, as a factor of what runs now.
+    #[arg(long, env = "TESSERA_MAX_STEP_UP", default_value_t = 2.0)]
+    pub max_step_up: f64,
+    /// Largest shrink per update, as a fraction of what runs now.
+    #[arg(long, env = "TESSERA_MAX_STEP_DOWN", default_value_t = 0.1)]
+    pub max_step_down: f64,
+    /// The most of the GPU's memory a replica may be given, 0–1.
+    #[arg(long, env = "TESSERA_MAX_GPU_MEMORY_UTILIZATION", default_value_t = 0.95)]
+    pub max_gpu_memory_utilization: f64,
 }
 
-/// Runs the sidecar until SIGTERM.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("the sidecar is being built (issue 2)")
+impl Args {
+    fn recommend_config(&self) -> tessera_core::recommend::Config {
+        tessera_core::recommend::Config {
+            percentile: self.percentile,
+            headroom: self.headroom,
+            min_samples: self.min_samples,
+            min_window_secs: self.min_window.as_secs_f64(),
+            max_step_up: self.max_step_up,
+            max_step_down_ratio: self.max_step_down,
+            max_gpu_memory_utilization: self.max_gpu_memory_utilization,
+            compute_headroom: self.headroom,
+            ..Default::default()
+        }
+    }
+
+    /// Checks the flags, naming the wrong one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.vllm_url.starts_with("http://") || self.vllm_url.starts_with("https://")) {
+            return Err(ConfigError::VllmUrl(self.vllm_url.clone()));
+        }
+        if self.scrape_interval.is_zero() || self.scrape_timeout.is_zero() {
+            return Err(ConfigError::Duration(
+                "--scrape-interval and --scrape-timeout must be above 0".into(),
+            ));
+        }
+        if self.window < self.min_window {
+            return Err(ConfigError::Duration(format!(
+                "--window ({}) must be at least --min-window ({})",
+                humantime::format_duration(self.window),
+                humantime::format_duration(self.min_window)
+            )));
+        }
+        self.recommend_config().validate()?;
+        Ok(())
+    }
+}
+
+/// What the server shares with the scrape loop.
+#[derive(Debug)]
+pub struct Shared {
+    /// The state.
+    pub state: Mutex<state::State>,
+    /// The registry.
+    pub exporter: Mutex<exporter::Exporter>,
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Runs the sidecar until SIGTERM or SIGINT.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    args.validate()?;
+    let settings = state::Settings {
+        vllm_url: args.vllm_url.clone(),
+        interval_secs: args.scrape_interval.as_secs_f64(),
+        window_secs: args.window.as_secs_f64(),
+        recommend: args.recommend_config(),
+        bytes_per_kv_token: args.bytes_per_kv_token,
+        non_kv_bytes: args.non_kv_memory_mib.map(state::mib),
+        max_model_len: args.max_model_len,
+        gpu_shared: args.gpu_shared,
+    };
+    let (probe, nvml_err) = gpu::select(
+        !args.no_nvml,
+        args.nvml_device_index,
+        args.gpu_memory_mib.map(state::mib),
+    );
+    if let Some(e) = &nvml_err {
+        // Said once: a machine without NVML stays without it.
+        tracing::warn!(error = %e, fallback = if probe.is_some() { "--gpu-memory-mib" } else { "none" },
+            "no NVML: working on vLLM data only");
+    }
+    let scraper =
+        scrape::Scraper::new(&args.vllm_url, args.scrape_timeout).context("building the HTTP client")?;
+    let shared = Arc::new(Shared {
+        state: Mutex::new(state::State::new(settings)),
+        exporter: Mutex::new(exporter::Exporter::new()),
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, vllm = %scraper.url(), interval = ?args.scrape_interval,
+        "tessera sidecar serving");
+
+    let shutdown = CancellationToken::new();
+    let loop_task = tokio::spawn(scrape_loop(
+        scraper,
+        probe,
+        shared.clone(),
+        args.scrape_interval,
+        shutdown.clone(),
+    ));
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        signal.cancel();
+    });
+    server::serve(listener, shared, shutdown.clone())
+        .await
+        .context("serving HTTP")?;
+    shutdown.cancel();
+    loop_task.await.context("scrape loop")?;
+    tracing::info!("tessera sidecar stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the sidecar");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Scrapes every `interval` until cancelled. The GPU is read just before each scrape so both describe the
+/// same moment.
+async fn scrape_loop(
+    scraper: scrape::Scraper,
+    probe: Option<Box<dyn gpu::GpuProbe>>,
+    shared: Arc<Shared>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    // After a slow scrape, wait a full interval rather than firing a burst to catch up.
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut gpu_failed = false;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let reading = match &probe {
+            Some(p) => match p.read() {
+                Ok(r) => {
+                    gpu_failed = false;
+                    Some((p.source(), r))
+                }
+                Err(e) => {
+                    if !gpu_failed {
+                        tracing::warn!(error = %e, "GPU read failed; continuing without GPU data");
+                    }
+                    gpu_failed = true;
+                    None
+                }
+            },
+            None => None,
+        };
+        let result = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = scraper.scrape() => r,
+        };
+        let now = unix_now();
+        let (Ok(mut state), Ok(mut exporter)) = (shared.state.lock(), shared.exporter.lock()) else {
+            tracing::error!("state lock poisoned; stopping the scrape loop");
+            return;
+        };
+        state.set_gpu(reading.map_or("none", |(s, _)| s), reading.map(|(_, r)| r));
+        match result {
+            Ok(snapshot) => {
+                if !snapshot.line_errors.is_empty() {
+                    tracing::debug!(
+                        count = snapshot.line_errors.len(),
+                        "skipped malformed lines on vLLM's page"
+                    );
+                }
+                if !state.vllm_up() {
+                    tracing::info!("vLLM answered a scrape");
+                }
+                state.record_success(now, snapshot);
+            }
+            Err(e) => {
+                if state.vllm_up() || state.latest().is_none() && state.window_len() == 0 {
+                    tracing::warn!(error = %e, reason = e.label(), "scrape failed");
+                } else {
+                    tracing::debug!(error = %e, reason = e.label(), "scrape failed");
+                }
+                exporter.count_error(e.label());
+                state.record_failure(now, &e);
+            }
+        }
+        exporter.update(&state);
+    }
 }

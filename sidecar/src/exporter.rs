@@ -1,0 +1,223 @@
+//! The sidecar's own `/metrics`, one `prometheus-client` registry updated after every scrape attempt.
+//!
+//! Gauges mirror the state; series whose value is unknown are removed rather than set to 0, so a dashboard
+//! shows a gap, not a false "idle". `tessera_preemptions_total` is a real counter: it advances by vLLM's
+//! counter delta (restarts handled), so it never goes backwards even when vLLM restarts.
+
+use crate::error::SCRAPE_ERROR_LABELS;
+use crate::state::State;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+type Labels = Vec<(&'static str, String)>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+/// The registry and handles to its metrics.
+#[derive(Debug)]
+pub struct Exporter {
+    registry: Registry,
+    kv_usage: Family<Labels, FGauge>,
+    waiting: Family<Labels, FGauge>,
+    running: Family<Labels, FGauge>,
+    ttft: Family<Labels, FGauge>,
+    preemptions: Family<Labels, Counter<f64, AtomicU64>>,
+    last_preemptions: std::collections::BTreeMap<String, f64>,
+    rec_util: FGauge,
+    rec_kv: FGauge,
+    rec_mib: FGauge,
+    rec_compute: FGauge,
+    scrape_errors: Family<Labels, Counter>,
+    vllm_up: FGauge,
+    stale: FGauge,
+    window_samples: FGauge,
+}
+
+impl Default for Exporter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Exporter {
+    /// Registers every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let kv_usage = Family::<Labels, FGauge>::default();
+        let waiting = Family::<Labels, FGauge>::default();
+        let running = Family::<Labels, FGauge>::default();
+        let ttft = Family::<Labels, FGauge>::default();
+        let preemptions = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        let scrape_errors = Family::<Labels, Counter>::default();
+        let (rec_util, rec_kv, rec_mib, rec_compute) = (
+            FGauge::default(),
+            FGauge::default(),
+            FGauge::default(),
+            FGauge::default(),
+        );
+        let (vllm_up, stale, window_samples) = (FGauge::default(), FGauge::default(), FGauge::default());
+        registry.register(
+            "tessera_kv_cache_usage_ratio",
+            "vLLM KV cache usage, 0-1 (the fullest engine of each model)",
+            kv_usage.clone(),
+        );
+        registry.register(
+            "tessera_requests_waiting",
+            "Requests waiting in vLLM",
+            waiting.clone(),
+        );
+        registry.register(
+            "tessera_requests_running",
+            "Requests running in vLLM",
+            running.clone(),
+        );
+        registry.register(
+            "tessera_ttft_seconds",
+            "Time to first token over the window, from the difference of vLLM's cumulative histograms",
+            ttft.clone(),
+        );
+        registry.register(
+            "tessera_preemptions",
+            "vLLM preemptions seen by this sidecar",
+            preemptions.clone(),
+        );
+        registry.register(
+            "tessera_recommended_gpu_memory_utilization",
+            "Recommended --gpu-memory-utilization",
+            rec_util.clone(),
+        );
+        registry.register(
+            "tessera_recommended_kv_cache_memory_bytes",
+            "Recommended --kv-cache-memory-bytes",
+            rec_kv.clone(),
+        );
+        registry.register(
+            "tessera_recommended_gpu_memory_mib",
+            "Recommended GPU memory for the pod (tessera.dev/gpu-memory), MiB",
+            rec_mib.clone(),
+        );
+        registry.register(
+            "tessera_recommended_gpu_compute_fraction",
+            "Recommended GPU compute fraction (tessera.dev/gpu-compute-fraction), 0-1",
+            rec_compute.clone(),
+        );
+        registry.register(
+            "tessera_scrape_errors",
+            "Failed scrapes of vLLM /metrics, by reason",
+            scrape_errors.clone(),
+        );
+        registry.register(
+            "tessera_vllm_up",
+            "1 when the last scrape of vLLM /metrics succeeded, else 0",
+            vllm_up.clone(),
+        );
+        registry.register(
+            "tessera_stale",
+            "1 when the values shown are from an earlier scrape than the last",
+            stale.clone(),
+        );
+        registry.register(
+            "tessera_window_samples",
+            "Good scrapes in the recommendation window",
+            window_samples.clone(),
+        );
+        for reason in SCRAPE_ERROR_LABELS {
+            let _ = scrape_errors.get_or_create(&vec![("reason", reason.to_string())]);
+        }
+        Self {
+            registry,
+            kv_usage,
+            waiting,
+            running,
+            ttft,
+            preemptions,
+            last_preemptions: Default::default(),
+            rec_util,
+            rec_kv,
+            rec_mib,
+            rec_compute,
+            scrape_errors,
+            vllm_up,
+            stale,
+            window_samples,
+        }
+    }
+
+    /// Counts one failed scrape.
+    pub fn count_error(&self, reason: &'static str) {
+        self.scrape_errors
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .inc();
+    }
+
+    /// Brings every gauge in line with `state`.
+    pub fn update(&mut self, state: &State) {
+        let up = state.vllm_up();
+        self.vllm_up.set(if up { 1.0 } else { 0.0 });
+        self.stale.set(if up { 0.0 } else { 1.0 });
+        let per_model = state.per_model();
+        for f in [&self.kv_usage, &self.waiting, &self.running] {
+            f.clear();
+        }
+        for (model, v) in &per_model {
+            let l = vec![("model_name", model.clone())];
+            let set = |f: &Family<Labels, FGauge>, v: Option<f64>| {
+                if let Some(v) = v.filter(|v| v.is_finite()) {
+                    f.get_or_create(&l).set(v);
+                }
+            };
+            set(&self.kv_usage, v.kv_cache_usage);
+            set(&self.waiting, v.requests_waiting);
+            set(&self.running, v.requests_running);
+            if let Some(now) = v.preemptions_total.filter(|p| p.is_finite() && *p >= 0.0) {
+                let c = self.preemptions.get_or_create(&l);
+                // First sight of a model: start at vLLM's value so the counter matches vLLM's total.
+                let delta = match self.last_preemptions.get(model) {
+                    Some(prev) => tessera_core::metrics::counter_delta(now, *prev),
+                    None => now,
+                };
+                if delta.is_finite() && delta > 0.0 {
+                    c.inc_by(delta);
+                }
+                self.last_preemptions.insert(model.clone(), now);
+            }
+        }
+        self.ttft.clear();
+        if let Some((_, _, w)) = state.window_summary()
+            && let Some(q) = w.ttft
+        {
+            for (label, v) in [("0.5", q.p50), ("0.95", q.p95), ("0.99", q.p99)] {
+                if v.is_finite() {
+                    self.ttft
+                        .get_or_create(&vec![("quantile", label.to_string())])
+                        .set(v);
+                }
+            }
+        }
+        self.window_samples.set(state.window_len() as f64);
+        match state.outcome().recommendation() {
+            Some(r) => {
+                self.rec_util.set(r.gpu_memory_utilization);
+                self.rec_kv.set(r.kv_cache_memory_bytes as f64);
+                self.rec_mib.set(r.gpu_memory_mib as f64);
+                self.rec_compute.set(r.compute_fraction);
+            }
+            None => {
+                // No recommendation yet: NaN says "unknown"; 0 would read as "needs nothing".
+                for g in [&self.rec_util, &self.rec_kv, &self.rec_mib, &self.rec_compute] {
+                    g.set(f64::NAN);
+                }
+            }
+        }
+    }
+
+    /// The registry in the Prometheus/OpenMetrics text format.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::with_capacity(4096);
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

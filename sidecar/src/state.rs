@@ -1,0 +1,370 @@
+//! The sidecar's state: the window of good scrapes, the last good snapshot, scrape bookkeeping, and the
+//! recommendation. No I/O and no clock here: every change takes the time it happened, so it is tested
+//! directly and the loop in `lib.rs` stays thin.
+//!
+//! Rules that matter to the autoscaler reading `/v1/status`:
+//! - only a scrape that parsed enters the window; a failed one sets `stale` and keeps the last good state;
+//! - the recommendation is recomputed only after a good scrape, so it is never computed from bad or missing
+//!   data; while stale, the last one stays, marked by `stale` and its `computed_at`;
+//! - when vLLM's KV geometry changes (a restart with other flags), the window restarts: usage fractions of
+//!   two different cache sizes cannot be compared.
+
+use crate::error::ScrapeError;
+use crate::gpu::GpuReading;
+use std::collections::{BTreeMap, VecDeque};
+use tessera_core::metrics::{VllmSnapshot, WindowSummary};
+use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome};
+use tessera_core::wire::sidecar::{
+    GpuStatus, Quantiles, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus, SnapshotSummary,
+    WindowStatus,
+};
+
+const MIB: u64 = 1024 * 1024;
+
+/// What the state needs to know from configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// vLLM base URL (reported).
+    pub vllm_url: String,
+    /// Scrape interval, seconds (reported).
+    pub interval_secs: f64,
+    /// Window length, seconds.
+    pub window_secs: f64,
+    /// Recommendation tunables.
+    pub recommend: recommend::Config,
+    /// `--bytes-per-kv-token`.
+    pub bytes_per_kv_token: Option<u64>,
+    /// `--non-kv-memory-mib`, in bytes.
+    pub non_kv_bytes: Option<u64>,
+    /// `--max-model-len`.
+    pub max_model_len: Option<u64>,
+    /// `--gpu-shared`: the device's used memory and busy time are not this server's alone.
+    pub gpu_shared: bool,
+}
+
+/// One good scrape, kept in the window with only what the window summary and the recommendation read.
+#[derive(Debug, Clone)]
+struct Sample {
+    obs: Observation,
+    snapshot: VllmSnapshot,
+}
+
+/// The sidecar's state.
+#[derive(Debug)]
+pub struct State {
+    settings: Settings,
+    window: VecDeque<Sample>,
+    latest: Option<(f64, VllmSnapshot)>,
+    geometry_key: Option<(Option<u64>, Option<u64>)>,
+    gpu: Option<(&'static str, GpuReading)>,
+    scrape: ScrapeStatus,
+    vllm_up: bool,
+    ready: bool,
+    recommendation: RecommendationStatus,
+}
+
+impl State {
+    /// Empty state.
+    pub fn new(settings: Settings) -> Self {
+        let scrape = ScrapeStatus {
+            interval_secs: settings.interval_secs,
+            ..Default::default()
+        };
+        Self {
+            settings,
+            window: VecDeque::new(),
+            latest: None,
+            geometry_key: None,
+            gpu: None,
+            scrape,
+            vllm_up: false,
+            ready: false,
+            recommendation: RecommendationStatus {
+                computed_at: None,
+                outcome: Outcome::NotYet {
+                    code: recommend::NotYetCode::TooFewSamples,
+                    reason: "no successful scrape of vLLM yet".into(),
+                },
+            },
+        }
+    }
+
+    /// Records the latest GPU reading (`None` when the probe failed or there is none).
+    pub fn set_gpu(&mut self, source: &'static str, reading: Option<GpuReading>) {
+        self.gpu = reading.map(|r| (source, r));
+    }
+
+    /// True once vLLM has answered a scrape.
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// True when the last scrape succeeded.
+    pub fn vllm_up(&self) -> bool {
+        self.vllm_up
+    }
+
+    /// Good scrapes in the window.
+    pub fn window_len(&self) -> usize {
+        self.window.len()
+    }
+
+    /// The last good snapshot.
+    pub fn latest(&self) -> Option<&VllmSnapshot> {
+        self.latest.as_ref().map(|(_, s)| s)
+    }
+
+    /// The recommendation outcome.
+    pub fn outcome(&self) -> &Outcome {
+        &self.recommendation.outcome
+    }
+
+    /// Records a good scrape at `now` (Unix seconds) and recomputes the recommendation.
+    pub fn record_success(&mut self, now: f64, snapshot: VllmSnapshot) {
+        self.scrape.last_attempt_at = Some(now);
+        self.scrape.last_success_at = Some(now);
+        self.scrape.successes_total += 1;
+        self.scrape.last_error = None;
+        self.vllm_up = true;
+        self.ready = true;
+
+        let key = (snapshot.num_gpu_blocks(), snapshot.block_size());
+        if self.geometry_key.is_some_and(|k| k != key) {
+            tracing::info!(?key, previous = ?self.geometry_key, "vLLM's KV geometry changed: restarting the window");
+            self.window.clear();
+        }
+        self.geometry_key = Some(key);
+
+        let busy = self
+            .gpu
+            .filter(|_| !self.settings.gpu_shared)
+            .and_then(|(_, g)| g.busy_ratio);
+        let obs = Observation {
+            at_secs: now,
+            kv_usage: snapshot.kv_cache_usage,
+            requests_waiting: snapshot.requests_waiting,
+            preemptions_total: snapshot.preemptions_total,
+            sm_utilization: busy,
+        };
+        self.window.push_back(Sample {
+            obs,
+            snapshot: slim(&snapshot),
+        });
+        let horizon = now - self.settings.window_secs;
+        while self.window.front().is_some_and(|s| s.obs.at_secs < horizon) {
+            self.window.pop_front();
+        }
+        self.latest = Some((now, snapshot));
+        self.recompute(now);
+    }
+
+    /// Records a failed scrape at `now`: vLLM is down, the last good state is kept and marked stale.
+    pub fn record_failure(&mut self, now: f64, error: &ScrapeError) {
+        self.scrape.last_attempt_at = Some(now);
+        *self
+            .scrape
+            .errors_total
+            .entry(error.label().to_string())
+            .or_insert(0) += 1;
+        self.scrape.last_error = Some(tessera_core::wire::sidecar::ScrapeError {
+            reason: error.label().to_string(),
+            message: error.to_string(),
+            at: now,
+        });
+        self.vllm_up = false;
+    }
+
+    fn memory_facts(&self, snapshot: &VllmSnapshot) -> MemoryFacts {
+        let cfg = |k: &str| snapshot.cache_config.get(k).map(|v| v.trim());
+        let gpu = self.gpu.map(|(_, g)| g);
+        MemoryFacts {
+            gpu_total_bytes: gpu.map(|g| g.total_bytes),
+            bytes_per_kv_token: self.settings.bytes_per_kv_token,
+            non_kv_bytes: self.settings.non_kv_bytes,
+            process_gpu_bytes: gpu
+                .filter(|_| !self.settings.gpu_shared)
+                .and_then(|g| g.used_bytes),
+            // vLLM writes "None" for unset values; anything that does not parse is unknown, not zero.
+            gpu_memory_utilization: cfg("gpu_memory_utilization").and_then(|v| v.parse().ok()),
+            kv_cache_memory_bytes: cfg("kv_cache_memory_bytes").and_then(|v| v.parse().ok()),
+        }
+    }
+
+    fn recompute(&mut self, now: f64) {
+        let Some((_, latest)) = &self.latest else { return };
+        let geometry = KvGeometry {
+            num_gpu_blocks: latest.num_gpu_blocks().unwrap_or(0),
+            block_size: latest.block_size().unwrap_or(0),
+            max_model_len: self.settings.max_model_len,
+        };
+        let window: Vec<Observation> = self.window.iter().map(|s| s.obs).collect();
+        let input = recommend::Input {
+            window: &window,
+            geometry,
+            memory: self.memory_facts(latest),
+            previous: None,
+        };
+        let outcome = recommend::recommend(&input, &self.settings.recommend);
+        if let (Outcome::Ready(new), Some(old)) = (&outcome, self.recommendation.outcome.recommendation())
+            && new.kv_cache_memory_bytes != old.kv_cache_memory_bytes
+        {
+            tracing::info!(
+                kv_cache_memory_bytes = new.kv_cache_memory_bytes,
+                gpu_memory_mib = new.gpu_memory_mib,
+                reason = %new.summary(),
+                "recommendation changed"
+            );
+        }
+        self.recommendation = RecommendationStatus {
+            computed_at: Some(now),
+            outcome,
+        };
+    }
+
+    /// The window summary between the oldest and newest good scrapes (`None` with fewer than two).
+    pub fn window_summary(&self) -> Option<(f64, f64, WindowSummary)> {
+        let (first, last) = (self.window.front()?, self.window.back()?);
+        let elapsed = last.obs.at_secs - first.obs.at_secs;
+        (self.window.len() >= 2 && elapsed > 0.0).then(|| {
+            (
+                first.obs.at_secs,
+                last.obs.at_secs,
+                WindowSummary::between(&first.snapshot, &last.snapshot, elapsed),
+            )
+        })
+    }
+
+    /// The `/v1/status` document at `now`.
+    pub fn status(&self, now: f64) -> SidecarStatus {
+        let latest = self.latest.as_ref().map(|(at, s)| SnapshotSummary {
+            at: *at,
+            model_names: s.model_names.clone(),
+            kv_cache_usage_ratio: s.kv_cache_usage,
+            requests_running: s.requests_running,
+            requests_waiting: s.requests_waiting,
+            preemptions_total: s.preemptions_total,
+            requests_finished_total: (!s.request_success_total.is_empty())
+                .then(|| s.request_success_total.values().sum()),
+            prompt_tokens_total: s.prompt_tokens_total,
+            generation_tokens_total: s.generation_tokens_total,
+            cache_config: s.cache_config.clone(),
+        });
+        let window = self.window_summary().map(|(start, end, w)| {
+            let vals = |f: fn(&Observation) -> Option<f64>| -> Vec<f64> {
+                self.window
+                    .iter()
+                    .filter_map(|s| f(&s.obs))
+                    .filter(|v| v.is_finite())
+                    .collect()
+            };
+            let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+            let max = |v: &[f64]| v.iter().copied().reduce(f64::max);
+            let kv = vals(|o| o.kv_usage);
+            let waiting = vals(|o| o.requests_waiting);
+            let running: Vec<f64> = self
+                .window
+                .iter()
+                .filter_map(|s| s.snapshot.requests_running)
+                .filter(|v| v.is_finite())
+                .collect();
+            WindowStatus {
+                start,
+                end,
+                samples: self.window.len(),
+                kv_cache_usage_mean: mean(&kv),
+                kv_cache_usage_max: max(&kv),
+                requests_waiting_mean: mean(&waiting),
+                requests_waiting_max: max(&waiting),
+                requests_running_mean: mean(&running),
+                preemptions: w.preemptions,
+                requests_per_second: w.requests_per_second,
+                prompt_tokens_per_second: w.prompt_tokens_per_second,
+                generation_tokens_per_second: w.generation_tokens_per_second,
+                ttft_seconds: w
+                    .ttft
+                    .map(|q| Quantiles {
+                        p50: Some(q.p50),
+                        p95: Some(q.p95),
+                        p99: Some(q.p99),
+                    })
+                    .unwrap_or_default(),
+            }
+        });
+        let gpu = self.gpu.map(|(source, g)| GpuStatus {
+            source: source.to_string(),
+            total_bytes: g.total_bytes,
+            used_bytes: g.used_bytes,
+            sm_utilization: g.busy_ratio,
+        });
+        SidecarStatus {
+            schema_version: SCHEMA_VERSION,
+            generated_at: now,
+            vllm_url: self.settings.vllm_url.clone(),
+            vllm_up: self.vllm_up,
+            ready: self.ready,
+            stale: !self.vllm_up,
+            scrape: self.scrape.clone(),
+            latest,
+            window,
+            gpu,
+            recommendation: self.recommendation.clone(),
+        }
+    }
+
+    /// Per-model values of the latest snapshot: `(model_name, kv usage, running, waiting, preemptions)`.
+    /// KV usage is the maximum over a model's engines (the fullest pool is what sizing covers); the others are
+    /// summed, matching the parser's aggregate rule.
+    pub fn per_model(&self) -> BTreeMap<String, PerModel> {
+        let mut out: BTreeMap<String, PerModel> = BTreeMap::new();
+        let Some((_, s)) = &self.latest else { return out };
+        for e in &s.per_engine {
+            let Some(model) = &e.model_name else { continue };
+            let m = out.entry(model.clone()).or_default();
+            let v = &e.values;
+            let add = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            m.kv_cache_usage = match (m.kv_cache_usage, v.kv_cache_usage) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            m.requests_running = add(m.requests_running, v.requests_running);
+            m.requests_waiting = add(m.requests_waiting, v.requests_waiting);
+            m.preemptions_total = add(m.preemptions_total, v.preemptions_total);
+        }
+        out
+    }
+}
+
+/// One model's values (see [`State::per_model`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PerModel {
+    /// KV usage, 0–1.
+    pub kv_cache_usage: Option<f64>,
+    /// Running requests.
+    pub requests_running: Option<f64>,
+    /// Waiting requests.
+    pub requests_waiting: Option<f64>,
+    /// Cumulative preemptions.
+    pub preemptions_total: Option<f64>,
+}
+
+/// The window keeps hundreds of snapshots (600 at a 1 s interval over 10 min); drop what the window summary
+/// does not read so the sidecar stays small.
+fn slim(s: &VllmSnapshot) -> VllmSnapshot {
+    VllmSnapshot {
+        per_engine: Vec::new(),
+        line_errors: Vec::new(),
+        cache_config: BTreeMap::new(),
+        model_names: Vec::new(),
+        prefill_time: None,
+        decode_time: None,
+        ..s.clone()
+    }
+}
+
+/// Bytes from MiB, saturating.
+pub fn mib(m: u64) -> u64 {
+    m.saturating_mul(MIB)
+}
