@@ -387,6 +387,8 @@ pub enum FinishReason {
     Stop,
     /// It reached `max_tokens`.
     Length,
+    /// The client went away (or the caller aborted it) before it finished.
+    Abort,
 }
 
 impl FinishReason {
@@ -395,6 +397,7 @@ impl FinishReason {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
         }
     }
 }
@@ -575,6 +578,8 @@ pub struct EngineStats {
     pub finished_stop: u64,
     /// Requests finished with `finished_reason="length"`.
     pub finished_length: u64,
+    /// Requests aborted (`finished_reason="abort"`).
+    pub finished_abort: u64,
     /// Prefix cache queries (tokens looked up when a request is scheduled).
     pub prefix_cache_queries: u64,
     /// Prefix cache hits (always 0: the model has no prefix cache).
@@ -697,6 +702,7 @@ impl Engine {
             generation_tokens: 0,
             finished_stop: 0,
             finished_length: 0,
+            finished_abort: 0,
             prefix_cache_queries: 0,
             prefix_cache_hits: 0,
             steps: 0,
@@ -882,6 +888,30 @@ impl Engine {
         self.refresh_gauges();
     }
 
+    /// Aborts a request (the client went away): it leaves the engine and frees its blocks; the step in flight
+    /// still ends when it was going to. Returns false when no such request is in the engine.
+    pub fn abort(&mut self, id: u64, now: f64) -> bool {
+        self.now = self.now.max(now);
+        let seq = if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
+            let seq = self.running.remove(i);
+            self.blocks_free += seq.blocks;
+            seq
+        } else if let Some(i) = self.waiting.iter().position(|s| s.req.id == id) {
+            match self.waiting.remove(i) {
+                Some(seq) => seq,
+                None => return false,
+            }
+        } else {
+            return false;
+        };
+        // vLLM counts aborted requests only in request_success{finished_reason="abort"}, not in the latency
+        // histograms.
+        self.stats.finished_abort += 1;
+        drop(seq);
+        self.refresh_gauges();
+        true
+    }
+
     /// Counters, gauges and histograms now.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
@@ -1065,6 +1095,7 @@ impl Engine {
         match reason {
             FinishReason::Stop => self.stats.finished_stop += 1,
             FinishReason::Length => self.stats.finished_length += 1,
+            FinishReason::Abort => self.stats.finished_abort += 1,
         }
         let ttft = first_token - seq.arrival;
         let e2e = at - seq.arrival;
@@ -1363,6 +1394,21 @@ mod tests {
             e.submit(Request::new(1, 10, 10), 0.0),
             Err(ModelError::DuplicateRequest(1))
         );
+    }
+
+    #[test]
+    fn abort_frees_blocks_and_the_rest_go_on() {
+        let mut e = engine_with(|_| {});
+        e.submit(Request::new(1, 500, 100), 0.0).unwrap();
+        e.submit(Request::new(2, 500, 100), 0.0).unwrap();
+        e.advance(e.next_event_time().unwrap(), &mut |_| {});
+        assert!(e.stats().kv_blocks_used > 0);
+        assert!(e.abort(1, 0.5));
+        assert!(!e.abort(1, 0.5));
+        let ev = drain(&mut e);
+        assert!(ev.iter().all(|x| !matches!(x, EngineEvent::Token { id: 1, .. })));
+        assert_eq!((e.stats().finished_abort, e.stats().finished_length), (1, 1));
+        assert_eq!(e.stats().kv_blocks_used, 0);
     }
 
     #[test]

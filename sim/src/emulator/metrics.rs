@@ -1,0 +1,444 @@
+//! The emulator's `/metrics` page: vLLM's own metric names, HELP texts, types, label sets and bucket bounds.
+//!
+//! Names, help texts and buckets follow `vllm/v1/metrics/loggers.py` (V1, the default) and the V0 pages in
+//! `../shared/fixtures/vllm/` (`--metrics-version v0`). The page is written in the Prometheus text format the way
+//! `prometheus_client` writes it: labels sorted by name, floats with a decimal point, `+Inf` for the last
+//! bucket, and on V1 a separate `*_created` gauge family after each counter and histogram.
+
+use std::fmt::Write as _;
+
+use crate::model::{EngineStats, Histogram, PARAMS_N_BUCKETS};
+
+/// Which generation of vLLM's metric names to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetricsVersion {
+    /// V1 engine names (`vllm:kv_cache_usage_perc`, `engine` label, `*_created` series).
+    V1,
+    /// V0 engine names (`vllm:gpu_cache_usage_perc`, `vllm:time_per_output_token_seconds`, no `engine` label).
+    V0,
+}
+
+/// Sleep state, as `vllm:engine_sleep_state` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SleepState {
+    /// Serving.
+    Awake,
+    /// `POST /sleep?level=1`: weights offloaded to CPU, KV cache discarded.
+    Level1,
+    /// `POST /sleep?level=2`: weights and KV cache discarded.
+    Level2,
+}
+
+/// What the page shows besides the engine's statistics.
+#[derive(Debug, Clone)]
+pub struct PageInfo {
+    /// `model_name` label value (the first served model name).
+    pub model_name: String,
+    /// Labels of `vllm:cache_config_info`, in the order they are written (sorted on output).
+    pub cache_config: Vec<(String, String)>,
+    /// Unix time the metrics were created (the `*_created` values).
+    pub created_unix: f64,
+    /// Prompt and generation throughput over the last interval, tokens/s (V0's `avg_*_throughput` gauges).
+    pub avg_prompt_throughput: f64,
+    /// See `avg_prompt_throughput`.
+    pub avg_generation_throughput: f64,
+    /// Sleep state.
+    pub sleep: SleepState,
+}
+
+/// Formats a float the way Python's `prometheus_client` does (`1.0`, `0.25`, `+Inf`).
+pub fn fmt_f64(v: f64) -> String {
+    if v.is_infinite() {
+        return if v > 0.0 { "+Inf".into() } else { "-Inf".into() };
+    }
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else {
+        format!("{v}")
+    }
+}
+
+fn escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Writes metric families; keeps the common labels (`model_name`, and `engine` on V1).
+struct Page {
+    out: String,
+    base: Vec<(&'static str, String)>,
+    created: Option<f64>,
+}
+
+impl Page {
+    fn labels(&self, extra: &[(&str, String)]) -> String {
+        let mut all: Vec<(&str, &str)> = self.base.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        all.extend(extra.iter().map(|(k, v)| (*k, v.as_str())));
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        let body: Vec<String> = all
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+            .collect();
+        format!("{{{}}}", body.join(","))
+    }
+
+    fn head(&mut self, name: &str, help: &str, kind: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, v: f64) {
+        self.head(name, help, "gauge");
+        let l = self.labels(&[]);
+        let _ = writeln!(self.out, "{name}{l} {}", fmt_f64(v));
+    }
+
+    fn created(&mut self, name: &str, help: &str, series: &[Vec<(&str, String)>]) {
+        let Some(t) = self.created else { return };
+        let cname = format!("{name}_created");
+        self.head(&cname, help, "gauge");
+        for extra in series {
+            let l = self.labels(extra);
+            let _ = writeln!(self.out, "{cname}{l} {}", fmt_f64(t));
+        }
+    }
+
+    /// A counter; `base` is the name without `_total` (V1 writes `_created` with the base name).
+    fn counter(&mut self, base: &str, help: &str, series: &[(Vec<(&str, String)>, f64)]) {
+        let name = format!("{base}_total");
+        self.head(&name, help, "counter");
+        for (extra, v) in series {
+            let l = self.labels(extra);
+            let _ = writeln!(self.out, "{name}{l} {}", fmt_f64(*v));
+        }
+        let extras: Vec<Vec<(&str, String)>> = series.iter().map(|(e, _)| e.clone()).collect();
+        self.created(base, help, &extras);
+    }
+
+    fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
+        self.head(name, help, "histogram");
+        for (le, c) in h.cumulative() {
+            let l = self.labels(&[("le", fmt_f64(le))]);
+            let _ = writeln!(self.out, "{name}_bucket{l} {}", fmt_f64(c as f64));
+        }
+        let l = self.labels(&[]);
+        let _ = writeln!(self.out, "{name}_count{l} {}", fmt_f64(h.count as f64));
+        let _ = writeln!(self.out, "{name}_sum{l} {}", fmt_f64(h.sum));
+        self.created(name, help, &[vec![]]);
+    }
+
+    fn info(&mut self, name: &str, help: &str, labels: &[(String, String)]) {
+        self.head(name, help, "gauge");
+        let mut all: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        let body: Vec<String> = all
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+            .collect();
+        let _ = writeln!(self.out, "{name}{{{}}} 1.0", body.join(","));
+    }
+}
+
+/// Renders the whole page.
+pub fn render(stats: &EngineStats, info: &PageInfo, version: MetricsVersion) -> String {
+    match version {
+        MetricsVersion::V1 => render_v1(stats, info),
+        MetricsVersion::V0 => render_v0(stats, info),
+    }
+}
+
+/// `vllm:request_params_n`: the emulator serves n = 1 only, so every finished request observes 1.
+fn params_n(stats: &EngineStats) -> Histogram {
+    let mut h = Histogram::new(PARAMS_N_BUCKETS);
+    let finished = stats.request_prompt_tokens.count;
+    h.counts[0] = finished;
+    h.count = finished;
+    h.sum = finished as f64;
+    h
+}
+
+fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
+    let mut p = Page {
+        out: String::with_capacity(24 * 1024),
+        base: vec![("model_name", info.model_name.clone()), ("engine", "0".into())],
+        created: Some(info.created_unix),
+    };
+    p.gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        s.running as f64,
+    );
+    p.gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        s.waiting as f64,
+    );
+    p.head(
+        "vllm:engine_sleep_state",
+        "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; \
+         weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+        "gauge",
+    );
+    for (state, on) in [
+        ("awake", info.sleep == SleepState::Awake),
+        ("weights_offloaded", info.sleep == SleepState::Level1),
+        ("discard_all", info.sleep == SleepState::Level2),
+    ] {
+        let l = p.labels(&[("sleep_state", state.into())]);
+        let _ = writeln!(
+            p.out,
+            "vllm:engine_sleep_state{l} {}",
+            if on { "1.0" } else { "0.0" }
+        );
+    }
+    p.gauge(
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        s.kv_usage,
+    );
+    p.counter(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        &[(vec![], s.prefix_cache_queries as f64)],
+    );
+    p.counter(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        &[(vec![], s.prefix_cache_hits as f64)],
+    );
+    p.counter(
+        "vllm:num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        &[(vec![], s.num_preemptions as f64)],
+    );
+    p.counter(
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        &[(vec![], s.prompt_tokens as f64)],
+    );
+    p.counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        &[(vec![], s.generation_tokens as f64)],
+    );
+    p.counter(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        &[
+            (vec![("finished_reason", "stop".into())], s.finished_stop as f64),
+            (
+                vec![("finished_reason", "length".into())],
+                s.finished_length as f64,
+            ),
+            (vec![("finished_reason", "abort".into())], s.finished_abort as f64),
+        ],
+    );
+    p.histogram(
+        "vllm:request_prompt_tokens",
+        "Number of prefill tokens processed.",
+        &s.request_prompt_tokens,
+    );
+    p.histogram(
+        "vllm:request_generation_tokens",
+        "Number of generation tokens processed.",
+        &s.request_generation_tokens,
+    );
+    p.histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        &s.iteration_tokens,
+    );
+    p.histogram(
+        "vllm:request_max_num_generation_tokens",
+        "Histogram of maximum number of requested generation tokens.",
+        &s.request_max_tokens,
+    );
+    p.histogram(
+        "vllm:request_params_n",
+        "Histogram of the n request parameter.",
+        &params_n(s),
+    );
+    p.histogram(
+        "vllm:request_params_max_tokens",
+        "Histogram of the max_tokens request parameter.",
+        &s.request_max_tokens,
+    );
+    p.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &s.ttft,
+    );
+    p.histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &s.itl,
+    );
+    p.histogram(
+        "vllm:request_time_per_output_token_seconds",
+        "Histogram of time_per_output_token_seconds per request.",
+        &s.tpot,
+    );
+    p.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &s.e2e,
+    );
+    p.histogram(
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        &s.queue_time,
+    );
+    p.histogram(
+        "vllm:request_inference_time_seconds",
+        "Histogram of time spent in RUNNING phase for request.",
+        &s.inference_time,
+    );
+    p.histogram(
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        &s.prefill_time,
+    );
+    p.histogram(
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        &s.decode_time,
+    );
+    let mut cc = info.cache_config.clone();
+    cc.push(("engine".into(), "0".into()));
+    p.info(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        &cc,
+    );
+    p.out
+}
+
+fn render_v0(s: &EngineStats, info: &PageInfo) -> String {
+    let mut p = Page {
+        out: String::with_capacity(16 * 1024),
+        base: vec![("model_name", info.model_name.clone())],
+        created: None,
+    };
+    p.info(
+        "vllm:cache_config_info",
+        "information of cache_config",
+        &info.cache_config,
+    );
+    p.gauge(
+        "vllm:num_requests_running",
+        "Number of requests currently running on GPU.",
+        s.running as f64,
+    );
+    p.gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        s.waiting as f64,
+    );
+    p.gauge(
+        "vllm:num_requests_swapped",
+        "Number of requests swapped to CPU.",
+        0.0,
+    );
+    p.gauge(
+        "vllm:gpu_cache_usage_perc",
+        "GPU KV-cache usage. 1 means 100 percent usage.",
+        s.kv_usage,
+    );
+    p.gauge(
+        "vllm:cpu_cache_usage_perc",
+        "CPU KV-cache usage. 1 means 100 percent usage.",
+        0.0,
+    );
+    p.counter(
+        "vllm:num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        &[(vec![], s.num_preemptions as f64)],
+    );
+    p.counter(
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        &[(vec![], s.prompt_tokens as f64)],
+    );
+    p.counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        &[(vec![], s.generation_tokens as f64)],
+    );
+    p.histogram(
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &s.ttft,
+    );
+    p.histogram(
+        "vllm:time_per_output_token_seconds",
+        "Histogram of time per output token in seconds.",
+        &s.itl,
+    );
+    p.histogram(
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of end to end request latency in seconds.",
+        &s.e2e,
+    );
+    p.histogram(
+        "vllm:request_prompt_tokens",
+        "Number of prefill tokens processed.",
+        &s.request_prompt_tokens,
+    );
+    p.histogram(
+        "vllm:request_generation_tokens",
+        "Number of generation tokens processed.",
+        &s.request_generation_tokens,
+    );
+    p.histogram(
+        "vllm:request_params_n",
+        "Histogram of the n request parameter.",
+        &params_n(s),
+    );
+    // V0 only counted finished requests by reason; aborts were not in this counter.
+    p.counter(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        &[
+            (vec![("finished_reason", "stop".into())], s.finished_stop as f64),
+            (
+                vec![("finished_reason", "length".into())],
+                s.finished_length as f64,
+            ),
+        ],
+    );
+    p.gauge(
+        "vllm:avg_prompt_throughput_toks_per_s",
+        "Average prefill throughput in tokens/s.",
+        info.avg_prompt_throughput,
+    );
+    p.gauge(
+        "vllm:avg_generation_throughput_toks_per_s",
+        "Average generation throughput in tokens/s.",
+        info.avg_generation_throughput,
+    );
+    p.out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn floats_look_like_prometheus_client() {
+        assert_eq!(fmt_f64(1.0), "1.0");
+        assert_eq!(fmt_f64(0.25), "0.25");
+        assert_eq!(fmt_f64(f64::INFINITY), "+Inf");
+        assert_eq!(escape("a\"b\\c"), "a\\\"b\\\\c");
+    }
+}
