@@ -368,3 +368,217 @@ fn slim(s: &VllmSnapshot) -> VllmSnapshot {
 pub fn mib(m: u64) -> u64 {
     m.saturating_mul(MIB)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tessera_core::recommend::{NotYetCode, ReasonCode, Source};
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+    const MODEL: &str = "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8";
+
+    /// The real KubeAI page (vLLM ~0.5, Llama-3.1-8B FP8, 4574 blocks of 16), or `None` with a message.
+    fn real_page() -> Option<String> {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt"
+        );
+        match std::fs::read_to_string(path) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("skipping: cannot read {path}: {e}");
+                None
+            }
+        }
+    }
+
+    /// The real page with this model's KV usage, waiting requests and preemption counter replaced.
+    fn page(base: &str, kv: f64, waiting: f64, preemptions: f64) -> String {
+        base.lines()
+            .map(|l| {
+                let set = |prefix: &str, v: f64| {
+                    l.starts_with(&format!("{prefix}{{model_name=\"{MODEL}\"}}"))
+                        .then(|| format!("{prefix}{{model_name=\"{MODEL}\"}} {v}"))
+                };
+                set("vllm:gpu_cache_usage_perc", kv)
+                    .or_else(|| set("vllm:num_requests_waiting", waiting))
+                    .or_else(|| set("vllm:num_preemptions_total", preemptions))
+                    .unwrap_or_else(|| l.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            vllm_url: "http://vllm:8000".into(),
+            interval_secs: 10.0,
+            window_secs: 600.0,
+            recommend: recommend::Config::default(),
+            // Llama-3.1-8B: 2 × 32 layers × 8 KV heads × 128 × 2 bytes (cache_dtype auto = bf16).
+            bytes_per_kv_token: Some(131_072),
+            non_kv_bytes: None,
+            max_model_len: Some(8192),
+            gpu_shared: false,
+        }
+    }
+
+    fn l4() -> GpuReading {
+        // An NVIDIA L4 as nvidia-smi reports it: 23034 MiB.
+        GpuReading {
+            total_bytes: 23_034 * MIB,
+            used_bytes: None,
+            busy_ratio: Some(0.4),
+        }
+    }
+
+    #[test]
+    fn recommends_from_a_window_of_real_pages() {
+        let Some(base) = real_page() else { return };
+        let mut st = State::new(settings());
+        st.set_gpu("fake", Some(l4()));
+        for i in 0..20 {
+            let kv = 0.2 + 0.01 * i as f64;
+            st.record_success(
+                1000.0 + 10.0 * i as f64,
+                VllmSnapshot::from_text(&page(&base, kv, 0.0, 0.0)).unwrap(),
+            );
+        }
+        let r = st
+            .outcome()
+            .recommendation()
+            .expect("20 samples over 190 s is enough")
+            .clone();
+        assert_eq!(r.bytes_per_kv_token_source, Source::Configured);
+        // non-KV from vLLM's budget rule: 0.9 × 23034 MiB − 4574 × 16 × 128 KiB.
+        assert_eq!(r.non_kv_source, Source::VllmBudgetRule);
+        let want_non_kv = (0.9 * (23_034 * MIB) as f64) as u64 - 4574 * 16 * 131_072;
+        assert_eq!(r.non_kv_bytes, want_non_kv);
+        // Peak 0.39 and p95 0.38 (+20% = 0.456) of 73,184 tokens, but one update may shrink only 10%.
+        assert_eq!(r.kv_cache_tokens, (73_184f64 * 0.9).ceil() as u64 / 16 * 16 + 16);
+        assert!(r.reasons.iter().any(|x| x.code == ReasonCode::StepLimitedDown));
+        assert!((r.compute_fraction - 0.48).abs() < 1e-9, "{}", r.compute_fraction);
+        let s = st.status(1200.0);
+        assert!(s.vllm_up && s.ready && !s.stale);
+        let w = s.window.unwrap();
+        assert_eq!(w.samples, 20);
+        assert!((w.kv_cache_usage_max.unwrap() - 0.39).abs() < 1e-9);
+        assert_eq!(
+            s.latest.unwrap().model_names,
+            vec![MODEL.to_string(), "other/OTHER".to_string()]
+        );
+        let pm = st.per_model();
+        assert_eq!(pm[MODEL].requests_waiting, Some(0.0));
+        assert_eq!(pm["other/OTHER"].requests_waiting, Some(3.0));
+        assert_eq!(pm["other/OTHER"].kv_cache_usage, None);
+    }
+
+    #[test]
+    fn failure_keeps_last_good_state_marked_stale() {
+        let Some(base) = real_page() else { return };
+        let mut st = State::new(settings());
+        st.set_gpu("fake", Some(l4()));
+        for i in 0..15 {
+            st.record_success(
+                10.0 * i as f64,
+                VllmSnapshot::from_text(&page(&base, 0.5, 0.0, 0.0)).unwrap(),
+            );
+        }
+        let before = st.outcome().clone();
+        assert!(before.recommendation().is_some());
+        let err = crate::error::ScrapeError::HttpStatus {
+            url: "u".into(),
+            status: 500,
+        };
+        st.record_failure(200.0, &err);
+        st.record_failure(210.0, &err);
+        let s = st.status(211.0);
+        assert!(!s.vllm_up && s.stale && s.ready);
+        assert_eq!(s.scrape.errors_total["http_status"], 2);
+        assert_eq!(s.scrape.last_error.as_ref().unwrap().reason, "http_status");
+        assert_eq!(s.scrape.last_success_at, Some(140.0));
+        assert_eq!(
+            st.outcome(),
+            &before,
+            "a failed scrape never changes the recommendation"
+        );
+        assert_eq!(s.latest.unwrap().kv_cache_usage_ratio, Some(0.5));
+        // The document reads back as the same type the autoscaler uses.
+        let json = serde_json::to_string(&st.status(211.0)).unwrap();
+        let back: SidecarStatus = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, st.status(211.0));
+    }
+
+    #[test]
+    fn preemptions_on_real_pages_grow_the_cache() {
+        let Some(base) = real_page() else { return };
+        let mut st = State::new(settings());
+        st.set_gpu("fake", Some(l4()));
+        for i in 0..15 {
+            let p = if i < 10 { 3.0 } else { 4.0 };
+            st.record_success(
+                10.0 * i as f64,
+                VllmSnapshot::from_text(&page(&base, 0.98, 2.0, p)).unwrap(),
+            );
+        }
+        let r = st.outcome().recommendation().unwrap();
+        assert!(r.kv_cache_tokens > 73_184, "{}", r.kv_cache_tokens);
+        assert!(r.reasons.iter().any(|x| x.code == ReasonCode::Preemptions));
+    }
+
+    #[test]
+    fn geometry_change_restarts_the_window_and_no_gpu_means_not_yet() {
+        let Some(base) = real_page() else { return };
+        let mut st = State::new(settings());
+        for i in 0..15 {
+            st.record_success(
+                10.0 * i as f64,
+                VllmSnapshot::from_text(&page(&base, 0.5, 0.0, 0.0)).unwrap(),
+            );
+        }
+        // No GPU reading at all: nothing to size against.
+        assert!(matches!(
+            st.outcome(),
+            Outcome::NotYet {
+                code: NotYetCode::UnknownGpuMemory,
+                ..
+            }
+        ));
+        st.set_gpu(
+            "fake",
+            Some(GpuReading {
+                total_bytes: 80 * GIB,
+                used_bytes: None,
+                busy_ratio: None,
+            }),
+        );
+        let restarted = base.replace("num_gpu_blocks=\"4574\"", "num_gpu_blocks=\"9000\"");
+        st.record_success(200.0, VllmSnapshot::from_text(&restarted).unwrap());
+        assert_eq!(st.window_len(), 1);
+        assert!(matches!(
+            st.outcome(),
+            Outcome::NotYet {
+                code: NotYetCode::TooFewSamples,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn window_drops_old_samples() {
+        let Some(base) = real_page() else { return };
+        let mut st = State::new(Settings {
+            window_secs: 60.0,
+            ..settings()
+        });
+        for i in 0..20 {
+            st.record_success(
+                10.0 * i as f64,
+                VllmSnapshot::from_text(&page(&base, 0.1, 0.0, 0.0)).unwrap(),
+            );
+        }
+        // Samples at 130..=190 s are within 60 s of the last.
+        assert_eq!(st.window_len(), 7);
+    }
+}
