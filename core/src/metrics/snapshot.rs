@@ -294,7 +294,8 @@ impl VllmSnapshot {
                 line_errors: page.errors.len(),
             });
         }
-        let mut per_engine: Vec<EngineSeries> = builders.into_iter().map(SeriesBuilder::finish).collect();
+        let per_engine: Vec<EngineSeries> = builders.into_iter().map(SeriesBuilder::finish).collect();
+        let mut per_engine = attach_cache_config(per_engine);
         per_engine.sort_by(|a, b| {
             a.model_name
                 .cmp(&b.model_name)
@@ -357,6 +358,34 @@ impl VllmSnapshot {
     pub fn block_size(&self) -> Option<u64> {
         self.cache_config.get("block_size")?.trim().parse().ok()
     }
+}
+
+/// `vllm:cache_config_info` carries no `model_name` label (and no `engine` label before V1), so it lands in
+/// a series of its own. Give its map to every series of the same engine instead, so each engine's entry is
+/// complete; keep it as its own entry only if no such series exists.
+fn attach_cache_config(series: Vec<EngineSeries>) -> Vec<EngineSeries> {
+    let (orphans, mut rest): (Vec<EngineSeries>, Vec<EngineSeries>) = series.into_iter().partition(|s| {
+        s.model_name.is_none()
+            && !s.values.cache_config.is_empty()
+            && Series {
+                cache_config: s.values.cache_config.clone(),
+                ..Series::default()
+            } == s.values
+    });
+    for orphan in orphans {
+        let mut attached = false;
+        for s in rest
+            .iter_mut()
+            .filter(|s| s.engine == orphan.engine && s.values.cache_config.is_empty())
+        {
+            s.values.cache_config.clone_from(&orphan.values.cache_config);
+            attached = true;
+        }
+        if !attached {
+            rest.push(orphan);
+        }
+    }
+    rest
 }
 
 /// Engines sort by number ("2" before "10"), then anything non-numeric by text; absent first.
