@@ -1,0 +1,585 @@
+//! `tessera activator` as a real process over loopback: holding at zero, overflow, hold timeout, a backend dying
+//! mid-stream, unbuffered streaming, least-outstanding balancing, and OpenAI-shaped errors.
+//!
+//! Backends are small axum servers inside the test (so each test controls exactly when a backend starts, answers,
+//! or dies) plus `tessera vllm-sim` processes where the real emulator's behaviour is the point. Every wait is
+//! bounded, and child processes are killed on drop, so a failing test fails instead of hanging.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::{get, post};
+use tokio::sync::{Notify, Semaphore};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A child process killed when dropped; its listen address read from its JSON log.
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// Starts `tessera <args>` with `--listen 127.0.0.1:0` and waits for the log line that names the bound address.
+    fn start(args: &[&str], listen_field: &str) -> Proc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["--log-format", "json"])
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tessera");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let field = listen_field.to_string();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            // Keep draining after the address is found so the child never blocks on a full pipe.
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !sent
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                    && let Some(addr) = v["fields"][&field]
+                        .as_str()
+                        .and_then(|a| a.parse::<SocketAddr>().ok())
+                {
+                    let _ = tx.send(addr);
+                    sent = true;
+                }
+                if std::env::var_os("TESSERA_TEST_LOGS").is_some() {
+                    eprintln!("{line}");
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(WAIT) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("tessera {args:?} did not log its listen address within {WAIT:?}");
+            }
+        };
+        Proc { child, addr }
+    }
+
+    fn activator(extra: &[&str]) -> Proc {
+        let mut args = vec!["activator"];
+        args.extend_from_slice(extra);
+        Proc::start(&args, "listen")
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+/// A port that was free a moment ago, for a backend that starts later than the activator.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal OpenAI-ish backend inside the test process.
+#[derive(Default)]
+struct Backend {
+    /// Completion requests received.
+    received: AtomicUsize,
+    /// When set, each completion waits for one permit before answering (to keep requests outstanding).
+    gate: Option<Arc<Semaphore>>,
+    /// Signalled on every completion request received.
+    arrived: Notify,
+}
+
+async fn serve_backend(listener: tokio::net::TcpListener, backend: Arc<Backend>) {
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/chat/completions", post(complete))
+        .route("/v1/stream-then-die", post(stream_then_die))
+        .route("/v1/stream-gated", post(stream_gated))
+        .with_state(backend);
+    axum::serve(listener, app).await.unwrap();
+}
+
+async fn start_backend(port: u16, backend: Arc<Backend>) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    tokio::spawn(serve_backend(listener, backend))
+}
+
+async fn complete(State(b): State<Arc<Backend>>, body: Bytes) -> axum::Json<serde_json::Value> {
+    let n = b.received.fetch_add(1, Ordering::SeqCst) + 1;
+    b.arrived.notify_waiters();
+    if let Some(gate) = &b.gate {
+        gate.acquire().await.unwrap().forget();
+    }
+    let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    axum::Json(
+        serde_json::json!({ "object": "chat.completion", "model": req["model"], "seq": n,
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": "hi" }, "finish_reason": "stop" }] }),
+    )
+}
+
+/// Two SSE events, then the connection breaks without the terminating chunk (a backend that died).
+async fn stream_then_die() -> Response {
+    // Pauses between events, as a generating model has; without them the server would see the error before
+    // flushing anything and fail the whole response instead of breaking it mid-stream.
+    let s = futures::stream::unfold(1u32, |n| async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match n {
+            1 | 2 => Some((Ok(Bytes::from(format!("data: {{\"n\":{n}}}\n\n"))), n + 1)),
+            3 => Some((Err(std::io::Error::other("backend died")), n + 1)),
+            _ => None,
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(s))
+        .unwrap()
+}
+
+/// One SSE event, then the next only after the test releases the gate: proves the activator does not buffer.
+async fn stream_gated(State(b): State<Arc<Backend>>) -> Response {
+    let gate = b.gate.clone().expect("gated backend");
+    let s = gated_stream(gate);
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(Body::from_stream(s))
+        .unwrap()
+}
+
+fn chat(model: &str) -> serde_json::Value {
+    serde_json::json!({ "model": model, "messages": [{ "role": "user", "content": "hello" }] })
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(WAIT).build().unwrap()
+}
+
+async fn stats(act: &Proc) -> serde_json::Value {
+    client()
+        .get(act.url("/tessera/v1/stats"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Polls the stats document until `pred` holds (bounded).
+async fn wait_stats(act: &Proc, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = stats(act).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stats never satisfied the condition: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
+    let port = free_port();
+    let act = Proc::activator(&[
+        "--backend",
+        &format!("m=http://127.0.0.1:{port}"),
+        "--hold-timeout",
+        "15s",
+    ]);
+    let url = act.url("/v1/chat/completions");
+    let held = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
+    let s = wait_stats(&act, |s| s["models"]["m"]["queued"] == 1).await;
+    assert_eq!(s["models"]["m"]["readyBackends"], 0);
+    // Still held a while later: nothing was answered while no backend exists.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !held.is_finished(),
+        "the request must wait for the backend, not fail"
+    );
+
+    let backend = Arc::new(Backend::default());
+    let ready_at = Instant::now();
+    let _server = start_backend(port, backend.clone()).await;
+    let resp = tokio::time::timeout(WAIT, held)
+        .await
+        .expect("held request finishes")
+        .unwrap();
+    let after_ready = ready_at.elapsed();
+    assert_eq!(resp.status(), 200);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["model"], "m");
+    assert_eq!(
+        backend.received.load(Ordering::SeqCst),
+        1,
+        "forwarded exactly once"
+    );
+    // The probe runs every 20 ms while a request is held; allow generous slack for a loaded 2-core machine.
+    assert!(
+        after_ready < Duration::from_secs(2),
+        "took {after_ready:?} after the backend started"
+    );
+    let s = wait_stats(&act, |s| s["models"]["m"]["inFlight"] == 0).await;
+    assert_eq!(s["models"]["m"]["queued"], 0);
+    assert_eq!(s["models"]["m"]["requestsTotal"], 1);
+    assert_eq!(s["models"]["m"]["readyBackends"], 1);
+    assert!(s["models"]["m"]["lastRequestAtUnixMs"].as_u64().unwrap() > 0);
+
+    let metrics = client()
+        .get(act.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tessera_activator_requests_total{model=\"m\",code=\"200\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tessera_activator_hold_seconds_count{model=\"m\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn overflow_answers_503_with_retry_after() {
+    let port = free_port();
+    let act = Proc::activator(&[
+        "--backend",
+        &format!("m=http://127.0.0.1:{port}"),
+        "--queue-size",
+        "1",
+        "--hold-timeout",
+        "10s",
+        "--retry-after",
+        "7s",
+    ]);
+    let url = act.url("/v1/chat/completions");
+    let first = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
+    wait_stats(&act, |s| s["models"]["m"]["queued"] == 1).await;
+    let resp = client()
+        .post(act.url("/v1/chat/completions"))
+        .json(&chat("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "7");
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "queue_full");
+    assert!(err["error"]["message"].as_str().unwrap().contains("--queue-size"));
+    // The first request is still held and is served once a backend appears: overflow did not disturb it.
+    let backend = Arc::new(Backend::default());
+    let _server = start_backend(port, backend.clone()).await;
+    assert_eq!(
+        tokio::time::timeout(WAIT, first).await.unwrap().unwrap().status(),
+        200
+    );
+    assert_eq!(backend.received.load(Ordering::SeqCst), 1);
+    let s = stats(&act).await;
+    assert_eq!(s["models"]["m"]["rejectedTotal"], 1);
+    assert_eq!(s["models"]["m"]["requestsTotal"], 2);
+}
+
+#[tokio::test]
+async fn hold_timeout_answers_503_with_an_openai_error() {
+    let port = free_port();
+    let act = Proc::activator(&[
+        "--backend",
+        &format!("m=http://127.0.0.1:{port}"),
+        "--hold-timeout",
+        "300ms",
+    ]);
+    let start = Instant::now();
+    let resp = client()
+        .post(act.url("/v1/completions"))
+        .json(&chat("m"))
+        .send()
+        .await
+        .unwrap();
+    let waited = start.elapsed();
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "hold_timeout");
+    assert_eq!(err["error"]["type"], "server_error");
+    assert!(
+        waited >= Duration::from_millis(300),
+        "answered after {waited:?}, before the hold timeout"
+    );
+    assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    let s = wait_stats(&act, |s| s["models"]["m"]["queued"] == 0).await;
+    assert_eq!(s["models"]["m"]["rejectedTotal"], 1);
+}
+
+#[tokio::test]
+async fn backend_dying_mid_stream_is_an_error_not_a_hang() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let _server = tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
+    let act = Proc::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
+    let resp = client()
+        .post(act.url("/v1/stream-then-die"))
+        .json(&chat("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut resp = resp;
+    let mut got = Vec::new();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => got.extend_from_slice(&c),
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .expect("the client must not hang when the backend dies");
+    assert!(
+        outcome.is_err(),
+        "a broken stream must end in an error, not a clean end"
+    );
+    assert!(
+        String::from_utf8_lossy(&got).contains("\"n\":2"),
+        "events before the failure arrive: {got:?}"
+    );
+    let s = wait_stats(&act, |s| s["models"]["m"]["inFlight"] == 0).await;
+    assert_eq!(s["models"]["m"]["requestsTotal"], 1);
+}
+
+#[tokio::test]
+async fn streaming_passes_through_chunk_by_chunk() {
+    let gate = Arc::new(Semaphore::new(0));
+    let backend = Arc::new(Backend {
+        gate: Some(gate.clone()),
+        ..Default::default()
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let _server = tokio::spawn(serve_backend(listener, backend));
+    let act = Proc::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
+    let mut resp = client()
+        .post(act.url("/v1/stream-gated"))
+        .json(&chat("m"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    // The first event arrives while the backend is still blocked before its second: nothing is buffered.
+    let first = next_chunk(&mut resp).await;
+    assert!(first.contains("\"n\":1"), "{first}");
+    for n in 2..=3 {
+        gate.add_permits(1);
+        let chunk = next_chunk(&mut resp).await;
+        assert!(chunk.contains(&format!("\"n\":{n}")), "{chunk}");
+    }
+    gate.add_permits(1);
+    assert!(next_chunk(&mut resp).await.contains("[DONE]"));
+}
+
+#[tokio::test]
+async fn least_outstanding_balances_two_backends() {
+    let mut backends = Vec::new();
+    let mut flags = Vec::new();
+    let gate = Arc::new(Semaphore::new(0));
+    for _ in 0..2 {
+        let b = Arc::new(Backend {
+            gate: Some(gate.clone()),
+            ..Default::default()
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(serve_backend(listener, b.clone()));
+        flags.push(format!("m=http://127.0.0.1:{port}"));
+        backends.push(b);
+    }
+    let act = Proc::activator(&["--backend", &flags[0], "--backend", &flags[1]]);
+    wait_stats(&act, |s| s["models"]["m"]["readyBackends"] == 2).await;
+    // Requests stay open (gated), one at a time: each new one must go to the backend with fewer open.
+    let mut open = Vec::new();
+    for i in 1..=6 {
+        let url = act.url("/v1/chat/completions");
+        open.push(tokio::spawn(async move {
+            client().post(url).json(&chat("m")).send().await.unwrap()
+        }));
+        let deadline = Instant::now() + WAIT;
+        while backends
+            .iter()
+            .map(|b| b.received.load(Ordering::SeqCst))
+            .sum::<usize>()
+            < i
+        {
+            assert!(Instant::now() < deadline, "request {i} never reached a backend");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let counts: Vec<usize> = backends
+            .iter()
+            .map(|b| b.received.load(Ordering::SeqCst))
+            .collect();
+        assert!(
+            counts[0].abs_diff(counts[1]) <= 1,
+            "unbalanced after {i} requests: {counts:?}"
+        );
+    }
+    let s = stats(&act).await;
+    assert_eq!(s["models"]["m"]["inFlight"], 6);
+    gate.add_permits(6);
+    for r in open {
+        assert_eq!(
+            tokio::time::timeout(WAIT, r).await.unwrap().unwrap().status(),
+            200
+        );
+    }
+    assert_eq!(backends[0].received.load(Ordering::SeqCst), 3);
+    assert_eq!(backends[1].received.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn unknown_model_and_bad_bodies_get_openai_errors() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
+    let act = Proc::activator(&[
+        "--backend",
+        &format!("b-model=http://127.0.0.1:{port}"),
+        "--backend",
+        &format!("a-model=http://127.0.0.1:{port}"),
+        "--max-body-size",
+        "1000",
+    ]);
+    let resp = client()
+        .post(act.url("/v1/chat/completions"))
+        .json(&chat("nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "model_not_found");
+    assert_eq!(err["error"]["param"], "model");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+
+    let resp = client()
+        .post(act.url("/v1/chat/completions"))
+        .body("not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let resp = client()
+        .post(act.url("/v1/embeddings"))
+        .json(&serde_json::json!({ "input": "x" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let big = serde_json::json!({ "model": "a-model", "prompt": "x".repeat(2000) });
+    let resp = client()
+        .post(act.url("/v1/completions"))
+        .json(&big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+
+    let models: serde_json::Value = client()
+        .get(act.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["a-model", "b-model"]);
+    assert_eq!(client().get(act.url("/live")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client().get(act.url("/ready")).send().await.unwrap().status(),
+        200
+    );
+    // Unknown names are counted under one label, so clients cannot blow up the metric's cardinality.
+    let metrics = client()
+        .get(act.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("tessera_activator_requests_total{model=\"unknown\",code=\"404\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn bad_flags_fail_with_a_clear_message() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["activator", "--listen", "127.0.0.1:0", "--backend", "no-url-here"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("expected <model>=<url>"), "{stderr}");
+}
+
+fn gated_stream(gate: Arc<Semaphore>) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::unfold(1u32, move |n| {
+        let gate = gate.clone();
+        async move {
+            if n > 4 {
+                return None;
+            }
+            if n > 1 {
+                gate.acquire().await.ok()?.forget();
+            }
+            let event = if n == 4 {
+                "data: [DONE]\n\n".to_string()
+            } else {
+                format!("data: {{\"n\":{n}}}\n\n")
+            };
+            Some((Ok(Bytes::from(event)), n + 1))
+        }
+    })
+}
+
+async fn next_chunk(resp: &mut reqwest::Response) -> String {
+    let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
+        .await
+        .expect("the next event must arrive, not be held back")
+        .expect("stream error")
+        .expect("stream ended early");
+    String::from_utf8_lossy(&chunk).into_owned()
+}
