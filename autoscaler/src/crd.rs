@@ -1,6 +1,790 @@
-//! The InferenceAutoscaler custom resource (being built, issue 4).
+//! The `InferenceAutoscaler` custom resource (`tessera.dev/v1alpha1`, short name `ias`): one per model deployment.
+//!
+//! The Rust types are the source of truth: `tessera crdgen` prints the CRD generated from them, and the committed
+//! `deploy/crds/inferenceautoscaler.yaml` must equal that output (a unit test and the test script both check it).
+//!
+//! Validation happens twice, on purpose:
+//! - in the API server, through OpenAPI bounds and CEL `x-kubernetes-validations` rules in the schema, so
+//!   `kubectl apply` of nonsense (max < min, fractions outside 0–1, minReplicas 0 without scaleToZero) fails at once
+//!   with a message a user understands;
+//! - in Rust, [`InferenceAutoscalerSpec::validate`], with the same messages, because a cluster may run the CRD
+//!   without CEL (older API servers) and because the controller reports problems as a status condition.
+//!
+//! Field names and semantics follow HPA (`autoscaling/v2`) where one exists (`scaleTargetRef`, `minReplicas`,
+//! `maxReplicas`, `behavior` with `stabilizationWindowSeconds`, `selectPolicy`, `policies`), so moving from an HPA
+//! is a matter of renaming the metrics (see `docs/autoscaling.md`).
 
-/// The CRD manifests as YAML, for `tessera crdgen`.
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tessera_core::scale;
+
+/// API group of every Tessera resource.
+pub const GROUP: &str = "tessera.dev";
+/// Version of the InferenceAutoscaler API.
+pub const VERSION: &str = "v1alpha1";
+
+/// Pattern for duration strings such as `30s`, `5m`, `1h30m`, `500ms` (Go `time.ParseDuration` units that
+/// humantime also reads).
+const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
+
+/// Scales a model server on inference signals (KV cache, queue, time to first token, request rate), to zero when
+/// idle, and recommends its GPU memory and compute share.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "tessera.dev",
+    version = "v1alpha1",
+    kind = "InferenceAutoscaler",
+    namespaced,
+    shortname = "ias",
+    category = "tessera",
+    status = "InferenceAutoscalerStatus",
+    derive = "PartialEq",
+    doc = "InferenceAutoscaler scales a vLLM model server on inference signals, to zero when idle, and recommends \
+           its GPU memory and compute share.",
+    printcolumn(
+        name = "Target",
+        type_ = "string",
+        json_path = ".status.target",
+        description = "The scaled workload, as Kind/name"
+    ),
+    printcolumn(name = "Min", type_ = "integer", json_path = ".spec.minReplicas"),
+    printcolumn(name = "Max", type_ = "integer", json_path = ".spec.maxReplicas"),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".status.desiredReplicas"),
+    printcolumn(
+        name = "Signal",
+        type_ = "string",
+        json_path = ".status.leadingSignal",
+        description = "The signal that asked for the most replicas"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(validation = Rule::new("self.maxReplicas >= self.minReplicas")
+    .message("maxReplicas must be >= minReplicas"))]
+#[x_kube(validation = Rule::new("self.minReplicas > 0 || has(self.scaleToZero)")
+    .message("minReplicas 0 requires scaleToZero (set scaleToZero.idleAfter, e.g. 10m), or set minReplicas >= 1"))]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceAutoscalerSpec {
+    /// The workload to scale: anything with a /scale subresource (Deployment, StatefulSet, ...), in this namespace.
+    pub scale_target_ref: ScaleTargetRef,
+    /// Lowest replica count (default 1). 0 allows scale to zero and requires `scaleToZero`.
+    #[serde(default = "default_min_replicas")]
+    #[schemars(range(min = 0))]
+    pub min_replicas: i32,
+    /// Highest replica count.
+    #[schemars(range(min = 1))]
+    pub max_replicas: i32,
+    /// Per-replica targets, one per signal; set at least one to scale on load (none: only scale to and from zero).
+    #[serde(default)]
+    pub targets: Targets,
+    /// Scale to zero after this long without requests (needs the Tessera activator in the request path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_to_zero: Option<ScaleToZero>,
+    /// Time-to-first-token SLO, e.g. `500ms`: while any replica's p95 is over it, never scale down and add one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub ttft_slo: Option<String>,
+    /// How fast to scale: stabilization windows and rate limits (as HPA's `behavior`), and panic mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behavior: Option<Behavior>,
+    /// How the model's replicas use GPUs (whole or shared) and how their memory and compute are sized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSpec>,
+    /// OpenAI `model` names the activator routes to this workload (default: the target's name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub model_names: Vec<String>,
+}
+
+fn default_min_replicas() -> i32 {
+    1
+}
+
+/// A reference to the scaled workload, as in HPA.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleTargetRef {
+    /// API version of the target, e.g. `apps/v1`.
+    #[serde(default = "default_api_version")]
+    pub api_version: String,
+    /// Kind of the target, e.g. `Deployment` or `StatefulSet`.
+    #[schemars(length(min = 1))]
+    pub kind: String,
+    /// Name of the target.
+    #[schemars(length(min = 1))]
+    pub name: String,
+}
+
+fn default_api_version() -> String {
+    "apps/v1".to_owned()
+}
+
+/// Per-replica targets. A replica count is proposed per signal with HPA's rule, and the largest wins.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Targets {
+    /// Mean KV cache usage per replica, a fraction in (0, 1], e.g. 0.7.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.01, max = 1.0))]
+    pub kv_cache_utilization: Option<f64>,
+    /// Mean requests waiting in each replica's queue, e.g. 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.01))]
+    pub waiting_requests_per_replica: Option<f64>,
+    /// Mean of the replicas' p95 time to first token, e.g. `800ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub ttft_p95: Option<String>,
+    /// Requests per second per replica, from the model's total rate at the activator, e.g. 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.001))]
+    pub requests_per_second_per_replica: Option<f64>,
+}
+
+/// Scale to zero settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScaleToZero {
+    /// Go to zero after this long with no requests and nothing in flight or queued, e.g. `10m`.
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub idle_after: String,
+}
+
+/// Scaling speed, as HPA's `behavior`, plus Knative-style panic mode. Unset fields take HPA's defaults.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Behavior {
+    /// Rules for adding replicas (default: no window; max(100%, 4 pods) per 15 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_up: Option<ScalingRules>,
+    /// Rules for removing replicas (default: 300 s window; 100% per 15 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_down: Option<ScalingRules>,
+    /// Panic mode (default on: 6 s window, 60 s stable window, 200% threshold).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub panic: Option<Panic>,
+}
+
+/// One direction's scaling rules (HPA `HPAScalingRules`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScalingRules {
+    /// Seconds of past recommendations to consider; the most conservative wins (0–3600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub stabilization_window_seconds: Option<i32>,
+    /// Which policy applies when several are listed: `Max` (largest change, default), `Min`, or `Disabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub select_policy: Option<SelectPolicy>,
+    /// Rate limits; unset takes HPA's default for this direction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<Vec<RatePolicy>>,
+}
+
+/// Which rate policy wins.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum SelectPolicy {
+    /// The policy allowing the largest change.
+    Max,
+    /// The policy allowing the smallest change.
+    Min,
+    /// No scaling in this direction.
+    Disabled,
+}
+
+/// A rate limit (HPA `HPAScalingPolicy`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RatePolicy {
+    /// `Pods` or `Percent`.
+    #[serde(rename = "type")]
+    pub kind: RatePolicyKind,
+    /// How many pods, or what percent of the replicas at the start of the period (> 0).
+    #[schemars(range(min = 1))]
+    pub value: i32,
+    /// The sliding period in seconds (1–1800).
+    #[schemars(range(min = 1, max = 1800))]
+    pub period_seconds: i32,
+}
+
+/// The unit of a rate limit.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RatePolicyKind {
+    /// An absolute number of pods.
+    Pods,
+    /// A percentage of current replicas.
+    Percent,
+}
+
+/// Knative-style panic mode.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Panic {
+    /// Set false to turn panic mode off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Seconds over which the panic signal is averaged (default 6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 600))]
+    pub window_seconds: Option<i32>,
+    /// Seconds without a burst before panic ends and scale-down may resume (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub stable_window_seconds: Option<i32>,
+    /// Panic when demand reaches this percent of the ready replicas (default 200, must be > 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 101, max = 10000))]
+    pub threshold_percent: Option<i32>,
+}
+
+/// How the model uses GPUs.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuSpec {
+    /// `whole` (a GPU per replica, default) or `fractional` (packed with other models on shared GPUs).
+    #[serde(default)]
+    pub sharing: Sharing,
+    /// GPU memory per replica: `auto` (from the sidecar's recommendation, default) or a number of MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("type(self) == string ? self == 'auto' : self > 0")
+        .message("gpu.memory must be \"auto\" or a positive number of MiB"))]
+    pub memory: Option<IntOrString>,
+    /// Compute share per replica: `"auto"` (default) or a fraction in (0, 1] as a quoted string, e.g. `"0.25"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(auto|0?\.[0-9]*[1-9][0-9]*|1(\.0*)?)$"))]
+    pub compute_fraction: Option<String>,
+    /// When the recommendation is applied: `Off` (status only, default), `Initial` (to new pods), `Recreate`
+    /// (also replaces running pods whose allocation drifted).
+    #[serde(default)]
+    pub update_mode: UpdateMode,
+}
+
+/// GPU sharing mode.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Sharing {
+    /// One GPU per replica.
+    #[default]
+    Whole,
+    /// A fraction of a shared GPU per replica.
+    Fractional,
+}
+
+/// When the GPU recommendation is applied to pods.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum UpdateMode {
+    /// Report only.
+    #[default]
+    Off,
+    /// Apply to pods as they are created.
+    Initial,
+    /// Apply to new pods and replace running ones that drifted.
+    Recreate,
+}
+
+/// What the controller observed and decided.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceAutoscalerStatus {
+    /// The spec generation this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The scaled workload as `Kind/name` (the TARGET column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Replicas the target had at the last reconcile.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Ready replicas at the last reconcile.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Replicas the controller wants.
+    #[serde(default)]
+    pub desired_replicas: i32,
+    /// When the controller last changed the replica count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// The signal that asked for the most replicas (the SIGNAL column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leading_signal: Option<String>,
+    /// Why the last decision came out as it did (a stable snake_case label, e.g. `scale_up`, `stabilizing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision_reason: Option<String>,
+    /// Current value, target and proposal of each configured signal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub current_metrics: Vec<SignalStatus>,
+    /// AbleToScale, ScalingActive, ScalingLimited (as HPA) and Valid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The GPU memory and compute the replicas need, from their sidecars.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recommendation: Option<RecommendationStatus>,
+}
+
+/// One signal's state.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalStatus {
+    /// The signal's spec field name, e.g. `kvCacheUtilization`.
+    pub name: String,
+    /// Current per-replica value (seconds for TTFT); absent when no replica reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<f64>,
+    /// The target (seconds for TTFT).
+    pub target: f64,
+    /// Replicas this signal alone asks for; absent when it could not be computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposed_replicas: Option<i32>,
+    /// Replicas whose data went into `current`.
+    #[serde(default)]
+    pub reporting_replicas: i32,
+}
+
+/// GPU sizing for the model's replicas (the largest need across replicas).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecommendationStatus {
+    /// KV cache bytes to give vLLM (`--kv-cache-memory-bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory_bytes: Option<i64>,
+    /// The equivalent `--gpu-memory-utilization`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_utilization: Option<f64>,
+    /// GPU memory per replica, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "gpuMemoryMiB")]
+    pub gpu_memory_mib: Option<i64>,
+    /// Compute share per replica, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_fraction: Option<f64>,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// Errors turning a spec into a policy.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// One or more fields are invalid; each message names the field and how to fix it.
+    #[error("invalid InferenceAutoscaler spec: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+}
+
+impl InferenceAutoscalerSpec {
+    /// Checks everything the schema checks (for API servers without CEL) and what only Rust can check (durations
+    /// parse, the policy makes sense). Each message names the field and how to fix it.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        self.to_policy().map(|_| ())
+    }
+
+    /// The model names the activator routes here: `modelNames`, or the target's name.
+    pub fn routed_model_names(&self) -> Vec<String> {
+        if self.model_names.is_empty() {
+            vec![self.scale_target_ref.name.clone()]
+        } else {
+            self.model_names.clone()
+        }
+    }
+
+    /// The core policy this spec describes, or every problem found.
+    pub fn to_policy(&self) -> Result<scale::ScalePolicy, Vec<String>> {
+        let mut errors = Vec::new();
+        let min = u32::try_from(self.min_replicas).unwrap_or_else(|_| {
+            errors.push(format!("minReplicas must be >= 0, got {}", self.min_replicas));
+            0
+        });
+        let max = u32::try_from(self.max_replicas).unwrap_or_else(|_| {
+            errors.push(format!("maxReplicas must be >= 1, got {}", self.max_replicas));
+            0
+        });
+        if self.scale_target_ref.kind.is_empty() || self.scale_target_ref.name.is_empty() {
+            errors
+                .push("scaleTargetRef needs kind and name, e.g. {kind: Deployment, name: llama}".to_owned());
+        }
+        let mut duration = |field: &str, v: &Option<String>| -> Option<Duration> {
+            let s = v.as_deref()?;
+            match parse_duration(s) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    errors.push(format!(
+                        "{field} {s:?} is not a duration like 500ms, 30s, 10m: {e}"
+                    ));
+                    None
+                }
+            }
+        };
+        let ttft_target = duration("targets.ttftP95", &self.targets.ttft_p95);
+        let ttft_slo = duration("ttftSlo", &self.ttft_slo);
+        let idle_after = duration(
+            "scaleToZero.idleAfter",
+            &self.scale_to_zero.as_ref().map(|s| s.idle_after.clone()),
+        );
+        if self.targets.ttft_p95.is_some() && ttft_target.is_some_and(|d| d.is_zero()) {
+            errors.push("targets.ttftP95 must be more than 0".to_owned());
+        }
+        if let Some(gpu) = &self.gpu {
+            if let Some(m) = &gpu.memory {
+                match m {
+                    IntOrString::Int(n) if *n <= 0 => errors.push(format!(
+                        "gpu.memory must be \"auto\" or a positive number of MiB, got {n}"
+                    )),
+                    IntOrString::String(s) if s != "auto" => errors.push(format!(
+                        "gpu.memory must be \"auto\" or a positive number of MiB (unquoted), got {s:?}"
+                    )),
+                    _ => {}
+                }
+            }
+            if let Some(cf) = &gpu.compute_fraction
+                && cf != "auto"
+            {
+                match cf.parse::<f64>() {
+                    Ok(f) if f > 0.0 && f <= 1.0 => {}
+                    _ => errors.push(format!(
+                        "gpu.computeFraction must be \"auto\" or a fraction in (0, 1] as a quoted string like \
+                         \"0.25\", got {cf:?}"
+                    )),
+                }
+            }
+        }
+        for (i, name) in self.model_names.iter().enumerate() {
+            if name.trim().is_empty() {
+                errors.push(format!("modelNames[{i}] is empty"));
+            }
+        }
+        let behavior = self.behavior.clone().unwrap_or_default();
+        let policy = scale::ScalePolicy {
+            min_replicas: min,
+            max_replicas: max,
+            targets: scale::Targets {
+                kv_cache_utilization: self.targets.kv_cache_utilization,
+                waiting_requests_per_replica: self.targets.waiting_requests_per_replica,
+                ttft_p95: ttft_target,
+                requests_per_second_per_replica: self.targets.requests_per_second_per_replica,
+            },
+            tolerance: scale::DEFAULT_TOLERANCE,
+            scale_to_zero: idle_after.map(|idle_after| scale::ScaleToZero { idle_after }),
+            behavior: scale::Behavior {
+                scale_up: rules(
+                    behavior.scale_up.as_ref(),
+                    scale::ScalingRules::default_up(),
+                    "scaleUp",
+                    &mut errors,
+                ),
+                scale_down: rules(
+                    behavior.scale_down.as_ref(),
+                    scale::ScalingRules::default_down(),
+                    "scaleDown",
+                    &mut errors,
+                ),
+            },
+            panic: panic_mode(behavior.panic.as_ref()),
+            ttft_slo,
+        };
+        // The core's checks carry the same wording as the CEL rules (maxReplicas >= minReplicas, etc.).
+        if let Err(core_errors) = policy.validate() {
+            for e in core_errors {
+                if !errors.contains(&e) {
+                    errors.push(e);
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(policy)
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+fn rules(
+    spec: Option<&ScalingRules>,
+    default: scale::ScalingRules,
+    path: &str,
+    errors: &mut Vec<String>,
+) -> scale::ScalingRules {
+    let Some(spec) = spec else { return default };
+    let mut out = default;
+    if let Some(w) = spec.stabilization_window_seconds {
+        match u64::try_from(w) {
+            Ok(w) => out.stabilization_window = Duration::from_secs(w),
+            Err(_) => errors.push(format!(
+                "behavior.{path}.stabilizationWindowSeconds must be >= 0, got {w}"
+            )),
+        }
+    }
+    if let Some(p) = spec.select_policy {
+        out.select_policy = match p {
+            SelectPolicy::Max => scale::SelectPolicy::Max,
+            SelectPolicy::Min => scale::SelectPolicy::Min,
+            SelectPolicy::Disabled => scale::SelectPolicy::Disabled,
+        };
+    }
+    if let Some(policies) = &spec.policies {
+        out.policies = policies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let value = u32::try_from(p.value).ok().filter(|v| *v > 0);
+                let period = u64::try_from(p.period_seconds).ok().filter(|v| *v > 0);
+                match (value, period) {
+                    (Some(value), Some(period)) => Some(scale::RatePolicy {
+                        kind: match p.kind {
+                            RatePolicyKind::Pods => scale::RatePolicyKind::Pods,
+                            RatePolicyKind::Percent => scale::RatePolicyKind::Percent,
+                        },
+                        value,
+                        period: Duration::from_secs(period),
+                    }),
+                    _ => {
+                        errors.push(format!(
+                            "behavior.{path}.policies[{i}] needs value > 0 and periodSeconds in 1..=1800"
+                        ));
+                        None
+                    }
+                }
+            })
+            .collect();
+    }
+    out
+}
+
+fn panic_mode(spec: Option<&Panic>) -> Option<scale::PanicMode> {
+    let default = scale::PanicMode::default();
+    let Some(p) = spec else { return Some(default) };
+    if p.enabled == Some(false) {
+        return None;
+    }
+    let secs = |v: Option<i32>, d: Duration| {
+        v.and_then(|s| u64::try_from(s).ok())
+            .map_or(d, Duration::from_secs)
+    };
+    Some(scale::PanicMode {
+        window: secs(p.window_seconds, default.window),
+        stable_window: secs(p.stable_window_seconds, default.stable_window),
+        threshold: p
+            .threshold_percent
+            .map_or(default.threshold, |t| f64::from(t) / 100.0),
+    })
+}
+
+/// Parses a Kubernetes-style duration (`500ms`, `30s`, `10m`, `1h30m`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    // The schema pattern accepts exactly the Go units humantime also reads; check the same here so a spec that
+    // slipped past a CEL-less API server fails with the same wording.
+    let ok = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'm' | 's' | 'h'))
+        && s.chars().next().is_some_and(|c| c.is_ascii_digit());
+    if !ok {
+        return Err(format!(
+            "expected digits with units ms, s, m or h (pattern {DURATION_PATTERN})"
+        ));
+    }
+    humantime::parse_duration(s).map_err(|e| e.to_string())
+}
+
+/// The CRD manifest as YAML, for `tessera crdgen` and `deploy/crds/inferenceautoscaler.yaml`.
 pub fn crdgen() -> anyhow::Result<String> {
-    anyhow::bail!("the CRD is being built (issue 4)")
+    let crd = InferenceAutoscaler::crd();
+    let yaml = quote_yaml11_booleans(&serde_yaml::to_string(&crd)?);
+    Ok(format!(
+        "# Generated by `tessera crdgen` from autoscaler/src/crd.rs. Do not edit: regenerate with\n\
+         #   cargo run -- crdgen > deploy/crds/inferenceautoscaler.yaml\n{yaml}"
+    ))
+}
+
+/// serde_yaml writes YAML 1.2, where `Off` is a string; kubectl and most Kubernetes tooling read YAML 1.1, where a
+/// plain `Off` (or `on`, `yes`, `n`, ...) is a boolean. Quote such plain scalar values so `updateMode: Off` stays a
+/// string everywhere.
+fn quote_yaml11_booleans(yaml: &str) -> String {
+    const WORDS: [&str; 22] = [
+        "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF",
+        "true", "True", "TRUE", "false", "False", "FALSE",
+    ];
+    let mut out = String::with_capacity(yaml.len() + 16);
+    for line in yaml.lines() {
+        let (head, value) = match line.rfind(": ") {
+            Some(i) => line.split_at(i + 2),
+            None => match line.trim_start().strip_prefix("- ") {
+                Some(v) => line.split_at(line.len() - v.len()),
+                None => (line, ""),
+            },
+        };
+        // Real booleans (`true`/`false` from a bool field) are left alone; only words that came from strings and
+        // would be misread are quoted. serde_yaml already quotes the strings "true"/"false" itself.
+        if WORDS.contains(&value) && !matches!(value, "true" | "false") {
+            out.push_str(head);
+            out.push('\'');
+            out.push_str(value);
+            out.push('\'');
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn spec(yaml: &str) -> InferenceAutoscalerSpec {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    const GOOD: &str = r#"
+scaleTargetRef: {kind: Deployment, name: llama}
+minReplicas: 0
+maxReplicas: 8
+targets: {kvCacheUtilization: 0.7, waitingRequestsPerReplica: 2, ttftP95: 800ms, requestsPerSecondPerReplica: 5}
+scaleToZero: {idleAfter: 10m}
+ttftSlo: 2s
+behavior:
+  scaleDown:
+    stabilizationWindowSeconds: 120
+    policies: [{type: Pods, value: 1, periodSeconds: 60}]
+  panic: {thresholdPercent: 300}
+gpu: {sharing: fractional, memory: 10240, computeFraction: "0.25", updateMode: Initial}
+modelNames: [meta-llama/Llama-3.1-8B-Instruct]
+"#;
+
+    #[test]
+    fn committed_crd_matches_generated() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/crds/inferenceautoscaler.yaml"
+        );
+        let committed = std::fs::read_to_string(path).unwrap();
+        assert!(
+            committed == crdgen().unwrap(),
+            "deploy/crds/inferenceautoscaler.yaml is stale: run 'cargo run -- crdgen > deploy/crds/inferenceautoscaler.yaml'"
+        );
+    }
+
+    #[test]
+    fn crd_has_names_columns_status_and_rules() {
+        let crd = InferenceAutoscaler::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("inferenceautoscalers.tessera.dev")
+        );
+        assert_eq!(crd.spec.names.short_names, Some(vec!["ias".to_owned()]));
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, "v1alpha1");
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+        let cols: Vec<_> = v
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            cols,
+            ["Target", "Min", "Max", "Replicas", "Desired", "Signal", "Age"]
+        );
+        let json = serde_json::to_string(&crd).unwrap();
+        assert!(json.contains("maxReplicas must be >= minReplicas"));
+        assert!(json.contains("minReplicas 0 requires scaleToZero"));
+        assert!(json.contains("x-kubernetes-int-or-string"));
+        // YAML 1.1 readers (kubectl) would turn a plain Off into false.
+        let yaml = crdgen().unwrap();
+        assert!(
+            yaml.contains("default: 'Off'") && yaml.contains("- 'Off'"),
+            "{yaml}"
+        );
+        assert!(!yaml.lines().any(|l| l.ends_with(": Off") || l.ends_with("- Off")));
+    }
+
+    #[test]
+    fn a_full_spec_becomes_a_policy() {
+        let s = spec(GOOD);
+        assert_eq!(s.scale_target_ref.api_version, "apps/v1");
+        let p = s.to_policy().unwrap();
+        assert_eq!((p.min_replicas, p.max_replicas), (0, 8));
+        assert_eq!(p.scale_to_zero.unwrap().idle_after, Duration::from_secs(600));
+        assert_eq!(p.targets.ttft_p95, Some(Duration::from_millis(800)));
+        assert_eq!(p.ttft_slo, Some(Duration::from_secs(2)));
+        assert_eq!(
+            p.behavior.scale_down.stabilization_window,
+            Duration::from_secs(120)
+        );
+        assert_eq!(p.behavior.scale_down.policies.len(), 1);
+        // Unset direction keeps HPA's defaults.
+        assert_eq!(p.behavior.scale_up, scale::ScalingRules::default_up());
+        assert_eq!(p.panic.unwrap().threshold, 3.0);
+        assert_eq!(s.routed_model_names(), ["meta-llama/Llama-3.1-8B-Instruct"]);
+    }
+
+    #[test]
+    fn nonsense_is_rejected_with_clear_messages() {
+        let cases = [
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nminReplicas: 3\nmaxReplicas: 2",
+                "maxReplicas (2) must be >= minReplicas (3)",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nminReplicas: 0\nmaxReplicas: 2",
+                "minReplicas 0 requires scaleToZero",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\ntargets: {kvCacheUtilization: 1.5}",
+                "kvCacheUtilization is a fraction",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\ntargets: {ttftP95: soon}",
+                "targets.ttftP95 \"soon\" is not a duration",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\ngpu: {computeFraction: \"1.5\"}",
+                "gpu.computeFraction must be",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\ngpu: {memory: lots}",
+                "gpu.memory must be",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nbehavior: {scaleUp: {policies: [{type: Pods, value: 0, periodSeconds: 15}]}}",
+                "behavior.scaleUp.policies[0]",
+            ),
+        ];
+        for (yaml, want) in cases {
+            let errors = spec(yaml).validate().unwrap_err();
+            assert!(
+                errors.iter().any(|e| e.contains(want)),
+                "{yaml}: {errors:?} lacks {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_parse_like_kubernetes() {
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn status_serializes_camel_case() {
+        let st = InferenceAutoscalerStatus {
+            desired_replicas: 3,
+            recommendation: Some(RecommendationStatus {
+                gpu_memory_mib: Some(10240),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&st).unwrap();
+        assert_eq!(v["desiredReplicas"], 3);
+        assert_eq!(v["recommendation"]["gpuMemoryMiB"], 10240);
+    }
 }
