@@ -34,6 +34,8 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
 
 /// Scales a model server on inference signals (KV cache, queue, time to first token, request rate), to zero when
 /// idle, and recommends its GPU memory and compute share.
+// kube's `printcolumn(...)` repeats `type_ = "integer"` by design; clippy reads that as a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "tessera.dev",
