@@ -5,12 +5,12 @@
 #[derive(Debug, thiserror::Error)]
 pub enum ScrapeError {
     /// The server could not be reached (refused, reset, DNS).
-    #[error("cannot connect to {url}: {source}")]
+    #[error("cannot connect to {url}: {detail}")]
     Connect {
         /// The URL scraped.
         url: String,
-        /// The client error.
-        source: reqwest::Error,
+        /// The client error with its causes (reqwest's own message alone says only "error sending request").
+        detail: String,
     },
     /// No complete answer within `--scrape-timeout`.
     #[error("no answer from {url} within {timeout:?}")]
@@ -57,6 +57,18 @@ impl ScrapeError {
             ScrapeError::Parse { .. } => "parse",
         }
     }
+}
+
+/// An error and its chain of causes on one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cur = c.source();
+    }
+    out
 }
 
 /// Every label [`ScrapeError::label`] can return, so the counter shows zeros before the first error.

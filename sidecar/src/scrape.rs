@@ -59,12 +59,12 @@ impl Scraper {
             } else if e.is_connect() || e.is_request() {
                 ScrapeError::Connect {
                     url: url.clone(),
-                    source: e,
+                    detail: crate::error::chain(&e),
                 }
             } else {
                 ScrapeError::Body {
                     url: url.clone(),
-                    detail: e.to_string(),
+                    detail: crate::error::chain(&e),
                 }
             }
         };

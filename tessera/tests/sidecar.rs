@@ -1,0 +1,437 @@
+//! The real `tessera sidecar` process against a local fake vLLM that serves the real KubeAI `/metrics` page
+//! (testdata/vllm, Apache-2.0) with changing values: `/metrics` and `/v1/status` values, readiness, the
+//! vLLM-down / garbage / slow paths, recovery, and a clean exit on SIGTERM.
+#![allow(clippy::unwrap_used)]
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tessera_core::wire::sidecar::SidecarStatus;
+
+const MODEL: &str = "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Page,
+    Status(u16),
+    Garbage,
+    Slow,
+}
+
+#[derive(Debug)]
+struct Fake {
+    base: String,
+    mode: Mode,
+    served: u32,
+}
+
+/// The real page at step `n`: KV usage 0.30 + 0.01·n, 1 waiting, and per step 10 more requests whose first
+/// token came in the (0.04, 0.06] bucket, so the windowed TTFT median is known exactly.
+fn page_at(base: &str, n: u32) -> String {
+    let n = f64::from(n);
+    let ttft_extra = |le: &str| {
+        if le.parse::<f64>().map_or(true, |v| v >= 0.06) {
+            10.0 * n
+        } else {
+            0.0
+        }
+    };
+    base.lines()
+        .map(|l| {
+            let Some((series, value)) = l.rsplit_once(' ') else {
+                return l.to_string();
+            };
+            let Ok(v) = value.parse::<f64>() else {
+                return l.to_string();
+            };
+            let ours = series.contains(&format!("model_name=\"{MODEL}\""));
+            let new = if !ours {
+                v
+            } else if series.starts_with("vllm:gpu_cache_usage_perc{") {
+                0.30 + 0.01 * n
+            } else if series.starts_with("vllm:num_requests_waiting{") {
+                1.0
+            } else if series.starts_with("vllm:time_to_first_token_seconds_bucket{") {
+                let le = series
+                    .split("le=\"")
+                    .nth(1)
+                    .and_then(|s| s.split('"').next())
+                    .unwrap();
+                v + ttft_extra(le)
+            } else if series.starts_with("vllm:time_to_first_token_seconds_count{")
+                || series.starts_with("vllm:request_success_total{")
+            {
+                v + 10.0 * n
+            } else if series.starts_with("vllm:time_to_first_token_seconds_sum{") {
+                v + 0.5 * n
+            } else {
+                v
+            };
+            format!("{series} {new}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every answer closes its connection, so stopping the server really makes vLLM unreachable (axum's
+/// per-connection tasks outlive an aborted `serve`).
+async fn serve_metrics(State(fake): State<Arc<Mutex<Fake>>>) -> Response {
+    let mut r = serve_mode(fake).await;
+    r.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    r
+}
+
+async fn serve_mode(fake: Arc<Mutex<Fake>>) -> Response {
+    let (mode, body) = {
+        let mut f = fake.lock().unwrap();
+        f.served += 1;
+        // The page stops changing after 10 steps so the test can check exact values.
+        (f.mode, page_at(&f.base, f.served.min(10)))
+    };
+    match mode {
+        Mode::Page => body.into_response(),
+        Mode::Status(s) => (StatusCode::from_u16(s).unwrap(), "unavailable").into_response(),
+        Mode::Garbage => "<html><body>502 Bad Gateway</body></html>".into_response(),
+        Mode::Slow => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            body.into_response()
+        }
+    }
+}
+
+/// Kills the sidecar if the test ends early.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let r = self.http.get(format!("{}{path}", self.base)).send().await.ok()?;
+        let status = r.status().as_u16();
+        Some((status, r.text().await.ok()?))
+    }
+
+    async fn status(&self) -> SidecarStatus {
+        let (code, body) = self.get("/v1/status").await.expect("sidecar answers /v1/status");
+        assert_eq!(code, 200);
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("bad /v1/status JSON ({e}): {body}"))
+    }
+
+    async fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics").await?;
+        body.lines().find_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            (k == name_and_labels).then(|| v.parse().ok())?
+        })
+    }
+
+    /// Polls `/v1/status` until `pred` holds, or fails after `secs` with the last document.
+    async fn wait_for(&self, what: &str, secs: u64, pred: impl Fn(&SidecarStatus) -> bool) -> SidecarStatus {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if let Some((200, body)) = self.get("/v1/status").await
+                && let Ok(s) = serde_json::from_str::<SidecarStatus>(&body)
+                && pred(&s)
+            {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let last = self.get("/v1/status").await;
+                panic!("timed out waiting for {what}; last /v1/status: {last:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_against_a_fake_vllm() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt"
+    );
+    let base = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (testdata is part of the repo)"));
+    let fake = Arc::new(Mutex::new(Fake {
+        base,
+        mode: Mode::Status(503),
+        served: 0,
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let vllm_addr: SocketAddr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/metrics", get(serve_metrics))
+        .with_state(fake.clone());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "sidecar",
+            "--vllm-url",
+            &format!("http://{vllm_addr}"),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .args([
+            "--scrape-interval",
+            "100ms",
+            "--scrape-timeout",
+            "500ms",
+            "--window",
+            "1m",
+        ])
+        .args([
+            "--min-samples",
+            "5",
+            "--min-window",
+            "300ms",
+            "--no-nvml",
+            "--gpu-memory-mib",
+            "23034",
+        ])
+        .args(["--bytes-per-kv-token", "131072", "--max-model-len", "8192"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(Some(child));
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+
+    // Up and live, but not ready while vLLM answers 503.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.get("/live").await.is_none() {
+        assert!(Instant::now() < deadline, "sidecar did not start serving");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = c
+        .wait_for("an http_status error", 10, |s| {
+            s.scrape.errors_total.get("http_status").is_some()
+        })
+        .await;
+    assert!(!s.ready && !s.vllm_up && s.latest.is_none());
+    assert_eq!(c.get("/ready").await.unwrap().0, 503);
+    assert!(s.recommendation().is_none(), "no recommendation without data");
+    assert!(
+        c.metric("tessera_recommended_kv_cache_memory_bytes")
+            .await
+            .unwrap()
+            .is_nan()
+    );
+
+    // vLLM answers: ready, values from the page, a recommendation after the window fills.
+    fake.lock().unwrap().mode = Mode::Page;
+    let s = c
+        .wait_for("the page to settle and a recommendation", 20, |s| {
+            s.latest
+                .as_ref()
+                .and_then(|l| l.kv_cache_usage_ratio)
+                .is_some_and(|v| (v - 0.40).abs() < 1e-9)
+                && s.recommendation().is_some()
+        })
+        .await;
+    assert!(s.ready && s.vllm_up && !s.stale);
+    assert_eq!(c.get("/ready").await.unwrap().0, 200);
+    let latest = s.latest.as_ref().unwrap();
+    assert_eq!(
+        latest.model_names,
+        vec![MODEL.to_string(), "other/OTHER".to_string()]
+    );
+    assert_eq!(
+        latest.requests_waiting,
+        Some(4.0),
+        "1 for our model + 3 for other/OTHER"
+    );
+    assert_eq!(
+        latest.cache_config.get("num_gpu_blocks").map(String::as_str),
+        Some("4574")
+    );
+    let w = s.window.as_ref().unwrap();
+    assert!(w.samples >= 5);
+    assert!(w.requests_per_second.unwrap() > 0.0);
+    let p50 = w.ttft_seconds.p50.expect("requests finished in the window");
+    assert!(
+        p50 > 0.04 && p50 <= 0.06,
+        "windowed TTFT p50 {p50} must lie in the (0.04, 0.06] bucket"
+    );
+    let rec = s.recommendation().unwrap();
+    assert_eq!(rec.bytes_per_kv_token, 131_072);
+    assert!(rec.kv_cache_memory_bytes > 0 && rec.gpu_memory_mib > 0 && rec.gpu_memory_mib <= 23_034);
+
+    let model = format!("{{model_name=\"{MODEL}\"}}");
+    let kv = c
+        .metric(&format!("tessera_kv_cache_usage_ratio{model}"))
+        .await
+        .unwrap();
+    assert!((kv - 0.40).abs() < 1e-9, "{kv}");
+    assert_eq!(
+        c.metric(&format!("tessera_requests_waiting{model}")).await,
+        Some(1.0)
+    );
+    assert_eq!(
+        c.metric("tessera_requests_waiting{model_name=\"other/OTHER\"}")
+            .await,
+        Some(3.0)
+    );
+    assert_eq!(
+        c.metric(&format!("tessera_requests_running{model}")).await,
+        Some(3.0)
+    );
+    assert_eq!(
+        c.metric(&format!("tessera_preemptions_total{model}")).await,
+        Some(0.0)
+    );
+    assert_eq!(c.metric("tessera_vllm_up").await, Some(1.0));
+    let q95 = c.metric("tessera_ttft_seconds{quantile=\"0.95\"}").await;
+    assert!(q95.is_some_and(|v| v > 0.04 && v <= 0.06), "{q95:?}");
+    for name in [
+        "tessera_recommended_gpu_memory_utilization",
+        "tessera_recommended_kv_cache_memory_bytes",
+        "tessera_recommended_gpu_memory_mib",
+        "tessera_recommended_gpu_compute_fraction",
+    ] {
+        let v = c.metric(name).await.unwrap_or_else(|| panic!("{name} missing"));
+        assert!(v.is_finite() && v > 0.0, "{name} = {v}");
+    }
+    let before = c.status().await;
+    let rec_before = before.recommendation().unwrap().clone();
+
+    // Garbage: parse errors, stale, last good values kept, the recommendation unchanged.
+    fake.lock().unwrap().mode = Mode::Garbage;
+    let s = c
+        .wait_for("a parse error", 10, |s| {
+            s.scrape.errors_total.get("parse").is_some_and(|n| *n >= 2)
+        })
+        .await;
+    assert!(!s.vllm_up && s.stale && s.ready);
+    assert_eq!(s.scrape.last_error.as_ref().unwrap().reason, "parse");
+    assert_eq!(s.latest.as_ref().unwrap().kv_cache_usage_ratio, Some(0.40));
+    assert_eq!(
+        s.recommendation(),
+        Some(&rec_before),
+        "bad data never changes the recommendation"
+    );
+    assert_eq!(c.metric("tessera_vllm_up").await, Some(0.0));
+    assert!(
+        c.metric("tessera_scrape_errors_total{reason=\"parse\"}")
+            .await
+            .unwrap()
+            >= 2.0
+    );
+
+    // Recovery.
+    fake.lock().unwrap().mode = Mode::Page;
+    c.wait_for("recovery", 10, |s| s.vllm_up && !s.stale).await;
+    assert_eq!(c.metric("tessera_vllm_up").await, Some(1.0));
+
+    // Slow: times out after --scrape-timeout.
+    fake.lock().unwrap().mode = Mode::Slow;
+    let s = c
+        .wait_for("a timeout", 10, |s| s.scrape.errors_total.contains_key("timeout"))
+        .await;
+    assert!(s.stale);
+    fake.lock().unwrap().mode = Mode::Page;
+    c.wait_for("recovery after slowness", 10, |s| s.vllm_up).await;
+
+    // vLLM gone: connection errors, still serving the last good state.
+    server.abort();
+    let _ = server.await;
+    let s = c
+        .wait_for("connect errors", 10, |s| {
+            s.scrape.errors_total.get("connect").is_some_and(|n| *n >= 2)
+        })
+        .await;
+    assert!(s.stale && !s.vllm_up);
+    assert_eq!(s.latest.as_ref().unwrap().kv_cache_usage_ratio, Some(0.40));
+    assert!(
+        c.metric("tessera_scrape_errors_total{reason=\"connect\"}")
+            .await
+            .unwrap()
+            >= 2.0
+    );
+    assert_eq!(c.get("/live").await.unwrap().0, 200);
+
+    // SIGTERM: exits 0 promptly.
+    let mut child = guard.0.take().unwrap();
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("sidecar did not exit within 10 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(code.success(), "exit status {code:?}");
+}
+
+#[test]
+fn bad_flags_are_named() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "sidecar",
+            "--vllm-url",
+            "localhost:8000",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-nvml",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--vllm-url") && err.contains("http://"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "sidecar",
+            "--percentile",
+            "1.5",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-nvml",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("percentile"));
+}
