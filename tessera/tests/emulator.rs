@@ -1,0 +1,602 @@
+//! `tessera vllm-sim` over real HTTP on 127.0.0.1: the OpenAI protocol, the `/metrics` page read by the project's
+//! own parser, start-up, sleep mode, determinism, and the ramp behaviour (KV usage, queue and TTFT rise with load;
+//! a lower `--gpu-memory-utilization` gives fewer blocks and, past the knee, preemptions).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tessera_core::metrics::{VllmSnapshot, parse_text};
+
+/// A running `tessera vllm-sim`, killed on drop.
+struct Emulator {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Emulator {
+    /// Starts the emulator on an ephemeral port and waits until it logs the address it serves on.
+    fn start(args: &[&str]) -> Emulator {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["--log-format", "json", "vllm-sim", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tessera vllm-sim");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && let Some(addr) = v["fields"]["addr"].as_str()
+                {
+                    let _ = tx.send(addr.to_owned());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("tessera vllm-sim did not report its address within 30 s (args {args:?})");
+            }
+        };
+        Emulator {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+async fn metrics_text(c: &reqwest::Client, emu: &Emulator) -> String {
+    let r = c.get(emu.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.text().await.unwrap()
+}
+
+async fn snapshot(c: &reqwest::Client, emu: &Emulator) -> VllmSnapshot {
+    VllmSnapshot::from_text(&metrics_text(c, emu).await).expect("the emulator's page parses")
+}
+
+/// Sends one streaming completion and reads it to the end; returns the number of content chunks.
+async fn stream_one(
+    c: &reqwest::Client,
+    url: &str,
+    model: &str,
+    prompt_tokens: u32,
+    max_tokens: u32,
+) -> usize {
+    let body = json!({
+        "model": model, "prompt": "x", "tessera_prompt_tokens": prompt_tokens, "max_tokens": max_tokens,
+        "ignore_eos": true, "stream": true,
+    });
+    let r = c.post(url).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let mut s = r.bytes_stream();
+    let mut text = Vec::new();
+    while let Some(chunk) = s.next().await {
+        text.extend_from_slice(&chunk.unwrap());
+    }
+    let text = String::from_utf8(text).unwrap();
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "stream must end with [DONE]: {text}"
+    );
+    text.matches("\"finish_reason\":null").count()
+}
+
+#[tokio::test]
+async fn openai_protocol_matches_vllm() {
+    let emu = Emulator::start(&[
+        "--served-model-name",
+        "tiny",
+        "--model-preset",
+        "opt-125m",
+        "--seed",
+        "7",
+    ]);
+    let c = client();
+    assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 200);
+
+    let models: Value = c
+        .get(emu.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(models["data"][0]["max_model_len"], 2048);
+
+    // Non-streaming chat: usage adds up and max_tokens is respected.
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there, emulator!"}],
+                      "max_tokens": 12, "ignore_eos": true});
+    let r: Value = c
+        .post(emu.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["object"], "chat.completion");
+    assert_eq!(r["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(r["choices"][0]["finish_reason"], "length");
+    assert_eq!(r["usage"]["completion_tokens"], 12);
+    let u = &r["usage"];
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + 12)
+    );
+
+    // Streaming chat with include_usage: role chunk, one chunk per token, finish chunk, usage chunk, [DONE].
+    let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                      "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
+    let text = c
+        .post(emu.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 1 + 5 + 1 + 1 + 1, "{text}");
+    assert!(events.iter().all(|e| e.starts_with("data: ")));
+    let first: Value = serde_json::from_str(&events[0][6..]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    let usage: Value = serde_json::from_str(&events[7][6..]).unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
+    assert_eq!(events[8], "data: [DONE]");
+
+    // Completions with token ids count prompt tokens exactly.
+    let body = json!({"model": "tiny", "prompt": [1, 2, 3, 4, 5, 6, 7], "max_tokens": 3});
+    let r: Value = c
+        .post(emu.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["object"], "text_completion");
+    assert_eq!(r["usage"]["prompt_tokens"], 7);
+
+    // Errors in OpenAI's shape.
+    let r = c
+        .post(emu.url("/v1/completions"))
+        .json(&json!({"model": "nope", "prompt": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["type"], "NotFoundError");
+    assert!(e["error"]["message"].as_str().unwrap().contains("nope"));
+    let r = c
+        .post(emu.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], 400);
+    // Longer than max_model_len (2048 for opt-125m): 400 with vLLM's message.
+    let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2000, "max_tokens": 100});
+    let r = c
+        .post(emu.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum context length is 2048"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn same_seed_same_text() {
+    let body = json!({"model": "m", "prompt": "seeded", "max_tokens": 40});
+    let mut outs = Vec::new();
+    for seed in ["3", "3", "4"] {
+        let emu = Emulator::start(&["--served-model-name", "m", "--seed", seed]);
+        let r: Value = client()
+            .post(emu.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        outs.push(r["choices"][0]["text"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(outs[0], outs[1]);
+    assert_ne!(outs[0], outs[2]);
+}
+
+#[tokio::test]
+async fn metrics_page_has_every_vllm_family_and_parses() {
+    let emu = Emulator::start(&[
+        "--served-model-name",
+        "m",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--time-scale",
+        "20",
+    ]);
+    let c = client();
+    stream_one(&c, &emu.url("/v1/completions"), "m", 300, 20).await;
+    let text = metrics_text(&c, &emu).await;
+    let page = parse_text(&text);
+    assert!(page.errors.is_empty(), "malformed lines: {:?}", page.errors);
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:engine_sleep_state",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:request_success_total",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:request_time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_queue_time_seconds",
+        "vllm:request_inference_time_seconds",
+        "vllm:request_prefill_time_seconds",
+        "vllm:request_decode_time_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:request_params_n",
+        "vllm:request_params_max_tokens",
+        "vllm:request_max_num_generation_tokens",
+        "vllm:iteration_tokens_total",
+        "vllm:cache_config_info",
+        "vllm:prompt_tokens_created",
+        "vllm:time_to_first_token_seconds_created",
+    ] {
+        assert!(
+            page.family(name).is_some(),
+            "family {name} missing from the V1 page"
+        );
+    }
+    // vLLM's V1 TTFT buckets, read back from `le`.
+    let snap = VllmSnapshot::from_text(&text).unwrap();
+    let ttft = snap.ttft.as_ref().expect("ttft");
+    assert_eq!(ttft.buckets.len(), 23, "22 bounds + +Inf");
+    assert_eq!(ttft.count, 1.0);
+    assert_eq!(snap.prompt_tokens_total, Some(300.0));
+    assert_eq!(snap.generation_tokens_total, Some(20.0));
+    assert_eq!(snap.request_success_total.get("length"), Some(&1.0));
+    assert_eq!(snap.model_names, vec!["m".to_owned()]);
+    assert_eq!(snap.per_engine[0].engine.as_deref(), Some("0"));
+    assert_eq!(
+        snap.cache_config
+            .get("gpu_memory_utilization")
+            .map(String::as_str),
+        Some("0.5")
+    );
+    assert_eq!(
+        snap.cache_config.get("block_size").map(String::as_str),
+        Some("16")
+    );
+    // Qwen2-7B on an A100 at 0.5: vLLM measured 29,053 blocks.
+    let blocks = snap.num_gpu_blocks().unwrap() as f64;
+    assert!((blocks - 29_053.0).abs() / 29_053.0 < 0.02, "{blocks}");
+
+    // V0 names.
+    let emu = Emulator::start(&[
+        "--served-model-name",
+        "m",
+        "--metrics-version",
+        "v0",
+        "--time-scale",
+        "20",
+    ]);
+    stream_one(&c, &emu.url("/v1/completions"), "m", 100, 10).await;
+    let text = metrics_text(&c, &emu).await;
+    let page = parse_text(&text);
+    assert!(page.errors.is_empty(), "malformed lines: {:?}", page.errors);
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_swapped",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:cpu_cache_usage_perc",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:e2e_request_latency_seconds",
+        "vllm:request_prompt_tokens",
+        "vllm:request_generation_tokens",
+        "vllm:request_params_n",
+        "vllm:request_success_total",
+        "vllm:avg_prompt_throughput_toks_per_s",
+        "vllm:avg_generation_throughput_toks_per_s",
+        "vllm:cache_config_info",
+    ] {
+        assert!(
+            page.family(name).is_some(),
+            "family {name} missing from the V0 page"
+        );
+    }
+    assert!(page.family("vllm:kv_cache_usage_perc").is_none());
+    assert!(!text.contains("engine=\""), "V0 pages have no engine label");
+    let snap = VllmSnapshot::from_text(&text).unwrap();
+    assert_eq!(snap.generation_tokens_total, Some(10.0));
+    assert!(
+        snap.kv_cache_usage.is_some(),
+        "gpu_cache_usage_perc is read as KV usage"
+    );
+    assert!(
+        snap.inter_token_latency.is_some(),
+        "time_per_output_token_seconds is read as ITL"
+    );
+}
+
+#[tokio::test]
+async fn startup_delay_refuses_then_serves() {
+    // Reserve a free port, then let the emulator take it after its start-up delay.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["vllm-sim", "--listen", &listen, "--startup-delay", "1500ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let emu_guard = scopeguard(&mut child);
+    let c = client();
+    let url = format!("http://{listen}/health");
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        c.get(&url).send().await.is_err(),
+        "the port must refuse while loading"
+    );
+    let mut ok_at = None;
+    while t0.elapsed() < Duration::from_secs(20) {
+        if let Ok(r) = c.get(&url).send().await
+            && r.status() == 200
+        {
+            ok_at = Some(t0.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ok_at = ok_at.expect("healthy after the start-up delay");
+    assert!(
+        ok_at >= Duration::from_millis(1400),
+        "healthy too early: {ok_at:?}"
+    );
+    drop(emu_guard);
+
+    // Unhealthy mode: listens at once, answers 503 until ready.
+    let emu = Emulator::start(&["--startup-delay", "1s", "--startup-mode", "unhealthy"]);
+    assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 503);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 200);
+}
+
+/// Kills a child process when dropped.
+struct Guard<'a>(&'a mut Child);
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+fn scopeguard(c: &mut Child) -> Guard<'_> {
+    Guard(c)
+}
+
+#[tokio::test]
+async fn sleep_pauses_the_engine_and_wake_up_resumes() {
+    let emu = Emulator::start(&["--served-model-name", "m", "--wake-up-delay", "200ms"]);
+    let c = client();
+    let asleep = |v: Value| v["is_sleeping"].as_bool().unwrap();
+    let get = |p: &'static str| {
+        let c = c.clone();
+        let u = emu.url(p);
+        async move { c.get(u).send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    assert!(!asleep(get("/is_sleeping").await));
+    assert_eq!(
+        c.post(emu.url("/sleep?level=1")).send().await.unwrap().status(),
+        200
+    );
+    assert!(asleep(get("/is_sleeping").await));
+    let text = metrics_text(&c, &emu).await;
+    assert!(text.contains("sleep_state=\"weights_offloaded\"} 1.0"), "{text}");
+    // A request sent while asleep waits, and completes after wake-up.
+    let url = emu.url("/v1/completions");
+    let c2 = c.clone();
+    let pending = tokio::spawn(async move { stream_one(&c2, &url, "m", 50, 5).await });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!pending.is_finished(), "no tokens while asleep");
+    let t = Instant::now();
+    assert_eq!(c.post(emu.url("/wake_up")).send().await.unwrap().status(), 200);
+    assert!(
+        t.elapsed() >= Duration::from_millis(200),
+        "wake-up takes --wake-up-delay"
+    );
+    assert!(!asleep(get("/is_sleeping").await));
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), pending)
+            .await
+            .unwrap()
+            .unwrap(),
+        5
+    );
+    assert_eq!(
+        c.post(emu.url("/sleep?level=3")).send().await.unwrap().status(),
+        400
+    );
+}
+
+/// Load at one concurrency level for `dur`; returns the mean KV usage and waiting count seen, and the TTFT
+/// histogram's mean over the stage (from the difference of two scrapes, as a user of vLLM would compute it).
+struct Stage {
+    kv: f64,
+    waiting: f64,
+    ttft_mean: f64,
+    preemptions: f64,
+}
+
+async fn run_stage(emu: &Emulator, concurrency: usize, dur: Duration, prompt: u32, output: u32) -> Stage {
+    let c = client();
+    let before = snapshot(&c, emu).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (c, url, stop, done) = (c.clone(), emu.url("/v1/completions"), stop.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                stream_one(&c, &url, "m", prompt, output).await;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let (mut kv, mut waiting, mut n) = (0.0, 0.0, 0.0);
+    let t0 = Instant::now();
+    // Let the stage settle before sampling the gauges.
+    tokio::time::sleep(dur / 4).await;
+    while t0.elapsed() < dur {
+        let s = snapshot(&c, emu).await;
+        kv += s.kv_cache_usage.unwrap();
+        waiting += s.requests_waiting.unwrap();
+        n += 1.0;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("stage drains")
+            .unwrap();
+    }
+    let after = snapshot(&c, emu).await;
+    let ttft = after.ttft.unwrap().delta(before.ttft.as_ref().unwrap());
+    Stage {
+        kv: kv / n,
+        waiting: waiting / n,
+        ttft_mean: ttft.mean().unwrap(),
+        preemptions: after.preemptions_total.unwrap() - before.preemptions_total.unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn ramp_raises_kv_queue_and_ttft_and_low_memory_preempts() {
+    // Qwen2-7B on an A100, 4× faster than real time so the test stays short. 32 sequences at most, so the
+    // queue grows once more than 32 clients are active.
+    let common = [
+        "--served-model-name",
+        "m",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "32",
+        "--time-scale",
+        "4",
+    ];
+    let big = Emulator::start(&[&common[..], &["--gpu-memory-utilization", "0.9"]].concat());
+    let small = Emulator::start(&[&common[..], &["--gpu-memory-utilization", "0.2"]].concat());
+    let c = client();
+    let (big_blocks, small_blocks) = (
+        snapshot(&c, &big).await.num_gpu_blocks().unwrap(),
+        snapshot(&c, &small).await.num_gpu_blocks().unwrap(),
+    );
+    assert!(
+        small_blocks * 10 < big_blocks,
+        "util 0.2 → {small_blocks} blocks, 0.9 → {big_blocks}"
+    );
+
+    let stage = Duration::from_secs(3);
+    let mut big_stages = Vec::new();
+    for conc in [2, 16, 64] {
+        big_stages.push(run_stage(&big, conc, stage, 1000, 200).await);
+    }
+    for (i, s) in big_stages.iter().enumerate() {
+        eprintln!(
+            "util 0.9 stage {i}: kv {:.4} waiting {:.1} ttft mean {:.3}s preemptions {}",
+            s.kv, s.waiting, s.ttft_mean, s.preemptions
+        );
+    }
+    for w in big_stages.windows(2) {
+        assert!(w[1].kv > w[0].kv, "KV usage rises with load");
+        assert!(w[1].ttft_mean > w[0].ttft_mean, "TTFT rises with load");
+    }
+    assert!(
+        big_stages[2].waiting > big_stages[0].waiting + 5.0,
+        "the queue grows past max_num_seqs"
+    );
+    assert!(
+        big_stages.iter().all(|s| s.preemptions == 0.0),
+        "plenty of blocks: no preemption"
+    );
+
+    // Same load with a quarter of the memory: the KV cache fills and requests get preempted.
+    let mut small_stages = Vec::new();
+    for conc in [2, 64] {
+        small_stages.push(run_stage(&small, conc, stage, 1000, 200).await);
+    }
+    for (i, s) in small_stages.iter().enumerate() {
+        eprintln!(
+            "util 0.2 stage {i}: kv {:.4} waiting {:.1} ttft mean {:.3}s preemptions {}",
+            s.kv, s.waiting, s.ttft_mean, s.preemptions
+        );
+    }
+    assert_eq!(small_stages[0].preemptions, 0.0, "below the knee: no preemption");
+    assert!(small_stages[1].preemptions > 0.0, "past the knee: preemptions");
+    assert!(small_stages[1].kv > 0.8, "past the knee the cache is nearly full");
+    assert!(small_stages[1].kv > big_stages[2].kv);
+}
