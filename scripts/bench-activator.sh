@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Measures the activator's cost on loopback (see docs/performance.md, "Activator overhead"):
+#   1. proxy overhead, direct vs through `tessera activator`, side by side in one open-loop run;
+#   2. scale from zero: backend ready -> held request's response headers.
+# Usage: scripts/bench-activator.sh [--rate 200] [--duration 20s] [--trials 20]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --locked -p tessera -p tessera-autoscaler --example activator_overhead
+echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), rustc $(rustc --version | cut -d' ' -f2)"
+exec target/release/examples/activator_overhead run --tessera target/release/tessera "$@"
