@@ -1,0 +1,231 @@
+//! `tessera simulate`: the what-if simulator.
+//!
+//! It replays real request traces through three strategies on the same arrivals and reports GPU-hours,
+//! utilization and latency for each:
+//! - **static**: a whole GPU per replica, replicas fixed for the peak (each model gets the smallest count that
+//!   meets its TTFT SLO for the scenario's attainment target, found by simulating that model alone);
+//! - **hpa**: a whole GPU per replica, HPA's rule on requests per second per replica, at least one replica;
+//! - **tessera**: fractional replicas packed onto GPUs, memory and compute from the recommendation, replica
+//!   counts from the inference-signal autoscaler, scale to zero with cold starts held at the activator.
+//!
+//! Every replica's queueing, KV blocks, preemptions and TTFT come from the performance model
+//! ([`crate::model`]); every decision comes from `tessera-core` ([`world`] only carries them out). The
+//! simulation itself ([`simulate`]) is pure and deterministic for a seed; [`run`] adds the files, the progress
+//! bar and the output. See `docs/simulator.md`.
+
+pub mod html;
+pub mod report;
+pub mod scenario;
+pub mod world;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+pub use report::Report;
+pub use scenario::{Scenario, ScenarioError, Source};
+pub use world::{Plan, SimError, StrategyKind};
+
+use report::StaticSizing;
+use world::World;
+
+/// `tessera simulate` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Scenario file (YAML; see docs/simulator.md). Without it, the bundled default scenario runs: nine models
+    /// on A100-80GB replaying the Azure LLM 2023 and Azure Functions 2019 traces.
+    #[arg(long, env = "TESSERA_SIMULATE_SCENARIO")]
+    pub scenario: Option<PathBuf>,
+    /// Seed for every random draw; overrides the scenario's.
+    #[arg(long, env = "TESSERA_SIMULATE_SEED")]
+    pub seed: Option<u64>,
+    /// Simulated time (e.g. `30m`, `2h`); overrides the scenario's. Traces shorter than this are tiled.
+    #[arg(long, env = "TESSERA_SIMULATE_DURATION", value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Write `report.json` and a self-contained `report.html` (charts, no network) into this folder.
+    #[arg(long, env = "TESSERA_SIMULATE_OUT")]
+    pub out: Option<PathBuf>,
+    /// Print only the last summary line (`gpu_hours_static=… slo_attainment_tessera=…`), no table or progress.
+    #[arg(long, env = "TESSERA_SIMULATE_QUIET")]
+    pub quiet: bool,
+}
+
+/// Which phase of a run progress is reported for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Sizing the static strategy (model by model).
+    StaticSizing,
+    /// Running a strategy on all models.
+    Strategy(StrategyKind),
+}
+
+/// Runs every strategy on the scenario and returns the report. Pure: no I/O, no clock; `progress` is told the
+/// phase and the virtual seconds reached.
+pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Phase, f64)) -> Result<Report, SimError> {
+    let n = sc.models.len();
+    // (a) Static sizing: the smallest whole-GPU count per model that meets the SLO target alone.
+    let mut sizing = Vec::with_capacity(n);
+    for m in 0..n {
+        let setup = &sc.models[m];
+        let target = sc.settings.static_attainment_target;
+        let mut chosen = None;
+        let mut last_attainment = 0.0;
+        for count in 1..=setup.max_replicas.max(1) {
+            let mut replicas = vec![0; n];
+            replicas[m] = count;
+            let plan = Plan {
+                kind: StrategyKind::Static,
+                static_replicas: replicas,
+                initial_recommendations: Vec::new(),
+                only_models: vec![m],
+            };
+            let r = World::new(sc, plan)?.run(&mut |t| progress(Phase::StaticSizing, t))?;
+            last_attainment = r.report.slo_attainment;
+            if last_attainment >= target {
+                chosen = Some(StaticSizing {
+                    model: setup.name.clone(),
+                    replicas: count,
+                    attainment: last_attainment,
+                    reason: format!(
+                        "smallest count whose TTFT ≤ {:.1}s for {:.2}% ≥ {:.0}% of requests",
+                        setup.slo_ttft,
+                        last_attainment * 100.0,
+                        target * 100.0
+                    ),
+                });
+                break;
+            }
+        }
+        sizing.push(chosen.unwrap_or_else(|| StaticSizing {
+            model: setup.name.clone(),
+            replicas: setup.max_replicas.max(1),
+            attainment: last_attainment,
+            reason: format!(
+                "no count up to max_replicas {} meets {:.0}% (best {:.2}%): using max_replicas",
+                setup.max_replicas,
+                target * 100.0,
+                last_attainment * 100.0
+            ),
+        }));
+    }
+    let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
+    let static_run = World::new(
+        sc,
+        Plan {
+            kind: StrategyKind::Static,
+            static_replicas: static_replicas.clone(),
+            initial_recommendations: Vec::new(),
+            only_models: Vec::new(),
+        },
+    )?
+    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Static), t))?;
+    // (b) HPA.
+    let hpa_run = World::new(
+        sc,
+        Plan {
+            kind: StrategyKind::Hpa,
+            static_replicas: Vec::new(),
+            initial_recommendations: Vec::new(),
+            only_models: Vec::new(),
+        },
+    )?
+    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Hpa), t))?;
+    // (c) Tessera, starting from what its sidecars would have recommended watching the whole-GPU baseline.
+    let initial = if sc.settings.calibrate_from_baseline {
+        world::calibrate(sc, &hpa_run.histories)
+    } else {
+        vec![None; n]
+    };
+    let tessera_run = World::new(
+        sc,
+        Plan {
+            kind: StrategyKind::Tessera,
+            static_replicas: Vec::new(),
+            initial_recommendations: initial,
+            only_models: Vec::new(),
+        },
+    )?
+    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Tessera), t))?;
+    Ok(Report {
+        scenario: sc.name.clone(),
+        description: sc.description.clone(),
+        seed: sc.seed,
+        duration_secs: sc.duration,
+        gpu: sc.gpu.name.clone(),
+        models: sc.models.iter().map(|m| m.name.clone()).collect(),
+        requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
+        static_sizing: sizing,
+        strategies: vec![static_run.report, hpa_run.report, tessera_run.report],
+    })
+}
+
+/// Runs `tessera simulate`.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    // The simulation is CPU-bound and synchronous: keep it off the async runtime's worker threads.
+    tokio::task::spawn_blocking(move || run_blocking(&args))
+        .await
+        .context("the simulation thread panicked")?
+}
+
+fn run_blocking(args: &Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let source = match &args.scenario {
+        Some(p) => Source::File(p.clone()),
+        None => Source::Default,
+    };
+    let sc = scenario::load(&source, args.seed, args.duration)?;
+    let requests: usize = sc.arrivals.iter().map(Vec::len).sum();
+    tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
+    let bar = progress_bar(args.quiet, sc.duration);
+    let mut phase_seen = None;
+    let report = simulate(&sc, &mut |phase, t| {
+        if phase_seen != Some(phase) {
+            phase_seen = Some(phase);
+            bar.set_message(match phase {
+                Phase::StaticSizing => "sizing static".to_string(),
+                Phase::Strategy(k) => k.name().to_string(),
+            });
+        }
+        bar.set_position(t as u64);
+    })?;
+    bar.finish_and_clear();
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "simulation done"
+    );
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create output folder {}", dir.display()))?;
+        let json = serde_json::to_string_pretty(&report)?;
+        let jp = dir.join("report.json");
+        std::fs::write(&jp, json).with_context(|| format!("cannot write {}", jp.display()))?;
+        let hp = dir.join("report.html");
+        std::fs::write(&hp, html::render(&report))
+            .with_context(|| format!("cannot write {}", hp.display()))?;
+        tracing::info!(json = %jp.display(), html = %hp.display(), "report written");
+    }
+    if args.quiet {
+        println!("{}", report.summary_line());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+fn progress_bar(quiet: bool, duration: f64) -> indicatif::ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(duration as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg:>14} [{bar:40}] {pos}/{len} virtual s ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}

@@ -1,0 +1,280 @@
+//! What a run produces: per-strategy numbers, per-model numbers and time series, and the stdout table.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole report: the scenario and one entry per strategy, on the same arrivals.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario description.
+    pub description: String,
+    /// Seed used.
+    pub seed: u64,
+    /// Simulated seconds.
+    pub duration_secs: f64,
+    /// GPU preset.
+    pub gpu: String,
+    /// Model names, in scenario order (the index used by the per-model series).
+    pub models: Vec<String>,
+    /// Requests per model.
+    pub requests_per_model: Vec<u64>,
+    /// Static strategy: replicas per model from the sizing rule, with the reason for each.
+    pub static_sizing: Vec<StaticSizing>,
+    /// The strategies: static, hpa, tessera.
+    pub strategies: Vec<StrategyReport>,
+}
+
+/// How the static strategy sized one model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StaticSizing {
+    /// Model.
+    pub model: String,
+    /// Replicas chosen.
+    pub replicas: u32,
+    /// SLO attainment the model reached alone with that many whole GPUs.
+    pub attainment: f64,
+    /// Why this count.
+    pub reason: String,
+}
+
+/// One strategy's results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StrategyReport {
+    /// `static`, `hpa` or `tessera`.
+    pub strategy: String,
+    /// One line on what it does.
+    pub description: String,
+    /// GPU-hours held over the simulated duration.
+    pub gpu_hours: f64,
+    /// Most GPUs held at once.
+    pub gpus_peak: u32,
+    /// Mean GPUs held.
+    pub gpus_mean: f64,
+    /// GPU memory in use (weights, activations, KV blocks holding tokens) over memory of held GPUs.
+    pub memory_used_ratio: f64,
+    /// GPU memory reserved by replicas (what vLLM allocates) over memory of held GPUs.
+    pub memory_reserved_ratio: f64,
+    /// GPU compute busy (step time × compute share) over held GPUs.
+    pub compute_ratio: f64,
+    /// Requests that arrived.
+    pub requests: u64,
+    /// Requests that finished.
+    pub completed: u64,
+    /// Requests that failed: rejected (too long), timed out at the activator, or unfinished at the end.
+    pub failed: u64,
+    /// TTFT quantiles over requests that got a first token, seconds (arrival at the gateway to first token).
+    pub ttft_p50: Option<f64>,
+    /// p95.
+    pub ttft_p95: Option<f64>,
+    /// p99.
+    pub ttft_p99: Option<f64>,
+    /// Share of all requests whose TTFT met their model's SLO (failed requests count as misses).
+    pub slo_attainment: f64,
+    /// Replicas started after time 0 (each pays a load or a wake-up).
+    pub cold_starts: u64,
+    /// Of those, starts from zero replicas.
+    pub starts_from_zero: u64,
+    /// Requests held at the activator because no replica was ready.
+    pub held_requests: u64,
+    /// Mean time those requests were held, seconds (the latency cold starts added).
+    pub held_mean_secs: f64,
+    /// Longest hold, seconds.
+    pub held_max_secs: f64,
+    /// vLLM preemptions (recompute) across replicas.
+    pub preemptions: u64,
+    /// Digest of the arrivals this strategy was fed (identical across strategies).
+    pub arrival_digest: String,
+    /// Per model.
+    pub models: Vec<ModelReport>,
+    /// Time series for the charts.
+    pub series: Series,
+}
+
+/// One model under one strategy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelReport {
+    /// Model name.
+    pub model: String,
+    /// Requests.
+    pub requests: u64,
+    /// Failed requests.
+    pub failed: u64,
+    /// TTFT p95, seconds.
+    pub ttft_p95: Option<f64>,
+    /// Share meeting the SLO.
+    pub slo_attainment: f64,
+    /// Most replicas at once.
+    pub replicas_max: u32,
+    /// Mean replicas (time-weighted).
+    pub replicas_mean: f64,
+    /// Replicas started after time 0.
+    pub cold_starts: u64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// KV cache per replica at the end, GiB (Tessera: the recommendation in force).
+    pub kv_cache_gib: f64,
+    /// Compute share per replica at the end.
+    pub compute_fraction: f64,
+    /// GPU memory reserved per replica at the end, MiB.
+    pub gpu_memory_mib: u64,
+}
+
+/// Time series sampled during the run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Series {
+    /// Sample times, seconds.
+    pub t: Vec<f64>,
+    /// GPUs held at each sample.
+    pub gpus: Vec<u32>,
+    /// Replicas (starting, ready or draining) per model at each sample: `replicas[model][sample]`.
+    pub replicas: Vec<Vec<u32>>,
+    /// Start of each TTFT bucket, seconds.
+    pub ttft_t: Vec<f64>,
+    /// p95 TTFT of requests arriving in each bucket, seconds (`None`: no request).
+    pub ttft_p95: Vec<Option<f64>>,
+}
+
+/// Nearest-rank quantile of a sorted slice.
+pub fn quantile_sorted(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |s| format!("{s:.3}s"))
+}
+
+impl Report {
+    /// The strategy with this name.
+    pub fn strategy(&self, name: &str) -> Option<&StrategyReport> {
+        self.strategies.iter().find(|s| s.strategy == name)
+    }
+
+    /// The human table plus the last line for scripts.
+    pub fn table(&self) -> String {
+        let mut o = String::new();
+        let total: u64 = self.requests_per_model.iter().sum();
+        let _ = writeln!(
+            o,
+            "scenario {} — {} models on {}, {:.0} min simulated, {} requests, seed {}",
+            self.scenario,
+            self.models.len(),
+            self.gpu,
+            self.duration_secs / 60.0,
+            total,
+            self.seed
+        );
+        let _ = writeln!(o);
+        let names: Vec<&str> = self.strategies.iter().map(|s| s.strategy.as_str()).collect();
+        let _ = write!(o, "{:<34}", "");
+        for n in &names {
+            let _ = write!(o, "{n:>14}");
+        }
+        let _ = writeln!(o);
+        let row = |o: &mut String, label: &str, f: &dyn Fn(&StrategyReport) -> String| {
+            let _ = write!(o, "{label:<34}");
+            for s in &self.strategies {
+                let _ = write!(o, "{:>14}", f(s));
+            }
+            let _ = writeln!(o);
+        };
+        row(&mut o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
+        row(&mut o, "GPUs held (mean / peak)", &|s| {
+            format!("{:.1} / {}", s.gpus_mean, s.gpus_peak)
+        });
+        row(&mut o, "GPU memory used, held GPUs", &|s| {
+            format!("{:.1}%", s.memory_used_ratio * 100.0)
+        });
+        row(&mut o, "GPU memory reserved, held GPUs", &|s| {
+            format!("{:.1}%", s.memory_reserved_ratio * 100.0)
+        });
+        row(&mut o, "GPU compute busy, held GPUs", &|s| {
+            format!("{:.1}%", s.compute_ratio * 100.0)
+        });
+        row(&mut o, "TTFT p50", &|s| secs(s.ttft_p50));
+        row(&mut o, "TTFT p95", &|s| secs(s.ttft_p95));
+        row(&mut o, "TTFT p99", &|s| secs(s.ttft_p99));
+        row(&mut o, "TTFT SLO attainment", &|s| {
+            format!("{:.2}%", s.slo_attainment * 100.0)
+        });
+        row(&mut o, "cold starts (from zero)", &|s| {
+            format!("{} ({})", s.cold_starts, s.starts_from_zero)
+        });
+        row(&mut o, "requests held at activator", &|s| {
+            s.held_requests.to_string()
+        });
+        row(&mut o, "added latency (mean / max)", &|s| {
+            format!("{:.1}/{:.1}s", s.held_mean_secs, s.held_max_secs)
+        });
+        row(&mut o, "preemptions", &|s| s.preemptions.to_string());
+        row(&mut o, "requests failed", &|s| s.failed.to_string());
+        let _ = writeln!(o);
+        for s in &self.strategies {
+            let _ = writeln!(o, "{} — {}", s.strategy, s.description);
+            let _ = writeln!(
+                o,
+                "  {:<20}{:>9}{:>11}{:>10}{:>12}{:>8}{:>10}{:>10}",
+                "model", "requests", "TTFT p95", "SLO met", "replicas", "cold", "KV GiB", "compute"
+            );
+            for m in &s.models {
+                let _ = writeln!(
+                    o,
+                    "  {:<20}{:>9}{:>11}{:>9.2}%{:>12}{:>8}{:>10.1}{:>10.2}",
+                    m.model,
+                    m.requests,
+                    secs(m.ttft_p95),
+                    m.slo_attainment * 100.0,
+                    format!("{:.1}/{}", m.replicas_mean, m.replicas_max),
+                    m.cold_starts,
+                    m.kv_cache_gib,
+                    m.compute_fraction
+                );
+            }
+        }
+        if let (Some(st), Some(t)) = (self.strategy("static"), self.strategy("tessera"))
+            && st.gpu_hours > 0.0
+        {
+            let _ = writeln!(
+                o,
+                "\nTessera holds {:.1}% fewer GPU-hours than static and meets the TTFT SLO for {:.2}% of requests.",
+                (1.0 - t.gpu_hours / st.gpu_hours) * 100.0,
+                t.slo_attainment * 100.0
+            );
+        }
+        let _ = writeln!(o, "{}", self.summary_line());
+        o
+    }
+
+    /// `gpu_hours_static=<a> gpu_hours_hpa=<b> gpu_hours_tessera=<c> slo_attainment_tessera=<d>`.
+    pub fn summary_line(&self) -> String {
+        let g = |n: &str| self.strategy(n).map_or(f64::NAN, |s| s.gpu_hours);
+        let slo = self.strategy("tessera").map_or(f64::NAN, |s| s.slo_attainment);
+        format!(
+            "gpu_hours_static={:.3} gpu_hours_hpa={:.3} gpu_hours_tessera={:.3} slo_attainment_tessera={:.4}",
+            g("static"),
+            g("hpa"),
+            g("tessera"),
+            slo
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(quantile_sorted(&v, 0.5), Some(2.0));
+        assert_eq!(quantile_sorted(&v, 0.95), Some(4.0));
+        assert_eq!(quantile_sorted(&v, 0.0), Some(1.0));
+        assert_eq!(quantile_sorted(&[], 0.5), None);
+    }
+}

@@ -1,0 +1,810 @@
+//! Scenario files: what cluster, which models, what traffic, which policies.
+//!
+//! A scenario is YAML (see `docs/simulator.md` and `scenarios/default.yaml`). [`ScenarioFile`] is the file as
+//! written, with serde defaults; [`ScenarioFile::validate`] checks every value and names the field and the fix;
+//! [`load`] resolves presets and reads the traces into a [`Scenario`] of plain numbers and per-model arrivals,
+//! ready for the pure simulation. Trace paths are relative to the scenario file; `builtin` (the default) means
+//! the real traces bundled into the binary, so the default scenario runs anywhere.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{GIB, GpuSpec, ModelSpec};
+use crate::trace::transform::{Transform, function_arrivals, llm_arrivals};
+use crate::trace::{Arrival, FunctionsTrace, LlmTrace, TraceError};
+
+/// The default scenario, embedded so `tessera simulate` runs with no files around.
+pub const DEFAULT_SCENARIO: &str = include_str!("../../../scenarios/default.yaml");
+/// The bundled Azure LLM inference trace 2023 (CC-BY 4.0, see `testdata/azure_llm_2023/README.md`).
+const BUILTIN_AZURE_LLM: &str =
+    include_str!("../../../testdata/azure_llm_2023/AzureLLMInferenceTrace_conv.csv");
+/// Six rows of the Azure Functions 2019 trace (CC-BY 4.0, see `testdata/azure_functions_2019/README.md`).
+const BUILTIN_AZURE_FUNCTIONS: &str =
+    include_str!("../../../testdata/azure_functions_2019/functions_sample.csv");
+
+/// Why a scenario cannot be run. Each message names the field or file and what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The scenario file could not be read.
+    #[error("cannot read scenario {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The YAML does not match the scenario schema.
+    #[error("scenario {path}: {message}")]
+    Yaml {
+        /// The file.
+        path: String,
+        /// serde's message, with the line and column.
+        message: String,
+    },
+    /// Values that are out of range or inconsistent; all of them, one per line.
+    #[error("scenario {path} is invalid:\n  - {}", problems.join("\n  - "))]
+    Invalid {
+        /// The file.
+        path: String,
+        /// Each problem, naming the field.
+        problems: Vec<String>,
+    },
+    /// A trace could not be read.
+    #[error("model {model}: {source}")]
+    Trace {
+        /// The model whose traffic needed it.
+        model: String,
+        /// The trace error (file, line, column).
+        source: TraceError,
+    },
+    /// A trace was read but the transform asked for something it does not hold.
+    #[error("model {model}: traffic: {message}")]
+    Traffic {
+        /// The model.
+        model: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl ScenarioError {
+    /// A fixed label per variant, for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ScenarioError::Io { .. } => "io",
+            ScenarioError::Yaml { .. } => "yaml",
+            ScenarioError::Invalid { .. } => "invalid",
+            ScenarioError::Trace { .. } => "trace",
+            ScenarioError::Traffic { .. } => "traffic",
+        }
+    }
+}
+
+/// A scenario file as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// A short name for the report.
+    pub name: String,
+    /// What the scenario represents.
+    #[serde(default)]
+    pub description: String,
+    /// Seed for every random draw (arrivals within a minute, thinning, token draws).
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Simulated time.
+    #[serde(with = "humantime_serde")]
+    pub duration: Duration,
+    /// The GPU type every node has: a preset of the performance model (`a100-80gb`, `h100-80gb`, `a100-40gb`, `l4`).
+    pub gpu: String,
+    /// Settings shared by the strategies.
+    #[serde(default)]
+    pub strategies: StrategySettings,
+    /// The models served.
+    pub models: Vec<ModelFile>,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+/// Settings for the three strategies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StrategySettings {
+    /// How often the autoscalers decide (HPA's `--horizontal-pod-autoscaler-sync-period`, 15 s).
+    #[serde(with = "humantime_serde")]
+    pub sync_period: Duration,
+    /// How often replicas are scraped (signals, recommendation observations, utilization samples).
+    #[serde(with = "humantime_serde")]
+    pub scrape_interval: Duration,
+    /// The window a replica's p95 TTFT signal covers.
+    #[serde(with = "humantime_serde")]
+    pub ttft_window: Duration,
+    /// The window the request-rate signal covers (the activator's).
+    #[serde(with = "humantime_serde")]
+    pub rate_window: Duration,
+    /// Share of requests that must meet the TTFT SLO for the static sizing rule to accept a replica count.
+    pub static_attainment_target: f64,
+    /// Time a whole-GPU pod takes before loading weights (scheduling, image already cached, CUDA init).
+    #[serde(with = "humantime_serde")]
+    pub pod_start: Duration,
+    /// Tessera: how long a capacity pod keeps an empty GPU before releasing it.
+    #[serde(with = "humantime_serde")]
+    pub gpu_release_grace: Duration,
+    /// Tessera: MiB kept free on every GPU for CUDA contexts (the packer's headroom).
+    pub gpu_headroom_mib: u64,
+    /// Tessera: how often the memory/compute recommendation is recomputed from the replicas' windows.
+    #[serde(with = "humantime_serde")]
+    pub recommend_interval: Duration,
+    /// Tessera: the observation window the recommendation looks at.
+    #[serde(with = "humantime_serde")]
+    pub recommend_window: Duration,
+    /// Held requests fail after waiting this long at the activator; unfinished requests fail this long after
+    /// the end of the run.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Tessera: start each model from the recommendation a sidecar would have made watching the HPA baseline
+    /// (the rollout path: observe with `updateMode: Off`, then apply). When false, replicas start at vLLM's
+    /// default memory and only shrink as Tessera's own observations come in.
+    pub calibrate_from_baseline: bool,
+}
+
+impl Default for StrategySettings {
+    fn default() -> Self {
+        StrategySettings {
+            sync_period: Duration::from_secs(15),
+            scrape_interval: Duration::from_secs(5),
+            ttft_window: Duration::from_secs(60),
+            rate_window: Duration::from_secs(60),
+            static_attainment_target: 0.99,
+            pod_start: Duration::from_secs(20),
+            gpu_release_grace: Duration::from_secs(60),
+            gpu_headroom_mib: 512,
+            recommend_interval: Duration::from_secs(300),
+            recommend_window: Duration::from_secs(1800),
+            request_timeout: Duration::from_secs(300),
+            calibrate_from_baseline: true,
+        }
+    }
+}
+
+/// One model as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelFile {
+    /// The name requests use (`model` in the OpenAI API).
+    pub name: String,
+    /// A performance-model preset (`llama-3.1-8b`, `qwen2-7b`, `qwen3-14b`, `opt-125m`, …); or give `spec`.
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// A custom model instead of a preset: name, params, weights_bytes, bytes_per_kv_token, max_model_len,
+    /// overhead_bytes.
+    #[serde(default)]
+    pub spec: Option<ModelSpec>,
+    /// `--max-model-len` (every strategy uses the same).
+    #[serde(default)]
+    pub max_model_len: Option<u32>,
+    /// The time-to-first-token objective: a request meets the SLO when its TTFT is at most this.
+    #[serde(with = "humantime_serde")]
+    pub slo_ttft: Duration,
+    /// Fewest replicas (Tessera; 0 allows scale to zero). The baselines keep at least one.
+    #[serde(default = "one")]
+    pub min_replicas: u32,
+    /// Most replicas (every strategy).
+    pub max_replicas: u32,
+    /// Tessera's per-replica targets (the InferenceAutoscaler `targets`).
+    #[serde(default)]
+    pub targets: TargetsFile,
+    /// The HPA baseline's target: requests per second per replica (a concurrency proxy HPA can get from an
+    /// external metric).
+    pub hpa_requests_per_second_per_replica: f64,
+    /// Tessera: scale to zero after this long without requests (needs `min_replicas: 0`).
+    #[serde(default, with = "humantime_serde")]
+    pub scale_to_zero_after: Option<Duration>,
+    /// How a replica starts.
+    #[serde(default)]
+    pub cold_start: ColdStartFile,
+    /// Tessera: the replica's compute share: `auto` (the recommendation) or a number in (0, 1].
+    #[serde(default)]
+    pub compute_fraction: ComputeFraction,
+    /// The model's traffic.
+    pub traffic: TrafficFile,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Per-replica targets for Tessera's autoscaler.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetsFile {
+    /// Mean KV cache usage (0–1).
+    #[serde(default)]
+    pub kv_cache_utilization: Option<f64>,
+    /// Mean waiting requests per replica.
+    #[serde(default)]
+    pub waiting_requests_per_replica: Option<f64>,
+    /// Mean p95 TTFT per replica.
+    #[serde(default, with = "humantime_serde")]
+    pub ttft_p95: Option<Duration>,
+    /// Requests per second per replica.
+    #[serde(default)]
+    pub requests_per_second_per_replica: Option<f64>,
+}
+
+/// How a replica comes up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ColdStartFile {
+    /// Weights load bandwidth, GB/s (10^9 bytes), from local NVMe or a model cache.
+    pub load_bandwidth_gbps: f64,
+    /// Tessera scales from zero with vLLM sleep mode instead: the level-1 wake-up time. The baselines never
+    /// sleep (they never go to zero), so their new replicas always load.
+    #[serde(with = "humantime_serde")]
+    pub sleep_wake: Option<Duration>,
+}
+
+impl Default for ColdStartFile {
+    fn default() -> Self {
+        ColdStartFile {
+            load_bandwidth_gbps: 2.0,
+            sleep_wake: None,
+        }
+    }
+}
+
+/// `auto` or a fixed fraction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawFraction", into = "RawFraction")]
+pub enum ComputeFraction {
+    /// The recommendation's.
+    #[default]
+    Auto,
+    /// A fixed share.
+    Fixed(f64),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum RawFraction {
+    Number(f64),
+    Word(String),
+}
+
+impl TryFrom<RawFraction> for ComputeFraction {
+    type Error = String;
+
+    fn try_from(raw: RawFraction) -> Result<Self, String> {
+        match raw {
+            RawFraction::Number(f) => Ok(ComputeFraction::Fixed(f)),
+            RawFraction::Word(w) if w == "auto" => Ok(ComputeFraction::Auto),
+            RawFraction::Word(w) => Err(format!(
+                "compute_fraction is {w:?}: expected `auto` or a number in (0, 1]"
+            )),
+        }
+    }
+}
+
+impl From<ComputeFraction> for RawFraction {
+    fn from(c: ComputeFraction) -> Self {
+        match c {
+            ComputeFraction::Auto => RawFraction::Word("auto".into()),
+            ComputeFraction::Fixed(f) => RawFraction::Number(f),
+        }
+    }
+}
+
+/// Which trace format a model's traffic comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceKind {
+    /// The Azure LLM inference trace 2023 format.
+    AzureLlm,
+    /// The Azure Functions 2019 per-minute format.
+    AzureFunctions,
+}
+
+/// One model's traffic.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrafficFile {
+    /// The trace format.
+    pub trace: TraceKind,
+    /// The file, relative to the scenario; `builtin` or absent = the bundled real trace.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// Azure Functions: which function (a unique prefix of `HashFunction`).
+    #[serde(default)]
+    pub function: Option<String>,
+    /// Azure Functions: where (prompt, output) token pairs are drawn from (an Azure LLM trace file;
+    /// `builtin` or absent = the bundled one).
+    #[serde(default)]
+    pub tokens_from: Option<String>,
+    /// Request-rate multiplier.
+    #[serde(default = "rate_one")]
+    pub rate: f64,
+    /// Circular time shift.
+    #[serde(default, with = "humantime_serde")]
+    pub shift: Duration,
+    /// Start of the window in the trace's own time.
+    #[serde(default, with = "humantime_serde")]
+    pub window_start: Duration,
+    /// Length of the window; absent = to the end of the trace.
+    #[serde(default, with = "humantime_serde")]
+    pub window: Option<Duration>,
+}
+
+fn rate_one() -> f64 {
+    1.0
+}
+
+impl ScenarioFile {
+    /// Parses YAML; `path` names the source in errors.
+    pub fn parse(yaml: &str, path: &str) -> Result<Self, ScenarioError> {
+        serde_yaml::from_str(yaml).map_err(|e| ScenarioError::Yaml {
+            path: path.to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Every problem with the values, each naming its field (empty = valid). Presets are resolved here too.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if self.duration.is_zero() {
+            p.push("duration must be above 0 (e.g. `1h`)".to_string());
+        }
+        if self.duration > Duration::from_secs(7 * 86_400) {
+            p.push("duration is over a week; simulate a representative day or less".to_string());
+        }
+        if let Err(e) = GpuSpec::preset(&self.gpu) {
+            p.push(format!("gpu: {e}"));
+        }
+        let s = &self.strategies;
+        for (field, d) in [
+            ("sync_period", s.sync_period),
+            ("scrape_interval", s.scrape_interval),
+            ("ttft_window", s.ttft_window),
+            ("rate_window", s.rate_window),
+            ("recommend_interval", s.recommend_interval),
+            ("recommend_window", s.recommend_window),
+            ("request_timeout", s.request_timeout),
+        ] {
+            if d < Duration::from_millis(100) {
+                p.push(format!("strategies.{field} must be at least 100ms, got {d:?}"));
+            }
+        }
+        if !(s.static_attainment_target > 0.0 && s.static_attainment_target <= 1.0) {
+            p.push(format!(
+                "strategies.static_attainment_target must be in (0, 1], got {}",
+                s.static_attainment_target
+            ));
+        }
+        if self.models.is_empty() {
+            p.push("models: at least one model is needed".to_string());
+        }
+        let mut names = HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = format!("models[{i}] ({})", m.name);
+            if m.name.trim().is_empty() {
+                p.push(format!("models[{i}].name must not be empty"));
+            }
+            if !names.insert(m.name.clone()) {
+                p.push(format!(
+                    "{at}: the name is used twice; model names must be unique"
+                ));
+            }
+            match (&m.preset, &m.spec) {
+                (Some(_), Some(_)) => p.push(format!("{at}: give either preset or spec, not both")),
+                (None, None) => p.push(format!(
+                    "{at}: give preset (one of {}) or spec",
+                    ModelSpec::PRESETS.join(", ")
+                )),
+                (Some(name), None) => {
+                    if let Err(e) = ModelSpec::preset(name) {
+                        p.push(format!("{at}.preset: {e}"));
+                    }
+                }
+                (None, Some(spec)) => {
+                    if spec.weights_bytes == 0 || spec.bytes_per_kv_token == 0 || !(spec.params > 0.0) {
+                        p.push(format!(
+                            "{at}.spec: params, weights_bytes and bytes_per_kv_token must be above 0"
+                        ));
+                    }
+                }
+            }
+            if m.slo_ttft.is_zero() {
+                p.push(format!("{at}.slo_ttft must be above 0 (e.g. `2s`)"));
+            }
+            if m.max_replicas == 0 {
+                p.push(format!("{at}.max_replicas must be at least 1"));
+            }
+            if m.min_replicas > m.max_replicas {
+                p.push(format!(
+                    "{at}: min_replicas ({}) exceeds max_replicas ({})",
+                    m.min_replicas, m.max_replicas
+                ));
+            }
+            if m.min_replicas == 0 && m.scale_to_zero_after.is_none() {
+                p.push(format!(
+                    "{at}: min_replicas 0 needs scale_to_zero_after (e.g. `5m`), or set min_replicas: 1"
+                ));
+            }
+            if !(m.hpa_requests_per_second_per_replica > 0.0
+                && m.hpa_requests_per_second_per_replica.is_finite())
+            {
+                p.push(format!(
+                    "{at}.hpa_requests_per_second_per_replica must be above 0"
+                ));
+            }
+            if !(m.cold_start.load_bandwidth_gbps > 0.0 && m.cold_start.load_bandwidth_gbps.is_finite()) {
+                p.push(format!(
+                    "{at}.cold_start.load_bandwidth_gbps must be above 0 (GB/s)"
+                ));
+            }
+            if let ComputeFraction::Fixed(f) = m.compute_fraction
+                && !(f > 0.0 && f <= 1.0)
+            {
+                p.push(format!(
+                    "{at}.compute_fraction must be `auto` or in (0, 1], got {f}"
+                ));
+            }
+            let t = &m.traffic;
+            if !(t.rate > 0.0 && t.rate.is_finite()) {
+                p.push(format!("{at}.traffic.rate must be above 0, got {}", t.rate));
+            }
+            match t.trace {
+                TraceKind::AzureFunctions if t.function.is_none() => p.push(format!(
+                    "{at}.traffic.function is required for azure_functions (a unique prefix of HashFunction)"
+                )),
+                TraceKind::AzureLlm if t.function.is_some() || t.tokens_from.is_some() => p.push(format!(
+                    "{at}.traffic: function and tokens_from only apply to trace: azure_functions"
+                )),
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+/// A model, resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSetup {
+    /// The name requests use.
+    pub name: String,
+    /// The performance model's view of it.
+    pub spec: ModelSpec,
+    /// `--max-model-len`.
+    pub max_model_len: Option<u32>,
+    /// TTFT objective, seconds.
+    pub slo_ttft: f64,
+    /// Tessera's lowest replica count.
+    pub min_replicas: u32,
+    /// Highest replica count.
+    pub max_replicas: u32,
+    /// Tessera's targets.
+    pub targets: TargetsFile,
+    /// HPA baseline target.
+    pub hpa_rps_per_replica: f64,
+    /// Scale to zero after.
+    pub scale_to_zero_after: Option<Duration>,
+    /// Weights load time, seconds (weights / bandwidth).
+    pub load_secs: f64,
+    /// Sleep-mode wake-up, seconds.
+    pub sleep_wake_secs: Option<f64>,
+    /// Tessera's compute share.
+    pub compute_fraction: ComputeFraction,
+}
+
+/// A scenario ready to simulate: plain numbers and per-model arrivals.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// The scenario's name.
+    pub name: String,
+    /// What it represents.
+    pub description: String,
+    /// The seed used for the arrivals.
+    pub seed: u64,
+    /// Simulated seconds.
+    pub duration: f64,
+    /// The GPU.
+    pub gpu: GpuSpec,
+    /// Strategy settings.
+    pub settings: StrategySettings,
+    /// The models, in file order.
+    pub models: Vec<ModelSetup>,
+    /// Each model's arrivals, sorted, in the same order as `models`.
+    pub arrivals: Vec<Vec<Arrival>>,
+}
+
+/// Where the scenario came from: a file (trace paths are relative to its folder) or the embedded default.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The bundled default scenario.
+    Default,
+    /// A scenario file.
+    File(PathBuf),
+}
+
+/// Reads, validates and resolves a scenario; `seed` and `duration` override the file's.
+pub fn load(
+    source: &Source,
+    seed: Option<u64>,
+    duration: Option<Duration>,
+) -> Result<Scenario, ScenarioError> {
+    let (text, name, dir) = match source {
+        Source::Default => (
+            DEFAULT_SCENARIO.to_string(),
+            "<builtin default>".to_string(),
+            None,
+        ),
+        Source::File(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            (
+                text,
+                path.display().to_string(),
+                path.parent().map(Path::to_path_buf),
+            )
+        }
+    };
+    let mut file = ScenarioFile::parse(&text, &name)?;
+    if let Some(s) = seed {
+        file.seed = s;
+    }
+    if let Some(d) = duration {
+        file.duration = d;
+    }
+    resolve(&file, &name, dir.as_deref())
+}
+
+/// Validates and resolves a parsed scenario. `dir` is where relative trace paths start.
+pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Scenario, ScenarioError> {
+    let problems = file.validate();
+    if !problems.is_empty() {
+        return Err(ScenarioError::Invalid {
+            path: name.to_string(),
+            problems,
+        });
+    }
+    let invalid = |msg: String| ScenarioError::Invalid {
+        path: name.to_string(),
+        problems: vec![msg],
+    };
+    let gpu = GpuSpec::preset(&file.gpu).map_err(|e| invalid(format!("gpu: {e}")))?;
+    let duration = file.duration.as_secs_f64();
+    let mut traces = TraceCache::default();
+    let mut models = Vec::with_capacity(file.models.len());
+    let mut arrivals = Vec::with_capacity(file.models.len());
+    for m in &file.models {
+        let spec = match (&m.preset, &m.spec) {
+            (Some(p), _) => ModelSpec::preset(p).map_err(|e| invalid(format!("models ({}): {e}", m.name)))?,
+            (None, Some(s)) => s.clone(),
+            (None, None) => return Err(invalid(format!("models ({}): no preset or spec", m.name))),
+        };
+        let load_secs = spec.weights_bytes as f64 / (m.cold_start.load_bandwidth_gbps * 1e9);
+        // Each model draws from its own stream, derived from the seed and its name, so adding a model does not
+        // change the others' arrivals.
+        let mut rng = ChaCha8Rng::seed_from_u64(file.seed ^ fnv(&m.name));
+        let t = &m.traffic;
+        let transform = Transform {
+            window_start: t.window_start.as_secs_f64(),
+            window_len: t.window.map(|w| w.as_secs_f64()),
+            rate: t.rate,
+            shift: t.shift.as_secs_f64(),
+        };
+        let traffic_err = |message: String| ScenarioError::Traffic {
+            model: m.name.clone(),
+            message,
+        };
+        let trace_err = |source: TraceError| ScenarioError::Trace {
+            model: m.name.clone(),
+            source,
+        };
+        let a = match t.trace {
+            TraceKind::AzureLlm => {
+                let trace = traces.llm(t.file.as_deref(), dir).map_err(trace_err)?;
+                llm_arrivals(trace, &transform, duration, &mut rng).map_err(traffic_err)?
+            }
+            TraceKind::AzureFunctions => {
+                let tokens = traces
+                    .llm(t.tokens_from.as_deref(), dir)
+                    .map_err(trace_err)?
+                    .token_pairs();
+                let functions = traces.functions(t.file.as_deref(), dir).map_err(trace_err)?;
+                let prefix = t.function.as_deref().unwrap_or_default();
+                let row = functions.find(prefix).ok_or_else(|| {
+                    traffic_err(format!(
+                        "no single function whose HashFunction starts with {prefix:?} (absent or ambiguous); \
+                         give a longer prefix"
+                    ))
+                })?;
+                function_arrivals(row, &transform, duration, &tokens, &mut rng).map_err(traffic_err)?
+            }
+        };
+        models.push(ModelSetup {
+            name: m.name.clone(),
+            spec,
+            max_model_len: m.max_model_len,
+            slo_ttft: m.slo_ttft.as_secs_f64(),
+            min_replicas: m.min_replicas,
+            max_replicas: m.max_replicas,
+            targets: m.targets.clone(),
+            hpa_rps_per_replica: m.hpa_requests_per_second_per_replica,
+            scale_to_zero_after: m.scale_to_zero_after,
+            load_secs,
+            sleep_wake_secs: m.cold_start.sleep_wake.map(|d| d.as_secs_f64()),
+            compute_fraction: m.compute_fraction,
+        });
+        arrivals.push(a);
+    }
+    Ok(Scenario {
+        name: file.name.clone(),
+        description: file.description.clone(),
+        seed: file.seed,
+        duration,
+        gpu,
+        settings: file.strategies.clone(),
+        models,
+        arrivals,
+    })
+}
+
+/// Bytes of a GiB, for messages.
+pub fn gib(bytes: u64) -> f64 {
+    bytes as f64 / GIB as f64
+}
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Each trace file is read once per scenario, however many models use it.
+#[derive(Default)]
+struct TraceCache {
+    llm: BTreeMap<String, LlmTrace>,
+    functions: BTreeMap<String, FunctionsTrace>,
+}
+
+impl TraceCache {
+    fn key(file: Option<&str>, dir: Option<&Path>) -> (String, Option<PathBuf>) {
+        match file {
+            None | Some("builtin") => ("builtin".to_string(), None),
+            Some(f) => {
+                let p = match dir {
+                    Some(d) if Path::new(f).is_relative() => d.join(f),
+                    _ => PathBuf::from(f),
+                };
+                (p.display().to_string(), Some(p))
+            }
+        }
+    }
+
+    fn llm(&mut self, file: Option<&str>, dir: Option<&Path>) -> Result<&LlmTrace, TraceError> {
+        let (key, path) = Self::key(file, dir);
+        if !self.llm.contains_key(&key) {
+            let trace = match path {
+                None => LlmTrace::parse(
+                    BUILTIN_AZURE_LLM.as_bytes(),
+                    Path::new("builtin:testdata/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+                )?,
+                Some(p) => LlmTrace::read(&p)?,
+            };
+            self.llm.insert(key.clone(), trace);
+        }
+        self.llm.get(&key).ok_or_else(|| TraceError::Empty {
+            path: key.into(),
+            message: "not loaded".into(),
+        })
+    }
+
+    fn functions(&mut self, file: Option<&str>, dir: Option<&Path>) -> Result<&FunctionsTrace, TraceError> {
+        let (key, path) = Self::key(file, dir);
+        if !self.functions.contains_key(&key) {
+            let trace = match path {
+                None => FunctionsTrace::parse(
+                    BUILTIN_AZURE_FUNCTIONS.as_bytes(),
+                    Path::new("builtin:testdata/azure_functions_2019/functions_sample.csv"),
+                )?,
+                Some(p) => FunctionsTrace::read(&p)?,
+            };
+            self.functions.insert(key.clone(), trace);
+        }
+        self.functions.get(&key).ok_or_else(|| TraceError::Empty {
+            path: key.into(),
+            message: "not loaded".into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const MINIMAL: &str = "
+name: t
+duration: 10m
+gpu: a100-80gb
+models:
+  - name: chat
+    preset: llama-3.1-8b
+    slo_ttft: 2s
+    max_replicas: 2
+    hpa_requests_per_second_per_replica: 4
+    traffic: { trace: azure_llm, rate: 0.1 }
+";
+
+    #[test]
+    fn default_scenario_loads() {
+        let s = load(&Source::Default, None, None).unwrap();
+        assert!(s.models.len() >= 6, "{} models", s.models.len());
+        assert!(s.arrivals.iter().all(|a| !a.is_empty()));
+        assert_eq!(s.arrivals.len(), s.models.len());
+    }
+
+    #[test]
+    fn minimal_scenario_and_overrides() {
+        let f = ScenarioFile::parse(MINIMAL, "m.yaml").unwrap();
+        let s = resolve(&f, "m.yaml", None).unwrap();
+        assert_eq!(s.duration, 600.0);
+        // 10 minutes at a tenth of ~5.5 req/s.
+        let n = s.arrivals[0].len();
+        assert!((200..500).contains(&n), "{n}");
+        assert!((s.models[0].load_secs - 14.96 * GIB as f64 / 2e9).abs() < 1e-9);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let bad = MINIMAL
+            .replace("max_replicas: 2", "max_replicas: 0")
+            .replace("gpu: a100-80gb", "gpu: tpu");
+        let f = ScenarioFile::parse(&bad, "m.yaml").unwrap();
+        let err = resolve(&f, "m.yaml", None).unwrap_err().to_string();
+        assert!(err.contains("max_replicas must be at least 1"), "{err}");
+        assert!(err.contains("gpu: unknown GPU preset"), "{err}");
+        let err = ScenarioFile::parse(&MINIMAL.replace("slo_ttft", "slo_tft"), "m.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("slo_tft"), "{err}");
+        let err = ScenarioFile::parse(&MINIMAL.replace("2s", "two seconds"), "m.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("m.yaml"), "{err}");
+    }
+
+    #[test]
+    fn compute_fraction_auto_or_number() {
+        let f = ScenarioFile::parse(&format!("{MINIMAL}    compute_fraction: 0.5\n"), "m").unwrap();
+        assert_eq!(f.models[0].compute_fraction, ComputeFraction::Fixed(0.5));
+        let f = ScenarioFile::parse(&format!("{MINIMAL}    compute_fraction: auto\n"), "m").unwrap();
+        assert_eq!(f.models[0].compute_fraction, ComputeFraction::Auto);
+        assert!(ScenarioFile::parse(&format!("{MINIMAL}    compute_fraction: most\n"), "m").is_err());
+    }
+
+    #[test]
+    fn missing_trace_file_is_a_clear_error() {
+        let y = MINIMAL.replace("trace: azure_llm,", "trace: azure_llm, file: nope.csv,");
+        let f = ScenarioFile::parse(&y, "m.yaml").unwrap();
+        let err = resolve(&f, "m.yaml", Some(Path::new("/nonexistent")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model chat") && err.contains("/nonexistent/nope.csv"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,1133 @@
+//! The discrete-event simulation of one strategy, in virtual time.
+//!
+//! A [`World`] holds the replicas of every model (each a [`crate::model::Engine`]), the GPUs they hold, and a
+//! priority queue of events ordered by (time, insertion sequence), so equal times resolve in a fixed order and a
+//! run is deterministic. Events: a model's next arrival, a replica's engine step ending, a replica becoming
+//! ready, the scrape tick (signals, recommendation observations, utilization and chart samples), the autoscaler's
+//! sync tick, and Tessera's recommendation tick. Nothing here reads a clock or does I/O.
+//!
+//! The decisions are not re-implemented here: replica counts come from [`tessera_core::scale::decide`], GPU
+//! placement from [`tessera_core::pack::Packer`], memory and compute shares from
+//! [`tessera_core::recommend::recommend`]. This module only feeds them what a cluster would observe and carries
+//! out what they decide.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
+use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
+use tessera_core::scale::{
+    Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, Targets, Timestamp, decide,
+};
+
+use super::report::{ModelReport, Series, StrategyReport, quantile_sorted};
+use super::scenario::{ComputeFraction, ModelSetup, Scenario};
+use crate::model::{Engine, EngineConfig, EngineEvent, GIB, MemorySetting, ModelError, Request};
+use crate::trace::digest;
+
+/// The three strategies compared on the same arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StrategyKind {
+    /// Whole GPU per replica, replicas fixed for the peak.
+    Static,
+    /// Whole GPU per replica, HPA on request rate, at least one replica.
+    Hpa,
+    /// Fractional replicas packed onto GPUs, rightsized memory, inference-signal autoscaling, scale to zero.
+    Tessera,
+}
+
+impl StrategyKind {
+    /// The name used in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::Static => "static",
+            StrategyKind::Hpa => "hpa",
+            StrategyKind::Tessera => "tessera",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            StrategyKind::Static => {
+                "whole GPU per replica, replicas fixed at the smallest count meeting the SLO"
+            }
+            StrategyKind::Hpa => {
+                "whole GPU per replica, HPA on requests/s per replica, min 1, no scale to zero"
+            }
+            StrategyKind::Tessera => {
+                "fractional packed replicas, recommended memory/compute, inference-signal autoscaling, scale to zero"
+            }
+        }
+    }
+}
+
+/// What a strategy run needs besides the scenario.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Which strategy.
+    pub kind: StrategyKind,
+    /// Static: replicas per model (ignored otherwise).
+    pub static_replicas: Vec<u32>,
+    /// Tessera: each model's starting recommendation (`None`: vLLM's default memory until observed).
+    pub initial_recommendations: Vec<Option<Recommendation>>,
+    /// Run only these models (indices); empty = all. Used by the static sizing rule.
+    pub only_models: Vec<usize>,
+}
+
+/// Why a run could not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The performance model refused a replica's configuration (as vLLM would refuse to start).
+    #[error("model {model}: a replica cannot start: {source}")]
+    Engine {
+        /// The model.
+        model: String,
+        /// The engine's reason.
+        source: ModelError,
+    },
+    /// The packer refused a replica (for example, it needs more than one GPU holds).
+    #[error("model {model}: cannot place a replica: {source}")]
+    Pack {
+        /// The model.
+        model: String,
+        /// The packer's reason.
+        source: PackError,
+    },
+}
+
+/// A replica's observation history with its KV geometry, for calibrating the recommendation.
+#[derive(Debug, Clone)]
+pub struct ReplicaHistory {
+    /// The model index.
+    pub model: usize,
+    /// Everything it was observed doing.
+    pub observations: Vec<Observation>,
+    /// Its KV cache shape.
+    pub geometry: KvGeometry,
+    /// What was known about its memory.
+    pub memory: MemoryFacts,
+}
+
+/// The result of one strategy run.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    /// The report section.
+    pub report: StrategyReport,
+    /// Every replica's observation history (for calibration).
+    pub histories: Vec<ReplicaHistory>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ev {
+    Arrival { model: usize },
+    Step { replica: usize, generation: u64 },
+    Ready { replica: usize },
+    Scrape,
+    Sync,
+    Recommend,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Queued {
+    at: f64,
+    seq: u64,
+    ev: Ev,
+}
+
+impl Eq for Queued {}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // BinaryHeap is a max-heap: reverse so the earliest (then the first inserted) pops first.
+        other
+            .at
+            .total_cmp(&self.at)
+            .then_with(|| other.seq.cmp(&self.seq))
+    }
+}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    Starting,
+    Ready,
+    Draining,
+    Gone,
+}
+
+#[derive(Debug)]
+struct Replica {
+    model: usize,
+    name: String,
+    engine: Engine,
+    phase: Phase,
+    compute_fraction: f64,
+    generation: u64,
+    observations: Vec<Observation>,
+    last_busy: f64,
+    ttfts: VecDeque<(f64, f64)>,
+    memory: MemoryFacts,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ReqState {
+    ttft: Option<f64>,
+    held: f64,
+    done: bool,
+    failed: bool,
+}
+
+#[derive(Debug)]
+struct ModelRt {
+    policy: Option<ScalePolicy>,
+    state: ScaleState,
+    replicas: Vec<usize>,
+    held: VecDeque<usize>,
+    recent: VecDeque<f64>,
+    last_request_at: Option<f64>,
+    next_arrival: usize,
+    requests: Vec<ReqState>,
+    rec: Option<Recommendation>,
+    cold_starts: u64,
+    starts_from_zero: u64,
+    replicas_max: u32,
+    replica_seconds: f64,
+    replica_count_since: f64,
+}
+
+/// One strategy's world.
+#[derive(Debug)]
+pub struct World<'a> {
+    sc: &'a Scenario,
+    plan: Plan,
+    now: f64,
+    seq: u64,
+    heap: BinaryHeap<Queued>,
+    replicas: Vec<Replica>,
+    models: Vec<ModelRt>,
+    active: Vec<bool>,
+    packer: Option<Packer>,
+    gpu_loading_until: BTreeMap<GpuId, f64>,
+    gpu_empty_since: BTreeMap<GpuId, f64>,
+    whole_gpus: u32,
+    gpu_seconds: f64,
+    gpus_peak: u32,
+    last_gpu_change: f64,
+    mem_used_acc: f64,
+    mem_reserved_acc: f64,
+    compute_acc: f64,
+    capacity_acc: f64,
+    series: Series,
+    last_series_at: f64,
+    preemptions: u64,
+    events: Vec<EngineEvent>,
+}
+
+const CHART_POINTS: f64 = 720.0;
+const TTFT_BUCKETS: f64 = 120.0;
+
+impl<'a> World<'a> {
+    /// A world for `plan` over `sc`, with the replicas each strategy starts with already warm at time 0.
+    pub fn new(sc: &'a Scenario, plan: Plan) -> Result<World<'a>, SimError> {
+        let n = sc.models.len();
+        let active: Vec<bool> = (0..n)
+            .map(|i| plan.only_models.is_empty() || plan.only_models.contains(&i))
+            .collect();
+        let packer = match plan.kind {
+            StrategyKind::Tessera => {
+                let shape = GpuShape::new(sc.gpu.memory_bytes / (1 << 20), sc.settings.gpu_headroom_mib)
+                    .map_err(|source| SimError::Pack {
+                        model: "-".into(),
+                        source,
+                    })?;
+                Some(Packer::new(shape))
+            }
+            _ => None,
+        };
+        let models = sc
+            .models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ModelRt {
+                policy: policy_for(plan.kind, m, sc),
+                state: ScaleState::default(),
+                replicas: Vec::new(),
+                held: VecDeque::new(),
+                recent: VecDeque::new(),
+                last_request_at: None,
+                next_arrival: 0,
+                requests: vec![ReqState::default(); sc.arrivals[i].len()],
+                rec: plan.initial_recommendations.get(i).cloned().flatten(),
+                cold_starts: 0,
+                starts_from_zero: 0,
+                replicas_max: 0,
+                replica_seconds: 0.0,
+                replica_count_since: 0.0,
+            })
+            .collect();
+        let mut w = World {
+            sc,
+            plan,
+            now: 0.0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            replicas: Vec::new(),
+            models,
+            active,
+            packer,
+            gpu_loading_until: BTreeMap::new(),
+            gpu_empty_since: BTreeMap::new(),
+            whole_gpus: 0,
+            gpu_seconds: 0.0,
+            gpus_peak: 0,
+            last_gpu_change: 0.0,
+            mem_used_acc: 0.0,
+            mem_reserved_acc: 0.0,
+            compute_acc: 0.0,
+            capacity_acc: 0.0,
+            series: Series {
+                replicas: vec![Vec::new(); n],
+                ..Series::default()
+            },
+            last_series_at: f64::NEG_INFINITY,
+            preemptions: 0,
+            events: Vec::new(),
+        };
+        for m in 0..n {
+            if !w.active[m] {
+                continue;
+            }
+            // Every strategy starts warm, as a cluster that has been running: static at its fixed count, the
+            // autoscalers at one replica (Tessera then scales idle models to zero on its own rules).
+            let initial = match w.plan.kind {
+                StrategyKind::Static => w.plan.static_replicas.get(m).copied().unwrap_or(1).max(1),
+                StrategyKind::Hpa | StrategyKind::Tessera => sc.models[m].min_replicas.max(1),
+            };
+            for _ in 0..initial {
+                let r = w.start_replica(m, true)?;
+                w.replicas[r].phase = Phase::Ready;
+            }
+            if let Some(a) = sc.arrivals[m].first() {
+                w.push(a.at, Ev::Arrival { model: m });
+            }
+        }
+        w.push(0.0, Ev::Scrape);
+        if w.plan.kind != StrategyKind::Static {
+            w.push(sc.settings.sync_period.as_secs_f64(), Ev::Sync);
+        }
+        if w.plan.kind == StrategyKind::Tessera {
+            w.push(sc.settings.recommend_interval.as_secs_f64(), Ev::Recommend);
+        }
+        Ok(w)
+    }
+
+    fn push(&mut self, at: f64, ev: Ev) {
+        self.seq += 1;
+        self.heap.push(Queued {
+            at,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// Runs to the end (duration plus the drain allowance), reporting progress in virtual seconds.
+    pub fn run(mut self, progress: &mut dyn FnMut(f64)) -> Result<RunResult, SimError> {
+        let duration = self.sc.duration;
+        let hard_end = duration + self.sc.settings.request_timeout.as_secs_f64();
+        let mut last_progress = 0.0;
+        while let Some(q) = self.heap.pop() {
+            if q.at > hard_end {
+                break;
+            }
+            self.now = q.at;
+            if self.now - last_progress >= 30.0 {
+                last_progress = self.now;
+                progress(self.now.min(duration));
+            }
+            match q.ev {
+                Ev::Arrival { model } => self.on_arrival(model)?,
+                Ev::Step { replica, generation } => self.on_step(replica, generation),
+                Ev::Ready { replica } => self.on_ready(replica),
+                Ev::Scrape => {
+                    self.on_scrape();
+                    let next = self.now + self.sc.settings.scrape_interval.as_secs_f64();
+                    if next <= duration {
+                        self.push(next, Ev::Scrape);
+                    }
+                }
+                Ev::Sync => {
+                    for m in 0..self.models.len() {
+                        if self.active[m] {
+                            self.scale_model(m)?;
+                        }
+                    }
+                    let next = self.now + self.sc.settings.sync_period.as_secs_f64();
+                    if next <= duration {
+                        self.push(next, Ev::Sync);
+                    }
+                }
+                Ev::Recommend => {
+                    self.on_recommend();
+                    let next = self.now + self.sc.settings.recommend_interval.as_secs_f64();
+                    if next <= duration {
+                        self.push(next, Ev::Recommend);
+                    }
+                }
+            }
+        }
+        progress(duration);
+        self.now = self.now.max(duration);
+        Ok(self.finish())
+    }
+
+    fn gpus_held(&self) -> u32 {
+        match &self.packer {
+            Some(p) => p.gpus().count() as u32,
+            None => self.whole_gpus,
+        }
+    }
+
+    /// Accrues GPU-seconds up to now (capped at the duration) before the count changes.
+    fn account_gpus(&mut self) {
+        let until = self.now.min(self.sc.duration);
+        if until > self.last_gpu_change {
+            self.gpu_seconds += f64::from(self.gpus_held()) * (until - self.last_gpu_change);
+            self.last_gpu_change = until;
+        }
+    }
+
+    fn account_replicas(&mut self, m: usize) {
+        let until = self.now.min(self.sc.duration);
+        let live = self.live_count(m);
+        let rt = &mut self.models[m];
+        if until > rt.replica_count_since {
+            rt.replica_seconds += f64::from(live) * (until - rt.replica_count_since);
+            rt.replica_count_since = until;
+        }
+    }
+
+    fn live_count(&self, m: usize) -> u32 {
+        self.models[m]
+            .replicas
+            .iter()
+            .filter(|&&r| self.replicas[r].phase != Phase::Gone)
+            .count() as u32
+    }
+
+    /// The engine configuration and packing request for a new replica of model `m` under this strategy.
+    fn replica_config(&self, m: usize) -> (EngineConfig, f64) {
+        let setup = &self.sc.models[m];
+        let mut cfg = EngineConfig::vllm_defaults(&self.sc.gpu);
+        cfg.max_model_len = setup.max_model_len;
+        if self.plan.kind != StrategyKind::Tessera {
+            return (cfg, 1.0);
+        }
+        let rec = self.models[m].rec.as_ref();
+        if let Some(r) = rec {
+            cfg.memory = MemorySetting::KvCacheBytes(r.kv_cache_memory_bytes);
+        }
+        let fraction = match setup.compute_fraction {
+            ComputeFraction::Fixed(f) => f,
+            ComputeFraction::Auto => rec.map_or(1.0, |r| r.compute_fraction),
+        };
+        cfg.compute_fraction = fraction;
+        (cfg, fraction)
+    }
+
+    /// Creates a replica of model `m`: places it (Tessera) or takes a whole GPU, and schedules its readiness.
+    fn start_replica(&mut self, m: usize, warm: bool) -> Result<usize, SimError> {
+        let setup = &self.sc.models[m];
+        let (cfg, fraction) = self.replica_config(m);
+        let engine =
+            Engine::new(setup.spec.clone(), self.sc.gpu.clone(), cfg).map_err(|source| SimError::Engine {
+                model: setup.name.clone(),
+                source,
+            })?;
+        let idx = self.replicas.len();
+        let name = format!("{}-{idx}", setup.name);
+        let from_zero = self.live_count(m) == 0;
+        self.account_gpus();
+        self.account_replicas(m);
+        let memory = MemoryFacts {
+            gpu_total_bytes: Some(self.sc.gpu.memory_bytes),
+            bytes_per_kv_token: Some(setup.spec.bytes_per_kv_token),
+            non_kv_bytes: Some(setup.spec.weights_bytes + setup.spec.overhead_bytes),
+            process_gpu_bytes: Some(engine.gpu_memory_used_bytes()),
+            gpu_memory_utilization: match engine.config().memory {
+                MemorySetting::GpuMemoryUtilization(u) => Some(u),
+                MemorySetting::KvCacheBytes(_) => None,
+            },
+            kv_cache_memory_bytes: match engine.config().memory {
+                MemorySetting::KvCacheBytes(b) => Some(b),
+                MemorySetting::GpuMemoryUtilization(_) => None,
+            },
+        };
+        let pod_start = self.sc.settings.pod_start.as_secs_f64();
+        let ready_at;
+        if let Some(packer) = self.packer.as_mut() {
+            let mib = engine.gpu_memory_used_bytes().div_ceil(1 << 20);
+            let milli = ((fraction * 1000.0).ceil() as u32).clamp(1, 1000);
+            let (g, _) = packer
+                .place_or_open(ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib))
+                .map_err(|source| SimError::Pack {
+                    model: setup.name.clone(),
+                    source,
+                })?;
+            self.gpu_empty_since.remove(&g);
+            // Sleep mode: a model at zero keeps a sleeping pod whose weights sit in host memory; waking it
+            // skips the pod start and the load (and, like any start, still takes the GPU's start-up lease).
+            let (begin, load) = match setup.sleep_wake_secs {
+                Some(wake) if from_zero => (self.now, wake),
+                _ => (self.now + pod_start, setup.load_secs),
+            };
+            // One replica loads at a time per GPU (vLLM profiles free memory at start-up).
+            let lease_free = self.gpu_loading_until.get(&g).copied().unwrap_or(0.0);
+            ready_at = begin.max(lease_free) + load;
+            self.gpu_loading_until.insert(g, ready_at);
+        } else {
+            self.whole_gpus += 1;
+            ready_at = self.now + pod_start + setup.load_secs;
+        }
+        self.gpus_peak = self.gpus_peak.max(self.gpus_held());
+        self.replicas.push(Replica {
+            model: m,
+            name,
+            engine,
+            phase: Phase::Starting,
+            compute_fraction: fraction,
+            generation: 0,
+            observations: Vec::new(),
+            last_busy: 0.0,
+            ttfts: VecDeque::new(),
+            memory,
+        });
+        self.models[m].replicas.push(idx);
+        let live = self.live_count(m);
+        let rt = &mut self.models[m];
+        rt.replicas_max = rt.replicas_max.max(live);
+        if !warm {
+            rt.cold_starts += 1;
+            if from_zero {
+                rt.starts_from_zero += 1;
+            }
+            self.push(ready_at, Ev::Ready { replica: idx });
+        }
+        Ok(idx)
+    }
+
+    fn stop_replica(&mut self, r: usize) {
+        if self.replicas[r].phase == Phase::Gone {
+            return;
+        }
+        let m = self.replicas[r].model;
+        self.account_gpus();
+        self.account_replicas(m);
+        self.replicas[r].phase = Phase::Gone;
+        if let Some(packer) = self.packer.as_mut() {
+            let name = self.replicas[r].name.clone();
+            if let Some((g, _)) = packer.remove(&name)
+                && packer.gpu(g).is_some_and(|s| s.is_empty())
+            {
+                self.gpu_empty_since.insert(g, self.now);
+            }
+        } else {
+            self.whole_gpus = self.whole_gpus.saturating_sub(1);
+        }
+    }
+
+    fn on_arrival(&mut self, m: usize) -> Result<(), SimError> {
+        let i = self.models[m].next_arrival;
+        self.models[m].next_arrival += 1;
+        if let Some(next) = self.sc.arrivals[m].get(i + 1) {
+            self.push(next.at, Ev::Arrival { model: m });
+        }
+        let rt = &mut self.models[m];
+        rt.recent.push_back(self.now);
+        rt.last_request_at = Some(self.now);
+        if !self.route(m, i) {
+            self.models[m].held.push_back(i);
+            // The activator pokes the autoscaler at once when a request finds no replica (a wake-up), rather
+            // than waiting for the next sync.
+            if self.live_count(m) == 0 && self.plan.kind == StrategyKind::Tessera {
+                self.scale_model(m)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends request `i` of model `m` to its least-outstanding ready replica. False when none is ready.
+    fn route(&mut self, m: usize, i: usize) -> bool {
+        let best = self.models[m]
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&r| self.replicas[r].phase == Phase::Ready)
+            .min_by_key(|&r| (self.replicas[r].engine.in_flight(), r));
+        let Some(r) = best else { return false };
+        let a = self.sc.arrivals[m][i];
+        let id = ((m as u64) << 32) | i as u64;
+        let rep = &mut self.replicas[r];
+        let was_idle = rep.engine.next_event_time().is_none();
+        if rep
+            .engine
+            .submit(Request::new(id, a.prompt_tokens, a.output_tokens), self.now)
+            .is_err()
+        {
+            // vLLM answers 400 (too long for max_model_len): the request fails, no replica is blamed.
+            let st = &mut self.models[m].requests[i];
+            st.failed = true;
+            return true;
+        }
+        if was_idle && let Some(t) = rep.engine.next_event_time() {
+            rep.generation += 1;
+            let generation = rep.generation;
+            self.push(
+                t,
+                Ev::Step {
+                    replica: r,
+                    generation,
+                },
+            );
+        }
+        true
+    }
+
+    fn on_step(&mut self, r: usize, generation: u64) {
+        if self.replicas[r].generation != generation || self.replicas[r].phase == Phase::Gone {
+            return;
+        }
+        let now = self.now;
+        let mut events = std::mem::take(&mut self.events);
+        events.clear();
+        self.replicas[r].engine.advance(now, &mut |e| {
+            if !matches!(e, EngineEvent::Token { .. }) {
+                events.push(e);
+            }
+        });
+        let m = self.replicas[r].model;
+        for e in &events {
+            match *e {
+                EngineEvent::FirstToken { id, at, .. } => {
+                    let i = (id & 0xffff_ffff) as usize;
+                    let arrival = self.sc.arrivals[m][i].at;
+                    let ttft = at - arrival;
+                    self.models[m].requests[i].ttft = Some(ttft);
+                    self.replicas[r].ttfts.push_back((at, ttft));
+                }
+                EngineEvent::Finished { id, .. } => {
+                    let i = (id & 0xffff_ffff) as usize;
+                    self.models[m].requests[i].done = true;
+                }
+                EngineEvent::Preempted { .. } => self.preemptions += 1,
+                EngineEvent::Token { .. } => {}
+            }
+        }
+        self.events = events;
+        let rep = &mut self.replicas[r];
+        if let Some(t) = rep.engine.next_event_time() {
+            rep.generation += 1;
+            let generation = rep.generation;
+            self.push(
+                t,
+                Ev::Step {
+                    replica: r,
+                    generation,
+                },
+            );
+        } else if rep.phase == Phase::Draining && rep.engine.is_idle() {
+            self.stop_replica(r);
+        }
+    }
+
+    fn on_ready(&mut self, r: usize) {
+        if self.replicas[r].phase != Phase::Starting {
+            return;
+        }
+        self.replicas[r].phase = Phase::Ready;
+        self.replicas[r].last_busy = self.replicas[r].engine.stats().busy_time_s;
+        let m = self.replicas[r].model;
+        while let Some(i) = self.models[m].held.pop_front() {
+            self.models[m].requests[i].held = self.now - self.sc.arrivals[m][i].at;
+            if !self.route(m, i) {
+                self.models[m].held.push_front(i);
+                break;
+            }
+        }
+    }
+
+    fn on_scrape(&mut self) {
+        let now = self.now;
+        let dt = self.sc.settings.scrape_interval.as_secs_f64();
+        let mut used = 0.0;
+        let mut reserved = 0.0;
+        let mut busy = 0.0;
+        let ttft_horizon = now - self.sc.settings.ttft_window.as_secs_f64();
+        for rep in self.replicas.iter_mut().filter(|r| r.phase != Phase::Gone) {
+            let st = rep.engine.stats();
+            let spec = rep.engine.model();
+            let block_bytes = spec.bytes_per_kv_token * u64::from(rep.engine.config().block_size);
+            reserved += rep.engine.gpu_memory_used_bytes() as f64;
+            used += (spec.weights_bytes + spec.overhead_bytes + st.kv_blocks_used * block_bytes) as f64;
+            if rep.phase == Phase::Starting {
+                continue;
+            }
+            // The engine books a step's whole duration when it starts, so a window can see a little more than
+            // its length; NVML's utilization is a 0–1 share of time.
+            let sm = ((st.busy_time_s - rep.last_busy) / dt).clamp(0.0, 1.0) * rep.compute_fraction;
+            rep.last_busy = st.busy_time_s;
+            busy += sm;
+            rep.observations.push(Observation {
+                at_secs: now,
+                kv_usage: Some(st.kv_usage),
+                requests_waiting: Some(st.waiting as f64),
+                preemptions_total: Some(st.num_preemptions as f64),
+                sm_utilization: Some(sm),
+            });
+            while rep.ttfts.front().is_some_and(|&(at, _)| at < ttft_horizon) {
+                rep.ttfts.pop_front();
+            }
+        }
+        if now < self.sc.duration {
+            let held = f64::from(self.gpus_held());
+            let cap = held * self.sc.gpu.memory_bytes as f64;
+            self.mem_used_acc += used;
+            self.mem_reserved_acc += reserved;
+            self.compute_acc += busy;
+            self.capacity_acc += if cap > 0.0 { held } else { 0.0 };
+        }
+        // Requests held at the activator for too long fail (the client gives up).
+        let timeout = self.sc.settings.request_timeout.as_secs_f64();
+        for m in 0..self.models.len() {
+            while let Some(&i) = self.models[m].held.front() {
+                if now - self.sc.arrivals[m][i].at < timeout {
+                    break;
+                }
+                self.models[m].held.pop_front();
+                self.models[m].requests[i].failed = true;
+            }
+            let horizon = now - self.sc.settings.rate_window.as_secs_f64();
+            while self.models[m].recent.front().is_some_and(|&t| t < horizon) {
+                self.models[m].recent.pop_front();
+            }
+        }
+        // Capacity pods give back GPUs that stayed empty for the grace period.
+        let grace = self.sc.settings.gpu_release_grace.as_secs_f64();
+        let expired: Vec<GpuId> = self
+            .gpu_empty_since
+            .iter()
+            .filter(|&(_, &since)| now - since >= grace)
+            .map(|(&g, _)| g)
+            .collect();
+        for g in expired {
+            self.account_gpus();
+            if let Some(p) = self.packer.as_mut()
+                && p.gpu(g).is_some_and(|s| s.is_empty())
+            {
+                p.remove_gpu(g);
+                self.gpu_loading_until.remove(&g);
+            }
+            self.gpu_empty_since.remove(&g);
+        }
+        // Chart samples.
+        let every = (self.sc.duration / CHART_POINTS).max(dt);
+        if now - self.last_series_at >= every - 1e-9 && now <= self.sc.duration {
+            self.last_series_at = now;
+            self.series.t.push(now);
+            self.series.gpus.push(self.gpus_held());
+            for m in 0..self.models.len() {
+                let live = self.live_count(m);
+                self.series.replicas[m].push(live);
+            }
+        }
+    }
+
+    /// One autoscaler round for model `m`: observe, decide with the core rule, act.
+    fn scale_model(&mut self, m: usize) -> Result<(), SimError> {
+        let Some(policy) = self.models[m].policy.clone() else {
+            return Ok(());
+        };
+        let now_ts = Timestamp::from_millis((self.now * 1000.0).round() as u64);
+        let live: Vec<usize> = self.models[m]
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&r| matches!(self.replicas[r].phase, Phase::Starting | Phase::Ready))
+            .collect();
+        let ready: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&r| self.replicas[r].phase == Phase::Ready)
+            .collect();
+        let signals = ready
+            .iter()
+            .map(|&r| {
+                let rep = &self.replicas[r];
+                let st = rep.engine.stats();
+                let mut t: Vec<f64> = rep.ttfts.iter().map(|&(_, v)| v).collect();
+                t.sort_by(f64::total_cmp);
+                ReplicaSignals {
+                    kv_cache_usage: Some(st.kv_usage),
+                    waiting: Some(st.waiting as u32),
+                    running: Some(st.running as u32),
+                    ttft_p95: quantile_sorted(&t, 0.95).map(Duration::from_secs_f64),
+                    fresh: true,
+                }
+            })
+            .collect();
+        let rt = &self.models[m];
+        let in_flight: usize = self.models[m]
+            .replicas
+            .iter()
+            .filter(|&&r| self.replicas[r].phase != Phase::Gone)
+            .map(|&r| self.replicas[r].engine.in_flight())
+            .sum();
+        let window = self.sc.settings.rate_window.as_secs_f64();
+        let horizon = self.now - window;
+        let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
+        // The activator's rate covers at most the time it has been running.
+        let rps = recent as f64 / window.min(self.now.max(1.0));
+        let input = ScaleInput {
+            current_replicas: live.len() as u32,
+            ready_replicas: ready.len() as u32,
+            replicas: signals,
+            demand: Demand {
+                requests_per_second: Some(rps),
+                in_flight: in_flight as u32,
+                queued_at_activator: rt.held.len() as u32,
+                // An activator that has seen nothing since it started reports its start time.
+                last_request_at: Some(Timestamp::from_millis(
+                    (rt.last_request_at.unwrap_or(0.0) * 1000.0).round() as u64,
+                )),
+            },
+        };
+        let d = decide(&input, &policy, &rt.state, now_ts);
+        self.models[m].state.record(&d, now_ts);
+        let want = d.desired_replicas as usize;
+        let have = live.len();
+        if want > have {
+            for _ in have..want {
+                self.start_replica(m, false)?;
+            }
+        } else if want < have {
+            // Remove starting replicas first (nothing to drain), then the ready ones with the least in flight.
+            let mut victims: Vec<usize> = live.clone();
+            victims.sort_by_key(|&r| {
+                let rep = &self.replicas[r];
+                (
+                    rep.phase == Phase::Ready,
+                    rep.engine.in_flight(),
+                    std::cmp::Reverse(r),
+                )
+            });
+            for &r in victims.iter().take(have - want) {
+                if self.replicas[r].phase == Phase::Starting || self.replicas[r].engine.is_idle() {
+                    self.stop_replica(r);
+                } else {
+                    self.replicas[r].phase = Phase::Draining;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tessera's recommendation round: each model's recommendation from its ready replicas' windows.
+    fn on_recommend(&mut self) {
+        let horizon = self.now - self.sc.settings.recommend_window.as_secs_f64();
+        let cfg = recommend::Config::default();
+        for m in 0..self.models.len() {
+            let mut best: Option<Recommendation> = None;
+            for &r in &self.models[m].replicas {
+                let rep = &self.replicas[r];
+                if rep.phase != Phase::Ready {
+                    continue;
+                }
+                let start = rep.observations.partition_point(|o| o.at_secs < horizon);
+                let input = recommend::Input {
+                    window: &rep.observations[start..],
+                    geometry: geometry(&rep.engine),
+                    memory: rep.memory,
+                    previous: self.models[m].rec.as_ref(),
+                };
+                if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
+                    best = Some(match best {
+                        None => rec,
+                        Some(b) => larger(b, rec),
+                    });
+                }
+            }
+            // No recommendation (too little data) keeps what the model had: missing data never shrinks it.
+            if let Some(rec) = best {
+                self.models[m].rec = Some(rec);
+            }
+        }
+    }
+
+    fn finish(mut self) -> RunResult {
+        let duration = self.sc.duration;
+        self.now = self.now.max(duration);
+        self.account_gpus();
+        for m in 0..self.models.len() {
+            self.account_replicas(m);
+        }
+        let mut all_ttft = Vec::new();
+        let mut met = 0u64;
+        let mut total = 0u64;
+        let mut completed = 0u64;
+        let mut failed = 0u64;
+        let mut held_n = 0u64;
+        let mut held_sum = 0.0;
+        let mut held_max: f64 = 0.0;
+        let mut models = Vec::new();
+        let mut bucket_ttfts: Vec<Vec<f64>> = vec![Vec::new(); TTFT_BUCKETS as usize];
+        let bucket = duration / TTFT_BUCKETS;
+        let mut arrivals_seen = Vec::new();
+        for (m, rt) in self.models.iter().enumerate() {
+            if !self.active[m] {
+                continue;
+            }
+            let setup = &self.sc.models[m];
+            arrivals_seen.extend_from_slice(&self.sc.arrivals[m]);
+            let mut t = Vec::new();
+            let mut m_met = 0u64;
+            let mut m_failed = 0u64;
+            for (i, st) in rt.requests.iter().enumerate() {
+                total += 1;
+                let ok = st.ttft.filter(|_| !st.failed);
+                match ok {
+                    Some(v) => {
+                        t.push(v);
+                        let b = ((self.sc.arrivals[m][i].at / bucket) as usize).min(bucket_ttfts.len() - 1);
+                        bucket_ttfts[b].push(v);
+                        if v <= setup.slo_ttft {
+                            m_met += 1;
+                        }
+                    }
+                    None => m_failed += 1,
+                }
+                if st.done && !st.failed {
+                    completed += 1;
+                }
+                if st.held > 0.0 {
+                    held_n += 1;
+                    held_sum += st.held;
+                    held_max = held_max.max(st.held);
+                }
+            }
+            met += m_met;
+            failed += m_failed;
+            all_ttft.extend_from_slice(&t);
+            t.sort_by(f64::total_cmp);
+            let last = rt.replicas.iter().rev().map(|&r| &self.replicas[r]).next();
+            let rec = rt.rec.as_ref();
+            let (kv, cf, mib) = match (self.plan.kind, rec, last) {
+                (StrategyKind::Tessera, Some(r), _) => (
+                    r.kv_cache_memory_bytes as f64 / GIB as f64,
+                    match setup.compute_fraction {
+                        ComputeFraction::Fixed(f) => f,
+                        ComputeFraction::Auto => r.compute_fraction,
+                    },
+                    r.gpu_memory_mib,
+                ),
+                (_, _, Some(rep)) => (
+                    rep.engine.kv_cache_bytes_configured() as f64 / GIB as f64,
+                    rep.compute_fraction,
+                    rep.engine.gpu_memory_used_bytes().div_ceil(1 << 20),
+                ),
+                _ => (0.0, 0.0, 0),
+            };
+            let preemptions = rt
+                .replicas
+                .iter()
+                .map(|&r| self.replicas[r].engine.stats().num_preemptions)
+                .sum();
+            models.push(ModelReport {
+                model: setup.name.clone(),
+                requests: rt.requests.len() as u64,
+                failed: m_failed,
+                ttft_p95: quantile_sorted(&t, 0.95),
+                slo_attainment: if rt.requests.is_empty() {
+                    1.0
+                } else {
+                    m_met as f64 / rt.requests.len() as f64
+                },
+                replicas_max: rt.replicas_max,
+                replicas_mean: rt.replica_seconds / duration,
+                cold_starts: rt.cold_starts,
+                preemptions,
+                kv_cache_gib: kv,
+                compute_fraction: cf,
+                gpu_memory_mib: mib,
+            });
+        }
+        all_ttft.sort_by(f64::total_cmp);
+        for (b, v) in bucket_ttfts.iter_mut().enumerate() {
+            v.sort_by(f64::total_cmp);
+            self.series.ttft_t.push(b as f64 * bucket);
+            self.series.ttft_p95.push(quantile_sorted(v, 0.95));
+        }
+        arrivals_seen.sort_by(|a, b| a.at.total_cmp(&b.at).then(a.prompt_tokens.cmp(&b.prompt_tokens)));
+        let samples = self.capacity_acc;
+        let mem_cap = samples * self.sc.gpu.memory_bytes as f64;
+        let report = StrategyReport {
+            strategy: self.plan.kind.name().to_string(),
+            description: self.plan.kind.description().to_string(),
+            gpu_hours: self.gpu_seconds / 3600.0,
+            gpus_peak: self.gpus_peak,
+            gpus_mean: self.gpu_seconds / duration,
+            memory_used_ratio: if mem_cap > 0.0 {
+                self.mem_used_acc / mem_cap
+            } else {
+                0.0
+            },
+            memory_reserved_ratio: if mem_cap > 0.0 {
+                self.mem_reserved_acc / mem_cap
+            } else {
+                0.0
+            },
+            compute_ratio: if samples > 0.0 {
+                self.compute_acc / samples
+            } else {
+                0.0
+            },
+            requests: total,
+            completed,
+            failed,
+            ttft_p50: quantile_sorted(&all_ttft, 0.50),
+            ttft_p95: quantile_sorted(&all_ttft, 0.95),
+            ttft_p99: quantile_sorted(&all_ttft, 0.99),
+            slo_attainment: if total == 0 {
+                1.0
+            } else {
+                met as f64 / total as f64
+            },
+            cold_starts: self.models.iter().map(|m| m.cold_starts).sum(),
+            starts_from_zero: self.models.iter().map(|m| m.starts_from_zero).sum(),
+            held_requests: held_n,
+            held_mean_secs: if held_n == 0 {
+                0.0
+            } else {
+                held_sum / held_n as f64
+            },
+            held_max_secs: held_max,
+            preemptions: self.preemptions,
+            arrival_digest: format!("{:016x}", digest(&arrivals_seen)),
+            models,
+            series: self.series,
+        };
+        let histories = self
+            .replicas
+            .into_iter()
+            .map(|r| ReplicaHistory {
+                model: r.model,
+                geometry: geometry(&r.engine),
+                memory: r.memory,
+                observations: r.observations,
+            })
+            .collect();
+        RunResult { report, histories }
+    }
+}
+
+/// The KV geometry a sidecar reads from `cache_config_info`.
+fn geometry(engine: &Engine) -> KvGeometry {
+    KvGeometry {
+        num_gpu_blocks: engine.kv_blocks_total(),
+        block_size: u64::from(engine.config().block_size),
+        max_model_len: Some(u64::from(engine.max_model_len())),
+    }
+}
+
+/// Of two replicas' recommendations, the one that gives more, on both dimensions: a model's replicas share one
+/// pod template, which must fit the busiest of them.
+fn larger(a: Recommendation, b: Recommendation) -> Recommendation {
+    let cf = a.compute_fraction.max(b.compute_fraction);
+    let mut out = if b.kv_cache_memory_bytes > a.kv_cache_memory_bytes {
+        b
+    } else {
+        a
+    };
+    out.compute_fraction = cf;
+    out
+}
+
+/// The scale policy each strategy gives a model (`None`: not autoscaled).
+fn policy_for(kind: StrategyKind, m: &ModelSetup, sc: &Scenario) -> Option<ScalePolicy> {
+    let _ = sc;
+    match kind {
+        StrategyKind::Static => None,
+        StrategyKind::Hpa => Some(ScalePolicy {
+            min_replicas: 1,
+            max_replicas: m.max_replicas.max(1),
+            targets: Targets {
+                requests_per_second_per_replica: Some(m.hpa_rps_per_replica),
+                ..Targets::default()
+            },
+            // Plain HPA has neither panic mode nor a TTFT guard.
+            panic: None,
+            ttft_slo: None,
+            ..ScalePolicy::default()
+        }),
+        StrategyKind::Tessera => Some(ScalePolicy {
+            min_replicas: m.min_replicas,
+            max_replicas: m.max_replicas,
+            targets: Targets {
+                kv_cache_utilization: m.targets.kv_cache_utilization,
+                waiting_requests_per_replica: m.targets.waiting_requests_per_replica,
+                ttft_p95: m.targets.ttft_p95,
+                requests_per_second_per_replica: m.targets.requests_per_second_per_replica,
+            },
+            scale_to_zero: m.scale_to_zero_after.map(|idle_after| ScaleToZero { idle_after }),
+            ttft_slo: Some(Duration::from_secs_f64(m.slo_ttft)),
+            ..ScalePolicy::default()
+        }),
+    }
+}
+
+/// The steady-state recommendation for each model from whole-GPU histories: what a sidecar watching the
+/// baseline would converge to, applying the recommendation rule update after update (each step is bounded, so
+/// it is iterated until it stops moving). Models with too little history get `None`.
+pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Recommendation>> {
+    let cfg = recommend::Config::default();
+    (0..sc.models.len())
+        .map(|m| {
+            let mut best: Option<Recommendation> = None;
+            for h in histories.iter().filter(|h| h.model == m) {
+                let mut prev: Option<Recommendation> = None;
+                for _ in 0..200 {
+                    let input = recommend::Input {
+                        window: &h.observations,
+                        geometry: h.geometry,
+                        memory: h.memory,
+                        previous: prev.as_ref(),
+                    };
+                    match recommend::recommend(&input, &cfg) {
+                        Outcome::Ready(r) => {
+                            let same = prev.as_ref().is_some_and(|p| {
+                                p.kv_cache_memory_bytes == r.kv_cache_memory_bytes
+                                    && p.compute_fraction == r.compute_fraction
+                            });
+                            prev = Some(r);
+                            if same {
+                                break;
+                            }
+                        }
+                        Outcome::NotYet { .. } => break,
+                    }
+                }
+                if let Some(r) = prev {
+                    best = Some(match best {
+                        None => r,
+                        Some(b) => larger(b, r),
+                    });
+                }
+            }
+            best
+        })
+        .collect()
+}
