@@ -127,13 +127,28 @@ pub fn request_rate(earlier: &ActivatorStats, later: &ActivatorStats, model: &st
     Ok(delta as f64 / seconds)
 }
 
+impl ActivatorStats {
+    /// When `model` last saw activity at this activator: its last request, or — if it has seen none since the
+    /// activator started — the start time (it has certainly been idle since then; this is what
+    /// `tessera_core::scale::Demand::last_request_at` expects). `None` when this activator does not know the model,
+    /// which a consumer must treat as "no data" (never a reason to scale to zero).
+    pub fn last_activity_unix_ms(&self, model: &str) -> Option<u64> {
+        self.models
+            .get(model)
+            .map(|m| m.last_request_at_unix_ms.unwrap_or(self.started_at_unix_ms))
+    }
+}
+
 /// Sums several activators' documents into one view per model (for the controller, which reads every replica of
-/// the activator).
+/// the activator). In the merged view `last_request_at_unix_ms` is the latest *activity* over the documents that
+/// know the model (see [`ActivatorStats::last_activity_unix_ms`]), so it is always set.
 pub fn merge_models<'a>(docs: impl IntoIterator<Item = &'a ActivatorStats>) -> BTreeMap<String, ModelStats> {
     let mut out: BTreeMap<String, ModelStats> = BTreeMap::new();
     for doc in docs {
         for (name, stats) in &doc.models {
-            out.entry(name.clone()).or_default().merge(stats);
+            let mut stats = stats.clone();
+            stats.last_request_at_unix_ms = doc.last_activity_unix_ms(name);
+            out.entry(name.clone()).or_default().merge(&stats);
         }
     }
     out
@@ -215,9 +230,18 @@ mod tests {
         assert_eq!(ModelStats::default().idle_for_ms(1_000), None);
     }
 
+    #[test]
+    fn activity_falls_back_to_the_start_time() {
+        let mut d = doc(5_000, 0);
+        assert_eq!(d.last_activity_unix_ms("m"), Some(1_000));
+        assert_eq!(d.last_activity_unix_ms("unknown"), None);
+        d.models.get_mut("m").unwrap().last_request_at_unix_ms = Some(4_000);
+        assert_eq!(d.last_activity_unix_ms("m"), Some(4_000));
+    }
+
     proptest! {
         /// Merging keeps every waiting request visible: a merged view is busy iff some part is busy, and
-        /// its last arrival is the latest of the parts.
+        /// its last activity is the latest of the parts (a part with no request counts from its start, 0 here).
         #[test]
         fn merge_preserves_busy_and_latest(parts in proptest::collection::vec(
             (0u64..5, 0u64..5, proptest::option::of(0u64..10_000)), 1..6)) {
@@ -232,7 +256,7 @@ mod tests {
             let merged = merge_models(&docs);
             let m = &merged["m"];
             prop_assert_eq!(m.busy(), parts.iter().any(|(f, q, _)| f + q > 0));
-            prop_assert_eq!(m.last_request_at_unix_ms, parts.iter().filter_map(|p| p.2).max());
+            prop_assert_eq!(m.last_request_at_unix_ms, parts.iter().map(|p| p.2.unwrap_or(0)).max());
         }
     }
 }
