@@ -1,1 +1,0 @@
-//! The GPU pool manager: capacity pods and reservations (being built, issue 5).

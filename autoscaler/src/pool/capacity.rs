@@ -1,0 +1,173 @@
+//! The capacity pod: one per GPU, holding the whole device for the pool's tenants.
+//!
+//! It requests one of the pool's extended resource (so the device plugin hands it a GPU and the scheduler
+//! counts the GPU as taken), runs `tessera gpu-agent` with `hostPID` (NVML reports host PIDs; the agent maps
+//! them to pods through `/proc/<pid>/cgroup`), and publishes the GPU's UUID on itself as
+//! `tessera.dev/gpu-uuid`. While Pending it is what makes the cluster autoscaler or Karpenter add a node.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::config::{PoolSpec, PoolsConfig};
+use super::state::{Reservation, encode_reservations};
+use super::{
+    ANNOTATION_RESERVATIONS, ANNOTATION_SHARING, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
+};
+
+/// A capacity pod name for `pool`, derived from `seed` (the first reservation's id): deterministic, so a
+/// retried creation hits "already exists" instead of making a second GPU, and distinct for distinct seeds.
+pub fn capacity_pod_name(pool: &str, seed: &str) -> String {
+    // FNV-1a: stable across versions and platforms (std's hasher is not), and plenty for a name suffix.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in seed.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("tessera-gpu-{pool}-{:010x}", h & 0xff_ffff_ffff)
+}
+
+/// Builds the capacity pod for `pool`, created already holding `reservations` (so the reservation that
+/// needed a new GPU is recorded in the same write that creates it).
+pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations: &[Reservation]) -> Pod {
+    let labels = BTreeMap::from([
+        (LABEL_POOL.to_string(), pool.name.clone()),
+        (LABEL_CAPACITY_POD.to_string(), "true".to_string()),
+        (
+            "app.kubernetes.io/name".to_string(),
+            "tessera-capacity".to_string(),
+        ),
+        ("app.kubernetes.io/managed-by".to_string(), "tessera".to_string()),
+    ]);
+    let mut annotations = BTreeMap::from([
+        (
+            ANNOTATION_RESERVATIONS.to_string(),
+            encode_reservations(reservations),
+        ),
+        (ANNOTATION_SHARING.to_string(), pool.sharing.as_str().to_string()),
+    ]);
+    if !reservations.is_empty() {
+        annotations.insert(KARPENTER_DO_NOT_DISRUPT.to_string(), "true".to_string());
+    }
+    let gpu = BTreeMap::from([(pool.resource_name.clone(), Quantity("1".to_string()))]);
+    let field_env = |name: &str, path: &str| EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_string(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
+    let container = Container {
+        name: "gpu-agent".to_string(),
+        image: Some(cfg.image.clone()),
+        args: Some(vec!["gpu-agent".to_string()]),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("NODE_NAME", "spec.nodeName"),
+            EnvVar {
+                name: "TESSERA_POOL".into(),
+                value: Some(pool.name.clone()),
+                ..EnvVar::default()
+            },
+            EnvVar {
+                name: "TESSERA_SHARING".into(),
+                value: Some(pool.sharing.as_str().to_string()),
+                ..EnvVar::default()
+            },
+        ]),
+        resources: Some(ResourceRequirements {
+            // Extended resources must have requests == limits; setting limits implies the request.
+            limits: Some(gpu),
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("50m".to_string())),
+                ("memory".to_string(), Quantity("64Mi".to_string())),
+            ])),
+            ..ResourceRequirements::default()
+        }),
+        ..Container::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            host_pid: Some(true),
+            node_selector: (!pool.node_selector.is_empty()).then(|| pool.node_selector.clone()),
+            priority_class_name: pool.priority_class_name.clone(),
+            service_account_name: cfg.service_account_name.clone(),
+            // GPU nodes are commonly tainted so that only GPU work lands there.
+            tolerations: Some(vec![Toleration {
+                key: Some(pool.resource_name.clone()),
+                operator: Some("Exists".to_string()),
+                effect: Some("NoSchedule".to_string()),
+                ..Toleration::default()
+            }]),
+            restart_policy: Some("Always".to_string()),
+            termination_grace_period_seconds: Some(10),
+            ..PodSpec::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::pool::state::CapacityGpu;
+
+    #[test]
+    fn the_pod_requests_one_gpu_and_is_labelled() {
+        let cfg = PoolsConfig::from_yaml(include_str!("../../../deploy/examples/gpu-pools.yaml")).unwrap();
+        let pool = &cfg.pools[0];
+        let r = Reservation {
+            id: "r1".into(),
+            model: "m".into(),
+            compute_milli: 250,
+            memory_mib: 10240,
+            priority: 0,
+            created_at: 1,
+            pod: None,
+        };
+        let name = capacity_pod_name(&pool.name, "r1");
+        assert!(
+            name.starts_with("tessera-gpu-a100-80gb-") && name.len() <= 63,
+            "{name}"
+        );
+        assert_eq!(name, capacity_pod_name(&pool.name, "r1"));
+        assert_ne!(name, capacity_pod_name(&pool.name, "r2"));
+        let pod = capacity_pod(&cfg, pool, &name, std::slice::from_ref(&r));
+        let spec = pod.spec.as_ref().unwrap();
+        let c = &spec.containers[0];
+        assert_eq!(c.args.as_deref(), Some(&["gpu-agent".to_string()][..]));
+        assert_eq!(
+            c.resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"].0,
+            "1"
+        );
+        assert_eq!(spec.host_pid, Some(true));
+        assert_eq!(
+            spec.node_selector.as_ref().unwrap()["nvidia.com/gpu.product"],
+            "NVIDIA-A100-SXM4-80GB"
+        );
+        let ann = pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann[KARPENTER_DO_NOT_DISRUPT], "true");
+        // What we build, we read back.
+        let gpu = CapacityGpu::from_pod(&pod, &pool.name).unwrap();
+        assert_eq!(gpu.reservations.unwrap(), vec![r]);
+        assert!(CapacityGpu::from_pod(&pod, "l4").is_none());
+    }
+}

@@ -1,0 +1,323 @@
+//! GPU pool configuration: what the chart writes into a ConfigMap and the pool manager reads at start.
+//!
+//! ```yaml
+//! namespace: tessera-system          # where capacity pods live
+//! image: ghcr.io/tessera-dev/tessera:0.1.0
+//! reservationTtl: 2m                 # a reservation whose pod never appears is dropped after this
+//! pools:
+//!   - name: a100-80gb
+//!     nodeSelector: { nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB }
+//!     gpuMemoryMiB: 81920
+//!     resourceName: nvidia.com/gpu     # default
+//!     sharing: mps                     # mps | time-slicing | none
+//!     maxGpus: 16
+//!     emptyGpuGracePeriod: 10m
+//!     memoryHeadroomMiB: 1024
+//! ```
+//! Unknown keys are errors (a typo must not silently fall back to a default), and every check names the pool
+//! and the field.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tessera_core::pack::GpuShape;
+
+/// How tenants share a GPU. See `docs/fractional-gpus.md` for what each isolates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SharingMode {
+    /// NVIDIA Multi-Process Service: tenants run concurrently; the webhook sets
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` per tenant.
+    Mps,
+    /// The device plugin's time-slicing: tenants take turns; no memory limit is enforced by the driver.
+    TimeSlicing,
+    /// No sharing mechanism: only vLLM's own memory flags bound a tenant.
+    None,
+}
+
+impl SharingMode {
+    /// The value as written in the config.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Mps => "mps",
+            Self::TimeSlicing => "time-slicing",
+            Self::None => "none",
+        }
+    }
+}
+
+fn default_resource_name() -> String {
+    "nvidia.com/gpu".to_string()
+}
+
+fn default_grace() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_ttl() -> Duration {
+    Duration::from_secs(120)
+}
+
+fn default_headroom() -> u64 {
+    1024
+}
+
+fn default_namespace() -> String {
+    "tessera-system".to_string()
+}
+
+fn default_image() -> String {
+    "ghcr.io/tessera-dev/tessera:latest".to_string()
+}
+
+/// One pool of identical GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolSpec {
+    /// A DNS label: it becomes the `tessera.dev/pool` label value and part of capacity pod names.
+    pub name: String,
+    /// Nodes with this pool's GPUs (copied into every capacity pod).
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    /// One GPU's memory in MiB.
+    #[serde(rename = "gpuMemoryMiB")]
+    pub gpu_memory_mib: u64,
+    /// The extended resource a capacity pod requests one of.
+    #[serde(default = "default_resource_name")]
+    pub resource_name: String,
+    /// How tenants share a GPU.
+    pub sharing: SharingMode,
+    /// The most GPUs (capacity pods) this pool may hold.
+    pub max_gpus: u32,
+    /// How long an empty capacity pod is kept before it is deleted (so a burst does not pay a node start-up).
+    #[serde(default = "default_grace", with = "humantime_serde")]
+    pub empty_gpu_grace_period: Duration,
+    /// MiB of each GPU never handed out (CUDA contexts, fragmentation).
+    #[serde(rename = "memoryHeadroomMiB", default = "default_headroom")]
+    pub memory_headroom_mib: u64,
+    /// Optional priority class for capacity pods (so they can preempt lower-priority work for a GPU).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+impl PoolSpec {
+    /// The GPU shape the packer uses.
+    pub fn shape(&self) -> GpuShape {
+        GpuShape {
+            memory_mib: self.gpu_memory_mib,
+            headroom_mib: self.memory_headroom_mib,
+        }
+    }
+}
+
+/// The whole pool configuration.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolsConfig {
+    /// Namespace of the capacity pods.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The tessera image capacity pods run (`tessera gpu-agent`).
+    #[serde(default = "default_image")]
+    pub image: String,
+    /// Service account of capacity pods (needs to patch its own pod to publish the GPU UUID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+    /// How long a reservation waits for its pod before it is dropped.
+    #[serde(default = "default_ttl", with = "humantime_serde")]
+    pub reservation_ttl: Duration,
+    /// The pools.
+    pub pools: Vec<PoolSpec>,
+}
+
+/// What is wrong with a pool configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolConfigError {
+    /// Not valid YAML, or a key is unknown or of the wrong type.
+    #[error("pool config is not valid: {0}")]
+    Parse(String),
+    /// A field has an unusable value.
+    #[error("pool {pool:?}: {field}: {why}")]
+    Invalid {
+        /// The pool (empty for top-level fields).
+        pool: String,
+        /// The field, as spelled in the YAML.
+        field: &'static str,
+        /// What is wrong and what is expected.
+        why: String,
+    },
+}
+
+impl PoolsConfig {
+    /// Parses and validates YAML.
+    pub fn from_yaml(yaml: &str) -> Result<Self, PoolConfigError> {
+        let cfg: Self = serde_yaml::from_str(yaml).map_err(|e| PoolConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// A pool by name.
+    pub fn pool(&self, name: &str) -> Option<&PoolSpec> {
+        self.pools.iter().find(|p| p.name == name)
+    }
+
+    /// Checks every field; the first problem is returned.
+    pub fn validate(&self) -> Result<(), PoolConfigError> {
+        let top = |field: &'static str, why: String| PoolConfigError::Invalid {
+            pool: String::new(),
+            field,
+            why,
+        };
+        if !is_dns_label(&self.namespace) {
+            return Err(top(
+                "namespace",
+                format!("{:?} is not a namespace name (a DNS label)", self.namespace),
+            ));
+        }
+        if self.image.trim().is_empty() {
+            return Err(top(
+                "image",
+                "must name the tessera image capacity pods run".into(),
+            ));
+        }
+        if self.reservation_ttl.is_zero() {
+            return Err(top(
+                "reservationTtl",
+                "must be positive (e.g. 2m): a 0 TTL drops every reservation".into(),
+            ));
+        }
+        if self.pools.is_empty() {
+            return Err(top("pools", "at least one pool is needed".into()));
+        }
+        let mut names = std::collections::HashSet::new();
+        for p in &self.pools {
+            let bad = |field: &'static str, why: String| PoolConfigError::Invalid {
+                pool: p.name.clone(),
+                field,
+                why,
+            };
+            // Capacity pod names are "tessera-gpu-<pool>-<10 chars>": keep the pool name short enough.
+            if !is_dns_label(&p.name) || p.name.len() > 40 {
+                return Err(bad(
+                    "name",
+                    "must be a DNS label (lower-case letters, digits, '-') of at most 40 characters".into(),
+                ));
+            }
+            if !names.insert(p.name.as_str()) {
+                return Err(bad("name", "appears twice; pool names must be unique".into()));
+            }
+            if p.gpu_memory_mib == 0 {
+                return Err(bad(
+                    "gpuMemoryMiB",
+                    "must be the GPU's memory in MiB, e.g. 81920 for 80 GiB".into(),
+                ));
+            }
+            if p.memory_headroom_mib >= p.gpu_memory_mib {
+                return Err(bad(
+                    "memoryHeadroomMiB",
+                    format!(
+                        "{} leaves nothing of gpuMemoryMiB {}; use a few hundred to a few thousand MiB",
+                        p.memory_headroom_mib, p.gpu_memory_mib
+                    ),
+                ));
+            }
+            if p.max_gpus == 0 {
+                return Err(bad("maxGpus", "must be at least 1".into()));
+            }
+            let (prefix, res) = p.resource_name.split_once('/').unwrap_or(("", ""));
+            if prefix.is_empty() || res.is_empty() || p.resource_name.contains(char::is_whitespace) {
+                return Err(bad(
+                    "resourceName",
+                    format!(
+                        "{:?} is not an extended resource name like nvidia.com/gpu",
+                        p.resource_name
+                    ),
+                ));
+            }
+            for (k, v) in &p.node_selector {
+                if k.is_empty() || k.contains(char::is_whitespace) || v.contains(char::is_whitespace) {
+                    return Err(bad(
+                        "nodeSelector",
+                        format!("{k:?}: {v:?} is not a valid label selector entry"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../../deploy/examples/gpu-pools.yaml");
+
+    #[test]
+    fn the_example_file_is_valid() {
+        let cfg = PoolsConfig::from_yaml(EXAMPLE).unwrap();
+        assert!(cfg.pools.len() >= 2);
+        let p = &cfg.pools[0];
+        assert_eq!(p.resource_name, "nvidia.com/gpu");
+        assert!(p.shape().validate().is_ok());
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let cfg = PoolsConfig::from_yaml(
+            "pools:\n- name: a\n  gpuMemoryMiB: 24576\n  sharing: time-slicing\n  maxGpus: 2\n",
+        )
+        .unwrap();
+        let p = &cfg.pools[0];
+        assert_eq!(p.resource_name, "nvidia.com/gpu");
+        assert_eq!(p.empty_gpu_grace_period, Duration::from_secs(600));
+        assert_eq!(p.memory_headroom_mib, 1024);
+        assert_eq!(p.sharing, SharingMode::TimeSlicing);
+        assert_eq!(cfg.reservation_ttl, Duration::from_secs(120));
+        assert_eq!(cfg.namespace, "tessera-system");
+    }
+
+    #[test]
+    fn errors_name_the_pool_and_field() {
+        let base = "pools:\n- name: a\n  gpuMemoryMiB: 24576\n  sharing: mps\n  maxGpus: 2\n";
+        let e = PoolsConfig::from_yaml(&format!("{base}  memoryHeadroomMiB: 30000\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("pool \"a\": memoryHeadroomMiB: 30000 leaves nothing"),
+            "{e}"
+        );
+        let e = PoolsConfig::from_yaml(&base.replace("maxGpus: 2", "maxGpus: 0")).unwrap_err();
+        assert_eq!(e.to_string(), "pool \"a\": maxGpus: must be at least 1");
+        let e = PoolsConfig::from_yaml(&base.replace("sharing: mps", "sharing: mig")).unwrap_err();
+        assert!(e.to_string().contains("unknown variant `mig`"), "{e}");
+        let e = PoolsConfig::from_yaml(&format!("{base}  maxGPUs: 3\n")).unwrap_err();
+        assert!(e.to_string().contains("unknown field `maxGPUs`"), "{e}");
+        let e = PoolsConfig::from_yaml(&format!("{base}  resourceName: gpu\n")).unwrap_err();
+        assert!(e.to_string().contains("resourceName"), "{e}");
+        let e = PoolsConfig::from_yaml(&format!("{base}  emptyGpuGracePeriod: soon\n")).unwrap_err();
+        assert!(e.to_string().contains("emptyGpuGracePeriod"), "{e}");
+        let e = PoolsConfig::from_yaml(&base.replace("name: a", "name: A_B")).unwrap_err();
+        assert!(e.to_string().contains("DNS label"), "{e}");
+        let twice = format!(
+            "{base}- name: a\n  gpuMemoryMiB: 1\n  sharing: none\n  maxGpus: 1\n  memoryHeadroomMiB: 0\n"
+        );
+        assert!(
+            PoolsConfig::from_yaml(&twice)
+                .unwrap_err()
+                .to_string()
+                .contains("appears twice")
+        );
+        let e = PoolsConfig::from_yaml("pools: []\n").unwrap_err();
+        assert!(e.to_string().contains("at least one pool"), "{e}");
+    }
+}

@@ -1,0 +1,453 @@
+//! The pool manager's I/O: reads and writes capacity pods through the Kubernetes API. Every choice is made
+//! by [`PoolIndex`] and the core packer; this file only turns decisions into requests and answers into index
+//! updates.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::watcher;
+use tracing::{debug, info, instrument, warn};
+
+use super::capacity::{capacity_pod, capacity_pod_name};
+use super::config::{PoolSpec, PoolsConfig};
+use super::state::{Decision, PoolIndex, Reservation, pod_key, reservations_patch};
+use super::{LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
+
+/// What the webhook asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReserveRequest {
+    /// Unique and stable across retries of one admission (the admission request UID).
+    pub id: String,
+    /// The model.
+    pub model: String,
+    /// Compute share, milli-GPUs (1..=1000).
+    pub compute_milli: u32,
+    /// GPU memory, MiB.
+    pub memory_mib: u64,
+    /// Placement priority.
+    pub priority: i32,
+    /// `namespace/name` of the pod if known.
+    pub pod: Option<String>,
+}
+
+/// Where a reservation landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The pool.
+    pub pool: String,
+    /// The capacity pod holding the share.
+    pub capacity_pod: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its node, once scheduled (a new capacity pod has none yet; pin the tenant with pod affinity to the
+    /// capacity pod's `tessera.dev/capacity-pod` label … or wait).
+    pub node: Option<String>,
+    /// The GPU's UUID, once the gpu-agent published it.
+    pub gpu_uuid: Option<String>,
+    /// The reservation id (write it to the tenant as `tessera.dev/reservation`).
+    pub reservation_id: String,
+    /// Why here: the packer's reason, `Existing` for a retried request, or `CreatedCapacityPod`.
+    pub reason: String,
+}
+
+/// What one [`PoolManager::reconcile`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Reservations dropped because their pod never appeared in time.
+    pub expired: usize,
+    /// Capacity pods newly marked empty.
+    pub marked_empty: usize,
+    /// Capacity pods deleted after the grace period.
+    pub deleted: Vec<String>,
+}
+
+/// The pool manager of one pool. Cheap to clone; clones share the index.
+#[derive(Debug, Clone)]
+pub struct PoolManager {
+    pods: Api<Pod>,
+    all_pods: Api<Pod>,
+    cfg: Arc<PoolsConfig>,
+    pool: PoolSpec,
+    index: Arc<Mutex<PoolIndex>>,
+    max_attempts: u32,
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+impl PoolManager {
+    /// A manager for pool `pool` of `cfg`, with an empty index (call [`PoolManager::rebuild`] or feed it watch
+    /// events before reserving).
+    pub fn new(client: kube::Client, cfg: Arc<PoolsConfig>, pool: &str) -> Result<Self, PoolError> {
+        let spec = cfg
+            .pool(pool)
+            .ok_or_else(|| PoolError::UnknownPool(pool.to_string()))?
+            .clone();
+        Ok(Self {
+            pods: Api::namespaced(client.clone(), &cfg.namespace),
+            all_pods: Api::all(client),
+            index: Arc::new(Mutex::new(PoolIndex::new(pool))),
+            cfg,
+            pool: spec,
+            max_attempts: 8,
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PoolSpec {
+        &self.pool
+    }
+
+    /// The index (read-only use by status pages and tests).
+    pub fn index(&self) -> MutexGuard<'_, PoolIndex> {
+        // A panic while holding the lock cannot leave the index half-written in a way that matters: every
+        // update replaces whole entries. So a poisoned lock is still usable.
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn capacity_selector(&self) -> String {
+        format!("{LABEL_POOL}={},{LABEL_CAPACITY_POD}=true", self.pool.name)
+    }
+
+    fn tenant_selector(&self) -> String {
+        format!("{LABEL_POOL}={},!{LABEL_CAPACITY_POD}", self.pool.name)
+    }
+
+    /// Rebuilds the index from the cluster: capacity pods in the pool's namespace and tenant pods anywhere.
+    #[instrument(skip(self), fields(pool = %self.pool.name))]
+    pub async fn rebuild(&self) -> Result<(), PoolError> {
+        let caps = self
+            .pods
+            .list(&ListParams::default().labels(&self.capacity_selector()))
+            .await?;
+        let tenants = self
+            .all_pods
+            .list(&ListParams::default().labels(&self.tenant_selector()))
+            .await?;
+        let mut idx = self.index();
+        idx.reset_capacity(&caps.items);
+        idx.reset_tenants(&tenants.items);
+        info!(
+            capacity_pods = idx.capacity().count(),
+            tenants = idx.tenants().count(),
+            "pool rebuilt from the cluster"
+        );
+        Ok(())
+    }
+
+    fn placement(&self, name: &str, id: &str, reason: &str) -> Placement {
+        let idx = self.index();
+        let gpu = idx.capacity_pod(name);
+        Placement {
+            pool: self.pool.name.clone(),
+            capacity_pod: name.to_string(),
+            namespace: self.cfg.namespace.clone(),
+            node: gpu.and_then(|g| g.node.clone()),
+            gpu_uuid: gpu.and_then(|g| g.gpu_uuid.clone()),
+            reservation_id: id.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Re-reads one capacity pod after a conflict (or learns it is gone).
+    async fn refresh(&self, name: &str) -> Result<(), PoolError> {
+        match self.pods.get_opt(name).await? {
+            Some(pod) => self.index().apply_capacity(&pod),
+            None => self.index().delete_capacity(name),
+        }
+        Ok(())
+    }
+
+    /// Reserves a share for a new tenant. `now` is Unix seconds (the reservation's TTL starts there).
+    ///
+    /// Idempotent on `request.id`. On a 409 the capacity pod is re-read and the placement decided again, up
+    /// to a bounded number of attempts. Errors are for the webhook to fail open on.
+    #[instrument(skip(self, request), fields(pool = %self.pool.name, id = %request.id, model = %request.model))]
+    pub async fn reserve(&self, request: ReserveRequest, now: u64) -> Result<Placement, PoolError> {
+        let reservation = Reservation {
+            id: request.id.clone(),
+            model: request.model,
+            compute_milli: request.compute_milli,
+            memory_mib: request.memory_mib,
+            priority: request.priority,
+            created_at: now,
+            pod: request.pod,
+        };
+        let shape = self.pool.shape();
+        for attempt in 1..=self.max_attempts {
+            let decision = self.index().decide(&shape, &reservation)?;
+            match decision {
+                Decision::Existing { capacity_pod } => {
+                    return Ok(self.placement(&capacity_pod, &reservation.id, "Existing"));
+                }
+                Decision::Place {
+                    capacity_pod,
+                    resource_version,
+                    reservations,
+                    reason,
+                } => {
+                    let patch = reservations_patch(&reservations, resource_version.as_deref(), None, now);
+                    match self
+                        .pods
+                        .patch(&capacity_pod, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        Ok(pod) => {
+                            self.index().apply_capacity(&pod);
+                            info!(%capacity_pod, reason, attempt, "reserved");
+                            return Ok(self.placement(&capacity_pod, &reservation.id, reason));
+                        }
+                        Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
+                            debug!(%capacity_pod, attempt, "capacity pod changed under us; re-reading");
+                            self.refresh(&capacity_pod).await?;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Decision::NoRoom { reason, gpus } => {
+                    if gpus >= self.pool.max_gpus as usize {
+                        return Err(PoolError::NoRoom {
+                            pool: self.pool.name.clone(),
+                            reason,
+                            gpus,
+                            max_gpus: self.pool.max_gpus,
+                        });
+                    }
+                    let name = capacity_pod_name(&self.pool.name, &reservation.id);
+                    let pod = capacity_pod(&self.cfg, &self.pool, &name, std::slice::from_ref(&reservation));
+                    match self.pods.create(&PostParams::default(), &pod).await {
+                        Ok(pod) => {
+                            self.index().apply_capacity(&pod);
+                            info!(capacity_pod = %name, %reason, "no GPU had room: created a capacity pod");
+                            return Ok(self.placement(&name, &reservation.id, "CreatedCapacityPod"));
+                        }
+                        // Same name: our own earlier attempt (then the next decision finds the reservation)
+                        // or a deleted pod still terminating.
+                        Err(e) if is_status(&e, 409) => self.refresh(&name).await?,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        Err(PoolError::TooManyConflicts {
+            pool: self.pool.name.clone(),
+            attempts: self.max_attempts,
+        })
+    }
+
+    /// Removes reservations `ids` from capacity pod `name`, retrying on conflicts. Returns how many were
+    /// removed (0 if none was there any more).
+    async fn remove_reservations(&self, name: &str, ids: &[String], now: u64) -> Result<usize, PoolError> {
+        for _ in 0..self.max_attempts {
+            let (remaining, removed, rv, empty_since) = {
+                let idx = self.index();
+                let Some(gpu) = idx.capacity_pod(name) else {
+                    return Ok(0);
+                };
+                let Ok(list) = &gpu.reservations else { return Ok(0) };
+                let remaining: Vec<Reservation> =
+                    list.iter().filter(|r| !ids.contains(&r.id)).cloned().collect();
+                (
+                    remaining.clone(),
+                    list.len() - remaining.len(),
+                    gpu.resource_version.clone(),
+                    gpu.empty_since,
+                )
+            };
+            if removed == 0 {
+                return Ok(0);
+            }
+            let patch = reservations_patch(&remaining, rv.as_deref(), empty_since, now);
+            match self
+                .pods
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(pod) => {
+                    self.index().apply_capacity(&pod);
+                    return Ok(removed);
+                }
+                Err(e) if is_status(&e, 409) => self.refresh(name).await?,
+                Err(e) if is_status(&e, 404) => {
+                    self.index().delete_capacity(name);
+                    return Ok(0);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(PoolError::TooManyConflicts {
+            pool: self.pool.name.clone(),
+            attempts: self.max_attempts,
+        })
+    }
+
+    /// Releases a reservation (its pod is gone, or its admission failed). Returns whether it existed.
+    #[instrument(skip(self), fields(pool = %self.pool.name))]
+    pub async fn release(&self, reservation_id: &str, now: u64) -> Result<bool, PoolError> {
+        let Some(name) = self
+            .index()
+            .find_reservation(reservation_id)
+            .map(|(g, _)| g.name.clone())
+        else {
+            return Ok(false);
+        };
+        let n = self
+            .remove_reservations(&name, &[reservation_id.to_string()], now)
+            .await?;
+        if n > 0 {
+            info!(capacity_pod = %name, reservation_id, "released");
+        }
+        Ok(n > 0)
+    }
+
+    /// A tenant pod was deleted: forget it and free its share.
+    pub async fn tenant_deleted(&self, key: &str, now: u64) -> Result<bool, PoolError> {
+        let Some(t) = self.index().delete_tenant(key) else {
+            return Ok(false);
+        };
+        self.release(&t.reservation, now).await
+    }
+
+    /// Expires reservations whose pod never appeared, marks empty capacity pods, and deletes those empty
+    /// past the grace period. `now` is Unix seconds.
+    #[instrument(skip(self), fields(pool = %self.pool.name))]
+    pub async fn reconcile(&self, now: u64) -> Result<ReconcileReport, PoolError> {
+        let mut report = ReconcileReport::default();
+        let expired = self.index().expired(now, self.cfg.reservation_ttl.as_secs());
+        for (name, ids) in expired {
+            let n = self.remove_reservations(&name, &ids, now).await?;
+            if n > 0 {
+                warn!(capacity_pod = %name, ?ids, "reservations expired: their pods never appeared");
+            }
+            report.expired += n;
+        }
+        let (mark, delete) = self
+            .index()
+            .empty_gpus(now, self.pool.empty_gpu_grace_period.as_secs());
+        for name in mark {
+            let rv = self
+                .index()
+                .capacity_pod(&name)
+                .and_then(|g| g.resource_version.clone());
+            let patch = reservations_patch(&[], rv.as_deref(), None, now);
+            match self
+                .pods
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(pod) => {
+                    self.index().apply_capacity(&pod);
+                    report.marked_empty += 1;
+                }
+                // Someone reserved meanwhile (or it is gone): the next reconcile sees the new state.
+                Err(e) if is_status(&e, 409) || is_status(&e, 404) => self.refresh(&name).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for name in delete {
+            let rv = self
+                .index()
+                .capacity_pod(&name)
+                .and_then(|g| g.resource_version.clone());
+            let dp = DeleteParams::default().preconditions(Preconditions {
+                resource_version: rv,
+                uid: None,
+            });
+            match self.pods.delete(&name, &dp).await {
+                Ok(_) => {
+                    self.index().delete_capacity(&name);
+                    info!(capacity_pod = %name, "deleted: empty past the grace period");
+                    report.deleted.push(name);
+                }
+                Err(e) if is_status(&e, 409) => self.refresh(&name).await?,
+                Err(e) if is_status(&e, 404) => self.index().delete_capacity(&name),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs the manager until `shutdown` resolves: watches capacity and tenant pods into the index, frees the
+    /// shares of deleted tenants, and reconciles every `interval`. Only the leader should run this; any
+    /// number of replicas may call [`PoolManager::reserve`].
+    pub async fn run(self, interval: Duration, shutdown: impl std::future::Future<Output = ()>) {
+        let caps = watcher(
+            self.pods.clone(),
+            watcher::Config::default().labels(&self.capacity_selector()),
+        );
+        let tenants = watcher(
+            self.all_pods.clone(),
+            watcher::Config::default().labels(&self.tenant_selector()),
+        );
+        let mut caps = std::pin::pin!(caps);
+        let mut tenants = std::pin::pin!(tenants);
+        let mut tick = tokio::time::interval(interval);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut cap_buf: Vec<Pod> = Vec::new();
+        let mut ten_buf: Vec<Pod> = Vec::new();
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                ev = caps.next() => match ev {
+                    Some(Ok(ev)) => apply_event(ev, &mut cap_buf, |e| match e {
+                        Applied::One(p) => self.index().apply_capacity(&p),
+                        Applied::Gone(p) => if let Some(n) = p.metadata.name.as_deref() { self.index().delete_capacity(n) },
+                        Applied::Reset(list) => self.index().reset_capacity(&list),
+                    }),
+                    Some(Err(e)) => warn!(error = %e, "capacity pod watch failed; it retries"),
+                    None => return,
+                },
+                ev = tenants.next() => match ev {
+                    Some(Ok(ev)) => {
+                        let mut gone = Vec::new();
+                        apply_event(ev, &mut ten_buf, |e| match e {
+                            Applied::One(p) => self.index().apply_tenant(&p),
+                            Applied::Gone(p) => gone.extend(pod_key(&p)),
+                            Applied::Reset(list) => self.index().reset_tenants(&list),
+                        });
+                        for key in gone {
+                            if let Err(e) = self.tenant_deleted(&key, unix_now()).await {
+                                warn!(error = %e, tenant = %key, "could not free the share of a deleted pod; expiry will");
+                            }
+                        }
+                    }
+                    Some(Err(e)) => warn!(error = %e, "tenant pod watch failed; it retries"),
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    if let Err(e) = self.reconcile(unix_now()).await {
+                        warn!(error = %e, kind = e.label(), "pool reconcile failed; retrying next tick");
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum Applied {
+    One(Pod),
+    Gone(Pod),
+    Reset(Vec<Pod>),
+}
+
+/// Turns kube-runtime's watcher events (Init / InitApply… / InitDone, Apply, Delete) into index updates.
+fn apply_event(ev: watcher::Event<Pod>, buf: &mut Vec<Pod>, mut f: impl FnMut(Applied)) {
+    match ev {
+        watcher::Event::Apply(p) => f(Applied::One(p)),
+        watcher::Event::Delete(p) => f(Applied::Gone(p)),
+        watcher::Event::Init => buf.clear(),
+        watcher::Event::InitApply(p) => buf.push(p),
+        watcher::Event::InitDone => f(Applied::Reset(std::mem::take(buf))),
+    }
+}
+
+/// Unix seconds now: only the run loop reads the clock; everything it calls takes time as a parameter.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,594 @@
+//! The pool's state as the cluster holds it, and every pool decision, with no I/O.
+//!
+//! The source of truth is the capacity pods: each carries its reservations as a JSON annotation. Tenant pods
+//! carry the id of their reservation. [`PoolIndex`] is rebuilt from watch events (`apply` / `delete` /
+//! `reset`, as a reflector would feed it) and from the answers to our own writes; decisions read it and
+//! return what to write. Time is a parameter (Unix seconds) so tests need no clock.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::Pod;
+use tessera_core::pack::{GpuId, GpuShape, Packer, ReplicaRequest};
+
+use super::{
+    ANNOTATION_CAPACITY_POD, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION,
+    ANNOTATION_RESERVATIONS, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
+};
+
+/// One reservation: a share of a GPU promised to a pod being admitted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    /// Unique id chosen by the caller (the webhook uses the admission request UID, so a retried admission
+    /// finds its own reservation instead of taking a second one).
+    pub id: String,
+    /// The model served (replicas of one model are spread over GPUs).
+    pub model: String,
+    /// Compute share, milli-GPUs.
+    pub compute_milli: u32,
+    /// GPU memory, MiB.
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Placement priority.
+    #[serde(default)]
+    pub priority: i32,
+    /// When it was made (Unix seconds); a reservation with no pod expires `reservationTtl` after this.
+    pub created_at: u64,
+    /// `namespace/name` of the pod, when known at admission (pods using generateName have no name yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+}
+
+impl Reservation {
+    fn request(&self) -> ReplicaRequest {
+        ReplicaRequest {
+            id: self.id.clone(),
+            model: self.model.clone(),
+            compute_milli: self.compute_milli,
+            memory_mib: self.memory_mib,
+            priority: self.priority,
+        }
+    }
+}
+
+/// The annotation document.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct ReservationDoc {
+    version: u32,
+    reservations: Vec<Reservation>,
+}
+
+/// Serialises reservations for the `tessera.dev/reservations` annotation.
+pub fn encode_reservations(list: &[Reservation]) -> String {
+    let doc = ReservationDoc {
+        version: 1,
+        reservations: list.to_vec(),
+    };
+    serde_json::to_string(&doc).unwrap_or_else(|_| String::from("{\"version\":1,\"reservations\":[]}"))
+}
+
+/// Parses the annotation; a missing annotation is no reservations.
+pub fn decode_reservations(annotation: Option<&str>) -> Result<Vec<Reservation>, String> {
+    let Some(s) = annotation else {
+        return Ok(Vec::new());
+    };
+    let doc: ReservationDoc = serde_json::from_str(s).map_err(|e| e.to_string())?;
+    if doc.version != 1 {
+        return Err(format!(
+            "unsupported reservations version {} (this tessera reads version 1)",
+            doc.version
+        ));
+    }
+    Ok(doc.reservations)
+}
+
+/// A capacity pod, as the pool manager sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityGpu {
+    /// Pod name.
+    pub name: String,
+    /// The node it runs on, once scheduled.
+    pub node: Option<String>,
+    /// The GPU UUID the gpu-agent published, once running.
+    pub gpu_uuid: Option<String>,
+    /// The pod's `resourceVersion`: every write carries it, so a concurrent write makes ours fail with 409.
+    pub resource_version: Option<String>,
+    /// Its reservations, or why the annotation could not be read (such a GPU is never placed on, never
+    /// deleted: what it holds is unknown, so neither is safe).
+    pub reservations: Result<Vec<Reservation>, String>,
+    /// Since when it has had no reservation (Unix seconds), as recorded on the pod.
+    pub empty_since: Option<u64>,
+    /// Deleted, failed or finished: not a place for new tenants.
+    pub gone: bool,
+}
+
+impl CapacityGpu {
+    /// Reads a capacity pod of `pool`; `None` for any other pod.
+    pub fn from_pod(pod: &Pod, pool: &str) -> Option<Self> {
+        let labels = pod.metadata.labels.as_ref()?;
+        if labels.get(LABEL_POOL).map(String::as_str) != Some(pool)
+            || labels.get(LABEL_CAPACITY_POD).map(String::as_str) != Some("true")
+        {
+            return None;
+        }
+        let ann = pod.metadata.annotations.clone().unwrap_or_default();
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        Some(Self {
+            name: pod.metadata.name.clone()?,
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            gpu_uuid: ann.get(ANNOTATION_GPU_UUID).cloned(),
+            resource_version: pod.metadata.resource_version.clone(),
+            reservations: decode_reservations(ann.get(ANNOTATION_RESERVATIONS).map(String::as_str)),
+            empty_since: ann.get(ANNOTATION_EMPTY_SINCE).and_then(|v| v.parse().ok()),
+            gone: pod.metadata.deletion_timestamp.is_some()
+                || matches!(phase.as_deref(), Some("Failed") | Some("Succeeded")),
+        })
+    }
+
+    /// Reservations, or none when unreadable.
+    pub fn reservation_list(&self) -> &[Reservation] {
+        self.reservations.as_deref().unwrap_or(&[])
+    }
+}
+
+/// A pod holding a share, as the pool manager sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    /// `namespace/name`.
+    pub key: String,
+    /// Its reservation id (`tessera.dev/reservation`).
+    pub reservation: String,
+    /// Its capacity pod (`tessera.dev/capacity-pod`).
+    pub capacity_pod: String,
+}
+
+impl Tenant {
+    /// Reads a tenant pod of `pool` (labelled `tessera.dev/pool`, not a capacity pod, annotated with its
+    /// reservation); `None` for any other pod.
+    pub fn from_pod(pod: &Pod, pool: &str) -> Option<Self> {
+        let labels = pod.metadata.labels.as_ref()?;
+        if labels.get(LABEL_POOL).map(String::as_str) != Some(pool) || labels.contains_key(LABEL_CAPACITY_POD)
+        {
+            return None;
+        }
+        let ann = pod.metadata.annotations.as_ref()?;
+        Some(Self {
+            key: pod_key(pod)?,
+            reservation: ann.get(ANNOTATION_RESERVATION)?.clone(),
+            capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
+        })
+    }
+}
+
+/// `namespace/name` of a pod.
+pub fn pod_key(pod: &Pod) -> Option<String> {
+    Some(format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref()?
+    ))
+}
+
+/// The pool as last seen: capacity pods by name, tenants by `namespace/name`.
+#[derive(Debug, Clone, Default)]
+pub struct PoolIndex {
+    pool: String,
+    capacity: BTreeMap<String, CapacityGpu>,
+    tenants: HashMap<String, Tenant>,
+}
+
+/// The placement decision of [`PoolIndex::decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// A reservation with this id already exists (a retried admission): return it.
+    Existing {
+        /// The capacity pod holding it.
+        capacity_pod: String,
+    },
+    /// Add the reservation to this capacity pod (whose reservations and resourceVersion are given).
+    Place {
+        /// The capacity pod.
+        capacity_pod: String,
+        /// Its `resourceVersion` to write against.
+        resource_version: Option<String>,
+        /// Its reservations with the new one appended.
+        reservations: Vec<Reservation>,
+        /// The packer's reason.
+        reason: &'static str,
+    },
+    /// No capacity pod has room.
+    NoRoom {
+        /// The packer's explanation.
+        reason: String,
+        /// Capacity pods held (to compare with `maxGpus`).
+        gpus: usize,
+    },
+}
+
+impl PoolIndex {
+    /// An empty index for `pool`.
+    pub fn new(pool: impl Into<String>) -> Self {
+        Self {
+            pool: pool.into(),
+            ..Self::default()
+        }
+    }
+
+    /// A capacity pod was added or changed (ignored if it is not one of this pool's).
+    pub fn apply_capacity(&mut self, pod: &Pod) {
+        if let Some(gpu) = CapacityGpu::from_pod(pod, &self.pool) {
+            self.capacity.insert(gpu.name.clone(), gpu);
+        }
+    }
+
+    /// A capacity pod is gone.
+    pub fn delete_capacity(&mut self, name: &str) {
+        self.capacity.remove(name);
+    }
+
+    /// The full list of capacity pods (a relist).
+    pub fn reset_capacity<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) {
+        self.capacity.clear();
+        for p in pods {
+            self.apply_capacity(p);
+        }
+    }
+
+    /// A tenant pod was added or changed.
+    pub fn apply_tenant(&mut self, pod: &Pod) {
+        if let Some(t) = Tenant::from_pod(pod, &self.pool) {
+            self.tenants.insert(t.key.clone(), t);
+        }
+    }
+
+    /// A tenant pod is gone; returns it so its reservation can be released.
+    pub fn delete_tenant(&mut self, key: &str) -> Option<Tenant> {
+        self.tenants.remove(key)
+    }
+
+    /// The full list of tenant pods (a relist).
+    pub fn reset_tenants<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) {
+        self.tenants.clear();
+        for p in pods {
+            self.apply_tenant(p);
+        }
+    }
+
+    /// The capacity pods.
+    pub fn capacity(&self) -> impl Iterator<Item = &CapacityGpu> {
+        self.capacity.values()
+    }
+
+    /// One capacity pod.
+    pub fn capacity_pod(&self, name: &str) -> Option<&CapacityGpu> {
+        self.capacity.get(name)
+    }
+
+    /// The tenants.
+    pub fn tenants(&self) -> impl Iterator<Item = &Tenant> {
+        self.tenants.values()
+    }
+
+    /// Where a reservation is.
+    pub fn find_reservation(&self, id: &str) -> Option<(&CapacityGpu, &Reservation)> {
+        self.capacity
+            .values()
+            .find_map(|g| g.reservation_list().iter().find(|r| r.id == id).map(|r| (g, r)))
+    }
+
+    /// A packer holding every readable, live capacity pod and its reservations, plus the map from the
+    /// packer's GPU ids to capacity pod names. Reservations that would overflow a GPU (which concurrency
+    /// control should make impossible) are left out of the packer *and* the GPU is marked full, so an
+    /// inconsistency can never lead to more booking.
+    pub fn packer(&self, shape: &GpuShape) -> (Packer, HashMap<GpuId, String>) {
+        let mut packer = Packer::new(*shape);
+        let mut names = HashMap::new();
+        for g in self.capacity.values() {
+            let Ok(list) = &g.reservations else { continue };
+            if g.gone {
+                continue;
+            }
+            let id = packer.add_gpu();
+            names.insert(id, g.name.clone());
+            let mut consistent = true;
+            for r in list {
+                if packer.assign(id, r.request()).is_err() {
+                    consistent = false;
+                }
+            }
+            if !consistent {
+                tracing::warn!(capacity_pod = %g.name, "reservations overflow the GPU or repeat an id; treating it as full");
+                let fill = ReplicaRequest::new(format!("{}/overflow", g.name), "", 1, 0);
+                let free = packer.gpu(id).map_or(0, |s| s.free_compute_milli());
+                let _ = packer.assign(
+                    id,
+                    ReplicaRequest {
+                        compute_milli: free.max(1),
+                        ..fill
+                    },
+                );
+            }
+        }
+        (packer, names)
+    }
+
+    /// Decides where a new reservation goes. Pure: the caller writes the result with optimistic concurrency.
+    pub fn decide(
+        &self,
+        shape: &GpuShape,
+        new: &Reservation,
+    ) -> Result<Decision, tessera_core::pack::PackError> {
+        if let Some((g, _)) = self.find_reservation(&new.id) {
+            return Ok(Decision::Existing {
+                capacity_pod: g.name.clone(),
+            });
+        }
+        let (mut packer, names) = self.packer(shape);
+        match packer.place(new.request())? {
+            tessera_core::pack::Placement::Gpu { gpu, reason } => {
+                let Some(name) = names.get(&gpu) else {
+                    return Ok(Decision::NoRoom {
+                        reason: "internal: unknown GPU".into(),
+                        gpus: names.len(),
+                    });
+                };
+                let cap = &self.capacity[name];
+                let mut reservations = cap.reservation_list().to_vec();
+                reservations.push(new.clone());
+                Ok(Decision::Place {
+                    capacity_pod: name.clone(),
+                    resource_version: cap.resource_version.clone(),
+                    reservations,
+                    reason: reason.as_str(),
+                })
+            }
+            tessera_core::pack::Placement::NoRoom(why) => Ok(Decision::NoRoom {
+                reason: why.to_string(),
+                gpus: self.capacity.len(),
+            }),
+        }
+    }
+
+    /// Reservations to drop: no tenant pod carries their id, and they are older than `ttl_secs`.
+    pub fn expired(&self, now: u64, ttl_secs: u64) -> Vec<(String, Vec<String>)> {
+        let bound: std::collections::HashSet<&str> =
+            self.tenants.values().map(|t| t.reservation.as_str()).collect();
+        let mut out = Vec::new();
+        for g in self.capacity.values() {
+            let ids: Vec<String> = g
+                .reservation_list()
+                .iter()
+                .filter(|r| !bound.contains(r.id.as_str()) && r.created_at.saturating_add(ttl_secs) <= now)
+                .map(|r| r.id.clone())
+                .collect();
+            if !ids.is_empty() {
+                out.push((g.name.clone(), ids));
+            }
+        }
+        out
+    }
+
+    /// Capacity pods to mark empty (no reservation, no `empty-since` yet) and to delete (empty for at least
+    /// `grace_secs`). Unreadable ones are neither: what they hold is unknown.
+    pub fn empty_gpus(&self, now: u64, grace_secs: u64) -> (Vec<String>, Vec<String>) {
+        let mut mark = Vec::new();
+        let mut delete = Vec::new();
+        for g in self.capacity.values() {
+            match &g.reservations {
+                Ok(list) if list.is_empty() => match g.empty_since {
+                    None => mark.push(g.name.clone()),
+                    Some(t) if t.saturating_add(grace_secs) <= now => delete.push(g.name.clone()),
+                    Some(_) => {}
+                },
+                _ => {}
+            }
+        }
+        (mark, delete)
+    }
+}
+
+/// The merge patch that sets a capacity pod's reservations, guarded by `resource_version`: the Karpenter
+/// `do-not-disrupt` annotation while it has tenants, and `empty-since` from the moment it has none.
+pub fn reservations_patch(
+    reservations: &[Reservation],
+    resource_version: Option<&str>,
+    previous_empty_since: Option<u64>,
+    now: u64,
+) -> serde_json::Value {
+    let (dnd, empty) = if reservations.is_empty() {
+        (
+            serde_json::Value::Null,
+            serde_json::Value::String(previous_empty_since.unwrap_or(now).to_string()),
+        )
+    } else {
+        (serde_json::Value::String("true".into()), serde_json::Value::Null)
+    };
+    let mut meta = serde_json::json!({
+        "annotations": {
+            ANNOTATION_RESERVATIONS: encode_reservations(reservations),
+            KARPENTER_DO_NOT_DISRUPT: dnd,
+            ANNOTATION_EMPTY_SINCE: empty,
+        }
+    });
+    if let Some(rv) = resource_version {
+        meta["resourceVersion"] = serde_json::Value::String(rv.to_string());
+    }
+    serde_json::json!({ "metadata": meta })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    pub(crate) fn resv(id: &str, c: u32, at: u64) -> Reservation {
+        Reservation {
+            id: id.into(),
+            model: format!("model-{id}"),
+            compute_milli: c,
+            memory_mib: 1000,
+            priority: 0,
+            created_at: at,
+            pod: None,
+        }
+    }
+
+    fn cap(name: &str, rs: &[Reservation], empty_since: Option<u64>) -> Pod {
+        let mut ann = BTreeMap::new();
+        ann.insert(ANNOTATION_RESERVATIONS.to_string(), encode_reservations(rs));
+        if let Some(t) = empty_since {
+            ann.insert(ANNOTATION_EMPTY_SINCE.to_string(), t.to_string());
+        }
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("tessera-system".into()),
+                labels: Some(BTreeMap::from([
+                    (LABEL_POOL.to_string(), "p".to_string()),
+                    (LABEL_CAPACITY_POD.to_string(), "true".to_string()),
+                ])),
+                annotations: Some(ann),
+                resource_version: Some("7".into()),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    fn tenant(ns: &str, name: &str, reservation: &str, capacity: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some(BTreeMap::from([(LABEL_POOL.to_string(), "p".to_string())])),
+                annotations: Some(BTreeMap::from([
+                    (ANNOTATION_RESERVATION.to_string(), reservation.to_string()),
+                    (ANNOTATION_CAPACITY_POD.to_string(), capacity.to_string()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    const SHAPE: GpuShape = GpuShape {
+        memory_mib: 81920,
+        headroom_mib: 1024,
+    };
+
+    #[test]
+    fn decide_best_fit_and_idempotent() {
+        let mut idx = PoolIndex::new("p");
+        idx.reset_capacity(&[
+            cap("a", &[resv("r1", 700, 0)], None),
+            cap("b", &[resv("r2", 200, 0)], None),
+        ]);
+        match idx.decide(&SHAPE, &resv("r3", 300, 5)).unwrap() {
+            Decision::Place {
+                capacity_pod,
+                resource_version,
+                reservations,
+                reason,
+            } => {
+                assert_eq!(capacity_pod, "a");
+                assert_eq!(resource_version.as_deref(), Some("7"));
+                assert_eq!(reservations.len(), 2);
+                assert_eq!(reason, "BestFit");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            idx.decide(&SHAPE, &resv("r1", 300, 5)).unwrap(),
+            Decision::Existing {
+                capacity_pod: "a".into()
+            }
+        );
+        assert!(matches!(
+            idx.decide(&SHAPE, &resv("r4", 900, 5)).unwrap(),
+            Decision::NoRoom { gpus: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn unreadable_or_other_pools_are_never_placed_on() {
+        let mut idx = PoolIndex::new("p");
+        let mut bad = cap("bad", &[], None);
+        bad.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION_RESERVATIONS.into(), "{oops".into());
+        let mut other = cap("other", &[], None);
+        other
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL_POOL.into(), "q".into());
+        idx.reset_capacity(&[bad, other]);
+        assert_eq!(idx.capacity().count(), 1);
+        assert!(matches!(
+            idx.decide(&SHAPE, &resv("r", 10, 0)).unwrap(),
+            Decision::NoRoom { .. }
+        ));
+        // Nor deleted: what it holds is unknown.
+        assert_eq!(idx.empty_gpus(10_000, 0), (vec![], vec![]));
+    }
+
+    #[test]
+    fn expiry_spares_reservations_with_a_pod() {
+        let mut idx = PoolIndex::new("p");
+        idx.reset_capacity(&[cap(
+            "a",
+            &[resv("r1", 100, 0), resv("r2", 100, 0), resv("r3", 100, 90)],
+            None,
+        )]);
+        idx.reset_tenants(&[tenant("ns", "pod-1", "r1", "a")]);
+        assert_eq!(idx.expired(100, 120), vec![]);
+        assert_eq!(
+            idx.expired(120, 120),
+            vec![("a".to_string(), vec!["r2".to_string()])]
+        );
+        assert_eq!(
+            idx.expired(210, 120),
+            vec![("a".to_string(), vec!["r2".to_string(), "r3".to_string()])]
+        );
+        assert_eq!(idx.delete_tenant("ns/pod-1").unwrap().reservation, "r1");
+    }
+
+    #[test]
+    fn empty_gpus_are_marked_then_deleted_after_grace() {
+        let mut idx = PoolIndex::new("p");
+        idx.reset_capacity(&[
+            cap("a", &[], None),
+            cap("b", &[], Some(100)),
+            cap("c", &[resv("r", 1, 0)], None),
+        ]);
+        assert_eq!(idx.empty_gpus(500, 600), (vec!["a".to_string()], vec![]));
+        assert_eq!(
+            idx.empty_gpus(700, 600),
+            (vec!["a".to_string()], vec!["b".to_string()])
+        );
+    }
+
+    #[test]
+    fn patch_carries_resource_version_and_karpenter_annotation() {
+        let p = reservations_patch(&[resv("r", 100, 0)], Some("42"), Some(5), 9);
+        assert_eq!(p["metadata"]["resourceVersion"], "42");
+        assert_eq!(p["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT], "true");
+        assert!(p["metadata"]["annotations"][ANNOTATION_EMPTY_SINCE].is_null());
+        let p = reservations_patch(&[], Some("43"), None, 9);
+        assert!(p["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT].is_null());
+        assert_eq!(p["metadata"]["annotations"][ANNOTATION_EMPTY_SINCE], "9");
+        let doc = p["metadata"]["annotations"][ANNOTATION_RESERVATIONS]
+            .as_str()
+            .unwrap();
+        assert_eq!(decode_reservations(Some(doc)).unwrap(), vec![]);
+        assert!(
+            decode_reservations(Some("{\"version\":2,\"reservations\":[]}"))
+                .unwrap_err()
+                .contains("version 2")
+        );
+    }
+}

@@ -1,0 +1,550 @@
+//! The pool manager against kube's mock service: a small in-memory API server for pods that enforces
+//! `resourceVersion` on merge patches and delete preconditions the way the real one does (409 Conflict), and
+//! logs every request so the tests can assert what was sent.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Pod;
+use kube::client::Body;
+use serde_json::{Value, json};
+
+use super::state::Reservation;
+use super::*;
+
+#[derive(Debug, Clone)]
+struct Logged {
+    method: String,
+    path: String,
+    query: String,
+    body: Value,
+    status: u16,
+}
+
+#[derive(Debug, Default)]
+struct FakeApi {
+    /// (namespace, name) → pod JSON.
+    pods: BTreeMap<(String, String), Value>,
+    rv: u64,
+    log: Vec<Logged>,
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn matches_selector(pod: &Value, selector: &str) -> bool {
+    let labels = &pod["metadata"]["labels"];
+    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
+        if let Some(k) = term.strip_prefix('!') {
+            labels.get(k).is_none()
+        } else if let Some((k, v)) = term.split_once('=') {
+            labels.get(k).and_then(Value::as_str) == Some(v)
+        } else {
+            labels.get(term).is_some()
+        }
+    })
+}
+
+impl FakeApi {
+    fn insert(&mut self, pod: &Pod) {
+        let mut v = serde_json::to_value(pod).unwrap();
+        self.rv += 1;
+        v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        let ns = v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        let name = v["metadata"]["name"].as_str().unwrap().to_string();
+        self.pods.insert((ns, name), v);
+    }
+
+    fn pod(&self, ns: &str, name: &str) -> Option<Pod> {
+        self.pods
+            .get(&(ns.into(), name.into()))
+            .map(|v| serde_json::from_value(v.clone()).unwrap())
+    }
+
+    fn handle(&mut self, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let selector = query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("labelSelector="))
+            .map(percent_decode)
+            .unwrap_or_default();
+        match (method, segs.as_slice()) {
+            ("GET", ["api", "v1", "pods"]) => (200, self.list(None, &selector)),
+            ("GET", ["api", "v1", "namespaces", ns, "pods"]) => (200, self.list(Some(ns), &selector)),
+            ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
+                match self.pods.get(&(ns.to_string(), name.to_string())) {
+                    Some(p) => (200, p.clone()),
+                    None => (404, status(404, "NotFound", "pods not found")),
+                }
+            }
+            ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
+                let key = (ns.to_string(), name.to_string());
+                let Some(cur) = self.pods.get(&key) else {
+                    return (404, status(404, "NotFound", "not found"));
+                };
+                if let Some(want) = body["metadata"]["resourceVersion"].as_str()
+                    && cur["metadata"]["resourceVersion"].as_str() != Some(want)
+                {
+                    return (409, status(409, "Conflict", "the object has been modified"));
+                }
+                let mut next = cur.clone();
+                json_patch::merge(&mut next, &body);
+                self.rv += 1;
+                next["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                self.pods.insert(key, next.clone());
+                (200, next)
+            }
+            ("POST", ["api", "v1", "namespaces", ns, "pods"]) => {
+                let name = body["metadata"]["name"].as_str().unwrap().to_string();
+                if self.pods.contains_key(&(ns.to_string(), name)) {
+                    return (409, status(409, "AlreadyExists", "already exists"));
+                }
+                let pod: Pod = serde_json::from_value(body).unwrap();
+                self.insert(&pod);
+                let name = pod.metadata.name.unwrap();
+                (201, self.pods[&(ns.to_string(), name)].clone())
+            }
+            ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => {
+                let key = (ns.to_string(), name.to_string());
+                let Some(cur) = self.pods.get(&key) else {
+                    return (404, status(404, "NotFound", "not found"));
+                };
+                if let Some(want) = body["preconditions"]["resourceVersion"].as_str()
+                    && cur["metadata"]["resourceVersion"].as_str() != Some(want)
+                {
+                    return (409, status(409, "Conflict", "precondition failed"));
+                }
+                let gone = self.pods.remove(&key).unwrap();
+                (200, gone)
+            }
+            _ => (
+                400,
+                status(
+                    400,
+                    "BadRequest",
+                    &format!("fake API: unsupported {method} {path}"),
+                ),
+            ),
+        }
+    }
+
+    fn list(&self, ns: Option<&str>, selector: &str) -> Value {
+        let items: Vec<Value> = self
+            .pods
+            .iter()
+            .filter(|((pns, _), p)| ns.is_none_or(|n| n == pns) && matches_selector(p, selector))
+            .map(|(_, p)| p.clone())
+            .collect();
+        json!({"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": self.rv.to_string()}, "items": items})
+    }
+}
+
+/// A client whose requests are answered by `api`, one at a time, like an API server with one writer.
+fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        while let Some((req, send)) = handle.next_request().await {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let body: Value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap()
+            };
+            let method = parts.method.to_string();
+            let path = parts.uri.path().to_string();
+            let query = parts.uri.query().unwrap_or("").to_string();
+            let (code, resp) = {
+                let mut a = api.lock().unwrap();
+                let (code, resp) = a.handle(&method, &path, &query, body.clone());
+                a.log.push(Logged {
+                    method,
+                    path,
+                    query,
+                    body,
+                    status: code,
+                });
+                (code, resp)
+            };
+            let response = Response::builder()
+                .status(StatusCode::from_u16(code).unwrap())
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&resp).unwrap()))
+                .unwrap();
+            send.send_response(response);
+        }
+    });
+    kube::Client::new(svc, "default")
+}
+
+const CONFIG: &str = "namespace: tessera-system\nimage: tessera:test\nreservationTtl: 2m\npools:\n\
+- name: p\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 3\n  emptyGpuGracePeriod: 10m\n  memoryHeadroomMiB: 1024\n";
+
+fn config(max_gpus: u32) -> Arc<PoolsConfig> {
+    Arc::new(PoolsConfig::from_yaml(&CONFIG.replace("maxGpus: 3", &format!("maxGpus: {max_gpus}"))).unwrap())
+}
+
+fn resv(id: &str, c: u32, at: u64) -> Reservation {
+    Reservation {
+        id: id.into(),
+        model: format!("model-{id}"),
+        compute_milli: c,
+        memory_mib: 4096,
+        priority: 0,
+        created_at: at,
+        pod: None,
+    }
+}
+
+fn capacity(cfg: &PoolsConfig, name: &str, rs: &[Reservation], node: &str, uuid: &str) -> Pod {
+    let mut pod = capacity::capacity_pod(cfg, &cfg.pools[0], name, rs);
+    pod.spec.as_mut().unwrap().node_name = Some(node.into());
+    pod.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(ANNOTATION_GPU_UUID.into(), uuid.into());
+    pod
+}
+
+fn tenant(ns: &str, name: &str, reservation: &str, cap: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "labels": {LABEL_POOL: "p"},
+                     "annotations": {ANNOTATION_RESERVATION: reservation, ANNOTATION_CAPACITY_POD: cap}}
+    }))
+    .unwrap()
+}
+
+fn request(id: &str, c: u32) -> ReserveRequest {
+    ReserveRequest {
+        id: id.into(),
+        model: format!("model-{id}"),
+        compute_milli: c,
+        memory_mib: 4096,
+        priority: 0,
+        pod: None,
+    }
+}
+
+fn reservations_on(api: &Arc<Mutex<FakeApi>>, name: &str) -> Vec<Reservation> {
+    let pod = api.lock().unwrap().pod("tessera-system", name).unwrap();
+    let ann = pod.metadata.annotations.unwrap();
+    state::decode_reservations(ann.get(ANNOTATION_RESERVATIONS).map(String::as_str)).unwrap()
+}
+
+fn seeded(pods: &[Pod]) -> Arc<Mutex<FakeApi>> {
+    let api = Arc::new(Mutex::new(FakeApi::default()));
+    for p in pods {
+        api.lock().unwrap().insert(p);
+    }
+    api
+}
+
+#[tokio::test]
+async fn two_concurrent_reservations_for_the_last_slot_never_double_book() {
+    let cfg = config(3);
+    // gpu-a has 300 milli left (the best fit for 300), gpu-b 500.
+    let api = seeded(
+        &cfg,
+        &[
+            capacity(&cfg, "gpu-a", &[resv("old-a", 700, 0)], "node-1", "GPU-a"),
+            capacity(&cfg, "gpu-b", &[resv("old-b", 500, 0)], "node-2", "GPU-b"),
+        ],
+    );
+    let c = client(api.clone());
+    // Two webhook replicas, each with its own view of the cluster.
+    let w1 = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
+    let w2 = PoolManager::new(c, cfg.clone(), "p").unwrap();
+    w1.rebuild().await.unwrap();
+    w2.rebuild().await.unwrap();
+    api.lock().unwrap().log.clear();
+
+    let (p1, p2) = tokio::join!(
+        w1.reserve(request("r1", 300), 10),
+        w2.reserve(request("r2", 300), 10)
+    );
+    let (p1, p2) = (p1.unwrap(), p2.unwrap());
+    let mut got = [p1.capacity_pod.as_str(), p2.capacity_pod.as_str()];
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        ["gpu-a", "gpu-b"],
+        "one wins the last slot on gpu-a, the other goes to gpu-b"
+    );
+    let winner_on_b = if p1.capacity_pod == "gpu-b" { &p1 } else { &p2 };
+    assert_eq!(winner_on_b.node.as_deref(), Some("node-2"));
+    assert_eq!(winner_on_b.gpu_uuid.as_deref(), Some("GPU-b"));
+
+    // The cluster agrees: gpu-a exactly full, nothing booked twice.
+    let a: u32 = reservations_on(&api, "gpu-a")
+        .iter()
+        .map(|r| r.compute_milli)
+        .sum();
+    let b: u32 = reservations_on(&api, "gpu-b")
+        .iter()
+        .map(|r| r.compute_milli)
+        .sum();
+    assert_eq!((a, b), (1000, 800));
+
+    // The requests: both patched gpu-a with a resourceVersion, one got 409, re-read gpu-a, then patched gpu-b.
+    let log = api.lock().unwrap().log.clone();
+    let summary: Vec<(String, String, u16)> = log
+        .iter()
+        .map(|l| {
+            (
+                l.method.clone(),
+                l.path.rsplit('/').next().unwrap().to_string(),
+                l.status,
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("PATCH".into(), "gpu-a".into(), 200),
+            ("PATCH".into(), "gpu-a".into(), 409),
+            ("GET".into(), "gpu-a".into(), 200),
+            ("PATCH".into(), "gpu-b".into(), 200),
+        ]
+    );
+    for l in log.iter().filter(|l| l.method == "PATCH") {
+        assert!(
+            l.body["metadata"]["resourceVersion"].is_string(),
+            "every write is guarded: {:?}",
+            l.body
+        );
+        assert_eq!(
+            l.body["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT],
+            "true"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_loser_creates_a_capacity_pod_when_no_gpu_has_room() {
+    let cfg = config(3);
+    let api = seeded(
+        &cfg,
+        &[capacity(&cfg, "gpu-a", &[resv("old", 600, 0)], "node-1", "GPU-a")],
+    );
+    let c = client(api.clone());
+    let w1 = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
+    let w2 = PoolManager::new(c, cfg.clone(), "p").unwrap();
+    w1.rebuild().await.unwrap();
+    w2.rebuild().await.unwrap();
+    api.lock().unwrap().log.clear();
+    let (p1, p2) = tokio::join!(
+        w1.reserve(request("r1", 400), 10),
+        w2.reserve(request("r2", 400), 10)
+    );
+    let (p1, p2) = (p1.unwrap(), p2.unwrap());
+    let created = if p1.capacity_pod == "gpu-a" { p2 } else { p1 };
+    assert_eq!(created.reason, "CreatedCapacityPod");
+    assert_eq!(
+        created.node, None,
+        "a new capacity pod is Pending until a node has a free GPU"
+    );
+    let log = api.lock().unwrap().log.clone();
+    let post = log.iter().find(|l| l.method == "POST").unwrap();
+    assert_eq!(post.path, "/api/v1/namespaces/tessera-system/pods");
+    assert_eq!(
+        post.body["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "1"
+    );
+    assert_eq!(post.body["metadata"]["labels"][LABEL_CAPACITY_POD], "true");
+    assert_eq!(
+        post.body["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT],
+        "true"
+    );
+    let on_new = reservations_on(&api, &created.capacity_pod);
+    assert_eq!(on_new.len(), 1);
+    assert_eq!(on_new[0].id, created.reservation_id);
+    assert_eq!(log.iter().filter(|l| l.status == 409).count(), 1);
+}
+
+#[tokio::test]
+async fn a_restarted_manager_rebuilds_from_listed_pods() {
+    let cfg = config(1);
+    let api = seeded(
+        &cfg,
+        &[
+            capacity(
+                &cfg,
+                "gpu-a",
+                &[resv("r1", 600, 0), resv("r2", 300, 0)],
+                "node-1",
+                "GPU-a",
+            ),
+            tenant("team", "llama-0", "r1", "gpu-a"),
+            tenant("team", "qwen-0", "r2", "gpu-a"),
+        ],
+    );
+    let m = PoolManager::new(client(api.clone()), cfg.clone(), "p").unwrap();
+    m.rebuild().await.unwrap();
+    {
+        let log = api.lock().unwrap().log.clone();
+        assert_eq!(log.len(), 2);
+        assert_eq!(log[0].path, "/api/v1/namespaces/tessera-system/pods");
+        assert!(
+            percent_decode(&log[0].query)
+                .contains("labelSelector=tessera.dev/pool=p,tessera.dev/capacity-pod=true")
+        );
+        assert_eq!(log[1].path, "/api/v1/pods");
+        assert!(
+            percent_decode(&log[1].query)
+                .contains("labelSelector=tessera.dev/pool=p,!tessera.dev/capacity-pod")
+        );
+    }
+    assert_eq!(m.index().tenants().count(), 2);
+    // A retried admission gets its own reservation back, without writing.
+    api.lock().unwrap().log.clear();
+    let again = m.reserve(request("r1", 600), 50).await.unwrap();
+    assert_eq!(
+        (again.capacity_pod.as_str(), again.reason.as_str()),
+        ("gpu-a", "Existing")
+    );
+    assert!(api.lock().unwrap().log.is_empty());
+    // The rebuilt state is respected: 100 milli left, and the pool is at maxGpus = 1.
+    assert!(m.reserve(request("r3", 100), 50).await.is_ok());
+    let err = m.reserve(request("r4", 50), 50).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PoolError::NoRoom {
+                gpus: 1,
+                max_gpus: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(err.label(), "no_room");
+}
+
+#[tokio::test]
+async fn expiry_release_and_deletion_after_grace() {
+    let cfg = config(3);
+    let api = seeded(
+        &cfg,
+        &[
+            capacity(
+                &cfg,
+                "gpu-a",
+                &[resv("never-came", 200, 0), resv("bound", 300, 0)],
+                "node-1",
+                "GPU-a",
+            ),
+            tenant("team", "pod-1", "bound", "gpu-a"),
+        ],
+    );
+    let m = PoolManager::new(client(api.clone()), cfg.clone(), "p").unwrap();
+    m.rebuild().await.unwrap();
+
+    // Before the TTL (120 s) nothing happens.
+    api.lock().unwrap().log.clear();
+    assert_eq!(m.reconcile(100).await.unwrap(), ReconcileReport::default());
+    assert!(api.lock().unwrap().log.is_empty());
+
+    // After it, the reservation without a pod goes; the one with a pod stays.
+    let r = m.reconcile(130).await.unwrap();
+    assert_eq!(r.expired, 1);
+    let left: Vec<String> = reservations_on(&api, "gpu-a").into_iter().map(|r| r.id).collect();
+    assert_eq!(left, vec!["bound".to_string()]);
+
+    // The tenant is deleted: its share is freed, the GPU is marked empty and loses do-not-disrupt.
+    assert!(m.tenant_deleted("team/pod-1", 200).await.unwrap());
+    assert!(reservations_on(&api, "gpu-a").is_empty());
+    let pod = api.lock().unwrap().pod("tessera-system", "gpu-a").unwrap();
+    let ann = pod.metadata.annotations.unwrap();
+    assert_eq!(ann.get(ANNOTATION_EMPTY_SINCE).map(String::as_str), Some("200"));
+    assert!(!ann.contains_key(KARPENTER_DO_NOT_DISRUPT));
+    assert!(
+        !m.release("bound", 201).await.unwrap(),
+        "releasing twice is a no-op"
+    );
+
+    // Within the grace period (10 min) it stays; after, it is deleted with a resourceVersion precondition.
+    api.lock().unwrap().log.clear();
+    assert!(m.reconcile(200 + 599).await.unwrap().deleted.is_empty());
+    let r = m.reconcile(200 + 600).await.unwrap();
+    assert_eq!(r.deleted, vec!["gpu-a".to_string()]);
+    let log = api.lock().unwrap().log.clone();
+    let del = log.iter().find(|l| l.method == "DELETE").unwrap();
+    assert!(
+        del.body["preconditions"]["resourceVersion"].is_string(),
+        "{:?}",
+        del.body
+    );
+    assert!(api.lock().unwrap().pod("tessera-system", "gpu-a").is_none());
+}
+
+#[tokio::test]
+async fn a_reservation_racing_the_deletion_keeps_the_gpu() {
+    let cfg = config(3);
+    let mut empty = capacity(&cfg, "gpu-a", &[], "node-1", "GPU-a");
+    empty
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(ANNOTATION_EMPTY_SINCE.into(), "0".into());
+    let api = seeded(&[empty]);
+    let c = client(api.clone());
+    let gc = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
+    let webhook = PoolManager::new(c, cfg.clone(), "p").unwrap();
+    gc.rebuild().await.unwrap();
+    webhook.rebuild().await.unwrap();
+    // The webhook reserves on the empty GPU after the collector's last look at it.
+    webhook.reserve(request("late", 100), 1000).await.unwrap();
+    let r = gc.reconcile(1000).await.unwrap();
+    assert!(r.deleted.is_empty());
+    assert!(api.lock().unwrap().pod("tessera-system", "gpu-a").is_some());
+    assert_eq!(reservations_on(&api, "gpu-a").len(), 1);
+    let statuses: Vec<u16> = api
+        .lock()
+        .unwrap()
+        .log
+        .iter()
+        .filter(|l| l.method == "DELETE")
+        .map(|l| l.status)
+        .collect();
+    assert_eq!(statuses, vec![409]);
+}
+
+#[tokio::test]
+async fn unknown_pools_and_bad_requests_are_clear_errors() {
+    let cfg = config(3);
+    let api = seeded(&[]);
+    let c = client(api.clone());
+    let e = PoolManager::new(c.clone(), cfg.clone(), "nope").unwrap_err();
+    assert_eq!(e.to_string(), "no pool named \"nope\" in the pool config");
+    let m = PoolManager::new(c, cfg, "p").unwrap();
+    let e = m.reserve(request("x", 1500), 0).await.unwrap_err();
+    assert!(e.to_string().contains("1..=1000"), "{e}");
+}
