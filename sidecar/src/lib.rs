@@ -53,7 +53,8 @@ pub struct Args {
     /// dedicated GPU) or derived from vLLM's gpu_memory_utilization × total − KV cache.
     #[arg(long, env = "TESSERA_NON_KV_MEMORY_MIB")]
     pub non_kv_memory_mib: Option<u64>,
-    /// The server's --max-model-len: the KV cache is never recommended below one such sequence.
+    /// The server's --max-model-len: the KV cache is never recommended below one such sequence. Without it, it
+    /// is read from vLLM's /v1/models (`max_model_len` of each model card).
     #[arg(long, env = "TESSERA_MAX_MODEL_LEN")]
     pub max_model_len: Option<u64>,
     /// NVML index of the GPU this server uses.
@@ -235,6 +236,8 @@ async fn scrape_loop(
     // After a slow scrape, wait a full interval rather than firing a burst to catch up.
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut gpu_failed = false;
+    // When to next ask vLLM's /v1/models for max_model_len (while unknown; once a minute at most).
+    let mut next_models_query = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -260,11 +263,24 @@ async fn scrape_loop(
             _ = shutdown.cancelled() => return,
             r = scraper.scrape() => r,
         };
+        let want_len = result.is_ok()
+            && tokio::time::Instant::now() >= next_models_query
+            && shared.state.lock().is_ok_and(|s| s.needs_max_model_len());
+        let learned_len = if want_len {
+            next_models_query = tokio::time::Instant::now() + Duration::from_secs(60);
+            scraper.max_model_len().await
+        } else {
+            None
+        };
         let now = unix_now();
         let (Ok(mut state), Ok(mut exporter)) = (shared.state.lock(), shared.exporter.lock()) else {
             tracing::error!("state lock poisoned; stopping the scrape loop");
             return;
         };
+        if let Some(n) = learned_len {
+            tracing::info!(max_model_len = n, "learned max_model_len from vLLM's /v1/models");
+            state.set_max_model_len(n);
+        }
         state.set_gpu(reading.map_or("none", |(s, _)| s), reading.map(|(_, r)| r));
         match result {
             Ok(snapshot) => {

@@ -33,6 +33,16 @@ impl Scraper {
         })
     }
 
+    /// vLLM's `--max-model-len`, from its OpenAI `/v1/models` (each model card carries `max_model_len`); the
+    /// largest over the served models, since the KV cache must hold the longest. `None` when the server does not
+    /// say (older servers, or not vLLM): the recommendation then just has no one-sequence floor.
+    pub async fn max_model_len(&self) -> Option<u64> {
+        let url = format!("{}/v1/models", self.metrics_url.trim_end_matches("/metrics"));
+        let resp = self.client.get(&url).send().await.ok()?.error_for_status().ok()?;
+        let body: serde_json::Value = resp.json().await.ok()?;
+        max_model_len_of(&body)
+    }
+
     /// The URL scraped.
     pub fn url(&self) -> &str {
         &self.metrics_url
@@ -103,5 +113,36 @@ impl Scraper {
             url: url.clone(),
             detail: format!("not UTF-8: {e}"),
         })
+    }
+}
+
+/// The largest `data[].max_model_len` of an OpenAI `/v1/models` answer.
+pub fn max_model_len_of(body: &serde_json::Value) -> Option<u64> {
+    body.get("data")?
+        .as_array()?
+        .iter()
+        .filter_map(|m| m.get("max_model_len")?.as_u64())
+        .filter(|n| *n > 0)
+        .max()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn max_model_len_from_models_list() {
+        let body = serde_json::json!({"object": "list", "data": [
+            {"id": "base", "object": "model", "max_model_len": 8192},
+            {"id": "lora-a", "object": "model", "max_model_len": null},
+            {"id": "long", "object": "model", "max_model_len": 32768}
+        ]});
+        assert_eq!(max_model_len_of(&body), Some(32768));
+        assert_eq!(
+            max_model_len_of(&serde_json::json!({"data": [{"id": "x"}]})),
+            None
+        );
+        assert_eq!(max_model_len_of(&serde_json::json!({"error": "nope"})), None);
     }
 }

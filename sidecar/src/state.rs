@@ -104,6 +104,16 @@ impl State {
         self.vllm_up
     }
 
+    /// True when `--max-model-len` is unknown (neither configured nor learned from vLLM yet).
+    pub fn needs_max_model_len(&self) -> bool {
+        self.settings.max_model_len.is_none()
+    }
+
+    /// Learns vLLM's `max_model_len` (from `/v1/models`).
+    pub fn set_max_model_len(&mut self, n: u64) {
+        self.settings.max_model_len = Some(n);
+    }
+
     /// Good scrapes in the window.
     pub fn window_len(&self) -> usize {
         self.window.len()
@@ -304,6 +314,7 @@ impl State {
             ready: self.ready,
             stale: !self.vllm_up,
             scrape: self.scrape.clone(),
+            max_model_len: self.settings.max_model_len,
             latest,
             window,
             gpu,

@@ -34,6 +34,9 @@ pub struct SidecarStatus {
     pub stale: bool,
     /// Scrape bookkeeping: times, counts, last error.
     pub scrape: ScrapeStatus,
+    /// vLLM's `max_model_len` (configured on the sidecar, or read from vLLM's `/v1/models`), if known.
+    #[serde(default)]
+    pub max_model_len: Option<u64>,
     /// The last good snapshot, if any scrape ever succeeded.
     #[serde(default)]
     pub latest: Option<SnapshotSummary>,
