@@ -270,13 +270,10 @@ fn seeded(pods: &[Pod]) -> Arc<Mutex<FakeApi>> {
 async fn two_concurrent_reservations_for_the_last_slot_never_double_book() {
     let cfg = config(3);
     // gpu-a has 300 milli left (the best fit for 300), gpu-b 500.
-    let api = seeded(
-        &cfg,
-        &[
-            capacity(&cfg, "gpu-a", &[resv("old-a", 700, 0)], "node-1", "GPU-a"),
-            capacity(&cfg, "gpu-b", &[resv("old-b", 500, 0)], "node-2", "GPU-b"),
-        ],
-    );
+    let api = seeded(&[
+        capacity(&cfg, "gpu-a", &[resv("old-a", 700, 0)], "node-1", "GPU-a"),
+        capacity(&cfg, "gpu-b", &[resv("old-b", 500, 0)], "node-2", "GPU-b"),
+    ]);
     let c = client(api.clone());
     // Two webhook replicas, each with its own view of the cluster.
     let w1 = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
@@ -349,10 +346,7 @@ async fn two_concurrent_reservations_for_the_last_slot_never_double_book() {
 #[tokio::test]
 async fn the_loser_creates_a_capacity_pod_when_no_gpu_has_room() {
     let cfg = config(3);
-    let api = seeded(
-        &cfg,
-        &[capacity(&cfg, "gpu-a", &[resv("old", 600, 0)], "node-1", "GPU-a")],
-    );
+    let api = seeded(&[capacity(&cfg, "gpu-a", &[resv("old", 600, 0)], "node-1", "GPU-a")]);
     let c = client(api.clone());
     let w1 = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
     let w2 = PoolManager::new(c, cfg.clone(), "p").unwrap();
@@ -391,20 +385,17 @@ async fn the_loser_creates_a_capacity_pod_when_no_gpu_has_room() {
 #[tokio::test]
 async fn a_restarted_manager_rebuilds_from_listed_pods() {
     let cfg = config(1);
-    let api = seeded(
-        &cfg,
-        &[
-            capacity(
-                &cfg,
-                "gpu-a",
-                &[resv("r1", 600, 0), resv("r2", 300, 0)],
-                "node-1",
-                "GPU-a",
-            ),
-            tenant("team", "llama-0", "r1", "gpu-a"),
-            tenant("team", "qwen-0", "r2", "gpu-a"),
-        ],
-    );
+    let api = seeded(&[
+        capacity(
+            &cfg,
+            "gpu-a",
+            &[resv("r1", 600, 0), resv("r2", 300, 0)],
+            "node-1",
+            "GPU-a",
+        ),
+        tenant("team", "llama-0", "r1", "gpu-a"),
+        tenant("team", "qwen-0", "r2", "gpu-a"),
+    ]);
     let m = PoolManager::new(client(api.clone()), cfg.clone(), "p").unwrap();
     m.rebuild().await.unwrap();
     {
@@ -450,19 +441,16 @@ async fn a_restarted_manager_rebuilds_from_listed_pods() {
 #[tokio::test]
 async fn expiry_release_and_deletion_after_grace() {
     let cfg = config(3);
-    let api = seeded(
-        &cfg,
-        &[
-            capacity(
-                &cfg,
-                "gpu-a",
-                &[resv("never-came", 200, 0), resv("bound", 300, 0)],
-                "node-1",
-                "GPU-a",
-            ),
-            tenant("team", "pod-1", "bound", "gpu-a"),
-        ],
-    );
+    let api = seeded(&[
+        capacity(
+            &cfg,
+            "gpu-a",
+            &[resv("never-came", 200, 0), resv("bound", 300, 0)],
+            "node-1",
+            "GPU-a",
+        ),
+        tenant("team", "pod-1", "bound", "gpu-a"),
+    ]);
     let m = PoolManager::new(client(api.clone()), cfg.clone(), "p").unwrap();
     m.rebuild().await.unwrap();
 
