@@ -3,4 +3,5 @@
 pub mod activator;
 pub mod controller;
 pub mod crd;
+pub mod leader;
 pub mod pool;

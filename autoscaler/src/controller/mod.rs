@@ -1,0 +1,321 @@
+//! `tessera autoscaler`: the InferenceAutoscaler controller, the HPA replacement for model servers.
+//!
+//! - [`reconcile`]: one object per call — read `/scale`, read every ready replica's sidecar, add the activator's
+//!   demand, decide with [`tessera_core::scale::decide`], scale through `/scale`, write status, emit Events.
+//! - [`signals`]: the sidecar and activator documents and their conversion into the core's input.
+//! - [`status`]: HPA-like conditions, built purely from a decision.
+//! - [`metrics`]: the Prometheus registry served on `/metrics`.
+//! - [`crate::leader`]: only the replica holding the `Lease` reconciles; others stand by.
+//!
+//! **Wake-up contract with the activator.** When the activator holds a request for a model with no ready
+//! replica, it merge-patches the annotation `tessera.dev/activated-at` (RFC 3339 UTC,
+//! [`tessera_core::wire::activator::ACTIVATED_AT_ANNOTATION`]) onto the model's InferenceAutoscaler. The controller
+//! watches InferenceAutoscalers and reconciles at once when an object's generation *or that annotation* changes (its
+//! own status writes are skipped), so the patch starts a reconcile within one watch round-trip. A wake-up
+//! younger than `--activation-window` counts as one queued request, which takes a model at zero to at least one
+//! replica at once (no stabilization on the way up from zero), even if the activator's stats could not be read.
+//! The activator's stats (`--activator-url`, polled every `--activator-poll-interval`) give the request rate,
+//! in-flight and queued counts, and the last arrival; without them a model is never scaled to zero.
+
+pub mod metrics;
+pub mod reconcile;
+pub mod signals;
+pub mod status;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::crd::InferenceAutoscaler;
+use crate::leader::{ElectionConfig, LeaderElector};
+use metrics::Metrics;
+use reconcile::{Context, Settings};
+use signals::{ActivatorPoller, HttpSignals, SignalSource};
+
+/// `tessera autoscaler` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Address to serve /metrics, /live and /ready on.
+    #[arg(long, env = "TESSERA_METRICS_LISTEN", default_value = "0.0.0.0:9091")]
+    pub metrics_listen: SocketAddr,
+    /// Only watch InferenceAutoscalers in this namespace (default: all namespaces).
+    #[arg(long, env = "TESSERA_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    /// How often every InferenceAutoscaler is decided again (HPA's --horizontal-pod-autoscaler-sync-period).
+    #[arg(long, env = "TESSERA_SYNC_PERIOD", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub sync_period: Duration,
+    /// Port of the tessera sidecar on each model pod (override per pod with the tessera.dev/sidecar-port annotation).
+    #[arg(long, env = "TESSERA_SIDECAR_PORT", default_value_t = 9090)]
+    pub sidecar_port: u16,
+    /// Timeout for each sidecar /v1/status and activator stats request.
+    #[arg(long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub scrape_timeout: Duration,
+    /// A sidecar snapshot older than this counts as missing data (never a reason to scale down).
+    #[arg(long, env = "TESSERA_MAX_SIGNAL_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub max_signal_age: Duration,
+    /// Base URL of an activator whose stats to read (repeatable, one per activator replica). None: models are
+    /// never scaled to zero and the request-rate signal is unavailable.
+    #[arg(long = "activator-url", env = "TESSERA_ACTIVATOR_URLS", value_delimiter = ',')]
+    pub activator_urls: Vec<String>,
+    /// How often to read the activators' stats.
+    #[arg(long, env = "TESSERA_ACTIVATOR_POLL_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub activator_poll_interval: Duration,
+    /// A tessera.dev/activated-at wake-up younger than this counts as a queued request.
+    #[arg(long, env = "TESSERA_ACTIVATION_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub activation_window: Duration,
+    /// Elect a leader with a Lease so several replicas can run (only the leader reconciles).
+    #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Name of the leader Lease.
+    #[arg(long, env = "TESSERA_LEASE_NAME", default_value = "tessera-autoscaler")]
+    pub lease_name: String,
+    /// Namespace of the leader Lease (in a pod: its own namespace via the downward API).
+    #[arg(long, env = "TESSERA_LEASE_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity in the Lease and in Events (in a pod: its name via the downward API).
+    #[arg(long, env = "TESSERA_IDENTITY")]
+    pub identity: Option<String>,
+    /// How long a Lease lives without renewal.
+    #[arg(long, env = "TESSERA_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+    /// A leader that could not renew for this long stops reconciling (must be shorter than --lease-duration).
+    #[arg(long, env = "TESSERA_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub renew_deadline: Duration,
+    /// How often to try to acquire or renew the Lease.
+    #[arg(long, env = "TESSERA_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub retry_period: Duration,
+}
+
+#[derive(Debug)]
+struct Health {
+    metrics: Arc<Metrics>,
+    ready: AtomicBool,
+}
+
+/// Runs the controller until SIGTERM or Ctrl-C.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.renew_deadline >= args.lease_duration {
+        anyhow::bail!(
+            "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?}), or a leader could still be \
+             writing after another replica took over",
+            args.renew_deadline,
+            args.lease_duration
+        );
+    }
+    let client = Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let identity = args
+        .identity
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| format!("tessera-autoscaler-{}", std::process::id()));
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health {
+        metrics: metrics.clone(),
+        ready: AtomicBool::new(false),
+    });
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        info!("shutting down");
+        shutdown_tx.send_replace(true);
+    });
+
+    let listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
+    info!(listen = %listener.local_addr()?, "serving /metrics, /live, /ready");
+    let app = Router::new()
+        .route("/metrics", get(serve_metrics))
+        .route("/live", get(|| async { "ok" }))
+        .route("/ready", get(serve_ready))
+        .with_state(health.clone());
+    let mut server_shutdown = shutdown_rx.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = server_shutdown.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let source: Arc<dyn SignalSource> =
+        Arc::new(HttpSignals::new(args.scrape_timeout).context("building the HTTP client for sidecars")?);
+    let activators = ActivatorPoller::new(&args.activator_urls);
+    if args.activator_urls.is_empty() {
+        warn!(
+            "no --activator-url: models will not be scaled to zero and requestsPerSecondPerReplica has no data"
+        );
+    }
+    tokio::spawn(activators.clone().run(
+        source.clone(),
+        metrics.clone(),
+        args.activator_poll_interval,
+        shutdown_rx.clone(),
+    ));
+
+    let (leader_tx, mut leader_rx) = watch::channel(!args.leader_elect);
+    let election = if args.leader_elect {
+        let elector = LeaderElector::new(
+            Api::<Lease>::namespaced(client.clone(), &args.lease_namespace),
+            ElectionConfig {
+                lease_name: args.lease_name.clone(),
+                identity: identity.clone(),
+                lease_duration: args.lease_duration,
+                renew_deadline: args.renew_deadline,
+                retry_period: args.retry_period,
+            },
+        );
+        Some(tokio::spawn(elector.run(leader_tx, shutdown_rx.clone(), || {
+            reconcile::unix_ms(SystemTime::now())
+        })))
+    } else {
+        drop(leader_tx);
+        None
+    };
+    health.ready.store(true, Ordering::Relaxed);
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "tessera-autoscaler".into(),
+            instance: Some(identity.clone()),
+        },
+    );
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        signals: source,
+        activators,
+        metrics: metrics.clone(),
+        recorder,
+        settings: Settings {
+            sync_period: args.sync_period,
+            sidecar_port: args.sidecar_port,
+            max_signal_age: args.max_signal_age,
+            activation_window: args.activation_window,
+        },
+        clock: Arc::new(SystemTime::now),
+        states: Mutex::new(HashMap::new()),
+        last_runs: Mutex::new(HashMap::new()),
+    });
+
+    let mut shutdown = shutdown_rx.clone();
+    loop {
+        // Stand by until this replica leads (or shutdown).
+        tokio::select! {
+            r = leader_rx.wait_for(|l| *l) => if r.is_err() && args.leader_elect { break },
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+        metrics.set_leader(true);
+        info!(%identity, "leading: starting the controller");
+        // A new term starts from empty history: windows restart, which only delays scale-downs (safe).
+        if let Ok(mut s) = ctx.states.lock() {
+            s.clear();
+        }
+        let api: Api<InferenceAutoscaler> = match &args.watch_namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let controller = controller_stream(api, ctx.clone());
+        tokio::pin!(controller);
+        let lost = async {
+            if args.leader_elect {
+                let _ = leader_rx.wait_for(|l| !*l).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = &mut controller => warn!("the controller stream ended"),
+            _ = lost => warn!("lost leadership: stopping the controller"),
+            _ = shutdown.wait_for(|s| *s) => {
+                metrics.set_leader(false);
+                break;
+            }
+        }
+        metrics.set_leader(false);
+        if *shutdown.borrow() {
+            break;
+        }
+    }
+    if let Some(e) = election {
+        // The elector releases the lease on shutdown so a standby takes over at once.
+        let _ = tokio::time::timeout(Duration::from_secs(5), e).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    Ok(())
+}
+
+/// The kube-runtime controller over InferenceAutoscalers. Every change of an object triggers it, including this
+/// controller's own status writes; [`reconcile::reconcile`] skips those (see [`reconcile::trigger_hash`]) so they do
+/// not loop, while generation changes and the wake-up annotation are acted on at once.
+fn controller_stream(
+    api: Api<InferenceAutoscaler>,
+    ctx: Arc<Context>,
+) -> impl std::future::Future<Output = ()> {
+    Controller::new(api, watcher::Config::default())
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile error");
+            }
+        })
+}
+
+async fn serve_metrics(State(h): State<Arc<Health>>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        h.metrics.encode(),
+    )
+}
+
+async fn serve_ready(State(h): State<Arc<Health>>) -> impl IntoResponse {
+    if h.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

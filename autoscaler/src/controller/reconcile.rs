@@ -1,0 +1,542 @@
+//! One reconcile of one InferenceAutoscaler: observe, decide (in `tessera_core::scale`), act, report.
+//!
+//! 1. Validate the spec into a policy; an invalid spec is reported as the `Valid` condition and a Warning event,
+//!    and nothing is scaled.
+//! 2. Read the target's `/scale` subresource (works for Deployments, StatefulSets and any resource with /scale):
+//!    `spec.replicas` is the current count and `status.selector` finds its pods.
+//! 3. List the pods, keep the ready ones, and read every ready pod's sidecar `/v1/status` concurrently (each with
+//!    the source's timeout). A replica that cannot be read counts as missing, never as idle.
+//! 4. Add the activator's demand for the model's names (polled in the background) and a recent wake-up annotation
+//!    ([`ACTIVATED_AT_ANNOTATION`]) as at least one queued request.
+//! 5. `decide`, then apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`, emit an Event on
+//!    every scale, and write `status` (merge patch carrying the `resourceVersion`, retried on 409 Conflict).
+//!
+//! The per-object [`ScaleState`] lives in memory. Losing it (restart, new leader) only restarts the windows, which
+//! is safe: a scale-down then waits a full stabilization window again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
+use tessera_core::scale::{self, ScaleDecision, ScaleInput, ScaleState, Timestamp};
+use tessera_core::wire::activator::ACTIVATED_AT_ANNOTATION;
+use tracing::{debug, info, instrument, warn};
+
+use super::metrics::Metrics;
+use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals};
+use super::status::{self, Applied};
+use crate::crd::{InferenceAutoscaler, InferenceAutoscalerStatus, RecommendationStatus};
+
+/// The field manager written on every patch, so `kubectl get -o yaml --show-managed-fields` shows who set replicas.
+pub const FIELD_MANAGER: &str = "tessera-autoscaler";
+
+/// Pod annotation that overrides the sidecar port for one workload.
+pub const SIDECAR_PORT_ANNOTATION: &str = "tessera.dev/sidecar-port";
+
+/// Why a reconcile failed. `label()` is the metric label.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The object has no namespace (the CRD is namespaced, so this means a broken object).
+    #[error("the InferenceAutoscaler has no namespace")]
+    NoNamespace,
+    /// `scaleTargetRef.apiVersion` is not `group/version` or `version`.
+    #[error("scaleTargetRef.apiVersion {0:?} is not of the form group/version (e.g. apps/v1)")]
+    BadApiVersion(String),
+    /// Reading `/scale` failed.
+    #[error("reading {target}/scale: {source}")]
+    GetScale {
+        /// Kind/name.
+        target: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Listing the target's pods failed.
+    #[error("listing pods of {target} with selector {selector:?}: {source}")]
+    ListPods {
+        /// Kind/name.
+        target: String,
+        /// The selector from /scale.
+        selector: String,
+        /// The API error.
+        source: kube::Error,
+    },
+    /// Writing status failed (after retries on conflict).
+    #[error("writing status: {0}")]
+    Status(kube::Error),
+}
+
+impl Error {
+    /// Fixed metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::NoNamespace => "no_namespace",
+            Error::BadApiVersion(_) => "bad_api_version",
+            Error::GetScale { .. } => "get_scale",
+            Error::ListPods { .. } => "list_pods",
+            Error::Status(_) => "status",
+        }
+    }
+}
+
+/// Settings for reconciles.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Requeue every object this often (the decision period).
+    pub sync_period: Duration,
+    /// Default sidecar port on each pod.
+    pub sidecar_port: u16,
+    /// Oldest sidecar snapshot still counted as fresh.
+    pub max_signal_age: Duration,
+    /// A wake-up annotation younger than this counts as a queued request.
+    pub activation_window: Duration,
+}
+
+/// A clock, injected so tests control time.
+pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Sidecar and activator documents.
+    pub signals: Arc<dyn SignalSource>,
+    /// The activator's latest documents.
+    pub activators: ActivatorPoller,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event publisher.
+    pub recorder: Recorder,
+    /// Settings.
+    pub settings: Settings,
+    /// The clock.
+    pub clock: Clock,
+    /// Per-object decision history, by `namespace/name`.
+    pub states: Mutex<HashMap<String, ScaleState>>,
+    /// Per-object time and [`trigger_hash`] of the last full reconcile, to skip the echo of our own status writes.
+    pub last_runs: Mutex<HashMap<String, (SystemTime, u64)>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The kube-runtime reconcile entry point.
+#[instrument(skip_all, fields(ias = %obj.name_any(), ns = obj.namespace().unwrap_or_default()))]
+pub async fn reconcile(obj: Arc<InferenceAutoscaler>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    if let Some(due_in) = echo_of_own_write(&ctx, &key, trigger_hash(&obj), (ctx.clock)()) {
+        debug!("skipping the echo of our own status write");
+        return Ok(Action::requeue(due_in));
+    }
+    let started = Instant::now();
+    let result = reconcile_inner(&obj, &ctx).await;
+    ctx.metrics.reconcile_took(started.elapsed().as_secs_f64());
+    if let Err(e) = &result {
+        ctx.metrics.reconcile_error(e.label());
+    }
+    result.map(|()| Action::requeue(ctx.settings.sync_period))
+}
+
+/// The kube-runtime error policy: log, and retry after a sync period (the next decision is due then anyway).
+pub fn error_policy(obj: Arc<InferenceAutoscaler>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(ias = %obj.name_any(), error = %error, "reconcile failed");
+    Action::requeue(ctx.settings.sync_period)
+}
+
+/// Hash of what should make a reconcile run at once: the spec generation and the activator's wake-up annotation.
+/// Status writes change neither, so their watch events are recognised and skipped.
+pub fn trigger_hash(obj: &InferenceAutoscaler) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    obj.metadata.generation.hash(&mut h);
+    obj.annotations().get(ACTIVATED_AT_ANNOTATION).hash(&mut h);
+    h.finish()
+}
+
+/// When a reconcile with the same [`trigger_hash`] ran less than half a sync period ago, this call is the echo of
+/// our own status write: returns how long until the next real decision is due.
+fn echo_of_own_write(ctx: &Context, key: &str, hash: u64, now: SystemTime) -> Option<Duration> {
+    let runs = ctx.last_runs.lock().ok()?;
+    let (at, last_hash) = runs.get(key)?;
+    let elapsed = now.duration_since(*at).unwrap_or_default();
+    (*last_hash == hash && elapsed < ctx.settings.sync_period / 2).then(|| ctx.settings.sync_period - elapsed)
+}
+
+async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(), Error> {
+    let ns = obj.namespace().ok_or(Error::NoNamespace)?;
+    let name = obj.name_any();
+    let key = format!("{ns}/{name}");
+    let ias_api: Api<InferenceAutoscaler> = Api::namespaced(ctx.client.clone(), &ns);
+    let now_sys = (ctx.clock)();
+    if let Ok(mut runs) = ctx.last_runs.lock() {
+        runs.insert(key.clone(), (now_sys, trigger_hash(obj)));
+    }
+    let now_k8s = k8s_time(now_sys);
+    let generation = obj.metadata.generation;
+    let spec = &obj.spec;
+    let target = format!("{}/{}", spec.scale_target_ref.kind, spec.scale_target_ref.name);
+
+    // 1. The spec.
+    let policy = match spec.to_policy() {
+        Ok(p) => p,
+        Err(errors) => {
+            let message = errors.join("; ");
+            let was_invalid = obj.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == status::VALID && c.status == "False" && c.message == message)
+            });
+            if !was_invalid {
+                publish(ctx, obj, EventType::Warning, "InvalidSpec", "Validate", &message).await;
+            }
+            warn!(%message, "invalid spec: not scaling");
+            return write_status(&ias_api, obj, |prev| {
+                status::after_failure(prev, generation, status::VALID, "InvalidSpec", &message, &now_k8s)
+            })
+            .await;
+        }
+    };
+
+    // 2. The target's /scale.
+    let ar = target_resource(&spec.scale_target_ref.api_version, &spec.scale_target_ref.kind)?;
+    let target_api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
+    let scale = match target_api.get_scale(&spec.scale_target_ref.name).await {
+        Ok(s) => s,
+        Err(source) => {
+            let message = format!("could not read {target}/scale: {source}");
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "FailedGetScale",
+                "GetScale",
+                &message,
+            )
+            .await;
+            write_status(&ias_api, obj, |prev| {
+                status::after_failure(
+                    prev,
+                    generation,
+                    status::ABLE_TO_SCALE,
+                    "FailedGetScale",
+                    &message,
+                    &now_k8s,
+                )
+            })
+            .await?;
+            return Err(Error::GetScale { target, source });
+        }
+    };
+    let current = scale
+        .spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .and_then(|r| u32::try_from(r).ok())
+        .unwrap_or(0);
+    let selector = scale
+        .status
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .unwrap_or_default();
+
+    // 3. Ready pods and their sidecars.
+    let ready_pods = if current == 0 || selector.is_empty() {
+        Vec::new()
+    } else {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        let list = pods
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|source| Error::ListPods {
+                target: target.clone(),
+                selector: selector.clone(),
+                source,
+            })?;
+        list.items
+            .into_iter()
+            .filter_map(|p| ready_pod_url(&p, ctx.settings.sidecar_port))
+            .collect::<Vec<_>>()
+    };
+    let statuses =
+        futures::future::join_all(ready_pods.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
+    let mut replicas = Vec::with_capacity(statuses.len());
+    let mut recommendations = Vec::new();
+    for ((pod, url), result) in ready_pods.iter().zip(statuses) {
+        match result {
+            Ok(st) => {
+                let signals = replica_signals(&st, ctx.settings.max_signal_age);
+                if signals.fresh
+                    && let Some(r) = st.recommendation()
+                {
+                    recommendations.push(r.clone());
+                }
+                replicas.push(signals);
+            }
+            Err(e) => {
+                debug!(%pod, %url, error = %e, "sidecar status unavailable: counted as missing");
+                ctx.metrics.scrape_failure("sidecar", e.label());
+                replicas.push(scale::ReplicaSignals {
+                    fresh: false,
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    // 4. Demand.
+    let models = spec.routed_model_names();
+    let mut demand = demand_from(&ctx.activators.samples(), &models);
+    if let Some(at) = activated_at(obj)
+        && now_sys.duration_since(at).unwrap_or_default() < ctx.settings.activation_window
+    {
+        // The activator patched this object because a request is held right now.
+        demand.queued_at_activator = demand.queued_at_activator.max(1);
+    }
+    let input = ScaleInput {
+        current_replicas: current,
+        ready_replicas: u32::try_from(ready_pods.len()).unwrap_or(u32::MAX),
+        replicas,
+        demand,
+    };
+
+    // 5. Decide and act.
+    let now = timestamp(now_sys);
+    // A poisoned lock only loses history, which restarts the windows: safe (see the module docs).
+    let state = ctx
+        .states
+        .lock()
+        .ok()
+        .and_then(|s| s.get(&key).cloned())
+        .unwrap_or_default();
+    let decision = scale::decide(&input, &policy, &state, now);
+    ctx.metrics.decision(decision.reason);
+    let applied = if decision.is_change() {
+        apply(ctx, obj, &target_api, &target, &decision).await
+    } else {
+        Applied::Unchanged
+    };
+    if !matches!(applied, Applied::Failed(_))
+        && let Ok(mut states) = ctx.states.lock()
+    {
+        states.entry(key).or_default().record(&decision, now);
+    }
+    debug!(
+        current,
+        desired = decision.desired_replicas,
+        reason = decision.reason.label(),
+        "decided"
+    );
+    let recommendation = aggregate_recommendations(&recommendations);
+    write_status(&ias_api, obj, |prev| {
+        status::after_decision(
+            prev,
+            generation,
+            &target,
+            input.ready_replicas,
+            &decision,
+            &applied,
+            recommendation.clone(),
+            &now_k8s,
+        )
+    })
+    .await
+}
+
+async fn apply(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    target_api: &Api<DynamicObject>,
+    target: &str,
+    decision: &ScaleDecision,
+) -> Applied {
+    let patch = serde_json::json!({ "spec": { "replicas": decision.desired_replicas } });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    match target_api
+        .patch_scale(&obj.spec.scale_target_ref.name, &params, &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {
+            info!(
+                %target, from = decision.current_replicas, to = decision.desired_replicas,
+                reason = decision.reason.label(), message = %decision.message, "scaled"
+            );
+            ctx.metrics
+                .scaled(decision.current_replicas, decision.desired_replicas);
+            let note = format!(
+                "New size: {}; reason: {}",
+                decision.desired_replicas, decision.message
+            );
+            publish(ctx, obj, EventType::Normal, "SuccessfulRescale", "Scale", &note).await;
+            Applied::Scaled
+        }
+        Err(e) => {
+            let message = format!("could not scale {target} to {}: {e}", decision.desired_replicas);
+            warn!(%message);
+            publish(ctx, obj, EventType::Warning, "FailedRescale", "Scale", &message).await;
+            Applied::Failed(e.to_string())
+        }
+    }
+}
+
+/// Writes status with the object's `resourceVersion`; on 409 Conflict, re-reads and rebuilds from the fresh status.
+async fn write_status(
+    api: &Api<InferenceAutoscaler>,
+    obj: &InferenceAutoscaler,
+    build: impl Fn(Option<&InferenceAutoscalerStatus>) -> InferenceAutoscalerStatus,
+) -> Result<(), Error> {
+    let name = obj.name_any();
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let mut previous = obj.status.clone();
+    let mut rv = obj.resource_version();
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
+        let status = build(previous.as_ref());
+        let patch = status::merge_patch(&status, rv.as_deref());
+        match api.patch_status(&name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < ATTEMPTS => {
+                debug!(attempt, "status conflict: re-reading");
+                let fresh = api.get_status(&name).await.map_err(Error::Status)?;
+                previous = fresh.status.clone();
+                rv = fresh.resource_version();
+            }
+            Err(e) => return Err(Error::Status(e)),
+        }
+    }
+    // The loop returns on every path of its last attempt.
+    Ok(())
+}
+
+async fn publish(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: &str,
+) {
+    let reference: ObjectReference = obj.object_ref(&());
+    // Events are capped at 1 kB notes by the API server.
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        warn!(error = %e, reason, "could not publish event");
+    }
+}
+
+/// The API resource for a scale target; plural by kube's English rules (deployments, statefulsets, ...).
+pub fn target_resource(api_version: &str, kind: &str) -> Result<ApiResource, Error> {
+    let (group, version) = match api_version.split_once('/') {
+        Some((g, v)) if !g.is_empty() && !v.is_empty() && !v.contains('/') => (g, v),
+        None if !api_version.is_empty() => ("", api_version),
+        _ => return Err(Error::BadApiVersion(api_version.to_owned())),
+    };
+    Ok(ApiResource::from_gvk(&GroupVersionKind::gvk(
+        group, version, kind,
+    )))
+}
+
+/// A pod's sidecar base URL if the pod is ready (Ready condition true, has an IP, not terminating).
+pub fn ready_pod_url(pod: &Pod, default_port: u16) -> Option<(String, String)> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let ready = status
+        .conditions
+        .as_ref()?
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let ip = status.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;
+    if !ready {
+        return None;
+    }
+    let port = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SIDECAR_PORT_ANNOTATION))
+        .and_then(|p| p.parse::<u16>().ok())
+        .unwrap_or(default_port);
+    // IPv6 pod IPs need brackets in a URL.
+    let host = if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.clone()
+    };
+    Some((pod.name_any(), format!("http://{host}:{port}")))
+}
+
+/// The wake-up annotation's time, if present and parseable.
+pub fn activated_at(obj: &InferenceAutoscaler) -> Option<SystemTime> {
+    let raw = obj.annotations().get(ACTIVATED_AT_ANNOTATION)?;
+    match raw.parse::<jiff::Timestamp>() {
+        Ok(t) => Some(SystemTime::from(t)),
+        Err(e) => {
+            warn!(annotation = ACTIVATED_AT_ANNOTATION, value = %raw, error = %e, "ignoring unparseable wake-up time");
+            None
+        }
+    }
+}
+
+/// The largest need over the replicas' recommendations (every replica must fit).
+fn aggregate_recommendations(
+    recs: &[tessera_core::recommend::Recommendation],
+) -> Option<RecommendationStatus> {
+    let first = recs.first()?;
+    let max_by = |f: &dyn Fn(&tessera_core::recommend::Recommendation) -> f64| {
+        recs.iter().map(f).fold(f64::NEG_INFINITY, f64::max)
+    };
+    let kv = recs.iter().map(|r| r.kv_cache_memory_bytes).max().unwrap_or(0);
+    let mib = recs.iter().map(|r| r.gpu_memory_mib).max().unwrap_or(0);
+    Some(RecommendationStatus {
+        kv_cache_memory_bytes: i64::try_from(kv).ok(),
+        gpu_memory_utilization: Some(max_by(&|r| r.gpu_memory_utilization)),
+        gpu_memory_mib: i64::try_from(mib).ok(),
+        compute_fraction: Some(max_by(&|r| r.compute_fraction)),
+        reason: format!("largest need over {} replica(s): {}", recs.len(), first.summary()),
+    })
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    Timestamp::from_millis(
+        t.duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    )
+}
+
+fn k8s_time(t: SystemTime) -> Time {
+    Time(jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
+}
+
+/// Unix milliseconds of a clock reading.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    timestamp(t).as_millis()
+}
+
+#[cfg(test)]
+#[path = "reconcile_tests.rs"]
+mod tests;

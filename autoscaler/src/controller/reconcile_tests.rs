@@ -1,0 +1,482 @@
+//! Reconcile against kube's mock service: every API request is asserted (method, path, query, body) and answered.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+use tessera_core::wire::activator::ActivatorStats;
+use tessera_core::wire::sidecar::SidecarStatus;
+
+use super::*;
+use crate::controller::metrics::Metrics;
+use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
+
+/// Sidecars answer from a map of base URL → KV usage; a missing URL times out.
+struct FakeSignals {
+    kv: HashMap<String, f64>,
+}
+
+fn sidecar_status(kv: f64) -> SidecarStatus {
+    serde_json::from_value(json!({
+        "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
+        "ready": true, "stale": false, "scrape": {"interval_secs": 5.0, "successes_total": 10},
+        "latest": {"at": 999.0, "kv_cache_usage_ratio": kv, "requests_running": 4.0, "requests_waiting": 0.0},
+        "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming up"}}
+    }))
+    .unwrap()
+}
+
+impl SignalSource for FakeSignals {
+    fn sidecar_status(&self, base: &str) -> BoxFuture<'_, Result<SidecarStatus, FetchError>> {
+        let r = self
+            .kv
+            .get(base)
+            .map(|kv| sidecar_status(*kv))
+            .ok_or(FetchError::Timeout {
+                url: base.to_owned(),
+                timeout: Duration::from_secs(2),
+            });
+        Box::pin(async move { r })
+    }
+    fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>> {
+        let url = base.to_owned();
+        Box::pin(async move {
+            Err(FetchError::Connect {
+                url,
+                message: "not in this test".into(),
+            })
+        })
+    }
+}
+
+const NOW_S: u64 = 1_800_000_000;
+
+fn context(client: Client, kv: &[(&str, f64)]) -> Arc<Context> {
+    Arc::new(Context {
+        client: client.clone(),
+        signals: Arc::new(FakeSignals {
+            kv: kv.iter().map(|(u, k)| ((*u).to_owned(), *k)).collect(),
+        }),
+        activators: ActivatorPoller::new(&[]),
+        metrics: Arc::new(Metrics::new()),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "tessera-autoscaler".into(),
+                instance: None,
+            },
+        ),
+        settings: Settings {
+            sync_period: Duration::from_secs(15),
+            sidecar_port: 9090,
+            max_signal_age: Duration::from_secs(30),
+            activation_window: Duration::from_secs(60),
+        },
+        clock: Arc::new(|| UNIX_EPOCH + Duration::from_secs(NOW_S)),
+        states: Mutex::new(HashMap::new()),
+        last_runs: Mutex::new(HashMap::new()),
+    })
+}
+
+fn ias(spec: Value, annotations: Value) -> Arc<InferenceAutoscaler> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+            "metadata": {"name": "llama", "namespace": "models", "uid": "u-1", "resourceVersion": "5",
+                         "generation": 2, "annotations": annotations},
+            "spec": spec,
+        }))
+        .unwrap(),
+    )
+}
+
+/// A valid object as the API server would answer a status write.
+fn ias_json() -> Value {
+    serde_json::to_value(&*ias(
+        json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "maxReplicas": 10}),
+        json!({}),
+    ))
+    .unwrap()
+}
+
+fn scale_json(replicas: i32) -> Value {
+    json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+           "metadata": {"name": "llama", "namespace": "models", "resourceVersion": "100"},
+           "spec": {"replicas": replicas}, "status": {"replicas": replicas, "selector": "app=llama"}})
+}
+
+fn pod(name: &str, ip: &str, ready: bool) -> Value {
+    json!({"metadata": {"name": name, "namespace": "models"},
+           "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
+}
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// Takes the next request, checks method and path (with query), returns its JSON body (Null when empty).
+async fn expect(
+    handle: &mut Handle,
+    method: Method,
+    path_and_query: &str,
+) -> (Value, tower_test::mock::SendResponse<Response<Body>>) {
+    let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("the reconcile made no further request")
+        .expect("the client went away");
+    assert_eq!(req.method(), method, "{}", req.uri());
+    assert_eq!(req.uri().path_and_query().unwrap().as_str(), path_and_query);
+    if method == Method::PATCH {
+        assert_eq!(
+            req.headers()["content-type"],
+            "application/merge-patch+json",
+            "{}",
+            req.uri()
+        );
+    }
+    let bytes = req.into_body().collect().await.unwrap().to_bytes();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    (body, send)
+}
+
+fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: &Value) {
+    send.send_response(
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap(),
+    );
+}
+
+const SCALE: &str = "/apis/apps/v1/namespaces/models/deployments/llama/scale";
+const STATUS: &str = "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/models/events?";
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn scales_up_through_scale_writes_status_and_retries_a_conflict() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    let ctx = context(
+        client,
+        &[("http://10.0.0.1:9090", 0.7), ("http://10.0.0.2:9090", 0.7)],
+    );
+    let obj = ias(
+        json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 1, "maxReplicas": 10,
+               "targets": {"kvCacheUtilization": 0.5}}),
+        json!({}),
+    );
+    let server = tokio::spawn(async move {
+        let (_, send) = expect(&mut handle, Method::GET, SCALE).await;
+        respond(send, 200, &scale_json(2));
+        let (_, send) = expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/namespaces/models/pods?&labelSelector=app%3Dllama",
+        )
+        .await;
+        respond(
+            send,
+            200,
+            &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+            "items": [pod("llama-0", "10.0.0.1", true), pod("llama-1", "10.0.0.2", true), pod("llama-2", "10.0.0.3", false)]}),
+        );
+        // 2 ready replicas at 70% KV, target 50%: ceil(2 × 1.4) = 3 (below the 200% panic threshold).
+        let (body, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
+        )
+        .await;
+        assert_eq!(body, json!({"spec": {"replicas": 3}}));
+        respond(send, 200, &scale_json(3));
+        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        assert_eq!(event["reason"], "SuccessfulRescale");
+        assert_eq!(event["type"], "Normal");
+        assert_eq!(event["regarding"]["kind"], "InferenceAutoscaler");
+        assert!(
+            event["note"]
+                .as_str()
+                .unwrap()
+                .starts_with("New size: 3; reason: kv_cache_utilization 0.700"),
+            "{event}"
+        );
+        respond(send, 201, &event);
+        // Status with the object's resourceVersion; someone else wrote first.
+        let path = format!("{STATUS}?&fieldManager=tessera-autoscaler");
+        let (patch, send) = expect(&mut handle, Method::PATCH, &path).await;
+        assert_eq!(patch["metadata"]["resourceVersion"], "5");
+        assert_eq!(patch["status"]["desiredReplicas"], 3);
+        respond(
+            send,
+            409,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict",
+            "code": 409, "message": "the object has been modified; please apply your changes to the latest version"}),
+        );
+        let (_, send) = expect(&mut handle, Method::GET, STATUS).await;
+        let mut fresh = serde_json::to_value(&*ias(
+            json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"},
+            "maxReplicas": 10}),
+            json!({}),
+        ))
+        .unwrap();
+        fresh["metadata"]["resourceVersion"] = json!("6");
+        fresh["status"] = json!({"replicas": 2, "desiredReplicas": 2, "conditions": [{"type": "ScalingLimited",
+            "status": "False", "reason": "DesiredWithinRange", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+        respond(send, 200, &fresh);
+        let (patch, send) = expect(&mut handle, Method::PATCH, &path).await;
+        assert_eq!(
+            patch["metadata"]["resourceVersion"], "6",
+            "retried on the fresh version"
+        );
+        let st = &patch["status"];
+        assert_eq!(
+            (
+                st["replicas"].clone(),
+                st["desiredReplicas"].clone(),
+                st["readyReplicas"].clone()
+            ),
+            (json!(3), json!(3), json!(2))
+        );
+        assert_eq!(st["target"], "Deployment/llama");
+        assert_eq!(st["leadingSignal"], "kvCacheUtilization");
+        assert_eq!(st["lastDecisionReason"], "scale_up");
+        assert_eq!(st["currentMetrics"][0]["current"], 0.7);
+        assert_eq!(condition(st, "AbleToScale")["reason"], "SucceededRescale");
+        // The condition from the fresh status kept its transition time (status unchanged: False).
+        assert_eq!(
+            condition(st, "ScalingLimited")["lastTransitionTime"],
+            "2026-01-01T00:00:00Z"
+        );
+        respond(send, 200, &fresh);
+    });
+    let action = reconcile(obj, ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(15)));
+    server.await.unwrap();
+    let text = ctx.metrics.encode();
+    assert!(
+        text.contains("tessera_autoscaler_decisions_total{reason=\"scale_up\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tessera_autoscaler_scales_total{direction=\"up\"} 1"),
+        "{text}"
+    );
+    let states = ctx.states.lock().unwrap();
+    assert_eq!(
+        states["models/llama"].events.len(),
+        1,
+        "the scale is remembered for the rate limits"
+    );
+}
+
+#[tokio::test]
+async fn unreadable_sidecars_never_scale_down() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    // Sidecars answer nothing (timeouts) although KV would be 0: keep 3 replicas.
+    let ctx = context(client, &[]);
+    let obj = ias(
+        json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "maxReplicas": 10,
+               "targets": {"kvCacheUtilization": 0.5}, "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}}),
+        json!({}),
+    );
+    let server = tokio::spawn(async move {
+        let (_, send) = expect(&mut handle, Method::GET, SCALE).await;
+        respond(send, 200, &scale_json(3));
+        let (_, send) = expect(
+            &mut handle,
+            Method::GET,
+            "/api/v1/namespaces/models/pods?&labelSelector=app%3Dllama",
+        )
+        .await;
+        respond(
+            send,
+            200,
+            &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+            "items": [pod("a", "10.0.0.1", true), pod("b", "10.0.0.2", true), pod("c", "10.0.0.3", true)]}),
+        );
+        // No /scale PATCH, no event: straight to status.
+        let (patch, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{STATUS}?&fieldManager=tessera-autoscaler"),
+        )
+        .await;
+        let st = &patch["status"];
+        assert_eq!(st["desiredReplicas"], 3);
+        assert_eq!(st["lastDecisionReason"], "missing_metrics");
+        assert_eq!(condition(st, "ScalingActive")["status"], "False");
+        assert_eq!(condition(st, "ScalingActive")["reason"], "MissingMetrics");
+        respond(send, 200, &ias_json());
+    });
+    reconcile(obj, ctx.clone()).await.unwrap();
+    server.await.unwrap();
+    assert!(
+        ctx.metrics
+            .encode()
+            .contains("tessera_autoscaler_scrape_failures_total{source=\"sidecar\",reason=\"timeout\"} 3")
+    );
+}
+
+#[tokio::test]
+async fn a_wake_up_annotation_scales_from_zero_at_once() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    let ctx = context(client, &[]);
+    let woke = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_secs(NOW_S - 1)).to_string();
+    let obj = ias(
+        json!({"scaleTargetRef": {"kind": "StatefulSet", "name": "llama"}, "minReplicas": 0, "maxReplicas": 4,
+               "scaleToZero": {"idleAfter": "5m"}, "targets": {"kvCacheUtilization": 0.5}}),
+        json!({ "tessera.dev/activated-at": woke }),
+    );
+    let scale = "/apis/apps/v1/namespaces/models/statefulsets/llama/scale";
+    let server = tokio::spawn(async move {
+        let (_, send) = expect(&mut handle, Method::GET, scale).await;
+        respond(send, 200, &scale_json(0));
+        // At zero there are no pods to list: straight to the scale.
+        let (body, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{scale}?&fieldManager=tessera-autoscaler"),
+        )
+        .await;
+        assert_eq!(body, json!({"spec": {"replicas": 1}}));
+        respond(send, 200, &scale_json(1));
+        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        assert!(
+            event["note"].as_str().unwrap().contains("scaling 0 -> 1"),
+            "{event}"
+        );
+        respond(send, 201, &event);
+        let (patch, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{STATUS}?&fieldManager=tessera-autoscaler"),
+        )
+        .await;
+        assert_eq!(patch["status"]["lastDecisionReason"], "scale_from_zero");
+        respond(send, 200, &ias_json());
+    });
+    reconcile(obj, ctx).await.unwrap();
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_reported_not_acted_on() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    let ctx = context(client, &[]);
+    let obj = ias(
+        json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 5, "maxReplicas": 2}),
+        json!({}),
+    );
+    let server = tokio::spawn(async move {
+        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        assert_eq!(
+            (event["type"].clone(), event["reason"].clone()),
+            (json!("Warning"), json!("InvalidSpec"))
+        );
+        respond(send, 201, &event);
+        let (patch, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{STATUS}?&fieldManager=tessera-autoscaler"),
+        )
+        .await;
+        let valid = condition(&patch["status"], "Valid");
+        assert_eq!(valid["status"], "False");
+        assert!(
+            valid["message"]
+                .as_str()
+                .unwrap()
+                .contains("maxReplicas (2) must be >= minReplicas (5)")
+        );
+        respond(send, 200, &ias_json());
+    });
+    reconcile(obj, ctx).await.unwrap();
+    server.await.unwrap();
+}
+
+#[test]
+fn target_resources_and_pod_urls() {
+    let ar = target_resource("apps/v1", "StatefulSet").unwrap();
+    assert_eq!((ar.group.as_str(), ar.plural.as_str()), ("apps", "statefulsets"));
+    let ar = target_resource("v1", "ReplicationController").unwrap();
+    assert_eq!((ar.group.as_str(), ar.version.as_str()), ("", "v1"));
+    assert!(target_resource("a/b/c", "X").is_err());
+    assert!(target_resource("", "X").is_err());
+    let p: Pod = serde_json::from_value(pod("a", "fd00::1", true)).unwrap();
+    assert_eq!(ready_pod_url(&p, 9090).unwrap().1, "http://[fd00::1]:9090");
+    let mut p: Pod = serde_json::from_value(pod("a", "10.1.1.1", true)).unwrap();
+    p.metadata.annotations = Some([(SIDECAR_PORT_ANNOTATION.to_owned(), "9191".to_owned())].into());
+    assert_eq!(ready_pod_url(&p, 9090).unwrap().1, "http://10.1.1.1:9191");
+    let p: Pod = serde_json::from_value(pod("a", "10.1.1.1", false)).unwrap();
+    assert!(ready_pod_url(&p, 9090).is_none());
+    let _ = SystemTime::now();
+}
+
+#[test]
+fn wake_annotation_and_generation_trigger_but_status_does_not() {
+    let mut obj: InferenceAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+        "metadata": {"name": "a", "namespace": "n", "generation": 1},
+        "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "a"}, "maxReplicas": 3}
+    }))
+    .unwrap();
+    let h0 = trigger_hash(&obj);
+    obj.status = Some(crate::crd::InferenceAutoscalerStatus {
+        desired_replicas: 2,
+        ..Default::default()
+    });
+    obj.metadata.resource_version = Some("99".into());
+    assert_eq!(trigger_hash(&obj), h0, "a status write must not re-trigger");
+    obj.metadata.annotations = Some(
+        [(
+            ACTIVATED_AT_ANNOTATION.to_owned(),
+            "2026-01-01T00:00:00Z".to_owned(),
+        )]
+        .into(),
+    );
+    let h1 = trigger_hash(&obj);
+    assert_ne!(h1, h0);
+    obj.metadata.generation = Some(2);
+    assert_ne!(trigger_hash(&obj), h1);
+}
+
+#[tokio::test]
+async fn the_echo_of_a_status_write_is_skipped_without_api_calls() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(svc, "default"), &[]);
+    let obj = ias(
+        json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "maxReplicas": 3}),
+        json!({}),
+    );
+    ctx.last_runs.lock().unwrap().insert(
+        "models/llama".into(),
+        (UNIX_EPOCH + Duration::from_secs(NOW_S - 2), trigger_hash(&obj)),
+    );
+    let action = reconcile(obj, ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(13)));
+    // The client is gone (or silent): either way no request was made.
+    let next = tokio::time::timeout(Duration::from_millis(50), handle.next_request()).await;
+    assert!(matches!(next, Err(_) | Ok(None)), "unexpected request");
+}

@@ -1,0 +1,428 @@
+//! Building `InferenceAutoscaler.status` from a decision: pure, so the conditions' rules are unit-tested.
+//!
+//! Conditions follow HPA's (`kubectl describe hpa` readers know them):
+//! - `AbleToScale`: the target's `/scale` could be read and written (`SucceededRescale`, `ReadyForNewScale`,
+//!   `FailedGetScale`, `FailedUpdateScale`).
+//! - `ScalingActive`: signals could be computed (`ValidMetricFound`), or why not (`MissingMetrics`, `ScaledToZero`,
+//!   `InvalidSpec`).
+//! - `ScalingLimited`: the count was cut by min/max or a rate limit (`TooManyReplicas`, `TooFewReplicas`,
+//!   `RateLimited`) or not (`DesiredWithinRange`).
+//! - `Valid`: the spec passed validation (`SpecValid`) or not (`InvalidSpec`, with every problem in the message).
+//!
+//! `lastTransitionTime` only moves when a condition's status flips, as the Kubernetes API conventions require.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use tessera_core::scale::{ScaleDecision, ScaleReason};
+
+use crate::crd::{InferenceAutoscalerStatus, RecommendationStatus, SignalStatus};
+
+/// Condition types.
+pub const ABLE_TO_SCALE: &str = "AbleToScale";
+/// Condition types.
+pub const SCALING_ACTIVE: &str = "ScalingActive";
+/// Condition types.
+pub const SCALING_LIMITED: &str = "ScalingLimited";
+/// Condition types.
+pub const VALID: &str = "Valid";
+
+/// Sets (or adds) a condition, keeping `lastTransitionTime` when the status did not change.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    let status_str = if status { "True" } else { "False" };
+    // The API server limits messages to 32 KiB; ours are sentences, but a spec with many errors could grow.
+    let message: String = message.chars().take(4096).collect();
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(c) => {
+            if c.status != status_str {
+                c.last_transition_time = now.clone();
+            }
+            c.status = status_str.to_owned();
+            c.reason = reason.to_owned();
+            c.message = message;
+            c.observed_generation = generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.to_owned(),
+            status: status_str.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: now.clone(),
+        }),
+    }
+}
+
+/// What happened when the decision was applied.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// No change was needed.
+    Unchanged,
+    /// The target was scaled.
+    Scaled,
+    /// The `/scale` write failed (message).
+    Failed(String),
+}
+
+/// The status after a decision.
+#[allow(clippy::too_many_arguments)]
+pub fn after_decision(
+    previous: Option<&InferenceAutoscalerStatus>,
+    generation: Option<i64>,
+    target: &str,
+    ready: u32,
+    decision: &ScaleDecision,
+    applied: &Applied,
+    recommendation: Option<RecommendationStatus>,
+    now: &Time,
+) -> InferenceAutoscalerStatus {
+    let mut st = previous.cloned().unwrap_or_default();
+    st.observed_generation = generation;
+    st.target = Some(target.to_owned());
+    st.ready_replicas = clamp_i32(ready);
+    st.leading_signal = decision.leading_signal.map(|s| s.field().to_owned());
+    st.last_decision_reason = Some(decision.reason.label().to_owned());
+    st.current_metrics = decision
+        .signals
+        .iter()
+        .map(|s| SignalStatus {
+            name: s.signal.field().to_owned(),
+            current: s.value,
+            target: s.target,
+            proposed_replicas: s.proposed.map(clamp_i32),
+            reporting_replicas: clamp_i32(s.reporting_replicas),
+        })
+        .collect();
+    if recommendation.is_some() {
+        st.recommendation = recommendation;
+    }
+    match applied {
+        Applied::Unchanged => {
+            st.replicas = clamp_i32(decision.current_replicas);
+            st.desired_replicas = clamp_i32(decision.desired_replicas);
+            set_condition(
+                &mut st.conditions,
+                ABLE_TO_SCALE,
+                true,
+                "ReadyForNewScale",
+                "the target's /scale subresource was read; no change needed",
+                generation,
+                now,
+            );
+        }
+        Applied::Scaled => {
+            st.replicas = clamp_i32(decision.desired_replicas);
+            st.desired_replicas = clamp_i32(decision.desired_replicas);
+            st.last_scale_time = Some(now.clone());
+            set_condition(
+                &mut st.conditions,
+                ABLE_TO_SCALE,
+                true,
+                "SucceededRescale",
+                &format!(
+                    "scaled {} -> {}: {}",
+                    decision.current_replicas, decision.desired_replicas, decision.message
+                ),
+                generation,
+                now,
+            );
+        }
+        Applied::Failed(e) => {
+            st.replicas = clamp_i32(decision.current_replicas);
+            st.desired_replicas = clamp_i32(decision.desired_replicas);
+            set_condition(
+                &mut st.conditions,
+                ABLE_TO_SCALE,
+                false,
+                "FailedUpdateScale",
+                &format!("could not scale to {}: {e}", decision.desired_replicas),
+                generation,
+                now,
+            );
+        }
+    }
+    let (active, active_reason) = match decision.reason {
+        ScaleReason::MissingMetrics if !decision.scaling_active => (false, "MissingMetrics"),
+        ScaleReason::InvalidPolicy => (false, "InvalidSpec"),
+        ScaleReason::IdleAtZero | ScaleReason::ScaleToZero => (false, "ScaledToZero"),
+        _ => (true, "ValidMetricFound"),
+    };
+    set_condition(
+        &mut st.conditions,
+        SCALING_ACTIVE,
+        active,
+        active_reason,
+        &decision.message,
+        generation,
+        now,
+    );
+    let limited_reason = if decision.scaling_limited {
+        match decision.reason {
+            ScaleReason::TooManyReplicas | ScaleReason::TooFewReplicas | ScaleReason::RateLimited => {
+                decision.reason.condition_reason()
+            }
+            _ => "Limited",
+        }
+    } else {
+        "DesiredWithinRange"
+    };
+    let limited_message = if decision.scaling_limited {
+        decision.message.clone()
+    } else {
+        "the desired count is within the acceptable range".to_owned()
+    };
+    set_condition(
+        &mut st.conditions,
+        SCALING_LIMITED,
+        decision.scaling_limited,
+        limited_reason,
+        &limited_message,
+        generation,
+        now,
+    );
+    set_condition(
+        &mut st.conditions,
+        VALID,
+        true,
+        "SpecValid",
+        "the spec is valid",
+        generation,
+        now,
+    );
+    st
+}
+
+/// The status after a failure that stopped the decision (invalid spec, unreadable target): keeps the previous
+/// values and sets one condition.
+pub fn after_failure(
+    previous: Option<&InferenceAutoscalerStatus>,
+    generation: Option<i64>,
+    condition: &str,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) -> InferenceAutoscalerStatus {
+    let mut st = previous.cloned().unwrap_or_default();
+    st.observed_generation = generation;
+    set_condition(
+        &mut st.conditions,
+        condition,
+        false,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    if condition == VALID {
+        set_condition(
+            &mut st.conditions,
+            SCALING_ACTIVE,
+            false,
+            "InvalidSpec",
+            message,
+            generation,
+            now,
+        );
+    }
+    st
+}
+
+/// The merge patch for a status: fields that are unset now are sent as `null` so stale values are removed, and the
+/// `resourceVersion` is included so a concurrent writer makes this patch fail with 409 instead of being overwritten.
+pub fn merge_patch(status: &InferenceAutoscalerStatus, resource_version: Option<&str>) -> serde_json::Value {
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(obj) = value.as_object_mut() {
+        for key in [
+            "observedGeneration",
+            "target",
+            "lastScaleTime",
+            "leadingSignal",
+            "lastDecisionReason",
+            "recommendation",
+        ] {
+            obj.entry(key).or_insert(serde_json::Value::Null);
+        }
+        for key in ["currentMetrics", "conditions"] {
+            obj.entry(key).or_insert(serde_json::json!([]));
+        }
+    }
+    let mut patch = serde_json::json!({ "status": value });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
+    patch
+}
+
+fn clamp_i32(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use k8s_openapi::jiff::Timestamp;
+    use tessera_core::scale::{self, Signal, SignalDecision};
+
+    use super::*;
+
+    fn time(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn decision(current: u32, desired: u32, reason: ScaleReason, limited: bool) -> ScaleDecision {
+        ScaleDecision {
+            desired_replicas: desired,
+            current_replicas: current,
+            recommendation: desired,
+            reason,
+            message: "kv_cache_utilization 0.900 vs target 0.5: scaling".into(),
+            signals: vec![SignalDecision {
+                signal: Signal::KvCacheUtilization,
+                value: Some(0.9),
+                target: 0.5,
+                proposed: Some(desired),
+                reporting_replicas: current,
+                missing_replicas: 0,
+            }],
+            leading_signal: Some(Signal::KvCacheUtilization),
+            panicking: false,
+            panic_triggered: false,
+            scaling_active: true,
+            scaling_limited: limited,
+            history_horizon: std::time::Duration::from_secs(300),
+        }
+    }
+
+    fn cond<'a>(st: &'a InferenceAutoscalerStatus, t: &str) -> &'a Condition {
+        st.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn scaling_sets_hpa_like_conditions_and_fields() {
+        let d = decision(2, 4, ScaleReason::ScaleUp, false);
+        let st = after_decision(
+            None,
+            Some(3),
+            "Deployment/llama",
+            2,
+            &d,
+            &Applied::Scaled,
+            None,
+            &time(100),
+        );
+        assert_eq!((st.replicas, st.desired_replicas, st.ready_replicas), (4, 4, 2));
+        assert_eq!(st.last_scale_time, Some(time(100)));
+        assert_eq!(st.leading_signal.as_deref(), Some("kvCacheUtilization"));
+        assert_eq!(st.last_decision_reason.as_deref(), Some("scale_up"));
+        assert_eq!(st.current_metrics[0].proposed_replicas, Some(4));
+        assert_eq!(cond(&st, ABLE_TO_SCALE).reason, "SucceededRescale");
+        assert_eq!(cond(&st, SCALING_ACTIVE).status, "True");
+        assert_eq!(cond(&st, SCALING_LIMITED).reason, "DesiredWithinRange");
+        assert_eq!(cond(&st, VALID).observed_generation, Some(3));
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_flips() {
+        let d = decision(2, 2, ScaleReason::WithinTolerance, false);
+        let st = after_decision(
+            None,
+            None,
+            "Deployment/a",
+            2,
+            &d,
+            &Applied::Unchanged,
+            None,
+            &time(100),
+        );
+        let st = after_decision(
+            Some(&st),
+            None,
+            "Deployment/a",
+            2,
+            &d,
+            &Applied::Unchanged,
+            None,
+            &time(200),
+        );
+        assert_eq!(cond(&st, SCALING_LIMITED).last_transition_time, time(100));
+        let limited = decision(2, 3, ScaleReason::TooManyReplicas, true);
+        let st = after_decision(
+            Some(&st),
+            None,
+            "Deployment/a",
+            2,
+            &limited,
+            &Applied::Scaled,
+            None,
+            &time(300),
+        );
+        let c = cond(&st, SCALING_LIMITED);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "TooManyReplicas")
+        );
+        assert_eq!(c.last_transition_time, time(300));
+        // last scale time stays from the scale at 300 while nothing changes.
+        let st = after_decision(
+            Some(&st),
+            None,
+            "Deployment/a",
+            3,
+            &d,
+            &Applied::Unchanged,
+            None,
+            &time(400),
+        );
+        assert_eq!(st.last_scale_time, Some(time(300)));
+    }
+
+    #[test]
+    fn failures_keep_values_and_explain() {
+        let d = decision(2, 4, ScaleReason::ScaleUp, false);
+        let st = after_decision(
+            None,
+            None,
+            "Deployment/a",
+            2,
+            &d,
+            &Applied::Failed("forbidden".into()),
+            None,
+            &time(1),
+        );
+        let c = cond(&st, ABLE_TO_SCALE);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "FailedUpdateScale")
+        );
+        assert!(c.message.contains("forbidden"));
+        assert_eq!(st.replicas, 2);
+        let st = after_failure(
+            Some(&st),
+            Some(2),
+            VALID,
+            "InvalidSpec",
+            "maxReplicas must be >= minReplicas",
+            &time(2),
+        );
+        assert_eq!(cond(&st, VALID).status, "False");
+        assert_eq!(cond(&st, SCALING_ACTIVE).reason, "InvalidSpec");
+        assert_eq!(st.replicas, 2, "values from before are kept");
+    }
+
+    #[test]
+    fn merge_patch_clears_unset_fields_and_carries_the_resource_version() {
+        let st = InferenceAutoscalerStatus::default();
+        let p = merge_patch(&st, Some("42"));
+        assert_eq!(p["metadata"]["resourceVersion"], "42");
+        assert!(p["status"]["leadingSignal"].is_null());
+        assert_eq!(p["status"]["conditions"], serde_json::json!([]));
+        let _ = scale::ScaleState::default();
+    }
+}

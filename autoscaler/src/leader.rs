@@ -1,0 +1,481 @@
+//! Leader election with a `coordination.k8s.io/v1` `Lease`, written directly so the rules are visible and tested.
+//!
+//! Only the leader reconciles; the other replicas of `tessera autoscaler` stand by and take over when the lease
+//! expires. Correctness rests on two things:
+//! - **Optimistic concurrency**: every write is a PUT carrying the `resourceVersion` that was read, so of two
+//!   candidates racing for an expired lease exactly one wins; the other gets 409 Conflict and stays a follower.
+//! - **Expiry by local observation**, as client-go's leaderelection does: a follower considers the lease expired
+//!   when `leaseDurationSeconds` have passed *on its own clock* since it first saw the current `resourceVersion`,
+//!   not since the `renewTime` written by another machine's clock. Clock skew between nodes therefore cannot make a
+//!   follower take over a healthy leader early.
+//!
+//! A leader that cannot renew for `renew_deadline` (shorter than the lease duration) steps down by itself, so it
+//! stops writing before anyone else can have taken over.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff;
+use kube::api::{Api, ObjectMeta, PostParams};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+/// What a candidate should do with the lease it just read. Pure: see [`decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseDecision {
+    /// No lease exists: create it.
+    Create,
+    /// We hold it: renew.
+    Renew,
+    /// Someone else held it and it expired (or nobody holds it): take it over.
+    Acquire,
+    /// Someone else holds a live lease: follow until it expires.
+    Follow {
+        /// The current holder.
+        holder: String,
+        /// Milliseconds (our clock) until we may try to take over.
+        expires_in_ms: u64,
+    },
+}
+
+/// The parts of a lease the decision needs, plus when *we* first saw its current version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseObservation {
+    /// `spec.holderIdentity` (None or empty: released).
+    pub holder: Option<String>,
+    /// `spec.leaseDurationSeconds`.
+    pub duration: Duration,
+    /// `metadata.resourceVersion`.
+    pub resource_version: String,
+    /// Our clock (Unix ms) when we first saw this `resource_version`.
+    pub first_seen_ms: u64,
+}
+
+/// Decides what to do with a lease. `now_ms` is our clock in Unix milliseconds.
+pub fn decide(lease: Option<&LeaseObservation>, me: &str, now_ms: u64) -> LeaseDecision {
+    let Some(lease) = lease else {
+        return LeaseDecision::Create;
+    };
+    match lease.holder.as_deref() {
+        Some(h) if h == me => LeaseDecision::Renew,
+        None | Some("") => LeaseDecision::Acquire,
+        Some(holder) => {
+            let expires_at = lease
+                .first_seen_ms
+                .saturating_add(u64::try_from(lease.duration.as_millis()).unwrap_or(u64::MAX));
+            if now_ms >= expires_at {
+                LeaseDecision::Acquire
+            } else {
+                LeaseDecision::Follow {
+                    holder: holder.to_owned(),
+                    expires_in_ms: expires_at - now_ms,
+                }
+            }
+        }
+    }
+}
+
+/// Settings for [`LeaderElector`].
+#[derive(Debug, Clone)]
+pub struct ElectionConfig {
+    /// Lease name (in the elector's namespace).
+    pub lease_name: String,
+    /// This candidate's identity (the pod name).
+    pub identity: String,
+    /// How long a lease lives without renewal.
+    pub lease_duration: Duration,
+    /// A leader that has not renewed for this long steps down (must be < `lease_duration`).
+    pub renew_deadline: Duration,
+    /// How often to try to acquire or renew.
+    pub retry_period: Duration,
+}
+
+/// A candidate for the lease. Call [`LeaderElector::try_acquire_or_renew`] periodically, or [`LeaderElector::run`].
+#[derive(Debug)]
+pub struct LeaderElector {
+    api: Api<Lease>,
+    config: ElectionConfig,
+    observed: Option<LeaseObservation>,
+}
+
+impl LeaderElector {
+    /// A candidate for `config.lease_name` through `api` (a namespaced `Api<Lease>`).
+    pub fn new(api: Api<Lease>, config: ElectionConfig) -> Self {
+        Self {
+            api,
+            config,
+            observed: None,
+        }
+    }
+
+    /// One round: read the lease, then create, renew or take it over if we may. Returns whether we lead now.
+    /// A 409 Conflict (someone else wrote first) is "not leader", not an error.
+    pub async fn try_acquire_or_renew(&mut self, now_ms: u64) -> Result<bool, kube::Error> {
+        let name = self.config.lease_name.clone();
+        let current = self.api.get_opt(&name).await?;
+        let observation = current.as_ref().map(|lease| self.observe(lease, now_ms));
+        let decision = decide(observation.as_ref(), &self.config.identity, now_ms);
+        let now = micro_time(now_ms);
+        let duration_secs = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let result = match (&decision, current) {
+            (LeaseDecision::Create, _) => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(LeaseSpec {
+                        holder_identity: Some(self.config.identity.clone()),
+                        lease_duration_seconds: Some(duration_secs),
+                        acquire_time: Some(now.clone()),
+                        renew_time: Some(now),
+                        lease_transitions: Some(0),
+                        ..LeaseSpec::default()
+                    }),
+                };
+                self.api.create(&PostParams::default(), &lease).await
+            }
+            (LeaseDecision::Renew, Some(mut lease)) => {
+                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+                spec.renew_time = Some(now);
+                spec.lease_duration_seconds = Some(duration_secs);
+                self.api.replace(&name, &PostParams::default(), &lease).await
+            }
+            (LeaseDecision::Acquire, Some(mut lease)) => {
+                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+                let previous = spec.holder_identity.clone();
+                spec.holder_identity = Some(self.config.identity.clone());
+                spec.lease_duration_seconds = Some(duration_secs);
+                spec.acquire_time = Some(now.clone());
+                spec.renew_time = Some(now);
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+                info!(lease = %name, previous = ?previous, "lease expired: taking over");
+                self.api.replace(&name, &PostParams::default(), &lease).await
+            }
+            (
+                LeaseDecision::Follow {
+                    holder,
+                    expires_in_ms,
+                },
+                _,
+            ) => {
+                debug!(lease = %name, %holder, expires_in_ms, "following");
+                return Ok(false);
+            }
+            // Renew/Acquire always come with a lease; this arm only satisfies the match.
+            (_, None) => return Ok(false),
+        };
+        match result {
+            Ok(written) => {
+                self.observe(&written, now_ms);
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                debug!(lease = %name, "lost the race for the lease (409 Conflict)");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives the lease up (on shutdown) so a standby takes over at once instead of after the lease duration.
+    pub async fn release(&mut self) -> Result<(), kube::Error> {
+        let name = self.config.lease_name.clone();
+        let Some(mut lease) = self.api.get_opt(&name).await? else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        match self.api.replace(&name, &PostParams::default(), &lease).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs the election until `shutdown` fires, publishing leadership on `leader`. Steps down when renewals fail
+    /// for longer than `renew_deadline`; releases the lease on shutdown.
+    pub async fn run(
+        mut self,
+        leader: watch::Sender<bool>,
+        mut shutdown: watch::Receiver<bool>,
+        now_ms: impl Fn() -> u64,
+    ) {
+        let mut last_renew: Option<u64> = None;
+        loop {
+            let now = now_ms();
+            match self.try_acquire_or_renew(now).await {
+                Ok(true) => {
+                    if !*leader.borrow() {
+                        info!(identity = %self.config.identity, lease = %self.config.lease_name, "became leader");
+                    }
+                    last_renew = Some(now);
+                    leader.send_replace(true);
+                }
+                Ok(false) => {
+                    if *leader.borrow() {
+                        warn!(identity = %self.config.identity, "lost the lease: stepping down");
+                    }
+                    last_renew = None;
+                    leader.send_replace(false);
+                }
+                Err(e) => {
+                    warn!(error = %e, "lease request failed");
+                    let deadline = u64::try_from(self.config.renew_deadline.as_millis()).unwrap_or(u64::MAX);
+                    if last_renew.is_some_and(|t| now.saturating_sub(t) >= deadline) && *leader.borrow() {
+                        warn!("could not renew the lease within the renew deadline: stepping down");
+                        leader.send_replace(false);
+                        last_renew = None;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.retry_period) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
+        if *leader.borrow() {
+            leader.send_replace(false);
+            if let Err(e) = self.release().await {
+                warn!(error = %e, "could not release the lease");
+            }
+        }
+    }
+
+    fn observe(&mut self, lease: &Lease, now_ms: u64) -> LeaseObservation {
+        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+        let spec = lease.spec.clone().unwrap_or_default();
+        let first_seen_ms = match &self.observed {
+            Some(o) if o.resource_version == rv => o.first_seen_ms,
+            _ => now_ms,
+        };
+        let obs = LeaseObservation {
+            holder: spec.holder_identity,
+            duration: Duration::from_secs(
+                spec.lease_duration_seconds
+                    .and_then(|s| u64::try_from(s).ok())
+                    .unwrap_or(self.config.lease_duration.as_secs()),
+            ),
+            resource_version: rv,
+            first_seen_ms,
+        };
+        self.observed = Some(obs.clone());
+        obs
+    }
+}
+
+fn micro_time(unix_ms: u64) -> MicroTime {
+    let ts = i64::try_from(unix_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    MicroTime(ts)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use http::{Method, Request, Response};
+    use kube::Client;
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn obs(holder: Option<&str>, rv: &str, first_seen_ms: u64) -> LeaseObservation {
+        LeaseObservation {
+            holder: holder.map(str::to_owned),
+            duration: Duration::from_secs(15),
+            resource_version: rv.to_owned(),
+            first_seen_ms,
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        assert_eq!(decide(None, "a", 0), LeaseDecision::Create);
+        assert_eq!(
+            decide(Some(&obs(Some("a"), "1", 0)), "a", 99_000),
+            LeaseDecision::Renew
+        );
+        assert_eq!(decide(Some(&obs(None, "1", 0)), "a", 0), LeaseDecision::Acquire);
+        assert_eq!(
+            decide(Some(&obs(Some(""), "1", 0)), "a", 0),
+            LeaseDecision::Acquire
+        );
+        assert_eq!(
+            decide(Some(&obs(Some("b"), "1", 1_000)), "a", 10_000),
+            LeaseDecision::Follow {
+                holder: "b".into(),
+                expires_in_ms: 6_000
+            }
+        );
+        assert_eq!(
+            decide(Some(&obs(Some("b"), "1", 1_000)), "a", 16_000),
+            LeaseDecision::Acquire
+        );
+    }
+
+    fn config(identity: &str) -> ElectionConfig {
+        ElectionConfig {
+            lease_name: "tessera-autoscaler".into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    fn lease_json(holder: &str, rv: &str, transitions: i32) -> Value {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "tessera-autoscaler", "namespace": "tessera", "resourceVersion": rv},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": transitions,
+                     "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z"}
+        })
+    }
+
+    fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: Value) {
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        );
+    }
+
+    fn status_409() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+               "message": "the object has been modified"})
+    }
+
+    async fn body_json(req: Request<Body>) -> Value {
+        use http_body_util::BodyExt;
+        let bytes = req.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/tessera/leases/tessera-autoscaler";
+
+    fn elector(
+        identity: &str,
+    ) -> (
+        LeaderElector,
+        tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    ) {
+        let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "tessera");
+        (
+            LeaderElector::new(Api::namespaced(client, "tessera"), config(identity)),
+            handle,
+        )
+    }
+
+    #[tokio::test]
+    async fn creates_a_missing_lease_then_renews_it() {
+        let (mut el, mut handle) = elector("pod-a");
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!((req.method(), req.uri().path()), (&Method::GET, PATH));
+            respond(
+                send,
+                404,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+            );
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), Method::POST);
+            assert_eq!(
+                req.uri().path(),
+                "/apis/coordination.k8s.io/v1/namespaces/tessera/leases"
+            );
+            let body = body_json(req).await;
+            assert_eq!(body["spec"]["holderIdentity"], "pod-a");
+            assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
+            assert_eq!(body["spec"]["leaseTransitions"], 0);
+            respond(send, 201, lease_json("pod-a", "1", 0));
+            // Renewal: GET, then PUT with the resourceVersion that was read.
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(send, 200, lease_json("pod-a", "1", 0));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!((req.method(), req.uri().path()), (&Method::PUT, PATH));
+            let body = body_json(req).await;
+            assert_eq!(body["metadata"]["resourceVersion"], "1");
+            assert_eq!(body["spec"]["holderIdentity"], "pod-a");
+            assert_ne!(body["spec"]["renewTime"], "2026-01-01T00:00:00.000000Z");
+            respond(send, 200, lease_json("pod-a", "2", 0));
+        });
+        assert!(el.try_acquire_or_renew(1_000).await.unwrap());
+        assert!(el.try_acquire_or_renew(3_000).await.unwrap());
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn follows_a_live_lease_and_takes_over_once_it_expires() {
+        let (mut el, mut handle) = elector("pod-a");
+        let server = tokio::spawn(async move {
+            // Seen at t=1s, still the same version at t=10s: follow (no write).
+            for _ in 0..2 {
+                let (req, send) = handle.next_request().await.unwrap();
+                assert_eq!(req.method(), Method::GET);
+                respond(send, 200, lease_json("pod-b", "7", 3));
+            }
+            // t=17s: 16 s since first seen > 15 s: take over with a PUT on version 7.
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(send, 200, lease_json("pod-b", "7", 3));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), Method::PUT);
+            let body = body_json(req).await;
+            assert_eq!(body["metadata"]["resourceVersion"], "7");
+            assert_eq!(body["spec"]["holderIdentity"], "pod-a");
+            assert_eq!(body["spec"]["leaseTransitions"], 4);
+            respond(send, 200, lease_json("pod-a", "8", 4));
+        });
+        assert!(!el.try_acquire_or_renew(1_000).await.unwrap());
+        assert!(!el.try_acquire_or_renew(10_000).await.unwrap());
+        assert!(el.try_acquire_or_renew(17_000).await.unwrap());
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_renewed_lease_restarts_the_expiry_clock() {
+        let (mut el, mut handle) = elector("pod-a");
+        let server = tokio::spawn(async move {
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(send, 200, lease_json("pod-b", "7", 0));
+            // The holder renewed (new version) at some point: expiry counts from when we saw version 8.
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(send, 200, lease_json("pod-b", "8", 0));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(
+                req.method(),
+                Method::GET,
+                "no takeover of a lease renewed 6 s ago"
+            );
+            respond(send, 200, lease_json("pod-b", "8", 0));
+        });
+        assert!(!el.try_acquire_or_renew(0).await.unwrap());
+        assert!(!el.try_acquire_or_renew(14_000).await.unwrap());
+        assert!(!el.try_acquire_or_renew(20_000).await.unwrap());
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn losing_the_race_is_not_an_error() {
+        let (mut el, mut handle) = elector("pod-a");
+        let server = tokio::spawn(async move {
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(send, 200, lease_json("", "7", 0));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), Method::PUT);
+            respond(send, 409, status_409());
+        });
+        assert!(!el.try_acquire_or_renew(0).await.unwrap());
+        server.await.unwrap();
+    }
+}
