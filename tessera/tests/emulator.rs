@@ -600,3 +600,155 @@ async fn ramp_raises_kv_queue_and_ttft_and_low_memory_preempts() {
     assert!(small_stages[1].kv > 0.8, "past the knee the cache is nearly full");
     assert!(small_stages[1].kv > big_stages[2].kv);
 }
+
+/// A running `tessera sidecar`, killed on drop.
+struct Sidecar {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sidecar {
+    fn start(vllm_url: &str) -> Sidecar {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "--log-format",
+                "json",
+                "sidecar",
+                "--listen",
+                "127.0.0.1:0",
+                "--vllm-url",
+                vllm_url,
+            ])
+            .args(["--scrape-interval", "200ms", "--no-nvml"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tessera sidecar");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && let Some(addr) = v["fields"]["listen"].as_str()
+                {
+                    let _ = tx.send(addr.to_owned());
+                }
+            }
+        });
+        let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
+            let _ = child.kill();
+            panic!("tessera sidecar did not report its address within 30 s");
+        };
+        Sidecar {
+            child,
+            base: format!("http://{addr}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn sidecar_readings_track_the_emulator_under_load() {
+    // 16 sequences at most and 32 clients: 16 run, 16 wait, and the KV cache fills partly.
+    let emu = Emulator::start(&[
+        "--served-model-name",
+        "m",
+        "--max-num-seqs",
+        "16",
+        "--gpu-memory-utilization",
+        "0.22",
+        "--max-model-len",
+        "4096",
+    ]);
+    let sidecar = Sidecar::start(&emu.base);
+    let c = client();
+    let status = |c: reqwest::Client, url: String| async move {
+        let r = c.get(url).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json::<Value>().await.unwrap()
+    };
+    let status_url = format!("{}/v1/status", sidecar.base);
+
+    // Under load.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (c, url, stop) = (c.clone(), emu.url("/v1/completions"), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                stream_one(&c, &url, "m", 1500, 150).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut compared = 0;
+    for _ in 0..10 {
+        let emu_snap = snapshot(&c, &emu).await;
+        let st = status(c.clone(), status_url.clone()).await;
+        let latest = &st["latest"];
+        assert!(st["vllm_up"].as_bool().unwrap(), "{st}");
+        let (kv_e, kv_s) = (
+            emu_snap.kv_cache_usage.unwrap(),
+            latest["kv_cache_usage_ratio"].as_f64().unwrap(),
+        );
+        let (run_e, run_s) = (
+            emu_snap.requests_running.unwrap(),
+            latest["requests_running"].as_f64().unwrap(),
+        );
+        let (wait_e, wait_s) = (
+            emu_snap.requests_waiting.unwrap(),
+            latest["requests_waiting"].as_f64().unwrap(),
+        );
+        eprintln!(
+            "emulator kv {kv_e:.3} run {run_e} wait {wait_e} | sidecar kv {kv_s:.3} run {run_s} wait {wait_s}"
+        );
+        // The sidecar's reading is at most one scrape interval (200 ms) old.
+        assert!((kv_e - kv_s).abs() < 0.1, "kv {kv_e} vs {kv_s}");
+        assert!(kv_s > 0.05, "the sidecar sees the cache in use: {kv_s}");
+        assert!(
+            run_s >= 8.0 && run_s <= 16.0,
+            "running {run_s} (emulator {run_e})"
+        );
+        assert!(wait_s >= 4.0, "waiting {wait_s} (emulator {wait_e})");
+        compared += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(compared, 10);
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("load drains")
+            .unwrap();
+    }
+
+    // Idle: once the sidecar has scraped again, its counters equal the emulator's exactly.
+    let emu_snap = snapshot(&c, &emu).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let st = status(c.clone(), status_url.clone()).await;
+    let latest = &st["latest"];
+    assert_eq!(latest["requests_running"].as_f64(), Some(0.0), "{st}");
+    assert_eq!(latest["requests_waiting"].as_f64(), Some(0.0));
+    assert_eq!(latest["kv_cache_usage_ratio"].as_f64(), Some(0.0));
+    assert_eq!(
+        latest["generation_tokens_total"].as_f64(),
+        emu_snap.generation_tokens_total
+    );
+    assert_eq!(
+        latest["prompt_tokens_total"].as_f64(),
+        emu_snap.prompt_tokens_total
+    );
+    assert_eq!(
+        latest["cache_config"]["num_gpu_blocks"]
+            .as_str()
+            .map(str::to_owned),
+        emu_snap.cache_config.get("num_gpu_blocks").cloned()
+    );
+    assert_eq!(latest["model_names"], json!(["m"]));
+}
