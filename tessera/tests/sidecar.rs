@@ -188,8 +188,15 @@ async fn sidecar_against_a_fake_vllm() {
     }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let vllm_addr: SocketAddr = listener.local_addr().unwrap();
+    // vLLM's OpenAI model list, where the sidecar learns max_model_len when no flag gives it.
+    let models = || async {
+        axum::Json(serde_json::json!({"object": "list", "data": [
+            {"id": MODEL, "object": "model", "max_model_len": 8192}
+        ]}))
+    };
     let app = Router::new()
         .route("/metrics", get(serve_metrics))
+        .route("/v1/models", get(models))
         .with_state(fake.clone());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
@@ -219,7 +226,7 @@ async fn sidecar_against_a_fake_vllm() {
             "--gpu-memory-mib",
             "23034",
         ])
-        .args(["--bytes-per-kv-token", "131072", "--max-model-len", "8192"])
+        .args(["--bytes-per-kv-token", "131072"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -264,6 +271,7 @@ async fn sidecar_against_a_fake_vllm() {
         })
         .await;
     assert!(s.ready && s.vllm_up && !s.stale);
+    assert_eq!(s.max_model_len, Some(8192), "learned from /v1/models");
     assert_eq!(c.get("/ready").await.unwrap().0, 200);
     let latest = s.latest.as_ref().unwrap();
     assert_eq!(
