@@ -97,6 +97,10 @@ pub struct InferenceAutoscalerSpec {
     /// How the model's replicas use GPUs (whole or shared) and how their memory and compute are sized.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSpec>,
+    /// The Service in front of the model's pods, whose EndpointSlices the activator routes to (default: the
+    /// target's name, the usual convention when Deployment and Service share a name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
     /// OpenAI `model` names the activator routes to this workload (default: the target's name).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
