@@ -771,6 +771,33 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         }
     }
 
+    /// Every InferenceAutoscaler in `deploy/examples/` parses and passes validation (other kinds are skipped).
+    #[test]
+    fn examples_are_valid() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let value = serde_yaml::Value::deserialize(doc).unwrap();
+                if value.get("kind").and_then(|k| k.as_str()) != Some("InferenceAutoscaler") {
+                    continue;
+                }
+                let ias: InferenceAutoscaler =
+                    serde_yaml::from_value(value).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                if let Err(errors) = ias.spec.validate() {
+                    panic!("{}: {errors:?}", path.display());
+                }
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "expected the examples in {dir}");
+    }
+
     #[test]
     fn durations_parse_like_kubernetes() {
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
