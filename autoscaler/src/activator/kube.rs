@@ -1,11 +1,13 @@
 //! Kubernetes discovery: ready backends per model from EndpointSlices, models from InferenceAutoscalers, and the
 //! wake-up patch that tells the controller to scale a model from zero.
 //!
-//! **Model → Service.** An `InferenceAutoscaler` lists the OpenAI model names it serves in `spec.modelNames`; the
-//! Service in front of its pods is `spec.serviceName` when set, else the name of its `spec.scaleTargetRef` (the
-//! usual convention: Deployment and Service share a name). A Service without an autoscaler can still be routed by
-//! labelling it `tessera.dev/model=<name>` (Kubernetes copies Service labels onto its EndpointSlices); that
-//! only works for names that are valid label values (no `/`), and such a model cannot be woken from zero.
+//! **Model → Service.** An `InferenceAutoscaler` lists the OpenAI model names it serves in `spec.modelNames`
+//! (default: its target's name). Its pods are found through the EndpointSlices of the Service named like its
+//! `spec.scaleTargetRef` (the usual convention: Deployment and Service share a name), or of any Service in its
+//! namespace labelled `tessera.dev/autoscaler=<autoscaler name>` (Kubernetes copies Service labels onto the
+//! Service's EndpointSlices). A Service without an autoscaler can still be routed by labelling it
+//! `tessera.dev/model=<name>`; that only works for names that are valid label values (no `/`), and such a model
+//! cannot be woken from zero.
 //!
 //! **Wake-up contract.** When a request is held for a model with no ready backend, the activator merge-patches
 //! `metadata.annotations["tessera.dev/activated-at"]` (RFC 3339, UTC) on every InferenceAutoscaler serving the
@@ -37,6 +39,9 @@ use super::router::{ModelEntry, Router};
 
 /// Label on a Service (mirrored to its EndpointSlices) that routes a model without an InferenceAutoscaler.
 pub const MODEL_LABEL: &str = "tessera.dev/model";
+/// Label on a Service (mirrored to its EndpointSlices) naming the InferenceAutoscaler, in the same namespace, whose
+/// models it serves — for a Service not named like the autoscaler's target.
+pub const AUTOSCALER_LABEL: &str = "tessera.dev/autoscaler";
 /// The label Kubernetes puts on every EndpointSlice naming its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Field manager for the wake-up patch (shows in `managedFields`).
@@ -81,10 +86,15 @@ pub struct AutoscalerRoute {
 }
 
 impl AutoscalerRoute {
-    /// Reads the route from the CR's JSON; tolerant of a partly filled spec (a missing field routes nothing).
+    /// Reads the route from the CR's JSON; tolerant of a partly filled spec. As the CRD documents, `modelNames`
+    /// defaults to the target's name.
     pub fn from_object(obj: &DynamicObject) -> Self {
         let spec = obj.data.get("spec");
-        let models = spec
+        let target = spec
+            .and_then(|s| s.pointer("/scaleTargetRef/name"))
+            .and_then(|v| v.as_str())
+            .map(String::from);
+        let mut models: Vec<String> = spec
             .and_then(|s| s.get("modelNames"))
             .and_then(|m| m.as_array())
             .map(|a| {
@@ -95,15 +105,13 @@ impl AutoscalerRoute {
                     .collect()
             })
             .unwrap_or_default();
-        let service = spec
-            .and_then(|s| s.get("serviceName"))
-            .and_then(|v| v.as_str())
-            .or_else(|| {
-                spec.and_then(|s| s.pointer("/scaleTargetRef/name"))
-                    .and_then(|v| v.as_str())
-            })
-            .map(String::from);
-        Self { models, service }
+        if models.is_empty() {
+            models.extend(target.clone());
+        }
+        Self {
+            models,
+            service: target,
+        }
     }
 }
 
@@ -114,6 +122,8 @@ pub struct SliceBackends {
     pub service: Option<String>,
     /// `tessera.dev/model`, if labelled.
     pub model_label: Option<String>,
+    /// `tessera.dev/autoscaler`, if labelled.
+    pub autoscaler_label: Option<String>,
     /// `http://addr:port` for each ready endpoint address.
     pub urls: Vec<String>,
 }
@@ -152,6 +162,7 @@ impl SliceBackends {
         Self {
             service: labels.get(SERVICE_NAME_LABEL).cloned(),
             model_label: labels.get(MODEL_LABEL).cloned(),
+            autoscaler_label: labels.get(AUTOSCALER_LABEL).cloned(),
             urls,
         }
     }
@@ -200,15 +211,17 @@ impl Index {
     pub fn backends(&self) -> BTreeMap<String, Vec<String>> {
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (key, route) in &self.autoscalers {
-            let urls: Vec<&String> = match &route.service {
-                Some(service) => self
-                    .slices
-                    .iter()
-                    .filter(|(k, s)| k.namespace == key.namespace && s.service.as_ref() == Some(service))
-                    .flat_map(|(_, s)| &s.urls)
-                    .collect(),
-                None => Vec::new(),
+            let serves = |s: &SliceBackends| match &s.autoscaler_label {
+                // An explicit label wins over the naming convention.
+                Some(ias) => *ias == key.name,
+                None => route.service.is_some() && s.service == route.service,
             };
+            let urls: Vec<&String> = self
+                .slices
+                .iter()
+                .filter(|(k, s)| k.namespace == key.namespace && serves(s))
+                .flat_map(|(_, s)| &s.urls)
+                .collect();
             for model in &route.models {
                 out.entry(model.clone())
                     .or_default()
@@ -510,14 +523,14 @@ mod tests {
         ));
         assert_eq!(r.models, vec!["meta-llama/Llama-3-8B"]);
         assert_eq!(r.service.as_deref(), Some("llama-vllm"));
+        // modelNames defaults to the target's name, as the CRD documents.
         let r = AutoscalerRoute::from_object(&ias(
             "ml",
             "x",
-            serde_json::json!({
-            "scaleTargetRef": { "name": "d" }, "serviceName": "svc", "modelNames": ["m"] }),
+            serde_json::json!({ "scaleTargetRef": { "name": "d" } }),
         ));
-        assert_eq!(r.service.as_deref(), Some("svc"));
-        // A CR without modelNames routes nothing (not an error: it opted out of the activator).
+        assert_eq!(r.models, vec!["d"]);
+        // A spec this version cannot read routes nothing rather than failing the watch.
         assert!(
             AutoscalerRoute::from_object(&ias("ml", "y", serde_json::json!({})))
                 .models
@@ -559,6 +572,7 @@ mod tests {
         let ready = |urls: &[&str]| SliceBackends {
             service: Some("svc".into()),
             model_label: None,
+            autoscaler_label: None,
             urls: urls.iter().map(|u| u.to_string()).collect(),
         };
         idx.apply_slice(key("ml", "s1"), ready(&["http://10.0.0.1:8000"]));
@@ -576,6 +590,18 @@ mod tests {
         assert_eq!(idx.backends()["m"], Vec::<String>::new());
         idx.delete_autoscaler(&key("ml", "a"));
         assert!(!idx.backends().contains_key("m"));
+        // A Service with another name, labelled with the autoscaler's name, serves its models.
+        idx.apply_autoscaler(key("ml", "a"), route.clone());
+        idx.apply_slice(
+            key("ml", "s5"),
+            SliceBackends {
+                service: Some("other-name".into()),
+                autoscaler_label: Some("a".into()),
+                ..ready(&["http://10.0.0.5:8000"])
+            },
+        );
+        assert_eq!(idx.backends()["m"], vec!["http://10.0.0.5:8000"]);
+        idx.delete_autoscaler(&key("ml", "a"));
         // A labelled Service routes a model without an autoscaler.
         idx.apply_slice(
             key("ml", "s4"),
