@@ -242,11 +242,13 @@ pub fn demand_from(samples: &[ActivatorSample], models: &[String]) -> Demand {
                     .queued_at_activator
                     .saturating_add(u32::try_from(st.queued).unwrap_or(u32::MAX));
             }
-            // A model this activator never saw has been idle at least since the activator started.
-            let seen = stats
-                .and_then(|st| st.last_request_at_unix_ms)
-                .unwrap_or(latest.started_at_unix_ms);
-            last = Some(last.map_or(seen, |l| l.max(seen)));
+            // The activator's contract: a known model with no request since the activator started has been idle
+            // since the start; a model it does not know at all is "no data" (it is not in that request path),
+            // which must never allow scale to zero.
+            match latest.last_activity_unix_ms(m) {
+                Some(seen) => last = Some(last.map_or(seen, |l| l.max(seen))),
+                None => known = false,
+            }
             rate = match (rate, &s.previous) {
                 (Some(r), Some(prev)) => request_rate(prev, latest, m).ok().map(|x| r + x),
                 _ => None,
@@ -406,13 +408,25 @@ mod tests {
     #[test]
     fn demand_sums_activators_and_models() {
         let a = ActivatorSample {
-            previous: Some(stats("a", 10_000, &[("m", 10, 0, 0, Some(9_000))])),
-            latest: Some(stats("a", 20_000, &[("m", 60, 2, 1, Some(19_000))])),
+            previous: Some(stats(
+                "a",
+                10_000,
+                &[("m", 10, 0, 0, Some(9_000)), ("alias", 0, 0, 0, None)],
+            )),
+            latest: Some(stats(
+                "a",
+                20_000,
+                &[("m", 60, 2, 1, Some(19_000)), ("alias", 0, 0, 0, None)],
+            )),
             last_error: None,
         };
         let b = ActivatorSample {
-            previous: Some(stats("b", 10_000, &[])),
-            latest: Some(stats("b", 20_000, &[("alias", 20, 1, 0, Some(15_000))])),
+            previous: Some(stats("b", 10_000, &[("m", 0, 0, 0, None)])),
+            latest: Some(stats(
+                "b",
+                20_000,
+                &[("alias", 20, 1, 0, Some(15_000)), ("m", 0, 0, 0, None)],
+            )),
             last_error: None,
         };
         let d = demand_from(&[a.clone(), b], &["m".into(), "alias".into()]);
@@ -435,14 +449,23 @@ mod tests {
     }
 
     #[test]
-    fn a_model_never_seen_is_idle_since_the_activator_started() {
+    fn idle_since_start_for_a_known_model_unknown_for_an_unknown_one() {
         let s = ActivatorSample {
-            previous: Some(stats("a", 10_000, &[])),
-            latest: Some(stats("a", 20_000, &[])),
+            previous: Some(stats("a", 10_000, &[("m", 0, 0, 0, None)])),
+            latest: Some(stats("a", 20_000, &[("m", 0, 0, 0, None)])),
             last_error: None,
         };
-        let d = demand_from(&[s], &["m".into()]);
-        assert_eq!(d.last_request_at, Some(Timestamp::from_millis(1_000)));
+        let d = demand_from(std::slice::from_ref(&s), &["m".into()]);
+        assert_eq!(
+            d.last_request_at,
+            Some(Timestamp::from_millis(1_000)),
+            "idle since the activator started"
+        );
         assert_eq!(d.requests_per_second, Some(0.0));
+        let d = demand_from(&[s], &["m".into(), "not-routed-here".into()]);
+        assert_eq!(
+            d.last_request_at, None,
+            "a model the activator does not know never allows scale to zero"
+        );
     }
 }
