@@ -36,12 +36,13 @@ impl Drop for Proc {
 }
 
 impl Proc {
-    /// Starts `tessera <args>` with `--listen 127.0.0.1:0` and waits for the log line that names the bound address.
-    fn start(args: &[&str], listen_field: &str) -> Proc {
+    /// Starts `tessera <args> --listen <listen>` and waits (blocking) for the log line that names the bound address
+    /// in the field `listen_field`.
+    fn start(args: &[&str], listen: &str, listen_field: &str) -> Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["--log-format", "json"])
             .args(args)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -81,7 +82,7 @@ impl Proc {
     fn activator(extra: &[&str]) -> Proc {
         let mut args = vec!["activator"];
         args.extend_from_slice(extra);
-        Proc::start(&args, "listen")
+        Proc::start(&args, "127.0.0.1:0", "listen")
     }
 
     fn url(&self, path: &str) -> String {
@@ -582,4 +583,154 @@ async fn next_chunk(resp: &mut reqwest::Response) -> String {
         .expect("stream error")
         .expect("stream ended early");
     String::from_utf8_lossy(&chunk).into_owned()
+}
+
+// ---- against the real emulator: `tessera vllm-sim` ----
+
+/// Starts `tessera vllm-sim` serving `model` on `listen` (off the async runtime: it blocks until the port opens).
+async fn vllm_sim(model: &str, listen: &str, extra: &[&str]) -> Proc {
+    let mut args: Vec<String> = vec!["vllm-sim".into(), "--served-model-name".into(), model.into()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let listen = listen.to_string();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Proc::start(&args, &listen, "addr")
+    })
+    .await
+    .unwrap()
+}
+
+/// Requests the emulator finished, from its own vLLM counter (summed over finish reasons).
+async fn finished_at(sim: &Proc) -> f64 {
+    let page = client()
+        .get(sim.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    page.lines()
+        .filter(|l| l.starts_with("vllm:request_success_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
+    let port = free_port();
+    let act = Proc::activator(&[
+        "--backend",
+        &format!("qwen=http://127.0.0.1:{port}"),
+        "--hold-timeout",
+        "30s",
+    ]);
+    let url = act.url("/v1/chat/completions");
+    let body = serde_json::json!({ "model": "qwen", "max_tokens": 8,
+        "messages": [{ "role": "user", "content": "Why is the sky blue?" }] });
+    let held = tokio::spawn(async move { client().post(url).json(&body).send().await.unwrap() });
+    wait_stats(&act, |s| s["models"]["qwen"]["queued"] == 1).await;
+    // Like vLLM loading weights, the emulator refuses connections for its start-up delay, then opens the port.
+    let sim = vllm_sim(
+        "qwen",
+        &format!("127.0.0.1:{port}"),
+        &["--startup-delay", "1s", "--time-scale", "20"],
+    )
+    .await;
+    let resp = tokio::time::timeout(WAIT, held)
+        .await
+        .expect("held request finishes")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reply: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(reply["model"], "qwen");
+    assert!(
+        reply["choices"][0]["message"]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "{reply}"
+    );
+    assert_eq!(
+        finished_at(&sim).await,
+        1.0,
+        "the emulator must have served the held request exactly once"
+    );
+}
+
+#[tokio::test]
+async fn vllm_sim_stream_arrives_token_by_token() {
+    let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
+    let act = Proc::activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
+    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
+    let body = serde_json::json!({ "model": "qwen", "max_tokens": 40, "ignore_eos": true, "stream": true,
+        "messages": [{ "role": "user", "content": "Count to forty." }] });
+    let mut resp = client()
+        .post(act.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let (mut reads, mut text) = (Vec::new(), String::new());
+    while let Some(chunk) = tokio::time::timeout(WAIT, resp.chunk())
+        .await
+        .expect("no stall")
+        .unwrap()
+    {
+        reads.push(Instant::now());
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(
+        text.matches("data: ").count() >= 40,
+        "one event per token expected: {text}"
+    );
+    // 40 decode steps of an emulated 7B model take a few hundred ms; a buffering proxy would deliver them in one
+    // or two reads at the end instead of spread over that time.
+    let spread = *reads.last().unwrap() - reads[0];
+    assert!(
+        reads.len() >= 10,
+        "only {} reads: the stream was buffered",
+        reads.len()
+    );
+    assert!(
+        spread >= Duration::from_millis(100),
+        "all events arrived within {spread:?}: buffered"
+    );
+}
+
+#[tokio::test]
+async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
+    let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
+    let act = Proc::activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
+    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
+    // Long enough (thousands of tokens) that only the kill can end it within the test's bounds.
+    let body = serde_json::json!({ "model": "qwen", "max_tokens": 4000, "ignore_eos": true, "stream": true,
+        "messages": [{ "role": "user", "content": "Write a long story." }] });
+    let mut resp = client()
+        .post(act.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(next_chunk(&mut resp).await.contains("data: "));
+    drop(sim); // SIGKILL: the model server dies with the response half written.
+    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match resp.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .expect("the client must not hang when the model server dies");
+    assert!(
+        outcome.is_err(),
+        "a stream cut by a dying server must end in an error, not a clean end"
+    );
+    let s = wait_stats(&act, |s| s["models"]["qwen"]["inFlight"] == 0).await;
+    assert_eq!(s["models"]["qwen"]["requestsTotal"], 1);
 }
