@@ -218,7 +218,7 @@ pub struct EngineSeries {
 ///   fullest one is what memory sizing must cover (a mean would hide a saturated engine);
 /// - `cache_config` is the first series' map (in `per_engine` order) that has one; engines of one server
 ///   share the cache config;
-/// - `model_names` lists every distinct `model_name` label value seen on a `vllm:*` sample, sorted.
+/// - `model_names` lists every distinct `model_name` label value seen on the samples read here, sorted.
 ///
 /// A field is `None` (or empty) only when no series has it — never zero for "missing".
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -269,6 +269,11 @@ impl VllmSnapshot {
                     continue;
                 };
                 vllm_samples += 1;
+                // Decide from the name alone whether the snapshot reads this sample, before paying for
+                // its labels: most of a vLLM page is histograms Tessera does not use.
+                let Some(field) = Field::of(name) else {
+                    continue;
+                };
                 let key = SeriesKey::of(sample);
                 if let Some(m) = &key.model_name
                     && !model_names.contains(m)
@@ -277,7 +282,7 @@ impl VllmSnapshot {
                 }
                 let idx = match builders
                     .iter()
-                    .position(|b| b.model_name == key.model_name && b.engine == key.engine)
+                    .position(|b| b.engine == key.engine && b.model_name == key.model_name)
                 {
                     Some(i) => i,
                     None => {
@@ -285,7 +290,7 @@ impl VllmSnapshot {
                         builders.len() - 1
                     }
                 };
-                builders[idx].add(name, sample, &key);
+                builders[idx].add(field, sample, &key);
             }
         }
         if vllm_samples == 0 {
@@ -471,25 +476,30 @@ struct HistBuilder {
 }
 
 impl HistBuilder {
-    fn add(&mut self, suffix: &str, sample: &Sample<'_>, key: &SeriesKey<'_>) {
+    fn add(&mut self, part: HistPart, sample: &Sample<'_>, key: &SeriesKey<'_>) {
         let v = sample.value;
-        match suffix {
-            "_bucket" => {
+        match part {
+            HistPart::Bucket => {
                 let Some(le) = key.le.as_deref().and_then(|s| s.trim().parse::<f64>().ok()) else {
                     return;
                 };
                 if le.is_nan() || !v.is_finite() {
                     return;
                 }
-                // Extra labels beyond model_name/engine (none in vLLM today) fold into the same series.
-                match self.buckets.iter_mut().find(|b| b.le == le) {
-                    Some(b) => b.cumulative += v,
+                // Pages list buckets in increasing order, so the common case is an append. Extra labels
+                // beyond model_name/engine (none in vLLM today) fold into the same series.
+                match self.buckets.last_mut() {
+                    Some(last) if last.le < le => self.buckets.push(Bucket { le, cumulative: v }),
                     None => self.buckets.push(Bucket { le, cumulative: v }),
+                    Some(_) => match self.buckets.iter_mut().find(|b| b.le == le) {
+                        Some(b) => b.cumulative += v,
+                        None => self.buckets.push(Bucket { le, cumulative: v }),
+                    },
                 }
             }
-            "_sum" => self.sum = Some(self.sum.unwrap_or(0.0) + v),
-            "_count" if v.is_finite() => self.count = Some(self.count.unwrap_or(0.0) + v),
-            _ => {}
+            HistPart::Sum => self.sum = Some(self.sum.unwrap_or(0.0) + v),
+            HistPart::Count if v.is_finite() => self.count = Some(self.count.unwrap_or(0.0) + v),
+            HistPart::Count => {}
         }
     }
 
@@ -512,6 +522,86 @@ impl HistBuilder {
             buckets: self.buckets,
             sum: self.sum.unwrap_or(f64::NAN),
             count,
+        })
+    }
+}
+
+/// Which snapshot value a sample feeds, decided from its name (without the `vllm:` prefix).
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    KvNew,
+    KvOld,
+    Running,
+    Waiting,
+    Preemptions,
+    PromptTokens,
+    GenerationTokens,
+    PrefixQueriesNew,
+    PrefixQueriesOld,
+    PrefixHitsNew,
+    PrefixHitsOld,
+    RequestSuccess,
+    CacheConfig,
+    Hist(Hist, HistPart),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Hist {
+    Ttft,
+    ItlNew,
+    ItlOld,
+    E2e,
+    Queue,
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum HistPart {
+    Bucket,
+    Sum,
+    Count,
+}
+
+impl Field {
+    /// The one list of vLLM names the snapshot reads (see the table in the module docs).
+    fn of(name: &str) -> Option<Field> {
+        Some(match name {
+            "kv_cache_usage_perc" => Field::KvNew,
+            "gpu_cache_usage_perc" => Field::KvOld,
+            "num_requests_running" => Field::Running,
+            "num_requests_waiting" => Field::Waiting,
+            "num_preemptions_total" => Field::Preemptions,
+            "prompt_tokens_total" => Field::PromptTokens,
+            "generation_tokens_total" => Field::GenerationTokens,
+            "prefix_cache_queries_total" => Field::PrefixQueriesNew,
+            "gpu_prefix_cache_queries_total" => Field::PrefixQueriesOld,
+            "prefix_cache_hits_total" => Field::PrefixHitsNew,
+            "gpu_prefix_cache_hits_total" => Field::PrefixHitsOld,
+            "request_success_total" => Field::RequestSuccess,
+            "cache_config_info" => Field::CacheConfig,
+            _ => {
+                let (base, part) = if let Some(b) = name.strip_suffix("_bucket") {
+                    (b, HistPart::Bucket)
+                } else if let Some(b) = name.strip_suffix("_sum") {
+                    (b, HistPart::Sum)
+                } else if let Some(b) = name.strip_suffix("_count") {
+                    (b, HistPart::Count)
+                } else {
+                    return None;
+                };
+                let which = match base {
+                    "time_to_first_token_seconds" => Hist::Ttft,
+                    "inter_token_latency_seconds" => Hist::ItlNew,
+                    "time_per_output_token_seconds" => Hist::ItlOld,
+                    "e2e_request_latency_seconds" => Hist::E2e,
+                    "request_queue_time_seconds" => Hist::Queue,
+                    "request_prefill_time_seconds" => Hist::Prefill,
+                    "request_decode_time_seconds" => Hist::Decode,
+                    _ => return None,
+                };
+                Field::Hist(which, part)
+            }
         })
     }
 }
@@ -583,22 +673,21 @@ impl<'a> SeriesBuilder<'a> {
         }
     }
 
-    /// `name` is the sample name without the `vllm:` prefix.
-    fn add(&mut self, name: &str, sample: &Sample<'a>, key: &SeriesKey<'a>) {
+    fn add(&mut self, field: Field, sample: &Sample<'a>, key: &SeriesKey<'a>) {
         let v = sample.value;
-        match name {
-            "kv_cache_usage_perc" => max_into(&mut self.kv_new, v),
-            "gpu_cache_usage_perc" => max_into(&mut self.kv_old, v),
-            "num_requests_running" => add(&mut self.running, v),
-            "num_requests_waiting" => add(&mut self.waiting, v),
-            "num_preemptions_total" => add(&mut self.preemptions, v),
-            "prompt_tokens_total" => add(&mut self.prompt, v),
-            "generation_tokens_total" => add(&mut self.generation, v),
-            "prefix_cache_queries_total" => add(&mut self.prefix_queries_new, v),
-            "gpu_prefix_cache_queries_total" => add(&mut self.prefix_queries_old, v),
-            "prefix_cache_hits_total" => add(&mut self.prefix_hits_new, v),
-            "gpu_prefix_cache_hits_total" => add(&mut self.prefix_hits_old, v),
-            "request_success_total" => {
+        match field {
+            Field::KvNew => max_into(&mut self.kv_new, v),
+            Field::KvOld => max_into(&mut self.kv_old, v),
+            Field::Running => add(&mut self.running, v),
+            Field::Waiting => add(&mut self.waiting, v),
+            Field::Preemptions => add(&mut self.preemptions, v),
+            Field::PromptTokens => add(&mut self.prompt, v),
+            Field::GenerationTokens => add(&mut self.generation, v),
+            Field::PrefixQueriesNew => add(&mut self.prefix_queries_new, v),
+            Field::PrefixQueriesOld => add(&mut self.prefix_queries_old, v),
+            Field::PrefixHitsNew => add(&mut self.prefix_hits_new, v),
+            Field::PrefixHitsOld => add(&mut self.prefix_hits_old, v),
+            Field::RequestSuccess => {
                 if v.is_finite() {
                     let reason = key.finished_reason.as_deref().unwrap_or("unknown");
                     match self.success.get_mut(reason) {
@@ -609,35 +698,26 @@ impl<'a> SeriesBuilder<'a> {
                     }
                 }
             }
-            "cache_config_info" => {
+            Field::CacheConfig => {
                 for (label, value) in sample.labels() {
                     if label != "model_name" && label != "engine" {
                         self.cache_config.insert(label.to_owned(), value.into_owned());
                     }
                 }
             }
-            _ => self.add_histogram_sample(name, sample, key),
+            Field::Hist(which, part) => {
+                let target = match which {
+                    Hist::Ttft => &mut self.ttft,
+                    Hist::ItlNew => &mut self.itl_new,
+                    Hist::ItlOld => &mut self.itl_old,
+                    Hist::E2e => &mut self.e2e,
+                    Hist::Queue => &mut self.queue,
+                    Hist::Prefill => &mut self.prefill,
+                    Hist::Decode => &mut self.decode,
+                };
+                target.add(part, sample, key);
+            }
         }
-    }
-
-    fn add_histogram_sample(&mut self, name: &str, sample: &Sample<'a>, key: &SeriesKey<'a>) {
-        let Some((base, suffix)) = ["_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|suf| name.strip_suffix(suf).map(|base| (base, *suf)))
-        else {
-            return;
-        };
-        let target = match base {
-            "time_to_first_token_seconds" => &mut self.ttft,
-            "inter_token_latency_seconds" => &mut self.itl_new,
-            "time_per_output_token_seconds" => &mut self.itl_old,
-            "e2e_request_latency_seconds" => &mut self.e2e,
-            "request_queue_time_seconds" => &mut self.queue,
-            "request_prefill_time_seconds" => &mut self.prefill,
-            "request_decode_time_seconds" => &mut self.decode,
-            _ => return,
-        };
-        target.add(suffix, sample, key);
     }
 
     fn finish(self) -> EngineSeries {
