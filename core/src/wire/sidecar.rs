@@ -202,3 +202,62 @@ pub struct RecommendationStatus {
     /// A recommendation (`state: "ready"`) or why not (`state: "not_yet"`, `code`, `reason`).
     pub outcome: Outcome,
 }
+
+/// The gpu-agent's `/v1/gpus` document: per-GPU, per-pod use, from NVML in a capacity pod with hostPID. The pool
+/// manager reads it to see what each tenant of a shared GPU really uses. Same compatibility rules as
+/// [`SidecarStatus`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuAgentStatus {
+    /// [`SCHEMA_VERSION`] of the producer.
+    pub schema_version: u32,
+    /// When this document was produced (Unix seconds, agent clock).
+    pub generated_at: f64,
+    /// True when the last NVML reading succeeded.
+    pub nvml_up: bool,
+    /// Why NVML is not up, if it is not.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// When `devices` was read (Unix seconds); `null` before the first good reading.
+    #[serde(default)]
+    pub read_at: Option<f64>,
+    /// Every GPU NVML sees.
+    #[serde(default)]
+    pub devices: Vec<GpuDeviceUse>,
+}
+
+/// One GPU and who uses it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuDeviceUse {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID (what `NVIDIA_VISIBLE_DEVICES` takes).
+    pub uuid: String,
+    /// Total memory, bytes.
+    pub total_bytes: u64,
+    /// Used memory of the whole device, bytes (includes the driver's reservation).
+    pub used_bytes: u64,
+    /// Per-pod use, sorted by pod UID.
+    #[serde(default)]
+    pub pods: Vec<PodGpuUse>,
+    /// Processes on the GPU that are in no Kubernetes pod (host processes), summed.
+    #[serde(default)]
+    pub unattributed: Option<PodGpuUse>,
+}
+
+/// One pod's use of one GPU (all its processes on that GPU).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodGpuUse {
+    /// The pod's `metadata.uid` (empty for [`GpuDeviceUse::unattributed`]).
+    pub pod_uid: String,
+    /// Container IDs seen (runtime prefix stripped), sorted.
+    #[serde(default)]
+    pub container_ids: Vec<String>,
+    /// Host PIDs, sorted.
+    pub pids: Vec<u32>,
+    /// GPU memory used by those processes, bytes; `null` when NVML could not say for any of them.
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// SM utilization of those processes over the last sample period, 0–1; `null` when not supported.
+    #[serde(default)]
+    pub sm_utilization: Option<f64>,
+}
