@@ -380,7 +380,10 @@ async fn apply(
                 "New size: {}; reason: {}",
                 decision.desired_replicas, decision.message
             );
-            publish(ctx, obj, EventType::Normal, "SuccessfulRescale", "Scale", &note).await;
+            // kube's Recorder folds events with the same (reason, action) into one series that keeps the *first*
+            // note; naming the action after the new size keeps each distinct scale visible with its own reason.
+            let action = format!("ScaleTo{}", decision.desired_replicas);
+            publish(ctx, obj, EventType::Normal, "SuccessfulRescale", &action, &note).await;
             Applied::Scaled
         }
         Err(e) => {

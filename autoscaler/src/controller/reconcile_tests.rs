@@ -210,6 +210,7 @@ async fn scales_up_through_scale_writes_status_and_retries_a_conflict() {
         respond(send, 200, &scale_json(3));
         let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
         assert_eq!(event["reason"], "SuccessfulRescale");
+        assert_eq!(event["action"], "ScaleTo3");
         assert_eq!(event["type"], "Normal");
         assert_eq!(event["regarding"]["kind"], "InferenceAutoscaler");
         assert!(

@@ -1,0 +1,384 @@
+//! `tessera autoscaler` as a process, against a small in-memory Kubernetes API served over loopback.
+//!
+//! No kube-apiserver can run here, so the test serves exactly the endpoints the controller uses (Lease, the
+//! InferenceAutoscaler list/watch and status, a Deployment's `/scale`, pods, events) from an axum app that keeps
+//! the state, plus a fake sidecar `/v1/status` and a fake activator stats document it can change mid-test. It then
+//! drives the whole loop through the real binary: scale up on KV pressure, scale to zero once idle, and back from
+//! zero when a request is held at the activator. Everything is bounded by timeouts and the child is killed on drop.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct Cluster {
+    replicas: i64,
+    lease: Option<Value>,
+    lease_rv: u64,
+    scale_patches: Vec<i64>,
+    status_patches: Vec<Value>,
+    events: Vec<Value>,
+    /// What the fake sidecar reports: KV usage and running requests.
+    kv: f64,
+    running: f64,
+    /// What the fake activator reports for the model.
+    queued: u64,
+    last_request_ms: u64,
+    requests_total: u64,
+}
+
+type Shared = Arc<Mutex<Cluster>>;
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_millis(),
+    )
+    .expect("millis fit u64")
+}
+
+fn ias() -> Value {
+    json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+        "metadata": {"name": "llama", "namespace": "models", "uid": "u-1", "resourceVersion": "1", "generation": 1},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+            "minReplicas": 0, "maxReplicas": 6,
+            "targets": {"kvCacheUtilization": 0.5},
+            "scaleToZero": {"idleAfter": "2s"},
+            "behavior": {"panic": {"enabled": false}},
+            "modelNames": ["llama"]
+        }
+    })
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    addr
+}
+
+fn api_app(state: Shared, sidecar_port: u16) -> Router {
+    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/tessera-autoscaler";
+    Router::new()
+        .route(
+            lease_path,
+            get(|State(s): State<Shared>| async move {
+                let c = s.lock().expect("lock");
+                match &c.lease {
+                    Some(l) => (StatusCode::OK, axum::Json(l.clone())),
+                    None => (
+                        StatusCode::NOT_FOUND,
+                        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                          "reason": "NotFound", "code": 404})),
+                    ),
+                }
+            })
+            .put(|State(s): State<Shared>, axum::Json(mut body): axum::Json<Value>| async move {
+                let mut c = s.lock().expect("lock");
+                c.lease_rv += 1;
+                body["metadata"]["resourceVersion"] = json!(c.lease_rv.to_string());
+                c.lease = Some(body.clone());
+                axum::Json(body)
+            }),
+        )
+        .route(
+            "/apis/coordination.k8s.io/v1/namespaces/default/leases",
+            post(|State(s): State<Shared>, axum::Json(mut body): axum::Json<Value>| async move {
+                let mut c = s.lock().expect("lock");
+                c.lease_rv += 1;
+                body["metadata"]["resourceVersion"] = json!(c.lease_rv.to_string());
+                c.lease = Some(body.clone());
+                (StatusCode::CREATED, axum::Json(body))
+            }),
+        )
+        .route(
+            "/apis/tessera.dev/v1alpha1/inferenceautoscalers",
+            get(|Query(q): Query<BTreeMap<String, String>>| async move {
+                if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+                    // A watch that stays open with no changes: the controller requeues on its sync period.
+                    Response::new(Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>()))
+                } else {
+                    axum::Json(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscalerList",
+                                      "metadata": {"resourceVersion": "1"}, "items": [ias()]}))
+                    .into_response()
+                }
+            }),
+        )
+        .route(
+            "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status",
+            axum::routing::patch(|State(s): State<Shared>, body: String| async move {
+                let patch: Value = serde_json::from_str(&body).expect("status patch is JSON");
+                s.lock().expect("lock").status_patches.push(patch.clone());
+                let mut obj = ias();
+                obj["status"] = patch["status"].clone();
+                axum::Json(obj)
+            }),
+        )
+        .route(
+            "/apis/apps/v1/namespaces/models/deployments/llama/scale",
+            get(|State(s): State<Shared>| async move {
+                let r = s.lock().expect("lock").replicas;
+                axum::Json(scale(r))
+            })
+            .patch(|State(s): State<Shared>, body: String| async move {
+                let patch: Value = serde_json::from_str(&body).expect("scale patch is JSON");
+                let r = patch["spec"]["replicas"].as_i64().expect("spec.replicas in the scale patch");
+                let mut c = s.lock().expect("lock");
+                c.replicas = r;
+                c.scale_patches.push(r);
+                axum::Json(scale(r))
+            }),
+        )
+        .route(
+            "/api/v1/namespaces/models/pods",
+            get(move |State(s): State<Shared>| async move {
+                let r = s.lock().expect("lock").replicas;
+                let items: Vec<Value> = (0..r)
+                    .map(|i| {
+                        json!({"metadata": {"name": format!("llama-{i}"), "namespace": "models",
+                                            "annotations": {"tessera.dev/sidecar-port": sidecar_port.to_string()}},
+                               "status": {"podIP": "127.0.0.1",
+                                          "conditions": [{"type": "Ready", "status": "True"}]}})
+                    })
+                    .collect();
+                axum::Json(json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
+            }),
+        )
+        .route(
+            "/apis/events.k8s.io/v1/namespaces/{ns}/events",
+            post(|State(s): State<Shared>, Path(_ns): Path<String>, axum::Json(body): axum::Json<Value>| async move {
+                s.lock().expect("lock").events.push(body.clone());
+                (StatusCode::CREATED, axum::Json(body))
+            }),
+        )
+        .route(
+            "/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}",
+            axum::routing::patch(
+                |State(s): State<Shared>, Path(_p): Path<(String, String)>, body: String| async move {
+                    let event: Value = serde_json::from_str(&body).expect("event patch is JSON");
+                    s.lock().expect("lock").events.push(event.clone());
+                    axum::Json(event)
+                },
+            ),
+        )
+        .fallback(|uri: axum::http::Uri| async move {
+            eprintln!("fake API: unexpected request {uri}");
+            (StatusCode::NOT_FOUND, axum::Json(json!({"kind": "Status", "code": 404, "reason": "NotFound"})))
+        })
+        .with_state(state)
+}
+
+fn scale(replicas: i64) -> Value {
+    json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+           "metadata": {"name": "llama", "namespace": "models", "resourceVersion": "7"},
+           "spec": {"replicas": replicas}, "status": {"replicas": replicas, "selector": "app=llama"}})
+}
+
+fn sidecar_app(state: Shared) -> Router {
+    Router::new()
+        .route(
+            "/v1/status",
+            get(|State(s): State<Shared>| async move {
+                let c = s.lock().expect("lock");
+                let now = now_ms() as f64 / 1000.0;
+                axum::Json(json!({
+                    "schema_version": 1, "generated_at": now, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
+                    "ready": true, "stale": false, "scrape": {"interval_secs": 1.0, "successes_total": 5},
+                    "latest": {"at": now, "kv_cache_usage_ratio": c.kv, "requests_running": c.running,
+                               "requests_waiting": 0.0},
+                    "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "test"}}
+                }))
+            }),
+        )
+        .route(
+            "/tessera/v1/stats",
+            get(|State(s): State<Shared>| async move {
+                let c = s.lock().expect("lock");
+                axum::Json(json!({
+                    "schemaVersion": 1, "instance": "activator-0", "startedAtUnixMs": 1_000,
+                    "observedAtUnixMs": now_ms(),
+                    "models": {"llama": {"requestsTotal": c.requests_total, "rejectedTotal": 0, "inFlight": 0,
+                                         "queued": c.queued, "readyBackends": c.replicas,
+                                         "lastRequestAtUnixMs": c.last_request_ms}}
+                }))
+            }),
+        )
+        .with_state(state)
+}
+
+async fn wait_for(state: &Shared, what: &str, timeout: Duration, f: impl Fn(&Cluster) -> bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f(&state.lock().expect("lock")) {
+            return;
+        }
+        if Instant::now() > deadline {
+            let c = state.lock().expect("lock");
+            panic!(
+                "timed out waiting for {what}: scale patches {:?}, {} status patches, last status {}",
+                c.scale_patches,
+                c.status_patches.len(),
+                c.status_patches
+                    .last()
+                    .map(|p| p["status"].to_string())
+                    .unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_scales_up_to_zero_and_back_through_scale() {
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        replicas: 2,
+        kv: 0.9,
+        running: 3.0,
+        last_request_ms: now_ms(),
+        requests_total: 10,
+        ..Cluster::default()
+    }));
+    let sidecar = serve(sidecar_app(state.clone())).await;
+    let api = serve(api_app(state.clone(), sidecar.port())).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"http://{api}\"}}\n\
+             users:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context: {{cluster: fake, user: u, namespace: default}}\n\
+             current-context: c\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    let metrics_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "autoscaler",
+            "--sync-period",
+            "1s",
+            "--activator-poll-interval",
+            "300ms",
+            "--retry-period",
+            "500ms",
+        ])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+        .args(["--activator-url", &format!("http://{sidecar}")])
+        .args(["--lease-namespace", "default", "--identity", "test-0"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info,kube=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start tessera autoscaler");
+    let _child = Killed(child);
+
+    // 1. Two replicas at 90% KV with a 50% target: ceil(2 × 1.8) = 4.
+    wait_for(&state, "the scale-up to 4", Duration::from_secs(30), |c| {
+        c.scale_patches.first() == Some(&4)
+    })
+    .await;
+    {
+        let c = state.lock().expect("lock");
+        assert_eq!(
+            c.lease.as_ref().expect("lease")["spec"]["holderIdentity"],
+            "test-0"
+        );
+        let e = c
+            .events
+            .iter()
+            .find(|e| e["reason"] == "SuccessfulRescale")
+            .expect("a rescale event");
+        assert!(
+            e["note"].as_str().expect("note").starts_with("New size: 4"),
+            "{e}"
+        );
+    }
+    wait_for(&state, "a status with 4 desired", Duration::from_secs(10), |c| {
+        c.status_patches
+            .iter()
+            .any(|p| p["status"]["desiredReplicas"] == 4 && p["status"]["target"] == "Deployment/llama")
+    })
+    .await;
+    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    assert!(
+        metrics.contains("tessera_autoscaler_decisions_total{reason=\"scale_up\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tessera_autoscaler_leader 1"), "{metrics}");
+
+    // 2. Traffic stops: nothing running, the last request 10 s ago (idleAfter 2s) → straight to zero.
+    {
+        let mut c = state.lock().expect("lock");
+        c.kv = 0.0;
+        c.running = 0.0;
+        c.last_request_ms = now_ms() - 10_000;
+    }
+    wait_for(&state, "the scale to zero", Duration::from_secs(30), |c| {
+        c.replicas == 0
+    })
+    .await;
+
+    // 3. A request is held at the activator: from zero to one at once.
+    {
+        let mut c = state.lock().expect("lock");
+        c.queued = 1;
+        c.requests_total += 1;
+        c.last_request_ms = now_ms();
+    }
+    wait_for(&state, "the scale from zero", Duration::from_secs(30), |c| {
+        c.replicas >= 1
+    })
+    .await;
+    let c = state.lock().expect("lock");
+    let n = c.scale_patches.len();
+    assert_eq!(c.scale_patches[n - 1], 1, "{:?}", c.scale_patches);
+    assert!(
+        c.status_patches
+            .iter()
+            .any(|p| p["status"]["lastDecisionReason"] == "scale_from_zero")
+    );
+    // Every scale has its own event, with its own reason.
+    for (size, why) in [(0, "no requests for"), (1, "demand at zero replicas")] {
+        let action = format!("ScaleTo{size}");
+        let e = c
+            .events
+            .iter()
+            .find(|e| e["action"] == action.as_str())
+            .unwrap_or_else(|| panic!("no {action} event"));
+        assert!(e["note"].as_str().expect("note").contains(why), "{e}");
+    }
+}
