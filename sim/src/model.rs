@@ -892,22 +892,18 @@ impl Engine {
     /// still ends when it was going to. Returns false when no such request is in the engine.
     pub fn abort(&mut self, id: u64, now: f64) -> bool {
         self.now = self.now.max(now);
-        let seq = if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
+        if let Some(i) = self.running.iter().position(|s| s.req.id == id) {
             let seq = self.running.remove(i);
             self.blocks_free += seq.blocks;
-            seq
         } else if let Some(i) = self.waiting.iter().position(|s| s.req.id == id) {
-            match self.waiting.remove(i) {
-                Some(seq) => seq,
-                None => return false,
-            }
+            // Waiting requests hold no blocks (preemption freed them).
+            self.waiting.remove(i);
         } else {
             return false;
-        };
+        }
         // vLLM counts aborted requests only in request_success{finished_reason="abort"}, not in the latency
         // histograms.
         self.stats.finished_abort += 1;
-        drop(seq);
         self.refresh_gauges();
         true
     }

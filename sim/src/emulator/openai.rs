@@ -278,7 +278,7 @@ pub async fn complete(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) -> R
 async fn complete_inner(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) -> Result<Response, ApiError> {
     state.check_ready()?;
     let p = parse(endpoint, &raw)?;
-    if !state.served_model_names.iter().any(|n| *n == p.model) {
+    if !state.served_model_names.contains(&p.model) {
         return Err(ApiError::model_not_found(&p.model));
     }
     let seq = state.next_id();
