@@ -488,6 +488,8 @@ mod tests {
     use http::{Method, Request, Response};
     use kube::client::Body;
 
+    use crate::activator::router::Router;
+
     fn key(ns: &str, name: &str) -> ObjectKey {
         ObjectKey {
             namespace: ns.into(),
@@ -674,5 +676,88 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("not found"), "{err}");
         server.await.unwrap();
+    }
+
+    /// The whole discovery loop against a mocked API server: the initial lists fill the router, `/ready` turns
+    /// true, and a request held for a model at zero replicas produces the wake-up PATCH.
+    #[tokio::test]
+    async fn discovery_lists_then_wakes_the_autoscaler_of_a_held_model() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(mock, "default");
+        let (patched_tx, mut patched_rx) = tokio::sync::mpsc::unbounded_channel();
+        let api = tokio::spawn(async move {
+            // Watch requests are left pending (a quiet cluster); keep their responders alive.
+            let mut pending = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                let path = req.uri().path().to_string();
+                let query = req.uri().query().unwrap_or("").to_string();
+                if query.contains("watch=true") {
+                    pending.push(send);
+                    continue;
+                }
+                let body = match (req.method().clone(), path.as_str()) {
+                    (Method::GET, "/apis/discovery.k8s.io/v1/endpointslices") => serde_json::json!({
+                        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
+                        "metadata": { "resourceVersion": "10" },
+                        "items": [slice("ml", "llama-1", "llama", serde_json::json!([{ "addresses": ["10.0.0.1"] }]))]
+                    }),
+                    (Method::GET, "/apis/tessera.dev/v1alpha1/inferenceautoscalers") => serde_json::json!({
+                        "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscalerList",
+                        "metadata": { "resourceVersion": "11" },
+                        "items": [
+                            ias("ml", "llama", serde_json::json!({ "scaleTargetRef": { "name": "llama" },
+                                "modelNames": ["llama-3"] })),
+                            ias("ml", "qwen", serde_json::json!({ "scaleTargetRef": { "name": "qwen" } })),
+                        ]
+                    }),
+                    (Method::PATCH, p) => {
+                        patched_tx.send(p.to_string()).unwrap();
+                        serde_json::to_value(ias("ml", "qwen", serde_json::json!({}))).unwrap()
+                    }
+                    other => panic!("unexpected request {other:?} {query}"),
+                };
+                send.send_response(Response::new(Body::from(serde_json::to_vec(&body).unwrap())));
+            }
+        });
+        let discovery = Arc::new(KubeDiscovery::new(
+            client,
+            None,
+            Some("http".into()),
+            Duration::from_secs(60),
+        ));
+        let router = Arc::new(Router::new(10, "test".into(), 0));
+        let task = tokio::spawn(discovery.clone().run(router.clone()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while router.get("qwen").is_none() || router.get("llama-3").is_none_or(|e| e.ready_count() == 0) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the router never got the listed backends"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(discovery.synced());
+        let llama = router.get("llama-3").unwrap();
+        assert_eq!(llama.pick().unwrap().backend().base, "http://10.0.0.1:8000");
+        // qwen is known at zero replicas: a held request wakes its autoscaler, once.
+        let qwen = router.get("qwen").unwrap();
+        assert_eq!(qwen.ready_count(), 0);
+        let _held = qwen.try_enqueue().unwrap();
+        let patched = tokio::time::timeout(Duration::from_secs(10), patched_rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            patched,
+            "/apis/tessera.dev/v1alpha1/namespaces/ml/inferenceautoscalers/qwen"
+        );
+        // A second held request within --wake-interval is coalesced: no second PATCH.
+        let _held2 = qwen.try_enqueue().unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), patched_rx.recv())
+                .await
+                .is_err()
+        );
+        task.abort();
+        api.abort();
     }
 }
