@@ -50,7 +50,8 @@ pub struct ActivatorStats {
 pub struct ModelStats {
     /// Requests received for this model since the activator started, whatever their outcome.
     pub requests_total: u64,
-    /// Requests rejected by the activator itself (queue full, hold timeout, no backend) since start.
+    /// Requests for this model the activator answered itself with an error since start: hold queue full, hold
+    /// timeout, or the backend failing before it sent a response.
     pub rejected_total: u64,
     /// Requests forwarded to a backend whose response has not finished yet.
     pub in_flight: u64,
