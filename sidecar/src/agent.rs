@@ -1,14 +1,808 @@
-//! The gpu-agent: per-pod GPU memory and SM use from NVML, run in capacity pods with hostPID.
+//! The gpu-agent: per-pod GPU memory and SM use from NVML, run in capacity pods with `hostPID: true`.
+//!
+//! NVML lists the processes on each GPU by *host* PID (`running_compute_processes`, with their memory) and
+//! samples each one's SM use (`process_utilization_stats`). A model pod cannot see host PIDs, which is why this
+//! runs in the capacity pod that holds the GPU: it reads `/proc/<pid>/cgroup` for each PID, where the kubelet's
+//! cgroup path carries the pod UID ([`pod_from_cgroup`], pure and tested on both cgroup v1 and v2 layouts and
+//! both cgroup drivers), and serves the per-pod totals on `/metrics` and `/v1/gpus`
+//! ([`tessera_core::wire::sidecar::GpuAgentStatus`]).
+//!
+//! NVML sits behind [`ProcessProbe`] so tests use [`FakeProcessProbe`]. Without NVML the agent still serves,
+//! reports `tessera_gpu_agent_nvml_up 0`, answers `/ready` with 503, and retries NVML once a minute.
+
+use crate::error::GpuError;
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tessera_core::wire::sidecar::{GpuAgentStatus, GpuDeviceUse, PodGpuUse, SCHEMA_VERSION};
+use tokio_util::sync::CancellationToken;
 
 /// `tessera gpu-agent` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Address to serve per-pod GPU use on.
+    /// Address to serve /metrics, /v1/gpus, /live and /ready on.
     #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:9091")]
     pub listen: std::net::SocketAddr,
+    /// How often to read NVML.
+    #[arg(long, env = "TESSERA_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Where the host's /proc is (the pod needs hostPID: true; or mount the host's /proc and point here).
+    #[arg(long, env = "TESSERA_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
 }
 
-/// Runs the gpu-agent until SIGTERM.
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("the gpu-agent is being built (issue 5)")
+// ---------------------------------------------------------------------------------------------------------
+// PID → pod, from /proc/<pid>/cgroup (pure).
+
+/// A process's pod, read from its cgroup path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef {
+    /// The pod's `metadata.uid`, with dashes (the systemd driver writes underscores; they are turned back).
+    pub uid: String,
+    /// `guaranteed`, `burstable` or `besteffort` (from the kubepods hierarchy).
+    pub qos: &'static str,
+    /// The container ID, runtime prefix (`cri-containerd-`, `docker-`, `crio-`) and `.scope` removed.
+    pub container_id: Option<String>,
+}
+
+/// Finds the pod of a process from the contents of its `/proc/<pid>/cgroup`.
+///
+/// Handles every layout the kubelet produces:
+/// - cgroup v1 (`N:controllers:/path` lines) and v2 (`0::/path`);
+/// - the cgroupfs driver (`/kubepods/burstable/pod<uid>/<container-id>`; guaranteed pods sit directly under
+///   `/kubepods/`) and the systemd driver (`/kubepods.slice/kubepods-burstable.slice/
+///   kubepods-burstable-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`);
+/// - nested prefixes (kind/k3d nodes put everything under another cgroup, e.g. `/kubelet.slice/…` or
+///   `/docker/<id>/kubepods/…`).
+///
+/// Returns `None` for a process in no pod (host daemons, the CUDA MPS server).
+pub fn pod_from_cgroup(content: &str) -> Option<PodRef> {
+    content.lines().find_map(|line| {
+        // hierarchy-ID:controller-list:path — the path itself may contain ':'.
+        let mut parts = line.splitn(3, ':');
+        let (_, _, path) = (parts.next()?, parts.next()?, parts.next()?);
+        pod_from_cgroup_path(path.trim())
+    })
+}
+
+/// Finds the pod in one cgroup path (see [`pod_from_cgroup`]).
+pub fn pod_from_cgroup_path(path: &str) -> Option<PodRef> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let start = segments.iter().position(|s| s.contains("kubepods"))?;
+    let rest = &segments[start..];
+    let (pod_idx, uid) = rest
+        .iter()
+        .enumerate()
+        .find_map(|(i, seg)| pod_uid_of_segment(seg).map(|u| (i, u)))?;
+    let qos_text = rest[..=pod_idx].join("/");
+    let qos = if qos_text.contains("besteffort") {
+        "besteffort"
+    } else if qos_text.contains("burstable") {
+        "burstable"
+    } else {
+        "guaranteed"
+    };
+    let container_id = rest.get(pod_idx + 1).and_then(|s| container_id_of_segment(s));
+    Some(PodRef {
+        uid,
+        qos,
+        container_id,
+    })
+}
+
+/// `pod<uid>` (cgroupfs) or `kubepods[-qos]-pod<uid_with_underscores>.slice` (systemd).
+fn pod_uid_of_segment(seg: &str) -> Option<String> {
+    let raw = if let Some(s) = seg.strip_suffix(".slice") {
+        let at = s.rfind("-pod")?;
+        &s[at + 4..]
+    } else {
+        seg.strip_prefix("pod")?
+    };
+    let uid = raw.replace('_', "-");
+    is_pod_uid(&uid).then_some(uid)
+}
+
+/// A pod UID: an RFC 4122 UUID (API pods), or 32 hex digits (static pods' config hash).
+fn is_pod_uid(s: &str) -> bool {
+    let hex = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit());
+    let parts: Vec<&str> = s.split('-').collect();
+    match parts.as_slice() {
+        [a, b, c, d, e] => {
+            [a.len(), b.len(), c.len(), d.len(), e.len()] == [8, 4, 4, 4, 12] && parts.iter().all(|p| hex(p))
+        }
+        [one] => one.len() == 32 && hex(one),
+        _ => false,
+    }
+}
+
+/// `cri-containerd-<id>.scope`, `docker-<id>.scope`, `crio-<id>.scope`, or a bare `<id>` (cgroupfs).
+fn container_id_of_segment(seg: &str) -> Option<String> {
+    let s = seg.strip_suffix(".scope").unwrap_or(seg);
+    // conmon (CRI-O's monitor) is not the container and never uses the GPU.
+    if s.starts_with("crio-conmon-") {
+        return None;
+    }
+    let id = ["cri-containerd-", "docker-", "crio-", "containerd-"]
+        .iter()
+        .find_map(|p| s.strip_prefix(p))
+        .unwrap_or(s);
+    (id.len() >= 12 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+}
+
+/// Reads `<proc_root>/<pid>/cgroup` and finds the pod (`None`: gone, unreadable, or in no pod).
+pub fn pod_of_pid(proc_root: &Path, pid: u32) -> Option<PodRef> {
+    let content = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
+    pod_from_cgroup(&content)
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// NVML per process, behind a trait.
+
+/// One process on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcessUse {
+    /// Host PID.
+    pub pid: u32,
+    /// GPU memory, bytes, when NVML says.
+    pub used_bytes: Option<u64>,
+    /// SM utilization over the last sample period, 0–1; `None` when the device does not support sampling.
+    pub sm_utilization: Option<f64>,
+}
+
+/// One GPU and its processes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceReading {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Total memory, bytes.
+    pub total_bytes: u64,
+    /// Used memory, bytes.
+    pub used_bytes: u64,
+    /// Compute processes.
+    pub processes: Vec<ProcessUse>,
+}
+
+/// Where per-process GPU readings come from.
+pub trait ProcessProbe: Send + Sync {
+    /// Reads every device now.
+    fn read(&self) -> Result<Vec<DeviceReading>, GpuError>;
+}
+
+/// NVML over every device.
+pub struct NvmlProcessProbe {
+    nvml: nvml_wrapper::Nvml,
+    /// Per device, the newest utilization sample already seen (NVML returns samples since a timestamp).
+    last_seen: Mutex<BTreeMap<u32, u64>>,
+}
+
+impl std::fmt::Debug for NvmlProcessProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlProcessProbe").finish_non_exhaustive()
+    }
+}
+
+impl NvmlProcessProbe {
+    /// Initialises NVML; fails cleanly where the driver library is missing.
+    pub fn new() -> Result<Self, GpuError> {
+        let nvml = nvml_wrapper::Nvml::init().map_err(|e| GpuError::Unavailable(e.to_string()))?;
+        Ok(Self {
+            nvml,
+            last_seen: Mutex::new(BTreeMap::new()),
+        })
+    }
+}
+
+fn q(query: &'static str) -> impl Fn(nvml_wrapper::error::NvmlError) -> GpuError {
+    move |e| GpuError::Query {
+        query,
+        detail: e.to_string(),
+    }
+}
+
+impl ProcessProbe for NvmlProcessProbe {
+    fn read(&self) -> Result<Vec<DeviceReading>, GpuError> {
+        let count = self.nvml.device_count().map_err(q("device_count"))?;
+        let mut out = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let dev = self.nvml.device_by_index(index).map_err(q("device_by_index"))?;
+            let uuid = dev.uuid().map_err(q("uuid"))?;
+            let mem = dev.memory_info().map_err(q("memory_info"))?;
+            let procs = dev
+                .running_compute_processes()
+                .map_err(q("running_compute_processes"))?;
+            let since = self.last_seen.lock().ok().and_then(|m| m.get(&index).copied());
+            // Samples exist only for processes that used the SMs in the period; a process absent from a
+            // successful answer used none. An error (NotSupported on some devices) means "unknown".
+            let samples = dev.process_utilization_stats(since).ok();
+            let mut sm: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
+            if let Some(samples) = &samples {
+                for s in samples {
+                    let e = sm.entry(s.pid).or_insert((0, 0));
+                    if s.timestamp >= e.0 {
+                        *e = (s.timestamp, s.sm_util);
+                    }
+                }
+                if let (Some(newest), Ok(mut m)) =
+                    (samples.iter().map(|s| s.timestamp).max(), self.last_seen.lock())
+                {
+                    m.insert(index, newest);
+                }
+            }
+            let processes = procs
+                .iter()
+                .map(|p| ProcessUse {
+                    pid: p.pid,
+                    used_bytes: match p.used_gpu_memory {
+                        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                    },
+                    sm_utilization: samples.as_ref().map(|_| {
+                        sm.get(&p.pid)
+                            .map_or(0.0, |(_, u)| f64::from((*u).min(100)) / 100.0)
+                    }),
+                })
+                .collect();
+            out.push(DeviceReading {
+                index,
+                uuid,
+                total_bytes: mem.total,
+                used_bytes: mem.used,
+                processes,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A scripted probe for tests.
+#[derive(Debug, Default)]
+pub struct FakeProcessProbe {
+    /// What `read` answers (`None`: an NVML error).
+    pub readings: Mutex<Option<Vec<DeviceReading>>>,
+}
+
+impl ProcessProbe for FakeProcessProbe {
+    fn read(&self) -> Result<Vec<DeviceReading>, GpuError> {
+        self.readings
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .ok_or_else(|| GpuError::Unavailable("fake probe has no reading".into()))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Per-pod totals (pure given the resolver).
+
+/// Groups each device's processes by pod. `resolve` maps a host PID to its pod (`None`: not in a pod).
+pub fn per_pod(devices: &[DeviceReading], resolve: impl Fn(u32) -> Option<PodRef>) -> Vec<GpuDeviceUse> {
+    devices
+        .iter()
+        .map(|d| {
+            let mut pods: BTreeMap<String, PodGpuUse> = BTreeMap::new();
+            let mut host: Option<PodGpuUse> = None;
+            for p in &d.processes {
+                let pod = resolve(p.pid);
+                let entry = match &pod {
+                    Some(r) => pods.entry(r.uid.clone()).or_insert_with(|| empty_use(&r.uid)),
+                    None => host.get_or_insert_with(|| empty_use("")),
+                };
+                entry.pids.push(p.pid);
+                if let Some(c) = pod.and_then(|r| r.container_id)
+                    && !entry.container_ids.contains(&c)
+                {
+                    entry.container_ids.push(c);
+                }
+                if let Some(b) = p.used_bytes {
+                    entry.memory_bytes = Some(entry.memory_bytes.unwrap_or(0).saturating_add(b));
+                }
+                if let Some(u) = p.sm_utilization {
+                    entry.sm_utilization = Some((entry.sm_utilization.unwrap_or(0.0) + u).min(1.0));
+                }
+            }
+            let tidy = |mut u: PodGpuUse| {
+                u.pids.sort_unstable();
+                u.container_ids.sort();
+                u
+            };
+            GpuDeviceUse {
+                index: d.index,
+                uuid: d.uuid.clone(),
+                total_bytes: d.total_bytes,
+                used_bytes: d.used_bytes,
+                pods: pods.into_values().map(tidy).collect(),
+                unattributed: host.map(tidy),
+            }
+        })
+        .collect()
+}
+
+fn empty_use(uid: &str) -> PodGpuUse {
+    PodGpuUse {
+        pod_uid: uid.to_string(),
+        container_ids: Vec::new(),
+        pids: Vec::new(),
+        memory_bytes: None,
+        sm_utilization: None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Serving.
+
+type Labels = Vec<(&'static str, String)>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+/// The agent's registry.
+#[derive(Debug)]
+struct AgentMetrics {
+    registry: Registry,
+    nvml_up: FGauge,
+    total: Family<Labels, FGauge>,
+    used: Family<Labels, FGauge>,
+    pod_mem: Family<Labels, FGauge>,
+    pod_sm: Family<Labels, FGauge>,
+}
+
+impl AgentMetrics {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let (nvml_up, total, used, pod_mem, pod_sm) = (
+            FGauge::default(),
+            Family::default(),
+            Family::default(),
+            Family::default(),
+            Family::default(),
+        );
+        registry.register(
+            "tessera_gpu_agent_nvml_up",
+            "1 when the last NVML reading succeeded",
+            nvml_up.clone(),
+        );
+        registry.register(
+            "tessera_gpu_memory_total_bytes",
+            "GPU total memory",
+            total.clone(),
+        );
+        registry.register(
+            "tessera_gpu_memory_used_bytes",
+            "GPU used memory (whole device)",
+            used.clone(),
+        );
+        registry.register(
+            "tessera_gpu_pod_memory_bytes",
+            "GPU memory used by a pod's processes (pod_uid empty: host processes)",
+            pod_mem.clone(),
+        );
+        registry.register(
+            "tessera_gpu_pod_sm_utilization_ratio",
+            "SM utilization of a pod's processes over NVML's last sample period, 0-1",
+            pod_sm.clone(),
+        );
+        Self {
+            registry,
+            nvml_up,
+            total,
+            used,
+            pod_mem,
+            pod_sm,
+        }
+    }
+
+    fn update(&self, status: &GpuAgentStatus) {
+        self.nvml_up.set(if status.nvml_up { 1.0 } else { 0.0 });
+        for f in [&self.total, &self.used, &self.pod_mem, &self.pod_sm] {
+            f.clear();
+        }
+        for d in &status.devices {
+            let gpu = vec![("gpu_uuid", d.uuid.clone())];
+            self.total.get_or_create(&gpu).set(d.total_bytes as f64);
+            self.used.get_or_create(&gpu).set(d.used_bytes as f64);
+            for p in d.pods.iter().chain(d.unattributed.iter()) {
+                let l = vec![("gpu_uuid", d.uuid.clone()), ("pod_uid", p.pod_uid.clone())];
+                if let Some(m) = p.memory_bytes {
+                    self.pod_mem.get_or_create(&l).set(m as f64);
+                }
+                if let Some(u) = p.sm_utilization {
+                    self.pod_sm.get_or_create(&l).set(u);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct AgentShared {
+    status: Mutex<GpuAgentStatus>,
+    metrics: AgentMetrics,
+}
+
+fn agent_router(shared: Arc<AgentShared>) -> Router {
+    Router::new()
+        .route("/metrics", get(agent_metrics))
+        .route("/v1/gpus", get(agent_status))
+        .route("/live", get(|| async { "ok\n" }))
+        .route("/ready", get(agent_ready))
+        .with_state(shared)
+}
+
+async fn agent_metrics(State(s): State<Arc<AgentShared>>) -> Response {
+    let mut out = String::new();
+    match encode(&mut out, &s.metrics.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            out,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
+    }
+}
+
+async fn agent_status(State(s): State<Arc<AgentShared>>) -> Response {
+    match s.status.lock() {
+        Ok(st) => {
+            let mut doc = st.clone();
+            doc.generated_at = crate::unix_now();
+            axum::Json(doc).into_response()
+        }
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "state lock poisoned\n").into_response(),
+    }
+}
+
+async fn agent_ready(State(s): State<Arc<AgentShared>>) -> Response {
+    match s.status.lock() {
+        Ok(st) if st.nvml_up => (StatusCode::OK, "ready\n").into_response(),
+        Ok(st) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("NVML not up: {}\n", st.error.as_deref().unwrap_or("")),
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "state lock poisoned\n").into_response(),
+    }
+}
+
+/// One reading: probe, resolve PIDs, new status.
+fn reading(
+    probe: Option<&dyn ProcessProbe>,
+    proc_root: &Path,
+    now: f64,
+    prev: &GpuAgentStatus,
+) -> GpuAgentStatus {
+    let Some(probe) = probe else {
+        // The caller already put NVML's initialisation error in `prev.error`.
+        return GpuAgentStatus {
+            nvml_up: false,
+            generated_at: now,
+            ..prev.clone()
+        };
+    };
+    let result = probe.read();
+    match result {
+        Ok(devices) => GpuAgentStatus {
+            schema_version: SCHEMA_VERSION,
+            generated_at: now,
+            nvml_up: true,
+            error: None,
+            read_at: Some(now),
+            devices: per_pod(&devices, |pid| pod_of_pid(proc_root, pid)),
+        },
+        // Keep the last devices (with their read_at) so a reader sees how old they are.
+        Err(e) => GpuAgentStatus {
+            nvml_up: false,
+            error: Some(e.to_string()),
+            generated_at: now,
+            ..prev.clone()
+        },
+    }
+}
+
+/// Runs the gpu-agent until SIGTERM or SIGINT.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.interval.is_zero() {
+        anyhow::bail!("--interval must be above 0");
+    }
+    let shared = Arc::new(AgentShared {
+        status: Mutex::new(GpuAgentStatus {
+            schema_version: SCHEMA_VERSION,
+            generated_at: crate::unix_now(),
+            nvml_up: false,
+            error: Some("no reading yet".into()),
+            read_at: None,
+            devices: Vec::new(),
+        }),
+        metrics: AgentMetrics::new(),
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("binding --listen {}: {e}", args.listen))?;
+    tracing::info!(listen = %listener.local_addr()?, "tessera gpu-agent serving");
+    let shutdown = CancellationToken::new();
+    let loop_task = tokio::spawn(agent_loop(args.clone(), shared.clone(), shutdown.clone()));
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        crate::wait_for_signal().await;
+        signal.cancel();
+    });
+    axum::serve(listener, agent_router(shared))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await?;
+    shutdown.cancel();
+    loop_task.await?;
+    tracing::info!("tessera gpu-agent stopped");
+    Ok(())
+}
+
+async fn agent_loop(args: Args, shared: Arc<AgentShared>, shutdown: CancellationToken) {
+    let mut probe: Option<Box<dyn ProcessProbe>> = None;
+    let mut next_init = tokio::time::Instant::now();
+    let mut warned = false;
+    let mut ticker = tokio::time::interval(args.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let mut init_error = None;
+        if probe.is_none() && tokio::time::Instant::now() >= next_init {
+            next_init = tokio::time::Instant::now() + Duration::from_secs(60);
+            match NvmlProcessProbe::new() {
+                Ok(p) => {
+                    tracing::info!("NVML initialised");
+                    probe = Some(Box::new(p));
+                }
+                Err(e) => {
+                    if !warned {
+                        tracing::warn!(error = %e, "no NVML: serving without GPU data, retrying once a minute");
+                        warned = true;
+                    }
+                    init_error = Some(e.to_string());
+                }
+            }
+        }
+        let Ok(mut status) = shared.status.lock() else {
+            return;
+        };
+        if let Some(e) = init_error {
+            status.error = Some(e);
+        }
+        let next = reading(probe.as_deref(), &args.proc_root, crate::unix_now(), &status);
+        *status = next;
+        shared.metrics.update(&status);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    const UID: &str = "0f3c6a0e-5b7d-4c2f-9c1e-2a3b4c5d6e7f";
+    const CID: &str = "8c2f4e6a1b3d5f7091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708";
+
+    #[test]
+    fn cgroup_v2_systemd_containerd() {
+        let content = format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{CID}.scope\n",
+            UID.replace('-', "_")
+        );
+        let p = pod_from_cgroup(&content).unwrap();
+        assert_eq!(
+            p,
+            PodRef {
+                uid: UID.into(),
+                qos: "burstable",
+                container_id: Some(CID.into())
+            }
+        );
+    }
+
+    #[test]
+    fn cgroup_v2_guaranteed_systemd_crio() {
+        let content = format!(
+            "0::/kubepods.slice/kubepods-pod{}.slice/crio-{CID}.scope",
+            UID.replace('-', "_")
+        );
+        let p = pod_from_cgroup(&content).unwrap();
+        assert_eq!(
+            (p.uid.as_str(), p.qos, p.container_id.as_deref()),
+            (UID, "guaranteed", Some(CID))
+        );
+        // CRI-O's conmon runs in the pod but is not a container.
+        let conmon = format!(
+            "0::/kubepods.slice/kubepods-pod{}.slice/crio-conmon-{CID}.scope",
+            UID.replace('-', "_")
+        );
+        assert_eq!(pod_from_cgroup(&conmon).unwrap().container_id, None);
+    }
+
+    #[test]
+    fn cgroup_v1_cgroupfs_docker_lines() {
+        let content = format!(
+            "12:hugetlb:/kubepods/besteffort/pod{UID}/{CID}\n\
+             11:memory:/kubepods/besteffort/pod{UID}/{CID}\n\
+             1:name=systemd:/kubepods/besteffort/pod{UID}/{CID}\n"
+        );
+        let p = pod_from_cgroup(&content).unwrap();
+        assert_eq!(
+            p,
+            PodRef {
+                uid: UID.into(),
+                qos: "besteffort",
+                container_id: Some(CID.into())
+            }
+        );
+        let guaranteed = format!("4:cpu,cpuacct:/kubepods/pod{UID}/{CID}");
+        assert_eq!(pod_from_cgroup(&guaranteed).unwrap().qos, "guaranteed");
+    }
+
+    #[test]
+    fn cgroup_v1_systemd_docker_and_nested_kind_node() {
+        let v1 = format!(
+            "9:devices:/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/docker-{CID}.scope",
+            UID.replace('-', "_")
+        );
+        assert_eq!(pod_from_cgroup(&v1).unwrap().container_id.as_deref(), Some(CID));
+        // A kind node: the node container's own cgroup prefixes the kubelet's hierarchy.
+        let kind = format!(
+            "0::/system.slice/docker-{CID}.scope/kubelet.slice/kubelet-kubepods.slice/\
+             kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{}.slice/cri-containerd-{CID}.scope",
+            UID.replace('-', "_")
+        );
+        let p = pod_from_cgroup(&kind).unwrap();
+        assert_eq!((p.uid.as_str(), p.qos), (UID, "burstable"));
+        // A static pod: the UID is the config hash.
+        let hash = "6b7bd3b4c2f1e0a9d8c7b6a5f4e3d2c1";
+        let p = pod_from_cgroup(&format!("0::/kubepods/burstable/pod{hash}/{CID}")).unwrap();
+        assert_eq!(p.uid, hash);
+    }
+
+    #[test]
+    fn processes_outside_pods_are_none() {
+        for c in [
+            "0::/system.slice/nvidia-persistenced.service",
+            "0::/user.slice/user-1000.slice/session-3.scope",
+            "0::/",
+            "0::/kubepods.slice/kubepods-burstable.slice", // a QoS slice, no pod
+            "0::/kubepods/burstable/podnot-a-uid/abc",
+            "",
+            "garbage without colons",
+        ] {
+            assert_eq!(pod_from_cgroup(c), None, "{c}");
+        }
+    }
+
+    #[test]
+    fn per_pod_sums_processes_and_keeps_host_apart() {
+        let devices = vec![DeviceReading {
+            index: 0,
+            uuid: "GPU-1".into(),
+            total_bytes: 80 << 30,
+            used_bytes: 50 << 30,
+            processes: vec![
+                ProcessUse {
+                    pid: 200,
+                    used_bytes: Some(20 << 30),
+                    sm_utilization: Some(0.3),
+                },
+                ProcessUse {
+                    pid: 100,
+                    used_bytes: Some(10 << 30),
+                    sm_utilization: Some(0.1),
+                },
+                ProcessUse {
+                    pid: 300,
+                    used_bytes: None,
+                    sm_utilization: None,
+                },
+                ProcessUse {
+                    pid: 400,
+                    used_bytes: Some(1 << 30),
+                    sm_utilization: Some(0.0),
+                },
+            ],
+        }];
+        let other = "11111111-2222-3333-4444-555555555555";
+        let resolve = |pid: u32| match pid {
+            100 | 200 => Some(PodRef {
+                uid: UID.into(),
+                qos: "burstable",
+                container_id: Some(CID.into()),
+            }),
+            300 => Some(PodRef {
+                uid: other.into(),
+                qos: "guaranteed",
+                container_id: None,
+            }),
+            _ => None,
+        };
+        let d = &per_pod(&devices, resolve)[0];
+        assert_eq!(d.pods.len(), 2);
+        assert_eq!(d.pods[0].pod_uid, UID);
+        assert_eq!(d.pods[0].pids, vec![100, 200]);
+        assert_eq!(d.pods[0].memory_bytes, Some(30 << 30));
+        assert!((d.pods[0].sm_utilization.unwrap() - 0.4).abs() < 1e-9);
+        assert_eq!(d.pods[0].container_ids, vec![CID.to_string()]);
+        assert_eq!(
+            (d.pods[1].memory_bytes, d.pods[1].sm_utilization),
+            (None, None),
+            "unknown stays unknown"
+        );
+        let host = d.unattributed.as_ref().unwrap();
+        assert_eq!((host.pids.clone(), host.memory_bytes), (vec![400], Some(1 << 30)));
+    }
+
+    #[test]
+    fn reading_resolves_pids_through_proc_and_keeps_last_devices_on_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_dir = dir.path().join("4242");
+        std::fs::create_dir_all(&pid_dir).unwrap();
+        std::fs::write(
+            pid_dir.join("cgroup"),
+            format!("0::/kubepods/burstable/pod{UID}/{CID}\n"),
+        )
+        .unwrap();
+        let probe = FakeProcessProbe {
+            readings: Mutex::new(Some(vec![DeviceReading {
+                index: 0,
+                uuid: "GPU-abc".into(),
+                total_bytes: 100,
+                used_bytes: 60,
+                processes: vec![
+                    ProcessUse {
+                        pid: 4242,
+                        used_bytes: Some(40),
+                        sm_utilization: Some(0.25),
+                    },
+                    ProcessUse {
+                        pid: 9999,
+                        used_bytes: Some(5),
+                        sm_utilization: None,
+                    }, // exited: no /proc entry
+                ],
+            }])),
+        };
+        let empty = GpuAgentStatus {
+            schema_version: SCHEMA_VERSION,
+            generated_at: 0.0,
+            nvml_up: false,
+            error: None,
+            read_at: None,
+            devices: vec![],
+        };
+        let s = reading(Some(&probe), dir.path(), 10.0, &empty);
+        assert!(s.nvml_up);
+        assert_eq!(s.devices[0].pods[0].pod_uid, UID);
+        assert_eq!(s.devices[0].pods[0].memory_bytes, Some(40));
+        assert_eq!(s.devices[0].unattributed.as_ref().unwrap().pids, vec![9999]);
+        let m = AgentMetrics::new();
+        m.update(&s);
+        let mut text = String::new();
+        encode(&mut text, &m.registry).unwrap();
+        assert!(text.contains(&format!(
+            "tessera_gpu_pod_memory_bytes{{gpu_uuid=\"GPU-abc\",pod_uid=\"{UID}\"}} 40.0"
+        )));
+        assert!(text.contains("tessera_gpu_agent_nvml_up 1.0"));
+
+        *probe.readings.lock().unwrap() = None;
+        let s2 = reading(Some(&probe), dir.path(), 20.0, &s);
+        assert!(!s2.nvml_up && s2.error.is_some());
+        assert_eq!((s2.read_at, s2.devices.clone()), (Some(10.0), s.devices.clone()));
+    }
 }

@@ -443,3 +443,67 @@ fn bad_flags_are_named() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("percentile"));
 }
+
+/// The gpu-agent on a machine without NVML (like this one): it serves, says why it has no data, is not
+/// ready, and exits 0 on SIGTERM. Where NVML *is* present the test only checks that it serves and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_agent_without_nvml_serves_and_says_why() {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "gpu-agent",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--interval",
+            "100ms",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut guard = ChildGuard(Some(child));
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let doc: tessera_core::wire::sidecar::GpuAgentStatus = loop {
+        if let Some((200, body)) = c.get("/v1/gpus").await {
+            let d: tessera_core::wire::sidecar::GpuAgentStatus = serde_json::from_str(&body).unwrap();
+            if d.error.as_deref() != Some("no reading yet") {
+                break d;
+            }
+        }
+        assert!(Instant::now() < deadline, "gpu-agent did not serve a reading");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let nvml_present = doc.nvml_up;
+    if !nvml_present {
+        assert!(doc.error.as_deref().unwrap().contains("NVML"), "{doc:?}");
+        assert!(doc.devices.is_empty());
+        assert_eq!(c.get("/ready").await.unwrap().0, 503);
+        assert_eq!(c.metric("tessera_gpu_agent_nvml_up").await, Some(0.0));
+    }
+    assert_eq!(c.get("/live").await.unwrap().0, 200);
+    let mut child = guard.0.take().unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gpu-agent did not exit within 10 s of SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(code.success(), "{code:?}");
+}
