@@ -205,7 +205,9 @@ pub struct Input<'a> {
     pub geometry: KvGeometry,
     /// What is known about memory.
     pub memory: MemoryFacts,
-    /// The previous recommendation for this replica, if any (bounds the step).
+    /// The previous recommendation for this replica, if any: the step bound (rule 5) is measured from it.
+    /// Pass the one that was *applied*; `None` bounds the step from what runs now (the current KV geometry),
+    /// which is what the sidecar does, since what runs is the applied one. The simulator passes its last one.
     pub previous: Option<&'a Recommendation>,
 }
 
