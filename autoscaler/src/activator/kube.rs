@@ -209,18 +209,36 @@ impl Index {
     /// Ready backend URLs for every routable model (a model at zero replicas maps to an empty list, so the
     /// activator knows it and holds its requests instead of answering 404).
     pub fn backends(&self) -> BTreeMap<String, Vec<String>> {
+        // One pass over the slices, grouped by what can select them, then one lookup per autoscaler: linear in
+        // the number of objects, since this runs on every watch event in clusters with thousands of slices.
+        let mut by_service: BTreeMap<(&str, &str), Vec<&String>> = BTreeMap::new();
+        let mut by_label: BTreeMap<(&str, &str), Vec<&String>> = BTreeMap::new();
+        for (k, slice) in &self.slices {
+            match (&slice.autoscaler_label, &slice.service) {
+                // An explicit label wins over the naming convention.
+                (Some(ias), _) => by_label
+                    .entry((&k.namespace, ias))
+                    .or_default()
+                    .extend(&slice.urls),
+                (None, Some(svc)) => by_service
+                    .entry((&k.namespace, svc))
+                    .or_default()
+                    .extend(&slice.urls),
+                (None, None) => {}
+            }
+        }
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (key, route) in &self.autoscalers {
-            let serves = |s: &SliceBackends| match &s.autoscaler_label {
-                // An explicit label wins over the naming convention.
-                Some(ias) => *ias == key.name,
-                None => route.service.is_some() && s.service == route.service,
-            };
-            let urls: Vec<&String> = self
-                .slices
-                .iter()
-                .filter(|(k, s)| k.namespace == key.namespace && serves(s))
-                .flat_map(|(_, s)| &s.urls)
+            let via_service = route
+                .service
+                .as_deref()
+                .and_then(|svc| by_service.get(&(key.namespace.as_str(), svc)));
+            let via_label = by_label.get(&(key.namespace.as_str(), key.name.as_str()));
+            let urls: Vec<&String> = via_service
+                .into_iter()
+                .chain(via_label)
+                .flatten()
+                .copied()
                 .collect();
             for model in &route.models {
                 out.entry(model.clone())
