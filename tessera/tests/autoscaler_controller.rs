@@ -22,6 +22,8 @@ use serde_json::{Value, json};
 
 #[derive(Default)]
 struct Cluster {
+    /// The one InferenceAutoscaler the API serves.
+    ias: Value,
     replicas: i64,
     lease: Option<Value>,
     lease_rv: u64,
@@ -58,18 +60,11 @@ fn now_ms() -> u64 {
     .expect("millis fit u64")
 }
 
-fn ias() -> Value {
+fn ias(spec: Value) -> Value {
     json!({
         "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
         "metadata": {"name": "llama", "namespace": "models", "uid": "u-1", "resourceVersion": "1", "generation": 1},
-        "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
-            "minReplicas": 0, "maxReplicas": 6,
-            "targets": {"kvCacheUtilization": 0.5},
-            "scaleToZero": {"idleAfter": "2s"},
-            "behavior": {"panic": {"enabled": false}},
-            "modelNames": ["llama"]
-        }
+        "spec": spec
     })
 }
 
@@ -118,13 +113,13 @@ fn api_app(state: Shared, sidecar_port: u16) -> Router {
         )
         .route(
             "/apis/tessera.dev/v1alpha1/inferenceautoscalers",
-            get(|Query(q): Query<BTreeMap<String, String>>| async move {
+            get(|State(s): State<Shared>, Query(q): Query<BTreeMap<String, String>>| async move {
                 if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
                     // A watch that stays open with no changes: the controller requeues on its sync period.
                     Response::new(Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>()))
                 } else {
                     axum::Json(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscalerList",
-                                      "metadata": {"resourceVersion": "1"}, "items": [ias()]}))
+                                      "metadata": {"resourceVersion": "1"}, "items": [s.lock().expect("lock").ias.clone()]}))
                     .into_response()
                 }
             }),
@@ -133,8 +128,9 @@ fn api_app(state: Shared, sidecar_port: u16) -> Router {
             "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status",
             axum::routing::patch(|State(s): State<Shared>, body: String| async move {
                 let patch: Value = serde_json::from_str(&body).expect("status patch is JSON");
-                s.lock().expect("lock").status_patches.push(patch.clone());
-                let mut obj = ias();
+                let mut c = s.lock().expect("lock");
+                c.status_patches.push(patch.clone());
+                let mut obj = c.ias.clone();
                 obj["status"] = patch["status"].clone();
                 axum::Json(obj)
             }),
@@ -231,6 +227,69 @@ fn sidecar_app(state: Shared) -> Router {
         .with_state(state)
 }
 
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// Starts `tessera autoscaler` against the fake API at `api` (a kubeconfig in `dir`), deciding every second.
+fn start_autoscaler(dir: &tempfile::TempDir, api: SocketAddr, metrics_port: u16, extra: &[&str]) -> Killed {
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"http://{api}\"}}\n\
+             users:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context: {{cluster: fake, user: u, namespace: default}}\n\
+             current-context: c\n"
+        ),
+    )
+    .expect("write kubeconfig");
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "autoscaler",
+            "--sync-period",
+            "1s",
+            "--activator-poll-interval",
+            "300ms",
+            "--retry-period",
+            "500ms",
+        ])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+        .args(["--lease-namespace", "default", "--identity", "test-0"])
+        .args(extra)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info,kube=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start tessera autoscaler");
+    Killed(child)
+}
+
+/// Starts a `tessera` subcommand and waits until `ready_url` answers 200 (at most 20 s).
+async fn start_and_wait(args: &[&str], ready_url: &str) -> Killed {
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start tessera");
+    let child = Killed(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = reqwest::get(ready_url).await
+            && r.status().is_success()
+        {
+            return child;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{args:?} did not become ready at {ready_url}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn wait_for(state: &Shared, what: &str, timeout: Duration, f: impl Fn(&Cluster) -> bool) {
     let deadline = Instant::now() + timeout;
     loop {
@@ -256,6 +315,14 @@ async fn wait_for(state: &Shared, what: &str, timeout: Duration, f: impl Fn(&Clu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_scales_up_to_zero_and_back_through_scale() {
     let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias: ias(json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+            "minReplicas": 0, "maxReplicas": 6,
+            "targets": {"kvCacheUtilization": 0.5},
+            "scaleToZero": {"idleAfter": "2s"},
+            "behavior": {"panic": {"enabled": false}},
+            "modelNames": ["llama"]
+        })),
         replicas: 2,
         kv: 0.9,
         running: 3.0,
@@ -266,40 +333,13 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
     let sidecar = serve(sidecar_app(state.clone())).await;
     let api = serve(api_app(state.clone(), sidecar.port())).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"http://{api}\"}}\n\
-             users:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context: {{cluster: fake, user: u, namespace: default}}\n\
-             current-context: c\n"
-        ),
-    )
-    .expect("write kubeconfig");
-    let metrics_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr").port()
-    };
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "autoscaler",
-            "--sync-period",
-            "1s",
-            "--activator-poll-interval",
-            "300ms",
-            "--retry-period",
-            "500ms",
-        ])
-        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-        .args(["--activator-url", &format!("http://{sidecar}")])
-        .args(["--lease-namespace", "default", "--identity", "test-0"])
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "info,kube=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start tessera autoscaler");
-    let _child = Killed(child);
+    let metrics_port = free_port();
+    let _child = start_autoscaler(
+        &dir,
+        api,
+        metrics_port,
+        &["--activator-url", &format!("http://{sidecar}")],
+    );
 
     // 1. Two replicas at 90% KV with a 50% target: ceil(2 × 1.8) = 4.
     wait_for(&state, "the scale-up to 4", Duration::from_secs(30), |c| {
@@ -312,16 +352,14 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
             c.lease.as_ref().expect("lease")["spec"]["holderIdentity"],
             "test-0"
         );
-        let e = c
-            .events
-            .iter()
-            .find(|e| e["reason"] == "SuccessfulRescale")
-            .expect("a rescale event");
-        assert!(
-            e["note"].as_str().expect("note").starts_with("New size: 4"),
-            "{e}"
-        );
     }
+    wait_for(&state, "the rescale event", Duration::from_secs(10), |c| {
+        c.events.iter().any(|e| {
+            e["reason"] == "SuccessfulRescale"
+                && e["note"].as_str().is_some_and(|n| n.starts_with("New size: 4"))
+        })
+    })
+    .await;
     wait_for(&state, "a status with 4 desired", Duration::from_secs(10), |c| {
         c.status_patches
             .iter()
@@ -363,22 +401,116 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
         c.replicas >= 1
     })
     .await;
-    let c = state.lock().expect("lock");
-    let n = c.scale_patches.len();
-    assert_eq!(c.scale_patches[n - 1], 1, "{:?}", c.scale_patches);
-    assert!(
-        c.status_patches
-            .iter()
-            .any(|p| p["status"]["lastDecisionReason"] == "scale_from_zero")
-    );
+    {
+        let c = state.lock().expect("lock");
+        assert_eq!(c.scale_patches.last(), Some(&1), "{:?}", c.scale_patches);
+    }
+    wait_for(
+        &state,
+        "the scale_from_zero status",
+        Duration::from_secs(10),
+        |c| {
+            c.status_patches
+                .iter()
+                .any(|p| p["status"]["lastDecisionReason"] == "scale_from_zero")
+        },
+    )
+    .await;
     // Every scale has its own event, with its own reason.
     for (size, why) in [(0, "no requests for"), (1, "demand at zero replicas")] {
         let action = format!("ScaleTo{size}");
-        let e = c
-            .events
-            .iter()
-            .find(|e| e["action"] == action.as_str())
-            .unwrap_or_else(|| panic!("no {action} event"));
-        assert!(e["note"].as_str().expect("note").contains(why), "{e}");
+        wait_for(
+            &state,
+            &format!("a {action} event saying {why:?}"),
+            Duration::from_secs(10),
+            |c| {
+                c.events.iter().any(|e| {
+                    e["action"] == action.as_str() && e["note"].as_str().is_some_and(|n| n.contains(why))
+                })
+            },
+        )
+        .await;
     }
+}
+
+/// The real sidecar in front of the real emulator: the controller reads its `/v1/status` (an idle server: KV 0,
+/// nothing running) and scales 3 → 1 replica, reporting the signal's current value in status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
+    let vllm_port = free_port();
+    let sidecar_port = free_port();
+    let _vllm = start_and_wait(
+        &[
+            "vllm-sim",
+            "--listen",
+            &format!("127.0.0.1:{vllm_port}"),
+            "--model-preset",
+            "opt-125m",
+            "--gpu",
+            "l4",
+        ],
+        &format!("http://127.0.0.1:{vllm_port}/health"),
+    )
+    .await;
+    let _sidecar = start_and_wait(
+        &[
+            "sidecar",
+            "--vllm-url",
+            &format!("http://127.0.0.1:{vllm_port}"),
+            "--listen",
+            &format!("127.0.0.1:{sidecar_port}"),
+            "--scrape-interval",
+            "200ms",
+        ],
+        &format!("http://127.0.0.1:{sidecar_port}/ready"),
+    )
+    .await;
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias: ias(json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+            "minReplicas": 1, "maxReplicas": 6,
+            "targets": {"kvCacheUtilization": 0.5, "waitingRequestsPerReplica": 2},
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}
+        })),
+        replicas: 3,
+        ..Cluster::default()
+    }));
+    let api = serve(api_app(state.clone(), sidecar_port)).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _autoscaler = start_autoscaler(&dir, api, free_port(), &[]);
+    wait_for(&state, "the scale-down to 1", Duration::from_secs(30), |c| {
+        c.scale_patches.first() == Some(&1)
+    })
+    .await;
+    // The decision that scaled: 3 replicas reported KV 0, so HPA's rule asks for 0, held at minReplicas 1.
+    wait_for(
+        &state,
+        "a status with the sidecar's values",
+        Duration::from_secs(10),
+        |c| {
+            c.status_patches.first().is_some_and(|p| {
+                let st = &p["status"];
+                st["desiredReplicas"] == 1
+                    && st["lastDecisionReason"] == "too_few_replicas"
+                    && st["currentMetrics"][0]["name"] == "kvCacheUtilization"
+                    && st["currentMetrics"][0]["current"] == 0.0
+                    && st["currentMetrics"][0]["reportingReplicas"] == 3
+            })
+        },
+    )
+    .await;
+    wait_for(
+        &state,
+        "a ScaleTo1 event saying why",
+        Duration::from_secs(10),
+        |c| {
+            c.events.iter().any(|e| {
+                e["action"] == "ScaleTo1"
+                    && e["note"]
+                        .as_str()
+                        .is_some_and(|n| n.contains("held at the minimum 1"))
+            })
+        },
+    )
+    .await;
 }
