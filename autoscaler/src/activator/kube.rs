@@ -2,8 +2,9 @@
 //! wake-up patch that tells the controller to scale a model from zero.
 //!
 //! **Model → Service.** An `InferenceAutoscaler` lists the OpenAI model names it serves in `spec.modelNames`
-//! (default: its target's name). Its pods are found through the EndpointSlices of the Service named like its
-//! `spec.scaleTargetRef` (the usual convention: Deployment and Service share a name), or of any Service in its
+//! (default: its target's name). Its pods are found through the EndpointSlices of the Service `spec.serviceName`
+//! (default: the name of its `spec.scaleTargetRef`, the usual convention when Deployment and Service share a
+//! name), or of any Service in its
 //! namespace labelled `tessera.dev/autoscaler=<autoscaler name>` (Kubernetes copies Service labels onto the
 //! Service's EndpointSlices). A Service without an autoscaler can still be routed by labelling it
 //! `tessera.dev/model=<name>`; that only works for names that are valid label values (no `/`), and such a model
@@ -87,7 +88,7 @@ pub struct AutoscalerRoute {
 
 impl AutoscalerRoute {
     /// Reads the route from the CR's JSON; tolerant of a partly filled spec. As the CRD documents, `modelNames`
-    /// defaults to the target's name.
+    /// and `serviceName` default to the target's name.
     pub fn from_object(obj: &DynamicObject) -> Self {
         let spec = obj.data.get("spec");
         let target = spec
@@ -108,9 +109,13 @@ impl AutoscalerRoute {
         if models.is_empty() {
             models.extend(target.clone());
         }
+        let service = spec
+            .and_then(|s| s.get("serviceName"))
+            .and_then(|v| v.as_str())
+            .map(String::from);
         Self {
             models,
-            service: target,
+            service: service.or(target),
         }
     }
 }
@@ -550,6 +555,10 @@ mod tests {
             serde_json::json!({ "scaleTargetRef": { "name": "d" } }),
         ));
         assert_eq!(r.models, vec!["d"]);
+        assert_eq!(r.service.as_deref(), Some("d"));
+        let spec = serde_json::json!({ "scaleTargetRef": { "name": "d" }, "serviceName": "svc" });
+        let r = AutoscalerRoute::from_object(&ias("ml", "z", spec));
+        assert_eq!(r.service.as_deref(), Some("svc"));
         // A spec this version cannot read routes nothing rather than failing the watch.
         assert!(
             AutoscalerRoute::from_object(&ias("ml", "y", serde_json::json!({})))
