@@ -246,7 +246,7 @@ async fn sidecar_against_a_fake_vllm() {
     }
     let s = c
         .wait_for("an http_status error", 10, |s| {
-            s.scrape.errors_total.get("http_status").is_some()
+            s.scrape.errors_total.contains_key("http_status")
         })
         .await;
     assert!(!s.ready && !s.vllm_up && s.latest.is_none());
