@@ -554,6 +554,21 @@ fn bad_flags_fail_with_a_clear_message() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("expected <model>=<url>"), "{stderr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "activator",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "m=http://h:1",
+            "--probe-interval-held",
+            "0s",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("greater than zero"), "{stderr}");
 }
 
 fn gated_stream(gate: Arc<Semaphore>) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {

@@ -91,7 +91,8 @@ pub struct Args {
     #[arg(long = "backend", env = "TESSERA_BACKENDS", value_delimiter = ',')]
     pub backends: Vec<StaticBackend>,
 
-    /// Most requests held per model while it has no ready backend; beyond it the activator answers 503.
+    /// Most requests held per model while it has no ready backend; beyond it the activator answers 503
+    /// (0: never hold, answer 503 at once).
     #[arg(long, env = "TESSERA_QUEUE_SIZE", default_value_t = 100)]
     pub queue_size: u64,
 
@@ -112,12 +113,12 @@ pub struct Args {
     pub health_path: String,
 
     /// Static backends: probe interval while nobody is waiting.
-    #[arg(long, env = "TESSERA_PROBE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(long, env = "TESSERA_PROBE_INTERVAL", value_parser = nonzero_duration, default_value = "5s")]
     pub probe_interval: Duration,
 
     /// Static backends: probe interval while requests are held for a model with no ready backend (bounds the
     /// latency a scale from zero adds beyond the backend turning ready).
-    #[arg(long, env = "TESSERA_PROBE_INTERVAL_HELD", value_parser = humantime::parse_duration, default_value = "20ms")]
+    #[arg(long, env = "TESSERA_PROBE_INTERVAL_HELD", value_parser = nonzero_duration, default_value = "20ms")]
     pub probe_interval_held: Duration,
 
     /// Kubernetes: watch only this namespace (default: all namespaces).
@@ -129,12 +130,24 @@ pub struct Args {
     pub port_name: Option<String>,
 
     /// Kubernetes: the shortest time between two wake-up patches for one InferenceAutoscaler.
-    #[arg(long, env = "TESSERA_WAKE_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    #[arg(long, env = "TESSERA_WAKE_INTERVAL", value_parser = nonzero_duration, default_value = "1s")]
     pub wake_interval: Duration,
 
     /// This instance's name in the stats document (the pod name in a cluster; default: the listen address).
     #[arg(long, env = "TESSERA_INSTANCE")]
     pub instance: Option<String>,
+}
+
+/// A humantime duration that must be positive: a zero interval would turn a probe or wake-up loop into a busy loop.
+fn nonzero_duration(s: &str) -> Result<Duration, String> {
+    let d =
+        humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 20ms or 5s: {e}"))?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s:?}: the interval must be greater than zero (e.g. 20ms)"
+        ));
+    }
+    Ok(d)
 }
 
 /// Runs the activator until SIGTERM or Ctrl-C.
