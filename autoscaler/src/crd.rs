@@ -771,13 +771,18 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         }
     }
 
-    /// Every InferenceAutoscaler in `deploy/examples/` parses and passes validation (other kinds are skipped).
+    /// Every InferenceAutoscaler in `deploy/examples/` and `e2e/manifests.yaml` parses and passes validation (other
+    /// kinds are skipped).
     #[test]
     fn examples_are_valid() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
+        let e2e = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../e2e/manifests.yaml"));
         let mut seen = 0;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
+        let paths = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .chain(std::iter::once(e2e));
+        for path in paths {
             if path.extension().is_none_or(|e| e != "yaml") {
                 continue;
             }
@@ -795,7 +800,7 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
                 seen += 1;
             }
         }
-        assert!(seen >= 3, "expected the examples in {dir}");
+        assert!(seen >= 4, "expected the examples in {dir} and the e2e manifests");
     }
 
     #[test]
