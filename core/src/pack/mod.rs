@@ -18,7 +18,7 @@ mod offline;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-pub use bounds::{lower_bound_l2, lower_bound_l2_counts};
+pub use bounds::{LpBound, lower_bound_l2, lower_bound_l2_counts, lower_bound_lp};
 pub use offline::{OfflineAlgorithm, OfflinePacking, pack_first_fit_decreasing, pack_offline};
 
 /// The compute capacity of one GPU in milli-GPUs. Integers, so sums are exact.
@@ -597,98 +597,204 @@ impl Packer {
 
     /// Like [`Packer::defrag_candidates`], stopping after `max_plans` plans (callers that act on one plan at a
     /// time need not pay for finding all).
+    ///
+    /// Cost: O(G log G) to order the candidates, O(1) to reject one that cannot work by total or largest free
+    /// room, and O(K × G) to simulate one that might. Nothing is cloned: tentative moves live in an overlay.
     pub fn defrag(&self, max_moves: usize, max_plans: usize) -> Vec<DefragPlan> {
         if max_moves == 0 || max_plans == 0 {
             return Vec::new();
         }
-        let mut sim = self.clone();
+        let shape = self.shape;
         let mut order: Vec<&GpuState> = self
             .gpus
             .values()
             .filter(|g| !g.is_empty() && g.replicas.len() <= max_moves)
             .collect();
         order.sort_by_key(|g| (g.replicas.len(), g.compute_used_milli, g.memory_used_mib, g.id));
-        let order: Vec<GpuId> = order.iter().map(|g| g.id).collect();
-        let mut emptied: Vec<GpuId> = Vec::new();
+        let mut overlay = Overlay::default();
+        // Free room over all possible targets (non-empty GPUs), kept up to date as plans are accepted.
+        let mut total_free_c: u64 = 0;
+        let mut total_free_m: u64 = 0;
+        let mut max_free_c = [0u32; 2];
+        let mut max_free_m = [0u64; 2];
+        for g in self.gpus.values().filter(|g| !g.is_empty()) {
+            total_free_c += u64::from(g.free_compute_milli());
+            total_free_m += g.free_memory_mib(&shape);
+            top2(&mut max_free_c, g.free_compute_milli());
+            top2(&mut max_free_m, g.free_memory_mib(&shape));
+        }
         let mut plans = Vec::new();
-        for gpu in order {
+        for cand in order {
             if plans.len() >= max_plans {
                 break;
             }
-            let Some(state) = sim.gpus.get(&gpu) else { continue };
-            // Earlier plans may have moved replicas here.
-            if state.replicas.len() > max_moves {
+            if overlay.emptied.contains(&cand.id) {
                 continue;
             }
-            // Cheap rejection before simulating: the others must have enough free room in total.
-            let need_c: u32 = state.compute_used_milli;
-            let need_m: u64 = state.memory_used_mib;
-            let (free_c, free_m) = sim
-                .gpus
-                .values()
-                .filter(|g| g.id != gpu && !emptied.contains(&g.id))
-                .fold((0u64, 0u64), |(c, m), g| {
-                    (
-                        c + u64::from(g.free_compute_milli()),
-                        m + g.free_memory_mib(&sim.shape),
-                    )
-                });
-            if u64::from(need_c) > free_c || need_m > free_m {
+            if overlay.added.contains_key(&cand.id) {
+                // It received replicas from an earlier plan: emptying it would move them twice.
                 continue;
             }
-            let mut trial = sim.clone();
-            let mut moving = trial
-                .gpus
-                .get(&gpu)
-                .map(|g| g.replicas.clone())
-                .unwrap_or_default();
+            let own_free_c = u64::from(cand.free_compute_milli());
+            let own_free_m = cand.free_memory_mib(&shape);
+            let others_c = total_free_c - own_free_c;
+            let others_m = total_free_m - own_free_m;
+            if u64::from(cand.compute_used_milli) > others_c || cand.memory_used_mib > others_m {
+                continue;
+            }
+            // The largest free room elsewhere is at most the top value, or the second if the top is this GPU's.
+            let best_c = if max_free_c[0] == cand.free_compute_milli() {
+                max_free_c[1]
+            } else {
+                max_free_c[0]
+            };
+            let best_m = if max_free_m[0] == own_free_m {
+                max_free_m[1]
+            } else {
+                max_free_m[0]
+            };
+            let need_c = cand.replicas.iter().map(|r| r.compute_milli).max().unwrap_or(0);
+            let need_m = cand.replicas.iter().map(|r| r.memory_mib).max().unwrap_or(0);
+            if need_c > best_c || need_m > best_m {
+                continue;
+            }
+            let mut moving: Vec<&ReplicaRequest> = cand.replicas.iter().collect();
             // Largest first: the hardest to fit decide whether the plan is possible at all.
-            moving.sort_by(|a, b| b.weight(&sim.shape).total_cmp(&a.weight(&sim.shape)));
-            let mut moves = Vec::new();
+            moving.sort_by(|a, b| b.weight(&shape).total_cmp(&a.weight(&shape)));
+            let mut trial: Vec<(GpuId, &ReplicaRequest)> = Vec::new();
             let mut ok = true;
             for r in moving {
-                let candidates = trial
-                    .gpus
-                    .values()
-                    .filter(|g| g.id != gpu && !emptied.contains(&g.id) && !g.is_empty());
-                match choose_among(candidates, &r, &trial.shape, FitPolicy::BestFit) {
-                    Placement::Gpu { gpu: to, .. } => {
-                        trial.remove(&r.id);
-                        moves.push(Move {
-                            replica: r.id.clone(),
-                            from: gpu,
-                            to,
-                        });
-                        trial.insert(to, r);
-                    }
-                    Placement::NoRoom(_) => {
+                match self.choose_with_overlay(r, cand.id, &overlay, &trial) {
+                    Some(to) => trial.push((to, r)),
+                    None => {
                         ok = false;
                         break;
                     }
                 }
             }
-            if ok {
-                emptied.push(gpu);
-                sim = trial;
-                plans.push(DefragPlan { gpu, moves });
+            if !ok {
+                continue;
             }
+            overlay.emptied.insert(cand.id);
+            total_free_c -= own_free_c;
+            total_free_m -= own_free_m;
+            let mut moves = Vec::with_capacity(trial.len());
+            for (to, r) in trial {
+                let a = overlay.added.entry(to).or_default();
+                a.compute += r.compute_milli;
+                a.memory += r.memory_mib;
+                a.models.push(r.model.clone());
+                total_free_c -= u64::from(r.compute_milli);
+                total_free_m -= r.memory_mib;
+                moves.push(Move {
+                    replica: r.id.clone(),
+                    from: cand.id,
+                    to,
+                });
+            }
+            plans.push(DefragPlan { gpu: cand.id, moves });
         }
         plans
     }
 
-    /// Applies a plan produced by [`Packer::defrag`] on this packer: every move is checked again (the state
-    /// may have changed since), and nothing is changed unless all moves succeed.
-    pub fn apply_plan(&mut self, plan: &DefragPlan) -> Result<(), PackError> {
-        let mut trial = self.clone();
-        for m in &plan.moves {
-            let (from, r) = trial.remove(&m.replica).ok_or(PackError::UnknownGpu(m.from))?;
-            if from != m.from {
-                return Err(PackError::UnknownGpu(m.from));
+    /// The best-fit target for `r` given the overlay of accepted plans and the trial moves of the plan being
+    /// built, excluding `from` and emptied or empty GPUs. Same rule as [`Packer::place`].
+    fn choose_with_overlay(
+        &self,
+        r: &ReplicaRequest,
+        from: GpuId,
+        overlay: &Overlay,
+        trial: &[(GpuId, &ReplicaRequest)],
+    ) -> Option<GpuId> {
+        let shape = &self.shape;
+        let mut best_other: Option<(f64, GpuId)> = None;
+        let mut best_same: Option<(usize, f64, GpuId)> = None;
+        for g in self.gpus.values() {
+            if g.id == from || g.is_empty() || overlay.emptied.contains(&g.id) {
+                continue;
             }
-            trial.assign(m.to, r)?;
+            let added = overlay.added.get(&g.id);
+            let mut used_c = g.compute_used_milli + added.map_or(0, |a| a.compute);
+            let mut used_m = g.memory_used_mib + added.map_or(0, |a| a.memory);
+            let mut same = g.replicas_of(&r.model)
+                + added.map_or(0, |a| a.models.iter().filter(|m| **m == r.model).count());
+            for (_, t) in trial.iter().filter(|(to, _)| *to == g.id) {
+                used_c += t.compute_milli;
+                used_m += t.memory_mib;
+                same += usize::from(t.model == r.model);
+            }
+            let free_c = GPU_COMPUTE_MILLI.saturating_sub(used_c);
+            let free_m = shape.usable_memory_mib().saturating_sub(used_m);
+            if r.compute_milli > free_c || r.memory_mib > free_m {
+                continue;
+            }
+            let score = f64::from(free_c - r.compute_milli) / f64::from(GPU_COMPUTE_MILLI)
+                + (free_m - r.memory_mib) as f64 / shape.usable_memory_mib().max(1) as f64;
+            if same == 0 {
+                if best_other.is_none_or(|(s, _)| score < s) {
+                    best_other = Some((score, g.id));
+                }
+            } else if best_same.is_none_or(|(n, s, _)| (same, score) < (n, s)) {
+                best_same = Some((same, score, g.id));
+            }
         }
-        *self = trial;
-        Ok(())
+        best_other.map(|(_, g)| g).or(best_same.map(|(_, _, g)| g))
+    }
+
+    /// Applies a plan produced by [`Packer::defrag`] on this packer: every move is checked again (the state
+    /// may have changed since), and if one fails the moves already made are undone, leaving the packer as it was.
+    pub fn apply_plan(&mut self, plan: &DefragPlan) -> Result<(), PackError> {
+        let mut done: Vec<(GpuId, &str)> = Vec::new();
+        let mut failure = None;
+        for m in &plan.moves {
+            if self.location(&m.replica) != Some(m.from) {
+                failure = Some(PackError::UnknownGpu(m.from));
+                break;
+            }
+            let Some((from, r)) = self.remove(&m.replica) else {
+                failure = Some(PackError::UnknownGpu(m.from));
+                break;
+            };
+            match self.assign(m.to, r.clone()) {
+                Ok(()) => done.push((from, &m.replica)),
+                Err(e) => {
+                    self.insert(from, r);
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        let Some(e) = failure else { return Ok(()) };
+        for (from, id) in done.into_iter().rev() {
+            if let Some((_, r)) = self.remove(id) {
+                self.insert(from, r);
+            }
+        }
+        Err(e)
+    }
+}
+
+/// Tentative changes made by accepted defragmentation plans.
+#[derive(Debug, Default)]
+struct Overlay {
+    emptied: std::collections::HashSet<GpuId>,
+    added: HashMap<GpuId, Added>,
+}
+
+#[derive(Debug, Default)]
+struct Added {
+    compute: u32,
+    memory: u64,
+    models: Vec<String>,
+}
+
+/// Keeps the two largest values seen, largest first.
+fn top2<T: PartialOrd + Copy>(top: &mut [T; 2], v: T) {
+    if v > top[0] {
+        top[1] = top[0];
+        top[0] = v;
+    } else if v > top[1] {
+        top[1] = v;
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use tessera_core::pack::{
-    FitPolicy, GPU_COMPUTE_MILLI, GpuShape, OfflinePacking, ReplicaRequest, lower_bound_l2,
+    FitPolicy, GPU_COMPUTE_MILLI, GpuShape, OfflinePacking, ReplicaRequest, lower_bound_l2, lower_bound_lp,
     pack_first_fit_decreasing, pack_offline,
 };
 
@@ -159,6 +159,13 @@ fn run_offline(pods: &[Pod], shape: &GpuShape, has_memory: bool, out: Option<&Pa
     let ffd_elapsed = ffd_started.elapsed();
     verify(pods, shape, &ffd)?;
 
+    // The cutting-stock LP bound on compute (valid with memory too: it ignores a constraint). Stronger than L2
+    // when sizes repeat; when it meets gpus_used the packing is optimal.
+    let lp_started = Instant::now();
+    let compute: Vec<u32> = pods.iter().map(|p| p.gpu_milli).collect();
+    let lp = lower_bound_lp(&compute, GPU_COMPUTE_MILLI, 10_000);
+    let lp_elapsed = lp_started.elapsed();
+
     if let Some(path) = out {
         write_assignments(path, pods, &packing)
             .with_context(|| format!("cannot write assignments to {}", path.display()))?;
@@ -175,6 +182,19 @@ fn run_offline(pods: &[Pod], shape: &GpuShape, has_memory: bool, out: Option<&Pa
         packing.gpus_used(),
         pct_over(packing.gpus_used() as f64, f64::from(lb)),
         ffd.gpus_used() as i64 - packing.gpus_used() as i64
+    );
+    eprintln!(
+        "LP (Gilmore-Gomory) lower bound: {} (LP value {:.3}, {} iterations{}, {:.1} ms){}",
+        lp.bound,
+        lp.value,
+        lp.iterations,
+        if lp.optimal { "" } else { ", stopped early" },
+        lp_elapsed.as_secs_f64() * 1e3,
+        if lp.bound as usize >= packing.gpus_used() {
+            ": the packing is optimal"
+        } else {
+            ""
+        }
     );
     println!(
         "gpus_used={} lower_bound={} pods={} elapsed_ms={:.1}",
