@@ -786,7 +786,11 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             if path.extension().is_none_or(|e| e != "yaml") {
                 continue;
             }
-            let text = std::fs::read_to_string(&path).unwrap();
+            // The e2e manifests are templates; fill their placeholders as the e2e test does.
+            let text = std::fs::read_to_string(&path)
+                .unwrap()
+                .replace("${NAMESPACE}", "e2e")
+                .replace("${IMAGE}", "img");
             for doc in serde_yaml::Deserializer::from_str(&text) {
                 let value = serde_yaml::Value::deserialize(doc).unwrap();
                 if value.get("kind").and_then(|k| k.as_str()) != Some("InferenceAutoscaler") {
