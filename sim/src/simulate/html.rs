@@ -5,6 +5,9 @@ use std::fmt::Write as _;
 
 use super::report::{Report, StrategyReport};
 
+/// One summary row: how to print a strategy's value.
+type Cell = Box<dyn Fn(&StrategyReport) -> String>;
+
 const COLORS: &[&str] = &[
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
     "#17becf",
@@ -187,7 +190,7 @@ pub fn render(r: &Report) -> String {
         let _ = write!(s, "<th>{}</th>", esc(&st.strategy));
     }
     s.push_str("</tr>");
-    let rows: Vec<(&str, Box<dyn Fn(&StrategyReport) -> String>)> = vec![
+    let rows: Vec<(&str, Cell)> = vec![
         ("GPU-hours", Box::new(|x| format!("{:.2}", x.gpu_hours))),
         (
             "GPUs held, mean / peak",
@@ -341,9 +344,9 @@ pub fn render(r: &Report) -> String {
             esc(&z.reason)
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         s,
-        "</table><p><code>{}</code></p></body></html>\n",
+        "</table><p><code>{}</code></p></body></html>",
         esc(&r.summary_line())
     );
     s

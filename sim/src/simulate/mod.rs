@@ -229,3 +229,6 @@ fn progress_bar(quiet: bool, duration: f64) -> indicatif::ProgressBar {
     }
     bar
 }
+
+#[cfg(test)]
+mod tests;

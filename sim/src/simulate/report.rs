@@ -1,5 +1,6 @@
 //! What a run produces: per-strategy numbers, per-model numbers and time series, and the stdout table.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
@@ -85,8 +86,11 @@ pub struct StrategyReport {
     pub held_max_secs: f64,
     /// vLLM preemptions (recompute) across replicas.
     pub preemptions: u64,
-    /// Digest of the arrivals this strategy was fed (identical across strategies).
+    /// Digest of the arrivals this strategy processed, in processing order (identical across strategies when
+    /// they saw the same requests at the same times).
     pub arrival_digest: String,
+    /// Arrivals processed.
+    pub arrivals_processed: u64,
     /// Per model.
     pub models: Vec<ModelReport>,
     /// Time series for the charts.
@@ -120,6 +124,15 @@ pub struct ModelReport {
     pub compute_fraction: f64,
     /// GPU memory reserved per replica at the end, MiB.
     pub gpu_memory_mib: u64,
+    /// Tessera: why the recommendation in force has its values (from `core::recommend`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recommendation_reasons: Vec<String>,
+    /// Tessera: the recommendation the run started from (calibrated on the baseline), KV GiB and compute share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_recommendation: Option<(f64, f64)>,
+    /// Autoscaler decisions that changed the replica count, by reason (and leading signal when there was one).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scale_changes: BTreeMap<String, u32>,
 }
 
 /// Time series sampled during the run.

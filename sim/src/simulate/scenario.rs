@@ -412,7 +412,11 @@ impl ScenarioFile {
                     }
                 }
                 (None, Some(spec)) => {
-                    if spec.weights_bytes == 0 || spec.bytes_per_kv_token == 0 || !(spec.params > 0.0) {
+                    if spec.weights_bytes == 0
+                        || spec.bytes_per_kv_token == 0
+                        || spec.params.is_nan()
+                        || spec.params <= 0.0
+                    {
                         p.push(format!(
                             "{at}.spec: params, weights_bytes and bytes_per_kv_token must be above 0"
                         ));

@@ -24,7 +24,6 @@ use tessera_core::scale::{
 use super::report::{ModelReport, Series, StrategyReport, quantile_sorted};
 use super::scenario::{ComputeFraction, ModelSetup, Scenario};
 use crate::model::{Engine, EngineConfig, EngineEvent, GIB, MemorySetting, ModelError, Request};
-use crate::trace::digest;
 
 /// The three strategies compared on the same arrivals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,6 +198,7 @@ struct ModelRt {
     replicas_max: u32,
     replica_seconds: f64,
     replica_count_since: f64,
+    scale_changes: BTreeMap<String, u32>,
 }
 
 /// One strategy's world.
@@ -227,6 +227,9 @@ pub struct World<'a> {
     last_series_at: f64,
     preemptions: u64,
     events: Vec<EngineEvent>,
+    /// FNV-1a over (model, arrival) in the order the arrivals were processed.
+    processed_digest: u64,
+    processed: u64,
 }
 
 const CHART_POINTS: f64 = 720.0;
@@ -269,6 +272,7 @@ impl<'a> World<'a> {
                 replicas_max: 0,
                 replica_seconds: 0.0,
                 replica_count_since: 0.0,
+                scale_changes: BTreeMap::new(),
             })
             .collect();
         let mut w = World {
@@ -298,6 +302,8 @@ impl<'a> World<'a> {
             last_series_at: f64::NEG_INFINITY,
             preemptions: 0,
             events: Vec::new(),
+            processed_digest: 0xcbf2_9ce4_8422_2325,
+            processed: 0,
         };
         for m in 0..n {
             if !w.active[m] {
@@ -547,6 +553,18 @@ impl<'a> World<'a> {
         if let Some(next) = self.sc.arrivals[m].get(i + 1) {
             self.push(next.at, Ev::Arrival { model: m });
         }
+        let a = self.sc.arrivals[m][i];
+        for b in (m as u64)
+            .to_le_bytes()
+            .iter()
+            .chain(&a.at.to_bits().to_le_bytes())
+            .chain(&a.prompt_tokens.to_le_bytes())
+            .chain(&a.output_tokens.to_le_bytes())
+        {
+            self.processed_digest =
+                (self.processed_digest ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        self.processed += 1;
         let rt = &mut self.models[m];
         rt.recent.push_back(self.now);
         rt.last_request_at = Some(self.now);
@@ -808,6 +826,15 @@ impl<'a> World<'a> {
         };
         let d = decide(&input, &policy, &rt.state, now_ts);
         self.models[m].state.record(&d, now_ts);
+        if d.is_change() {
+            let key = match d.leading_signal {
+                Some(sig) => format!("{}/{}", d.reason.label(), sig.label()),
+                None => d.reason.label().to_string(),
+            };
+            *self.models[m].scale_changes.entry(key).or_default() += 1;
+            tracing::trace!(model = %self.sc.models[m].name, at = self.now, from = d.current_replicas,
+                to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
+        }
         let want = d.desired_replicas as usize;
         let have = live.len();
         if want > have {
@@ -886,13 +913,11 @@ impl<'a> World<'a> {
         let mut models = Vec::new();
         let mut bucket_ttfts: Vec<Vec<f64>> = vec![Vec::new(); TTFT_BUCKETS as usize];
         let bucket = duration / TTFT_BUCKETS;
-        let mut arrivals_seen = Vec::new();
         for (m, rt) in self.models.iter().enumerate() {
             if !self.active[m] {
                 continue;
             }
             let setup = &self.sc.models[m];
-            arrivals_seen.extend_from_slice(&self.sc.arrivals[m]);
             let mut t = Vec::new();
             let mut m_met = 0u64;
             let mut m_failed = 0u64;
@@ -963,6 +988,23 @@ impl<'a> World<'a> {
                 kv_cache_gib: kv,
                 compute_fraction: cf,
                 gpu_memory_mib: mib,
+                recommendation_reasons: match self.plan.kind {
+                    StrategyKind::Tessera => rec
+                        .map(|r| r.reasons.iter().map(ToString::to_string).collect())
+                        .unwrap_or_default(),
+                    _ => Vec::new(),
+                },
+                initial_recommendation: match self.plan.kind {
+                    StrategyKind::Tessera => self
+                        .plan
+                        .initial_recommendations
+                        .get(m)
+                        .cloned()
+                        .flatten()
+                        .map(|r| (r.kv_cache_memory_bytes as f64 / GIB as f64, r.compute_fraction)),
+                    _ => None,
+                },
+                scale_changes: rt.scale_changes.clone(),
             });
         }
         all_ttft.sort_by(f64::total_cmp);
@@ -971,7 +1013,6 @@ impl<'a> World<'a> {
             self.series.ttft_t.push(b as f64 * bucket);
             self.series.ttft_p95.push(quantile_sorted(v, 0.95));
         }
-        arrivals_seen.sort_by(|a, b| a.at.total_cmp(&b.at).then(a.prompt_tokens.cmp(&b.prompt_tokens)));
         let samples = self.capacity_acc;
         let mem_cap = samples * self.sc.gpu.memory_bytes as f64;
         let report = StrategyReport {
@@ -1016,7 +1057,8 @@ impl<'a> World<'a> {
             },
             held_max_secs: held_max,
             preemptions: self.preemptions,
-            arrival_digest: format!("{:016x}", digest(&arrivals_seen)),
+            arrival_digest: format!("{:016x}", self.processed_digest),
+            arrivals_processed: self.processed,
             models,
             series: self.series,
         };

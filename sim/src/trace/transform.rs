@@ -75,28 +75,41 @@ pub fn llm_arrivals(
 ) -> Result<Vec<Arrival>, String> {
     t.check()?;
     let span = trace.span_secs();
-    if t.window_start >= span {
+    if t.window_start > span {
         return Err(format!(
             "window starts at {}s but the trace lasts only {span:.0}s",
             t.window_start
         ));
     }
-    // The period is at least one second so a one-request trace still tiles.
-    let period = t.window_len.unwrap_or(span - t.window_start).max(1.0);
-    let end = t.window_start + period;
-    let base: Vec<Arrival> = trace
-        .requests
-        .iter()
-        .filter(|r| r.at >= t.window_start && r.at < end)
-        .map(|r| Arrival {
-            at: r.at - t.window_start,
-            prompt_tokens: r.prompt_tokens,
-            output_tokens: r.output_tokens,
-        })
-        .collect();
+    let (base, period) = match t.window_len {
+        Some(len) => {
+            let end = t.window_start + len;
+            let base: Vec<Arrival> = trace
+                .requests
+                .iter()
+                .filter(|r| r.at >= t.window_start && r.at < end)
+                .map(|r| shifted(r, t.window_start))
+                .collect();
+            (base, len)
+        }
+        None => {
+            // To the end of the trace, last request included. The period adds one mean gap after the last
+            // request, so tiling keeps the trace's rate instead of putting two requests at the seam.
+            let base: Vec<Arrival> = trace
+                .requests
+                .iter()
+                .filter(|r| r.at >= t.window_start)
+                .map(|r| shifted(r, t.window_start))
+                .collect();
+            let span = span - t.window_start;
+            let n = base.len() as f64;
+            let period = if n > 1.0 { span * n / (n - 1.0) } else { 1.0 };
+            (base, period.max(1e-3))
+        }
+    };
     if base.is_empty() {
         return Err(format!(
-            "no requests in the window [{}s, {end}s) of the trace",
+            "no requests in the window starting at {}s of the trace",
             t.window_start
         ));
     }
@@ -130,6 +143,14 @@ pub fn llm_arrivals(
         }
     }
     Ok(rotate_and_tile(one_period, period, t.shift, duration))
+}
+
+fn shifted(r: &crate::trace::LlmRequest, start: f64) -> Arrival {
+    Arrival {
+        at: r.at - start,
+        prompt_tokens: r.prompt_tokens,
+        output_tokens: r.output_tokens,
+    }
 }
 
 /// Arrivals over `[0, duration)` from one Azure Functions row: the minute counts (times `rate`, rounded at
@@ -236,36 +257,47 @@ mod tests {
     fn identity_keeps_every_request() {
         let tr = trace(10, 1.0);
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let a = llm_arrivals(&tr, &Transform::default(), 9.0, &mut rng).unwrap();
-        assert_eq!(a.len(), 9);
+        let a = llm_arrivals(&tr, &Transform::default(), 10.0, &mut rng).unwrap();
+        assert_eq!(a.len(), 10);
         assert_eq!(a[3].at, 3.0);
         assert_eq!(a[3].prompt_tokens, 4);
     }
 
     #[test]
     fn shift_rotates_within_the_period() {
-        let tr = trace(10, 1.0); // span 9 s → period 9 s, requests at 0..=8 in the window
+        let tr = trace(10, 1.0);
         let t = Transform {
             shift: 2.0,
             ..Transform::default()
         };
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let a = llm_arrivals(&tr, &t, 9.0, &mut rng).unwrap();
-        // The request at 8 s wraps to (8 + 2) mod 9 = 1 s; the one at 0 s moves to 2 s.
+        let a = llm_arrivals(&tr, &t, 10.0, &mut rng).unwrap();
+        // Requests at 0..=9 s, period 10 s: the one at 8 s wraps to (8 + 2) mod 10 = 0 s, the one at 9 s to
+        // 1 s, and the one at 0 s moves to 2 s.
+        assert_eq!(a.len(), 10);
         assert_eq!(a[0].at, 0.0);
-        assert_eq!(a[0].prompt_tokens, 8);
+        assert_eq!(a[0].prompt_tokens, 9);
         assert_eq!(a[1].at, 1.0);
-        assert_eq!(a[1].prompt_tokens, 9);
+        assert_eq!(a[1].prompt_tokens, 10);
         assert_eq!(a[2].prompt_tokens, 1);
     }
 
     #[test]
     fn tiles_a_short_period() {
-        let tr = trace(4, 1.0); // period 3 s: requests at 0,1,2
+        let tr = trace(3, 1.0); // requests at 0, 1, 2 s: period 3 s
         let mut rng = ChaCha8Rng::seed_from_u64(1);
         let a = llm_arrivals(&tr, &Transform::default(), 7.5, &mut rng).unwrap();
         let at: Vec<f64> = a.iter().map(|x| x.at).collect();
         assert_eq!(at, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+        // A window cuts the trace: [1 s, 3 s) holds the requests at 1 and 2 s, period 2 s.
+        let t = Transform {
+            window_start: 1.0,
+            window_len: Some(2.0),
+            ..Transform::default()
+        };
+        let a = llm_arrivals(&tr, &t, 4.0, &mut rng).unwrap();
+        let at: Vec<f64> = a.iter().map(|x| x.at).collect();
+        assert_eq!(at, vec![0.0, 1.0, 2.0, 3.0]);
     }
 
     #[test]
@@ -328,7 +360,7 @@ mod tests {
             let a = llm_arrivals(&tr, &t, 99.5, &mut rng).unwrap();
             prop_assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
             prop_assert!(a.iter().all(|x| x.at >= 0.0 && x.at < 99.5));
-            let expect = 199.0 * rate;
+            let expect = 199.0 * rate; // 200 requests per 100 s period, 99.5 s simulated
             prop_assert!((a.len() as f64 - expect).abs() <= 4.0 * expect.sqrt() + 2.0,
                 "{} arrivals for rate {rate}", a.len());
         }

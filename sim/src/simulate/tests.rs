@@ -1,0 +1,231 @@
+//! Unit tests of the whole simulation on small scenarios whose answers can be worked out by hand.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::scenario::{ColdStartFile, ComputeFraction, ModelSetup, Scenario, StrategySettings, TargetsFile};
+use super::*;
+use crate::model::{GIB, GpuSpec, ModelSpec};
+use crate::trace::Arrival;
+
+fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
+    let spec = ModelSpec::preset("llama-3.1-8b").unwrap();
+    let load_secs = spec.weights_bytes as f64 / (ColdStartFile::default().load_bandwidth_gbps * 1e9);
+    ModelSetup {
+        name: name.into(),
+        spec,
+        max_model_len: Some(16_384),
+        slo_ttft: 5.0,
+        min_replicas,
+        max_replicas,
+        targets: TargetsFile {
+            waiting_requests_per_replica: Some(2.0),
+            ..TargetsFile::default()
+        },
+        hpa_rps_per_replica: 5.0,
+        scale_to_zero_after: (min_replicas == 0).then_some(Duration::from_secs(60)),
+        load_secs,
+        sleep_wake_secs: None,
+        compute_fraction: ComputeFraction::Auto,
+    }
+}
+
+fn scenario(models: Vec<ModelSetup>, arrivals: Vec<Vec<Arrival>>, duration: f64) -> Scenario {
+    Scenario {
+        name: "test".into(),
+        description: String::new(),
+        seed: 1,
+        duration,
+        gpu: GpuSpec::preset("a100-80gb").unwrap(),
+        settings: StrategySettings::default(),
+        models,
+        arrivals,
+    }
+}
+
+fn at(times: &[f64]) -> Vec<Arrival> {
+    times
+        .iter()
+        .map(|&t| Arrival {
+            at: t,
+            prompt_tokens: 100,
+            output_tokens: 10,
+        })
+        .collect()
+}
+
+fn run(sc: &Scenario) -> Report {
+    simulate(sc, &mut |_, _| {}).unwrap()
+}
+
+/// One model, five lone requests ten seconds apart, one minute: every strategy holds exactly one GPU for one
+/// minute (static sizes to one replica; HPA and Tessera stay at their minimum of one), every request finishes,
+/// and since each request finds the engine empty, all five TTFTs are the same single prefill step.
+#[test]
+fn hand_worked_one_model_five_requests() {
+    let sc = scenario(
+        vec![model("m", 1, 2)],
+        vec![at(&[0.0, 10.0, 20.0, 30.0, 40.0])],
+        60.0,
+    );
+    let r = run(&sc);
+    assert_eq!(r.static_sizing[0].replicas, 1);
+    for s in &r.strategies {
+        assert_eq!(s.requests, 5, "{}", s.strategy);
+        assert_eq!(s.completed, 5, "{}", s.strategy);
+        assert_eq!(s.failed, 0, "{}", s.strategy);
+        assert_eq!(s.arrivals_processed, 5, "{}", s.strategy);
+        assert!(
+            (s.gpu_hours - 60.0 / 3600.0).abs() < 1e-12,
+            "{}: {}",
+            s.strategy,
+            s.gpu_hours
+        );
+        let (p50, p99) = (s.ttft_p50.unwrap(), s.ttft_p99.unwrap());
+        assert!((p50 - p99).abs() < 1e-9, "{}: {p50} {p99}", s.strategy);
+        assert_eq!(s.slo_attainment, 1.0);
+        assert_eq!(s.cold_starts, 0);
+    }
+    // By hand, from the performance model's roofline (sim/src/model.rs, vLLM defaults on an A100-80GB): one
+    // prefill step of 100 tokens reads the weights plus 100 tokens of KV,
+    //   (14.96 GiB + 100 × 131072 B) / (2.039e12 B/s × 0.8) = 9.8555 ms,
+    // which beats the compute time 2 × 8.03e9 × 100 / (312e12 × 0.6) = 8.58 ms; plus 1 ms step overhead.
+    let by_hand = (14.96 * GIB as f64 + 100.0 * 131_072.0) / (2.039e12 * 0.8) + 0.001;
+    for s in &r.strategies[..2] {
+        let t = s.ttft_p50.unwrap();
+        assert!((t - by_hand).abs() < 1e-6, "{}: {t} vs {by_hand}", s.strategy);
+    }
+}
+
+/// Static with a fixed count holds count × duration.
+#[test]
+fn static_gpu_hours_are_replicas_times_duration() {
+    let sc = scenario(
+        vec![model("a", 1, 3), model("b", 1, 3)],
+        vec![at(&[1.0]), at(&[2.0])],
+        1800.0,
+    );
+    let plan = Plan {
+        kind: StrategyKind::Static,
+        static_replicas: vec![3, 2],
+        initial_recommendations: Vec::new(),
+        only_models: Vec::new(),
+    };
+    let r = world::World::new(&sc, plan).unwrap().run(&mut |_| {}).unwrap();
+    assert!(
+        (r.report.gpu_hours - 5.0 * 0.5).abs() < 1e-12,
+        "{}",
+        r.report.gpu_hours
+    );
+    assert_eq!(r.report.gpus_peak, 5);
+}
+
+/// Scale to zero and back: a model idle after its first requests goes to zero and gives its GPU back; the
+/// request at 400 s is held while a replica cold-starts, for exactly pod start + weights / bandwidth (the GPU
+/// is fresh, so nobody else holds its start-up lease).
+#[test]
+fn scale_to_zero_holds_the_request_for_the_cold_start() {
+    let m = model("m", 0, 1);
+    let expect = StrategySettings::default().pod_start.as_secs_f64() + m.load_secs;
+    let sc = scenario(vec![m], vec![at(&[0.0, 5.0, 10.0, 400.0])], 600.0);
+    let r = run(&sc);
+    let t = r.strategy("tessera").unwrap();
+    assert_eq!(t.completed, 4);
+    assert_eq!(t.starts_from_zero, 1);
+    assert_eq!(t.held_requests, 1);
+    assert!(
+        (t.held_max_secs - expect).abs() < 1e-9,
+        "{} vs {expect}",
+        t.held_max_secs
+    );
+    let st = r.strategy("static").unwrap();
+    assert!(
+        t.gpu_hours < 0.7 * st.gpu_hours,
+        "tessera {} static {}",
+        t.gpu_hours,
+        st.gpu_hours
+    );
+    // The held request's TTFT includes the hold.
+    assert!(t.ttft_p99.unwrap() >= expect);
+    // The HPA baseline never goes to zero.
+    assert_eq!(r.strategy("hpa").unwrap().held_requests, 0);
+}
+
+/// With sleep mode, the wake-up replaces the pod start and the load.
+#[test]
+fn sleep_mode_wakes_fast() {
+    let mut m = model("m", 0, 1);
+    m.sleep_wake_secs = Some(0.5);
+    let sc = scenario(vec![m], vec![at(&[0.0, 400.0])], 600.0);
+    let t = run(&sc).strategy("tessera").unwrap().clone();
+    assert_eq!(t.held_requests, 1);
+    assert!((t.held_max_secs - 0.5).abs() < 1e-9, "{}", t.held_max_secs);
+}
+
+/// Two models scaling from zero onto one GPU load one after the other (the start-up lease): the second waits
+/// for the first's load.
+#[test]
+fn start_ups_on_one_gpu_are_serialized() {
+    let mut a = model("a", 0, 1);
+    let mut b = model("b", 0, 1);
+    // Small fixed shares so both fit on one GPU.
+    a.compute_fraction = ComputeFraction::Fixed(0.25);
+    b.compute_fraction = ComputeFraction::Fixed(0.25);
+    let load = a.load_secs;
+    // Calibrated on the baseline, each replica's memory shrinks to about 19 GiB, so both fit on one GPU.
+    let sc = scenario(vec![a, b], vec![at(&[0.0, 400.0]), at(&[0.0, 400.0])], 600.0);
+    let r = run(&sc);
+    let t = r.strategy("tessera").unwrap();
+    let pod_start = sc.settings.pod_start.as_secs_f64();
+    assert_eq!(t.held_requests, 2);
+    // a: pod start + load; b: waits for a's load to finish, then loads.
+    assert!(
+        (t.held_max_secs - (pod_start + 2.0 * load)).abs() < 1e-6,
+        "{}",
+        t.held_max_secs
+    );
+    assert!(
+        (t.held_mean_secs - (pod_start + 1.5 * load)).abs() < 1e-6,
+        "{}",
+        t.held_mean_secs
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Whatever the traffic: every request is accounted for, every strategy processes the same arrivals in the
+    /// same order, and no strategy holds more GPUs than its replicas could.
+    #[test]
+    fn invariants_hold(
+        times_a in proptest::collection::vec(0.0f64..300.0, 0..40),
+        times_b in proptest::collection::vec(0.0f64..300.0, 1..40),
+        prompt in 1u32..3000,
+        output in 1u32..400,
+    ) {
+        let mk = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.into_iter().map(|t| Arrival { at: t, prompt_tokens: prompt, output_tokens: output }).collect::<Vec<_>>()
+        };
+        let sc = scenario(vec![model("a", 0, 2), model("b", 1, 2)], vec![mk(times_a), mk(times_b)], 300.0);
+        let r = run(&sc);
+        let digest = &r.strategies[0].arrival_digest;
+        for s in &r.strategies {
+            prop_assert_eq!(s.completed + s.failed, s.requests, "{}", &s.strategy);
+            prop_assert_eq!(&s.arrival_digest, digest);
+            prop_assert!(s.slo_attainment >= 0.0 && s.slo_attainment <= 1.0);
+            // At most max_replicas per model, one GPU each at worst; the GPU count never exceeds that.
+            prop_assert!(s.gpus_peak <= 4, "{} peak {}", &s.strategy, s.gpus_peak);
+            prop_assert!(s.gpu_hours <= 4.0 * 300.0 / 3600.0 + 1e-9);
+        }
+        let st = r.strategy("static").unwrap();
+        let replicas: u32 = r.static_sizing.iter().map(|z| z.replicas).sum();
+        prop_assert!((st.gpu_hours - f64::from(replicas) * 300.0 / 3600.0).abs() < 1e-9);
+        // Memory never over-reserved: a GPU's tenants fit in it.
+        for s in &r.strategies {
+            prop_assert!(s.memory_reserved_ratio <= 1.0 + 1e-9, "{} {}", &s.strategy, s.memory_reserved_ratio);
+        }
+    }
+}
