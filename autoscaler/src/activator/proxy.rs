@@ -208,18 +208,22 @@ async fn forward(
     entry.record_arrival(unix_ms(SystemTime::now()));
     let deadline = arrived + app.hold_timeout;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    // `slot` is the place in the hold queue while waiting; `held` remembers that the request waited at all, so
+    // the hold histogram counts it once even if a refused connection sends it back to the queue.
     let mut slot = None;
+    let mut held = false;
     loop {
         if let Some(lease) = entry.pick() {
-            if slot.take().is_some() {
-                app.metrics
-                    .hold_seconds
-                    .get_or_create(&ModelLabels { model: model.clone() })
-                    .observe(arrived.elapsed().as_secs_f64());
-            }
+            drop(slot.take());
             let in_flight = entry.start_in_flight();
             match send(&app.client, &parts, &path, body.clone(), &lease).await {
                 Ok(resp) => {
+                    if held {
+                        app.metrics
+                            .hold_seconds
+                            .get_or_create(&ModelLabels { model: model.clone() })
+                            .observe(arrived.elapsed().as_secs_f64());
+                    }
                     let code = resp.status().as_u16();
                     app.metrics
                         .requests
@@ -250,15 +254,19 @@ async fn forward(
             }
         }
         if slot.is_none() {
+            // try_enqueue also wakes discovery (probe now / patch the autoscaler).
             match entry.try_enqueue() {
-                Some(s) => slot = Some(s),
+                Some(s) => {
+                    slot = Some(s);
+                    held = true;
+                }
                 None => {
                     entry.record_rejection();
                     return reject(&app, &model, RequestError::QueueFull(model.clone()));
                 }
             }
         } else {
-            // Back in the queue after a refused connection: make discovery look again now.
+            // Woken, but the backend left again before this request could take it: ask discovery once more.
             entry.demand().notify_one();
         }
         if !entry.wait_ready(deadline).await {
