@@ -749,3 +749,47 @@ async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
     let s = wait_stats(&act, |s| s["models"]["qwen"]["inFlight"] == 0).await;
     assert_eq!(s["models"]["qwen"]["requestsTotal"], 1);
 }
+
+#[tokio::test]
+async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
+    let a = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
+    let b = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
+    let act = Proc::activator(&[
+        "--backend",
+        &format!("qwen=http://{}", a.addr),
+        "--backend",
+        &format!("qwen=http://{}", b.addr),
+        // Long enough that only a refused connection, not a probe, can take the dead replica out of rotation.
+        "--probe-interval",
+        "60s",
+    ]);
+    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 2).await;
+    let body = serde_json::json!({ "model": "qwen", "max_tokens": 4,
+        "messages": [{ "role": "user", "content": "hi" }] });
+    for _ in 0..4 {
+        let resp = client()
+            .post(act.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    assert_eq!(finished_at(&a).await + finished_at(&b).await, 4.0);
+    let before_a = finished_at(&a).await;
+    drop(b); // SIGKILL between requests: its port now refuses connections.
+    for i in 0..6 {
+        let resp = client()
+            .post(act.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "request {i} after the replica died");
+    }
+    // Every request after the death was served by the survivor, each exactly once.
+    assert_eq!(finished_at(&a).await - before_a, 6.0);
+    let s = stats(&act).await;
+    assert_eq!(s["models"]["qwen"]["readyBackends"], 1);
+    assert_eq!(s["models"]["qwen"]["rejectedTotal"], 0);
+}
