@@ -1,0 +1,282 @@
+//! `tessera simulate` end to end: the real binary, real scenario files, real output files.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process that is killed if the test ends (or panics) before it exits.
+struct Guard(Option<Child>);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `tessera simulate <args>` and waits at most `limit`.
+fn simulate(args: &[&str], limit: Duration) -> Output {
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .arg("simulate")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tessera");
+    let mut guard = Guard(Some(child));
+    let deadline = Instant::now() + limit;
+    loop {
+        let child = guard.0.as_mut().unwrap();
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tessera simulate {args:?} did not finish within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    guard.0.take().unwrap().wait_with_output().unwrap()
+}
+
+/// Parses the last line: `gpu_hours_static=… gpu_hours_hpa=… gpu_hours_tessera=… slo_attainment_tessera=…`.
+fn summary(stdout: &str) -> Vec<(String, f64)> {
+    let last = stdout.lines().last().expect("some output");
+    let fields: Vec<(String, f64)> = last
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').expect("key=value");
+            (k.to_string(), v.parse().expect("a number"))
+        })
+        .collect();
+    let keys: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            "gpu_hours_static",
+            "gpu_hours_hpa",
+            "gpu_hours_tessera",
+            "slo_attainment_tessera"
+        ]
+    );
+    fields
+}
+
+#[test]
+fn default_scenario_runs_with_no_arguments_and_prints_the_table() {
+    let out = simulate(&[], Duration::from_secs(300));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for row in [
+        "GPU-hours",
+        "TTFT p95",
+        "TTFT SLO attainment",
+        "cold starts",
+        "preemptions",
+        "requests failed",
+    ] {
+        assert!(stdout.contains(row), "missing row {row}:\n{stdout}");
+    }
+    let s = summary(&stdout);
+    // Nine models, at least one whole GPU each for the static strategy over one hour.
+    assert!(s[0].1 >= 9.0, "{s:?}");
+    assert!(s[2].1 > 0.0 && (0.0..=1.0).contains(&s[3].1), "{s:?}");
+}
+
+#[test]
+fn same_seed_same_report_and_strategies_see_the_same_arrivals() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let b = dir.path().join("b");
+    let c = dir.path().join("c");
+    let args = |out: &Path, seed: &str| {
+        vec![
+            "--duration".to_string(),
+            "10m".into(),
+            "--seed".into(),
+            seed.into(),
+            "--out".into(),
+            out.display().to_string(),
+        ]
+    };
+    for (out, seed) in [(&a, "7"), (&b, "7"), (&c, "8")] {
+        let args = args(out, seed);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = simulate(&args, Duration::from_secs(120));
+        assert!(
+            o.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let ja = std::fs::read_to_string(a.join("report.json")).unwrap();
+    let jb = std::fs::read_to_string(b.join("report.json")).unwrap();
+    assert_eq!(ja, jb, "same seed must give the same report");
+    let report: serde_json::Value = serde_json::from_str(&ja).unwrap();
+    let strategies = report["strategies"].as_array().unwrap();
+    assert_eq!(strategies.len(), 3);
+    let digests: Vec<&str> = strategies
+        .iter()
+        .map(|s| s["arrival_digest"].as_str().unwrap())
+        .collect();
+    assert!(digests.iter().all(|d| *d == digests[0]), "{digests:?}");
+    let processed: Vec<u64> = strategies
+        .iter()
+        .map(|s| s["arrivals_processed"].as_u64().unwrap())
+        .collect();
+    let total: u64 = report["requests_per_model"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(
+        processed.iter().all(|&p| p == total && p > 0),
+        "{processed:?} vs {total}"
+    );
+    // Another seed draws other arrivals (the Functions-based models are Poisson within each minute).
+    let jc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.join("report.json")).unwrap()).unwrap();
+    assert_ne!(
+        jc["strategies"][0]["arrival_digest"],
+        report["strategies"][0]["arrival_digest"]
+    );
+    // The HTML page is self-contained: charts inline, nothing fetched.
+    let html = std::fs::read_to_string(a.join("report.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains("GPUs held") && html.contains("replicas — tessera"));
+    // No external resources (the only URL is the SVG namespace, which is never fetched).
+    for external in ["<script src", "<link", "https://", "@import"] {
+        assert!(!html.contains(external), "report.html references {external}");
+    }
+}
+
+/// One model, five requests ten seconds apart, one minute, at most one replica: each strategy holds exactly
+/// one GPU for one minute = 1/60 GPU-hour, and serves all five requests within the SLO.
+#[test]
+fn hand_worked_tiny_scenario_from_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("five.csv"),
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+         2023-11-16 18:00:00.0000000,100,10\n\
+         2023-11-16 18:00:10.0000000,100,10\n\
+         2023-11-16 18:00:20.0000000,100,10\n\
+         2023-11-16 18:00:30.0000000,100,10\n\
+         2023-11-16 18:00:40.0000000,100,10\n\
+         2023-11-16 18:10:00.0000000,100,10\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("tiny.yaml"),
+        "name: tiny\nduration: 1m\ngpu: a100-80gb\nmodels:\n  - name: m\n    preset: llama-3.1-8b\n    \
+         max_model_len: 16384\n    slo_ttft: 1s\n    max_replicas: 1\n    hpa_requests_per_second_per_replica: 5\n    \
+         traffic: { trace: azure_llm, file: five.csv }\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let scenario = dir.path().join("tiny.yaml").display().to_string();
+    let o = simulate(
+        &[
+            "--scenario",
+            &scenario,
+            "--quiet",
+            "--out",
+            &out.display().to_string(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(
+        o.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let s = summary(&String::from_utf8_lossy(&o.stdout));
+    let hour = 60.0 / 3600.0;
+    // Printed with three decimals.
+    for (k, v) in &s[..3] {
+        assert!((v - hour).abs() < 0.0005 + 1e-12, "{k}={v}");
+    }
+    assert_eq!(s[3].1, 1.0);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    for st in report["strategies"].as_array().unwrap() {
+        assert_eq!(st["requests"], 5);
+        assert_eq!(st["completed"], 5);
+        assert!((st["gpu_hours"].as_f64().unwrap() - hour).abs() < 1e-9, "{st}");
+    }
+}
+
+#[test]
+fn bad_scenarios_fail_with_the_field_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "name: bad\nduration: 1h\ngpu: a100-80gb\nmodels:\n  - name: m\n    preset: llama-3.1-8b\n    slo_ttft: 1s\n    \
+         min_replicas: 0\n    max_replicas: 1\n    hpa_requests_per_second_per_replica: 5\n    \
+         traffic: { trace: azure_llm, rate: -1 }\n",
+    )
+    .unwrap();
+    let o = simulate(
+        &["--scenario", &path.display().to_string()],
+        Duration::from_secs(30),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("traffic.rate must be above 0"), "{err}");
+    assert!(err.contains("scale_to_zero_after"), "{err}");
+    let o = simulate(
+        &["--scenario", "/nonexistent/scenario.yaml"],
+        Duration::from_secs(30),
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/scenario.yaml"));
+}
+
+/// The same scenario read from the shared folder's full Azure LLM trace gives the same answer as the bundled
+/// copy (they are the same bytes); skipped where `../shared` is absent.
+#[test]
+fn shared_trace_matches_the_bundled_copy() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let shared = root.join("../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv");
+    if !shared.exists() {
+        eprintln!(
+            "skipping: {} is absent (only present in the shared workplace)",
+            shared.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |file: &str| {
+        format!(
+            "name: s\nduration: 5m\ngpu: a100-80gb\nmodels:\n  - name: m\n    preset: qwen2-7b\n    max_model_len: 16384\n    \
+             slo_ttft: 2s\n    max_replicas: 2\n    hpa_requests_per_second_per_replica: 5\n    \
+             traffic: {{ trace: azure_llm, file: {file}, rate: 0.3 }}\n"
+        )
+    };
+    std::fs::write(
+        dir.path().join("shared.yaml"),
+        yaml(&shared.display().to_string()),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("builtin.yaml"), yaml("builtin")).unwrap();
+    let run = |name: &str| {
+        let p = dir.path().join(name).display().to_string();
+        let o = simulate(&["--scenario", &p, "--quiet"], Duration::from_secs(120));
+        assert!(
+            o.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    assert_eq!(run("shared.yaml"), run("builtin.yaml"));
+}
