@@ -1,0 +1,109 @@
+//! Cost of one replica decision, the call the what-if simulator makes every virtual tick for every model and the
+//! controller every sync period for every InferenceAutoscaler.
+//!
+//! Run: `cargo bench -p tessera-core --bench scale`. Side by side in one run:
+//! - `decide/empty_state`: 8 replicas, all four signals, TTFT guard and panic mode on, no history;
+//! - `decide/history_300`: the same input with a full 300 s scale-down window of history at 1 s ticks (300
+//!   recommendations and 20 scale events), the worst case the windows and rate limits walk;
+//! - `decide_and_record/history_300`: the simulator's per-tick pair, `decide` then `ScaleState::record`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use tessera_core::scale::{
+    Demand, PanicMode, Recommendation, ReplicaSignals, ScaleEvent, ScaleInput, ScalePolicy, ScaleState,
+    ScaleToZero, Targets, Timestamp, decide,
+};
+
+fn policy() -> ScalePolicy {
+    ScalePolicy {
+        min_replicas: 0,
+        max_replicas: 32,
+        targets: Targets {
+            kv_cache_utilization: Some(0.7),
+            waiting_requests_per_replica: Some(2.0),
+            ttft_p95: Some(Duration::from_millis(800)),
+            requests_per_second_per_replica: Some(4.0),
+        },
+        scale_to_zero: Some(ScaleToZero {
+            idle_after: Duration::from_secs(600),
+        }),
+        panic: Some(PanicMode::default()),
+        ttft_slo: Some(Duration::from_secs(2)),
+        ..ScalePolicy::default()
+    }
+}
+
+fn input() -> ScaleInput {
+    ScaleInput {
+        current_replicas: 8,
+        ready_replicas: 8,
+        replicas: (0..8)
+            .map(|i| ReplicaSignals {
+                kv_cache_usage: Some(0.5 + f64::from(i) * 0.03),
+                waiting: Some(i % 3),
+                running: Some(10 + i),
+                ttft_p95: Some(Duration::from_millis(400 + u64::from(i) * 20)),
+                fresh: i != 5,
+            })
+            .collect(),
+        demand: Demand {
+            requests_per_second: Some(35.0),
+            in_flight: 12,
+            queued_at_activator: 0,
+            last_request_at: Some(Timestamp::from_millis(999_000)),
+        },
+    }
+}
+
+fn history(now: Timestamp) -> ScaleState {
+    let start = now.as_millis() - 300_000;
+    ScaleState {
+        recommendations: (0..300)
+            .map(|i| Recommendation {
+                at: Timestamp::from_millis(start + i * 1000),
+                replicas: 6 + (i % 5) as u32,
+            })
+            .collect(),
+        events: (0..20)
+            .map(|i| ScaleEvent {
+                at: Timestamp::from_millis(start + i * 15_000),
+                from: 7,
+                to: 8,
+            })
+            .collect(),
+        last_panic_at: None,
+        panic_peak: 0,
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let policy = policy();
+    let input = input();
+    let now = Timestamp::from_millis(1_000_000);
+    let empty = ScaleState::default();
+    let full = history(now);
+    let mut g = c.benchmark_group("decide");
+    g.bench_function("empty_state", |b| {
+        b.iter(|| decide(black_box(&input), &policy, &empty, now))
+    });
+    g.bench_function("history_300", |b| {
+        b.iter(|| decide(black_box(&input), &policy, &full, now))
+    });
+    g.finish();
+    c.bench_function("decide_and_record/history_300", |b| {
+        b.iter_batched(
+            || full.clone(),
+            |mut state| {
+                let d = decide(black_box(&input), &policy, &state, now);
+                state.record(&d, now);
+                state
+            },
+            criterion::BatchSize::SmallInput,
+        )
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
