@@ -68,6 +68,12 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
 )]
 #[x_kube(validation = Rule::new("self.maxReplicas >= self.minReplicas")
     .message("maxReplicas must be >= minReplicas"))]
+#[x_kube(validation = Rule::new("!has(self.scaleToZero) || (has(self.modelNames) && size(self.modelNames) > 0)")
+    .message("scaleToZero needs modelNames: the activator holds, counts and routes requests by their OpenAI model name"))]
+#[x_kube(validation = Rule::new(
+    "!has(self.targets) || !has(self.targets.requestsPerSecondPerReplica) || \
+     (has(self.modelNames) && size(self.modelNames) > 0)")
+    .message("targets.requestsPerSecondPerReplica needs modelNames: the activator counts requests by model name"))]
 #[x_kube(validation = Rule::new("self.minReplicas > 0 || has(self.scaleToZero)")
     .message("minReplicas 0 requires scaleToZero (set scaleToZero.idleAfter, e.g. 10m), or set minReplicas >= 1"))]
 #[serde(rename_all = "camelCase")]
@@ -101,7 +107,8 @@ pub struct InferenceAutoscalerSpec {
     /// target's name, the usual convention when Deployment and Service share a name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
-    /// OpenAI `model` names the activator routes to this workload (default: the target's name).
+    /// OpenAI `model` names the activator routes to this workload. Required for scale to zero and for
+    /// `requestsPerSecondPerReplica`, which both come from the activator.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub model_names: Vec<String>,
@@ -387,15 +394,6 @@ impl InferenceAutoscalerSpec {
         self.to_policy().map(|_| ())
     }
 
-    /// The model names the activator routes here: `modelNames`, or the target's name.
-    pub fn routed_model_names(&self) -> Vec<String> {
-        if self.model_names.is_empty() {
-            vec![self.scale_target_ref.name.clone()]
-        } else {
-            self.model_names.clone()
-        }
-    }
-
     /// The core policy this spec describes, or every problem found.
     pub fn to_policy(&self) -> Result<scale::ScalePolicy, Vec<String>> {
         let mut errors = Vec::new();
@@ -459,6 +457,23 @@ impl InferenceAutoscalerSpec {
         for (i, name) in self.model_names.iter().enumerate() {
             if name.trim().is_empty() {
                 errors.push(format!("modelNames[{i}] is empty"));
+            }
+        }
+        if self.model_names.is_empty() {
+            // Same wording as the CEL rules, for API servers without CEL.
+            if self.scale_to_zero.is_some() {
+                errors.push(
+                    "scaleToZero needs modelNames: the activator holds, counts and routes requests by their OpenAI \
+                     model name"
+                        .to_owned(),
+                );
+            }
+            if self.targets.requests_per_second_per_replica.is_some() {
+                errors.push(
+                    "targets.requestsPerSecondPerReplica needs modelNames: the activator counts requests by model \
+                     name"
+                        .to_owned(),
+                );
             }
         }
         let behavior = self.behavior.clone().unwrap_or_default();
@@ -727,7 +742,7 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         // Unset direction keeps HPA's defaults.
         assert_eq!(p.behavior.scale_up, scale::ScalingRules::default_up());
         assert_eq!(p.panic.unwrap().threshold, 3.0);
-        assert_eq!(s.routed_model_names(), ["meta-llama/Llama-3.1-8B-Instruct"]);
+        assert_eq!(s.model_names, ["meta-llama/Llama-3.1-8B-Instruct"]);
     }
 
     #[test]
@@ -760,6 +775,14 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             (
                 "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nbehavior: {scaleUp: {policies: [{type: Pods, value: 0, periodSeconds: 15}]}}",
                 "behavior.scaleUp.policies[0]",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nminReplicas: 0\nmaxReplicas: 2\nscaleToZero: {idleAfter: 5m}",
+                "scaleToZero needs modelNames",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\ntargets: {requestsPerSecondPerReplica: 3}",
+                "targets.requestsPerSecondPerReplica needs modelNames",
             ),
         ];
         for (yaml, want) in cases {

@@ -295,8 +295,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     }
 
     // 4. Demand.
-    let models = spec.routed_model_names();
-    let mut demand = demand_from(&ctx.activators.samples(), &models);
+    let models = &spec.model_names;
+    let mut demand = demand_from(&ctx.activators.samples(), models);
     if let Some(at) = activated_at(obj)
         && now_sys.duration_since(at).unwrap_or_default() < ctx.settings.activation_window
     {

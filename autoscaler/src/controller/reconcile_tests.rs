@@ -346,7 +346,8 @@ async fn a_wake_up_annotation_scales_from_zero_at_once() {
     let woke = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_secs(NOW_S - 1)).to_string();
     let obj = ias(
         json!({"scaleTargetRef": {"kind": "StatefulSet", "name": "llama"}, "minReplicas": 0, "maxReplicas": 4,
-               "scaleToZero": {"idleAfter": "5m"}, "targets": {"kvCacheUtilization": 0.5}}),
+               "scaleToZero": {"idleAfter": "5m"}, "targets": {"kvCacheUtilization": 0.5},
+               "modelNames": ["llama"]}),
         json!({ "tessera.dev/activated-at": woke }),
     );
     let scale = "/apis/apps/v1/namespaces/models/statefulsets/llama/scale";
