@@ -19,7 +19,7 @@
 //! The [`Index`] is pure (events in, routes out) so it is tested without an API server; the CR is read as a
 //! `DynamicObject` so the activator does not need the controller's Rust types to follow the schema.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -294,7 +294,8 @@ pub struct KubeDiscovery {
     port_name: Option<String>,
     wake_interval: Duration,
     index: Mutex<Index>,
-    wakers: Mutex<HashSet<String>>,
+    /// One wake-up task per routed model, aborted when the model stops being routed.
+    wakers: Mutex<HashMap<String, tokio::task::AbortHandle>>,
     autoscalers_synced: AtomicBool,
     slices_synced: AtomicBool,
 }
@@ -331,7 +332,7 @@ impl KubeDiscovery {
             port_name,
             wake_interval,
             index: Mutex::new(Index::default()),
-            wakers: Mutex::new(HashSet::new()),
+            wakers: Mutex::new(HashMap::new()),
             autoscalers_synced: AtomicBool::new(false),
             slices_synced: AtomicBool::new(false),
         }
@@ -345,16 +346,13 @@ impl KubeDiscovery {
     /// Pushes the index's view into the router and starts a waker for each new model.
     fn publish(self: &Arc<Self>, router: &Arc<Router>) {
         let backends = self.index().backends();
+        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
         for (model, urls) in &backends {
             let entry = router.ensure(model);
             entry.replace_ready(urls);
-            let new = self
-                .wakers
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(model.clone());
-            if new {
-                tokio::spawn(self.clone().waker(router.clone(), entry));
+            if !wakers.contains_key(model) {
+                let task = tokio::spawn(self.clone().waker(entry));
+                wakers.insert(model.clone(), task.abort_handle());
             }
         }
         for gone in router
@@ -367,22 +365,19 @@ impl KubeDiscovery {
                 e.replace_ready(&[]);
             }
             router.remove(&gone);
+            // The waker waits on the removed entry's demand; if the model comes back it gets a new entry, so the
+            // old task must go, or the new entry would have no waker.
+            if let Some(task) = wakers.remove(&gone) {
+                task.abort();
+            }
         }
     }
 
     /// Patches the model's autoscalers whenever requests are held with no ready backend.
-    async fn waker(self: Arc<Self>, router: Arc<Router>, entry: Arc<ModelEntry>) {
+    async fn waker(self: Arc<Self>, entry: Arc<ModelEntry>) {
         let demand = entry.demand();
         loop {
             demand.notified().await;
-            if !router.get(entry.name()).is_some_and(|e| Arc::ptr_eq(&e, &entry)) {
-                // The model was removed (or re-created): that entry's waker takes over.
-                self.wakers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(entry.name());
-                return;
-            }
             if entry.ready_count() > 0 {
                 continue;
             }
@@ -744,6 +739,67 @@ mod tests {
                 proptest::prop_assert!(!url.starts_with("http://10.0.3."));
             }
         }
+    }
+
+    /// A model that stops being routed and comes back gets a fresh entry *with* a waker (the old waker, bound to
+    /// the old entry, must not be left standing in for it).
+    #[tokio::test]
+    async fn a_model_that_comes_back_can_still_wake_its_autoscaler() {
+        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let discovery = Arc::new(KubeDiscovery::new(
+            Client::new(mock, "default"),
+            None,
+            None,
+            Duration::from_millis(1),
+        ));
+        let router = Arc::new(Router::new(10, "test".into(), 0));
+        let obj = ias(
+            "ml",
+            "qwen",
+            serde_json::json!({ "scaleTargetRef": { "name": "qwen" } }),
+        );
+        let (mut staged_ias, mut staged_slices) = (None, None);
+        for ev in [
+            Watched::Autoscaler(Event::Init),
+            Watched::Autoscaler(Event::InitDone),
+        ] {
+            discovery.handle(ev, &mut staged_ias, &mut staged_slices);
+        }
+        for ev in [Watched::Slice(Event::Init), Watched::Slice(Event::InitDone)] {
+            discovery.handle(ev, &mut staged_ias, &mut staged_slices);
+        }
+        discovery.handle(
+            Watched::Autoscaler(Event::Apply(obj.clone())),
+            &mut staged_ias,
+            &mut staged_slices,
+        );
+        discovery.publish(&router);
+        let first = router.get("qwen").expect("routed");
+        discovery.handle(
+            Watched::Autoscaler(Event::Delete(obj.clone())),
+            &mut staged_ias,
+            &mut staged_slices,
+        );
+        discovery.publish(&router);
+        assert!(
+            router.get("qwen").is_none(),
+            "a deleted autoscaler's model is no longer routed"
+        );
+        discovery.handle(
+            Watched::Autoscaler(Event::Apply(obj.clone())),
+            &mut staged_ias,
+            &mut staged_slices,
+        );
+        discovery.publish(&router);
+        let second = router.get("qwen").expect("routed again");
+        assert!(!Arc::ptr_eq(&first, &second));
+        let _held = second.try_enqueue().unwrap();
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("the new entry's held request must produce a wake-up PATCH")
+            .unwrap();
+        assert_eq!(req.method(), Method::PATCH);
+        send.send_response(Response::new(Body::from(serde_json::to_vec(&obj).unwrap())));
     }
 
     /// The whole discovery loop against a mocked API server: the initial lists fill the router, `/ready` turns
