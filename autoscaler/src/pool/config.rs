@@ -156,6 +156,16 @@ impl PoolsConfig {
         Ok(cfg)
     }
 
+    /// Reads, parses and validates a file (the mounted ConfigMap).
+    pub fn from_file(path: &std::path::Path) -> Result<Self, PoolConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| PoolConfigError::Parse(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_yaml(&text).map_err(|e| match e {
+            PoolConfigError::Parse(m) => PoolConfigError::Parse(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
     /// A pool by name.
     pub fn pool(&self, name: &str) -> Option<&PoolSpec> {
         self.pools.iter().find(|p| p.name == name)

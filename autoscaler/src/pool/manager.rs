@@ -428,6 +428,39 @@ impl PoolManager {
     }
 }
 
+/// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled: what the autoscaler's leader
+/// calls. Each manager first rebuilds from the cluster (retrying every `interval` until the API answers),
+/// then watches and reconciles every `interval`. Returns once every manager has stopped.
+pub async fn run_pools(
+    client: kube::Client,
+    cfg: Arc<PoolsConfig>,
+    interval: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), PoolError> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for pool in &cfg.pools {
+        let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?;
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            loop {
+                match m.rebuild().await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        warn!(pool = %m.pool.name, error = %e, "cannot list pool pods yet; retrying");
+                        tokio::select! {
+                            () = token.cancelled() => return,
+                            () = tokio::time::sleep(interval) => {}
+                        }
+                    }
+                }
+            }
+            m.run(interval, token.cancelled_owned()).await;
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
 enum Applied {
     One(Pod),
     Gone(Pod),

@@ -27,7 +27,7 @@ mod manager;
 pub mod state;
 
 pub use config::{PoolConfigError, PoolSpec, PoolsConfig, SharingMode};
-pub use manager::{Placement, PoolManager, ReconcileReport, ReserveRequest};
+pub use manager::{Placement, PoolManager, ReconcileReport, ReserveRequest, run_pools};
 pub use state::{CapacityGpu, PoolIndex, Reservation, Tenant};
 
 /// Label on capacity pods and tenant pods: the pool's name.

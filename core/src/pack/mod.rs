@@ -637,8 +637,8 @@ impl Packer {
             }
             let own_free_c = u64::from(cand.free_compute_milli());
             let own_free_m = cand.free_memory_mib(&shape);
-            let others_c = total_free_c - own_free_c;
-            let others_m = total_free_m - own_free_m;
+            let others_c = total_free_c.saturating_sub(own_free_c);
+            let others_m = total_free_m.saturating_sub(own_free_m);
             if u64::from(cand.compute_used_milli) > others_c || cand.memory_used_mib > others_m {
                 continue;
             }
@@ -676,16 +676,16 @@ impl Packer {
                 continue;
             }
             overlay.emptied.insert(cand.id);
-            total_free_c -= own_free_c;
-            total_free_m -= own_free_m;
+            total_free_c = total_free_c.saturating_sub(own_free_c);
+            total_free_m = total_free_m.saturating_sub(own_free_m);
             let mut moves = Vec::with_capacity(trial.len());
             for (to, r) in trial {
                 let a = overlay.added.entry(to).or_default();
                 a.compute += r.compute_milli;
                 a.memory += r.memory_mib;
                 a.models.push(r.model.clone());
-                total_free_c -= u64::from(r.compute_milli);
-                total_free_m -= r.memory_mib;
+                total_free_c = total_free_c.saturating_sub(u64::from(r.compute_milli));
+                total_free_m = total_free_m.saturating_sub(r.memory_mib);
                 moves.push(Move {
                     replica: r.id.clone(),
                     from: cand.id,
