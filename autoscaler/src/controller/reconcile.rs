@@ -173,6 +173,29 @@ fn echo_of_own_write(ctx: &Context, key: &str, hash: u64, now: SystemTime) -> Op
     (*last_hash == hash && elapsed < ctx.settings.sync_period / 2).then(|| ctx.settings.sync_period - elapsed)
 }
 
+/// Deleted objects are never reconciled again, so their history would stay forever: forget objects not
+/// reconciled for 10 sync periods. A live object that is merely slow to come around loses only its windows (safe).
+fn forget_deleted(runs: &mut HashMap<String, (SystemTime, u64)>, ctx: &Context, now: SystemTime) {
+    let horizon = ctx.settings.sync_period * 10;
+    let stale: Vec<String> = runs
+        .iter()
+        .filter(|(_, (at, _))| now.duration_since(*at).unwrap_or_default() > horizon)
+        .map(|(k, _)| k.clone())
+        .collect();
+    if stale.is_empty() {
+        return;
+    }
+    if let Ok(mut states) = ctx.states.lock() {
+        for k in &stale {
+            states.remove(k);
+        }
+    }
+    for k in stale {
+        debug!(object = %k, "forgetting an InferenceAutoscaler not seen for 10 sync periods");
+        runs.remove(&k);
+    }
+}
+
 async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(), Error> {
     let ns = obj.namespace().ok_or(Error::NoNamespace)?;
     let name = obj.name_any();
@@ -181,6 +204,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let now_sys = (ctx.clock)();
     if let Ok(mut runs) = ctx.last_runs.lock() {
         runs.insert(key.clone(), (now_sys, trigger_hash(obj)));
+        forget_deleted(&mut runs, ctx, now_sys);
     }
     let now_k8s = k8s_time(now_sys);
     let generation = obj.metadata.generation;

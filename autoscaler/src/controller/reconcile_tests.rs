@@ -515,3 +515,25 @@ fn the_recommendation_is_the_largest_need_over_replicas() {
         r.reason
     );
 }
+
+#[tokio::test]
+async fn history_of_deleted_objects_is_forgotten() {
+    let (svc, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(svc, "default"), &[]);
+    let now = UNIX_EPOCH + Duration::from_secs(NOW_S);
+    ctx.states
+        .lock()
+        .unwrap()
+        .insert("ns/gone".into(), ScaleState::default());
+    ctx.states
+        .lock()
+        .unwrap()
+        .insert("ns/live".into(), ScaleState::default());
+    let mut runs = HashMap::new();
+    runs.insert("ns/gone".to_owned(), (now - Duration::from_secs(151), 0));
+    runs.insert("ns/live".to_owned(), (now - Duration::from_secs(15), 0));
+    forget_deleted(&mut runs, &ctx, now);
+    assert!(!runs.contains_key("ns/gone") && runs.contains_key("ns/live"));
+    let states = ctx.states.lock().unwrap();
+    assert!(!states.contains_key("ns/gone") && states.contains_key("ns/live"));
+}
