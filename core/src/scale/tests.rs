@@ -589,4 +589,51 @@ proptest! {
         // At most one scale-down per window's worth of ticks (+1 for the tail).
         prop_assert!(downs <= kvs.len() / 8 + 1, "{downs} scale-downs in {} ticks", kvs.len());
     }
+
+    /// Knative's rule: while panicking, the count never goes down (unless maxReplicas was lowered below it).
+    #[test]
+    fn never_down_during_panic(
+        kvs in proptest::collection::vec(0.0f64..=1.0, 2..60),
+        dt in 1u64..20,
+    ) {
+        let mut policy = kv_policy(1, 40);
+        policy.panic = Some(PanicMode::default());
+        policy.behavior.scale_down.stabilization_window = Duration::ZERO;
+        policy.targets.kv_cache_utilization = Some(0.2);
+        let mut state = ScaleState::default();
+        let mut inp = input(&[0.2, 0.2]);
+        for (i, kv) in kvs.iter().enumerate() {
+            inp.ready_replicas = inp.current_replicas;
+            inp.replicas = vec![replica(*kv); inp.current_replicas as usize];
+            let now = secs(dt * i as u64);
+            let d = step(&mut inp, &policy, &mut state, now);
+            if d.panicking {
+                prop_assert!(d.desired_replicas >= d.current_replicas.min(policy.max_replicas), "{d:?}");
+            }
+        }
+    }
+
+    /// From zero, any demand gives at least one replica in the same decision, whatever the history says.
+    #[test]
+    fn demand_at_zero_wakes_at_once(
+        policy in arb_policy(),
+        queued in 0u32..3,
+        in_flight in 0u32..3,
+        rps in proptest::option::of(0.0f64..50.0),
+        history in proptest::collection::vec((0u64..600, 0u32..10), 0..50),
+    ) {
+        let demand = Demand { requests_per_second: rps, in_flight, queued_at_activator: queued, last_request_at: None };
+        let mut state = ScaleState::default();
+        for (t, r) in history {
+            state.recommendations.push(Recommendation { at: secs(t), replicas: r });
+        }
+        let inp = ScaleInput { demand, ..ScaleInput::default() };
+        let d = decide(&inp, &policy, &state, secs(600));
+        if demand.has_work() {
+            prop_assert!(d.desired_replicas >= 1, "{d:?}");
+            prop_assert_eq!(d.reason, ScaleReason::ScaleFromZero);
+        } else {
+            prop_assert_eq!(d.desired_replicas, policy.min_replicas);
+        }
+    }
 }
