@@ -334,7 +334,7 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
     let api = serve(api_app(state.clone(), sidecar.port())).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let metrics_port = free_port();
-    let _child = start_autoscaler(
+    let mut child = start_autoscaler(
         &dir,
         api,
         metrics_port,
@@ -431,6 +431,31 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
         )
         .await;
     }
+    // 4. SIGTERM: the leader releases its lease (so a standby takes over at once) and exits cleanly.
+    let pid = child.0.id().to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().expect("wait for the autoscaler") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tessera autoscaler did not exit within 10 s of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    let c = state.lock().expect("lock");
+    let holder = &c.lease.as_ref().expect("lease")["spec"]["holderIdentity"];
+    assert!(
+        holder.is_null() || holder == "",
+        "lease still held by {holder} after shutdown"
+    );
 }
 
 /// The real sidecar in front of the real emulator: the controller reads its `/v1/status` (an idle server: KV 0,
