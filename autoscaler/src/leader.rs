@@ -150,7 +150,10 @@ impl LeaderElector {
                 spec.acquire_time = Some(now.clone());
                 spec.renew_time = Some(now);
                 spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
-                info!(lease = %name, previous = ?previous, "lease expired: taking over");
+                match previous.as_deref() {
+                    None | Some("") => info!(lease = %name, "lease released: taking it"),
+                    Some(p) => info!(lease = %name, previous = %p, "lease expired: taking over"),
+                }
                 self.api.replace(&name, &PostParams::default(), &lease).await
             }
             (

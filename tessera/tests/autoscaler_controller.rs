@@ -95,16 +95,31 @@ fn api_app(state: Shared, sidecar_port: u16) -> Router {
             })
             .put(|State(s): State<Shared>, axum::Json(mut body): axum::Json<Value>| async move {
                 let mut c = s.lock().expect("lock");
+                // Optimistic concurrency, as the API server does: a write must carry the current version.
+                if body["metadata"]["resourceVersion"] != json!(c.lease_rv.to_string()) {
+                    return (
+                        StatusCode::CONFLICT,
+                        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                          "reason": "Conflict", "code": 409, "message": "the object has been modified"})),
+                    );
+                }
                 c.lease_rv += 1;
                 body["metadata"]["resourceVersion"] = json!(c.lease_rv.to_string());
                 c.lease = Some(body.clone());
-                axum::Json(body)
+                (StatusCode::OK, axum::Json(body))
             }),
         )
         .route(
             "/apis/coordination.k8s.io/v1/namespaces/default/leases",
             post(|State(s): State<Shared>, axum::Json(mut body): axum::Json<Value>| async move {
                 let mut c = s.lock().expect("lock");
+                if c.lease.is_some() {
+                    return (
+                        StatusCode::CONFLICT,
+                        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                          "reason": "AlreadyExists", "code": 409})),
+                    );
+                }
                 c.lease_rv += 1;
                 body["metadata"]["resourceVersion"] = json!(c.lease_rv.to_string());
                 c.lease = Some(body.clone());
@@ -234,6 +249,16 @@ fn free_port() -> u16 {
 
 /// Starts `tessera autoscaler` against the fake API at `api` (a kubeconfig in `dir`), deciding every second.
 fn start_autoscaler(dir: &tempfile::TempDir, api: SocketAddr, metrics_port: u16, extra: &[&str]) -> Killed {
+    start_autoscaler_as("test-0", dir, api, metrics_port, extra)
+}
+
+fn start_autoscaler_as(
+    identity: &str,
+    dir: &tempfile::TempDir,
+    api: SocketAddr,
+    metrics_port: u16,
+    extra: &[&str],
+) -> Killed {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(
         &kubeconfig,
@@ -255,7 +280,7 @@ fn start_autoscaler(dir: &tempfile::TempDir, api: SocketAddr, metrics_port: u16,
             "500ms",
         ])
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-        .args(["--lease-namespace", "default", "--identity", "test-0"])
+        .args(["--lease-namespace", "default", "--identity", identity])
         .args(extra)
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info,kube=warn")
@@ -538,4 +563,83 @@ async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
         },
     )
     .await;
+}
+
+/// Two replicas, one lease: only the leader acts (its identity is on every Event it writes); when it is stopped, it
+/// releases the lease and the standby takes over and acts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_acts_and_a_standby_takes_over() {
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias: ias(json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+            "minReplicas": 1, "maxReplicas": 6,
+            "targets": {"kvCacheUtilization": 0.5},
+            "behavior": {"panic": {"enabled": false}, "scaleDown": {"stabilizationWindowSeconds": 0}}
+        })),
+        replicas: 2,
+        kv: 0.9,
+        running: 3.0,
+        ..Cluster::default()
+    }));
+    let sidecar = serve(sidecar_app(state.clone())).await;
+    let api = serve(api_app(state.clone(), sidecar.port())).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut a = start_autoscaler_as("replica-a", &dir, api, free_port(), &[]);
+    wait_for(&state, "replica-a to lead", Duration::from_secs(20), |c| {
+        c.lease
+            .as_ref()
+            .is_some_and(|l| l["spec"]["holderIdentity"] == "replica-a")
+    })
+    .await;
+    let _b = start_autoscaler_as("replica-b", &dir, api, free_port(), &[]);
+    wait_for(
+        &state,
+        "a scale event from replica-a",
+        Duration::from_secs(20),
+        |c| c.events.iter().any(|e| e["reportingInstance"] == "replica-a"),
+    )
+    .await;
+    // Give the standby a few election rounds: it must not act while replica-a renews.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    {
+        let c = state.lock().expect("lock");
+        assert!(
+            !c.events.iter().any(|e| e["reportingInstance"] == "replica-b"),
+            "the standby acted"
+        );
+        assert_eq!(
+            c.lease.as_ref().expect("lease")["spec"]["holderIdentity"],
+            "replica-a"
+        );
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &a.0.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let _ = a.0.wait();
+    wait_for(&state, "replica-b to take over", Duration::from_secs(20), |c| {
+        c.lease
+            .as_ref()
+            .is_some_and(|l| l["spec"]["holderIdentity"] == "replica-b")
+    })
+    .await;
+    // Load drops: the new leader scales down, and says so under its own name.
+    {
+        let mut c = state.lock().expect("lock");
+        c.kv = 0.1;
+    }
+    wait_for(
+        &state,
+        "a scale event from replica-b",
+        Duration::from_secs(20),
+        |c| c.events.iter().any(|e| e["reportingInstance"] == "replica-b"),
+    )
+    .await;
+    let c = state.lock().expect("lock");
+    assert_eq!(
+        c.lease.as_ref().expect("lease")["spec"]["leaseTransitions"],
+        1,
+        "one handover"
+    );
 }
