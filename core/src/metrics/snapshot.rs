@@ -258,8 +258,10 @@ impl VllmSnapshot {
     /// Read the vLLM families from an already parsed page.
     pub fn from_page(page: &ParsedPage<'_>) -> Result<VllmSnapshot, MetricsError> {
         let mut builders: Vec<SeriesBuilder<'_>> = Vec::new();
-        let mut model_names: Vec<Cow<'_, str>> = Vec::new();
         let mut vllm_samples = 0usize;
+        // Exporters write each series' samples together (all buckets of one label set, then the next), so
+        // the series of the previous sample is checked first; the scan below is for the first of a run.
+        let mut last = 0usize;
         for family in &page.families {
             if !family.name.starts_with("vllm:") {
                 continue;
@@ -275,21 +277,16 @@ impl VllmSnapshot {
                     continue;
                 };
                 let key = SeriesKey::of(sample);
-                if let Some(m) = &key.model_name
-                    && !model_names.contains(m)
-                {
-                    model_names.push(m.clone());
-                }
-                let idx = match builders
-                    .iter()
-                    .position(|b| b.engine == key.engine && b.model_name == key.model_name)
-                {
-                    Some(i) => i,
-                    None => {
-                        builders.push(SeriesBuilder::new(key.model_name.clone(), key.engine.clone()));
-                        builders.len() - 1
-                    }
+                let is_key = |b: &SeriesBuilder<'_>| b.engine == key.engine && b.model_name == key.model_name;
+                let idx = if builders.get(last).is_some_and(is_key) {
+                    last
+                } else if let Some(i) = builders.iter().position(is_key) {
+                    i
+                } else {
+                    builders.push(SeriesBuilder::new(key.model_name.clone(), key.engine.clone()));
+                    builders.len() - 1
                 };
+                last = idx;
                 builders[idx].add(field, sample, &key);
             }
         }
@@ -306,8 +303,9 @@ impl VllmSnapshot {
                 .cmp(&b.model_name)
                 .then_with(|| engine_order(&a.engine).cmp(&engine_order(&b.engine)))
         });
-        let mut model_names: Vec<String> = model_names.into_iter().map(Cow::into_owned).collect();
+        let mut model_names: Vec<String> = per_engine.iter().filter_map(|e| e.model_name.clone()).collect();
         model_names.sort();
+        model_names.dedup();
         let agg = aggregate(&per_engine);
         Ok(VllmSnapshot {
             kv_cache_usage: agg.kv_cache_usage,
