@@ -245,7 +245,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         };
         tokio::select! {
             _ = &mut controller => warn!("the controller stream ended"),
-            _ = lost => if !*shutdown.borrow() { warn!("lost leadership: stopping the controller") },
+            _ = lost => if !*shutdown_rx.borrow() { warn!("lost leadership: stopping the controller") },
             _ = shutdown.wait_for(|s| *s) => {
                 metrics.set_leader(false);
                 break;
