@@ -643,3 +643,24 @@ async fn only_the_leader_acts_and_a_standby_takes_over() {
         "one handover"
     );
 }
+
+/// A broken pools file stops the process at start with a message naming the flag, before any API call.
+#[test]
+fn a_bad_pools_config_fails_fast_and_says_where() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pools.yaml");
+    std::fs::write(&path, "pools: [").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["autoscaler", "--pools-config"])
+        .arg(&path)
+        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run tessera autoscaler");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("reading --pools-config") && stderr.contains("pools.yaml"),
+        "{stderr}"
+    );
+}

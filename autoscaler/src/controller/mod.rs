@@ -6,6 +6,7 @@
 //! - [`status`]: HPA-like conditions, built purely from a decision.
 //! - [`metrics`]: the Prometheus registry served on `/metrics`.
 //! - [`crate::leader`]: only the replica holding the `Lease` reconciles; others stand by.
+//! - [`crate::pool::run_pools`]: with `--pools-config`, the leader also runs the GPU pool manager.
 //!
 //! **Wake-up contract with the activator.** When the activator holds a request for a model with no ready
 //! replica, it merge-patches the annotation `tessera.dev/activated-at` (RFC 3339 UTC,
@@ -100,6 +101,13 @@ pub struct Args {
     /// How often to try to acquire or renew the Lease.
     #[arg(long, env = "TESSERA_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     pub retry_period: Duration,
+    /// GPU pools (YAML, e.g. deploy/examples/gpu-pools.yaml) whose capacity pods the leader manages. Unset: no
+    /// pool manager runs here (whole-GPU replicas need none).
+    #[arg(long, env = "TESSERA_POOLS_CONFIG")]
+    pub pools_config: Option<std::path::PathBuf>,
+    /// How often the pool manager reconciles capacity pods and reservations.
+    #[arg(long, env = "TESSERA_POOL_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub pool_interval: Duration,
 }
 
 #[derive(Debug)]
@@ -118,6 +126,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.lease_duration
         );
     }
+    // Read the pools first: a typo in the file should stop the process at once, not at the first election.
+    let pools = match &args.pools_config {
+        Some(path) => Some(Arc::new(
+            crate::pool::PoolsConfig::from_file(path)
+                .with_context(|| format!("reading --pools-config {}", path.display()))?,
+        )),
+        None => None,
+    };
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
@@ -236,6 +252,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         };
         let controller = controller_stream(api, ctx.clone());
         tokio::pin!(controller);
+        // The pool manager is leader-only too: it creates and deletes capacity pods.
+        let pool_token = tokio_util::sync::CancellationToken::new();
+        let pool_task = pools.clone().map(|cfg| {
+            let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
+            tokio::spawn(async move {
+                if let Err(e) = crate::pool::run_pools(client, cfg, interval, token).await {
+                    warn!(error = %e, "the GPU pool manager stopped");
+                }
+            })
+        });
         let lost = async {
             if args.leader_elect {
                 let _ = leader_rx.wait_for(|l| !*l).await;
@@ -246,12 +272,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::select! {
             _ = &mut controller => warn!("the controller stream ended"),
             _ = lost => if !*shutdown_rx.borrow() { warn!("lost leadership: stopping the controller") },
-            _ = shutdown.wait_for(|s| *s) => {
-                metrics.set_leader(false);
-                break;
-            }
+            _ = shutdown.wait_for(|s| *s) => {}
         }
         metrics.set_leader(false);
+        pool_token.cancel();
+        if let Some(t) = pool_task {
+            let _ = tokio::time::timeout(Duration::from_secs(5), t).await;
+        }
         if *shutdown.borrow() {
             break;
         }
