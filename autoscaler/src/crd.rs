@@ -409,6 +409,13 @@ impl InferenceAutoscalerSpec {
             errors
                 .push("scaleTargetRef needs kind and name, e.g. {kind: Deployment, name: llama}".to_owned());
         }
+        let api_version = &self.scale_target_ref.api_version;
+        let parts: Vec<&str> = api_version.split('/').collect();
+        if api_version.is_empty() || parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
+            errors.push(format!(
+                "scaleTargetRef.apiVersion {api_version:?} must be group/version (e.g. apps/v1) or a core version (v1)"
+            ));
+        }
         let mut duration = |field: &str, v: &Option<String>| -> Option<Duration> {
             let s = v.as_deref()?;
             match parse_duration(s) {
@@ -775,6 +782,10 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             (
                 "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nbehavior: {scaleUp: {policies: [{type: Pods, value: 0, periodSeconds: 15}]}}",
                 "behavior.scaleUp.policies[0]",
+            ),
+            (
+                "scaleTargetRef: {apiVersion: apps/v1/x, kind: Deployment, name: a}\nmaxReplicas: 2",
+                "scaleTargetRef.apiVersion \"apps/v1/x\" must be group/version",
             ),
             (
                 "scaleTargetRef: {kind: Deployment, name: a}\nminReplicas: 0\nmaxReplicas: 2\nscaleToZero: {idleAfter: 5m}",
