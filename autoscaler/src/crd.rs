@@ -124,6 +124,7 @@ fn default_min_replicas() -> i32 {
 pub struct ScaleTargetRef {
     /// API version of the target, e.g. `apps/v1`.
     #[serde(default = "default_api_version")]
+    #[schemars(regex(pattern = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?v[0-9]+((alpha|beta)[0-9]+)?$"))]
     pub api_version: String,
     /// Kind of the target, e.g. `Deployment` or `StatefulSet`.
     #[schemars(length(min = 1))]
