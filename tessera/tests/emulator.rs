@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -751,4 +752,248 @@ async fn sidecar_readings_track_the_emulator_under_load() {
         emu_snap.cache_config.get("num_gpu_blocks").cloned()
     );
     assert_eq!(latest["model_names"], json!(["m"]));
+}
+
+/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat` (Linux clock ticks of 10 ms).
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// The same closed loop as the benchmark (`clients` requests always in flight, each replaced the moment it
+/// finishes), run through the model alone in virtual time: what the emulator would deliver with zero overhead.
+/// Returns (requests/s, generated tokens/s, mean e2e seconds) over `[warmup, warmup + secs]`.
+fn ideal_closed_loop(
+    gpu: &str,
+    clients: u64,
+    warmup: f64,
+    secs: f64,
+    prompt: u32,
+    output: u32,
+) -> (f64, f64, f64) {
+    use tessera_sim::model::{Engine, EngineConfig, EngineEvent, GpuSpec, ModelSpec, Request};
+    let gpu = GpuSpec::preset(gpu).unwrap();
+    let mut cfg = EngineConfig::vllm_defaults(&gpu);
+    cfg.max_num_seqs = 512;
+    let mut e = Engine::new(ModelSpec::preset("qwen2-7b").unwrap(), gpu, cfg).unwrap();
+    let mut next = 0u64;
+    for _ in 0..clients {
+        e.submit(Request::new(next, prompt, output), 0.0).unwrap();
+        next += 1;
+    }
+    let (mut done, mut e2e_sum, mut gen0) = (0u64, 0.0, None);
+    while let Some(t) = e.next_event_time() {
+        if t > warmup + secs {
+            break;
+        }
+        if t >= warmup && gen0.is_none() {
+            gen0 = Some(e.stats().generation_tokens);
+        }
+        let mut finished = Vec::new();
+        e.advance(t, &mut |ev| {
+            if let EngineEvent::Finished { e2e, .. } = ev {
+                finished.push(e2e);
+            }
+        });
+        for x in finished {
+            if t >= warmup {
+                done += 1;
+                e2e_sum += x;
+            }
+            e.submit(Request::new(next, prompt, output), t).unwrap();
+            next += 1;
+        }
+    }
+    let generated = (e.stats().generation_tokens - gen0.unwrap_or(0)) as f64;
+    (done as f64 / secs, generated / secs, e2e_sum / done.max(1) as f64)
+}
+
+/// Drives `clients` concurrent streaming requests against one emulator for `secs` wall seconds after a warm-up
+/// and prints its CPU use and what it delivered next to what the model alone delivers (same run).
+async fn bench_streams(gpu: &str, time_scale: f64, clients: usize, prompt: u32, output: u32) {
+    const SECS: f64 = 20.0;
+    const WARMUP: f64 = 10.0;
+    let scale = time_scale.to_string();
+    let emu = Emulator::start(&[
+        "--served-model-name",
+        "m",
+        "--max-num-seqs",
+        "512",
+        "--gpu",
+        gpu,
+        "--time-scale",
+        &scale,
+    ]);
+    let pid = emu.child.id().to_string();
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(300))
+        .pool_max_idle_per_host(clients)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let chunks = Arc::new(AtomicU64::new(0));
+    let completed = Arc::new(AtomicU64::new(0));
+    let e2e_ms = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (c, url) = (c.clone(), emu.url("/v1/completions"));
+        let (stop, chunks, completed, e2e_ms, counting) = (
+            stop.clone(),
+            chunks.clone(),
+            completed.clone(),
+            e2e_ms.clone(),
+            counting.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let t0 = Instant::now();
+                let n = stream_one(&c, &url, "m", prompt, output).await;
+                if counting.load(Ordering::Relaxed) {
+                    chunks.fetch_add(n as u64, Ordering::Relaxed);
+                    completed.fetch_add(1, Ordering::Relaxed);
+                    e2e_ms.fetch_add(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(WARMUP / time_scale)).await;
+    let before = snapshot(&c, &emu).await;
+    let (cpu0, self0) = (cpu_seconds(&pid).unwrap(), cpu_seconds("self").unwrap());
+    counting.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(SECS)).await;
+    counting.store(false, Ordering::Relaxed);
+    let wall = t0.elapsed().as_secs_f64();
+    let (cpu1, self1) = (cpu_seconds(&pid).unwrap(), cpu_seconds("self").unwrap());
+    let after = snapshot(&c, &emu).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(300), t).await;
+    }
+    let generated = after.generation_tokens_total.unwrap() - before.generation_tokens_total.unwrap();
+    let e2e = after
+        .e2e_latency
+        .unwrap()
+        .delta(before.e2e_latency.as_ref().unwrap());
+    let (ideal_rps, ideal_tps, ideal_e2e) =
+        ideal_closed_loop(gpu, clients as u64, WARMUP, SECS * time_scale, prompt, output);
+    let done = completed.load(Ordering::Relaxed) as f64;
+    let vsecs = wall * time_scale;
+    println!(
+        "bench: {clients} clients, {gpu}, time scale {time_scale}, prompt {prompt}, output {output}, \
+         {wall:.1} s wall measured"
+    );
+    println!(
+        "  CPU: emulator {:.2} cores, load generator (this test) {:.2} cores",
+        (cpu1 - cpu0) / wall,
+        (self1 - self0) / wall
+    );
+    println!(
+        "  running at the end: {}, waiting {}",
+        after.requests_running.unwrap(),
+        after.requests_waiting.unwrap()
+    );
+    println!(
+        "  tokens/s (wall): served {:.0}, received by clients {:.0}",
+        generated / wall,
+        chunks.load(Ordering::Relaxed) as f64 / wall
+    );
+    println!(
+        "  tokens per model second: emulator {:.0}, model alone {ideal_tps:.0}, ratio {:.3}",
+        generated / vsecs,
+        generated / vsecs / ideal_tps
+    );
+    println!(
+        "  requests per model second: emulator {:.2}, model alone {ideal_rps:.2}",
+        done / vsecs
+    );
+    println!(
+        "  mean e2e (model s): client-observed {:.2}, emulator histogram {:.2}, model alone {ideal_e2e:.2}",
+        e2e_ms.load(Ordering::Relaxed) as f64 / 1000.0 / done.max(1.0) * time_scale,
+        e2e.mean().unwrap_or(f64::NAN)
+    );
+}
+
+/// 500 concurrent streams. Run with
+/// `cargo test --release -p tessera --test emulator -- --ignored --nocapture bench_`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run explicitly in release mode"]
+async fn bench_500_concurrent_streams() {
+    // Realistic speed: an H100 serving Qwen2-7B, short prompts so the token rate is high.
+    bench_streams("h100-80gb", 1.0, 500, 100, 200).await;
+    // 4× faster than an H100: the emulator's own ceiling.
+    bench_streams("h100-80gb", 4.0, 500, 100, 200).await;
+}
+
+/// How fast the model itself runs: the whole Azure LLM 2023 conversation hour (19,366 requests) through one
+/// engine in virtual time, as the what-if simulator does. Run with
+/// `cargo test --release -p tessera --test emulator -- --ignored --nocapture bench_model`.
+#[test]
+#[ignore = "benchmark: run explicitly in release mode"]
+fn bench_model_replays_the_azure_hour() {
+    use tessera_sim::model::{Engine, EngineConfig, EngineEvent, GpuSpec, ModelSpec, Request};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/azure_llm_2023/AzureLLMInferenceTrace_conv.csv");
+    let text = std::fs::read_to_string(&path).expect("testdata/azure_llm_2023 is in the repository");
+    // TIMESTAMP is "2023-11-16 18:15:46.6805900"; the hour stays within one day, so hh:mm:ss is enough.
+    let mut reqs = Vec::new();
+    for line in text.lines().skip(1) {
+        let mut f = line.split(',');
+        let (ts, p, o) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+        let hms: Vec<f64> = ts
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .split(':')
+            .map(|x| x.parse().unwrap())
+            .collect();
+        reqs.push((
+            hms[0] * 3600.0 + hms[1] * 60.0 + hms[2],
+            p.parse::<u32>().unwrap(),
+            o.parse::<u32>().unwrap(),
+        ));
+    }
+    let t_first = reqs[0].0;
+    let gpu = GpuSpec::preset("h100-80gb").unwrap();
+    let mut cfg = EngineConfig::vllm_defaults(&gpu);
+    cfg.max_model_len = Some(32_768);
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let mut e = Engine::new(ModelSpec::preset("qwen2-7b").unwrap(), gpu.clone(), cfg.clone()).unwrap();
+        let mut events = 0u64;
+        for (i, (t, p, o)) in reqs.iter().enumerate() {
+            let at = t - t_first;
+            e.advance(at, &mut |_: EngineEvent| events += 1);
+            // A few trace rows ask for more than 32k tokens in all; vLLM would reject them too.
+            let _ = e.submit(Request::new(i as u64, (*p).max(1), (*o).max(1)), at);
+        }
+        while let Some(t) = e.next_event_time() {
+            e.advance(t, &mut |_: EngineEvent| events += 1);
+        }
+        times.push(t0.elapsed().as_secs_f64());
+        if times.len() == 1 {
+            let s = e.stats();
+            println!(
+                "replayed {} requests, {} output tokens, {} steps, {} events, {} preemptions, TTFT p50 {:.3} s p99 {:.3} s",
+                s.e2e.count,
+                s.generation_tokens,
+                s.steps,
+                events,
+                s.num_preemptions,
+                s.ttft.quantile(0.5).unwrap(),
+                s.ttft.quantile(0.99).unwrap()
+            );
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "model replay of the Azure hour on one engine: median {:.3} s over 5 runs (min {:.3}, max {:.3})",
+        times[2], times[0], times[4]
+    );
 }
