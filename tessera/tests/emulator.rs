@@ -713,7 +713,7 @@ async fn sidecar_readings_track_the_emulator_under_load() {
         assert!((kv_e - kv_s).abs() < 0.1, "kv {kv_e} vs {kv_s}");
         assert!(kv_s > 0.05, "the sidecar sees the cache in use: {kv_s}");
         assert!(
-            run_s >= 8.0 && run_s <= 16.0,
+            (8.0..=16.0).contains(&run_s),
             "running {run_s} (emulator {run_e})"
         );
         assert!(wait_s >= 4.0, "waiting {wait_s} (emulator {wait_e})");
