@@ -997,3 +997,46 @@ fn bench_model_replays_the_azure_hour() {
         times[2], times[0], times[4]
     );
 }
+
+#[tokio::test]
+async fn disconnected_clients_are_aborted_and_free_their_blocks() {
+    // One sequence at a time: the first request runs, the second waits in the queue.
+    let emu = Emulator::start(&["--served-model-name", "m", "--max-num-seqs", "1"]);
+    let c = client();
+    let body = json!({"model": "m", "prompt": "x", "tessera_prompt_tokens": 500, "max_tokens": 5000,
+                      "ignore_eos": true, "stream": true});
+    let running = c
+        .post(emu.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let waiting = c
+        .post(emu.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((running.status().as_u16(), waiting.status().as_u16()), (200, 200));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let s = snapshot(&c, &emu).await;
+    assert_eq!((s.requests_running, s.requests_waiting), (Some(1.0), Some(1.0)));
+    assert!(s.kv_cache_usage.unwrap() > 0.0);
+    drop(running);
+    drop(waiting);
+    let t0 = Instant::now();
+    loop {
+        let s = snapshot(&c, &emu).await;
+        if s.request_success_total.get("abort") == Some(&2.0) {
+            assert_eq!((s.requests_running, s.requests_waiting), (Some(0.0), Some(0.0)));
+            assert_eq!(s.kv_cache_usage, Some(0.0), "aborted requests free their blocks");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "not aborted after 10 s: {:?}",
+            s.request_success_total
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -140,10 +140,17 @@ async fn drive(mut engine: Engine, mut rx: mpsc::Receiver<Cmd>, time_scale: f64)
     let mut streams: HashMap<u64, mpsc::UnboundedSender<Tok>> = HashMap::new();
     let mut sleep = SleepState::Awake;
     let mut gone: Vec<u64> = Vec::new();
+    let mut last_sweep = Instant::now();
     loop {
         if sleep == SleepState::Awake {
             let now = clock.now();
             engine.advance(now, &mut |ev| dispatch(ev, &mut streams, &mut gone));
+            // A request still waiting in the queue produces no tokens, so its client's departure is only seen
+            // by looking; once a second is enough and costs one check per stream.
+            if last_sweep.elapsed() >= Duration::from_secs(1) {
+                last_sweep = Instant::now();
+                gone.extend(streams.iter().filter(|(_, tx)| tx.is_closed()).map(|(id, _)| *id));
+            }
             // Clients that went away: abort their requests so they stop holding blocks, as vLLM does.
             for id in gone.drain(..) {
                 streams.remove(&id);

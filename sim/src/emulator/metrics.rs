@@ -433,6 +433,60 @@ fn render_v0(s: &EngineStats, info: &PageInfo) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::model::{Engine, EngineConfig, GpuSpec, MemorySetting, ModelSpec, Request};
+    use proptest::prelude::*;
+    use tessera_core::metrics::{VllmSnapshot, parse_text};
+
+    fn info(model_name: &str) -> PageInfo {
+        PageInfo {
+            model_name: model_name.into(),
+            cache_config: vec![
+                ("block_size".into(), "16".into()),
+                ("num_gpu_blocks".into(), "123".into()),
+            ],
+            created_unix: 1.7e9,
+            avg_prompt_throughput: 1.5,
+            avg_generation_throughput: 2.5,
+            sleep: SleepState::Awake,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        /// Whatever the engine went through and whatever the model is called, both pages parse without a single
+        /// malformed line and read back the engine's values.
+        #[test]
+        fn pages_parse_and_read_back(
+            reqs in prop::collection::vec((1u32..400, 1u32..100), 0..30),
+            name in "[a-zA-Z0-9/_\\-\\.\"\\\\ ]{1,30}",
+            kv_tokens in 1_024u64..8_000,
+        ) {
+            let gpu = GpuSpec::preset("a100-80gb").unwrap();
+            let mut cfg = EngineConfig::vllm_defaults(&gpu);
+            cfg.max_model_len = Some(1024);
+            cfg.memory = MemorySetting::KvCacheBytes(kv_tokens * 57_344);
+            let mut e = Engine::new(ModelSpec::preset("qwen2-7b").unwrap(), gpu, cfg).unwrap();
+            for (i, (p, o)) in reqs.iter().enumerate() {
+                e.submit(Request::new(i as u64, *p, *o), i as f64 * 0.01).unwrap();
+            }
+            // Stop half-way, so gauges are non-zero too.
+            e.advance(0.2, &mut |_| {});
+            let s = e.stats();
+            for v in [MetricsVersion::V1, MetricsVersion::V0] {
+                let text = render(s, &info(&name), v);
+                let page = parse_text(&text);
+                prop_assert!(page.errors.is_empty(), "{:?}", page.errors);
+                let snap = VllmSnapshot::from_text(&text).unwrap();
+                prop_assert_eq!(snap.model_names.clone(), vec![name.clone()]);
+                prop_assert_eq!(snap.requests_running, Some(s.running as f64));
+                prop_assert_eq!(snap.requests_waiting, Some(s.waiting as f64));
+                prop_assert_eq!(snap.kv_cache_usage, Some(s.kv_usage));
+                prop_assert_eq!(snap.generation_tokens_total, Some(s.generation_tokens as f64));
+                prop_assert_eq!(snap.preemptions_total, Some(s.num_preemptions as f64));
+                prop_assert_eq!(snap.ttft.as_ref().map(|h| h.count), Some(s.ttft.count as f64));
+            }
+        }
+    }
 
     #[test]
     fn floats_look_like_prometheus_client() {
