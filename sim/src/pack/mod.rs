@@ -37,8 +37,8 @@ pub struct Args {
     /// MiB kept free on every GPU for CUDA contexts. Only used with a gpu_memory_mib column.
     #[arg(long, env = "TESSERA_PACK_HEADROOM_MIB", default_value_t = 0)]
     pub headroom_mib: u64,
-    /// Write the offline packing as CSV rows `pod,gpu` to this file.
-    #[arg(long, env = "TESSERA_PACK_ASSIGNMENTS")]
+    /// Write the offline packing as CSV rows `pod,gpu` to this file (offline only).
+    #[arg(long, env = "TESSERA_PACK_ASSIGNMENTS", conflicts_with = "online")]
     pub assignments: Option<PathBuf>,
     /// Replay creations and deletions in time order instead of packing everything at once.
     #[arg(long, env = "TESSERA_PACK_ONLINE")]
