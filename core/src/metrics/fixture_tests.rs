@@ -372,3 +372,136 @@ fn testdata_matches_shared_fixtures() {
         assert_eq!(theirs, ours, "{file}");
     }
 }
+
+mod generated_pages {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// One engine's values on a generated V1 page.
+    #[derive(Debug, Clone)]
+    struct Engine {
+        kv: f64,
+        running: u32,
+        waiting: u32,
+        preemptions: u32,
+        ttft_counts: [u32; 3],
+    }
+
+    fn engine() -> impl Strategy<Value = Engine> {
+        (
+            0.0f64..=1.0,
+            0u32..200,
+            0u32..200,
+            0u32..50,
+            [0u32..100, 0u32..100, 0u32..100],
+        )
+            .prop_map(|(kv, running, waiting, preemptions, ttft_counts)| Engine {
+                kv,
+                running,
+                waiting,
+                preemptions,
+                ttft_counts,
+            })
+    }
+
+    fn page(model: &str, engines: &[Engine]) -> String {
+        let mut p = String::new();
+        let lab = |i: usize| format!("engine=\"{i}\",model_name=\"{model}\"");
+        p.push_str("# TYPE vllm:kv_cache_usage_perc gauge\n");
+        for (i, e) in engines.iter().enumerate() {
+            p.push_str(&format!("vllm:kv_cache_usage_perc{{{}}} {:?}\n", lab(i), e.kv));
+        }
+        for (name, f) in [
+            (
+                "vllm:num_requests_running",
+                (|e: &Engine| e.running) as fn(&Engine) -> u32,
+            ),
+            ("vllm:num_requests_waiting", |e: &Engine| e.waiting),
+        ] {
+            p.push_str(&format!("# TYPE {name} gauge\n"));
+            for (i, e) in engines.iter().enumerate() {
+                p.push_str(&format!("{name}{{{}}} {}.0\n", lab(i), f(e)));
+            }
+        }
+        p.push_str("# TYPE vllm:num_preemptions_total counter\n");
+        for (i, e) in engines.iter().enumerate() {
+            p.push_str(&format!(
+                "vllm:num_preemptions_total{{{}}} {}.0\n",
+                lab(i),
+                e.preemptions
+            ));
+        }
+        p.push_str("# TYPE vllm:num_preemptions_created gauge\n");
+        for i in 0..engines.len() {
+            p.push_str(&format!("vllm:num_preemptions_created{{{}}} 1.7e+09\n", lab(i)));
+        }
+        p.push_str("# TYPE vllm:time_to_first_token_seconds histogram\n");
+        for (i, e) in engines.iter().enumerate() {
+            let mut cum = 0;
+            for (le, c) in ["0.1", "1.0", "+Inf"].iter().zip(e.ttft_counts) {
+                cum += c;
+                p.push_str(&format!(
+                    "vllm:time_to_first_token_seconds_bucket{{engine=\"{i}\",le=\"{le}\",model_name=\"{model}\"}} {cum}.0\n"
+                ));
+            }
+            p.push_str(&format!(
+                "vllm:time_to_first_token_seconds_count{{{}}} {cum}.0\n",
+                lab(i)
+            ));
+            p.push_str(&format!(
+                "vllm:time_to_first_token_seconds_sum{{{}}} 1.5\n",
+                lab(i)
+            ));
+        }
+        p
+    }
+
+    proptest! {
+        /// The aggregate follows the documented rule: KV usage is the max over engines, gauges, counters and
+        /// histogram counts are sums; every engine keeps its own values.
+        #[test]
+        fn aggregate_rule_holds(
+            engines in proptest::collection::vec(engine(), 1..6),
+            model in "[a-zA-Z0-9/._\\- \"\\\\]{1,30}",
+        ) {
+            let escaped = model.replace('\\', "\\\\").replace('"', "\\\"");
+            let s = VllmSnapshot::from_text(&page(&escaped, &engines)).unwrap();
+            prop_assert!(s.line_errors.is_empty(), "{:?}", s.line_errors);
+            prop_assert_eq!(&s.model_names, &vec![model.clone()]);
+            prop_assert_eq!(s.per_engine.len(), engines.len());
+            let kv_max = engines.iter().map(|e| e.kv).fold(f64::MIN, f64::max);
+            prop_assert_eq!(s.kv_cache_usage, Some(kv_max));
+            let sum = |f: fn(&Engine) -> u32| Some(f64::from(engines.iter().map(f).sum::<u32>()));
+            prop_assert_eq!(s.requests_running, sum(|e| e.running));
+            prop_assert_eq!(s.requests_waiting, sum(|e| e.waiting));
+            prop_assert_eq!(s.preemptions_total, sum(|e| e.preemptions));
+            prop_assert_eq!(s.ttft.as_ref().unwrap().count, sum(|e| e.ttft_counts.iter().sum()).unwrap());
+            for (i, (got, want)) in s.per_engine.iter().zip(&engines).enumerate() {
+                let engine_label = i.to_string();
+                prop_assert_eq!(got.engine.as_deref(), Some(engine_label.as_str()));
+                prop_assert_eq!(got.values.kv_cache_usage, Some(want.kv));
+                prop_assert_eq!(got.values.requests_running, Some(f64::from(want.running)));
+            }
+        }
+
+        /// A malformed line, wherever it is inserted, is reported and changes nothing else.
+        #[test]
+        fn malformed_lines_change_nothing_else(
+            engines in proptest::collection::vec(engine(), 1..4),
+            inserts in proptest::collection::vec((any::<proptest::sample::Index>(), "[{=,\"}][ -~]{0,40}"), 1..5),
+        ) {
+            let clean_text = page("m", &engines);
+            let clean = VllmSnapshot::from_text(&clean_text).unwrap();
+            let mut lines: Vec<String> = clean_text.lines().map(str::to_owned).collect();
+            for (at, junk) in &inserts {
+                let at = at.index(lines.len() + 1);
+                lines.insert(at, junk.clone());
+            }
+            let mut broken = VllmSnapshot::from_text(&lines.join("\n")).unwrap();
+            prop_assert_eq!(broken.line_errors.len(), inserts.len());
+            broken.line_errors.clear();
+            prop_assert_eq!(broken, clean);
+        }
+    }
+}
