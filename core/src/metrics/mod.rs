@@ -5,7 +5,9 @@
 //!   name and label from the page (no allocation per line), records a malformed line as a [`LineError`]
 //!   and keeps the rest of the page, and never panics on any input. We write our own because the
 //!   `prometheus-parse` crate silently drops every metric whose name contains a colon — which is every one
-//!   of vLLM's (`vllm:num_requests_running`, …) — mangles escaped label values and is several times slower.
+//!   of vLLM's (`vllm:num_requests_running`, …) — and mangles escaped label values (per the project's design
+//!   notes, which also put it at ~45 MB/s; this parser reads real vLLM pages at 750+ MiB/s on the dev VM,
+//!   see `docs/performance.md`).
 //! - [`snapshot`]: [`VllmSnapshot`], the vLLM families Tessera decides on, per `(model_name, engine)` series
 //!   and aggregated across them (the aggregation rule is documented on [`VllmSnapshot`]). Both generations of
 //!   vLLM metric names are accepted (`vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`, …).
