@@ -631,11 +631,12 @@ impl<'a> World<'a> {
         let m = self.replicas[r].model;
         for e in &events {
             match *e {
-                EngineEvent::FirstToken { id, at, .. } => {
+                EngineEvent::FirstToken { id, at, ttft } => {
                     let i = (id & 0xffff_ffff) as usize;
+                    // What the client sees counts from its arrival at the gateway (activator hold included);
+                    // the replica's own histogram, which its sidecar reports, counts from when vLLM got it.
                     let arrival = self.sc.arrivals[m][i].at;
-                    let ttft = at - arrival;
-                    self.models[m].requests[i].ttft = Some(ttft);
+                    self.models[m].requests[i].ttft = Some(at - arrival);
                     self.replicas[r].ttfts.push_back((at, ttft));
                 }
                 EngineEvent::Finished { id, .. } => {
@@ -696,10 +697,14 @@ impl<'a> World<'a> {
                 continue;
             }
             // The engine books a step's whole duration when it starts, so a window can see a little more than
-            // its length; NVML's utilization is a 0–1 share of time.
-            let sm = ((st.busy_time_s - rep.last_busy) / dt).clamp(0.0, 1.0) * rep.compute_fraction;
+            // its length. NVML's per-process SM utilization is the share of time a kernel of the process was
+            // running: under an MPS share the kernels run all through a (stretched) step, so it is the busy
+            // share of time, not scaled by the compute share. Scaling it would cap what a fractional replica can
+            // ever show at its own share, and the recommendation could never grow it back.
+            let sm = ((st.busy_time_s - rep.last_busy) / dt).clamp(0.0, 1.0);
             rep.last_busy = st.busy_time_s;
-            busy += sm;
+            // The GPU capacity it occupied: busy time at its share.
+            busy += sm * rep.compute_fraction;
             rep.observations.push(Observation {
                 at_secs: now,
                 kv_usage: Some(st.kv_usage),
