@@ -19,16 +19,12 @@ use super::{
     ANNOTATION_RESERVATIONS, ANNOTATION_SHARING, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
 };
 
-/// A capacity pod name for `pool`, derived from `seed` (the first reservation's id): deterministic, so a
-/// retried creation hits "already exists" instead of making a second GPU, and distinct for distinct seeds.
-pub fn capacity_pod_name(pool: &str, seed: &str) -> String {
-    // FNV-1a: stable across versions and platforms (std's hasher is not), and plenty for a name suffix.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in seed.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("tessera-gpu-{pool}-{:010x}", h & 0xff_ffff_ffff)
+/// The capacity pod name of slot `n` of `pool`. Names are slots, not random: two webhook replicas that both
+/// find no room create the *same* name, so one create wins and the other gets 409 AlreadyExists, re-reads,
+/// and books on the pod the winner made. That keeps a pool within `maxGpus` under any number of concurrent
+/// admissions, and a retried creation can never make a second GPU.
+pub fn capacity_pod_name(pool: &str, slot: usize) -> String {
+    format!("tessera-gpu-{pool}-{slot}")
 }
 
 /// Builds the capacity pod for `pool`, created already holding `reservations` (so the reservation that
@@ -143,13 +139,8 @@ mod tests {
             created_at: 1,
             pod: None,
         };
-        let name = capacity_pod_name(&pool.name, "r1");
-        assert!(
-            name.starts_with("tessera-gpu-a100-80gb-") && name.len() <= 63,
-            "{name}"
-        );
-        assert_eq!(name, capacity_pod_name(&pool.name, "r1"));
-        assert_ne!(name, capacity_pod_name(&pool.name, "r2"));
+        let name = capacity_pod_name(&pool.name, 0);
+        assert_eq!(name, "tessera-gpu-a100-80gb-0");
         let pod = capacity_pod(&cfg, pool, &name, std::slice::from_ref(&r));
         let spec = pod.spec.as_ref().unwrap();
         let c = &spec.containers[0];

@@ -11,7 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::runtime::watcher;
 use tracing::{debug, info, instrument, warn};
 
-use super::capacity::{capacity_pod, capacity_pod_name};
+use super::capacity::capacity_pod;
 use super::config::{PoolSpec, PoolsConfig};
 use super::state::{Decision, PoolIndex, Reservation, pod_key, reservations_patch};
 use super::{LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
@@ -93,7 +93,9 @@ impl PoolManager {
             index: Arc::new(Mutex::new(PoolIndex::new(pool))),
             cfg,
             pool: spec,
-            max_attempts: 8,
+            // Each lost race costs one attempt; a burst of N concurrent admissions on one GPU can make the
+            // last one lose N − 1 times.
+            max_attempts: 16,
         })
     }
 
@@ -209,15 +211,14 @@ impl PoolManager {
                     }
                 }
                 Decision::NoRoom { reason, gpus } => {
-                    if gpus >= self.pool.max_gpus as usize {
+                    let Some(name) = self.index().next_slot_name(self.pool.max_gpus as usize) else {
                         return Err(PoolError::NoRoom {
                             pool: self.pool.name.clone(),
                             reason,
                             gpus,
                             max_gpus: self.pool.max_gpus,
                         });
-                    }
-                    let name = capacity_pod_name(&self.pool.name, &reservation.id);
+                    };
                     let pod = capacity_pod(&self.cfg, &self.pool, &name, std::slice::from_ref(&reservation));
                     match self.pods.create(&PostParams::default(), &pod).await {
                         Ok(pod) => {
@@ -225,8 +226,8 @@ impl PoolManager {
                             info!(capacity_pod = %name, %reason, "no GPU had room: created a capacity pod");
                             return Ok(self.placement(&name, &reservation.id, "CreatedCapacityPod"));
                         }
-                        // Same name: our own earlier attempt (then the next decision finds the reservation)
-                        // or a deleted pod still terminating.
+                        // Another replica created this slot first (or it is still terminating): learn it and
+                        // decide again; the next decision places on it or takes the next slot.
                         Err(e) if is_status(&e, 409) => self.refresh(&name).await?,
                         Err(e) => return Err(e.into()),
                     }

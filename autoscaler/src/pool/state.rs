@@ -349,6 +349,17 @@ impl PoolIndex {
         }
     }
 
+    /// The name for a new capacity pod: the lowest slot whose name no pod of the pool uses (a terminating
+    /// pod still holds its name), or `None` when the pool already holds `max_gpus` pods.
+    pub fn next_slot_name(&self, max_gpus: usize) -> Option<String> {
+        if self.capacity.len() >= max_gpus {
+            return None;
+        }
+        (0..=self.capacity.len())
+            .map(|n| super::capacity::capacity_pod_name(&self.pool, n))
+            .find(|name| !self.capacity.contains_key(name))
+    }
+
     /// Reservations to drop: no tenant pod carries their id, and they are older than `ttl_secs`.
     pub fn expired(&self, now: u64, ttl_secs: u64) -> Vec<(String, Vec<String>)> {
         let bound: std::collections::HashSet<&str> =
@@ -555,6 +566,18 @@ mod tests {
             vec![("a".to_string(), vec!["r2".to_string(), "r3".to_string()])]
         );
         assert_eq!(idx.delete_tenant("ns/pod-1").unwrap().reservation, "r1");
+    }
+
+    #[test]
+    fn new_capacity_pods_take_the_lowest_free_slot_within_max_gpus() {
+        let mut idx = PoolIndex::new("p");
+        assert_eq!(idx.next_slot_name(2).as_deref(), Some("tessera-gpu-p-0"));
+        idx.reset_capacity(&[cap("tessera-gpu-p-0", &[], None)]);
+        assert_eq!(idx.next_slot_name(2).as_deref(), Some("tessera-gpu-p-1"));
+        idx.reset_capacity(&[cap("tessera-gpu-p-1", &[], None)]);
+        assert_eq!(idx.next_slot_name(2).as_deref(), Some("tessera-gpu-p-0"));
+        idx.reset_capacity(&[cap("tessera-gpu-p-1", &[], None), cap("other", &[], None)]);
+        assert_eq!(idx.next_slot_name(2), None);
     }
 
     #[test]

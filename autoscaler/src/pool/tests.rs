@@ -360,6 +360,7 @@ async fn the_loser_creates_a_capacity_pod_when_no_gpu_has_room() {
     let (p1, p2) = (p1.unwrap(), p2.unwrap());
     let created = if p1.capacity_pod == "gpu-a" { p2 } else { p1 };
     assert_eq!(created.reason, "CreatedCapacityPod");
+    assert_eq!(created.capacity_pod, "tessera-gpu-p-0");
     assert_eq!(
         created.node, None,
         "a new capacity pod is Pending until a node has a free GPU"
@@ -535,4 +536,51 @@ async fn unknown_pools_and_bad_requests_are_clear_errors() {
     let m = PoolManager::new(c, cfg, "p").unwrap();
     let e = m.reserve(request("x", 1500), 0).await.unwrap_err();
     assert!(e.to_string().contains("1..=1000"), "{e}");
+}
+
+#[tokio::test]
+async fn many_webhook_replicas_racing_never_overbook() {
+    // Eight replicas, each with its own stale view, reserve 300 milli at once on a pool of at most 3 GPUs:
+    // 3 fit per GPU, so at most 9 fit; every write is guarded, so no GPU ever holds more than 1000.
+    let cfg = config(3);
+    let api = seeded(&[capacity(&cfg, "gpu-a", &[], "node-1", "GPU-a")]);
+    let c = client(api.clone());
+    let mut managers = Vec::new();
+    for _ in 0..8 {
+        let m = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
+        m.rebuild().await.unwrap();
+        managers.push(m);
+    }
+    let results = futures::future::join_all(
+        managers
+            .iter()
+            .enumerate()
+            .map(|(i, m)| m.reserve(request(&format!("r{i}"), 300), 10)),
+    )
+    .await;
+    let placed: Vec<&Placement> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    for r in &results {
+        if let Err(e) = r {
+            assert!(
+                matches!(e, PoolError::NoRoom { .. } | PoolError::TooManyConflicts { .. }),
+                "{e}"
+            );
+        }
+    }
+    let pods: Vec<String> = api.lock().unwrap().pods.keys().map(|(_, n)| n.clone()).collect();
+    let mut total = 0;
+    for name in &pods {
+        let rs = reservations_on(&api, name);
+        let used: u32 = rs.iter().map(|r| r.compute_milli).sum();
+        assert!(used <= 1000, "{name} holds {used} milli: overbooked");
+        total += rs.len();
+    }
+    assert_eq!(total, placed.len(), "every success is recorded exactly once");
+    let mut ids: Vec<&str> = placed.iter().map(|p| p.reservation_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), placed.len());
+    // Creators race on the same slot name, so the pool stays within maxGpus (gpu-a + two new slots).
+    assert!(pods.len() <= 3, "{pods:?}");
+    assert_eq!(placed.len(), 8, "contention costs retries, not placements");
 }
