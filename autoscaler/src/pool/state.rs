@@ -614,4 +614,50 @@ mod tests {
                 .contains("version 2")
         );
     }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Deciding then writing (as the manager does after a successful patch), over any sequence of
+        /// reservations and releases, never books a GPU past either capacity, and NoRoom means no GPU fits.
+        #[test]
+        fn decisions_never_overbook(ops in proptest::collection::vec((0u8..4, 1u32..=700, 0u64..=40_000, any::<bool>()), 1..60)) {
+            let mut idx = PoolIndex::new("p");
+            let mut pods: BTreeMap<String, Vec<Reservation>> = BTreeMap::new();
+            let mut live: Vec<String> = Vec::new();
+            for (n, (model, c, m, release)) in ops.into_iter().enumerate() {
+                if release && !live.is_empty() {
+                    let id = live.remove(n % live.len());
+                    for rs in pods.values_mut() {
+                        rs.retain(|r| r.id != id);
+                    }
+                } else {
+                    let r = Reservation { id: format!("r{n}"), model: format!("m{model}"), compute_milli: c, memory_mib: m, priority: 0, created_at: 0, pod: None };
+                    match idx.decide(&SHAPE, &r).unwrap() {
+                        Decision::Place { capacity_pod, reservations, .. } => {
+                            pods.insert(capacity_pod, reservations);
+                            live.push(r.id);
+                        }
+                        Decision::NoRoom { .. } => {
+                            let fits = pods.values().any(|rs| {
+                                rs.iter().map(|x| x.compute_milli).sum::<u32>() + c <= 1000
+                                    && rs.iter().map(|x| x.memory_mib).sum::<u64>() + m <= SHAPE.usable_memory_mib()
+                            });
+                            prop_assert!(!fits, "NoRoom although a capacity pod had room");
+                            let name = idx.next_slot_name(usize::MAX).unwrap();
+                            pods.insert(name, vec![r.clone()]);
+                            live.push(r.id);
+                        }
+                        Decision::Existing { .. } => prop_assert!(false, "ids are unique here"),
+                    }
+                }
+                let list: Vec<Pod> = pods.iter().map(|(name, rs)| cap(name, rs, None)).collect();
+                idx.reset_capacity(&list);
+                for (name, rs) in &pods {
+                    prop_assert!(rs.iter().map(|x| x.compute_milli).sum::<u32>() <= 1000, "{} over compute", name);
+                    prop_assert!(rs.iter().map(|x| x.memory_mib).sum::<u64>() <= SHAPE.usable_memory_mib(), "{} over memory", name);
+                }
+            }
+        }
+    }
 }
