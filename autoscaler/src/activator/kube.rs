@@ -2,7 +2,7 @@
 //! wake-up patch that tells the controller to scale a model from zero.
 //!
 //! **Model → Service.** An `InferenceAutoscaler` lists the OpenAI model names it serves in `spec.modelNames`
-//! (default: its target's name). Its pods are found through the EndpointSlices of the Service `spec.serviceName`
+//! (no default: the controller counts demand for exactly these names). Its pods are found through the EndpointSlices of the Service `spec.serviceName`
 //! (default: the name of its `spec.scaleTargetRef`, the usual convention when Deployment and Service share a
 //! name), or of any Service in its
 //! namespace labelled `tessera.dev/autoscaler=<autoscaler name>` (Kubernetes copies Service labels onto the
@@ -87,15 +87,16 @@ pub struct AutoscalerRoute {
 }
 
 impl AutoscalerRoute {
-    /// Reads the route from the CR's JSON; tolerant of a partly filled spec. As the CRD documents, `modelNames`
-    /// and `serviceName` default to the target's name.
+    /// Reads the route from the CR's JSON; tolerant of a partly filled spec. As the CRD documents, `serviceName`
+    /// defaults to the target's name. `modelNames` has no default: the controller counts demand only for the
+    /// listed names, so routing an unlisted name here would hide its requests from scaling decisions.
     pub fn from_object(obj: &DynamicObject) -> Self {
         let spec = obj.data.get("spec");
         let target = spec
             .and_then(|s| s.pointer("/scaleTargetRef/name"))
             .and_then(|v| v.as_str())
             .map(String::from);
-        let mut models: Vec<String> = spec
+        let models: Vec<String> = spec
             .and_then(|s| s.get("modelNames"))
             .and_then(|m| m.as_array())
             .map(|a| {
@@ -106,9 +107,6 @@ impl AutoscalerRoute {
                     .collect()
             })
             .unwrap_or_default();
-        if models.is_empty() {
-            models.extend(target.clone());
-        }
         let service = spec
             .and_then(|s| s.get("serviceName"))
             .and_then(|v| v.as_str())
@@ -543,13 +541,13 @@ mod tests {
         ));
         assert_eq!(r.models, vec!["meta-llama/Llama-3-8B"]);
         assert_eq!(r.service.as_deref(), Some("llama-vllm"));
-        // modelNames defaults to the target's name, as the CRD documents.
+        // modelNames has no default (the controller would not see the demand); serviceName defaults to the target.
         let r = AutoscalerRoute::from_object(&ias(
             "ml",
             "x",
             serde_json::json!({ "scaleTargetRef": { "name": "d" } }),
         ));
-        assert_eq!(r.models, vec!["d"]);
+        assert!(r.models.is_empty());
         assert_eq!(r.service.as_deref(), Some("d"));
         let spec = serde_json::json!({ "scaleTargetRef": { "name": "d" }, "serviceName": "svc" });
         let r = AutoscalerRoute::from_object(&ias("ml", "z", spec));
@@ -756,7 +754,7 @@ mod tests {
         let obj = ias(
             "ml",
             "qwen",
-            serde_json::json!({ "scaleTargetRef": { "name": "qwen" } }),
+            serde_json::json!({ "scaleTargetRef": { "name": "qwen" }, "modelNames": ["qwen"] }),
         );
         let (mut staged_ias, mut staged_slices) = (None, None);
         for ev in [
@@ -831,7 +829,7 @@ mod tests {
                         "items": [
                             ias("ml", "llama", serde_json::json!({ "scaleTargetRef": { "name": "llama" },
                                 "modelNames": ["llama-3"] })),
-                            ias("ml", "qwen", serde_json::json!({ "scaleTargetRef": { "name": "qwen" } })),
+                            ias("ml", "qwen", serde_json::json!({ "scaleTargetRef": { "name": "qwen" }, "modelNames": ["qwen"] })),
                         ]
                     }),
                     (Method::PATCH, p) => {
