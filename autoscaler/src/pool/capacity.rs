@@ -160,5 +160,13 @@ mod tests {
         let gpu = CapacityGpu::from_pod(&pod, &pool.name).unwrap();
         assert_eq!(gpu.reservations.unwrap(), vec![r]);
         assert!(CapacityGpu::from_pod(&pod, "l4").is_none());
+        // For checking by hand against the Kubernetes schema:
+        // TESSERA_DUMP_CAPACITY_POD=/tmp/pod.yaml cargo test … && kubernetes-validate --strict /tmp/pod.yaml
+        if let Ok(path) = std::env::var("TESSERA_DUMP_CAPACITY_POD") {
+            let mut v = serde_json::to_value(&pod).unwrap();
+            v["apiVersion"] = "v1".into();
+            v["kind"] = "Pod".into();
+            std::fs::write(path, serde_yaml::to_string(&v).unwrap()).unwrap();
+        }
     }
 }
