@@ -13,6 +13,7 @@ use tracing::{debug, info, instrument, warn};
 
 use super::capacity::capacity_pod;
 use super::config::{PoolSpec, PoolsConfig};
+use super::metrics::PoolMetrics;
 use super::state::{Decision, PoolIndex, Reservation, pod_key, reservations_patch};
 use super::{LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
 
@@ -73,6 +74,7 @@ pub struct PoolManager {
     pool: PoolSpec,
     index: Arc<Mutex<PoolIndex>>,
     max_attempts: u32,
+    metrics: PoolMetrics,
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -96,7 +98,14 @@ impl PoolManager {
             // Each lost race costs one attempt; a burst of N concurrent admissions on one GPU can make the
             // last one lose N − 1 times.
             max_attempts: 16,
+            metrics: PoolMetrics::default(),
         })
+    }
+
+    /// Reports into `metrics` (from [`PoolMetrics::register`]); without this the counters go nowhere.
+    pub fn with_metrics(mut self, metrics: PoolMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The pool.
@@ -170,6 +179,18 @@ impl PoolManager {
     /// to a bounded number of attempts. Errors are for the webhook to fail open on.
     #[instrument(skip(self, request), fields(pool = %self.pool.name, id = %request.id, model = %request.model))]
     pub async fn reserve(&self, request: ReserveRequest, now: u64) -> Result<Placement, PoolError> {
+        let result = self.reserve_inner(request, now).await;
+        let label = match &result {
+            Ok(p) if p.reason == "Existing" => "existing",
+            Ok(p) if p.reason == "CreatedCapacityPod" => "created_capacity_pod",
+            Ok(_) => "placed",
+            Err(e) => e.label(),
+        };
+        self.metrics.reservation(&self.pool.name, label);
+        result
+    }
+
+    async fn reserve_inner(&self, request: ReserveRequest, now: u64) -> Result<Placement, PoolError> {
         let reservation = Reservation {
             id: request.id.clone(),
             model: request.model,
@@ -204,6 +225,7 @@ impl PoolManager {
                             return Ok(self.placement(&capacity_pod, &reservation.id, reason));
                         }
                         Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
+                            self.metrics.conflict(&self.pool.name);
                             debug!(%capacity_pod, attempt, "capacity pod changed under us; re-reading");
                             self.refresh(&capacity_pod).await?;
                         }
@@ -228,7 +250,10 @@ impl PoolManager {
                         }
                         // Another replica created this slot first (or it is still terminating): learn it and
                         // decide again; the next decision places on it or takes the next slot.
-                        Err(e) if is_status(&e, 409) => self.refresh(&name).await?,
+                        Err(e) if is_status(&e, 409) => {
+                            self.metrics.conflict(&self.pool.name);
+                            self.refresh(&name).await?;
+                        }
                         Err(e) => return Err(e.into()),
                     }
                 }
@@ -272,7 +297,10 @@ impl PoolManager {
                     self.index().apply_capacity(&pod);
                     return Ok(removed);
                 }
-                Err(e) if is_status(&e, 409) => self.refresh(name).await?,
+                Err(e) if is_status(&e, 409) => {
+                    self.metrics.conflict(&self.pool.name);
+                    self.refresh(name).await?;
+                }
                 Err(e) if is_status(&e, 404) => {
                     self.index().delete_capacity(name);
                     return Ok(0);
@@ -325,6 +353,7 @@ impl PoolManager {
                 warn!(capacity_pod = %name, ?ids, "reservations expired: their pods never appeared");
             }
             report.expired += n;
+            self.metrics.expired(&self.pool.name, n);
         }
         let (mark, delete) = self
             .index()
@@ -362,6 +391,7 @@ impl PoolManager {
                 Ok(_) => {
                     self.index().delete_capacity(&name);
                     info!(capacity_pod = %name, "deleted: empty past the grace period");
+                    self.metrics.deleted(&self.pool.name);
                     report.deleted.push(name);
                 }
                 Err(e) if is_status(&e, 409) => self.refresh(&name).await?,
@@ -369,6 +399,8 @@ impl PoolManager {
                 Err(e) => return Err(e.into()),
             }
         }
+        let held = self.index().capacity().count();
+        self.metrics.capacity_pods(&self.pool.name, held);
         Ok(report)
     }
 
@@ -429,18 +461,30 @@ impl PoolManager {
     }
 }
 
-/// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled: what the autoscaler's leader
-/// calls. Each manager first rebuilds from the cluster (retrying every `interval` until the API answers),
-/// then watches and reconciles every `interval`. Returns once every manager has stopped.
+/// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled, without metrics; see
+/// [`run_pools_with_metrics`].
 pub async fn run_pools(
     client: kube::Client,
     cfg: Arc<PoolsConfig>,
     interval: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), PoolError> {
+    run_pools_with_metrics(client, cfg, interval, PoolMetrics::default(), shutdown).await
+}
+
+/// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled: what the autoscaler's leader
+/// calls. Each manager first rebuilds from the cluster (retrying every `interval` until the API answers),
+/// then watches and reconciles every `interval`. Returns once every manager has stopped.
+pub async fn run_pools_with_metrics(
+    client: kube::Client,
+    cfg: Arc<PoolsConfig>,
+    interval: Duration,
+    metrics: PoolMetrics,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(), PoolError> {
     let mut tasks = tokio::task::JoinSet::new();
     for pool in &cfg.pools {
-        let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?;
+        let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?.with_metrics(metrics.clone());
         let token = shutdown.clone();
         tasks.spawn(async move {
             loop {

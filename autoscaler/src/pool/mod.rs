@@ -24,10 +24,14 @@
 pub mod capacity;
 pub mod config;
 mod manager;
+pub mod metrics;
 pub mod state;
 
 pub use config::{PoolConfigError, PoolSpec, PoolsConfig, SharingMode};
-pub use manager::{Placement, PoolManager, ReconcileReport, ReserveRequest, run_pools};
+pub use manager::{
+    Placement, PoolManager, ReconcileReport, ReserveRequest, run_pools, run_pools_with_metrics,
+};
+pub use metrics::PoolMetrics;
 pub use state::{CapacityGpu, PoolIndex, Reservation, Tenant};
 
 /// Label on capacity pods and tenant pods: the pool's name.

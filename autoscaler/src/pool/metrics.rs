@@ -1,0 +1,139 @@
+//! The pool manager's Prometheus metrics (registered into the autoscaler's registry, or any other):
+//!
+//! - `tessera_pool_reservations_total{pool,result}`: reservation calls by outcome (`placed`, `existing`,
+//!   `created_capacity_pod`, and the [`PoolError::label`](super::PoolError::label) of failures).
+//! - `tessera_pool_conflicts_total{pool}`: writes refused with 409 (lost optimistic-concurrency races).
+//! - `tessera_pool_expired_reservations_total{pool}`: reservations dropped because their pod never came.
+//! - `tessera_pool_capacity_pods_deleted_total{pool}`: capacity pods deleted after the grace period.
+//! - `tessera_pool_capacity_pods{pool}`: capacity pods in the index after the last reconcile.
+
+use std::sync::atomic::AtomicI64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    pool: String,
+    result: String,
+}
+
+/// Handles to the pool metrics; cheap to clone (the families are shared).
+#[derive(Debug, Clone, Default)]
+pub struct PoolMetrics {
+    reservations: Family<ResultLabels, Counter>,
+    conflicts: Family<PoolLabels, Counter>,
+    expired: Family<PoolLabels, Counter>,
+    deleted: Family<PoolLabels, Counter>,
+    capacity_pods: Family<PoolLabels, Gauge<i64, AtomicI64>>,
+}
+
+impl PoolMetrics {
+    /// Creates the metrics and registers them under `tessera_pool_*` (pass the root registry; a prefixed
+    /// sub-registry would add its prefix in front).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("tessera_pool");
+        r.register(
+            "reservations",
+            "Reservation calls, by outcome",
+            m.reservations.clone(),
+        );
+        r.register(
+            "conflicts",
+            "Capacity pod writes refused with 409 Conflict",
+            m.conflicts.clone(),
+        );
+        r.register(
+            "expired_reservations",
+            "Reservations dropped because their pod never appeared",
+            m.expired.clone(),
+        );
+        r.register(
+            "capacity_pods_deleted",
+            "Capacity pods deleted after the empty-GPU grace period",
+            m.deleted.clone(),
+        );
+        r.register(
+            "capacity_pods",
+            "Capacity pods held by the pool",
+            m.capacity_pods.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn reservation(&self, pool: &str, result: &str) {
+        self.reservations
+            .get_or_create(&ResultLabels {
+                pool: pool.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn conflict(&self, pool: &str) {
+        self.conflicts
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .inc();
+    }
+
+    pub(crate) fn expired(&self, pool: &str, n: usize) {
+        self.expired
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .inc_by(n as u64);
+    }
+
+    pub(crate) fn deleted(&self, pool: &str) {
+        self.deleted
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .inc();
+    }
+
+    pub(crate) fn capacity_pods(&self, pool: &str, n: usize) {
+        self.capacity_pods
+            .get_or_create(&PoolLabels { pool: pool.into() })
+            .set(n as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let mut reg = Registry::default();
+        let m = PoolMetrics::register(&mut reg);
+        m.reservation("a100", "placed");
+        m.conflict("a100");
+        m.expired("a100", 2);
+        m.capacity_pods("a100", 3);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(
+            out.contains("tessera_pool_reservations_total{pool=\"a100\",result=\"placed\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tessera_pool_conflicts_total{pool=\"a100\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tessera_pool_expired_reservations_total{pool=\"a100\"} 2"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tessera_pool_capacity_pods{pool=\"a100\"} 3"),
+            "{out}"
+        );
+    }
+}
