@@ -122,6 +122,8 @@ pub struct ModelReport {
     pub kv_cache_gib: f64,
     /// Compute share per replica at the end.
     pub compute_fraction: f64,
+    /// Smallest compute share any replica of the model was started with.
+    pub compute_fraction_min: f64,
     /// GPU memory reserved per replica at the end, MiB.
     pub gpu_memory_mib: u64,
     /// Tessera: why the recommendation in force has its values (from `core::recommend`).

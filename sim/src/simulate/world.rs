@@ -992,6 +992,12 @@ impl<'a> World<'a> {
                 preemptions,
                 kv_cache_gib: kv,
                 compute_fraction: cf,
+                compute_fraction_min: rt
+                    .replicas
+                    .iter()
+                    .map(|&r| self.replicas[r].compute_fraction)
+                    .fold(f64::INFINITY, f64::min)
+                    .min(cf),
                 gpu_memory_mib: mib,
                 recommendation_reasons: match self.plan.kind {
                     StrategyKind::Tessera => rec
