@@ -110,6 +110,9 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Phase, f64)) -> Result<R
             ),
         }));
     }
+    for z in &sizing {
+        tracing::info!(model = %z.model, replicas = z.replicas, reason = %z.reason, "static sizing");
+    }
     let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
     let static_run = World::new(
         sc,

@@ -760,6 +760,23 @@ models:
         assert_eq!(s.arrivals.len(), s.models.len());
     }
 
+    /// Every scenario shipped in `scenarios/` parses, validates and resolves (its traces are bundled).
+    #[test]
+    fn shipped_scenarios_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let s = load(&Source::File(path.clone()), None, None)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                assert!(s.arrivals.iter().all(|a| !a.is_empty()), "{}", path.display());
+                n += 1;
+            }
+        }
+        assert!(n >= 3, "{n} scenarios in {}", dir.display());
+    }
+
     #[test]
     fn minimal_scenario_and_overrides() {
         let f = ScenarioFile::parse(MINIMAL, "m.yaml").unwrap();

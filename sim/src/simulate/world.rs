@@ -85,6 +85,9 @@ pub enum SimError {
         /// The engine's reason.
         source: ModelError,
     },
+    /// The GPU preset's memory and the scenario's headroom leave nothing to pack into.
+    #[error("GPU shape: {0}")]
+    GpuShape(PackError),
     /// The packer refused a replica (for example, it needs more than one GPU holds).
     #[error("model {model}: cannot place a replica: {source}")]
     Pack {
@@ -245,10 +248,7 @@ impl<'a> World<'a> {
         let packer = match plan.kind {
             StrategyKind::Tessera => {
                 let shape = GpuShape::new(sc.gpu.memory_bytes / (1 << 20), sc.settings.gpu_headroom_mib)
-                    .map_err(|source| SimError::Pack {
-                        model: "-".into(),
-                        source,
-                    })?;
+                    .map_err(SimError::GpuShape)?;
                 Some(Packer::new(shape))
             }
             _ => None,
@@ -344,6 +344,9 @@ impl<'a> World<'a> {
 
     /// Runs to the end (duration plus the drain allowance), reporting progress in virtual seconds.
     pub fn run(mut self, progress: &mut dyn FnMut(f64)) -> Result<RunResult, SimError> {
+        let span =
+            tracing::debug_span!("strategy", name = self.plan.kind.name(), models = ?self.plan.only_models);
+        let _entered = span.enter();
         let duration = self.sc.duration;
         let hard_end = duration + self.sc.settings.request_timeout.as_secs_f64();
         let mut last_progress = 0.0;
@@ -389,7 +392,14 @@ impl<'a> World<'a> {
         }
         progress(duration);
         self.now = self.now.max(duration);
-        Ok(self.finish())
+        let out = self.finish();
+        tracing::debug!(
+            gpu_hours = out.report.gpu_hours,
+            slo_attainment = out.report.slo_attainment,
+            cold_starts = out.report.cold_starts,
+            "strategy run done"
+        );
+        Ok(out)
     }
 
     fn gpus_held(&self) -> u32 {
