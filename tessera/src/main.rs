@@ -5,8 +5,12 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
-#[command(name = "tessera", version, about = "Serve more models per GPU on Kubernetes: rightsized vLLM memory, \
-fractional GPUs, and inference-aware autoscaling with scale to zero.")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Serve more models per GPU on Kubernetes: rightsized vLLM memory, \
+fractional GPUs, and inference-aware autoscaling with scale to zero."
+)]
 struct Cli {
     /// Log format: human-readable text or one JSON object per line. The level comes from RUST_LOG (default info).
     #[arg(long, global = true, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -64,7 +68,9 @@ fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     // Logs go to stderr so that commands whose stdout is data (crdgen, simulate, pack) stay pipeable.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
