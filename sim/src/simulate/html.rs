@@ -316,7 +316,7 @@ pub fn render(r: &Report) -> String {
             let _ = write!(
                 s,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}%</td><td>{:.2} / {}</td><td>{}</td>\
-                 <td>{}</td><td>{:.1}</td><td>{}</td><td>{:.2}</td></tr>",
+                 <td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td></tr>",
                 esc(&m.model),
                 m.requests,
                 m.failed,
@@ -328,7 +328,11 @@ pub fn render(r: &Report) -> String {
                 m.preemptions,
                 m.kv_cache_gib,
                 m.gpu_memory_mib,
-                m.compute_fraction
+                if m.compute_fraction_min < m.compute_fraction - 1e-9 {
+                    format!("{:.2}–{:.2}", m.compute_fraction_min, m.compute_fraction)
+                } else {
+                    format!("{:.2}", m.compute_fraction)
+                }
             );
         }
         s.push_str("</table>");

@@ -234,13 +234,13 @@ impl Report {
             let _ = writeln!(o, "{} — {}", s.strategy, s.description);
             let _ = writeln!(
                 o,
-                "  {:<20}{:>9}{:>11}{:>10}{:>12}{:>8}{:>10}{:>10}",
+                "  {:<20}{:>9}{:>11}{:>10}{:>12}{:>8}{:>10}{:>13}",
                 "model", "requests", "TTFT p95", "SLO met", "replicas", "cold", "KV GiB", "compute"
             );
             for m in &s.models {
                 let _ = writeln!(
                     o,
-                    "  {:<20}{:>9}{:>11}{:>9.2}%{:>12}{:>8}{:>10.1}{:>10.2}",
+                    "  {:<20}{:>9}{:>11}{:>9.2}%{:>12}{:>8}{:>10.1}{:>13}",
                     m.model,
                     m.requests,
                     secs(m.ttft_p95),
@@ -248,7 +248,12 @@ impl Report {
                     format!("{:.1}/{}", m.replicas_mean, m.replicas_max),
                     m.cold_starts,
                     m.kv_cache_gib,
-                    m.compute_fraction
+                    // The range when replicas were started with different shares.
+                    if m.compute_fraction_min < m.compute_fraction - 1e-9 {
+                        format!("{:.2}–{:.2}", m.compute_fraction_min, m.compute_fraction)
+                    } else {
+                        format!("{:.2}", m.compute_fraction)
+                    }
                 );
             }
         }

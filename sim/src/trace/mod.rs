@@ -85,21 +85,3 @@ impl TraceError {
         }
     }
 }
-
-/// A digest of a list of arrivals in order (FNV-1a over their exact bits), used to show that every
-/// strategy of a run saw the very same requests.
-pub fn digest(arrivals: &[Arrival]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for b in bytes {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    };
-    for a in arrivals {
-        eat(&a.at.to_bits().to_le_bytes());
-        eat(&a.prompt_tokens.to_le_bytes());
-        eat(&a.output_tokens.to_le_bytes());
-    }
-    h
-}
