@@ -7,9 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,83 +18,16 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use tokio::sync::{Notify, Semaphore};
 
+mod support;
+use support::{Tessera, free_port};
+
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A child process killed when dropped; its listen address read from its JSON log.
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Proc {
-    /// Starts `tessera <args> --listen <listen>` and waits (blocking) for the log line that names the bound address
-    /// in the field `listen_field`.
-    fn start(args: &[&str], listen: &str, listen_field: &str) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["--log-format", "json"])
-            .args(args)
-            .args(["--listen", listen])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tessera");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let field = listen_field.to_string();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            // Keep draining after the address is found so the child never blocks on a full pipe.
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if !sent
-                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
-                    && let Some(addr) = v["fields"][&field]
-                        .as_str()
-                        .and_then(|a| a.parse::<SocketAddr>().ok())
-                {
-                    let _ = tx.send(addr);
-                    sent = true;
-                }
-                if std::env::var_os("TESSERA_TEST_LOGS").is_some() {
-                    eprintln!("{line}");
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(WAIT) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("tessera {args:?} did not log its listen address within {WAIT:?}");
-            }
-        };
-        Proc { child, addr }
-    }
-
-    fn activator(extra: &[&str]) -> Proc {
-        let mut args = vec!["activator"];
-        args.extend_from_slice(extra);
-        Proc::start(&args, "127.0.0.1:0", "listen")
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-}
-
-/// A port that was free a moment ago, for a backend that starts later than the activator.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Starts `tessera activator --listen 127.0.0.1:0 <extra>`.
+fn activator(extra: &[&str]) -> Tessera {
+    let mut args = vec!["activator", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    Tessera::start(&args)
 }
 
 /// A minimal OpenAI-ish backend inside the test process.
@@ -174,7 +105,7 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(WAIT).build().unwrap()
 }
 
-async fn stats(act: &Proc) -> serde_json::Value {
+async fn stats(act: &Tessera) -> serde_json::Value {
     client()
         .get(act.url("/tessera/v1/stats"))
         .send()
@@ -186,7 +117,7 @@ async fn stats(act: &Proc) -> serde_json::Value {
 }
 
 /// Polls the stats document until `pred` holds (bounded).
-async fn wait_stats(act: &Proc, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+async fn wait_stats(act: &Tessera, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
     let deadline = Instant::now() + WAIT;
     loop {
         let s = stats(act).await;
@@ -204,7 +135,7 @@ async fn wait_stats(act: &Proc, pred: impl Fn(&serde_json::Value) -> bool) -> se
 #[tokio::test]
 async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
     let port = free_port();
-    let act = Proc::activator(&[
+    let act = activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--hold-timeout",
@@ -269,7 +200,7 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
 #[tokio::test]
 async fn overflow_answers_503_with_retry_after() {
     let port = free_port();
-    let act = Proc::activator(&[
+    let act = activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--queue-size",
@@ -309,7 +240,7 @@ async fn overflow_answers_503_with_retry_after() {
 #[tokio::test]
 async fn hold_timeout_answers_503_with_an_openai_error() {
     let port = free_port();
-    let act = Proc::activator(&[
+    let act = activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--hold-timeout",
@@ -342,7 +273,7 @@ async fn backend_dying_mid_stream_is_an_error_not_a_hang() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let _server = tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
-    let act = Proc::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
+    let act = activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
     let resp = client()
         .post(act.url("/v1/stream-then-die"))
         .json(&chat("m"))
@@ -385,7 +316,7 @@ async fn streaming_passes_through_chunk_by_chunk() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let _server = tokio::spawn(serve_backend(listener, backend));
-    let act = Proc::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
+    let act = activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
     let mut resp = client()
         .post(act.url("/v1/stream-gated"))
         .json(&chat("m"))
@@ -421,7 +352,7 @@ async fn least_outstanding_balances_two_backends() {
         flags.push(format!("m=http://127.0.0.1:{port}"));
         backends.push(b);
     }
-    let act = Proc::activator(&["--backend", &flags[0], "--backend", &flags[1]]);
+    let act = activator(&["--backend", &flags[0], "--backend", &flags[1]]);
     wait_stats(&act, |s| s["models"]["m"]["readyBackends"] == 2).await;
     // Requests stay open (gated), one at a time: each new one must go to the backend with fewer open.
     let mut open = Vec::new();
@@ -467,7 +398,7 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
-    let act = Proc::activator(&[
+    let act = activator(&[
         "--backend",
         &format!("b-model=http://127.0.0.1:{port}"),
         "--backend",
@@ -603,20 +534,22 @@ async fn next_chunk(resp: &mut reqwest::Response) -> String {
 // ---- against the real emulator: `tessera vllm-sim` ----
 
 /// Starts `tessera vllm-sim` serving `model` on `listen` (off the async runtime: it blocks until the port opens).
-async fn vllm_sim(model: &str, listen: &str, extra: &[&str]) -> Proc {
+async fn vllm_sim(model: &str, listen: &str, extra: &[&str]) -> Tessera {
     let mut args: Vec<String> = vec!["vllm-sim".into(), "--served-model-name".into(), model.into()];
     args.extend(extra.iter().map(|s| s.to_string()));
     let listen = listen.to_string();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Proc::start(&args, &listen, "addr")
+        let mut args = args;
+        args.extend(["--listen", listen.as_str()]);
+        Tessera::start(&args)
     })
     .await
     .unwrap()
 }
 
 /// Requests the emulator finished, from its own vLLM counter (summed over finish reasons).
-async fn finished_at(sim: &Proc) -> f64 {
+async fn finished_at(sim: &Tessera) -> f64 {
     let page = client()
         .get(sim.url("/metrics"))
         .send()
@@ -634,7 +567,7 @@ async fn finished_at(sim: &Proc) -> f64 {
 #[tokio::test]
 async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
     let port = free_port();
-    let act = Proc::activator(&[
+    let act = activator(&[
         "--backend",
         &format!("qwen=http://127.0.0.1:{port}"),
         "--hold-timeout",
@@ -675,7 +608,7 @@ async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
 #[tokio::test]
 async fn vllm_sim_stream_arrives_token_by_token() {
     let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
-    let act = Proc::activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
+    let act = activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
     wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 40, "ignore_eos": true, "stream": true,
         "messages": [{ "role": "user", "content": "Count to forty." }] });
@@ -717,7 +650,7 @@ async fn vllm_sim_stream_arrives_token_by_token() {
 #[tokio::test]
 async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
     let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
-    let act = Proc::activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
+    let act = activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
     wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
     // Long enough (thousands of tokens) that only the kill can end it within the test's bounds.
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 4000, "ignore_eos": true, "stream": true,
@@ -754,7 +687,7 @@ async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
 async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
     let a = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
     let b = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
-    let act = Proc::activator(&[
+    let act = activator(&[
         "--backend",
         &format!("qwen=http://{}", a.addr),
         "--backend",

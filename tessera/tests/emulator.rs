@@ -3,7 +3,6 @@
 //! a lower `--gpu-memory-utilization` gives fewer blocks and, past the knee, preemptions).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -14,51 +13,23 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use tessera_core::metrics::{VllmSnapshot, parse_text};
 
+mod support;
+use support::Tessera;
+
 /// A running `tessera vllm-sim`, killed on drop.
 struct Emulator {
-    child: Child,
+    proc: Tessera,
     base: String,
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Emulator {
     /// Starts the emulator on an ephemeral port and waits until it logs the address it serves on.
     fn start(args: &[&str]) -> Emulator {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["--log-format", "json", "vllm-sim", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tessera vllm-sim");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(addr) = v["fields"]["addr"].as_str()
-                {
-                    let _ = tx.send(addr.to_owned());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("tessera vllm-sim did not report its address within 30 s (args {args:?})");
-            }
-        };
-        Emulator {
-            child,
-            base: format!("http://{addr}"),
-        }
+        let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let proc = Tessera::start(&all);
+        let base = proc.base();
+        Emulator { proc, base }
     }
 
     fn url(&self, path: &str) -> String {
@@ -604,53 +575,24 @@ async fn ramp_raises_kv_queue_and_ttft_and_low_memory_preempts() {
 
 /// A running `tessera sidecar`, killed on drop.
 struct Sidecar {
-    child: Child,
+    _proc: Tessera,
     base: String,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Sidecar {
     fn start(vllm_url: &str) -> Sidecar {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args([
-                "--log-format",
-                "json",
-                "sidecar",
-                "--listen",
-                "127.0.0.1:0",
-                "--vllm-url",
-                vllm_url,
-            ])
-            .args(["--scrape-interval", "200ms", "--no-nvml"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tessera sidecar");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(addr) = v["fields"]["listen"].as_str()
-                {
-                    let _ = tx.send(addr.to_owned());
-                }
-            }
-        });
-        let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
-            let _ = child.kill();
-            panic!("tessera sidecar did not report its address within 30 s");
-        };
-        Sidecar {
-            child,
-            base: format!("http://{addr}"),
-        }
+        let proc = Tessera::start(&[
+            "sidecar",
+            "--listen",
+            "127.0.0.1:0",
+            "--vllm-url",
+            vllm_url,
+            "--scrape-interval",
+            "200ms",
+            "--no-nvml",
+        ]);
+        let base = proc.base();
+        Sidecar { _proc: proc, base }
     }
 }
 
@@ -828,7 +770,7 @@ async fn bench_streams(gpu: &str, time_scale: f64, clients: usize, prompt: u32, 
         "--time-scale",
         &scale,
     ]);
-    let pid = emu.child.id().to_string();
+    let pid = emu.proc.child.id().to_string();
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
         .pool_max_idle_per_host(clients)

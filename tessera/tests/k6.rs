@@ -4,12 +4,13 @@
 //! where neither exists the tests print why and skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+mod support;
+use support::Tessera;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -32,45 +33,17 @@ fn find_k6() -> Option<PathBuf> {
 
 /// A running `tessera vllm-sim`, killed on drop.
 struct Emulator {
-    child: Child,
+    _proc: Tessera,
     base: String,
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Emulator {
     fn start(args: &[&str]) -> Emulator {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["--log-format", "json", "vllm-sim", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start tessera vllm-sim");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line)
-                    && let Some(addr) = v["fields"]["addr"].as_str()
-                {
-                    let _ = tx.send(addr.to_owned());
-                }
-            }
-        });
-        let Ok(addr) = rx.recv_timeout(Duration::from_secs(30)) else {
-            let _ = child.kill();
-            panic!("tessera vllm-sim did not report its address within 30 s");
-        };
-        Emulator {
-            child,
-            base: format!("http://{addr}"),
-        }
+        let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        let proc = Tessera::start(&all);
+        let base = proc.base();
+        Emulator { _proc: proc, base }
     }
 }
 

@@ -388,7 +388,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    info!(addr = %listener.local_addr()?, model = %args.model_preset, gpu = %args.gpu, "vllm-sim serving");
+    info!(listen = %listener.local_addr()?, model = %args.model_preset, gpu = %args.gpu, "vllm-sim serving");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await

@@ -1,0 +1,95 @@
+//! The harness every binary test shares: start a `tessera` role as a real child process on an ephemeral port, learn
+//! the address it bound from its JSON log (every serving role logs it in the field `listen`), and kill it on drop
+//! so a failing test never leaves a server behind.
+//!
+//! Set `TESSERA_TEST_LOGS=1` to see the children's logs.
+#![allow(dead_code)] // each test crate uses a different part of it
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// How long a child may take to bind its port (a cold debug binary on a loaded 2-core machine is slow).
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running `tessera` child, killed on drop.
+#[derive(Debug)]
+pub struct Tessera {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Drop for Tessera {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Tessera {
+    /// Runs `tessera --log-format json <args>` with `RUST_LOG=info` and blocks until it logs its bound address.
+    /// `args` must include the role's `--listen` (usually `127.0.0.1:0`).
+    pub fn start(args: &[&str]) -> Tessera {
+        Self::start_with_env(args, &[])
+    }
+
+    /// As [`Tessera::start`], with extra environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Tessera {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["--log-format", "json"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tessera");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            // Keep draining after the address is found so the child never blocks on a full pipe.
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !sent
+                    && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                    && let Some(addr) = v["fields"]["listen"]
+                        .as_str()
+                        .and_then(|a| a.parse::<SocketAddr>().ok())
+                {
+                    let _ = tx.send(addr);
+                    sent = true;
+                }
+                if std::env::var_os("TESSERA_TEST_LOGS").is_some() {
+                    eprintln!("{line}");
+                }
+            }
+        });
+        match rx.recv_timeout(START_TIMEOUT) {
+            Ok(addr) => Tessera { child, addr },
+            Err(_) => {
+                let _ = child.kill();
+                panic!("tessera {args:?} did not log its listen address within {START_TIMEOUT:?}");
+            }
+        }
+    }
+
+    /// `http://<addr><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// `http://<addr>`.
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// A port that was free a moment ago, for a server that must come up later on a known address.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
