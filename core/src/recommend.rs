@@ -28,6 +28,20 @@
 //!
 //! The result is rounded *up* to whole KV blocks, MiB and hundredths of utilization, so rounding never shrinks it.
 //!
+//! **The compute share** ([`recommend_compute`]) is sized against latency, not GPU busy time: a decode step is
+//! memory-bound, so a replica with one request in flight reads "busy" as much as one with fifty, and a busy-time
+//! rule gives every steadily served model the whole GPU. Prefill and decode steps take about `1 / share` as long,
+//! so the share scales like HPA's ratio rule on the latency objectives ([`ComputeFacts`]):
+//! 1. With an objective (TTFT p95 and/or inter-token p95) and at least `min_latency_samples` observations:
+//!    `share' = current × observed p95 / (latency_target_ratio × SLO)`, no change within `±latency_tolerance`,
+//!    the largest over the objectives. Over the target → grow, never below what runs now or was recommended.
+//! 2. Saturation at the current share (busy ≥ `saturation_busy_ratio` or preempting while requests waited, in
+//!    at least `saturation_min_ratio` of the samples) → grow by `compute_max_step_up`, never shrink.
+//! 3. Too few latency observations (idle, missing data) or no objective configured → keep the previous
+//!    recommendation (or the current share; whole GPU when unknown). Missing data never shrinks the share.
+//! 4. Bounded step per update from the previous recommendation (or the current share): at most
+//!    `× compute_max_step_up` up and `compute_max_step_down_ratio` down; then `[min_compute_fraction, 1]`.
+//!
 //! **Bytes per KV token** (what converts tokens to bytes) come, in order of preference, from: configuration
 //! (`2 × layers × kv_heads × head_dim × dtype bytes`, 1× for MLA models); `kv_cache_memory_bytes` in vLLM's
 //! `cache_config_info` divided by `num_gpu_blocks × block_size` (vLLM sized the cache from exactly that); or the
@@ -112,13 +126,24 @@ pub struct Config {
     pub near_full_ratio: f64,
     /// The most of the GPU a replica may be given, as a fraction of its total memory.
     pub max_gpu_memory_utilization: f64,
-    /// Headroom over the observed SM utilization percentile for the compute fraction.
-    pub compute_headroom: f64,
     /// Smallest compute fraction ever recommended.
     pub min_compute_fraction: f64,
-    /// Compute fraction when no SM utilization was observed. 1.0 = the whole GPU, i.e. "no change": Tessera
-    /// never invents a smaller share it has no evidence for.
-    pub default_compute_fraction: f64,
+    /// The share of a latency objective the compute share is sized to reach (0.5 = p95 at half the SLO), so a
+    /// burst has room before the objective is missed.
+    pub latency_target_ratio: f64,
+    /// Tolerance around that target within which the compute share does not move (0.1 = ±10%), as HPA's.
+    pub latency_tolerance: f64,
+    /// Fewest latency observations (TTFT requests, inter-token intervals) in the window before latency may
+    /// shrink the compute share.
+    pub min_latency_samples: u64,
+    /// Largest growth of the compute share per update, as a factor (2.0 = at most double).
+    pub compute_max_step_up: f64,
+    /// Largest shrink of the compute share per update, as a fraction (0.25 = at most 25% smaller).
+    pub compute_max_step_down_ratio: f64,
+    /// GPU busy time at or above which a sample with waiting requests counts as saturated at its share.
+    pub saturation_busy_ratio: f64,
+    /// Share of the window's samples that must be saturated before saturation grows the compute share.
+    pub saturation_min_ratio: f64,
 }
 
 impl Default for Config {
@@ -132,9 +157,14 @@ impl Default for Config {
             max_step_down_ratio: 0.1,
             near_full_ratio: 0.9,
             max_gpu_memory_utilization: 0.95,
-            compute_headroom: 0.2,
             min_compute_fraction: 0.05,
-            default_compute_fraction: 1.0,
+            latency_target_ratio: 0.5,
+            latency_tolerance: 0.1,
+            min_latency_samples: 20,
+            compute_max_step_up: 2.0,
+            compute_max_step_down_ratio: 0.25,
+            saturation_busy_ratio: 0.95,
+            saturation_min_ratio: 0.1,
         }
     }
 }
@@ -165,14 +195,18 @@ impl Config {
             0.01,
             1.0,
         )?;
-        in_range("compute_headroom", self.compute_headroom, 0.0, 10.0)?;
-        in_range("min_compute_fraction", self.min_compute_fraction, 0.0, 1.0)?;
+        in_range("min_compute_fraction", self.min_compute_fraction, 0.001, 1.0)?;
+        in_range("latency_target_ratio", self.latency_target_ratio, 0.01, 1.0)?;
+        in_range("latency_tolerance", self.latency_tolerance, 0.0, 0.9)?;
+        in_range("compute_max_step_up", self.compute_max_step_up, 1.0, 1000.0)?;
         in_range(
-            "default_compute_fraction",
-            self.default_compute_fraction,
-            self.min_compute_fraction,
-            1.0,
+            "compute_max_step_down_ratio",
+            self.compute_max_step_down_ratio,
+            0.0,
+            0.99,
         )?;
+        in_range("saturation_busy_ratio", self.saturation_busy_ratio, 0.0, 1.0)?;
+        in_range("saturation_min_ratio", self.saturation_min_ratio, 0.0, 1.0)?;
         if self.min_samples == 0 {
             return Err(ConfigError {
                 name: "min_samples",
@@ -209,6 +243,34 @@ pub struct Input<'a> {
     /// Pass the one that was *applied*; `None` bounds the step from what runs now (the current KV geometry),
     /// which is what the sidecar does, since what runs is the applied one. The simulator passes its last one.
     pub previous: Option<&'a Recommendation>,
+    /// What the compute-share rule needs besides the window: the share the replica runs with, its latency
+    /// objectives and the window's observed latency. `ComputeFacts::default()` = whole GPU, no objective.
+    pub compute: ComputeFacts,
+}
+
+/// A latency percentile observed over the window, with how many observations it rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct LatencyObservation {
+    /// The 95th percentile over the window, seconds (from the difference of two cumulative histograms).
+    pub p95_secs: f64,
+    /// Observations in the window (requests for TTFT, token intervals for inter-token latency).
+    pub samples: f64,
+}
+
+/// What the compute-share rule looks at besides the window of [`Observation`]s. Every field may be unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ComputeFacts {
+    /// The compute share this replica runs with now (`tessera.dev/gpu-compute-fraction`); `None` = whole GPU.
+    /// Latency was observed at this share, so the ratio rule scales from it.
+    pub current_share: Option<f64>,
+    /// The time-to-first-token p95 objective, seconds.
+    pub ttft_slo_secs: Option<f64>,
+    /// The inter-token latency p95 objective, seconds.
+    pub itl_slo_secs: Option<f64>,
+    /// Observed TTFT over the window (queue time included: what a client waits).
+    pub ttft: Option<LatencyObservation>,
+    /// Observed inter-token latency over the window.
+    pub itl: Option<LatencyObservation>,
 }
 
 /// Which output a [`Reason`] explains.
@@ -245,10 +307,23 @@ pub enum ReasonCode {
     ClampedToGpu,
     /// Derived from the KV size plus non-KV memory.
     KvPlusNonKv,
-    /// From observed SM utilization plus headroom.
+    /// From observed SM utilization plus headroom. Produced only by older sidecars (kept so their documents
+    /// still parse): time-busy cannot tell a batch of one from a batch of fifty.
     ObservedSmUtilization,
-    /// No SM utilization observed: the conservative default.
+    /// No SM utilization observed: the conservative default. Produced only by older sidecars.
     DefaultCompute,
+    /// Observed latency p95 is well under its target share of the objective: shrink in proportion.
+    LatencyUnderObjective,
+    /// Observed latency p95 is within the tolerance band of its target: keep the current share.
+    LatencyWithinObjective,
+    /// Observed latency p95 is over its target: grow in proportion, never shrink.
+    LatencyOverObjective,
+    /// Too few latency observations in the window (idle, or missing data): keep the share.
+    TooFewLatencySamples,
+    /// No latency objective configured: no evidence a smaller share is safe, keep the share.
+    NoLatencyObjective,
+    /// The replica was busy with requests waiting (or preempting) at its share: grow, never shrink.
+    ComputeSaturated,
 }
 
 /// One explanation: which field, why (code), and a human sentence with the numbers.
@@ -492,6 +567,261 @@ fn resolve_memory(geometry: &KvGeometry, mem: &MemoryFacts) -> Result<Resolved, 
     })
 }
 
+/// The compute share and why (see [`recommend_compute`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ComputeDecision {
+    /// The recommended share, within `[min_compute_fraction, 1]`, in hundredths rounded up.
+    pub share: f64,
+    /// Why, in the order the rules applied (each with `field: ComputeFraction`).
+    pub reasons: Vec<Reason>,
+}
+
+/// What one latency objective says about the share it was observed at.
+struct Objective {
+    name: &'static str,
+    slo: f64,
+    /// `Some((p95, samples))` when there is enough evidence.
+    seen: Option<(f64, f64)>,
+    samples: f64,
+}
+
+/// True when a sample shows the replica saturated at its share: requests waiting while the GPU was busy all the
+/// time, or while it preempted. Returns (saturated samples, samples that could show it).
+fn saturation(window: &[Observation], config: &Config) -> (usize, usize) {
+    let mut prev_preemptions: Option<f64> = None;
+    let (mut saturated, mut seen) = (0, 0);
+    for o in window {
+        let preempted = match (prev_preemptions, o.preemptions_total) {
+            (Some(p), Some(c)) if c.is_finite() => c > p || (c < p && c > 0.0),
+            _ => false,
+        };
+        if o.preemptions_total.is_some_and(f64::is_finite) {
+            prev_preemptions = o.preemptions_total;
+        }
+        let busy = o.sm_utilization.filter(|b| b.is_finite());
+        if busy.is_none() && o.preemptions_total.is_none() {
+            continue;
+        }
+        seen += 1;
+        let waiting = o.requests_waiting.is_some_and(|w| w.is_finite() && w > 0.0);
+        if waiting && (busy.is_some_and(|b| b >= config.saturation_busy_ratio) || preempted) {
+            saturated += 1;
+        }
+    }
+    (saturated, seen)
+}
+
+/// The compute-share rule. Pure; `window` is sorted oldest first.
+///
+/// Time-busy is not a measure of need for an LLM server (a memory-bound decode step keeps the GPU busy with one
+/// request as with fifty), so the share is sized against latency, which does scale with it: prefill and decode
+/// steps both take about `1 / share` as long. In order:
+/// 1. **Evidence.** Each configured objective (TTFT p95, inter-token p95) with at least `min_latency_samples`
+///    observations gives `r = observed p95 / (latency_target_ratio × SLO)`; within `1 ± latency_tolerance`
+///    it counts as 1 (no change). With an objective over target (`r > 1 + tolerance`): `current × max r`, and
+///    never below what runs now or the previous recommendation. With all objectives under target:
+///    `current × max r`. An objective without enough observations (idle, or missing data) blocks any shrink:
+///    keep the previous recommendation (or the current share). No objective at all: keep it too — there is no
+///    evidence a smaller share is safe; GPU busy time is reported, never used to shrink.
+/// 2. **Saturation** (at least `saturation_min_ratio` of the samples busy ≥ `saturation_busy_ratio` or
+///    preempting while requests waited) → at least `max(current, previous) × compute_max_step_up`; never shrink.
+/// 3. **Bounded step** from the previous recommendation (or the current share): at most
+///    `× compute_max_step_up` up and `compute_max_step_down_ratio` down per update; a grow signal is never
+///    capped below `max(current, previous)`.
+/// 4. Rounded up to hundredths, clamped to `[min_compute_fraction, 1]`.
+pub fn recommend_compute(
+    window: &[Observation],
+    facts: &ComputeFacts,
+    previous: Option<f64>,
+    config: &Config,
+) -> ComputeDecision {
+    let usable = |v: &f64| v.is_finite() && *v > 0.0;
+    let current = facts.current_share.filter(usable).map_or(1.0, |s| s.min(1.0));
+    let reference = previous.filter(usable).map_or(current, |s| s.min(1.0));
+    let mut reasons = Vec::new();
+    let mut reason = |code, message: String| {
+        reasons.push(Reason {
+            field: Field::ComputeFraction,
+            code,
+            message,
+        })
+    };
+    let busy: Vec<f64> = window
+        .iter()
+        .filter_map(|o| o.sm_utilization)
+        .filter(|b| b.is_finite())
+        .collect();
+    let busy_note = if busy.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; GPU busy {:.0}% of the time on average at this share (reported only: a decode step keeps the GPU \
+             busy at any batch size)",
+            100.0 * busy.iter().sum::<f64>() / busy.len() as f64
+        )
+    };
+
+    // Rule 1: latency evidence.
+    let objectives: Vec<Objective> = [
+        ("TTFT", facts.ttft_slo_secs, facts.ttft),
+        ("inter-token latency", facts.itl_slo_secs, facts.itl),
+    ]
+    .into_iter()
+    .filter_map(|(name, slo, seen)| {
+        let slo = slo.filter(usable)?;
+        let samples = seen.map_or(0.0, |l| if l.samples.is_finite() { l.samples } else { 0.0 });
+        let seen = seen
+            .filter(|l| l.p95_secs.is_finite() && l.p95_secs >= 0.0)
+            .filter(|_| samples >= config.min_latency_samples as f64)
+            .map(|l| (l.p95_secs, samples));
+        Some(Objective {
+            name,
+            slo,
+            seen,
+            samples,
+        })
+    })
+    .collect();
+    let band = |r: f64| {
+        if (r - 1.0).abs() <= config.latency_tolerance {
+            1.0
+        } else {
+            r
+        }
+    };
+    let mut pressure = false;
+    let mut desired;
+    if objectives.is_empty() {
+        desired = reference;
+        reason(
+            ReasonCode::NoLatencyObjective,
+            format!(
+                "no latency objective (--ttft-slo / --itl-slo): no evidence a smaller share is safe, keeping \
+                 {reference:.2}{busy_note}"
+            ),
+        );
+    } else {
+        // The objective asking the most decides (the max over TTFT and inter-token latency).
+        let mut worst: Option<(f64, &Objective)> = None;
+        for o in &objectives {
+            if let Some((p95, _)) = o.seen {
+                let r = band(p95 / (config.latency_target_ratio * o.slo));
+                if worst.is_none_or(|(w, _)| r > w) {
+                    worst = Some((r, o));
+                }
+            }
+        }
+        let missing: Vec<&Objective> = objectives.iter().filter(|o| o.seen.is_none()).collect();
+        let describe = |o: &Objective| match o.seen {
+            Some((p95, n)) => format!(
+                "{} p95 {:.3} s over {n:.0} observations vs target {:.3} s ({:.0}% of the {:.3} s objective)",
+                o.name,
+                p95,
+                config.latency_target_ratio * o.slo,
+                config.latency_target_ratio * 100.0,
+                o.slo
+            ),
+            None => format!(
+                "{} has {:.0} observations in the window ({} needed)",
+                o.name, o.samples, config.min_latency_samples
+            ),
+        };
+        match worst {
+            Some((r, o)) if r > 1.0 => {
+                pressure = true;
+                desired = current * r;
+                reason(
+                    ReasonCode::LatencyOverObjective,
+                    format!(
+                        "{}: grow {current:.2} × {r:.2} = {desired:.2}, never shrink{busy_note}",
+                        describe(o)
+                    ),
+                );
+            }
+            _ if !missing.is_empty() => {
+                desired = reference;
+                reason(
+                    ReasonCode::TooFewLatencySamples,
+                    format!(
+                        "{}: not enough evidence to shrink, keeping {reference:.2}{busy_note}",
+                        missing.iter().map(|o| describe(o)).collect::<Vec<_>>().join("; ")
+                    ),
+                );
+            }
+            Some((r, o)) if r >= 1.0 => {
+                desired = current;
+                reason(
+                    ReasonCode::LatencyWithinObjective,
+                    format!(
+                        "{}: within ±{:.0}%, keeping {current:.2}{busy_note}",
+                        describe(o),
+                        config.latency_tolerance * 100.0
+                    ),
+                );
+            }
+            Some((r, o)) => {
+                desired = current * r;
+                reason(
+                    ReasonCode::LatencyUnderObjective,
+                    format!(
+                        "{} (the objective asking the most): shrink {current:.2} × {r:.2} = {desired:.2}{busy_note}",
+                        describe(o)
+                    ),
+                );
+            }
+            // Unreachable in practice: no evidence means `missing` is not empty. Keep, to be safe.
+            None => desired = reference,
+        }
+    }
+
+    // Rule 2: saturation at the current share.
+    let (saturated, seen) = saturation(window, config);
+    if saturated > 0 && saturated as f64 >= config.saturation_min_ratio * seen as f64 {
+        pressure = true;
+        let grown = current.max(reference) * config.compute_max_step_up;
+        if grown > desired {
+            desired = grown;
+        }
+        reason(
+            ReasonCode::ComputeSaturated,
+            format!(
+                "{saturated} of {seen} samples busy ≥ {:.0}% (or preempting) while requests waited at share \
+                 {current:.2}: grow to at least {grown:.2}, never shrink",
+                config.saturation_busy_ratio * 100.0
+            ),
+        );
+    }
+
+    // Rule 3: bounded step from the previous recommendation (or what runs now).
+    let floor = if pressure { current.max(reference) } else { 0.0 };
+    let upper = (reference * config.compute_max_step_up).max(floor);
+    let lower = reference * (1.0 - config.compute_max_step_down_ratio);
+    if desired > upper {
+        reason(
+            ReasonCode::StepLimitedUp,
+            format!(
+                "compute share growth capped at ×{} per update: {desired:.2} → {upper:.2} (from {reference:.2})",
+                config.compute_max_step_up
+            ),
+        );
+        desired = upper;
+    } else if desired < lower {
+        reason(
+            ReasonCode::StepLimitedDown,
+            format!(
+                "compute share shrink limited to {:.0}% per update: {desired:.2} → {lower:.2} (from {reference:.2})",
+                config.compute_max_step_down_ratio * 100.0
+            ),
+        );
+        desired = lower;
+    }
+    desired = desired.max(floor);
+
+    // Rule 4: hundredths rounded up (the epsilon keeps 0.75 from becoming 0.76 through float noise), clamped.
+    let share = ((desired * 100.0 - 1e-9).ceil() / 100.0).clamp(config.min_compute_fraction, 1.0);
+    ComputeDecision { share, reasons }
+}
+
 /// Computes this replica's recommendation from a window of observations. Pure: same input, same answer.
 pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
     if let Err(e) = config.validate() {
@@ -713,45 +1043,11 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         ),
     );
 
-    // Compute: observed SM utilization + headroom, else the documented default (never invented).
-    let mut sm: Vec<f64> = window
-        .iter()
-        .filter_map(|o| o.sm_utilization)
-        .filter(|u| u.is_finite())
-        .map(|u| u.clamp(0.0, 1.0))
-        .collect();
-    let compute_fraction = if sm.len() >= config.min_samples {
-        sm.sort_by(f64::total_cmp);
-        let p = percentile_sorted(&sm, config.percentile);
-        let peak = sm.last().copied().unwrap_or(0.0);
-        // Hundredths, rounded up, so rounding never takes away compute.
-        let raw = (p * (1.0 + config.compute_headroom)).max(peak);
-        let f = ((raw * 100.0).ceil() / 100.0).clamp(config.min_compute_fraction, 1.0);
-        reason(
-            Field::ComputeFraction,
-            ReasonCode::ObservedSmUtilization,
-            format!(
-                "p{:.0} SM utilization {:.1}% + {:.0}% headroom (peak {:.1}%) → {f:.2}",
-                config.percentile * 100.0,
-                p * 100.0,
-                config.compute_headroom * 100.0,
-                peak * 100.0
-            ),
-        );
-        f
-    } else {
-        reason(
-            Field::ComputeFraction,
-            ReasonCode::DefaultCompute,
-            format!(
-                "{} SM utilization samples ({} needed): keeping the default {:.2}",
-                sm.len(),
-                config.min_samples,
-                config.default_compute_fraction
-            ),
-        );
-        config.default_compute_fraction
-    };
+    // Compute: the latency/saturation rule (see `recommend_compute`).
+    let previous_share = input.previous.map(|r| r.compute_fraction);
+    let compute = recommend_compute(&window, &input.compute, previous_share, config);
+    reasons.extend(compute.reasons);
+    let compute_fraction = compute.share;
 
     Outcome::Ready(Recommendation {
         kv_cache_memory_bytes: kv_bytes,
@@ -820,6 +1116,7 @@ mod tests {
                 geometry: geometry(),
                 memory: mem,
                 previous: prev,
+                compute: ComputeFacts::default(),
             },
             &Config::default(),
         )
@@ -929,6 +1226,7 @@ mod tests {
                 geometry: g,
                 memory: memory(),
                 previous: None,
+                compute: ComputeFacts::default(),
             },
             &Config::default(),
         );
@@ -952,6 +1250,7 @@ mod tests {
                 geometry: geometry(),
                 memory: memory(),
                 previous: None,
+                compute: ComputeFacts::default(),
             },
             &bad,
         );
@@ -1014,7 +1313,7 @@ mod tests {
             vec![
                 ReasonCode::Percentile,
                 ReasonCode::KvPlusNonKv,
-                ReasonCode::DefaultCompute
+                ReasonCode::NoLatencyObjective
             ]
         );
         assert_eq!(prev.kv_cache_memory_bytes, prev.kv_cache_tokens * 57_344);
@@ -1086,6 +1385,7 @@ mod tests {
                 geometry: g,
                 memory: memory(),
                 previous: None,
+                compute: ComputeFacts::default(),
             },
             &Config::default(),
         ));
@@ -1101,6 +1401,7 @@ mod tests {
                 geometry: g,
                 memory: small_gpu,
                 previous: None,
+                compute: ComputeFacts::default(),
             },
             &Config::default(),
         ));
@@ -1118,6 +1419,7 @@ mod tests {
                 geometry: g,
                 memory: memory(),
                 previous: None,
+                compute: ComputeFacts::default(),
             },
             &cfg,
         ));
@@ -1143,6 +1445,7 @@ mod tests {
                     geometry: g,
                     memory: memory(),
                     previous: prev.as_ref(),
+                    compute: ComputeFacts::default(),
                 },
                 &Config::default(),
             )));
@@ -1152,26 +1455,329 @@ mod tests {
         assert!(codes(&r).contains(&ReasonCode::MinimumSequence));
     }
 
+    /// A compute window: `n` samples 10 s apart, busy `busy`, `waiting` requests waiting.
+    fn cwin(n: usize, busy: Option<f64>, waiting: f64) -> Vec<Observation> {
+        (0..n)
+            .map(|i| Observation {
+                at_secs: 10.0 * i as f64,
+                kv_usage: Some(0.3),
+                requests_waiting: Some(waiting),
+                preemptions_total: Some(0.0),
+                sm_utilization: busy,
+            })
+            .collect()
+    }
+
+    fn lat(p95: f64, samples: f64) -> Option<LatencyObservation> {
+        Some(LatencyObservation {
+            p95_secs: p95,
+            samples,
+        })
+    }
+
+    fn facts(current: Option<f64>, ttft_slo: Option<f64>, ttft: Option<LatencyObservation>) -> ComputeFacts {
+        ComputeFacts {
+            current_share: current,
+            ttft_slo_secs: ttft_slo,
+            ttft,
+            ..Default::default()
+        }
+    }
+
+    fn ccodes(d: &ComputeDecision) -> Vec<ReasonCode> {
+        d.reasons.iter().map(|r| r.code).collect()
+    }
+
     #[test]
-    fn compute_fraction_from_observed_sm_use_else_default() {
-        let mut w = window(40, |_| 0.5);
-        for (i, o) in w.iter_mut().enumerate() {
-            o.sm_utilization = Some(if i % 4 == 0 { 0.30 } else { 0.20 });
+    fn busy_time_alone_never_sets_the_share() {
+        // The old rule's failure: one request in flight keeps a decode-bound GPU busy 100% of the time, and a
+        // quiet window reads 0% busy. Neither is evidence about the share it needs: without an objective the share
+        // stays where it is (whole GPU by default), with no saturation (nothing waited).
+        let cfg = Config::default();
+        for busy in [Some(1.0), Some(0.0), None] {
+            let d = recommend_compute(&cwin(60, busy, 0.0), &ComputeFacts::default(), None, &cfg);
+            assert_eq!(d.share, 1.0, "{busy:?}");
+            assert_eq!(ccodes(&d), vec![ReasonCode::NoLatencyObjective]);
+            let d = recommend_compute(&cwin(60, busy, 0.0), &facts(Some(0.4), None, None), None, &cfg);
+            assert_eq!(d.share, 0.4);
         }
-        let r = ready(run(&w, memory(), None));
-        // p95 = 0.30, + 20% = 0.36.
-        assert!((r.compute_fraction - 0.36).abs() < 1e-9, "{}", r.compute_fraction);
-        assert!(codes(&r).contains(&ReasonCode::ObservedSmUtilization));
-        for o in w.iter_mut() {
-            o.sm_utilization = Some(0.0);
-        }
-        assert_eq!(ready(run(&w, memory(), None)).compute_fraction, 0.05);
-        for o in w.iter_mut() {
-            o.sm_utilization = None;
-        }
-        let r = ready(run(&w, memory(), None));
+        // Through `recommend`: the whole GPU by default.
+        let r = ready(run(&window(30, |_| 0.3), memory(), None));
         assert_eq!(r.compute_fraction, 1.0);
-        assert!(codes(&r).contains(&ReasonCode::DefaultCompute));
+    }
+
+    #[test]
+    fn fast_ttft_shrinks_in_bounded_steps_toward_half_the_objective() {
+        let cfg = Config::default();
+        // Whole GPU, TTFT p95 0.1 s against a 2 s objective (target 1 s): wants 0.1, a step may take 25%.
+        let w = cwin(60, Some(1.0), 0.0);
+        let d = recommend_compute(&w, &facts(None, Some(2.0), lat(0.1, 500.0)), None, &cfg);
+        assert_eq!(d.share, 0.75);
+        assert_eq!(
+            ccodes(&d),
+            vec![ReasonCode::LatencyUnderObjective, ReasonCode::StepLimitedDown]
+        );
+        // Compounding from the previous recommendation while latency keeps showing room (it was measured at
+        // the whole GPU: ratio 0.1): 0.75 → 0.57 → 0.43 → ...
+        let d2 = recommend_compute(&w, &facts(None, Some(2.0), lat(0.1, 500.0)), Some(d.share), &cfg);
+        assert_eq!(d2.share, 0.57);
+        // TTFT at share 0.25 is 0.8 s: ratio 0.8 → 0.20 (within the 25% step from 0.25).
+        let d = recommend_compute(&w, &facts(Some(0.25), Some(2.0), lat(0.8, 500.0)), None, &cfg);
+        assert_eq!(d.share, 0.2);
+        assert_eq!(ccodes(&d), vec![ReasonCode::LatencyUnderObjective]);
+        // Within ±10% of the target: no change.
+        let d = recommend_compute(&w, &facts(Some(0.25), Some(2.0), lat(1.05, 500.0)), None, &cfg);
+        assert_eq!(d.share, 0.25);
+        assert_eq!(ccodes(&d), vec![ReasonCode::LatencyWithinObjective]);
+    }
+
+    #[test]
+    fn latency_over_the_objective_grows_and_the_step_is_bounded() {
+        let cfg = Config::default();
+        let w = cwin(60, Some(1.0), 0.0);
+        // 1.5 s against a 1 s target at 0.2: 0.30.
+        let d = recommend_compute(&w, &facts(Some(0.2), Some(2.0), lat(1.5, 100.0)), None, &cfg);
+        assert_eq!(d.share, 0.3);
+        assert_eq!(ccodes(&d), vec![ReasonCode::LatencyOverObjective]);
+        // 10 s: ×10 wanted, ×2 allowed.
+        let d = recommend_compute(&w, &facts(Some(0.2), Some(2.0), lat(10.0, 100.0)), None, &cfg);
+        assert_eq!(d.share, 0.4);
+        assert!(ccodes(&d).contains(&ReasonCode::StepLimitedUp));
+        // Over the objective never goes below the previous recommendation, even one above the current share.
+        let d = recommend_compute(&w, &facts(Some(0.2), Some(2.0), lat(1.5, 100.0)), Some(0.6), &cfg);
+        assert_eq!(d.share, 0.6);
+        // Never above the whole GPU.
+        let d = recommend_compute(&w, &facts(Some(0.9), Some(2.0), lat(9.0, 100.0)), None, &cfg);
+        assert_eq!(d.share, 1.0);
+    }
+
+    #[test]
+    fn the_inter_token_objective_counts_and_the_larger_need_wins() {
+        let cfg = Config::default();
+        let w = cwin(60, Some(1.0), 0.0);
+        // TTFT has room (ratio 0.3), but decode steps at 0.3 give 60 ms ITL against a 100 ms objective
+        // (target 50 ms): ratio 1.2 → grow.
+        let f = ComputeFacts {
+            current_share: Some(0.3),
+            ttft_slo_secs: Some(2.0),
+            itl_slo_secs: Some(0.1),
+            ttft: lat(0.3, 200.0),
+            itl: lat(0.06, 20_000.0),
+        };
+        let d = recommend_compute(&w, &f, None, &cfg);
+        assert_eq!(d.share, 0.36);
+        assert!(d.reasons[0].message.contains("inter-token"), "{:?}", d.reasons);
+        // Both under: the one asking the most decides (ITL ratio 0.8 beats TTFT 0.3).
+        let f = ComputeFacts {
+            itl: lat(0.04, 20_000.0),
+            ..f
+        };
+        assert_eq!(recommend_compute(&w, &f, None, &cfg).share, 0.24);
+        // ITL objective with no ITL data: no shrink, even though TTFT has room.
+        let f = ComputeFacts { itl: None, ..f };
+        let d = recommend_compute(&w, &f, None, &cfg);
+        assert_eq!(d.share, 0.3);
+        assert_eq!(ccodes(&d), vec![ReasonCode::TooFewLatencySamples]);
+    }
+
+    #[test]
+    fn idle_or_missing_latency_keeps_the_share() {
+        let cfg = Config::default();
+        // The old rule's other failure: a quiet window took a bursty model to 0.05. Now: kept.
+        let w = cwin(60, Some(0.0), 0.0);
+        for ttft in [None, lat(0.05, 3.0), lat(f64::NAN, 500.0)] {
+            let d = recommend_compute(&w, &facts(Some(0.5), Some(2.0), ttft), None, &cfg);
+            assert_eq!(d.share, 0.5, "{ttft:?}");
+            assert_eq!(ccodes(&d), vec![ReasonCode::TooFewLatencySamples]);
+            // With a previous recommendation, that one is kept (the replica may still run an older share).
+            let d = recommend_compute(&w, &facts(Some(0.5), Some(2.0), ttft), Some(0.7), &cfg);
+            assert_eq!(d.share, 0.7);
+        }
+        // Unknown current share = the whole GPU.
+        let d = recommend_compute(&w, &facts(None, Some(2.0), None), None, &cfg);
+        assert_eq!(d.share, 1.0);
+    }
+
+    #[test]
+    fn saturation_at_the_share_grows() {
+        let cfg = Config::default();
+        // Busy all the time with requests waiting at 0.3, TTFT fine: saturation wins over the latency room.
+        let w = cwin(60, Some(1.0), 3.0);
+        let d = recommend_compute(&w, &facts(Some(0.3), Some(2.0), lat(0.2, 500.0)), None, &cfg);
+        assert_eq!(d.share, 0.6);
+        assert!(ccodes(&d).contains(&ReasonCode::ComputeSaturated));
+        // Preemptions while requests wait count too (no busy data).
+        let mut w = cwin(60, None, 2.0);
+        for (i, o) in w.iter_mut().enumerate() {
+            o.preemptions_total = Some(i as f64);
+        }
+        let d = recommend_compute(&w, &facts(Some(0.4), None, None), None, &cfg);
+        assert_eq!(d.share, 0.8);
+        // One transient sample out of sixty is not saturation.
+        let mut w = cwin(60, Some(1.0), 0.0);
+        w[7].requests_waiting = Some(1.0);
+        let d = recommend_compute(&w, &facts(Some(0.3), None, None), None, &cfg);
+        assert_eq!(d.share, 0.3);
+    }
+
+    #[test]
+    fn compute_reasons_reach_the_recommendation() {
+        let w = window(30, |_| 0.3);
+        let out = recommend(
+            &Input {
+                window: &w,
+                geometry: geometry(),
+                memory: memory(),
+                previous: None,
+                compute: facts(Some(0.5), Some(2.0), lat(0.25, 400.0)),
+            },
+            &Config::default(),
+        );
+        let r = ready(out);
+        // 0.5 × 0.25 = 0.125, bounded to 0.375 → 0.38.
+        assert_eq!(r.compute_fraction, 0.38);
+        assert!(
+            r.reasons
+                .iter()
+                .any(|x| x.field == Field::ComputeFraction && x.code == ReasonCode::LatencyUnderObjective)
+        );
+        assert!(
+            r.summary().contains("compute share shrink limited"),
+            "{}",
+            r.summary()
+        );
+    }
+
+    fn arb_compute() -> impl Strategy<Value = (Vec<Observation>, ComputeFacts, Option<f64>)> {
+        let opt_share = prop::option::of(prop_oneof![0.01f64..=1.0, Just(1.0), Just(0.0), Just(f64::NAN)]);
+        let opt_lat = prop::option::of((0.0f64..30.0, 0.0f64..1000.0))
+            .prop_map(|l| l.map(|(p95_secs, samples)| LatencyObservation { p95_secs, samples }));
+        (
+            prop::collection::vec(
+                (
+                    prop::option::of(0.0f64..=1.0),
+                    prop::option::of(0.0f64..4.0),
+                    any::<bool>(),
+                ),
+                0..60,
+            ),
+            opt_share.clone(),
+            prop::option::of(0.05f64..20.0),
+            prop::option::of(0.01f64..1.0),
+            opt_lat.clone(),
+            opt_lat,
+            opt_share,
+        )
+            .prop_map(|(samples, current, ttft_slo, itl_slo, ttft, itl, prev)| {
+                let mut pre = 0.0;
+                let w = samples
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (busy, wait, preempt))| {
+                        if *preempt {
+                            pre += 1.0;
+                        }
+                        Observation {
+                            at_secs: 5.0 * i as f64,
+                            kv_usage: Some(0.5),
+                            requests_waiting: wait.map(f64::floor),
+                            preemptions_total: Some(pre),
+                            sm_utilization: *busy,
+                        }
+                    })
+                    .collect();
+                let f = ComputeFacts {
+                    current_share: current,
+                    ttft_slo_secs: ttft_slo,
+                    itl_slo_secs: itl_slo,
+                    ttft,
+                    itl,
+                };
+                (w, f, prev)
+            })
+    }
+
+    /// What "keep" means: the previous recommendation, else the current share, else the whole GPU.
+    fn reference(f: &ComputeFacts, prev: Option<f64>) -> f64 {
+        let ok = |v: &f64| v.is_finite() && *v > 0.0;
+        let current = f.current_share.filter(ok).map_or(1.0, |s| s.min(1.0));
+        prev.filter(ok).map_or(current, |s| s.min(1.0))
+    }
+
+    fn current_of(f: &ComputeFacts) -> f64 {
+        f.current_share
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .map_or(1.0, |s| s.min(1.0))
+    }
+
+    proptest! {
+        #[test]
+        fn compute_share_stays_in_bounds_and_steps((w, f, prev) in arb_compute()) {
+            let cfg = Config::default();
+            let d = recommend_compute(&w, &f, prev, &cfg);
+            prop_assert!(d.share >= cfg.min_compute_fraction && d.share <= 1.0, "{}", d.share);
+            prop_assert!(!d.reasons.is_empty());
+            prop_assert!(d.reasons.iter().all(|r| r.field == Field::ComputeFraction));
+            let r = reference(&f, prev);
+            let c = current_of(&f);
+            // Each step within its bound (a grow signal may lift to what runs now; rounding adds < 0.01).
+            let lower = (r * (1.0 - cfg.compute_max_step_down_ratio)).max(cfg.min_compute_fraction);
+            let upper = (r * cfg.compute_max_step_up).max(c).min(1.0).max(cfg.min_compute_fraction);
+            prop_assert!(d.share >= lower.min(1.0) - 1e-9, "{} < {lower}", d.share);
+            prop_assert!(d.share <= upper + 0.01 + 1e-9, "{} > {upper}", d.share);
+        }
+
+        #[test]
+        fn missing_latency_never_lowers_it((w, f, prev) in arb_compute()) {
+            let cfg = Config::default();
+            // Same window and objectives, but the latency unseen (idle or missing data).
+            let f = ComputeFacts { ttft: None, itl: None, ..f };
+            let d = recommend_compute(&w, &f, prev, &cfg);
+            prop_assert!(d.share >= reference(&f, prev).max(cfg.min_compute_fraction) - 1e-9,
+                "{} < {}: {:?}", d.share, reference(&f, prev), d.reasons);
+        }
+
+        #[test]
+        fn latency_over_the_objective_never_lowers_it((w, f, prev) in arb_compute(), over in 1.11f64..50.0) {
+            let cfg = Config::default();
+            let slo = f.ttft_slo_secs.unwrap_or(2.0);
+            let f = ComputeFacts {
+                ttft_slo_secs: Some(slo),
+                ttft: lat(over * cfg.latency_target_ratio * slo, 1000.0),
+                ..f
+            };
+            let d = recommend_compute(&w, &f, prev, &cfg);
+            let floor = reference(&f, prev).max(current_of(&f)).max(cfg.min_compute_fraction);
+            prop_assert!(d.share >= floor - 1e-9, "{} < {floor}", d.share);
+        }
+
+        #[test]
+        fn saturation_never_lowers_it((w, f, prev) in arb_compute()) {
+            let cfg = Config::default();
+            let base = recommend_compute(&w, &f, prev, &cfg);
+            let sat = cwin(w.len().max(12), Some(1.0), 2.0);
+            let d = recommend_compute(&sat, &f, prev, &cfg);
+            let floor = reference(&f, prev).max(current_of(&f)).max(cfg.min_compute_fraction);
+            prop_assert!(d.share >= floor - 1e-9, "{} < {floor}", d.share);
+            prop_assert!(ccodes(&d).contains(&ReasonCode::ComputeSaturated));
+            // And never below what the same facts give without saturation.
+            let calm = cwin(w.len().max(12), Some(1.0), 0.0);
+            prop_assert!(d.share >= recommend_compute(&calm, &f, prev, &cfg).share - 1e-9);
+            let _ = base;
+        }
+
+        #[test]
+        fn worse_latency_never_gives_a_smaller_share(
+            (w, f, prev) in arb_compute(), a in 0.0f64..20.0, b in 0.0f64..20.0, n in 20.0f64..5000.0,
+        ) {
+            let cfg = Config::default();
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let slo = f.ttft_slo_secs.unwrap_or(2.0);
+            let with = |p95: f64| ComputeFacts { ttft_slo_secs: Some(slo), ttft: lat(p95, n), ..f };
+            let s_lo = recommend_compute(&w, &with(lo), prev, &cfg).share;
+            let s_hi = recommend_compute(&w, &with(hi), prev, &cfg).share;
+            prop_assert!(s_hi >= s_lo - 1e-9, "p95 {lo} → {s_lo}, p95 {hi} → {s_hi}");
+        }
     }
 
     #[test]
@@ -1252,7 +1858,7 @@ mod tests {
         fn always_within_the_gpu((w, g, mem, prev) in arb_case()) {
             let p = prev_rec(prev);
             let cfg = Config::default();
-            if let Outcome::Ready(r) = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref() }, &cfg) {
+            if let Outcome::Ready(r) = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg) {
                 let total = mem.gpu_total_bytes.unwrap();
                 prop_assert!(r.non_kv_bytes + r.kv_cache_memory_bytes <= (cfg.max_gpu_memory_utilization * total as f64) as u64);
                 prop_assert!(r.gpu_memory_utilization <= cfg.max_gpu_memory_utilization + 1e-12);
@@ -1267,7 +1873,7 @@ mod tests {
         fn never_below_observed_peak_when_it_fits((w, g, mem, prev) in arb_case()) {
             let p = prev_rec(prev);
             let cfg = Config::default();
-            let out = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref() }, &cfg);
+            let out = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg);
             let r = out.recommendation().expect("complete inputs always give a recommendation");
             let peak = w.iter().filter_map(|o| o.kv_usage).fold(0.0, f64::max);
             let peak_tokens = (peak * g.tokens() as f64).ceil() as u64;
@@ -1285,13 +1891,13 @@ mod tests {
         fn more_preemptions_never_shrink_it((w, g, mem, prev) in arb_case(), at in 0usize..80, n in 1.0f64..100.0) {
             let p = prev_rec(prev);
             let cfg = Config::default();
-            let base = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref() }, &cfg);
+            let base = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg);
             let mut w2 = w.clone();
             let at = at % w2.len();
             for o in w2.iter_mut().skip(at) {
                 o.preemptions_total = Some(n);
             }
-            let more = recommend(&Input { window: &w2, geometry: g, memory: mem, previous: p.as_ref() }, &cfg);
+            let more = recommend(&Input { window: &w2, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg);
             let (a, b) = (base.recommendation().unwrap(), more.recommendation().unwrap());
             prop_assert!(b.kv_cache_tokens >= a.kv_cache_tokens);
             if at > 0 {
@@ -1308,7 +1914,7 @@ mod tests {
         #[test]
         fn short_windows_are_not_yet(n in 0usize..12, (w, g, mem, _prev) in arb_case()) {
             let cfg = Config::default();
-            let out = recommend(&Input { window: &w[..n.min(w.len())], geometry: g, memory: mem, previous: None }, &cfg);
+            let out = recommend(&Input { window: &w[..n.min(w.len())], geometry: g, memory: mem, previous: None, compute: ComputeFacts::default() }, &cfg);
             prop_assert!(
                 matches!(out, Outcome::NotYet { code: NotYetCode::TooFewSamples, .. }),
                 "{:?}", out
