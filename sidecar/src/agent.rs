@@ -9,6 +9,14 @@
 //!
 //! NVML sits behind [`ProcessProbe`] so tests use [`FakeProcessProbe`]. Without NVML the agent still serves,
 //! reports `tessera_gpu_agent_nvml_up 0`, answers `/ready` with 503, and retries NVML once a minute.
+//!
+//! It also publishes its GPU's UUID on its own pod as `tessera.dev/gpu-uuid` ([`publish`]): the UUID comes
+//! from the same NVML readings (the device `NVIDIA_VISIBLE_DEVICES` names, see [`publish::select_gpu_uuid`]),
+//! and a separate task writes it with retries and re-checks it every `--uuid-recheck`. `/ready` answers 200
+//! only once the UUID is published (or, in a local run without pod identity, known): a capacity pod whose GPU
+//! is unidentified is not ready, and the pool manager does not place new tenants on it either.
+
+pub mod publish;
 
 use crate::error::GpuError;
 use axum::Router;
@@ -20,6 +28,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use publish::{Backoff, UuidPublisher};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -40,6 +49,19 @@ pub struct Args {
     /// Where the host's /proc is (the pod needs hostPID: true; or mount the host's /proc and point here).
     #[arg(long, env = "TESSERA_PROC_ROOT", default_value = "/proc")]
     pub proc_root: PathBuf,
+    /// This pod's name, to publish the GPU UUID on it (default: the downward API's POD_NAME). Without a pod
+    /// name and namespace nothing is published (a local run).
+    #[arg(long, env = "TESSERA_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This pod's namespace (default: the downward API's POD_NAMESPACE).
+    #[arg(long, env = "TESSERA_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// How often to re-read the pod and re-publish the GPU UUID if the annotation was removed or changed.
+    #[arg(long, env = "TESSERA_UUID_RECHECK", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub uuid_recheck: Duration,
+    /// First delay after a failed publish; it doubles per failure up to one minute.
+    #[arg(long, env = "TESSERA_UUID_RETRY", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub uuid_retry: Duration,
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -351,6 +373,7 @@ type FGauge = Gauge<f64, AtomicU64>;
 struct AgentMetrics {
     registry: Registry,
     nvml_up: FGauge,
+    uuid_published: FGauge,
     total: Family<Labels, FGauge>,
     used: Family<Labels, FGauge>,
     pod_mem: Family<Labels, FGauge>,
@@ -360,7 +383,8 @@ struct AgentMetrics {
 impl AgentMetrics {
     fn new() -> Self {
         let mut registry = Registry::default();
-        let (nvml_up, total, used, pod_mem, pod_sm) = (
+        let (nvml_up, uuid_published, total, used, pod_mem, pod_sm) = (
+            FGauge::default(),
             FGauge::default(),
             Family::default(),
             Family::default(),
@@ -371,6 +395,11 @@ impl AgentMetrics {
             "tessera_gpu_agent_nvml_up",
             "1 when the last NVML reading succeeded",
             nvml_up.clone(),
+        );
+        registry.register(
+            "tessera_gpu_agent_uuid_published",
+            "1 when this pod's GPU UUID is known and published on it (or known, where no pod identity was given)",
+            uuid_published.clone(),
         );
         registry.register(
             "tessera_gpu_memory_total_bytes",
@@ -395,6 +424,7 @@ impl AgentMetrics {
         Self {
             registry,
             nvml_up,
+            uuid_published,
             total,
             used,
             pod_mem,
@@ -424,10 +454,99 @@ impl AgentMetrics {
     }
 }
 
+/// Where this pod's GPU UUID stands; `/ready` and `tessera_gpu_agent_uuid_published` report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UuidState {
+    /// Not known yet: why (no NVML, no reading yet, several GPUs visible, …).
+    Unknown(String),
+    /// Known, and no pod identity was given (a local run): nothing to publish, so this counts as done.
+    Local(String),
+    /// Known and being published; the last failure, if any.
+    Publishing {
+        /// The UUID.
+        uuid: String,
+        /// The last attempt's error.
+        error: Option<String>,
+    },
+    /// Known and on the pod as `tessera.dev/gpu-uuid`.
+    Published(String),
+}
+
+impl UuidState {
+    /// Whether the GPU is identified as far as the pool manager is concerned.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Self::Local(_) | Self::Published(_))
+    }
+}
+
 #[derive(Debug)]
 struct AgentShared {
     status: Mutex<GpuAgentStatus>,
+    uuid: Mutex<UuidState>,
     metrics: AgentMetrics,
+}
+
+impl AgentShared {
+    fn new() -> Self {
+        Self {
+            status: Mutex::new(GpuAgentStatus {
+                schema_version: SCHEMA_VERSION,
+                generated_at: crate::unix_now(),
+                nvml_up: false,
+                error: Some("no reading yet".into()),
+                read_at: None,
+                devices: Vec::new(),
+            }),
+            uuid: Mutex::new(UuidState::Unknown("no NVML reading yet".into())),
+            metrics: AgentMetrics::new(),
+        }
+    }
+
+    fn set_uuid(&self, next: UuidState) {
+        self.metrics
+            .uuid_published
+            .set(if next.is_done() { 1.0 } else { 0.0 });
+        if let Ok(mut u) = self.uuid.lock() {
+            *u = next;
+        }
+    }
+
+    fn uuid(&self) -> UuidState {
+        self.uuid
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_else(|_| UuidState::Unknown("state lock poisoned".into()))
+    }
+}
+
+/// `/ready`'s answer: ready only when NVML answers *and* the GPU UUID is published (or known, in a local run).
+/// A capacity pod whose GPU cannot be identified must not look usable: the webhook needs the UUID to point a
+/// tenant at the device, and the pool manager does not place new tenants on such a pod.
+fn readiness(nvml_up: bool, nvml_error: Option<&str>, uuid: &UuidState) -> (StatusCode, String) {
+    if !nvml_up {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("NVML not up: {}; GPU UUID unknown\n", nvml_error.unwrap_or("")),
+        );
+    }
+    match uuid {
+        UuidState::Published(u) => (StatusCode::OK, format!("ready: GPU UUID {u} published\n")),
+        UuidState::Local(u) => (
+            StatusCode::OK,
+            format!("ready: GPU UUID {u} (no pod identity: not published)\n"),
+        ),
+        UuidState::Unknown(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("GPU UUID unknown: {why}\n"),
+        ),
+        UuidState::Publishing { uuid, error } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "GPU UUID {uuid} not published yet: {}\n",
+                error.as_deref().unwrap_or("first attempt in flight")
+            ),
+        ),
+    }
 }
 
 fn agent_router(shared: Arc<AgentShared>) -> Router {
@@ -466,13 +585,9 @@ async fn agent_status(State(s): State<Arc<AgentShared>>) -> Response {
 }
 
 async fn agent_ready(State(s): State<Arc<AgentShared>>) -> Response {
+    let uuid = s.uuid();
     match s.status.lock() {
-        Ok(st) if st.nvml_up => (StatusCode::OK, "ready\n").into_response(),
-        Ok(st) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("NVML not up: {}\n", st.error.as_deref().unwrap_or("")),
-        )
-            .into_response(),
+        Ok(st) => readiness(st.nvml_up, st.error.as_deref(), &uuid).into_response(),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "state lock poisoned\n").into_response(),
     }
 }
@@ -517,23 +632,69 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.interval.is_zero() {
         anyhow::bail!("--interval must be above 0");
     }
-    let shared = Arc::new(AgentShared {
-        status: Mutex::new(GpuAgentStatus {
-            schema_version: SCHEMA_VERSION,
-            generated_at: crate::unix_now(),
-            nvml_up: false,
-            error: Some("no reading yet".into()),
-            read_at: None,
-            devices: Vec::new(),
-        }),
-        metrics: AgentMetrics::new(),
-    });
+    if args.uuid_recheck.is_zero() || args.uuid_retry.is_zero() {
+        anyhow::bail!("--uuid-recheck and --uuid-retry must be above 0 (e.g. 10m and 1s)");
+    }
+    let shared = Arc::new(AgentShared::new());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("binding --listen {}: {e}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, "tessera gpu-agent serving");
     let shutdown = CancellationToken::new();
-    let loop_task = tokio::spawn(agent_loop(args.clone(), shared.clone(), shutdown.clone()));
+    let (uuid_tx, uuid_rx) = tokio::sync::watch::channel(None);
+    let identity = publish::pod_identity(args.pod_name.as_deref(), args.pod_namespace.as_deref(), |k| {
+        std::env::var(k).ok()
+    });
+    let publisher = match identity {
+        None => {
+            tracing::info!(
+                "no pod identity (POD_NAME/POD_NAMESPACE or --pod-name/--pod-namespace): the GPU UUID will not be published"
+            );
+            None
+        }
+        Some(pod) => match kube::Client::try_default().await {
+            Ok(client) => Some(UuidPublisher::new(
+                client,
+                pod,
+                Backoff {
+                    initial: args.uuid_retry,
+                    max: Duration::from_secs(60).max(args.uuid_retry),
+                },
+            )),
+            Err(e) => {
+                // The pod stays not-ready (UUID unknown to the cluster) and says why; restarting is the fix.
+                tracing::error!(error = %e, pod = %pod.name, "no Kubernetes client: cannot publish the GPU UUID");
+                shared.set_uuid(UuidState::Unknown(format!(
+                    "no Kubernetes client to publish it: {e}"
+                )));
+                None
+            }
+        },
+    };
+    let publishing = publisher.is_some();
+    let mut tasks = tokio::task::JoinSet::new();
+    let loop_cfg = LoopConfig {
+        interval: args.interval,
+        proc_root: args.proc_root.clone(),
+        visible_devices: std::env::var("NVIDIA_VISIBLE_DEVICES").ok(),
+        publishing,
+    };
+    tasks.spawn(agent_loop(
+        loop_cfg,
+        || NvmlProcessProbe::new().map(|p| Box::new(p) as Box<dyn ProcessProbe>),
+        shared.clone(),
+        uuid_tx,
+        shutdown.clone(),
+    ));
+    if let Some(publisher) = publisher {
+        tasks.spawn(publish_loop(
+            publisher,
+            uuid_rx,
+            args.uuid_recheck,
+            shared.clone(),
+            shutdown.clone(),
+        ));
+    }
     let signal = shutdown.clone();
     tokio::spawn(async move {
         crate::wait_for_signal().await;
@@ -543,29 +704,53 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await?;
     shutdown.cancel();
-    loop_task.await?;
+    while let Some(r) = tasks.join_next().await {
+        r?;
+    }
     tracing::info!("tessera gpu-agent stopped");
     Ok(())
 }
 
-async fn agent_loop(args: Args, shared: Arc<AgentShared>, shutdown: CancellationToken) {
+/// What the reading loop needs besides the probe.
+#[derive(Debug, Clone)]
+struct LoopConfig {
+    interval: Duration,
+    proc_root: PathBuf,
+    /// `NVIDIA_VISIBLE_DEVICES` as the container sees it.
+    visible_devices: Option<String>,
+    /// Whether a publisher task takes the UUID (else a known UUID is final: [`UuidState::Local`]).
+    publishing: bool,
+}
+
+/// Reads NVML every `interval` (initialising it through `init`, retried once a minute), updates the status,
+/// and sends this pod's GPU UUID to the publisher whenever it is known.
+async fn agent_loop<F>(
+    cfg: LoopConfig,
+    init: F,
+    shared: Arc<AgentShared>,
+    uuid_tx: tokio::sync::watch::Sender<Option<String>>,
+    shutdown: CancellationToken,
+) where
+    F: Fn() -> Result<Box<dyn ProcessProbe>, GpuError>,
+{
     let mut probe: Option<Box<dyn ProcessProbe>> = None;
     let mut next_init = tokio::time::Instant::now();
     let mut warned = false;
-    let mut ticker = tokio::time::interval(args.interval);
+    let mut last_uuid_error: Option<String> = None;
+    let mut ticker = tokio::time::interval(cfg.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
         let mut init_error = None;
         if probe.is_none() && tokio::time::Instant::now() >= next_init {
             next_init = tokio::time::Instant::now() + Duration::from_secs(60);
-            match NvmlProcessProbe::new() {
+            match init() {
                 Ok(p) => {
                     tracing::info!("NVML initialised");
-                    probe = Some(Box::new(p));
+                    probe = Some(p);
                 }
                 Err(e) => {
                     if !warned {
@@ -576,15 +761,92 @@ async fn agent_loop(args: Args, shared: Arc<AgentShared>, shutdown: Cancellation
                 }
             }
         }
-        let Ok(mut status) = shared.status.lock() else {
-            return;
+        let status = {
+            let Ok(mut status) = shared.status.lock() else {
+                return;
+            };
+            if let Some(e) = init_error {
+                status.error = Some(e);
+            }
+            let next = reading(probe.as_deref(), &cfg.proc_root, crate::unix_now(), &status);
+            *status = next;
+            shared.metrics.update(&status);
+            status.clone()
         };
-        if let Some(e) = init_error {
-            status.error = Some(e);
+        // The UUID only changes with a successful reading; an NVML error keeps the last one.
+        if !status.nvml_up {
+            if !shared.uuid().is_done() && status.read_at.is_none() {
+                shared.set_uuid(UuidState::Unknown(
+                    status.error.clone().unwrap_or_else(|| "NVML not up".into()),
+                ));
+            }
+            continue;
         }
-        let next = reading(probe.as_deref(), &args.proc_root, crate::unix_now(), &status);
-        *status = next;
-        shared.metrics.update(&status);
+        let listed: Vec<String> = status.devices.iter().map(|d| d.uuid.clone()).collect();
+        match publish::select_gpu_uuid(cfg.visible_devices.as_deref(), &listed) {
+            Ok(uuid) => {
+                last_uuid_error = None;
+                let changed = uuid_tx.send_if_modified(|cur| {
+                    let differs = cur.as_deref() != Some(uuid.as_str());
+                    if differs {
+                        *cur = Some(uuid.clone());
+                    }
+                    differs
+                });
+                if changed {
+                    tracing::info!(%uuid, "GPU UUID identified");
+                    shared.set_uuid(if cfg.publishing {
+                        UuidState::Publishing { uuid, error: None }
+                    } else {
+                        UuidState::Local(uuid)
+                    });
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if last_uuid_error.as_deref() != Some(text.as_str()) {
+                    tracing::error!(error = %text, "cannot tell which GPU is this pod's; not publishing a UUID");
+                    last_uuid_error = Some(text.clone());
+                }
+                uuid_tx.send_if_modified(|cur| cur.take().is_some());
+                shared.set_uuid(UuidState::Unknown(text));
+            }
+        }
+    }
+}
+
+/// Publishes each UUID the reading loop sends, with retries, then re-checks every `recheck` (the annotation
+/// may be removed by hand, or the pod recreated under the same name) and whenever the UUID changes.
+async fn publish_loop(
+    publisher: UuidPublisher,
+    mut uuid_rx: tokio::sync::watch::Receiver<Option<String>>,
+    recheck: Duration,
+    shared: Arc<AgentShared>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let current = uuid_rx.borrow_and_update().clone();
+        if let Some(uuid) = current {
+            let on_failure = |e: &publish::PublishError| {
+                shared.set_uuid(UuidState::Publishing {
+                    uuid: uuid.clone(),
+                    error: Some(e.to_string()),
+                });
+            };
+            match publisher.ensure(&uuid, &shutdown, on_failure).await {
+                // Only if the UUID was not replaced meanwhile (the reading loop owns the other states).
+                Some(_) if uuid_rx.borrow().as_deref() == Some(uuid.as_str()) => {
+                    shared.set_uuid(UuidState::Published(uuid));
+                }
+                Some(_) => {}
+                None => return,
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = uuid_rx.changed() => if r.is_err() { return },
+            () = tokio::time::sleep(recheck) => {}
+        }
     }
 }
 
