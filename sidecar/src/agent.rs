@@ -1067,4 +1067,116 @@ mod tests {
         assert!(!s2.nvml_up && s2.error.is_some());
         assert_eq!((s2.read_at, s2.devices.clone()), (Some(10.0), s.devices.clone()));
     }
+
+    /// The reading loop with a fake NVML probe feeds the publisher, which patches the pod through the mock
+    /// API; `/ready` turns 200 only once the patch has landed.
+    #[tokio::test(start_paused = true)]
+    async fn a_fake_nvml_uuid_is_published_and_then_the_agent_is_ready() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        use publish::PodIdentity;
+        const GPU: &str = "GPU-2f8e1c3a-7b5d-4e6f-8a9b-0c1d2e3f4a5b";
+        let dir = tempfile::tempdir().unwrap();
+        let shared = Arc::new(AgentShared::new());
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let shutdown = CancellationToken::new();
+        let cfg = LoopConfig {
+            interval: Duration::from_secs(5),
+            proc_root: dir.path().to_path_buf(),
+            visible_devices: Some(GPU.into()),
+            publishing: true,
+        };
+        let init = || {
+            Ok(Box::new(FakeProcessProbe {
+                readings: Mutex::new(Some(vec![DeviceReading {
+                    index: 0,
+                    uuid: GPU.into(),
+                    total_bytes: 80 << 30,
+                    used_bytes: 0,
+                    processes: vec![],
+                }])),
+            }) as Box<dyn ProcessProbe>)
+        };
+        let readings = tokio::spawn(agent_loop(cfg, init, shared.clone(), tx, shutdown.clone()));
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let publisher = UuidPublisher::new(
+            kube::Client::new(svc, "default"),
+            PodIdentity {
+                namespace: "ns".into(),
+                name: "cap-0".into(),
+            },
+            Backoff::default(),
+        );
+        let publishing = tokio::spawn(publish_loop(
+            publisher,
+            rx,
+            Duration::from_secs(600),
+            shared.clone(),
+            shutdown.clone(),
+        ));
+        let pod = |ann: serde_json::Value| {
+            Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    serde_json::to_vec(&serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "cap-0", "namespace": "ns", "annotations": ann}}))
+                    .unwrap(),
+                ))
+                .unwrap()
+        };
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.uri().path(), "/api/v1/namespaces/ns/pods/cap-0");
+        // The GET is in flight: the UUID is known, not yet published, so the pod is not ready.
+        let (code, text) = readiness(true, None, &shared.uuid());
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+        assert!(text.contains("not published yet"), "{text}");
+        send.send_response(pod(serde_json::json!({})));
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method().as_str(), "PATCH");
+        send.send_response(pod(serde_json::json!({"tessera.dev/gpu-uuid": GPU})));
+        // Let the publisher record the success.
+        while !shared.uuid().is_done() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(shared.uuid(), UuidState::Published(GPU.into()));
+        assert_eq!(readiness(true, None, &shared.uuid()).0, StatusCode::OK);
+        // Ten minutes later it re-reads the pod: someone removed the annotation, so it is written again.
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method().as_str(), "GET");
+        send.send_response(pod(serde_json::json!({})));
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method().as_str(), "PATCH");
+        send.send_response(pod(serde_json::json!({"tessera.dev/gpu-uuid": GPU})));
+        shutdown.cancel();
+        readings.await.unwrap();
+        publishing.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_nvml_nothing_is_published_and_ready_says_why() {
+        let shared = Arc::new(AgentShared::new());
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let shutdown = CancellationToken::new();
+        let cfg = LoopConfig {
+            interval: Duration::from_secs(5),
+            proc_root: PathBuf::from("/nonexistent"),
+            visible_devices: None,
+            publishing: true,
+        };
+        let init = || Err(GpuError::Unavailable("libnvidia-ml.so.1: cannot open".into()));
+        let readings = tokio::spawn(agent_loop(cfg, init, shared.clone(), tx, shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert!(rx.borrow().is_none(), "no UUID is sent to the publisher");
+        let st = shared.status.lock().unwrap().clone();
+        let (code, text) = readiness(st.nvml_up, st.error.as_deref(), &shared.uuid());
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            text.contains("libnvidia-ml") && text.contains("GPU UUID unknown"),
+            "{text}"
+        );
+        assert!(matches!(shared.uuid(), UuidState::Unknown(w) if w.contains("libnvidia-ml")));
+        shutdown.cancel();
+        readings.await.unwrap();
+    }
 }
