@@ -99,6 +99,9 @@ pub enum ConfigError {
     /// A duration flag is zero or out of order.
     #[error("{0}")]
     Duration(String),
+    /// A flag's value is out of its range (the message names the flag and the range).
+    #[error("{0}")]
+    Value(String),
     /// A recommendation tunable is out of range.
     #[error(transparent)]
     Recommend(#[from] tessera_core::recommend::ConfigError),

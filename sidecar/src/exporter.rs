@@ -24,6 +24,8 @@ pub struct Exporter {
     waiting: Family<Labels, FGauge>,
     running: Family<Labels, FGauge>,
     ttft: Family<Labels, FGauge>,
+    itl: Family<Labels, FGauge>,
+    compute_share: FGauge,
     preemptions: Family<Labels, Counter<f64, AtomicU64>>,
     last_preemptions: std::collections::BTreeMap<String, f64>,
     rec_util: FGauge,
@@ -50,6 +52,8 @@ impl Exporter {
         let waiting = Family::<Labels, FGauge>::default();
         let running = Family::<Labels, FGauge>::default();
         let ttft = Family::<Labels, FGauge>::default();
+        let itl = Family::<Labels, FGauge>::default();
+        let compute_share = FGauge::default();
         let preemptions = Family::<Labels, Counter<f64, AtomicU64>>::default();
         let scrape_errors = Family::<Labels, Counter>::default();
         let (rec_util, rec_kv, rec_mib, rec_compute) = (
@@ -78,6 +82,16 @@ impl Exporter {
             "tessera_ttft_seconds",
             "Time to first token over the window, from the difference of vLLM's cumulative histograms",
             ttft.clone(),
+        );
+        registry.register(
+            "tessera_inter_token_latency_seconds",
+            "Inter-token latency over the window, from the difference of vLLM's cumulative histograms",
+            itl.clone(),
+        );
+        registry.register(
+            "tessera_gpu_compute_fraction",
+            "The GPU compute share this server runs with (--gpu-compute-fraction), 0-1",
+            compute_share.clone(),
         );
         registry.register(
             "tessera_preemptions",
@@ -133,6 +147,8 @@ impl Exporter {
             waiting,
             running,
             ttft,
+            itl,
+            compute_share,
             preemptions,
             last_preemptions: Default::default(),
             rec_util,
@@ -186,17 +202,20 @@ impl Exporter {
             }
         }
         self.ttft.clear();
-        if let Some((_, _, w)) = state.window_summary()
-            && let Some(q) = w.ttft
-        {
-            for (label, v) in [("0.5", q.p50), ("0.95", q.p95), ("0.99", q.p99)] {
-                if v.is_finite() {
-                    self.ttft
-                        .get_or_create(&vec![("quantile", label.to_string())])
-                        .set(v);
+        self.itl.clear();
+        if let Some((_, _, w)) = state.window_summary() {
+            for (family, q) in [(&self.ttft, w.ttft), (&self.itl, w.inter_token_latency)] {
+                let Some(q) = q else { continue };
+                for (label, v) in [("0.5", q.p50), ("0.95", q.p95), ("0.99", q.p99)] {
+                    if v.is_finite() {
+                        family
+                            .get_or_create(&vec![("quantile", label.to_string())])
+                            .set(v);
+                    }
                 }
             }
         }
+        self.compute_share.set(state.compute_share());
         self.window_samples.set(state.window_len() as f64);
         match state.outcome().recommendation() {
             Some(r) => {

@@ -70,7 +70,7 @@ pub struct Args {
     /// Percentile of KV usage to size for (0.95 = p95).
     #[arg(long, env = "TESSERA_PERCENTILE", default_value_t = 0.95)]
     pub percentile: f64,
-    /// Headroom over that percentile (0.2 = +20%); also used for the compute fraction.
+    /// Headroom over that percentile (0.2 = +20%).
     #[arg(long, env = "TESSERA_HEADROOM", default_value_t = 0.2)]
     pub headroom: f64,
     /// Fewest good scrapes in the window before recommending.
@@ -88,6 +88,20 @@ pub struct Args {
     /// The most of the GPU's memory a replica may be given, 0–1.
     #[arg(long, env = "TESSERA_MAX_GPU_MEMORY_UTILIZATION", default_value_t = 0.95)]
     pub max_gpu_memory_utilization: f64,
+    /// The GPU compute share this server runs with, 0–1 (the webhook sets it from the
+    /// tessera.dev/gpu-compute-fraction annotation; 1 = whole GPU). Latency is observed at this share, so the
+    /// compute recommendation scales from it.
+    #[arg(long, env = "TESSERA_GPU_COMPUTE_FRACTION", default_value_t = 1.0)]
+    pub gpu_compute_fraction: f64,
+    /// Time-to-first-token p95 objective, e.g. 2s. With it, the compute share is sized so the window's TTFT p95
+    /// sits near half of it (shrinking in bounded steps while there is room, growing when over). Without any
+    /// objective the compute share is never shrunk.
+    #[arg(long, env = "TESSERA_TTFT_SLO", value_parser = humantime::parse_duration)]
+    pub ttft_slo: Option<Duration>,
+    /// Inter-token latency p95 objective, e.g. 100ms: decode steps slow down as the share shrinks, so this keeps
+    /// streaming speed. Combined with --ttft-slo, the objective needing the larger share wins.
+    #[arg(long, env = "TESSERA_ITL_SLO", value_parser = humantime::parse_duration)]
+    pub itl_slo: Option<Duration>,
 }
 
 impl Args {
@@ -100,7 +114,6 @@ impl Args {
             max_step_up: self.max_step_up,
             max_step_down_ratio: self.max_step_down,
             max_gpu_memory_utilization: self.max_gpu_memory_utilization,
-            compute_headroom: self.headroom,
             ..Default::default()
         }
     }
@@ -121,6 +134,22 @@ impl Args {
                 humantime::format_duration(self.window),
                 humantime::format_duration(self.min_window)
             )));
+        }
+        if !(self.gpu_compute_fraction.is_finite()
+            && self.gpu_compute_fraction > 0.0
+            && self.gpu_compute_fraction <= 1.0)
+        {
+            return Err(ConfigError::Value(format!(
+                "--gpu-compute-fraction {} must be in (0, 1]: the share of the GPU this server runs with (1 = whole GPU)",
+                self.gpu_compute_fraction
+            )));
+        }
+        for (flag, slo) in [("--ttft-slo", self.ttft_slo), ("--itl-slo", self.itl_slo)] {
+            if slo.is_some_and(|d| d.is_zero()) {
+                return Err(ConfigError::Duration(format!(
+                    "{flag} must be above 0 (e.g. 2s), or left out for no objective"
+                )));
+            }
         }
         self.recommend_config().validate()?;
         Ok(())
@@ -155,6 +184,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         non_kv_bytes: args.non_kv_memory_mib.map(state::mib),
         max_model_len: args.max_model_len,
         gpu_shared: args.gpu_shared,
+        compute_share: args.gpu_compute_fraction,
+        ttft_slo_secs: args.ttft_slo.map(|d| d.as_secs_f64()),
+        itl_slo_secs: args.itl_slo.map(|d| d.as_secs_f64()),
     };
     let (probe, nvml_err) = gpu::select(
         !args.no_nvml,

@@ -13,10 +13,12 @@ use crate::error::ScrapeError;
 use crate::gpu::GpuReading;
 use std::collections::{BTreeMap, VecDeque};
 use tessera_core::metrics::{VllmSnapshot, WindowSummary};
-use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome};
+use tessera_core::recommend::{
+    self, ComputeFacts, KvGeometry, LatencyObservation, MemoryFacts, Observation, Outcome,
+};
 use tessera_core::wire::sidecar::{
-    GpuStatus, Quantiles, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus, SnapshotSummary,
-    WindowStatus,
+    ComputeStatus, GpuStatus, Quantiles, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
+    SnapshotSummary, WindowStatus,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -40,6 +42,12 @@ pub struct Settings {
     pub max_model_len: Option<u64>,
     /// `--gpu-shared`: the device's used memory and busy time are not this server's alone.
     pub gpu_shared: bool,
+    /// `--gpu-compute-fraction`: the compute share this server runs with (1 = whole GPU).
+    pub compute_share: f64,
+    /// `--ttft-slo`, seconds.
+    pub ttft_slo_secs: Option<f64>,
+    /// `--itl-slo`, seconds.
+    pub itl_slo_secs: Option<f64>,
 }
 
 /// One good scrape, kept in the window with only what the window summary and the recommendation read.
@@ -112,6 +120,11 @@ impl State {
     /// Learns vLLM's `max_model_len` (from `/v1/models`).
     pub fn set_max_model_len(&mut self, n: u64) {
         self.settings.max_model_len = Some(n);
+    }
+
+    /// The compute share this server runs with (`--gpu-compute-fraction`).
+    pub fn compute_share(&self) -> f64 {
+        self.settings.compute_share
     }
 
     /// Good scrapes in the window.
@@ -208,19 +221,39 @@ impl State {
             max_model_len: self.settings.max_model_len,
         };
         let window: Vec<Observation> = self.window.iter().map(|s| s.obs).collect();
+        // The window's latency, from the difference of its first and last cumulative histograms: what the
+        // compute-share rule weighs against the objectives. No window (fewer than two scrapes) = unknown.
+        let summary = self.window_summary().map(|(_, _, w)| w);
+        let latency = |q: Option<tessera_core::metrics::Quantiles>| {
+            q.map(|q| LatencyObservation {
+                p95_secs: q.p95,
+                samples: q.count,
+            })
+        };
+        let compute = ComputeFacts {
+            current_share: Some(self.settings.compute_share),
+            ttft_slo_secs: self.settings.ttft_slo_secs,
+            itl_slo_secs: self.settings.itl_slo_secs,
+            ttft: latency(summary.as_ref().and_then(|w| w.ttft)),
+            itl: latency(summary.as_ref().and_then(|w| w.inter_token_latency)),
+        };
         let input = recommend::Input {
             window: &window,
             geometry,
             memory: self.memory_facts(latest),
+            // What runs is the applied recommendation: the step is bounded from it (the current share).
             previous: None,
+            compute,
         };
         let outcome = recommend::recommend(&input, &self.settings.recommend);
         if let (Outcome::Ready(new), Some(old)) = (&outcome, self.recommendation.outcome.recommendation())
-            && new.kv_cache_memory_bytes != old.kv_cache_memory_bytes
+            && (new.kv_cache_memory_bytes != old.kv_cache_memory_bytes
+                || new.compute_fraction != old.compute_fraction)
         {
             tracing::info!(
                 kv_cache_memory_bytes = new.kv_cache_memory_bytes,
                 gpu_memory_mib = new.gpu_memory_mib,
+                compute_fraction = new.compute_fraction,
                 reason = %new.summary(),
                 "recommendation changed"
             );
@@ -290,14 +323,8 @@ impl State {
                 requests_per_second: w.requests_per_second,
                 prompt_tokens_per_second: w.prompt_tokens_per_second,
                 generation_tokens_per_second: w.generation_tokens_per_second,
-                ttft_seconds: w
-                    .ttft
-                    .map(|q| Quantiles {
-                        p50: Some(q.p50),
-                        p95: Some(q.p95),
-                        p99: Some(q.p99),
-                    })
-                    .unwrap_or_default(),
+                ttft_seconds: quantiles(w.ttft),
+                inter_token_latency_seconds: quantiles(w.inter_token_latency),
             }
         });
         let gpu = self.gpu.map(|(source, g)| GpuStatus {
@@ -319,6 +346,11 @@ impl State {
             window,
             gpu,
             recommendation: self.recommendation.clone(),
+            compute: Some(ComputeStatus {
+                current_share: self.settings.compute_share,
+                ttft_slo_secs: self.settings.ttft_slo_secs,
+                itl_slo_secs: self.settings.itl_slo_secs,
+            }),
         }
     }
 
@@ -373,6 +405,17 @@ fn slim(s: &VllmSnapshot) -> VllmSnapshot {
         decode_time: None,
         ..s.clone()
     }
+}
+
+/// The wire form of windowed quantiles (all `null` when nothing was observed).
+fn quantiles(q: Option<tessera_core::metrics::Quantiles>) -> Quantiles {
+    q.map(|q| Quantiles {
+        p50: Some(q.p50),
+        p95: Some(q.p95),
+        p99: Some(q.p99),
+        count: Some(q.count),
+    })
+    .unwrap_or_default()
 }
 
 /// Bytes from MiB, saturating.
@@ -432,6 +475,9 @@ mod tests {
             non_kv_bytes: None,
             max_model_len: Some(8192),
             gpu_shared: false,
+            compute_share: 1.0,
+            ttft_slo_secs: None,
+            itl_slo_secs: None,
         }
     }
 
@@ -469,8 +515,16 @@ mod tests {
         // Peak 0.39 and p95 0.38 (+20% = 0.456) of 73,184 tokens, but one update may shrink only 10%.
         assert_eq!(r.kv_cache_tokens, (73_184f64 * 0.9).ceil() as u64 / 16 * 16 + 16);
         assert!(r.reasons.iter().any(|x| x.code == ReasonCode::StepLimitedDown));
-        assert!((r.compute_fraction - 0.48).abs() < 1e-9, "{}", r.compute_fraction);
+        // GPU busy 40% is reported, not a sizing signal; with no latency objective the share stays whole.
+        assert_eq!(r.compute_fraction, 1.0);
+        assert!(
+            r.reasons
+                .iter()
+                .any(|x| x.code == ReasonCode::NoLatencyObjective && x.message.contains("GPU busy 40%"))
+        );
         let s = st.status(1200.0);
+        assert_eq!(s.compute.unwrap().current_share, 1.0);
+        assert_eq!(s.compute.unwrap().ttft_slo_secs, None);
         assert!(s.vllm_up && s.ready && !s.stale);
         let w = s.window.unwrap();
         assert_eq!(w.samples, 20);
@@ -483,6 +537,33 @@ mod tests {
         assert_eq!(pm[MODEL].requests_waiting, Some(0.0));
         assert_eq!(pm["other/OTHER"].requests_waiting, Some(3.0));
         assert_eq!(pm["other/OTHER"].kv_cache_usage, None);
+    }
+
+    #[test]
+    fn an_objective_without_requests_in_the_window_keeps_the_share() {
+        let Some(base) = real_page() else { return };
+        let mut st = State::new(Settings {
+            compute_share: 0.5,
+            ttft_slo_secs: Some(2.0),
+            ..settings()
+        });
+        st.set_gpu("fake", Some(l4()));
+        // The page's TTFT histogram never moves: no request got a first token in the window (idle).
+        for i in 0..20 {
+            st.record_success(
+                10.0 * i as f64,
+                VllmSnapshot::from_text(&page(&base, 0.3, 0.0, 0.0)).unwrap(),
+            );
+        }
+        let r = st.outcome().recommendation().unwrap();
+        assert_eq!(r.compute_fraction, 0.5);
+        assert!(
+            r.reasons
+                .iter()
+                .any(|x| x.code == ReasonCode::TooFewLatencySamples)
+        );
+        let c = st.status(200.0).compute.unwrap();
+        assert_eq!((c.current_share, c.ttft_slo_secs), (0.5, Some(2.0)));
     }
 
     #[test]

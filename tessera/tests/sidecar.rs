@@ -334,6 +334,15 @@ async fn sidecar_against_a_fake_vllm() {
         let v = c.metric(name).await.unwrap_or_else(|| panic!("{name} missing"));
         assert!(v.is_finite() && v > 0.0, "{name} = {v}");
     }
+    // No latency objective: GPU busy time is no evidence a smaller share is safe, so the share stays whole.
+    assert_eq!(rec.compute_fraction, 1.0);
+    assert!(
+        rec.reasons
+            .iter()
+            .any(|r| r.code == tessera_core::recommend::ReasonCode::NoLatencyObjective)
+    );
+    assert_eq!(s.compute.unwrap().current_share, 1.0);
+    assert_eq!(c.metric("tessera_gpu_compute_fraction").await, Some(1.0));
     let before = c.status().await;
     let rec_before = before.recommendation().unwrap().clone();
 
@@ -413,6 +422,78 @@ async fn sidecar_against_a_fake_vllm() {
     assert!(code.success(), "exit status {code:?}");
 }
 
+/// With a TTFT objective and a replica well inside it, the recommended compute share drops from the share it runs
+/// with — by one bounded step, not to what the ratio alone would give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt"
+    );
+    let base = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{path}: {e} (testdata is part of the repo)"));
+    let fake = Arc::new(Mutex::new(Fake {
+        base,
+        mode: Mode::Page,
+        served: 0,
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let vllm_addr: SocketAddr = listener.local_addr().unwrap();
+    let app = Router::new()
+        .route("/metrics", get(serve_metrics))
+        .with_state(fake.clone());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["sidecar", "--vllm-url", &format!("http://{vllm_addr}")])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--scrape-interval", "100ms", "--window", "1m"])
+        .args(["--min-samples", "5", "--min-window", "300ms", "--no-nvml"])
+        .args(["--gpu-memory-mib", "23034", "--bytes-per-kv-token", "131072"])
+        .args(["--max-model-len", "8192"])
+        .env("TESSERA_TTFT_SLO", "2s")
+        .env("TESSERA_GPU_COMPUTE_FRACTION", "0.5")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let _guard = ChildGuard(Some(child));
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{port}"),
+    };
+    // The fake adds 10 requests per scrape with TTFT in (0.04, 0.06] for ten scrapes: 20+ in the window.
+    let s = c
+        .wait_for("a compute share from latency", 20, |s| {
+            s.window
+                .as_ref()
+                .and_then(|w| w.ttft_seconds.count)
+                .is_some_and(|n| n >= 20.0)
+                && s.recommendation().is_some()
+        })
+        .await;
+    let compute = s.compute.expect("the sidecar reports its compute settings");
+    assert_eq!(compute.current_share, 0.5);
+    assert_eq!(compute.ttft_slo_secs, Some(2.0));
+    let p95 = s.window.as_ref().unwrap().ttft_seconds.p95.unwrap();
+    assert!(p95 > 0.04 && p95 <= 0.06, "{p95}");
+    let rec = s.recommendation().unwrap();
+    // p95 ≈ 0.06 s against a 1 s target (half the 2 s objective) asks for 0.5 × 0.06 = 0.03; one update may
+    // take 25% off what runs: 0.375, rounded up to 0.38.
+    assert_eq!(rec.compute_fraction, 0.38, "{:?}", rec.reasons);
+    let codes: Vec<_> = rec.reasons.iter().map(|r| r.code).collect();
+    use tessera_core::recommend::ReasonCode;
+    assert!(codes.contains(&ReasonCode::LatencyUnderObjective), "{codes:?}");
+    assert!(codes.contains(&ReasonCode::StepLimitedDown), "{codes:?}");
+    assert_eq!(
+        c.metric("tessera_recommended_gpu_compute_fraction").await,
+        Some(0.38)
+    );
+    assert_eq!(c.metric("tessera_gpu_compute_fraction").await, Some(0.5));
+    server.abort();
+}
+
 #[test]
 fn bad_flags_are_named() {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
@@ -442,6 +523,32 @@ fn bad_flags_are_named() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("percentile"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "sidecar",
+            "--gpu-compute-fraction",
+            "1.5",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-nvml",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-compute-fraction"));
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "sidecar",
+            "--ttft-slo",
+            "fast",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-nvml",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--ttft-slo"));
 }
 
 /// The gpu-agent on a machine without NVML (like this one): it serves, says why it has no data, is not

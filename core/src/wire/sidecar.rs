@@ -48,6 +48,24 @@ pub struct SidecarStatus {
     pub gpu: Option<GpuStatus>,
     /// The recommendation, or why there is none yet.
     pub recommendation: RecommendationStatus,
+    /// What the compute-share rule was told: the share this replica runs with and its latency objectives.
+    /// `null` from older sidecars.
+    #[serde(default)]
+    pub compute: Option<ComputeStatus>,
+}
+
+/// The compute-share rule's configuration as the sidecar applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ComputeStatus {
+    /// The compute share this replica runs with (`--gpu-compute-fraction`, from the
+    /// `tessera.dev/gpu-compute-fraction` annotation), 0–1; 1 = whole GPU.
+    pub current_share: f64,
+    /// The TTFT p95 objective, seconds (`--ttft-slo`), if set.
+    #[serde(default)]
+    pub ttft_slo_secs: Option<f64>,
+    /// The inter-token latency p95 objective, seconds (`--itl-slo`), if set.
+    #[serde(default)]
+    pub itl_slo_secs: Option<f64>,
 }
 
 impl SidecarStatus {
@@ -162,6 +180,10 @@ pub struct WindowStatus {
     /// Time to first token over the window (from the difference of the first and last histograms), seconds.
     #[serde(default)]
     pub ttft_seconds: Quantiles,
+    /// Inter-token latency over the window, seconds (vLLM's `inter_token_latency_seconds`, or the older
+    /// `time_per_output_token_seconds`).
+    #[serde(default)]
+    pub inter_token_latency_seconds: Quantiles,
 }
 
 /// Windowed quantiles; `null` when no request finished its first token in the window.
@@ -176,6 +198,9 @@ pub struct Quantiles {
     /// 99th percentile.
     #[serde(default)]
     pub p99: Option<f64>,
+    /// Observations in the window the quantiles rest on.
+    #[serde(default)]
+    pub count: Option<f64>,
 }
 
 /// The GPU as the sidecar sees it.

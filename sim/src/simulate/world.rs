@@ -895,6 +895,7 @@ impl<'a> World<'a> {
                     geometry: geometry(&rep.engine),
                     memory: rep.memory,
                     previous: self.models[m].rec.as_ref(),
+                    compute: recommend::ComputeFacts::default(),
                 };
                 if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
                     best = Some(match best {
@@ -1168,6 +1169,7 @@ pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Reco
                         geometry: h.geometry,
                         memory: h.memory,
                         previous: prev.as_ref(),
+                        compute: recommend::ComputeFacts::default(),
                     };
                     match recommend::recommend(&input, &cfg) {
                         Outcome::Ready(r) => {
