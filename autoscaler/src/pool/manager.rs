@@ -422,6 +422,7 @@ impl PoolManager {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut cap_buf: Vec<Pod> = Vec::new();
         let mut ten_buf: Vec<Pod> = Vec::new();
+        let clock = LoopClock::start();
         loop {
             tokio::select! {
                 () = &mut shutdown => return,
@@ -443,7 +444,7 @@ impl PoolManager {
                             Applied::Reset(list) => self.index().reset_tenants(&list),
                         });
                         for key in gone {
-                            if let Err(e) = self.tenant_deleted(&key, unix_now()).await {
+                            if let Err(e) = self.tenant_deleted(&key, clock.now()).await {
                                 warn!(error = %e, tenant = %key, "could not free the share of a deleted pod; expiry will");
                             }
                         }
@@ -452,7 +453,7 @@ impl PoolManager {
                     None => return,
                 },
                 _ = tick.tick() => {
-                    if let Err(e) = self.reconcile(unix_now()).await {
+                    if let Err(e) = self.reconcile(clock.now()).await {
                         warn!(error = %e, kind = e.label(), "pool reconcile failed; retrying next tick");
                     }
                 }
@@ -523,9 +524,27 @@ fn apply_event(ev: watcher::Event<Pod>, buf: &mut Vec<Pod>, mut f: impl FnMut(Ap
     }
 }
 
-/// Unix seconds now: only the run loop reads the clock; everything it calls takes time as a parameter.
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// The run loop's clock, in Unix seconds: the wall clock read once at start, advanced by tokio's monotonic
+/// clock. Only the run loop reads it; everything it calls takes time as a parameter. Advancing with tokio's
+/// clock (not re-reading the wall clock) is what lets a test drive grace periods and TTLs with paused time;
+/// the drift from the wall clock over a run (NTP slews) is seconds, against grace periods and TTLs of minutes.
+#[derive(Debug, Clone, Copy)]
+struct LoopClock {
+    unix_at_start: u64,
+    start: tokio::time::Instant,
+}
+
+impl LoopClock {
+    fn start() -> Self {
+        Self {
+            unix_at_start: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.unix_at_start.saturating_add(self.start.elapsed().as_secs())
+    }
 }

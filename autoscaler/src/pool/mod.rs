@@ -104,3 +104,5 @@ impl PoolError {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod watch_tests;

@@ -16,28 +16,28 @@ use super::state::Reservation;
 use super::*;
 
 #[derive(Debug, Clone)]
-struct Logged {
-    method: String,
-    path: String,
-    query: String,
-    body: Value,
-    status: u16,
+pub(super) struct Logged {
+    pub(super) method: String,
+    pub(super) path: String,
+    pub(super) query: String,
+    pub(super) body: Value,
+    pub(super) status: u16,
 }
 
 #[derive(Debug, Default)]
-struct FakeApi {
+pub(super) struct FakeApi {
     /// (namespace, name) → pod JSON.
-    pods: BTreeMap<(String, String), Value>,
-    rv: u64,
-    log: Vec<Logged>,
+    pub(super) pods: BTreeMap<(String, String), Value>,
+    pub(super) rv: u64,
+    pub(super) log: Vec<Logged>,
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Value {
+pub(super) fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "code": code})
 }
 
-fn percent_decode(s: &str) -> String {
+pub(super) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -55,7 +55,7 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
-fn matches_selector(pod: &Value, selector: &str) -> bool {
+pub(super) fn matches_selector(pod: &Value, selector: &str) -> bool {
     let labels = &pod["metadata"]["labels"];
     selector.split(',').filter(|t| !t.is_empty()).all(|term| {
         if let Some(k) = term.strip_prefix('!') {
@@ -69,7 +69,7 @@ fn matches_selector(pod: &Value, selector: &str) -> bool {
 }
 
 impl FakeApi {
-    fn insert(&mut self, pod: &Pod) {
+    pub(super) fn insert(&mut self, pod: &Pod) {
         let mut v = serde_json::to_value(pod).unwrap();
         self.rv += 1;
         v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
@@ -81,13 +81,13 @@ impl FakeApi {
         self.pods.insert((ns, name), v);
     }
 
-    fn pod(&self, ns: &str, name: &str) -> Option<Pod> {
+    pub(super) fn pod(&self, ns: &str, name: &str) -> Option<Pod> {
         self.pods
             .get(&(ns.into(), name.into()))
             .map(|v| serde_json::from_value(v.clone()).unwrap())
     }
 
-    fn handle(&mut self, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
+    pub(super) fn handle(&mut self, method: &str, path: &str, query: &str, body: Value) -> (u16, Value) {
         let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         let selector = query
             .split('&')
@@ -206,11 +206,11 @@ fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
 const CONFIG: &str = "namespace: tessera-system\nimage: tessera:test\nreservationTtl: 2m\npools:\n\
 - name: p\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 3\n  emptyGpuGracePeriod: 10m\n  memoryHeadroomMiB: 1024\n";
 
-fn config(max_gpus: u32) -> Arc<PoolsConfig> {
+pub(super) fn config(max_gpus: u32) -> Arc<PoolsConfig> {
     Arc::new(PoolsConfig::from_yaml(&CONFIG.replace("maxGpus: 3", &format!("maxGpus: {max_gpus}"))).unwrap())
 }
 
-fn resv(id: &str, c: u32, at: u64) -> Reservation {
+pub(super) fn resv(id: &str, c: u32, at: u64) -> Reservation {
     Reservation {
         id: id.into(),
         model: format!("model-{id}"),
@@ -222,7 +222,7 @@ fn resv(id: &str, c: u32, at: u64) -> Reservation {
     }
 }
 
-fn capacity(cfg: &PoolsConfig, name: &str, rs: &[Reservation], node: &str, uuid: &str) -> Pod {
+pub(super) fn capacity(cfg: &PoolsConfig, name: &str, rs: &[Reservation], node: &str, uuid: &str) -> Pod {
     let mut pod = capacity::capacity_pod(cfg, &cfg.pools[0], name, rs);
     pod.spec.as_mut().unwrap().node_name = Some(node.into());
     pod.metadata
@@ -233,7 +233,7 @@ fn capacity(cfg: &PoolsConfig, name: &str, rs: &[Reservation], node: &str, uuid:
     pod
 }
 
-fn tenant(ns: &str, name: &str, reservation: &str, cap: &str) -> Pod {
+pub(super) fn tenant(ns: &str, name: &str, reservation: &str, cap: &str) -> Pod {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": ns, "labels": {LABEL_POOL: "p"},
                      "annotations": {ANNOTATION_RESERVATION: reservation, ANNOTATION_CAPACITY_POD: cap}}
@@ -252,13 +252,13 @@ fn request(id: &str, c: u32) -> ReserveRequest {
     }
 }
 
-fn reservations_on(api: &Arc<Mutex<FakeApi>>, name: &str) -> Vec<Reservation> {
+pub(super) fn reservations_on(api: &Arc<Mutex<FakeApi>>, name: &str) -> Vec<Reservation> {
     let pod = api.lock().unwrap().pod("tessera-system", name).unwrap();
     let ann = pod.metadata.annotations.unwrap();
     state::decode_reservations(ann.get(ANNOTATION_RESERVATIONS).map(String::as_str)).unwrap()
 }
 
-fn seeded(pods: &[Pod]) -> Arc<Mutex<FakeApi>> {
+pub(super) fn seeded(pods: &[Pod]) -> Arc<Mutex<FakeApi>> {
     let api = Arc::new(Mutex::new(FakeApi::default()));
     for p in pods {
         api.lock().unwrap().insert(p);
