@@ -4,20 +4,29 @@
 //! counts the GPU as taken), runs `tessera gpu-agent` with `hostPID` (NVML reports host PIDs; the agent maps
 //! them to pods through `/proc/<pid>/cgroup`), and publishes the GPU's UUID on itself as
 //! `tessera.dev/gpu-uuid`. While Pending it is what makes the cluster autoscaler or Karpenter add a node.
+//!
+//! The agent learns its own pod from the downward API (`POD_NAME`, `POD_NAMESPACE`), and its readiness probe
+//! is the agent's `/ready`, which passes only once the UUID is published: a capacity pod is Ready exactly when
+//! its GPU is identified, matching the pool manager's rule of not placing on running, unidentified GPUs.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ResourceRequirements, Toleration,
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe,
+    ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::config::{PoolSpec, PoolsConfig};
 use super::state::{Reservation, encode_reservations};
 use super::{
     ANNOTATION_RESERVATIONS, ANNOTATION_SHARING, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
 };
+
+/// The port the gpu-agent serves `/metrics`, `/v1/gpus`, `/live` and `/ready` on (its `--listen` default).
+pub const AGENT_PORT: i32 = 9091;
 
 /// The capacity pod name of slot `n` of `pool`. Names are slots, not random: two webhook replicas that both
 /// find no room create the *same* name, so one create wins and the other gets 409 AlreadyExists, re-reads,
@@ -61,8 +70,27 @@ pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations
         }),
         ..EnvVar::default()
     };
+    let http_probe = |path: &str, period: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("metrics".to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        ..Probe::default()
+    };
     let container = Container {
         name: "gpu-agent".to_string(),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".to_string()),
+            container_port: AGENT_PORT,
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(http_probe("/ready", 5)),
+        liveness_probe: Some(Probe {
+            failure_threshold: Some(6),
+            ..http_probe("/live", 10)
+        }),
         image: Some(cfg.image.clone()),
         args: Some(vec!["gpu-agent".to_string()]),
         env: Some(vec![
@@ -150,6 +178,19 @@ mod tests {
             "1"
         );
         assert_eq!(spec.host_pid, Some(true));
+        // The agent finds its own pod through the downward API, and is ready once the UUID is published.
+        let env = c.env.as_ref().unwrap();
+        for (var, field) in [
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace"),
+        ] {
+            let e = env.iter().find(|e| e.name == var).unwrap();
+            let from = e.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+            assert_eq!(from.field_path, field);
+        }
+        let ready = c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(ready.path.as_deref(), Some("/ready"));
+        assert_eq!(c.ports.as_ref().unwrap()[0].container_port, AGENT_PORT);
         assert_eq!(
             spec.node_selector.as_ref().unwrap()["nvidia.com/gpu.product"],
             "NVIDIA-A100-SXM4-80GB"

@@ -100,6 +100,9 @@ pub struct CapacityGpu {
     pub empty_since: Option<u64>,
     /// Deleted, failed or finished: not a place for new tenants.
     pub gone: bool,
+    /// Its containers have started (phase `Running`): from then on its gpu-agent is expected to publish the
+    /// GPU UUID, and while it has not, new tenants are not placed here (see [`CapacityGpu::unidentified`]).
+    pub running: bool,
 }
 
 impl CapacityGpu {
@@ -122,7 +125,18 @@ impl CapacityGpu {
             empty_since: ann.get(ANNOTATION_EMPTY_SINCE).and_then(|v| v.parse().ok()),
             gone: pod.metadata.deletion_timestamp.is_some()
                 || matches!(phase.as_deref(), Some("Failed") | Some("Succeeded")),
+            running: phase.as_deref() == Some("Running"),
         })
+    }
+
+    /// Running, yet no GPU UUID published: its gpu-agent cannot tell which device it holds (no NVML, several
+    /// GPUs visible) or has not written it yet (the first second or so). New tenants are not placed on it in
+    /// any sharing mode: the webhook points a tenant at its GPU with `NVIDIA_VISIBLE_DEVICES=<uuid>`, and
+    /// without it a CUDA image's default (`all`) would run the tenant on whatever GPU 0 of the node is. A
+    /// Pending capacity pod is different: no agent has run yet, it is where a new GPU is coming from, and
+    /// it is placed on as usual (its UUID follows once it runs). The agent's `/ready` says the same thing.
+    pub fn unidentified(&self) -> bool {
+        self.running && self.gpu_uuid.is_none()
     }
 
     /// Reservations, or none when unreadable.
@@ -285,7 +299,7 @@ impl PoolIndex {
         let mut names = HashMap::new();
         for g in self.capacity.values() {
             let Ok(list) = &g.reservations else { continue };
-            if g.gone {
+            if g.gone || g.unidentified() {
                 continue;
             }
             let id = packer.add_gpu();
@@ -342,10 +356,20 @@ impl PoolIndex {
                     reason: reason.as_str(),
                 })
             }
-            tessera_core::pack::Placement::NoRoom(why) => Ok(Decision::NoRoom {
-                reason: why.to_string(),
-                gpus: self.capacity.len(),
-            }),
+            tessera_core::pack::Placement::NoRoom(why) => {
+                let unidentified = self.capacity.values().filter(|g| g.unidentified()).count();
+                let reason = if unidentified > 0 {
+                    format!(
+                        "{why}; {unidentified} running capacity pod(s) have no published GPU UUID and were skipped (see their gpu-agent's /ready)"
+                    )
+                } else {
+                    why.to_string()
+                };
+                Ok(Decision::NoRoom {
+                    reason,
+                    gpus: self.capacity.len(),
+                })
+            }
         }
     }
 
@@ -544,6 +568,58 @@ mod tests {
             Decision::NoRoom { .. }
         ));
         // Nor deleted: what it holds is unknown.
+        assert_eq!(idx.empty_gpus(10_000, 0), (vec![], vec![]));
+    }
+
+    #[test]
+    fn running_capacity_pods_without_a_gpu_uuid_are_not_placed_on() {
+        let with_phase = |mut p: Pod, phase: &str, uuid: Option<&str>| {
+            p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            });
+            if let Some(u) = uuid {
+                p.metadata
+                    .annotations
+                    .as_mut()
+                    .unwrap()
+                    .insert(ANNOTATION_GPU_UUID.into(), u.into());
+            }
+            p
+        };
+        let mut idx = PoolIndex::new("p");
+        // Running, agent never published: skipped, and the reason says so.
+        idx.reset_capacity(&[with_phase(cap("a", &[], None), "Running", None)]);
+        assert!(idx.capacity_pod("a").unwrap().unidentified());
+        match idx.decide(&SHAPE, &resv("r", 100, 0)).unwrap() {
+            Decision::NoRoom { reason, gpus } => {
+                assert_eq!(gpus, 1);
+                assert!(reason.contains("no published GPU UUID"), "{reason}");
+            }
+            d => panic!("placed on an unidentified GPU: {d:?}"),
+        }
+        // Once the agent publishes, it is placed on.
+        idx.apply_capacity(&with_phase(cap("a", &[], None), "Running", Some("GPU-a")));
+        assert!(matches!(
+            idx.decide(&SHAPE, &resv("r", 100, 0)).unwrap(),
+            Decision::Place { capacity_pod, .. } if capacity_pod == "a"
+        ));
+        // A Pending capacity pod (a GPU on its way) is placed on before any UUID exists.
+        let mut idx = PoolIndex::new("p");
+        idx.reset_capacity(&[with_phase(cap("b", &[], None), "Pending", None)]);
+        assert!(!idx.capacity_pod("b").unwrap().unidentified());
+        assert!(matches!(
+            idx.decide(&SHAPE, &resv("r", 100, 0)).unwrap(),
+            Decision::Place { capacity_pod, .. } if capacity_pod == "b"
+        ));
+        // An unidentified GPU keeps its reservations and is never deleted for being "empty" of placements.
+        let mut idx = PoolIndex::new("p");
+        idx.reset_capacity(&[with_phase(
+            cap("c", &[resv("old", 100, 0)], None),
+            "Running",
+            None,
+        )]);
+        assert_eq!(idx.find_reservation("old").unwrap().0.name, "c");
         assert_eq!(idx.empty_gpus(10_000, 0), (vec![], vec![]));
     }
 
