@@ -2,6 +2,7 @@
 //! server. Where NVML is missing (like here) the agent must publish nothing (not one request to the API
 //! server), keep serving, and say on `/ready` that the GPU UUID is unknown. Where NVML is present the test
 //! only checks that it serves.
+#![allow(clippy::unwrap_used)]
 
 mod support;
 
