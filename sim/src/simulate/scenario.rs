@@ -193,6 +193,10 @@ pub struct ModelFile {
     /// The time-to-first-token objective: a request meets the SLO when its TTFT is at most this.
     #[serde(with = "humantime_serde")]
     pub slo_ttft: Duration,
+    /// The inter-token latency (p95) objective, optional: Tessera's compute share keeps streaming at least
+    /// this fast (the sidecar's `--itl-slo`). Not part of the report's attainment, which is TTFT's.
+    #[serde(default, with = "humantime_serde")]
+    pub slo_itl: Option<Duration>,
     /// Fewest replicas (Tessera; 0 allows scale to zero). The baselines keep at least one.
     #[serde(default = "one")]
     pub min_replicas: u32,
@@ -426,6 +430,11 @@ impl ScenarioFile {
             if m.slo_ttft.is_zero() {
                 p.push(format!("{at}.slo_ttft must be above 0 (e.g. `2s`)"));
             }
+            if m.slo_itl.is_some_and(|d| d.is_zero()) {
+                p.push(format!(
+                    "{at}.slo_itl must be above 0 (e.g. `100ms`), or left out for no objective"
+                ));
+            }
             if m.max_replicas == 0 {
                 p.push(format!("{at}.max_replicas must be at least 1"));
             }
@@ -488,6 +497,8 @@ pub struct ModelSetup {
     pub max_model_len: Option<u32>,
     /// TTFT objective, seconds.
     pub slo_ttft: f64,
+    /// Inter-token latency objective, seconds (Tessera's compute share only).
+    pub slo_itl: Option<f64>,
     /// Tessera's lowest replica count.
     pub min_replicas: u32,
     /// Highest replica count.
@@ -639,6 +650,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             spec,
             max_model_len: m.max_model_len,
             slo_ttft: m.slo_ttft.as_secs_f64(),
+            slo_itl: m.slo_itl.map(|d| d.as_secs_f64()),
             min_replicas: m.min_replicas,
             max_replicas: m.max_replicas,
             targets: m.targets.clone(),

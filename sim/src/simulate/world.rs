@@ -23,7 +23,7 @@ use tessera_core::scale::{
 
 use super::report::{ModelReport, Series, StrategyReport, quantile_sorted};
 use super::scenario::{ComputeFraction, ModelSetup, Scenario};
-use crate::model::{Engine, EngineConfig, EngineEvent, GIB, MemorySetting, ModelError, Request};
+use crate::model::{Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Request};
 
 /// The three strategies compared on the same arrivals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,6 +109,12 @@ pub struct ReplicaHistory {
     pub geometry: KvGeometry,
     /// What was known about its memory.
     pub memory: MemoryFacts,
+    /// Its vLLM TTFT histogram at the end (cumulative since it started, as `/metrics` shows it).
+    pub ttft: Histogram,
+    /// Its vLLM inter-token latency histogram at the end.
+    pub itl: Histogram,
+    /// The compute share it ran with.
+    pub compute_fraction: f64,
 }
 
 /// The result of one strategy run.
@@ -174,6 +180,9 @@ struct Replica {
     observations: Vec<Observation>,
     last_busy: f64,
     ttfts: VecDeque<(f64, f64)>,
+    /// Its cumulative TTFT and inter-token histograms at each scrape while ready, back to the recommendation
+    /// window: the window's latency is the difference of two, as the sidecar computes it.
+    latency: VecDeque<(f64, Histogram, Histogram)>,
     memory: MemoryFacts,
 }
 
@@ -521,6 +530,7 @@ impl<'a> World<'a> {
             observations: Vec::new(),
             last_busy: 0.0,
             ttfts: VecDeque::new(),
+            latency: VecDeque::new(),
             memory,
         });
         self.models[m].replicas.push(idx);
@@ -697,6 +707,7 @@ impl<'a> World<'a> {
         let mut reserved = 0.0;
         let mut busy = 0.0;
         let ttft_horizon = now - self.sc.settings.ttft_window.as_secs_f64();
+        let rec_horizon = now - self.sc.settings.recommend_window.as_secs_f64();
         for rep in self.replicas.iter_mut().filter(|r| r.phase != Phase::Gone) {
             let st = rep.engine.stats();
             let spec = rep.engine.model();
@@ -724,6 +735,11 @@ impl<'a> World<'a> {
             });
             while rep.ttfts.front().is_some_and(|&(at, _)| at < ttft_horizon) {
                 rep.ttfts.pop_front();
+            }
+            rep.latency.push_back((now, st.ttft.clone(), st.itl.clone()));
+            // Keep one snapshot at or before the window's start, the base of the window's difference.
+            while rep.latency.get(1).is_some_and(|&(at, _, _)| at <= rec_horizon) {
+                rep.latency.pop_front();
             }
         }
         if now < self.sc.duration {
@@ -890,12 +906,21 @@ impl<'a> World<'a> {
                     continue;
                 }
                 let start = rep.observations.partition_point(|o| o.at_secs < horizon);
+                // The window's latency: the replica's histograms now minus at the window's start (or since
+                // it started, when it is younger than the window), measured at the share it runs with.
+                let base = rep.latency.iter().rev().find(|(at, _, _)| *at <= horizon);
+                let st = rep.engine.stats();
                 let input = recommend::Input {
                     window: &rep.observations[start..],
                     geometry: geometry(&rep.engine),
                     memory: rep.memory,
                     previous: self.models[m].rec.as_ref(),
-                    compute: recommend::ComputeFacts::default(),
+                    compute: compute_facts(
+                        &self.sc.models[m],
+                        rep.compute_fraction,
+                        window_p95(&st.ttft, base.map(|(_, t, _)| t)),
+                        window_p95(&st.itl, base.map(|(_, _, i)| i)),
+                    ),
                 };
                 if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
                     best = Some(match best {
@@ -1091,6 +1116,9 @@ impl<'a> World<'a> {
                 model: r.model,
                 geometry: geometry(&r.engine),
                 memory: r.memory,
+                ttft: r.engine.stats().ttft.clone(),
+                itl: r.engine.stats().itl.clone(),
+                compute_fraction: r.compute_fraction,
                 observations: r.observations,
             })
             .collect();
@@ -1104,6 +1132,40 @@ fn geometry(engine: &Engine) -> KvGeometry {
         num_gpu_blocks: engine.kv_blocks_total(),
         block_size: u64::from(engine.config().block_size),
         max_model_len: Some(u64::from(engine.max_model_len())),
+    }
+}
+
+/// p95 and count of what a cumulative histogram gained since `earlier` (`None`: since it started), as the
+/// sidecar computes a window's quantile from two scrapes; `None` when nothing was observed.
+fn window_p95(later: &Histogram, earlier: Option<&Histogram>) -> Option<recommend::LatencyObservation> {
+    let mut d = later.clone();
+    if let Some(e) = earlier.filter(|e| e.bounds == later.bounds && e.count <= later.count) {
+        for (c, ec) in d.counts.iter_mut().zip(&e.counts) {
+            *c = c.saturating_sub(*ec);
+        }
+        d.count -= e.count;
+        d.sum -= e.sum;
+    }
+    Some(recommend::LatencyObservation {
+        p95_secs: d.quantile(0.95)?,
+        samples: d.count as f64,
+    })
+}
+
+/// What the compute-share rule gets for a replica of `setup` running at `share`: the sidecar's
+/// `--gpu-compute-fraction`, `--ttft-slo` and `--itl-slo`, and the window's latency.
+fn compute_facts(
+    setup: &ModelSetup,
+    share: f64,
+    ttft: Option<recommend::LatencyObservation>,
+    itl: Option<recommend::LatencyObservation>,
+) -> recommend::ComputeFacts {
+    recommend::ComputeFacts {
+        current_share: Some(share),
+        ttft_slo_secs: Some(setup.slo_ttft),
+        itl_slo_secs: setup.slo_itl,
+        ttft,
+        itl,
     }
 }
 
@@ -1155,7 +1217,9 @@ fn policy_for(kind: StrategyKind, m: &ModelSetup, sc: &Scenario) -> Option<Scale
 
 /// The steady-state recommendation for each model from whole-GPU histories: what a sidecar watching the
 /// baseline would converge to, applying the recommendation rule update after update (each step is bounded, so
-/// it is iterated until it stops moving). Models with too little history get `None`.
+/// it is iterated until it stops moving). The compute share sees the baseline's own latency (vLLM's TTFT and
+/// inter-token histograms over the run) at the share it ran with (the whole GPU), against the model's
+/// objectives, as a sidecar started with `--ttft-slo`/`--itl-slo` would. Models with too little history get `None`.
 pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Recommendation>> {
     let cfg = recommend::Config::default();
     (0..sc.models.len())
@@ -1169,7 +1233,13 @@ pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Reco
                         geometry: h.geometry,
                         memory: h.memory,
                         previous: prev.as_ref(),
-                        compute: recommend::ComputeFacts::default(),
+                        // Latency over the whole baseline run, at the share the baseline ran with (whole GPU).
+                        compute: compute_facts(
+                            &sc.models[m],
+                            h.compute_fraction,
+                            window_p95(&h.ttft, None),
+                            window_p95(&h.itl, None),
+                        ),
                     };
                     match recommend::recommend(&input, &cfg) {
                         Outcome::Ready(r) => {
