@@ -194,6 +194,35 @@ fn start_ups_on_one_gpu_are_serialized() {
     );
 }
 
+/// The compute share Tessera starts from (calibrated on the HPA baseline's latency at a whole GPU): a model with
+/// too few requests keeps the whole GPU (missing data never shrinks it); a steadily served one with latency room
+/// gets less than a GPU, and an inter-token objective can only raise that share.
+#[test]
+fn compute_share_follows_latency_evidence_not_busy_time() {
+    let initial = |m: ModelSetup, arrivals: Vec<Arrival>| {
+        let sc = scenario(vec![m], vec![arrivals], 1200.0);
+        let r = run(&sc);
+        let t = r.strategy("tessera").unwrap().clone();
+        (t.models[0].initial_recommendation.expect("calibrated").1, t)
+    };
+    // Five requests in twenty minutes: not enough TTFT observations to shrink.
+    let (idle, _) = initial(model("m", 1, 1), at(&[0.0, 10.0, 20.0, 30.0, 40.0]));
+    assert_eq!(idle, 1.0);
+    // One request every two seconds for twenty minutes, 100 tokens in, 10 out, 5 s TTFT objective.
+    let steady: Vec<f64> = (0..600).map(|i| 2.0 * f64::from(i)).collect();
+    let (ttft_only, t) = initial(model("m", 1, 1), at(&steady));
+    assert!(ttft_only < 1.0 && ttft_only >= 0.05, "{ttft_only}");
+    assert_eq!(t.slo_attainment, 1.0, "a smaller share still meets the objective");
+    let mut with_itl = model("m", 1, 1);
+    with_itl.slo_itl = Some(0.1);
+    let (itl, t) = initial(with_itl, at(&steady));
+    assert!(
+        itl >= ttft_only && itl < 1.0,
+        "ITL objective {itl} vs TTFT only {ttft_only}"
+    );
+    assert_eq!(t.slo_attainment, 1.0);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
