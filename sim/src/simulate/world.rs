@@ -1172,13 +1172,22 @@ fn compute_facts(
 /// Of two replicas' recommendations, the one that gives more, on both dimensions: a model's replicas share one
 /// pod template, which must fit the busiest of them.
 fn larger(a: Recommendation, b: Recommendation) -> Recommendation {
-    let cf = a.compute_fraction.max(b.compute_fraction);
-    let mut out = if b.kv_cache_memory_bytes > a.kv_cache_memory_bytes {
-        b
-    } else {
-        a
-    };
-    out.compute_fraction = cf;
+    let b_more_kv = b.kv_cache_memory_bytes > a.kv_cache_memory_bytes;
+    let b_more_compute = b.compute_fraction > a.compute_fraction;
+    let (mut out, other) = if b_more_kv { (b, a) } else { (a, b) };
+    if b_more_kv != b_more_compute {
+        // The other one asks for more compute: take its share, and its reasons for it, so the report explains
+        // the share it shows.
+        out.compute_fraction = other.compute_fraction;
+        out.reasons
+            .retain(|r| r.field != recommend::Field::ComputeFraction);
+        out.reasons.extend(
+            other
+                .reasons
+                .into_iter()
+                .filter(|r| r.field == recommend::Field::ComputeFraction),
+        );
+    }
     out
 }
 
