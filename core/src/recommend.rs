@@ -733,8 +733,10 @@ pub fn recommend_compute(
                 reason(
                     ReasonCode::LatencyOverObjective,
                     format!(
-                        "{}: grow {current:.2} × {r:.2} = {desired:.2}, never shrink{busy_note}",
-                        describe(o)
+                        "{}: grow {current:.2} × {r:.2} = {desired:.2}, never below {:.2} (what runs now or was \
+                         recommended){busy_note}",
+                        describe(o),
+                        current.max(reference)
                     ),
                 );
             }
