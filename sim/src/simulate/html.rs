@@ -205,6 +205,10 @@ pub fn render(r: &Report) -> String {
             Box::new(|x| pct(x.memory_reserved_ratio)),
         ),
         ("GPU compute busy (held GPUs)", Box::new(|x| pct(x.compute_ratio))),
+        (
+            "GPU compute allocated (held GPUs)",
+            Box::new(|x| pct(x.compute_allocated_ratio)),
+        ),
         ("TTFT p50", Box::new(|x| opt_secs(x.ttft_p50))),
         ("TTFT p95", Box::new(|x| opt_secs(x.ttft_p95))),
         ("TTFT p99", Box::new(|x| opt_secs(x.ttft_p99))),

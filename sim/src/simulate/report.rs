@@ -60,6 +60,10 @@ pub struct StrategyReport {
     pub memory_reserved_ratio: f64,
     /// GPU compute busy (step time × compute share) over held GPUs.
     pub compute_ratio: f64,
+    /// Compute shares held by replicas (starting, ready or draining) over held GPUs: how full the packing is on
+    /// the compute dimension, busy or not.
+    #[serde(default)]
+    pub compute_allocated_ratio: f64,
     /// Requests that arrived.
     pub requests: u64,
     /// Requests that finished.
@@ -211,6 +215,9 @@ impl Report {
         });
         row(&mut o, "GPU compute busy, held GPUs", &|s| {
             format!("{:.1}%", s.compute_ratio * 100.0)
+        });
+        row(&mut o, "GPU compute allocated, held GPUs", &|s| {
+            format!("{:.1}%", s.compute_allocated_ratio * 100.0)
         });
         row(&mut o, "TTFT p50", &|s| secs(s.ttft_p50));
         row(&mut o, "TTFT p95", &|s| secs(s.ttft_p95));

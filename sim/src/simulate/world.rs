@@ -234,6 +234,7 @@ pub struct World<'a> {
     mem_used_acc: f64,
     mem_reserved_acc: f64,
     compute_acc: f64,
+    allocated_acc: f64,
     capacity_acc: f64,
     series: Series,
     last_series_at: f64,
@@ -303,6 +304,7 @@ impl<'a> World<'a> {
             mem_used_acc: 0.0,
             mem_reserved_acc: 0.0,
             compute_acc: 0.0,
+            allocated_acc: 0.0,
             capacity_acc: 0.0,
             series: Series {
                 replicas: vec![Vec::new(); n],
@@ -706,6 +708,7 @@ impl<'a> World<'a> {
         let mut used = 0.0;
         let mut reserved = 0.0;
         let mut busy = 0.0;
+        let mut allocated = 0.0;
         let ttft_horizon = now - self.sc.settings.ttft_window.as_secs_f64();
         let rec_horizon = now - self.sc.settings.recommend_window.as_secs_f64();
         for rep in self.replicas.iter_mut().filter(|r| r.phase != Phase::Gone) {
@@ -713,6 +716,7 @@ impl<'a> World<'a> {
             let spec = rep.engine.model();
             let block_bytes = spec.bytes_per_kv_token * u64::from(rep.engine.config().block_size);
             reserved += rep.engine.gpu_memory_used_bytes() as f64;
+            allocated += rep.compute_fraction;
             used += (spec.weights_bytes + spec.overhead_bytes + st.kv_blocks_used * block_bytes) as f64;
             if rep.phase == Phase::Starting {
                 continue;
@@ -748,6 +752,7 @@ impl<'a> World<'a> {
             self.mem_used_acc += used;
             self.mem_reserved_acc += reserved;
             self.compute_acc += busy;
+            self.allocated_acc += allocated;
             self.capacity_acc += if cap > 0.0 { held } else { 0.0 };
         }
         // Requests held at the activator for too long fail (the client gives up).
@@ -1080,6 +1085,11 @@ impl<'a> World<'a> {
             },
             compute_ratio: if samples > 0.0 {
                 self.compute_acc / samples
+            } else {
+                0.0
+            },
+            compute_allocated_ratio: if samples > 0.0 {
+                self.allocated_acc / samples
             } else {
                 0.0
             },
