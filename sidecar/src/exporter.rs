@@ -28,10 +28,11 @@ pub struct Exporter {
     compute_share: FGauge,
     preemptions: Family<Labels, Counter<f64, AtomicU64>>,
     last_preemptions: std::collections::BTreeMap<String, f64>,
-    rec_util: FGauge,
-    rec_kv: FGauge,
-    rec_mib: FGauge,
-    rec_compute: FGauge,
+    // Families with no labels, so that "no recommendation yet" can remove the series (a plain gauge always renders).
+    rec_util: Family<Labels, FGauge>,
+    rec_kv: Family<Labels, FGauge>,
+    rec_mib: Family<Labels, FGauge>,
+    rec_compute: Family<Labels, FGauge>,
     scrape_errors: Family<Labels, Counter>,
     vllm_up: FGauge,
     stale: FGauge,
@@ -57,10 +58,10 @@ impl Exporter {
         let preemptions = Family::<Labels, Counter<f64, AtomicU64>>::default();
         let scrape_errors = Family::<Labels, Counter>::default();
         let (rec_util, rec_kv, rec_mib, rec_compute) = (
-            FGauge::default(),
-            FGauge::default(),
-            FGauge::default(),
-            FGauge::default(),
+            Family::<Labels, FGauge>::default(),
+            Family::<Labels, FGauge>::default(),
+            Family::<Labels, FGauge>::default(),
+            Family::<Labels, FGauge>::default(),
         );
         let (vllm_up, stale, window_samples) = (FGauge::default(), FGauge::default(), FGauge::default());
         registry.register(
@@ -217,19 +218,19 @@ impl Exporter {
         }
         self.compute_share.set(state.compute_share());
         self.window_samples.set(state.window_len() as f64);
-        match state.outcome().recommendation() {
-            Some(r) => {
-                self.rec_util.set(r.gpu_memory_utilization);
-                self.rec_kv.set(r.kv_cache_memory_bytes as f64);
-                self.rec_mib.set(r.gpu_memory_mib as f64);
-                self.rec_compute.set(r.compute_fraction);
-            }
-            None => {
-                // No recommendation yet: NaN says "unknown"; 0 would read as "needs nothing".
-                for g in [&self.rec_util, &self.rec_kv, &self.rec_mib, &self.rec_compute] {
-                    g.set(f64::NAN);
-                }
-            }
+        // No recommendation yet: no series at all (as for every unknown value here); 0 would read as "needs
+        // nothing", and NaN breaks alert rules that compare against it.
+        for g in [&self.rec_util, &self.rec_kv, &self.rec_mib, &self.rec_compute] {
+            g.clear();
+        }
+        if let Some(r) = state.outcome().recommendation() {
+            let none: Labels = Vec::new();
+            self.rec_util.get_or_create(&none).set(r.gpu_memory_utilization);
+            self.rec_kv
+                .get_or_create(&none)
+                .set(r.kv_cache_memory_bytes as f64);
+            self.rec_mib.get_or_create(&none).set(r.gpu_memory_mib as f64);
+            self.rec_compute.get_or_create(&none).set(r.compute_fraction);
         }
     }
 
