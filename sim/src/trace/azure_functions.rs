@@ -29,26 +29,12 @@ pub struct FunctionsTrace {
 impl FunctionsTrace {
     /// Reads a trace file.
     pub fn read(path: &Path) -> Result<Self, TraceError> {
-        let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(file, path)
+        Self::parse(super::open(path)?, path)
     }
 
     /// Parses a trace from any reader; `path` only names the source in errors.
     pub fn parse(reader: impl Read, path: &Path) -> Result<Self, TraceError> {
-        let mut rdr = csv::ReaderBuilder::new()
-            .has_headers(true)
-            .trim(csv::Trim::All)
-            .from_reader(reader);
-        let headers = rdr
-            .headers()
-            .map_err(|e| TraceError::Format {
-                path: path.to_path_buf(),
-                message: format!("bad header: {e}"),
-            })?
-            .clone();
+        let (mut rdr, headers) = super::csv_with_header(reader, path)?;
         let names: Vec<String> = headers.iter().map(str::to_string).collect();
         if names.len() < 4 || names[0] != "HashFunction" || names[1] != "HashApp" || names[2] != "HashOwner" {
             return Err(TraceError::Format {

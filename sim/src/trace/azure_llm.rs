@@ -30,26 +30,12 @@ pub struct LlmTrace {
 impl LlmTrace {
     /// Reads a trace file.
     pub fn read(path: &Path) -> Result<Self, TraceError> {
-        let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(file, path)
+        Self::parse(super::open(path)?, path)
     }
 
     /// Parses a trace from any reader; `path` only names the source in errors.
     pub fn parse(reader: impl Read, path: &Path) -> Result<Self, TraceError> {
-        let mut rdr = csv::ReaderBuilder::new()
-            .has_headers(true)
-            .trim(csv::Trim::All)
-            .from_reader(reader);
-        let headers = rdr
-            .headers()
-            .map_err(|e| TraceError::Format {
-                path: path.to_path_buf(),
-                message: format!("bad header: {e}"),
-            })?
-            .clone();
+        let (mut rdr, headers) = super::csv_with_header(reader, path)?;
         let want = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"];
         let got: Vec<&str> = headers.iter().collect();
         if got != want {

@@ -14,7 +14,8 @@ pub mod azure_functions;
 pub mod azure_llm;
 pub mod transform;
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 pub use azure_functions::{FunctionRow, FunctionsTrace};
 pub use azure_llm::{LlmRequest, LlmTrace};
@@ -72,6 +73,34 @@ pub enum TraceError {
         /// What was looked for.
         message: String,
     },
+}
+
+/// Opens a trace file; the error names it.
+fn open(path: &Path) -> Result<std::fs::File, TraceError> {
+    std::fs::File::open(path).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A CSV reader over a trace (header row, fields trimmed) and its header; `path` only names the source in errors.
+/// Both trace formats are CSV with a fixed header, so they share this and check their own column names.
+fn csv_with_header<R: Read>(
+    reader: R,
+    path: &Path,
+) -> Result<(csv::Reader<R>, csv::StringRecord), TraceError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(true)
+        .trim(csv::Trim::All)
+        .from_reader(reader);
+    let header = rdr
+        .headers()
+        .map_err(|e| TraceError::Format {
+            path: path.to_path_buf(),
+            message: format!("bad header: {e}"),
+        })?
+        .clone();
+    Ok((rdr, header))
 }
 
 impl TraceError {
