@@ -125,6 +125,25 @@ impl Page {
         self.created(base, help, &extras);
     }
 
+    /// The three counters both page versions write alike, in this order.
+    fn preemption_and_token_counters(&mut self, s: &EngineStats) {
+        self.counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            &[(vec![], s.num_preemptions as f64)],
+        );
+        self.counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            &[(vec![], s.prompt_tokens as f64)],
+        );
+        self.counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            &[(vec![], s.generation_tokens as f64)],
+        );
+    }
+
     fn histogram(&mut self, name: &str, help: &str, h: &Histogram) {
         self.head(name, help, "histogram");
         for (le, c) in h.cumulative() {
@@ -216,21 +235,7 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "Prefix cache hits, in terms of number of cached tokens.",
         &[(vec![], s.prefix_cache_hits as f64)],
     );
-    p.counter(
-        "vllm:num_preemptions",
-        "Cumulative number of preemption from the engine.",
-        &[(vec![], s.num_preemptions as f64)],
-    );
-    p.counter(
-        "vllm:prompt_tokens",
-        "Number of prefill tokens processed.",
-        &[(vec![], s.prompt_tokens as f64)],
-    );
-    p.counter(
-        "vllm:generation_tokens",
-        "Number of generation tokens processed.",
-        &[(vec![], s.generation_tokens as f64)],
-    );
+    p.preemption_and_token_counters(s);
     p.counter(
         "vllm:request_success",
         "Count of successfully processed requests.",
@@ -359,21 +364,7 @@ fn render_v0(s: &EngineStats, info: &PageInfo) -> String {
         "CPU KV-cache usage. 1 means 100 percent usage.",
         0.0,
     );
-    p.counter(
-        "vllm:num_preemptions",
-        "Cumulative number of preemption from the engine.",
-        &[(vec![], s.num_preemptions as f64)],
-    );
-    p.counter(
-        "vllm:prompt_tokens",
-        "Number of prefill tokens processed.",
-        &[(vec![], s.prompt_tokens as f64)],
-    );
-    p.counter(
-        "vllm:generation_tokens",
-        "Number of generation tokens processed.",
-        &[(vec![], s.generation_tokens as f64)],
-    );
+    p.preemption_and_token_counters(s);
     p.histogram(
         "vllm:time_to_first_token_seconds",
         "Histogram of time to first token in seconds.",
