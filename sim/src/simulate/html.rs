@@ -27,6 +27,22 @@ struct Line<'a> {
     points: Vec<(f64, Option<f64>)>,
 }
 
+/// One line per strategy, coloured by its position in the report.
+fn strategy_lines<'a>(
+    r: &'a Report,
+    points: impl Fn(&StrategyReport) -> Vec<(f64, Option<f64>)>,
+) -> Vec<Line<'a>> {
+    r.strategies
+        .iter()
+        .enumerate()
+        .map(|(i, st)| Line {
+            name: &st.strategy,
+            color: COLORS[i % COLORS.len()],
+            points: points(st),
+        })
+        .collect()
+}
+
 /// A line chart as an SVG element. Step lines for counts (`step`), straight segments otherwise.
 fn chart(title: &str, y_label: &str, lines: &[Line<'_>], x_max: f64, step: bool) -> String {
     let (w, h) = (860.0, 260.0);
@@ -242,41 +258,25 @@ pub fn render(r: &Report) -> String {
 
     let x_max = r.duration_secs;
     s.push_str("<h2>GPUs held over time</h2>");
-    let lines: Vec<Line<'_>> = r
-        .strategies
-        .iter()
-        .enumerate()
-        .map(|(i, st)| Line {
-            name: &st.strategy,
-            color: COLORS[i % COLORS.len()],
-            points: st
-                .series
-                .t
-                .iter()
-                .zip(&st.series.gpus)
-                .map(|(&t, &g)| (t, Some(f64::from(g))))
-                .collect(),
-        })
-        .collect();
+    let lines = strategy_lines(r, |st| {
+        st.series
+            .t
+            .iter()
+            .zip(&st.series.gpus)
+            .map(|(&t, &g)| (t, Some(f64::from(g))))
+            .collect()
+    });
     s.push_str(&chart("GPUs held", "GPUs", &lines, x_max, true));
 
     s.push_str("<h2>Time to first token over time</h2><p>p95 of the requests arriving in each interval.</p>");
-    let lines: Vec<Line<'_>> = r
-        .strategies
-        .iter()
-        .enumerate()
-        .map(|(i, st)| Line {
-            name: &st.strategy,
-            color: COLORS[i % COLORS.len()],
-            points: st
-                .series
-                .ttft_t
-                .iter()
-                .zip(&st.series.ttft_p95)
-                .map(|(&t, &v)| (t, v))
-                .collect(),
-        })
-        .collect();
+    let lines = strategy_lines(r, |st| {
+        st.series
+            .ttft_t
+            .iter()
+            .zip(&st.series.ttft_p95)
+            .map(|(&t, &v)| (t, v))
+            .collect()
+    });
     s.push_str(&chart("TTFT p95", "seconds", &lines, x_max, false));
 
     s.push_str("<h2>Replicas per model</h2>");
