@@ -332,11 +332,7 @@ pub fn render(r: &Report) -> String {
                 m.preemptions,
                 m.kv_cache_gib,
                 m.gpu_memory_mib,
-                if m.compute_fraction_min < m.compute_fraction - 1e-9 {
-                    format!("{:.2}–{:.2}", m.compute_fraction_min, m.compute_fraction)
-                } else {
-                    format!("{:.2}", m.compute_fraction)
-                }
+                m.compute_shares()
             );
         }
         s.push_str("</table>");

@@ -169,6 +169,17 @@ fn secs(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |s| format!("{s:.3}s"))
 }
 
+impl ModelReport {
+    /// The compute share per replica as printed: the range when replicas were started with different shares.
+    pub fn compute_shares(&self) -> String {
+        if self.compute_fraction_min < self.compute_fraction - 1e-9 {
+            format!("{:.2}–{:.2}", self.compute_fraction_min, self.compute_fraction)
+        } else {
+            format!("{:.2}", self.compute_fraction)
+        }
+    }
+}
+
 impl Report {
     /// The strategy with this name.
     pub fn strategy(&self, name: &str) -> Option<&StrategyReport> {
@@ -255,12 +266,7 @@ impl Report {
                     format!("{:.1}/{}", m.replicas_mean, m.replicas_max),
                     m.cold_starts,
                     m.kv_cache_gib,
-                    // The range when replicas were started with different shares.
-                    if m.compute_fraction_min < m.compute_fraction - 1e-9 {
-                        format!("{:.2}–{:.2}", m.compute_fraction_min, m.compute_fraction)
-                    } else {
-                        format!("{:.2}", m.compute_fraction)
-                    }
+                    m.compute_shares(),
                 );
             }
         }
