@@ -30,7 +30,7 @@ use tessera_core::wire::activator::ACTIVATED_AT_ANNOTATION;
 use tracing::{debug, info, instrument, warn};
 
 use super::metrics::Metrics;
-use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals};
+use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals, with_wake_up};
 use super::status::{self, Applied};
 use crate::crd::{InferenceAutoscaler, InferenceAutoscalerStatus, RecommendationStatus};
 
@@ -319,14 +319,12 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     }
 
     // 4. Demand.
-    let models = &spec.model_names;
-    let mut demand = demand_from(&ctx.activators.samples(), models);
-    if let Some(at) = activated_at(obj)
-        && now_sys.duration_since(at).unwrap_or_default() < ctx.settings.activation_window
-    {
-        // The activator patched this object because a request is held right now.
-        demand.queued_at_activator = demand.queued_at_activator.max(1);
-    }
+    let demand = with_wake_up(
+        demand_from(&ctx.activators.samples(), &spec.model_names),
+        activated_at(obj),
+        now_sys,
+        ctx.settings.activation_window,
+    );
     let input = ScaleInput {
         current_replicas: current,
         ready_replicas: u32::try_from(ready_pods.len()).unwrap_or(u32::MAX),

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::future::BoxFuture;
 use tessera_core::scale::{Demand, ReplicaSignals, Timestamp};
@@ -264,6 +264,21 @@ pub fn demand_from(samples: &[ActivatorSample], models: &[String]) -> Demand {
     demand
 }
 
+/// The demand with the activator's wake-up taken into account: the activator writes the wake-up annotation
+/// because it holds a request right now, so a wake-up younger than `window` counts as at least one queued request
+/// (the stats poll may not have seen it yet).
+pub fn with_wake_up(
+    mut demand: Demand,
+    activated_at: Option<SystemTime>,
+    now: SystemTime,
+    window: Duration,
+) -> Demand {
+    if activated_at.is_some_and(|at| now.duration_since(at).unwrap_or_default() < window) {
+        demand.queued_at_activator = demand.queued_at_activator.max(1);
+    }
+    demand
+}
+
 /// Polls every configured activator in the background and keeps its last two documents.
 #[derive(Debug, Clone, Default)]
 pub struct ActivatorPoller {
@@ -466,6 +481,30 @@ mod tests {
         assert_eq!(
             d.last_request_at, None,
             "a model the activator does not know never allows scale to zero"
+        );
+    }
+
+    #[test]
+    fn a_recent_wake_up_counts_as_one_queued_request() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let window = Duration::from_secs(60);
+        let queued = |d: Demand| d.queued_at_activator;
+        assert_eq!(queued(with_wake_up(Demand::default(), None, now, window)), 0);
+        let recent = Some(now - Duration::from_secs(59));
+        assert_eq!(queued(with_wake_up(Demand::default(), recent, now, window)), 1);
+        let expired = Some(now - window);
+        assert_eq!(queued(with_wake_up(Demand::default(), expired, now, window)), 0);
+        // A wake-up written by a clock ahead of ours still counts.
+        let ahead = Some(now + Duration::from_secs(5));
+        assert_eq!(queued(with_wake_up(Demand::default(), ahead, now, window)), 1);
+        let busy = Demand {
+            queued_at_activator: 7,
+            ..Demand::default()
+        };
+        assert_eq!(
+            queued(with_wake_up(busy, recent, now, window)),
+            7,
+            "never lowers a known queue"
         );
     }
 }
