@@ -12,7 +12,7 @@
 use crate::error::ScrapeError;
 use crate::gpu::GpuReading;
 use std::collections::{BTreeMap, VecDeque};
-use tessera_core::metrics::{VllmSnapshot, WindowSummary};
+use tessera_core::metrics::{Series, VllmSnapshot, WindowSummary};
 use tessera_core::recommend::{
     self, ComputeFacts, KvGeometry, LatencyObservation, MemoryFacts, Observation, Outcome,
 };
@@ -354,43 +354,11 @@ impl State {
         }
     }
 
-    /// Per-model values of the latest snapshot: `(model_name, kv usage, running, waiting, preemptions)`.
-    /// KV usage is the maximum over a model's engines (the fullest pool is what sizing covers); the others are
-    /// summed, matching the parser's aggregate rule.
-    pub fn per_model(&self) -> BTreeMap<String, PerModel> {
-        let mut out: BTreeMap<String, PerModel> = BTreeMap::new();
-        let Some((_, s)) = &self.latest else { return out };
-        for e in &s.per_engine {
-            let Some(model) = &e.model_name else { continue };
-            let m = out.entry(model.clone()).or_default();
-            let v = &e.values;
-            let add = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) => Some(a + b),
-                (a, b) => a.or(b),
-            };
-            m.kv_cache_usage = match (m.kv_cache_usage, v.kv_cache_usage) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            m.requests_running = add(m.requests_running, v.requests_running);
-            m.requests_waiting = add(m.requests_waiting, v.requests_waiting);
-            m.preemptions_total = add(m.preemptions_total, v.preemptions_total);
-        }
-        out
+    /// Per-model values of the latest snapshot, by the parser's aggregate rule over each model's engines
+    /// ([`VllmSnapshot::per_model`]); empty before the first good scrape.
+    pub fn per_model(&self) -> BTreeMap<String, Series> {
+        self.latest().map(VllmSnapshot::per_model).unwrap_or_default()
     }
-}
-
-/// One model's values (see [`State::per_model`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PerModel {
-    /// KV usage, 0–1.
-    pub kv_cache_usage: Option<f64>,
-    /// Running requests.
-    pub requests_running: Option<f64>,
-    /// Waiting requests.
-    pub requests_waiting: Option<f64>,
-    /// Cumulative preemptions.
-    pub preemptions_total: Option<f64>,
 }
 
 /// The window keeps hundreds of snapshots (600 at a 1 s interval over 10 min); drop what the window summary

@@ -211,6 +211,10 @@ fn v1_two_engines_per_engine_and_aggregate() {
     assert_eq!(s.kv_cache_usage, Some(0.61));
     assert_eq!((s.requests_running, s.requests_waiting), (Some(8.0), Some(1.0)));
     assert_eq!(s.preemptions_total, Some(2.0));
+    // One model on the page: its per-model values are the aggregate.
+    let per_model = s.per_model();
+    assert_eq!(per_model.keys().collect::<Vec<_>>(), vec![model]);
+    assert_eq!(per_model[model], s.totals());
     assert_eq!(
         (s.prompt_tokens_total, s.generation_tokens_total),
         (Some(21000.0), Some(64000.0))

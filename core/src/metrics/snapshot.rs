@@ -306,7 +306,7 @@ impl VllmSnapshot {
         let mut model_names: Vec<String> = per_engine.iter().filter_map(|e| e.model_name.clone()).collect();
         model_names.sort();
         model_names.dedup();
-        let agg = aggregate(&per_engine);
+        let agg = aggregate(per_engine.iter().map(|e| &e.values));
         Ok(VllmSnapshot {
             kv_cache_usage: agg.kv_cache_usage,
             requests_running: agg.requests_running,
@@ -350,6 +350,29 @@ impl VllmSnapshot {
             decode_time: self.decode_time.clone(),
             cache_config: self.cache_config.clone(),
         }
+    }
+
+    /// Each model's values: its engines' series in [`VllmSnapshot::per_engine`] combined by the same rule as
+    /// the top-level fields (KV usage the fullest engine's, the rest summed). Series without a `model_name`
+    /// are left out.
+    pub fn per_model(&self) -> BTreeMap<String, Series> {
+        let mut names: Vec<&str> = self
+            .per_engine
+            .iter()
+            .filter_map(|e| e.model_name.as_deref())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|m| {
+                let engines = self
+                    .per_engine
+                    .iter()
+                    .filter(move |e| e.model_name.as_deref() == Some(m));
+                (m.to_string(), aggregate(engines.map(|e| &e.values)))
+            })
+            .collect()
     }
 
     /// `vllm:cache_config_info`'s `num_gpu_blocks`, when present and a whole number.
@@ -402,8 +425,9 @@ fn engine_order(e: &Option<String>) -> (u8, u64, &str) {
     }
 }
 
-fn aggregate(series: &[EngineSeries]) -> Series {
-    let vals = || series.iter().map(|s| &s.values);
+/// The aggregate rule of [`VllmSnapshot`] over some series (all of a page's, or one model's).
+fn aggregate<'a>(series: impl Iterator<Item = &'a Series> + Clone) -> Series {
+    let vals = || series.clone();
     let sum = |f: fn(&Series) -> Option<f64>| vals().filter_map(f).reduce(|a, b| a + b);
     let mut request_success_total = BTreeMap::new();
     for s in vals() {
