@@ -32,7 +32,7 @@ use tracing::{debug, info, instrument, warn};
 use super::metrics::Metrics;
 use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals, with_wake_up};
 use super::status::{self, Applied};
-use crate::crd::{InferenceAutoscaler, InferenceAutoscalerStatus, RecommendationStatus};
+use crate::crd::{InferenceAutoscaler, InferenceAutoscalerStatus};
 
 /// The field manager written on every patch, so `kubectl get -o yaml --show-managed-fields` shows who set replicas.
 pub const FIELD_MANAGER: &str = "tessera-autoscaler";
@@ -359,7 +359,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         reason = decision.reason.label(),
         "decided"
     );
-    let recommendation = aggregate_recommendations(&recommendations);
+    let recommendation = status::largest_recommendation(&recommendations);
     write_status(&ias_api, obj, |prev| {
         status::after_decision(
             prev,
@@ -525,25 +525,6 @@ pub fn activated_at(obj: &InferenceAutoscaler) -> Option<SystemTime> {
             None
         }
     }
-}
-
-/// The largest need over the replicas' recommendations (every replica must fit).
-fn aggregate_recommendations(
-    recs: &[tessera_core::recommend::Recommendation],
-) -> Option<RecommendationStatus> {
-    let first = recs.first()?;
-    let max_by = |f: &dyn Fn(&tessera_core::recommend::Recommendation) -> f64| {
-        recs.iter().map(f).fold(f64::NEG_INFINITY, f64::max)
-    };
-    let kv = recs.iter().map(|r| r.kv_cache_memory_bytes).max().unwrap_or(0);
-    let mib = recs.iter().map(|r| r.gpu_memory_mib).max().unwrap_or(0);
-    Some(RecommendationStatus {
-        kv_cache_memory_bytes: i64::try_from(kv).ok(),
-        gpu_memory_utilization: Some(max_by(&|r| r.gpu_memory_utilization)),
-        gpu_memory_mib: i64::try_from(mib).ok(),
-        compute_fraction: Some(max_by(&|r| r.compute_fraction)),
-        reason: format!("largest need over {} replica(s): {}", recs.len(), first.summary()),
-    })
 }
 
 fn timestamp(t: SystemTime) -> Timestamp {

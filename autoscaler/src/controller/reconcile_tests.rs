@@ -483,39 +483,6 @@ async fn the_echo_of_a_status_write_is_skipped_without_api_calls() {
     assert!(matches!(next, Err(_) | Ok(None)), "unexpected request");
 }
 
-#[test]
-fn the_recommendation_is_the_largest_need_over_replicas() {
-    use tessera_core::recommend::{Recommendation, Source};
-    let rec = |kv: u64, util: f64, mib: u64, cf: f64| Recommendation {
-        kv_cache_memory_bytes: kv,
-        kv_cache_tokens: kv / 1024,
-        gpu_memory_utilization: util,
-        gpu_memory_mib: mib,
-        compute_fraction: cf,
-        bytes_per_kv_token: 1024,
-        bytes_per_kv_token_source: Source::Configured,
-        non_kv_bytes: 1 << 30,
-        non_kv_source: Source::Configured,
-        reasons: Vec::new(),
-    };
-    assert_eq!(
-        aggregate_recommendations(&[]),
-        None,
-        "no replica recommendation: keep whatever status had"
-    );
-    let r =
-        aggregate_recommendations(&[rec(4 << 30, 0.35, 9000, 0.25), rec(6 << 30, 0.30, 8000, 0.5)]).unwrap();
-    assert_eq!(r.kv_cache_memory_bytes, Some(6 << 30));
-    assert_eq!(r.gpu_memory_utilization, Some(0.35));
-    assert_eq!(r.gpu_memory_mib, Some(9000));
-    assert_eq!(r.compute_fraction, Some(0.5));
-    assert!(
-        r.reason.starts_with("largest need over 2 replica(s)"),
-        "{}",
-        r.reason
-    );
-}
-
 #[tokio::test]
 async fn history_of_deleted_objects_is_forgotten() {
     let (svc, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();

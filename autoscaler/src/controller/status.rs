@@ -12,6 +12,7 @@
 //! `lastTransitionTime` only moves when a condition's status flips, as the Kubernetes API conventions require.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use tessera_core::recommend::Recommendation;
 use tessera_core::scale::{ScaleDecision, ScaleReason};
 
 use crate::crd::{InferenceAutoscalerStatus, RecommendationStatus, SignalStatus};
@@ -259,6 +260,22 @@ pub fn merge_patch(status: &InferenceAutoscalerStatus, resource_version: Option<
     patch
 }
 
+/// `status.recommendation`: the largest need over the fresh replicas' recommendations (every replica must fit);
+/// `None` when no replica has one, so the status keeps what it had.
+pub fn largest_recommendation(recs: &[Recommendation]) -> Option<RecommendationStatus> {
+    let first = recs.first()?;
+    let max_by = |f: &dyn Fn(&Recommendation) -> f64| recs.iter().map(f).fold(f64::NEG_INFINITY, f64::max);
+    let kv = recs.iter().map(|r| r.kv_cache_memory_bytes).max().unwrap_or(0);
+    let mib = recs.iter().map(|r| r.gpu_memory_mib).max().unwrap_or(0);
+    Some(RecommendationStatus {
+        kv_cache_memory_bytes: i64::try_from(kv).ok(),
+        gpu_memory_utilization: Some(max_by(&|r| r.gpu_memory_utilization)),
+        gpu_memory_mib: i64::try_from(mib).ok(),
+        compute_fraction: Some(max_by(&|r| r.compute_fraction)),
+        reason: format!("largest need over {} replica(s): {}", recs.len(), first.summary()),
+    })
+}
+
 fn clamp_i32(v: u32) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
@@ -424,5 +441,38 @@ mod tests {
         assert!(p["status"]["leadingSignal"].is_null());
         assert_eq!(p["status"]["conditions"], serde_json::json!([]));
         let _ = scale::ScaleState::default();
+    }
+
+    #[test]
+    fn the_recommendation_is_the_largest_need_over_replicas() {
+        use tessera_core::recommend::Source;
+        let rec = |kv: u64, util: f64, mib: u64, cf: f64| Recommendation {
+            kv_cache_memory_bytes: kv,
+            kv_cache_tokens: kv / 1024,
+            gpu_memory_utilization: util,
+            gpu_memory_mib: mib,
+            compute_fraction: cf,
+            bytes_per_kv_token: 1024,
+            bytes_per_kv_token_source: Source::Configured,
+            non_kv_bytes: 1 << 30,
+            non_kv_source: Source::Configured,
+            reasons: Vec::new(),
+        };
+        assert_eq!(
+            largest_recommendation(&[]),
+            None,
+            "no replica recommendation: keep whatever status had"
+        );
+        let r =
+            largest_recommendation(&[rec(4 << 30, 0.35, 9000, 0.25), rec(6 << 30, 0.30, 8000, 0.5)]).unwrap();
+        assert_eq!(r.kv_cache_memory_bytes, Some(6 << 30));
+        assert_eq!(r.gpu_memory_utilization, Some(0.35));
+        assert_eq!(r.gpu_memory_mib, Some(9000));
+        assert_eq!(r.compute_fraction, Some(0.5));
+        assert!(
+            r.reason.starts_with("largest need over 2 replica(s)"),
+            "{}",
+            r.reason
+        );
     }
 }
