@@ -20,6 +20,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+mod support;
+use support::free_port;
+
 #[derive(Default)]
 struct Cluster {
     /// The one InferenceAutoscaler the API serves.
@@ -242,11 +245,6 @@ fn sidecar_app(state: Shared) -> Router {
         .with_state(state)
 }
 
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
 /// Starts `tessera autoscaler` against the fake API at `api` (a kubeconfig in `dir`), deciding every second.
 fn start_autoscaler(dir: &tempfile::TempDir, api: SocketAddr, metrics_port: u16, extra: &[&str]) -> Killed {
     start_autoscaler_as("test-0", dir, api, metrics_port, extra)
@@ -457,23 +455,7 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
         .await;
     }
     // 4. SIGTERM: the leader releases its lease (so a standby takes over at once) and exits cleanly.
-    let pid = child.0.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("run kill");
-    assert!(killed.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.0.try_wait().expect("wait for the autoscaler") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tessera autoscaler did not exit within 10 s of SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = support::terminate(&mut child.0, Duration::from_secs(10)).await;
     assert!(status.success(), "exit status {status}");
     let c = state.lock().expect("lock");
     let holder = &c.lease.as_ref().expect("lease")["spec"]["holderIdentity"];
@@ -612,11 +594,7 @@ async fn only_the_leader_acts_and_a_standby_takes_over() {
             "replica-a"
         );
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &a.0.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(killed.success());
+    support::sigterm(&a.0);
     let _ = a.0.wait();
     wait_for(&state, "replica-b to take over", Duration::from_secs(20), |c| {
         c.lease

@@ -9,10 +9,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tessera_core::wire::sidecar::SidecarStatus;
+
+mod support;
+use support::Tessera;
 
 const MODEL: &str = "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8";
 
@@ -108,26 +111,6 @@ async fn serve_mode(fake: Arc<Mutex<Fake>>) -> Response {
     }
 }
 
-/// Kills the sidecar if the test ends early.
-struct ChildGuard(Option<Child>);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Client {
     http: reqwest::Client,
     base: String,
@@ -202,42 +185,32 @@ async fn sidecar_against_a_fake_vllm() {
         .with_state(fake.clone());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "sidecar",
-            "--vllm-url",
-            &format!("http://{vllm_addr}"),
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .args([
-            "--scrape-interval",
-            "100ms",
-            "--scrape-timeout",
-            "500ms",
-            "--window",
-            "1m",
-        ])
-        .args([
-            "--min-samples",
-            "5",
-            "--min-window",
-            "300ms",
-            "--no-nvml",
-            "--gpu-memory-mib",
-            "23034",
-        ])
-        .args(["--bytes-per-kv-token", "131072"])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut guard = ChildGuard(Some(child));
+    let vllm_url = format!("http://{vllm_addr}");
+    let mut sidecar = Tessera::start(&[
+        "sidecar",
+        "--vllm-url",
+        &vllm_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--scrape-interval",
+        "100ms",
+        "--scrape-timeout",
+        "500ms",
+        "--window",
+        "1m",
+        "--min-samples",
+        "5",
+        "--min-window",
+        "300ms",
+        "--no-nvml",
+        "--gpu-memory-mib",
+        "23034",
+        "--bytes-per-kv-token",
+        "131072",
+    ]);
     let c = Client {
         http: reqwest::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
+        base: sidecar.base(),
     };
 
     // Up and live, but not ready while vLLM answers 503.
@@ -404,23 +377,7 @@ async fn sidecar_against_a_fake_vllm() {
     assert_eq!(c.get("/live").await.unwrap().0, 200);
 
     // SIGTERM: exits 0 promptly.
-    let mut child = guard.0.take().unwrap();
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("sidecar did not exit within 10 s of SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let code = support::terminate(&mut sidecar.child, Duration::from_secs(10)).await;
     assert!(code.success(), "exit status {code:?}");
 }
 
@@ -445,25 +402,38 @@ async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
         .route("/metrics", get(serve_metrics))
         .with_state(fake.clone());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["sidecar", "--vllm-url", &format!("http://{vllm_addr}")])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--scrape-interval", "100ms", "--window", "1m"])
-        .args(["--min-samples", "5", "--min-window", "300ms", "--no-nvml"])
-        .args(["--gpu-memory-mib", "23034", "--bytes-per-kv-token", "131072"])
-        .args(["--max-model-len", "8192"])
-        .env("TESSERA_TTFT_SLO", "2s")
-        .env("TESSERA_GPU_COMPUTE_FRACTION", "0.5")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let _guard = ChildGuard(Some(child));
+    let vllm_url = format!("http://{vllm_addr}");
+    let sidecar = Tessera::start_with_env(
+        &[
+            "sidecar",
+            "--vllm-url",
+            &vllm_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--scrape-interval",
+            "100ms",
+            "--window",
+            "1m",
+            "--min-samples",
+            "5",
+            "--min-window",
+            "300ms",
+            "--no-nvml",
+            "--gpu-memory-mib",
+            "23034",
+            "--bytes-per-kv-token",
+            "131072",
+            "--max-model-len",
+            "8192",
+        ],
+        &[
+            ("TESSERA_TTFT_SLO", "2s"),
+            ("TESSERA_GPU_COMPUTE_FRACTION", "0.5"),
+        ],
+    );
     let c = Client {
         http: reqwest::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
+        base: sidecar.base(),
     };
     // The fake adds 10 requests per scrape with TTFT in (0.04, 0.06] for ten scrapes: 20+ in the window.
     let s = c
@@ -557,24 +527,10 @@ fn bad_flags_are_named() {
 /// ready, and exits 0 on SIGTERM. Where NVML *is* present the test only checks that it serves and exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_agent_without_nvml_serves_and_says_why() {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "gpu-agent",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--interval",
-            "100ms",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut guard = ChildGuard(Some(child));
+    let mut agent = Tessera::start(&["gpu-agent", "--listen", "127.0.0.1:0", "--interval", "100ms"]);
     let c = Client {
         http: reqwest::Client::new(),
-        base: format!("http://127.0.0.1:{port}"),
+        base: agent.base(),
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     let doc: tessera_core::wire::sidecar::GpuAgentStatus = loop {
@@ -595,24 +551,6 @@ async fn gpu_agent_without_nvml_serves_and_says_why() {
         assert_eq!(c.metric("tessera_gpu_agent_nvml_up").await, Some(0.0));
     }
     assert_eq!(c.get("/live").await.unwrap().0, 200);
-    let mut child = guard.0.take().unwrap();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let code = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("gpu-agent did not exit within 10 s of SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let code = support::terminate(&mut agent.child, Duration::from_secs(10)).await;
     assert!(code.success(), "{code:?}");
 }

@@ -7,7 +7,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 /// How long a child may take to bind its port (a cold debug binary on a loaded 2-core machine is slow).
@@ -92,4 +92,30 @@ pub fn free_port() -> u16 {
         .local_addr()
         .expect("local address")
         .port()
+}
+
+/// Sends SIGTERM to `child` (through `kill`, which every test machine has).
+pub fn sigterm(child: &Child) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -TERM {} failed", child.id());
+}
+
+/// Sends SIGTERM to `child` and waits for it to exit, at most `within` (then kills it and panics). Polls with
+/// tokio's sleep so servers the test runs in-process (a fake API the child talks to on its way out) keep serving.
+pub async fn terminate(child: &mut Child, within: Duration) -> ExitStatus {
+    sigterm(child);
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the child") {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("pid {} did not exit within {within:?} of SIGTERM", child.id());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
