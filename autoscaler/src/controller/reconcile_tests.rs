@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
 use http::{Method, Request, Response};
@@ -433,7 +433,6 @@ fn target_resources_and_pod_urls() {
     assert_eq!(ready_pod_url(&p, 9090).unwrap().1, "http://10.1.1.1:9191");
     let p: Pod = serde_json::from_value(pod("a", "10.1.1.1", false)).unwrap();
     assert!(ready_pod_url(&p, 9090).is_none());
-    let _ = SystemTime::now();
 }
 
 #[test]

@@ -285,7 +285,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use k8s_openapi::jiff::Timestamp;
-    use tessera_core::scale::{self, Signal, SignalDecision};
+    use tessera_core::scale::{Signal, SignalDecision};
 
     use super::*;
 
@@ -315,6 +315,17 @@ mod tests {
             scaling_limited: limited,
             history_horizon: std::time::Duration::from_secs(300),
         }
+    }
+
+    /// A decision on `Deployment/a` at second `at`, with no generation or recommendation to report.
+    fn decided(
+        prev: Option<&InferenceAutoscalerStatus>,
+        ready: u32,
+        d: &ScaleDecision,
+        applied: &Applied,
+        at: i64,
+    ) -> InferenceAutoscalerStatus {
+        after_decision(prev, None, "Deployment/a", ready, d, applied, None, &time(at))
     }
 
     fn cond<'a>(st: &'a InferenceAutoscalerStatus, t: &str) -> &'a Condition {
@@ -348,38 +359,11 @@ mod tests {
     #[test]
     fn transition_time_moves_only_when_status_flips() {
         let d = decision(2, 2, ScaleReason::WithinTolerance, false);
-        let st = after_decision(
-            None,
-            None,
-            "Deployment/a",
-            2,
-            &d,
-            &Applied::Unchanged,
-            None,
-            &time(100),
-        );
-        let st = after_decision(
-            Some(&st),
-            None,
-            "Deployment/a",
-            2,
-            &d,
-            &Applied::Unchanged,
-            None,
-            &time(200),
-        );
+        let st = decided(None, 2, &d, &Applied::Unchanged, 100);
+        let st = decided(Some(&st), 2, &d, &Applied::Unchanged, 200);
         assert_eq!(cond(&st, SCALING_LIMITED).last_transition_time, time(100));
         let limited = decision(2, 3, ScaleReason::TooManyReplicas, true);
-        let st = after_decision(
-            Some(&st),
-            None,
-            "Deployment/a",
-            2,
-            &limited,
-            &Applied::Scaled,
-            None,
-            &time(300),
-        );
+        let st = decided(Some(&st), 2, &limited, &Applied::Scaled, 300);
         let c = cond(&st, SCALING_LIMITED);
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
@@ -387,32 +371,14 @@ mod tests {
         );
         assert_eq!(c.last_transition_time, time(300));
         // last scale time stays from the scale at 300 while nothing changes.
-        let st = after_decision(
-            Some(&st),
-            None,
-            "Deployment/a",
-            3,
-            &d,
-            &Applied::Unchanged,
-            None,
-            &time(400),
-        );
+        let st = decided(Some(&st), 3, &d, &Applied::Unchanged, 400);
         assert_eq!(st.last_scale_time, Some(time(300)));
     }
 
     #[test]
     fn failures_keep_values_and_explain() {
         let d = decision(2, 4, ScaleReason::ScaleUp, false);
-        let st = after_decision(
-            None,
-            None,
-            "Deployment/a",
-            2,
-            &d,
-            &Applied::Failed("forbidden".into()),
-            None,
-            &time(1),
-        );
+        let st = decided(None, 2, &d, &Applied::Failed("forbidden".into()), 1);
         let c = cond(&st, ABLE_TO_SCALE);
         assert_eq!(
             (c.status.as_str(), c.reason.as_str()),
@@ -440,7 +406,6 @@ mod tests {
         assert_eq!(p["metadata"]["resourceVersion"], "42");
         assert!(p["status"]["leadingSignal"].is_null());
         assert_eq!(p["status"]["conditions"], serde_json::json!([]));
-        let _ = scale::ScaleState::default();
     }
 
     #[test]
