@@ -400,20 +400,8 @@ mod tests {
     const GIB: u64 = 1024 * 1024 * 1024;
     const MODEL: &str = "neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8";
 
-    /// The real KubeAI page (vLLM ~0.5, Llama-3.1-8B FP8, 4574 blocks of 16), or `None` with a message.
-    fn real_page() -> Option<String> {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt"
-        );
-        match std::fs::read_to_string(path) {
-            Ok(p) => Some(p),
-            Err(e) => {
-                eprintln!("skipping: cannot read {path}: {e}");
-                None
-            }
-        }
-    }
+    /// The real KubeAI page (vLLM ~0.5, Llama-3.1-8B FP8, 4574 blocks of 16).
+    const REAL_PAGE: &str = include_str!("../../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt");
 
     /// The real page with this model's KV usage, waiting requests and preemption counter replaced.
     fn page(base: &str, kv: f64, waiting: f64, preemptions: f64) -> String {
@@ -460,14 +448,14 @@ mod tests {
 
     #[test]
     fn recommends_from_a_window_of_real_pages() {
-        let Some(base) = real_page() else { return };
+        let base = REAL_PAGE;
         let mut st = State::new(settings());
         st.set_gpu("fake", Some(l4()));
         for i in 0..20 {
             let kv = 0.2 + 0.01 * i as f64;
             st.record_success(
                 1000.0 + 10.0 * i as f64,
-                VllmSnapshot::from_text(&page(&base, kv, 0.0, 0.0)).unwrap(),
+                VllmSnapshot::from_text(&page(base, kv, 0.0, 0.0)).unwrap(),
             );
         }
         let r = st
@@ -509,7 +497,7 @@ mod tests {
 
     #[test]
     fn an_objective_without_requests_in_the_window_keeps_the_share() {
-        let Some(base) = real_page() else { return };
+        let base = REAL_PAGE;
         let mut st = State::new(Settings {
             compute_share: 0.5,
             ttft_slo_secs: Some(2.0),
@@ -520,7 +508,7 @@ mod tests {
         for i in 0..20 {
             st.record_success(
                 10.0 * i as f64,
-                VllmSnapshot::from_text(&page(&base, 0.3, 0.0, 0.0)).unwrap(),
+                VllmSnapshot::from_text(&page(base, 0.3, 0.0, 0.0)).unwrap(),
             );
         }
         let r = st.outcome().recommendation().unwrap();
@@ -536,13 +524,13 @@ mod tests {
 
     #[test]
     fn failure_keeps_last_good_state_marked_stale() {
-        let Some(base) = real_page() else { return };
+        let base = REAL_PAGE;
         let mut st = State::new(settings());
         st.set_gpu("fake", Some(l4()));
         for i in 0..15 {
             st.record_success(
                 10.0 * i as f64,
-                VllmSnapshot::from_text(&page(&base, 0.5, 0.0, 0.0)).unwrap(),
+                VllmSnapshot::from_text(&page(base, 0.5, 0.0, 0.0)).unwrap(),
             );
         }
         let before = st.outcome().clone();
@@ -572,14 +560,14 @@ mod tests {
 
     #[test]
     fn preemptions_on_real_pages_grow_the_cache() {
-        let Some(base) = real_page() else { return };
+        let base = REAL_PAGE;
         let mut st = State::new(settings());
         st.set_gpu("fake", Some(l4()));
         for i in 0..15 {
             let p = if i < 10 { 3.0 } else { 4.0 };
             st.record_success(
                 10.0 * i as f64,
-                VllmSnapshot::from_text(&page(&base, 0.98, 2.0, p)).unwrap(),
+                VllmSnapshot::from_text(&page(base, 0.98, 2.0, p)).unwrap(),
             );
         }
         let r = st.outcome().recommendation().unwrap();
@@ -589,12 +577,12 @@ mod tests {
 
     #[test]
     fn geometry_change_restarts_the_window_and_no_gpu_means_not_yet() {
-        let Some(base) = real_page() else { return };
+        let base = REAL_PAGE;
         let mut st = State::new(settings());
         for i in 0..15 {
             st.record_success(
                 10.0 * i as f64,
-                VllmSnapshot::from_text(&page(&base, 0.5, 0.0, 0.0)).unwrap(),
+                VllmSnapshot::from_text(&page(base, 0.5, 0.0, 0.0)).unwrap(),
             );
         }
         // No GPU reading at all: nothing to size against.
@@ -627,7 +615,7 @@ mod tests {
 
     #[test]
     fn window_drops_old_samples() {
-        let Some(base) = real_page() else { return };
+        let base = REAL_PAGE;
         let mut st = State::new(Settings {
             window_secs: 60.0,
             ..settings()
@@ -635,7 +623,7 @@ mod tests {
         for i in 0..20 {
             st.record_success(
                 10.0 * i as f64,
-                VllmSnapshot::from_text(&page(&base, 0.1, 0.0, 0.0)).unwrap(),
+                VllmSnapshot::from_text(&page(base, 0.1, 0.0, 0.0)).unwrap(),
             );
         }
         // Samples at 130..=190 s are within 60 s of the last.
