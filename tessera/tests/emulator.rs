@@ -14,27 +14,13 @@ use serde_json::{Value, json};
 use tessera_core::metrics::{VllmSnapshot, parse_text};
 
 mod support;
-use support::Tessera;
+use support::{Tessera, free_port};
 
-/// A running `tessera vllm-sim`, killed on drop.
-struct Emulator {
-    proc: Tessera,
-    base: String,
-}
-
-impl Emulator {
-    /// Starts the emulator on an ephemeral port and waits until it logs the address it serves on.
-    fn start(args: &[&str]) -> Emulator {
-        let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
-        all.extend_from_slice(args);
-        let proc = Tessera::start(&all);
-        let base = proc.base();
-        Emulator { proc, base }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
+/// Starts `tessera vllm-sim --listen 127.0.0.1:0 <args>` and waits until it logs the address it serves on.
+fn emulator(args: &[&str]) -> Tessera {
+    let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
+    all.extend_from_slice(args);
+    Tessera::start(&all)
 }
 
 fn client() -> reqwest::Client {
@@ -44,13 +30,13 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
-async fn metrics_text(c: &reqwest::Client, emu: &Emulator) -> String {
+async fn metrics_text(c: &reqwest::Client, emu: &Tessera) -> String {
     let r = c.get(emu.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     r.text().await.unwrap()
 }
 
-async fn snapshot(c: &reqwest::Client, emu: &Emulator) -> VllmSnapshot {
+async fn snapshot(c: &reqwest::Client, emu: &Tessera) -> VllmSnapshot {
     VllmSnapshot::from_text(&metrics_text(c, emu).await).expect("the emulator's page parses")
 }
 
@@ -83,7 +69,7 @@ async fn stream_one(
 
 #[tokio::test]
 async fn openai_protocol_matches_vllm() {
-    let emu = Emulator::start(&[
+    let emu = emulator(&[
         "--served-model-name",
         "tiny",
         "--model-preset",
@@ -209,7 +195,7 @@ async fn same_seed_same_text() {
     let body = json!({"model": "m", "prompt": "seeded", "max_tokens": 40});
     let mut outs = Vec::new();
     for seed in ["3", "3", "4"] {
-        let emu = Emulator::start(&["--served-model-name", "m", "--seed", seed]);
+        let emu = emulator(&["--served-model-name", "m", "--seed", seed]);
         let r: Value = client()
             .post(emu.url("/v1/completions"))
             .json(&body)
@@ -227,7 +213,7 @@ async fn same_seed_same_text() {
 
 #[tokio::test]
 async fn metrics_page_has_every_vllm_family_and_parses() {
-    let emu = Emulator::start(&[
+    let emu = emulator(&[
         "--served-model-name",
         "m",
         "--gpu-memory-utilization",
@@ -299,7 +285,7 @@ async fn metrics_page_has_every_vllm_family_and_parses() {
     assert!((blocks - 29_053.0).abs() / 29_053.0 < 0.02, "{blocks}");
 
     // V0 names.
-    let emu = Emulator::start(&[
+    let emu = emulator(&[
         "--served-model-name",
         "m",
         "--metrics-version",
@@ -353,11 +339,7 @@ async fn metrics_page_has_every_vllm_family_and_parses() {
 #[tokio::test]
 async fn startup_delay_refuses_then_serves() {
     // Reserve a free port, then let the emulator take it after its start-up delay.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["vllm-sim", "--listen", &listen, "--startup-delay", "1500ms"])
@@ -392,7 +374,7 @@ async fn startup_delay_refuses_then_serves() {
     drop(emu_guard);
 
     // Unhealthy mode: listens at once, answers 503 until ready.
-    let emu = Emulator::start(&["--startup-delay", "1s", "--startup-mode", "unhealthy"]);
+    let emu = emulator(&["--startup-delay", "1s", "--startup-mode", "unhealthy"]);
     assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 503);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 200);
@@ -412,7 +394,7 @@ fn scopeguard(c: &mut Child) -> Guard<'_> {
 
 #[tokio::test]
 async fn sleep_pauses_the_engine_and_wake_up_resumes() {
-    let emu = Emulator::start(&["--served-model-name", "m", "--wake-up-delay", "200ms"]);
+    let emu = emulator(&["--served-model-name", "m", "--wake-up-delay", "200ms"]);
     let c = client();
     let asleep = |v: Value| v["is_sleeping"].as_bool().unwrap();
     let get = |p: &'static str| {
@@ -463,7 +445,7 @@ struct Stage {
     preemptions: f64,
 }
 
-async fn run_stage(emu: &Emulator, concurrency: usize, dur: Duration, prompt: u32, output: u32) -> Stage {
+async fn run_stage(emu: &Tessera, concurrency: usize, dur: Duration, prompt: u32, output: u32) -> Stage {
     let c = client();
     let before = snapshot(&c, emu).await;
     let stop = Arc::new(AtomicBool::new(false));
@@ -520,8 +502,8 @@ async fn ramp_raises_kv_queue_and_ttft_and_low_memory_preempts() {
         "--time-scale",
         "4",
     ];
-    let big = Emulator::start(&[&common[..], &["--gpu-memory-utilization", "0.9"]].concat());
-    let small = Emulator::start(&[&common[..], &["--gpu-memory-utilization", "0.2"]].concat());
+    let big = emulator(&[&common[..], &["--gpu-memory-utilization", "0.9"]].concat());
+    let small = emulator(&[&common[..], &["--gpu-memory-utilization", "0.2"]].concat());
     let c = client();
     let (big_blocks, small_blocks) = (
         snapshot(&c, &big).await.num_gpu_blocks().unwrap(),
@@ -573,33 +555,24 @@ async fn ramp_raises_kv_queue_and_ttft_and_low_memory_preempts() {
     assert!(small_stages[1].kv > big_stages[2].kv);
 }
 
-/// A running `tessera sidecar`, killed on drop.
-struct Sidecar {
-    _proc: Tessera,
-    base: String,
-}
-
-impl Sidecar {
-    fn start(vllm_url: &str) -> Sidecar {
-        let proc = Tessera::start(&[
-            "sidecar",
-            "--listen",
-            "127.0.0.1:0",
-            "--vllm-url",
-            vllm_url,
-            "--scrape-interval",
-            "200ms",
-            "--no-nvml",
-        ]);
-        let base = proc.base();
-        Sidecar { _proc: proc, base }
-    }
+/// Starts `tessera sidecar` reading the emulator at `vllm_url`.
+fn sidecar(vllm_url: &str) -> Tessera {
+    Tessera::start(&[
+        "sidecar",
+        "--listen",
+        "127.0.0.1:0",
+        "--vllm-url",
+        vllm_url,
+        "--scrape-interval",
+        "200ms",
+        "--no-nvml",
+    ])
 }
 
 #[tokio::test]
 async fn sidecar_readings_track_the_emulator_under_load() {
     // 16 sequences at most and 32 clients: 16 run, 16 wait, and the KV cache fills partly.
-    let emu = Emulator::start(&[
+    let emu = emulator(&[
         "--served-model-name",
         "m",
         "--max-num-seqs",
@@ -609,14 +582,14 @@ async fn sidecar_readings_track_the_emulator_under_load() {
         "--max-model-len",
         "4096",
     ]);
-    let sidecar = Sidecar::start(&emu.base);
+    let sidecar = sidecar(&emu.base());
     let c = client();
     let status = |c: reqwest::Client, url: String| async move {
         let r = c.get(url).send().await.unwrap();
         assert_eq!(r.status(), 200);
         r.json::<Value>().await.unwrap()
     };
-    let status_url = format!("{}/v1/status", sidecar.base);
+    let status_url = format!("{}/v1/status", sidecar.base());
 
     // Under load.
     let stop = Arc::new(AtomicBool::new(false));
@@ -760,7 +733,7 @@ async fn bench_streams(gpu: &str, time_scale: f64, clients: usize, prompt: u32, 
     const SECS: f64 = 20.0;
     const WARMUP: f64 = 10.0;
     let scale = time_scale.to_string();
-    let emu = Emulator::start(&[
+    let emu = emulator(&[
         "--served-model-name",
         "m",
         "--max-num-seqs",
@@ -770,7 +743,7 @@ async fn bench_streams(gpu: &str, time_scale: f64, clients: usize, prompt: u32, 
         "--time-scale",
         &scale,
     ]);
-    let pid = emu.proc.child.id().to_string();
+    let pid = emu.child.id().to_string();
     let c = reqwest::Client::builder()
         .timeout(Duration::from_secs(300))
         .pool_max_idle_per_host(clients)
@@ -943,7 +916,7 @@ fn bench_model_replays_the_azure_hour() {
 #[tokio::test]
 async fn disconnected_clients_are_aborted_and_free_their_blocks() {
     // One sequence at a time: the first request runs, the second waits in the queue.
-    let emu = Emulator::start(&["--served-model-name", "m", "--max-num-seqs", "1"]);
+    let emu = emulator(&["--served-model-name", "m", "--max-num-seqs", "1"]);
     let c = client();
     let body = json!({"model": "m", "prompt": "x", "tessera_prompt_tokens": 500, "max_tokens": 5000,
                       "ignore_eos": true, "stream": true});
