@@ -160,6 +160,8 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, bo
 
 const SCALE: &str = "/apis/apps/v1/namespaces/models/deployments/llama/scale";
 const STATUS: &str = "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status";
+/// A status write (a merge patch under our field manager).
+const STATUS_PATCH: &str = "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status?&fieldManager=tessera-autoscaler";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/models/events?";
 
 fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
@@ -169,6 +171,23 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .iter()
         .find(|c| c["type"] == type_)
         .unwrap()
+}
+
+/// Answers the reconcile's first two reads: the target's `/scale` at `replicas`, then its pods.
+async fn answer_scale_and_pods(handle: &mut Handle, replicas: i32, pods: Vec<Value>) {
+    let (_, send) = expect(handle, Method::GET, SCALE).await;
+    respond(send, 200, &scale_json(replicas));
+    let (_, send) = expect(
+        handle,
+        Method::GET,
+        "/api/v1/namespaces/models/pods?&labelSelector=app%3Dllama",
+    )
+    .await;
+    respond(
+        send,
+        200,
+        &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
+    );
 }
 
 #[tokio::test]
@@ -185,20 +204,16 @@ async fn scales_up_through_scale_writes_status_and_retries_a_conflict() {
         json!({}),
     );
     let server = tokio::spawn(async move {
-        let (_, send) = expect(&mut handle, Method::GET, SCALE).await;
-        respond(send, 200, &scale_json(2));
-        let (_, send) = expect(
+        answer_scale_and_pods(
             &mut handle,
-            Method::GET,
-            "/api/v1/namespaces/models/pods?&labelSelector=app%3Dllama",
+            2,
+            vec![
+                pod("llama-0", "10.0.0.1", true),
+                pod("llama-1", "10.0.0.2", true),
+                pod("llama-2", "10.0.0.3", false),
+            ],
         )
         .await;
-        respond(
-            send,
-            200,
-            &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
-            "items": [pod("llama-0", "10.0.0.1", true), pod("llama-1", "10.0.0.2", true), pod("llama-2", "10.0.0.3", false)]}),
-        );
         // 2 ready replicas at 70% KV, target 50%: ceil(2 × 1.4) = 3 (below the 200% panic threshold).
         let (body, send) = expect(
             &mut handle,
@@ -222,8 +237,7 @@ async fn scales_up_through_scale_writes_status_and_retries_a_conflict() {
         );
         respond(send, 201, &event);
         // Status with the object's resourceVersion; someone else wrote first.
-        let path = format!("{STATUS}?&fieldManager=tessera-autoscaler");
-        let (patch, send) = expect(&mut handle, Method::PATCH, &path).await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
         assert_eq!(patch["metadata"]["resourceVersion"], "5");
         assert_eq!(patch["status"]["desiredReplicas"], 3);
         respond(
@@ -243,7 +257,7 @@ async fn scales_up_through_scale_writes_status_and_retries_a_conflict() {
         fresh["status"] = json!({"replicas": 2, "desiredReplicas": 2, "conditions": [{"type": "ScalingLimited",
             "status": "False", "reason": "DesiredWithinRange", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
         respond(send, 200, &fresh);
-        let (patch, send) = expect(&mut handle, Method::PATCH, &path).await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
         assert_eq!(
             patch["metadata"]["resourceVersion"], "6",
             "retried on the fresh version"
@@ -301,27 +315,18 @@ async fn unreadable_sidecars_never_scale_down() {
         json!({}),
     );
     let server = tokio::spawn(async move {
-        let (_, send) = expect(&mut handle, Method::GET, SCALE).await;
-        respond(send, 200, &scale_json(3));
-        let (_, send) = expect(
+        answer_scale_and_pods(
             &mut handle,
-            Method::GET,
-            "/api/v1/namespaces/models/pods?&labelSelector=app%3Dllama",
+            3,
+            vec![
+                pod("a", "10.0.0.1", true),
+                pod("b", "10.0.0.2", true),
+                pod("c", "10.0.0.3", true),
+            ],
         )
         .await;
-        respond(
-            send,
-            200,
-            &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
-            "items": [pod("a", "10.0.0.1", true), pod("b", "10.0.0.2", true), pod("c", "10.0.0.3", true)]}),
-        );
         // No /scale PATCH, no event: straight to status.
-        let (patch, send) = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{STATUS}?&fieldManager=tessera-autoscaler"),
-        )
-        .await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
         let st = &patch["status"];
         assert_eq!(st["desiredReplicas"], 3);
         assert_eq!(st["lastDecisionReason"], "missing_metrics");
@@ -369,12 +374,7 @@ async fn a_wake_up_annotation_scales_from_zero_at_once() {
             "{event}"
         );
         respond(send, 201, &event);
-        let (patch, send) = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{STATUS}?&fieldManager=tessera-autoscaler"),
-        )
-        .await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
         assert_eq!(patch["status"]["lastDecisionReason"], "scale_from_zero");
         respond(send, 200, &ias_json());
     });
@@ -398,12 +398,7 @@ async fn an_invalid_spec_is_reported_not_acted_on() {
             (json!("Warning"), json!("InvalidSpec"))
         );
         respond(send, 201, &event);
-        let (patch, send) = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{STATUS}?&fieldManager=tessera-autoscaler"),
-        )
-        .await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
         let valid = condition(&patch["status"], "Valid");
         assert_eq!(valid["status"], "False");
         assert!(
