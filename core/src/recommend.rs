@@ -1112,15 +1112,26 @@ mod tests {
     }
 
     fn run(w: &[Observation], mem: MemoryFacts, prev: Option<&Recommendation>) -> Outcome {
+        run_with(w, geometry(), mem, prev, &Config::default())
+    }
+
+    /// [`recommend`] with no compute facts.
+    fn run_with(
+        window: &[Observation],
+        geometry: KvGeometry,
+        memory: MemoryFacts,
+        previous: Option<&Recommendation>,
+        config: &Config,
+    ) -> Outcome {
         recommend(
             &Input {
-                window: w,
-                geometry: geometry(),
-                memory: mem,
-                previous: prev,
+                window,
+                geometry,
+                memory,
+                previous,
                 compute: ComputeFacts::default(),
             },
-            &Config::default(),
+            config,
         )
     }
 
@@ -1222,16 +1233,7 @@ mod tests {
             num_gpu_blocks: 0,
             ..geometry()
         };
-        let o = recommend(
-            &Input {
-                window: &w,
-                geometry: g,
-                memory: memory(),
-                previous: None,
-                compute: ComputeFacts::default(),
-            },
-            &Config::default(),
-        );
+        let o = run_with(&w, g, memory(), None, &Config::default());
         assert!(
             matches!(
                 o,
@@ -1246,16 +1248,7 @@ mod tests {
             percentile: 1.5,
             ..Config::default()
         };
-        let o = recommend(
-            &Input {
-                window: &w,
-                geometry: geometry(),
-                memory: memory(),
-                previous: None,
-                compute: ComputeFacts::default(),
-            },
-            &bad,
-        );
+        let o = run_with(&w, geometry(), memory(), None, &bad);
         assert!(
             matches!(&o, Outcome::NotYet { code: NotYetCode::InvalidConfig, reason }
             if reason.contains("percentile")),
@@ -1381,32 +1374,14 @@ mod tests {
             block_size: 16,
             max_model_len: None,
         };
-        let r = ready(recommend(
-            &Input {
-                window: &w,
-                geometry: g,
-                memory: memory(),
-                previous: None,
-                compute: ComputeFacts::default(),
-            },
-            &Config::default(),
-        ));
+        let r = ready(run_with(&w, g, memory(), None, &Config::default()));
         // 640,000 tokens × 57,344 B = 34.2 GiB; +20% = 41 GiB; GPU cap is 0.95 × 80 − 15 = 61 GiB: fits.
         assert!(r.kv_cache_tokens >= 768_000);
         let small_gpu = MemoryFacts {
             gpu_total_bytes: Some(48 * GIB),
             ..memory()
         };
-        let r = ready(recommend(
-            &Input {
-                window: &w,
-                geometry: g,
-                memory: small_gpu,
-                previous: None,
-                compute: ComputeFacts::default(),
-            },
-            &Config::default(),
-        ));
+        let r = ready(run_with(&w, g, small_gpu, None, &Config::default()));
         assert!(codes(&r).contains(&ReasonCode::ClampedToGpu), "{:?}", r.reasons);
         assert!(15 * GIB + r.kv_cache_memory_bytes <= (0.95 * (48 * GIB) as f64) as u64);
         assert!(r.gpu_memory_utilization <= 0.95);
@@ -1415,16 +1390,7 @@ mod tests {
             headroom: 3.0,
             ..Config::default()
         };
-        let r = ready(recommend(
-            &Input {
-                window: &w,
-                geometry: g,
-                memory: memory(),
-                previous: None,
-                compute: ComputeFacts::default(),
-            },
-            &cfg,
-        ));
+        let r = ready(run_with(&w, g, memory(), None, &cfg));
         assert!(
             codes(&r).contains(&ReasonCode::StepLimitedUp) || codes(&r).contains(&ReasonCode::ClampedToGpu)
         );
@@ -1441,14 +1407,11 @@ mod tests {
         let w = window(30, |_| 0.0);
         let mut prev: Option<Recommendation> = None;
         for _ in 0..40 {
-            prev = Some(ready(recommend(
-                &Input {
-                    window: &w,
-                    geometry: g,
-                    memory: memory(),
-                    previous: prev.as_ref(),
-                    compute: ComputeFacts::default(),
-                },
+            prev = Some(ready(run_with(
+                &w,
+                g,
+                memory(),
+                prev.as_ref(),
                 &Config::default(),
             )));
         }
@@ -1860,7 +1823,7 @@ mod tests {
         fn always_within_the_gpu((w, g, mem, prev) in arb_case()) {
             let p = prev_rec(prev);
             let cfg = Config::default();
-            if let Outcome::Ready(r) = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg) {
+            if let Outcome::Ready(r) = run_with(&w, g, mem, p.as_ref(), &cfg) {
                 let total = mem.gpu_total_bytes.unwrap();
                 prop_assert!(r.non_kv_bytes + r.kv_cache_memory_bytes <= (cfg.max_gpu_memory_utilization * total as f64) as u64);
                 prop_assert!(r.gpu_memory_utilization <= cfg.max_gpu_memory_utilization + 1e-12);
@@ -1875,7 +1838,7 @@ mod tests {
         fn never_below_observed_peak_when_it_fits((w, g, mem, prev) in arb_case()) {
             let p = prev_rec(prev);
             let cfg = Config::default();
-            let out = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg);
+            let out = run_with(&w, g, mem, p.as_ref(), &cfg);
             let r = out.recommendation().expect("complete inputs always give a recommendation");
             let peak = w.iter().filter_map(|o| o.kv_usage).fold(0.0, f64::max);
             let peak_tokens = (peak * g.tokens() as f64).ceil() as u64;
@@ -1893,13 +1856,13 @@ mod tests {
         fn more_preemptions_never_shrink_it((w, g, mem, prev) in arb_case(), at in 0usize..80, n in 1.0f64..100.0) {
             let p = prev_rec(prev);
             let cfg = Config::default();
-            let base = recommend(&Input { window: &w, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg);
+            let base = run_with(&w, g, mem, p.as_ref(), &cfg);
             let mut w2 = w.clone();
             let at = at % w2.len();
             for o in w2.iter_mut().skip(at) {
                 o.preemptions_total = Some(n);
             }
-            let more = recommend(&Input { window: &w2, geometry: g, memory: mem, previous: p.as_ref(), compute: ComputeFacts::default() }, &cfg);
+            let more = run_with(&w2, g, mem, p.as_ref(), &cfg);
             let (a, b) = (base.recommendation().unwrap(), more.recommendation().unwrap());
             prop_assert!(b.kv_cache_tokens >= a.kv_cache_tokens);
             if at > 0 {
@@ -1916,7 +1879,7 @@ mod tests {
         #[test]
         fn short_windows_are_not_yet(n in 0usize..12, (w, g, mem, _prev) in arb_case()) {
             let cfg = Config::default();
-            let out = recommend(&Input { window: &w[..n.min(w.len())], geometry: g, memory: mem, previous: None, compute: ComputeFacts::default() }, &cfg);
+            let out = run_with(&w[..n.min(w.len())], g, mem, None, &cfg);
             prop_assert!(
                 matches!(out, Outcome::NotYet { code: NotYetCode::TooFewSamples, .. }),
                 "{:?}", out
