@@ -1135,6 +1135,14 @@ mod tests {
         )
     }
 
+    /// The code of a [`Outcome::NotYet`], `None` for a recommendation.
+    fn not_yet_code(o: &Outcome) -> Option<NotYetCode> {
+        match o {
+            Outcome::NotYet { code, .. } => Some(*code),
+            Outcome::Ready(_) => None,
+        }
+    }
+
     fn codes(r: &Recommendation) -> Vec<ReasonCode> {
         r.reasons.iter().map(|r| r.code).collect()
     }
@@ -1142,48 +1150,21 @@ mod tests {
     #[test]
     fn too_little_history_is_not_yet() {
         let o = run(&window(5, |_| 0.3), memory(), None);
-        assert!(
-            matches!(
-                o,
-                Outcome::NotYet {
-                    code: NotYetCode::TooFewSamples,
-                    ..
-                }
-            ),
-            "{o:?}"
-        );
+        assert_eq!(not_yet_code(&o), Some(NotYetCode::TooFewSamples), "{o:?}");
         // Enough samples but squeezed into 11 s.
         let mut w = window(12, |_| 0.3);
         for (i, o) in w.iter_mut().enumerate() {
             o.at_secs = i as f64;
         }
         let o = run(&w, memory(), None);
-        assert!(
-            matches!(
-                o,
-                Outcome::NotYet {
-                    code: NotYetCode::WindowTooShort,
-                    ..
-                }
-            ),
-            "{o:?}"
-        );
+        assert_eq!(not_yet_code(&o), Some(NotYetCode::WindowTooShort), "{o:?}");
         // Samples with no KV usage do not count.
         let mut w = window(30, |_| 0.3);
         for o in w.iter_mut().skip(5) {
             o.kv_usage = None;
         }
         let o = run(&w, memory(), None);
-        assert!(
-            matches!(
-                o,
-                Outcome::NotYet {
-                    code: NotYetCode::TooFewSamples,
-                    ..
-                }
-            ),
-            "{o:?}"
-        );
+        assert_eq!(not_yet_code(&o), Some(NotYetCode::TooFewSamples), "{o:?}");
     }
 
     #[test]
@@ -1194,16 +1175,7 @@ mod tests {
             ..memory()
         };
         let o = run(&w, mem, None);
-        assert!(
-            matches!(
-                o,
-                Outcome::NotYet {
-                    code: NotYetCode::UnknownGpuMemory,
-                    ..
-                }
-            ),
-            "{o:?}"
-        );
+        assert_eq!(not_yet_code(&o), Some(NotYetCode::UnknownGpuMemory), "{o:?}");
         let mem = MemoryFacts {
             bytes_per_kv_token: None,
             ..memory()
@@ -1219,31 +1191,13 @@ mod tests {
             ..memory()
         };
         let o = run(&w, mem, None);
-        assert!(
-            matches!(
-                o,
-                Outcome::NotYet {
-                    code: NotYetCode::UnknownNonKvMemory,
-                    ..
-                }
-            ),
-            "{o:?}"
-        );
+        assert_eq!(not_yet_code(&o), Some(NotYetCode::UnknownNonKvMemory), "{o:?}");
         let g = KvGeometry {
             num_gpu_blocks: 0,
             ..geometry()
         };
         let o = run_with(&w, g, memory(), None, &Config::default());
-        assert!(
-            matches!(
-                o,
-                Outcome::NotYet {
-                    code: NotYetCode::UnknownKvGeometry,
-                    ..
-                }
-            ),
-            "{o:?}"
-        );
+        assert_eq!(not_yet_code(&o), Some(NotYetCode::UnknownKvGeometry), "{o:?}");
         let bad = Config {
             percentile: 1.5,
             ..Config::default()
