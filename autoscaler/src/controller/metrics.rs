@@ -7,7 +7,6 @@
 //! - `tessera_autoscaler_scrape_failures_total{source,reason}`: sidecar or activator documents that could not be read.
 //! - `tessera_autoscaler_leader`: 1 while this replica holds the lease.
 
-use std::sync::Mutex;
 use std::sync::atomic::AtomicI64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -37,7 +36,7 @@ struct ScrapeLabels {
 /// The registry and handles.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Mutex<Registry>,
+    registry: Registry,
     decisions: Family<ReasonLabels, Counter>,
     scales: Family<DirectionLabels, Counter>,
     reconcile_duration: Histogram,
@@ -93,7 +92,7 @@ impl Metrics {
             leader.clone(),
         );
         Self {
-            registry: Mutex::new(registry),
+            registry,
             decisions,
             scales,
             reconcile_duration,
@@ -154,10 +153,8 @@ impl Metrics {
     /// The text exposition.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        if let Ok(registry) = self.registry.lock() {
-            // Writing into a String cannot fail.
-            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        }
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
 }
