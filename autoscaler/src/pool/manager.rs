@@ -277,12 +277,8 @@ impl PoolManager {
                 let Ok(list) = &gpu.reservations else { return Ok(0) };
                 let remaining: Vec<Reservation> =
                     list.iter().filter(|r| !ids.contains(&r.id)).cloned().collect();
-                (
-                    remaining.clone(),
-                    list.len() - remaining.len(),
-                    gpu.resource_version.clone(),
-                    gpu.empty_since,
-                )
+                let removed = list.len() - remaining.len();
+                (remaining, removed, gpu.resource_version.clone(), gpu.empty_since)
             };
             if removed == 0 {
                 return Ok(0);
