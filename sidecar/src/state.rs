@@ -63,11 +63,9 @@ pub struct State {
     settings: Settings,
     window: VecDeque<Sample>,
     latest: Option<(f64, VllmSnapshot)>,
-    geometry_key: Option<(Option<u64>, Option<u64>)>,
     gpu: Option<(&'static str, GpuReading)>,
     scrape: ScrapeStatus,
     vllm_up: bool,
-    ready: bool,
     recommendation: RecommendationStatus,
 }
 
@@ -82,11 +80,9 @@ impl State {
             settings,
             window: VecDeque::new(),
             latest: None,
-            geometry_key: None,
             gpu: None,
             scrape,
             vllm_up: false,
-            ready: false,
             recommendation: RecommendationStatus {
                 computed_at: None,
                 outcome: Outcome::NotYet {
@@ -104,7 +100,7 @@ impl State {
 
     /// True once vLLM has answered a scrape.
     pub fn ready(&self) -> bool {
-        self.ready
+        self.scrape.last_success_at.is_some()
     }
 
     /// True when the last scrape succeeded.
@@ -149,14 +145,18 @@ impl State {
         self.scrape.successes_total += 1;
         self.scrape.last_error = None;
         self.vllm_up = true;
-        self.ready = true;
 
-        let key = (snapshot.num_gpu_blocks(), snapshot.block_size());
-        if self.geometry_key.is_some_and(|k| k != key) {
-            tracing::info!(?key, previous = ?self.geometry_key, "vLLM's KV geometry changed: restarting the window");
+        let geometry = |s: &VllmSnapshot| (s.num_gpu_blocks(), s.block_size());
+        let key = geometry(&snapshot);
+        let previous = self.latest().map(geometry);
+        if previous.is_some_and(|k| k != key) {
+            tracing::info!(
+                ?key,
+                ?previous,
+                "vLLM's KV geometry changed: restarting the window"
+            );
             self.window.clear();
         }
-        self.geometry_key = Some(key);
 
         let busy = self
             .gpu
@@ -338,7 +338,7 @@ impl State {
             generated_at: now,
             vllm_url: self.settings.vllm_url.clone(),
             vllm_up: self.vllm_up,
-            ready: self.ready,
+            ready: self.ready(),
             stale: !self.vllm_up,
             scrape: self.scrape.clone(),
             max_model_len: self.settings.max_model_len,
