@@ -105,6 +105,16 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(WAIT).build().unwrap()
 }
 
+/// POSTs `body` to the activator's chat completions endpoint.
+async fn post_chat(act: &Tessera, body: &serde_json::Value) -> reqwest::Response {
+    client()
+        .post(act.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn stats(act: &Tessera) -> serde_json::Value {
     client()
         .get(act.url("/tessera/v1/stats"))
@@ -213,12 +223,7 @@ async fn overflow_answers_503_with_retry_after() {
     let url = act.url("/v1/chat/completions");
     let first = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
     wait_stats(&act, |s| s["models"]["m"]["queued"] == 1).await;
-    let resp = client()
-        .post(act.url("/v1/chat/completions"))
-        .json(&chat("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_chat(&act, &chat("m")).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "7");
     let err: serde_json::Value = resp.json().await.unwrap();
@@ -406,12 +411,7 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
         "--max-body-size",
         "1000",
     ]);
-    let resp = client()
-        .post(act.url("/v1/chat/completions"))
-        .json(&chat("nope"))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_chat(&act, &chat("nope")).await;
     assert_eq!(resp.status(), 404);
     let err: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["code"], "model_not_found");
@@ -535,17 +535,21 @@ async fn next_chunk(resp: &mut reqwest::Response) -> String {
 
 /// Starts `tessera vllm-sim` serving `model` on `listen` (off the async runtime: it blocks until the port opens).
 async fn vllm_sim(model: &str, listen: &str, extra: &[&str]) -> Tessera {
-    let mut args: Vec<String> = vec!["vllm-sim".into(), "--served-model-name".into(), model.into()];
+    let mut args: Vec<String> = ["vllm-sim", "--served-model-name", model, "--listen", listen]
+        .map(String::from)
+        .into();
     args.extend(extra.iter().map(|s| s.to_string()));
-    let listen = listen.to_string();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut args = args;
-        args.extend(["--listen", listen.as_str()]);
-        Tessera::start(&args)
-    })
-    .await
-    .unwrap()
+    tokio::task::spawn_blocking(move || Tessera::start(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+        .await
+        .unwrap()
+}
+
+/// A real-time emulator serving `qwen` behind an activator that already counts it ready: `(sim, activator)`.
+async fn qwen_behind_activator() -> (Tessera, Tessera) {
+    let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
+    let act = activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
+    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
+    (sim, act)
 }
 
 /// Requests the emulator finished, from its own vLLM counter (summed over finish reasons).
@@ -607,17 +611,10 @@ async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
 
 #[tokio::test]
 async fn vllm_sim_stream_arrives_token_by_token() {
-    let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
-    let act = activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
-    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
+    let (_sim, act) = qwen_behind_activator().await;
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 40, "ignore_eos": true, "stream": true,
         "messages": [{ "role": "user", "content": "Count to forty." }] });
-    let mut resp = client()
-        .post(act.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut resp = post_chat(&act, &body).await;
     assert_eq!(resp.status(), 200);
     let (mut reads, mut text) = (Vec::new(), String::new());
     while let Some(chunk) = tokio::time::timeout(WAIT, resp.chunk())
@@ -649,18 +646,11 @@ async fn vllm_sim_stream_arrives_token_by_token() {
 
 #[tokio::test]
 async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
-    let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
-    let act = activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
-    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
+    let (sim, act) = qwen_behind_activator().await;
     // Long enough (thousands of tokens) that only the kill can end it within the test's bounds.
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 4000, "ignore_eos": true, "stream": true,
         "messages": [{ "role": "user", "content": "Write a long story." }] });
-    let mut resp = client()
-        .post(act.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut resp = post_chat(&act, &body).await;
     assert_eq!(resp.status(), 200);
     assert!(next_chunk(&mut resp).await.contains("data: "));
     drop(sim); // SIGKILL: the model server dies with the response half written.
@@ -700,24 +690,14 @@ async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 4,
         "messages": [{ "role": "user", "content": "hi" }] });
     for _ in 0..4 {
-        let resp = client()
-            .post(act.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = post_chat(&act, &body).await;
         assert_eq!(resp.status(), 200);
     }
     assert_eq!(finished_at(&a).await + finished_at(&b).await, 4.0);
     let before_a = finished_at(&a).await;
     drop(b); // SIGKILL between requests: its port now refuses connections.
     for i in 0..6 {
-        let resp = client()
-            .post(act.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = post_chat(&act, &body).await;
         assert_eq!(resp.status(), 200, "request {i} after the replica died");
     }
     // Every request after the death was served by the survivor, each exactly once.
