@@ -181,16 +181,19 @@ impl PoolManager {
     pub async fn reserve(&self, request: ReserveRequest, now: u64) -> Result<Placement, PoolError> {
         let result = self.reserve_inner(request, now).await;
         let label = match &result {
-            Ok(p) if p.reason == "Existing" => "existing",
-            Ok(p) if p.reason == "CreatedCapacityPod" => "created_capacity_pod",
-            Ok(_) => "placed",
+            Ok((_, label)) => label,
             Err(e) => e.label(),
         };
         self.metrics.reservation(&self.pool.name, label);
-        result
+        result.map(|(placement, _)| placement)
     }
 
-    async fn reserve_inner(&self, request: ReserveRequest, now: u64) -> Result<Placement, PoolError> {
+    /// The placement and its `result` metric label.
+    async fn reserve_inner(
+        &self,
+        request: ReserveRequest,
+        now: u64,
+    ) -> Result<(Placement, &'static str), PoolError> {
         let reservation = Reservation {
             id: request.id.clone(),
             model: request.model,
@@ -205,7 +208,10 @@ impl PoolManager {
             let decision = self.index().decide(&shape, &reservation)?;
             match decision {
                 Decision::Existing { capacity_pod } => {
-                    return Ok(self.placement(&capacity_pod, &reservation.id, "Existing"));
+                    return Ok((
+                        self.placement(&capacity_pod, &reservation.id, "Existing"),
+                        "existing",
+                    ));
                 }
                 Decision::Place {
                     capacity_pod,
@@ -222,7 +228,7 @@ impl PoolManager {
                         Ok(pod) => {
                             self.index().apply_capacity(&pod);
                             info!(%capacity_pod, reason, attempt, "reserved");
-                            return Ok(self.placement(&capacity_pod, &reservation.id, reason));
+                            return Ok((self.placement(&capacity_pod, &reservation.id, reason), "placed"));
                         }
                         Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
                             self.metrics.conflict(&self.pool.name);
@@ -246,7 +252,10 @@ impl PoolManager {
                         Ok(pod) => {
                             self.index().apply_capacity(&pod);
                             info!(capacity_pod = %name, %reason, "no GPU had room: created a capacity pod");
-                            return Ok(self.placement(&name, &reservation.id, "CreatedCapacityPod"));
+                            return Ok((
+                                self.placement(&name, &reservation.id, "CreatedCapacityPod"),
+                                "created_capacity_pod",
+                            ));
                         }
                         // Another replica created this slot first (or it is still terminating): learn it and
                         // decide again; the next decision places on it or takes the next slot.
