@@ -1777,15 +1777,16 @@ mod tests {
         fn always_within_the_gpu((w, g, mem, prev) in arb_case()) {
             let p = prev_rec(prev);
             let cfg = Config::default();
-            if let Outcome::Ready(r) = run_with(&w, g, mem, p.as_ref(), &cfg) {
-                let total = mem.gpu_total_bytes.unwrap();
-                prop_assert!(r.non_kv_bytes + r.kv_cache_memory_bytes <= (cfg.max_gpu_memory_utilization * total as f64) as u64);
-                prop_assert!(r.gpu_memory_utilization <= cfg.max_gpu_memory_utilization + 1e-12);
-                prop_assert!(r.gpu_memory_utilization * total as f64 >= (r.non_kv_bytes + r.kv_cache_memory_bytes) as f64 - 1.0);
-                prop_assert!((r.gpu_memory_mib * MIB) >= r.non_kv_bytes + r.kv_cache_memory_bytes);
-                prop_assert!(r.compute_fraction > 0.0 && r.compute_fraction <= 1.0);
-                prop_assert_eq!(r.kv_cache_memory_bytes % (g.block_size * r.bytes_per_kv_token), 0);
-            }
+            // Complete inputs always give a recommendation, so a not-yet here is a failure, not a pass.
+            let out = run_with(&w, g, mem, p.as_ref(), &cfg);
+            let r = out.recommendation().expect("complete inputs always give a recommendation");
+            let total = mem.gpu_total_bytes.unwrap();
+            prop_assert!(r.non_kv_bytes + r.kv_cache_memory_bytes <= (cfg.max_gpu_memory_utilization * total as f64) as u64);
+            prop_assert!(r.gpu_memory_utilization <= cfg.max_gpu_memory_utilization + 1e-12);
+            prop_assert!(r.gpu_memory_utilization * total as f64 >= (r.non_kv_bytes + r.kv_cache_memory_bytes) as f64 - 1.0);
+            prop_assert!((r.gpu_memory_mib * MIB) >= r.non_kv_bytes + r.kv_cache_memory_bytes);
+            prop_assert!(r.compute_fraction > 0.0 && r.compute_fraction <= 1.0);
+            prop_assert_eq!(r.kv_cache_memory_bytes % (g.block_size * r.bytes_per_kv_token), 0);
         }
 
         #[test]
