@@ -268,7 +268,7 @@ impl<'a> World<'a> {
             .iter()
             .enumerate()
             .map(|(i, m)| ModelRt {
-                policy: policy_for(plan.kind, m, sc),
+                policy: policy_for(plan.kind, m),
                 state: ScaleState::default(),
                 replicas: Vec::new(),
                 held: VecDeque::new(),
@@ -1202,8 +1202,7 @@ fn larger(a: Recommendation, b: Recommendation) -> Recommendation {
 }
 
 /// The scale policy each strategy gives a model (`None`: not autoscaled).
-fn policy_for(kind: StrategyKind, m: &ModelSetup, sc: &Scenario) -> Option<ScalePolicy> {
-    let _ = sc;
+fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePolicy> {
     match kind {
         StrategyKind::Static => None,
         StrategyKind::Hpa => Some(ScalePolicy {
