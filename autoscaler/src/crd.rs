@@ -411,8 +411,7 @@ impl InferenceAutoscalerSpec {
                 .push("scaleTargetRef needs kind and name, e.g. {kind: Deployment, name: llama}".to_owned());
         }
         let api_version = &self.scale_target_ref.api_version;
-        let parts: Vec<&str> = api_version.split('/').collect();
-        if api_version.is_empty() || parts.len() > 2 || parts.iter().any(|p| p.is_empty()) {
+        if group_version(api_version).is_none() {
             errors.push(format!(
                 "scaleTargetRef.apiVersion {api_version:?} must be group/version (e.g. apps/v1) or a core version (v1)"
             ));
@@ -598,6 +597,16 @@ fn panic_mode(spec: Option<&Panic>) -> Option<scale::PanicMode> {
             .threshold_percent
             .map_or(default.threshold, |t| f64::from(t) / 100.0),
     })
+}
+
+/// `(group, version)` of an `apiVersion`: `group/version` (`apps/v1`), or a core `version` (`v1`) with group `""`.
+/// `None` for anything else (empty, `a/b/c`, an empty part).
+pub fn group_version(api_version: &str) -> Option<(&str, &str)> {
+    match api_version.split_once('/') {
+        Some((g, v)) if !g.is_empty() && !v.is_empty() && !v.contains('/') => Some((g, v)),
+        None if !api_version.is_empty() => Some(("", api_version)),
+        _ => None,
+    }
 }
 
 /// Parses a Kubernetes-style duration (`500ms`, `30s`, `10m`, `1h30m`).

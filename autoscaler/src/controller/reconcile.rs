@@ -32,7 +32,7 @@ use tracing::{debug, info, instrument, warn};
 use super::metrics::Metrics;
 use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals, with_wake_up};
 use super::status::{self, Applied};
-use crate::crd::{InferenceAutoscaler, InferenceAutoscalerStatus};
+use crate::crd::{self, InferenceAutoscaler, InferenceAutoscalerStatus};
 
 /// The field manager written on every patch, so `kubectl get -o yaml --show-managed-fields` shows who set replicas.
 pub const FIELD_MANAGER: &str = "tessera-autoscaler";
@@ -474,11 +474,8 @@ async fn publish(
 
 /// The API resource for a scale target; plural by kube's English rules (deployments, statefulsets, ...).
 pub fn target_resource(api_version: &str, kind: &str) -> Result<ApiResource, Error> {
-    let (group, version) = match api_version.split_once('/') {
-        Some((g, v)) if !g.is_empty() && !v.is_empty() && !v.contains('/') => (g, v),
-        None if !api_version.is_empty() => ("", api_version),
-        _ => return Err(Error::BadApiVersion(api_version.to_owned())),
-    };
+    let (group, version) =
+        crd::group_version(api_version).ok_or_else(|| Error::BadApiVersion(api_version.to_owned()))?;
     Ok(ApiResource::from_gvk(&GroupVersionKind::gvk(
         group, version, kind,
     )))
