@@ -227,24 +227,23 @@ impl NvmlProcessProbe {
     }
 }
 
-fn q(query: &'static str) -> impl Fn(nvml_wrapper::error::NvmlError) -> GpuError {
-    move |e| GpuError::Query {
-        query,
-        detail: e.to_string(),
-    }
-}
-
 impl ProcessProbe for NvmlProcessProbe {
     fn read(&self) -> Result<Vec<DeviceReading>, GpuError> {
-        let count = self.nvml.device_count().map_err(q("device_count"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(GpuError::query("device_count"))?;
         let mut out = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let dev = self.nvml.device_by_index(index).map_err(q("device_by_index"))?;
-            let uuid = dev.uuid().map_err(q("uuid"))?;
-            let mem = dev.memory_info().map_err(q("memory_info"))?;
+            let dev = self
+                .nvml
+                .device_by_index(index)
+                .map_err(GpuError::query("device_by_index"))?;
+            let uuid = dev.uuid().map_err(GpuError::query("uuid"))?;
+            let mem = dev.memory_info().map_err(GpuError::query("memory_info"))?;
             let procs = dev
                 .running_compute_processes()
-                .map_err(q("running_compute_processes"))?;
+                .map_err(GpuError::query("running_compute_processes"))?;
             let since = self.last_seen.lock().ok().and_then(|m| m.get(&index).copied());
             // Samples exist only for processes that used the SMs in the period; a process absent from a
             // successful answer used none. An error (NotSupported on some devices) means "unknown".

@@ -90,6 +90,16 @@ pub enum GpuError {
     },
 }
 
+impl GpuError {
+    /// Wraps NVML's error for `query`, for `map_err`.
+    pub fn query(query: &'static str) -> impl Fn(nvml_wrapper::error::NvmlError) -> GpuError {
+        move |e| GpuError::Query {
+            query,
+            detail: e.to_string(),
+        }
+    }
+}
+
 /// Bad command-line configuration, named so the user can fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -59,14 +59,8 @@ impl GpuProbe for NvmlProbe {
         let dev = self
             .nvml
             .device_by_index(self.index)
-            .map_err(|e| GpuError::Query {
-                query: "device_by_index",
-                detail: e.to_string(),
-            })?;
-        let mem = dev.memory_info().map_err(|e| GpuError::Query {
-            query: "memory_info",
-            detail: e.to_string(),
-        })?;
+            .map_err(GpuError::query("device_by_index"))?;
+        let mem = dev.memory_info().map_err(GpuError::query("memory_info"))?;
         // Utilization is optional (some vGPU/MIG configurations refuse it); memory is what matters most.
         let busy_ratio = dev
             .utilization_rates()
