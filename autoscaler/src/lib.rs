@@ -5,3 +5,4 @@ pub mod controller;
 pub mod crd;
 pub mod leader;
 pub mod pool;
+mod watch;

@@ -37,6 +37,7 @@ use tracing::{debug, info, warn};
 use super::ActivatorError;
 use super::discovery::Discovery;
 use super::router::{ModelEntry, Router};
+use crate::watch::{Change, fold_event};
 
 /// Label on a Service (mirrored to its EndpointSlices) that routes a model without an InferenceAutoscaler.
 pub const MODEL_LABEL: &str = "tessera.dev/model";
@@ -403,40 +404,45 @@ impl KubeDiscovery {
     fn handle(
         &self,
         ev: Watched,
-        staged_ias: &mut Option<BTreeMap<ObjectKey, AutoscalerRoute>>,
-        staged_slices: &mut Option<BTreeMap<ObjectKey, SliceBackends>>,
+        staged_ias: &mut Vec<DynamicObject>,
+        staged_slices: &mut Vec<EndpointSlice>,
     ) {
         let port = self.port_name.as_deref();
-        let mut index = self.index();
         match ev {
-            Watched::Autoscaler(Event::Apply(o)) => {
-                index.apply_autoscaler(ObjectKey::of(&o), AutoscalerRoute::from_object(&o))
-            }
-            Watched::Autoscaler(Event::Delete(o)) => index.delete_autoscaler(&ObjectKey::of(&o)),
-            Watched::Autoscaler(Event::Init) => *staged_ias = Some(BTreeMap::new()),
-            Watched::Autoscaler(Event::InitApply(o)) => {
-                staged_ias
-                    .get_or_insert_default()
-                    .insert(ObjectKey::of(&o), AutoscalerRoute::from_object(&o));
-            }
-            Watched::Autoscaler(Event::InitDone) => {
-                index.reset_autoscalers(staged_ias.take().unwrap_or_default());
-                self.autoscalers_synced.store(true, Ordering::Relaxed);
-            }
-            Watched::Slice(Event::Apply(s)) => {
-                index.apply_slice(ObjectKey::of(&s), SliceBackends::from_slice(&s, port))
-            }
-            Watched::Slice(Event::Delete(s)) => index.delete_slice(&ObjectKey::of(&s)),
-            Watched::Slice(Event::Init) => *staged_slices = Some(BTreeMap::new()),
-            Watched::Slice(Event::InitApply(s)) => {
-                staged_slices
-                    .get_or_insert_default()
-                    .insert(ObjectKey::of(&s), SliceBackends::from_slice(&s, port));
-            }
-            Watched::Slice(Event::InitDone) => {
-                index.reset_slices(staged_slices.take().unwrap_or_default());
-                self.slices_synced.store(true, Ordering::Relaxed);
-            }
+            Watched::Autoscaler(ev) => fold_event(ev, staged_ias, |change| {
+                let mut index = self.index();
+                match change {
+                    Change::Apply(o) => {
+                        index.apply_autoscaler(ObjectKey::of(&o), AutoscalerRoute::from_object(&o))
+                    }
+                    Change::Delete(o) => index.delete_autoscaler(&ObjectKey::of(&o)),
+                    Change::Reset(all) => {
+                        index.reset_autoscalers(
+                            all.iter()
+                                .map(|o| (ObjectKey::of(o), AutoscalerRoute::from_object(o)))
+                                .collect(),
+                        );
+                        self.autoscalers_synced.store(true, Ordering::Relaxed);
+                    }
+                }
+            }),
+            Watched::Slice(ev) => fold_event(ev, staged_slices, |change| {
+                let mut index = self.index();
+                match change {
+                    Change::Apply(s) => {
+                        index.apply_slice(ObjectKey::of(&s), SliceBackends::from_slice(&s, port))
+                    }
+                    Change::Delete(s) => index.delete_slice(&ObjectKey::of(&s)),
+                    Change::Reset(all) => {
+                        index.reset_slices(
+                            all.iter()
+                                .map(|s| (ObjectKey::of(s), SliceBackends::from_slice(s, port)))
+                                .collect(),
+                        );
+                        self.slices_synced.store(true, Ordering::Relaxed);
+                    }
+                }
+            }),
         }
     }
 }
@@ -463,7 +469,7 @@ impl Discovery for KubeDiscovery {
                 .default_backoff()
                 .map(|e| e.map(Watched::Slice));
             let mut events = std::pin::pin!(futures::stream::select(ias, slices));
-            let (mut staged_ias, mut staged_slices) = (None, None);
+            let (mut staged_ias, mut staged_slices) = (Vec::new(), Vec::new());
             // Re-publishing every second restores backends a refused connection took out of rotation.
             let mut resync = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -756,7 +762,7 @@ mod tests {
             "qwen",
             serde_json::json!({ "scaleTargetRef": { "name": "qwen" }, "modelNames": ["qwen"] }),
         );
-        let (mut staged_ias, mut staged_slices) = (None, None);
+        let (mut staged_ias, mut staged_slices) = (Vec::new(), Vec::new());
         for ev in [
             Watched::Autoscaler(Event::Init),
             Watched::Autoscaler(Event::InitDone),

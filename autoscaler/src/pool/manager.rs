@@ -16,6 +16,7 @@ use super::config::{PoolSpec, PoolsConfig};
 use super::metrics::PoolMetrics;
 use super::state::{Decision, PoolIndex, Reservation, pod_key, reservations_patch};
 use super::{LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
+use crate::watch::{Change, fold_event};
 
 /// What the webhook asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -432,10 +433,10 @@ impl PoolManager {
             tokio::select! {
                 () = &mut shutdown => return,
                 ev = caps.next() => match ev {
-                    Some(Ok(ev)) => apply_event(ev, &mut cap_buf, |e| match e {
-                        Applied::One(p) => self.index().apply_capacity(&p),
-                        Applied::Gone(p) => if let Some(n) = p.metadata.name.as_deref() { self.index().delete_capacity(n) },
-                        Applied::Reset(list) => self.index().reset_capacity(&list),
+                    Some(Ok(ev)) => fold_event(ev, &mut cap_buf, |e| match e {
+                        Change::Apply(p) => self.index().apply_capacity(&p),
+                        Change::Delete(p) => if let Some(n) = p.metadata.name.as_deref() { self.index().delete_capacity(n) },
+                        Change::Reset(list) => self.index().reset_capacity(&list),
                     }),
                     Some(Err(e)) => warn!(error = %e, "capacity pod watch failed; it retries"),
                     None => return,
@@ -443,10 +444,10 @@ impl PoolManager {
                 ev = tenants.next() => match ev {
                     Some(Ok(ev)) => {
                         let mut gone = Vec::new();
-                        apply_event(ev, &mut ten_buf, |e| match e {
-                            Applied::One(p) => self.index().apply_tenant(&p),
-                            Applied::Gone(p) => gone.extend(pod_key(&p)),
-                            Applied::Reset(list) => self.index().reset_tenants(&list),
+                        fold_event(ev, &mut ten_buf, |e| match e {
+                            Change::Apply(p) => self.index().apply_tenant(&p),
+                            Change::Delete(p) => gone.extend(pod_key(&p)),
+                            Change::Reset(list) => self.index().reset_tenants(&list),
                         });
                         for key in gone {
                             if let Err(e) = self.tenant_deleted(&key, clock.now()).await {
@@ -510,23 +511,6 @@ pub async fn run_pools_with_metrics(
     }
     while tasks.join_next().await.is_some() {}
     Ok(())
-}
-
-enum Applied {
-    One(Pod),
-    Gone(Pod),
-    Reset(Vec<Pod>),
-}
-
-/// Turns kube-runtime's watcher events (Init / InitApply… / InitDone, Apply, Delete) into index updates.
-fn apply_event(ev: watcher::Event<Pod>, buf: &mut Vec<Pod>, mut f: impl FnMut(Applied)) {
-    match ev {
-        watcher::Event::Apply(p) => f(Applied::One(p)),
-        watcher::Event::Delete(p) => f(Applied::Gone(p)),
-        watcher::Event::Init => buf.clear(),
-        watcher::Event::InitApply(p) => buf.push(p),
-        watcher::Event::InitDone => f(Applied::Reset(std::mem::take(buf))),
-    }
 }
 
 /// The run loop's clock, in Unix seconds: the wall clock read once at start, advanced by tokio's monotonic
