@@ -16,13 +16,6 @@ use tessera_core::metrics::{VllmSnapshot, parse_text};
 mod support;
 use support::{Tessera, free_port};
 
-/// Starts `tessera vllm-sim --listen 127.0.0.1:0 <args>` and waits until it logs the address it serves on.
-fn emulator(args: &[&str]) -> Tessera {
-    let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
-    all.extend_from_slice(args);
-    Tessera::start(&all)
-}
-
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
@@ -69,7 +62,7 @@ async fn stream_one(
 
 #[tokio::test]
 async fn openai_protocol_matches_vllm() {
-    let emu = emulator(&[
+    let emu = Tessera::vllm_sim(&[
         "--served-model-name",
         "tiny",
         "--model-preset",
@@ -195,7 +188,7 @@ async fn same_seed_same_text() {
     let body = json!({"model": "m", "prompt": "seeded", "max_tokens": 40});
     let mut outs = Vec::new();
     for seed in ["3", "3", "4"] {
-        let emu = emulator(&["--served-model-name", "m", "--seed", seed]);
+        let emu = Tessera::vllm_sim(&["--served-model-name", "m", "--seed", seed]);
         let r: Value = client()
             .post(emu.url("/v1/completions"))
             .json(&body)
@@ -213,7 +206,7 @@ async fn same_seed_same_text() {
 
 #[tokio::test]
 async fn metrics_page_has_every_vllm_family_and_parses() {
-    let emu = emulator(&[
+    let emu = Tessera::vllm_sim(&[
         "--served-model-name",
         "m",
         "--gpu-memory-utilization",
@@ -285,7 +278,7 @@ async fn metrics_page_has_every_vllm_family_and_parses() {
     assert!((blocks - 29_053.0).abs() / 29_053.0 < 0.02, "{blocks}");
 
     // V0 names.
-    let emu = emulator(&[
+    let emu = Tessera::vllm_sim(&[
         "--served-model-name",
         "m",
         "--metrics-version",
@@ -374,7 +367,7 @@ async fn startup_delay_refuses_then_serves() {
     drop(emu_guard);
 
     // Unhealthy mode: listens at once, answers 503 until ready.
-    let emu = emulator(&["--startup-delay", "1s", "--startup-mode", "unhealthy"]);
+    let emu = Tessera::vllm_sim(&["--startup-delay", "1s", "--startup-mode", "unhealthy"]);
     assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 503);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 200);
@@ -394,7 +387,7 @@ fn scopeguard(c: &mut Child) -> Guard<'_> {
 
 #[tokio::test]
 async fn sleep_pauses_the_engine_and_wake_up_resumes() {
-    let emu = emulator(&["--served-model-name", "m", "--wake-up-delay", "200ms"]);
+    let emu = Tessera::vllm_sim(&["--served-model-name", "m", "--wake-up-delay", "200ms"]);
     let c = client();
     let asleep = |v: Value| v["is_sleeping"].as_bool().unwrap();
     let get = |p: &'static str| {
@@ -502,8 +495,8 @@ async fn ramp_raises_kv_queue_and_ttft_and_low_memory_preempts() {
         "--time-scale",
         "4",
     ];
-    let big = emulator(&[&common[..], &["--gpu-memory-utilization", "0.9"]].concat());
-    let small = emulator(&[&common[..], &["--gpu-memory-utilization", "0.2"]].concat());
+    let big = Tessera::vllm_sim(&[&common[..], &["--gpu-memory-utilization", "0.9"]].concat());
+    let small = Tessera::vllm_sim(&[&common[..], &["--gpu-memory-utilization", "0.2"]].concat());
     let c = client();
     let (big_blocks, small_blocks) = (
         snapshot(&c, &big).await.num_gpu_blocks().unwrap(),
@@ -572,7 +565,7 @@ fn sidecar(vllm_url: &str) -> Tessera {
 #[tokio::test]
 async fn sidecar_readings_track_the_emulator_under_load() {
     // 16 sequences at most and 32 clients: 16 run, 16 wait, and the KV cache fills partly.
-    let emu = emulator(&[
+    let emu = Tessera::vllm_sim(&[
         "--served-model-name",
         "m",
         "--max-num-seqs",
@@ -733,7 +726,7 @@ async fn bench_streams(gpu: &str, time_scale: f64, clients: usize, prompt: u32, 
     const SECS: f64 = 20.0;
     const WARMUP: f64 = 10.0;
     let scale = time_scale.to_string();
-    let emu = emulator(&[
+    let emu = Tessera::vllm_sim(&[
         "--served-model-name",
         "m",
         "--max-num-seqs",
@@ -916,7 +909,7 @@ fn bench_model_replays_the_azure_hour() {
 #[tokio::test]
 async fn disconnected_clients_are_aborted_and_free_their_blocks() {
     // One sequence at a time: the first request runs, the second waits in the queue.
-    let emu = emulator(&["--served-model-name", "m", "--max-num-seqs", "1"]);
+    let emu = Tessera::vllm_sim(&["--served-model-name", "m", "--max-num-seqs", "1"]);
     let c = client();
     let body = json!({"model": "m", "prompt": "x", "tessera_prompt_tokens": 500, "max_tokens": 5000,
                       "ignore_eos": true, "stream": true});

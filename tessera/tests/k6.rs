@@ -31,22 +31,6 @@ fn find_k6() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A running `tessera vllm-sim`, killed on drop.
-struct Emulator {
-    _proc: Tessera,
-    base: String,
-}
-
-impl Emulator {
-    fn start(args: &[&str]) -> Emulator {
-        let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
-        all.extend_from_slice(args);
-        let proc = Tessera::start(&all);
-        let base = proc.base();
-        Emulator { _proc: proc, base }
-    }
-}
-
 /// Runs `k6 run <script>` with `env`, killing it after `limit`; returns (exit success, stdout + stderr).
 fn k6_run(k6: &Path, script: &str, env: &[(&str, &str)], limit: Duration) -> (bool, String) {
     let mut cmd = Command::new(k6);
@@ -106,11 +90,11 @@ fn k6_smoke_passes_against_the_emulator() {
         );
         return;
     };
-    let emu = Emulator::start(&["--served-model-name", "smoke-model"]);
+    let emu = Tessera::vllm_sim(&["--served-model-name", "smoke-model"]);
     let (ok, out) = k6_run(
         &k6,
         "load-tests/smoke.js",
-        &[("BASE_URL", &emu.base)],
+        &[("BASE_URL", &emu.base())],
         Duration::from_secs(180),
     );
     println!("{out}");
@@ -137,9 +121,10 @@ fn k6_smoke_fails_when_the_server_errors() {
         );
         return;
     };
-    let emu = Emulator::start(&["--served-model-name", "real-model"]);
+    let emu = Tessera::vllm_sim(&["--served-model-name", "real-model"]);
+    let base = emu.base();
     let env = [
-        ("BASE_URL", emu.base.as_str()),
+        ("BASE_URL", base.as_str()),
         ("MODEL", "other-model"),
         ("ITERATIONS", "3"),
     ];
@@ -157,8 +142,9 @@ fn every_k6_scenario_runs_briefly() {
         return;
     };
     // Two served names so multi-model has two models to spread over; 10× faster than real time.
-    let emu = Emulator::start(&["--served-model-name", "alpha,beta", "--time-scale", "10"]);
-    let base = emu.base.as_str();
+    let emu = Tessera::vllm_sim(&["--served-model-name", "alpha,beta", "--time-scale", "10"]);
+    let base = emu.base();
+    let base = base.as_str();
     let runs: [(&str, Vec<(&str, &str)>); 4] = [
         ("load-tests/ramp.js", vec![("STAGE", "1s"), ("MAX_VUS", "8")]),
         (

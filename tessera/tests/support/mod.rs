@@ -74,6 +74,13 @@ impl Tessera {
         }
     }
 
+    /// Runs `tessera vllm-sim --listen 127.0.0.1:0 <args>`: the emulator, on an ephemeral port.
+    pub fn vllm_sim(args: &[&str]) -> Tessera {
+        let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Self::start(&all)
+    }
+
     /// `http://<addr><path>`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
