@@ -76,6 +76,13 @@ pub fn decide(lease: Option<&LeaseObservation>, me: &str, now_ms: u64) -> LeaseD
     }
 }
 
+/// Whether a leader whose renewals fail must step down: its last successful renewal (Unix ms, `None` when it has
+/// not led since) is `renew_deadline` or more before `now_ms`.
+pub fn renew_deadline_passed(last_renew_ms: Option<u64>, now_ms: u64, renew_deadline: Duration) -> bool {
+    let deadline = u64::try_from(renew_deadline.as_millis()).unwrap_or(u64::MAX);
+    last_renew_ms.is_some_and(|t| now_ms.saturating_sub(t) >= deadline)
+}
+
 /// Settings for [`LeaderElector`].
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {
@@ -229,8 +236,8 @@ impl LeaderElector {
                 }
                 Err(e) => {
                     warn!(error = %e, "lease request failed");
-                    let deadline = u64::try_from(self.config.renew_deadline.as_millis()).unwrap_or(u64::MAX);
-                    if last_renew.is_some_and(|t| now.saturating_sub(t) >= deadline) && *leader.borrow() {
+                    if *leader.borrow() && renew_deadline_passed(last_renew, now, self.config.renew_deadline)
+                    {
                         warn!("could not renew the lease within the renew deadline: stepping down");
                         leader.send_replace(false);
                         last_renew = None;
@@ -322,6 +329,21 @@ mod tests {
         assert_eq!(
             decide(Some(&obs(Some("b"), "1", 1_000)), "a", 16_000),
             LeaseDecision::Acquire
+        );
+    }
+
+    #[test]
+    fn a_leader_steps_down_once_renewals_failed_for_the_renew_deadline() {
+        let deadline = Duration::from_secs(10);
+        assert!(
+            !renew_deadline_passed(None, 99_000, deadline),
+            "never renewed: nothing to step down from"
+        );
+        assert!(!renew_deadline_passed(Some(1_000), 10_999, deadline));
+        assert!(renew_deadline_passed(Some(1_000), 11_000, deadline));
+        assert!(
+            !renew_deadline_passed(Some(5_000), 1_000, deadline),
+            "a clock step back is not a failure"
         );
     }
 
