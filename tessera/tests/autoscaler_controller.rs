@@ -21,7 +21,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 mod support;
-use support::free_port;
+use support::{Tessera, free_port};
 
 #[derive(Default)]
 struct Cluster {
@@ -289,26 +289,16 @@ fn start_autoscaler_as(
     Killed(child)
 }
 
-/// Starts a `tessera` subcommand and waits until `ready_url` answers 200 (at most 20 s).
-async fn start_and_wait(args: &[&str], ready_url: &str) -> Killed {
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start tessera");
-    let child = Killed(child);
+/// Waits until `ready_url` answers 200 (at most 20 s).
+async fn wait_ready(ready_url: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(r) = reqwest::get(ready_url).await
             && r.status().is_success()
         {
-            return child;
+            return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{args:?} did not become ready at {ready_url}"
-        );
+        assert!(Instant::now() < deadline, "not ready at {ready_url}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -469,34 +459,18 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
 /// nothing running) and scales 3 → 1 replica, reporting the signal's current value in status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
-    let vllm_port = free_port();
-    let sidecar_port = free_port();
-    let _vllm = start_and_wait(
-        &[
-            "vllm-sim",
-            "--listen",
-            &format!("127.0.0.1:{vllm_port}"),
-            "--model-preset",
-            "opt-125m",
-            "--gpu",
-            "l4",
-        ],
-        &format!("http://127.0.0.1:{vllm_port}/health"),
-    )
-    .await;
-    let _sidecar = start_and_wait(
-        &[
-            "sidecar",
-            "--vllm-url",
-            &format!("http://127.0.0.1:{vllm_port}"),
-            "--listen",
-            &format!("127.0.0.1:{sidecar_port}"),
-            "--scrape-interval",
-            "200ms",
-        ],
-        &format!("http://127.0.0.1:{sidecar_port}/ready"),
-    )
-    .await;
+    let vllm = Tessera::vllm_sim(&["--model-preset", "opt-125m", "--gpu", "l4"]);
+    let sidecar = Tessera::start(&[
+        "sidecar",
+        "--vllm-url",
+        &vllm.base(),
+        "--listen",
+        "127.0.0.1:0",
+        "--scrape-interval",
+        "200ms",
+    ]);
+    wait_ready(&sidecar.url("/ready")).await;
+    let sidecar_port = sidecar.addr.port();
     let state: Shared = Arc::new(Mutex::new(Cluster {
         ias: ias(json!({
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
