@@ -161,7 +161,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let local = listener.local_addr().map_err(ActivatorError::Serve)?;
     let started = SystemTime::now();
     let instance = args.instance.clone().unwrap_or_else(|| local.to_string());
-    let router = Arc::new(Router::new(args.queue_size, instance, proxy::unix_ms(started)));
+    let router = Arc::new(Router::new(args.queue_size, instance, crate::unix_ms(started)));
 
     let discovery: Arc<dyn Discovery> = if args.backends.is_empty() {
         let client = ::kube::Client::try_default()
@@ -272,7 +272,7 @@ async fn list_models(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn stats(State(app): State<Arc<App>>) -> Response {
-    axum::Json(app.router.stats(proxy::unix_ms(SystemTime::now()))).into_response()
+    axum::Json(app.router.stats(crate::unix_ms(SystemTime::now()))).into_response()
 }
 
 async fn prometheus(State(app): State<Arc<App>>) -> Response {

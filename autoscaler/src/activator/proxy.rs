@@ -7,7 +7,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -145,11 +145,6 @@ pub fn model_of(body: &[u8]) -> Result<String, RequestError> {
     }
 }
 
-pub(crate) fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Handles every OpenAI `POST /v1/...` request.
 pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let arrived = Instant::now();
@@ -205,7 +200,7 @@ async fn forward(
     let Some(entry) = app.router.get(&model) else {
         return reject(&app, "unknown", RequestError::UnknownModel(model));
     };
-    entry.record_arrival(unix_ms(SystemTime::now()));
+    entry.record_arrival(crate::unix_ms(SystemTime::now()));
     let deadline = arrived + app.hold_timeout;
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     // `slot` is the place in the hold queue while waiting; `held` remembers that the request waited at all, so

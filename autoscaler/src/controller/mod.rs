@@ -201,7 +201,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             },
         );
         Some(tokio::spawn(elector.run(leader_tx, shutdown_rx.clone(), || {
-            reconcile::unix_ms(SystemTime::now())
+            crate::unix_ms(SystemTime::now())
         })))
     } else {
         drop(leader_tx);

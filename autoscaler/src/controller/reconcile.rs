@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -525,19 +525,11 @@ pub fn activated_at(obj: &InferenceAutoscaler) -> Option<SystemTime> {
 }
 
 fn timestamp(t: SystemTime) -> Timestamp {
-    Timestamp::from_millis(
-        t.duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-    )
+    Timestamp::from_millis(crate::unix_ms(t))
 }
 
 fn k8s_time(t: SystemTime) -> Time {
     Time(jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
-}
-
-/// Unix milliseconds of a clock reading.
-pub fn unix_ms(t: SystemTime) -> u64 {
-    timestamp(t).as_millis()
 }
 
 #[cfg(test)]
