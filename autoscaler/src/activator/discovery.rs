@@ -102,7 +102,7 @@ impl StaticDiscovery {
         let Ok(uri) = format!("{base}{}", self.health_path).parse::<http::Uri>() else {
             return false;
         };
-        // A probe that hangs must not stall the loop: bound it by the slow interval (and at least 1 s).
+        // A probe that hangs must not stall the loop: bound it by the slow interval, kept within 100 ms..=1 s.
         let limit = self
             .slow
             .clamp(Duration::from_millis(100), Duration::from_secs(1));
