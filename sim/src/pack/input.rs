@@ -26,6 +26,19 @@ pub struct Pod {
     pub line: u64,
 }
 
+impl Pod {
+    /// The pod as a packing request. Each trace pod is its own workload: the name doubles as the model, so
+    /// spreading never applies.
+    pub fn request(&self) -> tessera_core::pack::ReplicaRequest {
+        tessera_core::pack::ReplicaRequest::new(
+            self.name.clone(),
+            self.name.clone(),
+            self.gpu_milli,
+            self.gpu_memory_mib.unwrap_or(0),
+        )
+    }
+}
+
 /// What was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodList {

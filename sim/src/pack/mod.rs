@@ -90,19 +90,6 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
     }
 }
 
-fn requests(pods: &[Pod]) -> Vec<ReplicaRequest> {
-    pods.iter()
-        .map(|p| {
-            ReplicaRequest::new(
-                p.name.clone(),
-                p.name.clone(),
-                p.gpu_milli,
-                p.gpu_memory_mib.unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 /// The L2 bound on compute, and on memory where there is a memory column; the larger holds.
 pub fn lower_bound(pods: &[Pod], shape: &GpuShape, has_memory: bool) -> u32 {
     let compute: Vec<u32> = pods.iter().map(|p| p.gpu_milli).collect();
@@ -147,7 +134,7 @@ pub fn verify(pods: &[Pod], shape: &GpuShape, packing: &OfflinePacking) -> anyho
 }
 
 fn run_offline(pods: &[Pod], shape: &GpuShape, has_memory: bool, out: Option<&Path>) -> anyhow::Result<()> {
-    let items = requests(pods);
+    let items: Vec<ReplicaRequest> = pods.iter().map(Pod::request).collect();
     let started = Instant::now();
     let packing = pack_offline(&items, shape)?;
     let elapsed = started.elapsed();

@@ -10,8 +10,7 @@
 use std::collections::BTreeMap;
 
 use tessera_core::pack::{
-    FitPolicy, GPU_COMPUTE_MILLI, GpuShape, PackError, Packer, ReplicaRequest, lower_bound_l2,
-    lower_bound_l2_counts,
+    FitPolicy, GPU_COMPUTE_MILLI, GpuShape, PackError, Packer, lower_bound_l2, lower_bound_l2_counts,
 };
 
 use super::input::Pod;
@@ -63,16 +62,6 @@ fn events(pods: &[Pod]) -> Vec<(u64, Kind, usize)> {
     ev
 }
 
-fn request(p: &Pod) -> ReplicaRequest {
-    // Each trace pod is its own workload: the name doubles as the model, so spreading never applies.
-    ReplicaRequest::new(
-        p.name.clone(),
-        p.name.clone(),
-        p.gpu_milli,
-        p.gpu_memory_mib.unwrap_or(0),
-    )
-}
-
 /// Replays the pods through an online packer.
 pub fn replay(pods: &[Pod], shape: &GpuShape, cfg: &OnlineConfig) -> Result<OnlineResult, PackError> {
     let mut packer = Packer::with_policy(*shape, cfg.policy);
@@ -94,7 +83,7 @@ pub fn replay(pods: &[Pod], shape: &GpuShape, cfg: &OnlineConfig) -> Result<Onli
             let (_, kind, k) = ev[i];
             match kind {
                 Kind::Create => {
-                    packer.place_or_open(request(&pods[k]))?;
+                    packer.place_or_open(pods[k].request())?;
                 }
                 Kind::Delete => {
                     if let Some((gpu, _)) = packer.remove(&pods[k].name) {
