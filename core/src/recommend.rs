@@ -392,6 +392,50 @@ impl Recommendation {
             .collect::<Vec<_>>()
             .join("; ")
     }
+
+    /// What fits both this replica and `other`: a model's replicas share one pod template, which must fit the
+    /// busiest of them. Each field is the larger of the two, with the reasons of the replica that asked for it, so
+    /// the result still explains every number it shows. The KV size carries its geometry (tokens, bytes per token,
+    /// non-KV memory and their sources) with it; `gpu_memory_utilization` and MiB are taken on their own, since a
+    /// replica with more non-KV memory can need more of the GPU for the same KV size.
+    pub fn covering(mut self, other: &Recommendation) -> Recommendation {
+        if other.kv_cache_memory_bytes > self.kv_cache_memory_bytes {
+            self.kv_cache_memory_bytes = other.kv_cache_memory_bytes;
+            self.kv_cache_tokens = other.kv_cache_tokens;
+            self.bytes_per_kv_token = other.bytes_per_kv_token;
+            self.bytes_per_kv_token_source = other.bytes_per_kv_token_source;
+            self.non_kv_bytes = other.non_kv_bytes;
+            self.non_kv_source = other.non_kv_source;
+            self.take_reasons(other, Field::KvCacheMemory);
+        }
+        if other.gpu_memory_mib > self.gpu_memory_mib
+            || other.gpu_memory_utilization > self.gpu_memory_utilization
+        {
+            self.gpu_memory_mib = self.gpu_memory_mib.max(other.gpu_memory_mib);
+            self.gpu_memory_utilization = self.gpu_memory_utilization.max(other.gpu_memory_utilization);
+            self.take_reasons(other, Field::GpuMemory);
+        }
+        if other.compute_fraction > self.compute_fraction {
+            self.compute_fraction = other.compute_fraction;
+            self.take_reasons(other, Field::ComputeFraction);
+        }
+        self
+    }
+
+    /// Replaces this recommendation's reasons for `field` with `other`'s.
+    fn take_reasons(&mut self, other: &Recommendation, field: Field) {
+        self.reasons.retain(|r| r.field != field);
+        self.reasons
+            .extend(other.reasons.iter().filter(|r| r.field == field).cloned());
+    }
+}
+
+/// The recommendation that fits every one of a model's replicas ([`Recommendation::covering`] over all of them);
+/// `None` when no replica has one, so the caller keeps what it had: missing data never shrinks anything.
+pub fn largest_need<'a>(recs: impl IntoIterator<Item = &'a Recommendation>) -> Option<Recommendation> {
+    let mut recs = recs.into_iter();
+    let first = recs.next()?.clone();
+    Some(recs.fold(first, Recommendation::covering))
 }
 
 /// Why there is no recommendation yet.
@@ -1069,6 +1113,57 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn need(kv: u64, util: f64, mib: u64, compute: f64, tag: &str) -> Recommendation {
+        let reason = |field| Reason {
+            field,
+            code: ReasonCode::Percentile,
+            message: format!("{tag} {field:?}"),
+        };
+        Recommendation {
+            kv_cache_memory_bytes: kv,
+            kv_cache_tokens: kv / 1024,
+            gpu_memory_utilization: util,
+            gpu_memory_mib: mib,
+            compute_fraction: compute,
+            bytes_per_kv_token: 1024,
+            bytes_per_kv_token_source: Source::Configured,
+            non_kv_bytes: 1 << 30,
+            non_kv_source: Source::Configured,
+            reasons: [Field::KvCacheMemory, Field::GpuMemory, Field::ComputeFraction]
+                .into_iter()
+                .map(reason)
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn largest_need_takes_each_field_from_the_replica_that_asks_most_with_its_reasons() {
+        assert!(largest_need(&[]).is_none());
+        let a = need(4 << 30, 0.35, 9000, 0.25, "a");
+        let b = need(6 << 30, 0.30, 8000, 0.5, "b");
+        let n = largest_need([&a, &b]).unwrap();
+        assert_eq!(n.kv_cache_memory_bytes, 6 << 30);
+        assert_eq!(n.kv_cache_tokens, (6 << 30) / 1024);
+        assert_eq!(n.gpu_memory_utilization, 0.35);
+        assert_eq!(n.gpu_memory_mib, 9000);
+        assert_eq!(n.compute_fraction, 0.5);
+        let why = |f: Field| {
+            n.reasons
+                .iter()
+                .filter(|r| r.field == f)
+                .map(|r| r.message.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(why(Field::KvCacheMemory), ["b KvCacheMemory"]);
+        assert_eq!(why(Field::GpuMemory), ["a GpuMemory"]);
+        assert_eq!(why(Field::ComputeFraction), ["b ComputeFraction"]);
+        // Order does not matter.
+        assert_eq!(
+            largest_need([&b, &a]).unwrap().kv_cache_memory_bytes,
+            n.kv_cache_memory_bytes
+        );
+    }
     use proptest::prelude::*;
 
     const GIB: u64 = 1024 * 1024 * 1024;

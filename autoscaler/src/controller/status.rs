@@ -263,16 +263,13 @@ pub fn merge_patch(status: &InferenceAutoscalerStatus, resource_version: Option<
 /// `status.recommendation`: the largest need over the fresh replicas' recommendations (every replica must fit);
 /// `None` when no replica has one, so the status keeps what it had.
 pub fn largest_recommendation(recs: &[Recommendation]) -> Option<RecommendationStatus> {
-    let first = recs.first()?;
-    let max_by = |f: &dyn Fn(&Recommendation) -> f64| recs.iter().map(f).fold(f64::NEG_INFINITY, f64::max);
-    let kv = recs.iter().map(|r| r.kv_cache_memory_bytes).max().unwrap_or(0);
-    let mib = recs.iter().map(|r| r.gpu_memory_mib).max().unwrap_or(0);
+    let need = tessera_core::recommend::largest_need(recs)?;
     Some(RecommendationStatus {
-        kv_cache_memory_bytes: i64::try_from(kv).ok(),
-        gpu_memory_utilization: Some(max_by(&|r| r.gpu_memory_utilization)),
-        gpu_memory_mib: i64::try_from(mib).ok(),
-        compute_fraction: Some(max_by(&|r| r.compute_fraction)),
-        reason: format!("largest need over {} replica(s): {}", recs.len(), first.summary()),
+        kv_cache_memory_bytes: i64::try_from(need.kv_cache_memory_bytes).ok(),
+        gpu_memory_utilization: Some(need.gpu_memory_utilization),
+        gpu_memory_mib: i64::try_from(need.gpu_memory_mib).ok(),
+        compute_fraction: Some(need.compute_fraction),
+        reason: format!("largest need over {} replica(s): {}", recs.len(), need.summary()),
     })
 }
 

@@ -930,7 +930,7 @@ impl<'a> World<'a> {
                 if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
                     best = Some(match best {
                         None => rec,
-                        Some(b) => larger(b, rec),
+                        Some(b) => b.covering(&rec),
                     });
                 }
             }
@@ -1179,28 +1179,6 @@ fn compute_facts(
     }
 }
 
-/// Of two replicas' recommendations, the one that gives more, on both dimensions: a model's replicas share one
-/// pod template, which must fit the busiest of them.
-fn larger(a: Recommendation, b: Recommendation) -> Recommendation {
-    let b_more_kv = b.kv_cache_memory_bytes > a.kv_cache_memory_bytes;
-    let b_more_compute = b.compute_fraction > a.compute_fraction;
-    let (mut out, other) = if b_more_kv { (b, a) } else { (a, b) };
-    if b_more_kv != b_more_compute {
-        // The other one asks for more compute: take its share, and its reasons for it, so the report explains
-        // the share it shows.
-        out.compute_fraction = other.compute_fraction;
-        out.reasons
-            .retain(|r| r.field != recommend::Field::ComputeFraction);
-        out.reasons.extend(
-            other
-                .reasons
-                .into_iter()
-                .filter(|r| r.field == recommend::Field::ComputeFraction),
-        );
-    }
-    out
-}
-
 /// The scale policy each strategy gives a model (`None`: not autoscaled).
 fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePolicy> {
     match kind {
@@ -1276,7 +1254,7 @@ pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Reco
                 if let Some(r) = prev {
                     best = Some(match best {
                         None => r,
-                        Some(b) => larger(b, r),
+                        Some(b) => b.covering(&r),
                     });
                 }
             }
