@@ -533,25 +533,34 @@ impl Histogram {
         out
     }
 
-    /// The `q` quantile by linear interpolation inside the bucket, as Prometheus' `histogram_quantile` does.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        if self.count == 0 {
-            return None;
-        }
-        let rank = q.clamp(0.0, 1.0) * self.count as f64;
+    /// The same observations as the cumulative histogram vLLM's `/metrics` shows and the project's parser reads
+    /// (`tessera_core::metrics::Histogram`), so windows and quantiles use the one implementation the sidecar uses.
+    pub fn to_cumulative(&self) -> tessera_core::metrics::Histogram {
         let mut acc = 0u64;
-        for (i, c) in self.counts.iter().enumerate() {
-            let prev = acc;
-            acc += c;
-            if (acc as f64) >= rank && *c > 0 {
-                let lo = if i == 0 { 0.0 } else { self.bounds[i - 1] };
-                let Some(&hi) = self.bounds.get(i) else {
-                    return Some(lo);
-                };
-                return Some(lo + (hi - lo) * (rank - prev as f64) / *c as f64);
-            }
+        let buckets = self
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(&self.counts)
+            .map(|(le, c)| {
+                acc += c;
+                tessera_core::metrics::Bucket {
+                    le,
+                    cumulative: acc as f64,
+                }
+            })
+            .collect();
+        tessera_core::metrics::Histogram {
+            buckets,
+            sum: self.sum,
+            count: self.count as f64,
         }
-        self.bounds.last().copied()
+    }
+
+    /// The `q` quantile as Prometheus' `histogram_quantile` computes it (`tessera_core::metrics::Histogram::quantile`).
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        self.to_cumulative().quantile(q)
     }
 }
 

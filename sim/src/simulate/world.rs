@@ -1148,17 +1148,14 @@ fn geometry(engine: &Engine) -> KvGeometry {
 /// p95 and count of what a cumulative histogram gained since `earlier` (`None`: since it started), as the
 /// sidecar computes a window's quantile from two scrapes; `None` when nothing was observed.
 fn window_p95(later: &Histogram, earlier: Option<&Histogram>) -> Option<recommend::LatencyObservation> {
-    let mut d = later.clone();
-    if let Some(e) = earlier.filter(|e| e.bounds == later.bounds && e.count <= later.count) {
-        for (c, ec) in d.counts.iter_mut().zip(&e.counts) {
-            *c = c.saturating_sub(*ec);
-        }
-        d.count -= e.count;
-        d.sum -= e.sum;
-    }
+    let later = later.to_cumulative();
+    let d = match earlier {
+        Some(e) => later.delta(&e.to_cumulative()),
+        None => later,
+    };
     Some(recommend::LatencyObservation {
         p95_secs: d.quantile(0.95)?,
-        samples: d.count as f64,
+        samples: d.count,
     })
 }
 
