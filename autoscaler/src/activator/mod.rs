@@ -278,9 +278,11 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
 async fn prometheus(State(app): State<Arc<App>>) -> Response {
     match app.metrics.encode(&app.router) {
         Ok(text) => (
+            // prometheus-client writes OpenMetrics (`# EOF`, counter families without `_total`); Prometheus chooses
+            // its parser by this header, so it must say so, as the sidecar and the controller do.
             [(
                 http::header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
             text,
         )
