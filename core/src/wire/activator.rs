@@ -25,6 +25,20 @@ pub const STATS_PATH: &str = "/tessera/v1/stats";
 /// one of its models while it has no ready replica. Its change is the controller's wake-up.
 pub const ACTIVATED_AT_ANNOTATION: &str = "tessera.dev/activated-at";
 
+/// The key of a model in [`ActivatorStats::models`]: `"<namespace>/<model>"`.
+///
+/// Tenants are namespaces: the same OpenAI `model` name in two namespaces is two models, routed and counted
+/// apart. Routes configured statically (`--backend`) live in the activator's own `--namespace`.
+pub fn model_key(namespace: &str, model: &str) -> String {
+    format!("{namespace}/{model}")
+}
+
+/// Splits a [`model_key`] back into `(namespace, model)`; `None` when the key has no `/`.
+/// The model part may itself contain `/` (vLLM model names are often paths), so the split is at the first `/`.
+pub fn split_model_key(key: &str) -> Option<(&str, &str)> {
+    key.split_once('/')
+}
+
 /// The version of this document's shape; bumped on an incompatible change so a reader can refuse it clearly.
 pub const SCHEMA_VERSION: u32 = 1;
 
