@@ -1,0 +1,400 @@
+//! Which GPU allocation is *in force* for a model, and whether running pods should be rolled onto it.
+//!
+//! The sidecars' recommendation moves with traffic; applying every wobble would restart vLLM servers (a cold start
+//! each) for nothing. So the controller keeps two things per model:
+//! - the **candidate**: the latest recommendation and since when it has stayed within a tolerance of itself;
+//! - the allocation **in force**: what new pods get (`updateMode: Initial` and `Recreate`). A candidate becomes
+//!   in force once it has been stable for the stability window; a *growth while vLLM preempts* becomes in force at
+//!   once (preemptions recompute work and hurt latency now). Values fixed in the policy (`gpu.memory: 10240`,
+//!   `gpu.computeFraction: "0.25"`) always win over the recommendation.
+//!
+//! With `updateMode: Recreate`, [`decide_roll`] says whether to roll the running pods now. A roll is a
+//! make-before-break: the controller bumps a hash annotation on the workload's pod template and the Deployment or
+//! StatefulSet controller replaces pods with its own strategy (surge first where it allows). The rule never rolls
+//! below `minReplicas` ready, never while the model is scaling or a previous roll is in progress, never two models
+//! of one pool at once, never against a PodDisruptionBudget, and never shrinks on missing data.
+
+use std::time::Duration;
+
+/// How a policy applies its recommendation (`gpu.updateMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpdateMode {
+    /// Status only.
+    #[default]
+    Off,
+    /// Applied to pods as they are created.
+    Initial,
+    /// Applied at creation, and running pods that drifted are rolled.
+    Recreate,
+}
+
+/// One replica's GPU allocation: what a pod runs with, or what is in force.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Allocation {
+    /// GPU memory for the replica (MiB): KV cache plus everything else.
+    pub memory_mib: u64,
+    /// Share of the GPU's compute, in (0, 1].
+    pub compute_fraction: f64,
+}
+
+impl Allocation {
+    /// The largest relative difference between two allocations over memory and compute (0.15 = 15%).
+    pub fn relative_drift(&self, from: &Allocation) -> f64 {
+        let rel = |a: f64, b: f64| {
+            if b > 0.0 {
+                (a - b).abs() / b
+            } else if a > 0.0 {
+                f64::INFINITY
+            } else {
+                0.0
+            }
+        };
+        rel(self.memory_mib as f64, from.memory_mib as f64)
+            .max(rel(self.compute_fraction, from.compute_fraction))
+    }
+}
+
+/// Values the policy fixes (`gpu.memory: <MiB>`, `gpu.computeFraction: "<f>"`); `None` = `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Fixed {
+    /// `gpu.memory` as MiB.
+    pub memory_mib: Option<u64>,
+    /// `gpu.computeFraction` as a number.
+    pub compute_fraction: Option<f64>,
+}
+
+impl Fixed {
+    /// `alloc` with the fixed fields replaced by the policy's values.
+    pub fn apply(&self, alloc: Allocation) -> Allocation {
+        Allocation {
+            memory_mib: self.memory_mib.unwrap_or(alloc.memory_mib),
+            compute_fraction: self.compute_fraction.unwrap_or(alloc.compute_fraction),
+        }
+    }
+
+    /// The allocation when the policy fixes both fields, whatever the recommendation says.
+    pub fn complete(&self) -> Option<Allocation> {
+        Some(Allocation {
+            memory_mib: self.memory_mib?,
+            compute_fraction: self.compute_fraction?,
+        })
+    }
+}
+
+/// The latest recommendation and since when it has been stable (within the tolerance of `alloc`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Candidate {
+    /// The recommendation when it last moved by more than the tolerance.
+    pub alloc: Allocation,
+    /// When (Unix ms) it last moved.
+    pub since_ms: u64,
+}
+
+/// Settings of the in-force and roll rules.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RolloutConfig {
+    /// A recommendation must stay within `tolerance` of itself this long to come into force, and a drift must last
+    /// this long before a roll (except an urgent growth).
+    pub stability_window: Duration,
+    /// Movements of the recommendation smaller than this (relative) do not restart the stability clock.
+    pub tolerance: f64,
+    /// Running pods whose allocation differs from the one in force by more than this (relative) have drifted.
+    pub drift_threshold: f64,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            stability_window: Duration::from_secs(30 * 60),
+            tolerance: 0.05,
+            drift_threshold: 0.15,
+        }
+    }
+}
+
+/// Folds a new recommendation into the candidate: a movement beyond the tolerance restarts its clock.
+/// `None` (no recommendation this round: not yet, or stale) keeps the candidate as it was — missing data never
+/// moves anything.
+pub fn track(
+    previous: Option<&Candidate>,
+    recommended: Option<Allocation>,
+    now_ms: u64,
+    cfg: &RolloutConfig,
+) -> Option<Candidate> {
+    match (previous, recommended) {
+        (prev, None) => prev.copied(),
+        (Some(prev), Some(rec)) if rec.relative_drift(&prev.alloc) <= cfg.tolerance => Some(*prev),
+        (_, Some(rec)) => Some(Candidate {
+            alloc: rec,
+            since_ms: now_ms,
+        }),
+    }
+}
+
+/// Why an allocation is (or is not) in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InForceReason {
+    /// The recommendation was stable for the window.
+    Stable,
+    /// The recommendation grows while vLLM preempts: applied without waiting.
+    UrgentGrowth,
+    /// The policy fixes both memory and compute.
+    PolicyFixed,
+    /// The candidate has not been stable long enough; the previous allocation stays in force.
+    Settling,
+    /// No recommendation yet and the policy does not fix both values: nothing is in force.
+    NoRecommendation,
+}
+
+impl InForceReason {
+    /// A stable snake_case label for the status and Events.
+    pub fn label(self) -> &'static str {
+        match self {
+            InForceReason::Stable => "stable",
+            InForceReason::UrgentGrowth => "urgent_growth",
+            InForceReason::PolicyFixed => "policy_fixed",
+            InForceReason::Settling => "settling",
+            InForceReason::NoRecommendation => "no_recommendation",
+        }
+    }
+}
+
+/// The allocation in force now, and why. `previous` is what was in force before; `preempting` is true when the
+/// model's replicas preempted within the recent window.
+pub fn in_force(
+    fixed: &Fixed,
+    candidate: Option<&Candidate>,
+    previous: Option<Allocation>,
+    preempting: bool,
+    now_ms: u64,
+    cfg: &RolloutConfig,
+) -> (Option<Allocation>, InForceReason) {
+    if let Some(all) = fixed.complete() {
+        return (Some(all), InForceReason::PolicyFixed);
+    }
+    let window = u64::try_from(cfg.stability_window.as_millis()).unwrap_or(u64::MAX);
+    let Some(candidate) = candidate else {
+        return match previous {
+            Some(p) => (Some(fixed.apply(p)), InForceReason::Settling),
+            None => (None, InForceReason::NoRecommendation),
+        };
+    };
+    if now_ms.saturating_sub(candidate.since_ms) >= window {
+        return (Some(fixed.apply(candidate.alloc)), InForceReason::Stable);
+    }
+    let grows = previous.is_none_or(|p| candidate.alloc.memory_mib > p.memory_mib);
+    if preempting && grows {
+        let mut alloc = candidate.alloc;
+        // Urgency is about memory; a compute change in the same candidate still waits (keep the previous share).
+        if let Some(p) = previous {
+            alloc.compute_fraction = alloc.compute_fraction.max(p.compute_fraction);
+        }
+        return (Some(fixed.apply(alloc)), InForceReason::UrgentGrowth);
+    }
+    match previous {
+        Some(p) => (Some(fixed.apply(p)), InForceReason::Settling),
+        None => (None, InForceReason::NoRecommendation),
+    }
+}
+
+/// How running pods compare with the allocation in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drift {
+    /// Every pod whose allocation is known is within the threshold.
+    None,
+    /// Some pod has less memory (or compute) than in force by more than the threshold: rolling grows it.
+    Grow,
+    /// Pods hold more than in force by more than the threshold (and none has less): rolling shrinks them.
+    Shrink,
+    /// No pod's allocation is known (annotations missing): nothing can be judged.
+    Unknown,
+}
+
+/// Compares the pods' allocations (`None`: unknown, e.g. a pod admitted before Tessera) with `target`.
+pub fn drift(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> Drift {
+    let known: Vec<&Allocation> = pods.iter().flatten().collect();
+    if known.is_empty() {
+        return Drift::Unknown;
+    }
+    let grow = known.iter().any(|p| {
+        (target.memory_mib as f64) > p.memory_mib as f64 * (1.0 + threshold)
+            || target.compute_fraction > p.compute_fraction * (1.0 + threshold)
+    });
+    if grow {
+        return Drift::Grow;
+    }
+    if known.iter().any(|p| p.relative_drift(target) > threshold) {
+        return Drift::Shrink;
+    }
+    Drift::None
+}
+
+/// When the current drift began: kept while the pods stay drifted, cleared when they are in sync.
+pub fn drift_since(previous: Option<u64>, drift: Drift, now_ms: u64) -> Option<u64> {
+    match drift {
+        Drift::Grow | Drift::Shrink => Some(previous.unwrap_or(now_ms)),
+        Drift::None | Drift::Unknown => None,
+    }
+}
+
+/// Everything the roll rule needs about one model, as observed this round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollInput {
+    /// `gpu.updateMode`.
+    pub mode: UpdateMode,
+    /// The allocation in force (see [`in_force`]).
+    pub in_force: Option<Allocation>,
+    /// Each running pod's allocation (from its `tessera.dev/gpu-memory` and `tessera.dev/gpu-compute-fraction`).
+    pub pods: Vec<Option<Allocation>>,
+    /// When the current drift began ([`drift_since`]).
+    pub drift_since_ms: Option<u64>,
+    /// vLLM preempted recently on this model's replicas.
+    pub preempting: bool,
+    /// The workload's replicas (spec) and how many are ready.
+    pub replicas: i32,
+    /// Replicas ready now.
+    pub ready_replicas: i32,
+    /// The replicas the autoscaler wants; differs from `replicas` while scaling.
+    pub desired_replicas: i32,
+    /// The policy's floor.
+    pub min_replicas: i32,
+    /// How many ready pods the workload's strategy may take down at once during the roll (`maxUnavailable`
+    /// resolved; 0 for a surge-only Deployment strategy).
+    pub max_unavailable: i32,
+    /// The workload is still rolling out a previous template (observedGeneration behind, or updated < replicas).
+    pub rollout_in_progress: bool,
+    /// Another model of the same pool is being rolled now.
+    pub pool_busy: bool,
+    /// A PodDisruptionBudget covering the pods allows no disruption now.
+    pub disruption_blocked: bool,
+    /// Now (Unix ms).
+    pub now_ms: u64,
+}
+
+/// The roll rule's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollDecision {
+    /// Bump the template's hash annotation now.
+    Roll(RollReason),
+    /// Do not roll this round.
+    Hold(HoldReason),
+}
+
+/// Why a roll happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollReason {
+    /// Pods run with less than in force while vLLM preempts: grow now.
+    UrgentGrowth,
+    /// Pods run with less than in force, drifted for the whole window.
+    Grow,
+    /// Pods hold more than in force, drifted for the whole window: give it back.
+    Shrink,
+}
+
+/// Why no roll happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldReason {
+    /// `updateMode` is not `Recreate`.
+    ModeNotRecreate,
+    /// Nothing is in force yet.
+    NoRecommendation,
+    /// No pods run (new pods get the allocation at creation).
+    NoPods,
+    /// The pods' allocations are unknown: no judgement, never a shrink on missing data.
+    PodsUnknown,
+    /// Every pod is within the threshold.
+    InSync,
+    /// The drift has not lasted the stability window yet.
+    Settling,
+    /// The autoscaler is changing the replica count.
+    Scaling,
+    /// The workload is still rolling a previous template.
+    RolloutInProgress,
+    /// Another model of the pool is rolling.
+    PoolBusy,
+    /// A PodDisruptionBudget forbids a disruption now.
+    DisruptionBudget,
+    /// Rolling would leave fewer than `minReplicas` ready (or some replicas are not ready yet).
+    BelowMinReady,
+}
+
+impl RollReason {
+    /// A stable snake_case label.
+    pub fn label(self) -> &'static str {
+        match self {
+            RollReason::UrgentGrowth => "urgent_growth",
+            RollReason::Grow => "grow",
+            RollReason::Shrink => "shrink",
+        }
+    }
+}
+
+impl HoldReason {
+    /// A stable snake_case label.
+    pub fn label(self) -> &'static str {
+        match self {
+            HoldReason::ModeNotRecreate => "mode_not_recreate",
+            HoldReason::NoRecommendation => "no_recommendation",
+            HoldReason::NoPods => "no_pods",
+            HoldReason::PodsUnknown => "pods_unknown",
+            HoldReason::InSync => "in_sync",
+            HoldReason::Settling => "settling",
+            HoldReason::Scaling => "scaling",
+            HoldReason::RolloutInProgress => "rollout_in_progress",
+            HoldReason::PoolBusy => "pool_busy",
+            HoldReason::DisruptionBudget => "disruption_budget",
+            HoldReason::BelowMinReady => "below_min_ready",
+        }
+    }
+}
+
+/// Whether to roll the model's running pods now. See the module documentation for the rules.
+pub fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
+    use HoldReason as H;
+    if input.mode != UpdateMode::Recreate {
+        return RollDecision::Hold(H::ModeNotRecreate);
+    }
+    let Some(target) = input.in_force else {
+        return RollDecision::Hold(H::NoRecommendation);
+    };
+    if input.replicas <= 0 || input.pods.is_empty() {
+        return RollDecision::Hold(H::NoPods);
+    }
+    let d = drift(&target, &input.pods, cfg.drift_threshold);
+    match d {
+        Drift::Unknown => return RollDecision::Hold(H::PodsUnknown),
+        Drift::None => return RollDecision::Hold(H::InSync),
+        Drift::Grow | Drift::Shrink => {}
+    }
+    if input.desired_replicas != input.replicas {
+        return RollDecision::Hold(H::Scaling);
+    }
+    if input.rollout_in_progress {
+        return RollDecision::Hold(H::RolloutInProgress);
+    }
+    if input.pool_busy {
+        return RollDecision::Hold(H::PoolBusy);
+    }
+    if input.disruption_blocked {
+        return RollDecision::Hold(H::DisruptionBudget);
+    }
+    // Make-before-break: every replica ready first, and what the strategy takes down must leave minReplicas.
+    if input.ready_replicas < input.replicas
+        || input.ready_replicas - input.max_unavailable.max(0) < input.min_replicas
+    {
+        return RollDecision::Hold(H::BelowMinReady);
+    }
+    let window = u64::try_from(cfg.stability_window.as_millis()).unwrap_or(u64::MAX);
+    let lasted = input
+        .drift_since_ms
+        .is_some_and(|since| input.now_ms.saturating_sub(since) >= window);
+    match d {
+        Drift::Grow if input.preempting => RollDecision::Roll(RollReason::UrgentGrowth),
+        Drift::Grow if lasted => RollDecision::Roll(RollReason::Grow),
+        Drift::Shrink if lasted => RollDecision::Roll(RollReason::Shrink),
+        _ => RollDecision::Hold(H::Settling),
+    }
+}
+
+#[cfg(test)]
+mod tests;

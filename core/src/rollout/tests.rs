@@ -1,0 +1,212 @@
+#![allow(clippy::unwrap_used)]
+
+use proptest::prelude::*;
+
+use super::*;
+
+const MIN: u64 = 60_000;
+
+fn cfg() -> RolloutConfig {
+    RolloutConfig {
+        stability_window: Duration::from_secs(30 * 60),
+        ..RolloutConfig::default()
+    }
+}
+
+fn alloc(memory_mib: u64, compute_fraction: f64) -> Allocation {
+    Allocation {
+        memory_mib,
+        compute_fraction,
+    }
+}
+
+fn input(in_force: Allocation, pods: Vec<Option<Allocation>>) -> RollInput {
+    RollInput {
+        mode: UpdateMode::Recreate,
+        in_force: Some(in_force),
+        replicas: pods.len() as i32,
+        ready_replicas: pods.len() as i32,
+        desired_replicas: pods.len() as i32,
+        pods,
+        drift_since_ms: Some(0),
+        preempting: false,
+        min_replicas: 1,
+        max_unavailable: 0,
+        rollout_in_progress: false,
+        pool_busy: false,
+        disruption_blocked: false,
+        now_ms: 31 * MIN,
+    }
+}
+
+#[test]
+fn roll_a_shrink_waits_for_the_window_then_rolls() {
+    let mut i = input(alloc(20_000, 0.3), vec![Some(alloc(40_000, 0.3)); 2]);
+    i.drift_since_ms = Some(2 * MIN);
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::Settling));
+    i.now_ms = 32 * MIN;
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Roll(RollReason::Shrink));
+}
+
+#[test]
+fn roll_a_growth_that_prevents_preemptions_is_prompt() {
+    let mut i = input(alloc(40_000, 0.3), vec![Some(alloc(20_000, 0.3)); 2]);
+    i.drift_since_ms = Some(i.now_ms);
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::Settling));
+    i.preempting = true;
+    assert_eq!(
+        decide_roll(&i, &cfg()),
+        RollDecision::Roll(RollReason::UrgentGrowth)
+    );
+}
+
+#[test]
+fn roll_refused_while_the_workload_is_mid_rollout_or_scaling() {
+    let mut i = input(alloc(20_000, 0.3), vec![Some(alloc(40_000, 0.3)); 2]);
+    i.rollout_in_progress = true;
+    assert_eq!(
+        decide_roll(&i, &cfg()),
+        RollDecision::Hold(HoldReason::RolloutInProgress)
+    );
+    i.rollout_in_progress = false;
+    i.desired_replicas = 3;
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::Scaling));
+}
+
+#[test]
+fn roll_only_in_recreate_mode() {
+    for mode in [UpdateMode::Off, UpdateMode::Initial] {
+        let mut i = input(alloc(20_000, 0.3), vec![Some(alloc(40_000, 0.3)); 2]);
+        i.mode = mode;
+        assert_eq!(
+            decide_roll(&i, &cfg()),
+            RollDecision::Hold(HoldReason::ModeNotRecreate)
+        );
+    }
+}
+
+#[test]
+fn roll_in_sync_pods_are_left_alone() {
+    let i = input(alloc(20_000, 0.3), vec![Some(alloc(21_000, 0.31)); 2]);
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::InSync));
+}
+
+#[test]
+fn roll_a_candidate_comes_into_force_only_when_stable() {
+    let c = cfg();
+    let first = track(None, Some(alloc(30_000, 0.4)), 0, &c).unwrap();
+    // Small wobble: the clock keeps running.
+    let wobble = track(Some(&first), Some(alloc(30_500, 0.41)), 10 * MIN, &c).unwrap();
+    assert_eq!(wobble.since_ms, 0);
+    assert_eq!(
+        in_force(&Fixed::default(), Some(&wobble), None, false, 29 * MIN, &c).1,
+        InForceReason::NoRecommendation
+    );
+    let (f, why) = in_force(&Fixed::default(), Some(&wobble), None, false, 30 * MIN, &c);
+    assert_eq!((f, why), (Some(alloc(30_000, 0.4)), InForceReason::Stable));
+    // A real move restarts the clock; the previous allocation stays in force meanwhile.
+    let moved = track(Some(&wobble), Some(alloc(20_000, 0.4)), 31 * MIN, &c).unwrap();
+    assert_eq!(moved.since_ms, 31 * MIN);
+    let (f, why) = in_force(&Fixed::default(), Some(&moved), f, false, 40 * MIN, &c);
+    assert_eq!((f, why), (Some(alloc(30_000, 0.4)), InForceReason::Settling));
+}
+
+fn arb_alloc() -> impl Strategy<Value = Allocation> {
+    (1_000u64..80_000, 0.05f64..=1.0).prop_map(|(m, c)| alloc(m, c))
+}
+
+fn arb_input() -> impl Strategy<Value = RollInput> {
+    (
+        arb_alloc(),
+        prop::collection::vec(prop::option::of(arb_alloc()), 0..6),
+        (0i32..8, 0i32..8, 0i32..8, 0i32..4, 0i32..3),
+        prop::array::uniform4(any::<bool>()),
+        prop::option::of(0u64..120 * MIN),
+        0u64..120 * MIN,
+    )
+        .prop_map(
+            |(target, pods, (replicas, ready, desired, min, unavail), flags, since, now)| RollInput {
+                mode: UpdateMode::Recreate,
+                in_force: Some(target),
+                pods,
+                drift_since_ms: since,
+                preempting: flags[0],
+                replicas,
+                ready_replicas: ready.min(replicas),
+                desired_replicas: desired,
+                min_replicas: min,
+                max_unavailable: unavail,
+                rollout_in_progress: flags[1],
+                pool_busy: flags[2],
+                disruption_blocked: flags[3],
+                now_ms: now,
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn roll_never_below_min_replicas_ready(i in arb_input()) {
+        if let RollDecision::Roll(_) = decide_roll(&i, &cfg()) {
+            prop_assert!(i.ready_replicas == i.replicas);
+            prop_assert!(i.ready_replicas - i.max_unavailable >= i.min_replicas);
+        }
+    }
+
+    #[test]
+    fn roll_never_two_rolls_at_once(i in arb_input()) {
+        if let RollDecision::Roll(_) = decide_roll(&i, &cfg()) {
+            prop_assert!(!i.rollout_in_progress && !i.pool_busy && !i.disruption_blocked);
+            prop_assert_eq!(i.desired_replicas, i.replicas);
+        }
+    }
+
+    #[test]
+    fn roll_missing_data_never_causes_a_shrinking_roll(mut i in arb_input()) {
+        for p in &mut i.pods { *p = None; }
+        prop_assert!(matches!(decide_roll(&i, &cfg()), RollDecision::Hold(_)));
+        i.in_force = None;
+        prop_assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::NoRecommendation));
+    }
+
+    #[test]
+    fn roll_no_roll_without_a_stable_recommendation(
+        rec in arb_alloc(), pods in prop::collection::vec(arb_alloc(), 1..4), t in 0u64..30 * MIN,
+    ) {
+        let c = cfg();
+        let cand = track(None, Some(rec), 0, &c).unwrap();
+        let (force, _) = in_force(&Fixed::default(), Some(&cand), None, false, t, &c);
+        prop_assert_eq!(force, None);
+        let mut i = input(rec, pods.into_iter().map(Some).collect());
+        i.in_force = force;
+        prop_assert!(matches!(decide_roll(&i, &c), RollDecision::Hold(_)));
+    }
+
+    #[test]
+    fn roll_a_fixed_policy_value_always_wins(
+        rec in prop::option::of(arb_alloc()), prev in prop::option::of(arb_alloc()),
+        mem in prop::option::of(1_000u64..80_000), share in prop::option::of(0.05f64..=1.0),
+        preempting in any::<bool>(), t in 0u64..120 * MIN,
+    ) {
+        let c = cfg();
+        let fixed = Fixed { memory_mib: mem, compute_fraction: share };
+        let cand = track(None, rec, 0, &c);
+        let (force, _) = in_force(&fixed, cand.as_ref(), prev, preempting, t, &c);
+        if let Some(f) = force {
+            if let Some(m) = mem { prop_assert_eq!(f.memory_mib, m); }
+            if let Some(s) = share { prop_assert_eq!(f.compute_fraction, s); }
+        }
+        if mem.is_some() && share.is_some() { prop_assert!(force.is_some()); }
+    }
+
+    #[test]
+    fn roll_missing_recommendations_never_move_the_candidate(
+        rec in arb_alloc(), t0 in 0u64..MIN, gaps in prop::collection::vec(0u64..MIN, 0..20),
+    ) {
+        let c = cfg();
+        let mut cand = track(None, Some(rec), t0, &c);
+        let mut now = t0;
+        for g in gaps { now += g; cand = track(cand.as_ref(), None, now, &c); }
+        prop_assert_eq!(cand, Some(Candidate { alloc: rec, since_ms: t0 }));
+    }
+}
