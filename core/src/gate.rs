@@ -42,6 +42,8 @@ pub enum OpenReason {
     StartupTimeout,
     /// Another pod took the lease while this one was still loading (our renewals failed past the lease duration).
     LeaseLost,
+    /// The Kubernetes API could not be reached for too long: the gate fails open rather than block the pod.
+    ApiUnavailable,
 }
 
 impl OpenReason {
@@ -52,6 +54,7 @@ impl OpenReason {
             OpenReason::VllmReady => "vllm_ready",
             OpenReason::StartupTimeout => "startup_timeout",
             OpenReason::LeaseLost => "lease_lost",
+            OpenReason::ApiUnavailable => "api_unavailable",
         }
     }
 }

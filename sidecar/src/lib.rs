@@ -13,6 +13,7 @@
 pub mod agent;
 pub mod error;
 pub mod exporter;
+pub mod gate;
 pub mod gpu;
 pub mod scrape;
 pub mod server;

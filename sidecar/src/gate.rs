@@ -1,0 +1,459 @@
+//! The start-up gate's I/O: one `coordination.k8s.io/v1` Lease per shared GPU, so vLLM servers on that GPU start
+//! one at a time (the rule, and why, is in [`tessera_core::gate`]).
+//!
+//! The sidecar is a native sidecar: kubelet starts the vLLM container only after the sidecar's startup probe
+//! (`GET /startup`) passes, and it passes only while this pod holds the GPU's lease (or once the gate is open for
+//! good). The loop here reads the lease, asks the core rule what to do, writes with the `resourceVersion` it read
+//! (of two pods racing, exactly one wins), renews while vLLM loads, and releases as soon as vLLM answers
+//! `/health` or the start-up timeout passes.
+//!
+//! Waiting is visible: a waiting pod adds itself to the lease's `tessera.dev/startup-waiting` annotation
+//! (`kubectl describe lease -n POOL tessera-startup-…` shows who holds the GPU, since when, and who waits), its
+//! `/startup` answers 503 with the holder, and it logs the holder once per change.
+//!
+//! It fails open: if the Kubernetes API cannot be reached for `--gate-api-timeout`, the gate opens (the pod
+//! starts as it would without Tessera) and says so — never a pod blocked by Tessera being down.
+//!
+//! RBAC: get, create and update on `leases` in the gate's namespace — nothing else.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde::Serialize;
+use tessera_core::gate::{self, Action, OpenReason, Phase};
+use tessera_core::lease::LeaseObservation;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// The annotation on the lease listing the pods waiting for it (JSON object: pod → Unix ms since it waits).
+pub const WAITING_ANNOTATION: &str = "tessera.dev/startup-waiting";
+/// At most this many waiters are listed (the annotation stays small whatever happens).
+const MAX_WAITERS: usize = 32;
+/// A waiter entry older than this is dropped (its pod is most likely gone).
+const WAITER_TTL_MS: u64 = 3_600_000;
+
+/// The gate's flags (part of `tessera sidecar`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct GateArgs {
+    /// UUID of the shared GPU this pod was placed on (set by the webhook in fractional mode). Without it the pod
+    /// has a whole GPU (or none) and the gate is open from the start.
+    #[arg(long, env = "TESSERA_GPU_UUID")]
+    pub gpu_uuid: Option<String>,
+    /// Namespace of the GPU start-up leases: the GPU pool's namespace, shared by every tenant of the GPU.
+    #[arg(long, env = "TESSERA_GATE_NAMESPACE", default_value = "tessera-system")]
+    pub gate_namespace: String,
+    /// This pod's name (downward API), written as the lease holder `namespace/name`.
+    #[arg(long, env = "TESSERA_POD_NAME", default_value = "")]
+    pub pod_name: String,
+    /// This pod's namespace (downward API).
+    #[arg(long, env = "TESSERA_POD_NAMESPACE", default_value = "")]
+    pub pod_namespace: String,
+    /// Release the lease after this long even if vLLM never became ready, so a broken server cannot block the GPU.
+    #[arg(long, env = "TESSERA_STARTUP_TIMEOUT", default_value = "20m", value_parser = humantime::parse_duration)]
+    pub startup_timeout: Duration,
+    /// How long the lease lives without renewal: a holder killed with SIGKILL loses it after this long.
+    #[arg(long, env = "TESSERA_GATE_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub gate_lease_duration: Duration,
+    /// How often the lease is read, taken or renewed.
+    #[arg(long, env = "TESSERA_GATE_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub gate_retry_period: Duration,
+    /// Fail open: if the Kubernetes API cannot be reached for this long, open the gate and let vLLM start.
+    #[arg(long, env = "TESSERA_GATE_API_TIMEOUT", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub gate_api_timeout: Duration,
+}
+
+impl GateArgs {
+    /// The lease name for this pod's GPU, or `None` when the pod does not share a GPU.
+    pub fn lease_name(&self) -> Option<String> {
+        self.gpu_uuid.as_deref().filter(|u| !u.is_empty()).map(lease_name)
+    }
+
+    /// The identity written as holder.
+    pub fn identity(&self) -> String {
+        format!("{}/{}", self.pod_namespace, self.pod_name)
+    }
+}
+
+/// `tessera-startup-<uuid>`, lower-cased with anything outside `[a-z0-9-]` replaced, cut to a valid object name.
+pub fn lease_name(gpu_uuid: &str) -> String {
+    let clean: String = gpu_uuid
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut name = format!("tessera-startup-{}", clean.trim_matches('-'));
+    name.truncate(253);
+    name
+}
+
+/// What `/startup` reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GateStatus {
+    /// `waiting`, `holding` or `open`.
+    pub state: &'static str,
+    /// Why the gate is open (`not_shared`, `vllm_ready`, `startup_timeout`, `lease_lost`, `api_unavailable`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    /// The lease this pod uses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
+    /// Who holds the GPU's lease while we wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Since when (Unix ms) we wait or hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since_unix_ms: Option<u64>,
+}
+
+impl GateStatus {
+    /// Whether the startup probe passes.
+    pub fn passes(&self) -> bool {
+        self.state != "waiting"
+    }
+
+    fn of(phase: &Phase, lease: Option<&str>, holder: Option<&str>) -> GateStatus {
+        let (state, reason, since) = match phase {
+            Phase::Waiting { since_ms } => ("waiting", None, Some(*since_ms)),
+            Phase::Holding { since_ms } => ("holding", None, Some(*since_ms)),
+            Phase::Open(r) => ("open", Some(r.label()), None),
+        };
+        GateStatus {
+            state,
+            reason,
+            lease: lease.map(str::to_owned),
+            holder: holder.map(str::to_owned),
+            since_unix_ms: since,
+        }
+    }
+}
+
+/// The gate's current status, shared with the HTTP server.
+pub type SharedGate = Arc<Mutex<GateStatus>>;
+
+/// A gate that is open from the start (the pod does not share its GPU).
+pub fn open_gate() -> SharedGate {
+    Arc::new(Mutex::new(GateStatus::of(
+        &Phase::Open(OpenReason::NotShared),
+        None,
+        None,
+    )))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn micro_time(unix_ms: u64) -> MicroTime {
+    let ts = i64::try_from(unix_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    MicroTime(ts)
+}
+
+/// Reads the waiters annotation, drops stale entries and `me`, and (when `add`) lists `me` since `since_ms`.
+/// Returns the new JSON, or `None` when nothing changes.
+fn waiters_with(lease: &Lease, me: &str, add: Option<u64>, now: u64) -> Option<String> {
+    let raw = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(WAITING_ANNOTATION));
+    let before: BTreeMap<String, u64> = raw.and_then(|r| serde_json::from_str(r).ok()).unwrap_or_default();
+    let mut after: BTreeMap<String, u64> = before
+        .iter()
+        .filter(|(pod, since)| pod.as_str() != me && now.saturating_sub(**since) < WAITER_TTL_MS)
+        .map(|(p, s)| (p.clone(), *s))
+        .collect();
+    if let Some(since) = add {
+        after.insert(me.to_owned(), since);
+    }
+    while after.len() > MAX_WAITERS {
+        // Drop the oldest entry: the pods most likely gone.
+        let oldest = after.iter().min_by_key(|(_, s)| **s).map(|(p, _)| p.clone());
+        match oldest {
+            Some(p) => after.remove(&p),
+            None => break,
+        };
+    }
+    (after != before).then(|| serde_json::to_string(&after).unwrap_or_else(|_| "{}".into()))
+}
+
+/// One write of the gate's lease. Returns `Ok(true)` when it landed, `Ok(false)` on a 409 (someone else wrote).
+async fn write(
+    api: &Api<Lease>,
+    name: &str,
+    current: Option<Lease>,
+    action: &Action,
+    me: &str,
+    duration: Duration,
+    now: u64,
+) -> Result<bool, kube::Error> {
+    let secs = i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let result = match (action, current) {
+        (Action::Create, _) => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.to_owned()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me.to_owned()),
+                    lease_duration_seconds: Some(secs),
+                    acquire_time: Some(micro_time(now)),
+                    renew_time: Some(micro_time(now)),
+                    lease_transitions: Some(0),
+                    ..LeaseSpec::default()
+                }),
+            };
+            api.create(&PostParams::default(), &lease).await
+        }
+        (Action::Acquire | Action::Renew, Some(mut lease)) => {
+            if let Some(w) = waiters_with(&lease, me, None, now) {
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(WAITING_ANNOTATION.into(), w);
+            }
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            if matches!(action, Action::Acquire) {
+                spec.holder_identity = Some(me.to_owned());
+                spec.acquire_time = Some(micro_time(now));
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+            }
+            spec.renew_time = Some(micro_time(now));
+            spec.lease_duration_seconds = Some(secs);
+            api.replace(name, &PostParams::default(), &lease).await
+        }
+        (Action::Release(_), Some(mut lease)) => {
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            if spec.holder_identity.as_deref() != Some(me) {
+                return Ok(true);
+            }
+            // Cleared holder + 1 s duration: the next pod takes it at its next read, not after the full duration.
+            spec.holder_identity = None;
+            spec.lease_duration_seconds = Some(1);
+            api.replace(name, &PostParams::default(), &lease).await
+        }
+        (Action::Wait { .. }, Some(mut lease)) => {
+            let Some(w) = waiters_with(&lease, me, Some(now), now).filter(|_| {
+                // Only add ourselves once; an existing entry keeps its original time.
+                !lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(WAITING_ANNOTATION))
+                    .is_some_and(|r| r.contains(&format!("\"{me}\"")))
+            }) else {
+                return Ok(true);
+            };
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(WAITING_ANNOTATION.into(), w);
+            api.replace(name, &PostParams::default(), &lease).await
+        }
+        _ => return Ok(true),
+    };
+    match result {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether vLLM answers `/health` (within a short timeout).
+async fn vllm_healthy(http: &reqwest::Client, url: &str) -> bool {
+    matches!(http.get(url).send().await, Ok(r) if r.status().is_success())
+}
+
+/// Runs the gate until it opens for good (then returns, the status staying open) or `shutdown` fires (then a held
+/// lease is released so the next pod starts at once — a pod deleted while loading does not block its GPU).
+pub async fn run(
+    api: Api<Lease>,
+    args: GateArgs,
+    vllm_health_url: String,
+    status: SharedGate,
+    shutdown: CancellationToken,
+) {
+    let Some(name) = args.lease_name() else {
+        set(
+            &status,
+            GateStatus::of(&Phase::Open(OpenReason::NotShared), None, None),
+        );
+        return;
+    };
+    let me = args.identity();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap_or_default();
+    let mut phase = Phase::Waiting { since_ms: now_ms() };
+    let mut observed: Option<LeaseObservation> = None;
+    let mut last_api_ok = now_ms();
+    let mut last_holder: Option<String> = None;
+    set(&status, GateStatus::of(&phase, Some(&name), None));
+    info!(lease = %name, namespace = %args.gate_namespace, identity = %me, "start-up gate: waiting for the GPU's lease");
+    loop {
+        let now = now_ms();
+        let read = tokio::time::timeout(
+            args.gate_retry_period.max(Duration::from_secs(1)) * 2,
+            api.get_opt(&name),
+        )
+        .await;
+        let current = match read {
+            Ok(Ok(lease)) => {
+                last_api_ok = now;
+                lease
+            }
+            Ok(Err(e)) => {
+                warn!(error = %e, lease = %name, "start-up gate: cannot read the lease");
+                if fail_open(&status, &phase, &name, now, last_api_ok, args.gate_api_timeout) {
+                    return;
+                }
+                if sleep_or_stop(args.gate_retry_period, &shutdown).await {
+                    release_on_stop(&api, &name, &phase, &me, args.gate_lease_duration).await;
+                    return;
+                }
+                continue;
+            }
+            Err(_) => {
+                warn!(lease = %name, "start-up gate: the API did not answer in time");
+                if fail_open(&status, &phase, &name, now, last_api_ok, args.gate_api_timeout) {
+                    return;
+                }
+                continue;
+            }
+        };
+        observed = current.as_ref().map(|l| {
+            let spec = l.spec.clone().unwrap_or_default();
+            LeaseObservation::observe(
+                observed.as_ref(),
+                spec.holder_identity,
+                Duration::from_secs(
+                    spec.lease_duration_seconds
+                        .and_then(|s| u64::try_from(s).ok())
+                        .unwrap_or(args.gate_lease_duration.as_secs()),
+                ),
+                l.metadata.resource_version.clone().unwrap_or_default(),
+                now,
+            )
+        });
+        let ready = matches!(phase, Phase::Holding { .. }) && vllm_healthy(&http, &vllm_health_url).await;
+        let action = gate::step(&phase, observed.as_ref(), &me, ready, now, args.startup_timeout);
+        let holder = match &action {
+            Action::Wait { holder, .. } | Action::Lost { holder } => Some(holder.clone()),
+            _ => None,
+        };
+        if holder != last_holder {
+            if let Some(h) = &holder {
+                info!(lease = %name, holder = %h, "start-up gate: another pod is starting on this GPU; waiting");
+            }
+            last_holder = holder.clone();
+        }
+        match write(&api, &name, current, &action, &me, args.gate_lease_duration, now).await {
+            Ok(true) => {
+                let next = gate::after(&phase, &action, now);
+                if next != phase {
+                    match &next {
+                        Phase::Holding { .. } => {
+                            info!(lease = %name, "start-up gate: holding the GPU's lease; vLLM may start")
+                        }
+                        Phase::Open(r) => {
+                            info!(lease = %name, reason = r.label(), "start-up gate: released the GPU's lease")
+                        }
+                        Phase::Waiting { .. } => {}
+                    }
+                }
+                phase = next;
+            }
+            Ok(false) => {} // Lost a race: read again next round.
+            Err(e) => warn!(error = %e, lease = %name, "start-up gate: lease write failed"),
+        }
+        set(&status, GateStatus::of(&phase, Some(&name), holder.as_deref()));
+        if matches!(phase, Phase::Open(_)) {
+            return;
+        }
+        if sleep_or_stop(args.gate_retry_period, &shutdown).await {
+            release_on_stop(&api, &name, &phase, &me, args.gate_lease_duration).await;
+            return;
+        }
+    }
+}
+
+fn set(status: &SharedGate, s: GateStatus) {
+    if let Ok(mut g) = status.lock() {
+        *g = s;
+    }
+}
+
+fn fail_open(
+    status: &SharedGate,
+    phase: &Phase,
+    name: &str,
+    now: u64,
+    last_ok: u64,
+    limit: Duration,
+) -> bool {
+    if now.saturating_sub(last_ok) < u64::try_from(limit.as_millis()).unwrap_or(u64::MAX) {
+        return false;
+    }
+    warn!(lease = %name, "start-up gate: the Kubernetes API has been unreachable too long; opening the gate (fail open)");
+    let holding = matches!(phase, Phase::Holding { .. });
+    tracing::debug!(holding, "gate opened while the API is down");
+    set(
+        status,
+        GateStatus::of(&Phase::Open(OpenReason::ApiUnavailable), Some(name), None),
+    );
+    true
+}
+
+/// Sleeps `d`; true when `shutdown` fired first.
+async fn sleep_or_stop(d: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = shutdown.cancelled() => true,
+    }
+}
+
+async fn release_on_stop(api: &Api<Lease>, name: &str, phase: &Phase, me: &str, duration: Duration) {
+    if !matches!(phase, Phase::Holding { .. }) {
+        return;
+    }
+    let now = now_ms();
+    let current = match tokio::time::timeout(Duration::from_secs(2), api.get_opt(name)).await {
+        Ok(Ok(l)) => l,
+        _ => return,
+    };
+    let action = Action::Release(OpenReason::VllmReady);
+    match tokio::time::timeout(
+        Duration::from_secs(2),
+        write(api, name, current, &action, me, duration, now),
+    )
+    .await
+    {
+        Ok(Ok(_)) => info!(lease = %name, "start-up gate: released the GPU's lease on shutdown"),
+        _ => {
+            warn!(lease = %name, "start-up gate: could not release the lease on shutdown; it expires by itself")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
