@@ -139,6 +139,18 @@ impl GateStatus {
     }
 }
 
+impl GateStatus {
+    /// Waiting for `lease` (before the first read).
+    pub fn waiting(lease: Option<String>) -> GateStatus {
+        GateStatus::of(&Phase::Waiting { since_ms: now_ms() }, lease.as_deref(), None)
+    }
+
+    /// Open because the API cannot be reached (fail open).
+    pub fn api_unavailable(lease: Option<String>) -> GateStatus {
+        GateStatus::of(&Phase::Open(OpenReason::ApiUnavailable), lease.as_deref(), None)
+    }
+}
+
 /// The gate's current status, shared with the HTTP server.
 pub type SharedGate = Arc<Mutex<GateStatus>>;
 

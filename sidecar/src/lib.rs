@@ -103,6 +103,9 @@ pub struct Args {
     /// streaming speed. Combined with --ttft-slo, the objective needing the larger share wins.
     #[arg(long, env = "TESSERA_ITL_SLO", value_parser = humantime::parse_duration)]
     pub itl_slo: Option<Duration>,
+    /// The per-GPU start-up gate (fractional pods only).
+    #[command(flatten)]
+    pub gate: gate::GateArgs,
 }
 
 impl Args {
@@ -164,6 +167,8 @@ pub struct Shared {
     pub state: Mutex<state::State>,
     /// The registry.
     pub exporter: Mutex<exporter::Exporter>,
+    /// The start-up gate's status (`/startup`).
+    pub gate: gate::SharedGate,
 }
 
 fn unix_now() -> f64 {
@@ -204,6 +209,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         state: Mutex::new(state::State::new(settings)),
         exporter: Mutex::new(exporter::Exporter::new()),
+        gate: gate::open_gate(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -219,6 +225,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.scrape_interval,
         shutdown.clone(),
     ));
+    let gate_task = start_gate(&args, shared.gate.clone(), shutdown.clone()).await;
     let signal = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -229,8 +236,44 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .context("serving HTTP")?;
     shutdown.cancel();
     loop_task.await.context("scrape loop")?;
+    if let Some(t) = gate_task {
+        // The gate releases a held lease on shutdown; wait for it so the next pod on the GPU starts at once.
+        let _ = t.await;
+    }
     tracing::info!("tessera sidecar stopped");
     Ok(())
+}
+
+/// Starts the start-up gate when this pod shares a GPU. Without a Kubernetes client the gate fails open: the pod
+/// starts as it would without Tessera, and the log says why.
+async fn start_gate(
+    args: &Args,
+    status: gate::SharedGate,
+    shutdown: CancellationToken,
+) -> Option<tokio::task::JoinHandle<()>> {
+    args.gate.lease_name()?;
+    if let Ok(mut s) = status.lock() {
+        *s = gate::GateStatus::waiting(args.gate.lease_name());
+    }
+    let client = match kube::Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "start-up gate: no Kubernetes client; opening the gate (fail open)");
+            if let Ok(mut s) = status.lock() {
+                *s = gate::GateStatus::api_unavailable(args.gate.lease_name());
+            }
+            return None;
+        }
+    };
+    let api = kube::Api::namespaced(client, &args.gate.gate_namespace);
+    let health = format!("{}/health", args.vllm_url.trim_end_matches('/'));
+    Some(tokio::spawn(gate::run(
+        api,
+        args.gate.clone(),
+        health,
+        status,
+        shutdown,
+    )))
 }
 
 async fn wait_for_signal() {

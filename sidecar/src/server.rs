@@ -1,4 +1,4 @@
-//! The sidecar's HTTP endpoints (axum): `/metrics`, `/v1/status`, `/live`, `/ready`.
+//! The sidecar's HTTP endpoints (axum): `/metrics`, `/v1/status`, `/live`, `/ready`, `/startup` (the start-up gate).
 
 use crate::Shared;
 use axum::Router;
@@ -16,6 +16,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/status", get(status))
         .route("/live", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
+        .route("/startup", get(startup))
         .with_state(shared)
 }
 
@@ -71,4 +72,18 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
         )
             .into_response()
     }
+}
+
+/// The startup probe: passes only while this pod holds its GPU's start-up lease, or once the gate is open for
+/// good (whole GPU, vLLM ready, timeout). While waiting it answers 503 with who holds the GPU.
+async fn startup(State(shared): State<Arc<Shared>>) -> Response {
+    let Ok(gate) = shared.gate.lock() else {
+        return internal("gate lock poisoned");
+    };
+    let code = if gate.passes() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, axum::Json(gate.clone())).into_response()
 }
