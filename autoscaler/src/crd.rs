@@ -338,6 +338,56 @@ pub struct InferenceAutoscalerStatus {
     /// The GPU memory and compute the replicas need, from their sidecars.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recommendation: Option<RecommendationStatus>,
+    /// The allocation in force (what the webhook gives new pods under `updateMode: Initial`/`Recreate`), the
+    /// candidate settling towards it, and the last roll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<AllocationStatus>,
+}
+
+/// One replica's GPU allocation, as written in status.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationValues {
+    /// GPU memory per replica, MiB.
+    #[serde(rename = "gpuMemoryMiB")]
+    pub gpu_memory_mib: i64,
+    /// Compute share per replica, 0–1.
+    pub compute_fraction: f64,
+    /// `--kv-cache-memory-bytes` for vLLM, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory_bytes: Option<i64>,
+    /// `--gpu-memory-utilization` for vLLM, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_utilization: Option<f64>,
+}
+
+/// What is in force, what is settling, and the last roll (`gpu.updateMode`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationStatus {
+    /// The allocation new pods get; absent while nothing is in force (no stable recommendation, nothing fixed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_force: Option<AllocationValues>,
+    /// Why it is in force (`stable`, `urgent_growth`, `policy_fixed`, `settling`, `no_recommendation`).
+    pub reason: String,
+    /// The latest recommendation and since when it has been stable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<AllocationValues>,
+    /// When the candidate last moved by more than the tolerance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_since: Option<Time>,
+    /// Since when running pods have drifted from the allocation in force (`Recreate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_since: Option<Time>,
+    /// The hash written on the pod template by the last roll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    /// When the last roll started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_roll_time: Option<Time>,
+    /// Why the last roll happened, or why the controller holds (`roll_*` / `hold_*` labels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roll_reason: Option<String>,
 }
 
 /// One signal's state.

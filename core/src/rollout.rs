@@ -35,9 +35,24 @@ pub struct Allocation {
     pub memory_mib: u64,
     /// Share of the GPU's compute, in (0, 1].
     pub compute_fraction: f64,
+    /// vLLM's `--kv-cache-memory-bytes` that goes with it, when known (carried along; drift is judged on memory
+    /// and compute).
+    pub kv_cache_memory_bytes: Option<u64>,
+    /// The equivalent `--gpu-memory-utilization`, when known.
+    pub gpu_memory_utilization: Option<f64>,
 }
 
 impl Allocation {
+    /// An allocation of `memory_mib` and `compute_fraction`, with no vLLM figures attached.
+    pub fn new(memory_mib: u64, compute_fraction: f64) -> Allocation {
+        Allocation {
+            memory_mib,
+            compute_fraction,
+            kv_cache_memory_bytes: None,
+            gpu_memory_utilization: None,
+        }
+    }
+
     /// The largest relative difference between two allocations over memory and compute (0.15 = 15%).
     pub fn relative_drift(&self, from: &Allocation) -> f64 {
         let rel = |a: f64, b: f64| {
@@ -69,15 +84,13 @@ impl Fixed {
         Allocation {
             memory_mib: self.memory_mib.unwrap_or(alloc.memory_mib),
             compute_fraction: self.compute_fraction.unwrap_or(alloc.compute_fraction),
+            ..alloc
         }
     }
 
     /// The allocation when the policy fixes both fields, whatever the recommendation says.
     pub fn complete(&self) -> Option<Allocation> {
-        Some(Allocation {
-            memory_mib: self.memory_mib?,
-            compute_fraction: self.compute_fraction?,
-        })
+        Some(Allocation::new(self.memory_mib?, self.compute_fraction?))
     }
 }
 

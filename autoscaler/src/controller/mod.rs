@@ -20,6 +20,7 @@
 
 pub mod metrics;
 pub mod reconcile;
+pub mod rollout;
 pub mod signals;
 pub mod status;
 

@@ -14,10 +14,7 @@ fn cfg() -> RolloutConfig {
 }
 
 fn alloc(memory_mib: u64, compute_fraction: f64) -> Allocation {
-    Allocation {
-        memory_mib,
-        compute_fraction,
-    }
+    Allocation::new(memory_mib, compute_fraction)
 }
 
 fn input(in_force: Allocation, pods: Vec<Option<Allocation>>) -> RollInput {

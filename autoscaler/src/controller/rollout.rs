@@ -1,0 +1,459 @@
+//! `gpu.updateMode` in the controller: which allocation is in force (status.allocation, read by the webhook at pod
+//! creation), and, under `Recreate`, rolling running pods onto it.
+//!
+//! The rules are pure and live in [`tessera_core::rollout`]; this module gathers their inputs from the cluster and
+//! applies the answer:
+//! - **in force**: folded every reconcile from the fresh recommendation and the previous status (so a restart or a
+//!   new leader loses nothing: the candidate's clock is in status);
+//! - **roll**: a merge patch of [`TEMPLATE_HASH_ANNOTATION`] on the workload's pod template, carrying the
+//!   workload's `resourceVersion` (a 409 Conflict re-reads and decides again). The Deployment or StatefulSet
+//!   controller then replaces pods with its own strategy — surge first where the strategy allows — and the webhook
+//!   gives each new pod the allocation in force. Each roll is an Event with before/after and the reason, and the
+//!   `AllocationInSync` condition says what is happening.
+//!
+//! RBAC this needs: `get`/`patch` on the scaled kinds (deployments, statefulsets) and `list` on
+//! poddisruptionbudgets, in the model's namespace.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::Value;
+use tessera_core::rollout::{
+    self, Allocation, Candidate, Fixed, HoldReason, RollDecision, RollInput, RolloutConfig, UpdateMode,
+};
+use tracing::{debug, info, warn};
+
+use crate::crd::{AllocationStatus, AllocationValues, GpuSpec, RecommendationStatus};
+
+/// Pod-template annotation whose change makes the workload controller roll its pods onto the allocation in force.
+pub const TEMPLATE_HASH_ANNOTATION: &str = "tessera.dev/allocation-hash";
+/// Pod annotation (written by the webhook): GPU memory the pod runs with, MiB.
+pub const POD_MEMORY_ANNOTATION: &str = "tessera.dev/gpu-memory";
+/// Pod annotation (written by the webhook): compute share the pod runs with.
+pub const POD_COMPUTE_ANNOTATION: &str = "tessera.dev/gpu-compute-fraction";
+/// The status condition that reports the roll state.
+pub const ALLOCATION_IN_SYNC: &str = "AllocationInSync";
+
+/// Models being rolled, by pool key, so that one pool rolls one model at a time (held by the leader only).
+#[derive(Debug, Default)]
+pub struct Rolling(Mutex<HashMap<String, String>>);
+
+impl Rolling {
+    /// Whether another model than `model` is rolling in `pool`.
+    pub fn busy_for(&self, pool: &str, model: &str) -> bool {
+        self.0
+            .lock()
+            .map(|m| m.get(pool).is_some_and(|other| other != model))
+            .unwrap_or(true)
+    }
+
+    /// Records that `model` rolls (`true`) or finished (`false`) in `pool`.
+    pub fn set(&self, pool: &str, model: &str, rolling: bool) {
+        if let Ok(mut m) = self.0.lock() {
+            if rolling {
+                m.insert(pool.to_owned(), model.to_owned());
+            } else if m.get(pool).is_some_and(|o| o == model) {
+                m.remove(pool);
+            }
+        }
+    }
+}
+
+/// The pool key for the one-roll-at-a-time rule: fractional models share GPUs (their pods move between capacity
+/// pods), so they roll one at a time; a whole-GPU model rolls on its own.
+pub fn pool_key(gpu: &GpuSpec, model_key: &str) -> String {
+    match gpu.sharing {
+        crate::crd::Sharing::Fractional => "fractional".to_owned(),
+        crate::crd::Sharing::Whole => format!("whole:{model_key}"),
+    }
+}
+
+/// The core's update mode for the CRD's.
+pub fn mode(gpu: &GpuSpec) -> UpdateMode {
+    match gpu.update_mode {
+        crate::crd::UpdateMode::Off => UpdateMode::Off,
+        crate::crd::UpdateMode::Initial => UpdateMode::Initial,
+        crate::crd::UpdateMode::Recreate => UpdateMode::Recreate,
+    }
+}
+
+/// Values the policy fixes (`gpu.memory: <MiB>`, `gpu.computeFraction: "<f>"`).
+pub fn fixed(gpu: &GpuSpec) -> Fixed {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    Fixed {
+        memory_mib: match &gpu.memory {
+            Some(IntOrString::Int(m)) => u64::try_from(*m).ok().filter(|m| *m > 0),
+            Some(IntOrString::String(s)) => s.parse::<u64>().ok().filter(|m| *m > 0),
+            None => None,
+        },
+        compute_fraction: gpu
+            .compute_fraction
+            .as_deref()
+            .and_then(|s| s.parse::<f64>().ok())
+            .filter(|f| *f > 0.0 && *f <= 1.0),
+    }
+}
+
+fn to_values(a: &Allocation) -> AllocationValues {
+    AllocationValues {
+        gpu_memory_mib: i64::try_from(a.memory_mib).unwrap_or(i64::MAX),
+        compute_fraction: a.compute_fraction,
+        kv_cache_memory_bytes: a.kv_cache_memory_bytes.and_then(|b| i64::try_from(b).ok()),
+        gpu_memory_utilization: a.gpu_memory_utilization,
+    }
+}
+
+fn from_values(v: &AllocationValues) -> Allocation {
+    Allocation {
+        memory_mib: u64::try_from(v.gpu_memory_mib).unwrap_or(0),
+        compute_fraction: v.compute_fraction,
+        kv_cache_memory_bytes: v.kv_cache_memory_bytes.and_then(|b| u64::try_from(b).ok()),
+        gpu_memory_utilization: v.gpu_memory_utilization,
+    }
+}
+
+/// The recommendation as an allocation, when it has both memory and compute.
+pub fn recommended(rec: Option<&RecommendationStatus>) -> Option<Allocation> {
+    let rec = rec?;
+    Some(Allocation {
+        memory_mib: u64::try_from(rec.gpu_memory_mib?).ok()?,
+        compute_fraction: rec.compute_fraction?,
+        kv_cache_memory_bytes: rec.kv_cache_memory_bytes.and_then(|b| u64::try_from(b).ok()),
+        gpu_memory_utilization: rec.gpu_memory_utilization,
+    })
+}
+
+fn time_ms(t: &Time) -> u64 {
+    u64::try_from(t.0.as_millisecond()).unwrap_or(0)
+}
+
+fn ms_time(ms: u64) -> Option<Time> {
+    i64::try_from(ms)
+        .ok()
+        .and_then(|m| k8s_openapi::jiff::Timestamp::from_millisecond(m).ok())
+        .map(Time)
+}
+
+/// Folds this reconcile's recommendation into the allocation status (pure; see [`tessera_core::rollout`]).
+/// `recommendation` must be `None` when no fresh one exists: missing data keeps everything as it was.
+pub fn next_allocation(
+    previous: Option<&AllocationStatus>,
+    recommendation: Option<&RecommendationStatus>,
+    gpu: &GpuSpec,
+    preempting: bool,
+    now_ms: u64,
+    cfg: &RolloutConfig,
+) -> AllocationStatus {
+    let prev_candidate = previous.and_then(|p| {
+        Some(Candidate {
+            alloc: from_values(p.candidate.as_ref()?),
+            since_ms: time_ms(p.candidate_since.as_ref()?),
+        })
+    });
+    let candidate = rollout::track(prev_candidate.as_ref(), recommended(recommendation), now_ms, cfg);
+    let prev_in_force = previous.and_then(|p| p.in_force.as_ref()).map(from_values);
+    let (force, why) = rollout::in_force(
+        &fixed(gpu),
+        candidate.as_ref(),
+        prev_in_force,
+        preempting,
+        now_ms,
+        cfg,
+    );
+    AllocationStatus {
+        in_force: force.as_ref().map(to_values),
+        reason: why.label().to_owned(),
+        candidate: candidate.as_ref().map(|c| to_values(&c.alloc)),
+        candidate_since: candidate.and_then(|c| ms_time(c.since_ms)),
+        drift_since: previous.and_then(|p| p.drift_since.clone()),
+        template_hash: previous.and_then(|p| p.template_hash.clone()),
+        last_roll_time: previous.and_then(|p| p.last_roll_time.clone()),
+        roll_reason: previous.and_then(|p| p.roll_reason.clone()),
+    }
+}
+
+/// A pod's allocation from the annotations the webhook wrote; `None` when either is missing or unreadable.
+pub fn pod_allocation(pod: &Pod) -> Option<Allocation> {
+    let a = pod.metadata.annotations.as_ref()?;
+    let memory = a.get(POD_MEMORY_ANNOTATION)?.trim().parse::<u64>().ok()?;
+    let compute = a.get(POD_COMPUTE_ANNOTATION)?.trim().parse::<f64>().ok()?;
+    Some(Allocation::new(memory, compute))
+}
+
+/// What the roll rule needs from the workload object (a Deployment or StatefulSet as read through the API).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct WorkloadFacts {
+    /// A previous template is still being rolled out.
+    pub rollout_in_progress: bool,
+    /// Ready pods the strategy may take down at once.
+    pub max_unavailable: i32,
+    /// The pod template's labels (to find PodDisruptionBudgets).
+    pub template_labels: std::collections::BTreeMap<String, String>,
+    /// The template's current [`TEMPLATE_HASH_ANNOTATION`].
+    pub template_hash: Option<String>,
+}
+
+/// Reads the rollout state and strategy from a Deployment or StatefulSet (other kinds: no rollout known, one pod at
+/// a time).
+pub fn workload_facts(obj: &DynamicObject, kind: &str) -> WorkloadFacts {
+    let d = &obj.data;
+    let int = |v: &Value| v.as_i64().and_then(|i| i32::try_from(i).ok());
+    let replicas = int(&d["spec"]["replicas"]).unwrap_or(1);
+    let generation = obj.metadata.generation;
+    let observed = d["status"]["observedGeneration"].as_i64();
+    let updated = int(&d["status"]["updatedReplicas"]).unwrap_or(0);
+    let total = int(&d["status"]["replicas"]).unwrap_or(0);
+    let mut in_progress = generation.is_some() && observed.is_some() && generation != observed;
+    in_progress |= updated < replicas || total > updated;
+    let max_unavailable = match kind {
+        "StatefulSet" => {
+            let cur = d["status"]["currentRevision"].as_str();
+            let upd = d["status"]["updateRevision"].as_str();
+            in_progress |= cur.is_some() && upd.is_some() && cur != upd;
+            resolve(
+                &d["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+                replicas,
+                false,
+            )
+            .unwrap_or(1)
+        }
+        "Deployment" => match d["spec"]["strategy"]["type"].as_str() {
+            Some("Recreate") => replicas,
+            _ => resolve(
+                &d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+                replicas,
+                false,
+            )
+            // Kubernetes' default: 25%, rounded down.
+            .unwrap_or(replicas / 4),
+        },
+        _ => 1,
+    };
+    let template_labels = d["spec"]["template"]["metadata"]["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let template_hash = d["spec"]["template"]["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
+        .as_str()
+        .map(str::to_owned);
+    WorkloadFacts {
+        rollout_in_progress: in_progress,
+        max_unavailable,
+        template_labels,
+        template_hash,
+    }
+}
+
+/// An int-or-percent of `replicas` (rounded up when `round_up`, else down), as Kubernetes resolves
+/// `maxSurge`/`maxUnavailable`.
+fn resolve(v: &Value, replicas: i32, round_up: bool) -> Option<i32> {
+    if let Some(i) = v.as_i64() {
+        return i32::try_from(i).ok();
+    }
+    let pct = v.as_str()?.strip_suffix('%')?.parse::<f64>().ok()?;
+    let x = f64::from(replicas) * pct / 100.0;
+    Some(if round_up { x.ceil() } else { x.floor() } as i32)
+}
+
+/// Whether a PodDisruptionBudget selecting these labels allows no disruption now.
+pub fn disruption_blocked(
+    pdbs: &[PodDisruptionBudget],
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    pdbs.iter().any(|pdb| {
+        let selects = pdb
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .and_then(|sel| sel.match_labels.as_ref())
+            .is_some_and(|ml| !ml.is_empty() && ml.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        selects && pdb.status.as_ref().is_some_and(|s| s.disruptions_allowed <= 0)
+    })
+}
+
+/// A short, stable hash of an allocation (what the template annotation carries).
+pub fn allocation_hash(a: &AllocationValues) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    a.gpu_memory_mib.hash(&mut h);
+    a.compute_fraction.to_bits().hash(&mut h);
+    a.kv_cache_memory_bytes.hash(&mut h);
+    a.gpu_memory_utilization.map(f64::to_bits).hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// What a roll attempt did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RollOutcome {
+    /// Nothing to do, with the reason.
+    Held(HoldReason),
+    /// The template annotation was patched.
+    Rolled {
+        /// Why.
+        reason: &'static str,
+        /// The hash written.
+        hash: String,
+        /// Human-readable before → after.
+        message: String,
+    },
+    /// The patch failed (after retrying conflicts).
+    Failed(String),
+}
+
+/// Everything [`roll`] needs about the model this round.
+#[derive(Debug)]
+pub struct RollRequest<'a> {
+    /// The workload's API (the scale target's kind).
+    pub target_api: &'a Api<DynamicObject>,
+    /// PodDisruptionBudgets in the namespace.
+    pub pdb_api: Api<PodDisruptionBudget>,
+    /// Kind (Deployment/StatefulSet/...).
+    pub kind: &'a str,
+    /// Name of the workload.
+    pub name: &'a str,
+    /// The model's pods (all of them, ready or not).
+    pub pods: &'a [Pod],
+    /// The allocation status just computed.
+    pub allocation: &'a AllocationStatus,
+    /// The policy's GPU settings.
+    pub gpu: &'a GpuSpec,
+    /// `namespace/name` of the InferenceAutoscaler.
+    pub model_key: &'a str,
+    /// Replica counts (spec, ready, desired) and the policy floor.
+    pub replicas: (i32, i32, i32, i32),
+    /// Preemptions seen this window.
+    pub preempting: bool,
+    /// Now.
+    pub now_ms: u64,
+}
+
+/// Decides and, when the rule says so, rolls. Reads the workload (and PDBs) only under `Recreate`.
+pub async fn roll(req: RollRequest<'_>, rolling: &Rolling, cfg: &RolloutConfig) -> RollOutcome {
+    let mode = mode(req.gpu);
+    if mode != UpdateMode::Recreate {
+        return RollOutcome::Held(HoldReason::ModeNotRecreate);
+    }
+    let pool = pool_key(req.gpu, req.model_key);
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
+        let workload = match req.target_api.get(req.name).await {
+            Ok(w) => w,
+            Err(e) => return RollOutcome::Failed(format!("reading {}/{}: {e}", req.kind, req.name)),
+        };
+        let facts = workload_facts(&workload, req.kind);
+        if !facts.rollout_in_progress {
+            rolling.set(&pool, req.model_key, false);
+        }
+        let pdbs = match req.pdb_api.list(&ListParams::default()).await {
+            Ok(l) => l.items,
+            // Unknown budgets: never roll blind.
+            Err(e) => return RollOutcome::Failed(format!("listing PodDisruptionBudgets: {e}")),
+        };
+        let (replicas, ready, desired, min) = req.replicas;
+        let input = RollInput {
+            mode,
+            in_force: req.allocation.in_force.as_ref().map(from_values),
+            pods: req.pods.iter().map(pod_allocation).collect(),
+            drift_since_ms: req.allocation.drift_since.as_ref().map(time_ms),
+            preempting: req.preempting,
+            replicas,
+            ready_replicas: ready,
+            desired_replicas: desired,
+            min_replicas: min,
+            max_unavailable: facts.max_unavailable,
+            rollout_in_progress: facts.rollout_in_progress,
+            pool_busy: rolling.busy_for(&pool, req.model_key),
+            disruption_blocked: disruption_blocked(&pdbs, &facts.template_labels),
+            now_ms: req.now_ms,
+        };
+        let reason = match rollout::decide_roll(&input, cfg) {
+            RollDecision::Hold(h) => return RollOutcome::Held(h),
+            RollDecision::Roll(r) => r,
+        };
+        let Some(target) = req.allocation.in_force.as_ref() else {
+            return RollOutcome::Held(HoldReason::NoRecommendation);
+        };
+        let hash = allocation_hash(target);
+        if facts.template_hash.as_deref() == Some(hash.as_str()) {
+            // Already rolled to this allocation; the pods are just not replaced yet.
+            return RollOutcome::Held(HoldReason::RolloutInProgress);
+        }
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": workload.metadata.resource_version },
+            "spec": { "template": { "metadata": { "annotations": { TEMPLATE_HASH_ANNOTATION: hash } } } }
+        });
+        let params = PatchParams {
+            field_manager: Some(super::reconcile::FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match req
+            .target_api
+            .patch(req.name, &params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                rolling.set(&pool, req.model_key, true);
+                let before = input.pods.iter().flatten().next().copied();
+                let message = match before {
+                    Some(b) => format!(
+                        "rolling {}/{}: memory {} → {} MiB, compute {:.2} → {:.2} ({})",
+                        req.kind,
+                        req.name,
+                        b.memory_mib,
+                        target.gpu_memory_mib,
+                        b.compute_fraction,
+                        target.compute_fraction,
+                        reason.label()
+                    ),
+                    None => format!(
+                        "rolling {}/{} to {} MiB ({})",
+                        req.kind,
+                        req.name,
+                        target.gpu_memory_mib,
+                        reason.label()
+                    ),
+                };
+                info!(%message, "roll started");
+                return RollOutcome::Rolled {
+                    reason: reason.label(),
+                    hash,
+                    message,
+                };
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < ATTEMPTS => {
+                debug!(attempt, "workload changed under the roll: re-reading");
+            }
+            Err(e) => {
+                warn!(error = %e, "roll patch failed");
+                return RollOutcome::Failed(e.to_string());
+            }
+        }
+    }
+    RollOutcome::Failed("the workload kept changing (409 Conflict on every attempt)".into())
+}
+
+/// The drift clock after this round (pure): started when pods first drift from the allocation in force.
+pub fn next_drift_since(
+    allocation: &AllocationStatus,
+    pods: &[Pod],
+    now_ms: u64,
+    cfg: &RolloutConfig,
+) -> Option<Time> {
+    let Some(target) = allocation.in_force.as_ref().map(from_values) else {
+        return None;
+    };
+    let pods: Vec<Option<Allocation>> = pods.iter().map(pod_allocation).collect();
+    let d = rollout::drift(&target, &pods, cfg.drift_threshold);
+    rollout::drift_since(allocation.drift_since.as_ref().map(time_ms), d, now_ms).and_then(ms_time)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,282 @@
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use kube::Client;
+use kube::api::ApiResource;
+use kube::client::Body;
+use serde_json::json;
+
+use super::*;
+use crate::crd::Sharing;
+
+const DEPLOY: &str = "/apis/apps/v1/namespaces/team-a/deployments/llama";
+const PDBS: &str = "/apis/policy/v1/namespaces/team-a/poddisruptionbudgets";
+const MIN: u64 = 60_000;
+
+fn gpu(mode: crate::crd::UpdateMode) -> GpuSpec {
+    GpuSpec {
+        sharing: Sharing::Fractional,
+        update_mode: mode,
+        ..GpuSpec::default()
+    }
+}
+
+fn deployment(rv: &str, replicas: i64, updated: i64) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "llama", "namespace": "team-a", "resourceVersion": rv, "generation": 3},
+        "spec": {"replicas": replicas, "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                 "template": {"metadata": {"labels": {"app": "llama"}}}},
+        "status": {"observedGeneration": 3, "replicas": replicas, "updatedReplicas": updated, "readyReplicas": replicas}
+    })
+}
+
+fn pod(memory: u64, compute: f64) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "llama-x", "annotations": {POD_MEMORY_ANNOTATION: memory.to_string(), POD_COMPUTE_ANNOTATION: compute.to_string()}}
+    }))
+    .unwrap()
+}
+
+fn allocation(memory: i64, drift_since_ms: u64) -> AllocationStatus {
+    AllocationStatus {
+        in_force: Some(AllocationValues {
+            gpu_memory_mib: memory,
+            compute_fraction: 0.3,
+            kv_cache_memory_bytes: Some(8 << 30),
+            gpu_memory_utilization: None,
+        }),
+        reason: "stable".into(),
+        drift_since: ms_time(drift_since_ms),
+        ..AllocationStatus::default()
+    }
+}
+
+fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: Value) {
+    send.send_response(
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap(),
+    );
+}
+
+fn apis() -> (
+    Api<DynamicObject>,
+    Api<PodDisruptionBudget>,
+    tower_test::mock::Handle<Request<Body>, Response<Body>>,
+) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "team-a");
+    let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("apps", "v1", "Deployment"));
+    (
+        Api::namespaced_with(client.clone(), "team-a", &ar),
+        Api::namespaced(client, "team-a"),
+        handle,
+    )
+}
+
+async fn run_roll(
+    alloc: &AllocationStatus,
+    pods: &[Pod],
+    rolling: &Rolling,
+    target_api: &Api<DynamicObject>,
+    pdb_api: Api<PodDisruptionBudget>,
+) -> RollOutcome {
+    let g = gpu(crate::crd::UpdateMode::Recreate);
+    roll(
+        RollRequest {
+            target_api,
+            pdb_api,
+            kind: "Deployment",
+            name: "llama",
+            pods,
+            allocation: alloc,
+            gpu: &g,
+            model_key: "team-a/llama",
+            replicas: (2, 2, 2, 1),
+            preempting: false,
+            now_ms: 40 * MIN,
+        },
+        rolling,
+        &RolloutConfig::default(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn roll_recreate_patches_the_template_hash_with_the_resource_version() {
+    let (target, pdb, mut handle) = apis();
+    let alloc = allocation(20_000, 0);
+    let pods = vec![pod(40_000, 0.3), pod(40_000, 0.3)];
+    let rolling = Rolling::default();
+    let server = tokio::spawn(async move {
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!((req.method(), req.uri().path()), (&Method::GET, DEPLOY));
+        respond(send, 200, deployment("41", 2, 2));
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!((req.method(), req.uri().path()), (&Method::GET, PDBS));
+        respond(
+            send,
+            200,
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
+        );
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!((req.method(), req.uri().path()), (&Method::PATCH, DEPLOY));
+        assert_eq!(req.headers()["content-type"], "application/merge-patch+json");
+        let body: Value =
+            serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert_eq!(body["metadata"]["resourceVersion"], "41");
+        let hash = body["spec"]["template"]["metadata"]["annotations"][TEMPLATE_HASH_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        respond(send, 200, deployment("42", 2, 0));
+        hash
+    });
+    let outcome = run_roll(&alloc, &pods, &rolling, &target, pdb).await;
+    let hash = server.await.unwrap();
+    match outcome {
+        RollOutcome::Rolled {
+            reason,
+            hash: h,
+            message,
+        } => {
+            assert_eq!(reason, "shrink");
+            assert_eq!(h, hash);
+            assert!(message.contains("40000 → 20000 MiB"), "{message}");
+        }
+        other => panic!("expected a roll, got {other:?}"),
+    }
+    // One model at a time per pool: another fractional model is now held.
+    assert!(rolling.busy_for("fractional", "team-b/other"));
+}
+
+#[tokio::test]
+async fn roll_a_conflict_is_retried_on_a_fresh_read() {
+    let (target, pdb, mut handle) = apis();
+    let alloc = allocation(20_000, 0);
+    let pods = vec![pod(40_000, 0.3), pod(40_000, 0.3)];
+    let server = tokio::spawn(async move {
+        for (rv, code) in [("41", 409), ("43", 200)] {
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(send, 200, deployment(rv, 2, 2));
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(
+                send,
+                200,
+                json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
+            );
+            let (req, send) = handle.next_request().await.unwrap();
+            let body: Value =
+                serde_json::from_slice(&req.into_body().collect().await.unwrap().to_bytes()).unwrap();
+            assert_eq!(body["metadata"]["resourceVersion"], rv);
+            let answer = if code == 409 {
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409, "message": "modified"})
+            } else {
+                deployment("44", 2, 0)
+            };
+            respond(send, code, answer);
+        }
+    });
+    let outcome = run_roll(&alloc, &pods, &Rolling::default(), &target, pdb).await;
+    server.await.unwrap();
+    assert!(matches!(outcome, RollOutcome::Rolled { .. }), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn roll_refused_while_the_deployment_is_mid_rollout() {
+    let (target, pdb, mut handle) = apis();
+    let alloc = allocation(20_000, 0);
+    let pods = vec![pod(40_000, 0.3), pod(40_000, 0.3)];
+    let server = tokio::spawn(async move {
+        let (_, send) = handle.next_request().await.unwrap();
+        respond(send, 200, deployment("41", 2, 1));
+        let (_, send) = handle.next_request().await.unwrap();
+        respond(
+            send,
+            200,
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
+        );
+        // No PATCH may follow.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), handle.next_request())
+                .await
+                .is_err()
+        );
+    });
+    let outcome = run_roll(&alloc, &pods, &Rolling::default(), &target, pdb).await;
+    server.await.unwrap();
+    assert_eq!(outcome, RollOutcome::Held(HoldReason::RolloutInProgress));
+}
+
+#[tokio::test]
+async fn roll_refused_by_a_pod_disruption_budget() {
+    let (target, pdb, mut handle) = apis();
+    let alloc = allocation(20_000, 0);
+    let pods = vec![pod(40_000, 0.3), pod(40_000, 0.3)];
+    let server = tokio::spawn(async move {
+        let (_, send) = handle.next_request().await.unwrap();
+        respond(send, 200, deployment("41", 2, 2));
+        let (_, send) = handle.next_request().await.unwrap();
+        respond(
+            send,
+            200,
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": [
+            {"metadata": {"name": "llama"}, "spec": {"selector": {"matchLabels": {"app": "llama"}}, "minAvailable": 2},
+             "status": {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2}}]}),
+        );
+    });
+    let outcome = run_roll(&alloc, &pods, &Rolling::default(), &target, pdb).await;
+    server.await.unwrap();
+    assert_eq!(outcome, RollOutcome::Held(HoldReason::DisruptionBudget));
+}
+
+#[test]
+fn roll_workload_facts_resolve_strategy_defaults() {
+    let mut d = deployment("1", 8, 8);
+    d["spec"]["strategy"] = json!({"type": "RollingUpdate"});
+    let obj: DynamicObject = serde_json::from_value(d).unwrap();
+    let f = workload_facts(&obj, "Deployment");
+    assert_eq!((f.rollout_in_progress, f.max_unavailable), (false, 2));
+    let mut s = deployment("1", 3, 3);
+    s["status"]["currentRevision"] = json!("a");
+    s["status"]["updateRevision"] = json!("b");
+    let obj: DynamicObject = serde_json::from_value(s).unwrap();
+    let f = workload_facts(&obj, "StatefulSet");
+    assert_eq!((f.rollout_in_progress, f.max_unavailable), (true, 1));
+}
+
+#[test]
+fn roll_in_force_is_kept_in_status_across_reconciles() {
+    let cfg = RolloutConfig::default();
+    let g = gpu(crate::crd::UpdateMode::Initial);
+    let rec = RecommendationStatus {
+        gpu_memory_mib: Some(30_000),
+        compute_fraction: Some(0.4),
+        kv_cache_memory_bytes: Some(12 << 30),
+        reason: "r".into(),
+        ..RecommendationStatus::default()
+    };
+    let first = next_allocation(None, Some(&rec), &g, false, 0, &cfg);
+    assert_eq!(
+        (first.in_force, first.reason.as_str()),
+        (None, "no_recommendation")
+    );
+    // A restart re-reads status: the candidate's clock survives it, and missing data changes nothing.
+    let gap = next_allocation(Some(&first), None, &g, false, 10 * MIN, &cfg);
+    assert_eq!(gap.candidate_since, first.candidate_since);
+    let later = next_allocation(Some(&gap), Some(&rec), &g, false, 30 * MIN, &cfg);
+    assert_eq!(later.reason, "stable");
+    assert_eq!(later.in_force.unwrap().kv_cache_memory_bytes, Some(12 << 30));
+    // A fixed memory in the policy wins.
+    let mut fixed = g.clone();
+    fixed.memory = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
+        10_240,
+    ));
+    let f = next_allocation(Some(&later), Some(&rec), &fixed, false, 31 * MIN, &cfg);
+    assert_eq!(f.in_force.unwrap().gpu_memory_mib, 10_240);
+}
