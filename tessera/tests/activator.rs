@@ -198,7 +198,8 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("tessera_activator_requests_total{namespace=\"default\",model=\"m\",code=\"200\"} 1"),
+        metrics
+            .contains("tessera_activator_requests_total{namespace=\"default\",model=\"m\",code=\"200\"} 1"),
         "{metrics}"
     );
     assert!(
@@ -505,7 +506,9 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("tessera_activator_requests_total{namespace=\"unknown\",model=\"unknown\",code=\"404\"} 2"),
+        metrics.contains(
+            "tessera_activator_requests_total{namespace=\"unknown\",model=\"unknown\",code=\"404\"} 2"
+        ),
         "{metrics}"
     );
 }
