@@ -10,7 +10,9 @@
 //!    held request's response headers, over several trials.
 //!
 //! The backend is this same executable (`activator_overhead backend`), a separate process so that the generator,
-//! the activator and the backend each have their own runtime, as in production.
+//! the activator and the backend each have their own runtime, as in production; or, with `--emulator`, a
+//! `tessera vllm-sim` process (the emulated vLLM the rest of the tests use). `--rates 200,1000,2000` runs the
+//! overhead measurement once per rate, with the activator's load shedding on (`--max-in-flight`, `--max-held`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -44,9 +46,15 @@ enum Cmd {
         /// The `tessera` binary to measure.
         #[arg(long)]
         tessera: String,
-        /// Requests per second on each path.
-        #[arg(long, default_value_t = 200)]
-        rate: u32,
+        /// Requests per second on each path; several (comma-separated) run one after the other.
+        #[arg(long = "rates", alias = "rate", value_delimiter = ',', default_value = "200")]
+        rates: Vec<u32>,
+        /// Use `tessera vllm-sim` (fast time scale) as the backend instead of the minimal one.
+        #[arg(long)]
+        emulator: bool,
+        /// The activator's `--max-in-flight` (load shedding bound) during the overhead runs.
+        #[arg(long, default_value_t = 4096)]
+        max_in_flight: u64,
         /// How long to send.
         #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
         duration: Duration,
@@ -178,9 +186,59 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-async fn overhead(tessera: &str, rate: u32, duration: Duration) {
-    let (_backend, backend_addr, _) = start_backend("127.0.0.1:0");
-    let (_act, act_addr) = start_activator(tessera, &[format!("--backend=bench=http://{backend_addr}")]);
+/// Starts `tessera vllm-sim` serving `bench` 1000× faster than real time, so a request's own latency stays far below
+/// the proxy's and the comparison measures the network path.
+fn start_emulator(tessera: &str) -> (Proc, SocketAddr) {
+    let mut child = Command::new(tessera)
+        .args([
+            "--log-format",
+            "json",
+            "vllm-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--served-model-name",
+            "bench",
+        ])
+        .args(["--model-preset", "opt-125m", "--time-scale", "1000"])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tessera vllm-sim");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !sent
+                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && let Some(a) = v["fields"]["listen"].as_str()
+            {
+                let _ = tx.send(a.parse::<SocketAddr>().expect("listen addr"));
+                sent = true;
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("vllm-sim started");
+    (Proc(child), addr)
+}
+
+async fn overhead(tessera: &str, rate: u32, duration: Duration, emulator: bool, max_in_flight: u64) {
+    let (_backend, backend_addr) = if emulator {
+        start_emulator(tessera)
+    } else {
+        let (p, a, _) = start_backend("127.0.0.1:0");
+        (p, a)
+    };
+    let (_act, act_addr) = start_activator(
+        tessera,
+        &[
+            format!("--backend=bench=http://{backend_addr}"),
+            format!("--max-in-flight={max_in_flight}"),
+        ],
+    );
     let direct = format!("http://{backend_addr}/v1/chat/completions");
     let via = format!("http://{act_addr}/v1/chat/completions");
     let client = Arc::new(client());
@@ -235,10 +293,18 @@ async fn overhead(tessera: &str, rate: u32, duration: Duration) {
     v_lat.sort();
     diffs.sort_by(|a, b| a.total_cmp(b));
     let paired_median = diffs.get(diffs.len() / 2).copied().unwrap_or(0.0);
-    println!("### Proxy overhead: {rate} req/s on each path for {duration:?} ({n} pairs, {errors} errors)\n");
+    let backend_name = if emulator {
+        "tessera vllm-sim"
+    } else {
+        "minimal backend"
+    };
+    println!(
+        "### Proxy overhead: {rate} req/s on each path for {duration:?}, {backend_name}, --max-in-flight \
+         {max_in_flight} ({n} pairs, {errors} errors)\n"
+    );
     println!("| path | p50 ms | p90 ms | p99 ms | max ms |");
     println!("|---|---|---|---|---|");
-    for (name, l) in [("direct to backend", &d_lat), ("through activator", &v_lat)] {
+    for (name, l) in [("direct", &d_lat), ("through activator", &v_lat)] {
         println!(
             "| {name} | {:.3} | {:.3} | {:.3} | {:.3} |",
             ms(quantile(l, 0.5)),
@@ -307,12 +373,18 @@ async fn main() {
         Cmd::Backend { listen } => backend(listen).await,
         Cmd::Run {
             tessera,
-            rate,
+            rates,
+            emulator,
+            max_in_flight,
             duration,
             trials,
         } => {
-            overhead(&tessera, rate, duration).await;
-            scale_from_zero(&tessera, trials).await;
+            for rate in rates {
+                overhead(&tessera, rate, duration, emulator, max_in_flight).await;
+            }
+            if trials > 0 {
+                scale_from_zero(&tessera, trials).await;
+            }
         }
     }
 }

@@ -62,6 +62,9 @@ pub struct Args {
     /// First delay after a failed publish; it doubles per failure up to one minute.
     #[arg(long, env = "TESSERA_UUID_RETRY", default_value = "1s", value_parser = humantime::parse_duration)]
     pub uuid_retry: Duration,
+    /// Graceful shutdown (`--drain-period`).
+    #[command(flatten)]
+    pub drain: tessera_runtime::DrainArgs,
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -639,7 +642,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("binding --listen {}: {e}", args.listen))?;
     tracing::info!(listen = %listener.local_addr()?, "tessera gpu-agent serving");
-    let shutdown = CancellationToken::new();
+    let graceful = tessera_runtime::Graceful::on_signals(args.drain.drain_period);
+    let shutdown = graceful.stop_token();
     let (uuid_tx, uuid_rx) = tokio::sync::watch::channel(None);
     let identity = publish::pod_identity(args.pod_name.as_deref(), args.pod_namespace.as_deref(), |k| {
         std::env::var(k).ok()
@@ -694,12 +698,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             shutdown.clone(),
         ));
     }
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        crate::wait_for_signal().await;
-        signal.cancel();
-    });
-    axum::serve(listener, agent_router(shared))
+    axum::serve(listener, graceful.ready_gate(agent_router(shared)))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await?;
     shutdown.cancel();

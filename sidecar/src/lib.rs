@@ -106,6 +106,9 @@ pub struct Args {
     /// The per-GPU start-up gate (fractional pods only).
     #[command(flatten)]
     pub gate: gate::GateArgs,
+    /// Graceful shutdown (`--drain-period`).
+    #[command(flatten)]
+    pub drain: tessera_runtime::DrainArgs,
 }
 
 impl Args {
@@ -217,7 +220,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!(listen = %listener.local_addr()?, vllm = %scraper.url(), interval = ?args.scrape_interval,
         "tessera sidecar serving");
 
-    let shutdown = CancellationToken::new();
+    let graceful = tessera_runtime::Graceful::on_signals(args.drain.drain_period);
+    let shutdown = graceful.stop_token();
     let loop_task = tokio::spawn(scrape_loop(
         scraper,
         probe,
@@ -226,12 +230,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let gate_task = start_gate(&args, shared.gate.clone(), shutdown.clone()).await;
-    let signal = shutdown.clone();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        signal.cancel();
-    });
-    server::serve(listener, shared, shutdown.clone())
+    server::serve(listener, shared, &graceful)
         .await
         .context("serving HTTP")?;
     shutdown.cancel();
@@ -274,29 +273,6 @@ async fn start_gate(
         status,
         shutdown,
     )))
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the sidecar");
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
 
 /// Scrapes every `interval` until cancelled. The GPU is read just before each scrape so both describe the

@@ -7,7 +7,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 /// The router, separate from [`serve`] so it can be exercised without a socket.
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -20,14 +19,15 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
-/// Serves until `shutdown` is cancelled, then finishes in-flight requests.
+/// Serves until the drain is over (`/ready` fails from the first signal on), then finishes in-flight requests.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
-    shutdown: CancellationToken,
+    graceful: &tessera_runtime::Graceful,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(shared))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+    let g = graceful.clone();
+    axum::serve(listener, graceful.ready_gate(router(shared)))
+        .with_graceful_shutdown(async move { g.stopping().await })
         .await
 }
 

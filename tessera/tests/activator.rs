@@ -153,8 +153,8 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
     ]);
     let url = act.url("/v1/chat/completions");
     let held = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
-    let s = wait_stats(&act, |s| s["models"]["m"]["queued"] == 1).await;
-    assert_eq!(s["models"]["m"]["readyBackends"], 0);
+    let s = wait_stats(&act, |s| s["models"]["default/m"]["queued"] == 1).await;
+    assert_eq!(s["models"]["default/m"]["readyBackends"], 0);
     // Still held a while later: nothing was answered while no backend exists.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -183,11 +183,11 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
         after_ready < Duration::from_secs(2),
         "took {after_ready:?} after the backend started"
     );
-    let s = wait_stats(&act, |s| s["models"]["m"]["inFlight"] == 0).await;
-    assert_eq!(s["models"]["m"]["queued"], 0);
-    assert_eq!(s["models"]["m"]["requestsTotal"], 1);
-    assert_eq!(s["models"]["m"]["readyBackends"], 1);
-    assert!(s["models"]["m"]["lastRequestAtUnixMs"].as_u64().unwrap() > 0);
+    let s = wait_stats(&act, |s| s["models"]["default/m"]["inFlight"] == 0).await;
+    assert_eq!(s["models"]["default/m"]["queued"], 0);
+    assert_eq!(s["models"]["default/m"]["requestsTotal"], 1);
+    assert_eq!(s["models"]["default/m"]["readyBackends"], 1);
+    assert!(s["models"]["default/m"]["lastRequestAtUnixMs"].as_u64().unwrap() > 0);
 
     let metrics = client()
         .get(act.url("/metrics"))
@@ -198,11 +198,12 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("tessera_activator_requests_total{model=\"m\",code=\"200\"} 1"),
+        metrics
+            .contains("tessera_activator_requests_total{namespace=\"default\",model=\"m\",code=\"200\"} 1"),
         "{metrics}"
     );
     assert!(
-        metrics.contains("tessera_activator_hold_seconds_count{model=\"m\"} 1"),
+        metrics.contains("tessera_activator_hold_seconds_count{namespace=\"default\",model=\"m\"} 1"),
         "{metrics}"
     );
 }
@@ -222,7 +223,7 @@ async fn overflow_answers_503_with_retry_after() {
     ]);
     let url = act.url("/v1/chat/completions");
     let first = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
-    wait_stats(&act, |s| s["models"]["m"]["queued"] == 1).await;
+    wait_stats(&act, |s| s["models"]["default/m"]["queued"] == 1).await;
     let resp = post_chat(&act, &chat("m")).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "7");
@@ -238,8 +239,8 @@ async fn overflow_answers_503_with_retry_after() {
     );
     assert_eq!(backend.received.load(Ordering::SeqCst), 1);
     let s = stats(&act).await;
-    assert_eq!(s["models"]["m"]["rejectedTotal"], 1);
-    assert_eq!(s["models"]["m"]["requestsTotal"], 2);
+    assert_eq!(s["models"]["default/m"]["rejectedTotal"], 1);
+    assert_eq!(s["models"]["default/m"]["requestsTotal"], 2);
 }
 
 #[tokio::test]
@@ -269,8 +270,8 @@ async fn hold_timeout_answers_503_with_an_openai_error() {
         "answered after {waited:?}, before the hold timeout"
     );
     assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
-    let s = wait_stats(&act, |s| s["models"]["m"]["queued"] == 0).await;
-    assert_eq!(s["models"]["m"]["rejectedTotal"], 1);
+    let s = wait_stats(&act, |s| s["models"]["default/m"]["queued"] == 0).await;
+    assert_eq!(s["models"]["default/m"]["rejectedTotal"], 1);
 }
 
 #[tokio::test]
@@ -307,8 +308,8 @@ async fn backend_dying_mid_stream_is_an_error_not_a_hang() {
         String::from_utf8_lossy(&got).contains("\"n\":2"),
         "events before the failure arrive: {got:?}"
     );
-    let s = wait_stats(&act, |s| s["models"]["m"]["inFlight"] == 0).await;
-    assert_eq!(s["models"]["m"]["requestsTotal"], 1);
+    let s = wait_stats(&act, |s| s["models"]["default/m"]["inFlight"] == 0).await;
+    assert_eq!(s["models"]["default/m"]["requestsTotal"], 1);
 }
 
 #[tokio::test]
@@ -358,7 +359,7 @@ async fn least_outstanding_balances_two_backends() {
         backends.push(b);
     }
     let act = activator(&["--backend", &flags[0], "--backend", &flags[1]]);
-    wait_stats(&act, |s| s["models"]["m"]["readyBackends"] == 2).await;
+    wait_stats(&act, |s| s["models"]["default/m"]["readyBackends"] == 2).await;
     // Requests stay open (gated), one at a time: each new one must go to the backend with fewer open.
     let mut open = Vec::new();
     for i in 1..=6 {
@@ -386,7 +387,7 @@ async fn least_outstanding_balances_two_backends() {
         );
     }
     let s = stats(&act).await;
-    assert_eq!(s["models"]["m"]["inFlight"], 6);
+    assert_eq!(s["models"]["default/m"]["inFlight"], 6);
     gate.add_permits(6);
     for r in open {
         assert_eq!(
@@ -441,6 +442,40 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
         .unwrap();
     assert_eq!(resp.status(), 413);
 
+    // Tenants are namespaces: `--backend` routes live in the default namespace; the same name addressed in
+    // another namespace is another (unknown) model, and the prefix is removed before forwarding.
+    let resp = client()
+        .post(act.url("/namespaces/team-b/v1/chat/completions"))
+        .json(&chat("a-model"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("namespace `team-b`"),
+        "{err}"
+    );
+    let resp = client()
+        .post(act.url("/namespaces/default/v1/chat/completions"))
+        .json(&chat("a-model"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let listed: serde_json::Value = client()
+        .get(act.url("/namespaces/team-b/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 0);
+
     let models: serde_json::Value = client()
         .get(act.url("/v1/models"))
         .send()
@@ -471,7 +506,9 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("tessera_activator_requests_total{model=\"unknown\",code=\"404\"} 1"),
+        metrics.contains(
+            "tessera_activator_requests_total{namespace=\"unknown\",model=\"unknown\",code=\"404\"} 2"
+        ),
         "{metrics}"
     );
 }
@@ -548,7 +585,7 @@ async fn vllm_sim(model: &str, listen: &str, extra: &[&str]) -> Tessera {
 async fn qwen_behind_activator() -> (Tessera, Tessera) {
     let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
     let act = activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
-    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 1).await;
+    wait_stats(&act, |s| s["models"]["default/qwen"]["readyBackends"] == 1).await;
     (sim, act)
 }
 
@@ -581,7 +618,7 @@ async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 8,
         "messages": [{ "role": "user", "content": "Why is the sky blue?" }] });
     let held = tokio::spawn(async move { client().post(url).json(&body).send().await.unwrap() });
-    wait_stats(&act, |s| s["models"]["qwen"]["queued"] == 1).await;
+    wait_stats(&act, |s| s["models"]["default/qwen"]["queued"] == 1).await;
     // Like vLLM loading weights, the emulator refuses connections for its start-up delay, then opens the port.
     let sim = vllm_sim(
         "qwen",
@@ -669,8 +706,8 @@ async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
         outcome.is_err(),
         "a stream cut by a dying server must end in an error, not a clean end"
     );
-    let s = wait_stats(&act, |s| s["models"]["qwen"]["inFlight"] == 0).await;
-    assert_eq!(s["models"]["qwen"]["requestsTotal"], 1);
+    let s = wait_stats(&act, |s| s["models"]["default/qwen"]["inFlight"] == 0).await;
+    assert_eq!(s["models"]["default/qwen"]["requestsTotal"], 1);
 }
 
 #[tokio::test]
@@ -686,7 +723,7 @@ async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
         "--probe-interval",
         "60s",
     ]);
-    wait_stats(&act, |s| s["models"]["qwen"]["readyBackends"] == 2).await;
+    wait_stats(&act, |s| s["models"]["default/qwen"]["readyBackends"] == 2).await;
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 4,
         "messages": [{ "role": "user", "content": "hi" }] });
     for _ in 0..4 {
@@ -703,6 +740,6 @@ async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
     // Every request after the death was served by the survivor, each exactly once.
     assert_eq!(finished_at(&a).await - before_a, 6.0);
     let s = stats(&act).await;
-    assert_eq!(s["models"]["qwen"]["readyBackends"], 1);
-    assert_eq!(s["models"]["qwen"]["rejectedTotal"], 0);
+    assert_eq!(s["models"]["default/qwen"]["readyBackends"], 1);
+    assert_eq!(s["models"]["default/qwen"]["rejectedTotal"], 0);
 }

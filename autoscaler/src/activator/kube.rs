@@ -1,25 +1,25 @@
 //! Kubernetes discovery: ready backends per model from EndpointSlices, models from InferenceAutoscalers, and the
-//! wake-up patch that tells the controller to scale a model from zero.
+//! Warning Events for model names claimed twice in one namespace.
 //!
-//! **Model → Service.** An `InferenceAutoscaler` lists the OpenAI model names it serves in `spec.modelNames`
-//! (no default: the controller counts demand for exactly these names). Its pods are found through the EndpointSlices of the Service `spec.serviceName`
-//! (default: the name of its `spec.scaleTargetRef`, the usual convention when Deployment and Service share a
-//! name), or of any Service in its
-//! namespace labelled `tessera.dev/autoscaler=<autoscaler name>` (Kubernetes copies Service labels onto the
-//! Service's EndpointSlices). A Service without an autoscaler can still be routed by labelling it
-//! `tessera.dev/model=<name>`; that only works for names that are valid label values (no `/`), and such a model
-//! cannot be woken from zero.
+//! **Tenants are namespaces.** A route is `(namespace, model)`. An `InferenceAutoscaler` lists the OpenAI model
+//! names it serves in `spec.modelNames`; its pods are found through the EndpointSlices of the Service
+//! `spec.serviceName` (default: the name of its `spec.scaleTargetRef`), *in the autoscaler's own namespace*.
+//! Nothing else routes: a Service that no InferenceAutoscaler in its namespace names receives no request, whatever
+//! its labels say, so no team can attract another team's prompts by labelling a Service.
 //!
-//! **Wake-up contract.** When a request is held for a model with no ready backend, the activator merge-patches
-//! `metadata.annotations["tessera.dev/activated-at"]` (RFC 3339, UTC) on every InferenceAutoscaler serving the
-//! model, at most once per `--wake-interval`. The controller watches its CRs, so the patch triggers a reconcile at
-//! once; the controller treats a recent `activated-at` (and `queued > 0` in the activator's stats) as demand for at
-//! least one replica.
+//! **Collisions.** Two InferenceAutoscalers in one namespace claiming the same model name would split that
+//! name's traffic between two workloads nobody chose to merge. The oldest claim (creation time, then name) keeps
+//! the name; the others are refused for it, reported once per collision as a `Warning` Event
+//! (`events.k8s.io/v1`, reason `ModelNameCollision`) on each refused autoscaler and counted in
+//! `tessera_activator_model_name_collisions`. The same name in two namespaces is no collision: two models.
+//!
+//! **Writes.** The activator writes nothing to the API except those Events (created, never patched). Waking a
+//! model from zero is the controller's job: it polls every activator's stats and sees `queued > 0`.
 //!
 //! The [`Index`] is pure (events in, routes out) so it is tested without an API server; the CR is read as a
 //! `DynamicObject` so the activator does not need the controller's Rust types to follow the schema.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -27,27 +27,31 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
-use tessera_core::wire::activator::ACTIVATED_AT_ANNOTATION;
+use tessera_core::wire::activator::model_key;
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::ActivatorError;
-use super::discovery::Discovery;
+use super::discovery::{Collision, Discovery};
 use super::router::{ModelEntry, Router};
 use crate::watch::{Change, fold_event};
 
-/// Label on a Service (mirrored to its EndpointSlices) that routes a model without an InferenceAutoscaler.
-pub const MODEL_LABEL: &str = "tessera.dev/model";
-/// Label on a Service (mirrored to its EndpointSlices) naming the InferenceAutoscaler, in the same namespace, whose
-/// models it serves — for a Service not named like the autoscaler's target.
-pub const AUTOSCALER_LABEL: &str = "tessera.dev/autoscaler";
 /// The label Kubernetes puts on every EndpointSlice naming its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// Field manager for the wake-up patch (shows in `managedFields`).
-const FIELD_MANAGER: &str = "tessera-activator";
+/// `reportingController` of the Events the activator writes.
+const REPORTING_CONTROLLER: &str = "tessera.dev/activator";
+/// The Event reason for a model name claimed twice in one namespace.
+pub const COLLISION_REASON: &str = "ModelNameCollision";
+/// Most Events waiting to be written; beyond it new ones are dropped (and logged): a burst of collisions must not
+/// grow memory or flood the API server.
+const EVENT_QUEUE: usize = 64;
+/// Longest one Event write may take.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The `InferenceAutoscaler` resource (`tessera.dev/v1alpha1`), addressed dynamically.
 pub fn autoscaler_resource() -> ApiResource {
@@ -85,6 +89,10 @@ pub struct AutoscalerRoute {
     pub models: Vec<String>,
     /// The Service whose EndpointSlices hold the model's pods.
     pub service: Option<String>,
+    /// `metadata.creationTimestamp` (RFC 3339, so it sorts as text): the older claim wins a collision.
+    pub created: Option<String>,
+    /// `metadata.uid`, for the Event's `regarding`.
+    pub uid: Option<String>,
 }
 
 impl AutoscalerRoute {
@@ -115,19 +123,17 @@ impl AutoscalerRoute {
         Self {
             models,
             service: service.or(target),
+            created: obj.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()),
+            uid: obj.metadata.uid.clone(),
         }
     }
 }
 
-/// What one EndpointSlice contributes: its Service, an optional model label, and its ready addresses as URLs.
+/// What one EndpointSlice contributes: its Service and its ready addresses as URLs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SliceBackends {
     /// `kubernetes.io/service-name`.
     pub service: Option<String>,
-    /// `tessera.dev/model`, if labelled.
-    pub model_label: Option<String>,
-    /// `tessera.dev/autoscaler`, if labelled.
-    pub autoscaler_label: Option<String>,
     /// `http://addr:port` for each ready endpoint address.
     pub urls: Vec<String>,
 }
@@ -165,8 +171,6 @@ impl SliceBackends {
         };
         Self {
             service: labels.get(SERVICE_NAME_LABEL).cloned(),
-            model_label: labels.get(MODEL_LABEL).cloned(),
-            autoscaler_label: labels.get(AUTOSCALER_LABEL).cloned(),
             urls,
         }
     }
@@ -177,6 +181,16 @@ impl SliceBackends {
 pub struct Index {
     autoscalers: BTreeMap<ObjectKey, AutoscalerRoute>,
     slices: BTreeMap<ObjectKey, SliceBackends>,
+}
+
+/// What the index routes now.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Routes {
+    /// Ready backend URLs per [`model_key`]; a model at zero replicas maps to an empty list, so the activator
+    /// knows it and holds its requests instead of answering 404.
+    pub backends: BTreeMap<String, Vec<String>>,
+    /// Model names claimed more than once within a namespace.
+    pub collisions: Vec<Collision>,
 }
 
 impl Index {
@@ -210,80 +224,125 @@ impl Index {
         self.slices = all;
     }
 
-    /// Ready backend URLs for every routable model (a model at zero replicas maps to an empty list, so the
-    /// activator knows it and holds its requests instead of answering 404).
-    pub fn backends(&self) -> BTreeMap<String, Vec<String>> {
-        // One pass over the slices, grouped by what can select them, then one lookup per autoscaler: linear in
-        // the number of objects, since this runs on every watch event in clusters with thousands of slices.
-        let mut by_service: BTreeMap<(&str, &str), Vec<&String>> = BTreeMap::new();
-        let mut by_label: BTreeMap<(&str, &str), Vec<&String>> = BTreeMap::new();
-        for (k, slice) in &self.slices {
-            match (&slice.autoscaler_label, &slice.service) {
-                // An explicit label wins over the naming convention.
-                (Some(ias), _) => by_label
-                    .entry((&k.namespace, ias))
-                    .or_default()
-                    .extend(&slice.urls),
-                (None, Some(svc)) => by_service
-                    .entry((&k.namespace, svc))
-                    .or_default()
-                    .extend(&slice.urls),
-                (None, None) => {}
-            }
-        }
-        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (key, route) in &self.autoscalers {
-            let via_service = route
-                .service
-                .as_deref()
-                .and_then(|svc| by_service.get(&(key.namespace.as_str(), svc)));
-            let via_label = by_label.get(&(key.namespace.as_str(), key.name.as_str()));
-            let urls: Vec<&String> = via_service
-                .into_iter()
-                .chain(via_label)
-                .flatten()
-                .copied()
-                .collect();
-            for model in &route.models {
-                out.entry(model.clone())
-                    .or_default()
-                    .extend(urls.iter().map(|u| (*u).clone()));
-            }
-        }
-        for slice in self.slices.values() {
-            if let Some(model) = &slice.model_label {
-                out.entry(model.clone())
-                    .or_default()
-                    .extend(slice.urls.iter().cloned());
-            }
-        }
-        out.into_iter()
-            .map(|(m, urls)| (m, urls.into_iter().collect()))
-            .collect()
+    /// The `uid` of an autoscaler, if known.
+    pub fn uid_of(&self, key: &ObjectKey) -> Option<String> {
+        self.autoscalers.get(key).and_then(|r| r.uid.clone())
     }
 
-    /// The InferenceAutoscalers to wake for `model`.
-    pub fn autoscalers_for(&self, model: &str) -> Vec<ObjectKey> {
-        self.autoscalers
-            .iter()
-            .filter(|(_, r)| r.models.iter().any(|m| m == model))
-            .map(|(k, _)| k.clone())
-            .collect()
+    /// What is routed now: each model name of each namespace to the ready endpoints of the one Service its
+    /// (oldest) InferenceAutoscaler names in that namespace.
+    pub fn routes(&self) -> Routes {
+        // One pass over the slices grouped by (namespace, Service), then one lookup per autoscaler: linear in the
+        // number of objects, since this runs on every watch event in clusters with thousands of slices.
+        let mut by_service: BTreeMap<(&str, &str), Vec<&String>> = BTreeMap::new();
+        for (k, slice) in &self.slices {
+            if let Some(svc) = &slice.service {
+                by_service
+                    .entry((&k.namespace, svc))
+                    .or_default()
+                    .extend(&slice.urls);
+            }
+        }
+        // Claims per (namespace, model), oldest first.
+        let mut claims: BTreeMap<(&str, &str), Vec<(&ObjectKey, &AutoscalerRoute)>> = BTreeMap::new();
+        for (key, route) in &self.autoscalers {
+            let mut seen = BTreeSet::new();
+            for model in &route.models {
+                // A name listed twice by one autoscaler is one claim.
+                if seen.insert(model.as_str()) {
+                    claims
+                        .entry((key.namespace.as_str(), model.as_str()))
+                        .or_default()
+                        .push((key, route));
+                }
+            }
+        }
+        let mut out = Routes::default();
+        for ((namespace, model), mut owners) in claims {
+            // A missing creation time (never set by a real API server) sorts last, then by name.
+            owners.sort_by(|(ka, ra), (kb, rb)| {
+                (ra.created.is_none(), &ra.created, &ka.name).cmp(&(
+                    rb.created.is_none(),
+                    &rb.created,
+                    &kb.name,
+                ))
+            });
+            let (chosen, route) = owners[0];
+            if owners.len() > 1 {
+                out.collisions.push(Collision {
+                    namespace: namespace.to_string(),
+                    model: model.to_string(),
+                    chosen: chosen.name.clone(),
+                    refused: owners[1..].iter().map(|(k, _)| k.name.clone()).collect(),
+                });
+            }
+            let urls: BTreeSet<String> = route
+                .service
+                .as_deref()
+                .and_then(|svc| by_service.get(&(namespace, svc)))
+                .into_iter()
+                .flatten()
+                .map(|u| (*u).clone())
+                .collect();
+            out.backends
+                .insert(model_key(namespace, model), urls.into_iter().collect());
+        }
+        out
     }
 }
 
-/// Merge-patches the wake-up annotation onto one InferenceAutoscaler.
-pub async fn wake(client: &Client, key: &ObjectKey, at: SystemTime) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &key.namespace, &autoscaler_resource());
-    let stamp = humantime::format_rfc3339_millis(at).to_string();
-    let patch = serde_json::json!({ "metadata": { "annotations": { ACTIVATED_AT_ANNOTATION: stamp } } });
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    api.patch(&key.name, &params, &Patch::Merge(&patch)).await?;
-    Ok(())
+/// Builds the `Warning` Event on a refused autoscaler (`events.k8s.io/v1`; `regarding` is the autoscaler).
+pub fn collision_event(
+    c: &Collision,
+    refused: &str,
+    uid: Option<&str>,
+    instance: &str,
+    at: SystemTime,
+) -> Result<KubeEvent, serde_json::Error> {
+    let note = format!(
+        "model name {:?} is already claimed by InferenceAutoscaler {:?} in namespace {:?}; this autoscaler gets no \
+         traffic for it until one of the two drops the name from spec.modelNames",
+        c.model, c.chosen, c.namespace
+    );
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": { "generateName": format!("{refused}."), "namespace": c.namespace },
+        "eventTime": humantime::format_rfc3339_micros(at).to_string(),
+        "type": "Warning",
+        "reason": COLLISION_REASON,
+        "action": "Route",
+        "note": note,
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance,
+        "regarding": {
+            "apiVersion": "tessera.dev/v1alpha1",
+            "kind": "InferenceAutoscaler",
+            "namespace": c.namespace,
+            "name": refused,
+            "uid": uid,
+        },
+    }))
+}
+
+/// One Event to write.
+#[derive(Debug)]
+struct PendingEvent {
+    namespace: String,
+    event: KubeEvent,
+}
+
+/// Writes queued Events one at a time, each bounded by [`EVENT_TIMEOUT`]; a failure is logged, never retried
+/// (the next collision change reports again).
+async fn write_events(client: Client, mut rx: mpsc::Receiver<PendingEvent>) {
+    while let Some(p) = rx.recv().await {
+        let api: Api<KubeEvent> = Api::namespaced(client.clone(), &p.namespace);
+        match tokio::time::timeout(EVENT_TIMEOUT, api.create(&PostParams::default(), &p.event)).await {
+            Ok(Ok(_)) => debug!(namespace = %p.namespace, "wrote a Warning Event"),
+            Ok(Err(e)) => warn!(namespace = %p.namespace, error = %e, "could not write an Event"),
+            Err(_) => warn!(namespace = %p.namespace, "writing an Event timed out"),
+        }
+    }
 }
 
 /// Discovery from the Kubernetes API.
@@ -291,10 +350,12 @@ pub struct KubeDiscovery {
     client: Client,
     namespace: Option<String>,
     port_name: Option<String>,
-    wake_interval: Duration,
+    instance: String,
     index: Mutex<Index>,
-    /// One wake-up task per routed model, aborted when the model stops being routed.
-    wakers: Mutex<HashMap<String, tokio::task::AbortHandle>>,
+    /// The collisions already reported, so each is reported once while it lasts.
+    collisions: Mutex<Vec<Collision>>,
+    events: mpsc::Sender<PendingEvent>,
+    events_rx: Mutex<Option<mpsc::Receiver<PendingEvent>>>,
     autoscalers_synced: AtomicBool,
     slices_synced: AtomicBool,
 }
@@ -305,7 +366,6 @@ impl std::fmt::Debug for KubeDiscovery {
         f.debug_struct("KubeDiscovery")
             .field("namespace", &self.namespace)
             .field("port_name", &self.port_name)
-            .field("wake_interval", &self.wake_interval)
             .field("synced", &self.synced())
             .finish_non_exhaustive()
     }
@@ -317,21 +377,24 @@ enum Watched {
 }
 
 impl KubeDiscovery {
-    /// Watches `namespace` (all when `None`), routes to the slice port `port_name` (first when `None`), and
-    /// patches each autoscaler at most once per `wake_interval`.
+    /// Watches `namespace` (all when `None`) and routes to the slice port `port_name` (first when `None`);
+    /// `instance` names this activator in the Events it writes.
     pub fn new(
         client: Client,
         namespace: Option<String>,
         port_name: Option<String>,
-        wake_interval: Duration,
+        instance: String,
     ) -> Self {
+        let (events, events_rx) = mpsc::channel(EVENT_QUEUE);
         Self {
             client,
             namespace,
             port_name,
-            wake_interval,
+            instance,
             index: Mutex::new(Index::default()),
-            wakers: Mutex::new(HashMap::new()),
+            collisions: Mutex::new(Vec::new()),
+            events,
+            events_rx: Mutex::new(Some(events_rx)),
             autoscalers_synced: AtomicBool::new(false),
             slices_synced: AtomicBool::new(false),
         }
@@ -342,63 +405,63 @@ impl KubeDiscovery {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Pushes the index's view into the router and starts a waker for each new model.
-    fn publish(self: &Arc<Self>, router: &Arc<Router>) {
-        let backends = self.index().backends();
-        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        for (model, urls) in &backends {
-            let entry = router.ensure(model);
-            entry.replace_ready(urls);
-            if !wakers.contains_key(model) {
-                let task = tokio::spawn(self.clone().waker(entry));
-                wakers.insert(model.clone(), task.abort_handle());
+    /// Pushes the index's view into the router and reports new collisions.
+    fn publish(&self, router: &Router) {
+        let (routes, uids) = {
+            let index = self.index();
+            let routes = index.routes();
+            let uids: BTreeMap<String, Option<String>> = routes
+                .collisions
+                .iter()
+                .flat_map(|c| {
+                    c.refused.iter().map(|name| {
+                        let key = ObjectKey {
+                            namespace: c.namespace.clone(),
+                            name: name.clone(),
+                        };
+                        (format!("{}/{name}", c.namespace), index.uid_of(&key))
+                    })
+                })
+                .collect();
+            (routes, uids)
+        };
+        for (key, urls) in &routes.backends {
+            if let Some((namespace, model)) = tessera_core::wire::activator::split_model_key(key) {
+                router.ensure(namespace, model).replace_ready(urls);
             }
         }
         for gone in router
-            .model_names()
+            .keys()
             .into_iter()
-            .filter(|m| !backends.contains_key(m))
+            .filter(|k| !routes.backends.contains_key(k))
         {
             info!(model = %gone, "model no longer routed");
-            if let Some(e) = router.get(&gone) {
+            if let Some(e) = router.get_key(&gone) {
                 e.replace_ready(&[]);
             }
-            router.remove(&gone);
-            // The waker waits on the removed entry's demand; if the model comes back it gets a new entry, so the
-            // old task must go, or the new entry would have no waker.
-            if let Some(task) = wakers.remove(&gone) {
-                task.abort();
-            }
+            router.remove_key(&gone);
         }
-    }
-
-    /// Patches the model's autoscalers whenever requests are held with no ready backend.
-    async fn waker(self: Arc<Self>, entry: Arc<ModelEntry>) {
-        let demand = entry.demand();
-        loop {
-            demand.notified().await;
-            if entry.ready_count() > 0 {
-                continue;
-            }
-            let targets = self.index().autoscalers_for(entry.name());
-            if targets.is_empty() {
-                warn!(
-                    model = entry.name(),
-                    "requests are held but no InferenceAutoscaler serves this model"
-                );
-            }
-            for key in targets {
-                match wake(&self.client, &key, SystemTime::now()).await {
-                    Ok(()) => info!(model = entry.name(), autoscaler = %key.name, namespace = %key.namespace,
-                        "woke the controller: scale from zero"),
-                    Err(e) => {
-                        warn!(model = entry.name(), autoscaler = %key.name, error = %e, "wake-up patch failed")
+        let mut reported = self.collisions.lock().unwrap_or_else(|e| e.into_inner());
+        for c in routes.collisions.iter().filter(|c| !reported.contains(c)) {
+            for refused in &c.refused {
+                warn!(namespace = %c.namespace, model = %c.model, kept = %c.chosen, refused = %refused,
+                    "model name claimed by two InferenceAutoscalers in one namespace; routing only the older");
+                let uid = uids.get(&format!("{}/{refused}", c.namespace)).cloned().flatten();
+                match collision_event(c, refused, uid.as_deref(), &self.instance, SystemTime::now()) {
+                    Ok(event) => {
+                        let pending = PendingEvent {
+                            namespace: c.namespace.clone(),
+                            event,
+                        };
+                        if self.events.try_send(pending).is_err() {
+                            warn!("the Event queue is full; dropping a collision Event (still logged here)");
+                        }
                     }
+                    Err(e) => warn!(error = %e, "could not build a collision Event"),
                 }
             }
-            // Coalesce: notifications during this pause leave one permit, so the next wake is at most one later.
-            tokio::time::sleep(self.wake_interval).await;
         }
+        *reported = routes.collisions;
     }
 
     fn handle(
@@ -450,6 +513,9 @@ impl KubeDiscovery {
 impl Discovery for KubeDiscovery {
     fn run(self: Arc<Self>, router: Arc<Router>) -> BoxFuture<'static, Result<(), ActivatorError>> {
         Box::pin(async move {
+            if let Some(rx) = self.events_rx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                tokio::spawn(write_events(self.client.clone(), rx));
+            }
             let ar = autoscaler_resource();
             let (ias, slices): (Api<DynamicObject>, Api<EndpointSlice>) = match &self.namespace {
                 Some(ns) => (
@@ -501,6 +567,10 @@ impl Discovery for KubeDiscovery {
     fn synced(&self) -> bool {
         self.autoscalers_synced.load(Ordering::Relaxed) && self.slices_synced.load(Ordering::Relaxed)
     }
+
+    fn collisions(&self) -> Vec<Collision> {
+        self.collisions.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 #[cfg(test)]
@@ -510,7 +580,7 @@ mod tests {
     use http::{Method, Request, Response};
     use kube::client::Body;
 
-    use crate::activator::router::Router;
+    use crate::activator::router::{Admission, Router};
 
     fn key(ns: &str, name: &str) -> ObjectKey {
         ObjectKey {
@@ -520,9 +590,14 @@ mod tests {
     }
 
     fn ias(ns: &str, name: &str, spec: serde_json::Value) -> DynamicObject {
+        ias_at(ns, name, "2026-01-01T00:00:00Z", spec)
+    }
+
+    fn ias_at(ns: &str, name: &str, created: &str, spec: serde_json::Value) -> DynamicObject {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
-            "metadata": { "name": name, "namespace": ns }, "spec": spec
+            "metadata": { "name": name, "namespace": ns, "uid": format!("uid-{name}"), "creationTimestamp": created },
+            "spec": spec
         }))
         .unwrap()
     }
@@ -537,6 +612,22 @@ mod tests {
         .unwrap()
     }
 
+    fn route(models: &[&str], service: &str, created: &str) -> AutoscalerRoute {
+        AutoscalerRoute {
+            models: models.iter().map(|m| m.to_string()).collect(),
+            service: Some(service.into()),
+            created: Some(created.into()),
+            uid: None,
+        }
+    }
+
+    fn ready(service: &str, urls: &[&str]) -> SliceBackends {
+        SliceBackends {
+            service: Some(service.into()),
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+        }
+    }
+
     #[test]
     fn route_reads_model_names_and_service() {
         let r = AutoscalerRoute::from_object(&ias(
@@ -547,6 +638,8 @@ mod tests {
         ));
         assert_eq!(r.models, vec!["meta-llama/Llama-3-8B"]);
         assert_eq!(r.service.as_deref(), Some("llama-vllm"));
+        assert_eq!(r.created.as_deref(), Some("2026-01-01T00:00:00Z"));
+        assert_eq!(r.uid.as_deref(), Some("uid-llama"));
         // modelNames has no default (the controller would not see the demand); serviceName defaults to the target.
         let r = AutoscalerRoute::from_object(&ias(
             "ml",
@@ -590,118 +683,105 @@ mod tests {
     #[test]
     fn index_follows_apply_delete_and_reset() {
         let mut idx = Index::default();
-        let route = AutoscalerRoute {
-            models: vec!["m".into()],
-            service: Some("svc".into()),
-        };
-        idx.apply_autoscaler(key("ml", "a"), route.clone());
+        idx.apply_autoscaler(key("ml", "a"), route(&["m"], "svc", "t1"));
         // Known at zero replicas: present with no backends, so requests are held rather than 404.
-        assert_eq!(idx.backends().get("m"), Some(&vec![]));
-        let ready = |urls: &[&str]| SliceBackends {
-            service: Some("svc".into()),
-            model_label: None,
-            autoscaler_label: None,
-            urls: urls.iter().map(|u| u.to_string()).collect(),
-        };
-        idx.apply_slice(key("ml", "s1"), ready(&["http://10.0.0.1:8000"]));
-        idx.apply_slice(key("ml", "s2"), ready(&["http://10.0.0.2:8000"]));
-        // Same service name in another namespace must not leak in.
-        idx.apply_slice(key("other", "s3"), ready(&["http://10.9.9.9:8000"]));
+        assert_eq!(idx.routes().backends.get("ml/m"), Some(&vec![]));
+        idx.apply_slice(key("ml", "s1"), ready("svc", &["http://10.0.0.1:8000"]));
+        idx.apply_slice(key("ml", "s2"), ready("svc", &["http://10.0.0.2:8000"]));
         assert_eq!(
-            idx.backends()["m"],
+            idx.routes().backends["ml/m"],
             vec!["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
         );
         idx.delete_slice(&key("ml", "s1"));
-        assert_eq!(idx.backends()["m"], vec!["http://10.0.0.2:8000"]);
-        assert_eq!(idx.autoscalers_for("m"), vec![key("ml", "a")]);
+        assert_eq!(idx.routes().backends["ml/m"], vec!["http://10.0.0.2:8000"]);
         idx.reset_slices(BTreeMap::new());
-        assert_eq!(idx.backends()["m"], Vec::<String>::new());
+        assert_eq!(idx.routes().backends["ml/m"], Vec::<String>::new());
         idx.delete_autoscaler(&key("ml", "a"));
-        assert!(!idx.backends().contains_key("m"));
-        // A Service with another name, labelled with the autoscaler's name, serves its models.
-        idx.apply_autoscaler(key("ml", "a"), route.clone());
-        idx.apply_slice(
-            key("ml", "s5"),
-            SliceBackends {
-                service: Some("other-name".into()),
-                autoscaler_label: Some("a".into()),
-                ..ready(&["http://10.0.0.5:8000"])
-            },
-        );
-        assert_eq!(idx.backends()["m"], vec!["http://10.0.0.5:8000"]);
-        idx.delete_autoscaler(&key("ml", "a"));
-        // A labelled Service routes a model without an autoscaler.
-        idx.apply_slice(
-            key("ml", "s4"),
-            SliceBackends {
-                model_label: Some("tiny".into()),
-                ..ready(&["http://10.0.0.4:80"])
-            },
-        );
-        assert_eq!(idx.backends()["tiny"], vec!["http://10.0.0.4:80"]);
-        assert!(idx.autoscalers_for("tiny").is_empty());
+        assert!(idx.routes().backends.is_empty());
     }
 
-    #[tokio::test]
-    async fn wake_sends_one_merge_patch_of_the_annotation() {
-        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(mock, "default");
-        let server = tokio::spawn(async move {
-            let (req, send) = handle.next_request().await.expect("one request");
-            assert_eq!(req.method(), Method::PATCH);
-            assert_eq!(
-                req.uri().path(),
-                "/apis/tessera.dev/v1alpha1/namespaces/ml/inferenceautoscalers/llama"
-            );
-            assert!(
-                req.uri()
-                    .query()
-                    .unwrap_or("")
-                    .contains("fieldManager=tessera-activator")
-            );
-            assert_eq!(req.headers()["content-type"], "application/merge-patch+json");
-            let body = http_body_util::BodyExt::collect(req.into_body())
-                .await
+    /// The defect: a Service in `team-b` received `team-a`'s prompts (names were cluster-wide, and any labelled
+    /// Service joined). Now a route is (namespace, model), and only the Service its own namespace's autoscaler
+    /// names serves it.
+    #[test]
+    fn tenants_are_namespaces() {
+        let mut idx = Index::default();
+        idx.apply_autoscaler(key("team-a", "llama"), route(&["llama"], "llama", "t1"));
+        idx.apply_slice(key("team-a", "s"), ready("llama", &["http://10.1.0.1:8000"]));
+        // team-b: a Service with the same name, and another one, but no autoscaler claims either.
+        idx.apply_slice(key("team-b", "s"), ready("llama", &["http://10.2.0.1:8000"]));
+        idx.apply_slice(key("team-b", "t"), ready("evil", &["http://10.2.0.2:8000"]));
+        let r = idx.routes();
+        assert_eq!(r.backends.len(), 1, "{r:?}");
+        assert_eq!(r.backends["team-a/llama"], vec!["http://10.1.0.1:8000"]);
+        // team-b claims the same name for its own Service: a second, separate model — not a collision.
+        idx.apply_autoscaler(key("team-b", "mine"), route(&["llama"], "evil", "t0"));
+        let r = idx.routes();
+        assert!(r.collisions.is_empty());
+        assert_eq!(r.backends["team-a/llama"], vec!["http://10.1.0.1:8000"]);
+        assert_eq!(r.backends["team-b/llama"], vec!["http://10.2.0.2:8000"]);
+        // An autoscaler naming a Service of another namespace gets nothing from it (same-namespace only).
+        idx.apply_autoscaler(key("team-c", "x"), route(&["x"], "llama", "t0"));
+        assert!(idx.routes().backends["team-c/x"].is_empty());
+    }
+
+    #[test]
+    fn a_collision_keeps_the_oldest_claim_and_is_reported() {
+        let mut idx = Index::default();
+        idx.apply_autoscaler(
+            key("ml", "new"),
+            route(&["m", "other"], "svc-new", "2026-02-01T00:00:00Z"),
+        );
+        idx.apply_autoscaler(
+            key("ml", "old"),
+            route(&["m", "m"], "svc-old", "2026-01-01T00:00:00Z"),
+        );
+        idx.apply_slice(key("ml", "a"), ready("svc-old", &["http://10.0.0.1:8000"]));
+        idx.apply_slice(key("ml", "b"), ready("svc-new", &["http://10.0.0.2:8000"]));
+        let r = idx.routes();
+        assert_eq!(r.backends["ml/m"], vec!["http://10.0.0.1:8000"]);
+        // The refused autoscaler keeps its other, uncontested names.
+        assert_eq!(r.backends["ml/other"], vec!["http://10.0.0.2:8000"]);
+        assert_eq!(
+            r.collisions,
+            vec![Collision {
+                namespace: "ml".into(),
+                model: "m".into(),
+                chosen: "old".into(),
+                refused: vec!["new".into()],
+            }]
+        );
+        idx.delete_autoscaler(&key("ml", "old"));
+        let r = idx.routes();
+        assert!(r.collisions.is_empty());
+        assert_eq!(r.backends["ml/m"], vec!["http://10.0.0.2:8000"]);
+    }
+
+    #[test]
+    fn the_collision_event_is_a_warning_about_the_refused_autoscaler() {
+        let c = Collision {
+            namespace: "ml".into(),
+            model: "m".into(),
+            chosen: "old".into(),
+            refused: vec!["new".into()],
+        };
+        let ev = collision_event(&c, "new", Some("u-1"), "act-0", SystemTime::UNIX_EPOCH).unwrap();
+        let json = serde_json::to_value(&ev).unwrap();
+        assert_eq!(json["type"], "Warning");
+        assert_eq!(json["reason"], COLLISION_REASON);
+        assert_eq!(json["reportingController"], "tessera.dev/activator");
+        assert_eq!(json["reportingInstance"], "act-0");
+        assert_eq!(json["regarding"]["kind"], "InferenceAutoscaler");
+        assert_eq!(json["regarding"]["name"], "new");
+        assert_eq!(json["regarding"]["uid"], "u-1");
+        assert_eq!(json["metadata"]["generateName"], "new.");
+        assert!(
+            json["eventTime"]
+                .as_str()
                 .unwrap()
-                .to_bytes();
-            let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(
-                json,
-                serde_json::json!({ "metadata": { "annotations": { "tessera.dev/activated-at": "1970-01-01T00:16:40.000Z" } } })
-            );
-            let obj = ias("ml", "llama", serde_json::json!({ "modelNames": ["m"] }));
-            send.send_response(Response::new(Body::from(serde_json::to_vec(&obj).unwrap())));
-        });
-        wake(
-            &client,
-            &key("ml", "llama"),
-            SystemTime::UNIX_EPOCH + Duration::from_secs(1000),
-        )
-        .await
-        .unwrap();
-        server.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn wake_reports_a_missing_autoscaler() {
-        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(mock, "default");
-        let server = tokio::spawn(async move {
-            let (_, send) = handle.next_request().await.expect("one request");
-            let status = serde_json::json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                "message": "inferenceautoscalers.tessera.dev \"llama\" not found", "reason": "NotFound", "code": 404 });
-            send.send_response(
-                Response::builder()
-                    .status(404)
-                    .body(Body::from(serde_json::to_vec(&status).unwrap()))
-                    .unwrap(),
-            );
-        });
-        let err = wake(&client, &key("ml", "llama"), SystemTime::now())
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("not found"), "{err}");
-        server.await.unwrap();
+                .starts_with("1970-01-01T00:00:00")
+        );
+        assert!(json["note"].as_str().unwrap().contains("\"old\""));
     }
 
     proptest::proptest! {
@@ -711,15 +791,12 @@ mod tests {
         fn incremental_events_equal_a_reset_to_the_final_state(
             events in proptest::collection::vec((0usize..4, proptest::option::of(0u8..3)), 0..30)
         ) {
-            let route = AutoscalerRoute { models: vec!["m".into()], service: Some("svc".into()) };
             let slice_for = |i: usize, n: u8| SliceBackends {
                 service: Some(if i == 3 { "other".into() } else { "svc".into() }),
-                model_label: None,
-                autoscaler_label: None,
                 urls: (0..n).map(|j| format!("http://10.0.{i}.{j}:8000")).collect(),
             };
             let mut incremental = Index::default();
-            incremental.apply_autoscaler(key("ml", "a"), route.clone());
+            incremental.apply_autoscaler(key("ml", "a"), route(&["m"], "svc", "t"));
             let mut last: BTreeMap<ObjectKey, SliceBackends> = BTreeMap::new();
             for (i, ev) in &events {
                 let k = key("ml", &format!("s{i}"));
@@ -735,84 +812,24 @@ mod tests {
                 }
             }
             let mut reset = Index::default();
-            reset.apply_autoscaler(key("ml", "a"), route);
+            reset.apply_autoscaler(key("ml", "a"), route(&["m"], "svc", "t"));
             reset.reset_slices(last);
-            proptest::prop_assert_eq!(incremental.backends(), reset.backends());
+            proptest::prop_assert_eq!(incremental.routes(), reset.routes());
             // Only endpoints of the model's own Service are ever routed.
-            for url in &incremental.backends()["m"] {
+            for url in &incremental.routes().backends["ml/m"] {
                 proptest::prop_assert!(!url.starts_with("http://10.0.3."));
             }
         }
     }
 
-    /// A model that stops being routed and comes back gets a fresh entry *with* a waker (the old waker, bound to
-    /// the old entry, must not be left standing in for it).
+    /// The whole discovery loop against a mocked API server: the initial lists fill the router keyed by
+    /// namespace, `/ready` turns true, a held request at zero writes nothing to the API (the controller polls the
+    /// stats instead), and a collision produces exactly one Warning Event (POST, never a PATCH).
     #[tokio::test]
-    async fn a_model_that_comes_back_can_still_wake_its_autoscaler() {
-        let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let discovery = Arc::new(KubeDiscovery::new(
-            Client::new(mock, "default"),
-            None,
-            None,
-            Duration::from_millis(1),
-        ));
-        let router = Arc::new(Router::new(10, "test".into(), 0));
-        let obj = ias(
-            "ml",
-            "qwen",
-            serde_json::json!({ "scaleTargetRef": { "name": "qwen" }, "modelNames": ["qwen"] }),
-        );
-        let (mut staged_ias, mut staged_slices) = (Vec::new(), Vec::new());
-        for ev in [
-            Watched::Autoscaler(Event::Init),
-            Watched::Autoscaler(Event::InitDone),
-        ] {
-            discovery.handle(ev, &mut staged_ias, &mut staged_slices);
-        }
-        for ev in [Watched::Slice(Event::Init), Watched::Slice(Event::InitDone)] {
-            discovery.handle(ev, &mut staged_ias, &mut staged_slices);
-        }
-        discovery.handle(
-            Watched::Autoscaler(Event::Apply(obj.clone())),
-            &mut staged_ias,
-            &mut staged_slices,
-        );
-        discovery.publish(&router);
-        let first = router.get("qwen").expect("routed");
-        discovery.handle(
-            Watched::Autoscaler(Event::Delete(obj.clone())),
-            &mut staged_ias,
-            &mut staged_slices,
-        );
-        discovery.publish(&router);
-        assert!(
-            router.get("qwen").is_none(),
-            "a deleted autoscaler's model is no longer routed"
-        );
-        discovery.handle(
-            Watched::Autoscaler(Event::Apply(obj.clone())),
-            &mut staged_ias,
-            &mut staged_slices,
-        );
-        discovery.publish(&router);
-        let second = router.get("qwen").expect("routed again");
-        assert!(!Arc::ptr_eq(&first, &second));
-        let _held = second.try_enqueue().unwrap();
-        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-            .await
-            .expect("the new entry's held request must produce a wake-up PATCH")
-            .unwrap();
-        assert_eq!(req.method(), Method::PATCH);
-        send.send_response(Response::new(Body::from(serde_json::to_vec(&obj).unwrap())));
-    }
-
-    /// The whole discovery loop against a mocked API server: the initial lists fill the router, `/ready` turns
-    /// true, and a request held for a model at zero replicas produces the wake-up PATCH.
-    #[tokio::test]
-    async fn discovery_lists_then_wakes_the_autoscaler_of_a_held_model() {
+    async fn discovery_lists_routes_and_writes_only_collision_events() {
         let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(mock, "default");
-        let (patched_tx, mut patched_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (writes_tx, mut writes_rx) = tokio::sync::mpsc::unbounded_channel();
         let api = tokio::spawn(async move {
             // Watch requests are left pending (a quiet cluster); keep their responders alive.
             let mut pending = Vec::new();
@@ -823,7 +840,8 @@ mod tests {
                     pending.push(send);
                     continue;
                 }
-                let body = match (req.method().clone(), path.as_str()) {
+                let method = req.method().clone();
+                let body = match (method.clone(), path.as_str()) {
                     (Method::GET, "/apis/discovery.k8s.io/v1/endpointslices") => serde_json::json!({
                         "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
                         "metadata": { "resourceVersion": "10" },
@@ -836,13 +854,19 @@ mod tests {
                             ias("ml", "llama", serde_json::json!({ "scaleTargetRef": { "name": "llama" },
                                 "modelNames": ["llama-3"] })),
                             ias("ml", "qwen", serde_json::json!({ "scaleTargetRef": { "name": "qwen" }, "modelNames": ["qwen"] })),
+                            ias_at("ml", "qwen-copy", "2026-06-01T00:00:00Z",
+                                serde_json::json!({ "scaleTargetRef": { "name": "q2" }, "modelNames": ["qwen"] })),
                         ]
                     }),
-                    (Method::PATCH, p) => {
-                        patched_tx.send(p.to_string()).unwrap();
-                        serde_json::to_value(ias("ml", "qwen", serde_json::json!({}))).unwrap()
+                    (_, p) => {
+                        let bytes = http_body_util::BodyExt::collect(req.into_body())
+                            .await
+                            .unwrap()
+                            .to_bytes();
+                        let json: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+                        writes_tx.send((method, p.to_string(), json.clone())).unwrap();
+                        json
                     }
-                    other => panic!("unexpected request {other:?} {query}"),
                 };
                 send.send_response(Response::new(Body::from(serde_json::to_vec(&body).unwrap())));
             }
@@ -851,12 +875,14 @@ mod tests {
             client,
             None,
             Some("http".into()),
-            Duration::from_secs(60),
+            "act-0".into(),
         ));
-        let router = Arc::new(Router::new(10, "test".into(), 0));
+        let router = Arc::new(Router::new(10, Admission::new(100, 100), "test".into(), 0));
         let task = tokio::spawn(discovery.clone().run(router.clone()));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while router.get("qwen").is_none() || router.get("llama-3").is_none_or(|e| e.ready_count() == 0) {
+        while router.get("ml", "qwen").is_none()
+            || router.get("ml", "llama-3").is_none_or(|e| e.ready_count() == 0)
+        {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the router never got the listed backends"
@@ -864,26 +890,31 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(discovery.synced());
-        let llama = router.get("llama-3").unwrap();
+        assert!(
+            router.get("other", "llama-3").is_none(),
+            "routes are per namespace"
+        );
+        let llama = router.get("ml", "llama-3").unwrap();
         assert_eq!(llama.pick().unwrap().backend().base, "http://10.0.0.1:8000");
-        // qwen is known at zero replicas: a held request wakes its autoscaler, once.
-        let qwen = router.get("qwen").unwrap();
-        assert_eq!(qwen.ready_count(), 0);
-        let _held = qwen.try_enqueue().unwrap();
-        let patched = tokio::time::timeout(Duration::from_secs(10), patched_rx.recv())
+        let (method, path, event) = tokio::time::timeout(Duration::from_secs(10), writes_rx.recv())
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(
-            patched,
-            "/apis/tessera.dev/v1alpha1/namespaces/ml/inferenceautoscalers/qwen"
-        );
-        // A second held request within --wake-interval is coalesced: no second PATCH.
-        let _held2 = qwen.try_enqueue().unwrap();
+        assert_eq!(method, Method::POST);
+        assert_eq!(path, "/apis/events.k8s.io/v1/namespaces/ml/events");
+        assert_eq!(event["reason"], COLLISION_REASON);
+        assert_eq!(event["regarding"]["name"], "qwen-copy");
+        assert_eq!(discovery.collisions().len(), 1);
+        // qwen is known at zero replicas; holding a request for it writes nothing, and the collision is not
+        // reported again on the next publishes.
+        let qwen = router.get("ml", "qwen").unwrap();
+        assert_eq!(qwen.ready_count(), 0);
+        let _held = qwen.try_enqueue().unwrap();
         assert!(
-            tokio::time::timeout(Duration::from_millis(200), patched_rx.recv())
+            tokio::time::timeout(Duration::from_millis(2_500), writes_rx.recv())
                 .await
-                .is_err()
+                .is_err(),
+            "no API write other than the one Event"
         );
         task.abort();
         api.abort();

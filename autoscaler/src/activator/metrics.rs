@@ -11,27 +11,34 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use super::discovery::Collision;
 use super::router::Router;
 
-/// `{model, code}`: `code` is the HTTP status returned to the client.
+/// `{namespace, model, code}`: `code` is the HTTP status returned to the client.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
+    /// The model's namespace, or `unknown` (as `model`).
+    pub namespace: String,
     /// The model name, or `unknown` for names the activator does not route (to bound cardinality).
     pub model: String,
     /// HTTP status code.
     pub code: u16,
 }
 
-/// `{model}`.
+/// `{namespace, model}`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModelLabels {
+    /// The model's namespace.
+    pub namespace: String,
     /// The model name.
     pub model: String,
 }
 
-/// `{model, reason}` for requests the activator answered itself.
+/// `{namespace, model, reason}` for requests the activator answered itself.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabels {
+    /// The model's namespace, or `unknown`.
+    pub namespace: String,
     /// The model name, or `unknown`.
     pub model: String,
     /// The error's fixed label (see `RequestError::label`).
@@ -51,6 +58,9 @@ pub struct Metrics {
     in_flight: Family<ModelLabels, Gauge>,
     queued: Family<ModelLabels, Gauge>,
     ready_backends: Family<ModelLabels, Gauge>,
+    collisions: Family<ModelLabels, Gauge>,
+    admitted: Gauge,
+    held: Gauge,
 }
 
 impl Default for Metrics {
@@ -102,6 +112,24 @@ impl Metrics {
             "Ready backends per model",
             ready_backends.clone(),
         );
+        let collisions = Family::<ModelLabels, Gauge>::default();
+        registry.register(
+            "model_name_collisions",
+            "InferenceAutoscalers refused for a model name another one in the namespace already claims",
+            collisions.clone(),
+        );
+        let admitted = Gauge::default();
+        registry.register(
+            "admitted_requests",
+            "Requests admitted and not finished, all models (bounded by --max-in-flight)",
+            admitted.clone(),
+        );
+        let held = Gauge::default();
+        registry.register(
+            "held_requests",
+            "Requests held for a model with no ready backend, all models (bounded by --max-held)",
+            held.clone(),
+        );
         Self {
             registry,
             requests,
@@ -110,13 +138,17 @@ impl Metrics {
             in_flight,
             queued,
             ready_backends,
+            collisions,
+            admitted,
+            held,
         }
     }
 
-    /// The text exposition, with the gauges refreshed from `router`.
-    pub fn encode(&self, router: &Router) -> Result<String, std::fmt::Error> {
+    /// The text exposition, with the gauges refreshed from `router` and discovery's current `collisions`.
+    pub fn encode(&self, router: &Router, collisions: &[Collision]) -> Result<String, std::fmt::Error> {
         for e in router.entries() {
             let l = ModelLabels {
+                namespace: e.namespace().to_string(),
                 model: e.name().to_string(),
             };
             self.in_flight
@@ -129,6 +161,21 @@ impl Metrics {
                 .get_or_create(&l)
                 .set(i64::try_from(e.ready_count()).unwrap_or(i64::MAX));
         }
+        // Cleared first, so that a collision that was resolved drops out instead of keeping its last value.
+        self.collisions.clear();
+        for c in collisions {
+            let l = ModelLabels {
+                namespace: c.namespace.clone(),
+                model: c.model.clone(),
+            };
+            self.collisions
+                .get_or_create(&l)
+                .set(i64::try_from(c.refused.len()).unwrap_or(i64::MAX));
+        }
+        let admission = router.admission();
+        self.admitted
+            .set(i64::try_from(admission.in_flight()).unwrap_or(i64::MAX));
+        self.held.set(i64::try_from(admission.held()).unwrap_or(i64::MAX));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

@@ -1,46 +1,55 @@
-//! The activator: an OpenAI-API gateway that routes by model and holds requests while a model scales from zero.
+//! The activator: an OpenAI-API gateway that routes by `(namespace, model)` and holds requests while a model
+//! scales from zero.
 //!
 //! ```text
-//!  client ──POST /v1/chat/completions {"model": m}──▶ proxy ──pick least-outstanding ready backend──▶ vLLM
-//!                                                       │ none ready?
-//!                                                       ▼
-//!                                bounded hold queue per model ──demand──▶ discovery: probe now (static) /
-//!                                       ▲                                 patch tessera.dev/activated-at (k8s)
-//!                                       └──── watch: first backend ready ◀── discovery pushes readiness
+//!  client ──POST /namespaces/<ns>/v1/chat/completions {"model": m}──▶ admit ──▶ read body ──▶ proxy
+//!         (or /v1/... for --default-namespace)                         │ bounded    │ bounded     │
+//!                                   pick least-outstanding ready backend of ns/m ◀──┘             │
+//!                                         │ none ready?                                           ▼
+//!                                         ▼                                                      vLLM
+//!                  bounded hold queue ──demand──▶ discovery: probe now (static); the controller polls
+//!                         ▲                        /tessera/v1/stats and sees queued > 0 (Kubernetes)
+//!                         └──── watch: first backend ready ◀── discovery pushes readiness
 //! ```
 //!
-//! - [`router`]: per-model state (ready backends, outstanding counts, hold queue, counters).
+//! - [`router`]: per-model state (ready backends, outstanding counts, hold queue, counters) and the gateway-wide
+//!   admission bounds.
 //! - [`proxy`]: the request path; every request is forwarded once or answered with an explicit error.
 //! - [`discovery`]: the [`discovery::Discovery`] trait and static backends with demand-driven health probes.
-//! - [`kube`]: Kubernetes discovery (EndpointSlices + InferenceAutoscalers) and the wake-up patch.
+//! - [`kube`]: Kubernetes discovery (EndpointSlices + InferenceAutoscalers, per namespace) and collision Events.
+//! - [`serve`]: the accept loop (header-read timeout, graceful stop).
 //! - [`metrics`]: Prometheus families.
 //!
-//! Admin endpoints: `GET /v1/models` (the union of known models), `GET` [`STATS_PATH`] (the
-//! [`tessera_core::wire::activator::ActivatorStats`] document the controller reads), `/metrics`, `/live`, `/ready`.
+//! Admin endpoints: `GET /v1/models` and `GET /namespaces/<ns>/v1/models` (the models of one namespace),
+//! `GET` [`STATS_PATH`] (the [`tessera_core::wire::activator::ActivatorStats`] document the controller reads,
+//! keyed by `<namespace>/<model>`), `/metrics`, `/live`, `/ready` (fails from SIGTERM on; see
+//! [`tessera_runtime`]).
 
 pub mod discovery;
 pub mod kube;
 pub mod metrics;
 pub mod proxy;
 pub mod router;
+pub mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioTimer;
 use tessera_core::wire::activator::STATS_PATH;
-use tracing::{info, warn};
+use tessera_runtime::Graceful;
+use tracing::info;
 
 use self::discovery::{Discovery, StaticBackend, StaticDiscovery};
-use self::proxy::App;
-use self::router::Router;
+use self::proxy::{App, Limits};
+use self::router::{Admission, Router};
 
 /// The activator's errors at start-up and in its background tasks.
 #[derive(Debug, thiserror::Error)]
@@ -91,10 +100,24 @@ pub struct Args {
     #[arg(long = "backend", env = "TESSERA_BACKENDS", value_delimiter = ',')]
     pub backends: Vec<StaticBackend>,
 
+    /// Namespace of requests that name none (`/v1/...` rather than `/namespaces/<ns>/v1/...`) and of every
+    /// `--backend`. Default: `--namespace` when set, else `default`.
+    #[arg(long, env = "TESSERA_DEFAULT_NAMESPACE")]
+    pub default_namespace: Option<String>,
+
     /// Most requests held per model while it has no ready backend; beyond it the activator answers 503
     /// (0: never hold, answer 503 at once).
     #[arg(long, env = "TESSERA_QUEUE_SIZE", default_value_t = 100)]
     pub queue_size: u64,
+
+    /// Most requests held at once, all models together; beyond it the activator sheds with 429 + Retry-After.
+    #[arg(long, env = "TESSERA_MAX_HELD", default_value_t = 1000)]
+    pub max_held: u64,
+
+    /// Most requests admitted at once (reading their body, held, forwarded or streaming back), all models
+    /// together; beyond it the activator sheds with 429 + Retry-After before reading the body.
+    #[arg(long, env = "TESSERA_MAX_IN_FLIGHT", default_value_t = 4096)]
+    pub max_in_flight: u64,
 
     /// Longest a request is held waiting for a backend before a 503 (covers a cold start of the model server).
     #[arg(long, env = "TESSERA_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
@@ -104,9 +127,35 @@ pub struct Args {
     #[arg(long, env = "TESSERA_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
     pub retry_after: Duration,
 
-    /// Largest request body accepted, in bytes (the body is read to find its `model`).
+    /// Largest request body accepted, in bytes (the body is read to find its `model`). A larger
+    /// `Content-Length` is refused (413) before reading; a chunked body is cut off at the limit.
     #[arg(long, env = "TESSERA_MAX_BODY_SIZE", default_value_t = 16 * 1024 * 1024)]
     pub max_body_size: usize,
+
+    /// Most bytes of request bodies buffered at once, all requests together (held requests keep theirs); a
+    /// body that would exceed it is shed with 429 + Retry-After. Bounds the activator's memory.
+    #[arg(long, env = "TESSERA_MAX_BUFFERED_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub max_buffered_body_bytes: usize,
+
+    /// Longest a client may take to send its request headers (a slower connection is closed).
+    #[arg(long, env = "TESSERA_HEADER_READ_TIMEOUT", value_parser = nonzero_duration, default_value = "10s")]
+    pub header_read_timeout: Duration,
+
+    /// Longest a client may take to send its whole request body (then 408).
+    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT", value_parser = nonzero_duration, default_value = "30s")]
+    pub body_read_timeout: Duration,
+
+    /// Longest a backend may take to send response headers after the request was sent (then 504). A
+    /// non-streaming completion sends its headers only when it is done, so keep this above the longest
+    /// generation.
+    #[arg(long, env = "TESSERA_RESPONSE_HEADER_TIMEOUT", value_parser = nonzero_duration, default_value = "10m")]
+    pub response_header_timeout: Duration,
+
+    /// How long an idle pooled connection to a backend is kept. Must stay below the backend's keep-alive
+    /// (vLLM/uvicorn closes idle connections after 5 s): reusing a connection the backend is closing fails the
+    /// request after it was sent, which cannot safely be retried.
+    #[arg(long, env = "TESSERA_UPSTREAM_IDLE_TIMEOUT", value_parser = nonzero_duration, default_value = "4s")]
+    pub upstream_idle_timeout: Duration,
 
     /// Static backends: the path probed for readiness (vLLM serves `/health`).
     #[arg(long, env = "TESSERA_HEALTH_PATH", default_value = "/health")]
@@ -129,13 +178,15 @@ pub struct Args {
     #[arg(long, env = "TESSERA_PORT_NAME")]
     pub port_name: Option<String>,
 
-    /// Kubernetes: the shortest time between two wake-up patches for one InferenceAutoscaler.
-    #[arg(long, env = "TESSERA_WAKE_INTERVAL", value_parser = nonzero_duration, default_value = "1s")]
-    pub wake_interval: Duration,
-
-    /// This instance's name in the stats document (the pod name in a cluster; default: the listen address).
+    /// This instance's name in the stats document and its Events (the pod name in a cluster; default: the
+    /// listen address).
     #[arg(long, env = "TESSERA_INSTANCE")]
     pub instance: Option<String>,
+
+    /// Graceful shutdown (`--drain-period`): after SIGTERM `/ready` fails while requests are still served; at
+    /// the end, requests still held are answered 503 + Retry-After.
+    #[command(flatten)]
+    pub drain: tessera_runtime::DrainArgs,
 }
 
 /// A humantime duration that must be positive: a zero interval would turn a probe or wake-up loop into a busy loop.
@@ -150,8 +201,9 @@ fn nonzero_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Runs the activator until SIGTERM or Ctrl-C.
+/// Runs the activator until SIGTERM (and the drain after it) or Ctrl-C.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    let graceful = Graceful::on_signals(args.drain.drain_period);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|source| ActivatorError::Bind {
@@ -161,7 +213,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let local = listener.local_addr().map_err(ActivatorError::Serve)?;
     let started = SystemTime::now();
     let instance = args.instance.clone().unwrap_or_else(|| local.to_string());
-    let router = Arc::new(Router::new(args.queue_size, instance, crate::unix_ms(started)));
+    let default_namespace = args
+        .default_namespace
+        .clone()
+        .or_else(|| args.namespace.clone())
+        .unwrap_or_else(|| "default".to_string());
+    let admission = Admission::new(args.max_in_flight, args.max_held);
+    let router = Arc::new(Router::new(
+        args.queue_size,
+        admission,
+        instance.clone(),
+        crate::unix_ms(started),
+    ));
 
     let discovery: Arc<dyn Discovery> = if args.backends.is_empty() {
         let client = ::kube::Client::try_default()
@@ -171,11 +234,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             client,
             args.namespace.clone(),
             args.port_name.clone(),
-            args.wake_interval,
+            instance,
         ))
     } else {
         Arc::new(StaticDiscovery::new(
             args.backends.clone(),
+            default_namespace.clone(),
             args.health_path.clone(),
             args.probe_interval_held,
             args.probe_interval,
@@ -183,35 +247,42 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     };
     let discovery_task = tokio::spawn(discovery.clone().run(router.clone()));
 
+    // Semaphore permits are counted in usize but acquired in u32 chunks; a budget beyond Tokio's maximum is capped.
+    let budget = args
+        .max_buffered_body_bytes
+        .min(tokio::sync::Semaphore::MAX_PERMITS);
     let app = Arc::new(App {
         router,
         discovery,
         metrics: metrics::Metrics::new(),
-        client: backend_client(),
-        hold_timeout: args.hold_timeout,
-        retry_after: args.retry_after,
-        max_body_bytes: args.max_body_size,
+        client: backend_client(args.upstream_idle_timeout),
+        limits: Limits {
+            hold_timeout: args.hold_timeout,
+            retry_after: args.retry_after,
+            max_body_bytes: args.max_body_size,
+            body_read_timeout: args.body_read_timeout,
+            response_header_timeout: args.response_header_timeout,
+        },
+        body_budget: Arc::new(tokio::sync::Semaphore::new(budget)),
+        graceful: graceful.clone(),
+        default_namespace,
     });
-    let service = axum::Router::new()
-        .route("/v1/models", get(list_models))
-        .route(STATS_PATH, get(stats))
-        .route("/metrics", get(prometheus))
-        .route("/live", get(|| async { "ok" }))
-        .route("/ready", get(ready))
-        .route("/v1/{*rest}", post(proxy::handle))
-        .fallback(not_found)
-        .with_state(app);
+    let service = graceful.ready_gate(
+        axum::Router::new()
+            .route("/v1/models", get(list_default_models))
+            .route("/namespaces/{namespace}/v1/models", get(list_models))
+            .route(STATS_PATH, get(stats))
+            .route("/metrics", get(prometheus))
+            .route("/live", get(|| async { "ok" }))
+            .route("/ready", get(ready))
+            .route("/v1/{*rest}", post(proxy::handle))
+            .route("/namespaces/{namespace}/v1/{*rest}", post(proxy::handle))
+            .fallback(not_found)
+            .with_state(app),
+    );
     info!(listen = %local, "activator listening");
-    let listener = listener.tap_io(|tcp| {
-        // Small SSE chunks must leave at once, not wait for Nagle's algorithm.
-        if let Err(e) = tcp.set_nodelay(true) {
-            warn!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
     tokio::select! {
-        served = axum::serve(listener, service).with_graceful_shutdown(shutdown_signal()) => {
-            served.map_err(ActivatorError::Serve)?;
-        }
+        () = serve::serve(listener, service, args.header_read_timeout, graceful.clone()) => {}
         ended = discovery_task => {
             match ended {
                 Ok(Ok(())) => anyhow::bail!("backend discovery stopped unexpectedly"),
@@ -224,49 +295,37 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The pooled keep-alive client to backends: TCP_NODELAY, idle connections kept so the proxy hop costs no
-/// handshake.
-pub fn backend_client() -> Client<HttpConnector, http_body_util::Full<bytes::Bytes>> {
+/// The pooled keep-alive client to backends: TCP_NODELAY, idle connections kept (for `idle_timeout`, below the
+/// backend's own keep-alive) so the proxy hop costs no handshake.
+pub fn backend_client(idle_timeout: Duration) -> Client<HttpConnector, http_body_util::Full<bytes::Bytes>> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
     Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
+        // The timer makes the pool drop idle connections on time, not only when it next looks at them.
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(idle_timeout)
         .pool_max_idle_per_host(1024)
+        // A request hyper never started writing to a pooled connection that turned out closed is retried on a
+        // fresh one: nothing reached the backend (the default, stated because the proxy relies on it).
+        .retry_canceled_requests(true)
         .build(connector)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { () = ctrl_c => {}, () = term => {} }
-    info!("shutting down: finishing in-flight requests");
+async fn list_default_models(State(app): State<Arc<App>>) -> Response {
+    models_of(&app, &app.default_namespace)
 }
 
-async fn list_models(State(app): State<Arc<App>>) -> Response {
+async fn list_models(State(app): State<Arc<App>>, Path(namespace): Path<String>) -> Response {
+    models_of(&app, &namespace)
+}
+
+fn models_of(app: &App, namespace: &str) -> Response {
     let data: Vec<serde_json::Value> = app
         .router
-        .model_names()
+        .model_names(namespace)
         .into_iter()
-        .map(|id| serde_json::json!({ "id": id, "object": "model", "created": 0, "owned_by": "tessera" }))
+        .map(|id| serde_json::json!({ "id": id, "object": "model", "created": 0, "owned_by": namespace }))
         .collect();
     axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
 }
@@ -276,7 +335,7 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn prometheus(State(app): State<Arc<App>>) -> Response {
-    match app.metrics.encode(&app.router) {
+    match app.metrics.encode(&app.router, &app.discovery.collisions()) {
         Ok(text) => (
             // prometheus-client writes OpenMetrics (`# EOF`, counter families without `_total`); Prometheus chooses
             // its parser by this header, so it must say so, as the sidecar and the controller do.
@@ -309,7 +368,8 @@ async fn ready(State(app): State<Arc<App>>) -> Response {
 
 async fn not_found() -> Response {
     let body = serde_json::json!({ "error": {
-        "message": "no such route; the gateway serves POST /v1/... (OpenAI API) and GET /v1/models",
+        "message": "no such route; the gateway serves POST /v1/... and /namespaces/<namespace>/v1/... (OpenAI API) \
+            and GET /v1/models",
         "type": "invalid_request_error", "param": null, "code": "not_found" } });
     (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }

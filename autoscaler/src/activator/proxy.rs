@@ -1,8 +1,17 @@
-//! The request path: read the `model`, pick or wait for a backend, forward, stream the response back.
+//! The request path: admit, read the body (bounded), find the `model`, pick or wait for a backend, forward,
+//! stream the response back.
 //!
-//! Every request ends in exactly one of two ways: it is forwarded to one backend once (a connection that was
-//! refused sent nothing, so trying another backend is not a second delivery), or the activator answers it itself
-//! with an explicit status and an OpenAI-style error body. Nothing is dropped silently.
+//! Every request ends in exactly one of two ways: it is forwarded to one backend once, or the activator answers
+//! it itself with an explicit status and an OpenAI-style error body. It is sent to another backend only when
+//! nothing of it reached the first one (the connection was refused or never established; hyper's pool likewise
+//! retries only a request it never started writing to a pooled connection that had closed). A backend that fails
+//! after the request was written is a `502`, never a replay: a completion may already be running there.
+//!
+//! Bounds, each with its own answer: `--max-in-flight` admitted requests (429), `--max-held` held requests across
+//! all models and `--queue-size` per model (429 / 503), `--max-body-size` per body (413, checked against
+//! `Content-Length` before reading and again while streaming), `--max-buffered-body-bytes` over every buffered body
+//! (429), `--body-read-timeout` (408), `--hold-timeout` (503), `--response-header-timeout` (504). Every 429 and 503
+//! carries `Retry-After`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,23 +22,40 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use http_body_util::Full;
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Deserialize;
+use tessera_runtime::Graceful;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::discovery::Discovery;
 use super::metrics::{CodeLabels, Metrics, ModelLabels, RejectLabels};
-use super::router::{InFlight, Lease, Router};
+use super::router::{Admitted, HoldRefused, InFlight, Lease, ModelEntry, Router};
+
+/// The request path's bounds and timeouts (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Longest a request is held waiting for a ready backend.
+    pub hold_timeout: Duration,
+    /// `Retry-After` on the 429s and 503s the activator answers itself.
+    pub retry_after: Duration,
+    /// Largest request body read (the `model` is inside it).
+    pub max_body_bytes: usize,
+    /// Longest the whole request body may take to arrive.
+    pub body_read_timeout: Duration,
+    /// Longest a backend may take to send response headers once the request is sent.
+    pub response_header_timeout: Duration,
+}
 
 /// What the request path needs, shared by every connection.
 #[derive(Debug)]
 pub struct App {
-    /// Per-model state.
+    /// Per-model state and the gateway-wide admission bounds.
     pub router: Arc<Router>,
     /// Where readiness comes from (told about connect failures).
     pub discovery: Arc<dyn Discovery>,
@@ -37,12 +63,25 @@ pub struct App {
     pub metrics: Metrics,
     /// Pooled keep-alive client to the backends.
     pub client: Client<HttpConnector, Full<Bytes>>,
-    /// Longest a request is held waiting for a ready backend.
-    pub hold_timeout: Duration,
-    /// `Retry-After` on 503s the activator answers itself.
-    pub retry_after: Duration,
-    /// Largest request body read (the `model` is inside it).
-    pub max_body_bytes: usize,
+    /// Bounds and timeouts.
+    pub limits: Limits,
+    /// Bytes of request bodies buffered at once, all requests together (`--max-buffered-body-bytes`).
+    pub body_budget: Arc<Semaphore>,
+    /// Shutdown: once stopping, held requests are answered 503 instead of waiting on.
+    pub graceful: Graceful,
+    /// The namespace of requests that name none (`/v1/...` rather than `/namespaces/<ns>/v1/...`).
+    pub default_namespace: String,
+}
+
+/// Which gateway-wide bound shed a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// `--max-in-flight`.
+    InFlight,
+    /// `--max-held`.
+    Held,
+    /// `--max-buffered-body-bytes`.
+    BodyBytes,
 }
 
 /// Why the activator answered a request itself.
@@ -54,9 +93,25 @@ pub enum RequestError {
     /// The body exceeded `--max-body-size`.
     #[error("the request body is larger than {0} bytes (raise --max-body-size if this is intended)")]
     TooLarge(usize),
-    /// No routing for this model name.
-    #[error("the model `{0}` does not exist; GET /v1/models lists the models this gateway serves")]
-    UnknownModel(String),
+    /// The body did not arrive within `--body-read-timeout`.
+    #[error("the request body did not arrive within {0}")]
+    BodyTimeout(String),
+    /// No routing for this model name in this namespace.
+    #[error(
+        "the model `{model}` does not exist in namespace `{namespace}`; GET {models_path} lists the models \
+         this gateway serves there"
+    )]
+    UnknownModel {
+        /// The namespace.
+        namespace: String,
+        /// The model.
+        model: String,
+        /// Where the list is.
+        models_path: String,
+    },
+    /// A gateway-wide bound is reached: load shedding.
+    #[error("the gateway is overloaded ({}); retry later", shed_reason(*.0))]
+    Overloaded(Shed),
     /// The hold queue for the model is full.
     #[error(
         "model `{0}` is scaling up and already has the most waiting requests --queue-size allows; retry later"
@@ -72,6 +127,11 @@ pub enum RequestError {
         /// How long the request waited, humantime.
         waited: String,
     },
+    /// The activator is shutting down and the model has no ready backend.
+    #[error(
+        "the gateway is shutting down and model `{0}` has no ready replica; retry (another gateway replica will answer)"
+    )]
+    ShuttingDown(String),
     /// The backend failed after the request was sent.
     #[error("the model server for `{model}` failed: {error}")]
     Upstream {
@@ -80,6 +140,22 @@ pub enum RequestError {
         /// What went wrong.
         error: String,
     },
+    /// The backend sent no response headers within `--response-header-timeout`.
+    #[error("the model server for `{model}` sent no response within {waited}")]
+    UpstreamTimeout {
+        /// The model.
+        model: String,
+        /// The timeout, humantime.
+        waited: String,
+    },
+}
+
+fn shed_reason(s: Shed) -> &'static str {
+    match s {
+        Shed::InFlight => "--max-in-flight requests are being served",
+        Shed::Held => "--max-held requests are already waiting for models to scale up",
+        Shed::BodyBytes => "--max-buffered-body-bytes of request bodies are buffered",
+    }
 }
 
 impl RequestError {
@@ -87,9 +163,14 @@ impl RequestError {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnknownModel(_) => StatusCode::NOT_FOUND,
-            Self::QueueFull(_) | Self::HoldTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::UnknownModel { .. } => StatusCode::NOT_FOUND,
+            Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull(_) | Self::HoldTimeout { .. } | Self::ShuttingDown(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -98,28 +179,45 @@ impl RequestError {
         match self {
             Self::BadRequest(_) => "bad_request",
             Self::TooLarge(_) => "body_too_large",
-            Self::UnknownModel(_) => "model_not_found",
+            Self::BodyTimeout(_) => "body_read_timeout",
+            Self::UnknownModel { .. } => "model_not_found",
+            Self::Overloaded(Shed::InFlight) => "overloaded_in_flight",
+            Self::Overloaded(Shed::Held) => "overloaded_held",
+            Self::Overloaded(Shed::BodyBytes) => "overloaded_body_bytes",
             Self::QueueFull(_) => "queue_full",
             Self::HoldTimeout { .. } => "hold_timeout",
+            Self::ShuttingDown(_) => "shutting_down",
             Self::Upstream { .. } => "upstream_error",
+            Self::UpstreamTimeout { .. } => "upstream_timeout",
         }
     }
 
     fn openai_type(&self) -> &'static str {
         match self {
-            Self::BadRequest(_) | Self::TooLarge(_) | Self::UnknownModel(_) => "invalid_request_error",
-            Self::QueueFull(_) | Self::HoldTimeout { .. } | Self::Upstream { .. } => "server_error",
+            Self::BadRequest(_) | Self::TooLarge(_) | Self::BodyTimeout(_) | Self::UnknownModel { .. } => {
+                "invalid_request_error"
+            }
+            // What OpenAI's own API answers when a client must slow down.
+            Self::Overloaded(_) => "rate_limit_error",
+            Self::QueueFull(_)
+            | Self::HoldTimeout { .. }
+            | Self::ShuttingDown(_)
+            | Self::Upstream { .. }
+            | Self::UpstreamTimeout { .. } => "server_error",
         }
     }
 
     fn into_response(self, retry_after: Duration) -> Response {
         let status = self.status();
-        let param = matches!(self, Self::UnknownModel(_)).then_some("model");
+        let param = matches!(self, Self::UnknownModel { .. }).then_some("model");
         let body = serde_json::json!({
             "error": { "message": self.to_string(), "type": self.openai_type(), "param": param, "code": self.label() }
         });
         let mut resp = (status, axum::Json(body)).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if matches!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        ) {
             let secs = retry_after.as_secs().max(1);
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
@@ -145,37 +243,132 @@ pub fn model_of(body: &[u8]) -> Result<String, RequestError> {
     }
 }
 
-/// Handles every OpenAI `POST /v1/...` request.
+/// The namespace a request addresses and the path to forward: `/namespaces/<ns>/v1/...` → (`ns`, `/v1/...`);
+/// anything else → (`default`, the path as is). The query string is kept.
+pub fn namespace_and_path<'a>(path_and_query: &'a str, default: &'a str) -> (&'a str, &'a str) {
+    if let Some(rest) = path_and_query.strip_prefix("/namespaces/")
+        && let Some(slash) = rest.find('/')
+        && slash > 0
+    {
+        return (&rest[..slash], &rest[slash..]);
+    }
+    (default, path_and_query)
+}
+
+/// Handles every OpenAI `POST /v1/...` and `POST /namespaces/<ns>/v1/...` request.
 pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let arrived = Instant::now();
+    // Admission first: a shed request costs no body read, no parse and no memory.
+    let Some(admitted) = app.router.admission().try_admit() else {
+        return reject(&app, None, RequestError::Overloaded(Shed::InFlight));
+    };
     let (parts, body) = req.into_parts();
-    let body = match axum::body::to_bytes(body, app.max_body_bytes).await {
+    let (body, budget) = match read_body(&app, &parts.headers, body).await {
         Ok(b) => b,
-        Err(e) => {
-            // The limit surfaces as http-body-util's LengthLimitError; anything else is the client's stream failing.
-            let inner = e.into_inner();
-            let err = if inner.is::<http_body_util::LengthLimitError>() {
-                RequestError::TooLarge(app.max_body_bytes)
-            } else {
-                RequestError::BadRequest(format!("could not read the body: {inner}"))
-            };
-            return reject(&app, "unknown", err);
-        }
+        Err(e) => return reject(&app, None, e),
     };
     let model = match model_of(&body) {
         Ok(m) => m,
-        Err(e) => return reject(&app, "unknown", e),
+        Err(e) => return reject(&app, None, e),
     };
-    let span = info_span!("request", model = %model, path = %parts.uri.path());
-    forward(app, parts, body, model, arrived).instrument(span).await
+    let full = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let (namespace, path) = namespace_and_path(&full, &app.default_namespace);
+    let Some(entry) = app.router.get(namespace, &model) else {
+        let models_path = if namespace == app.default_namespace {
+            "/v1/models".to_string()
+        } else {
+            format!("/namespaces/{namespace}/v1/models")
+        };
+        let err = RequestError::UnknownModel {
+            namespace: namespace.to_string(),
+            model,
+            models_path,
+        };
+        return reject(&app, None, err);
+    };
+    let span =
+        info_span!("request", namespace = %entry.namespace(), model = %model, path = %parts.uri.path());
+    let request = Forward {
+        parts,
+        path: path.to_string(),
+        body,
+        budget,
+        arrived,
+        admitted,
+    };
+    forward(app, entry, request).instrument(span).await
 }
 
-fn reject(app: &App, model: &str, err: RequestError) -> Response {
+/// Reads the body within `--max-body-size`, `--body-read-timeout` and the shared `--max-buffered-body-bytes`
+/// budget; the returned permit holds the body's share of the budget until it is dropped.
+async fn read_body(
+    app: &App,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), RequestError> {
+    let max = app.limits.max_body_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    // A declared length over the limit is refused before a byte of it is read.
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(RequestError::TooLarge(max));
+    }
+    let read = async {
+        let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(max).min(max));
+        let mut buf = BytesMut::with_capacity(capacity);
+        let mut permit: Option<OwnedSemaphorePermit> = None;
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|e| RequestError::BadRequest(format!("could not read the body: {e}")))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            // Checked per chunk as it arrives: a chunked body without a length is cut off at the limit.
+            if buf.len() + data.len() > max {
+                return Err(RequestError::TooLarge(max));
+            }
+            let n = u32::try_from(data.len()).map_err(|_| RequestError::TooLarge(max))?;
+            let more = app
+                .body_budget
+                .clone()
+                .try_acquire_many_owned(n)
+                .map_err(|_| RequestError::Overloaded(Shed::BodyBytes))?;
+            match &mut permit {
+                Some(p) => p.merge(more),
+                None => permit = Some(more),
+            }
+            buf.extend_from_slice(&data);
+        }
+        Ok((buf.freeze(), permit))
+    };
+    match tokio::time::timeout(app.limits.body_read_timeout, read).await {
+        Ok(r) => r,
+        Err(_) => Err(RequestError::BodyTimeout(fmt_duration(
+            app.limits.body_read_timeout,
+        ))),
+    }
+}
+
+fn fmt_duration(d: Duration) -> String {
+    humantime::format_duration(Duration::from_millis(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    ))
+    .to_string()
+}
+
+/// Counts and answers a request the activator refuses; `entry` is `None` for requests not (yet) tied to a known
+/// model, which are labelled `unknown` so a client cannot grow the metric's cardinality.
+fn reject(app: &App, entry: Option<&ModelEntry>, err: RequestError) -> Response {
     debug!(error = %err, "answering with an error");
+    let (namespace, model) = entry.map_or(("unknown", "unknown"), |e| (e.namespace(), e.name()));
     let code = err.status().as_u16();
     app.metrics
         .requests
         .get_or_create(&CodeLabels {
+            namespace: namespace.to_string(),
             model: model.to_string(),
             code,
         })
@@ -183,26 +376,45 @@ fn reject(app: &App, model: &str, err: RequestError) -> Response {
     app.metrics
         .rejected
         .get_or_create(&RejectLabels {
+            namespace: namespace.to_string(),
             model: model.to_string(),
             reason: err.label(),
         })
         .inc();
-    err.into_response(app.retry_after)
+    if let Some(e) = entry {
+        e.record_rejection();
+    }
+    err.into_response(app.limits.retry_after)
 }
 
-async fn forward(
-    app: Arc<App>,
+/// One request on its way to a backend.
+struct Forward {
     parts: http::request::Parts,
+    /// The path to send (namespace prefix removed) with its query.
+    path: String,
     body: Bytes,
-    model: String,
+    /// The body's share of `--max-buffered-body-bytes`, released once the backend has answered.
+    budget: Option<OwnedSemaphorePermit>,
     arrived: Instant,
-) -> Response {
-    let Some(entry) = app.router.get(&model) else {
-        return reject(&app, "unknown", RequestError::UnknownModel(model));
-    };
+    admitted: Admitted,
+}
+
+async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Response {
+    let Forward {
+        parts,
+        path,
+        body,
+        budget,
+        arrived,
+        admitted,
+    } = req;
     entry.record_arrival(crate::unix_ms(SystemTime::now()));
-    let deadline = arrived + app.hold_timeout;
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let labels = ModelLabels {
+        namespace: entry.namespace().to_string(),
+        model: entry.name().to_string(),
+    };
+    let model = entry.name().to_string();
+    let deadline = arrived + app.limits.hold_timeout;
     // `slot` is the place in the hold queue while waiting; `held` remembers that the request waited at all, so
     // the hold histogram counts it once even if a refused connection sends it back to the queue.
     let mut slot = None;
@@ -211,77 +423,89 @@ async fn forward(
         if let Some(lease) = entry.pick() {
             drop(slot.take());
             let in_flight = entry.start_in_flight();
-            match send(&app.client, &parts, &path, body.clone(), &lease).await {
-                Ok(resp) => {
+            let sent = tokio::time::timeout(
+                app.limits.response_header_timeout,
+                send(&app.client, &parts, &path, body.clone(), &lease),
+            )
+            .await;
+            match sent {
+                Ok(Ok(resp)) => {
                     if held {
                         app.metrics
                             .hold_seconds
-                            .get_or_create(&ModelLabels { model: model.clone() })
+                            .get_or_create(&labels)
                             .observe(arrived.elapsed().as_secs_f64());
                     }
                     let code = resp.status().as_u16();
                     app.metrics
                         .requests
                         .get_or_create(&CodeLabels {
-                            model: model.clone(),
+                            namespace: labels.namespace.clone(),
+                            model: labels.model.clone(),
                             code,
                         })
                         .inc();
-                    return stream_back(resp, lease, in_flight);
+                    // The backend has the body: its buffer and its share of the budget go now.
+                    drop(budget);
+                    return stream_back(resp, lease, in_flight, admitted);
                 }
-                Err(SendError::Connect(e)) => {
+                Ok(Err(SendError::Connect(e))) => {
                     // Nothing reached the backend, so trying again is not a second delivery.
                     warn!(backend = %lease.backend().base, error = %e, "backend refused the connection; rerouting");
                     app.discovery.connect_failed(&entry, &lease.backend().base);
                     continue;
                 }
-                Err(SendError::Other(error)) => {
-                    entry.record_rejection();
+                Ok(Err(SendError::Other(error))) => {
+                    return reject(&app, Some(&entry), RequestError::Upstream { model, error });
+                }
+                Err(_) => {
+                    let waited = fmt_duration(app.limits.response_header_timeout);
                     return reject(
                         &app,
-                        &model,
-                        RequestError::Upstream {
-                            model: model.clone(),
-                            error,
-                        },
+                        Some(&entry),
+                        RequestError::UpstreamTimeout { model, waited },
                     );
                 }
             }
         }
+        if app.graceful.is_stopping() {
+            return reject(&app, Some(&entry), RequestError::ShuttingDown(model));
+        }
         if slot.is_none() {
-            // try_enqueue also wakes discovery (probe now / patch the autoscaler).
+            // try_enqueue also wakes discovery (probe now).
             match entry.try_enqueue() {
-                Some(s) => {
+                Ok(s) => {
                     slot = Some(s);
                     held = true;
                 }
-                None => {
-                    entry.record_rejection();
-                    return reject(&app, &model, RequestError::QueueFull(model.clone()));
+                Err(HoldRefused::ModelQueueFull) => {
+                    return reject(&app, Some(&entry), RequestError::QueueFull(model));
+                }
+                Err(HoldRefused::GatewayFull) => {
+                    return reject(&app, Some(&entry), RequestError::Overloaded(Shed::Held));
                 }
             }
         } else {
             // Woken, but the backend left again before this request could take it: ask discovery once more.
             entry.demand().notify_one();
         }
-        if !entry.wait_ready(deadline).await {
-            entry.record_rejection();
-            let waited = humantime::format_duration(Duration::from_millis(
-                u64::try_from(arrived.elapsed().as_millis()).unwrap_or(u64::MAX),
-            ))
-            .to_string();
+        let ready = tokio::select! {
+            ready = entry.wait_ready(deadline) => ready,
+            // The drain is over: answer now rather than be cut off when the process exits.
+            () = app.graceful.stopping() => {
+                if entry.ready_count() == 0 {
+                    return reject(&app, Some(&entry), RequestError::ShuttingDown(model));
+                }
+                true
+            }
+        };
+        if !ready {
+            let waited = fmt_duration(arrived.elapsed());
             app.metrics
                 .hold_seconds
-                .get_or_create(&ModelLabels { model: model.clone() })
+                .get_or_create(&labels)
                 .observe(arrived.elapsed().as_secs_f64());
-            return reject(
-                &app,
-                &model,
-                RequestError::HoldTimeout {
-                    model: model.clone(),
-                    waited,
-                },
-            );
+            return reject(&app, Some(&entry), RequestError::HoldTimeout { model, waited });
         }
     }
 }
@@ -340,24 +564,31 @@ async fn send(
     })
 }
 
-fn stream_back(resp: http::Response<Incoming>, lease: Lease, in_flight: InFlight) -> Response {
+fn stream_back(
+    resp: http::Response<Incoming>,
+    lease: Lease,
+    in_flight: InFlight,
+    admitted: Admitted,
+) -> Response {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = GuardedBody {
         inner: incoming,
         _lease: lease,
         _in_flight: in_flight,
+        _admitted: admitted,
     };
     Response::from_parts(parts, Body::new(body))
 }
 
 /// The backend's response body, frame by frame (no buffering: each SSE chunk is written as it arrives), holding
-/// the backend lease and the in-flight count until it ends or the client goes away. A backend that dies mid-body
+/// the backend lease, the model's in-flight count and the gateway admission until it ends or the client goes away. A backend that dies mid-body
 /// surfaces as an error frame, which makes the server abort the client's connection instead of ending it cleanly.
 struct GuardedBody {
     inner: Incoming,
     _lease: Lease,
     _in_flight: InFlight,
+    _admitted: Admitted,
 }
 
 impl hyper::body::Body for GuardedBody {
@@ -377,5 +608,41 @@ impl hyper::body::Body for GuardedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_namespace_comes_from_the_path_prefix_or_the_default() {
+        assert_eq!(
+            namespace_and_path("/namespaces/team-a/v1/chat/completions?x=1", "default"),
+            ("team-a", "/v1/chat/completions?x=1")
+        );
+        assert_eq!(
+            namespace_and_path("/v1/completions", "default"),
+            ("default", "/v1/completions")
+        );
+        // Malformed prefixes are not a namespace: they fall through to the default (and then 404).
+        assert_eq!(
+            namespace_and_path("/namespaces//v1/x", "d"),
+            ("d", "/namespaces//v1/x")
+        );
+        assert_eq!(namespace_and_path("/namespaces/a", "d"), ("d", "/namespaces/a"));
+    }
+
+    #[test]
+    fn shed_answers_are_openai_errors_with_retry_after() {
+        let resp = RequestError::Overloaded(Shed::InFlight).into_response(Duration::from_secs(2));
+        assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "2");
+        let resp = RequestError::ShuttingDown("m".into()).into_response(Duration::from_millis(10));
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        let resp = RequestError::BodyTimeout("1s".into()).into_response(Duration::from_secs(2));
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+        assert!(resp.headers().get(header::RETRY_AFTER).is_none());
     }
 }

@@ -1,5 +1,8 @@
 //! Per-model routing state: which backends are ready, how many requests each has outstanding, and the bounded
-//! hold queue for a model with no ready backend.
+//! hold queue for a model with no ready backend; plus the gateway-wide [`Admission`] bounds.
+//!
+//! Tenants are namespaces: a model is `(namespace, model)`, keyed by [`model_key`], so the same `model` name in
+//! two namespaces is two entries with their own backends, queue and counters.
 //!
 //! The hot path (picking a backend for a request) touches only atomics and a `watch` channel's read lock, so it
 //! costs well under a microsecond. Readiness is *pushed* by a discovery source ([`super::discovery`]) through
@@ -11,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use http::Uri;
-use tessera_core::wire::activator::{ActivatorStats, ModelStats, SCHEMA_VERSION};
+use tessera_core::wire::activator::{ActivatorStats, ModelStats, SCHEMA_VERSION, model_key};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -64,10 +67,81 @@ impl Drop for Lease {
 
 type ReadySet = Arc<Vec<Arc<Backend>>>;
 
-/// Everything the activator tracks for one model name.
+/// Gateway-wide bounds, shared by every model: requests admitted (reading their body, held, forwarded or
+/// streaming back) and requests held. Each is a counter with a ceiling; a request over either is shed.
+#[derive(Debug)]
+pub struct Admission {
+    in_flight: AtomicU64,
+    max_in_flight: u64,
+    held: AtomicU64,
+    max_held: u64,
+}
+
+/// One admitted request; releases its place when dropped (when its response body ends).
+#[derive(Debug)]
+pub struct Admitted {
+    admission: Arc<Admission>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.admission.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Admission {
+    /// At most `max_in_flight` requests admitted and `max_held` held at once.
+    pub fn new(max_in_flight: u64, max_held: u64) -> Arc<Self> {
+        Arc::new(Self {
+            in_flight: AtomicU64::new(0),
+            max_in_flight,
+            held: AtomicU64::new(0),
+            max_held,
+        })
+    }
+
+    /// Admits one request, or `None` when `max_in_flight` are already admitted.
+    pub fn try_admit(self: &Arc<Self>) -> Option<Admitted> {
+        take(&self.in_flight, self.max_in_flight).then(|| Admitted {
+            admission: self.clone(),
+        })
+    }
+
+    /// Requests admitted now.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Requests held now, all models together.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+/// Increments `counter` unless it is at `max`; true if it did.
+fn take(counter: &AtomicU64, max: u64) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .is_ok()
+}
+
+/// Why a request could not be held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldRefused {
+    /// This model's queue is full (`--queue-size`).
+    ModelQueueFull,
+    /// The gateway holds `--max-held` requests already.
+    GatewayFull,
+}
+
+/// Everything the activator tracks for one model of one namespace.
 #[derive(Debug)]
 pub struct ModelEntry {
+    namespace: String,
     name: String,
+    key: String,
     /// Every backend ever reported for this model and still listed, by base URL, so that a backend that flaps
     /// keeps its outstanding count.
     known: Mutex<BTreeMap<String, Arc<Backend>>>,
@@ -75,6 +149,7 @@ pub struct ModelEntry {
     /// Wakes the discovery source (probe now / patch the controller) when a request has to be held.
     demand: Arc<Notify>,
     queue_size: u64,
+    admission: Arc<Admission>,
     requests_total: AtomicU64,
     rejected_total: AtomicU64,
     in_flight: AtomicU64,
@@ -94,6 +169,7 @@ pub struct QueueSlot<'a> {
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
         self.entry.queued.fetch_sub(1, Ordering::Relaxed);
+        self.entry.admission.held.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -110,14 +186,17 @@ impl Drop for InFlight {
 }
 
 impl ModelEntry {
-    fn new(name: &str, queue_size: u64) -> Self {
+    fn new(namespace: &str, name: &str, queue_size: u64, admission: Arc<Admission>) -> Self {
         let (ready, _) = watch::channel(Arc::new(Vec::new()));
         Self {
+            namespace: namespace.to_string(),
             name: name.to_string(),
+            key: model_key(namespace, name),
             known: Mutex::new(BTreeMap::new()),
             ready,
             demand: Arc::new(Notify::new()),
             queue_size,
+            admission,
             requests_total: AtomicU64::new(0),
             rejected_total: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
@@ -127,9 +206,19 @@ impl ModelEntry {
         }
     }
 
-    /// The model name.
+    /// The model name (the OpenAI `model` field).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The namespace the model lives in.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// `"<namespace>/<model>"`, the key in the stats document.
+    pub fn key(&self) -> &str {
+        &self.key
     }
 
     /// The notifier a discovery source waits on to learn that requests are being held for this model.
@@ -156,21 +245,18 @@ impl ModelEntry {
         InFlight { entry: self.clone() }
     }
 
-    /// Takes a place in the hold queue, or `None` when the queue is full.
-    pub fn try_enqueue(&self) -> Option<QueueSlot<'_>> {
-        let taken = self
-            .queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q < self.queue_size).then_some(q + 1)
-            })
-            .is_ok();
-        if taken {
-            // Tell discovery at once; Notify keeps a permit if nobody is waiting yet, so no wake-up is lost.
-            self.demand.notify_one();
-            Some(QueueSlot { entry: self })
-        } else {
-            None
+    /// Takes a place in the hold queue: one of this model's `--queue-size` and one of the gateway's `--max-held`.
+    pub fn try_enqueue(&self) -> Result<QueueSlot<'_>, HoldRefused> {
+        if !take(&self.admission.held, self.admission.max_held) {
+            return Err(HoldRefused::GatewayFull);
         }
+        if !take(&self.queued, self.queue_size) {
+            self.admission.held.fetch_sub(1, Ordering::Relaxed);
+            return Err(HoldRefused::ModelQueueFull);
+        }
+        // Tell discovery at once; Notify keeps a permit if nobody is waiting yet, so no wake-up is lost.
+        self.demand.notify_one();
+        Ok(QueueSlot { entry: self })
     }
 
     /// Requests currently held.
@@ -282,63 +368,100 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Every model the activator knows, by name.
+/// Every model the activator knows, by [`model_key`].
 #[derive(Debug)]
 pub struct Router {
     models: RwLock<HashMap<String, Arc<ModelEntry>>>,
     queue_size: u64,
+    admission: Arc<Admission>,
     instance: String,
     started_at_unix_ms: u64,
 }
 
 impl Router {
-    /// An empty router whose per-model hold queues take at most `queue_size` requests.
-    pub fn new(queue_size: u64, instance: String, started_at_unix_ms: u64) -> Self {
+    /// An empty router whose per-model hold queues take at most `queue_size` requests, within the gateway-wide
+    /// bounds of `admission`.
+    pub fn new(
+        queue_size: u64,
+        admission: Arc<Admission>,
+        instance: String,
+        started_at_unix_ms: u64,
+    ) -> Self {
         Self {
             models: RwLock::new(HashMap::new()),
             queue_size,
+            admission,
             instance,
             started_at_unix_ms,
         }
     }
 
-    /// The entry for `model`, if the model is known.
-    pub fn get(&self, model: &str) -> Option<Arc<ModelEntry>> {
+    /// The gateway-wide bounds.
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.admission
+    }
+
+    /// The entry for `model` in `namespace`, if known.
+    pub fn get(&self, namespace: &str, model: &str) -> Option<Arc<ModelEntry>> {
+        self.get_key(&model_key(namespace, model))
+    }
+
+    /// The entry for a [`model_key`], if known.
+    pub fn get_key(&self, key: &str) -> Option<Arc<ModelEntry>> {
         self.models
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(model)
+            .get(key)
             .cloned()
     }
 
-    /// The entry for `model`, created (with no ready backend) when new.
-    pub fn ensure(&self, model: &str) -> Arc<ModelEntry> {
-        if let Some(e) = self.get(model) {
+    /// The entry for `model` in `namespace`, created (with no ready backend) when new.
+    pub fn ensure(&self, namespace: &str, model: &str) -> Arc<ModelEntry> {
+        let key = model_key(namespace, model);
+        if let Some(e) = self.get_key(&key) {
             return e;
         }
         let mut models = self.models.write().unwrap_or_else(|e| e.into_inner());
         models
-            .entry(model.to_string())
-            .or_insert_with(|| Arc::new(ModelEntry::new(model, self.queue_size)))
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(ModelEntry::new(
+                    namespace,
+                    model,
+                    self.queue_size,
+                    self.admission.clone(),
+                ))
+            })
             .clone()
     }
 
     /// Forgets a model (its routing config was deleted). Held requests for it keep their entry and time out.
-    pub fn remove(&self, model: &str) {
-        self.models
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(model);
+    pub fn remove_key(&self, key: &str) {
+        self.models.write().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 
-    /// Known model names, sorted.
-    pub fn model_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
+    /// Every known [`model_key`], sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
             .models
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .keys()
             .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// The model names known in `namespace`, sorted.
+    pub fn model_names(&self, namespace: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|e| e.namespace == namespace)
+            .map(|e| e.name.clone())
             .collect();
         names.sort();
         names
@@ -364,7 +487,7 @@ impl Router {
             models: self
                 .entries()
                 .iter()
-                .map(|e| (e.name.clone(), e.stats()))
+                .map(|e| (e.key.clone(), e.stats()))
                 .collect(),
         }
     }
@@ -376,9 +499,41 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn entry(queue: u64, max_held: u64) -> ModelEntry {
+        ModelEntry::new("ns", "m", queue, Admission::new(1_000, max_held))
+    }
+
+    #[test]
+    fn gateway_bounds_hold_across_models_and_release_on_drop() {
+        let admission = Admission::new(2, 3);
+        let router = Router::new(2, admission.clone(), "t".into(), 0);
+        let a = router.ensure("team-a", "m");
+        let b = router.ensure("team-b", "m");
+        assert!(!Arc::ptr_eq(&a, &b), "one name in two namespaces is two models");
+        let _a1 = a.try_enqueue().unwrap();
+        let _a2 = a.try_enqueue().unwrap();
+        assert_eq!(a.try_enqueue().err(), Some(HoldRefused::ModelQueueFull));
+        let b1 = b.try_enqueue().unwrap();
+        // Three held in all: the gateway bound refuses b although its own queue has room.
+        assert_eq!(b.try_enqueue().err(), Some(HoldRefused::GatewayFull));
+        assert_eq!(admission.held(), 3);
+        drop(b1);
+        assert!(b.try_enqueue().is_ok());
+        let r1 = admission.try_admit().unwrap();
+        let _r2 = admission.try_admit().unwrap();
+        assert!(admission.try_admit().is_none());
+        drop(r1);
+        assert!(admission.try_admit().is_some());
+        assert_eq!(router.keys(), vec!["team-a/m", "team-b/m"]);
+        assert_eq!(router.model_names("team-a"), vec!["m"]);
+        let stats = router.stats(5);
+        assert_eq!(stats.schema_version, 2);
+        assert!(stats.models.contains_key("team-b/m"));
+    }
+
     #[test]
     fn least_outstanding_then_round_robin() {
-        let e = ModelEntry::new("m", 4);
+        let e = entry(4, 100);
         e.set_ready("http://a", true);
         e.set_ready("http://b/", true);
         let l1 = e.pick().unwrap();
@@ -396,17 +551,17 @@ mod tests {
 
     #[test]
     fn queue_is_bounded_and_released_on_drop() {
-        let e = ModelEntry::new("m", 2);
+        let e = entry(2, 100);
         let a = e.try_enqueue().unwrap();
         let _b = e.try_enqueue().unwrap();
-        assert!(e.try_enqueue().is_none());
+        assert_eq!(e.try_enqueue().err(), Some(HoldRefused::ModelQueueFull));
         drop(a);
-        assert!(e.try_enqueue().is_some());
+        assert!(e.try_enqueue().is_ok());
     }
 
     #[tokio::test]
     async fn held_request_wakes_when_a_backend_turns_ready() {
-        let e = Arc::new(ModelEntry::new("m", 2));
+        let e = Arc::new(entry(2, 100));
         let waiter = {
             let e = e.clone();
             tokio::spawn(async move {
@@ -417,12 +572,12 @@ mod tests {
         tokio::task::yield_now().await;
         e.set_ready("http://a", true);
         assert!(waiter.await.unwrap());
-        assert!(!ModelEntry::new("x", 1).wait_ready(Instant::now()).await);
+        assert!(!entry(1, 100).wait_ready(Instant::now()).await);
     }
 
     #[test]
     fn replace_keeps_counts_of_surviving_backends() {
-        let e = ModelEntry::new("m", 2);
+        let e = entry(2, 100);
         e.replace_ready(&["http://a".into(), "http://b".into()]);
         let lease = e.pick().unwrap();
         let base = lease.backend().base.clone();

@@ -149,10 +149,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ready: AtomicBool::new(false),
     });
 
+    // No drain: the controller serves no traffic, and stopping at once releases the Lease to a standby sooner.
+    let graceful = tessera_runtime::Graceful::on_signals(Duration::ZERO);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let stopping = graceful.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
-        info!("shutting down");
+        stopping.stopping().await;
         shutdown_tx.send_replace(true);
     });
 
@@ -160,11 +162,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
     info!(listen = %listener.local_addr()?, "serving /metrics, /live, /ready");
-    let app = Router::new()
-        .route("/metrics", get(serve_metrics))
-        .route("/live", get(|| async { "ok" }))
-        .route("/ready", get(serve_ready))
-        .with_state(health.clone());
+    let app = graceful.ready_gate(
+        Router::new()
+            .route("/metrics", get(serve_metrics))
+            .route("/live", get(|| async { "ok" }))
+            .route("/ready", get(serve_ready))
+            .with_state(health.clone()),
+    );
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -323,27 +327,5 @@ async fn serve_ready(State(h): State<Arc<Health>>) -> impl IntoResponse {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting")
-    }
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

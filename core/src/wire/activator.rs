@@ -10,9 +10,11 @@
 //! restarts instead of reading them as a negative rate. Times are Unix milliseconds so that this crate stays free
 //! of a clock and of a date library, and so that they compare exactly across processes.
 //!
-//! The wake-up contract (how the activator tells the controller "scale this model from zero now") is a
-//! merge-patch of the annotation [`ACTIVATED_AT_ANNOTATION`] on the model's `InferenceAutoscaler`, whose value is
-//! an RFC 3339 timestamp; the controller watches its CRs, so the patch itself wakes its reconcile loop.
+//! Models are keyed by [`model_key`] (`"<namespace>/<model>"`, [`SCHEMA_VERSION`] 2): tenants are namespaces,
+//! so the same `model` name in two namespaces is two models.
+//!
+//! Wake-up from zero: the activator writes nothing to the Kubernetes API for it. The controller polls every
+//! activator pod's [`STATS_PATH`] and treats a fresh document with `queued > 0` for a model as a wake-up.
 
 use std::collections::BTreeMap;
 
@@ -21,8 +23,9 @@ use serde::{Deserialize, Serialize};
 /// Where the activator serves [`ActivatorStats`] as JSON (`GET`).
 pub const STATS_PATH: &str = "/tessera/v1/stats";
 
-/// The annotation the activator sets (RFC 3339 UTC time) on an `InferenceAutoscaler` when a request arrives for
-/// one of its models while it has no ready replica. Its change is the controller's wake-up.
+/// The annotation older activators set (RFC 3339 UTC time) on an `InferenceAutoscaler` to wake its controller.
+/// The activator no longer writes it (it polls instead: see the module docs); kept only for the controller side
+/// until it stops reading it.
 pub const ACTIVATED_AT_ANNOTATION: &str = "tessera.dev/activated-at";
 
 /// The key of a model in [`ActivatorStats::models`]: `"<namespace>/<model>"`.
@@ -40,7 +43,7 @@ pub fn split_model_key(key: &str) -> Option<(&str, &str)> {
 }
 
 /// The version of this document's shape; bumped on an incompatible change so a reader can refuse it clearly.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One activator's view of every model it knows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,7 +57,7 @@ pub struct ActivatorStats {
     pub started_at_unix_ms: u64,
     /// When this document was produced.
     pub observed_at_unix_ms: u64,
-    /// Per model name (the OpenAI `model` field), sorted so the JSON is stable.
+    /// Per [`model_key`] (`"<namespace>/<model>"`), sorted so the JSON is stable.
     pub models: BTreeMap<String, ModelStats>,
 }
 
@@ -75,38 +78,6 @@ pub struct ModelStats {
     pub ready_backends: u32,
     /// When the last request for this model arrived; `None` if none has since the activator started.
     pub last_request_at_unix_ms: Option<u64>,
-}
-
-impl ModelStats {
-    /// True when somebody is being served or waiting: scaling to zero now would fail a request.
-    pub fn busy(&self) -> bool {
-        self.in_flight > 0 || self.queued > 0
-    }
-
-    /// How long the model has been idle at `now_unix_ms`, or `None` when it never saw a request since
-    /// `started_at_unix_ms` — then the idle time is *at least* `now - started_at`, which the caller may use.
-    /// A busy model is idle for zero, whatever its last arrival time.
-    pub fn idle_for_ms(&self, now_unix_ms: u64) -> Option<u64> {
-        if self.busy() {
-            return Some(0);
-        }
-        self.last_request_at_unix_ms
-            .map(|t| now_unix_ms.saturating_sub(t))
-    }
-
-    /// Adds another activator's view of the same model (several activator replicas share the traffic).
-    pub fn merge(&mut self, other: &ModelStats) {
-        self.requests_total = self.requests_total.saturating_add(other.requests_total);
-        self.rejected_total = self.rejected_total.saturating_add(other.rejected_total);
-        self.in_flight = self.in_flight.saturating_add(other.in_flight);
-        self.queued = self.queued.saturating_add(other.queued);
-        // Replicas are shared, not summed: each activator sees the same endpoints.
-        self.ready_backends = self.ready_backends.max(other.ready_backends);
-        self.last_request_at_unix_ms = match (self.last_request_at_unix_ms, other.last_request_at_unix_ms) {
-            (Some(a), Some(b)) => Some(a.max(b)),
-            (a, b) => a.or(b),
-        };
-    }
 }
 
 /// Why no request rate could be derived from two documents.
@@ -154,31 +125,15 @@ impl ActivatorStats {
     }
 }
 
-/// Sums several activators' documents into one view per model (for the controller, which reads every replica of
-/// the activator). In the merged view `last_request_at_unix_ms` is the latest *activity* over the documents that
-/// know the model (see [`ActivatorStats::last_activity_unix_ms`]), so it is always set.
-pub fn merge_models<'a>(docs: impl IntoIterator<Item = &'a ActivatorStats>) -> BTreeMap<String, ModelStats> {
-    let mut out: BTreeMap<String, ModelStats> = BTreeMap::new();
-    for doc in docs {
-        for (name, stats) in &doc.models {
-            let mut stats = stats.clone();
-            stats.last_request_at_unix_ms = doc.last_activity_unix_ms(name);
-            out.entry(name.clone()).or_default().merge(&stats);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use proptest::prelude::*;
 
     fn doc(observed: u64, total: u64) -> ActivatorStats {
         let mut models = BTreeMap::new();
         models.insert(
-            "m".to_string(),
+            model_key("ns", "m"),
             ModelStats {
                 requests_total: total,
                 ..Default::default()
@@ -197,16 +152,16 @@ mod tests {
     fn json_shape_is_camel_case_and_round_trips() {
         let d = doc(2_000, 7);
         let json = serde_json::to_value(&d).unwrap();
-        assert_eq!(json["schemaVersion"], 1);
-        assert_eq!(json["models"]["m"]["requestsTotal"], 7);
-        assert!(json["models"]["m"]["lastRequestAtUnixMs"].is_null());
+        assert_eq!(json["schemaVersion"], 2);
+        assert_eq!(json["models"]["ns/m"]["requestsTotal"], 7);
+        assert!(json["models"]["ns/m"]["lastRequestAtUnixMs"].is_null());
         let back: ActivatorStats = serde_json::from_value(json).unwrap();
         assert_eq!(back, d);
     }
 
     #[test]
     fn rate_from_two_samples() {
-        assert_eq!(request_rate(&doc(2_000, 10), &doc(4_000, 30), "m"), Ok(10.0));
+        assert_eq!(request_rate(&doc(2_000, 10), &doc(4_000, 30), "ns/m"), Ok(10.0));
         // A model first seen between the samples counted from zero.
         assert_eq!(request_rate(&doc(2_000, 10), &doc(4_000, 30), "other"), Ok(0.0));
     }
@@ -216,62 +171,25 @@ mod tests {
         let mut restarted = doc(4_000, 3);
         restarted.started_at_unix_ms = 3_500;
         assert_eq!(
-            request_rate(&doc(2_000, 10), &restarted, "m"),
+            request_rate(&doc(2_000, 10), &restarted, "ns/m"),
             Err(RateError::Restarted)
         );
         assert_eq!(
-            request_rate(&doc(4_000, 10), &doc(2_000, 30), "m"),
+            request_rate(&doc(4_000, 10), &doc(2_000, 30), "ns/m"),
             Err(RateError::NotLater)
         );
         assert_eq!(
-            request_rate(&doc(2_000, 10), &doc(4_000, 5), "m"),
+            request_rate(&doc(2_000, 10), &doc(4_000, 5), "ns/m"),
             Err(RateError::CounterDecreased)
         );
     }
 
     #[test]
-    fn busy_model_is_never_idle() {
-        let s = ModelStats {
-            queued: 1,
-            last_request_at_unix_ms: Some(0),
-            ..Default::default()
-        };
-        assert_eq!(s.idle_for_ms(1_000_000), Some(0));
-        let s = ModelStats {
-            last_request_at_unix_ms: Some(400),
-            ..Default::default()
-        };
-        assert_eq!(s.idle_for_ms(1_000), Some(600));
-        assert_eq!(ModelStats::default().idle_for_ms(1_000), None);
-    }
-
-    #[test]
     fn activity_falls_back_to_the_start_time() {
         let mut d = doc(5_000, 0);
-        assert_eq!(d.last_activity_unix_ms("m"), Some(1_000));
+        assert_eq!(d.last_activity_unix_ms("ns/m"), Some(1_000));
         assert_eq!(d.last_activity_unix_ms("unknown"), None);
-        d.models.get_mut("m").unwrap().last_request_at_unix_ms = Some(4_000);
-        assert_eq!(d.last_activity_unix_ms("m"), Some(4_000));
-    }
-
-    proptest! {
-        /// Merging keeps every waiting request visible: a merged view is busy iff some part is busy, and
-        /// its last activity is the latest of the parts (a part with no request counts from its start, 0 here).
-        #[test]
-        fn merge_preserves_busy_and_latest(parts in proptest::collection::vec(
-            (0u64..5, 0u64..5, proptest::option::of(0u64..10_000)), 1..6)) {
-            let docs: Vec<ActivatorStats> = parts.iter().enumerate().map(|(i, (f, q, last))| {
-                let mut models = BTreeMap::new();
-                models.insert("m".to_string(), ModelStats {
-                    in_flight: *f, queued: *q, last_request_at_unix_ms: *last, ..Default::default()
-                });
-                ActivatorStats { schema_version: 1, instance: format!("a-{i}"), started_at_unix_ms: 0,
-                    observed_at_unix_ms: 1, models }
-            }).collect();
-            let merged = merge_models(&docs);
-            let m = &merged["m"];
-            prop_assert_eq!(m.busy(), parts.iter().any(|(f, q, _)| f + q > 0));
-            prop_assert_eq!(m.last_request_at_unix_ms, parts.iter().map(|p| p.2.unwrap_or(0)).max());
-        }
+        d.models.get_mut("ns/m").unwrap().last_request_at_unix_ms = Some(4_000);
+        assert_eq!(d.last_activity_unix_ms("ns/m"), Some(4_000));
     }
 }

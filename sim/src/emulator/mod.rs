@@ -104,6 +104,9 @@ pub struct Args {
     /// stay in the model's seconds.
     #[arg(long, env = "TESSERA_TIME_SCALE", default_value_t = 1.0)]
     pub time_scale: f64,
+    /// Graceful shutdown (`--drain-period`).
+    #[command(flatten)]
+    pub drain: tessera_runtime::DrainArgs,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -389,33 +392,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     info!(listen = %listener.local_addr()?, model = %args.model_preset, gpu = %args.gpu, "vllm-sim serving");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+    let graceful = tessera_runtime::Graceful::on_signals(args.drain.drain_period);
+    let g = graceful.clone();
+    axum::serve(listener, graceful.ready_gate(app))
+        .with_graceful_shutdown(async move { g.stopping().await })
         .await
         .context("server error")?;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    info!("shutting down");
 }
 
 #[cfg(test)]
