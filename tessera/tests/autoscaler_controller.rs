@@ -234,9 +234,9 @@ fn sidecar_app(state: Shared) -> Router {
             get(|State(s): State<Shared>| async move {
                 let c = s.lock().expect("lock");
                 axum::Json(json!({
-                    "schemaVersion": 1, "instance": "activator-0", "startedAtUnixMs": 1_000,
+                    "schemaVersion": 2, "instance": "activator-0", "startedAtUnixMs": 1_000,
                     "observedAtUnixMs": now_ms(),
-                    "models": {"llama": {"requestsTotal": c.requests_total, "rejectedTotal": 0, "inFlight": 0,
+                    "models": {"models/llama": {"requestsTotal": c.requests_total, "rejectedTotal": 0, "inFlight": 0,
                                          "queued": c.queued, "readyBackends": c.replicas,
                                          "lastRequestAtUnixMs": c.last_request_ms}}
                 }))

@@ -6,7 +6,8 @@
 //! - [`status`]: HPA-like conditions, built purely from a decision.
 //! - [`metrics`]: the Prometheus registry served on `/metrics`.
 //! - [`crate::leader`]: only the replica holding the `Lease` reconciles; others stand by.
-//! - [`crate::pool::run_pools`]: with `--pools-config`, the leader also runs the GPU pool manager.
+//! - [`crate::pool::run_pools_with_metrics`]: with `--pools-config`, the leader also runs the GPU pool manager
+//!   (its `tessera_pool_*` metrics on the same `/metrics`).
 //!
 //! **Wake-up contract with the activator (contract 2).** The activator writes nothing to the Kubernetes API for
 //! wake-ups. The controller finds every activator pod through the EndpointSlices of `--activator-service`
@@ -275,8 +276,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let pool_token = tokio_util::sync::CancellationToken::new();
         let pool_task = pools.clone().map(|cfg| {
             let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
+            let pool_metrics = metrics.pool.clone();
             tokio::spawn(async move {
-                if let Err(e) = crate::pool::run_pools(client, cfg, interval, token).await {
+                if let Err(e) = crate::pool::run_pools_with_metrics(client, cfg, interval, pool_metrics, token).await {
                     warn!(error = %e, "the GPU pool manager stopped");
                 }
             })

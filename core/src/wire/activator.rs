@@ -40,7 +40,7 @@ pub fn split_model_key(key: &str) -> Option<(&str, &str)> {
 }
 
 /// The version of this document's shape; bumped on an incompatible change so a reader can refuse it clearly.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// One activator's view of every model it knows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
