@@ -364,7 +364,8 @@ impl PoolManager {
         // Evicted or failed capacity pods hold no GPU and never run again; left alone they would keep their slot
         // (and count toward maxGpus) forever. Their tenants' reservations go with them: those pods cannot run on
         // a GPU that is gone either.
-        for name in self.index().terminated() {
+        let terminated = self.index().terminated();
+        for name in terminated {
             match self.pods.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => {
                     warn!(capacity_pod = %name, "deleted: failed or evicted, it holds no GPU any more");
