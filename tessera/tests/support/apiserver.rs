@@ -44,6 +44,7 @@ struct Store {
     changes: Vec<Change>,
     requests: Vec<String>,
     partitioned: bool,
+    status_conflicts: u32,
 }
 
 /// The server; clone it freely (shared state).
@@ -224,6 +225,27 @@ impl ApiServer {
             .cloned()
     }
 
+    /// Deletes an object (as a test fixture), sending the watch event.
+    pub fn delete_object(&self, collection: &str, namespace: &str, name: &str) {
+        let _ = self.delete(collection, namespace, name);
+    }
+
+    /// Every object of a collection, in every namespace.
+    pub fn list(&self, collection: &str) -> Vec<Value> {
+        let st = self.store.lock().unwrap();
+        st.objects
+            .iter()
+            .filter(|((c, _, _), _)| c == collection)
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// The next `n` writes to a `status` subresource answer 409 Conflict, as when another writer got there first:
+    /// the caller must re-read and retry.
+    pub fn conflict_next_status_writes(&self, n: u32) {
+        self.store.lock().unwrap().status_conflicts = n;
+    }
+
     /// Every request so far, as `METHOD path?query`.
     pub fn requests(&self) -> Vec<String> {
         self.store.lock().unwrap().requests.clone()
@@ -267,7 +289,7 @@ impl ApiServer {
             (&Method::GET, None, _) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
                 self.watch(t, q).await
             }
-            (&Method::GET, None, _) => self.list(&t, &q),
+            (&Method::GET, None, _) => self.list_response(&t, &q),
             (&Method::POST, None, _) => self.create(&t.collection, &ns, body),
             (&Method::GET, Some(name), None) => match self.get(&t.collection, &ns, name) {
                 Some(o) => axum::Json(o).into_response(),
@@ -288,7 +310,7 @@ impl ApiServer {
         }
     }
 
-    fn list(&self, t: &Target, q: &BTreeMap<String, String>) -> Response {
+    fn list_response(&self, t: &Target, q: &BTreeMap<String, String>) -> Response {
         let st = self.store.lock().unwrap();
         let selector = q.get("labelSelector").cloned().unwrap_or_default();
         let items: Vec<Value> = st
@@ -396,6 +418,13 @@ impl ApiServer {
             && Some(rv) != obj["metadata"]["resourceVersion"].as_str()
         {
             return status(409, "Conflict", "the object has been modified; please apply your changes to the latest version");
+        }
+        if sub == Some("status") {
+            let mut st = self.store.lock().unwrap();
+            if st.status_conflicts > 0 {
+                st.status_conflicts -= 1;
+                return status(409, "Conflict", "the object has been modified; please apply your changes to the latest version");
+            }
         }
         match sub {
             Some("status") => merge_patch(&mut obj["status"], &patch["status"]),
