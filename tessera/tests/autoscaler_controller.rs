@@ -288,11 +288,21 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
     let metrics_port = free_port();
     // Another writer got there first, twice: the controller must re-read the status and write again.
     api_server.conflict_next_status_writes(2);
+    // The activator is found the way it is in a cluster: the EndpointSlice of its Service (contract 2).
+    api_server.put(
+        "discovery.k8s.io/v1/endpointslices",
+        "tessera",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "tessera-activator-x1", "labels": {"kubernetes.io/service-name": "tessera-activator"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": sidecar.port()}],
+               "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
+                              "targetRef": {"kind": "Pod", "name": "tessera-activator-0"}}]}),
+    );
     let mut child = start_autoscaler(
         &dir,
         api,
         metrics_port,
-        &["--activator-url", &format!("http://{sidecar}")],
+        &["--activator-service", "tessera/tessera-activator"],
     );
 
     // 1. Two replicas at 90% KV with a 50% target: ceil(2 × 1.8) = 4.
