@@ -440,7 +440,10 @@ impl InferenceAutoscalerSpec {
             errors.push("targets.ttftP95 must be more than 0".to_owned());
         }
         if ttft_slo.is_some_and(|d| d.is_zero()) {
-            errors.push("ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request".to_owned());
+            errors.push(
+                "ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request"
+                    .to_owned(),
+            );
         }
         if let Some(gpu) = &self.gpu {
             if let Some(m) = &gpu.memory {
@@ -737,7 +740,10 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         let json = serde_json::to_string(&crd).unwrap();
         assert!(json.contains("maxReplicas must be >= minReplicas"));
         assert!(json.contains("minReplicas 0 requires scaleToZero"));
-        assert!(json.contains("duration(self.ttftSlo) > duration('0s')"), "ttftSlo: 0s is refused by the API");
+        assert!(
+            json.contains("duration(self.ttftSlo) > duration('0s')"),
+            "ttftSlo: 0s is refused by the API"
+        );
         assert!(json.contains("x-kubernetes-int-or-string"));
         // YAML 1.1 readers (kubectl) would turn a plain Off into false.
         let yaml = crdgen().unwrap();

@@ -256,7 +256,10 @@ impl LeaderElector {
                     leader.send_replace(false);
                 }
                 Ok(Err(e)) => warn!(error = %e, "lease request failed"),
-                Err(_) => warn!(budget_ms = budget.as_millis(), "lease request did not answer in time: abandoned"),
+                Err(_) => warn!(
+                    budget_ms = budget.as_millis(),
+                    "lease request did not answer in time: abandoned"
+                ),
             }
             if *leader.borrow() && renew_deadline_passed(last_renew, now_ms(), deadline) {
                 warn!("could not renew the lease within the renew deadline: stepping down");
@@ -536,7 +539,11 @@ mod tests {
         let run = tokio::spawn(el.run(leader_tx, shutdown_rx, tokio_clock()));
         // t=0: no lease, create it.
         let (_, send) = handle.next_request().await.unwrap();
-        respond(send, 404, json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}));
+        respond(
+            send,
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+        );
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), Method::POST);
         respond(send, 201, lease_json("pod-a", "1", 0));
@@ -553,7 +560,10 @@ mod tests {
             stepped_down_at <= Duration::from_secs(10),
             "stepped down {stepped_down_at:?} after the last renewal; the lease lets others in at 15 s"
         );
-        assert!(stepped_down_at >= Duration::from_secs(9), "not before the deadline: {stepped_down_at:?}");
+        assert!(
+            stepped_down_at >= Duration::from_secs(9),
+            "not before the deadline: {stepped_down_at:?}"
+        );
         // It keeps trying as a candidate, each attempt bounded too.
         let (req, _hung2) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), Method::GET);

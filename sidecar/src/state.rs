@@ -17,8 +17,8 @@ use tessera_core::recommend::{
     self, ComputeFacts, KvGeometry, LatencyObservation, MemoryFacts, Observation, Outcome,
 };
 use tessera_core::wire::sidecar::{
-    ComputeStatus, GpuStatus, Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
-    SnapshotSummary, WindowStatus,
+    ComputeStatus, GpuStatus, Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus,
+    SidecarStatus, SnapshotSummary, WindowStatus,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -662,14 +662,23 @@ mod tests {
             } else {
                 fast += 10;
             }
-            st.record_success(10.0 * f64::from(i), VllmSnapshot::from_text(&ttft_page(fast, slow)).unwrap());
+            st.record_success(
+                10.0 * f64::from(i),
+                VllmSnapshot::from_text(&ttft_page(fast, slow)).unwrap(),
+            );
         }
         let s = st.status(600.0);
         let long = s.window.unwrap().ttft_seconds.p95.unwrap();
         let recent = s.recent.unwrap();
-        assert!(long > 0.1, "the 10-minute window still sees the excursion: p95 {long}");
+        assert!(
+            long > 0.1,
+            "the 10-minute window still sees the excursion: p95 {long}"
+        );
         assert!(recent.ttft_seconds.p95.unwrap() <= 0.1, "{recent:?}");
-        assert_eq!((recent.window_secs, recent.start, recent.end), (60.0, 540.0, 600.0));
+        assert_eq!(
+            (recent.window_secs, recent.start, recent.end),
+            (60.0, 540.0, 600.0)
+        );
         assert_eq!(recent.ttft_seconds.count, Some(60.0));
     }
 

@@ -134,9 +134,15 @@ async fn honest_api(state: Shared, sidecar_port: u16) -> ApiServer {
                     c.scale_patches.push(want);
                 }
                 c.replicas = want;
-                let rv = obj["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_owned();
+                let rv = obj["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
                 if rv != status_rv && !obj["status"].is_null() {
-                    let changed = c.status_patches.last().is_none_or(|p| p["status"] != obj["status"]);
+                    let changed = c
+                        .status_patches
+                        .last()
+                        .is_none_or(|p| p["status"] != obj["status"]);
                     if changed {
                         c.status_patches.push(json!({"status": obj["status"]}));
                     }
@@ -332,7 +338,10 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
     .await;
     let status_path = "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status";
     assert!(
-        api_server.requests().iter().any(|r| r.starts_with(&format!("GET {status_path}"))),
+        api_server
+            .requests()
+            .iter()
+            .any(|r| r.starts_with(&format!("GET {status_path}"))),
         "the 409 was not followed by a re-read: {:?}",
         api_server.requests()
     );

@@ -59,7 +59,9 @@ async fn metrics(State(s): State<Shared>) -> Response {
     match feed {
         Feed::Good(n) => good_page(n).into_response(),
         Feed::Garbage => Response::new(Body::from(
-            (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect::<Vec<u8>>(),
+            (0..4096u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+                .collect::<Vec<u8>>(),
         )),
         Feed::Empty => "".into_response(),
         Feed::Huge => {
@@ -81,7 +83,11 @@ async fn metrics(State(s): State<Shared>) -> Response {
 /// About `len` bytes of valid-looking sample lines.
 fn bytes_of_lines(len: usize) -> Vec<u8> {
     let line = b"vllm:num_requests_running{model_name=\"m\"} 1\n";
-    line.iter().copied().cycle().take(len / line.len() * line.len()).collect()
+    line.iter()
+        .copied()
+        .cycle()
+        .take(len / line.len() * line.len())
+        .collect()
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -128,7 +134,9 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
     let feed: Shared = Arc::new(Mutex::new(Feed::Garbage));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let vllm: SocketAddr = listener.local_addr().unwrap();
-    let app = Router::new().route("/metrics", get(metrics)).with_state(feed.clone());
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(feed.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
     let sidecar = Tessera::start(&[
         "sidecar",
@@ -148,7 +156,10 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
     ]);
     let base = sidecar.base();
     let pid = sidecar.child.id();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let baseline = rss_kib(pid);
     let mut peak = baseline;
     for bad in [Feed::Garbage, Feed::Empty, Feed::Huge, Feed::Endless] {
@@ -159,7 +170,10 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
         peak = peak.max(rss_kib(pid));
         let live = http.get(format!("{base}/live")).send().await.unwrap().status();
         assert!(live.is_success(), "{bad:?}: /live {live}");
-        assert!(!s.vllm_up && s.stale, "{bad:?}: a bad page is not a good scrape: {s:?}");
+        assert!(
+            !s.vllm_up && s.stale,
+            "{bad:?}: a bad page is not a good scrape: {s:?}"
+        );
         assert!(s.recommendation().is_none(), "{bad:?}: recommended from bad data");
         let reason = s.scrape.last_error.as_ref().map_or("none", |e| e.reason.as_str());
         println!(
@@ -183,7 +197,10 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
         ("requests_per_second", w.requests_per_second),
         ("prompt_tokens_per_second", w.prompt_tokens_per_second),
     ] {
-        assert!(v.is_none_or(|v| v >= 0.0), "{name} negative after counters went backwards: {v:?}");
+        assert!(
+            v.is_none_or(|v| v >= 0.0),
+            "{name} negative after counters went backwards: {v:?}"
+        );
     }
     peak = peak.max(rss_kib(pid));
     println!(
@@ -200,8 +217,8 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
 // ---------------------------------------------------------------------------------------------------------------
 // The controller against the in-memory API server (support/apiserver.rs): restart mid scale-up, leader partition.
 
-use support::apiserver::ApiServer;
 use serde_json::{Value, json};
+use support::apiserver::ApiServer;
 
 const DEPLOYMENTS: &str = "apps/v1/deployments";
 const PODS: &str = "v1/pods";
@@ -232,8 +249,23 @@ fn controller(identity: &str, dir: &tempfile::TempDir, server: SocketAddr, metri
     )
     .unwrap();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["autoscaler", "--sync-period", "1s", "--lease-namespace", "default", "--identity", identity])
-        .args(["--lease-duration", "4s", "--renew-deadline", "2s", "--retry-period", "300ms"])
+        .args([
+            "autoscaler",
+            "--sync-period",
+            "1s",
+            "--lease-namespace",
+            "default",
+            "--identity",
+            identity,
+        ])
+        .args([
+            "--lease-duration",
+            "4s",
+            "--renew-deadline",
+            "2s",
+            "--retry-period",
+            "300ms",
+        ])
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info,kube=warn")
@@ -305,7 +337,10 @@ async fn model_at_kv_pressure(api: &ApiServer) -> SocketAddr {
 async fn eventually(what: &str, within: Duration, mut f: impl FnMut() -> bool) -> Duration {
     let t0 = Instant::now();
     while !f() {
-        assert!(t0.elapsed() < within, "timed out after {within:?} waiting for {what}");
+        assert!(
+            t0.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     t0.elapsed()
@@ -326,8 +361,12 @@ async fn restarting_the_controller_mid_scale_up_neither_scales_twice_nor_loses_s
     let sidecar = model_at_kv_pressure(&api).await;
     let dir = tempfile::tempdir().unwrap();
     let first = controller("ctl-0", &dir, api.addr, support::free_port());
-    let replicas = |api: &ApiServer| api.get(DEPLOYMENTS, "models", "llama").unwrap()["spec"]["replicas"].clone();
-    let t_scale = eventually("the scale-up 2 -> 4", Duration::from_secs(30), || replicas(&api) == json!(4)).await;
+    let replicas =
+        |api: &ApiServer| api.get(DEPLOYMENTS, "models", "llama").unwrap()["spec"]["replicas"].clone();
+    let t_scale = eventually("the scale-up 2 -> 4", Duration::from_secs(30), || {
+        replicas(&api) == json!(4)
+    })
+    .await;
     // The Deployment controller's part: two new pods, not ready yet (a model takes minutes to load).
     for i in 2..4 {
         api.put(PODS, "models", pod(i, false, sidecar));
@@ -342,13 +381,17 @@ async fn restarting_the_controller_mid_scale_up_neither_scales_twice_nor_loses_s
     let before = api.requests().len();
     let second = controller("ctl-0", &dir, api.addr, support::free_port());
     // Let the restarted controller decide several times (sync 1 s).
-    eventually("the restarted controller's reconciles", Duration::from_secs(30), || {
-        api.requests()[before..]
-            .iter()
-            .filter(|r| r.starts_with("GET ") && r.contains("/deployments/llama/scale"))
-            .count()
-            >= 3
-    })
+    eventually(
+        "the restarted controller's reconciles",
+        Duration::from_secs(30),
+        || {
+            api.requests()[before..]
+                .iter()
+                .filter(|r| r.starts_with("GET ") && r.contains("/deployments/llama/scale"))
+                .count()
+                >= 3
+        },
+    )
     .await;
     drop(second);
     let after = status(&api);
@@ -359,10 +402,17 @@ async fn restarting_the_controller_mid_scale_up_neither_scales_twice_nor_loses_s
         replicas(&api),
         after["lastScaleTime"] == written["lastScaleTime"]
     );
-    assert_eq!(replicas(&api), json!(4), "the starting replicas were scaled again");
+    assert_eq!(
+        replicas(&api),
+        json!(4),
+        "the starting replicas were scaled again"
+    );
     assert_eq!(scale_patches(&api), 1, "one scale, not two: {:?}", api.requests());
     assert_eq!(after["desiredReplicas"], json!(4));
-    assert_eq!(after["lastScaleTime"], written["lastScaleTime"], "the first controller's status was lost");
+    assert_eq!(
+        after["lastScaleTime"], written["lastScaleTime"],
+        "the first controller's status was lost"
+    );
 }
 
 /// A TCP proxy in front of the API server whose traffic can be cut (connections stay open, nothing crosses).
@@ -407,7 +457,9 @@ async fn proxy(to: SocketAddr) -> Partition {
                     let _keep = &client;
                     std::future::pending::<()>().await;
                 }
-                let Ok(server) = tokio::net::TcpStream::connect(to).await else { return };
+                let Ok(server) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
                 let up = tokio::spawn(pump(cut.clone(), cr, sw));
@@ -420,7 +472,12 @@ async fn proxy(to: SocketAddr) -> Partition {
 }
 
 async fn leading(metrics_port: u16) -> Option<bool> {
-    let body = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics")).await.ok()?.text().await.ok()?;
+    let body = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
     body.lines()
         .find_map(|l| l.strip_prefix("tessera_autoscaler_leader "))
         .map(|v| v.trim() == "1")
@@ -440,12 +497,18 @@ async fn a_partitioned_leader_steps_down_before_a_follower_takes_over() {
         api.get(LEASES, "default", "tessera-autoscaler")
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
     };
-    eventually("ctl-a to lead", Duration::from_secs(30), || holder(&api).as_deref() == Some("ctl-a")).await;
+    eventually("ctl-a to lead", Duration::from_secs(30), || {
+        holder(&api).as_deref() == Some("ctl-a")
+    })
+    .await;
     let _b = controller("ctl-b", &dir, pb.addr, mb);
     // ctl-b is up and following.
     let t0 = Instant::now();
     while leading(mb).await != Some(false) {
-        assert!(t0.elapsed() < Duration::from_secs(30), "ctl-b never served its metrics");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "ctl-b never served its metrics"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(leading(ma).await, Some(true));
@@ -466,7 +529,14 @@ async fn a_partitioned_leader_steps_down_before_a_follower_takes_over() {
         stepped_down.expect("the partitioned leader never stepped down"),
         taken_over.expect("the follower never took over"),
     );
-    println!("fault leader_partition stepped_down_ms={} follower_took_over_ms={}", down.as_millis(), over.as_millis());
+    println!(
+        "fault leader_partition stepped_down_ms={} follower_took_over_ms={}",
+        down.as_millis(),
+        over.as_millis()
+    );
     assert!(down < over, "two leaders for {:?}", over.saturating_sub(down));
-    assert!(down <= Duration::from_millis(2_500), "stepped down {down:?} after the cut (renew deadline 2 s)");
+    assert!(
+        down <= Duration::from_millis(2_500),
+        "stepped down {down:?} after the cut (renew deadline 2 s)"
+    );
 }

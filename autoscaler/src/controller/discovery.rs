@@ -25,13 +25,17 @@ pub fn parse_service(s: &str) -> Result<(String, String), String> {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok((ns.to_owned(), name.to_owned()))
         }
-        _ => Err(format!("{s:?} is not NAMESPACE/NAME (e.g. tessera/tessera-activator)")),
+        _ => Err(format!(
+            "{s:?} is not NAMESPACE/NAME (e.g. tessera/tessera-activator)"
+        )),
     }
 }
 
 /// Every serving endpoint of the slices: target name (the pod's name, else its address) → base URL. The port is
 /// the slice's port named `http`, else its only/first port, else [`DEFAULT_ACTIVATOR_PORT`].
-pub fn targets_from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlice>) -> BTreeMap<String, String> {
+pub fn targets_from_slices<'a>(
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for slice in slices {
         let ports = slice.ports.as_deref().unwrap_or_default();
@@ -44,13 +48,13 @@ pub fn targets_from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlic
         for ep in &slice.endpoints {
             // Kubernetes: a nil condition means "unknown", which consumers should read as true.
             let conditions = ep.conditions.as_ref();
-            let serving = conditions
-                .and_then(|c| c.serving.or(c.ready))
-                .unwrap_or(true);
+            let serving = conditions.and_then(|c| c.serving.or(c.ready)).unwrap_or(true);
             if !serving {
                 continue;
             }
-            let Some(addr) = ep.addresses.first() else { continue };
+            let Some(addr) = ep.addresses.first() else {
+                continue;
+            };
             let host = if addr.contains(':') {
                 format!("[{addr}]")
             } else {
@@ -71,8 +75,8 @@ pub fn targets_from_slices<'a>(slices: impl IntoIterator<Item = &'a EndpointSlic
 /// stream ends (never, short of the process stopping). Watch errors back off and retry.
 pub async fn follow_service(client: Client, namespace: String, service: String, poller: ActivatorPoller) {
     let api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
-    let config = super::super::kube_client::watcher_config()
-        .labels(&format!("kubernetes.io/service-name={service}"));
+    let config =
+        super::super::kube_client::watcher_config().labels(&format!("kubernetes.io/service-name={service}"));
     let (reader, writer) = reflector::store();
     let mut stream = reflector(writer, watcher(api, config).default_backoff()).boxed();
     let mut last: Option<BTreeMap<String, String>> = None;

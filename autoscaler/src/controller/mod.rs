@@ -37,9 +37,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::Controller;
 use kube::Api;
+use kube::runtime::Controller;
+use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -183,7 +183,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     match &args.activator_service {
         Some((ns, name)) => {
             if !args.activator_urls.is_empty() {
-                anyhow::bail!("--activator-service and --activator-url are exclusive: the Service's pods are the activators");
+                anyhow::bail!(
+                    "--activator-service and --activator-url are exclusive: the Service's pods are the activators"
+                );
             }
             tokio::spawn(discovery::follow_service(
                 client.clone(),
@@ -278,7 +280,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
             let pool_metrics = metrics.pool.clone();
             tokio::spawn(async move {
-                if let Err(e) = crate::pool::run_pools_with_metrics(client, cfg, interval, pool_metrics, token).await {
+                if let Err(e) =
+                    crate::pool::run_pools_with_metrics(client, cfg, interval, pool_metrics, token).await
+                {
                     warn!(error = %e, "the GPU pool manager stopped");
                 }
             })
@@ -329,7 +333,11 @@ fn controller_stream(
         .flat_map(move |key| {
             let refs = reconcile::objects_for_model(&store.state(), &key);
             for r in &refs {
-                wake_ctx.mark_woken(&format!("{}/{}", r.namespace.as_deref().unwrap_or_default(), r.name));
+                wake_ctx.mark_woken(&format!(
+                    "{}/{}",
+                    r.namespace.as_deref().unwrap_or_default(),
+                    r.name
+                ));
             }
             futures::stream::iter(refs)
         });

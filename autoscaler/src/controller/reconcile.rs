@@ -144,7 +144,10 @@ impl Context {
 /// The InferenceAutoscalers a model key (`"<namespace>/<model>"`) belongs to: those in that namespace whose
 /// `modelNames` include the model. Tenants are namespaces: another namespace's object with the same model name is
 /// never woken.
-pub fn objects_for_model(objects: &[Arc<InferenceAutoscaler>], key: &str) -> Vec<ObjectRef<InferenceAutoscaler>> {
+pub fn objects_for_model(
+    objects: &[Arc<InferenceAutoscaler>],
+    key: &str,
+) -> Vec<ObjectRef<InferenceAutoscaler>> {
     let Some((ns, model)) = split_model_key(key) else {
         return Vec::new();
     };
@@ -397,7 +400,10 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         );
         decision = scale::decide(&input, &policy, &state, now);
         if decision.desired_replicas > 0 {
-            info!(reason = decision.reason.label(), "fresh activator data: not scaling to zero");
+            info!(
+                reason = decision.reason.label(),
+                "fresh activator data: not scaling to zero"
+            );
         }
     }
     ctx.metrics.decision(decision.reason);

@@ -51,7 +51,11 @@ impl SignalSource for FakeSignals {
     fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>> {
         let url = base.to_owned();
         let mut docs = self.activator.lock().unwrap();
-        let doc = if docs.len() > 1 { docs.pop_front() } else { docs.front().cloned() };
+        let doc = if docs.len() > 1 {
+            docs.pop_front()
+        } else {
+            docs.front().cloned()
+        };
         Box::pin(async move {
             doc.ok_or(FetchError::Connect {
                 url,
@@ -103,7 +107,14 @@ fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<Activato
 }
 
 /// An activator document (schema 2, keys `"<namespace>/<model>"`) observed at `at_ms` with one model.
-fn activator_doc(at_ms: u64, key: &str, total: u64, in_flight: u64, queued: u64, last: Option<u64>) -> ActivatorStats {
+fn activator_doc(
+    at_ms: u64,
+    key: &str,
+    total: u64,
+    in_flight: u64,
+    queued: u64,
+    last: Option<u64>,
+) -> ActivatorStats {
     ActivatorStats {
         schema_version: tessera_core::wire::activator::SCHEMA_VERSION,
         instance: "act-0".into(),
@@ -126,7 +137,12 @@ fn activator_doc(at_ms: u64, key: &str, total: u64, in_flight: u64, queued: u64,
 /// Polls the context's activators once at the test's "now".
 async fn poll(ctx: &Context) {
     ctx.activators
-        .poll_once(ctx.signals.as_ref(), &ctx.metrics, NOW_S * 1000, Duration::from_secs(5))
+        .poll_once(
+            ctx.signals.as_ref(),
+            &ctx.metrics,
+            NOW_S * 1000,
+            Duration::from_secs(5),
+        )
         .await;
 }
 
@@ -418,7 +434,10 @@ async fn a_request_held_at_an_activator_scales_from_zero_at_once() {
     );
     let refs = objects_for_model(&[obj.clone(), other_ns], "models/llama");
     assert_eq!(refs.len(), 1, "only the namespace the request was for");
-    assert_eq!((refs[0].name.as_str(), refs[0].namespace.as_deref()), ("llama", Some("models")));
+    assert_eq!(
+        (refs[0].name.as_str(), refs[0].namespace.as_deref()),
+        ("llama", Some("models"))
+    );
     // Woken right after a status write (which would look like its echo): it still runs.
     ctx.last_runs.lock().unwrap().insert(
         "models/llama".into(),
@@ -500,7 +519,9 @@ async fn an_unchanged_status_is_not_written() {
         respond(send, 200, &ias_json());
         (patch, handle)
     });
-    reconcile(ias(spec.clone(), json!({})), ctx.clone()).await.unwrap();
+    reconcile(ias(spec.clone(), json!({})), ctx.clone())
+        .await
+        .unwrap();
     let (patch, mut handle) = first.await.unwrap();
     // The same observation again, on the object carrying the status just written (not an echo: a full run).
     ctx.last_runs.lock().unwrap().clear();
@@ -513,7 +534,10 @@ async fn an_unchanged_status_is_not_written() {
     reconcile(Arc::new(obj), ctx).await.unwrap();
     let mut handle = second.await.unwrap();
     let next = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
-    assert!(matches!(next, Err(_) | Ok(None)), "a status write with nothing new");
+    assert!(
+        matches!(next, Err(_) | Ok(None)),
+        "a status write with nothing new"
+    );
 }
 
 #[tokio::test]
@@ -579,9 +603,18 @@ fn generation_triggers_but_status_and_annotations_do_not() {
     });
     obj.metadata.resource_version = Some("99".into());
     assert_eq!(trigger_hash(&obj), h0, "a status write must not re-trigger");
-    obj.metadata.annotations =
-        Some([("tessera.dev/activated-at".to_owned(), "2026-01-01T00:00:00Z".to_owned())].into());
-    assert_eq!(trigger_hash(&obj), h0, "wake-ups no longer come through annotations");
+    obj.metadata.annotations = Some(
+        [(
+            "tessera.dev/activated-at".to_owned(),
+            "2026-01-01T00:00:00Z".to_owned(),
+        )]
+        .into(),
+    );
+    assert_eq!(
+        trigger_hash(&obj),
+        h0,
+        "wake-ups no longer come through annotations"
+    );
     obj.metadata.generation = Some(2);
     assert_ne!(trigger_hash(&obj), h0);
 }

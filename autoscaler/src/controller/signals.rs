@@ -343,7 +343,8 @@ impl ActivatorPoller {
         let Ok(mut map) = self.samples.lock() else { return };
         map.retain(|name, (url, _)| targets.get(name) == Some(url));
         for (name, url) in targets {
-            map.entry(name).or_insert_with(|| (url, ActivatorSample::default()));
+            map.entry(name)
+                .or_insert_with(|| (url, ActivatorSample::default()));
         }
     }
 
@@ -369,19 +370,26 @@ impl ActivatorPoller {
     }
 
     /// Fetches every activator once, concurrently, then sends the wake-ups. `now_ms`: the controller's clock.
-    pub async fn poll_once(&self, source: &dyn SignalSource, metrics: &Metrics, now_ms: u64, max_age: Duration) {
+    pub async fn poll_once(
+        &self,
+        source: &dyn SignalSource,
+        metrics: &Metrics,
+        now_ms: u64,
+        max_age: Duration,
+    ) {
         let targets: Vec<(String, String)> = self
             .samples
             .lock()
             .map(|m| m.iter().map(|(k, (u, _))| (k.clone(), u.clone())).collect())
             .unwrap_or_default();
-        let results =
-            futures::future::join_all(targets.iter().map(|(_, u)| source.activator_stats(u))).await;
+        let results = futures::future::join_all(targets.iter().map(|(_, u)| source.activator_stats(u))).await;
         let samples = {
             let Ok(mut map) = self.samples.lock() else { return };
             for ((name, url), result) in targets.into_iter().zip(results) {
                 // The pod may have left while we polled it.
-                let Some((_, entry)) = map.get_mut(&name) else { continue };
+                let Some((_, entry)) = map.get_mut(&name) else {
+                    continue;
+                };
                 match result {
                     Ok(doc) => {
                         debug!(%url, models = doc.models.len(), "activator stats");
@@ -400,7 +408,9 @@ impl ActivatorPoller {
             map.values().map(|(_, s)| s.clone()).collect::<Vec<_>>()
         };
         let queued = queued_models(&samples, now_ms, max_age);
-        let Ok(mut last) = self.last_wakes.lock() else { return };
+        let Ok(mut last) = self.last_wakes.lock() else {
+            return;
+        };
         last.retain(|k, _| queued.contains(k));
         let repeat = u64::try_from(WAKE_REPEAT.as_millis()).unwrap_or(u64::MAX);
         for key in queued {
@@ -531,7 +541,11 @@ mod tests {
             stats(
                 "a",
                 20_000,
-                &[("ns/m", 60, 2, 1, Some(19_000)), ("ns/alias", 0, 0, 0, None), ("other/m", 500, 9, 9, Some(19_500))],
+                &[
+                    ("ns/m", 60, 2, 1, Some(19_000)),
+                    ("ns/alias", 0, 0, 0, None),
+                    ("other/m", 500, 9, 9, Some(19_500)),
+                ],
             ),
         );
         let b = sample(
@@ -543,12 +557,19 @@ mod tests {
             ),
         );
         let d = demand_from(&[a.clone(), b], &keys(&["ns/m", "ns/alias"]), 20_500, AGE);
-        assert_eq!(d.requests_per_second, Some(7.0), "another namespace's model is not ours");
+        assert_eq!(
+            d.requests_per_second,
+            Some(7.0),
+            "another namespace's model is not ours"
+        );
         assert_eq!((d.in_flight, d.queued_at_activator), (3, 1));
         assert_eq!(d.last_request_at, Some(Timestamp::from_millis(19_000)));
         // A single document gives no rate yet.
         let first = ActivatorSample { previous: None, ..a };
-        assert_eq!(demand_from(&[first], &keys(&["ns/m"]), 20_500, AGE).requests_per_second, None);
+        assert_eq!(
+            demand_from(&[first], &keys(&["ns/m"]), 20_500, AGE).requests_per_second,
+            None
+        );
         // No activator at all: unknown.
         assert_eq!(demand_from(&[], &keys(&["ns/m"]), 20_500, AGE), Demand::default());
     }
@@ -587,7 +608,11 @@ mod tests {
         };
         let both = [idle("a"), idle("b")];
         let d = demand_from(&both, &keys(&["ns/m"]), 20_000, AGE);
-        assert_eq!(d.last_request_at, Some(Timestamp::from_millis(1_000)), "idle since the activators started");
+        assert_eq!(
+            d.last_request_at,
+            Some(Timestamp::from_millis(1_000)),
+            "idle since the activators started"
+        );
         let not_yet_read = ActivatorSample::default();
         let d = demand_from(&[idle("a"), not_yet_read], &keys(&["ns/m"]), 20_000, AGE);
         assert_eq!((d.requests_per_second, d.last_request_at), (None, None));
@@ -600,7 +625,14 @@ mod tests {
 
     #[test]
     fn queued_models_come_only_from_fresh_documents() {
-        let held = sample(None, stats("a", 20_000, &[("ns/m", 1, 0, 2, Some(19_000)), ("ns/idle", 0, 0, 0, None)]));
+        let held = sample(
+            None,
+            stats(
+                "a",
+                20_000,
+                &[("ns/m", 1, 0, 2, Some(19_000)), ("ns/idle", 0, 0, 0, None)],
+            ),
+        );
         assert_eq!(
             queued_models(std::slice::from_ref(&held), 20_000, AGE),
             BTreeSet::from(["ns/m".to_owned()])
@@ -617,10 +649,16 @@ mod tests {
             Box::pin(async move { Err(FetchError::Status { url, status: 404 }) })
         }
         fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>> {
-            let r = self.0.lock().unwrap().get(base).cloned().ok_or(FetchError::Connect {
-                url: base.to_owned(),
-                message: "refused".into(),
-            });
+            let r = self
+                .0
+                .lock()
+                .unwrap()
+                .get(base)
+                .cloned()
+                .ok_or(FetchError::Connect {
+                    url: base.to_owned(),
+                    message: "refused".into(),
+                });
             Box::pin(async move { r })
         }
     }
@@ -628,8 +666,14 @@ mod tests {
     #[tokio::test]
     async fn the_poller_follows_its_targets_and_wakes_held_models() {
         let docs = Docs(Mutex::new(BTreeMap::from([
-            ("http://a".to_owned(), stats("a", 1_000, &[("ns/m", 1, 0, 1, Some(900))])),
-            ("http://b".to_owned(), stats("b", 1_000, &[("ns/m", 0, 0, 0, None)])),
+            (
+                "http://a".to_owned(),
+                stats("a", 1_000, &[("ns/m", 1, 0, 1, Some(900))]),
+            ),
+            (
+                "http://b".to_owned(),
+                stats("b", 1_000, &[("ns/m", 0, 0, 0, None)]),
+            ),
         ])));
         let metrics = Metrics::new();
         let poller = ActivatorPoller::new(&[]);
@@ -650,7 +694,10 @@ mod tests {
         assert_eq!(poller.targets(), vec!["pod-a", "pod-b"]);
         let samples = poller.samples();
         assert!(samples[0].latest.is_some() && samples[1].latest.is_none());
-        assert_eq!(demand_from(&samples, &keys(&["ns/m"]), 6_000, AGE).last_request_at, None);
+        assert_eq!(
+            demand_from(&samples, &keys(&["ns/m"]), 6_000, AGE).last_request_at,
+            None
+        );
         // pod-a leaves: its sample goes with it; pod-b fails: unknown, not frozen.
         poller.set_targets(BTreeMap::from([("pod-b".to_owned(), "http://b".to_owned())]));
         docs.0.lock().unwrap().remove("http://b");

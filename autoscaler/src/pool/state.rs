@@ -686,7 +686,11 @@ mod tests {
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
         idx.reset_capacity(&[evicted, deleting]);
-        assert_eq!(idx.terminated(), vec!["tessera-gpu-p-0".to_string()], "a terminating pod is being deleted already");
+        assert_eq!(
+            idx.terminated(),
+            vec!["tessera-gpu-p-0".to_string()],
+            "a terminating pod is being deleted already"
+        );
         assert_eq!(
             idx.next_slot_name(2).as_deref(),
             Some("tessera-gpu-p-2"),

@@ -46,11 +46,7 @@ impl Histogram {
     /// Whether both histograms have exactly the same bucket bounds.
     pub fn same_bounds(&self, other: &Histogram) -> bool {
         self.buckets.len() == other.buckets.len()
-            && self
-                .buckets
-                .iter()
-                .zip(&other.buckets)
-                .all(|(a, b)| a.le == b.le)
+            && self.buckets.iter().zip(&other.buckets).all(|(a, b)| a.le == b.le)
     }
 
     /// Observations between an earlier cumulative scrape and this (later) one.

@@ -228,7 +228,11 @@ mod tests {
         let b = VllmSnapshot::from_text(&missing).unwrap();
         let w = WindowSummary::between(&a, &b, 10.0);
         assert_eq!(w.ttft, None, "no quantile from a histogram missing a bucket");
-        assert_eq!(w.requests_finished, Some(100.0), "the rest of the window is still read");
+        assert_eq!(
+            w.requests_finished,
+            Some(100.0),
+            "the rest of the window is still read"
+        );
         let w = WindowSummary::between(&a, &VllmSnapshot::from_text(&full).unwrap(), 10.0);
         assert!(w.ttft.unwrap().p50 <= 0.1);
     }

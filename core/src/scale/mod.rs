@@ -691,9 +691,8 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
         let panic_rec = panic_recommendation(raw, state, now, panic.window);
         // The guard's one extra replica is not a burst: with one ready replica, current+1 is already 200% of it,
         // and panic would then skip the rate limits and hold the guard's own runaway for a stable window.
-        let triggered = !guard_fired
-            && f64::from(panic_rec) >= panic.threshold * f64::from(ready)
-            && panic_rec > current;
+        let triggered =
+            !guard_fired && f64::from(panic_rec) >= panic.threshold * f64::from(ready) && panic_rec > current;
         let still = state
             .last_panic_at
             .is_some_and(|t| now.since(t) < panic.stable_window);

@@ -88,8 +88,10 @@ fn parse_path(path: &str) -> Option<Target> {
 fn status(code: u16, reason: &str, message: &str) -> Response {
     (
         StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                          "reason": reason, "message": message, "code": code})),
+        axum::Json(
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                          "reason": reason, "message": message, "code": code}),
+        ),
     )
         .into_response()
 }
@@ -160,7 +162,9 @@ fn percent_decode(s: &str) -> String {
 impl ApiServer {
     /// Starts the server on an ephemeral loopback port.
     pub async fn start() -> ApiServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
         let addr = listener.local_addr().expect("local addr");
         let server = ApiServer {
             store: Arc::default(),
@@ -195,9 +199,16 @@ impl ApiServer {
     /// Creates or replaces an object (as a test fixture, not through the API), with a new resourceVersion.
     pub fn put(&self, collection: &str, namespace: &str, mut obj: Value) -> Value {
         let mut st = self.store.lock().unwrap();
-        let name = obj["metadata"]["name"].as_str().expect("metadata.name").to_string();
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .expect("metadata.name")
+            .to_string();
         let key = (collection.to_string(), namespace.to_string(), name);
-        let kind = if st.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
+        let kind = if st.objects.contains_key(&key) {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
         st.rv += 1;
         let rv = st.rv;
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -211,7 +222,12 @@ impl ApiServer {
             obj["metadata"]["generation"] = json!(1);
         }
         st.objects.insert(key, obj.clone());
-        st.changes.push(Change { rv, collection: collection.to_string(), kind, object: obj.clone() });
+        st.changes.push(Change {
+            rv,
+            collection: collection.to_string(),
+            kind,
+            object: obj.clone(),
+        });
         drop(st);
         self.notify.notify_waiters();
         obj
@@ -263,7 +279,10 @@ impl ApiServer {
     }
 
     async fn handle(&self, method: Method, uri: Uri, body: Bytes) -> Response {
-        let pq = uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+        let pq = uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_default();
         let partitioned = {
             let mut st = self.store.lock().unwrap();
             st.requests.push(format!("{method} {pq}"));
@@ -330,7 +349,11 @@ impl ApiServer {
 
     async fn watch(&self, t: Target, q: BTreeMap<String, String>) -> Response {
         let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
-        let timeout = Duration::from_secs(q.get("timeoutSeconds").and_then(|v| v.parse().ok()).unwrap_or(290));
+        let timeout = Duration::from_secs(
+            q.get("timeoutSeconds")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(290),
+        );
         let selector = q.get("labelSelector").cloned().unwrap_or_default();
         let server = self.clone();
         let deadline = tokio::time::Instant::now() + timeout;
@@ -387,7 +410,11 @@ impl ApiServer {
             return status(422, "Invalid", "metadata.name is required");
         };
         if self.get(collection, ns, name).is_some() {
-            return status(409, "AlreadyExists", &format!("{collection} {name} already exists"));
+            return status(
+                409,
+                "AlreadyExists",
+                &format!("{collection} {name} already exists"),
+            );
         }
         let mut obj = obj;
         obj["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
@@ -399,7 +426,11 @@ impl ApiServer {
             return status(404, "NotFound", name);
         };
         if obj["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-            return status(409, "Conflict", "the object has been modified; please apply your changes to the latest version");
+            return status(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version",
+            );
         }
         let mut generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
         if obj["spec"] != current["spec"] {
@@ -417,13 +448,21 @@ impl ApiServer {
         if let Some(rv) = patch["metadata"]["resourceVersion"].as_str()
             && Some(rv) != obj["metadata"]["resourceVersion"].as_str()
         {
-            return status(409, "Conflict", "the object has been modified; please apply your changes to the latest version");
+            return status(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version",
+            );
         }
         if sub == Some("status") {
             let mut st = self.store.lock().unwrap();
             if st.status_conflicts > 0 {
                 st.status_conflicts -= 1;
-                return status(409, "Conflict", "the object has been modified; please apply your changes to the latest version");
+                return status(
+                    409,
+                    "Conflict",
+                    "the object has been modified; please apply your changes to the latest version",
+                );
             }
         }
         match sub {
@@ -457,13 +496,21 @@ impl ApiServer {
 
     fn delete(&self, collection: &str, ns: &str, name: &str) -> Response {
         let mut st = self.store.lock().unwrap();
-        let Some(mut obj) = st.objects.remove(&(collection.to_string(), ns.to_string(), name.to_string())) else {
+        let Some(mut obj) = st
+            .objects
+            .remove(&(collection.to_string(), ns.to_string(), name.to_string()))
+        else {
             return status(404, "NotFound", name);
         };
         st.rv += 1;
         let rv = st.rv;
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        st.changes.push(Change { rv, collection: collection.to_string(), kind: "DELETED", object: obj.clone() });
+        st.changes.push(Change {
+            rv,
+            collection: collection.to_string(),
+            kind: "DELETED",
+            object: obj.clone(),
+        });
         drop(st);
         self.notify.notify_waiters();
         axum::Json(obj).into_response()
@@ -472,7 +519,10 @@ impl ApiServer {
 
 /// The `autoscaling/v1` Scale of a Deployment or StatefulSet.
 fn scale_of(obj: &Value) -> Value {
-    let labels = obj["spec"]["selector"]["matchLabels"].as_object().cloned().unwrap_or_default();
+    let labels = obj["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
     let selector: Vec<String> = labels
         .iter()
         .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
