@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use tracing::{info, warn};
 
 use super::signals::ActivatorPoller;
@@ -91,7 +91,7 @@ pub async fn follow_service(client: Client, namespace: String, service: String, 
             info!(
                 service = %format!("{namespace}/{service}"),
                 pods = ?targets.keys().collect::<Vec<_>>(),
-                slices = slices.iter().map(|s| s.name_any()).count(),
+                slices = slices.len(),
                 "activator pods"
             );
             poller.set_targets(targets.clone());

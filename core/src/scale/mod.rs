@@ -802,9 +802,7 @@ fn idle_for(input: &ScaleInput, now: Timestamp) -> Option<Duration> {
     }
     // An unknown rate (an activator poll failed, or only one document so far) is missing data, and missing data
     // never scales down: a model whose traffic we cannot count must not look idle.
-    if input.demand.requests_per_second.is_none() {
-        return None;
-    }
+    input.demand.requests_per_second?;
     // Every ready replica must have fresh data saying it has nothing running or waiting: a replica we cannot see
     // might be serving clients that bypass the activator.
     let fresh = input.replicas.iter().filter(|r| r.fresh).count();

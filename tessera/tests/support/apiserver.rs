@@ -14,7 +14,7 @@
 //! - every request is logged (method, path and query) for assertions;
 //! - [`ApiServer::partition`] makes it hang every request from then on (a network partition as the client sees
 //!   it), [`ApiServer::heal`] ends it.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)] // test support: a poisoned lock or unserializable JSON is a test bug
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -67,9 +67,9 @@ struct Target {
 
 fn parse_path(path: &str) -> Option<Target> {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (gv, rest) = match parts.first()? {
-        &"api" => (parts.get(1)?.to_string(), &parts[2..]),
-        &"apis" => (format!("{}/{}", parts.get(1)?, parts.get(2)?), &parts[3..]),
+    let (gv, rest) = match *parts.first()? {
+        "api" => (parts.get(1)?.to_string(), &parts[2..]),
+        "apis" => (format!("{}/{}", parts.get(1)?, parts.get(2)?), &parts[3..]),
         _ => return None,
     };
     let (namespace, rest) = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {
