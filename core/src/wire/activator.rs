@@ -197,7 +197,7 @@ mod tests {
     fn json_shape_is_camel_case_and_round_trips() {
         let d = doc(2_000, 7);
         let json = serde_json::to_value(&d).unwrap();
-        assert_eq!(json["schemaVersion"], 1);
+        assert_eq!(json["schemaVersion"], 2);
         assert_eq!(json["models"]["m"]["requestsTotal"], 7);
         assert!(json["models"]["m"]["lastRequestAtUnixMs"].is_null());
         let back: ActivatorStats = serde_json::from_value(json).unwrap();
