@@ -74,6 +74,8 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
     "!has(self.targets) || !has(self.targets.requestsPerSecondPerReplica) || \
      (has(self.modelNames) && size(self.modelNames) > 0)")
     .message("targets.requestsPerSecondPerReplica needs modelNames: the activator counts requests by model name"))]
+#[x_kube(validation = Rule::new("!has(self.ttftSlo) || duration(self.ttftSlo) > duration('0s')")
+    .message("ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request"))]
 #[x_kube(validation = Rule::new("self.minReplicas > 0 || has(self.scaleToZero)")
     .message("minReplicas 0 requires scaleToZero (set scaleToZero.idleAfter, e.g. 10m), or set minReplicas >= 1"))]
 #[serde(rename_all = "camelCase")]
@@ -487,6 +489,12 @@ impl InferenceAutoscalerSpec {
         if self.targets.ttft_p95.is_some() && ttft_target.is_some_and(|d| d.is_zero()) {
             errors.push("targets.ttftP95 must be more than 0".to_owned());
         }
+        if ttft_slo.is_some_and(|d| d.is_zero()) {
+            errors.push(
+                "ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request"
+                    .to_owned(),
+            );
+        }
         if let Some(gpu) = &self.gpu {
             if let Some(m) = &gpu.memory {
                 match m {
@@ -782,6 +790,10 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         let json = serde_json::to_string(&crd).unwrap();
         assert!(json.contains("maxReplicas must be >= minReplicas"));
         assert!(json.contains("minReplicas 0 requires scaleToZero"));
+        assert!(
+            json.contains("duration(self.ttftSlo) > duration('0s')"),
+            "ttftSlo: 0s is refused by the API"
+        );
         assert!(json.contains("x-kubernetes-int-or-string"));
         // YAML 1.1 readers (kubectl) would turn a plain Off into false.
         let yaml = crdgen().unwrap();
@@ -854,6 +866,10 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             (
                 "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\ntargets: {requestsPerSecondPerReplica: 3}",
                 "targets.requestsPerSecondPerReplica needs modelNames",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nttftSlo: 0s",
+                "ttftSlo must be more than 0",
             ),
         ];
         for (yaml, want) in cases {

@@ -83,6 +83,15 @@ pub fn renew_deadline_passed(last_renew_ms: Option<u64>, now_ms: u64, renew_dead
     last_renew_ms.is_some_and(|t| now_ms.saturating_sub(t) >= deadline)
 }
 
+/// Time left until the renew deadline of a lease last renewed at `last_renew_ms` (zero once passed; the whole
+/// deadline when there was no renewal).
+pub fn time_left(last_renew_ms: Option<u64>, now_ms: u64, renew_deadline: Duration) -> Duration {
+    match last_renew_ms {
+        Some(t) => renew_deadline.saturating_sub(Duration::from_millis(now_ms.saturating_sub(t))),
+        None => renew_deadline,
+    }
+}
+
 /// Settings for [`LeaderElector`].
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {
@@ -208,51 +217,74 @@ impl LeaderElector {
         }
     }
 
-    /// Runs the election until `shutdown` fires, publishing leadership on `leader`. Steps down when renewals fail
-    /// for longer than `renew_deadline`; releases the lease on shutdown.
+    /// Runs the election until `shutdown` fires, publishing leadership on `leader`. Releases the lease on shutdown.
+    ///
+    /// As client-go's leaderelection: each attempt of a leader is bounded by the time left to its renew deadline
+    /// (a hung GET or PUT is abandoned when that time runs out), and a leader that has not renewed within the
+    /// deadline steps down *before* the lease can expire for the others. A candidate's attempt is bounded by the
+    /// renew deadline.
     pub async fn run(
         mut self,
         leader: watch::Sender<bool>,
         mut shutdown: watch::Receiver<bool>,
         now_ms: impl Fn() -> u64,
     ) {
+        let deadline = self.config.renew_deadline;
         let mut last_renew: Option<u64> = None;
         loop {
             let now = now_ms();
-            match self.try_acquire_or_renew(now).await {
-                Ok(true) => {
-                    if !*leader.borrow() {
+            let leading = *leader.borrow();
+            let budget = if leading {
+                time_left(last_renew, now, deadline)
+            } else {
+                deadline
+            };
+            let attempt = tokio::time::timeout(budget, self.try_acquire_or_renew(now)).await;
+            match attempt {
+                Ok(Ok(true)) => {
+                    if !leading {
                         info!(identity = %self.config.identity, lease = %self.config.lease_name, "became leader");
                     }
                     last_renew = Some(now);
                     leader.send_replace(true);
                 }
-                Ok(false) => {
-                    if *leader.borrow() {
+                Ok(Ok(false)) => {
+                    if leading {
                         warn!(identity = %self.config.identity, "lost the lease: stepping down");
                     }
                     last_renew = None;
                     leader.send_replace(false);
                 }
-                Err(e) => {
-                    warn!(error = %e, "lease request failed");
-                    if *leader.borrow() && renew_deadline_passed(last_renew, now, self.config.renew_deadline)
-                    {
-                        warn!("could not renew the lease within the renew deadline: stepping down");
-                        leader.send_replace(false);
-                        last_renew = None;
-                    }
-                }
+                Ok(Err(e)) => warn!(error = %e, "lease request failed"),
+                Err(_) => warn!(
+                    budget_ms = budget.as_millis(),
+                    "lease request did not answer in time: abandoned"
+                ),
             }
+            if *leader.borrow() && renew_deadline_passed(last_renew, now_ms(), deadline) {
+                warn!("could not renew the lease within the renew deadline: stepping down");
+                leader.send_replace(false);
+                last_renew = None;
+            }
+            // A leader whose deadline comes before the next retry wakes for it, so it steps down on time.
+            let wait = if *leader.borrow() {
+                self.config
+                    .retry_period
+                    .min(time_left(last_renew, now_ms(), deadline))
+            } else {
+                self.config.retry_period
+            };
             tokio::select! {
-                _ = tokio::time::sleep(self.config.retry_period) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.changed() => break,
             }
         }
         if *leader.borrow() {
             leader.send_replace(false);
-            if let Err(e) = self.release().await {
-                warn!(error = %e, "could not release the lease");
+            match tokio::time::timeout(deadline, self.release()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => warn!(error = %e, "could not release the lease"),
+                Err(_) => warn!("releasing the lease did not answer in time"),
             }
         }
     }
@@ -488,6 +520,95 @@ mod tests {
         assert!(!el.try_acquire_or_renew(14_000).await.unwrap());
         assert!(!el.try_acquire_or_renew(20_000).await.unwrap());
         server.await.unwrap();
+    }
+
+    /// A clock in Unix ms that follows tokio's (paused) time, starting at 1,000,000 ms.
+    fn tokio_clock() -> impl Fn() -> u64 {
+        let start = tokio::time::Instant::now();
+        move || 1_000_000 + u64::try_from(start.elapsed().as_millis()).unwrap()
+    }
+
+    /// Item 2: a renewal whose GET never answers. Before, the leader stayed leader for as long as the call hung
+    /// (120 s seen) while a follower took over at 15 s; now it steps down at the 10 s renew deadline.
+    #[tokio::test(start_paused = true)]
+    async fn run_steps_down_when_a_renewal_hangs_past_the_deadline() {
+        let (el, mut handle) = elector("pod-a");
+        let (leader_tx, mut leader_rx) = watch::channel(false);
+        let (_shutdown_tx, shutdown_rx) = watch::channel(false);
+        let started = tokio::time::Instant::now();
+        let run = tokio::spawn(el.run(leader_tx, shutdown_rx, tokio_clock()));
+        // t=0: no lease, create it.
+        let (_, send) = handle.next_request().await.unwrap();
+        respond(
+            send,
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+        );
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method(), Method::POST);
+        respond(send, 201, lease_json("pod-a", "1", 0));
+        leader_rx.wait_for(|l| *l).await.unwrap();
+        // t=2s: the renewal's GET hangs (the API server is unreachable); keep its responder so it never fails.
+        let (req, _hung) = handle.next_request().await.unwrap();
+        assert_eq!(req.method(), Method::GET);
+        tokio::time::timeout(Duration::from_secs(120), leader_rx.wait_for(|l| !*l))
+            .await
+            .expect("still leader 120 s into a hung renewal")
+            .unwrap();
+        let stepped_down_at = started.elapsed();
+        assert!(
+            stepped_down_at <= Duration::from_secs(10),
+            "stepped down {stepped_down_at:?} after the last renewal; the lease lets others in at 15 s"
+        );
+        assert!(
+            stepped_down_at >= Duration::from_secs(9),
+            "not before the deadline: {stepped_down_at:?}"
+        );
+        // It keeps trying as a candidate, each attempt bounded too.
+        let (req, _hung2) = handle.next_request().await.unwrap();
+        assert_eq!(req.method(), Method::GET);
+        run.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_renews_and_releases_the_lease_on_shutdown() {
+        let (el, mut handle) = elector("pod-a");
+        let (leader_tx, mut leader_rx) = watch::channel(false);
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let run = tokio::spawn(el.run(leader_tx, shutdown_rx, tokio_clock()));
+        let (_, send) = handle.next_request().await.unwrap();
+        respond(send, 200, lease_json("", "4", 1));
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method(), Method::PUT);
+        respond(send, 200, lease_json("pod-a", "5", 2));
+        leader_rx.wait_for(|l| *l).await.unwrap();
+        // Renewals every retry period keep it leading well past the renew deadline.
+        for rv in 5..12 {
+            let (_, send) = handle.next_request().await.unwrap();
+            respond(send, 200, lease_json("pod-a", &rv.to_string(), 2));
+            let (req, send) = handle.next_request().await.unwrap();
+            assert_eq!(req.method(), Method::PUT);
+            respond(send, 200, lease_json("pod-a", &(rv + 1).to_string(), 2));
+        }
+        assert!(*leader_rx.borrow());
+        shutdown_tx.send_replace(true);
+        // Release: GET, then PUT with no holder.
+        let (_, send) = handle.next_request().await.unwrap();
+        respond(send, 200, lease_json("pod-a", "12", 2));
+        let (req, send) = handle.next_request().await.unwrap();
+        let body = body_json(req).await;
+        assert_eq!(body["spec"]["holderIdentity"], Value::Null);
+        respond(send, 200, lease_json("", "13", 2));
+        run.await.unwrap();
+        assert!(!*leader_rx.borrow());
+    }
+
+    #[test]
+    fn time_left_to_the_deadline() {
+        let d = Duration::from_secs(10);
+        assert_eq!(time_left(Some(1_000), 3_000, d), Duration::from_secs(8));
+        assert_eq!(time_left(Some(1_000), 30_000, d), Duration::ZERO);
+        assert_eq!(time_left(None, 30_000, d), d);
     }
 
     #[tokio::test]

@@ -43,6 +43,10 @@ pub struct Args {
     /// How much history the recommendation and the window summary look at.
     #[arg(long, env = "TESSERA_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
     pub window: Duration,
+    /// Trailing window of the short-window latency in /v1/status (`recent`), which the autoscaler's TTFT SLO
+    /// guard reads: about its sync cadence, so one excursion does not keep firing for the whole --window.
+    #[arg(long, env = "TESSERA_LATENCY_WINDOW", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub latency_window: Duration,
     /// Total GPU memory in MiB, used when NVML is not available (NVML's figure wins when it is).
     #[arg(long, env = "TESSERA_GPU_MEMORY_MIB")]
     pub gpu_memory_mib: Option<u64>,
@@ -188,6 +192,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         vllm_url: args.vllm_url.clone(),
         interval_secs: args.scrape_interval.as_secs_f64(),
         window_secs: args.window.as_secs_f64(),
+        latency_window_secs: args.latency_window.as_secs_f64(),
         recommend: args.recommend_config(),
         bytes_per_kv_token: args.bytes_per_kv_token,
         non_kv_bytes: args.non_kv_memory_mib.map(state::mib),

@@ -17,8 +17,8 @@ use tessera_core::recommend::{
     self, ComputeFacts, KvGeometry, LatencyObservation, MemoryFacts, Observation, Outcome,
 };
 use tessera_core::wire::sidecar::{
-    ComputeStatus, GpuStatus, Quantiles, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
-    SnapshotSummary, WindowStatus,
+    ComputeStatus, GpuStatus, Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus,
+    SidecarStatus, SnapshotSummary, WindowStatus,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -32,6 +32,8 @@ pub struct Settings {
     pub interval_secs: f64,
     /// Window length, seconds.
     pub window_secs: f64,
+    /// The short latency window of `/v1/status`'s `recent` (`--latency-window`), seconds.
+    pub latency_window_secs: f64,
     /// Recommendation tunables.
     pub recommend: recommend::Config,
     /// `--bytes-per-kv-token`.
@@ -277,6 +279,25 @@ impl State {
         })
     }
 
+    /// Latency between the oldest good scrape within the last `latency_window_secs` and the newest one (`None`
+    /// with fewer than two scrapes in that span).
+    pub fn recent_latency(&self) -> Option<RecentLatency> {
+        let last = self.window.back()?;
+        let from = last.obs.at_secs - self.settings.latency_window_secs;
+        let first = self.window.iter().find(|s| s.obs.at_secs >= from)?;
+        let elapsed = last.obs.at_secs - first.obs.at_secs;
+        (elapsed > 0.0).then(|| {
+            let w = WindowSummary::between(&first.snapshot, &last.snapshot, elapsed);
+            RecentLatency {
+                window_secs: self.settings.latency_window_secs,
+                start: first.obs.at_secs,
+                end: last.obs.at_secs,
+                ttft_seconds: quantiles(w.ttft),
+                inter_token_latency_seconds: quantiles(w.inter_token_latency),
+            }
+        })
+    }
+
     /// The `/v1/status` document at `now`.
     pub fn status(&self, now: f64) -> SidecarStatus {
         let latest = self.latest.as_ref().map(|(at, s)| SnapshotSummary {
@@ -344,6 +365,7 @@ impl State {
             max_model_len: self.settings.max_model_len,
             latest,
             window,
+            recent: self.recent_latency(),
             gpu,
             recommendation: self.recommendation.clone(),
             compute: Some(ComputeStatus {
@@ -425,6 +447,7 @@ mod tests {
             vllm_url: "http://vllm:8000".into(),
             interval_secs: 10.0,
             window_secs: 600.0,
+            latency_window_secs: 60.0,
             recommend: recommend::Config::default(),
             // Llama-3.1-8B: 2 × 32 layers × 8 KV heads × 128 × 2 bytes (cache_dtype auto = bf16).
             bytes_per_kv_token: Some(131_072),
@@ -613,11 +636,58 @@ mod tests {
         ));
     }
 
+    /// A page whose only latency is a TTFT histogram with `slow` requests between 0.1 and 1 s and `fast` under 0.1 s.
+    fn ttft_page(fast: u64, slow: u64) -> String {
+        let m = "model_name=\"m\"";
+        let total = fast + slow;
+        format!(
+            "vllm:num_requests_running{{{m}}} 0\nvllm:num_requests_waiting{{{m}}} 0\n\
+             vllm:time_to_first_token_seconds_bucket{{{m},le=\"0.1\"}} {fast}\n\
+             vllm:time_to_first_token_seconds_bucket{{{m},le=\"1.0\"}} {total}\n\
+             vllm:time_to_first_token_seconds_bucket{{{m},le=\"+Inf\"}} {total}\n\
+             vllm:time_to_first_token_seconds_count{{{m}}} {total}\n\
+             vllm:time_to_first_token_seconds_sum{{{m}}} {}\n",
+            fast as f64 * 0.05 + slow as f64 * 0.5
+        )
+    }
+
+    #[test]
+    fn recent_latency_covers_only_the_latency_window() {
+        let mut st = State::new(settings());
+        // Five minutes of slow first tokens (an excursion), then five minutes of fast ones.
+        let (mut fast, mut slow) = (0, 0);
+        for i in 0..=60 {
+            if i < 30 {
+                slow += 10;
+            } else {
+                fast += 10;
+            }
+            st.record_success(
+                10.0 * f64::from(i),
+                VllmSnapshot::from_text(&ttft_page(fast, slow)).unwrap(),
+            );
+        }
+        let s = st.status(600.0);
+        let long = s.window.unwrap().ttft_seconds.p95.unwrap();
+        let recent = s.recent.unwrap();
+        assert!(
+            long > 0.1,
+            "the 10-minute window still sees the excursion: p95 {long}"
+        );
+        assert!(recent.ttft_seconds.p95.unwrap() <= 0.1, "{recent:?}");
+        assert_eq!(
+            (recent.window_secs, recent.start, recent.end),
+            (60.0, 540.0, 600.0)
+        );
+        assert_eq!(recent.ttft_seconds.count, Some(60.0));
+    }
+
     #[test]
     fn window_drops_old_samples() {
         let base = REAL_PAGE;
         let mut st = State::new(Settings {
             window_secs: 60.0,
+            latency_window_secs: 60.0,
             ..settings()
         });
         for i in 0..20 {

@@ -1,26 +1,24 @@
 //! `tessera autoscaler` as a process, against a small in-memory Kubernetes API served over loopback.
 //!
-//! No kube-apiserver can run here, so the test serves exactly the endpoints the controller uses (Lease, the
-//! InferenceAutoscaler list/watch and status, a Deployment's `/scale`, pods, events) from an axum app that keeps
-//! the state, plus a fake sidecar `/v1/status` and a fake activator stats document it can change mid-test. It then
+//! No kube-apiserver can run here, so the controller talks to the in-memory API server of `support/apiserver.rs`
+//! (watch streams, label selectors, resourceVersion on every object, 409 on a stale one), seeded with a Deployment
+//! and an InferenceAutoscaler; the test plays the Deployment controller (one ready pod per replica) and serves a
+//! fake sidecar `/v1/status` and a fake activator stats document (schema 2) it can change mid-test. It then
 //! drives the whole loop through the real binary: scale up on KV pressure, scale to zero once idle, and back from
 //! zero when a request is held at the activator. Everything is bounded by timeouts and the child is killed on drop.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::extract::State;
+use axum::routing::get;
 use serde_json::{Value, json};
 
 mod support;
+use support::apiserver::ApiServer;
 use support::{Tessera, free_port};
 
 #[derive(Default)]
@@ -29,7 +27,6 @@ struct Cluster {
     ias: Value,
     replicas: i64,
     lease: Option<Value>,
-    lease_rv: u64,
     scale_patches: Vec<i64>,
     status_patches: Vec<Value>,
     events: Vec<Value>,
@@ -80,137 +77,84 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-fn api_app(state: Shared, sidecar_port: u16) -> Router {
-    let lease_path = "/apis/coordination.k8s.io/v1/namespaces/default/leases/tessera-autoscaler";
-    Router::new()
-        .route(
-            lease_path,
-            get(|State(s): State<Shared>| async move {
-                let c = s.lock().expect("lock");
-                match &c.lease {
-                    Some(l) => (StatusCode::OK, axum::Json(l.clone())),
-                    None => (
-                        StatusCode::NOT_FOUND,
-                        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                          "reason": "NotFound", "code": 404})),
-                    ),
-                }
-            })
-            .put(|State(s): State<Shared>, axum::Json(mut body): axum::Json<Value>| async move {
-                let mut c = s.lock().expect("lock");
-                // Optimistic concurrency, as the API server does: a write must carry the current version.
-                if body["metadata"]["resourceVersion"] != json!(c.lease_rv.to_string()) {
-                    return (
-                        StatusCode::CONFLICT,
-                        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                          "reason": "Conflict", "code": 409, "message": "the object has been modified"})),
-                    );
-                }
-                c.lease_rv += 1;
-                body["metadata"]["resourceVersion"] = json!(c.lease_rv.to_string());
-                c.lease = Some(body.clone());
-                (StatusCode::OK, axum::Json(body))
-            }),
-        )
-        .route(
-            "/apis/coordination.k8s.io/v1/namespaces/default/leases",
-            post(|State(s): State<Shared>, axum::Json(mut body): axum::Json<Value>| async move {
-                let mut c = s.lock().expect("lock");
-                if c.lease.is_some() {
-                    return (
-                        StatusCode::CONFLICT,
-                        axum::Json(json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                          "reason": "AlreadyExists", "code": 409})),
-                    );
-                }
-                c.lease_rv += 1;
-                body["metadata"]["resourceVersion"] = json!(c.lease_rv.to_string());
-                c.lease = Some(body.clone());
-                (StatusCode::CREATED, axum::Json(body))
-            }),
-        )
-        .route(
-            "/apis/tessera.dev/v1alpha1/inferenceautoscalers",
-            get(|State(s): State<Shared>, Query(q): Query<BTreeMap<String, String>>| async move {
-                if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                    // A watch that stays open with no changes: the controller requeues on its sync period.
-                    Response::new(Body::from_stream(futures::stream::pending::<Result<Vec<u8>, std::io::Error>>()))
-                } else {
-                    axum::Json(json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscalerList",
-                                      "metadata": {"resourceVersion": "1"}, "items": [s.lock().expect("lock").ias.clone()]}))
-                    .into_response()
-                }
-            }),
-        )
-        .route(
-            "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status",
-            axum::routing::patch(|State(s): State<Shared>, body: String| async move {
-                let patch: Value = serde_json::from_str(&body).expect("status patch is JSON");
-                let mut c = s.lock().expect("lock");
-                c.status_patches.push(patch.clone());
-                let mut obj = c.ias.clone();
-                obj["status"] = patch["status"].clone();
-                axum::Json(obj)
-            }),
-        )
-        .route(
-            "/apis/apps/v1/namespaces/models/deployments/llama/scale",
-            get(|State(s): State<Shared>| async move {
-                let r = s.lock().expect("lock").replicas;
-                axum::Json(scale(r))
-            })
-            .patch(|State(s): State<Shared>, body: String| async move {
-                let patch: Value = serde_json::from_str(&body).expect("scale patch is JSON");
-                let r = patch["spec"]["replicas"].as_i64().expect("spec.replicas in the scale patch");
-                let mut c = s.lock().expect("lock");
-                c.replicas = r;
-                c.scale_patches.push(r);
-                axum::Json(scale(r))
-            }),
-        )
-        .route(
-            "/api/v1/namespaces/models/pods",
-            get(move |State(s): State<Shared>| async move {
-                let r = s.lock().expect("lock").replicas;
-                let items: Vec<Value> = (0..r)
-                    .map(|i| {
-                        json!({"metadata": {"name": format!("llama-{i}"), "namespace": "models",
-                                            "annotations": {"tessera.dev/sidecar-port": sidecar_port.to_string()}},
-                               "status": {"podIP": "127.0.0.1",
-                                          "conditions": [{"type": "Ready", "status": "True"}]}})
-                    })
-                    .collect();
-                axum::Json(json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
-            }),
-        )
-        .route(
-            "/apis/events.k8s.io/v1/namespaces/{ns}/events",
-            post(|State(s): State<Shared>, Path(_ns): Path<String>, axum::Json(body): axum::Json<Value>| async move {
-                s.lock().expect("lock").events.push(body.clone());
-                (StatusCode::CREATED, axum::Json(body))
-            }),
-        )
-        .route(
-            "/apis/events.k8s.io/v1/namespaces/{ns}/events/{name}",
-            axum::routing::patch(
-                |State(s): State<Shared>, Path(_p): Path<(String, String)>, body: String| async move {
-                    let event: Value = serde_json::from_str(&body).expect("event patch is JSON");
-                    s.lock().expect("lock").events.push(event.clone());
-                    axum::Json(event)
-                },
-            ),
-        )
-        .fallback(|uri: axum::http::Uri| async move {
-            eprintln!("fake API: unexpected request {uri}");
-            (StatusCode::NOT_FOUND, axum::Json(json!({"kind": "Status", "code": 404, "reason": "NotFound"})))
-        })
-        .with_state(state)
-}
+const DEPLOYMENTS: &str = "apps/v1/deployments";
+const PODS: &str = "v1/pods";
+const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
+const LEASES: &str = "coordination.k8s.io/v1/leases";
+const EVENTS: &str = "events.k8s.io/v1/events";
 
-fn scale(replicas: i64) -> Value {
-    json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
-           "metadata": {"name": "llama", "namespace": "models", "resourceVersion": "7"},
-           "spec": {"replicas": replicas}, "status": {"replicas": replicas, "selector": "app=llama"}})
+/// The in-memory API server (`support/apiserver.rs`: watch streams, selectors, resourceVersion, 409s) seeded with
+/// `state`'s InferenceAutoscaler and a Deployment at `state.replicas`, plus the part of a cluster the test plays:
+/// a Deployment controller that keeps one ready pod per replica (pointing at the fake sidecar on `sidecar_port`),
+/// and a mirror of what the controller wrote (replica changes, status writes, events, the Lease) into `state`.
+async fn honest_api(state: Shared, sidecar_port: u16) -> ApiServer {
+    let api = ApiServer::start().await;
+    let (ias, replicas) = {
+        let c = state.lock().expect("lock");
+        (c.ias.clone(), c.replicas)
+    };
+    api.put(IAS, "models", ias);
+    api.put(
+        DEPLOYMENTS,
+        "models",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"},
+               "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "llama"}}}}),
+    );
+    let server = api.clone();
+    tokio::spawn(async move {
+        let mut pods = 0i64;
+        let mut replicas = replicas;
+        let mut status_rv = String::new();
+        loop {
+            let want = api
+                .get(DEPLOYMENTS, "models", "llama")
+                .and_then(|d| d["spec"]["replicas"].as_i64())
+                .unwrap_or(0);
+            while pods < want {
+                api.put(
+                    PODS,
+                    "models",
+                    json!({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": format!("llama-{pods}"), "labels": {"app": "llama"},
+                                        "annotations": {"tessera.dev/sidecar-port": sidecar_port.to_string()}},
+                           "status": {"podIP": "127.0.0.1", "phase": "Running",
+                                      "conditions": [{"type": "Ready", "status": "True"}]}}),
+                );
+                pods += 1;
+            }
+            while pods > want {
+                pods -= 1;
+                api.delete_object(PODS, "models", &format!("llama-{pods}"));
+            }
+            let obj = api.get(IAS, "models", "llama").unwrap_or_default();
+            {
+                let mut c = state.lock().expect("lock");
+                if want != replicas {
+                    replicas = want;
+                    c.scale_patches.push(want);
+                }
+                c.replicas = want;
+                let rv = obj["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if rv != status_rv && !obj["status"].is_null() {
+                    let changed = c
+                        .status_patches
+                        .last()
+                        .is_none_or(|p| p["status"] != obj["status"]);
+                    if changed {
+                        c.status_patches.push(json!({"status": obj["status"]}));
+                    }
+                    status_rv = rv;
+                }
+                c.events = api.list(EVENTS);
+                c.lease = api.get(LEASES, "default", "tessera-autoscaler");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    server
 }
 
 fn sidecar_app(state: Shared) -> Router {
@@ -236,7 +180,7 @@ fn sidecar_app(state: Shared) -> Router {
                 axum::Json(json!({
                     "schemaVersion": 2, "instance": "activator-0", "startedAtUnixMs": 1_000,
                     "observedAtUnixMs": now_ms(),
-                    "models": {"llama": {"requestsTotal": c.requests_total, "rejectedTotal": 0, "inFlight": 0,
+                    "models": {"models/llama": {"requestsTotal": c.requests_total, "rejectedTotal": 0, "inFlight": 0,
                                          "queued": c.queued, "readyBackends": c.replicas,
                                          "lastRequestAtUnixMs": c.last_request_ms}}
                 }))
@@ -344,14 +288,27 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
         ..Cluster::default()
     }));
     let sidecar = serve(sidecar_app(state.clone())).await;
-    let api = serve(api_app(state.clone(), sidecar.port())).await;
+    let api_server = honest_api(state.clone(), sidecar.port()).await;
+    let api = api_server.addr;
     let dir = tempfile::tempdir().expect("tempdir");
     let metrics_port = free_port();
+    // Another writer got there first, twice: the controller must re-read the status and write again.
+    api_server.conflict_next_status_writes(2);
+    // The activator is found the way it is in a cluster: the EndpointSlice of its Service (contract 2).
+    api_server.put(
+        "discovery.k8s.io/v1/endpointslices",
+        "tessera",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "tessera-activator-x1", "labels": {"kubernetes.io/service-name": "tessera-activator"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": sidecar.port()}],
+               "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
+                              "targetRef": {"kind": "Pod", "name": "tessera-activator-0"}}]}),
+    );
     let mut child = start_autoscaler(
         &dir,
         api,
         metrics_port,
-        &["--activator-url", &format!("http://{sidecar}")],
+        &["--activator-service", "tessera/tessera-activator"],
     );
 
     // 1. Two replicas at 90% KV with a 50% target: ceil(2 × 1.8) = 4.
@@ -379,6 +336,15 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
             .any(|p| p["status"]["desiredReplicas"] == 4 && p["status"]["target"] == "Deployment/llama")
     })
     .await;
+    let status_path = "/apis/tessera.dev/v1alpha1/namespaces/models/inferenceautoscalers/llama/status";
+    assert!(
+        api_server
+            .requests()
+            .iter()
+            .any(|r| r.starts_with(&format!("GET {status_path}"))),
+        "the 409 was not followed by a re-read: {:?}",
+        api_server.requests()
+    );
     let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
         .await
         .expect("GET /metrics")
@@ -481,7 +447,8 @@ async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
         replicas: 3,
         ..Cluster::default()
     }));
-    let api = serve(api_app(state.clone(), sidecar_port)).await;
+    let api_server = honest_api(state.clone(), sidecar_port).await;
+    let api = api_server.addr;
     let dir = tempfile::tempdir().expect("tempdir");
     let _autoscaler = start_autoscaler(&dir, api, free_port(), &[]);
     wait_for(&state, "the scale-down to 1", Duration::from_secs(30), |c| {
@@ -538,7 +505,8 @@ async fn only_the_leader_acts_and_a_standby_takes_over() {
         ..Cluster::default()
     }));
     let sidecar = serve(sidecar_app(state.clone())).await;
-    let api = serve(api_app(state.clone(), sidecar.port())).await;
+    let api_server = honest_api(state.clone(), sidecar.port()).await;
+    let api = api_server.addr;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut a = start_autoscaler_as("replica-a", &dir, api, free_port(), &[]);
     wait_for(&state, "replica-a to lead", Duration::from_secs(20), |c| {

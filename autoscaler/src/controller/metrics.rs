@@ -43,6 +43,8 @@ pub struct Metrics {
     reconcile_errors: Family<ReasonLabels, Counter>,
     scrape_failures: Family<ScrapeLabels, Counter>,
     leader: Gauge<i64, AtomicI64>,
+    /// The pool manager's `tessera_pool_*` metrics, served on the same page.
+    pub pool: crate::pool::PoolMetrics,
 }
 
 impl Default for Metrics {
@@ -54,7 +56,9 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("tessera_autoscaler");
+        let mut root = Registry::default();
+        let pool = crate::pool::PoolMetrics::register(&mut root);
+        let registry = root.sub_registry_with_prefix("tessera_autoscaler");
         let decisions = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "decisions",
@@ -92,13 +96,14 @@ impl Metrics {
             leader.clone(),
         );
         Self {
-            registry,
+            registry: root,
             decisions,
             scales,
             reconcile_duration,
             reconcile_errors,
             scrape_failures,
             leader,
+            pool,
         }
     }
 

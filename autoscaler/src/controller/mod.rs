@@ -6,25 +6,25 @@
 //! - [`status`]: HPA-like conditions, built purely from a decision.
 //! - [`metrics`]: the Prometheus registry served on `/metrics`.
 //! - [`crate::leader`]: only the replica holding the `Lease` reconciles; others stand by.
-//! - [`crate::pool::run_pools`]: with `--pools-config`, the leader also runs the GPU pool manager.
+//! - [`crate::pool::run_pools_with_metrics`]: with `--pools-config`, the leader also runs the GPU pool manager
+//!   (its `tessera_pool_*` metrics on the same `/metrics`).
 //!
-//! **Wake-up contract with the activator.** When the activator holds a request for a model with no ready
-//! replica, it merge-patches the annotation `tessera.dev/activated-at` (RFC 3339 UTC,
-//! [`tessera_core::wire::activator::ACTIVATED_AT_ANNOTATION`]) onto the model's InferenceAutoscaler. The controller
-//! watches InferenceAutoscalers and reconciles at once when an object's generation *or that annotation* changes (its
-//! own status writes are skipped), so the patch starts a reconcile within one watch round-trip. A wake-up
-//! younger than `--activation-window` counts as one queued request, which takes a model at zero to at least one
-//! replica at once (no stabilization on the way up from zero), even if the activator's stats could not be read.
-//! The activator's stats (`--activator-url`, polled every `--activator-poll-interval`) give the request rate,
-//! in-flight and queued counts, and the last arrival; without them a model is never scaled to zero.
+//! **Wake-up contract with the activator (contract 2).** The activator writes nothing to the Kubernetes API for
+//! wake-ups. The controller finds every activator pod through the EndpointSlices of `--activator-service`
+//! ([`discovery`]; or takes fixed `--activator-url`s), reads each pod's stats every `--activator-poll-interval`
+//! (default 1 s), and any fresh document with `queued > 0` for a model (key `"<namespace>/<model>"`) reconciles
+//! that model's InferenceAutoscaler at once — from zero, at least one replica, no stabilization. The same
+//! documents give the request rate, in-flight and queued counts and the last arrival; idle is decided only when
+//! every known activator pod gave a fresh document, and without them a model is never scaled to zero.
 
+pub mod discovery;
 pub mod metrics;
 pub mod reconcile;
 pub mod rollout;
 pub mod signals;
 pub mod status;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,9 +38,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::{Controller, watcher};
-use kube::{Api, Client};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -71,16 +71,22 @@ pub struct Args {
     /// A sidecar snapshot older than this counts as missing data (never a reason to scale down).
     #[arg(long, env = "TESSERA_MAX_SIGNAL_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub max_signal_age: Duration,
-    /// Base URL of an activator whose stats to read (repeatable, one per activator replica). None: models are
-    /// never scaled to zero and the request-rate signal is unavailable.
+    /// The activator's Service as NAMESPACE/NAME: every activator pod is found through its EndpointSlices and
+    /// polled directly (behind a Service each pod sees only its share of the requests). The usual setting in a
+    /// cluster.
+    #[arg(long, env = "TESSERA_ACTIVATOR_SERVICE", value_parser = discovery::parse_service)]
+    pub activator_service: Option<(String, String)>,
+    /// Base URL of an activator whose stats to read (repeatable, one per activator process), for static setups
+    /// without --activator-service. Neither: models are never scaled to zero and the request-rate signal has no
+    /// data.
     #[arg(long = "activator-url", env = "TESSERA_ACTIVATOR_URLS", value_delimiter = ',')]
     pub activator_urls: Vec<String>,
-    /// How often to read the activators' stats.
-    #[arg(long, env = "TESSERA_ACTIVATOR_POLL_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    /// How often to read every activator pod's stats; a held request wakes its model's reconcile within this.
+    #[arg(long, env = "TESSERA_ACTIVATOR_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub activator_poll_interval: Duration,
-    /// A tessera.dev/activated-at wake-up younger than this counts as a queued request.
-    #[arg(long, env = "TESSERA_ACTIVATION_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub activation_window: Duration,
+    /// An activator document older than this (or a failed poll) makes the demand unknown: no scale to zero.
+    #[arg(long, env = "TESSERA_ACTIVATOR_MAX_AGE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub activator_max_age: Duration,
     /// Elect a leader with a Lease so several replicas can run (only the leader reconciles).
     #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -135,9 +141,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let client = Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let client = crate::kube_client::client().await?;
     let identity = args
         .identity
         .clone()
@@ -181,15 +185,32 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let source: Arc<dyn SignalSource> =
         Arc::new(HttpSignals::new(args.scrape_timeout).context("building the HTTP client for sidecars")?);
     let activators = ActivatorPoller::new(&args.activator_urls);
-    if args.activator_urls.is_empty() {
-        warn!(
-            "no --activator-url: models will not be scaled to zero and requestsPerSecondPerReplica has no data"
-        );
+    match &args.activator_service {
+        Some((ns, name)) => {
+            if !args.activator_urls.is_empty() {
+                anyhow::bail!(
+                    "--activator-service and --activator-url are exclusive: the Service's pods are the activators"
+                );
+            }
+            tokio::spawn(discovery::follow_service(
+                client.clone(),
+                ns.clone(),
+                name.clone(),
+                activators.clone(),
+            ));
+        }
+        None if args.activator_urls.is_empty() => warn!(
+            "neither --activator-service nor --activator-url: models will not be scaled to zero and \
+             requestsPerSecondPerReplica has no data"
+        ),
+        None => {}
     }
     tokio::spawn(activators.clone().run(
         source.clone(),
         metrics.clone(),
         args.activator_poll_interval,
+        args.activator_max_age,
+        SystemTime::now,
         shutdown_rx.clone(),
     ));
 
@@ -231,11 +252,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             sync_period: args.sync_period,
             sidecar_port: args.sidecar_port,
             max_signal_age: args.max_signal_age,
-            activation_window: args.activation_window,
+            activator_max_age: args.activator_max_age,
         },
         clock: Arc::new(SystemTime::now),
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
+        woken: Mutex::new(HashSet::new()),
     });
 
     let mut shutdown = shutdown_rx.clone();
@@ -255,14 +277,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Some(ns) => Api::namespaced(client.clone(), ns),
             None => Api::all(client.clone()),
         };
-        let controller = controller_stream(api, ctx.clone());
+        let controller = controller_stream(api, ctx.clone(), ctx.activators.subscribe());
         tokio::pin!(controller);
         // The pool manager is leader-only too: it creates and deletes capacity pods.
         let pool_token = tokio_util::sync::CancellationToken::new();
         let pool_task = pools.clone().map(|cfg| {
             let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
+            let pool_metrics = metrics.pool.clone();
             tokio::spawn(async move {
-                if let Err(e) = crate::pool::run_pools(client, cfg, interval, token).await {
+                if let Err(e) =
+                    crate::pool::run_pools_with_metrics(client, cfg, interval, pool_metrics, token).await
+                {
                     warn!(error = %e, "the GPU pool manager stopped");
                 }
             })
@@ -298,12 +323,31 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
 /// The kube-runtime controller over InferenceAutoscalers. Every change of an object triggers it, including this
 /// controller's own status writes; [`reconcile::reconcile`] skips those (see [`reconcile::trigger_hash`]) so they do
-/// not loop, while generation changes and the wake-up annotation are acted on at once.
+/// not loop, while generation changes are acted on at once. `wakes` (model keys with a request held at an
+/// activator) reconcile every InferenceAutoscaler of that namespace naming that model at once (contract 2).
 fn controller_stream(
     api: Api<InferenceAutoscaler>,
     ctx: Arc<Context>,
+    wakes: tokio::sync::broadcast::Receiver<String>,
 ) -> impl std::future::Future<Output = ()> {
-    Controller::new(api, watcher::Config::default())
+    let controller = Controller::new(api, crate::kube_client::watcher_config());
+    let store = controller.store();
+    let wake_ctx = ctx.clone();
+    let wake_refs = tokio_stream::wrappers::BroadcastStream::new(wakes)
+        .filter_map(|r| std::future::ready(r.ok()))
+        .flat_map(move |key| {
+            let refs = reconcile::objects_for_model(&store.state(), &key);
+            for r in &refs {
+                wake_ctx.mark_woken(&format!(
+                    "{}/{}",
+                    r.namespace.as_deref().unwrap_or_default(),
+                    r.name
+                ));
+            }
+            futures::stream::iter(refs)
+        });
+    controller
+        .reconcile_on(wake_refs)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {

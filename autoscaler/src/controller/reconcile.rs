@@ -6,15 +6,16 @@
 //!    `spec.replicas` is the current count and `status.selector` finds its pods.
 //! 3. List the pods, keep the ready ones, and read every ready pod's sidecar `/v1/status` concurrently (each with
 //!    the source's timeout). A replica that cannot be read counts as missing, never as idle.
-//! 4. Add the activator's demand for the model's names (polled in the background) and a recent wake-up annotation
-//!    ([`ACTIVATED_AT_ANNOTATION`]) as at least one queued request.
-//! 5. `decide`, then apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`, emit an Event on
-//!    every scale, and write `status` (merge patch carrying the `resourceVersion`, retried on 409 Conflict).
+//! 4. Add the activators' demand for the model's names (`"<namespace>/<model>"`, polled in the background).
+//! 5. `decide`. A decision to go to zero is checked once more against activator documents fetched right then:
+//!    a request that arrived since the last poll keeps the model up.
+//! 6. Apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`, emit an Event on every scale, and
+//!    write `status` only when it changed (merge patch carrying the `resourceVersion`, retried on 409 Conflict).
 //!
 //! The per-object [`ScaleState`] lives in memory. Losing it (restart, new leader) only restarts the windows, which
 //! is safe: a scale-down then waits a full stabilization window again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -24,13 +25,14 @@ use k8s_openapi::jiff;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 use tessera_core::scale::{self, ScaleDecision, ScaleInput, ScaleState, Timestamp};
-use tessera_core::wire::activator::ACTIVATED_AT_ANNOTATION;
+use tessera_core::wire::activator::{model_key, split_model_key};
 use tracing::{debug, info, instrument, warn};
 
 use super::metrics::Metrics;
-use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals, with_wake_up};
+use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals};
 use super::status::{self, Applied};
 use crate::crd::{self, InferenceAutoscaler, InferenceAutoscalerStatus};
 
@@ -94,8 +96,8 @@ pub struct Settings {
     pub sidecar_port: u16,
     /// Oldest sidecar snapshot still counted as fresh.
     pub max_signal_age: Duration,
-    /// A wake-up annotation younger than this counts as a queued request.
-    pub activation_window: Duration,
+    /// An activator document older than this makes the demand unknown.
+    pub activator_max_age: Duration,
 }
 
 /// A clock, injected so tests control time.
@@ -121,6 +123,39 @@ pub struct Context {
     pub states: Mutex<HashMap<String, ScaleState>>,
     /// Per-object time and [`trigger_hash`] of the last full reconcile, to skip the echo of our own status writes.
     pub last_runs: Mutex<HashMap<String, (SystemTime, u64)>>,
+    /// Objects (`namespace/name`) woken by a request held at an activator: their next reconcile runs in full
+    /// even when it looks like the echo of a status write.
+    pub woken: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    /// Marks `key` (`namespace/name`) as woken by a held request.
+    pub fn mark_woken(&self, key: &str) {
+        if let Ok(mut w) = self.woken.lock() {
+            w.insert(key.to_owned());
+        }
+    }
+
+    fn take_woken(&self, key: &str) -> bool {
+        self.woken.lock().is_ok_and(|mut w| w.remove(key))
+    }
+}
+
+/// The InferenceAutoscalers a model key (`"<namespace>/<model>"`) belongs to: those in that namespace whose
+/// `modelNames` include the model. Tenants are namespaces: another namespace's object with the same model name is
+/// never woken.
+pub fn objects_for_model(
+    objects: &[Arc<InferenceAutoscaler>],
+    key: &str,
+) -> Vec<ObjectRef<InferenceAutoscaler>> {
+    let Some((ns, model)) = split_model_key(key) else {
+        return Vec::new();
+    };
+    objects
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns) && o.spec.model_names.iter().any(|m| m == model))
+        .map(|o| ObjectRef::from_obj(o.as_ref()))
+        .collect()
 }
 
 impl std::fmt::Debug for Context {
@@ -135,7 +170,9 @@ impl std::fmt::Debug for Context {
 #[instrument(skip_all, fields(ias = %obj.name_any(), ns = obj.namespace().unwrap_or_default()))]
 pub async fn reconcile(obj: Arc<InferenceAutoscaler>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-    if let Some(due_in) = echo_of_own_write(&ctx, &key, trigger_hash(&obj), (ctx.clock)()) {
+    if ctx.take_woken(&key) {
+        debug!("woken by a request held at an activator");
+    } else if let Some(due_in) = echo_of_own_write(&ctx, &key, trigger_hash(&obj), (ctx.clock)()) {
         debug!("skipping the echo of our own status write");
         return Ok(Action::requeue(due_in));
     }
@@ -154,13 +191,13 @@ pub fn error_policy(obj: Arc<InferenceAutoscaler>, error: &Error, ctx: Arc<Conte
     Action::requeue(ctx.settings.sync_period)
 }
 
-/// Hash of what should make a reconcile run at once: the spec generation and the activator's wake-up annotation.
-/// Status writes change neither, so their watch events are recognised and skipped.
+/// Hash of what in the object should make a reconcile run at once: the spec generation. Status writes do not
+/// change it, so their watch events are recognised and skipped. (Wake-ups come from the activators' documents, not
+/// from the object: see [`Context::woken`].)
 pub fn trigger_hash(obj: &InferenceAutoscaler) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     obj.metadata.generation.hash(&mut h);
-    obj.annotations().get(ACTIVATED_AT_ANNOTATION).hash(&mut h);
     h.finish()
 }
 
@@ -319,13 +356,15 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     }
 
     // 4. Demand.
-    let demand = with_wake_up(
-        demand_from(&ctx.activators.samples(), &spec.model_names),
-        activated_at(obj),
-        now_sys,
-        ctx.settings.activation_window,
+    let keys: Vec<String> = spec.model_names.iter().map(|m| model_key(&ns, m)).collect();
+    let now_ms = crate::unix_ms(now_sys);
+    let demand = demand_from(
+        &ctx.activators.samples(),
+        &keys,
+        now_ms,
+        ctx.settings.activator_max_age,
     );
-    let input = ScaleInput {
+    let mut input = ScaleInput {
         current_replicas: current,
         ready_replicas: u32::try_from(ready_pods.len()).unwrap_or(u32::MAX),
         replicas,
@@ -341,7 +380,32 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .ok()
         .and_then(|s| s.get(&key).cloned())
         .unwrap_or_default();
-    let decision = scale::decide(&input, &policy, &state, now);
+    let mut decision = scale::decide(&input, &policy, &state, now);
+    if decision.desired_replicas == 0 && current > 0 {
+        // The documents may be a poll interval old: a request that arrived since must not meet a model going to
+        // zero. Read every activator again, now, and decide on that.
+        ctx.activators
+            .poll_once(
+                ctx.signals.as_ref(),
+                &ctx.metrics,
+                now_ms,
+                ctx.settings.activator_max_age,
+            )
+            .await;
+        input.demand = demand_from(
+            &ctx.activators.samples(),
+            &keys,
+            now_ms,
+            ctx.settings.activator_max_age,
+        );
+        decision = scale::decide(&input, &policy, &state, now);
+        if decision.desired_replicas > 0 {
+            info!(
+                reason = decision.reason.label(),
+                "fresh activator data: not scaling to zero"
+            );
+        }
+    }
     ctx.metrics.decision(decision.reason);
     let applied = if decision.is_change() {
         apply(ctx, obj, &target_api, &target, &decision).await
@@ -418,6 +482,8 @@ async fn apply(
 }
 
 /// Writes status with the object's `resourceVersion`; on 409 Conflict, re-reads and rebuilds from the fresh status.
+/// A status equal to the one the object already has is not written: every sync would otherwise patch each object
+/// (and wake every watcher of it) for nothing.
 async fn write_status(
     api: &Api<InferenceAutoscaler>,
     obj: &InferenceAutoscaler,
@@ -433,6 +499,9 @@ async fn write_status(
     const ATTEMPTS: usize = 3;
     for attempt in 1..=ATTEMPTS {
         let status = build(previous.as_ref());
+        if previous.as_ref() == Some(&status) {
+            return Ok(());
+        }
         let patch = status::merge_patch(&status, rv.as_deref());
         match api.patch_status(&name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => return Ok(()),
@@ -510,18 +579,6 @@ pub fn ready_pod_url(pod: &Pod, default_port: u16) -> Option<(String, String)> {
         ip.clone()
     };
     Some((pod.name_any(), format!("http://{host}:{port}")))
-}
-
-/// The wake-up annotation's time, if present and parseable.
-pub fn activated_at(obj: &InferenceAutoscaler) -> Option<SystemTime> {
-    let raw = obj.annotations().get(ACTIVATED_AT_ANNOTATION)?;
-    match raw.parse::<jiff::Timestamp>() {
-        Ok(t) => Some(SystemTime::from(t)),
-        Err(e) => {
-            warn!(annotation = ACTIVATED_AT_ANNOTATION, value = %raw, error = %e, "ignoring unparseable wake-up time");
-            None
-        }
-    }
 }
 
 fn timestamp(t: SystemTime) -> Timestamp {

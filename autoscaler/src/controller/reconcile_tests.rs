@@ -1,7 +1,7 @@
 //! Reconcile against kube's mock service: every API request is asserted (method, path, query, body) and answered.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -19,9 +19,11 @@ use super::*;
 use crate::controller::metrics::Metrics;
 use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
 
-/// Sidecars answer from a map of base URL → KV usage; a missing URL times out.
+/// Sidecars answer from a map of base URL → KV usage; a missing URL times out. Activators answer the documents
+/// queued in `activator`, one per call, repeating the last one; none: connection refused.
 struct FakeSignals {
     kv: HashMap<String, f64>,
+    activator: Mutex<std::collections::VecDeque<ActivatorStats>>,
 }
 
 fn sidecar_status(kv: f64) -> SidecarStatus {
@@ -48,8 +50,14 @@ impl SignalSource for FakeSignals {
     }
     fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>> {
         let url = base.to_owned();
+        let mut docs = self.activator.lock().unwrap();
+        let doc = if docs.len() > 1 {
+            docs.pop_front()
+        } else {
+            docs.front().cloned()
+        };
         Box::pin(async move {
-            Err(FetchError::Connect {
+            doc.ok_or(FetchError::Connect {
                 url,
                 message: "not in this test".into(),
             })
@@ -60,12 +68,23 @@ impl SignalSource for FakeSignals {
 const NOW_S: u64 = 1_800_000_000;
 
 fn context(client: Client, kv: &[(&str, f64)]) -> Arc<Context> {
+    context_with_activator(client, kv, Vec::new())
+}
+
+/// One activator pod at `http://act-0:8080` answering `docs` in turn.
+fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<ActivatorStats>) -> Arc<Context> {
+    let activators = if docs.is_empty() {
+        ActivatorPoller::new(&[])
+    } else {
+        ActivatorPoller::new(&["http://act-0:8080".to_owned()])
+    };
     Arc::new(Context {
         client: client.clone(),
         signals: Arc::new(FakeSignals {
             kv: kv.iter().map(|(u, k)| ((*u).to_owned(), *k)).collect(),
+            activator: Mutex::new(docs.into()),
         }),
-        activators: ActivatorPoller::new(&[]),
+        activators,
         metrics: Arc::new(Metrics::new()),
         recorder: Recorder::new(
             client,
@@ -78,12 +97,53 @@ fn context(client: Client, kv: &[(&str, f64)]) -> Arc<Context> {
             sync_period: Duration::from_secs(15),
             sidecar_port: 9090,
             max_signal_age: Duration::from_secs(30),
-            activation_window: Duration::from_secs(60),
+            activator_max_age: Duration::from_secs(5),
         },
         clock: Arc::new(|| UNIX_EPOCH + Duration::from_secs(NOW_S)),
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
+        woken: Mutex::new(HashSet::new()),
     })
+}
+
+/// An activator document (schema 2, keys `"<namespace>/<model>"`) observed at `at_ms` with one model.
+fn activator_doc(
+    at_ms: u64,
+    key: &str,
+    total: u64,
+    in_flight: u64,
+    queued: u64,
+    last: Option<u64>,
+) -> ActivatorStats {
+    ActivatorStats {
+        schema_version: tessera_core::wire::activator::SCHEMA_VERSION,
+        instance: "act-0".into(),
+        started_at_unix_ms: 1_000,
+        observed_at_unix_ms: at_ms,
+        models: [(
+            key.to_owned(),
+            tessera_core::wire::activator::ModelStats {
+                requests_total: total,
+                in_flight,
+                queued,
+                last_request_at_unix_ms: last,
+                ..Default::default()
+            },
+        )]
+        .into(),
+    }
+}
+
+/// Polls the context's activators once at the test's "now".
+async fn poll(ctx: &Context) {
+    ctx.activators
+        .poll_once(
+            ctx.signals.as_ref(),
+            &ctx.metrics,
+            NOW_S * 1000,
+            Duration::from_secs(5),
+        )
+        .await;
 }
 
 fn ias(spec: Value, annotations: Value) -> Arc<InferenceAutoscaler> {
@@ -343,18 +403,47 @@ async fn unreadable_sidecars_never_scale_down() {
     );
 }
 
+/// Contract 2: a request held at an activator (queued > 0 in its document, key "<namespace>/<model>") scales a
+/// model at zero to one replica at once; nothing is read from or written to the object's annotations.
 #[tokio::test]
-async fn a_wake_up_annotation_scales_from_zero_at_once() {
+async fn a_request_held_at_an_activator_scales_from_zero_at_once() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
-    let ctx = context(client, &[]);
-    let woke = humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_secs(NOW_S - 1)).to_string();
+    let ms = NOW_S * 1000;
+    let ctx = context_with_activator(
+        client,
+        &[],
+        vec![activator_doc(ms, "models/llama", 1, 0, 1, Some(ms - 200))],
+    );
+    let mut wakes = ctx.activators.subscribe();
+    poll(&ctx).await;
+    assert_eq!(wakes.try_recv().unwrap(), "models/llama");
     let obj = ias(
         json!({"scaleTargetRef": {"kind": "StatefulSet", "name": "llama"}, "minReplicas": 0, "maxReplicas": 4,
                "scaleToZero": {"idleAfter": "5m"}, "targets": {"kvCacheUtilization": 0.5},
                "modelNames": ["llama"]}),
-        json!({ "tessera.dev/activated-at": woke }),
+        json!({}),
     );
+    let other_ns: Arc<InferenceAutoscaler> = Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+            "metadata": {"name": "llama", "namespace": "team-b"},
+            "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "maxReplicas": 1, "modelNames": ["llama"]}
+        }))
+        .unwrap(),
+    );
+    let refs = objects_for_model(&[obj.clone(), other_ns], "models/llama");
+    assert_eq!(refs.len(), 1, "only the namespace the request was for");
+    assert_eq!(
+        (refs[0].name.as_str(), refs[0].namespace.as_deref()),
+        ("llama", Some("models"))
+    );
+    // Woken right after a status write (which would look like its echo): it still runs.
+    ctx.last_runs.lock().unwrap().insert(
+        "models/llama".into(),
+        (UNIX_EPOCH + Duration::from_secs(NOW_S - 1), trigger_hash(&obj)),
+    );
+    ctx.mark_woken("models/llama");
     let scale = "/apis/apps/v1/namespaces/models/statefulsets/llama/scale";
     let server = tokio::spawn(async move {
         let (_, send) = expect(&mut handle, Method::GET, scale).await;
@@ -380,6 +469,75 @@ async fn a_wake_up_annotation_scales_from_zero_at_once() {
     });
     reconcile(obj, ctx).await.unwrap();
     server.await.unwrap();
+}
+
+/// Item 7: the documents the decision used may be a poll old; a request that arrived since keeps the model up.
+#[tokio::test]
+async fn a_request_arriving_before_the_scale_to_zero_keeps_the_model() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    let ms = NOW_S * 1000;
+    let ctx = context_with_activator(
+        client,
+        &[("http://10.0.0.1:9090", 0.0)],
+        vec![
+            activator_doc(ms - 1000, "models/llama", 5, 0, 0, Some(ms - 900_000)),
+            activator_doc(ms, "models/llama", 5, 0, 0, Some(ms - 900_000)),
+            // Fetched right before the patch to zero: a request is in flight.
+            activator_doc(ms + 100, "models/llama", 6, 1, 0, Some(ms + 50)),
+        ],
+    );
+    poll(&ctx).await;
+    poll(&ctx).await;
+    let obj = ias(
+        json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 0, "maxReplicas": 4,
+               "scaleToZero": {"idleAfter": "5m"}, "modelNames": ["llama"]}),
+        json!({}),
+    );
+    let server = tokio::spawn(async move {
+        let idle_pod = pod("a", "10.0.0.1", true);
+        answer_scale_and_pods(&mut handle, 1, vec![idle_pod]).await;
+        // No /scale PATCH: straight to status.
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        assert_eq!(patch["status"]["desiredReplicas"], 1);
+        respond(send, 200, &ias_json());
+    });
+    reconcile(obj, ctx).await.unwrap();
+    server.await.unwrap();
+}
+
+/// Item 8: a reconcile whose status equals the object's writes nothing.
+#[tokio::test]
+async fn an_unchanged_status_is_not_written() {
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(svc, "default"), &[("http://10.0.0.1:9090", 0.5)]);
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "maxReplicas": 3,
+                      "targets": {"kvCacheUtilization": 0.5}});
+    let first = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 1, vec![pod("a", "10.0.0.1", true)]).await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        respond(send, 200, &ias_json());
+        (patch, handle)
+    });
+    reconcile(ias(spec.clone(), json!({})), ctx.clone())
+        .await
+        .unwrap();
+    let (patch, mut handle) = first.await.unwrap();
+    // The same observation again, on the object carrying the status just written (not an echo: a full run).
+    ctx.last_runs.lock().unwrap().clear();
+    let mut obj = (*ias(spec, json!({}))).clone();
+    obj.status = Some(serde_json::from_value(patch["status"].clone()).unwrap());
+    let second = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 1, vec![pod("a", "10.0.0.1", true)]).await;
+        handle
+    });
+    reconcile(Arc::new(obj), ctx).await.unwrap();
+    let mut handle = second.await.unwrap();
+    let next = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
+    assert!(
+        matches!(next, Err(_) | Ok(None)),
+        "a status write with nothing new"
+    );
 }
 
 #[tokio::test]
@@ -431,7 +589,7 @@ fn target_resources_and_pod_urls() {
 }
 
 #[test]
-fn wake_annotation_and_generation_trigger_but_status_does_not() {
+fn generation_triggers_but_status_and_annotations_do_not() {
     let mut obj: InferenceAutoscaler = serde_json::from_value(json!({
         "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
         "metadata": {"name": "a", "namespace": "n", "generation": 1},
@@ -447,15 +605,18 @@ fn wake_annotation_and_generation_trigger_but_status_does_not() {
     assert_eq!(trigger_hash(&obj), h0, "a status write must not re-trigger");
     obj.metadata.annotations = Some(
         [(
-            ACTIVATED_AT_ANNOTATION.to_owned(),
+            "tessera.dev/activated-at".to_owned(),
             "2026-01-01T00:00:00Z".to_owned(),
         )]
         .into(),
     );
-    let h1 = trigger_hash(&obj);
-    assert_ne!(h1, h0);
+    assert_eq!(
+        trigger_hash(&obj),
+        h0,
+        "wake-ups no longer come through annotations"
+    );
     obj.metadata.generation = Some(2);
-    assert_ne!(trigger_hash(&obj), h1);
+    assert_ne!(trigger_hash(&obj), h0);
 }
 
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, instrument, warn};
 
 use super::capacity::capacity_pod;
@@ -361,6 +361,22 @@ impl PoolManager {
             report.expired += n;
             self.metrics.expired(&self.pool.name, n);
         }
+        // Evicted or failed capacity pods hold no GPU and never run again; left alone they would keep their slot
+        // (and count toward maxGpus) forever. Their tenants' reservations go with them: those pods cannot run on
+        // a GPU that is gone either.
+        let terminated = self.index().terminated();
+        for name in terminated {
+            match self.pods.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    warn!(capacity_pod = %name, "deleted: failed or evicted, it holds no GPU any more");
+                    self.index().delete_capacity(&name);
+                    self.metrics.deleted(&self.pool.name);
+                    report.deleted.push(name);
+                }
+                Err(e) if is_status(&e, 404) => self.index().delete_capacity(&name),
+                Err(e) => return Err(e.into()),
+            }
+        }
         let (mark, delete) = self
             .index()
             .empty_gpus(now, self.pool.empty_gpu_grace_period.as_secs());
@@ -414,14 +430,18 @@ impl PoolManager {
     /// shares of deleted tenants, and reconciles every `interval`. Only the leader should run this; any
     /// number of replicas may call [`PoolManager::reserve`].
     pub async fn run(self, interval: Duration, shutdown: impl std::future::Future<Output = ()>) {
+        // Backoff: a failing watch (API down, RBAC missing) retries with exponential backoff instead of in a
+        // tight loop that floods the log and the API server.
         let caps = watcher(
             self.pods.clone(),
-            watcher::Config::default().labels(&self.capacity_selector()),
-        );
+            crate::kube_client::watcher_config().labels(&self.capacity_selector()),
+        )
+        .default_backoff();
         let tenants = watcher(
             self.all_pods.clone(),
-            watcher::Config::default().labels(&self.tenant_selector()),
-        );
+            crate::kube_client::watcher_config().labels(&self.tenant_selector()),
+        )
+        .default_backoff();
         let mut caps = std::pin::pin!(caps);
         let mut tenants = std::pin::pin!(tenants);
         let mut tick = tokio::time::interval(interval);

@@ -100,6 +100,9 @@ pub struct CapacityGpu {
     pub empty_since: Option<u64>,
     /// Deleted, failed or finished: not a place for new tenants.
     pub gone: bool,
+    /// Failed or Succeeded and not being deleted (evicted, its node lost, its agent crashed for good): it holds no
+    /// GPU any more and will never run again, so the manager deletes it and it does not count toward `maxGpus`.
+    pub terminated: bool,
     /// Its containers have started (phase `Running`): from then on its gpu-agent is expected to publish the
     /// GPU UUID, and while it has not, new tenants are not placed here (see [`CapacityGpu::unidentified`]).
     pub running: bool,
@@ -125,6 +128,8 @@ impl CapacityGpu {
             empty_since: ann.get(ANNOTATION_EMPTY_SINCE).and_then(|v| v.parse().ok()),
             gone: pod.metadata.deletion_timestamp.is_some()
                 || matches!(phase.as_deref(), Some("Failed") | Some("Succeeded")),
+            terminated: pod.metadata.deletion_timestamp.is_none()
+                && matches!(phase.as_deref(), Some("Failed") | Some("Succeeded")),
             running: phase.as_deref() == Some("Running"),
         })
     }
@@ -376,12 +381,22 @@ impl PoolIndex {
     /// The name for a new capacity pod: the lowest slot whose name no pod of the pool uses (a terminating
     /// pod still holds its name), or `None` when the pool already holds `max_gpus` pods.
     pub fn next_slot_name(&self, max_gpus: usize) -> Option<String> {
-        if self.capacity.len() >= max_gpus {
+        // A Failed/Succeeded capacity pod holds no GPU: it keeps its name until deleted, but not a GPU slot.
+        if self.capacity.values().filter(|g| !g.terminated).count() >= max_gpus {
             return None;
         }
         (0..=self.capacity.len())
             .map(|n| super::capacity::capacity_pod_name(&self.pool, n))
             .find(|name| !self.capacity.contains_key(name))
+    }
+
+    /// Capacity pods that failed or completed (evicted, node lost) and are not being deleted yet: to delete.
+    pub fn terminated(&self) -> Vec<String> {
+        self.capacity
+            .values()
+            .filter(|g| g.terminated)
+            .map(|g| g.name.clone())
+            .collect()
     }
 
     /// Reservations to drop: no tenant pod carries their id, and they are older than `ttl_secs`.
@@ -654,6 +669,34 @@ mod tests {
         assert_eq!(idx.next_slot_name(2).as_deref(), Some("tessera-gpu-p-0"));
         idx.reset_capacity(&[cap("tessera-gpu-p-1", &[], None), cap("other", &[], None)]);
         assert_eq!(idx.next_slot_name(2), None);
+    }
+
+    /// Item 9: an evicted capacity pod used to keep its slot (counted toward maxGpus) and was never deleted.
+    #[test]
+    fn failed_capacity_pods_free_their_slot_and_are_to_be_deleted() {
+        let mut idx = PoolIndex::new("p");
+        let mut evicted = cap("tessera-gpu-p-0", &[], None);
+        evicted.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            ..Default::default()
+        });
+        let mut deleting = cap("tessera-gpu-p-1", &[], None);
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        idx.reset_capacity(&[evicted, deleting]);
+        assert_eq!(
+            idx.terminated(),
+            vec!["tessera-gpu-p-0".to_string()],
+            "a terminating pod is being deleted already"
+        );
+        assert_eq!(
+            idx.next_slot_name(2).as_deref(),
+            Some("tessera-gpu-p-2"),
+            "the evicted pod's GPU is free; its name is still taken until it is deleted"
+        );
+        assert_eq!(idx.next_slot_name(1), None);
     }
 
     #[test]

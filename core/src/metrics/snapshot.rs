@@ -43,18 +43,19 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// Whether both histograms have exactly the same bucket bounds.
+    pub fn same_bounds(&self, other: &Histogram) -> bool {
+        self.buckets.len() == other.buckets.len()
+            && self.buckets.iter().zip(&other.buckets).all(|(a, b)| a.le == b.le)
+    }
+
     /// Observations between an earlier cumulative scrape and this (later) one.
     ///
     /// Reset-aware: if the count or any bucket went down, or the bounds changed, the server restarted (or was
     /// reconfigured) in between, and everything this histogram holds was observed since — so it is returned
     /// whole, as Prometheus' `increase()` treats a counter reset.
     pub fn delta(&self, earlier: &Histogram) -> Histogram {
-        let same_bounds = self.buckets.len() == earlier.buckets.len()
-            && self
-                .buckets
-                .iter()
-                .zip(&earlier.buckets)
-                .all(|(a, b)| a.le == b.le);
+        let same_bounds = self.same_bounds(earlier);
         let went_down = self.count < earlier.count
             || (same_bounds
                 && self

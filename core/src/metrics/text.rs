@@ -10,7 +10,11 @@
 //!   `*_created` series as a separate `gauge` family, so those arrive as families of their own too.
 //! - Label values with the escapes `\\`, `\"` and `\n`; like Prometheus, any other backslash pair is kept as
 //!   written. Values are borrowed; only a label value that contains an escape is copied when it is read.
-//! - Values `NaN`, `+Inf`, `-Inf` (any case) and any decimal float; an optional integer timestamp (ms).
+//! - Values `NaN`, `+Inf`, `-Inf` (any case) and any decimal float; an optional timestamp: an integer is
+//!   milliseconds (text format 0.0.4), a number with a fraction or exponent is OpenMetrics seconds.
+//! - OpenMetrics exemplars (`… value [timestamp] # {trace_id="…"} 0.67 [ts]`): the sample is kept and the
+//!   exemplar ignored. Dropping such a line would drop a histogram bucket, and a histogram missing a bucket gives
+//!   wrong quantiles.
 //! - Blank lines, leading blanks, `\r\n` line ends and a last line without a newline.
 //!
 //! A line that breaks the format becomes a [`LineError`] (1-based line number, what is wrong, the line's text)
@@ -378,14 +382,20 @@ fn parse_sample<'a>(
     }
     let value = parse_value(value_tok).ok_or(LineErrorKind::InvalidValue)?;
     let mut timestamp_ms = None;
-    if c.skip_blanks() {
+    if c.skip_blanks() && c.peek() != Some(b'#') {
         let ts = c.token();
         if !ts.is_empty() {
-            timestamp_ms = Some(ts.parse::<i64>().map_err(|_| LineErrorKind::InvalidTimestamp)?);
+            timestamp_ms = Some(parse_timestamp(ts).ok_or(LineErrorKind::InvalidTimestamp)?);
             c.skip_blanks();
         }
     }
-    if c.peek().is_some() {
+    // An exemplar (`# {labels} value [timestamp]`) ends the sample; what it says is not used here.
+    if c.peek() == Some(b'#') {
+        let rest = line.get(c.i + 1..).unwrap_or("").trim_start();
+        if !rest.starts_with('{') {
+            return Err(LineErrorKind::TrailingText);
+        }
+    } else if c.peek().is_some() {
         return Err(LineErrorKind::TrailingText);
     }
     let sample = Sample {
@@ -414,6 +424,17 @@ fn belongs(f: &Family<'_>, sample_name: &str) -> bool {
         Some(suffix) => f.kind.member_suffixes().contains(&suffix),
         None => false,
     }
+}
+
+/// A sample timestamp in milliseconds: an integer is milliseconds (text format 0.0.4); a number with a fraction
+/// or exponent is OpenMetrics seconds, rounded to the millisecond.
+fn parse_timestamp(tok: &str) -> Option<i64> {
+    if let Ok(ms) = tok.parse::<i64>() {
+        return Some(ms);
+    }
+    let secs = tok.parse::<f64>().ok().filter(|s| s.is_finite())?;
+    let ms = (secs * 1000.0).round();
+    (ms.abs() < 9.0e18).then_some(ms as i64)
 }
 
 /// Prometheus values: Go float syntax plus `NaN`, `+Inf`, `-Inf`. Rust's `f64::from_str` accepts decimal
@@ -636,6 +657,32 @@ mod tests {
         let ts: Vec<Option<i64>> = p.samples().map(|s| s.timestamp_ms).collect();
         assert_eq!(ts, vec![None, None, Some(1_700_000_000_000), Some(-5), None]);
         assert_eq!(p.samples().nth(3).unwrap().label("x").unwrap(), "1");
+    }
+
+    /// Item 10: exemplars and OpenMetrics float timestamps used to drop the line (and with it a histogram bucket).
+    #[test]
+    fn exemplars_and_float_timestamps_keep_the_sample() {
+        let page = "# TYPE h histogram\n\
+                    h_bucket{le=\"0.1\"} 8 # {trace_id=\"KOO5S4vxi0o\"} 0.067 1520879607.789\n\
+                    h_bucket{le=\"1\"} 9 1520879607.789 # {trace_id=\"x\"} 0.5\n\
+                    h_bucket{le=\"+Inf\"} 10 1520879607789\n\
+                    h_count 10 1.5e9\n";
+        let p = parse_text(page);
+        assert!(p.errors.is_empty(), "{:?}", p.errors);
+        let v: Vec<(f64, Option<i64>)> = p.samples().map(|s| (s.value, s.timestamp_ms)).collect();
+        assert_eq!(
+            v,
+            vec![
+                (8.0, None),
+                (9.0, Some(1_520_879_607_789)),
+                (10.0, Some(1_520_879_607_789)),
+                (10.0, Some(1_500_000_000_000))
+            ]
+        );
+        // Text after the value that is neither a timestamp nor an exemplar is still an error.
+        for bad in ["a 1 # not an exemplar\n", "a 1 2 3\n", "a 1 x\n"] {
+            assert_eq!(parse_text(bad).errors.len(), 1, "{bad}");
+        }
     }
 
     #[test]

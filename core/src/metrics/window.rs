@@ -97,6 +97,12 @@ impl WindowSummary {
 
         let mut window_hist = |l: &Option<Histogram>, e: &Option<Histogram>| -> Option<Histogram> {
             let (l, e) = (l.as_ref()?, e.as_ref()?);
+            // Different bounds without anything going down is not a restart: one scrape is missing a bucket
+            // (a line the parser refused, a truncated page). Its quantiles would be silently wrong (p50 0.5
+            // instead of ~0.1 was seen), so the histogram is unusable for this window.
+            if !l.same_bounds(e) && l.count >= e.count {
+                return None;
+            }
             let d = l.delta(e);
             // `delta` returns the later histogram whole when it went backwards or was re-bucketed.
             reset |= d.count != l.count - e.count;
@@ -207,6 +213,28 @@ mod tests {
         assert_eq!(w.preemptions, Some(1.0));
         assert_eq!(w.prompt_tokens_per_second, Some(8.0));
         assert_eq!(w.ttft.unwrap().count, 6.0);
+    }
+
+    /// Item 10: one scrape missing the 0.1 bucket used to be read as a restart: the later histogram whole, p50 0.5.
+    #[test]
+    fn a_histogram_missing_a_bucket_is_unusable_for_the_window() {
+        let a = VllmSnapshot::from_text(&page(10.0, 100.0, 0.0, [9.0, 10.0, 10.0], 1.0)).unwrap();
+        let full = page(110.0, 1100.0, 0.0, [108.0, 110.0, 110.0], 11.0);
+        let missing: String = full
+            .lines()
+            .filter(|l| !l.contains("le=\"0.1\""))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let b = VllmSnapshot::from_text(&missing).unwrap();
+        let w = WindowSummary::between(&a, &b, 10.0);
+        assert_eq!(w.ttft, None, "no quantile from a histogram missing a bucket");
+        assert_eq!(
+            w.requests_finished,
+            Some(100.0),
+            "the rest of the window is still read"
+        );
+        let w = WindowSummary::between(&a, &VllmSnapshot::from_text(&full).unwrap(), 10.0);
+        assert!(w.ttft.unwrap().p50 <= 0.1);
     }
 
     #[test]

@@ -12,8 +12,10 @@
 //!    Pods that are not ready yet count as 0% on the way up. See [`ratio`].
 //! 2. **Maximum over signals**; if any configured signal could not be computed at all, no scale-down this round
 //!    (HPA skips scale-down when a metric fails).
-//! 3. **TTFT SLO guard**: when a fresh replica's p95 time to first token is over `ttft_slo`, ask for at least one more
-//!    replica and never scale down.
+//! 3. **TTFT SLO guard**: when a fresh replica's p95 time to first token is over `ttft_slo`, ask for one more
+//!    replica and never scale down; while replicas asked for earlier are still starting (`current > ready`), hold
+//!    instead of asking again. The guard's own step never enters panic mode. The caller should feed it a p95 over a
+//!    window about as long as its sync period (the sidecar's `recent` window), not the recommendation's 10 minutes.
 //! 4. **Scale to zero** only when the policy allows it (`min_replicas == 0` and `scale_to_zero` set), nothing has
 //!    arrived for `idle_after`, and nothing is in flight or queued anywhere. **From zero**, any demand gives at least
 //!    one replica at once, with no stabilization on the way up.
@@ -288,7 +290,8 @@ pub struct Demand {
     pub in_flight: u32,
     /// Requests held because no replica is ready.
     pub queued_at_activator: u32,
-    /// When the last request arrived. `None` means unknown (no activator data), which never allows scale to zero.
+    /// When the last request arrived. `None` means unknown (no activator data), which never allows scale to zero;
+    /// neither does an unknown `requests_per_second`.
     /// An activator that has seen no request since it started reports its start time.
     pub last_request_at: Option<Timestamp>,
 }
@@ -621,25 +624,39 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
         reason = ScaleReason::MissingMetrics;
     }
 
-    // 3. TTFT SLO guard.
+    // 3. TTFT SLO guard. Replicas asked for but not ready yet are the guard's earlier answer still starting:
+    // asking for current+1 again on every sync while they load (minutes for a large model) would add one
+    // replica per sync period for the same excursion, so the guard holds until they are ready.
     let worst_ttft = input
         .replicas
         .iter()
         .filter(|r| r.fresh)
         .filter_map(|r| r.ttft_p95)
         .max();
+    let starting = current.saturating_sub(input.ready_replicas);
     if let (Some(slo), Some(worst)) = (policy.ttft_slo, worst_ttft)
         && worst > slo
         && raw <= current
     {
-        raw = current.saturating_add(1);
         reason = ScaleReason::TtftSloBreached;
-        d.message = format!(
-            "p95 time to first token {:.3}s is over the SLO {:.3}s: asking for one more replica",
-            worst.as_secs_f64(),
-            slo.as_secs_f64()
-        );
+        if starting > 0 {
+            raw = current;
+            d.message = format!(
+                "p95 time to first token {:.3}s is over the SLO {:.3}s: waiting for {starting} starting \
+                 replica(s) before asking for more",
+                worst.as_secs_f64(),
+                slo.as_secs_f64()
+            );
+        } else {
+            raw = current.saturating_add(1);
+            d.message = format!(
+                "p95 time to first token {:.3}s is over the SLO {:.3}s: asking for one more replica",
+                worst.as_secs_f64(),
+                slo.as_secs_f64()
+            );
+        }
     }
+    let guard_fired = reason == ScaleReason::TtftSloBreached;
 
     // 4. Scale to zero.
     if let Some(stz) = policy.scale_to_zero
@@ -672,7 +689,10 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
     if let Some(panic) = &policy.panic {
         let ready = input.ready_replicas.max(1);
         let panic_rec = panic_recommendation(raw, state, now, panic.window);
-        let triggered = f64::from(panic_rec) >= panic.threshold * f64::from(ready) && panic_rec > current;
+        // The guard's one extra replica is not a burst: with one ready replica, current+1 is already 200% of it,
+        // and panic would then skip the rate limits and hold the guard's own runaway for a stable window.
+        let triggered =
+            !guard_fired && f64::from(panic_rec) >= panic.threshold * f64::from(ready) && panic_rec > current;
         let still = state
             .last_panic_at
             .is_some_and(|t| now.since(t) < panic.stable_window);
@@ -780,6 +800,9 @@ fn idle_for(input: &ScaleInput, now: Timestamp) -> Option<Duration> {
     if input.demand.has_work() {
         return None;
     }
+    // An unknown rate (an activator poll failed, or only one document so far) is missing data, and missing data
+    // never scales down: a model whose traffic we cannot count must not look idle.
+    input.demand.requests_per_second?;
     // Every ready replica must have fresh data saying it has nothing running or waiting: a replica we cannot see
     // might be serving clients that bypass the activator.
     let fresh = input.replicas.iter().filter(|r| r.fresh).count();

@@ -256,6 +256,41 @@ fn ttft_slo_breach_adds_a_replica_and_blocks_scale_down() {
     );
 }
 
+/// The incident: 2 ready replicas over the SLO, new replicas taking minutes to load, a sync every 15 s. Before the
+/// guard counted starting replicas it asked for current+1 on every sync, entered panic once current+1 reached twice
+/// the ready count, and reached 18 desired in 225 s.
+#[test]
+fn ttft_guard_waits_for_starting_replicas_and_never_panics_on_its_own() {
+    let mut policy = kv_policy(1, 50);
+    policy.panic = Some(PanicMode::default());
+    policy.ttft_slo = Some(Duration::from_millis(500));
+    let mut state = ScaleState::default();
+    let mut inp = input(&[0.5, 0.5]);
+    for r in &mut inp.replicas {
+        r.ttft_p95 = Some(Duration::from_millis(900));
+    }
+    let mut reasons = Vec::new();
+    for t in (0..=225).step_by(15) {
+        // The replicas asked for are still loading: only the first two are ready.
+        let d = step(&mut inp, &policy, &mut state, secs(t));
+        assert!(!d.panicking, "the guard entered panic at {t}s: {}", d.message);
+        reasons.push(d.reason);
+    }
+    assert_eq!(inp.current_replicas, 3, "one more replica, then wait for it");
+    assert!(reasons.iter().all(|r| *r == ScaleReason::TtftSloBreached));
+    // Once it is ready and the excursion is still there, one more.
+    inp.ready_replicas = 3;
+    inp.replicas.push(inp.replicas[0].clone());
+    let d = step(&mut inp, &policy, &mut state, secs(240));
+    assert_eq!(d.desired_replicas, 4);
+    assert!(!d.panicking);
+    // A single ready replica: current+1 is 200% of it, still not a panic.
+    let mut one = input(&[0.5]);
+    one.replicas[0].ttft_p95 = Some(Duration::from_secs(2));
+    let d = decide(&one, &policy, &ScaleState::default(), secs(0));
+    assert_eq!((d.desired_replicas, d.panicking), (2, false));
+}
+
 fn idle_input(replicas: u32, last_request_s: u64) -> ScaleInput {
     ScaleInput {
         current_replicas: replicas,
@@ -306,6 +341,10 @@ fn never_to_zero_with_work_anywhere_or_unknown_idle() {
     assert_eq!(decide(&inp, &policy, &state, now).desired_replicas, 1);
     let mut inp = idle_input(1, 0);
     inp.demand.last_request_at = None;
+    assert_eq!(decide(&inp, &policy, &state, now).desired_replicas, 1);
+    // An unknown rate (a failed activator poll) is missing data, even with an old last arrival on record.
+    let mut inp = idle_input(1, 0);
+    inp.demand.requests_per_second = None;
     assert_eq!(decide(&inp, &policy, &state, now).desired_replicas, 1);
     // Without scale_to_zero in the policy: never.
     let mut policy = kv_policy(1, 5);

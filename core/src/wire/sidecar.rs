@@ -43,6 +43,11 @@ pub struct SidecarStatus {
     /// Summary of the window of good snapshots (the recommendation's input), if there are at least two.
     #[serde(default)]
     pub window: Option<WindowStatus>,
+    /// Latency over a short trailing window (`--latency-window`, default 1 min), for the autoscaler's TTFT SLO
+    /// guard: `window` spans the recommendation's 10 minutes, over which one excursion keeps "firing" for 10
+    /// minutes after new replicas are up. `null` from older sidecars and before two scrapes fall in the window.
+    #[serde(default)]
+    pub recent: Option<RecentLatency>,
     /// The GPU as the sidecar sees it (NVML or configuration), if known.
     #[serde(default)]
     pub gpu: Option<GpuStatus>,
@@ -182,6 +187,23 @@ pub struct WindowStatus {
     pub ttft_seconds: Quantiles,
     /// Inter-token latency over the window, seconds (vLLM's `inter_token_latency_seconds`, or the older
     /// `time_per_output_token_seconds`).
+    #[serde(default)]
+    pub inter_token_latency_seconds: Quantiles,
+}
+
+/// Latency over the short trailing window (see [`SidecarStatus::recent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct RecentLatency {
+    /// The window asked for (`--latency-window`), seconds.
+    pub window_secs: f64,
+    /// First snapshot the quantiles start from (Unix seconds): the oldest good scrape within the window.
+    pub start: f64,
+    /// Last snapshot (Unix seconds).
+    pub end: f64,
+    /// Time to first token between `start` and `end`, seconds.
+    #[serde(default)]
+    pub ttft_seconds: Quantiles,
+    /// Inter-token latency between `start` and `end`, seconds.
     #[serde(default)]
     pub inter_token_latency_seconds: Quantiles,
 }

@@ -5,6 +5,9 @@
 //! Set `TESSERA_TEST_LOGS=1` to see the children's logs.
 #![allow(dead_code)] // each test crate uses a different part of it
 
+/// The in-memory Kubernetes API server (watch streams, selectors, resourceVersion, 409s).
+pub mod apiserver;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -1,0 +1,68 @@
+//! The one way every role builds its Kubernetes client: explicit connect, read and write timeouts.
+//!
+//! kube's defaults (30 s connect, 295 s read, 295 s write) let one hung request hold a caller for five minutes —
+//! a leader renewing its Lease, a reconcile writing `/scale`. With a read timeout shorter than a watch's
+//! server-side timeout, an idle watch would be cut and re-listed, so every watch built on this client uses
+//! [`watcher_config`], whose server-side timeout ends the watch cleanly before the read timeout fires.
+//! Calls that must finish by a deadline (the Lease) still bound themselves with `tokio::time::timeout`.
+
+use std::time::Duration;
+
+use kube::runtime::watcher;
+use kube::{Client, Config};
+
+/// Connect timeout: an API server that does not accept a TCP/TLS connection within this is down or partitioned.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read timeout between bytes of an answer. Watches are closed by the server before this (see [`WATCH_TIMEOUT_SECS`]).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Write timeout for a request body.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Server-side watch timeout: shorter than [`READ_TIMEOUT`], so an idle watch ends cleanly and is resumed from its
+/// resourceVersion instead of being cut by the client.
+pub const WATCH_TIMEOUT_SECS: u32 = 50;
+
+/// Why no client could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No in-cluster config and no usable kubeconfig.
+    #[error("finding the Kubernetes API (in-cluster config or KUBECONFIG): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    /// The config was found but the client could not be built (TLS, proxy).
+    #[error("building the Kubernetes client: {0}")]
+    Build(#[from] kube::Error),
+}
+
+/// Sets this module's timeouts on a config.
+pub fn with_timeouts(mut config: Config) -> Config {
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.write_timeout = Some(WRITE_TIMEOUT);
+    config
+}
+
+/// A client from the in-cluster config or KUBECONFIG, with [`with_timeouts`].
+pub async fn client() -> Result<Client, Error> {
+    let config = with_timeouts(Config::infer().await?);
+    Ok(Client::try_from(config)?)
+}
+
+/// The watcher config every watch on a [`client`] uses (server-side timeout below the read timeout).
+pub fn watcher_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_ends_before_the_read_timeout_cuts_it() {
+        assert!(Duration::from_secs(u64::from(WATCH_TIMEOUT_SECS)) + Duration::from_secs(5) < READ_TIMEOUT);
+        let c = with_timeouts(Config::new("http://127.0.0.1:1".parse().unwrap_or_default()));
+        assert_eq!(
+            (c.connect_timeout, c.read_timeout, c.write_timeout),
+            (Some(CONNECT_TIMEOUT), Some(READ_TIMEOUT), Some(WRITE_TIMEOUT))
+        );
+        assert_eq!(watcher_config().timeout, Some(WATCH_TIMEOUT_SECS));
+    }
+}
