@@ -1,4 +1,5 @@
-//! What every Tessera role shares at run time: one graceful shutdown.
+//! What every Tessera role shares at run time: one graceful shutdown, and one way to build a Kubernetes client
+//! (explicit timeouts: [`kube_client`]).
 //!
 //! ```text
 //!  Serving ──SIGTERM/Ctrl-C──▶ Draining ──--drain-period elapsed (or a second signal)──▶ Stopping ──▶ exit
@@ -17,6 +18,8 @@
 //!
 //! Every role uses [`Graceful`]: [`Graceful::on_signals`] at start-up, [`Graceful::ready_gate`] around its HTTP
 //! router, and [`Graceful::stopping`] / [`Graceful::stop_token`] where its server and loops stop.
+
+pub mod kube_client;
 
 use std::sync::Arc;
 use std::time::Duration;

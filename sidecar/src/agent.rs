@@ -655,7 +655,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             );
             None
         }
-        Some(pod) => match kube::Client::try_default().await {
+        Some(pod) => match tessera_runtime::kube_client::client().await {
             Ok(client) => Some(UuidPublisher::new(
                 client,
                 pod,

@@ -259,7 +259,7 @@ async fn start_gate(
     if let Ok(mut s) = status.lock() {
         *s = gate::GateStatus::waiting(args.gate.lease_name());
     }
-    let client = match kube::Client::try_default().await {
+    let client = match tessera_runtime::kube_client::client().await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "start-up gate: no Kubernetes client; opening the gate (fail open)");

@@ -528,10 +528,10 @@ impl Discovery for KubeDiscovery {
                 ),
             };
             // default_backoff: a failing watch retries with exponential backoff instead of ending the stream.
-            let ias = watcher::watcher(ias, watcher::Config::default())
+            let ias = watcher::watcher(ias, crate::kube_client::watcher_config())
                 .default_backoff()
                 .map(|e| e.map(Watched::Autoscaler));
-            let slices = watcher::watcher(slices, watcher::Config::default())
+            let slices = watcher::watcher(slices, crate::kube_client::watcher_config())
                 .default_backoff()
                 .map(|e| e.map(Watched::Slice));
             let mut events = std::pin::pin!(futures::stream::select(ias, slices));

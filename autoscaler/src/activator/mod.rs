@@ -227,7 +227,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ));
 
     let discovery: Arc<dyn Discovery> = if args.backends.is_empty() {
-        let client = ::kube::Client::try_default()
+        let client = tessera_runtime::kube_client::client()
             .await
             .map_err(|e| ActivatorError::KubeConfig(e.to_string()))?;
         Arc::new(kube::KubeDiscovery::new(

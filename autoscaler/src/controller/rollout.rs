@@ -447,9 +447,7 @@ pub fn next_drift_since(
     now_ms: u64,
     cfg: &RolloutConfig,
 ) -> Option<Time> {
-    let Some(target) = allocation.in_force.as_ref().map(from_values) else {
-        return None;
-    };
+    let target = allocation.in_force.as_ref().map(from_values)?;
     let pods: Vec<Option<Allocation>> = pods.iter().map(pod_allocation).collect();
     let d = rollout::drift(&target, &pods, cfg.drift_threshold);
     rollout::drift_since(allocation.drift_since.as_ref().map(time_ms), d, now_ms).and_then(ms_time)

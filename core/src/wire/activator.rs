@@ -23,11 +23,6 @@ use serde::{Deserialize, Serialize};
 /// Where the activator serves [`ActivatorStats`] as JSON (`GET`).
 pub const STATS_PATH: &str = "/tessera/v1/stats";
 
-/// The annotation older activators set (RFC 3339 UTC time) on an `InferenceAutoscaler` to wake its controller.
-/// The activator no longer writes it (it polls instead: see the module docs); kept only for the controller side
-/// until it stops reading it.
-pub const ACTIVATED_AT_ANNOTATION: &str = "tessera.dev/activated-at";
-
 /// The key of a model in [`ActivatorStats::models`]: `"<namespace>/<model>"`.
 ///
 /// Tenants are namespaces: the same OpenAI `model` name in two namespaces is two models, routed and counted

@@ -64,11 +64,9 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, bo
     );
 }
 
-fn apis() -> (
-    Api<DynamicObject>,
-    Api<PodDisruptionBudget>,
-    tower_test::mock::Handle<Request<Body>, Response<Body>>,
-) {
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+fn apis() -> (Api<DynamicObject>, Api<PodDisruptionBudget>, Handle) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "team-a");
     let ar = ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk("apps", "v1", "Deployment"));
