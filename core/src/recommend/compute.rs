@@ -165,10 +165,16 @@ pub fn recommend_compute(
             Some((r, o)) if r > 1.0 => {
                 pressure = true;
                 desired = current * r;
+                // A share cannot exceed the whole GPU: the reason shows the capped value, never more than 1.
+                let shown = if desired > 1.0 {
+                    "1.00 (the whole GPU; more would be another replica)".to_string()
+                } else {
+                    format!("{desired:.2}")
+                };
                 reason(
                     ReasonCode::LatencyOverObjective,
                     format!(
-                        "{}: grow {current:.2} × {r:.2} = {desired:.2}, never below {:.2} (what runs now or was \
+                        "{}: grow {current:.2} × {r:.2} = {shown}, never below {:.2} (what runs now or was \
                          recommended){busy_note}",
                         describe(o),
                         current.max(reference)
@@ -215,23 +221,39 @@ pub fn recommend_compute(
     let (saturated, seen) = saturation(window, config);
     if saturated > 0 && saturated as f64 >= config.saturation_min_ratio * seen as f64 {
         pressure = true;
-        let grown = current.max(reference) * config.compute_max_step_up;
+        let grown = (current.max(reference) * config.compute_max_step_up).min(1.0);
         if grown > desired {
             desired = grown;
         }
+        let what = if current.max(reference) >= 1.0 {
+            "already at the whole GPU (1.00), so the share cannot grow".to_string()
+        } else {
+            format!("grow to at least {grown:.2}, never shrink")
+        };
         reason(
             ReasonCode::ComputeSaturated,
             format!(
                 "{saturated} of {seen} samples busy ≥ {:.0}% (or preempting) while requests waited at share \
-                 {current:.2}: grow to at least {grown:.2}, never shrink",
+                 {current:.2}: {what}",
                 config.saturation_busy_ratio * 100.0
             ),
         );
     }
 
+    // A whole GPU is the most one replica can have. Asked for more while already there, the next unit of
+    // capacity is another replica: say so in a reason of its own, which the replica-scaling policy can read.
+    if pressure && current.max(reference) >= 1.0 && desired >= 1.0 {
+        reason(
+            ReasonCode::ReplicaIsNextUnit,
+            "more compute is needed at share 1.00 (the whole GPU): the next unit of capacity is another replica"
+                .to_string(),
+        );
+    }
+    desired = desired.min(1.0);
+
     // Rule 3: bounded step from the previous recommendation (or what runs now).
     let floor = if pressure { current.max(reference) } else { 0.0 };
-    let upper = (reference * config.compute_max_step_up).max(floor);
+    let upper = (reference * config.compute_max_step_up).max(floor).min(1.0);
     let lower = reference * (1.0 - config.compute_max_step_down_ratio);
     if desired > upper {
         reason(

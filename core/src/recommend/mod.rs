@@ -50,19 +50,26 @@
 //! measured process memory minus the KV cache; or from vLLM's own budget rule, `KV = util × total − non_KV`, i.e.
 //! `non_KV = gpu_memory_utilization × total − KV`. Each source is reported so an operator can check it.
 
+mod bounds;
 mod compute;
 mod config;
+pub mod geometry;
 mod memory;
+mod mode;
 mod outcome;
-mod types;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_memory;
+mod types;
 
+pub use bounds::{MAX_BYTES_PER_KV_TOKEN, MIN_BYTES_PER_KV_TOKEN};
 pub use compute::{ComputeDecision, recommend_compute};
 pub use config::{Config, ConfigError};
+pub use geometry::{CacheDtype, Dtype, ModelFacts, ModelGeometry};
+pub use mode::MemoryMode;
 pub use outcome::*;
 pub use types::*;
-use memory::resolve_memory;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -140,13 +147,19 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
             ),
         );
     }
-    let mem = match resolve_memory(&geometry, &input.memory) {
-        Ok(m) => m,
+    // The memory mode decides which derivations are true (`mode`, `memory`); every figure is bounded (`bounds`).
+    let mode = MemoryMode::of(&input.memory);
+    let total = match memory::total(&input.memory) {
+        Ok(t) => t,
+        Err(o) => return o,
+    };
+    let bpt = match memory::bytes_per_token(&geometry, &input.memory, mode, total) {
+        Ok(b) => b,
         Err(o) => return o,
     };
 
     let tokens_now = geometry.tokens();
-    let block_bytes = geometry.block_size.saturating_mul(mem.bytes_per_token);
+    let block_bytes = geometry.block_size.saturating_mul(bpt.value);
     let mut reasons = Vec::new();
     let mut reason = |field, code, message: String| reasons.push(Reason { field, code, message });
 
@@ -261,11 +274,33 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         target = step_min;
     }
 
-    // Round up to whole blocks; then rule 6: clamp to what fits.
+    // Round up to whole blocks; then rule 6: clamp to what fits, which needs the non-KV memory. Without it the
+    // KV size is still known (what `--kv-cache-memory-bytes` takes), and the reason says so.
     let blocks = target.div_ceil(geometry.block_size);
+    let (non_kv, non_kv_source) = match memory::non_kv(
+        tokens_now.saturating_mul(bpt.value),
+        &input.memory,
+        mode,
+        total,
+    ) {
+        Ok(n) => n,
+        Err(Outcome::NotYet { code, reason }) if code == NotYetCode::UnknownNonKvMemory => {
+            return not_yet(
+                code,
+                format!(
+                    "{reason}. Until then only the KV cache is known: {} bytes ({} tokens at {} bytes each                          from {:?}) for --kv-cache-memory-bytes, not clamped to the GPU",
+                    blocks.saturating_mul(block_bytes),
+                    blocks.saturating_mul(geometry.block_size),
+                    bpt.value,
+                    bpt.source
+                ),
+            );
+        }
+        Err(o) => return o,
+    };
     let mut kv_bytes = blocks.saturating_mul(block_bytes);
-    let cap_total = (config.max_gpu_memory_utilization * mem.total as f64).floor() as u64;
-    let cap_kv = cap_total.saturating_sub(mem.non_kv);
+    let cap_total = (config.max_gpu_memory_utilization * total as f64).floor() as u64;
+    let cap_kv = cap_total.saturating_sub(non_kv);
     let cap_kv_blocks = cap_kv / block_bytes.max(1);
     if blocks > cap_kv_blocks {
         kv_bytes = cap_kv_blocks.saturating_mul(block_bytes);
@@ -277,8 +312,8 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
                 "clamped to {} of KV: {:.0}% of {} minus {} non-KV memory is all that fits{}",
                 gib(kv_bytes),
                 config.max_gpu_memory_utilization * 100.0,
-                gib(mem.total),
-                gib(mem.non_kv),
+                gib(total),
+                gib(non_kv),
                 if below_peak {
                     " (below the observed peak: this model needs a larger GPU)"
                 } else {
@@ -287,12 +322,12 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
             ),
         );
     }
-    let kv_tokens = kv_bytes / mem.bytes_per_token.max(1);
+    let kv_tokens = kv_bytes / bpt.value.max(1);
 
     // GPU memory: non-KV plus KV, rounded up (MiB; hundredths of utilization), still within the cap.
-    let need = mem.non_kv.saturating_add(kv_bytes);
+    let need = non_kv.saturating_add(kv_bytes);
     let gpu_memory_mib = need.div_ceil(MIB);
-    let util_exact = need as f64 / mem.total as f64;
+    let util_exact = need as f64 / total as f64;
     let gpu_memory_utilization = ((util_exact * 100.0).ceil() / 100.0)
         .min(config.max_gpu_memory_utilization)
         .max(util_exact);
@@ -300,14 +335,17 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         Field::GpuMemory,
         ReasonCode::KvPlusNonKv,
         format!(
-            "{} KV + {} non-KV ({:?}) = {gpu_memory_mib} MiB = {:.1}% of {} (bytes/token {} from {:?})",
+            "{} KV + {} non-KV ({:?}) = {gpu_memory_mib} MiB = {:.1}% of {} (bytes/token {} from {:?}: {}; {:?} \
+             mode)",
             gib(kv_bytes),
-            gib(mem.non_kv),
-            mem.non_kv_source,
+            gib(non_kv),
+            non_kv_source,
             util_exact * 100.0,
-            gib(mem.total),
-            mem.bytes_per_token,
-            mem.bpt_source
+            gib(total),
+            bpt.value,
+            bpt.source,
+            bpt.derivation,
+            mode
         ),
     );
 
@@ -323,10 +361,10 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         gpu_memory_utilization,
         gpu_memory_mib,
         compute_fraction,
-        bytes_per_kv_token: mem.bytes_per_token,
-        bytes_per_kv_token_source: mem.bpt_source,
-        non_kv_bytes: mem.non_kv,
-        non_kv_source: mem.non_kv_source,
+        bytes_per_kv_token: bpt.value,
+        bytes_per_kv_token_source: bpt.source,
+        non_kv_bytes: non_kv,
+        non_kv_source,
         reasons,
     })
 }

@@ -54,6 +54,9 @@ pub enum ReasonCode {
     NoLatencyObjective,
     /// The replica was busy with requests waiting (or preempting) at its share: grow, never shrink.
     ComputeSaturated,
+    /// More compute was asked for at the whole GPU (share 1.00): a share cannot exceed 1, so the next unit of
+    /// capacity is another replica (what the replica-scaling policy reads).
+    ReplicaIsNextUnit,
 }
 
 /// One explanation: which field, why (code), and a human sentence with the numbers.
@@ -83,8 +86,10 @@ pub enum Source {
     CacheConfigKvBytes,
     /// From the measured process GPU memory.
     MeasuredProcessMemory,
-    /// From `gpu_memory_utilization × total − KV` (vLLM's budget rule).
+    /// From `gpu_memory_utilization × total − KV` (vLLM's budget rule; budget mode only).
     VllmBudgetRule,
+    /// From the model's `config.json` (the sidecar's `--model-dir`) and vLLM's `cache_dtype`.
+    ModelConfig,
 }
 
 /// A recommendation for one replica. Every field is explained by at least one entry of `reasons`.
@@ -188,6 +193,8 @@ pub enum NotYetCode {
     InconsistentInputs,
     /// A recommendation setting is out of range.
     InvalidConfig,
+    /// A derived figure is outside what any real model on a real GPU can have (see `recommend::bounds`).
+    Implausible,
 }
 
 /// The answer of [`recommend`].

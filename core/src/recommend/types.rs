@@ -1,6 +1,7 @@
 //! The inputs of the recommendation: what the caller observed and knows.
 
 use super::Recommendation;
+use super::geometry::{CacheDtype, ModelFacts};
 use serde::{Deserialize, Serialize};
 
 /// One scrape's worth of what the recommendation looks at. Every field but the time may be missing (a family
@@ -53,6 +54,15 @@ pub struct MemoryFacts {
     pub gpu_memory_utilization: Option<f64>,
     /// `kv_cache_memory_bytes` the server was started with, when it was set (`cache_config_info`, vLLM ≥ 0.11).
     pub kv_cache_memory_bytes: Option<u64>,
+    /// `num_gpu_blocks_override` the server was started with, when it was set (`cache_config_info`).
+    #[serde(default)]
+    pub num_gpu_blocks_override: Option<u64>,
+    /// vLLM's `cache_dtype` (`cache_config_info`): the KV element width.
+    #[serde(default)]
+    pub cache_dtype: Option<CacheDtype>,
+    /// The model's geometry and weights, when the caller can read its files (the sidecar's `--model-dir`).
+    #[serde(default)]
+    pub model: Option<ModelFacts>,
 }
 
 /// Everything [`recommend`] looks at.
