@@ -288,10 +288,13 @@ impl ModelGeometry {
         let heads = required(obj, &["num_attention_heads", "n_head", "num_heads"])?;
         let kv_heads = if obj.get("multi_query").and_then(Value::as_bool) == Some(true) {
             1
+        } else if obj.get("multi_query_attention").and_then(Value::as_bool) == Some(true) {
+            // ChatGLM: grouped KV heads under its own names.
+            required(obj, &["multi_query_group_num"])?
         } else {
             uint(obj, &["num_key_value_heads", "num_kv_heads", "n_head_kv"]).unwrap_or(heads)
         };
-        let head_dim = match uint(obj, &["head_dim"]) {
+        let head_dim = match uint(obj, &["head_dim", "kv_channels"]) {
             Some(d) => d,
             None => {
                 let hidden = required(obj, &["hidden_size", "n_embd", "d_model"])?;

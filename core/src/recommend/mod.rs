@@ -302,6 +302,19 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
     let cap_total = (config.max_gpu_memory_utilization * total as f64).floor() as u64;
     let cap_kv = cap_total.saturating_sub(non_kv);
     let cap_kv_blocks = cap_kv / block_bytes.max(1);
+    if cap_kv_blocks == 0 {
+        // Not one block fits beside the non-KV memory: a KV size of zero is no recommendation (vLLM refuses it).
+        return not_yet(
+            NotYetCode::InconsistentInputs,
+            format!(
+                "non-KV memory {} ({non_kv_source:?}) leaves no room for one KV block within {:.0}% of the GPU's {}: \
+                 this model needs a larger GPU (or check --non-kv-memory-mib and --max-gpu-memory-utilization)",
+                gib(non_kv),
+                config.max_gpu_memory_utilization * 100.0,
+                gib(total)
+            ),
+        );
+    }
     if blocks > cap_kv_blocks {
         kv_bytes = cap_kv_blocks.saturating_mul(block_bytes);
         let below_peak = cap_kv_blocks.saturating_mul(geometry.block_size) < peak_tokens;
