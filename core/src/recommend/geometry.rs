@@ -3,7 +3,7 @@
 //! vLLM sizes its KV cache in blocks of `block_size` tokens, each token holding, per attention layer, one key and
 //! one value vector per KV head: `2 × layers × kv_heads × head_dim × dtype bytes`. Reading that from the model's
 //! `config.json` gives the exact figure in every memory mode, where the figures vLLM publishes give it only in
-//! some (see [`super::mode`]). This module is the pure half: it parses text the caller read (the sidecar's
+//! some (see [`super::MemoryMode`]). This module is the pure half: it parses text the caller read (the sidecar's
 //! `--model-dir`), and says plainly which models it cannot size, rather than guess:
 //! - **standard attention** (Llama, Qwen2, Mistral, …): the formula above; with tensor parallelism each GPU holds
 //!   `max(1, kv_heads / tp)` heads, as vLLM shards them.

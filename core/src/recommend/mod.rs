@@ -42,13 +42,24 @@
 //! 4. Bounded step per update from the previous recommendation (or the current share): at most
 //!    `× compute_max_step_up` up and `compute_max_step_down_ratio` down; then `[min_compute_fraction, 1]`.
 //!
-//! **Bytes per KV token** (what converts tokens to bytes) come, in order of preference, from: configuration
-//! (`2 × layers × kv_heads × head_dim × dtype bytes`, 1× for MLA models); `kv_cache_memory_bytes` in vLLM's
-//! `cache_config_info` divided by `num_gpu_blocks × block_size` (vLLM sized the cache from exactly that); or the
-//! measured process GPU memory: `(process GPU memory − non-KV memory) / (num_gpu_blocks × block_size)`.
-//! **Non-KV memory** (weights + activation peak + CUDA context and graphs) comes from configuration; or from the
-//! measured process memory minus the KV cache; or from vLLM's own budget rule, `KV = util × total − non_KV`, i.e.
-//! `non_KV = gpu_memory_utilization × total − KV`. Each source is reported so an operator can check it.
+//! **Memory figures** (bytes per KV token, which convert tokens to bytes; non-KV memory: weights + activation peak
+//! + CUDA context) come only from the derivations that are true in vLLM's memory mode, which `cache_config_info`
+//! tells apart ([`MemoryMode`]: budget, fixed KV, overridden blocks, or unknown); the table is in `memory.rs`.
+//! The model's own `config.json` ([`geometry`]) gives exact bytes per token in every mode; the budget rule
+//! `non_KV = gpu_memory_utilization × total − KV` holds in budget mode only; `kv_cache_memory_bytes / tokens` in
+//! fixed-KV mode only. Every figure passes plausibility bounds (`bounds.rs`) before use. Each source is reported
+//! so an operator can check it; a missing one is a `not_yet` naming the flag or mount that supplies it.
+//!
+//! Where each decision is made:
+//! - `mod.rs` (this file): the KV sizing rules above, in order, and the assembly of the [`Recommendation`];
+//! - `mode.rs`: which memory mode vLLM runs in, from `cache_config_info` (`"None"` strings, missing labels);
+//! - `memory.rs`: which source gives bytes per token and non-KV memory in that mode;
+//! - `geometry.rs`: bytes per token and weight bytes from the model's files (standard, sliding-window, MLA,
+//!   hybrid = not sized);
+//! - `bounds.rs`: the plausibility bounds every derived figure must pass;
+//! - `compute.rs`: the compute share;
+//! - `types.rs`, `config.rs`, `outcome.rs`: the inputs, the tunables, the outputs and their reasons;
+//! - `tests.rs` (sizing and compute rules), `tests_memory.rs` (modes, geometry on real configs, bounds).
 
 mod bounds;
 mod compute;

@@ -197,7 +197,7 @@ pub enum NotYetCode {
     Implausible,
 }
 
-/// The answer of [`recommend`].
+/// The answer of [`recommend`](super::recommend).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Outcome {

@@ -65,7 +65,7 @@ pub struct MemoryFacts {
     pub model: Option<ModelFacts>,
 }
 
-/// Everything [`recommend`] looks at.
+/// Everything [`recommend`](super::recommend) looks at.
 #[derive(Debug, Clone, Copy)]
 pub struct Input<'a> {
     /// The window, oldest first (unsorted input is tolerated: it is sorted by time internally).
