@@ -7,8 +7,9 @@
 //! - `/v1/status`: [`tessera_core::wire::sidecar::SidecarStatus`] as JSON, what the autoscaler reads;
 //! - `/live` (the process serves) and `/ready` (vLLM has answered a scrape).
 //!
-//! Layers: [`scrape`] (HTTP), [`gpu`] (NVML behind a trait), [`state`] (pure bookkeeping, time passed in),
-//! [`exporter`] (the registry), [`server`] (axum). This file holds the flags and the loop that ties them.
+//! Layers: [`scrape`] (HTTP), [`gpu`] (NVML behind a trait), [`model`] (the model's files, `--model-dir`),
+//! [`state`] (pure bookkeeping, time passed in), [`exporter`] (the registry), [`server`] (axum). This file holds
+//! the flags and the loop that ties them.
 
 pub mod agent;
 pub mod error;
