@@ -99,14 +99,22 @@ async fn fixed_kv_server_is_sized_from_the_models_geometry_never_the_utilization
 
     // With the non-KV memory given, a recommendation sized from the model's bytes per token.
     let given = sidecar(&vllm, &["--non-kv-memory-mib", "15360"]);
-    let s = wait_for(&given.base(), "a recommendation", 30, |s| s.recommendation().is_some()).await;
+    let s = wait_for(&given.base(), "a recommendation", 30, |s| {
+        s.recommendation().is_some()
+    })
+    .await;
     let r = s.recommendation().unwrap();
     assert_eq!(r.bytes_per_kv_token, 57_344);
     assert_eq!(r.bytes_per_kv_token_source, Source::ModelConfig);
     assert_eq!(r.non_kv_source, Source::Configured);
     assert_eq!(r.non_kv_bytes, 15 * GIB);
     // Idle, so one 32,768-token sequence: 1.75 GiB of KV, ~17 GiB in all — not the ~72 GiB the old rule gave.
-    assert!(r.gpu_memory_mib < 20 * 1024, "{} MiB: {:?}", r.gpu_memory_mib, r.reasons);
+    assert!(
+        r.gpu_memory_mib < 20 * 1024,
+        "{} MiB: {:?}",
+        r.gpu_memory_mib,
+        r.reasons
+    );
     assert!(
         r.reasons.iter().any(|x| x.message.contains("FixedKv mode")),
         "{:?}",

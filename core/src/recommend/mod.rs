@@ -299,7 +299,8 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
             return not_yet(
                 code,
                 format!(
-                    "{reason}. Until then only the KV cache is known: {} bytes ({} tokens at {} bytes each                          from {:?}) for --kv-cache-memory-bytes, not clamped to the GPU",
+                    "{reason}. Until then only the KV cache is known: {} bytes ({} tokens at {} bytes each from {:?}) \
+                     for --kv-cache-memory-bytes, not clamped to the GPU",
                     blocks.saturating_mul(block_bytes),
                     blocks.saturating_mul(geometry.block_size),
                     bpt.value,
