@@ -187,7 +187,7 @@ fn read_weights(dir: &Path, geometry: &ModelGeometry) -> Result<Option<TensorByt
     shards.sort();
     let mut total = TensorBytes::default();
     for s in &shards {
-        total = total.add(read_header(s)?);
+        total = total.plus(read_header(s)?);
     }
     Ok(Some(total))
 }

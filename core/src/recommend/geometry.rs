@@ -408,7 +408,7 @@ pub struct TensorBytes {
 
 impl TensorBytes {
     /// Adds another file's bytes.
-    pub fn add(self, other: TensorBytes) -> TensorBytes {
+    pub fn plus(self, other: TensorBytes) -> TensorBytes {
         TensorBytes {
             total: self.total.saturating_add(other.total),
             float32: self.float32.saturating_add(other.float32),

@@ -42,8 +42,8 @@
 //! 4. Bounded step per update from the previous recommendation (or the current share): at most
 //!    `× compute_max_step_up` up and `compute_max_step_down_ratio` down; then `[min_compute_fraction, 1]`.
 //!
-//! **Memory figures** (bytes per KV token, which convert tokens to bytes; non-KV memory: weights + activation peak
-//! + CUDA context) come only from the derivations that are true in vLLM's memory mode, which `cache_config_info`
+//! **Memory figures** (bytes per KV token, which convert tokens to bytes; non-KV memory: weights, activation peak
+//! and CUDA context) come only from the derivations that are true in vLLM's memory mode, which `cache_config_info`
 //! tells apart ([`MemoryMode`]: budget, fixed KV, overridden blocks, or unknown); the table is in `memory.rs`.
 //! The model's own `config.json` ([`geometry`]) gives exact bytes per token in every mode; the budget rule
 //! `non_KV = gpu_memory_utilization × total − KV` holds in budget mode only; `kv_cache_memory_bytes / tokens` in

@@ -221,7 +221,7 @@ fn safetensors_headers_and_index_give_weight_bytes() {
     // float32 tensors halve when vLLM runs 16-bit, stay when it runs float32.
     assert_eq!(t.loaded(None), 24);
     assert_eq!(t.loaded(Some(Dtype::Float32)), 32);
-    assert_eq!(t.add(t).total, 64);
+    assert_eq!(t.plus(t).total, 64);
     assert!(safetensors_header_bytes(r#"{"a": {"dtype": "BF16", "data_offsets": [8, 4]}}"#).is_err());
     assert!(safetensors_header_bytes("{").is_err());
     let index = r#"{"metadata": {"total_size": 15231233024}, "weight_map": {"lm_head.weight": "x"}}"#;
