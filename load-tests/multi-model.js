@@ -4,15 +4,25 @@
 // or at one tessera vllm-sim started with several --served-model-name values.
 // k6 run -e MODELS=llama,qwen -e RATES=4,1 -e DURATION=1m load-tests/multi-model.js
 import http from 'k6/http';
-import { BASE_URL, REQUEST_TIMEOUT, baseThresholds, complete, scrape, summary, teardownCommon } from './lib/common.js';
+import {
+  BASE_URL, REQUEST_TIMEOUT, baseThresholds, complete, resolveMaxModelLen, scrape, summary, teardownCommon,
+} from './lib/common.js';
 
 const DURATION = __ENV.DURATION || '1m';
 
-function models() {
-  if (__ENV.MODELS) return __ENV.MODELS.split(',').map((s) => s.trim()).filter(Boolean);
+/** The server's model cards; MODELS (when set) picks the ones to load. */
+function cards() {
   const r = http.get(`${BASE_URL}/v1/models`, { timeout: REQUEST_TIMEOUT });
-  if (r.status !== 200) throw new Error(`GET ${BASE_URL}/v1/models answered ${r.status}; set MODELS`);
-  return r.json('data').map((m) => m.id);
+  if (r.status !== 200) {
+    if (__ENV.MODELS) return [];
+    throw new Error(`GET ${BASE_URL}/v1/models answered ${r.status}; set MODELS`);
+  }
+  return r.json('data');
+}
+
+function models(list) {
+  if (__ENV.MODELS) return __ENV.MODELS.split(',').map((s) => s.trim()).filter(Boolean);
+  return list.map((m) => m.id);
 }
 
 // The scenario list must be known when the script loads, so MODELS is read from the environment here; without
@@ -51,13 +61,18 @@ if (NAMES.length) {
 export const options = { scenarios, thresholds };
 
 export function setup() {
-  return { model: models().join(','), models: models(), before: scrape() };
+  const list = cards();
+  const names = models(list);
+  // Each model's own context length (MAX_MODEL_LEN, when set, for all).
+  const maxModelLens = {};
+  names.forEach((n) => { maxModelLens[n] = resolveMaxModelLen(n, list); });
+  return { model: names.join(','), models: names, maxModelLens, before: scrape() };
 }
 export const teardown = teardownCommon;
 export default function (data) {
   // With MODELS set, each scenario sends its own model; otherwise requests rotate over the listed models.
   const name = __ENV.TARGET_MODEL || data.models[Math.floor(Math.random() * data.models.length)];
-  complete(name, { model: name });
+  complete(name, { model: name }, data.maxModelLens[name]);
 }
 export function handleSummary(data) {
   return summary('multi-model', data);

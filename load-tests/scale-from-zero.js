@@ -43,7 +43,7 @@ export function setup() {
 export const teardown = teardownCommon;
 export default function (data) {
   const t0 = Date.now();
-  complete(data.model);
+  complete(data.model, undefined, data.maxModelLen);
   burstLatency.add((Date.now() - t0) / 1000);
   sleep(0);
 }

@@ -31,7 +31,7 @@ export const options = {
 export const setup = setupCommon;
 export const teardown = teardownCommon;
 export default function (data) {
-  complete(data.model);
+  complete(data.model, undefined, data.maxModelLen);
 }
 export function handleSummary(data) {
   return summary('spike', data);

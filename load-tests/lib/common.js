@@ -7,7 +7,8 @@
 //   BASE_URL           OpenAI-compatible server (vLLM, tessera vllm-sim, or the Tessera activator). Default http://127.0.0.1:8000
 //   MODEL              model name to request; default: the first id from GET /v1/models
 //   API                chat | completions (default chat)
-//   MAX_MODEL_LEN      prompt + output are clipped to fit (default 4096)
+//   MAX_MODEL_LEN      prompt + output are clipped to fit (default: the model's max_model_len from GET /v1/models,
+//                      which vLLM and the emulator report; 4096 when the server does not say)
 //   EXACT_TOKENS       1 (default) adds "tessera_prompt_tokens" so the emulator counts the prompt exactly; a real
 //                      vLLM ignores the field. 0 leaves it out.
 //   METRICS_URLS       comma-separated /metrics URLs to read the server-side summary from (default BASE_URL/metrics;
@@ -22,7 +23,9 @@ import { Counter, Gauge, Rate, Trend } from 'k6/metrics';
 
 export const BASE_URL = (__ENV.BASE_URL || 'http://127.0.0.1:8000').replace(/\/+$/, '');
 export const API = __ENV.API || 'chat';
-export const MAX_MODEL_LEN = parseInt(__ENV.MAX_MODEL_LEN || '4096', 10);
+// Set only when MAX_MODEL_LEN is given; otherwise setup() reads each model's max_model_len from the server.
+export const MAX_MODEL_LEN = __ENV.MAX_MODEL_LEN ? parseInt(__ENV.MAX_MODEL_LEN, 10) : null;
+const DEFAULT_MAX_MODEL_LEN = 4096;
 export const EXACT_TOKENS = (__ENV.EXACT_TOKENS || '1') !== '0';
 export const REQUEST_TIMEOUT = __ENV.REQUEST_TIMEOUT || '120s';
 export const TTFT_P95_MAX = parseFloat(__ENV.TTFT_P95_MAX || '10');
@@ -60,19 +63,46 @@ export function baseThresholds(extra) {
   }, extra || {});
 }
 
-/** The model to ask for: MODEL, or the first one the server lists. */
-export function resolveModel() {
-  if (__ENV.MODEL) return __ENV.MODEL;
+/** The server's model cards (GET /v1/models `data`), or null when it does not answer with them. */
+export function modelCards() {
   const r = http.get(`${BASE_URL}/v1/models`, { timeout: REQUEST_TIMEOUT });
-  if (r.status !== 200) throw new Error(`GET ${BASE_URL}/v1/models answered ${r.status}; set MODEL explicitly`);
-  return r.json('data.0.id');
+  if (r.status !== 200) return null;
+  try {
+    const data = r.json('data');
+    return Array.isArray(data) ? data : null;
+  } catch (_) {
+    return null;
+  }
 }
 
-/** A (prompt, output) pair from the trace, clipped to MAX_MODEL_LEN. */
-export function samplePair() {
+/** The model to ask for: MODEL, or the first one the server lists. */
+export function resolveModel(cards) {
+  if (__ENV.MODEL) return __ENV.MODEL;
+  const list = cards === undefined ? modelCards() : cards;
+  if (!list || list.length === 0) throw new Error(`GET ${BASE_URL}/v1/models listed no model; set MODEL explicitly`);
+  return list[0].id;
+}
+
+/**
+ * The context length to fit requests into for `model`: MAX_MODEL_LEN when set, else the max_model_len the server
+ * reports for it (a server started with a short --max-model-len answers longer requests with 400), else 4096.
+ */
+export function resolveMaxModelLen(model, cards) {
+  if (MAX_MODEL_LEN) return MAX_MODEL_LEN;
+  const card = (cards || []).find((c) => c.id === model) || (cards || [])[0];
+  const n = card ? parseInt(card.max_model_len, 10) : NaN;
+  if (n > 0) return n;
+  console.warn(`no max_model_len for ${model} in GET ${BASE_URL}/v1/models: assuming ${DEFAULT_MAX_MODEL_LEN}`);
+  return DEFAULT_MAX_MODEL_LEN;
+}
+
+/** A (prompt, output) pair from the trace, clipped to `maxModelLen` tokens in all. */
+export function samplePair(maxModelLen) {
+  const len = maxModelLen || MAX_MODEL_LEN || DEFAULT_MAX_MODEL_LEN;
   const [p, o] = PAIRS[Math.floor(Math.random() * PAIRS.length)];
-  const out = Math.max(1, Math.min(o, Math.floor(MAX_MODEL_LEN / 4)));
-  const prompt = Math.max(1, Math.min(p, MAX_MODEL_LEN - out - 64));
+  const out = Math.max(1, Math.min(o, Math.floor(len / 4)));
+  // 64 tokens stay free for the chat template's own tokens.
+  const prompt = Math.max(1, Math.min(p, len - out - 64));
   return [prompt, out];
 }
 
@@ -82,9 +112,12 @@ function promptText(n) {
   return words.join(' ');
 }
 
-/** Sends one streaming completion for `model` with a trace-drawn size; checks the stream and counts tokens. */
-export function complete(model, tags) {
-  const [p, o] = samplePair();
+/**
+ * Sends one streaming completion for `model` with a trace-drawn size that fits `maxModelLen` (from setup();
+ * see resolveMaxModelLen); checks the stream and counts tokens.
+ */
+export function complete(model, tags, maxModelLen) {
+  const [p, o] = samplePair(maxModelLen);
   const body = { model, max_tokens: o, ignore_eos: true, stream: true, stream_options: { include_usage: true } };
   // The chat template adds a few tokens of its own; leave room for them.
   const text = promptText(Math.max(1, p - 8));
@@ -225,9 +258,11 @@ export function quantile(cum, q) {
   return prevLe;
 }
 
-/** setup(): the model to use and the "before" scrape. */
+/** setup(): the model to use, its context length, and the "before" scrape. */
 export function setupCommon() {
-  return { model: resolveModel(), before: scrape() };
+  const cards = modelCards();
+  const model = resolveModel(cards);
+  return { model, maxModelLen: resolveMaxModelLen(model, cards), before: scrape() };
 }
 
 /** teardown(): the "after" scrape; records the server-side quantiles as gauges (so thresholds apply). */
@@ -261,7 +296,8 @@ export function summary(name, data) {
   const m = data.metrics;
   const val = (k, f) => (m[k] && m[k].values ? m[k].values[f] : undefined);
   const lines = [];
-  lines.push(`\n=== ${name} against ${BASE_URL} (model ${data.setup_data ? data.setup_data.model : '?'}) ===`);
+  const sd = data.setup_data || {};
+  lines.push(`\n=== ${name} against ${BASE_URL} (model ${sd.model || '?'}, max_model_len ${sd.maxModelLen || '?'}) ===`);
   lines.push(`requests: ${val('http_reqs', 'count') || 0}, failed: ${fmt(val('http_req_failed', 'rate'))} (rate), ` +
     `completions ok: ${fmt(val('completion_ok', 'rate'))} (rate)`);
   lines.push(`tokens: prompt ${val('prompt_tokens', 'count') || 0}, output ${val('output_tokens', 'count') || 0} ` +

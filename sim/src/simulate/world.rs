@@ -494,6 +494,7 @@ impl<'a> World<'a> {
                 MemorySetting::KvCacheBytes(b) => Some(b),
                 MemorySetting::GpuMemoryUtilization(_) => None,
             },
+            ..Default::default()
         };
         let pod_start = self.sc.settings.pod_start.as_secs_f64();
         let ready_at;
