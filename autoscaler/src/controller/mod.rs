@@ -87,6 +87,15 @@ pub struct Args {
     /// An activator document older than this (or a failed poll) makes the demand unknown: no scale to zero.
     #[arg(long, env = "TESSERA_ACTIVATOR_MAX_AGE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub activator_max_age: Duration,
+    /// `gpu.updateMode`: a recommendation must stay within 5% of itself this long before it comes into force
+    /// (new pods get it), and running pods must have drifted this long before a `Recreate` roll. A growth while
+    /// vLLM preempts is applied at once.
+    #[arg(long, env = "TESSERA_ROLLOUT_STABILITY_WINDOW", default_value = "30m", value_parser = humantime::parse_duration)]
+    pub rollout_stability_window: Duration,
+    /// `Recreate`: running pods whose memory or compute differs from the allocation in force by more than this
+    /// fraction (0.15 = 15%) are rolled.
+    #[arg(long, env = "TESSERA_ROLLOUT_DRIFT_THRESHOLD", default_value_t = 0.15)]
+    pub rollout_drift_threshold: f64,
     /// Elect a leader with a Lease so several replicas can run (only the leader reconciles).
     #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -253,11 +262,17 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             sidecar_port: args.sidecar_port,
             max_signal_age: args.max_signal_age,
             activator_max_age: args.activator_max_age,
+            rollout: tessera_core::rollout::RolloutConfig {
+                stability_window: args.rollout_stability_window,
+                drift_threshold: args.rollout_drift_threshold,
+                ..tessera_core::rollout::RolloutConfig::default()
+            },
         },
         clock: Arc::new(SystemTime::now),
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
+        rolling: rollout::Rolling::default(),
     });
 
     let mut shutdown = shutdown_rx.clone();

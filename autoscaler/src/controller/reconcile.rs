@@ -98,6 +98,8 @@ pub struct Settings {
     pub max_signal_age: Duration,
     /// An activator document older than this makes the demand unknown.
     pub activator_max_age: Duration,
+    /// The in-force and roll rules' settings (`gpu.updateMode`).
+    pub rollout: tessera_core::rollout::RolloutConfig,
 }
 
 /// A clock, injected so tests control time.
@@ -126,6 +128,8 @@ pub struct Context {
     /// Objects (`namespace/name`) woken by a request held at an activator: their next reconcile runs in full
     /// even when it looks like the echo of a status write.
     pub woken: Mutex<HashSet<String>>,
+    /// Models being rolled onto a new allocation, one per pool.
+    pub rolling: super::rollout::Rolling,
 }
 
 impl Context {
@@ -312,7 +316,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .unwrap_or_default();
 
     // 3. Ready pods and their sidecars.
-    let ready_pods = if current == 0 || selector.is_empty() {
+    let all_pods = if current == 0 || selector.is_empty() {
         Vec::new()
     } else {
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -325,18 +329,26 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
                 source,
             })?;
         list.items
-            .into_iter()
-            .filter_map(|p| ready_pod_url(&p, ctx.settings.sidecar_port))
-            .collect::<Vec<_>>()
     };
+    let ready_pods = all_pods
+        .iter()
+        .filter_map(|p| ready_pod_url(p, ctx.settings.sidecar_port))
+        .collect::<Vec<_>>();
     let statuses =
         futures::future::join_all(ready_pods.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
     let mut replicas = Vec::with_capacity(statuses.len());
     let mut recommendations = Vec::new();
+    let mut preempting = false;
     for ((pod, url), result) in ready_pods.iter().zip(statuses) {
         match result {
             Ok(st) => {
                 let signals = replica_signals(&st, ctx.settings.max_signal_age);
+                preempting |= signals.fresh
+                    && st
+                        .window
+                        .as_ref()
+                        .and_then(|w| w.preemptions)
+                        .is_some_and(|p| p > 0.0);
                 if signals.fresh
                     && let Some(r) = st.recommendation()
                 {
@@ -424,8 +436,32 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         "decided"
     );
     let recommendation = status::largest_recommendation(&recommendations);
+
+    // 6. The allocation in force, and under `updateMode: Recreate` a roll onto it.
+    let gpu = spec.gpu.clone().unwrap_or_default();
+    let (allocation, in_sync) = allocation_and_roll(
+        ctx,
+        obj,
+        AllocationRound {
+            target_api: &target_api,
+            target: &target,
+            all_pods: &all_pods,
+            gpu: &gpu,
+            recommendation: recommendation.as_ref(),
+            preempting,
+            replicas: (
+                i32::try_from(current).unwrap_or(i32::MAX),
+                i32::try_from(input.ready_replicas).unwrap_or(i32::MAX),
+                i32::try_from(decision.desired_replicas).unwrap_or(i32::MAX),
+                spec.min_replicas,
+            ),
+            now_ms,
+            now_k8s: &now_k8s,
+        },
+    )
+    .await;
     write_status(&ias_api, obj, |prev| {
-        status::after_decision(
+        let mut st = status::after_decision(
             prev,
             generation,
             &target,
@@ -434,9 +470,171 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             &applied,
             recommendation.clone(),
             &now_k8s,
-        )
+        );
+        st.allocation = Some(allocation.clone());
+        if let Some((ok, reason, message)) = &in_sync {
+            status::set_condition(
+                &mut st.conditions,
+                super::rollout::ALLOCATION_IN_SYNC,
+                *ok,
+                reason,
+                message,
+                generation,
+                &now_k8s,
+            );
+        }
+        st
     })
     .await
+}
+
+/// What [`allocation_and_roll`] needs from this reconcile.
+struct AllocationRound<'a> {
+    target_api: &'a Api<DynamicObject>,
+    target: &'a str,
+    all_pods: &'a [Pod],
+    gpu: &'a crate::crd::GpuSpec,
+    recommendation: Option<&'a crate::crd::RecommendationStatus>,
+    preempting: bool,
+    replicas: (i32, i32, i32, i32),
+    now_ms: u64,
+    now_k8s: &'a Time,
+}
+
+/// Folds the recommendation into `status.allocation` and, under `Recreate`, rolls drifted pods (an Event per
+/// roll). Returns the allocation status and the `AllocationInSync` condition to set (none under `Off`).
+async fn allocation_and_roll(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    round: AllocationRound<'_>,
+) -> (crate::crd::AllocationStatus, Option<(bool, String, String)>) {
+    use super::rollout::{self as ro, RollOutcome};
+    use tessera_core::rollout::{HoldReason, UpdateMode};
+    let cfg = &ctx.settings.rollout;
+    let previous = obj.status.as_ref().and_then(|s| s.allocation.as_ref());
+    let mut allocation = ro::next_allocation(
+        previous,
+        round.recommendation,
+        round.gpu,
+        round.preempting,
+        round.now_ms,
+        cfg,
+    );
+    allocation.drift_since = ro::next_drift_since(&allocation, round.all_pods, round.now_ms, cfg);
+    let mode = ro::mode(round.gpu);
+    if mode == UpdateMode::Off {
+        return (allocation, None);
+    }
+    if mode == UpdateMode::Initial {
+        let msg = match &allocation.in_force {
+            Some(a) => format!(
+                "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
+                a.gpu_memory_mib, a.compute_fraction, allocation.reason
+            ),
+            None => "no allocation in force yet: waiting for a stable recommendation".to_owned(),
+        };
+        let condition = (allocation_in_force(&allocation), camel(&allocation.reason), msg);
+        return (allocation, Some(condition));
+    }
+    let model_key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let ns = obj.namespace().unwrap_or_default();
+    let kind = obj.spec.scale_target_ref.kind.clone();
+    let outcome = ro::roll(
+        ro::RollRequest {
+            target_api: round.target_api,
+            pdb_api: Api::namespaced(ctx.client.clone(), &ns),
+            kind: &kind,
+            name: &obj.spec.scale_target_ref.name,
+            pods: round.all_pods,
+            allocation: &allocation,
+            gpu: round.gpu,
+            model_key: &model_key,
+            replicas: round.replicas,
+            preempting: round.preempting,
+            now_ms: round.now_ms,
+        },
+        &ctx.rolling,
+        cfg,
+    )
+    .await;
+    let condition = match outcome {
+        RollOutcome::Rolled {
+            reason,
+            hash,
+            message,
+        } => {
+            allocation.template_hash = Some(hash);
+            allocation.last_roll_time = Some(round.now_k8s.clone());
+            allocation.roll_reason = Some(format!("roll_{reason}"));
+            publish(ctx, obj, EventType::Normal, "AllocationRoll", "Roll", &message).await;
+            (false, "Rolling".to_owned(), message)
+        }
+        RollOutcome::Held(HoldReason::InSync) => {
+            allocation.roll_reason = Some("hold_in_sync".to_owned());
+            (
+                true,
+                "InSync".to_owned(),
+                format!("every pod of {} runs with the allocation in force", round.target),
+            )
+        }
+        RollOutcome::Held(h) => {
+            allocation.roll_reason = Some(format!("hold_{}", h.label()));
+            (
+                false,
+                hold_reason_word(h).to_owned(),
+                format!("not rolling {}: {}", round.target, h.label().replace('_', " ")),
+            )
+        }
+        RollOutcome::Failed(message) => {
+            warn!(%message, "roll failed");
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "FailedAllocationRoll",
+                "Roll",
+                &message,
+            )
+            .await;
+            (false, "RollFailed".to_owned(), message)
+        }
+    };
+    (allocation, Some(condition))
+}
+
+/// `urgent_growth` → `UrgentGrowth` (condition reasons are CamelCase).
+fn camel(label: &str) -> String {
+    label
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+fn allocation_in_force(a: &crate::crd::AllocationStatus) -> bool {
+    a.in_force.is_some()
+}
+
+/// The condition reason (CamelCase, as Kubernetes conditions use) for a hold.
+fn hold_reason_word(h: tessera_core::rollout::HoldReason) -> &'static str {
+    use tessera_core::rollout::HoldReason as H;
+    match h {
+        H::ModeNotRecreate => "NotRecreate",
+        H::NoRecommendation => "NoRecommendation",
+        H::NoPods => "NoPods",
+        H::PodsUnknown => "PodAllocationUnknown",
+        H::InSync => "InSync",
+        H::Settling => "Settling",
+        H::Scaling => "Scaling",
+        H::RolloutInProgress => "RolloutInProgress",
+        H::PoolBusy => "PoolBusy",
+        H::DisruptionBudget => "DisruptionBudget",
+        H::BelowMinReady => "BelowMinReady",
+    }
 }
 
 async fn apply(

@@ -98,11 +98,13 @@ fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<Activato
             sidecar_port: 9090,
             max_signal_age: Duration::from_secs(30),
             activator_max_age: Duration::from_secs(5),
+            rollout: tessera_core::rollout::RolloutConfig::default(),
         },
         clock: Arc::new(|| UNIX_EPOCH + Duration::from_secs(NOW_S)),
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
+        rolling: crate::controller::rollout::Rolling::default(),
     })
 }
 
