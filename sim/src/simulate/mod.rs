@@ -13,7 +13,9 @@
 //! simulation itself ([`simulate`]) is pure and deterministic for a seed; [`run`] adds the files, the progress
 //! bar and the output. See `docs/simulator.md`.
 
+pub mod bound;
 pub mod html;
+pub mod peers;
 pub mod report;
 pub mod scenario;
 pub mod world;
@@ -47,9 +49,16 @@ pub struct Args {
     /// Write `report.json` and a self-contained `report.html` (charts, no network) into this folder.
     #[arg(long, env = "TESSERA_SIMULATE_OUT")]
     pub out: Option<PathBuf>,
-    /// Print only the last summary line (`gpu_hours_static=… slo_attainment_tessera=…`), no table or progress.
+    /// Print only the last summary line (`gpu_hours_lower_bound=… gpu_hours_static=… …`), no table or progress.
     #[arg(long, env = "TESSERA_SIMULATE_QUIET")]
     pub quiet: bool,
+    /// Strategies to run, comma-separated: static, hpa, kubeai, aibrix, keda-http, hami-static, tessera
+    /// (default: all of them).
+    #[arg(long, env = "TESSERA_SIMULATE_STRATEGIES", value_delimiter = ',', value_parser = StrategyKind::parse)]
+    pub strategies: Vec<StrategyKind>,
+    /// Print the result as a Markdown table (what `scripts/sim-results.sh` puts in docs/simulator.md).
+    #[arg(long, env = "TESSERA_SIMULATE_MARKDOWN")]
+    pub markdown: bool,
 }
 
 /// Which phase of a run progress is reported for.
@@ -64,8 +73,90 @@ pub enum Phase {
 /// Runs every strategy on the scenario and returns the report. Pure: no I/O, no clock; `progress` is told the
 /// phase and the virtual seconds reached.
 pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Phase, f64)) -> Result<Report, SimError> {
+    simulate_strategies(sc, &StrategyKind::ALL, progress)
+}
+
+/// Runs the given strategies (in report order, each once) on the scenario and returns the report.
+pub fn simulate_strategies(
+    sc: &Scenario,
+    kinds: &[StrategyKind],
+    progress: &mut dyn FnMut(Phase, f64),
+) -> Result<Report, SimError> {
+    let mut kinds: Vec<StrategyKind> = if kinds.is_empty() {
+        StrategyKind::ALL.to_vec()
+    } else {
+        kinds.to_vec()
+    };
+    kinds.sort();
+    kinds.dedup();
     let n = sc.models.len();
-    // (a) Static sizing: the smallest whole-GPU count per model that meets the SLO target alone.
+    // (a) Static sizing (static and hami-static): the smallest whole-GPU count per model that meets the SLO
+    // target alone.
+    let needs_sizing = kinds
+        .iter()
+        .any(|k| matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
+    let mut sizing = Vec::new();
+    if needs_sizing {
+        sizing = size_static(sc, progress)?;
+    }
+    let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
+    let run = |kind: StrategyKind,
+               initial: Vec<Option<tessera_core::recommend::Recommendation>>,
+               progress: &mut dyn FnMut(Phase, f64)| {
+        World::new(
+            sc,
+            Plan {
+                kind,
+                static_replicas: static_replicas.clone(),
+                initial_recommendations: initial,
+                only_models: Vec::new(),
+            },
+        )?
+        .run(&mut |t| progress(Phase::Strategy(kind), t))
+    };
+    let mut reports = Vec::new();
+    let mut hpa_histories = None;
+    for &kind in &kinds {
+        if kind == StrategyKind::Tessera {
+            continue;
+        }
+        let r = run(kind, Vec::new(), progress)?;
+        if kind == StrategyKind::Hpa {
+            hpa_histories = Some(r.histories);
+        }
+        reports.push(r.report);
+    }
+    if kinds.contains(&StrategyKind::Tessera) {
+        // Tessera starts from what its sidecars would have recommended watching the whole-GPU baseline.
+        let initial = if sc.settings.calibrate_from_baseline {
+            let histories = match hpa_histories {
+                Some(h) => h,
+                None => run(StrategyKind::Hpa, Vec::new(), &mut |_, _| {})?.histories,
+            };
+            world::calibrate(sc, &histories)
+        } else {
+            vec![None; n]
+        };
+        reports.push(run(StrategyKind::Tessera, initial, progress)?.report);
+    }
+    Ok(Report {
+        scenario: sc.name.clone(),
+        description: sc.description.clone(),
+        seed: sc.seed,
+        duration_secs: sc.duration,
+        gpu: sc.gpu.name.clone(),
+        sharing_model: sc.settings.sharing_model.name().to_string(),
+        models: sc.models.iter().map(|m| m.name.clone()).collect(),
+        requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
+        lower_bound_gpu_hours: bound::lower_bound_gpu_hours(sc),
+        static_sizing: sizing,
+        strategies: reports,
+    })
+}
+
+/// The static rule: for each model alone, the smallest whole-GPU count whose TTFT meets the SLO target.
+fn size_static(sc: &Scenario, progress: &mut dyn FnMut(Phase, f64)) -> Result<Vec<StaticSizing>, SimError> {
+    let n = sc.models.len();
     let mut sizing = Vec::with_capacity(n);
     for m in 0..n {
         let setup = &sc.models[m];
@@ -113,55 +204,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Phase, f64)) -> Result<R
     for z in &sizing {
         tracing::info!(model = %z.model, replicas = z.replicas, reason = %z.reason, "static sizing");
     }
-    let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
-    let static_run = World::new(
-        sc,
-        Plan {
-            kind: StrategyKind::Static,
-            static_replicas: static_replicas.clone(),
-            initial_recommendations: Vec::new(),
-            only_models: Vec::new(),
-        },
-    )?
-    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Static), t))?;
-    // (b) HPA.
-    let hpa_run = World::new(
-        sc,
-        Plan {
-            kind: StrategyKind::Hpa,
-            static_replicas: Vec::new(),
-            initial_recommendations: Vec::new(),
-            only_models: Vec::new(),
-        },
-    )?
-    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Hpa), t))?;
-    // (c) Tessera, starting from what its sidecars would have recommended watching the whole-GPU baseline.
-    let initial = if sc.settings.calibrate_from_baseline {
-        world::calibrate(sc, &hpa_run.histories)
-    } else {
-        vec![None; n]
-    };
-    let tessera_run = World::new(
-        sc,
-        Plan {
-            kind: StrategyKind::Tessera,
-            static_replicas: Vec::new(),
-            initial_recommendations: initial,
-            only_models: Vec::new(),
-        },
-    )?
-    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Tessera), t))?;
-    Ok(Report {
-        scenario: sc.name.clone(),
-        description: sc.description.clone(),
-        seed: sc.seed,
-        duration_secs: sc.duration,
-        gpu: sc.gpu.name.clone(),
-        models: sc.models.iter().map(|m| m.name.clone()).collect(),
-        requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
-        static_sizing: sizing,
-        strategies: vec![static_run.report, hpa_run.report, tessera_run.report],
-    })
+    Ok(sizing)
 }
 
 /// Runs `tessera simulate`.
@@ -183,7 +226,7 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
     tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
     let bar = progress_bar(args.quiet, sc.duration);
     let mut phase_seen = None;
-    let report = simulate(&sc, &mut |phase, t| {
+    let report = simulate_strategies(&sc, &args.strategies, &mut |phase, t| {
         if phase_seen != Some(phase) {
             phase_seen = Some(phase);
             bar.set_message(match phase {
@@ -209,7 +252,11 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", hp.display()))?;
         tracing::info!(json = %jp.display(), html = %hp.display(), "report written");
     }
-    if args.quiet {
+    if args.markdown {
+        print!("{}", report.markdown());
+        println!();
+        println!("{}", report.summary_line());
+    } else if args.quiet {
         println!("{}", report.summary_line());
     } else {
         print!("{}", report.table());

@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{GIB, GpuSpec, ModelSpec};
+use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::transform::{Transform, function_arrivals, llm_arrivals};
 use crate::trace::{Arrival, FunctionsTrace, LlmTrace, TraceError};
 
@@ -153,6 +153,9 @@ pub struct StrategySettings {
     /// (the rollout path: observe with `updateMode: Off`, then apply). When false, replicas start at vLLM's
     /// default memory and only shrink as Tessera's own observations come in.
     pub calibrate_from_baseline: bool,
+    /// How co-tenants on a shared GPU slow each other (`mps`, the calibrated default; `proportional`, the old
+    /// pessimistic bound where a share `s` stretches every step by `1/s`; `time_slicing`).
+    pub sharing_model: SharingModel,
 }
 
 impl Default for StrategySettings {
@@ -170,6 +173,7 @@ impl Default for StrategySettings {
             recommend_window: Duration::from_secs(1800),
             request_timeout: Duration::from_secs(300),
             calibrate_from_baseline: true,
+            sharing_model: SharingModel::default(),
         }
     }
 }
@@ -219,6 +223,30 @@ pub struct ModelFile {
     pub compute_fraction: ComputeFraction,
     /// The model's traffic.
     pub traffic: TrafficFile,
+    /// The `hami-static` peer: the share and memory a user declares for this model.
+    #[serde(default)]
+    pub hami: HamiFile,
+}
+
+/// What a HAMi user declares per model (`nvidia.com/gpucores`, `nvidia.com/gpumem-percentage`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HamiFile {
+    /// Compute share, 0–1 (`gpucores` / 100).
+    pub cores: f64,
+    /// Share of the GPU's memory (`gpumem-percentage` / 100).
+    pub memory_fraction: f64,
+}
+
+impl Default for HamiFile {
+    /// Half a GPU: HAMi's own defaults (`gpucores` 0, `gpumem` 0) mean "no limit", i.e. a whole GPU, so a
+    /// user who shares declares a split; half and half is the common one.
+    fn default() -> Self {
+        HamiFile {
+            cores: 0.5,
+            memory_fraction: 0.5,
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -468,6 +496,11 @@ impl ScenarioFile {
                     "{at}.compute_fraction must be `auto` or in (0, 1], got {f}"
                 ));
             }
+            if !(m.hami.cores > 0.0 && m.hami.cores <= 1.0)
+                || !(m.hami.memory_fraction > 0.0 && m.hami.memory_fraction <= 1.0)
+            {
+                p.push(format!("{at}.hami: cores and memory_fraction must be in (0, 1]"));
+            }
             let t = &m.traffic;
             if !(t.rate > 0.0 && t.rate.is_finite()) {
                 p.push(format!("{at}.traffic.rate must be above 0, got {}", t.rate));
@@ -515,6 +548,8 @@ pub struct ModelSetup {
     pub sleep_wake_secs: Option<f64>,
     /// Tessera's compute share.
     pub compute_fraction: ComputeFraction,
+    /// The `hami-static` declaration.
+    pub hami: HamiFile,
 }
 
 /// A scenario ready to simulate: plain numbers and per-model arrivals.
@@ -659,6 +694,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             load_secs,
             sleep_wake_secs: m.cold_start.sleep_wake.map(|d| d.as_secs_f64()),
             compute_fraction: m.compute_fraction,
+            hami: m.hami,
         });
         arrivals.push(a);
     }

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::scenario::{ColdStartFile, ComputeFraction, ModelSetup, Scenario, StrategySettings, TargetsFile};
+use super::scenario::{
+    ColdStartFile, ComputeFraction, HamiFile, ModelSetup, Scenario, StrategySettings, TargetsFile,
+};
 use super::*;
 use crate::model::{GIB, GpuSpec, ModelSpec};
 use crate::trace::Arrival;
@@ -30,6 +32,7 @@ fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
         load_secs,
         sleep_wake_secs: None,
         compute_fraction: ComputeFraction::Auto,
+        hami: HamiFile::default(),
     }
 }
 

@@ -18,32 +18,91 @@ use std::time::Duration;
 use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
 use tessera_core::scale::{
-    Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, Targets, Timestamp, decide,
+    Behavior, Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, ScalingRules, Targets,
+    Timestamp, decide,
 };
 
+use super::peers::{
+    AIBRIX_KV_TARGET, AIBRIX_SCALE_DOWN_COOLDOWN_S, AIBRIX_TOLERANCE, ConcurrencyRule, ConcurrencyState,
+    KEDA_HOLD_TIMEOUT_S, concurrency_desired,
+};
 use super::report::{ModelReport, Series, StrategyReport, quantile_sorted};
 use super::scenario::{ComputeFraction, ModelSetup, Scenario};
-use crate::model::{Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Request};
+use crate::model::{
+    Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Neighbours, Request,
+};
 
-/// The three strategies compared on the same arrivals.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The strategies compared on the same arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StrategyKind {
     /// Whole GPU per replica, replicas fixed for the peak.
     Static,
     /// Whole GPU per replica, HPA on request rate, at least one replica.
     Hpa,
+    /// KubeAI: whole GPU, in-flight requests at its proxy, scale to zero with requests held.
+    Kubeai,
+    /// AIBrix: whole GPU, APA on KV-cache usage and waiting requests, no request holding at zero (min 1).
+    Aibrix,
+    /// KEDA HTTP add-on: whole GPU, interceptor concurrency, scale to zero, held requests fail after 20 s.
+    KedaHttp,
+    /// HAMi, static: fractional (a fixed declared share and memory per model, MPS), no autoscaling.
+    HamiStatic,
     /// Fractional replicas packed onto GPUs, rightsized memory, inference-signal autoscaling, scale to zero.
     Tessera,
 }
 
 impl StrategyKind {
-    /// The name used in the report.
+    /// Every strategy, in report order.
+    pub const ALL: [StrategyKind; 7] = [
+        StrategyKind::Static,
+        StrategyKind::Hpa,
+        StrategyKind::Kubeai,
+        StrategyKind::Aibrix,
+        StrategyKind::KedaHttp,
+        StrategyKind::HamiStatic,
+        StrategyKind::Tessera,
+    ];
+
+    /// The name used in the report and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             StrategyKind::Static => "static",
             StrategyKind::Hpa => "hpa",
+            StrategyKind::Kubeai => "kubeai",
+            StrategyKind::Aibrix => "aibrix",
+            StrategyKind::KedaHttp => "keda-http",
+            StrategyKind::HamiStatic => "hami-static",
             StrategyKind::Tessera => "tessera",
         }
+    }
+
+    /// The strategy with this name.
+    pub fn parse(name: &str) -> Result<StrategyKind, String> {
+        StrategyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name.trim())
+            .ok_or_else(|| {
+                let known: Vec<&str> = StrategyKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown strategy {name:?}; known: {}", known.join(", "))
+            })
+    }
+
+    /// Fractional replicas packed onto shared GPUs.
+    fn packs(self) -> bool {
+        matches!(self, StrategyKind::Tessera | StrategyKind::HamiStatic)
+    }
+
+    /// Replicas fixed for the run.
+    fn fixed(self) -> bool {
+        matches!(self, StrategyKind::Static | StrategyKind::HamiStatic)
+    }
+
+    /// A request that finds no replica is held (and wakes the model) rather than failing.
+    fn wakes_from_zero(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::Tessera | StrategyKind::Kubeai | StrategyKind::KedaHttp
+        )
     }
 
     fn description(self) -> &'static str {
@@ -53,6 +112,18 @@ impl StrategyKind {
             }
             StrategyKind::Hpa => {
                 "whole GPU per replica, HPA on requests/s per replica, min 1, no scale to zero"
+            }
+            StrategyKind::Kubeai => {
+                "KubeAI defaults: whole GPU, 100 in-flight per replica over 10 min, 30 s scale-down delay, zero with requests held"
+            }
+            StrategyKind::Aibrix => {
+                "AIBrix APA defaults: whole GPU, KV cache 50% + waiting targets, ±10% tolerance, 300 s scale-down cooldown, min 1"
+            }
+            StrategyKind::KedaHttp => {
+                "KEDA HTTP add-on defaults: whole GPU, concurrency 100, 300 s cooldown to zero, held requests fail after 20 s"
+            }
+            StrategyKind::HamiStatic => {
+                "HAMi, static: declared share and memory per model (MPS), replicas fixed at the static count"
             }
             StrategyKind::Tessera => {
                 "fractional packed replicas, recommended memory/compute, inference-signal autoscaling, scale to zero"
@@ -66,7 +137,7 @@ impl StrategyKind {
 pub struct Plan {
     /// Which strategy.
     pub kind: StrategyKind,
-    /// Static: replicas per model (ignored otherwise).
+    /// Static and HAMi: replicas per model (ignored otherwise).
     pub static_replicas: Vec<u32>,
     /// Tessera: each model's starting recommendation (`None`: vLLM's default memory until observed).
     pub initial_recommendations: Vec<Option<Recommendation>>,
@@ -184,6 +255,8 @@ struct Replica {
     /// window: the window's latency is the difference of two, as the sidecar computes it.
     latency: VecDeque<(f64, Histogram, Histogram)>,
     memory: MemoryFacts,
+    /// The shared GPU it is packed on (packing strategies).
+    gpu: Option<GpuId>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -211,6 +284,8 @@ struct ModelRt {
     replica_seconds: f64,
     replica_count_since: f64,
     scale_changes: BTreeMap<String, u32>,
+    /// KubeAI / KEDA HTTP: their in-flight rule and its memory.
+    concurrency: Option<(ConcurrencyRule, ConcurrencyState)>,
 }
 
 /// One strategy's world.
@@ -227,6 +302,8 @@ pub struct World<'a> {
     packer: Option<Packer>,
     gpu_loading_until: BTreeMap<GpuId, f64>,
     gpu_empty_since: BTreeMap<GpuId, f64>,
+    /// The replicas on each shared GPU (packing strategies): whose activity a step contends with.
+    tenants: BTreeMap<GpuId, Vec<usize>>,
     whole_gpus: u32,
     gpu_seconds: f64,
     gpus_peak: u32,
@@ -256,7 +333,7 @@ impl<'a> World<'a> {
             .map(|i| plan.only_models.is_empty() || plan.only_models.contains(&i))
             .collect();
         let packer = match plan.kind {
-            StrategyKind::Tessera => {
+            k if k.packs() => {
                 let shape = GpuShape::new(sc.gpu.memory_bytes / (1 << 20), sc.settings.gpu_headroom_mib)
                     .map_err(SimError::GpuShape)?;
                 Some(Packer::new(shape))
@@ -283,6 +360,11 @@ impl<'a> World<'a> {
                 replica_seconds: 0.0,
                 replica_count_since: 0.0,
                 scale_changes: BTreeMap::new(),
+                concurrency: match plan.kind {
+                    StrategyKind::Kubeai => Some((ConcurrencyRule::kubeai(), ConcurrencyState::default())),
+                    StrategyKind::KedaHttp => Some((ConcurrencyRule::keda_http(), ConcurrencyState::default())),
+                    _ => None,
+                },
             })
             .collect();
         let mut w = World {
@@ -297,6 +379,7 @@ impl<'a> World<'a> {
             packer,
             gpu_loading_until: BTreeMap::new(),
             gpu_empty_since: BTreeMap::new(),
+            tenants: BTreeMap::new(),
             whole_gpus: 0,
             gpu_seconds: 0.0,
             gpus_peak: 0,
@@ -323,8 +406,9 @@ impl<'a> World<'a> {
             // Every strategy starts warm, as a cluster that has been running: static at its fixed count, the
             // autoscalers at one replica (Tessera then scales idle models to zero on its own rules).
             let initial = match w.plan.kind {
-                StrategyKind::Static => w.plan.static_replicas.get(m).copied().unwrap_or(1).max(1),
-                StrategyKind::Hpa | StrategyKind::Tessera => sc.models[m].min_replicas.max(1),
+                k if k.fixed() => w.plan.static_replicas.get(m).copied().unwrap_or(1).max(1),
+                StrategyKind::Tessera => sc.models[m].min_replicas.max(1),
+                _ => 1,
             };
             for _ in 0..initial {
                 let r = w.start_replica(m, true)?;
@@ -335,7 +419,7 @@ impl<'a> World<'a> {
             }
         }
         w.push(0.0, Ev::Scrape);
-        if w.plan.kind != StrategyKind::Static {
+        if !w.plan.kind.fixed() {
             w.push(sc.settings.sync_period.as_secs_f64(), Ev::Sync);
         }
         if w.plan.kind == StrategyKind::Tessera {
@@ -452,6 +536,15 @@ impl<'a> World<'a> {
         let setup = &self.sc.models[m];
         let mut cfg = EngineConfig::vllm_defaults(&self.sc.gpu);
         cfg.max_model_len = setup.max_model_len;
+        cfg.sharing = self.sc.settings.sharing_model;
+        if self.plan.kind == StrategyKind::HamiStatic {
+            // The declared memory holds weights, activations and the KV cache; the rest of the GPU is others'.
+            let declared = (self.sc.gpu.memory_bytes as f64 * setup.hami.memory_fraction) as u64;
+            let kv = declared.saturating_sub(setup.spec.weights_bytes + setup.spec.overhead_bytes);
+            cfg.memory = MemorySetting::KvCacheBytes(kv.max(1));
+            cfg.compute_fraction = setup.hami.cores;
+            return (cfg, setup.hami.cores);
+        }
         if self.plan.kind != StrategyKind::Tessera {
             return (cfg, 1.0);
         }
@@ -497,8 +590,16 @@ impl<'a> World<'a> {
         };
         let pod_start = self.sc.settings.pod_start.as_secs_f64();
         let ready_at;
+        let mut placed = None;
         if let Some(packer) = self.packer.as_mut() {
             let mib = engine.gpu_memory_used_bytes().div_ceil(1 << 20);
+            let mib = match (self.plan.kind, engine.config().memory) {
+                // HAMi reserves the declared memory whatever vLLM uses of it.
+                (StrategyKind::HamiStatic, _) => {
+                    ((self.sc.gpu.memory_bytes as f64 * setup.hami.memory_fraction) as u64).div_ceil(1 << 20)
+                }
+                _ => mib,
+            };
             let milli = ((fraction * 1000.0).ceil() as u32).clamp(1, 1000);
             let (g, _) = packer
                 .place_or_open(ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib))
@@ -507,6 +608,7 @@ impl<'a> World<'a> {
                     source,
                 })?;
             self.gpu_empty_since.remove(&g);
+            placed = Some(g);
             // Sleep mode: a model at zero keeps a sleeping pod whose weights sit in host memory; waking it
             // skips the pod start and the load (and, like any start, still takes the GPU's start-up lease).
             let (begin, load) = match setup.sleep_wake_secs {
@@ -534,7 +636,11 @@ impl<'a> World<'a> {
             ttfts: VecDeque::new(),
             latency: VecDeque::new(),
             memory,
+            gpu: placed,
         });
+        if let Some(g) = placed {
+            self.tenants.entry(g).or_default().push(idx);
+        }
         self.models[m].replicas.push(idx);
         let live = self.live_count(m);
         let rt = &mut self.models[m];
@@ -557,6 +663,11 @@ impl<'a> World<'a> {
         self.account_gpus();
         self.account_replicas(m);
         self.replicas[r].phase = Phase::Gone;
+        if let Some(g) = self.replicas[r].gpu
+            && let Some(t) = self.tenants.get_mut(&g)
+        {
+            t.retain(|&x| x != r);
+        }
         if let Some(packer) = self.packer.as_mut() {
             let name = self.replicas[r].name.clone();
             if let Some((g, _)) = packer.remove(&name)
@@ -594,7 +705,7 @@ impl<'a> World<'a> {
             self.models[m].held.push_back(i);
             // The activator pokes the autoscaler at once when a request finds no replica (a wake-up), rather
             // than waiting for the next sync.
-            if self.live_count(m) == 0 && self.plan.kind == StrategyKind::Tessera {
+            if self.live_count(m) == 0 && self.plan.kind.wakes_from_zero() {
                 self.scale_model(m)?;
             }
         }
@@ -612,6 +723,7 @@ impl<'a> World<'a> {
         let Some(r) = best else { return false };
         let a = self.sc.arrivals[m][i];
         let id = ((m as u64) << 32) | i as u64;
+        self.tell_neighbours(r);
         let rep = &mut self.replicas[r];
         let was_idle = rep.engine.next_event_time().is_none();
         if rep
@@ -643,6 +755,7 @@ impl<'a> World<'a> {
             return;
         }
         let now = self.now;
+        self.tell_neighbours(r);
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         self.replicas[r].engine.advance(now, &mut |e| {
@@ -684,6 +797,22 @@ impl<'a> World<'a> {
         } else if rep.phase == Phase::Draining && rep.engine.is_idle() {
             self.stop_replica(r);
         }
+    }
+
+    /// Tells replica `r`'s engine what the other tenants of its GPU are doing right now, so the step it starts
+    /// next is timed against them (the sharing model's contention).
+    fn tell_neighbours(&mut self, r: usize) {
+        let Some(g) = self.replicas[r].gpu else { return };
+        let mut n = Neighbours::default();
+        for &o in self.tenants.get(&g).map_or(&[][..], Vec::as_slice) {
+            if o != r
+                && let Some(l) = self.replicas[o].engine.load()
+            {
+                n.bandwidth += l.bandwidth;
+                n.busy += l.busy;
+            }
+        }
+        self.replicas[r].engine.set_neighbours(n);
     }
 
     fn on_ready(&mut self, r: usize) {
@@ -755,8 +884,12 @@ impl<'a> World<'a> {
             self.allocated_acc += allocated;
             self.capacity_acc += if cap > 0.0 { held } else { 0.0 };
         }
-        // Requests held at the activator for too long fail (the client gives up).
-        let timeout = self.sc.settings.request_timeout.as_secs_f64();
+        // Requests held at the activator for too long fail (the client gives up; KEDA's interceptor gives up
+        // after its condition-wait timeout).
+        let timeout = match self.plan.kind {
+            StrategyKind::KedaHttp => KEDA_HOLD_TIMEOUT_S,
+            _ => self.sc.settings.request_timeout.as_secs_f64(),
+        };
         for m in 0..self.models.len() {
             while let Some(&i) = self.models[m].held.front() {
                 if now - self.sc.arrivals[m][i].at < timeout {
@@ -803,6 +936,9 @@ impl<'a> World<'a> {
 
     /// One autoscaler round for model `m`: observe, decide with the core rule, act.
     fn scale_model(&mut self, m: usize) -> Result<(), SimError> {
+        if self.models[m].concurrency.is_some() {
+            return self.scale_on_in_flight(m);
+        }
         let Some(policy) = self.models[m].policy.clone() else {
             return Ok(());
         };
@@ -871,7 +1007,39 @@ impl<'a> World<'a> {
             tracing::trace!(model = %self.sc.models[m].name, at = self.now, from = d.current_replicas,
                 to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
         }
-        let want = d.desired_replicas as usize;
+        self.apply_count(m, d.desired_replicas as usize, &live)
+    }
+
+    /// KubeAI's and KEDA HTTP's rule: in-flight requests counted at their proxy, held ones included.
+    fn scale_on_in_flight(&mut self, m: usize) -> Result<(), SimError> {
+        let live: Vec<usize> = self.models[m]
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&r| matches!(self.replicas[r].phase, Phase::Starting | Phase::Ready))
+            .collect();
+        let in_flight: usize = self.models[m]
+            .replicas
+            .iter()
+            .filter(|&&r| self.replicas[r].phase != Phase::Gone)
+            .map(|&r| self.replicas[r].engine.in_flight())
+            .sum::<usize>()
+            + self.models[m].held.len();
+        let max = self.sc.models[m].max_replicas;
+        let now = self.now;
+        let Some((rule, state)) = self.models[m].concurrency.as_mut() else {
+            return Ok(());
+        };
+        let want = concurrency_desired(rule, state, now, in_flight as f64, live.len() as u32, max);
+        if want as usize != live.len() {
+            let key = if want as usize > live.len() { "scale_up/in_flight" } else { "scale_down/in_flight" };
+            *self.models[m].scale_changes.entry(key.to_string()).or_default() += 1;
+        }
+        self.apply_count(m, want as usize, &live)
+    }
+
+    /// Starts or stops replicas of model `m` to reach `want`.
+    fn apply_count(&mut self, m: usize, want: usize, live: &[usize]) -> Result<(), SimError> {
         let have = live.len();
         if want > have {
             for _ in have..want {
@@ -879,7 +1047,7 @@ impl<'a> World<'a> {
             }
         } else if want < have {
             // Remove starting replicas first (nothing to drain), then the ready ones with the least in flight.
-            let mut victims: Vec<usize> = live.clone();
+            let mut victims: Vec<usize> = live.to_vec();
             victims.sort_by_key(|&r| {
                 let rep = &self.replicas[r];
                 (
@@ -1179,7 +1347,27 @@ fn compute_facts(
 /// The scale policy each strategy gives a model (`None`: not autoscaled).
 fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePolicy> {
     match kind {
-        StrategyKind::Static => None,
+        StrategyKind::Static | StrategyKind::HamiStatic | StrategyKind::Kubeai | StrategyKind::KedaHttp => None,
+        StrategyKind::Aibrix => Some(ScalePolicy {
+            min_replicas: 1,
+            max_replicas: m.max_replicas.max(1),
+            targets: Targets {
+                kv_cache_utilization: Some(AIBRIX_KV_TARGET),
+                waiting_requests_per_replica: m.targets.waiting_requests_per_replica,
+                ..Targets::default()
+            },
+            tolerance: AIBRIX_TOLERANCE,
+            behavior: Behavior {
+                scale_up: ScalingRules::default_up(),
+                scale_down: ScalingRules {
+                    stabilization_window: Duration::from_secs_f64(AIBRIX_SCALE_DOWN_COOLDOWN_S),
+                    ..ScalingRules::default_down()
+                },
+            },
+            panic: None,
+            ttft_slo: None,
+            ..ScalePolicy::default()
+        }),
         StrategyKind::Hpa => Some(ScalePolicy {
             min_replicas: 1,
             max_replicas: m.max_replicas.max(1),
