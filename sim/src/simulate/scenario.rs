@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::transform::{Transform, function_arrivals, llm_arrivals};
+use crate::trace::formats::{self, Format};
 use crate::trace::{Arrival, FunctionsTrace, LlmTrace, TraceError};
 
 /// The default scenario, embedded so `tessera simulate` runs with no files around.
@@ -337,8 +338,14 @@ impl From<ComputeFraction> for RawFraction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TraceKind {
-    /// The Azure LLM inference trace 2023 format.
+    /// The Azure LLM inference trace format (2023, and the 2024 week-long one).
     AzureLlm,
+    /// A generic CSV: `timestamp, prompt_tokens, output_tokens[, model]`.
+    Csv,
+    /// BurstGPT's CSV.
+    Burstgpt,
+    /// Mooncake's JSONL.
+    Mooncake,
     /// The Azure Functions 2019 per-minute format.
     AzureFunctions,
 }
@@ -352,6 +359,9 @@ pub struct TrafficFile {
     /// The file, relative to the scenario; `builtin` or absent = the bundled real trace.
     #[serde(default)]
     pub file: Option<String>,
+    /// Multi-model files (csv with a `model` column, BurstGPT): keep only this model's rows.
+    #[serde(default)]
+    pub model: Option<String>,
     /// Azure Functions: which function (a unique prefix of `HashFunction`).
     #[serde(default)]
     pub function: Option<String>,
@@ -509,8 +519,23 @@ impl ScenarioFile {
                 TraceKind::AzureFunctions if t.function.is_none() => p.push(format!(
                     "{at}.traffic.function is required for azure_functions (a unique prefix of HashFunction)"
                 )),
-                TraceKind::AzureLlm if t.function.is_some() || t.tokens_from.is_some() => p.push(format!(
-                    "{at}.traffic: function and tokens_from only apply to trace: azure_functions"
+                TraceKind::AzureFunctions if t.model.is_some() => p.push(format!(
+                    "{at}.traffic.model applies to csv and burstgpt files, not azure_functions"
+                )),
+                TraceKind::AzureLlm | TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
+                    if t.function.is_some() || t.tokens_from.is_some() =>
+                {
+                    p.push(format!(
+                        "{at}.traffic: function and tokens_from only apply to trace: azure_functions"
+                    ))
+                }
+                TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
+                    if t.file.as_deref().is_none_or(|f| f == "builtin") =>
+                {
+                    p.push(format!("{at}.traffic.file is required for this trace format (no trace is bundled)"))
+                }
+                TraceKind::AzureLlm | TraceKind::Mooncake if t.model.is_some() => p.push(format!(
+                    "{at}.traffic.model applies to csv and burstgpt files (this format holds one model)"
                 )),
                 _ => {}
             }
@@ -664,6 +689,17 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
                 let trace = traces.llm(t.file.as_deref(), dir).map_err(trace_err)?;
                 llm_arrivals(trace, &transform, duration, &mut rng).map_err(traffic_err)?
             }
+            TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake => {
+                let format = match t.trace {
+                    TraceKind::Csv => Format::Csv,
+                    TraceKind::Burstgpt => Format::BurstGpt,
+                    _ => Format::Mooncake,
+                };
+                let trace = traces
+                    .user(format, t.file.as_deref(), t.model.as_deref(), dir)
+                    .map_err(trace_err)?;
+                llm_arrivals(trace, &transform, duration, &mut rng).map_err(traffic_err)?
+            }
             TraceKind::AzureFunctions => {
                 let tokens = traces
                     .llm(t.tokens_from.as_deref(), dir)
@@ -728,6 +764,7 @@ fn fnv(s: &str) -> u64 {
 #[derive(Default)]
 struct TraceCache {
     llm: BTreeMap<String, LlmTrace>,
+    user: BTreeMap<(String, String), LlmTrace>,
     functions: BTreeMap<String, FunctionsTrace>,
 }
 
@@ -759,6 +796,29 @@ impl TraceCache {
         }
         self.llm.get(&key).ok_or_else(|| TraceError::Empty {
             path: key.into(),
+            message: "not loaded".into(),
+        })
+    }
+
+    fn user(
+        &mut self,
+        format: Format,
+        file: Option<&str>,
+        model: Option<&str>,
+        dir: Option<&Path>,
+    ) -> Result<&LlmTrace, TraceError> {
+        let (path_key, path) = Self::key(file, dir);
+        let key = (format!("{format:?}:{path_key}"), model.unwrap_or_default().to_string());
+        if !self.user.contains_key(&key) {
+            let path = path.ok_or_else(|| TraceError::Empty {
+                path: path_key.clone().into(),
+                message: "no trace of this format is bundled; give traffic.file".into(),
+            })?;
+            let trace = formats::read(format, &path, model)?;
+            self.user.insert(key.clone(), trace);
+        }
+        self.user.get(&key).ok_or_else(|| TraceError::Empty {
+            path: path_key.into(),
             message: "not loaded".into(),
         })
     }
