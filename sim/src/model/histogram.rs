@@ -112,4 +112,3 @@ impl Histogram {
         self.to_cumulative().quantile(q)
     }
 }
-

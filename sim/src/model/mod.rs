@@ -23,7 +23,6 @@
 //!
 //! Everything is deterministic: the same calls give the same events.
 
-
 mod engine;
 mod histogram;
 pub mod sharing;
@@ -31,7 +30,8 @@ mod spec;
 
 pub use engine::{Engine, EngineEvent, EngineStats, FinishReason, Request};
 pub use histogram::{
-    Histogram, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, PARAMS_N_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS, buckets_1_2_5,
+    Histogram, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, PARAMS_N_BUCKETS, REQUEST_LATENCY_BUCKETS,
+    TTFT_BUCKETS, buckets_1_2_5,
 };
 pub use sharing::{Neighbours, SharingModel};
 pub use spec::{EngineConfig, GIB, GpuSpec, MemorySetting, ModelError, ModelSpec, kv_bytes_per_token};

@@ -203,7 +203,10 @@ mod tests {
         let cost = decode_cost(&qwen3_4b_fp8(), &gpu, 64, 1000);
         let ratio = both_loaded(SharingModel::Mps, cost, 0.6);
         let measured = 1.195;
-        assert!((ratio / measured - 1.0).abs() < 0.05, "TPOT ratio {ratio:.3} vs {measured}");
+        assert!(
+            (ratio / measured - 1.0).abs() < 0.05,
+            "TPOT ratio {ratio:.3} vs {measured}"
+        );
     }
 
     /// NVIDIA Run:ai with Nebius, "Unlock massive token throughput with GPU fractioning in NVIDIA Run:ai"
@@ -216,9 +219,15 @@ mod tests {
         let cost = decode_cost(&model, &h100_nvl(), 64, 1000);
         let measured = 152_694.0 / 198_680.0;
         let ts = 1.0 / both_loaded(SharingModel::TimeSlicing, cost, 0.5);
-        assert!((ts / measured - 1.0).abs() < 0.05, "time-slicing throughput {ts:.3} vs {measured:.3}");
+        assert!(
+            (ts / measured - 1.0).abs() < 0.05,
+            "time-slicing throughput {ts:.3} vs {measured:.3}"
+        );
         let mps = 1.0 / both_loaded(SharingModel::Mps, cost, 0.5);
-        assert!((mps / measured - 1.0).abs() < 0.15, "MPS throughput {mps:.3} vs {measured:.3}");
+        assert!(
+            (mps / measured - 1.0).abs() < 0.15,
+            "MPS throughput {mps:.3} vs {measured:.3}"
+        );
         // The old model is the pessimistic bound: about half the throughput (the step overhead is not stretched).
         let old = 1.0 / both_loaded(SharingModel::Proportional, cost, 0.5);
         assert!(old < 0.55 && old < mps && old < ts, "{old}");

@@ -316,7 +316,12 @@ impl Report {
     pub fn summary_line(&self) -> String {
         let mut out = format!("gpu_hours_lower_bound={:.3}", self.lower_bound_gpu_hours);
         for s in &self.strategies {
-            let _ = write!(out, " gpu_hours_{}={:.3}", s.strategy.replace('-', "_"), s.gpu_hours);
+            let _ = write!(
+                out,
+                " gpu_hours_{}={:.3}",
+                s.strategy.replace('-', "_"),
+                s.gpu_hours
+            );
         }
         for s in &self.strategies {
             let _ = write!(
@@ -366,20 +371,42 @@ impl Report {
         };
         row(&mut o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
         row(&mut o, "× lower bound", &|s| self.bound_ratio(s));
-        row(&mut o, "GPUs held, mean / peak", &|s| format!("{:.1} / {}", s.gpus_mean, s.gpus_peak));
+        row(&mut o, "GPUs held, mean / peak", &|s| {
+            format!("{:.1} / {}", s.gpus_mean, s.gpus_peak)
+        });
         row(&mut o, "GPU memory used / reserved", &|s| {
-            format!("{:.1}% / {:.1}%", s.memory_used_ratio * 100.0, s.memory_reserved_ratio * 100.0)
+            format!(
+                "{:.1}% / {:.1}%",
+                s.memory_used_ratio * 100.0,
+                s.memory_reserved_ratio * 100.0
+            )
         });
-        row(&mut o, "GPU compute busy", &|s| format!("{:.1}%", s.compute_ratio * 100.0));
+        row(&mut o, "GPU compute busy", &|s| {
+            format!("{:.1}%", s.compute_ratio * 100.0)
+        });
         row(&mut o, "TTFT p50 / p95 / p99", &|s| {
-            format!("{} / {} / {}", secs(s.ttft_p50), secs(s.ttft_p95), secs(s.ttft_p99))
+            format!(
+                "{} / {} / {}",
+                secs(s.ttft_p50),
+                secs(s.ttft_p95),
+                secs(s.ttft_p99)
+            )
         });
-        row(&mut o, "TTFT SLO attainment", &|s| format!("{:.2}%", s.slo_attainment * 100.0));
-        row(&mut o, "cold starts (from zero)", &|s| format!("{} ({})", s.cold_starts, s.starts_from_zero));
+        row(&mut o, "TTFT SLO attainment", &|s| {
+            format!("{:.2}%", s.slo_attainment * 100.0)
+        });
+        row(&mut o, "cold starts (from zero)", &|s| {
+            format!("{} ({})", s.cold_starts, s.starts_from_zero)
+        });
         row(&mut o, "held requests, mean / max hold", &|s| {
-            format!("{}, {:.1} / {:.1} s", s.held_requests, s.held_mean_secs, s.held_max_secs)
+            format!(
+                "{}, {:.1} / {:.1} s",
+                s.held_requests, s.held_mean_secs, s.held_max_secs
+            )
         });
-        row(&mut o, "preemptions, failed", &|s| format!("{}, {}", s.preemptions, s.failed));
+        row(&mut o, "preemptions, failed", &|s| {
+            format!("{}, {}", s.preemptions, s.failed)
+        });
         o
     }
 

@@ -15,8 +15,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
-use crate::trace::transform::{Transform, function_arrivals, llm_arrivals};
 use crate::trace::formats::{self, Format};
+use crate::trace::transform::{Transform, function_arrivals, llm_arrivals};
 use crate::trace::{Arrival, FunctionsTrace, LlmTrace, TraceError};
 
 /// The default scenario, embedded so `tessera simulate` runs with no files around.
@@ -124,10 +124,12 @@ pub struct StrategySettings {
     /// How often replicas are scraped (signals, recommendation observations, utilization samples).
     #[serde(with = "humantime_serde")]
     pub scrape_interval: Duration,
-    /// The window a replica's p95 TTFT signal covers.
+    /// The window a replica's p95 TTFT signal covers: the sidecar's `--window` (10 min by default), over
+    /// vLLM's bucketed histogram, as the sidecar reports it.
     #[serde(with = "humantime_serde")]
     pub ttft_window: Duration,
-    /// The window the request-rate signal covers (the activator's).
+    /// The window of the HPA and AIBrix baselines' request rate (a Prometheus `rate()`); Tessera's rate is the
+    /// activator's counter delta over one poll, as the controller gets it.
     #[serde(with = "humantime_serde")]
     pub rate_window: Duration,
     /// Share of requests that must meet the TTFT SLO for the static sizing rule to accept a replica count.
@@ -164,7 +166,7 @@ impl Default for StrategySettings {
         StrategySettings {
             sync_period: Duration::from_secs(15),
             scrape_interval: Duration::from_secs(5),
-            ttft_window: Duration::from_secs(60),
+            ttft_window: tessera_core::scale::inputs::SIDECAR_WINDOW,
             rate_window: Duration::from_secs(60),
             static_attainment_target: 0.99,
             pod_start: Duration::from_secs(20),
@@ -532,7 +534,9 @@ impl ScenarioFile {
                 TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
                     if t.file.as_deref().is_none_or(|f| f == "builtin") =>
                 {
-                    p.push(format!("{at}.traffic.file is required for this trace format (no trace is bundled)"))
+                    p.push(format!(
+                        "{at}.traffic.file is required for this trace format (no trace is bundled)"
+                    ))
                 }
                 TraceKind::AzureLlm | TraceKind::Mooncake if t.model.is_some() => p.push(format!(
                     "{at}.traffic.model applies to csv and burstgpt files (this format holds one model)"
@@ -808,7 +812,10 @@ impl TraceCache {
         dir: Option<&Path>,
     ) -> Result<&LlmTrace, TraceError> {
         let (path_key, path) = Self::key(file, dir);
-        let key = (format!("{format:?}:{path_key}"), model.unwrap_or_default().to_string());
+        let key = (
+            format!("{format:?}:{path_key}"),
+            model.unwrap_or_default().to_string(),
+        );
         if !self.user.contains_key(&key) {
             let path = path.ok_or_else(|| TraceError::Empty {
                 path: path_key.clone().into(),

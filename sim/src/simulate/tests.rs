@@ -99,7 +99,11 @@ fn hand_worked_one_model_five_requests() {
     let kubeai = r.strategy("kubeai").unwrap();
     assert_eq!(kubeai.completed, 5);
     // Zero at 45 s: the first sync (15 s) asks for zero, the 30 s delay passes at the third (45 s).
-    assert!((kubeai.gpu_hours - 45.0 / 3600.0).abs() < 1e-9, "{}", kubeai.gpu_hours);
+    assert!(
+        (kubeai.gpu_hours - 45.0 / 3600.0).abs() < 1e-9,
+        "{}",
+        kubeai.gpu_hours
+    );
     // The bound: five tiny requests keep weights resident only while they run, far below one GPU-minute.
     assert!(r.lower_bound_gpu_hours > 0.0 && r.lower_bound_gpu_hours < 0.01 * 60.0 / 3600.0);
     // By hand, from the performance model's roofline (sim/src/model.rs, vLLM defaults on an A100-80GB): one

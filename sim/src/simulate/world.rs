@@ -17,9 +17,10 @@ use std::time::Duration;
 
 use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
+use tessera_core::scale::inputs;
 use tessera_core::scale::{
-    Behavior, Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, ScalingRules, Targets,
-    Timestamp, decide,
+    Behavior, Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, ScalingRules,
+    Targets, Timestamp, decide,
 };
 
 use super::peers::{
@@ -250,7 +251,6 @@ struct Replica {
     generation: u64,
     observations: Vec<Observation>,
     last_busy: f64,
-    ttfts: VecDeque<(f64, f64)>,
     /// Its cumulative TTFT and inter-token histograms at each scrape while ready, back to the recommendation
     /// window: the window's latency is the difference of two, as the sidecar computes it.
     latency: VecDeque<(f64, Histogram, Histogram)>,
@@ -362,7 +362,9 @@ impl<'a> World<'a> {
                 scale_changes: BTreeMap::new(),
                 concurrency: match plan.kind {
                     StrategyKind::Kubeai => Some((ConcurrencyRule::kubeai(), ConcurrencyState::default())),
-                    StrategyKind::KedaHttp => Some((ConcurrencyRule::keda_http(), ConcurrencyState::default())),
+                    StrategyKind::KedaHttp => {
+                        Some((ConcurrencyRule::keda_http(), ConcurrencyState::default()))
+                    }
                     _ => None,
                 },
             })
@@ -633,7 +635,6 @@ impl<'a> World<'a> {
             generation: 0,
             observations: Vec::new(),
             last_busy: 0.0,
-            ttfts: VecDeque::new(),
             latency: VecDeque::new(),
             memory,
             gpu: placed,
@@ -766,13 +767,12 @@ impl<'a> World<'a> {
         let m = self.replicas[r].model;
         for e in &events {
             match *e {
-                EngineEvent::FirstToken { id, at, ttft } => {
+                EngineEvent::FirstToken { id, at, .. } => {
                     let i = (id & 0xffff_ffff) as usize;
                     // What the client sees counts from its arrival at the gateway (activator hold included);
                     // the replica's own histogram, which its sidecar reports, counts from when vLLM got it.
                     let arrival = self.sc.arrivals[m][i].at;
                     self.models[m].requests[i].ttft = Some(at - arrival);
-                    self.replicas[r].ttfts.push_back((at, ttft));
                 }
                 EngineEvent::Finished { id, .. } => {
                     let i = (id & 0xffff_ffff) as usize;
@@ -838,8 +838,14 @@ impl<'a> World<'a> {
         let mut reserved = 0.0;
         let mut busy = 0.0;
         let mut allocated = 0.0;
-        let ttft_horizon = now - self.sc.settings.ttft_window.as_secs_f64();
-        let rec_horizon = now - self.sc.settings.recommend_window.as_secs_f64();
+        // Snapshots go back to the longer of the sidecar's TTFT window and the recommendation window.
+        let rec_horizon = now
+            - self
+                .sc
+                .settings
+                .recommend_window
+                .max(self.sc.settings.ttft_window)
+                .as_secs_f64();
         for rep in self.replicas.iter_mut().filter(|r| r.phase != Phase::Gone) {
             let st = rep.engine.stats();
             let spec = rep.engine.model();
@@ -866,9 +872,6 @@ impl<'a> World<'a> {
                 preemptions_total: Some(st.num_preemptions as f64),
                 sm_utilization: Some(sm),
             });
-            while rep.ttfts.front().is_some_and(|&(at, _)| at < ttft_horizon) {
-                rep.ttfts.pop_front();
-            }
             rep.latency.push_back((now, st.ttft.clone(), st.itl.clone()));
             // Keep one snapshot at or before the window's start, the base of the window's difference.
             while rep.latency.get(1).is_some_and(|&(at, _, _)| at <= rec_horizon) {
@@ -954,18 +957,24 @@ impl<'a> World<'a> {
             .copied()
             .filter(|&r| self.replicas[r].phase == Phase::Ready)
             .collect();
+        let ttft_horizon = self.now - self.sc.settings.ttft_window.as_secs_f64();
         let signals = ready
             .iter()
             .map(|&r| {
                 let rep = &self.replicas[r];
                 let st = rep.engine.stats();
-                let mut t: Vec<f64> = rep.ttfts.iter().map(|&(_, v)| v).collect();
-                t.sort_by(f64::total_cmp);
+                // What the sidecar reports: its vLLM TTFT histogram's gain over the window, bucketed.
+                let base = rep
+                    .latency
+                    .iter()
+                    .rev()
+                    .find(|(at, _, _)| *at <= ttft_horizon)
+                    .map(|(_, t, _)| t.to_cumulative());
                 ReplicaSignals {
                     kv_cache_usage: Some(st.kv_usage),
                     waiting: Some(st.waiting as u32),
                     running: Some(st.running as u32),
-                    ttft_p95: quantile_sorted(&t, 0.95).map(Duration::from_secs_f64),
+                    ttft_p95: inputs::window_ttft_p95(&st.ttft.to_cumulative(), base.as_ref()),
                     fresh: true,
                 }
             })
@@ -977,11 +986,21 @@ impl<'a> World<'a> {
             .filter(|&&r| self.replicas[r].phase != Phase::Gone)
             .map(|&r| self.replicas[r].engine.in_flight())
             .sum();
-        let window = self.sc.settings.rate_window.as_secs_f64();
-        let horizon = self.now - window;
-        let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
-        // The activator's rate covers at most the time it has been running.
-        let rps = recent as f64 / window.min(self.now.max(1.0));
+        let rps = if self.plan.kind == StrategyKind::Tessera {
+            // What the controller gets from the activator: the request counter's delta over its last poll.
+            let poll = inputs::ACTIVATOR_POLL_INTERVAL;
+            let now = Duration::from_secs_f64(self.now);
+            let earlier = now.saturating_sub(poll);
+            let total = rt.recent.len() as u64;
+            let before = rt.recent.iter().filter(|&&t| t <= earlier.as_secs_f64()).count() as u64;
+            inputs::poll_rate(before, earlier, total, now).unwrap_or(0.0)
+        } else {
+            // A Prometheus-style rate over `rate_window` (HPA's external metric, AIBrix's).
+            let window = self.sc.settings.rate_window.as_secs_f64();
+            let horizon = self.now - window;
+            let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
+            recent as f64 / window.min(self.now.max(1.0))
+        };
         let input = ScaleInput {
             current_replicas: live.len() as u32,
             ready_replicas: ready.len() as u32,
@@ -1032,7 +1051,11 @@ impl<'a> World<'a> {
         };
         let want = concurrency_desired(rule, state, now, in_flight as f64, live.len() as u32, max);
         if want as usize != live.len() {
-            let key = if want as usize > live.len() { "scale_up/in_flight" } else { "scale_down/in_flight" };
+            let key = if want as usize > live.len() {
+                "scale_up/in_flight"
+            } else {
+                "scale_down/in_flight"
+            };
             *self.models[m].scale_changes.entry(key.to_string()).or_default() += 1;
         }
         self.apply_count(m, want as usize, &live)
@@ -1347,7 +1370,9 @@ fn compute_facts(
 /// The scale policy each strategy gives a model (`None`: not autoscaled).
 fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePolicy> {
     match kind {
-        StrategyKind::Static | StrategyKind::HamiStatic | StrategyKind::Kubeai | StrategyKind::KedaHttp => None,
+        StrategyKind::Static | StrategyKind::HamiStatic | StrategyKind::Kubeai | StrategyKind::KedaHttp => {
+            None
+        }
         StrategyKind::Aibrix => Some(ScalePolicy {
             min_replicas: 1,
             max_replicas: m.max_replicas.max(1),

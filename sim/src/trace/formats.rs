@@ -89,8 +89,9 @@ fn seconds_or_rfc3339(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() => Ok(v),
         Ok(_) => Err(format!("'{s}' is not a finite number of seconds")),
-        Err(_) => parse_timestamp(s)
-            .map_err(|_| format!("'{s}' is neither seconds nor an RFC 3339 timestamp (2024-05-10T00:00:00Z)")),
+        Err(_) => parse_timestamp(s).map_err(|_| {
+            format!("'{s}' is neither seconds nor an RFC 3339 timestamp (2024-05-10T00:00:00Z)")
+        }),
     }
 }
 
@@ -133,8 +134,10 @@ fn csv_rows(reader: impl Read, path: &Path, model: Option<&str>) -> Result<Vec<(
         }
         let field = |c: usize| record.get(c).unwrap_or_default();
         let at = seconds_or_rfc3339(field(ts)).map_err(|m| parse_err(path, line, ts + 1, "timestamp", m))?;
-        let p = parse_tokens(field(prompt)).map_err(|m| parse_err(path, line, prompt + 1, "prompt_tokens", m))?;
-        let o = parse_tokens(field(output)).map_err(|m| parse_err(path, line, output + 1, "output_tokens", m))?;
+        let p =
+            parse_tokens(field(prompt)).map_err(|m| parse_err(path, line, prompt + 1, "prompt_tokens", m))?;
+        let o =
+            parse_tokens(field(output)).map_err(|m| parse_err(path, line, output + 1, "output_tokens", m))?;
         out.push((at, p, o));
     }
     Ok(out)
@@ -151,9 +154,7 @@ fn burstgpt_rows(
     if got.len() < want.len() || got[..want.len()] != want {
         return Err(TraceError::Format {
             path: path.to_path_buf(),
-            message: format!(
-                "header is {got:?}, expected it to start with {want:?} (the BurstGPT format)"
-            ),
+            message: format!("header is {got:?}, expected it to start with {want:?} (the BurstGPT format)"),
         });
     }
     let mut out = Vec::new();
@@ -177,7 +178,13 @@ fn burstgpt_rows(
             .ok()
             .filter(|v| v.is_finite())
             .ok_or_else(|| {
-                parse_err(path, line, 1, want[0], format!("'{}' is not a number of seconds", field(0)))
+                parse_err(
+                    path,
+                    line,
+                    1,
+                    want[0],
+                    format!("'{}' is not a number of seconds", field(0)),
+                )
             })?;
         let p = parse_tokens(field(2)).map_err(|m| parse_err(path, line, 3, want[2], m))?;
         let o = parse_tokens(field(3)).map_err(|m| parse_err(path, line, 4, want[3], m))?;
@@ -222,7 +229,13 @@ fn mooncake_rows(reader: impl Read, path: &Path) -> Result<Vec<(f64, u32, u32)>,
             )
         })?;
         if !row.timestamp.is_finite() {
-            return Err(parse_err(path, n, 1, "timestamp", "not a finite number of ms".into()));
+            return Err(parse_err(
+                path,
+                n,
+                1,
+                "timestamp",
+                "not a finite number of ms".into(),
+            ));
         }
         out.push((row.timestamp / 1000.0, row.input_length, row.output_length));
     }
@@ -247,7 +260,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.requests.len(), 2);
-        assert_eq!((t.requests[1].at, t.requests[1].prompt_tokens, t.requests[1].output_tokens), (1.5, 300, 7));
+        assert_eq!(
+            (
+                t.requests[1].at,
+                t.requests[1].prompt_tokens,
+                t.requests[1].output_tokens
+            ),
+            (1.5, 300, 7)
+        );
         let t = p(
             Format::Csv,
             "timestamp,prompt_tokens,output_tokens\n2024-05-10T00:00:01Z,1,1\n2024-05-10T00:00:00.5Z,2,2\n",
@@ -260,19 +280,34 @@ mod tests {
 
     #[test]
     fn errors_name_file_line_and_column() {
-        let e = p(Format::Csv, "timestamp,prompt_tokens,output_tokens\n1,2,3\n2,x,3\n", None)
-            .unwrap_err()
-            .to_string();
+        let e = p(
+            Format::Csv,
+            "timestamp,prompt_tokens,output_tokens\n1,2,3\n2,x,3\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("t:3: column 2 (prompt_tokens)"), "{e}");
-        let e = p(Format::Csv, "time,prompt_tokens,output_tokens\n", None).unwrap_err().to_string();
-        assert!(e.contains("no `timestamp` column"), "{e}");
-        let e = p(Format::Mooncake, "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n{\"timestamp\": 5,", None)
+        let e = p(Format::Csv, "time,prompt_tokens,output_tokens\n", None)
             .unwrap_err()
             .to_string();
+        assert!(e.contains("no `timestamp` column"), "{e}");
+        let e = p(
+            Format::Mooncake,
+            "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n{\"timestamp\": 5,",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("t:2: column"), "{e}");
         let e = p(Format::BurstGpt, "Timestamp,Model\n", None).unwrap_err();
         assert_eq!(e.label(), "format");
-        let e = p(Format::Csv, "timestamp,prompt_tokens,output_tokens,model\n1,1,1,a\n", Some("b")).unwrap_err();
+        let e = p(
+            Format::Csv,
+            "timestamp,prompt_tokens,output_tokens,model\n1,1,1,a\n",
+            Some("b"),
+        )
+        .unwrap_err();
         assert_eq!(e.label(), "empty");
     }
 
