@@ -541,7 +541,7 @@ impl<'a> World<'a> {
         cfg.sharing = self.sc.settings.sharing_model;
         if self.plan.kind == StrategyKind::HamiStatic {
             // The declared memory holds weights, activations and the KV cache; the rest of the GPU is others'.
-            let declared = (self.sc.gpu.memory_bytes as f64 * setup.hami.memory_fraction) as u64;
+            let declared = self.hami_declared_mib(m) << 20;
             let kv = declared.saturating_sub(setup.spec.weights_bytes + setup.spec.overhead_bytes);
             cfg.memory = MemorySetting::KvCacheBytes(kv.max(1));
             cfg.compute_fraction = setup.hami.cores;
@@ -560,6 +560,13 @@ impl<'a> World<'a> {
         };
         cfg.compute_fraction = fraction;
         (cfg, fraction)
+    }
+
+    /// The memory a HAMi user declares for model `m`: its share of what a GPU can hold besides the headroom
+    /// (so two halves fit one GPU, as `gpumem-percentage: 50` does).
+    fn hami_declared_mib(&self, m: usize) -> u64 {
+        let usable = (self.sc.gpu.memory_bytes >> 20).saturating_sub(self.sc.settings.gpu_headroom_mib);
+        (usable as f64 * self.sc.models[m].hami.memory_fraction).floor() as u64
     }
 
     /// Creates a replica of model `m`: places it (Tessera) or takes a whole GPU, and schedules its readiness.
@@ -593,15 +600,12 @@ impl<'a> World<'a> {
         let pod_start = self.sc.settings.pod_start.as_secs_f64();
         let ready_at;
         let mut placed = None;
+        // HAMi reserves the declared memory whatever vLLM uses of it.
+        let mib = match self.plan.kind {
+            StrategyKind::HamiStatic => self.hami_declared_mib(m),
+            _ => engine.gpu_memory_used_bytes().div_ceil(1 << 20),
+        };
         if let Some(packer) = self.packer.as_mut() {
-            let mib = engine.gpu_memory_used_bytes().div_ceil(1 << 20);
-            let mib = match (self.plan.kind, engine.config().memory) {
-                // HAMi reserves the declared memory whatever vLLM uses of it.
-                (StrategyKind::HamiStatic, _) => {
-                    ((self.sc.gpu.memory_bytes as f64 * setup.hami.memory_fraction) as u64).div_ceil(1 << 20)
-                }
-                _ => mib,
-            };
             let milli = ((fraction * 1000.0).ceil() as u32).clamp(1, 1000);
             let (g, _) = packer
                 .place_or_open(ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib))

@@ -333,7 +333,7 @@ mod tests {
         assert_eq!(t.requests[1].output_tokens, 1);
     }
 
-    /// A million rows stream through in seconds even in a debug build's budget (release: well under one).
+    /// A million rows parse in one pass (timed in release for docs/performance.md: run with `--nocapture`).
     #[test]
     fn a_million_rows_stream() {
         let mut text = String::with_capacity(20_000_000);
@@ -343,7 +343,8 @@ mod tests {
         }
         let started = std::time::Instant::now();
         let t = p(Format::Csv, &text, None).unwrap();
+        println!("1,000,000 csv rows parsed in {:?}", started.elapsed());
         assert_eq!(t.requests.len(), 1_000_000);
-        assert!(started.elapsed().as_secs_f64() < 30.0, "{:?}", started.elapsed());
+        assert_eq!(t.requests[999_999].at, 999_999.0);
     }
 }
