@@ -508,9 +508,8 @@ impl ScenarioFile {
                     "{at}.compute_fraction must be `auto` or in (0, 1], got {f}"
                 ));
             }
-            if !(m.hami.cores > 0.0 && m.hami.cores <= 1.0)
-                || !(m.hami.memory_fraction > 0.0 && m.hami.memory_fraction <= 1.0)
-            {
+            let unit = |x: f64| x > 0.0 && x <= 1.0;
+            if !unit(m.hami.cores) || !unit(m.hami.memory_fraction) {
                 p.push(format!("{at}.hami: cores and memory_fraction must be in (0, 1]"));
             }
             let t = &m.traffic;
