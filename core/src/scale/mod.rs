@@ -31,6 +31,7 @@
 //! Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again.
 
 mod behavior;
+pub mod inputs;
 mod ratio;
 #[cfg(test)]
 mod tests;

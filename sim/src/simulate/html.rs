@@ -191,7 +191,8 @@ pub fn render(r: &Report) -> String {
     let _ = write!(
         s,
         "<h1>Tessera what-if simulation: {}</h1><p>{}</p><p>{} models on <b>{}</b>, {:.0} minutes simulated, {} \
-         requests, seed {}. Every strategy saw the same arrivals (digest <code>{}</code>).</p>",
+         requests, seed {}. Every strategy saw the same arrivals (digest <code>{}</code>). Lower bound: <b>{:.2} \
+         GPU-hours</b> (no policy can hold fewer on these arrivals); sharing model <code>{}</code>.</p>",
         esc(&r.scenario),
         esc(&r.description),
         r.models.len(),
@@ -199,7 +200,9 @@ pub fn render(r: &Report) -> String {
         r.duration_secs / 60.0,
         total,
         r.seed,
-        r.strategies.first().map_or("", |x| x.arrival_digest.as_str())
+        r.strategies.first().map_or("", |x| x.arrival_digest.as_str()),
+        r.lower_bound_gpu_hours,
+        esc(&r.sharing_model)
     );
     s.push_str("<h2>Summary</h2><table><tr><th></th>");
     for st in &r.strategies {
@@ -208,6 +211,16 @@ pub fn render(r: &Report) -> String {
     s.push_str("</tr>");
     let rows: Vec<(&str, Cell)> = vec![
         ("GPU-hours", Box::new(|x| format!("{:.2}", x.gpu_hours))),
+        ("× lower bound", {
+            let bound = r.lower_bound_gpu_hours;
+            Box::new(move |x| {
+                if bound > 0.0 {
+                    format!("{:.2}×", x.gpu_hours / bound)
+                } else {
+                    "—".to_string()
+                }
+            })
+        }),
         (
             "GPUs held, mean / peak",
             Box::new(|x| format!("{:.1} / {}", x.gpus_mean, x.gpus_peak)),

@@ -13,13 +13,17 @@
 //! simulation itself ([`simulate`]) is pure and deterministic for a seed; [`run`] adds the files, the progress
 //! bar and the output. See `docs/simulator.md`.
 
+pub mod bound;
 pub mod html;
+pub mod peers;
 pub mod report;
 pub mod scenario;
 pub mod world;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -47,9 +51,16 @@ pub struct Args {
     /// Write `report.json` and a self-contained `report.html` (charts, no network) into this folder.
     #[arg(long, env = "TESSERA_SIMULATE_OUT")]
     pub out: Option<PathBuf>,
-    /// Print only the last summary line (`gpu_hours_static=… slo_attainment_tessera=…`), no table or progress.
+    /// Print only the last summary line (`gpu_hours_lower_bound=… gpu_hours_static=… …`), no table or progress.
     #[arg(long, env = "TESSERA_SIMULATE_QUIET")]
     pub quiet: bool,
+    /// Strategies to run, comma-separated: static, hpa, kubeai, aibrix, keda-http, hami-static, tessera
+    /// (default: all of them).
+    #[arg(long, env = "TESSERA_SIMULATE_STRATEGIES", value_delimiter = ',', value_parser = StrategyKind::parse)]
+    pub strategies: Vec<StrategyKind>,
+    /// Print the result as a Markdown table (what `scripts/sim-results.sh` puts in docs/simulator.md).
+    #[arg(long, env = "TESSERA_SIMULATE_MARKDOWN")]
+    pub markdown: bool,
 }
 
 /// Which phase of a run progress is reported for.
@@ -63,105 +74,184 @@ pub enum Phase {
 
 /// Runs every strategy on the scenario and returns the report. Pure: no I/O, no clock; `progress` is told the
 /// phase and the virtual seconds reached.
-pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Phase, f64)) -> Result<Report, SimError> {
-    let n = sc.models.len();
-    // (a) Static sizing: the smallest whole-GPU count per model that meets the SLO target alone.
-    let mut sizing = Vec::with_capacity(n);
-    for m in 0..n {
-        let setup = &sc.models[m];
-        let target = sc.settings.static_attainment_target;
-        let mut chosen = None;
-        let mut last_attainment = 0.0;
-        for count in 1..=setup.max_replicas.max(1) {
-            let mut replicas = vec![0; n];
-            replicas[m] = count;
-            let plan = Plan {
-                kind: StrategyKind::Static,
-                static_replicas: replicas,
-                initial_recommendations: Vec::new(),
-                only_models: vec![m],
-            };
-            let r = World::new(sc, plan)?.run(&mut |t| progress(Phase::StaticSizing, t))?;
-            last_attainment = r.report.slo_attainment;
-            if last_attainment >= target {
-                chosen = Some(StaticSizing {
-                    model: setup.name.clone(),
-                    replicas: count,
-                    attainment: last_attainment,
-                    reason: format!(
-                        "smallest count whose TTFT ≤ {:.1}s for {:.2}% ≥ {:.0}% of requests",
-                        setup.slo_ttft,
-                        last_attainment * 100.0,
-                        target * 100.0
-                    ),
-                });
-                break;
-            }
+pub fn simulate(sc: &Scenario, progress: &mut (dyn FnMut(Phase, f64) + Send)) -> Result<Report, SimError> {
+    simulate_strategies(sc, &StrategyKind::ALL, progress)
+}
+
+/// Runs the given strategies (in report order, each once) on the scenario and returns the report. Independent
+/// runs (the static sizing of each model, every strategy but Tessera, which starts from the HPA baseline) go on
+/// up to `available_parallelism` threads; each is its own world, so the report is the same for any thread count.
+pub fn simulate_strategies(
+    sc: &Scenario,
+    kinds: &[StrategyKind],
+    progress: &mut (dyn FnMut(Phase, f64) + Send),
+) -> Result<Report, SimError> {
+    let progress = Mutex::new(progress);
+    let tell = |phase: Phase, t: f64| {
+        if let Ok(mut p) = progress.lock() {
+            p(phase, t);
         }
-        sizing.push(chosen.unwrap_or_else(|| StaticSizing {
-            model: setup.name.clone(),
-            replicas: setup.max_replicas.max(1),
-            attainment: last_attainment,
-            reason: format!(
-                "no count up to max_replicas {} meets {:.0}% (best {:.2}%): using max_replicas",
-                setup.max_replicas,
-                target * 100.0,
-                last_attainment * 100.0
-            ),
-        }));
-    }
-    for z in &sizing {
-        tracing::info!(model = %z.model, replicas = z.replicas, reason = %z.reason, "static sizing");
+    };
+    let mut kinds: Vec<StrategyKind> = if kinds.is_empty() {
+        StrategyKind::ALL.to_vec()
+    } else {
+        kinds.to_vec()
+    };
+    kinds.sort();
+    kinds.dedup();
+    let n = sc.models.len();
+    // (a) Static sizing (static and hami-static): the smallest whole-GPU count per model that meets the SLO
+    // target alone.
+    let needs_sizing = kinds
+        .iter()
+        .any(|k| matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
+    let mut sizing = Vec::new();
+    if needs_sizing {
+        sizing = par_map(&(0..n).collect::<Vec<_>>(), |&m| size_static(sc, m, &tell))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        for z in &sizing {
+            tracing::info!(model = %z.model, replicas = z.replicas, reason = %z.reason, "static sizing");
+        }
     }
     let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
-    let static_run = World::new(
-        sc,
-        Plan {
-            kind: StrategyKind::Static,
-            static_replicas: static_replicas.clone(),
-            initial_recommendations: Vec::new(),
-            only_models: Vec::new(),
-        },
-    )?
-    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Static), t))?;
-    // (b) HPA.
-    let hpa_run = World::new(
-        sc,
-        Plan {
-            kind: StrategyKind::Hpa,
-            static_replicas: Vec::new(),
-            initial_recommendations: Vec::new(),
-            only_models: Vec::new(),
-        },
-    )?
-    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Hpa), t))?;
-    // (c) Tessera, starting from what its sidecars would have recommended watching the whole-GPU baseline.
-    let initial = if sc.settings.calibrate_from_baseline {
-        world::calibrate(sc, &hpa_run.histories)
-    } else {
-        vec![None; n]
+    let run = |kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>| {
+        World::new(
+            sc,
+            Plan {
+                kind,
+                static_replicas: static_replicas.clone(),
+                initial_recommendations: initial,
+                only_models: Vec::new(),
+            },
+        )?
+        .run(&mut |t| tell(Phase::Strategy(kind), t))
     };
-    let tessera_run = World::new(
-        sc,
-        Plan {
-            kind: StrategyKind::Tessera,
-            static_replicas: Vec::new(),
-            initial_recommendations: initial,
-            only_models: Vec::new(),
-        },
-    )?
-    .run(&mut |t| progress(Phase::Strategy(StrategyKind::Tessera), t))?;
+    let tessera = kinds.contains(&StrategyKind::Tessera);
+    // Everything but Tessera at once; the HPA baseline also when only Tessera needs it (for calibration).
+    let mut first: Vec<StrategyKind> = kinds
+        .iter()
+        .copied()
+        .filter(|&k| k != StrategyKind::Tessera)
+        .collect();
+    let hpa_only_for_calibration =
+        tessera && sc.settings.calibrate_from_baseline && !first.contains(&StrategyKind::Hpa);
+    if hpa_only_for_calibration {
+        first.push(StrategyKind::Hpa);
+    }
+    let mut reports = Vec::new();
+    let mut hpa_histories = None;
+    for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
+        let r = r?;
+        if *kind == StrategyKind::Hpa {
+            hpa_histories = Some(r.histories);
+            if hpa_only_for_calibration {
+                continue;
+            }
+        }
+        reports.push(r.report);
+    }
+    if tessera {
+        // Tessera starts from what its sidecars would have recommended watching the whole-GPU baseline.
+        let initial = match hpa_histories {
+            Some(h) if sc.settings.calibrate_from_baseline => world::calibrate(sc, &h),
+            _ => vec![None; n],
+        };
+        reports.push(run(StrategyKind::Tessera, initial)?.report);
+    }
     Ok(Report {
         scenario: sc.name.clone(),
         description: sc.description.clone(),
         seed: sc.seed,
         duration_secs: sc.duration,
         gpu: sc.gpu.name.clone(),
+        sharing_model: sc.settings.sharing_model.name().to_string(),
         models: sc.models.iter().map(|m| m.name.clone()).collect(),
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
+        lower_bound_gpu_hours: bound::lower_bound_gpu_hours(sc),
         static_sizing: sizing,
-        strategies: vec![static_run.report, hpa_run.report, tessera_run.report],
+        strategies: reports,
     })
+}
+
+/// The static rule for model `m` alone: the smallest whole-GPU count whose TTFT meets the SLO target.
+fn size_static(
+    sc: &Scenario,
+    m: usize,
+    tell: &(dyn Fn(Phase, f64) + Sync),
+) -> Result<StaticSizing, SimError> {
+    let n = sc.models.len();
+    let setup = &sc.models[m];
+    let target = sc.settings.static_attainment_target;
+    let mut last_attainment = 0.0;
+    for count in 1..=setup.max_replicas.max(1) {
+        let mut replicas = vec![0; n];
+        replicas[m] = count;
+        let plan = Plan {
+            kind: StrategyKind::Static,
+            static_replicas: replicas,
+            initial_recommendations: Vec::new(),
+            only_models: vec![m],
+        };
+        let r = World::new(sc, plan)?.run(&mut |t| tell(Phase::StaticSizing, t))?;
+        last_attainment = r.report.slo_attainment;
+        if last_attainment >= target {
+            return Ok(StaticSizing {
+                model: setup.name.clone(),
+                replicas: count,
+                attainment: last_attainment,
+                reason: format!(
+                    "smallest count whose TTFT ≤ {:.1}s for {:.2}% ≥ {:.0}% of requests",
+                    setup.slo_ttft,
+                    last_attainment * 100.0,
+                    target * 100.0
+                ),
+            });
+        }
+    }
+    Ok(StaticSizing {
+        model: setup.name.clone(),
+        replicas: setup.max_replicas.max(1),
+        attainment: last_attainment,
+        reason: format!(
+            "no count up to max_replicas {} meets {:.0}% (best {:.2}%): using max_replicas",
+            setup.max_replicas,
+            target * 100.0,
+            last_attainment * 100.0
+        ),
+    })
+}
+
+/// `f` over every item on up to `available_parallelism` scoped threads, results in item order.
+fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, R)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, AtomicOrdering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        mine.push((i, f(item)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// Runs `tessera simulate`.
@@ -183,7 +273,7 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
     tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
     let bar = progress_bar(args.quiet, sc.duration);
     let mut phase_seen = None;
-    let report = simulate(&sc, &mut |phase, t| {
+    let report = simulate_strategies(&sc, &args.strategies, &mut |phase, t| {
         if phase_seen != Some(phase) {
             phase_seen = Some(phase);
             bar.set_message(match phase {
@@ -209,7 +299,11 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", hp.display()))?;
         tracing::info!(json = %jp.display(), html = %hp.display(), "report written");
     }
-    if args.quiet {
+    if args.markdown {
+        print!("{}", report.markdown());
+        println!();
+        println!("{}", report.summary_line());
+    } else if args.quiet {
         println!("{}", report.summary_line());
     } else {
         print!("{}", report.table());

@@ -22,6 +22,10 @@ pub struct Report {
     pub models: Vec<String>,
     /// Requests per model.
     pub requests_per_model: Vec<u64>,
+    /// GPU-hours no policy can beat on these arrivals (see [`super::bound`]).
+    pub lower_bound_gpu_hours: f64,
+    /// The sharing model the shared GPUs ran with.
+    pub sharing_model: String,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
@@ -200,6 +204,11 @@ impl Report {
             total,
             self.seed
         );
+        let _ = writeln!(
+            o,
+            "lower bound: {:.2} GPU-hours (no policy can hold fewer on these arrivals); sharing model: {}",
+            self.lower_bound_gpu_hours, self.sharing_model
+        );
         let _ = writeln!(o);
         let names: Vec<&str> = self.strategies.iter().map(|s| s.strategy.as_str()).collect();
         let _ = write!(o, "{:<34}", "");
@@ -215,6 +224,7 @@ impl Report {
             let _ = writeln!(o);
         };
         row(&mut o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
+        row(&mut o, "× lower bound", &|s| self.bound_ratio(s));
         row(&mut o, "GPUs held (mean / peak)", &|s| {
             format!("{:.1} / {}", s.gpus_mean, s.gpus_peak)
         });
@@ -304,15 +314,108 @@ impl Report {
 
     /// `gpu_hours_static=<a> gpu_hours_hpa=<b> gpu_hours_tessera=<c> slo_attainment_tessera=<d>`.
     pub fn summary_line(&self) -> String {
-        let g = |n: &str| self.strategy(n).map_or(f64::NAN, |s| s.gpu_hours);
-        let slo = self.strategy("tessera").map_or(f64::NAN, |s| s.slo_attainment);
-        format!(
-            "gpu_hours_static={:.3} gpu_hours_hpa={:.3} gpu_hours_tessera={:.3} slo_attainment_tessera={:.4}",
-            g("static"),
-            g("hpa"),
-            g("tessera"),
-            slo
-        )
+        let mut out = format!("gpu_hours_lower_bound={:.3}", self.lower_bound_gpu_hours);
+        for s in &self.strategies {
+            let _ = write!(
+                out,
+                " gpu_hours_{}={:.3}",
+                s.strategy.replace('-', "_"),
+                s.gpu_hours
+            );
+        }
+        for s in &self.strategies {
+            let _ = write!(
+                out,
+                " slo_attainment_{}={:.4}",
+                s.strategy.replace('-', "_"),
+                s.slo_attainment
+            );
+        }
+        out
+    }
+
+    /// The result as a Markdown table, one column per strategy (docs/simulator.md is generated from it).
+    pub fn markdown(&self) -> String {
+        let mut o = String::new();
+        let total: u64 = self.requests_per_model.iter().sum();
+        let _ = writeln!(
+            o,
+            "Scenario `{}`: {} models on {}, {:.0} min, {} requests, seed {}, sharing model `{}`. Lower bound: \
+             **{:.2} GPU-hours**.",
+            self.scenario,
+            self.models.len(),
+            self.gpu,
+            self.duration_secs / 60.0,
+            total,
+            self.seed,
+            self.sharing_model,
+            self.lower_bound_gpu_hours
+        );
+        let _ = writeln!(o);
+        let _ = write!(o, "| |");
+        for s in &self.strategies {
+            let _ = write!(o, " {} |", s.strategy);
+        }
+        let _ = writeln!(o);
+        let _ = write!(o, "|---|");
+        for _ in &self.strategies {
+            let _ = write!(o, "---|");
+        }
+        let _ = writeln!(o);
+        let row = |o: &mut String, label: &str, f: &dyn Fn(&StrategyReport) -> String| {
+            let _ = write!(o, "| {label} |");
+            for s in &self.strategies {
+                let _ = write!(o, " {} |", f(s));
+            }
+            let _ = writeln!(o);
+        };
+        row(&mut o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
+        row(&mut o, "× lower bound", &|s| self.bound_ratio(s));
+        row(&mut o, "GPUs held, mean / peak", &|s| {
+            format!("{:.1} / {}", s.gpus_mean, s.gpus_peak)
+        });
+        row(&mut o, "GPU memory used / reserved", &|s| {
+            format!(
+                "{:.1}% / {:.1}%",
+                s.memory_used_ratio * 100.0,
+                s.memory_reserved_ratio * 100.0
+            )
+        });
+        row(&mut o, "GPU compute busy", &|s| {
+            format!("{:.1}%", s.compute_ratio * 100.0)
+        });
+        row(&mut o, "TTFT p50 / p95 / p99", &|s| {
+            format!(
+                "{} / {} / {}",
+                secs(s.ttft_p50),
+                secs(s.ttft_p95),
+                secs(s.ttft_p99)
+            )
+        });
+        row(&mut o, "TTFT SLO attainment", &|s| {
+            format!("{:.2}%", s.slo_attainment * 100.0)
+        });
+        row(&mut o, "cold starts (from zero)", &|s| {
+            format!("{} ({})", s.cold_starts, s.starts_from_zero)
+        });
+        row(&mut o, "held requests, mean / max hold", &|s| {
+            format!(
+                "{}, {:.1} / {:.1} s",
+                s.held_requests, s.held_mean_secs, s.held_max_secs
+            )
+        });
+        row(&mut o, "preemptions, failed", &|s| {
+            format!("{}, {}", s.preemptions, s.failed)
+        });
+        o
+    }
+
+    fn bound_ratio(&self, s: &StrategyReport) -> String {
+        if self.lower_bound_gpu_hours > 0.0 {
+            format!("{:.2}×", s.gpu_hours / self.lower_bound_gpu_hours)
+        } else {
+            "—".to_string()
+        }
     }
 }
 

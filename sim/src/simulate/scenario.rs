@@ -14,7 +14,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{GIB, GpuSpec, ModelSpec};
+use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
+use crate::trace::formats::{self, Format};
 use crate::trace::transform::{Transform, function_arrivals, llm_arrivals};
 use crate::trace::{Arrival, FunctionsTrace, LlmTrace, TraceError};
 
@@ -123,10 +124,12 @@ pub struct StrategySettings {
     /// How often replicas are scraped (signals, recommendation observations, utilization samples).
     #[serde(with = "humantime_serde")]
     pub scrape_interval: Duration,
-    /// The window a replica's p95 TTFT signal covers.
+    /// The window a replica's p95 TTFT signal covers: the sidecar's `--window` (10 min by default), over
+    /// vLLM's bucketed histogram, as the sidecar reports it.
     #[serde(with = "humantime_serde")]
     pub ttft_window: Duration,
-    /// The window the request-rate signal covers (the activator's).
+    /// The window of the HPA and AIBrix baselines' request rate (a Prometheus `rate()`); Tessera's rate is the
+    /// activator's counter delta over one poll, as the controller gets it.
     #[serde(with = "humantime_serde")]
     pub rate_window: Duration,
     /// Share of requests that must meet the TTFT SLO for the static sizing rule to accept a replica count.
@@ -153,6 +156,9 @@ pub struct StrategySettings {
     /// (the rollout path: observe with `updateMode: Off`, then apply). When false, replicas start at vLLM's
     /// default memory and only shrink as Tessera's own observations come in.
     pub calibrate_from_baseline: bool,
+    /// How co-tenants on a shared GPU slow each other (`mps`, the calibrated default; `proportional`, the old
+    /// pessimistic bound where a share `s` stretches every step by `1/s`; `time_slicing`).
+    pub sharing_model: SharingModel,
 }
 
 impl Default for StrategySettings {
@@ -160,7 +166,7 @@ impl Default for StrategySettings {
         StrategySettings {
             sync_period: Duration::from_secs(15),
             scrape_interval: Duration::from_secs(5),
-            ttft_window: Duration::from_secs(60),
+            ttft_window: tessera_core::scale::inputs::SIDECAR_WINDOW,
             rate_window: Duration::from_secs(60),
             static_attainment_target: 0.99,
             pod_start: Duration::from_secs(20),
@@ -170,6 +176,7 @@ impl Default for StrategySettings {
             recommend_window: Duration::from_secs(1800),
             request_timeout: Duration::from_secs(300),
             calibrate_from_baseline: true,
+            sharing_model: SharingModel::default(),
         }
     }
 }
@@ -219,6 +226,30 @@ pub struct ModelFile {
     pub compute_fraction: ComputeFraction,
     /// The model's traffic.
     pub traffic: TrafficFile,
+    /// The `hami-static` peer: the share and memory a user declares for this model.
+    #[serde(default)]
+    pub hami: HamiFile,
+}
+
+/// What a HAMi user declares per model (`nvidia.com/gpucores`, `nvidia.com/gpumem-percentage`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HamiFile {
+    /// Compute share, 0–1 (`gpucores` / 100).
+    pub cores: f64,
+    /// Share of the GPU's memory (`gpumem-percentage` / 100).
+    pub memory_fraction: f64,
+}
+
+impl Default for HamiFile {
+    /// Half a GPU: HAMi's own defaults (`gpucores` 0, `gpumem` 0) mean "no limit", i.e. a whole GPU, so a
+    /// user who shares declares a split; half and half is the common one.
+    fn default() -> Self {
+        HamiFile {
+            cores: 0.5,
+            memory_fraction: 0.5,
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -309,8 +340,14 @@ impl From<ComputeFraction> for RawFraction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TraceKind {
-    /// The Azure LLM inference trace 2023 format.
+    /// The Azure LLM inference trace format (2023, and the 2024 week-long one).
     AzureLlm,
+    /// A generic CSV: `timestamp, prompt_tokens, output_tokens[, model]`.
+    Csv,
+    /// BurstGPT's CSV.
+    Burstgpt,
+    /// Mooncake's JSONL.
+    Mooncake,
     /// The Azure Functions 2019 per-minute format.
     AzureFunctions,
 }
@@ -324,6 +361,9 @@ pub struct TrafficFile {
     /// The file, relative to the scenario; `builtin` or absent = the bundled real trace.
     #[serde(default)]
     pub file: Option<String>,
+    /// Multi-model files (csv with a `model` column, BurstGPT): keep only this model's rows.
+    #[serde(default)]
+    pub model: Option<String>,
     /// Azure Functions: which function (a unique prefix of `HashFunction`).
     #[serde(default)]
     pub function: Option<String>,
@@ -468,6 +508,10 @@ impl ScenarioFile {
                     "{at}.compute_fraction must be `auto` or in (0, 1], got {f}"
                 ));
             }
+            let unit = |x: f64| x > 0.0 && x <= 1.0;
+            if !unit(m.hami.cores) || !unit(m.hami.memory_fraction) {
+                p.push(format!("{at}.hami: cores and memory_fraction must be in (0, 1]"));
+            }
             let t = &m.traffic;
             if !(t.rate > 0.0 && t.rate.is_finite()) {
                 p.push(format!("{at}.traffic.rate must be above 0, got {}", t.rate));
@@ -476,8 +520,25 @@ impl ScenarioFile {
                 TraceKind::AzureFunctions if t.function.is_none() => p.push(format!(
                     "{at}.traffic.function is required for azure_functions (a unique prefix of HashFunction)"
                 )),
-                TraceKind::AzureLlm if t.function.is_some() || t.tokens_from.is_some() => p.push(format!(
-                    "{at}.traffic: function and tokens_from only apply to trace: azure_functions"
+                TraceKind::AzureFunctions if t.model.is_some() => p.push(format!(
+                    "{at}.traffic.model applies to csv and burstgpt files, not azure_functions"
+                )),
+                TraceKind::AzureLlm | TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
+                    if t.function.is_some() || t.tokens_from.is_some() =>
+                {
+                    p.push(format!(
+                        "{at}.traffic: function and tokens_from only apply to trace: azure_functions"
+                    ))
+                }
+                TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
+                    if t.file.as_deref().is_none_or(|f| f == "builtin") =>
+                {
+                    p.push(format!(
+                        "{at}.traffic.file is required for this trace format (no trace is bundled)"
+                    ))
+                }
+                TraceKind::AzureLlm | TraceKind::Mooncake if t.model.is_some() => p.push(format!(
+                    "{at}.traffic.model applies to csv and burstgpt files (this format holds one model)"
                 )),
                 _ => {}
             }
@@ -515,6 +576,8 @@ pub struct ModelSetup {
     pub sleep_wake_secs: Option<f64>,
     /// Tessera's compute share.
     pub compute_fraction: ComputeFraction,
+    /// The `hami-static` declaration.
+    pub hami: HamiFile,
 }
 
 /// A scenario ready to simulate: plain numbers and per-model arrivals.
@@ -629,6 +692,17 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
                 let trace = traces.llm(t.file.as_deref(), dir).map_err(trace_err)?;
                 llm_arrivals(trace, &transform, duration, &mut rng).map_err(traffic_err)?
             }
+            TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake => {
+                let format = match t.trace {
+                    TraceKind::Csv => Format::Csv,
+                    TraceKind::Burstgpt => Format::BurstGpt,
+                    _ => Format::Mooncake,
+                };
+                let trace = traces
+                    .user(format, t.file.as_deref(), t.model.as_deref(), dir)
+                    .map_err(trace_err)?;
+                llm_arrivals(trace, &transform, duration, &mut rng).map_err(traffic_err)?
+            }
             TraceKind::AzureFunctions => {
                 let tokens = traces
                     .llm(t.tokens_from.as_deref(), dir)
@@ -659,6 +733,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             load_secs,
             sleep_wake_secs: m.cold_start.sleep_wake.map(|d| d.as_secs_f64()),
             compute_fraction: m.compute_fraction,
+            hami: m.hami,
         });
         arrivals.push(a);
     }
@@ -692,6 +767,7 @@ fn fnv(s: &str) -> u64 {
 #[derive(Default)]
 struct TraceCache {
     llm: BTreeMap<String, LlmTrace>,
+    user: BTreeMap<(String, String), LlmTrace>,
     functions: BTreeMap<String, FunctionsTrace>,
 }
 
@@ -723,6 +799,32 @@ impl TraceCache {
         }
         self.llm.get(&key).ok_or_else(|| TraceError::Empty {
             path: key.into(),
+            message: "not loaded".into(),
+        })
+    }
+
+    fn user(
+        &mut self,
+        format: Format,
+        file: Option<&str>,
+        model: Option<&str>,
+        dir: Option<&Path>,
+    ) -> Result<&LlmTrace, TraceError> {
+        let (path_key, path) = Self::key(file, dir);
+        let key = (
+            format!("{format:?}:{path_key}"),
+            model.unwrap_or_default().to_string(),
+        );
+        if !self.user.contains_key(&key) {
+            let path = path.ok_or_else(|| TraceError::Empty {
+                path: path_key.clone().into(),
+                message: "no trace of this format is bundled; give traffic.file".into(),
+            })?;
+            let trace = formats::read(format, &path, model)?;
+            self.user.insert(key.clone(), trace);
+        }
+        self.user.get(&key).ok_or_else(|| TraceError::Empty {
+            path: path_key.into(),
             message: "not loaded".into(),
         })
     }

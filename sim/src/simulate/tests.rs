@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::scenario::{ColdStartFile, ComputeFraction, ModelSetup, Scenario, StrategySettings, TargetsFile};
+use super::scenario::{
+    ColdStartFile, ComputeFraction, HamiFile, ModelSetup, Scenario, StrategySettings, TargetsFile,
+};
 use super::*;
 use crate::model::{GIB, GpuSpec, ModelSpec};
 use crate::trace::Arrival;
@@ -30,6 +32,7 @@ fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
         load_secs,
         sleep_wake_secs: None,
         compute_fraction: ComputeFraction::Auto,
+        hami: HamiFile::default(),
     }
 }
 
@@ -73,7 +76,11 @@ fn hand_worked_one_model_five_requests() {
     );
     let r = run(&sc);
     assert_eq!(r.static_sizing[0].replicas, 1);
-    for s in &r.strategies {
+    assert_eq!(r.strategies.len(), StrategyKind::ALL.len());
+    // KubeAI samples in-flight requests every sync and averages them; lone 10 ms requests are never caught in
+    // flight, so its average reads zero and it scales to zero after its 30 s delay (and back on the next
+    // request; here none comes). Every other strategy keeps its one replica.
+    for s in r.strategies.iter().filter(|s| s.strategy != "kubeai") {
         assert_eq!(s.requests, 5, "{}", s.strategy);
         assert_eq!(s.completed, 5, "{}", s.strategy);
         assert_eq!(s.failed, 0, "{}", s.strategy);
@@ -89,6 +96,16 @@ fn hand_worked_one_model_five_requests() {
         assert_eq!(s.slo_attainment, 1.0);
         assert_eq!(s.cold_starts, 0);
     }
+    let kubeai = r.strategy("kubeai").unwrap();
+    assert_eq!(kubeai.completed, 5);
+    // Zero at 45 s: the first sync (15 s) asks for zero, the 30 s delay passes at the third (45 s).
+    assert!(
+        (kubeai.gpu_hours - 45.0 / 3600.0).abs() < 1e-9,
+        "{}",
+        kubeai.gpu_hours
+    );
+    // The bound: five tiny requests keep weights resident only while they run, far below one GPU-minute.
+    assert!(r.lower_bound_gpu_hours > 0.0 && r.lower_bound_gpu_hours < 0.01 * 60.0 / 3600.0);
     // By hand, from the performance model's roofline (sim/src/model.rs, vLLM defaults on an A100-80GB): one
     // prefill step of 100 tokens reads the weights plus 100 tokens of KV,
     //   (14.96 GiB + 100 × 131072 B) / (2.039e12 B/s × 0.8) = 9.8555 ms,

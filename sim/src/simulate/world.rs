@@ -17,33 +17,93 @@ use std::time::Duration;
 
 use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
+use tessera_core::scale::inputs;
 use tessera_core::scale::{
-    Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, Targets, Timestamp, decide,
+    Behavior, Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, ScalingRules,
+    Targets, Timestamp, decide,
 };
 
+use super::peers::{
+    AIBRIX_KV_TARGET, AIBRIX_SCALE_DOWN_COOLDOWN_S, AIBRIX_TOLERANCE, ConcurrencyRule, ConcurrencyState,
+    KEDA_HOLD_TIMEOUT_S, concurrency_desired,
+};
 use super::report::{ModelReport, Series, StrategyReport, quantile_sorted};
 use super::scenario::{ComputeFraction, ModelSetup, Scenario};
-use crate::model::{Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Request};
+use crate::model::{
+    Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Neighbours, Request,
+};
 
-/// The three strategies compared on the same arrivals.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The strategies compared on the same arrivals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum StrategyKind {
     /// Whole GPU per replica, replicas fixed for the peak.
     Static,
     /// Whole GPU per replica, HPA on request rate, at least one replica.
     Hpa,
+    /// KubeAI: whole GPU, in-flight requests at its proxy, scale to zero with requests held.
+    Kubeai,
+    /// AIBrix: whole GPU, APA on KV-cache usage and waiting requests, no request holding at zero (min 1).
+    Aibrix,
+    /// KEDA HTTP add-on: whole GPU, interceptor concurrency, scale to zero, held requests fail after 20 s.
+    KedaHttp,
+    /// HAMi, static: fractional (a fixed declared share and memory per model, MPS), no autoscaling.
+    HamiStatic,
     /// Fractional replicas packed onto GPUs, rightsized memory, inference-signal autoscaling, scale to zero.
     Tessera,
 }
 
 impl StrategyKind {
-    /// The name used in the report.
+    /// Every strategy, in report order.
+    pub const ALL: [StrategyKind; 7] = [
+        StrategyKind::Static,
+        StrategyKind::Hpa,
+        StrategyKind::Kubeai,
+        StrategyKind::Aibrix,
+        StrategyKind::KedaHttp,
+        StrategyKind::HamiStatic,
+        StrategyKind::Tessera,
+    ];
+
+    /// The name used in the report and on the command line.
     pub fn name(self) -> &'static str {
         match self {
             StrategyKind::Static => "static",
             StrategyKind::Hpa => "hpa",
+            StrategyKind::Kubeai => "kubeai",
+            StrategyKind::Aibrix => "aibrix",
+            StrategyKind::KedaHttp => "keda-http",
+            StrategyKind::HamiStatic => "hami-static",
             StrategyKind::Tessera => "tessera",
         }
+    }
+
+    /// The strategy with this name.
+    pub fn parse(name: &str) -> Result<StrategyKind, String> {
+        StrategyKind::ALL
+            .into_iter()
+            .find(|k| k.name() == name.trim())
+            .ok_or_else(|| {
+                let known: Vec<&str> = StrategyKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown strategy {name:?}; known: {}", known.join(", "))
+            })
+    }
+
+    /// Fractional replicas packed onto shared GPUs.
+    fn packs(self) -> bool {
+        matches!(self, StrategyKind::Tessera | StrategyKind::HamiStatic)
+    }
+
+    /// Replicas fixed for the run.
+    fn fixed(self) -> bool {
+        matches!(self, StrategyKind::Static | StrategyKind::HamiStatic)
+    }
+
+    /// A request that finds no replica is held (and wakes the model) rather than failing.
+    fn wakes_from_zero(self) -> bool {
+        matches!(
+            self,
+            StrategyKind::Tessera | StrategyKind::Kubeai | StrategyKind::KedaHttp
+        )
     }
 
     fn description(self) -> &'static str {
@@ -53,6 +113,18 @@ impl StrategyKind {
             }
             StrategyKind::Hpa => {
                 "whole GPU per replica, HPA on requests/s per replica, min 1, no scale to zero"
+            }
+            StrategyKind::Kubeai => {
+                "KubeAI defaults: whole GPU, 100 in-flight per replica over 10 min, 30 s scale-down delay, zero with requests held"
+            }
+            StrategyKind::Aibrix => {
+                "AIBrix APA defaults: whole GPU, KV cache 50% + waiting targets, ±10% tolerance, 300 s scale-down cooldown, min 1"
+            }
+            StrategyKind::KedaHttp => {
+                "KEDA HTTP add-on defaults: whole GPU, concurrency 100, 300 s cooldown to zero, held requests fail after 20 s"
+            }
+            StrategyKind::HamiStatic => {
+                "HAMi, static: declared share and memory per model (MPS), replicas fixed at the static count"
             }
             StrategyKind::Tessera => {
                 "fractional packed replicas, recommended memory/compute, inference-signal autoscaling, scale to zero"
@@ -66,7 +138,7 @@ impl StrategyKind {
 pub struct Plan {
     /// Which strategy.
     pub kind: StrategyKind,
-    /// Static: replicas per model (ignored otherwise).
+    /// Static and HAMi: replicas per model (ignored otherwise).
     pub static_replicas: Vec<u32>,
     /// Tessera: each model's starting recommendation (`None`: vLLM's default memory until observed).
     pub initial_recommendations: Vec<Option<Recommendation>>,
@@ -179,11 +251,12 @@ struct Replica {
     generation: u64,
     observations: Vec<Observation>,
     last_busy: f64,
-    ttfts: VecDeque<(f64, f64)>,
     /// Its cumulative TTFT and inter-token histograms at each scrape while ready, back to the recommendation
     /// window: the window's latency is the difference of two, as the sidecar computes it.
     latency: VecDeque<(f64, Histogram, Histogram)>,
     memory: MemoryFacts,
+    /// The shared GPU it is packed on (packing strategies).
+    gpu: Option<GpuId>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -211,6 +284,8 @@ struct ModelRt {
     replica_seconds: f64,
     replica_count_since: f64,
     scale_changes: BTreeMap<String, u32>,
+    /// KubeAI / KEDA HTTP: their in-flight rule and its memory.
+    concurrency: Option<(ConcurrencyRule, ConcurrencyState)>,
 }
 
 /// One strategy's world.
@@ -227,6 +302,8 @@ pub struct World<'a> {
     packer: Option<Packer>,
     gpu_loading_until: BTreeMap<GpuId, f64>,
     gpu_empty_since: BTreeMap<GpuId, f64>,
+    /// The replicas on each shared GPU (packing strategies): whose activity a step contends with.
+    tenants: BTreeMap<GpuId, Vec<usize>>,
     whole_gpus: u32,
     gpu_seconds: f64,
     gpus_peak: u32,
@@ -256,7 +333,7 @@ impl<'a> World<'a> {
             .map(|i| plan.only_models.is_empty() || plan.only_models.contains(&i))
             .collect();
         let packer = match plan.kind {
-            StrategyKind::Tessera => {
+            k if k.packs() => {
                 let shape = GpuShape::new(sc.gpu.memory_bytes / (1 << 20), sc.settings.gpu_headroom_mib)
                     .map_err(SimError::GpuShape)?;
                 Some(Packer::new(shape))
@@ -283,6 +360,13 @@ impl<'a> World<'a> {
                 replica_seconds: 0.0,
                 replica_count_since: 0.0,
                 scale_changes: BTreeMap::new(),
+                concurrency: match plan.kind {
+                    StrategyKind::Kubeai => Some((ConcurrencyRule::kubeai(), ConcurrencyState::default())),
+                    StrategyKind::KedaHttp => {
+                        Some((ConcurrencyRule::keda_http(), ConcurrencyState::default()))
+                    }
+                    _ => None,
+                },
             })
             .collect();
         let mut w = World {
@@ -297,6 +381,7 @@ impl<'a> World<'a> {
             packer,
             gpu_loading_until: BTreeMap::new(),
             gpu_empty_since: BTreeMap::new(),
+            tenants: BTreeMap::new(),
             whole_gpus: 0,
             gpu_seconds: 0.0,
             gpus_peak: 0,
@@ -323,8 +408,9 @@ impl<'a> World<'a> {
             // Every strategy starts warm, as a cluster that has been running: static at its fixed count, the
             // autoscalers at one replica (Tessera then scales idle models to zero on its own rules).
             let initial = match w.plan.kind {
-                StrategyKind::Static => w.plan.static_replicas.get(m).copied().unwrap_or(1).max(1),
-                StrategyKind::Hpa | StrategyKind::Tessera => sc.models[m].min_replicas.max(1),
+                k if k.fixed() => w.plan.static_replicas.get(m).copied().unwrap_or(1).max(1),
+                StrategyKind::Tessera => sc.models[m].min_replicas.max(1),
+                _ => 1,
             };
             for _ in 0..initial {
                 let r = w.start_replica(m, true)?;
@@ -335,7 +421,7 @@ impl<'a> World<'a> {
             }
         }
         w.push(0.0, Ev::Scrape);
-        if w.plan.kind != StrategyKind::Static {
+        if !w.plan.kind.fixed() {
             w.push(sc.settings.sync_period.as_secs_f64(), Ev::Sync);
         }
         if w.plan.kind == StrategyKind::Tessera {
@@ -452,6 +538,15 @@ impl<'a> World<'a> {
         let setup = &self.sc.models[m];
         let mut cfg = EngineConfig::vllm_defaults(&self.sc.gpu);
         cfg.max_model_len = setup.max_model_len;
+        cfg.sharing = self.sc.settings.sharing_model;
+        if self.plan.kind == StrategyKind::HamiStatic {
+            // The declared memory holds weights, activations and the KV cache; the rest of the GPU is others'.
+            let declared = self.hami_declared_mib(m) << 20;
+            let kv = declared.saturating_sub(setup.spec.weights_bytes + setup.spec.overhead_bytes);
+            cfg.memory = MemorySetting::KvCacheBytes(kv.max(1));
+            cfg.compute_fraction = setup.hami.cores;
+            return (cfg, setup.hami.cores);
+        }
         if self.plan.kind != StrategyKind::Tessera {
             return (cfg, 1.0);
         }
@@ -465,6 +560,13 @@ impl<'a> World<'a> {
         };
         cfg.compute_fraction = fraction;
         (cfg, fraction)
+    }
+
+    /// The memory a HAMi user declares for model `m`: its share of what a GPU can hold besides the headroom
+    /// (so two halves fit one GPU, as `gpumem-percentage: 50` does).
+    fn hami_declared_mib(&self, m: usize) -> u64 {
+        let usable = (self.sc.gpu.memory_bytes >> 20).saturating_sub(self.sc.settings.gpu_headroom_mib);
+        (usable as f64 * self.sc.models[m].hami.memory_fraction).floor() as u64
     }
 
     /// Creates a replica of model `m`: places it (Tessera) or takes a whole GPU, and schedules its readiness.
@@ -498,8 +600,13 @@ impl<'a> World<'a> {
         };
         let pod_start = self.sc.settings.pod_start.as_secs_f64();
         let ready_at;
+        let mut placed = None;
+        // HAMi reserves the declared memory whatever vLLM uses of it.
+        let mib = match self.plan.kind {
+            StrategyKind::HamiStatic => self.hami_declared_mib(m),
+            _ => engine.gpu_memory_used_bytes().div_ceil(1 << 20),
+        };
         if let Some(packer) = self.packer.as_mut() {
-            let mib = engine.gpu_memory_used_bytes().div_ceil(1 << 20);
             let milli = ((fraction * 1000.0).ceil() as u32).clamp(1, 1000);
             let (g, _) = packer
                 .place_or_open(ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib))
@@ -508,6 +615,7 @@ impl<'a> World<'a> {
                     source,
                 })?;
             self.gpu_empty_since.remove(&g);
+            placed = Some(g);
             // Sleep mode: a model at zero keeps a sleeping pod whose weights sit in host memory; waking it
             // skips the pod start and the load (and, like any start, still takes the GPU's start-up lease).
             let (begin, load) = match setup.sleep_wake_secs {
@@ -532,10 +640,13 @@ impl<'a> World<'a> {
             generation: 0,
             observations: Vec::new(),
             last_busy: 0.0,
-            ttfts: VecDeque::new(),
             latency: VecDeque::new(),
             memory,
+            gpu: placed,
         });
+        if let Some(g) = placed {
+            self.tenants.entry(g).or_default().push(idx);
+        }
         self.models[m].replicas.push(idx);
         let live = self.live_count(m);
         let rt = &mut self.models[m];
@@ -558,6 +669,11 @@ impl<'a> World<'a> {
         self.account_gpus();
         self.account_replicas(m);
         self.replicas[r].phase = Phase::Gone;
+        if let Some(g) = self.replicas[r].gpu
+            && let Some(t) = self.tenants.get_mut(&g)
+        {
+            t.retain(|&x| x != r);
+        }
         if let Some(packer) = self.packer.as_mut() {
             let name = self.replicas[r].name.clone();
             if let Some((g, _)) = packer.remove(&name)
@@ -595,7 +711,7 @@ impl<'a> World<'a> {
             self.models[m].held.push_back(i);
             // The activator pokes the autoscaler at once when a request finds no replica (a wake-up), rather
             // than waiting for the next sync.
-            if self.live_count(m) == 0 && self.plan.kind == StrategyKind::Tessera {
+            if self.live_count(m) == 0 && self.plan.kind.wakes_from_zero() {
                 self.scale_model(m)?;
             }
         }
@@ -613,6 +729,7 @@ impl<'a> World<'a> {
         let Some(r) = best else { return false };
         let a = self.sc.arrivals[m][i];
         let id = ((m as u64) << 32) | i as u64;
+        self.tell_neighbours(r);
         let rep = &mut self.replicas[r];
         let was_idle = rep.engine.next_event_time().is_none();
         if rep
@@ -644,6 +761,7 @@ impl<'a> World<'a> {
             return;
         }
         let now = self.now;
+        self.tell_neighbours(r);
         let mut events = std::mem::take(&mut self.events);
         events.clear();
         self.replicas[r].engine.advance(now, &mut |e| {
@@ -654,13 +772,12 @@ impl<'a> World<'a> {
         let m = self.replicas[r].model;
         for e in &events {
             match *e {
-                EngineEvent::FirstToken { id, at, ttft } => {
+                EngineEvent::FirstToken { id, at, .. } => {
                     let i = (id & 0xffff_ffff) as usize;
                     // What the client sees counts from its arrival at the gateway (activator hold included);
                     // the replica's own histogram, which its sidecar reports, counts from when vLLM got it.
                     let arrival = self.sc.arrivals[m][i].at;
                     self.models[m].requests[i].ttft = Some(at - arrival);
-                    self.replicas[r].ttfts.push_back((at, ttft));
                 }
                 EngineEvent::Finished { id, .. } => {
                     let i = (id & 0xffff_ffff) as usize;
@@ -687,6 +804,22 @@ impl<'a> World<'a> {
         }
     }
 
+    /// Tells replica `r`'s engine what the other tenants of its GPU are doing right now, so the step it starts
+    /// next is timed against them (the sharing model's contention).
+    fn tell_neighbours(&mut self, r: usize) {
+        let Some(g) = self.replicas[r].gpu else { return };
+        let mut n = Neighbours::default();
+        for &o in self.tenants.get(&g).map_or(&[][..], Vec::as_slice) {
+            if o != r
+                && let Some(l) = self.replicas[o].engine.load()
+            {
+                n.bandwidth += l.bandwidth;
+                n.busy += l.busy;
+            }
+        }
+        self.replicas[r].engine.set_neighbours(n);
+    }
+
     fn on_ready(&mut self, r: usize) {
         if self.replicas[r].phase != Phase::Starting {
             return;
@@ -710,8 +843,14 @@ impl<'a> World<'a> {
         let mut reserved = 0.0;
         let mut busy = 0.0;
         let mut allocated = 0.0;
-        let ttft_horizon = now - self.sc.settings.ttft_window.as_secs_f64();
-        let rec_horizon = now - self.sc.settings.recommend_window.as_secs_f64();
+        // Snapshots go back to the longer of the sidecar's TTFT window and the recommendation window.
+        let rec_horizon = now
+            - self
+                .sc
+                .settings
+                .recommend_window
+                .max(self.sc.settings.ttft_window)
+                .as_secs_f64();
         for rep in self.replicas.iter_mut().filter(|r| r.phase != Phase::Gone) {
             let st = rep.engine.stats();
             let spec = rep.engine.model();
@@ -738,9 +877,6 @@ impl<'a> World<'a> {
                 preemptions_total: Some(st.num_preemptions as f64),
                 sm_utilization: Some(sm),
             });
-            while rep.ttfts.front().is_some_and(|&(at, _)| at < ttft_horizon) {
-                rep.ttfts.pop_front();
-            }
             rep.latency.push_back((now, st.ttft.clone(), st.itl.clone()));
             // Keep one snapshot at or before the window's start, the base of the window's difference.
             while rep.latency.get(1).is_some_and(|&(at, _, _)| at <= rec_horizon) {
@@ -756,8 +892,12 @@ impl<'a> World<'a> {
             self.allocated_acc += allocated;
             self.capacity_acc += if cap > 0.0 { held } else { 0.0 };
         }
-        // Requests held at the activator for too long fail (the client gives up).
-        let timeout = self.sc.settings.request_timeout.as_secs_f64();
+        // Requests held at the activator for too long fail (the client gives up; KEDA's interceptor gives up
+        // after its condition-wait timeout).
+        let timeout = match self.plan.kind {
+            StrategyKind::KedaHttp => KEDA_HOLD_TIMEOUT_S,
+            _ => self.sc.settings.request_timeout.as_secs_f64(),
+        };
         for m in 0..self.models.len() {
             while let Some(&i) = self.models[m].held.front() {
                 if now - self.sc.arrivals[m][i].at < timeout {
@@ -804,6 +944,9 @@ impl<'a> World<'a> {
 
     /// One autoscaler round for model `m`: observe, decide with the core rule, act.
     fn scale_model(&mut self, m: usize) -> Result<(), SimError> {
+        if self.models[m].concurrency.is_some() {
+            return self.scale_on_in_flight(m);
+        }
         let Some(policy) = self.models[m].policy.clone() else {
             return Ok(());
         };
@@ -819,18 +962,24 @@ impl<'a> World<'a> {
             .copied()
             .filter(|&r| self.replicas[r].phase == Phase::Ready)
             .collect();
+        let ttft_horizon = self.now - self.sc.settings.ttft_window.as_secs_f64();
         let signals = ready
             .iter()
             .map(|&r| {
                 let rep = &self.replicas[r];
                 let st = rep.engine.stats();
-                let mut t: Vec<f64> = rep.ttfts.iter().map(|&(_, v)| v).collect();
-                t.sort_by(f64::total_cmp);
+                // What the sidecar reports: its vLLM TTFT histogram's gain over the window, bucketed.
+                let base = rep
+                    .latency
+                    .iter()
+                    .rev()
+                    .find(|(at, _, _)| *at <= ttft_horizon)
+                    .map(|(_, t, _)| t.to_cumulative());
                 ReplicaSignals {
                     kv_cache_usage: Some(st.kv_usage),
                     waiting: Some(st.waiting as u32),
                     running: Some(st.running as u32),
-                    ttft_p95: quantile_sorted(&t, 0.95).map(Duration::from_secs_f64),
+                    ttft_p95: inputs::window_ttft_p95(&st.ttft.to_cumulative(), base.as_ref()),
                     fresh: true,
                 }
             })
@@ -842,11 +991,21 @@ impl<'a> World<'a> {
             .filter(|&&r| self.replicas[r].phase != Phase::Gone)
             .map(|&r| self.replicas[r].engine.in_flight())
             .sum();
-        let window = self.sc.settings.rate_window.as_secs_f64();
-        let horizon = self.now - window;
-        let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
-        // The activator's rate covers at most the time it has been running.
-        let rps = recent as f64 / window.min(self.now.max(1.0));
+        let rps = if self.plan.kind == StrategyKind::Tessera {
+            // What the controller gets from the activator: the request counter's delta over its last poll.
+            let poll = inputs::ACTIVATOR_POLL_INTERVAL;
+            let now = Duration::from_secs_f64(self.now);
+            let earlier = now.saturating_sub(poll);
+            let total = rt.recent.len() as u64;
+            let before = rt.recent.iter().filter(|&&t| t <= earlier.as_secs_f64()).count() as u64;
+            inputs::poll_rate(before, earlier, total, now).unwrap_or(0.0)
+        } else {
+            // A Prometheus-style rate over `rate_window` (HPA's external metric, AIBrix's).
+            let window = self.sc.settings.rate_window.as_secs_f64();
+            let horizon = self.now - window;
+            let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
+            recent as f64 / window.min(self.now.max(1.0))
+        };
         let input = ScaleInput {
             current_replicas: live.len() as u32,
             ready_replicas: ready.len() as u32,
@@ -872,7 +1031,43 @@ impl<'a> World<'a> {
             tracing::trace!(model = %self.sc.models[m].name, at = self.now, from = d.current_replicas,
                 to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
         }
-        let want = d.desired_replicas as usize;
+        self.apply_count(m, d.desired_replicas as usize, &live)
+    }
+
+    /// KubeAI's and KEDA HTTP's rule: in-flight requests counted at their proxy, held ones included.
+    fn scale_on_in_flight(&mut self, m: usize) -> Result<(), SimError> {
+        let live: Vec<usize> = self.models[m]
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&r| matches!(self.replicas[r].phase, Phase::Starting | Phase::Ready))
+            .collect();
+        let in_flight: usize = self.models[m]
+            .replicas
+            .iter()
+            .filter(|&&r| self.replicas[r].phase != Phase::Gone)
+            .map(|&r| self.replicas[r].engine.in_flight())
+            .sum::<usize>()
+            + self.models[m].held.len();
+        let max = self.sc.models[m].max_replicas;
+        let now = self.now;
+        let Some((rule, state)) = self.models[m].concurrency.as_mut() else {
+            return Ok(());
+        };
+        let want = concurrency_desired(rule, state, now, in_flight as f64, live.len() as u32, max);
+        if want as usize != live.len() {
+            let key = if want as usize > live.len() {
+                "scale_up/in_flight"
+            } else {
+                "scale_down/in_flight"
+            };
+            *self.models[m].scale_changes.entry(key.to_string()).or_default() += 1;
+        }
+        self.apply_count(m, want as usize, &live)
+    }
+
+    /// Starts or stops replicas of model `m` to reach `want`.
+    fn apply_count(&mut self, m: usize, want: usize, live: &[usize]) -> Result<(), SimError> {
         let have = live.len();
         if want > have {
             for _ in have..want {
@@ -880,7 +1075,7 @@ impl<'a> World<'a> {
             }
         } else if want < have {
             // Remove starting replicas first (nothing to drain), then the ready ones with the least in flight.
-            let mut victims: Vec<usize> = live.clone();
+            let mut victims: Vec<usize> = live.to_vec();
             victims.sort_by_key(|&r| {
                 let rep = &self.replicas[r];
                 (
@@ -1180,7 +1375,29 @@ fn compute_facts(
 /// The scale policy each strategy gives a model (`None`: not autoscaled).
 fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePolicy> {
     match kind {
-        StrategyKind::Static => None,
+        StrategyKind::Static | StrategyKind::HamiStatic | StrategyKind::Kubeai | StrategyKind::KedaHttp => {
+            None
+        }
+        StrategyKind::Aibrix => Some(ScalePolicy {
+            min_replicas: 1,
+            max_replicas: m.max_replicas.max(1),
+            targets: Targets {
+                kv_cache_utilization: Some(AIBRIX_KV_TARGET),
+                waiting_requests_per_replica: m.targets.waiting_requests_per_replica,
+                ..Targets::default()
+            },
+            tolerance: AIBRIX_TOLERANCE,
+            behavior: Behavior {
+                scale_up: ScalingRules::default_up(),
+                scale_down: ScalingRules {
+                    stabilization_window: Duration::from_secs_f64(AIBRIX_SCALE_DOWN_COOLDOWN_S),
+                    ..ScalingRules::default_down()
+                },
+            },
+            panic: None,
+            ttft_slo: None,
+            ..ScalePolicy::default()
+        }),
         StrategyKind::Hpa => Some(ScalePolicy {
             min_replicas: 1,
             max_replicas: m.max_replicas.max(1),

@@ -105,7 +105,7 @@ impl LlmTrace {
     }
 }
 
-fn parse_tokens(s: &str) -> Result<u32, String> {
+pub(crate) fn parse_tokens(s: &str) -> Result<u32, String> {
     s.parse::<u32>()
         .map_err(|_| format!("'{s}' is not a whole number of tokens"))
 }
@@ -121,6 +121,8 @@ pub fn parse_timestamp(s: &str) -> Result<f64, String> {
     if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return Err(bad());
     }
+    // A zone suffix (`Z`, `+00:00`, as the 2024 week-long trace and RFC 3339 write it) shifts to UTC.
+    let (time, offset) = split_zone(time).ok_or_else(bad)?;
     let mut t = time.splitn(3, ':');
     let hour: u32 = t.next().and_then(|x| x.parse().ok()).ok_or_else(bad)?;
     let minute: u32 = t.next().and_then(|x| x.parse().ok()).ok_or_else(bad)?;
@@ -130,7 +132,23 @@ pub fn parse_timestamp(s: &str) -> Result<f64, String> {
         return Err(bad());
     }
     let days = days_from_civil(year, month, day);
-    Ok(days as f64 * 86_400.0 + f64::from(hour * 3600 + minute * 60) + second)
+    Ok(days as f64 * 86_400.0 + f64::from(hour * 3600 + minute * 60) + second - offset)
+}
+
+/// Splits `HH:MM:SS[.f]` from a trailing `Z` or `±HH:MM`, returning the offset in seconds east of UTC.
+fn split_zone(time: &str) -> Option<(&str, f64)> {
+    if let Some(t) = time.strip_suffix(['Z', 'z']) {
+        return Some((t, 0.0));
+    }
+    // A sign after the seconds (position ≥ 8 keeps `HH:MM:SS` intact).
+    match time.char_indices().skip(8).find(|&(_, c)| c == '+' || c == '-') {
+        None => Some((time, 0.0)),
+        Some((i, c)) => {
+            let (h, m) = time[i + 1..].split_once(':')?;
+            let secs = f64::from(h.parse::<u32>().ok()? * 3600 + m.parse::<u32>().ok()? * 60);
+            Some((&time[..i], if c == '+' { secs } else { -secs }))
+        }
+    }
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm), so that a trace crossing
@@ -169,6 +187,10 @@ mod tests {
         let b = parse_timestamp("2023-12-01 00:00:00.5").unwrap();
         assert!((b - a - 1.0).abs() < 1e-9);
         assert_eq!(parse_timestamp("1970-01-01 00:00:00").unwrap(), 0.0);
+        // The 2024 week-long trace and RFC 3339 carry a zone.
+        assert_eq!(parse_timestamp("1970-01-01 00:00:01+00:00").unwrap(), 1.0);
+        assert_eq!(parse_timestamp("1970-01-01T01:00:00+01:00").unwrap(), 0.0);
+        assert_eq!(parse_timestamp("1970-01-01T00:00:02.5Z").unwrap(), 2.5);
     }
 
     #[test]

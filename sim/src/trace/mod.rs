@@ -12,6 +12,7 @@
 
 pub mod azure_functions;
 pub mod azure_llm;
+pub mod formats;
 pub mod transform;
 
 use std::io::Read;

@@ -1,353 +1,12 @@
-//! The vLLM performance model: a pure state machine in virtual time.
-//!
-//! One [`Engine`] is one vLLM engine core (one data-parallel rank) on one GPU. It has no clock, no I/O and no
-//! async: time is an `f64` number of seconds that the caller passes in. That is what lets the what-if simulator
-//! replay an hour of real traffic through many replicas in seconds, and the `vllm-sim` emulator drive the very
-//! same model in wall-clock time.
-//!
-//! What it models, and why each piece is there (sources and known differences are in `docs/emulator.md`):
-//! - **Continuous batching like vLLM's V1 scheduler.** Every step first serves the running requests in order
-//!   (one decode token each, or the next prefill chunk), then admits waiting requests FCFS while the batch has
-//!   fewer than `max_num_seqs` requests and the step's token budget (`max_num_batched_tokens`) lasts. Prompts
-//!   longer than the remaining budget are prefilled in chunks (chunked prefill is always on in V1).
-//! - **A paged KV cache.** The cache holds `num_gpu_blocks` blocks of `block_size` tokens. Its size comes from
-//!   the GPU memory vLLM is allowed to use minus weights, activation peak and non-torch memory, or directly from
-//!   `--kv-cache-memory-bytes`. A request holds `ceil(tokens / block_size)` blocks.
-//! - **Recompute preemption like V1.** When a running request needs a block and none is free, the newest running
-//!   request is preempted: its blocks are freed and it goes back to the head of the waiting queue, to be prefilled
-//!   again (prompt plus the tokens it already produced) when it is scheduled next.
-//! - **Step time from a roofline.** A step reads all the weights plus the KV cache of every scheduled request
-//!   from HBM, and does `2 × params` FLOPs per scheduled token; its GPU time is the larger of the two, each divided
-//!   by the GPU's peak and an efficiency factor. A GPU share (`compute_fraction`) stretches the GPU time, as a
-//!   time slice or an MPS share would. Time to first token and inter-token latency come out of this.
-//!
-//! Everything is deterministic: the same calls give the same events.
+//! One vLLM engine core in virtual time: the scheduler, the paged KV cache, preemption and the step loop.
 
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
-/// One GiB (2^30 bytes), the unit vLLM prints its memory numbers in.
-pub const GIB: u64 = 1 << 30;
-
-/// Errors from building an engine or submitting a request. Each names what is wrong and how to fix it.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ModelError {
-    /// No model preset has this name.
-    #[error("unknown model preset {0:?}; known presets: {known}", known = ModelSpec::PRESETS.join(", "))]
-    UnknownModelPreset(String),
-    /// No GPU preset has this name.
-    #[error("unknown GPU preset {0:?}; known presets: {known}", known = GpuSpec::PRESETS.join(", "))]
-    UnknownGpuPreset(String),
-    /// A configuration value is out of its range.
-    #[error("invalid {field}: {reason}")]
-    InvalidConfig {
-        /// The field (named like vLLM's flag where there is one).
-        field: &'static str,
-        /// What is wrong with it and what is allowed.
-        reason: String,
-    },
-    /// vLLM refuses to start when the weights, activations and non-torch memory leave no room for the KV cache.
-    #[error(
-        "No available memory for the cache blocks: the memory budget is {budget_gib:.2} GiB but weights take \
-         {weights_gib:.2} GiB and activations plus non-torch memory {overhead_gib:.2} GiB. Try increasing \
-         gpu_memory_utilization, a larger GPU, or a smaller model"
-    )]
-    NoMemoryForCache {
-        /// The memory vLLM may use, in GiB.
-        budget_gib: f64,
-        /// The model weights, in GiB.
-        weights_gib: f64,
-        /// Activation peak plus non-torch memory, in GiB.
-        overhead_gib: f64,
-    },
-    /// vLLM refuses to start when one request of `max_model_len` tokens cannot fit in the KV cache.
-    #[error(
-        "The model's max seq len ({max_model_len}) is larger than the maximum number of tokens that can be stored \
-         in KV cache ({kv_tokens}). Try increasing gpu_memory_utilization (or kv_cache_memory_bytes) or \
-         decreasing max_model_len"
-    )]
-    MaxModelLenTooLarge {
-        /// The configured maximum sequence length.
-        max_model_len: u32,
-        /// Tokens the KV cache can hold.
-        kv_tokens: u64,
-    },
-    /// A request is longer than the model allows; vLLM answers such a request with HTTP 400.
-    #[error(
-        "This model's maximum context length is {max_model_len} tokens. However, you requested {total} tokens \
-         ({prompt} in the messages, {max_tokens} in the completion). Please reduce the length of the messages \
-         or completion."
-    )]
-    RequestTooLong {
-        /// The model's maximum context length.
-        max_model_len: u32,
-        /// Prompt tokens.
-        prompt: u32,
-        /// Requested output tokens.
-        max_tokens: u32,
-        /// prompt + max_tokens.
-        total: u64,
-    },
-    /// A request must ask for at least one output token.
-    #[error("max_tokens must be at least 1, got 0")]
-    ZeroMaxTokens,
-    /// Two requests with the same id are in the engine at once.
-    #[error("request id {0} is already in the engine")]
-    DuplicateRequest(u64),
-}
-
-/// A model: what the performance model needs to know about it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ModelSpec {
-    /// The model's name (a Hugging Face id for the presets).
-    pub name: String,
-    /// Parameter count, for the prefill FLOPs (2 × params per token).
-    pub params: f64,
-    /// Bytes of weights on the GPU ("Model loading took … GiB").
-    pub weights_bytes: u64,
-    /// KV cache bytes per token: 2 (K and V) × layers × KV heads × head dim × dtype bytes.
-    pub bytes_per_kv_token: u64,
-    /// The model's own maximum context length (vLLM's default for `--max-model-len`).
-    pub max_model_len: u32,
-    /// Activation peak plus non-torch memory at start-up (vLLM subtracts both from the budget).
-    pub overhead_bytes: u64,
-}
-
-/// KV bytes per token from the attention shape: 2 (K and V) × layers × KV heads × head dim × dtype bytes.
-pub const fn kv_bytes_per_token(layers: u64, kv_heads: u64, head_dim: u64, dtype_bytes: u64) -> u64 {
-    2 * layers * kv_heads * head_dim * dtype_bytes
-}
-
-impl ModelSpec {
-    /// Names accepted by [`ModelSpec::preset`].
-    pub const PRESETS: &'static [&'static str] = &[
-        "qwen2-7b",
-        "llama-3.1-8b",
-        "opt-125m",
-        "qwen3-14b",
-        "llama-3.1-70b",
-    ];
-
-    /// A real model's numbers; sources for each are in `docs/emulator.md`.
-    pub fn preset(name: &str) -> Result<ModelSpec, ModelError> {
-        let gib = |x: f64| (x * GIB as f64).round() as u64;
-        let spec = match name.to_ascii_lowercase().as_str() {
-            // Qwen2-7B-Instruct, bf16: 28 layers, 4 KV heads, head dim 128. Weights 14.2488 GiB and
-            // activation + non-torch ≈ 0.56 GiB are measured on an A100 with vLLM 0.10.1.1 (memory-profiles.md #1-2).
-            "qwen2-7b" | "qwen/qwen2-7b-instruct" => ModelSpec {
-                name: "Qwen/Qwen2-7B-Instruct".into(),
-                params: 7.62e9,
-                weights_bytes: gib(14.2488),
-                bytes_per_kv_token: kv_bytes_per_token(28, 4, 128, 2),
-                max_model_len: 32_768,
-                overhead_bytes: gib(0.56),
-            },
-            // Llama-3.1-8B-Instruct, bf16: 32 layers, 8 KV heads, head dim 128. Weights 14.96 GiB as logged by
-            // vLLM (memory-profiles.md #3-5); activation 1.26 + non-torch 0.10 GiB from #3-#4 (V1 profiles at
-            // max_num_batched_tokens, not max_model_len, so the small activation peak applies).
-            "llama-3.1-8b" | "meta-llama/llama-3.1-8b-instruct" => ModelSpec {
-                name: "meta-llama/Llama-3.1-8B-Instruct".into(),
-                params: 8.03e9,
-                weights_bytes: gib(14.96),
-                bytes_per_kv_token: kv_bytes_per_token(32, 8, 128, 2),
-                max_model_len: 131_072,
-                overhead_bytes: gib(1.36),
-            },
-            // facebook/opt-125m (vLLM's default model): 12 layers, 12 heads (no GQA), head dim 64, fp16.
-            "opt-125m" | "facebook/opt-125m" => ModelSpec {
-                name: "facebook/opt-125m".into(),
-                params: 1.25e8,
-                weights_bytes: gib(0.24),
-                bytes_per_kv_token: kv_bytes_per_token(12, 12, 64, 2),
-                max_model_len: 2_048,
-                overhead_bytes: gib(0.3),
-            },
-            // Qwen3-14B, bf16: 40 layers, 8 KV heads, head dim 128 (memory-profiles.md #7 checks 160 KiB/token).
-            "qwen3-14b" | "qwen/qwen3-14b" => ModelSpec {
-                name: "Qwen/Qwen3-14B".into(),
-                params: 14.8e9,
-                weights_bytes: gib(27.5),
-                bytes_per_kv_token: kv_bytes_per_token(40, 8, 128, 2),
-                max_model_len: 40_960,
-                overhead_bytes: gib(1.5),
-            },
-            // Llama-3.1-70B-Instruct, bf16: 80 layers, 8 KV heads, head dim 128. Does not fit on one 80 GB GPU,
-            // which is the point: the engine refuses to start, as vLLM does without tensor parallelism.
-            "llama-3.1-70b" | "meta-llama/llama-3.1-70b-instruct" => ModelSpec {
-                name: "meta-llama/Llama-3.1-70B-Instruct".into(),
-                params: 70.6e9,
-                weights_bytes: gib(131.4),
-                bytes_per_kv_token: kv_bytes_per_token(80, 8, 128, 2),
-                max_model_len: 131_072,
-                overhead_bytes: gib(2.0),
-            },
-            _ => return Err(ModelError::UnknownModelPreset(name.to_owned())),
-        };
-        Ok(spec)
-    }
-}
-
-/// A GPU: memory, memory bandwidth and dense bf16 throughput.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuSpec {
-    /// A short name ("a100-80gb"); vLLM picks some defaults by device name.
-    pub name: String,
-    /// Total device memory as CUDA reports it (what vLLM multiplies `gpu_memory_utilization` by).
-    pub memory_bytes: u64,
-    /// Peak HBM bandwidth, bytes per second.
-    pub hbm_bandwidth_bytes_per_s: f64,
-    /// Peak dense bf16 tensor FLOPs per second.
-    pub flops: f64,
-}
-
-impl GpuSpec {
-    /// Names accepted by [`GpuSpec::preset`].
-    pub const PRESETS: &'static [&'static str] = &["a100-80gb", "a100-40gb", "h100-80gb", "l4"];
-
-    /// A real GPU's datasheet numbers; sources in `docs/emulator.md`.
-    pub fn preset(name: &str) -> Result<GpuSpec, ModelError> {
-        let gib = |x: f64| (x * GIB as f64).round() as u64;
-        let spec = match name.to_ascii_lowercase().as_str() {
-            // A100-SXM4-80GB: 2,039 GB/s HBM2e, 312 TFLOPS dense bf16; CUDA reports 79.25-79.28 GiB
-            // (memory-profiles.md #1-2 derive 79.28 GiB from vLLM's own numbers).
-            "a100-80gb" | "a100" => GpuSpec {
-                name: "a100-80gb".into(),
-                memory_bytes: gib(79.28),
-                hbm_bandwidth_bytes_per_s: 2.039e12,
-                flops: 312e12,
-            },
-            // A100-SXM4-40GB: 1,555 GB/s, 312 TFLOPS; vLLM logs total_gpu_memory=39.50GiB (memory-profiles.md #3).
-            "a100-40gb" => GpuSpec {
-                name: "a100-40gb".into(),
-                memory_bytes: gib(39.50),
-                hbm_bandwidth_bytes_per_s: 1.555e12,
-                flops: 312e12,
-            },
-            // H100-SXM5-80GB: 3.35 TB/s HBM3, 989 TFLOPS dense bf16; 79.22 GiB total (memory-profiles.md #4).
-            "h100-80gb" | "h100" => GpuSpec {
-                name: "h100-80gb".into(),
-                memory_bytes: gib(79.22),
-                hbm_bandwidth_bytes_per_s: 3.35e12,
-                flops: 989e12,
-            },
-            // L4: 24 GB GDDR6 at 300 GB/s, 121 TFLOPS dense bf16; CUDA reports about 22.0 GiB.
-            "l4" => GpuSpec {
-                name: "l4".into(),
-                memory_bytes: gib(22.0),
-                hbm_bandwidth_bytes_per_s: 300e9,
-                flops: 121e12,
-            },
-            _ => return Err(ModelError::UnknownGpuPreset(name.to_owned())),
-        };
-        Ok(spec)
-    }
-}
-
-/// How the KV cache is sized, as vLLM's two flags do.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum MemorySetting {
-    /// `--gpu-memory-utilization`: the fraction of total GPU memory vLLM may use (0 < u ≤ 1).
-    GpuMemoryUtilization(f64),
-    /// `--kv-cache-memory-bytes`: the KV cache size itself, whatever the GPU holds.
-    KvCacheBytes(u64),
-}
-
-/// Engine settings: vLLM's scheduler and cache flags plus the model's efficiency factors.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EngineConfig {
-    /// `--max-num-seqs`: most requests in one batch.
-    pub max_num_seqs: u32,
-    /// `--max-num-batched-tokens`: token budget of one step (prefill chunks + decodes).
-    pub max_num_batched_tokens: u32,
-    /// `--block-size`: tokens per KV block.
-    pub block_size: u32,
-    /// `--max-model-len`; `None` = the model's own.
-    pub max_model_len: Option<u32>,
-    /// How the KV cache is sized.
-    pub memory: MemorySetting,
-    /// Share of the GPU's compute this engine gets (1.0 = the whole GPU).
-    pub compute_fraction: f64,
-    /// Achieved fraction of peak HBM bandwidth in memory-bound (decode) steps.
-    pub memory_efficiency: f64,
-    /// Achieved fraction of peak FLOPs in compute-bound (prefill) steps.
-    pub compute_efficiency: f64,
-    /// Fixed time per step outside the GPU kernels' roofline (scheduling, sampling, launches), seconds.
-    pub step_overhead_s: f64,
-}
-
-impl EngineConfig {
-    /// vLLM's defaults for the OpenAI server on this GPU: 8192 batched tokens and 1024 sequences on GPUs with
-    /// at least 70 GiB that are not A100s, else 2048 and 256 (`EngineArgs.get_batch_defaults`); block size 16,
-    /// `gpu_memory_utilization` 0.9.
-    pub fn vllm_defaults(gpu: &GpuSpec) -> EngineConfig {
-        let big = gpu.memory_bytes >= 70 * GIB && !gpu.name.to_ascii_lowercase().contains("a100");
-        EngineConfig {
-            max_num_seqs: if big { 1024 } else { 256 },
-            max_num_batched_tokens: if big { 8192 } else { 2048 },
-            block_size: 16,
-            max_model_len: None,
-            memory: MemorySetting::GpuMemoryUtilization(0.9),
-            compute_fraction: 1.0,
-            memory_efficiency: 0.8,
-            compute_efficiency: 0.6,
-            step_overhead_s: 0.001,
-        }
-    }
-
-    fn validate(&self) -> Result<(), ModelError> {
-        let bad = |field, reason: String| Err(ModelError::InvalidConfig { field, reason });
-        if self.max_num_seqs == 0 {
-            return bad("max_num_seqs", "must be at least 1".into());
-        }
-        if self.block_size == 0 {
-            return bad(
-                "block_size",
-                "must be at least 1 (vLLM uses 16 by default)".into(),
-            );
-        }
-        if self.max_num_batched_tokens < self.max_num_seqs {
-            return bad(
-                "max_num_batched_tokens",
-                format!(
-                    "{} is smaller than max_num_seqs ({}); raise it or lower max_num_seqs",
-                    self.max_num_batched_tokens, self.max_num_seqs
-                ),
-            );
-        }
-        if let MemorySetting::GpuMemoryUtilization(u) = self.memory
-            && !(u > 0.0 && u <= 1.0)
-        {
-            return bad("gpu_memory_utilization", format!("{u} is outside (0, 1]"));
-        }
-        let in_unit = |x: f64| x > 0.0 && x <= 1.0;
-        if !in_unit(self.compute_fraction) {
-            return bad(
-                "compute_fraction",
-                format!("{} is outside (0, 1]", self.compute_fraction),
-            );
-        }
-        if !in_unit(self.memory_efficiency) {
-            return bad(
-                "memory_efficiency",
-                format!("{} is outside (0, 1]", self.memory_efficiency),
-            );
-        }
-        if !in_unit(self.compute_efficiency) {
-            return bad(
-                "compute_efficiency",
-                format!("{} is outside (0, 1]", self.compute_efficiency),
-            );
-        }
-        if !(self.step_overhead_s >= 0.0 && self.step_overhead_s.is_finite()) {
-            return bad(
-                "step_overhead_s",
-                format!("{} must be a finite number ≥ 0", self.step_overhead_s),
-            );
-        }
-        Ok(())
-    }
-}
+use super::histogram::*;
+use super::sharing::{Neighbours, StepCost, StepTiming};
+use super::spec::*;
 
 /// One request as the engine sees it (tokens only; the text stays with the server).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -453,117 +112,6 @@ pub enum EngineEvent {
     },
 }
 
-/// Bucket upper bounds of vLLM's `vllm:time_to_first_token_seconds` (vllm/v1/metrics/loggers.py).
-pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-    80.0, 160.0, 640.0, 2560.0,
-];
-/// Bucket bounds of `vllm:inter_token_latency_seconds` and `vllm:time_per_output_token_seconds`.
-pub const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-];
-/// Bucket bounds vLLM shares among e2e, queue, inference, prefill and decode time histograms.
-pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-    960.0, 1920.0, 7680.0,
-];
-/// Bucket bounds of `vllm:iteration_tokens_total`.
-pub const ITERATION_TOKENS_BUCKETS: &[f64] = &[
-    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
-];
-/// Bucket bounds of `vllm:request_params_n`.
-pub const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
-
-/// vLLM's `build_1_2_5_buckets(max)`: 1, 2, 5, 10, 20, 50, … up to `max` (token-count histograms).
-pub fn buckets_1_2_5(max: u64) -> Vec<f64> {
-    let mut out = Vec::new();
-    let mut scale: u64 = 1;
-    loop {
-        for m in [1u64, 2, 5] {
-            let v = m.saturating_mul(scale);
-            if v > max {
-                return out;
-            }
-            out.push(v as f64);
-        }
-        scale = scale.saturating_mul(10);
-    }
-}
-
-/// A cumulative Prometheus-style histogram with fixed bounds (plus the implicit `+Inf`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Histogram {
-    /// Upper bounds, ascending, without `+Inf`.
-    pub bounds: Vec<f64>,
-    /// Observations per bucket (not cumulative); one more entry than `bounds`, the last being `+Inf`.
-    pub counts: Vec<u64>,
-    /// Sum of observations.
-    pub sum: f64,
-    /// Number of observations.
-    pub count: u64,
-}
-
-impl Histogram {
-    /// An empty histogram with these upper bounds.
-    pub fn new(bounds: &[f64]) -> Histogram {
-        Histogram {
-            bounds: bounds.to_vec(),
-            counts: vec![0; bounds.len() + 1],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    /// Records one value (`le` semantics: a value equal to a bound falls in that bucket).
-    pub fn observe(&mut self, v: f64) {
-        let i = self.bounds.partition_point(|b| *b < v);
-        self.counts[i] += 1;
-        self.sum += v;
-        self.count += 1;
-    }
-
-    /// `(le, cumulative count)` pairs, ending with `(+Inf, count)`.
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut acc = 0;
-        let mut out = Vec::with_capacity(self.counts.len());
-        for (i, c) in self.counts.iter().enumerate() {
-            acc += c;
-            out.push((self.bounds.get(i).copied().unwrap_or(f64::INFINITY), acc));
-        }
-        out
-    }
-
-    /// The same observations as the cumulative histogram vLLM's `/metrics` shows and the project's parser reads
-    /// (`tessera_core::metrics::Histogram`), so windows and quantiles use the one implementation the sidecar uses.
-    pub fn to_cumulative(&self) -> tessera_core::metrics::Histogram {
-        let mut acc = 0u64;
-        let buckets = self
-            .bounds
-            .iter()
-            .copied()
-            .chain(std::iter::once(f64::INFINITY))
-            .zip(&self.counts)
-            .map(|(le, c)| {
-                acc += c;
-                tessera_core::metrics::Bucket {
-                    le,
-                    cumulative: acc as f64,
-                }
-            })
-            .collect();
-        tessera_core::metrics::Histogram {
-            buckets,
-            sum: self.sum,
-            count: self.count as f64,
-        }
-    }
-
-    /// The `q` quantile as Prometheus' `histogram_quantile` computes it (`tessera_core::metrics::Histogram::quantile`).
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        self.to_cumulative().quantile(q)
-    }
-}
-
 /// The engine's counters, gauges and cumulative histograms: what vLLM's `/metrics` shows.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EngineStats {
@@ -653,6 +201,9 @@ impl Seq {
 struct Step {
     end: f64,
     tokens: u64,
+    /// HBM bandwidth and GPU-busy shares of this step, what co-tenants contend with.
+    bandwidth: f64,
+    busy: f64,
 }
 
 /// One vLLM engine on one GPU, in virtual time. See the module docs.
@@ -668,6 +219,8 @@ pub struct Engine {
     running: Vec<Seq>,
     waiting: VecDeque<Seq>,
     step: Option<Step>,
+    /// What the co-tenants of its GPU are doing, as last told by the caller.
+    neighbours: Neighbours,
     /// The latest time the engine has seen (submit or advance); time never goes backwards.
     now: f64,
     stats: EngineStats,
@@ -740,6 +293,7 @@ impl Engine {
             running: Vec::new(),
             waiting: VecDeque::new(),
             step: None,
+            neighbours: Neighbours::default(),
             now: 0.0,
             stats,
         })
@@ -1023,24 +577,51 @@ impl Engine {
             .filter(|s| s.scheduled > 0)
             .map(|s| s.computed + s.scheduled)
             .sum();
-        let dur = self.step_time(tokens, kv_tokens_read);
+        let timing = self.step_timing(tokens, kv_tokens_read);
+        let dur = timing.duration_s;
         self.stats.steps += 1;
         self.stats.busy_time_s += dur;
         self.step = Some(Step {
             end: at + dur,
             tokens,
+            bandwidth: timing.bandwidth,
+            busy: timing.busy,
         });
     }
 
     /// Step duration from the roofline: GPU time is the larger of the memory time (weights + KV read from HBM)
-    /// and the compute time (2 × params FLOPs per token), stretched by the GPU share; plus a fixed overhead.
+    /// and the compute time (2 × params FLOPs per token), as the sharing model stretches them for the GPU share
+    /// and the co-tenants' activity; plus a fixed overhead.
     pub fn step_time(&self, tokens: u64, kv_tokens_read: u64) -> f64 {
+        self.step_timing(tokens, kv_tokens_read).duration_s
+    }
+
+    fn step_timing(&self, tokens: u64, kv_tokens_read: u64) -> StepTiming {
         let bytes =
             self.model.weights_bytes as f64 + kv_tokens_read as f64 * self.model.bytes_per_kv_token as f64;
-        let t_mem = bytes / (self.gpu.hbm_bandwidth_bytes_per_s * self.cfg.memory_efficiency);
-        let t_compute =
-            2.0 * self.model.params * tokens as f64 / (self.gpu.flops * self.cfg.compute_efficiency);
-        t_mem.max(t_compute) / self.cfg.compute_fraction + self.cfg.step_overhead_s
+        let cost = StepCost {
+            memory_s: bytes / (self.gpu.hbm_bandwidth_bytes_per_s * self.cfg.memory_efficiency),
+            compute_s: 2.0 * self.model.params * tokens as f64
+                / (self.gpu.flops * self.cfg.compute_efficiency),
+            overhead_s: self.cfg.step_overhead_s,
+        };
+        self.cfg
+            .sharing
+            .step(cost, self.cfg.compute_fraction, self.neighbours)
+    }
+
+    /// Tells the engine what its GPU's co-tenants are doing now; steps that start from now on are timed with it.
+    pub fn set_neighbours(&mut self, n: Neighbours) {
+        self.neighbours = n;
+    }
+
+    /// The HBM bandwidth share and GPU-busy duty of the step in flight (`None` when idle): what this engine
+    /// imposes on its co-tenants right now.
+    pub fn load(&self) -> Option<Neighbours> {
+        self.step.map(|s| Neighbours {
+            bandwidth: s.bandwidth,
+            busy: s.busy,
+        })
     }
 
     fn finish_step(&mut self, step: Step, sink: &mut impl FnMut(EngineEvent)) {
@@ -1135,6 +716,7 @@ impl Engine {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::model::SharingModel;
     use proptest::prelude::*;
 
     fn engine_with(f: impl FnOnce(&mut EngineConfig)) -> Engine {
@@ -1360,20 +942,41 @@ mod tests {
     }
 
     #[test]
-    fn half_the_compute_doubles_the_step_time() {
-        let full = engine_with(|c| c.step_overhead_s = 0.0);
+    fn half_the_compute_doubles_the_step_time_under_the_proportional_model() {
+        let full = engine_with(|c| {
+            c.step_overhead_s = 0.0;
+            c.sharing = SharingModel::Proportional;
+        });
         let half = engine_with(|c| {
             c.step_overhead_s = 0.0;
             c.compute_fraction = 0.5;
+            c.sharing = SharingModel::Proportional;
         });
         for (tokens, kv) in [(1, 1000), (64, 64_000), (2048, 2048)] {
             let r = half.step_time(tokens, kv) / full.step_time(tokens, kv);
             assert!((r - 2.0).abs() < 1e-9, "ratio {r}");
         }
-        // With the default overhead the whole step is still close to 2× slower.
-        let (a, b) = (engine_with(|_| {}), engine_with(|c| c.compute_fraction = 0.5));
-        let r = b.step_time(1, 1000) / a.step_time(1, 1000);
-        assert!(r > 1.8 && r <= 2.0, "ratio {r}");
+    }
+
+    #[test]
+    fn half_the_sms_cost_decode_nothing_alone_but_prefill_twice() {
+        let full = engine_with(|c| c.step_overhead_s = 0.0);
+        let mut half = engine_with(|c| {
+            c.step_overhead_s = 0.0;
+            c.compute_fraction = 0.5;
+        });
+        // Decode (one token per sequence, long contexts): bandwidth-bound, unchanged at half the SMs.
+        let r = half.step_time(64, 64_000) / full.step_time(64, 64_000);
+        assert!((r - 1.0).abs() < 1e-9, "decode ratio {r}");
+        // Prefill (2,048 prompt tokens): compute-bound, twice as long.
+        let r = half.step_time(2048, 2048) / full.step_time(2048, 2048);
+        assert!((r - 2.0).abs() < 1e-9, "prefill ratio {r}");
+        // A busy neighbour reading HBM slows decode.
+        half.set_neighbours(Neighbours {
+            bandwidth: 0.9,
+            busy: 0.9,
+        });
+        assert!(half.step_time(64, 64_000) > full.step_time(64, 64_000) * 1.1);
     }
 
     #[test]
