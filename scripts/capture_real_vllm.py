@@ -45,7 +45,7 @@ def gauge(page, name):
 
 
 def completion(prompt_len, max_tokens, stream=False):
-    prompt = [10 + (i * 7) % 900 for i in range(prompt_len)]
+    prompt = [10 + (i * 7) % 400 for i in range(prompt_len)]
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
             "stream": stream, "temperature": 0}
     return http("POST", "/v1/completions", body)
@@ -100,12 +100,16 @@ def main_phase():
           "stream_options": {"include_usage": True}, "temperature": 0}),
         ("error unknown model", "/v1/chat/completions", {**chat, "model": "no-such-model"}),
         ("error too long", "/v1/completions",
-         {"model": MODEL, "prompt": [11] * 1000, "max_tokens": 100}),
+         {"model": MODEL, "prompt": [11] * 1100, "max_tokens": 10}),
         ("error missing messages", "/v1/chat/completions", {"model": MODEL}),
         ("error bad max_tokens", "/v1/chat/completions", {**chat, "max_tokens": -1}),
     ]:
         status, headers, text = http("POST", path, body)
-        entry = {"request": {"path": path, "body": body}, "status": status,
+        shown = dict(body)
+        if isinstance(shown.get("prompt"), list) and len(shown["prompt"]) > 20:
+            n = len(shown["prompt"])
+            shown["prompt"] = f"[{shown['prompt'][0]}] * {n} (abbreviated here: {n} token ids)"
+        entry = {"request": {"path": path, "body": shown}, "status": status,
                  "content_type": headers.get("content-type")}
         if body.get("stream"):
             entry["sse"] = sse_lines(text)
@@ -132,6 +136,7 @@ def main_phase():
 
 
 def preemption_phase():
+    save("metrics-fresh-small-cache.txt", metrics())
     threads = load(24, 100, 300)
     save("metrics-preemption.txt",
          wait_page(lambda p: any(line.startswith("vllm:num_preemptions_total{")
