@@ -473,6 +473,8 @@ pub const ITERATION_TOKENS_BUCKETS: &[f64] = &[
 ];
 /// Bucket bounds of `vllm:request_params_n`.
 pub const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+/// `vllm:request_num_preemptions` bucket bounds (as a real vLLM 0.32.0 page shows them).
+pub const NUM_PREEMPTIONS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
 
 /// vLLM's `build_1_2_5_buckets(max)`: 1, 2, 5, 10, 20, 50, … up to `max` (token-count histograms).
 pub fn buckets_1_2_5(max: u64) -> Vec<f64> {
@@ -621,6 +623,11 @@ pub struct EngineStats {
     pub request_max_tokens: Histogram,
     /// `vllm:iteration_tokens_total`.
     pub iteration_tokens: Histogram,
+    /// `vllm:request_num_preemptions` (per finished request).
+    pub request_num_preemptions: Histogram,
+    /// `vllm:request_prefill_kv_computed_tokens` (per finished request: prompt tokens not served from the prefix
+    /// cache, which the model does not have, so all of them).
+    pub request_prefill_kv_computed_tokens: Histogram,
 }
 
 /// A request inside the engine.
@@ -728,6 +735,8 @@ impl Engine {
             request_generation_tokens: Histogram::new(&buckets_1_2_5(u64::from(max_model_len))),
             request_max_tokens: Histogram::new(&buckets_1_2_5(u64::from(max_model_len))),
             iteration_tokens: Histogram::new(ITERATION_TOKENS_BUCKETS),
+            request_num_preemptions: Histogram::new(NUM_PREEMPTIONS_BUCKETS),
+            request_prefill_kv_computed_tokens: Histogram::new(&buckets_1_2_5(u64::from(max_model_len))),
         };
         Ok(Engine {
             model,
@@ -1117,6 +1126,8 @@ impl Engine {
         s.request_prompt_tokens.observe(f64::from(seq.req.prompt_tokens));
         s.request_generation_tokens.observe(f64::from(seq.output));
         s.request_max_tokens.observe(f64::from(seq.req.max_tokens));
+        s.request_num_preemptions.observe(f64::from(seq.preemptions));
+        s.request_prefill_kv_computed_tokens.observe(f64::from(seq.req.prompt_tokens));
         sink(EngineEvent::Finished {
             id: seq.req.id,
             at,
