@@ -1127,7 +1127,8 @@ impl Engine {
         s.request_generation_tokens.observe(f64::from(seq.output));
         s.request_max_tokens.observe(f64::from(seq.req.max_tokens));
         s.request_num_preemptions.observe(f64::from(seq.preemptions));
-        s.request_prefill_kv_computed_tokens.observe(f64::from(seq.req.prompt_tokens));
+        s.request_prefill_kv_computed_tokens
+            .observe(f64::from(seq.req.prompt_tokens));
         sink(EngineEvent::Finished {
             id: seq.req.id,
             at,

@@ -7,7 +7,8 @@
 //!    have the shapes recorded in `testdata/vllm/real/api.json`;
 //! 3. the sidecar reads it (KV, waiting, running, TTFT, cache config) and its recommendation grows under load;
 //! 4. `k6 run load-tests/smoke.js` passes through the activator;
-//! 5. sleep mode: the CPU build has no sleep endpoints (`/sleep`, `/is_sleeping` answer 404).
+//! 5. sleep mode: the CPU build refuses `--enable-sleep-mode` (checked on vLLM's own config validation, the code
+//!    the start-up runs, instead of a second 60-second server start) and has no sleep endpoints (404).
 //!
 //! It is `#[ignore]`d so a plain `cargo test` does not install 7 GB and start a Python server; `scripts/test.sh`
 //! runs it with `-- --ignored` after `scripts/real-vllm.sh install` (skipped only with TESSERA_SKIP_REAL_VLLM=1).
@@ -46,6 +47,7 @@ struct RealVllm {
     pid: u32,
     url: String,
     log: PathBuf,
+    model_dir: String,
     startup: Duration,
 }
 
@@ -80,6 +82,7 @@ impl RealVllm {
             pid: field("PID=").parse().unwrap(),
             url: field("URL="),
             log: PathBuf::from(field("LOG=")),
+            model_dir: field("MODEL_DIR="),
             startup: t0.elapsed(),
         }
     }
@@ -229,14 +232,16 @@ async fn tessera_against_a_real_vllm() {
     };
     let deadline = Instant::now() + Duration::from_secs(20);
     while activator_model_stats(&http, &act).await["queued"] != 1 {
-        assert!(Instant::now() < deadline, "the activator never queued the request");
+        assert!(
+            Instant::now() < deadline,
+            "the activator never queued the request"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let vllm = tokio::task::spawn_blocking(move || {
-        RealVllm::start(port, &["--num-gpu-blocks-override", KV_BLOCKS])
-    })
-    .await
-    .unwrap();
+    let vllm =
+        tokio::task::spawn_blocking(move || RealVllm::start(port, &["--num-gpu-blocks-override", KV_BLOCKS]))
+            .await
+            .unwrap();
     let healthy_at = Instant::now();
     println!(
         "real vLLM healthy at {} after {:.1} s (install check + model + engine start)",
@@ -250,7 +255,9 @@ async fn tessera_against_a_real_vllm() {
         .unwrap();
     assert_eq!(status, 200, "{body}\n{}", vllm.log_tail());
     assert!(
-        ctype.as_deref().is_some_and(|c| c.starts_with("text/event-stream")),
+        ctype
+            .as_deref()
+            .is_some_and(|c| c.starts_with("text/event-stream")),
         "{ctype:?}"
     );
     let lines: Vec<String> = body
@@ -302,15 +309,42 @@ async fn tessera_against_a_real_vllm() {
     );
 
     // 5 (early, it is cheap). Sleep mode: no endpoints on the CPU build without dev mode.
-    for (method, path) in [("POST", "/sleep?level=1"), ("GET", "/is_sleeping"), ("POST", "/wake_up")] {
+    for (method, path) in [
+        ("POST", "/sleep?level=1"),
+        ("GET", "/is_sleeping"),
+        ("POST", "/wake_up"),
+    ] {
         let url = format!("{}{path}", vllm.url);
         let r = if method == "POST" {
             http.post(url).send().await.unwrap()
         } else {
             http.get(url).send().await.unwrap()
         };
-        assert_eq!(r.status(), 404, "{method} {path}: sleep mode is off on the CPU build");
+        assert_eq!(
+            r.status(),
+            404,
+            "{method} {path}: sleep mode is off on the CPU build"
+        );
     }
+
+    // The refusal of --enable-sleep-mode, in the background while the sidecar works: vLLM's ModelConfig (what
+    // `--enable-sleep-mode` reaches at start-up) must refuse it on this platform, and accept the same model without.
+    let model_dir = vllm.model_dir.clone();
+    let sleep_check = tokio::task::spawn_blocking(move || {
+        let script = format!(
+            "from vllm.config import ModelConfig\n\
+             ModelConfig(model={model_dir:?}, max_model_len=768)\n\
+             print('ACCEPTED without sleep mode')\n\
+             try:\n    ModelConfig(model={model_dir:?}, max_model_len=768, enable_sleep_mode=True)\n    \
+             print('ACCEPTED with sleep mode')\n\
+             except Exception as e:\n    print('REFUSED:', e)\n"
+        );
+        let out = Command::new(workspace().join("scripts/real-vllm.sh"))
+            .args(["python", "-c", &script])
+            .output()
+            .expect("run the vLLM environment's python");
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    });
 
     // 3. The sidecar on the live server: idle first, then loaded until the cache is full.
     let sidecar = Tessera::start(&[
@@ -335,17 +369,30 @@ async fn tessera_against_a_real_vllm() {
         "--bytes-per-kv-token",
         BYTES_PER_KV_TOKEN,
     ]);
-    let idle = wait_sidecar(&http, &sidecar, "an idle recommendation", Duration::from_secs(60), |s| {
-        s.ready && s.recommendation().is_some()
-    })
+    let idle = wait_sidecar(
+        &http,
+        &sidecar,
+        "an idle recommendation",
+        Duration::from_secs(60),
+        |s| s.ready && s.recommendation().is_some(),
+    )
     .await;
     let latest = idle.latest.as_ref().unwrap();
     assert_eq!(latest.model_names, vec![MODEL.to_string()]);
-    assert_eq!(latest.cache_config.get("num_gpu_blocks").map(String::as_str), Some(KV_BLOCKS));
-    assert_eq!(latest.cache_config.get("block_size").map(String::as_str), Some("128"));
+    assert_eq!(
+        latest.cache_config.get("num_gpu_blocks").map(String::as_str),
+        Some(KV_BLOCKS)
+    );
+    assert_eq!(
+        latest.cache_config.get("block_size").map(String::as_str),
+        Some("128")
+    );
     assert_eq!(idle.max_model_len, Some(768), "learned from the real /v1/models");
     let idle_tokens = idle.recommendation().unwrap().kv_cache_tokens;
-    println!("sidecar idle: KV {:?}, recommended KV tokens {idle_tokens}", latest.kv_cache_usage_ratio);
+    println!(
+        "sidecar idle: KV {:?}, recommended KV tokens {idle_tokens}",
+        latest.kv_cache_usage_ratio
+    );
 
     let load: Vec<_> = (0..16)
         .map(|i| {
@@ -369,8 +416,12 @@ async fn tessera_against_a_real_vllm() {
         |s| {
             let l = s.latest.as_ref();
             l.and_then(|l| l.kv_cache_usage_ratio).is_some_and(|k| k >= 0.9)
-                && s.window.as_ref().and_then(|w| w.requests_waiting_max).is_some_and(|w| w > 0.0)
-                && s.recommendation().is_some_and(|r| r.kv_cache_tokens > idle_tokens)
+                && s.window
+                    .as_ref()
+                    .and_then(|w| w.requests_waiting_max)
+                    .is_some_and(|w| w > 0.0)
+                && s.recommendation()
+                    .is_some_and(|r| r.kv_cache_tokens > idle_tokens)
         },
     )
     .await;
@@ -397,7 +448,9 @@ async fn tessera_against_a_real_vllm() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let page = get(format!("{}/metrics", vllm.url)).await;
-        if gauge(&page, "vllm:num_requests_running") == 0.0 && gauge(&page, "vllm:num_requests_waiting") == 0.0 {
+        if gauge(&page, "vllm:num_requests_running") == 0.0
+            && gauge(&page, "vllm:num_requests_waiting") == 0.0
+        {
             break;
         }
         assert!(Instant::now() < deadline, "the aborted load did not drain");
@@ -409,6 +462,14 @@ async fn tessera_against_a_real_vllm() {
     .await;
     assert!(s.window.unwrap().ttft_seconds.p50.unwrap() > 0.0);
 
+    let sleep_out = sleep_check.await.unwrap();
+    assert!(
+        sleep_out.contains("ACCEPTED without sleep mode")
+            && sleep_out.contains("REFUSED:")
+            && sleep_out.contains("Sleep mode is not supported on current platform."),
+        "{sleep_out}"
+    );
+
     // 4. k6 smoke through the activator (short answers: a CPU decodes a few tokens per second under load).
     match find_k6() {
         None => eprintln!(
@@ -418,7 +479,14 @@ async fn tessera_against_a_real_vllm() {
             let metrics_url = format!("{}/metrics", vllm.url);
             let out = Command::new(k6)
                 .current_dir(workspace())
-                .args(["run", "--quiet", "--no-color", "--address", "", "load-tests/smoke.js"])
+                .args([
+                    "run",
+                    "--quiet",
+                    "--no-color",
+                    "--address",
+                    "",
+                    "load-tests/smoke.js",
+                ])
                 .env("K6_NO_USAGE_REPORT", "true")
                 .env("BASE_URL", act.base())
                 .env("METRICS_URLS", &metrics_url)
@@ -434,7 +502,10 @@ async fn tessera_against_a_real_vllm() {
                 String::from_utf8_lossy(&out.stderr)
             );
             println!("{text}");
-            assert!(out.status.success(), "k6 smoke through the activator failed:\n{text}");
+            assert!(
+                out.status.success(),
+                "k6 smoke through the activator failed:\n{text}"
+            );
             assert!(text.contains(&format!("model {MODEL}")), "{text}");
         }
     }

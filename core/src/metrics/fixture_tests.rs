@@ -623,10 +623,7 @@ mod real_vllm_0_32 {
         let s = VllmSnapshot::from_text(PREEMPTION).unwrap();
         let cc = &s.cache_config;
         assert_eq!(cc.get("num_gpu_blocks").map(String::as_str), Some("8"));
-        assert_eq!(
-            cc.get("num_gpu_blocks_override").map(String::as_str),
-            Some("8")
-        );
+        assert_eq!(cc.get("num_gpu_blocks_override").map(String::as_str), Some("8"));
         assert_eq!(cc.get("kv_cache_size_tokens").map(String::as_str), Some("1024"));
         assert_eq!(
             cc.get("kv_cache_memory_bytes").map(String::as_str),

@@ -321,7 +321,10 @@ fn cache_config_v1(args: &Args, engine: &Engine, kv_bytes: String, util: f64) ->
         ("swa_bounded_replay", "True".into()),
         ("use_kda_recoverssm", "False".into()),
         ("use_replayssm", "False".into()),
-        ("user_specified_block_size", if user_block { "True" } else { "False" }.into()),
+        (
+            "user_specified_block_size",
+            if user_block { "True" } else { "False" }.into(),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

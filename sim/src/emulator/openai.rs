@@ -181,7 +181,12 @@ fn missing_field(body: &Value, field: &str) -> ApiError {
     } else {
         ("missing", "Field required")
     };
-    ApiError::validation(kind, format!("body.{field}"), msg, &format!("<dict of {items} items>"))
+    ApiError::validation(
+        kind,
+        format!("body.{field}"),
+        msg,
+        &format!("<dict of {items} items>"),
+    )
 }
 
 fn parse(endpoint: Endpoint, raw: &[u8]) -> Result<Parsed, ApiError> {

@@ -106,7 +106,9 @@ pub fn diff_metrics(
     }
     for name in expected_only_sim {
         if r.contains_key(*name) {
-            out.push(format!("{name}: listed as emulator-only but the real page has it"));
+            out.push(format!(
+                "{name}: listed as emulator-only but the real page has it"
+            ));
         }
     }
     for (name, rf) in &r {
@@ -115,7 +117,10 @@ pub fn diff_metrics(
             out.push(format!("{name}: TYPE real {} vs emulator {}", rf.kind, sf.kind));
         }
         if rf.help != sf.help {
-            out.push(format!("{name}: HELP real {:?} vs emulator {:?}", rf.help, sf.help));
+            out.push(format!(
+                "{name}: HELP real {:?} vs emulator {:?}",
+                rf.help, sf.help
+            ));
         }
         if rf.labels != sf.labels {
             let only_r: Vec<_> = rf.labels.difference(&sf.labels).collect();
@@ -343,7 +348,10 @@ pub async fn api_diff(base: &str, real: &Value) -> Vec<String> {
     let entry = &real["error bad json"];
     let real_body: Value = serde_json::from_str(entry["body"].as_str().unwrap()).unwrap();
     if status != entry["status"] {
-        out.push(format!("error bad json: status {status} vs real {}", entry["status"]));
+        out.push(format!(
+            "error bad json: status {status} vs real {}",
+            entry["status"]
+        ));
     }
     out.extend(diff_json("error bad json", &real_body, &sim_body, &[]));
     out
@@ -364,14 +372,22 @@ fn diff_stream(name: &str, real: &[String], sim: &[String]) -> Vec<String> {
     }
     let role = |evs: &[Value]| evs.first().map(|e| e["choices"][0]["delta"]["role"].clone());
     if role(&r) != role(&s) {
-        out.push(format!("{name}: first chunk's role {:?} vs real {:?}", role(&s), role(&r)));
+        out.push(format!(
+            "{name}: first chunk's role {:?} vs real {:?}",
+            role(&s),
+            role(&r)
+        ));
     }
     let usage_last = |evs: &[Value]| {
         evs.last()
             .is_some_and(|e| e["choices"] == json!([]) && e.get("usage").is_some())
     };
     if usage_last(&r) != usage_last(&s) {
-        out.push(format!("{name}: a final usage chunk with no choices: real {} vs emulator {}", usage_last(&r), usage_last(&s)));
+        out.push(format!(
+            "{name}: a final usage chunk with no choices: real {} vs emulator {}",
+            usage_last(&r),
+            usage_last(&s)
+        ));
     }
     // Compare the kinds of chunk one by one: first, every middle chunk merged, the finishing one, the usage one.
     let kinds = |evs: &[Value]| {
@@ -398,7 +414,11 @@ fn diff_stream(name: &str, real: &[String], sim: &[String]) -> Vec<String> {
     let pair = |what: &str, a: &Option<Value>, b: &Option<Value>, out: &mut Vec<String>| match (a, b) {
         (Some(a), Some(b)) => out.extend(diff_json(&format!("{name} {what}"), a, b, NULL_ONLY_FIELDS)),
         (None, None) => {}
-        _ => out.push(format!("{name}: {what} chunk present real {} vs emulator {}", a.is_some(), b.is_some())),
+        _ => out.push(format!(
+            "{name}: {what} chunk present real {} vs emulator {}",
+            a.is_some(),
+            b.is_some()
+        )),
     };
     pair("first chunk", &rf, &sf, &mut out);
     pair("finishing chunk", &rfin, &sfin, &mut out);
