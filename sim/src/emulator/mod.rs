@@ -32,6 +32,9 @@ use tracing::info;
 use crate::model::{Engine, EngineConfig, GIB, GpuSpec, MemorySetting, ModelSpec};
 
 use driver::EngineHandle;
+
+/// vLLM's default KV block size on GPUs (the CPU backend uses 128).
+const DEFAULT_BLOCK_SIZE: u32 = 16;
 use metrics::{MetricsVersion, PageInfo, SleepState};
 use openai::{ApiError, Endpoint};
 
@@ -73,7 +76,7 @@ pub struct Args {
     #[arg(long, env = "TESSERA_MAX_NUM_BATCHED_TOKENS")]
     pub max_num_batched_tokens: Option<u32>,
     /// vLLM's --block-size: tokens per KV cache block.
-    #[arg(long, env = "TESSERA_BLOCK_SIZE", default_value_t = 16)]
+    #[arg(long, env = "TESSERA_BLOCK_SIZE", default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: u32,
     /// vLLM's --gpu-memory-utilization: fraction of GPU memory for weights, activations and KV cache.
     #[arg(long, env = "TESSERA_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
@@ -200,25 +203,10 @@ pub fn router(args: &Args, engine: Engine) -> Router {
         MemorySetting::GpuMemoryUtilization(u) => u,
         MemorySetting::KvCacheBytes(_) => args.gpu_memory_utilization,
     };
-    let cache_config: Vec<(String, String)> = [
-        ("block_size", engine.config().block_size.to_string()),
-        ("cache_dtype", "auto".into()),
-        ("calculate_kv_scales", "False".into()),
-        ("cpu_offload_gb", "0".into()),
-        ("enable_prefix_caching", "False".into()),
-        ("gpu_memory_utilization", util.to_string()),
-        ("is_attention_free", "False".into()),
-        ("kv_cache_memory_bytes", kv_bytes),
-        ("num_cpu_blocks", "None".into()),
-        ("num_gpu_blocks", engine.kv_blocks_total().to_string()),
-        ("num_gpu_blocks_override", "None".into()),
-        ("sliding_window", "None".into()),
-        ("swap_space", "4".into()),
-        ("swap_space_bytes", (4 * GIB).to_string()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
+    let cache_config = match args.metrics_version {
+        MetricsVersion::V1 => cache_config_v1(args, &engine, kv_bytes, util),
+        MetricsVersion::V0 => cache_config_v0(&engine, kv_bytes, util),
+    };
     let names = if args.served_model_name.is_empty() {
         vec![engine.model().name.clone()]
     } else {
@@ -268,6 +256,82 @@ pub fn router(args: &Args, engine: Engine) -> Router {
         .route("/wake_up", post(wake_up))
         .route("/is_sleeping", get(is_sleeping))
         .with_state(state)
+}
+
+/// `vllm:cache_config_info` labels of older vLLM (the V0 pages).
+fn cache_config_v0(engine: &Engine, kv_bytes: String, util: f64) -> Vec<(String, String)> {
+    [
+        ("block_size", engine.config().block_size.to_string()),
+        ("cache_dtype", "auto".into()),
+        ("calculate_kv_scales", "False".into()),
+        ("cpu_offload_gb", "0".into()),
+        ("enable_prefix_caching", "False".into()),
+        ("gpu_memory_utilization", util.to_string()),
+        ("is_attention_free", "False".into()),
+        ("kv_cache_memory_bytes", kv_bytes),
+        ("num_cpu_blocks", "None".into()),
+        ("num_gpu_blocks", engine.kv_blocks_total().to_string()),
+        ("num_gpu_blocks_override", "None".into()),
+        ("sliding_window", "None".into()),
+        ("swap_space", "4".into()),
+        ("swap_space_bytes", (4 * GIB).to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+/// `vllm:cache_config_info` labels exactly as vLLM 0.32 writes them (testdata/vllm/real/), values from the flags.
+/// `enable_prefix_caching` is "False": the model has no prefix cache (a real 0.32 server says "True").
+fn cache_config_v1(args: &Args, engine: &Engine, kv_bytes: String, util: f64) -> Vec<(String, String)> {
+    let block = engine.config().block_size;
+    let tokens = engine.kv_blocks_total() * u64::from(block);
+    let concurrency = tokens as f64 / f64::from(engine.max_model_len().max(1));
+    let user_block = args.block_size != DEFAULT_BLOCK_SIZE;
+    [
+        ("_block_size_resolved", "True".to_string()),
+        ("block_size", block.to_string()),
+        ("cache_dtype", "auto".into()),
+        ("cache_hit_alignment_tokens", "None".into()),
+        ("effective_attention_block_size", block.to_string()),
+        ("enable_mamba_shared_prefix_checkpoint", "False".into()),
+        ("enable_prefix_caching", "False".into()),
+        ("gpu_memory_utilization", util.to_string()),
+        ("hash_block_size", "None".into()),
+        ("is_attention_free", "False".into()),
+        ("kv_cache_dtype_skip_layers", "[]".into()),
+        ("kv_cache_layout", "None".into()),
+        ("kv_cache_max_concurrency", metrics::fmt_f64(concurrency)),
+        ("kv_cache_memory_bytes", kv_bytes),
+        ("kv_cache_size_tokens", tokens.to_string()),
+        ("kv_offloading_backend", "native".into()),
+        ("kv_offloading_size", "None".into()),
+        ("kv_sharing_fast_prefill", "False".into()),
+        ("mamba_block_size", "None".into()),
+        ("mamba_cache_dtype", "auto".into()),
+        ("mamba_cache_mode", "none".into()),
+        ("mamba_page_size_padded", "None".into()),
+        ("mamba_ssm_cache_dtype", "auto".into()),
+        ("num_cpu_blocks", "None".into()),
+        ("num_gpu_blocks", engine.kv_blocks_total().to_string()),
+        ("num_gpu_blocks_override", "None".into()),
+        ("prefix_cache_retention_interval", "0".into()),
+        ("prefix_caching_hash_algo", "sha256".into()),
+        ("prefix_match_unit", "None".into()),
+        ("replayssm_buffer_len", "16".into()),
+        ("skip_page_size_padded", "None".into()),
+        ("sliding_window", "None".into()),
+        ("swa_bounded_replay", "True".into()),
+        ("use_kda_recoverssm", "False".into()),
+        ("use_replayssm", "False".into()),
+        (
+            "user_specified_block_size",
+            if user_block { "True" } else { "False" }.into(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Response {

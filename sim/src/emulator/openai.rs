@@ -33,7 +33,7 @@ pub struct ApiError {
     status: StatusCode,
     kind: &'static str,
     message: String,
-    param: Option<&'static str>,
+    param: Option<String>,
 }
 
 impl ApiError {
@@ -43,7 +43,34 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             kind: "BadRequestError",
             message: message.into(),
-            param,
+            param: param.map(str::to_owned),
+        }
+    }
+
+    /// 400 for a body that fails vLLM's request schema before any handler runs (FastAPI/pydantic validation):
+    /// vLLM 0.32 answers these with type "Bad Request" and `param` = pydantic's location, e.g. `body.messages`.
+    pub fn validation(kind: &str, loc: String, msg: &str, input: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "Bad Request",
+            message: format!(
+                "1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', 'input': '{input}'}}"
+            ),
+            param: Some(loc),
+        }
+    }
+
+    /// 400 for a prompt that alone fills the context (vLLM 0.32's wording; `param` is `input_tokens`).
+    pub fn prompt_too_long(max_model_len: u32, prompt: u32) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "BadRequestError",
+            message: format!(
+                "This model's maximum context length is {max_model_len} tokens. However, your prompt contains \
+                 {prompt} input tokens, which exceeds this limit even without any output tokens. Please reduce the \
+                 length of the input prompt. (parameter=input_tokens, value={prompt})"
+            ),
+            param: Some("input_tokens".into()),
         }
     }
 
@@ -53,7 +80,7 @@ impl ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "NotFoundError",
             message: format!("The model `{model}` does not exist."),
-            param: Some("model"),
+            param: Some("model".into()),
         }
     }
 
@@ -146,9 +173,33 @@ fn estimate_tokens(text: &str) -> u32 {
         .max(1)
 }
 
+/// A required field that is absent (or of the wrong kind), reported the way vLLM's request schema does.
+fn missing_field(body: &Value, field: &str) -> ApiError {
+    let items = body.as_object().map_or(0, serde_json::Map::len);
+    let (kind, msg) = if body.get(field).is_some() {
+        ("list_type", "Input should be a valid list")
+    } else {
+        ("missing", "Field required")
+    };
+    ApiError::validation(
+        kind,
+        format!("body.{field}"),
+        msg,
+        &format!("<dict of {items} items>"),
+    )
+}
+
 fn parse(endpoint: Endpoint, raw: &[u8]) -> Result<Parsed, ApiError> {
-    let body: Value = serde_json::from_slice(raw)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"), None))?;
+    let body: Value = serde_json::from_slice(raw).map_err(|e| {
+        // pydantic reports the character offset of the error; serde's column is 1-based.
+        let offset = e.column().saturating_sub(1);
+        ApiError::validation(
+            "json_invalid",
+            format!("body.{offset}"),
+            "JSON decode error",
+            "<dict of 0 items>",
+        )
+    })?;
     if !body.is_object() {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -172,10 +223,7 @@ fn parse(endpoint: Endpoint, raw: &[u8]) -> Result<Parsed, ApiError> {
     let estimated = match endpoint {
         Endpoint::Chat => {
             let Some(Value::Array(msgs)) = body.get("messages") else {
-                return Err(ApiError::bad_request(
-                    "`messages` is required and must be an array",
-                    Some("messages"),
-                ));
+                return Err(missing_field(&body, "messages"));
             };
             if msgs.is_empty() {
                 return Err(ApiError::bad_request(
@@ -221,7 +269,7 @@ fn parse(endpoint: Endpoint, raw: &[u8]) -> Result<Parsed, ApiError> {
                     Some("prompt"),
                 ));
             }
-            _ => return Err(ApiError::bad_request("`prompt` is required", Some("prompt"))),
+            _ => return Err(missing_field(&body, "prompt")),
         },
     };
     let prompt_tokens = match get_u32(&body, "tessera_prompt_tokens")? {
@@ -284,10 +332,12 @@ async fn complete_inner(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) ->
     let seq = state.next_id();
     let mut rng = ChaCha8Rng::seed_from_u64(state.seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let max_model_len = state.max_model_len;
-    // vLLM's default max_tokens is whatever is left of the context.
-    let max_tokens = p
-        .max_tokens
-        .unwrap_or_else(|| max_model_len.saturating_sub(p.prompt_tokens).max(1));
+    if p.prompt_tokens >= max_model_len {
+        return Err(ApiError::prompt_too_long(max_model_len, p.prompt_tokens));
+    }
+    // vLLM 0.32 caps max_tokens at what is left of the context (its default, too) instead of refusing.
+    let room = max_model_len - p.prompt_tokens;
+    let max_tokens = p.max_tokens.map_or(room, |m| m.min(room));
     let stop_at = if p.ignore_eos {
         None
     } else {
@@ -364,12 +414,17 @@ impl Ctx {
     fn token_choice(&self, text: &str, finish: Option<FinishReason>) -> String {
         let finish = finish.map_or("null".to_owned(), |r| format!("\"{}\"", r.as_str()));
         match self.endpoint {
-            Endpoint::Chat => format!(
-                "{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":{finish}}}"
+            // vLLM adds `stop_reason` to a chat chunk only when it finishes, and to every completion chunk.
+            Endpoint::Chat if finish == "null" => format!(
+                "{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":null}}"
             ),
-            Endpoint::Completions => {
-                format!("{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":{finish}}}")
-            }
+            Endpoint::Chat => format!(
+                "{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":{finish},\
+                 \"stop_reason\":null}}"
+            ),
+            Endpoint::Completions => format!(
+                "{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\"finish_reason\":{finish},\"stop_reason\":null}}"
+            ),
         }
     }
 }
@@ -473,7 +528,7 @@ async fn full_response(mut ctx: Ctx, mut rx: mpsc::UnboundedReceiver<Tok>) -> Re
     let choice = match ctx.endpoint {
         Endpoint::Chat => json!({
             "index": 0,
-            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "message": {"role": "assistant", "content": text},
             "logprobs": null,
             "finish_reason": reason.as_str(),
             "stop_reason": null,
@@ -493,6 +548,16 @@ async fn full_response(mut ctx: Ctx, mut rx: mpsc::UnboundedReceiver<Tok>) -> Re
     .into_response()
 }
 
+/// The model card's `permission` entry, with the values vLLM 0.32 always writes.
+fn permission(created: u64) -> Value {
+    json!({
+        "id": format!("modelperm-{created:016x}"), "object": "model_permission", "created": created,
+        "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
+        "allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false, "organization": "*",
+        "group": null, "is_blocking": false,
+    })
+}
+
 /// `GET /v1/models`.
 pub async fn models(State(state): State<Arc<AppState>>) -> Response {
     let created = now_unix();
@@ -503,6 +568,7 @@ pub async fn models(State(state): State<Arc<AppState>>) -> Response {
             json!({
                 "id": name, "object": "model", "created": created, "owned_by": "vllm",
                 "root": state.model_root, "parent": null, "max_model_len": state.max_model_len,
+                "permission": [permission(created)],
             })
         })
         .collect();

@@ -169,6 +169,11 @@ pub struct EngineStats {
     pub request_max_tokens: Histogram,
     /// `vllm:iteration_tokens_total`.
     pub iteration_tokens: Histogram,
+    /// `vllm:request_num_preemptions` (per finished request).
+    pub request_num_preemptions: Histogram,
+    /// `vllm:request_prefill_kv_computed_tokens` (per finished request: prompt tokens not served from the prefix
+    /// cache, which the model does not have, so all of them).
+    pub request_prefill_kv_computed_tokens: Histogram,
 }
 
 /// A request inside the engine.
@@ -281,6 +286,8 @@ impl Engine {
             request_generation_tokens: Histogram::new(&buckets_1_2_5(u64::from(max_model_len))),
             request_max_tokens: Histogram::new(&buckets_1_2_5(u64::from(max_model_len))),
             iteration_tokens: Histogram::new(ITERATION_TOKENS_BUCKETS),
+            request_num_preemptions: Histogram::new(NUM_PREEMPTIONS_BUCKETS),
+            request_prefill_kv_computed_tokens: Histogram::new(&buckets_1_2_5(u64::from(max_model_len))),
         };
         Ok(Engine {
             model,
@@ -698,6 +705,9 @@ impl Engine {
         s.request_prompt_tokens.observe(f64::from(seq.req.prompt_tokens));
         s.request_generation_tokens.observe(f64::from(seq.output));
         s.request_max_tokens.observe(f64::from(seq.req.max_tokens));
+        s.request_num_preemptions.observe(f64::from(seq.preemptions));
+        s.request_prefill_kv_computed_tokens
+            .observe(f64::from(seq.req.prompt_tokens));
         sink(EngineEvent::Finished {
             id: seq.req.id,
             at,

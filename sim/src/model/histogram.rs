@@ -22,6 +22,8 @@ pub const ITERATION_TOKENS_BUCKETS: &[f64] = &[
 ];
 /// Bucket bounds of `vllm:request_params_n`.
 pub const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+/// `vllm:request_num_preemptions` bucket bounds (as a real vLLM 0.32.0 page shows them).
+pub const NUM_PREEMPTIONS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
 
 /// vLLM's `build_1_2_5_buckets(max)`: 1, 2, 5, 10, 20, 50, … up to `max` (token-count histograms).
 pub fn buckets_1_2_5(max: u64) -> Vec<f64> {
