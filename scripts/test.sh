@@ -35,4 +35,7 @@ if command -v kubernetes-validate >/dev/null; then
   kubernetes-validate --strict deploy/crds/inferenceautoscaler.yaml
 fi
 
+log "Helm chart: lint, render and validate every example, CRD == crdgen, schema, RBAC (scripts/check-chart.sh)"
+./scripts/check-chart.sh
+
 log "all tests passed"
