@@ -76,6 +76,7 @@ render default
 render podmonitors --api-versions monitoring.coreos.com/v1/PodMonitor
 render watch-namespace --set watchNamespace=models --set gpuPools.enabled=true \
   --set-json 'gpuPools.pools=[{"name":"l4","gpuMemoryMiB":23034,"sharing":"time-slicing","maxGpus":2}]'
+render minimal --set webhook.enabled=false --set activator.enabled=false --set crds.install=false --set monitoring.mode=none
 examples=()
 for f in "$chart"/examples/*.yaml; do
   name=example-$(basename "$f" .yaml)
@@ -124,7 +125,7 @@ diff -u e2e/manifests.yaml "$out/e2e.yaml" \
   || fail "e2e/manifests.yaml is stale: run scripts/render-e2e.sh"
 
 log "invariants: RBAC, pod security, probes, webhook configuration"
-"$py" - "$out" "${examples[@]}" default podmonitors watch-namespace <<'PY'
+"$py" - "$out" "${examples[@]}" default podmonitors watch-namespace minimal <<'PY'
 import sys, yaml
 out, names = sys.argv[1], sys.argv[2:]
 errors = []
