@@ -1,4 +1,5 @@
-//! The sidecar's HTTP endpoints (axum): `/metrics`, `/v1/status`, `/live`, `/ready`.
+//! The sidecar's HTTP endpoints (axum): `/metrics`, `/v1/status`, `/live`, `/ready`, and `/startup` (the
+//! injected sidecar's startup probe: 200 once the sidecar serves; the GPU start-up gate will hold it).
 
 use crate::Shared;
 use axum::Router;
@@ -15,6 +16,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/status", get(status))
         .route("/live", get(|| async { "ok\n" }))
+        .route("/startup", get(|| async { "started\n" }))
         .route("/ready", get(ready))
         .with_state(shared)
 }
