@@ -276,6 +276,12 @@ impl Admitter {
                 if req.dry_run {
                     return self.unchanged(base, req, Some((&pod, &namespace)), Unchanged::DryRun);
                 }
+                if let Some(p) = mutate::existing_placement(&pod) {
+                    // Re-invocation: the pod already carries its placement; reserving again could book twice.
+                    placement = p;
+                    ctx.placement = Some(&placement);
+                    return self.finish(base, req, &pod, &namespace, &ctx);
+                }
                 let Some(manager) = self.pools.get(&need.pool) else {
                     let u = Unchanged::NoPool(format!(
                         "pool {:?} has no manager in this webhook (it runs with --no-kube or without \
@@ -316,12 +322,24 @@ impl Admitter {
                 ctx.placement = Some(&placement);
             }
         }
-        match mutate::mutate(&pod, &ctx) {
+        self.finish(base, req, &pod, &namespace, &ctx)
+    }
+
+    fn finish(
+        &self,
+        base: AdmissionResponse,
+        req: &AdmissionRequest<DynamicObject>,
+        pod: &Pod,
+        namespace: &str,
+        ctx: &Context<'_>,
+    ) -> AdmissionResponse {
+        let (pod, namespace) = (pod, namespace);
+        match mutate::mutate(pod, ctx) {
             Err(deny) => {
                 self.metrics.admission("denied", "invalid_setting");
                 base.deny(deny.to_string())
             }
-            Ok(Mutation::Unchanged(u)) => self.unchanged(base, req, Some((&pod, &namespace)), u),
+            Ok(Mutation::Unchanged(u)) => self.unchanged(base, req, Some((pod, namespace)), u),
             Ok(Mutation::Patch { patch, label, notes }) => {
                 debug!(uid = %req.uid, %namespace, label, ops = patch.0.len(), ?notes, "mutated");
                 match base.clone().with_patch(patch) {
@@ -330,7 +348,7 @@ impl Admitter {
                         r.audit_annotations.insert("mode".into(), label.into());
                         r
                     }
-                    Err(e) => self.unchanged(base, req, Some((&pod, &namespace)), Unchanged::Internal(e.to_string())),
+                    Err(e) => self.unchanged(base, req, Some((pod, namespace)), Unchanged::Internal(e.to_string())),
                 }
             }
         }

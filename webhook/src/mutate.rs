@@ -500,7 +500,10 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
     let Some(spec_pool) = pools.pool(&pool) else {
         return Ok(Plan::Unchanged(Unchanged::NoPool(format!("no pool named {pool:?}"))));
     };
+    // A pod Tessera already placed (re-invocation) no longer asks for a GPU; its annotations say where it sits.
+    let placed = existing_placement(pod).is_some();
     match gpu_count(pod, &spec_pool.resource_name) {
+        _ if placed => {}
         Some(1) => {}
         Some(0) => return Ok(Plan::Whole(Some(WholeReason::NoGpuRequest))),
         Some(n) => return Ok(Plan::Whole(Some(WholeReason::MultiGpu(n)))),
@@ -562,9 +565,39 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
     }))
 }
 
+/// The placement a pod already carries (Tessera placed it on an earlier invocation): its reservation, capacity
+/// pod, GPU UUID, pool label and node pin.
+pub fn existing_placement(pod: &Pod) -> Option<Placement> {
+    let ann = annotations(pod);
+    let node = pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .find(|f| f.key == "metadata.name" && f.operator == "In")
+        .and_then(|f| f.values.as_ref()?.first().cloned())?;
+    Some(Placement {
+        pool: labels(pod).get(LABEL_POOL)?.clone(),
+        capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
+        namespace: String::new(),
+        node: Some(node),
+        gpu_uuid: Some(ann.get(ANNOTATION_GPU_UUID)?.clone()),
+        reservation_id: ann.get(ANNOTATION_RESERVATION)?.clone(),
+        reason: "Existing".into(),
+    })
+}
+
 /// Mutates `pod` in its context: the sidecar, vLLM's memory flags, and in fractional mode the placement.
 pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
     let plan = plan(pod, ctx)?;
+    let existing = existing_placement(pod);
     let mut notes = Vec::new();
     let (label, fractional) = match &plan {
         Plan::Unchanged(u) => return Ok(Mutation::Unchanged(u.clone())),
@@ -574,7 +607,7 @@ pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
             (why.label(), None)
         }
         Plan::Fractional(need) => {
-            let Some(placement) = ctx.placement else {
+            let Some(placement) = ctx.placement.or(existing.as_ref()) else {
                 return Ok(Mutation::Unchanged(Unchanged::GpuPending(
                     "no placement was made for this fractional pod".into(),
                 )));
