@@ -208,7 +208,19 @@ impl Admitter {
     /// Answers one admission request body. `Err` only for a body that is no AdmissionReview (answer 400).
     pub async fn admit(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
         let started = Instant::now();
-        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        // The object is taken out before the review is parsed, so that an object that is no Kubernetes object
+        // at all still gets a well-formed answer (admitted unchanged) instead of a 400.
+        let parsed = serde_json::from_slice::<serde_json::Value>(body).and_then(|mut v| {
+            let object = v
+                .get_mut("request")
+                .and_then(serde_json::Value::as_object_mut)
+                .and_then(|r| {
+                    r.remove("oldObject");
+                    r.remove("object")
+                });
+            serde_json::from_value::<AdmissionReview<DynamicObject>>(v).map(|r| (r, object))
+        });
+        let (review, object) = match parsed {
             Ok(r) => r,
             Err(e) => {
                 self.metrics.admission("invalid", "not_a_review");
@@ -222,21 +234,18 @@ impl Admitter {
                 return Ok(AdmissionResponse::invalid("the AdmissionReview has no request").into_review());
             }
         };
-        let response = self.respond(&request).await;
+        let response = self.respond(&request, object).await;
         self.metrics.duration.observe(started.elapsed().as_secs_f64());
         Ok(response.into_review())
     }
 
-    async fn respond(&self, req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    async fn respond(&self, req: &AdmissionRequest<DynamicObject>, object: Option<serde_json::Value>) -> AdmissionResponse {
         let base = AdmissionResponse::from(req);
         if req.operation != Operation::Create {
             return self.unchanged(base, req, None, Unchanged::NotCreate);
         }
-        let pod: Pod = match req
-            .object
-            .as_ref()
+        let pod: Pod = match object
             .ok_or_else(|| "no object".to_string())
-            .and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
             .and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string()))
         {
             Ok(p) => p,

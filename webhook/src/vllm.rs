@@ -172,6 +172,10 @@ fn env_ref(value: &str) -> Option<&str> {
     (!name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')).then_some(name)
 }
 
+fn is_number(s: &str) -> bool {
+    s.trim_matches(|c| c == '"' || c == '\'').parse::<f64>().is_ok()
+}
+
 /// Sets environment variable `name` of `c` to `value` (replacing a `valueFrom`), appending it when absent.
 pub fn set_env(c: &mut Container, name: &str, value: &str) {
     let env = c.env.get_or_insert_with(Vec::new);
@@ -192,7 +196,7 @@ pub fn set_env(c: &mut Container, name: &str, value: &str) {
 
 /// Replaces every occurrence of `flag` in an exec-form list; returns whether one was found. Values that refer
 /// to an environment variable are collected in `env_vars` instead of being rewritten.
-fn replace_in_list(list: &mut [String], flag: &str, value: &str, env_vars: &mut Vec<String>) -> bool {
+fn replace_in_list(list: &mut Vec<String>, flag: &str, value: &str, env_vars: &mut Vec<String>) -> bool {
     let names = spellings(flag);
     let mut found = false;
     let mut i = 0;
@@ -200,11 +204,11 @@ fn replace_in_list(list: &mut [String], flag: &str, value: &str, env_vars: &mut 
         for n in &names {
             if list[i] == *n {
                 found = true;
-                if let Some(v) = list.get_mut(i + 1) {
-                    match env_ref(v) {
-                        Some(var) => env_vars.push(var.to_string()),
-                        None => *v = value.to_string(),
-                    }
+                match list.get_mut(i + 1) {
+                    Some(v) if env_ref(v).is_some() => env_vars.extend(env_ref(v).map(str::to_string)),
+                    Some(v) if is_number(v) => *v = value.to_string(),
+                    // The flag has no value (the next word is another flag or the entry point): give it one.
+                    _ => list.insert(i + 1, value.to_string()),
                 }
             } else if let Some(old) = list[i].strip_prefix(n.as_str()).and_then(|r| r.strip_prefix('=')) {
                 found = true;
@@ -238,14 +242,18 @@ fn replace_in_script(script: &str, flag: &str, value: &str, env_vars: &mut Vec<S
         rest = &rest[word_len..];
         if expect_value {
             expect_value = false;
-            match env_ref(word) {
-                Some(var) => {
-                    env_vars.push(var.to_string());
-                    out.push_str(word);
-                }
-                None => out.push_str(value),
+            if let Some(var) = env_ref(word) {
+                env_vars.push(var.to_string());
+                out.push_str(word);
+                continue;
             }
-            continue;
+            if is_number(word) {
+                out.push_str(value);
+                continue;
+            }
+            // The flag had no value: give it one, and keep this word as it was.
+            out.push_str(value);
+            out.push(' ');
         }
         let mut replaced = false;
         for n in &names {
@@ -272,6 +280,10 @@ fn replace_in_script(script: &str, flag: &str, value: &str, env_vars: &mut Vec<S
         if !replaced {
             out.push_str(word);
         }
+    }
+    if expect_value {
+        out.push(' ');
+        out.push_str(value);
     }
     (out, found)
 }
