@@ -435,3 +435,26 @@ fn docs_examples_are_current() {
         std::fs::write(&path, doc).unwrap();
     }
 }
+
+/// The AdmissionReview the latency benchmark posts (`load-tests/webhook-review.json`): the same real pod.
+#[test]
+fn benchmark_review_is_current() {
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "6f1e0d4c-bench", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "namespace": "default", "operation": "CREATE",
+                    "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+                    "object": load("production-stack-llama3.yaml"), "dryRun": false}
+    });
+    let body = format!("{}\n", serde_json::to_string(&review).unwrap());
+    let path = root().join("load-tests/webhook-review.json");
+    if std::env::var_os("TESSERA_BLESS").is_some() {
+        std::fs::write(&path, &body).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap_or_default(),
+        body,
+        "load-tests/webhook-review.json is stale: run TESSERA_BLESS=1 cargo test -p tessera-webhook --test pods"
+    );
+}
