@@ -54,15 +54,24 @@ fn connector(trusted: &[&CertificateDer<'static>]) -> TlsConnector {
 
 async fn connect(tls: &TlsConnector, addr: std::net::SocketAddr) -> TlsStream<TcpStream> {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    tls.connect(ServerName::try_from("localhost").unwrap(), tcp).await.unwrap()
+    tls.connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap()
 }
 
 fn peer(stream: &TlsStream<TcpStream>) -> CertificateDer<'static> {
-    stream.get_ref().1.peer_certificates().unwrap()[0].clone().into_owned()
+    stream.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned()
 }
 
 /// One HTTP/1.1 exchange on a kept-alive connection: (status, body).
-async fn exchange(stream: &mut TlsStream<TcpStream>, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+async fn exchange(
+    stream: &mut TlsStream<TcpStream>,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, Vec<u8>) {
     let head = format!(
         "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
@@ -83,7 +92,8 @@ async fn exchange(stream: &mut TlsStream<TcpStream>, method: &str, path: &str, b
                 .lines()
                 .find_map(|l| {
                     let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length").then(|| v.trim().parse().unwrap())
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().unwrap())
                 })
                 .expect("content-length");
             break (status, len, end + 4);
@@ -167,7 +177,10 @@ async fn admission_over_tls_and_certificate_rotation() {
     let mut patched = pod.clone();
     json_patch::patch(&mut patched, &patch).unwrap();
     assert_eq!(patched["spec"]["initContainers"][0]["name"], "tessera-sidecar");
-    assert_eq!(patched["spec"]["initContainers"][0]["image"], "ghcr.io/tessera-dev/tessera:test");
+    assert_eq!(
+        patched["spec"]["initContainers"][0]["image"],
+        "ghcr.io/tessera-dev/tessera:test"
+    );
 
     // Denied with a message naming the field, the value and the fix.
     let mut bad = pod.clone();
@@ -177,7 +190,10 @@ async fn admission_over_tls_and_certificate_rotation() {
     let answer: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(answer["response"]["allowed"], false);
     let msg = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(msg.starts_with("tessera.dev/gpu-compute-fraction=\"1.5\""), "{msg}");
+    assert!(
+        msg.starts_with("tessera.dev/gpu-compute-fraction=\"1.5\""),
+        "{msg}"
+    );
     assert!(msg.contains("such as \"0.25\""), "{msg}");
 
     // Malformed: not JSON → 400; JSON without a request → a well-formed review that refuses; a non-pod object →
@@ -210,8 +226,13 @@ async fn admission_over_tls_and_certificate_rotation() {
         .text()
         .await
         .unwrap();
-    assert!(page.contains(r#"tessera_webhook_admissions_total{outcome="mutated",reason="whole"} 1"#), "{page}");
-    assert!(page.contains(r#"tessera_webhook_admissions_total{outcome="denied",reason="invalid_setting"} 1"#));
+    assert!(
+        page.contains(r#"tessera_webhook_admissions_total{outcome="mutated",reason="whole"} 1"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"tessera_webhook_admissions_total{outcome="denied",reason="invalid_setting"} 1"#)
+    );
     assert!(page.contains(r#"tessera_webhook_admissions_total{outcome="unchanged",reason="not_a_pod"} 1"#));
     assert!(page.contains("tessera_webhook_admission_duration_seconds_bucket"));
 
@@ -224,13 +245,24 @@ async fn admission_over_tls_and_certificate_rotation() {
         if peer(&fresh) == second.der {
             break;
         }
-        assert!(Instant::now() < deadline, "the new certificate was not served within 10s");
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was not served within 10s"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(peer(&conn), first.der, "the open connection keeps its handshake");
     let (code, _) = exchange(&mut conn, "POST", "/mutate", &review("uid-after", pod)).await;
     assert_eq!(code, 200, "an open connection survives the rotation");
-    let page = reqwest::get(format!("http://{metrics_listen}/metrics")).await.unwrap().text().await.unwrap();
-    assert!(page.contains(r#"tessera_webhook_tls_reloads_total{result="ok"}"#), "{page}");
+    let page = reqwest::get(format!("http://{metrics_listen}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"tessera_webhook_tls_reloads_total{result="ok"}"#),
+        "{page}"
+    );
     drop(hook);
 }

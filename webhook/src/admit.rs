@@ -48,7 +48,9 @@ impl Default for Metrics {
         Self {
             admissions: Family::default(),
             // 100 µs .. ~1.6 s: admissions take about a millisecond, a reservation up to its timeout.
-            duration: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.0001, 2.0, 15)),
+            duration: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.0001, 2.0, 15,
+            )),
             events_dropped: Counter::default(),
             tls_reloads: Family::default(),
         }
@@ -239,7 +241,11 @@ impl Admitter {
         Ok(response.into_review())
     }
 
-    async fn respond(&self, req: &AdmissionRequest<DynamicObject>, object: Option<serde_json::Value>) -> AdmissionResponse {
+    async fn respond(
+        &self,
+        req: &AdmissionRequest<DynamicObject>,
+        object: Option<serde_json::Value>,
+    ) -> AdmissionResponse {
         let base = AdmissionResponse::from(req);
         if req.operation != Operation::Create {
             return self.unchanged(base, req, None, Unchanged::NotCreate);
@@ -307,7 +313,9 @@ impl Admitter {
                     priority: need.priority,
                     pod: pod.metadata.name.as_ref().map(|n| format!("{namespace}/{n}")),
                 };
-                match tokio::time::timeout(self.reservation_timeout, manager.reserve(request, unix_now())).await {
+                match tokio::time::timeout(self.reservation_timeout, manager.reserve(request, unix_now()))
+                    .await
+                {
                     Ok(Ok(p)) => placement = p,
                     Ok(Err(e)) => {
                         let u = Unchanged::Reservation {
@@ -357,7 +365,12 @@ impl Admitter {
                         r.audit_annotations.insert("mode".into(), label.into());
                         r
                     }
-                    Err(e) => self.unchanged(base, req, Some((pod, namespace)), Unchanged::Internal(e.to_string())),
+                    Err(e) => self.unchanged(
+                        base,
+                        req,
+                        Some((pod, namespace)),
+                        Unchanged::Internal(e.to_string()),
+                    ),
                 }
             }
         }

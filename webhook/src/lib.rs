@@ -49,7 +49,11 @@ pub struct Args {
     #[arg(long, env = "TESSERA_NO_KUBE")]
     pub no_kube: bool,
     /// The image of the injected sidecar (the tessera image).
-    #[arg(long, env = "TESSERA_SIDECAR_IMAGE", default_value = "ghcr.io/tessera-dev/tessera:latest")]
+    #[arg(
+        long,
+        env = "TESSERA_SIDECAR_IMAGE",
+        default_value = "ghcr.io/tessera-dev/tessera:latest"
+    )]
     pub sidecar_image: String,
     /// CPU request of the injected sidecar.
     #[arg(long, env = "TESSERA_SIDECAR_CPU", default_value = "50m")]
@@ -120,7 +124,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if let Some(cfg) = &pools {
             let mut managers = HashMap::new();
             for p in &cfg.pools {
-                let m = PoolManager::new(client.clone(), cfg.clone(), &p.name)?.with_metrics(pool_metrics.clone());
+                let m = PoolManager::new(client.clone(), cfg.clone(), &p.name)?
+                    .with_metrics(pool_metrics.clone());
                 tokio::spawn(watch_capacity(m.clone(), cfg.namespace.clone(), client.clone()));
                 managers.insert(p.name.clone(), m);
             }
@@ -131,8 +136,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(admit::publish_events(client, rx));
     }
 
-    let (cert, key) = server::read_pair(&args.tls_cert, &args.tls_key)
-        .with_context(|| format!("cannot read {} / {}", args.tls_cert.display(), args.tls_key.display()))?;
+    let (cert, key) = server::read_pair(&args.tls_cert, &args.tls_key).with_context(|| {
+        format!(
+            "cannot read {} / {}",
+            args.tls_cert.display(),
+            args.tls_key.display()
+        )
+    })?;
     let tls = axum_server::tls_rustls::RustlsConfig::from_pem(cert.clone(), key.clone())
         .await
         .context("the TLS certificate or key does not load")?;
@@ -150,7 +160,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         serving: Arc::new(AtomicBool::new(true)),
         registry: Arc::new(registry),
     };
-    let https = std::net::TcpListener::bind(args.listen).with_context(|| format!("cannot bind {}", args.listen))?;
+    let https =
+        std::net::TcpListener::bind(args.listen).with_context(|| format!("cannot bind {}", args.listen))?;
     https.set_nonblocking(true)?;
     let plain = tokio::net::TcpListener::bind(args.metrics_listen)
         .await

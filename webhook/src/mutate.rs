@@ -9,9 +9,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource,
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, Probe,
-    ResourceRequirements, SecurityContext, Capabilities, SeccompProfile, Toleration, Volume, VolumeMount,
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, Pod, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -197,7 +198,9 @@ impl std::fmt::Display for Unchanged {
                 "a container already uses port {p}, the sidecar's port (--sidecar-port)"
             ),
             Self::CacheCold => write!(f, "the InferenceAutoscaler cache has not synced yet"),
-            Self::NoShare(m) | Self::NoPool(m) | Self::FlagsUnsettable(m) | Self::GpuPending(m) => f.write_str(m),
+            Self::NoShare(m) | Self::NoPool(m) | Self::FlagsUnsettable(m) | Self::GpuPending(m) => {
+                f.write_str(m)
+            }
             Self::DryRun => write!(f, "dry run: fractional placement would reserve GPU room"),
             Self::Reservation { message, .. } => write!(f, "GPU reservation failed: {message}"),
             Self::UpToDate => write!(f, "the pod already carries Tessera's sidecar and settings"),
@@ -325,7 +328,12 @@ pub fn validate(pod: &Pod, config: &Config) -> Result<(), Deny> {
         && v != "true"
         && v != "false"
     {
-        return Err(deny(INJECT, v, "must be \"true\" or \"false\"", "quote the value: \"true\""));
+        return Err(deny(
+            INJECT,
+            v,
+            "must be \"true\" or \"false\"",
+            "quote the value: \"true\"",
+        ));
     }
     if let Some(v) = annotations(pod).get(ANNOTATION_COMPUTE)
         && parse_fraction(v).is_none()
@@ -362,7 +370,11 @@ pub fn validate(pod: &Pod, config: &Config) -> Result<(), Deny> {
         }
     }
     if let Some(v) = annotations(pod).get(ANNOTATION_CONTAINER) {
-        let names = pod.spec.iter().flat_map(|s| s.containers.iter()).map(|c| c.name.as_str());
+        let names = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| c.name.as_str());
         if !names.clone().any(|n| n == v) {
             let all: Vec<&str> = names.collect();
             return Err(deny(
@@ -498,7 +510,9 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
         }
     };
     let Some(spec_pool) = pools.pool(&pool) else {
-        return Ok(Plan::Unchanged(Unchanged::NoPool(format!("no pool named {pool:?}"))));
+        return Ok(Plan::Unchanged(Unchanged::NoPool(format!(
+            "no pool named {pool:?}"
+        ))));
     };
     // A pod Tessera already placed (re-invocation) no longer asks for a GPU; its annotations say where it sits.
     let placed = existing_placement(pod).is_some();
@@ -522,7 +536,10 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
         )));
     }
     let gpu = ctx.policy.and_then(|p| p.spec.gpu.as_ref());
-    let rec = ctx.policy.and_then(|p| p.status.as_ref()).and_then(|s| s.recommendation.as_ref());
+    let rec = ctx
+        .policy
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.recommendation.as_ref());
     let compute_milli = annotations(pod)
         .get(ANNOTATION_COMPUTE)
         .and_then(|v| parse_fraction(v))
@@ -617,7 +634,11 @@ pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
                     "the reservation landed on capacity pod {}, which has {}; the reservation expires by the \
                      pool's TTL and the pod keeps its whole GPU",
                     placement.capacity_pod,
-                    if placement.node.is_none() { "no node yet" } else { "not published its GPU UUID yet" }
+                    if placement.node.is_none() {
+                        "no node yet"
+                    } else {
+                        "not published its GPU UUID yet"
+                    }
                 ))));
             };
             ("fractional", Some((need, placement, node, uuid)))
@@ -634,7 +655,9 @@ pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
     }
     inject_sidecar(&mut next, ctx, fractional.map(|(n, p, _, u)| (n, p, u)));
     let (Ok(before), Ok(after)) = (serde_json::to_value(pod), serde_json::to_value(&next)) else {
-        return Ok(Mutation::Unchanged(Unchanged::Internal("pod does not serialize".into())));
+        return Ok(Mutation::Unchanged(Unchanged::Internal(
+            "pod does not serialize".into(),
+        )));
     };
     let patch = json_patch::diff(&before, &after);
     if patch.0.is_empty() {
@@ -668,10 +691,15 @@ fn apply_whole(pod: &mut Pod, ctx: &Context<'_>, notes: &mut Vec<String>) -> Res
     let (Some(rec), true) = (rec, managed(ctx.policy)) else {
         return Ok(());
     };
-    let Some(vi) = vllm_container(pod) else { return Ok(()) };
+    let Some(vi) = vllm_container(pod) else {
+        return Ok(());
+    };
     let kv_ok = kv_bytes_supported(pod, &pod_spec(pod).containers[vi]);
     let c = &mut pod_spec_mut(pod).containers[vi];
-    let set = match (rec.kv_cache_memory_bytes.filter(|b| *b > 0), rec.gpu_memory_utilization) {
+    let set = match (
+        rec.kv_cache_memory_bytes.filter(|b| *b > 0),
+        rec.gpu_memory_utilization,
+    ) {
         (Some(bytes), _) if kv_ok => vllm::set_flag(c, "--kv-cache-memory-bytes", &bytes.to_string()),
         (_, Some(u)) if u > 0.0 && u <= 1.0 => {
             vllm::set_flag(c, "--gpu-memory-utilization", &format_ratio(u))
@@ -686,7 +714,9 @@ fn apply_whole(pod: &mut Pod, ctx: &Context<'_>, notes: &mut Vec<String>) -> Res
 
 fn pod_spec(pod: &Pod) -> &k8s_openapi::api::core::v1::PodSpec {
     static EMPTY: std::sync::OnceLock<k8s_openapi::api::core::v1::PodSpec> = std::sync::OnceLock::new();
-    pod.spec.as_ref().unwrap_or_else(|| EMPTY.get_or_init(Default::default))
+    pod.spec
+        .as_ref()
+        .unwrap_or_else(|| EMPTY.get_or_init(Default::default))
 }
 
 fn pod_spec_mut(pod: &mut Pod) -> &mut k8s_openapi::api::core::v1::PodSpec {
@@ -734,7 +764,11 @@ fn apply_fractional(
         .map_err(|e| Unchanged::FlagsUnsettable(e.0))?;
     // The recommended KV size belongs with the recommended memory; with a memory the user chose it may not fit.
     let memory_from_rec = rec.as_ref().and_then(|r| r.gpu_memory_mib) == i64::try_from(need.memory_mib).ok();
-    if let Some(bytes) = rec.as_ref().and_then(|r| r.kv_cache_memory_bytes).filter(|b| *b > 0) {
+    if let Some(bytes) = rec
+        .as_ref()
+        .and_then(|r| r.kv_cache_memory_bytes)
+        .filter(|b| *b > 0)
+    {
         if kv_ok && memory_from_rec {
             vllm::set_flag(c, "--kv-cache-memory-bytes", &bytes.to_string())
                 .map_err(|e| Unchanged::FlagsUnsettable(e.0))?;
@@ -785,15 +819,27 @@ fn apply_fractional(
 /// its active thread percentage caps the SMs it may use, and its pinned device memory limit caps its allocations
 /// per device (`"0=<n>M"`: device 0 is the one GPU the container sees). MPS clients and the server share memory
 /// through System V/POSIX IPC, so the pod joins the host's IPC namespace (`hostIPC`).
-fn apply_mps(spec: &mut k8s_openapi::api::core::v1::PodSpec, vi: usize, config: &Config, need: &FractionalNeed) {
+fn apply_mps(
+    spec: &mut k8s_openapi::api::core::v1::PodSpec,
+    vi: usize,
+    config: &Config,
+    need: &FractionalNeed,
+) {
     let c = &mut spec.containers[vi];
     let pct = need.compute_milli.div_ceil(10).clamp(1, 100);
     vllm::set_env(c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", &pct.to_string());
-    vllm::set_env(c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", &format!("0={}M", need.memory_mib));
+    vllm::set_env(
+        c,
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        &format!("0={}M", need.memory_mib),
+    );
     vllm::set_env(c, "CUDA_MPS_PIPE_DIRECTORY", &config.mps_pipe_dir);
     vllm::set_env(c, "CUDA_MPS_LOG_DIRECTORY", &config.mps_log_dir);
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
-    for (name, path) in [(MPS_PIPE_VOLUME, &config.mps_pipe_dir), (MPS_LOG_VOLUME, &config.mps_log_dir)] {
+    for (name, path) in [
+        (MPS_PIPE_VOLUME, &config.mps_pipe_dir),
+        (MPS_LOG_VOLUME, &config.mps_log_dir),
+    ] {
         if !mounts.iter().any(|m| m.name == name) {
             mounts.push(VolumeMount {
                 name: name.into(),
@@ -803,7 +849,10 @@ fn apply_mps(spec: &mut k8s_openapi::api::core::v1::PodSpec, vi: usize, config: 
         }
     }
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    for (name, path) in [(MPS_PIPE_VOLUME, &config.mps_pipe_dir), (MPS_LOG_VOLUME, &config.mps_log_dir)] {
+    for (name, path) in [
+        (MPS_PIPE_VOLUME, &config.mps_pipe_dir),
+        (MPS_LOG_VOLUME, &config.mps_log_dir),
+    ] {
         if !volumes.iter().any(|v| v.name == name) {
             volumes.push(Volume {
                 name: name.into(),
@@ -831,7 +880,9 @@ fn pin_to_node(spec: &mut k8s_openapi::api::core::v1::PodSpec, node: &str) {
     let na = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
     let required = na
         .required_during_scheduling_ignored_during_execution
-        .get_or_insert_with(|| NodeSelector { node_selector_terms: Vec::new() });
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: Vec::new(),
+        });
     if required.node_selector_terms.is_empty() {
         required.node_selector_terms.push(NodeSelectorTerm::default());
     }
@@ -886,7 +937,11 @@ fn model_volume(c: &Container) -> Option<(String, VolumeMount)> {
 }
 
 /// The injected sidecar (see `docs/webhook.md`, "The injected container"), placed as the last init container.
-pub fn sidecar(pod: &Pod, ctx: &Context<'_>, fractional: Option<(&FractionalNeed, &Placement, &str)>) -> Container {
+pub fn sidecar(
+    pod: &Pod,
+    ctx: &Context<'_>,
+    fractional: Option<(&FractionalNeed, &Placement, &str)>,
+) -> Container {
     let cfg = ctx.config;
     let vllm_c = vllm_container(pod).map(|i| &pod_spec(pod).containers[i]);
     let vllm_port = vllm_c.map_or(vllm::DEFAULT_PORT, vllm::port);

@@ -21,7 +21,11 @@ pub fn owner_workload(pod: &Pod) -> Option<(String, String)> {
         .flatten()
         .find(|o| o.controller == Some(true))?;
     if owner.kind == "ReplicaSet"
-        && let Some(hash) = pod.metadata.labels.as_ref().and_then(|l| l.get("pod-template-hash"))
+        && let Some(hash) = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("pod-template-hash"))
         && let Some(deployment) = owner.name.strip_suffix(&format!("-{hash}"))
         && !deployment.is_empty()
     {
@@ -37,9 +41,11 @@ where
 {
     let in_ns = |p: &&InferenceAutoscaler| p.metadata.namespace.as_deref() == Some(namespace);
     if let Some((kind, name)) = owner_workload(pod)
-        && let Some(p) = policies.clone().into_iter().filter(in_ns).find(|p| {
-            p.spec.scale_target_ref.kind == kind && p.spec.scale_target_ref.name == name
-        })
+        && let Some(p) = policies
+            .clone()
+            .into_iter()
+            .filter(in_ns)
+            .find(|p| p.spec.scale_target_ref.kind == kind && p.spec.scale_target_ref.name == name)
     {
         return Some(p);
     }
@@ -86,20 +92,33 @@ mod tests {
             ias("team", "sts", "StatefulSet", "qwen"),
         ];
         let p = pod("ReplicaSet", "llama-8b-7c9f6d5b8", Some("7c9f6d5b8"), None);
-        assert_eq!(
-            owner_workload(&p),
-            Some(("Deployment".into(), "llama-8b".into()))
-        );
+        assert_eq!(owner_workload(&p), Some(("Deployment".into(), "llama-8b".into())));
         let found = find(&p, "team", all.iter()).unwrap();
         assert_eq!(found.metadata.namespace.as_deref(), Some("team"));
-        assert!(find(&p, "nowhere", all.iter()).is_none(), "tenants are namespaces");
+        assert!(
+            find(&p, "nowhere", all.iter()).is_none(),
+            "tenants are namespaces"
+        );
         let s = pod("StatefulSet", "qwen", None, None);
-        assert_eq!(find(&s, "team", all.iter()).unwrap().metadata.name.as_deref(), Some("sts"));
+        assert_eq!(
+            find(&s, "team", all.iter()).unwrap().metadata.name.as_deref(),
+            Some("sts")
+        );
         // A ReplicaSet whose name does not end in the hash is matched as a ReplicaSet.
         let odd = pod("ReplicaSet", "handmade", Some("abc"), None);
-        assert_eq!(owner_workload(&odd), Some(("ReplicaSet".into(), "handmade".into())));
+        assert_eq!(
+            owner_workload(&odd),
+            Some(("ReplicaSet".into(), "handmade".into()))
+        );
         assert!(find(&odd, "team", all.iter()).is_none());
         let labelled = pod("ReplicaSet", "handmade", Some("abc"), Some("llama"));
-        assert_eq!(find(&labelled, "team", all.iter()).unwrap().spec.scale_target_ref.name, "llama-8b");
+        assert_eq!(
+            find(&labelled, "team", all.iter())
+                .unwrap()
+                .spec
+                .scale_target_ref
+                .name,
+            "llama-8b"
+        );
     }
 }

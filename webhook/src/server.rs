@@ -43,7 +43,11 @@ async fn mutate_route(State(s): State<AppState>, body: Bytes) -> Response {
     match s.admitter.admit(&body).await {
         Ok(review) => match serde_json::to_vec(&review) {
             Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("cannot encode the response: {e}\n")).into_response(),
+            Err(e) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot encode the response: {e}\n"),
+            )
+                .into_response(),
         },
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
     }
@@ -53,7 +57,11 @@ async fn ready_route(State(s): State<AppState>) -> Response {
     if s.ready() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced or shutting down\n").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "caches not synced or shutting down\n",
+        )
+            .into_response()
     }
 }
 

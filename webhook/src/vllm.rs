@@ -156,9 +156,9 @@ pub fn model(c: &Container) -> Option<String> {
         return Some(m);
     }
     let i = w.iter().position(|t| t == "serve")?;
-    w.get(i + 1).filter(|t| !t.starts_with('-')).map(|t| {
-        t.trim_matches(|c| c == '"' || c == '\'').to_string()
-    })
+    w.get(i + 1)
+        .filter(|t| !t.starts_with('-'))
+        .map(|t| t.trim_matches(|c| c == '"' || c == '\'').to_string())
 }
 
 /// The name of the variable a value refers to: `$(VAR)` (Kubernetes), `$VAR` or `${VAR}` (shell).
@@ -376,16 +376,28 @@ mod tests {
         set_flag(&mut c, "--gpu-memory-utilization", "0.25").unwrap();
         assert_eq!(
             c.args.as_deref().unwrap(),
-            ["--gpu_memory_utilization", "0.25", "--gpu-memory-utilization=0.25"]
+            [
+                "--gpu_memory_utilization",
+                "0.25",
+                "--gpu-memory-utilization=0.25"
+            ]
         );
         let before = c.clone();
         set_flag(&mut c, "--gpu-memory-utilization", "0.25").unwrap();
         assert_eq!(c, before, "idempotent");
         set_flag(&mut c, "--kv-cache-memory-bytes", "1000").unwrap();
-        assert_eq!(c.args.as_ref().unwrap().last().unwrap(), "--kv-cache-memory-bytes=1000");
+        assert_eq!(
+            c.args.as_ref().unwrap().last().unwrap(),
+            "--kv-cache-memory-bytes=1000"
+        );
         set_flag(&mut c, "--kv-cache-memory-bytes", "2000").unwrap();
         assert_eq!(
-            c.args.as_ref().unwrap().iter().filter(|a| a.starts_with("--kv")).count(),
+            c.args
+                .as_ref()
+                .unwrap()
+                .iter()
+                .filter(|a| a.starts_with("--kv"))
+                .count(),
             1
         );
     }
@@ -393,7 +405,13 @@ mod tests {
     #[test]
     fn flags_in_command_are_replaced_there() {
         let mut c = exec(
-            &["python3", "-m", "vllm.entrypoints.openai.api_server", "--gpu-memory-utilization", "0.9"],
+            &[
+                "python3",
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--gpu-memory-utilization",
+                "0.9",
+            ],
             &["--port", "8080"],
         );
         set_flag(&mut c, "--gpu-memory-utilization", "0.5").unwrap();
@@ -417,7 +435,14 @@ mod tests {
         );
         set_flag(&mut c, "--gpu-memory-utilization", "0.4").unwrap();
         assert!(c.args.as_ref().unwrap()[0].contains("--gpu-memory-utilization=0.4 --model"));
-        let mut s = exec(&["bash", "-ec", "exec vllm serve m --gpu-memory-utilization 0.9 --port 9000"], &[]);
+        let mut s = exec(
+            &[
+                "bash",
+                "-ec",
+                "exec vllm serve m --gpu-memory-utilization 0.9 --port 9000",
+            ],
+            &[],
+        );
         set_flag(&mut s, "--gpu-memory-utilization", "0.2").unwrap();
         assert_eq!(
             s.command.as_ref().unwrap()[2],
@@ -438,9 +463,15 @@ mod tests {
             value_from: None,
         }]);
         set_flag(&mut c, "--gpu-memory-utilization", "0.3").unwrap();
-        assert_eq!(c.args.as_deref().unwrap(), ["--gpu-memory-utilization=$(GPU_UTIL)"]);
+        assert_eq!(
+            c.args.as_deref().unwrap(),
+            ["--gpu-memory-utilization=$(GPU_UTIL)"]
+        );
         assert_eq!(c.env.as_ref().unwrap()[0].value.as_deref(), Some("0.3"));
-        let mut s = exec(&["sh", "-c", "vllm serve m --gpu-memory-utilization ${UTIL}"], &[]);
+        let mut s = exec(
+            &["sh", "-c", "vllm serve m --gpu-memory-utilization ${UTIL}"],
+            &[],
+        );
         set_flag(&mut s, "--gpu-memory-utilization", "0.3").unwrap();
         assert!(s.command.as_ref().unwrap()[2].ends_with("${UTIL}"));
         assert_eq!(s.env.as_ref().unwrap()[0].name, "UTIL");

@@ -87,7 +87,11 @@ fn annotation() -> impl Strategy<Value = (String, String)> {
 fn container() -> impl Strategy<Value = Value> {
     (
         prop_oneof![Just("vllm"), Just("server"), Just("tessera-sidecar"), Just("x")],
-        prop::option::of(prop_oneof![Just("vllm/vllm-openai:v0.11.0"), Just("vllm/vllm-openai:latest"), Just("nginx")]),
+        prop::option::of(prop_oneof![
+            Just("vllm/vllm-openai:v0.11.0"),
+            Just("vllm/vllm-openai:latest"),
+            Just("nginx")
+        ]),
         prop::option::of(prop::collection::vec(word(), 0..6)),
         prop::option::of(prop::collection::vec(word(), 0..6)),
         prop::option::of(prop_oneof![Just("1"), Just("2"), Just("0"), Just("x")]),

@@ -36,7 +36,8 @@ impl FakeApi {
         let mut v = serde_json::to_value(pod).unwrap();
         self.rv += 1;
         v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.pods.insert(v["metadata"]["name"].as_str().unwrap().to_string(), v);
+        self.pods
+            .insert(v["metadata"]["name"].as_str().unwrap().to_string(), v);
     }
 
     fn handle(&mut self, method: &str, path: &str, body: Value) -> (u16, Value) {
@@ -44,8 +45,11 @@ impl FakeApi {
         match (method, segs.as_slice()) {
             ("GET", ["api", "v1", "namespaces", _, "pods"] | ["api", "v1", "pods"]) => {
                 let items: Vec<Value> = self.pods.values().cloned().collect();
-                (200, json!({"kind": "PodList", "apiVersion": "v1",
-                             "metadata": {"resourceVersion": self.rv.to_string()}, "items": items}))
+                (
+                    200,
+                    json!({"kind": "PodList", "apiVersion": "v1",
+                             "metadata": {"resourceVersion": self.rv.to_string()}, "items": items}),
+                )
             }
             ("GET", ["api", "v1", "namespaces", _, "pods", name]) => match self.pods.get(*name) {
                 Some(p) => (200, p.clone()),
@@ -85,7 +89,8 @@ impl FakeApi {
     }
 
     fn reservations(&self, name: &str) -> Vec<Reservation> {
-        decode_reservations(self.pods[name]["metadata"]["annotations"][ANNOTATION_RESERVATIONS].as_str()).unwrap()
+        decode_reservations(self.pods[name]["metadata"]["annotations"][ANNOTATION_RESERVATIONS].as_str())
+            .unwrap()
     }
 }
 
@@ -95,7 +100,11 @@ fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
         while let Some((req, send)) = handle.next_request().await {
             let (parts, body) = req.into_parts();
             let bytes = body.collect_bytes().await.unwrap();
-            let body: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+            let body: Value = if bytes.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(&bytes).unwrap()
+            };
             let (code, resp) = {
                 let mut a = api.lock().unwrap();
                 let (code, resp) = a.handle(parts.method.as_str(), parts.uri.path(), body);
@@ -130,7 +139,11 @@ fn resv(id: &str, milli: u32) -> Reservation {
         memory_mib: 8192,
         priority: 0,
         // Dated an hour ahead: only the reservation under test may expire in the TTL test.
-        created_at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 3600,
+        created_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 3600,
         pod: None,
     }
 }
@@ -138,8 +151,15 @@ fn resv(id: &str, milli: u32) -> Reservation {
 fn gpu(cfg: &PoolsConfig, name: &str, node: &str, uuid: &str, rs: &[Reservation]) -> Pod {
     let mut p = capacity_pod(cfg, &cfg.pools[0], name, rs);
     p.spec.as_mut().unwrap().node_name = Some(node.into());
-    p.metadata.annotations.as_mut().unwrap().insert(ANNOTATION_GPU_UUID.into(), uuid.into());
-    p.status = Some(k8s_openapi::api::core::v1::PodStatus { phase: Some("Running".into()), ..Default::default() });
+    p.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(ANNOTATION_GPU_UUID.into(), uuid.into());
+    p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Running".into()),
+        ..Default::default()
+    });
     p
 }
 
@@ -148,7 +168,10 @@ async fn admitter(cfg: Arc<PoolsConfig>, api: Arc<Mutex<FakeApi>>) -> Admitter {
     let m = PoolManager::new(c, cfg.clone(), "a100").unwrap();
     m.rebuild().await.unwrap();
     api.lock().unwrap().log.clear();
-    let mut a = Admitter::without_kube(Config { pools: Some(cfg), ..Config::default() });
+    let mut a = Admitter::without_kube(Config {
+        pools: Some(cfg),
+        ..Config::default()
+    });
     a.pools = Arc::new(HashMap::from([("a100".to_string(), m)]));
     a
 }
@@ -156,12 +179,14 @@ async fn admitter(cfg: Arc<PoolsConfig>, api: Arc<Mutex<FakeApi>>) -> Admitter {
 /// The production-stack pod, opted into the a100 pool with an explicit share (no InferenceAutoscaler needed).
 fn review(uid: &str) -> (Value, Vec<u8>) {
     let text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/pods/production-stack-llama3.yaml"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/pods/production-stack-llama3.yaml"),
     )
     .unwrap();
     let mut pod: Value = serde_yaml::from_str(&text).unwrap();
     pod["metadata"]["labels"]["tessera.dev/pool"] = json!("a100");
-    pod["metadata"]["annotations"] = json!({"tessera.dev/gpu-compute-fraction": "0.25", "tessera.dev/gpu-memory": "16384"});
+    pod["metadata"]["annotations"] =
+        json!({"tessera.dev/gpu-compute-fraction": "0.25", "tessera.dev/gpu-memory": "16384"});
     let body = serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
@@ -184,7 +209,9 @@ fn applied(pod: &Value, response: &kube::core::admission::AdmissionResponse) -> 
 async fn reserve_then_patch_with_node_affinity_and_uuid() {
     let cfg = pools(2);
     let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock().unwrap().insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("old", 500)]));
+    api.lock()
+        .unwrap()
+        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("old", 500)]));
     let a = admitter(cfg, api.clone()).await;
     let (pod, body) = review("uid-1");
     let r = a.admit(&body).await.unwrap().response.unwrap();
@@ -192,19 +219,35 @@ async fn reserve_then_patch_with_node_affinity_and_uuid() {
     let out = applied(&pod, &r);
     assert_eq!(out["metadata"]["annotations"]["tessera.dev/gpu-uuid"], "GPU-aaaa");
     assert_eq!(out["metadata"]["annotations"]["tessera.dev/reservation"], "uid-1");
-    assert_eq!(out["metadata"]["annotations"]["tessera.dev/capacity-pod"], "gpu-a");
     assert_eq!(
-        out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-            ["matchFields"][0]["values"][0],
+        out["metadata"]["annotations"]["tessera.dev/capacity-pod"],
+        "gpu-a"
+    );
+    assert_eq!(
+        out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchFields"][0]["values"][0],
         "node-1"
     );
     let env = out["spec"]["containers"][0]["env"].as_array().unwrap();
-    assert!(env.iter().any(|e| e["name"] == "NVIDIA_VISIBLE_DEVICES" && e["value"] == "GPU-aaaa"));
-    assert!(out["spec"]["containers"][0]["resources"]["limits"].get("nvidia.com/gpu").is_none());
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "NVIDIA_VISIBLE_DEVICES" && e["value"] == "GPU-aaaa")
+    );
+    assert!(
+        out["spec"]["containers"][0]["resources"]["limits"]
+            .get("nvidia.com/gpu")
+            .is_none()
+    );
     // The cluster holds the reservation, written with the capacity pod's resourceVersion.
     let held = api.lock().unwrap().reservations("gpu-a");
-    assert!(held.iter().any(|r| r.id == "uid-1" && r.compute_milli == 250 && r.memory_mib == 16384));
-    assert_eq!(api.lock().unwrap().log, vec![("PATCH".to_string(), "gpu-a".to_string(), 200)]);
+    assert!(
+        held.iter()
+            .any(|r| r.id == "uid-1" && r.compute_milli == 250 && r.memory_mib == 16384)
+    );
+    assert_eq!(
+        api.lock().unwrap().log,
+        vec![("PATCH".to_string(), "gpu-a".to_string(), 200)]
+    );
     // A re-invocation on the patched pod reserves nothing more and changes nothing.
     let again = serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -222,7 +265,9 @@ async fn reserve_then_patch_with_node_affinity_and_uuid() {
 async fn a_conflict_is_retried() {
     let cfg = pools(2);
     let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock().unwrap().insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[]));
+    api.lock()
+        .unwrap()
+        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[]));
     let a = admitter(cfg, api.clone()).await;
     api.lock().unwrap().conflicts = 1;
     let (pod, body) = review("uid-9");
@@ -244,7 +289,9 @@ async fn a_conflict_is_retried() {
 async fn a_full_pool_admits_unchanged_with_the_reason() {
     let cfg = pools(1);
     let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock().unwrap().insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("x", 900)]));
+    api.lock()
+        .unwrap()
+        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("x", 900)]));
     let a = admitter(cfg, api.clone()).await;
     let (_, body) = review("uid-3");
     let r = a.admit(&body).await.unwrap().response.unwrap();
@@ -262,22 +309,34 @@ async fn a_reservation_whose_admission_failed_expires_by_ttl() {
     // cannot pin the tenant and admits it unchanged, and the reservation on the new GPU is left behind.
     let cfg = pools(2);
     let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock().unwrap().insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("x", 900)]));
+    api.lock()
+        .unwrap()
+        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("x", 900)]));
     let a = admitter(cfg.clone(), api.clone()).await;
     let (_, body) = review("uid-7");
     let r = a.admit(&body).await.unwrap().response.unwrap();
     assert!(r.allowed && r.patch.is_none());
     assert_eq!(r.audit_annotations["unchanged"], "gpu_pending");
     let created = "tessera-gpu-a100-0";
-    assert_eq!(api.lock().unwrap().reservations(created).len(), 1, "the reservation was made");
+    assert_eq!(
+        api.lock().unwrap().reservations(created).len(),
+        1,
+        "the reservation was made"
+    );
 
     // The autoscaler's pool manager (the leader) drops it once the TTL passes without its pod appearing.
     let leader = PoolManager::new(client(api.clone()), cfg.clone(), "a100").unwrap();
     leader.rebuild().await.unwrap();
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     let early = leader.reconcile(now + 60).await.unwrap();
     assert_eq!(early.expired, 0, "not before the TTL");
-    let report = leader.reconcile(now + cfg.reservation_ttl.as_secs() + 5).await.unwrap();
+    let report = leader
+        .reconcile(now + cfg.reservation_ttl.as_secs() + 5)
+        .await
+        .unwrap();
     assert_eq!(report.expired, 1);
     assert!(api.lock().unwrap().reservations(created).is_empty(), "released");
 }

@@ -14,7 +14,10 @@ use tessera_autoscaler::pool::{Placement, PoolsConfig};
 use tessera_webhook::mutate::{self, Config, Context, Mutation, SIDECAR_NAME, Unchanged};
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn load(file: &str) -> Value {
@@ -181,44 +184,91 @@ fn real_pods_whole_mode() {
         let raw = load(row.file);
         let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
         let i = mutate::vllm_container(&pod).unwrap_or_else(|| panic!("{}: no vLLM container", row.file));
-        assert_eq!(pod.spec.as_ref().unwrap().containers[i].name, row.vllm_container, "{}", row.file);
+        assert_eq!(
+            pod.spec.as_ref().unwrap().containers[i].name,
+            row.vllm_container,
+            "{}",
+            row.file
+        );
 
         // Without a policy (or with updateMode Off): the sidecar only; the user's flags stay.
         for ias in [None, Some(&report_only)] {
-            let ctx = Context { config: &cfg, policy: ias, placement: None };
+            let ctx = Context {
+                config: &cfg,
+                policy: ias,
+                placement: None,
+            };
             let (out, label) = run(&raw, &ctx);
             assert_eq!(label, "whole", "{}", row.file);
             assert_eq!(vllm_words(&out), vllm_words(&raw), "{}: vLLM untouched", row.file);
             let inits = containers(&out, "initContainers");
-            assert_eq!(inits.iter().filter(|c| c.name == SIDECAR_NAME).count(), 1, "{}", row.file);
+            assert_eq!(
+                inits.iter().filter(|c| c.name == SIDECAR_NAME).count(),
+                1,
+                "{}",
+                row.file
+            );
             let sidecar = inits.last().unwrap();
-            assert_eq!(sidecar.name, SIDECAR_NAME, "{}: the sidecar is the last init container", row.file);
+            assert_eq!(
+                sidecar.name, SIDECAR_NAME,
+                "{}: the sidecar is the last init container",
+                row.file
+            );
             assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
             let args = sidecar.args.as_ref().unwrap();
             assert_eq!(
                 &args[..5],
-                ["sidecar", "--vllm-url", &format!("http://127.0.0.1:{}", row.vllm_port), "--listen", "0.0.0.0:9090"],
+                [
+                    "sidecar",
+                    "--vllm-url",
+                    &format!("http://127.0.0.1:{}", row.vllm_port),
+                    "--listen",
+                    "0.0.0.0:9090"
+                ],
                 "{}",
                 row.file
             );
-            assert_eq!(flag(args, "--model-dir").as_deref(), row.model_dir, "{}", row.file);
+            assert_eq!(
+                flag(args, "--model-dir").as_deref(),
+                row.model_dir,
+                "{}",
+                row.file
+            );
             if row.model_dir.is_some() {
                 let m = &sidecar.volume_mounts.as_ref().unwrap()[0];
-                assert_eq!(m.read_only, Some(true), "{}: the model volume is read-only", row.file);
+                assert_eq!(
+                    m.read_only,
+                    Some(true),
+                    "{}: the model volume is read-only",
+                    row.file
+                );
             }
             let probe = sidecar.startup_probe.as_ref().unwrap().http_get.as_ref().unwrap();
             assert_eq!(probe.path.as_deref(), Some("/startup"));
             // Other containers are never touched.
             let before = containers(&raw, "containers");
             let after = containers(&out, "containers");
-            assert_eq!(before, after, "{}: whole mode without management changes no container", row.file);
+            assert_eq!(
+                before, after,
+                "{}: whole mode without management changes no container",
+                row.file
+            );
             if let Some((name, value)) = row.user_flag {
-                assert_eq!(flag(&vllm_words(&out), name).as_deref(), Some(value), "{}", row.file);
+                assert_eq!(
+                    flag(&vllm_words(&out), name).as_deref(),
+                    Some(value),
+                    "{}",
+                    row.file
+                );
             }
         }
 
         // Managed (updateMode Initial): the recommendation replaces, never duplicates, the memory flag.
-        let ctx = Context { config: &cfg, policy: Some(&managed), placement: None };
+        let ctx = Context {
+            config: &cfg,
+            policy: Some(&managed),
+            placement: None,
+        };
         let (out, _) = run(&raw, &ctx);
         let words = vllm_words(&out);
         let (name, value) = row.managed_flag;
@@ -231,10 +281,18 @@ fn real_pods_whole_mode() {
             // The shell script keeps its `${GPU_UTIL}`; Tessera's KV flag went in after the entry point.
             assert!(words.iter().any(|w| w == &format!("{name}={value}")), "{words:?}");
         } else {
-            assert_eq!(flag(&words, name).as_deref(), Some(value), "{}: {words:?}", row.file);
+            assert_eq!(
+                flag(&words, name).as_deref(),
+                Some(value),
+                "{}: {words:?}",
+                row.file
+            );
         }
         let sidecar = containers(&out, "initContainers").pop().unwrap();
-        assert_eq!(flag(sidecar.args.as_ref().unwrap(), "--ttft-slo").as_deref(), Some("2s"));
+        assert_eq!(
+            flag(sidecar.args.as_ref().unwrap(), "--ttft-slo").as_deref(),
+            Some("2s")
+        );
     }
 }
 
@@ -245,7 +303,11 @@ fn real_pods_fractional_mode() {
     let place = placement();
     for row in TABLE {
         let raw = load(row.file);
-        let ctx = Context { config: &cfg, policy: Some(&frac), placement: Some(&place) };
+        let ctx = Context {
+            config: &cfg,
+            policy: Some(&frac),
+            placement: Some(&place),
+        };
         let (out, label) = run(&raw, &ctx);
         assert_eq!(label, row.fractional, "{}", row.file);
         let pod: Pod = serde_json::from_value(out.clone()).unwrap();
@@ -258,8 +320,13 @@ fn real_pods_fractional_mode() {
             .and_then(|l| l.get("nvidia.com/gpu"));
         if label != "fractional" {
             assert!(gpus.is_some(), "{}: whole mode keeps the GPU request", row.file);
-            assert!(spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref()).is_none()
-                || raw["spec"]["affinity"].is_object());
+            assert!(
+                spec.affinity
+                    .as_ref()
+                    .and_then(|a| a.node_affinity.as_ref())
+                    .is_none()
+                    || raw["spec"]["affinity"].is_object()
+            );
             continue;
         }
         assert!(gpus.is_none(), "{}: the GPU request is gone", row.file);
@@ -270,9 +337,15 @@ fn real_pods_fractional_mode() {
                 .find(|e| e.name == n)
                 .and_then(|e| e.value.clone())
         };
-        assert_eq!(env("NVIDIA_VISIBLE_DEVICES").as_deref(), place.gpu_uuid.as_deref());
+        assert_eq!(
+            env("NVIDIA_VISIBLE_DEVICES").as_deref(),
+            place.gpu_uuid.as_deref()
+        );
         assert_eq!(env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").as_deref(), Some("30"));
-        assert_eq!(env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(), Some("0=20480M"));
+        assert_eq!(
+            env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(),
+            Some("0=20480M")
+        );
         assert_eq!(spec.host_ipc, Some(true));
         let terms = &spec
             .affinity
@@ -286,18 +359,29 @@ fn real_pods_fractional_mode() {
             .unwrap()
             .node_selector_terms;
         assert!(terms.iter().all(|t| {
-            t.match_fields.iter().flatten().any(|f| f.values.as_deref() == Some(&["gpu-node-7".to_string()][..]))
+            t.match_fields
+                .iter()
+                .flatten()
+                .any(|f| f.values.as_deref() == Some(&["gpu-node-7".to_string()][..]))
         }));
         // vLLM is bounded to its share: 20480 / 81920 MiB.
         let words = vllm_words(&out);
         if row.file.starts_with("handwritten") {
-            assert_eq!(env("GPU_UTIL").as_deref(), Some("0.25"), "the variable carries the share");
+            assert_eq!(
+                env("GPU_UTIL").as_deref(),
+                Some("0.25"),
+                "the variable carries the share"
+            );
         } else {
             let f = words
                 .iter()
-                .position(|w| w.starts_with("--gpu-memory-utilization") || w.starts_with("--gpu_memory_utilization"))
+                .position(|w| {
+                    w.starts_with("--gpu-memory-utilization") || w.starts_with("--gpu_memory_utilization")
+                })
                 .unwrap();
-            let v = words[f].split_once('=').map_or_else(|| words[f + 1].as_str(), |(_, v)| v);
+            let v = words[f]
+                .split_once('=')
+                .map_or_else(|| words[f + 1].as_str(), |(_, v)| v);
             assert_eq!(v, "0.25", "{}", row.file);
         }
         let ann = pod.metadata.annotations.as_ref().unwrap();
@@ -331,7 +415,11 @@ fn invalid_settings_are_denied_with_field_value_and_fix() {
         let mut v = raw.clone();
         v["metadata"]["annotations"] = json!({ key: value });
         let pod: Pod = serde_json::from_value(v).unwrap();
-        let ctx = Context { config: &cfg, policy: None, placement: None };
+        let ctx = Context {
+            config: &cfg,
+            policy: None,
+            placement: None,
+        };
         let deny = mutate::mutate(&pod, &ctx).unwrap_err();
         let msg = deny.to_string();
         assert!(msg.starts_with(&format!("{key}={value:?}: ")), "{msg}");
@@ -343,7 +431,11 @@ fn invalid_settings_are_denied_with_field_value_and_fix() {
 fn reasons_to_leave_a_pod_alone() {
     let cfg = config();
     let raw = load("production-stack-llama3.yaml");
-    let ctx = Context { config: &cfg, policy: None, placement: None };
+    let ctx = Context {
+        config: &cfg,
+        policy: None,
+        placement: None,
+    };
     let check = |v: Value, want: &str| {
         let pod: Pod = serde_json::from_value(v).unwrap();
         match mutate::mutate(&pod, &ctx).unwrap() {
@@ -371,7 +463,11 @@ fn reasons_to_leave_a_pod_alone() {
         p
     };
     let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
-    let c2 = Context { config: &cfg, policy: Some(&bare), placement: None };
+    let c2 = Context {
+        config: &cfg,
+        policy: Some(&bare),
+        placement: None,
+    };
     assert_eq!(
         mutate::mutate(&pod, &c2).unwrap(),
         Mutation::Unchanged(Unchanged::NoShare(match mutate::plan(&pod, &c2).unwrap() {
@@ -384,13 +480,30 @@ fn reasons_to_leave_a_pod_alone() {
     opaque["metadata"]["annotations"] = json!({"tessera.dev/container": "vllm"});
     let frac = policy("fractional", "Off");
     let pod: Pod = serde_json::from_value(opaque).unwrap();
-    let c3 = Context { config: &cfg, policy: Some(&frac), placement: None };
-    assert!(matches!(mutate::plan(&pod, &c3).unwrap(), mutate::Plan::Unchanged(Unchanged::FlagsUnsettable(_))));
+    let c3 = Context {
+        config: &cfg,
+        policy: Some(&frac),
+        placement: None,
+    };
+    assert!(matches!(
+        mutate::plan(&pod, &c3).unwrap(),
+        mutate::Plan::Unchanged(Unchanged::FlagsUnsettable(_))
+    ));
     // A placement on a capacity pod that has no node yet: unchanged (the reservation expires by TTL).
     let pod: Pod = serde_json::from_value(raw).unwrap();
-    let pending = Placement { node: None, ..placement() };
-    let c4 = Context { config: &cfg, policy: Some(&frac), placement: Some(&pending) };
-    assert!(matches!(mutate::mutate(&pod, &c4).unwrap(), Mutation::Unchanged(Unchanged::GpuPending(_))));
+    let pending = Placement {
+        node: None,
+        ..placement()
+    };
+    let c4 = Context {
+        config: &cfg,
+        policy: Some(&frac),
+        placement: Some(&pending),
+    };
+    assert!(matches!(
+        mutate::mutate(&pod, &c4).unwrap(),
+        Mutation::Unchanged(Unchanged::GpuPending(_))
+    ));
 }
 
 /// The examples in docs/webhook.md, regenerated from the real production-stack pod so they cannot drift.
@@ -401,8 +514,22 @@ fn docs_examples_are_current() {
     let managed = policy("whole", "Initial");
     let frac = policy("fractional", "Off");
     let place = placement();
-    let (whole, _) = run(&raw, &Context { config: &cfg, policy: Some(&managed), placement: None });
-    let (fractional, _) = run(&raw, &Context { config: &cfg, policy: Some(&frac), placement: Some(&place) });
+    let (whole, _) = run(
+        &raw,
+        &Context {
+            config: &cfg,
+            policy: Some(&managed),
+            placement: None,
+        },
+    );
+    let (fractional, _) = run(
+        &raw,
+        &Context {
+            config: &cfg,
+            policy: Some(&frac),
+            placement: Some(&place),
+        },
+    );
     let yaml = |v: &Value| serde_yaml::to_string(v).unwrap();
     let diff = |a: &Value, b: &Value| {
         let patch = json_patch::diff(a, b);
@@ -420,7 +547,9 @@ fn docs_examples_are_current() {
     for (name, body) in blocks {
         let start = format!("<!-- generated:{name} -->\n```yaml\n");
         let end = format!("```\n<!-- /generated:{name} -->");
-        let s = doc.find(&start).unwrap_or_else(|| panic!("docs/webhook.md lacks the {name} block"));
+        let s = doc
+            .find(&start)
+            .unwrap_or_else(|| panic!("docs/webhook.md lacks the {name} block"));
         let e = doc[s..].find(&end).unwrap() + s;
         let current = &doc[s + start.len()..e];
         if current != body {
