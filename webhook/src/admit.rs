@@ -133,6 +133,8 @@ pub struct Admitter {
     pub metrics: Metrics,
     /// Events to publish (bounded; dropped when full).
     pub events: Option<mpsc::Sender<EventJob>>,
+    /// Pools whose capacity pods have not been listed yet (ready at 0).
+    pub pools_unsynced: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A request body that is not an `AdmissionReview` at all (answered with 400).
@@ -196,15 +198,17 @@ impl Admitter {
             reservation_timeout: Duration::from_secs(2),
             metrics: Metrics::default(),
             events: None,
+            pools_unsynced: Arc::default(),
         }
     }
 
     /// Whether the caches have synced (always with `--no-kube`).
     pub fn ready(&self) -> bool {
-        match &self.policies {
+        let policies = match &self.policies {
             Policies::None => true,
             Policies::Store(_, synced) => synced.load(Ordering::Acquire),
-        }
+        };
+        policies && self.pools_unsynced.load(Ordering::Acquire) == 0
     }
 
     /// Answers one admission request body. `Err` only for a body that is no AdmissionReview (answer 400).

@@ -123,10 +123,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         admitter.policies = admit::Policies::Store(store, synced);
         if let Some(cfg) = &pools {
             let mut managers = HashMap::new();
+            admitter.pools_unsynced.store(cfg.pools.len(), Ordering::Release);
             for p in &cfg.pools {
                 let m = PoolManager::new(client.clone(), cfg.clone(), &p.name)?
                     .with_metrics(pool_metrics.clone());
-                tokio::spawn(watch_capacity(m.clone(), cfg.namespace.clone(), client.clone()));
+                tokio::spawn(watch_capacity(
+                    m.clone(),
+                    cfg.namespace.clone(),
+                    client.clone(),
+                    admitter.pools_unsynced.clone(),
+                ));
                 managers.insert(p.name.clone(), m);
             }
             admitter.pools = Arc::new(managers);
@@ -254,14 +260,26 @@ pub fn watch_policies(
 }
 
 /// Keeps a pool manager's index of capacity pods current (new GPUs, published UUIDs, other replicas'
-/// reservations). The webhook never reconciles or deletes: the autoscaler's leader does.
-async fn watch_capacity(manager: PoolManager, namespace: String, client: kube::Client) {
+/// reservations) and counts the pool as synced after its first full list (until then `/ready` fails: a cold
+/// index would try to create capacity pods that already exist). The webhook never reconciles or deletes: the
+/// autoscaler's leader does.
+async fn watch_capacity(
+    manager: PoolManager,
+    namespace: String,
+    client: kube::Client,
+    unsynced: Arc<std::sync::atomic::AtomicUsize>,
+) {
     let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, &namespace);
     let selector = format!("{LABEL_POOL}={},{LABEL_CAPACITY_POD}=true", manager.pool().name);
     let stream = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut buffer = Vec::new();
+    let mut synced = false;
     while let Some(ev) = stream.next().await {
+        if !synced && matches!(ev, Ok(watcher::Event::InitDone)) {
+            synced = true;
+            unsynced.fetch_sub(1, Ordering::AcqRel);
+        }
         match ev {
             Ok(watcher::Event::Init) => buffer.clear(),
             Ok(watcher::Event::InitApply(p)) => buffer.push(p),
