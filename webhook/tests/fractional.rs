@@ -340,3 +340,54 @@ async fn a_reservation_whose_admission_failed_expires_by_ttl() {
     assert_eq!(report.expired, 1);
     assert!(api.lock().unwrap().reservations(created).is_empty(), "released");
 }
+
+/// The policy comes from a reflector store (seeded the way kube-rs tests do), matched through the pod's
+/// ReplicaSet to its Deployment; before the store has synced, pods are admitted unchanged (`cache_cold`).
+#[tokio::test]
+async fn the_policy_comes_from_the_reflector_cache() {
+    use kube::runtime::{reflector, watcher};
+    use std::sync::atomic::AtomicBool;
+    use tessera_autoscaler::crd::InferenceAutoscaler;
+    use tessera_webhook::admit::Policies;
+
+    let ias: InferenceAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+        "metadata": {"name": "llama3", "namespace": "default"},
+        "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "vllm-llama3-deployment-vllm"}, "maxReplicas": 2,
+                 "gpu": {"sharing": "whole", "updateMode": "Initial"}},
+        "status": {"recommendation": {"gpuMemoryUtilization": 0.42, "reason": "r"}}
+    }))
+    .unwrap();
+    let (reader, mut writer) = reflector::store::<InferenceAutoscaler>();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitApply(ias));
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let synced = Arc::new(AtomicBool::new(false));
+    let mut a = Admitter::without_kube(Config::default());
+    a.policies = Policies::Store(reader, synced.clone());
+    let (_, mut body) = review("uid-p");
+    // A plain whole-mode pod: no pool label, no share annotations.
+    let mut v: Value = serde_json::from_slice(&body).unwrap();
+    v["request"]["object"]["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove("tessera.dev/pool");
+    v["request"]["object"]["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("annotations");
+    body = serde_json::to_vec(&v).unwrap();
+    let cold = a.admit(&body).await.unwrap().response.unwrap();
+    assert!(cold.allowed && cold.patch.is_none());
+    assert_eq!(cold.audit_annotations["unchanged"], "cache_cold");
+    assert!(!a.ready());
+
+    synced.store(true, std::sync::atomic::Ordering::Release);
+    assert!(a.ready());
+    let r = a.admit(&body).await.unwrap().response.unwrap();
+    let out = applied(&v["request"]["object"], &r);
+    assert_eq!(
+        out["spec"]["containers"][0]["command"][15], "0.42",
+        "the recommendation replaced the user's --gpu-memory-utilization 0.8"
+    );
+}
