@@ -13,6 +13,7 @@ k6=.tools/venv/bin/k6
 cargo build --release --locked -p tessera
 dir=$(mktemp -d)
 pid=
+status=
 cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
@@ -27,5 +28,7 @@ echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinf
 echo "k6 $("$k6" version | head -1), rate $rate/s per scenario, $duration"
 K6_NO_USAGE_REPORT=true "$k6" run --quiet --no-color --address "" \
   -e WEBHOOK_URL="https://127.0.0.1:$hp" -e RATE="$rate" -e DURATION="$duration" \
-  -e REVIEW="$PWD/load-tests/webhook-review.json" -e SUMMARY="$dir/summary.json" load-tests/webhook.js
-echo "server after the run: $(grep -E '^tessera_webhook_admissions_total' <(curl -s "http://127.0.0.1:$mp/metrics"))"
+  -e REVIEW="$PWD/load-tests/webhook-review.json" -e SUMMARY="$dir/summary.json" load-tests/webhook.js || status=$?
+# The server's own view: admissions by outcome, and how long it took to answer them (from body read to JSON).
+curl -s "http://127.0.0.1:$mp/metrics" | grep -E '^tessera_webhook_admission(s_total|_duration_seconds_(bucket|count|sum))'
+exit "${status:-0}"
