@@ -35,6 +35,8 @@ enum Command {
     Autoscaler(tessera_autoscaler::controller::Args),
     /// Run the OpenAI-API gateway that routes by model and holds requests while a model scales from zero.
     Activator(tessera_autoscaler::activator::Args),
+    /// Run the mutating admission webhook: inject the sidecar, set vLLM's memory flags, place fractional pods.
+    Webhook(tessera_webhook::Args),
     /// Replay real traffic through Tessera's decisions and compare it with whole-GPU baselines.
     Simulate(tessera_sim::simulate::Args),
     /// Pack a GPU-sharing pod trace onto GPUs and compare with the lower bound.
@@ -54,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
         Command::GpuAgent(args) => tessera_sidecar::agent::run(args).await,
         Command::Autoscaler(args) => tessera_autoscaler::controller::run(args).await,
         Command::Activator(args) => tessera_autoscaler::activator::run(args).await,
+        Command::Webhook(args) => tessera_webhook::run(args).await,
         Command::Simulate(args) => tessera_sim::simulate::run(args).await,
         Command::Pack(args) => tessera_sim::pack::run(args).await,
         Command::VllmSim(args) => tessera_sim::emulator::run(args).await,

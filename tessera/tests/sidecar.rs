@@ -226,6 +226,8 @@ async fn sidecar_against_a_fake_vllm() {
         .await;
     assert!(!s.ready && !s.vllm_up && s.latest.is_none());
     assert_eq!(c.get("/ready").await.unwrap().0, 503);
+    // The injected sidecar's startup probe passes as soon as the sidecar serves, whatever vLLM does.
+    assert_eq!(c.get("/startup").await.unwrap().0, 200);
     assert!(s.recommendation().is_none(), "no recommendation without data");
     // Unknown is absent, never 0 ("needs nothing") or NaN (breaks alert comparisons).
     let (_, page) = c.get("/metrics").await.unwrap();

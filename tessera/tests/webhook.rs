@@ -1,0 +1,268 @@
+//! `tessera webhook --no-kube` as a real process over real TLS on 127.0.0.1: AdmissionReview JSON in, allowed
+//! with a patch / denied with a message / malformed bodies answered (never a crash); probes and metrics; and
+//! certificate rotation (replace the files: the next connection gets the new certificate while an open one
+//! keeps working). Certificates are made in the test with `rcgen`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+mod support;
+use support::Tessera;
+
+struct Pair {
+    cert_pem: String,
+    key_pem: String,
+    der: CertificateDer<'static>,
+}
+
+fn pair() -> Pair {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    Pair {
+        cert_pem: ck.cert.pem(),
+        key_pem: ck.signing_key.serialize_pem(),
+        der: ck.cert.der().clone(),
+    }
+}
+
+/// Replaces a file the way a kubelet secret update does: write beside it, then rename over it.
+fn replace(path: &Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn connector(trusted: &[&CertificateDer<'static>]) -> TlsConnector {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in trusted {
+        roots.add((*c).clone()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    TlsConnector::from(Arc::new(config))
+}
+
+async fn connect(tls: &TlsConnector, addr: std::net::SocketAddr) -> TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    tls.connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+fn peer(stream: &TlsStream<TcpStream>) -> CertificateDer<'static> {
+    stream.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned()
+}
+
+/// One HTTP/1.1 exchange on a kept-alive connection: (status, body).
+async fn exchange(
+    stream: &mut TlsStream<TcpStream>,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, Vec<u8>) {
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(body).await.unwrap();
+    stream.flush().await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16384];
+    let (status, len, start) = loop {
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed before the response headers");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let headers = String::from_utf8_lossy(&buf[..end]).to_string();
+            let status: u16 = headers.split(' ').nth(1).unwrap().parse().unwrap();
+            let len: usize = headers
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().unwrap())
+                })
+                .expect("content-length");
+            break (status, len, end + 4);
+        }
+    };
+    while buf.len() < start + len {
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed mid-body");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    (status, buf[start..start + len].to_vec())
+}
+
+fn review(uid: &str, pod: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                    "namespace": "default", "operation": "CREATE",
+                    "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
+                                 "groups": ["system:serviceaccounts", "system:authenticated"]},
+                    "object": pod, "oldObject": null, "dryRun": false,
+                    "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}}
+    }))
+    .unwrap()
+}
+
+fn real_pod() -> Value {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/pods/production-stack-llama3.yaml"),
+    )
+    .unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+#[tokio::test]
+async fn admission_over_tls_and_certificate_rotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let first = pair();
+    std::fs::write(&cert_path, &first.cert_pem).unwrap();
+    std::fs::write(&key_path, &first.key_pem).unwrap();
+    let metrics_port = support::free_port();
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let hook = Tessera::start(&[
+        "webhook",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        &metrics_listen,
+        "--tls-cert",
+        cert_path.to_str().unwrap(),
+        "--tls-key",
+        key_path.to_str().unwrap(),
+        "--tls-reload-interval",
+        "100ms",
+        "--no-kube",
+        "--sidecar-image",
+        "ghcr.io/tessera-dev/tessera:test",
+    ]);
+    let second = pair();
+    let tls = connector(&[&first.der, &second.der]);
+    let mut conn = connect(&tls, hook.addr).await;
+    assert_eq!(peer(&conn), first.der);
+
+    // Allowed with a patch that applies to the pod.
+    let pod = real_pod();
+    let (code, body) = exchange(&mut conn, "POST", "/mutate", &review("uid-allow", pod.clone())).await;
+    assert_eq!(code, 200);
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+    let r = &answer["response"];
+    assert_eq!(r["uid"], "uid-allow");
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["patchType"], "JSONPatch");
+    let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    assert_eq!(patched["spec"]["initContainers"][0]["name"], "tessera-sidecar");
+    assert_eq!(
+        patched["spec"]["initContainers"][0]["image"],
+        "ghcr.io/tessera-dev/tessera:test"
+    );
+
+    // Denied with a message naming the field, the value and the fix.
+    let mut bad = pod.clone();
+    bad["metadata"]["annotations"] = json!({"tessera.dev/gpu-compute-fraction": "1.5"});
+    let (code, body) = exchange(&mut conn, "POST", "/mutate", &review("uid-deny", bad)).await;
+    assert_eq!(code, 200);
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], false);
+    let msg = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        msg.starts_with("tessera.dev/gpu-compute-fraction=\"1.5\""),
+        "{msg}"
+    );
+    assert!(msg.contains("such as \"0.25\""), "{msg}");
+
+    // Malformed: not JSON → 400; JSON without a request → a well-formed review that refuses; a non-pod object →
+    // admitted unchanged.
+    let (code, body) = exchange(&mut conn, "POST", "/mutate", b"{not json").await;
+    assert_eq!(code, 400, "{}", String::from_utf8_lossy(&body));
+    let (code, body) = exchange(
+        &mut conn,
+        "POST",
+        "/mutate",
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], false);
+    let (code, body) = exchange(&mut conn, "POST", "/mutate", &review("uid-odd", json!([1, 2]))).await;
+    assert_eq!(code, 200);
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], true);
+    assert!(answer["response"].get("patch").is_none());
+    for path in ["/live", "/ready"] {
+        assert_eq!(exchange(&mut conn, "GET", path, b"").await.0, 200, "{path}");
+    }
+
+    // Metrics on the plain-HTTP port.
+    let page = reqwest::get(format!("http://{metrics_listen}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"tessera_webhook_admissions_total{outcome="mutated",reason="whole"} 1"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"tessera_webhook_admissions_total{outcome="denied",reason="invalid_setting"} 1"#)
+    );
+    assert!(page.contains(r#"tessera_webhook_admissions_total{outcome="unchanged",reason="not_a_pod"} 1"#));
+    assert!(page.contains("tessera_webhook_admission_duration_seconds_bucket"));
+
+    // Rotation: replace both files; the next connection sees the new certificate, the open one keeps working.
+    replace(&key_path, &second.key_pem);
+    replace(&cert_path, &second.cert_pem);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let fresh = connect(&tls, hook.addr).await;
+        if peer(&fresh) == second.der {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was not served within 10s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(peer(&conn), first.der, "the open connection keeps its handshake");
+    let (code, _) = exchange(&mut conn, "POST", "/mutate", &review("uid-after", pod)).await;
+    assert_eq!(code, 200, "an open connection survives the rotation");
+    let page = reqwest::get(format!("http://{metrics_listen}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"tessera_webhook_tls_reloads_total{result="ok"}"#),
+        "{page}"
+    );
+    drop(hook);
+}

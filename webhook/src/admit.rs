@@ -1,0 +1,438 @@
+//! The admission handler: parse the `AdmissionReview`, find the pod's policy, reserve GPU room for fractional
+//! pods, call the pure [`mutate`](crate::mutate::mutate), and answer. Every failure admits the pod unchanged
+//! (fail open), counted under a fixed label, logged, and reported as an Event on the pod's owner.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::runtime::reflector::Store;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tessera_autoscaler::crd::InferenceAutoscaler;
+use tessera_autoscaler::pool::{PoolError, PoolManager, ReserveRequest};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::mutate::{self, Config, Context, Mutation, Plan, Unchanged};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdmissionLabels {
+    outcome: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+/// The webhook's metrics (`tessera_webhook_*`). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    admissions: Family<AdmissionLabels, Counter>,
+    duration: Histogram,
+    events_dropped: Counter,
+    tls_reloads: Family<ResultLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            admissions: Family::default(),
+            // 100 µs .. ~1.6 s: admissions take about a millisecond, a reservation up to its timeout.
+            duration: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.0001, 2.0, 15,
+            )),
+            events_dropped: Counter::default(),
+            tls_reloads: Family::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them into `registry` (the root registry).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry.sub_registry_with_prefix("tessera_webhook");
+        r.register(
+            "admissions",
+            "Pod admissions by outcome (mutated, unchanged, denied, invalid) and fixed reason",
+            m.admissions.clone(),
+        );
+        r.register_with_unit(
+            "admission_duration",
+            "Time to answer an admission review, including any GPU reservation",
+            prometheus_client::registry::Unit::Seconds,
+            m.duration.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "Kubernetes Events not sent because the event queue was full",
+            m.events_dropped.clone(),
+        );
+        r.register(
+            "tls_reloads",
+            "Certificate reloads after the files changed, by result",
+            m.tls_reloads.clone(),
+        );
+        m
+    }
+
+    fn admission(&self, outcome: &'static str, reason: &'static str) {
+        self.admissions
+            .get_or_create(&AdmissionLabels { outcome, reason })
+            .inc();
+    }
+
+    /// Counts a certificate reload (`ok` or `error`).
+    pub fn tls_reload(&self, result: &'static str) {
+        self.tls_reloads.get_or_create(&ResultLabels { result }).inc();
+    }
+}
+
+/// Where policies come from.
+#[derive(Debug, Clone)]
+pub enum Policies {
+    /// `--no-kube`: no policies; every pod is injected in whole mode.
+    None,
+    /// A reflector store of InferenceAutoscalers and whether it has synced.
+    Store(Store<InferenceAutoscaler>, Arc<AtomicBool>),
+}
+
+/// A Kubernetes Event to publish on a pod's owner.
+#[derive(Debug, Clone)]
+pub struct EventJob {
+    /// The owner.
+    pub regarding: ObjectReference,
+    /// PascalCase reason.
+    pub reason: String,
+    /// The message.
+    pub note: String,
+}
+
+/// The admission handler. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Admitter {
+    /// What to inject.
+    pub config: Arc<Config>,
+    /// The policy cache.
+    pub policies: Policies,
+    /// One pool manager per configured pool (empty without `--pools-config` or with `--no-kube`).
+    pub pools: Arc<HashMap<String, PoolManager>>,
+    /// The longest a reservation may take before the pod is admitted unchanged.
+    pub reservation_timeout: Duration,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Events to publish (bounded; dropped when full).
+    pub events: Option<mpsc::Sender<EventJob>>,
+    /// Pools whose capacity pods have not been listed yet (ready at 0).
+    pub pools_unsynced: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// A request body that is not an `AdmissionReview` at all (answered with 400).
+#[derive(Debug, thiserror::Error)]
+#[error("the body is not an admission.k8s.io/v1 AdmissionReview: {0}")]
+pub struct BadRequest(String);
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn reservation_label(e: &PoolError) -> &'static str {
+    match e {
+        PoolError::NoRoom { .. } => "reservation_no_room",
+        PoolError::Invalid(_) => "reservation_invalid",
+        PoolError::UnknownPool(_) => "reservation_unknown_pool",
+        PoolError::TooManyConflicts { .. } => "reservation_conflicts",
+        PoolError::Kube(_) => "reservation_kube",
+    }
+}
+
+fn owner_reference(pod: &Pod, namespace: &str) -> Option<ObjectReference> {
+    let (kind, name) = crate::policy::owner_workload(pod)?;
+    let api_version = match kind.as_str() {
+        "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet" => "apps/v1".to_string(),
+        _ => pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == kind)
+            .map(|o| o.api_version.clone())
+            .unwrap_or_default(),
+    };
+    let uid = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == kind && o.name == name)
+        .map(|o| o.uid.clone());
+    Some(ObjectReference {
+        api_version: Some(api_version),
+        kind: Some(kind),
+        name: Some(name),
+        namespace: Some(namespace.to_string()),
+        uid,
+        ..ObjectReference::default()
+    })
+}
+
+impl Admitter {
+    /// An admitter without a cluster (`--no-kube`): injection and validation only.
+    pub fn without_kube(config: Config) -> Self {
+        Self {
+            config: Arc::new(config),
+            policies: Policies::None,
+            pools: Arc::new(HashMap::new()),
+            reservation_timeout: Duration::from_secs(2),
+            metrics: Metrics::default(),
+            events: None,
+            pools_unsynced: Arc::default(),
+        }
+    }
+
+    /// Whether the caches have synced (always with `--no-kube`).
+    pub fn ready(&self) -> bool {
+        let policies = match &self.policies {
+            Policies::None => true,
+            Policies::Store(_, synced) => synced.load(Ordering::Acquire),
+        };
+        policies && self.pools_unsynced.load(Ordering::Acquire) == 0
+    }
+
+    /// Answers one admission request body. `Err` only for a body that is no AdmissionReview (answer 400).
+    pub async fn admit(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
+        let started = Instant::now();
+        // The object is taken out before the review is parsed, so that an object that is no Kubernetes object
+        // at all still gets a well-formed answer (admitted unchanged) instead of a 400.
+        let parsed = serde_json::from_slice::<serde_json::Value>(body).and_then(|mut v| {
+            let object = v
+                .get_mut("request")
+                .and_then(serde_json::Value::as_object_mut)
+                .and_then(|r| {
+                    r.remove("oldObject");
+                    r.remove("object")
+                });
+            serde_json::from_value::<AdmissionReview<DynamicObject>>(v).map(|r| (r, object))
+        });
+        let (review, object) = match parsed {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.admission("invalid", "not_a_review");
+                return Err(BadRequest(e.to_string()));
+            }
+        };
+        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(r) => r,
+            Err(_) => {
+                self.metrics.admission("invalid", "no_request");
+                return Ok(AdmissionResponse::invalid("the AdmissionReview has no request").into_review());
+            }
+        };
+        let response = self.respond(&request, object).await;
+        self.metrics.duration.observe(started.elapsed().as_secs_f64());
+        Ok(response.into_review())
+    }
+
+    async fn respond(
+        &self,
+        req: &AdmissionRequest<DynamicObject>,
+        object: Option<serde_json::Value>,
+    ) -> AdmissionResponse {
+        let base = AdmissionResponse::from(req);
+        if req.operation != Operation::Create {
+            return self.unchanged(base, req, None, Unchanged::NotCreate);
+        }
+        let pod: Pod = match object
+            .ok_or_else(|| "no object".to_string())
+            .and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string()))
+        {
+            Ok(p) => p,
+            Err(e) => return self.unchanged(base, req, None, Unchanged::NotAPod(e)),
+        };
+        let namespace = req
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_else(|| "default".into());
+        let guard;
+        let policy = match &self.policies {
+            Policies::None => None,
+            Policies::Store(store, synced) => {
+                if !synced.load(Ordering::Acquire) {
+                    return self.unchanged(base, req, Some((&pod, &namespace)), Unchanged::CacheCold);
+                }
+                guard = store.state();
+                crate::policy::find(&pod, &namespace, guard.iter().map(|a| a.as_ref()))
+            }
+        };
+        let mut ctx = Context {
+            config: &self.config,
+            policy,
+            placement: None,
+        };
+        let placement;
+        match mutate::plan(&pod, &ctx) {
+            Err(deny) => {
+                self.metrics.admission("denied", "invalid_setting");
+                info!(uid = %req.uid, %namespace, reason = %deny, "denied");
+                return base.deny(deny.to_string());
+            }
+            Ok(Plan::Unchanged(u)) => return self.unchanged(base, req, Some((&pod, &namespace)), u),
+            Ok(Plan::Whole(_)) => {}
+            Ok(Plan::Fractional(need)) => {
+                if req.dry_run {
+                    return self.unchanged(base, req, Some((&pod, &namespace)), Unchanged::DryRun);
+                }
+                if let Some(p) = mutate::existing_placement(&pod) {
+                    // Re-invocation: the pod already carries its placement; reserving again could book twice.
+                    placement = p;
+                    ctx.placement = Some(&placement);
+                    return self.finish(base, req, &pod, &namespace, &ctx);
+                }
+                let Some(manager) = self.pools.get(&need.pool) else {
+                    let u = Unchanged::NoPool(format!(
+                        "pool {:?} has no manager in this webhook (it runs with --no-kube or without \
+                         --pools-config)",
+                        need.pool
+                    ));
+                    return self.unchanged(base, req, Some((&pod, &namespace)), u);
+                };
+                let request = ReserveRequest {
+                    id: need.reservation.clone().unwrap_or_else(|| req.uid.clone()),
+                    model: need.model.clone(),
+                    compute_milli: need.compute_milli,
+                    memory_mib: need.memory_mib,
+                    priority: need.priority,
+                    pod: pod.metadata.name.as_ref().map(|n| format!("{namespace}/{n}")),
+                };
+                match tokio::time::timeout(self.reservation_timeout, manager.reserve(request, unix_now()))
+                    .await
+                {
+                    Ok(Ok(p)) => placement = p,
+                    Ok(Err(e)) => {
+                        let u = Unchanged::Reservation {
+                            label: reservation_label(&e),
+                            message: e.to_string(),
+                        };
+                        return self.unchanged(base, req, Some((&pod, &namespace)), u);
+                    }
+                    Err(_) => {
+                        let u = Unchanged::Reservation {
+                            label: "reservation_timeout",
+                            message: format!(
+                                "no answer within --reservation-timeout {}; a reservation made meanwhile \
+                                 expires by the pool's TTL",
+                                humantime::format_duration(self.reservation_timeout)
+                            ),
+                        };
+                        return self.unchanged(base, req, Some((&pod, &namespace)), u);
+                    }
+                }
+                ctx.placement = Some(&placement);
+            }
+        }
+        self.finish(base, req, &pod, &namespace, &ctx)
+    }
+
+    fn finish(
+        &self,
+        base: AdmissionResponse,
+        req: &AdmissionRequest<DynamicObject>,
+        pod: &Pod,
+        namespace: &str,
+        ctx: &Context<'_>,
+    ) -> AdmissionResponse {
+        let (pod, namespace) = (pod, namespace);
+        match mutate::mutate(pod, ctx) {
+            Err(deny) => {
+                self.metrics.admission("denied", "invalid_setting");
+                base.deny(deny.to_string())
+            }
+            Ok(Mutation::Unchanged(u)) => self.unchanged(base, req, Some((pod, namespace)), u),
+            Ok(Mutation::Patch { patch, label, notes }) => {
+                debug!(uid = %req.uid, %namespace, label, ops = patch.0.len(), ?notes, "mutated");
+                match base.clone().with_patch(patch) {
+                    Ok(mut r) => {
+                        self.metrics.admission("mutated", label);
+                        r.audit_annotations.insert("mode".into(), label.into());
+                        r
+                    }
+                    Err(e) => self.unchanged(
+                        base,
+                        req,
+                        Some((pod, namespace)),
+                        Unchanged::Internal(e.to_string()),
+                    ),
+                }
+            }
+        }
+    }
+
+    fn unchanged(
+        &self,
+        mut base: AdmissionResponse,
+        req: &AdmissionRequest<DynamicObject>,
+        pod: Option<(&Pod, &str)>,
+        why: Unchanged,
+    ) -> AdmissionResponse {
+        let label = why.label();
+        self.metrics.admission("unchanged", label);
+        base.audit_annotations.insert("unchanged".into(), label.into());
+        if why.is_failure() {
+            warn!(uid = %req.uid, reason = label, message = %why, "admitted unchanged");
+            base.warnings = Some(vec![format!("tessera: admitted unchanged ({label}): {why}")]);
+            if !req.dry_run
+                && let (Some(tx), Some((pod, ns))) = (&self.events, pod)
+                && let Some(regarding) = owner_reference(pod, ns)
+            {
+                let job = EventJob {
+                    regarding,
+                    reason: "TesseraAdmittedUnchanged".into(),
+                    note: format!("{label}: {why}"),
+                };
+                if tx.try_send(job).is_err() {
+                    self.metrics.events_dropped.inc();
+                }
+            }
+        } else {
+            debug!(uid = %req.uid, reason = label, "admitted unchanged");
+        }
+        base
+    }
+}
+
+/// Publishes queued Events until the queue closes.
+pub async fn publish_events(client: kube::Client, mut rx: mpsc::Receiver<EventJob>) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "tessera-webhook".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    while let Some(job) = rx.recv().await {
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: job.reason,
+            note: Some(job.note.chars().take(1000).collect()),
+            action: "Admit".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&ev, &job.regarding).await {
+            warn!(error = %e, "could not publish an Event");
+        }
+    }
+}

@@ -1,0 +1,1091 @@
+//! The mutation: a pure function from a pod and its context to a JSON patch, a reason to leave the pod alone,
+//! or a denial. No I/O, no clock: the handler ([`crate::admit`]) looks up the policy and reserves GPU room, then
+//! calls [`plan`] and [`mutate`].
+//!
+//! The patch is the JSON diff between the pod as it came and the pod as Tessera wants it, so it always applies
+//! to the pod it was made for, and running the webhook again on its own output gives an empty patch
+//! ([`Unchanged::UpToDate`]) — what `reinvocationPolicy: IfNeeded` needs.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, Pod, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tessera_autoscaler::crd::{InferenceAutoscaler, Sharing, UpdateMode};
+use tessera_autoscaler::pool::{
+    ANNOTATION_CAPACITY_POD, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION, LABEL_CAPACITY_POD, LABEL_POOL,
+    Placement, PoolsConfig, SharingMode,
+};
+
+use crate::vllm;
+
+/// Opt-in label (pod template or namespace) the webhook configuration selects on; as a pod annotation or label,
+/// `"false"` opts a single pod out.
+pub const INJECT: &str = "tessera.dev/inject";
+/// Pod annotation: the compute share, a fraction in (0, 1] (written by Tessera; a user may set it).
+pub const ANNOTATION_COMPUTE: &str = "tessera.dev/gpu-compute-fraction";
+/// Pod annotation: GPU memory, MiB (written by Tessera; a user may set it).
+pub const ANNOTATION_MEMORY: &str = "tessera.dev/gpu-memory";
+/// Pod annotation: which container runs vLLM, where the webhook cannot tell.
+pub const ANNOTATION_CONTAINER: &str = "tessera.dev/container";
+/// Pod annotation: the vLLM version the image runs, where its tag does not say (`0.11.0`).
+pub const ANNOTATION_VLLM_VERSION: &str = "tessera.dev/vllm-version";
+/// Pod annotation: the inter-token latency objective handed to the sidecar (`--itl-slo`), e.g. `100ms`.
+pub const ANNOTATION_ITL_SLO: &str = "tessera.dev/itl-slo";
+/// Pod label: the InferenceAutoscaler of this pod, where its owner chain does not lead to one.
+pub const LABEL_AUTOSCALER: &str = "tessera.dev/autoscaler";
+/// The injected container's name.
+pub const SIDECAR_NAME: &str = "tessera-sidecar";
+/// The sidecar's named port.
+pub const SIDECAR_PORT_NAME: &str = "tessera";
+/// Volume names the webhook adds for MPS.
+pub const MPS_PIPE_VOLUME: &str = "tessera-mps-pipe";
+/// See [`MPS_PIPE_VOLUME`].
+pub const MPS_LOG_VOLUME: &str = "tessera-mps-log";
+/// The first vLLM version with `--kv-cache-memory-bytes`.
+pub const KV_BYTES_SINCE: (u32, u32) = (0, 11);
+
+/// What the webhook injects and how (from its flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The sidecar's image (the tessera image).
+    pub sidecar_image: String,
+    /// The sidecar's port (`--listen 0.0.0.0:<port>`).
+    pub sidecar_port: u16,
+    /// CPU request of the sidecar.
+    pub sidecar_cpu: String,
+    /// Memory request and limit of the sidecar.
+    pub sidecar_memory: String,
+    /// The GPU pools, for fractional placement and for validating `tessera.dev/pool`.
+    pub pools: Option<std::sync::Arc<PoolsConfig>>,
+    /// The MPS pipe directory on the node (`CUDA_MPS_PIPE_DIRECTORY` of the node's MPS control daemon).
+    pub mps_pipe_dir: String,
+    /// The MPS log directory on the node (`CUDA_MPS_LOG_DIRECTORY`).
+    pub mps_log_dir: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            sidecar_image: "ghcr.io/tessera-dev/tessera:latest".into(),
+            sidecar_port: 9090,
+            sidecar_cpu: "50m".into(),
+            sidecar_memory: "64Mi".into(),
+            pools: None,
+            mps_pipe_dir: "/tmp/nvidia-mps".into(),
+            mps_log_dir: "/var/log/nvidia-mps".into(),
+        }
+    }
+}
+
+/// Everything [`mutate`] decides from besides the pod.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// The webhook's configuration.
+    pub config: &'a Config,
+    /// The pod's InferenceAutoscaler, if it has one.
+    pub policy: Option<&'a InferenceAutoscaler>,
+    /// In fractional mode: where the reservation landed.
+    pub placement: Option<&'a Placement>,
+}
+
+/// A pod the webhook refuses: its own `tessera.dev/*` settings are invalid. The message names the field, the
+/// value and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}={value:?}: {problem}; {fix}")]
+pub struct Deny {
+    /// The annotation or label.
+    pub field: String,
+    /// Its value.
+    pub value: String,
+    /// What is wrong.
+    pub problem: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+/// Why a pod is admitted unchanged. [`Unchanged::label`] is its fixed metric label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unchanged {
+    /// The admission object is not a pod the webhook can read.
+    NotAPod(String),
+    /// Not a CREATE.
+    NotCreate,
+    /// `tessera.dev/inject: "false"` on the pod.
+    OptedOut,
+    /// A capacity pod (Tessera's own).
+    CapacityPod,
+    /// No container runs vLLM.
+    NoVllmContainer,
+    /// Another container already uses the sidecar's port.
+    PortConflict(u16),
+    /// The policy cache has not synced yet.
+    CacheCold,
+    /// Fractional mode, but no compute share or memory is known yet.
+    NoShare(String),
+    /// Fractional mode, but no pool can be chosen.
+    NoPool(String),
+    /// Fractional mode, but vLLM's memory flags cannot be set (an opaque shell script): sharing a GPU with an
+    /// unbounded vLLM would starve its neighbours.
+    FlagsUnsettable(String),
+    /// Fractional mode on a dry run: a reservation would be a side effect.
+    DryRun,
+    /// The reservation failed (label: the pool error's label).
+    Reservation {
+        /// `reservation_<pool error label>` or `reservation_timeout`.
+        label: &'static str,
+        /// The error.
+        message: String,
+    },
+    /// The reservation landed on a GPU that is not running yet or has not published its UUID.
+    GpuPending(String),
+    /// The pod already is as Tessera wants it.
+    UpToDate,
+    /// A bug: the patch could not be computed.
+    Internal(String),
+}
+
+impl Unchanged {
+    /// A fixed metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::NotAPod(_) => "not_a_pod",
+            Self::NotCreate => "not_create",
+            Self::OptedOut => "opted_out",
+            Self::CapacityPod => "capacity_pod",
+            Self::NoVllmContainer => "no_vllm_container",
+            Self::PortConflict(_) => "port_conflict",
+            Self::CacheCold => "cache_cold",
+            Self::NoShare(_) => "no_share",
+            Self::NoPool(_) => "no_pool",
+            Self::FlagsUnsettable(_) => "flags_unsettable",
+            Self::DryRun => "dry_run",
+            Self::Reservation { label, .. } => label,
+            Self::GpuPending(_) => "gpu_pending",
+            Self::UpToDate => "up_to_date",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    /// Whether this is worth an Event on the owner (a pod that wanted something and did not get it).
+    pub fn is_failure(&self) -> bool {
+        !matches!(
+            self,
+            Self::NotCreate | Self::OptedOut | Self::CapacityPod | Self::UpToDate | Self::DryRun
+        )
+    }
+}
+
+impl std::fmt::Display for Unchanged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotAPod(m) => write!(f, "the admission object is not a readable pod: {m}"),
+            Self::NotCreate => write!(f, "only pod creation is mutated"),
+            Self::OptedOut => write!(f, "the pod sets {INJECT}: \"false\""),
+            Self::CapacityPod => write!(f, "capacity pods are Tessera's own and are never mutated"),
+            Self::NoVllmContainer => write!(
+                f,
+                "no container runs vLLM (`vllm serve` or vllm.entrypoints.openai.api_server); \
+                 name it with the {ANNOTATION_CONTAINER} annotation"
+            ),
+            Self::PortConflict(p) => write!(
+                f,
+                "a container already uses port {p}, the sidecar's port (--sidecar-port)"
+            ),
+            Self::CacheCold => write!(f, "the InferenceAutoscaler cache has not synced yet"),
+            Self::NoShare(m) | Self::NoPool(m) | Self::FlagsUnsettable(m) | Self::GpuPending(m) => {
+                f.write_str(m)
+            }
+            Self::DryRun => write!(f, "dry run: fractional placement would reserve GPU room"),
+            Self::Reservation { message, .. } => write!(f, "GPU reservation failed: {message}"),
+            Self::UpToDate => write!(f, "the pod already carries Tessera's sidecar and settings"),
+            Self::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
+
+/// Why a pod whose policy asks for a fraction of a GPU gets a whole one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WholeReason {
+    /// It asks for more than one GPU (tensor or pipeline parallel).
+    MultiGpu(u32),
+    /// It asks for no GPU of the pool's resource.
+    NoGpuRequest,
+}
+
+impl WholeReason {
+    /// A fixed metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::MultiGpu(_) => "whole_multi_gpu",
+            Self::NoGpuRequest => "whole_no_gpu_request",
+        }
+    }
+}
+
+impl std::fmt::Display for WholeReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MultiGpu(n) => write!(
+                f,
+                "the pod asks for {n} GPUs (tensor/pipeline parallel): its shards must sit on {n} whole GPUs \
+                 that talk over NVLink/PCIe, which a fraction of one GPU cannot be, so it keeps whole GPUs"
+            ),
+            Self::NoGpuRequest => write!(f, "the pod asks for no GPU, so there is nothing to share"),
+        }
+    }
+}
+
+/// What a fractional pod needs from the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FractionalNeed {
+    /// The pool.
+    pub pool: String,
+    /// Compute share, milli-GPUs.
+    pub compute_milli: u32,
+    /// GPU memory, MiB.
+    pub memory_mib: u64,
+    /// The model (for spreading replicas across GPUs): `namespace/name` of its policy or owner.
+    pub model: String,
+    /// The pod's priority.
+    pub priority: i32,
+    /// The reservation the pod already carries (a re-invocation), to be reused.
+    pub reservation: Option<String>,
+}
+
+/// What to do with a pod, before any reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Leave it alone.
+    Unchanged(Unchanged),
+    /// Inject and size it on its own GPU(s); the reason is why a fractional policy did not apply.
+    Whole(Option<WholeReason>),
+    /// Reserve room, then inject and place it.
+    Fractional(FractionalNeed),
+}
+
+/// The outcome of [`mutate`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mutation {
+    /// Admit with this patch.
+    Patch {
+        /// RFC 6902 operations against the pod as it came.
+        patch: json_patch::Patch,
+        /// `whole`, `fractional`, or a [`WholeReason::label`].
+        label: &'static str,
+        /// Human-readable notes (why whole mode, flags left alone, …).
+        notes: Vec<String>,
+    },
+    /// Admit unchanged.
+    Unchanged(Unchanged),
+}
+
+fn annotations(pod: &Pod) -> &BTreeMap<String, String> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    pod.metadata.annotations.as_ref().unwrap_or(&EMPTY)
+}
+
+fn labels(pod: &Pod) -> &BTreeMap<String, String> {
+    static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+    pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
+}
+
+/// A label or annotation (the label wins).
+fn setting<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
+    labels(pod)
+        .get(key)
+        .or_else(|| annotations(pod).get(key))
+        .map(String::as_str)
+}
+
+fn deny(field: &str, value: &str, problem: impl Into<String>, fix: impl Into<String>) -> Deny {
+    Deny {
+        field: field.to_string(),
+        value: value.to_string(),
+        problem: problem.into(),
+        fix: fix.into(),
+    }
+}
+
+/// Parses a compute fraction in (0, 1] into milli-GPUs (1..=1000).
+pub fn parse_fraction(s: &str) -> Option<u32> {
+    let f: f64 = s.trim().parse().ok()?;
+    (f.is_finite() && f > 0.0 && f <= 1.0).then(|| ((f * 1000.0).round() as u32).clamp(1, 1000))
+}
+
+fn parse_mib(s: &str) -> Option<u64> {
+    s.trim().parse::<u64>().ok().filter(|m| *m > 0)
+}
+
+/// Checks the pod's own `tessera.dev/*` settings; the first invalid one denies the pod.
+pub fn validate(pod: &Pod, config: &Config) -> Result<(), Deny> {
+    if let Some(v) = setting(pod, INJECT)
+        && v != "true"
+        && v != "false"
+    {
+        return Err(deny(
+            INJECT,
+            v,
+            "must be \"true\" or \"false\"",
+            "quote the value: \"true\"",
+        ));
+    }
+    if let Some(v) = annotations(pod).get(ANNOTATION_COMPUTE)
+        && parse_fraction(v).is_none()
+    {
+        return Err(deny(
+            ANNOTATION_COMPUTE,
+            v,
+            "is not a compute fraction in (0, 1]",
+            "set a fraction such as \"0.25\", or remove it to use the InferenceAutoscaler's share",
+        ));
+    }
+    if let Some(v) = annotations(pod).get(ANNOTATION_MEMORY)
+        && parse_mib(v).is_none()
+    {
+        return Err(deny(
+            ANNOTATION_MEMORY,
+            v,
+            "is not a positive whole number of MiB",
+            "set MiB without a unit, e.g. \"10240\" for 10 GiB, or remove it to use the recommendation",
+        ));
+    }
+    if let Some(v) = setting(pod, LABEL_POOL) {
+        match &config.pools {
+            Some(pools) if pools.pool(v).is_none() => {
+                let known: Vec<&str> = pools.pools.iter().map(|p| p.name.as_str()).collect();
+                return Err(deny(
+                    LABEL_POOL,
+                    v,
+                    "names no configured GPU pool",
+                    format!("use one of {known:?} (the webhook's --pools-config)"),
+                ));
+            }
+            _ => {}
+        }
+    }
+    if let Some(v) = annotations(pod).get(ANNOTATION_CONTAINER) {
+        let names = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .map(|c| c.name.as_str());
+        if !names.clone().any(|n| n == v) {
+            let all: Vec<&str> = names.collect();
+            return Err(deny(
+                ANNOTATION_CONTAINER,
+                v,
+                "names no container of the pod",
+                format!("name the vLLM container, one of {all:?}"),
+            ));
+        }
+    }
+    if let Some(v) = annotations(pod).get(ANNOTATION_VLLM_VERSION)
+        && vllm::parse_version(v).is_none()
+    {
+        return Err(deny(
+            ANNOTATION_VLLM_VERSION,
+            v,
+            "is not a vLLM version",
+            "write it as MAJOR.MINOR[.PATCH], e.g. \"0.11.0\"",
+        ));
+    }
+    if let Some(v) = annotations(pod).get(ANNOTATION_ITL_SLO)
+        && humantime::parse_duration(v).map_or(true, |d| d.is_zero())
+    {
+        return Err(deny(
+            ANNOTATION_ITL_SLO,
+            v,
+            "is not a positive duration",
+            "write a duration such as \"100ms\"",
+        ));
+    }
+    Ok(())
+}
+
+/// The index of the container that runs vLLM.
+pub fn vllm_container(pod: &Pod) -> Option<usize> {
+    let spec = pod.spec.as_ref()?;
+    if let Some(name) = annotations(pod).get(ANNOTATION_CONTAINER) {
+        return spec.containers.iter().position(|c| &c.name == name);
+    }
+    spec.containers.iter().position(vllm::is_vllm)
+}
+
+fn quantity_count(q: &Quantity) -> Option<u32> {
+    q.0.trim().parse().ok()
+}
+
+/// GPUs of `resource` the pod asks for, over all containers (limits, else requests). `None`: a quantity that is
+/// not a whole number.
+fn gpu_count(pod: &Pod, resource: &str) -> Option<u32> {
+    let mut total = 0u32;
+    for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
+        let Some(r) = &c.resources else { continue };
+        let q = r
+            .limits
+            .as_ref()
+            .and_then(|l| l.get(resource))
+            .or_else(|| r.requests.as_ref().and_then(|l| l.get(resource)));
+        if let Some(q) = q {
+            total = total.saturating_add(quantity_count(q)?);
+        }
+    }
+    Some(total)
+}
+
+fn wants_fractional(pod: &Pod, policy: Option<&InferenceAutoscaler>) -> bool {
+    let by_policy = policy
+        .and_then(|p| p.spec.gpu.as_ref())
+        .is_some_and(|g| g.sharing == Sharing::Fractional);
+    by_policy || setting(pod, LABEL_POOL).is_some()
+}
+
+/// `namespace/name` of what the pod belongs to, for spreading a model's replicas across GPUs.
+fn model_key(pod: &Pod, policy: Option<&InferenceAutoscaler>) -> String {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+    if let Some(p) = policy {
+        return format!(
+            "{}/{}",
+            p.metadata.namespace.as_deref().unwrap_or(ns),
+            p.metadata.name.as_deref().unwrap_or_default()
+        );
+    }
+    let owner = crate::policy::owner_workload(pod).map(|(_, n)| n);
+    let name = owner
+        .or_else(|| pod.metadata.generate_name.clone())
+        .or_else(|| pod.metadata.name.clone())
+        .unwrap_or_default();
+    format!("{ns}/{name}")
+}
+
+/// Decides what to do with `pod` before any reservation: deny, leave alone, whole mode, or what to reserve.
+/// `ctx.placement` is ignored.
+pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
+    validate(pod, ctx.config)?;
+    if setting(pod, INJECT) == Some("false") {
+        return Ok(Plan::Unchanged(Unchanged::OptedOut));
+    }
+    if labels(pod).get(LABEL_CAPACITY_POD).map(String::as_str) == Some("true") {
+        return Ok(Plan::Unchanged(Unchanged::CapacityPod));
+    }
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(Plan::Unchanged(Unchanged::NotAPod("no spec".into())));
+    };
+    let Some(vi) = vllm_container(pod) else {
+        return Ok(Plan::Unchanged(Unchanged::NoVllmContainer));
+    };
+    let port = ctx.config.sidecar_port;
+    let clash = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter(|c| c.name != SIDECAR_NAME)
+        .flat_map(|c| c.ports.iter().flatten())
+        .any(|p| p.container_port == i32::from(port));
+    if clash || vllm::port(&spec.containers[vi]) == port {
+        return Ok(Plan::Unchanged(Unchanged::PortConflict(port)));
+    }
+    if !wants_fractional(pod, ctx.policy) {
+        return Ok(Plan::Whole(None));
+    }
+    let Some(pools) = ctx.config.pools.as_deref() else {
+        return Ok(Plan::Unchanged(Unchanged::NoPool(
+            "fractional mode needs GPU pools, and the webhook runs without --pools-config".into(),
+        )));
+    };
+    let pool = match setting(pod, LABEL_POOL) {
+        Some(p) => p.to_string(),
+        None if pools.pools.len() == 1 => pools.pools[0].name.clone(),
+        None => {
+            return Ok(Plan::Unchanged(Unchanged::NoPool(format!(
+                "{} pools are configured and the pod names none: label the pod template {LABEL_POOL}=<pool>",
+                pools.pools.len()
+            ))));
+        }
+    };
+    let Some(spec_pool) = pools.pool(&pool) else {
+        return Ok(Plan::Unchanged(Unchanged::NoPool(format!(
+            "no pool named {pool:?}"
+        ))));
+    };
+    // A pod Tessera already placed (re-invocation) no longer asks for a GPU; its annotations say where it sits.
+    let placed = existing_placement(pod).is_some();
+    match gpu_count(pod, &spec_pool.resource_name) {
+        _ if placed => {}
+        Some(1) => {}
+        Some(0) => return Ok(Plan::Whole(Some(WholeReason::NoGpuRequest))),
+        Some(n) => return Ok(Plan::Whole(Some(WholeReason::MultiGpu(n)))),
+        None => {
+            return Ok(Plan::Unchanged(Unchanged::NoShare(format!(
+                "the pod's {} quantity is not a whole number",
+                spec_pool.resource_name
+            ))));
+        }
+    }
+    if !vllm::flags_settable(&spec.containers[vi]) {
+        return Ok(Plan::Unchanged(Unchanged::FlagsUnsettable(
+            "vLLM's memory flags cannot be set in this container's shell script, and a vLLM without them \
+             would take the memory of every neighbour on a shared GPU"
+                .into(),
+        )));
+    }
+    let gpu = ctx.policy.and_then(|p| p.spec.gpu.as_ref());
+    let rec = ctx
+        .policy
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.recommendation.as_ref());
+    let compute_milli = annotations(pod)
+        .get(ANNOTATION_COMPUTE)
+        .and_then(|v| parse_fraction(v))
+        .or_else(|| {
+            gpu.and_then(|g| g.compute_fraction.as_deref())
+                .filter(|v| *v != "auto")
+                .and_then(parse_fraction)
+        })
+        .or_else(|| {
+            rec.and_then(|r| r.compute_fraction)
+                .and_then(|f| parse_fraction(&f.to_string()))
+        });
+    let memory_mib = annotations(pod)
+        .get(ANNOTATION_MEMORY)
+        .and_then(|v| parse_mib(v))
+        .or_else(|| match gpu.and_then(|g| g.memory.as_ref()) {
+            Some(IntOrString::Int(m)) => u64::try_from(*m).ok().filter(|m| *m > 0),
+            Some(IntOrString::String(s)) if s != "auto" => parse_mib(s),
+            _ => None,
+        })
+        .or_else(|| {
+            rec.and_then(|r| r.gpu_memory_mib)
+                .and_then(|m| u64::try_from(m).ok())
+                .filter(|m| *m > 0)
+        });
+    let (Some(compute_milli), Some(memory_mib)) = (compute_milli, memory_mib) else {
+        return Ok(Plan::Unchanged(Unchanged::NoShare(
+            "fractional mode needs a compute share and GPU memory: set gpu.computeFraction and gpu.memory on \
+             the InferenceAutoscaler, or let it run whole until status.recommendation has both"
+                .into(),
+        )));
+    };
+    Ok(Plan::Fractional(FractionalNeed {
+        pool,
+        compute_milli,
+        memory_mib,
+        model: model_key(pod, ctx.policy),
+        priority: spec.priority.unwrap_or(0),
+        reservation: annotations(pod).get(ANNOTATION_RESERVATION).cloned(),
+    }))
+}
+
+/// The placement a pod already carries (Tessera placed it on an earlier invocation): its reservation, capacity
+/// pod, GPU UUID, pool label and node pin.
+pub fn existing_placement(pod: &Pod) -> Option<Placement> {
+    let ann = annotations(pod);
+    let node = pod
+        .spec
+        .as_ref()?
+        .affinity
+        .as_ref()?
+        .node_affinity
+        .as_ref()?
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?
+        .node_selector_terms
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten())
+        .find(|f| f.key == "metadata.name" && f.operator == "In")
+        .and_then(|f| f.values.as_ref()?.first().cloned())?;
+    Some(Placement {
+        pool: labels(pod).get(LABEL_POOL)?.clone(),
+        capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
+        namespace: String::new(),
+        node: Some(node),
+        gpu_uuid: Some(ann.get(ANNOTATION_GPU_UUID)?.clone()),
+        reservation_id: ann.get(ANNOTATION_RESERVATION)?.clone(),
+        reason: "Existing".into(),
+    })
+}
+
+/// Mutates `pod` in its context: the sidecar, vLLM's memory flags, and in fractional mode the placement.
+pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
+    let plan = plan(pod, ctx)?;
+    let existing = existing_placement(pod);
+    let mut notes = Vec::new();
+    let (label, fractional) = match &plan {
+        Plan::Unchanged(u) => return Ok(Mutation::Unchanged(u.clone())),
+        Plan::Whole(None) => ("whole", None),
+        Plan::Whole(Some(why)) => {
+            notes.push(why.to_string());
+            (why.label(), None)
+        }
+        Plan::Fractional(need) => {
+            let Some(placement) = ctx.placement.or(existing.as_ref()) else {
+                return Ok(Mutation::Unchanged(Unchanged::GpuPending(
+                    "no placement was made for this fractional pod".into(),
+                )));
+            };
+            let (Some(node), Some(uuid)) = (placement.node.as_deref(), placement.gpu_uuid.as_deref()) else {
+                return Ok(Mutation::Unchanged(Unchanged::GpuPending(format!(
+                    "the reservation landed on capacity pod {}, which has {}; the reservation expires by the \
+                     pool's TTL and the pod keeps its whole GPU",
+                    placement.capacity_pod,
+                    if placement.node.is_none() {
+                        "no node yet"
+                    } else {
+                        "not published its GPU UUID yet"
+                    }
+                ))));
+            };
+            ("fractional", Some((need, placement, node, uuid)))
+        }
+    };
+    let mut next = pod.clone();
+    let result = if let Some((need, placement, node, uuid)) = fractional {
+        apply_fractional(&mut next, ctx, need, placement, node, uuid, &mut notes)
+    } else {
+        apply_whole(&mut next, ctx, &mut notes)
+    };
+    if let Err(u) = result {
+        return Ok(Mutation::Unchanged(u));
+    }
+    inject_sidecar(&mut next, ctx, fractional.map(|(n, p, _, u)| (n, p, u)));
+    let (Ok(before), Ok(after)) = (serde_json::to_value(pod), serde_json::to_value(&next)) else {
+        return Ok(Mutation::Unchanged(Unchanged::Internal(
+            "pod does not serialize".into(),
+        )));
+    };
+    let patch = json_patch::diff(&before, &after);
+    if patch.0.is_empty() {
+        return Ok(Mutation::Unchanged(Unchanged::UpToDate));
+    }
+    Ok(Mutation::Patch { patch, label, notes })
+}
+
+/// Whether `--kv-cache-memory-bytes` may be used: vLLM ≥ 0.11 by the image tag or the version annotation.
+fn kv_bytes_supported(pod: &Pod, c: &Container) -> bool {
+    annotations(pod)
+        .get(ANNOTATION_VLLM_VERSION)
+        .and_then(|v| vllm::parse_version(v))
+        .or_else(|| vllm::image_version(c))
+        .is_some_and(|v| v >= KV_BYTES_SINCE)
+}
+
+fn managed(policy: Option<&InferenceAutoscaler>) -> bool {
+    policy
+        .and_then(|p| p.spec.gpu.as_ref())
+        .is_some_and(|g| matches!(g.update_mode, UpdateMode::Initial | UpdateMode::Recreate))
+}
+
+/// Whole mode: vLLM's memory from the recommendation, only where the policy says Tessera manages it
+/// (`gpu.updateMode: Initial|Recreate`); otherwise the user's flags stay as written.
+fn apply_whole(pod: &mut Pod, ctx: &Context<'_>, notes: &mut Vec<String>) -> Result<(), Unchanged> {
+    let rec = ctx
+        .policy
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.recommendation.clone());
+    let (Some(rec), true) = (rec, managed(ctx.policy)) else {
+        return Ok(());
+    };
+    let Some(vi) = vllm_container(pod) else {
+        return Ok(());
+    };
+    let kv_ok = kv_bytes_supported(pod, &pod_spec(pod).containers[vi]);
+    let c = &mut pod_spec_mut(pod).containers[vi];
+    let set = match (
+        rec.kv_cache_memory_bytes.filter(|b| *b > 0),
+        rec.gpu_memory_utilization,
+    ) {
+        (Some(bytes), _) if kv_ok => vllm::set_flag(c, "--kv-cache-memory-bytes", &bytes.to_string()),
+        (_, Some(u)) if u > 0.0 && u <= 1.0 => {
+            vllm::set_flag(c, "--gpu-memory-utilization", &format_ratio(u))
+        }
+        _ => return Ok(()),
+    };
+    if let Err(e) = set {
+        notes.push(format!("vLLM's memory flags left as they are: {}", e.0));
+    }
+    Ok(())
+}
+
+fn pod_spec(pod: &Pod) -> &k8s_openapi::api::core::v1::PodSpec {
+    static EMPTY: std::sync::OnceLock<k8s_openapi::api::core::v1::PodSpec> = std::sync::OnceLock::new();
+    pod.spec
+        .as_ref()
+        .unwrap_or_else(|| EMPTY.get_or_init(Default::default))
+}
+
+fn pod_spec_mut(pod: &mut Pod) -> &mut k8s_openapi::api::core::v1::PodSpec {
+    pod.spec.get_or_insert_with(Default::default)
+}
+
+/// A 0–1 ratio with at most three decimals, rounded down so vLLM never asks for more than its share.
+fn format_ratio(u: f64) -> String {
+    let milli = (u * 1000.0).floor().clamp(1.0, 1000.0) / 1000.0;
+    let s = format!("{milli:.3}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn format_fraction(milli: u32) -> String {
+    format_ratio(f64::from(milli) / 1000.0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_fractional(
+    pod: &mut Pod,
+    ctx: &Context<'_>,
+    need: &FractionalNeed,
+    placement: &Placement,
+    node: &str,
+    uuid: &str,
+    notes: &mut Vec<String>,
+) -> Result<(), Unchanged> {
+    let pools = ctx.config.pools.as_deref();
+    let Some(pool) = pools.and_then(|p| p.pool(&need.pool)) else {
+        return Err(Unchanged::NoPool(format!("no pool named {:?}", need.pool)));
+    };
+    let Some(vi) = vllm_container(pod) else {
+        return Err(Unchanged::NoVllmContainer);
+    };
+    let kv_ok = kv_bytes_supported(pod, &pod_spec(pod).containers[vi]);
+    let rec = ctx
+        .policy
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.recommendation.clone());
+    let spec = pod_spec_mut(pod);
+    let c = &mut spec.containers[vi];
+    // A shared GPU must bound vLLM: its budget is the reserved share of the card, whatever the user wrote.
+    let util = need.memory_mib as f64 / pool.gpu_memory_mib as f64;
+    vllm::set_flag(c, "--gpu-memory-utilization", &format_ratio(util))
+        .map_err(|e| Unchanged::FlagsUnsettable(e.0))?;
+    // The recommended KV size belongs with the recommended memory; with a memory the user chose it may not fit.
+    let memory_from_rec = rec.as_ref().and_then(|r| r.gpu_memory_mib) == i64::try_from(need.memory_mib).ok();
+    if let Some(bytes) = rec
+        .as_ref()
+        .and_then(|r| r.kv_cache_memory_bytes)
+        .filter(|b| *b > 0)
+    {
+        if kv_ok && memory_from_rec {
+            vllm::set_flag(c, "--kv-cache-memory-bytes", &bytes.to_string())
+                .map_err(|e| Unchanged::FlagsUnsettable(e.0))?;
+        } else if !kv_ok {
+            notes.push(
+                "--kv-cache-memory-bytes needs vLLM >= 0.11 (image tag or tessera.dev/vllm-version); \
+                 sized by --gpu-memory-utilization"
+                    .into(),
+            );
+        }
+    }
+    for list in [&mut c.resources].into_iter().flatten() {
+        for map in [&mut list.limits, &mut list.requests].into_iter().flatten() {
+            map.remove(&pool.resource_name);
+        }
+    }
+    vllm::set_env(c, "NVIDIA_VISIBLE_DEVICES", uuid);
+    if pool.sharing == SharingMode::Mps {
+        apply_mps(spec, vi, ctx.config, need);
+    }
+    pin_to_node(spec, node);
+    let toleration = Toleration {
+        key: Some(pool.resource_name.clone()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Toleration::default()
+    };
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    if !tolerations.contains(&toleration) {
+        tolerations.push(toleration);
+    }
+    let ann = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    ann.insert(ANNOTATION_COMPUTE.into(), format_fraction(need.compute_milli));
+    ann.insert(ANNOTATION_MEMORY.into(), need.memory_mib.to_string());
+    ann.insert(ANNOTATION_GPU_UUID.into(), uuid.to_string());
+    ann.insert(ANNOTATION_CAPACITY_POD.into(), placement.capacity_pod.clone());
+    ann.insert(ANNOTATION_RESERVATION.into(), placement.reservation_id.clone());
+    pod.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LABEL_POOL.into(), need.pool.clone());
+    Ok(())
+}
+
+/// MPS client settings, as NVIDIA's MPS documentation describes them (docs.nvidia.com/deploy/mps, "Appendix:
+/// Environment Variables"): the client must reach the control daemon's pipe directory
+/// (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`, so it is mounted from the node and named explicitly),
+/// its active thread percentage caps the SMs it may use, and its pinned device memory limit caps its allocations
+/// per device (`"0=<n>M"`: device 0 is the one GPU the container sees). MPS clients and the server share memory
+/// through System V/POSIX IPC, so the pod joins the host's IPC namespace (`hostIPC`).
+fn apply_mps(
+    spec: &mut k8s_openapi::api::core::v1::PodSpec,
+    vi: usize,
+    config: &Config,
+    need: &FractionalNeed,
+) {
+    let c = &mut spec.containers[vi];
+    let pct = need.compute_milli.div_ceil(10).clamp(1, 100);
+    vllm::set_env(c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", &pct.to_string());
+    vllm::set_env(
+        c,
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        &format!("0={}M", need.memory_mib),
+    );
+    vllm::set_env(c, "CUDA_MPS_PIPE_DIRECTORY", &config.mps_pipe_dir);
+    vllm::set_env(c, "CUDA_MPS_LOG_DIRECTORY", &config.mps_log_dir);
+    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    for (name, path) in [
+        (MPS_PIPE_VOLUME, &config.mps_pipe_dir),
+        (MPS_LOG_VOLUME, &config.mps_log_dir),
+    ] {
+        if !mounts.iter().any(|m| m.name == name) {
+            mounts.push(VolumeMount {
+                name: name.into(),
+                mount_path: path.clone(),
+                ..VolumeMount::default()
+            });
+        }
+    }
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    for (name, path) in [
+        (MPS_PIPE_VOLUME, &config.mps_pipe_dir),
+        (MPS_LOG_VOLUME, &config.mps_log_dir),
+    ] {
+        if !volumes.iter().any(|v| v.name == name) {
+            volumes.push(Volume {
+                name: name.into(),
+                // `Directory`, not `DirectoryOrCreate`: an empty directory would make CUDA silently run without
+                // MPS (unbounded); a missing one keeps the pod in ContainerCreating with a clear event.
+                host_path: Some(HostPathVolumeSource {
+                    path: path.clone(),
+                    type_: Some("Directory".into()),
+                }),
+                ..Volume::default()
+            });
+        }
+    }
+    spec.host_ipc = Some(true);
+}
+
+/// Adds `metadata.name In [node]` to every required node selector term (terms are ORed, so each must carry it).
+fn pin_to_node(spec: &mut k8s_openapi::api::core::v1::PodSpec, node: &str) {
+    let req = NodeSelectorRequirement {
+        key: "metadata.name".into(),
+        operator: "In".into(),
+        values: Some(vec![node.to_string()]),
+    };
+    let affinity = spec.affinity.get_or_insert_with(Affinity::default);
+    let na = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    let required = na
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: Vec::new(),
+        });
+    if required.node_selector_terms.is_empty() {
+        required.node_selector_terms.push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        let fields = term.match_fields.get_or_insert_with(Vec::new);
+        if !fields.contains(&req) {
+            fields.push(req.clone());
+        }
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// The model directory to hand the sidecar (`--model-dir`) and the vLLM volume mount it lives on.
+fn model_volume(c: &Container) -> Option<(String, VolumeMount)> {
+    let model = vllm::model(c)?;
+    if !model.starts_with('/') {
+        return None;
+    }
+    let mount = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| {
+            let base = m.mount_path.trim_end_matches('/');
+            model == base || model.starts_with(&format!("{base}/"))
+        })
+        .max_by_key(|m| m.mount_path.len())?;
+    Some((
+        model,
+        VolumeMount {
+            name: mount.name.clone(),
+            mount_path: mount.mount_path.clone(),
+            sub_path: mount.sub_path.clone(),
+            sub_path_expr: mount.sub_path_expr.clone(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        },
+    ))
+}
+
+/// The injected sidecar (see `docs/webhook.md`, "The injected container"), placed as the last init container.
+pub fn sidecar(
+    pod: &Pod,
+    ctx: &Context<'_>,
+    fractional: Option<(&FractionalNeed, &Placement, &str)>,
+) -> Container {
+    let cfg = ctx.config;
+    let vllm_c = vllm_container(pod).map(|i| &pod_spec(pod).containers[i]);
+    let vllm_port = vllm_c.map_or(vllm::DEFAULT_PORT, vllm::port);
+    let mut args = vec![
+        "sidecar".to_string(),
+        "--vllm-url".into(),
+        format!("http://127.0.0.1:{vllm_port}"),
+        "--listen".into(),
+        format!("0.0.0.0:{}", cfg.sidecar_port),
+    ];
+    if let Some(slo) = ctx.policy.and_then(|p| p.spec.ttft_slo.as_ref()) {
+        args.extend(["--ttft-slo".into(), slo.clone()]);
+    }
+    if let Some(slo) = annotations(pod).get(ANNOTATION_ITL_SLO) {
+        args.extend(["--itl-slo".into(), slo.clone()]);
+    }
+    let mut env = vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_UID", "metadata.uid"),
+        field_env("NODE_NAME", "spec.nodeName"),
+    ];
+    if let Some((need, _, uuid)) = fractional {
+        args.extend([
+            "--gpu-compute-fraction".into(),
+            format_fraction(need.compute_milli),
+            "--gpu-shared".into(),
+        ]);
+        if let Some(pool) = cfg.pools.as_deref().and_then(|p| p.pool(&need.pool)) {
+            args.extend(["--gpu-memory-mib".into(), pool.gpu_memory_mib.to_string()]);
+        }
+        env.push(EnvVar {
+            name: "NVIDIA_VISIBLE_DEVICES".into(),
+            value: Some(uuid.to_string()),
+            value_from: None,
+        });
+    }
+    let mut mounts = None;
+    if let Some((dir, mount)) = vllm_c.and_then(model_volume) {
+        args.extend(["--model-dir".into(), dir]);
+        mounts = Some(vec![mount]);
+    }
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(i32::from(cfg.sidecar_port)),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    };
+    Container {
+        name: SIDECAR_NAME.into(),
+        image: Some(cfg.sidecar_image.clone()),
+        args: Some(args),
+        // A native sidecar: starts before the app containers, runs beside them, never blocks pod completion.
+        restart_policy: Some("Always".into()),
+        ports: Some(vec![ContainerPort {
+            name: Some(SIDECAR_PORT_NAME.into()),
+            container_port: i32::from(cfg.sidecar_port),
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        env: Some(env),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity(cfg.sidecar_cpu.clone())),
+                ("memory".to_string(), Quantity(cfg.sidecar_memory.clone())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity(cfg.sidecar_memory.clone()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        // The start-up gate: the app containers start once this passes (up to 10 minutes; the GPU start-up
+        // lease of the next issue makes it wait for neighbours that are loading).
+        startup_probe: Some(probe("/startup", 1, 600)),
+        liveness_probe: Some(probe("/live", 10, 3)),
+        volume_mounts: mounts,
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
+
+/// Puts the sidecar last among the init containers, replacing an earlier copy (never two).
+fn inject_sidecar(pod: &mut Pod, ctx: &Context<'_>, fractional: Option<(&FractionalNeed, &Placement, &str)>) {
+    let container = sidecar(pod, ctx, fractional);
+    let inits = pod_spec_mut(pod).init_containers.get_or_insert_with(Vec::new);
+    inits.retain(|c| c.name != SIDECAR_NAME);
+    inits.push(container);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn ratios_round_down_to_three_decimals() {
+        assert_eq!(format_ratio(0.125), "0.125");
+        assert_eq!(format_ratio(10240.0 / 81920.0), "0.125");
+        assert_eq!(format_ratio(0.33339), "0.333");
+        assert_eq!(format_ratio(1.0), "1");
+        assert_eq!(format_ratio(0.0), "0.001");
+        assert_eq!(format_fraction(250), "0.25");
+        assert_eq!(parse_fraction("0.25"), Some(250));
+        assert_eq!(parse_fraction("1"), Some(1000));
+        assert_eq!(parse_fraction("0"), None);
+        assert_eq!(parse_fraction("1.5"), None);
+        assert_eq!(parse_fraction("NaN"), None);
+    }
+
+    #[test]
+    fn node_pinning_is_anded_into_every_term_once() {
+        let mut spec = k8s_openapi::api::core::v1::PodSpec::default();
+        pin_to_node(&mut spec, "n1");
+        pin_to_node(&mut spec, "n1");
+        let terms = &spec
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        assert_eq!(terms[0].match_fields.as_ref().unwrap().len(), 1);
+    }
+}
