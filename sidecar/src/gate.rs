@@ -48,10 +48,10 @@ pub struct GateArgs {
     #[arg(long, env = "TESSERA_GATE_NAMESPACE", default_value = "tessera-system")]
     pub gate_namespace: String,
     /// This pod's name (downward API), written as the lease holder `namespace/name`.
-    #[arg(long, env = "TESSERA_POD_NAME", default_value = "")]
+    #[arg(long, env = "POD_NAME", default_value = "")]
     pub pod_name: String,
     /// This pod's namespace (downward API).
-    #[arg(long, env = "TESSERA_POD_NAMESPACE", default_value = "")]
+    #[arg(long, env = "POD_NAMESPACE", default_value = "")]
     pub pod_namespace: String,
     /// Release the lease after this long even if vLLM never became ready, so a broken server cannot block the GPU.
     #[arg(long, env = "TESSERA_STARTUP_TIMEOUT", default_value = "20m", value_parser = humantime::parse_duration)]

@@ -295,7 +295,10 @@ impl Admitter {
                 if req.dry_run {
                     return self.unchanged(base, req, Some((&pod, &namespace)), Unchanged::DryRun);
                 }
-                if let Some(p) = mutate::existing_placement(&pod) {
+                if let Some(p) = mutate::existing_placement(
+                    &pod,
+                    self.config.pools.as_deref().map(|p| p.namespace.as_str()),
+                ) {
                     // Re-invocation: the pod already carries its placement; reserving again could book twice.
                     placement = p;
                     ctx.placement = Some(&placement);

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tessera_autoscaler::crd::{InferenceAutoscaler, Sharing, UpdateMode};
+use tessera_autoscaler::crd::{InferenceAutoscaler, RecommendationStatus, Sharing, UpdateMode};
 use tessera_autoscaler::pool::{
     ANNOTATION_CAPACITY_POD, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION, LABEL_CAPACITY_POD, LABEL_POOL,
     Placement, PoolsConfig, SharingMode,
@@ -515,7 +515,7 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
         ))));
     };
     // A pod Tessera already placed (re-invocation) no longer asks for a GPU; its annotations say where it sits.
-    let placed = existing_placement(pod).is_some();
+    let placed = existing_placement(pod, None).is_some();
     match gpu_count(pod, &spec_pool.resource_name) {
         _ if placed => {}
         Some(1) => {}
@@ -536,10 +536,8 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
         )));
     }
     let gpu = ctx.policy.and_then(|p| p.spec.gpu.as_ref());
-    let rec = ctx
-        .policy
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.recommendation.as_ref());
+    let rec = in_force(ctx.policy);
+    let rec = rec.as_ref();
     let compute_milli = annotations(pod)
         .get(ANNOTATION_COMPUTE)
         .and_then(|v| parse_fraction(v))
@@ -584,7 +582,7 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
 
 /// The placement a pod already carries (Tessera placed it on an earlier invocation): its reservation, capacity
 /// pod, GPU UUID, pool label and node pin.
-pub fn existing_placement(pod: &Pod) -> Option<Placement> {
+pub fn existing_placement(pod: &Pod, pools_namespace: Option<&str>) -> Option<Placement> {
     let ann = annotations(pod);
     let node = pod
         .spec
@@ -603,7 +601,8 @@ pub fn existing_placement(pod: &Pod) -> Option<Placement> {
     Some(Placement {
         pool: labels(pod).get(LABEL_POOL)?.clone(),
         capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
-        namespace: String::new(),
+        // Capacity pods live in the pools' namespace (the tenant pod does not record it).
+        namespace: pools_namespace.unwrap_or_default().to_owned(),
         node: Some(node),
         gpu_uuid: Some(ann.get(ANNOTATION_GPU_UUID)?.clone()),
         reservation_id: ann.get(ANNOTATION_RESERVATION)?.clone(),
@@ -614,7 +613,7 @@ pub fn existing_placement(pod: &Pod) -> Option<Placement> {
 /// Mutates `pod` in its context: the sidecar, vLLM's memory flags, and in fractional mode the placement.
 pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
     let plan = plan(pod, ctx)?;
-    let existing = existing_placement(pod);
+    let existing = existing_placement(pod, ctx.config.pools.as_deref().map(|p| p.namespace.as_str()));
     let mut notes = Vec::new();
     let (label, fractional) = match &plan {
         Plan::Unchanged(u) => return Ok(Mutation::Unchanged(u.clone())),
@@ -681,13 +680,28 @@ fn managed(policy: Option<&InferenceAutoscaler>) -> bool {
         .is_some_and(|g| matches!(g.update_mode, UpdateMode::Initial | UpdateMode::Recreate))
 }
 
+/// The allocation in force for new pods, as the controller decided it (`status.allocation.inForce`: the
+/// recommendation once stable for the window, fixed policy values winning; `tessera_core::rollout`). `None` while
+/// nothing is in force. A status written by a controller that predates `allocation` falls back to the raw
+/// `status.recommendation`.
+fn in_force(policy: Option<&InferenceAutoscaler>) -> Option<RecommendationStatus> {
+    let status = policy?.status.as_ref()?;
+    match &status.allocation {
+        Some(a) => a.in_force.as_ref().map(|f| RecommendationStatus {
+            kv_cache_memory_bytes: f.kv_cache_memory_bytes,
+            gpu_memory_utilization: f.gpu_memory_utilization,
+            gpu_memory_mib: Some(f.gpu_memory_mib),
+            compute_fraction: Some(f.compute_fraction),
+            reason: format!("in force ({})", a.reason),
+        }),
+        None => status.recommendation.clone(),
+    }
+}
+
 /// Whole mode: vLLM's memory from the recommendation, only where the policy says Tessera manages it
 /// (`gpu.updateMode: Initial|Recreate`); otherwise the user's flags stay as written.
 fn apply_whole(pod: &mut Pod, ctx: &Context<'_>, notes: &mut Vec<String>) -> Result<(), Unchanged> {
-    let rec = ctx
-        .policy
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.recommendation.clone());
+    let rec = in_force(ctx.policy);
     let (Some(rec), true) = (rec, managed(ctx.policy)) else {
         return Ok(());
     };
@@ -706,8 +720,17 @@ fn apply_whole(pod: &mut Pod, ctx: &Context<'_>, notes: &mut Vec<String>) -> Res
         }
         _ => return Ok(()),
     };
-    if let Err(e) = set {
-        notes.push(format!("vLLM's memory flags left as they are: {}", e.0));
+    match set {
+        Err(e) => notes.push(format!("vLLM's memory flags left as they are: {}", e.0)),
+        Ok(_) => {
+            // What this pod runs with, so the controller can tell when running pods drift from the allocation in
+            // force (`updateMode: Recreate`). A whole GPU is a compute share of 1.
+            if let Some(mib) = rec.gpu_memory_mib.filter(|m| *m > 0) {
+                let ann = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                ann.insert(ANNOTATION_MEMORY.into(), mib.to_string());
+                ann.insert(ANNOTATION_COMPUTE.into(), "1".into());
+            }
+        }
     }
     Ok(())
 }
@@ -752,10 +775,7 @@ fn apply_fractional(
         return Err(Unchanged::NoVllmContainer);
     };
     let kv_ok = kv_bytes_supported(pod, &pod_spec(pod).containers[vi]);
-    let rec = ctx
-        .policy
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.recommendation.clone());
+    let rec = in_force(ctx.policy);
     let spec = pod_spec_mut(pod);
     let c = &mut spec.containers[vi];
     // A shared GPU must bound vLLM: its budget is the reserved share of the card, whatever the user wrote.
@@ -964,11 +984,17 @@ pub fn sidecar(
         field_env("POD_UID", "metadata.uid"),
         field_env("NODE_NAME", "spec.nodeName"),
     ];
-    if let Some((need, _, uuid)) = fractional {
+    if let Some((need, placement, uuid)) = fractional {
         args.extend([
             "--gpu-compute-fraction".into(),
             format_fraction(need.compute_milli),
             "--gpu-shared".into(),
+            // The start-up gate: tenants of one GPU start one at a time (docs/fractional-gpus.md); its lease
+            // lives beside the capacity pod.
+            "--gpu-uuid".into(),
+            uuid.to_string(),
+            "--gate-namespace".into(),
+            placement.namespace.clone(),
         ]);
         if let Some(pool) = cfg.pools.as_deref().and_then(|p| p.pool(&need.pool)) {
             args.extend(["--gpu-memory-mib".into(), pool.gpu_memory_mib.to_string()]);
@@ -1020,7 +1046,9 @@ pub fn sidecar(
         }),
         // The start-up gate: the app containers start once this passes (up to 10 minutes; the GPU start-up
         // lease of the next issue makes it wait for neighbours that are loading).
-        startup_probe: Some(probe("/startup", 1, 600)),
+        // The start-up gate may make a pod wait for its GPU (other tenants loading first): 30 min before kubelet
+        // restarts the sidecar, which then waits on.
+        startup_probe: Some(probe("/startup", 2, 900)),
         liveness_probe: Some(probe("/live", 10, 3)),
         volume_mounts: mounts,
         security_context: Some(SecurityContext {
