@@ -5,6 +5,7 @@ pub mod controller;
 pub mod crd;
 pub mod leader;
 pub mod pool;
+pub mod ui;
 mod watch;
 
 /// Unix milliseconds of a clock reading (0 before the epoch), the unit of every time on the wire and in the core.

@@ -121,6 +121,8 @@ pub struct Context {
     pub states: Mutex<HashMap<String, ScaleState>>,
     /// Per-object time and [`trigger_hash`] of the last full reconcile, to skip the echo of our own status writes.
     pub last_runs: Mutex<HashMap<String, (SystemTime, u64)>>,
+    /// Where each reconcile publishes what it saw and decided for the `/ui` page (read-only for the page).
+    pub ui: Arc<crate::ui::Store>,
 }
 
 impl std::fmt::Debug for Context {
@@ -296,9 +298,11 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         futures::future::join_all(ready_pods.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
     let mut replicas = Vec::with_capacity(statuses.len());
     let mut recommendations = Vec::new();
+    let mut docs = Vec::with_capacity(ready_pods.len());
     for ((pod, url), result) in ready_pods.iter().zip(statuses) {
         match result {
             Ok(st) => {
+                docs.push(st.clone());
                 let signals = replica_signals(&st, ctx.settings.max_signal_age);
                 if signals.fresh
                     && let Some(r) = st.recommendation()
@@ -358,6 +362,17 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         desired = decision.desired_replicas,
         reason = decision.reason.label(),
         "decided"
+    );
+    ctx.ui.observe_model(
+        crate::ui::observe::model_from_reconcile(
+            obj,
+            &policy,
+            &docs,
+            &decision,
+            input.ready_replicas,
+            now.as_millis(),
+        ),
+        now.as_millis(),
     );
     let recommendation = status::largest_recommendation(&recommendations);
     write_status(&ias_api, obj, |prev| {

@@ -83,6 +83,12 @@ fn context(client: Client, kv: &[(&str, f64)]) -> Arc<Context> {
         clock: Arc::new(|| UNIX_EPOCH + Duration::from_secs(NOW_S)),
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
+        ui: Arc::new(crate::ui::Store::new(
+            Default::default(),
+            false,
+            0,
+            Duration::from_secs(600),
+        )),
     })
 }
 
