@@ -110,7 +110,7 @@ pub struct Args {
     pub pool_interval: Duration,
     /// The GPU workloads page (`/ui`) and its local mode.
     #[command(flatten)]
-    pub ui: crate::ui::Args,
+    pub ui: crate::ui::PageArgs,
 }
 
 #[derive(Debug)]

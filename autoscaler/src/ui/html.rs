@@ -100,7 +100,9 @@ th:first-child,td:first-child,td.l,th.l{text-align:left}
 th.sorted-asc::after{content:" ▲"}th.sorted-desc::after{content:" ▼"}
 td .s{display:block;color:var(--mute);font-size:12px}
 .over{color:var(--warn);font-weight:600}.ok{color:var(--good)}.mute{color:var(--mute)}
-.why{white-space:normal;min-width:220px;max-width:360px;text-align:left}
+.why{white-space:normal;min-width:240px;max-width:320px;text-align:left;font-size:12px}
+.scroll{overflow-x:auto}
+th .s{font-weight:400}
 .legend span{margin-right:12px;font-size:12px;color:var(--mute)}.legend i{display:inline-block;width:10px;height:3px;margin-right:4px;vertical-align:middle}
 svg text{font-size:10px;fill:#5f6b7a}
 "#;
@@ -273,18 +275,15 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
     let _ = write!(out, r#"<tr data-model="{key_attr}">"#);
     let _ = write!(
         out,
-        r#"<td data-v="{key_attr}"><b>{}</b><span class="s">{}{}</span></td>"#,
+        r#"<td data-v="{key_attr}" title="{}"><b>{}</b><span class="s">{} · {}</span></td>"#,
+        esc(&m.target),
         esc(&m.name),
         esc(&m.namespace),
-        if m.target.is_empty() {
-            String::new()
-        } else {
-            format!(" · {}", esc(&m.target))
-        }
+        m.sharing.as_str()
     );
     let bounds = match (r.min, r.max) {
-        (Some(lo), Some(hi)) => format!("min {lo} · max {hi}"),
-        _ => "no policy (read-only)".to_owned(),
+        (Some(lo), Some(hi)) => format!("{lo}–{hi}"),
+        _ => "no policy".to_owned(),
     };
     let desired = if r.desired != r.current {
         format!(r#" → <b>{}</b>"#, r.desired)
@@ -296,12 +295,43 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         r#"<td class="replicas" data-v="{}">{}{desired}<span class="s">{} ready · {bounds}</span></td>"#,
         r.current, r.current, r.ready
     );
-    let _ = write!(
-        out,
-        r#"<td data-v="{}" class="l">{}</td>"#,
-        esc(m.leading_signal.as_deref().unwrap_or("")),
-        esc(m.leading_signal.as_deref().unwrap_or("—"))
-    );
+    let _ = write!(out, r#"<td class="gpus" data-v="{0}">{0:.2}</td>"#, row.gpus_held);
+    // Memory: what the pods reserve now → what the recommendation asks for.
+    let reserved = row.reserved_memory_mib.map_or_else(|| "—".to_owned(), gib);
+    match &m.recommendation {
+        Some(rec) => {
+            let flag = format!(
+                "KV {:.1} GiB · util {:.2}",
+                rec.kv_cache_memory_bytes as f64 / (1u64 << 30) as f64,
+                rec.gpu_memory_utilization
+            );
+            let _ = write!(
+                out,
+                r#"<td class="mem" data-v="{}">{reserved} → <b>{}</b><span class="s">{flag}</span></td>"#,
+                rec.gpu_memory_mib,
+                gib(rec.gpu_memory_mib)
+            );
+            let now_share = m.running.compute_share.unwrap_or(1.0);
+            let _ = write!(
+                out,
+                r#"<td class="compute" data-v="{}">{:.0}% → <b>{:.0}%</b>{}</td>"#,
+                rec.compute_fraction,
+                now_share * 100.0,
+                rec.compute_fraction * 100.0,
+                if row.step_limited {
+                    r#"<span class="s" title="shrinks are limited per update, from what runs now">first step down</span>"#
+                } else {
+                    ""
+                }
+            );
+        }
+        None => {
+            let _ = write!(
+                out,
+                r#"<td class="mem" data-v="-1">{reserved} → <span class="mute">not yet</span></td><td data-v="-1" class="mute">—</td>"#
+            );
+        }
+    }
     let _ = write!(
         out,
         r#"<td class="kv" data-v="{}">{}"#,
@@ -341,61 +371,35 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             secs(v)
         );
     }
-    // Memory: what the pods reserve now → what the recommendation asks for.
-    let reserved = row.reserved_memory_mib.map_or_else(|| "—".to_owned(), gib);
-    match &m.recommendation {
-        Some(rec) => {
-            let flag = if rec.kv_cache_memory_bytes > 0 {
-                format!(
-                    "--kv-cache-memory-bytes {:.1} GiB · util {:.2}",
-                    rec.kv_cache_memory_bytes as f64 / (1u64 << 30) as f64,
-                    rec.gpu_memory_utilization
-                )
-            } else {
-                format!("util {:.2}", rec.gpu_memory_utilization)
-            };
-            let _ = write!(
-                out,
-                r#"<td class="mem" data-v="{}">{reserved} → <b>{}</b><span class="s">{flag}</span></td>"#,
-                rec.gpu_memory_mib,
-                gib(rec.gpu_memory_mib)
-            );
-            let now_share = m.running.compute_share.unwrap_or(1.0);
-            let _ = write!(
-                out,
-                r#"<td class="compute" data-v="{}">{:.0}% → <b>{:.0}%</b></td>"#,
-                rec.compute_fraction,
-                now_share * 100.0,
-                rec.compute_fraction * 100.0
-            );
-        }
-        None => {
-            let why = m.no_recommendation_reason.as_deref().unwrap_or("");
-            let _ = write!(
-                out,
-                r#"<td class="mem" data-v="-1" title="{}">{reserved} → <span class="mute">not yet</span></td><td data-v="-1" class="mute">—</td>"#,
-                esc(why)
-            );
-        }
-    }
     let _ = write!(
         out,
-        r#"<td data-v="{}" class="l">{}<span class="s">{}</span></td>"#,
-        m.sharing.as_str(),
-        m.sharing.as_str(),
+        r#"<td data-v="{}" class="l">{}<span class="s">update {}</span></td>"#,
+        esc(m.leading_signal.as_deref().unwrap_or("")),
+        esc(m.leading_signal.as_deref().unwrap_or("—")),
         esc(m.update_mode.as_deref().unwrap_or("—"))
     );
-    // The last decisions, or why there is no recommendation.
+    // The last decisions, or why the recommendation is what it is.
     out.push_str(r#"<td class="why">"#);
     if m.decisions.is_empty() {
         match (&m.recommendation, &m.no_recommendation_reason) {
             (None, Some(why)) => {
-                let _ = write!(out, r#"<span class="mute">{}</span>"#, esc(why));
+                let _ = write!(
+                    out,
+                    r#"<span class="mute" title="{}">no recommendation yet: {}</span>"#,
+                    esc(why),
+                    esc(&clip(why, 90))
+                );
             }
             (Some(rec), _) => {
-                let _ = write!(out, r#"<span class="mute">{}</span>"#, esc(&rec.summary()));
+                let why = rec.summary();
+                let _ = write!(
+                    out,
+                    r#"<span class="mute" title="{}">{}</span>"#,
+                    esc(&why),
+                    esc(&clip(&why, 100))
+                );
             }
-            _ => out.push_str("—"),
+            _ => out.push('—'),
         }
     }
     for d in m.decisions.iter().rev().take(3) {
@@ -406,10 +410,21 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             d.from,
             d.to,
             esc(&d.reason),
-            esc(&time(d.at_ms)[11..16])
+            esc(time(d.at_ms).get(11..16).unwrap_or(""))
         );
     }
     out.push_str("</td></tr>");
+}
+
+/// At most `n` characters, with an ellipsis when cut (the full text goes in a tooltip).
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut out: String = s.chars().take(n).collect();
+        out.push('…');
+        out
+    }
 }
 
 /// The page.
@@ -447,10 +462,19 @@ pub fn render(view: &View, history: &History) -> String {
     } else {
         String::new()
     };
+    let without = if o.models_step_limited > 0 {
+        format!(
+            "{without} · {} model{} still stepping down: the end state needs less",
+            o.models_step_limited,
+            if o.models_step_limited == 1 { "" } else { "s" }
+        )
+    } else {
+        without
+    };
     let _ = write!(
         out,
-        r#"<div class="card"><div class="label">GPUs needed, packed</div><div class="big" id="gpus-needed">{}</div><div class="sub">the recommendations, packed onto GPUs like today's{without}</div></div>"#,
-        o.gpus_needed
+        r#"<div class="card"><div class="label">GPUs needed, packed</div><div class="big" id="gpus-needed">{}</div><div class="sub">recommendations ask for {:.1} GPUs of compute and {:.1} of memory{without}</div></div>"#,
+        o.gpus_needed, o.compute_needed, o.memory_needed_gpus
     );
     let _ = write!(
         out,
@@ -543,14 +567,14 @@ pub fn render(view: &View, history: &History) -> String {
         view.models.len()
     );
     out.push_str(r#"<p class="note">Memory and compute read <i>now → recommended</i> per replica. Latencies are the worst replica's p95 over the sidecar's window. Click a column to sort.</p>"#);
-    out.push_str(r#"<table class="sortable" id="models"><thead><tr><th class="l">Model</th><th>Replicas</th><th class="l">Leading signal</th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>TTFT p95</th><th>ITL p95</th><th>GPU memory / replica</th><th>Compute share</th><th class="l">GPU · update mode</th><th class="l">Last decisions</th></tr></thead><tbody>"#);
+    out.push_str(r#"<div class="scroll"><table class="sortable" id="models"><thead><tr><th class="l">Model</th><th>Replicas</th><th>GPUs held</th><th>GPU memory / replica<span class="s">now → recommended</span></th><th>Compute share<span class="s">now → recommended</span></th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>TTFT p95</th><th>ITL p95</th><th class="l">Leading signal</th><th class="l">Why / last decisions</th></tr></thead><tbody>"#);
     for row in &view.models {
         model_row(&mut out, row, history, now_minute);
     }
     if view.models.is_empty() {
         out.push_str(r#"<tr><td colspan="12" class="mute">No managed models yet: create an InferenceAutoscaler (or pass --sidecar NAME=URL in local mode).</td></tr>"#);
     }
-    out.push_str("</tbody></table>");
+    out.push_str("</tbody></table></div>");
 
     // GPUs.
     let _ = write!(

@@ -64,7 +64,7 @@ impl std::str::FromStr for SidecarTarget {
 
 /// The page's flags (part of `tessera autoscaler`).
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {
+pub struct PageArgs {
     /// Run without Kubernetes: serve only /ui (and /metrics) from the sidecars given with --sidecar. Read-only:
     /// nothing is scaled.
     #[arg(long, env = "TESSERA_NO_KUBE")]
@@ -85,7 +85,7 @@ pub struct Args {
     pub ui_headroom_mib: u64,
 }
 
-impl Args {
+impl PageArgs {
     /// The page settings these flags describe.
     pub fn settings(&self) -> Settings {
         Settings {
@@ -215,6 +215,8 @@ impl Store {
     pub async fn run_recorder(self: Arc<Self>, every: Duration, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate: skip it, so the history does not open with the empty state of a start-up.
+        tick.tick().await;
         loop {
             tokio::select! {
                 _ = tick.tick() => self.record(now_ms()),

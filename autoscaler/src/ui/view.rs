@@ -246,6 +246,9 @@ pub struct Overview {
     pub memory_needed_mib: u64,
     /// Measured memory, MiB, where NVML measures it.
     pub memory_measured_mib: Option<u64>,
+    /// Memory the recommendations ask for, in GPUs (each replica's MiB over its GPU's usable MiB): with
+    /// [`Overview::compute_needed`], says which of the two keeps the GPUs.
+    pub memory_needed_gpus: f64,
     /// Compute allocated, GPUs (a whole-GPU replica counts 1, a share its fraction).
     pub compute_allocated: f64,
     /// Compute the recommendations ask for, GPUs.
@@ -256,6 +259,8 @@ pub struct Overview {
     pub models: usize,
     /// Replicas.
     pub replicas: u32,
+    /// Models whose recommendation is still stepping down ([`ModelRow::step_limited`]).
+    pub models_step_limited: usize,
 }
 
 /// One row of the models table.
@@ -271,6 +276,9 @@ pub struct ModelRow {
     pub reserved_memory_mib: Option<u64>,
     /// True when a latency objective is set and its p95 is over it.
     pub over_objective: bool,
+    /// True when a shrink was cut by the per-update step limit: the recommendation is a first step from what
+    /// runs, and the end state needs less.
+    pub step_limited: bool,
 }
 
 /// One row of the GPUs table.
@@ -369,6 +377,7 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
             }
         };
         o.memory_needed_mib += mem * u64::from(n);
+        o.memory_needed_gpus += mem as f64 / usable as f64 * f64::from(n);
         o.compute_needed += f64::from(milli) / f64::from(GPU_COMPUTE_MILLI) * f64::from(n);
         let requests = by_shape.entry(device_mib).or_default();
         for i in 0..n {
@@ -385,6 +394,12 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
         if let Some(sm) = m.measured_sm {
             busy = Some(busy.unwrap_or(0.0) + sm * gpus_held);
         }
+        let step_limited = m.recommendation.as_ref().is_some_and(|r| {
+            r.reasons
+                .iter()
+                .any(|x| x.code == tessera_core::recommend::ReasonCode::StepLimitedDown)
+        });
+        o.models_step_limited += usize::from(step_limited);
         let over_objective = matches!((m.signals.ttft_p95, m.signals.ttft_slo), (Some(v), Some(s)) if v > s)
             || matches!((m.signals.itl_p95, m.signals.itl_slo), (Some(v), Some(s)) if v > s);
         rows.push(ModelRow {
@@ -393,6 +408,7 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
             recommended_memory_mib: m.recommendation.as_ref().map(|r| r.gpu_memory_mib),
             reserved_memory_mib: reserved,
             over_objective,
+            step_limited,
         });
     }
     for g in &gpus {
