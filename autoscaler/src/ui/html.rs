@@ -119,6 +119,9 @@ document.querySelectorAll('table.sortable').forEach(function(t){
     rows.forEach(function(r){b.appendChild(r)});
   })});
 });
+// #sort=N (ascending) or #sort=-N (descending) sorts the models table by column N on load: shareable views.
+(function(){var m=/^#sort=(-?)(\d+)$/.exec(location.hash),t=document.getElementById('models');
+  if(!m||!t)return;var th=t.querySelectorAll('th')[+m[2]];if(!th)return;th.click();if(m[1])th.click();})();
 "#;
 
 /// One line of a chart: label, colour, `(minute, value)` points (NaN breaks the line).
@@ -307,9 +310,14 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             );
             let _ = write!(
                 out,
-                r#"<td class="mem" data-v="{}">{reserved} → <b>{}</b><span class="s">{flag}</span></td>"#,
+                r#"<td class="mem" data-v="{}">{reserved} → <b>{}</b><span class="s">{flag}{}</span></td>"#,
                 rec.gpu_memory_mib,
-                gib(rec.gpu_memory_mib)
+                gib(rec.gpu_memory_mib),
+                if row.memory_step_limited {
+                    " · first step down"
+                } else {
+                    ""
+                }
             );
             let now_share = m.running.compute_share.unwrap_or(1.0);
             let _ = write!(
@@ -318,7 +326,7 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
                 rec.compute_fraction,
                 now_share * 100.0,
                 rec.compute_fraction * 100.0,
-                if row.step_limited {
+                if row.compute_step_limited {
                     r#"<span class="s" title="shrinks are limited per update, from what runs now">first step down</span>"#
                 } else {
                     ""

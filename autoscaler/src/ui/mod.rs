@@ -200,6 +200,11 @@ impl Store {
         inner.history.record(&v);
     }
 
+    /// Heap bytes the history holds (approximate: its points and keys).
+    pub fn history_bytes(&self) -> usize {
+        self.inner.lock().map_or(0, |i| i.history.approx_bytes())
+    }
+
     /// The page.
     pub fn page(&self, at_ms: u64) -> String {
         let Ok(mut inner) = self.inner.lock() else {

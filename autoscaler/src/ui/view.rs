@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use tessera_core::pack::{GPU_COMPUTE_MILLI, GpuShape, ReplicaRequest, pack_offline};
-use tessera_core::recommend::Recommendation;
+use tessera_core::recommend::{Field, ReasonCode, Recommendation};
 
 /// Hours in an average month (365 × 24 / 12), the unit cloud price lists use for a monthly figure.
 pub const HOURS_PER_MONTH: f64 = 730.0;
@@ -259,7 +259,7 @@ pub struct Overview {
     pub models: usize,
     /// Replicas.
     pub replicas: u32,
-    /// Models whose recommendation is still stepping down ([`ModelRow::step_limited`]).
+    /// Models whose recommendation is still stepping down ([`ModelRow::memory_step_limited`] or compute).
     pub models_step_limited: usize,
 }
 
@@ -276,9 +276,11 @@ pub struct ModelRow {
     pub reserved_memory_mib: Option<u64>,
     /// True when a latency objective is set and its p95 is over it.
     pub over_objective: bool,
-    /// True when a shrink was cut by the per-update step limit: the recommendation is a first step from what
-    /// runs, and the end state needs less.
-    pub step_limited: bool,
+    /// True when a memory shrink was cut by the per-update step limit: the recommendation is a first step from
+    /// what runs, and the end state needs less.
+    pub memory_step_limited: bool,
+    /// The same for the compute share.
+    pub compute_step_limited: bool,
 }
 
 /// One row of the GPUs table.
@@ -394,12 +396,16 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
         if let Some(sm) = m.measured_sm {
             busy = Some(busy.unwrap_or(0.0) + sm * gpus_held);
         }
-        let step_limited = m.recommendation.as_ref().is_some_and(|r| {
-            r.reasons
-                .iter()
-                .any(|x| x.code == tessera_core::recommend::ReasonCode::StepLimitedDown)
-        });
-        o.models_step_limited += usize::from(step_limited);
+        let limited = |field: Field| {
+            m.recommendation.as_ref().is_some_and(|r| {
+                r.reasons
+                    .iter()
+                    .any(|x| x.field == field && x.code == ReasonCode::StepLimitedDown)
+            })
+        };
+        let memory_step_limited = limited(Field::KvCacheMemory) || limited(Field::GpuMemory);
+        let compute_step_limited = limited(Field::ComputeFraction);
+        o.models_step_limited += usize::from(memory_step_limited || compute_step_limited);
         let over_objective = matches!((m.signals.ttft_p95, m.signals.ttft_slo), (Some(v), Some(s)) if v > s)
             || matches!((m.signals.itl_p95, m.signals.itl_slo), (Some(v), Some(s)) if v > s);
         rows.push(ModelRow {
@@ -408,7 +414,8 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
             recommended_memory_mib: m.recommendation.as_ref().map(|r| r.gpu_memory_mib),
             reserved_memory_mib: reserved,
             over_objective,
-            step_limited,
+            memory_step_limited,
+            compute_step_limited,
         });
     }
     for g in &gpus {
