@@ -14,7 +14,7 @@ use super::view::View;
 /// Points per series: 24 h at one a minute.
 pub const POINTS: usize = 24 * 60;
 /// Most model or GPU series kept (each).
-pub const MAX_SERIES: usize = 2000;
+pub const MAX_SERIES: usize = 500;
 
 const MINUTE_MS: u64 = 60_000;
 

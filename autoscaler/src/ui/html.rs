@@ -102,6 +102,7 @@ td .s{display:block;color:var(--mute);font-size:12px}
 .over{color:var(--warn);font-weight:600}.ok{color:var(--good)}.mute{color:var(--mute)}
 .why{white-space:normal;min-width:240px;max-width:320px;text-align:left;font-size:12px}
 .scroll{overflow-x:auto}
+th .s{display:block;color:var(--mute);font-size:11px}
 th .s{font-weight:400}
 .legend span{margin-right:12px;font-size:12px;color:var(--mute)}.legend i{display:inline-block;width:10px;height:3px;margin-right:4px;vertical-align:middle}
 svg text{font-size:10px;fill:#5f6b7a}
@@ -137,15 +138,29 @@ fn chart(out: &mut String, title: &str, unit: &str, lines: &[Line<'_>], now_minu
     const H: f32 = 150.0;
     const L: f32 = 40.0;
     const B: f32 = 18.0;
-    let start = now_minute.saturating_sub(POINTS as u32 - 1);
+    // The x axis spans the history there is (at least an hour, at most a day), so a fresh start is readable.
+    let first = lines
+        .iter()
+        .filter_map(|l| l.points.first().map(|p| p.0))
+        .min()
+        .unwrap_or(now_minute);
+    let span = now_minute.saturating_sub(first).clamp(60, POINTS as u32 - 1);
+    let start = now_minute - span.min(now_minute);
     let ymax = lines
         .iter()
         .flat_map(|l| l.points.iter().map(|p| p.1))
         .filter(|v| v.is_finite())
         .fold(0.0f32, f32::max);
     let ymax = if ymax <= 0.0 { 1.0 } else { ymax * 1.15 };
-    let x = |m: u32| L + (m.saturating_sub(start)) as f32 / (POINTS as f32 - 1.0) * (W - L - 8.0);
+    let x = |m: u32| L + (m.saturating_sub(start)) as f32 / span.max(1) as f32 * (W - L - 8.0);
     let y = |v: f32| 6.0 + (1.0 - v / ymax) * (H - B - 6.0);
+    let ago = |minutes: u32| {
+        if minutes % 60 == 0 {
+            format!("−{} h", minutes / 60)
+        } else {
+            format!("−{minutes} min")
+        }
+    };
     let _ = write!(
         out,
         r#"<div class="card"><div class="label">{}</div><svg viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="{}">"#,
@@ -165,9 +180,9 @@ fn chart(out: &mut String, title: &str, unit: &str, lines: &[Line<'_>], now_minu
         );
     }
     for (label, m) in [
-        ("−24 h", start),
-        ("−12 h", start + POINTS as u32 / 2),
-        ("now", now_minute),
+        (ago(span), start),
+        (ago(span / 2), start + span / 2),
+        ("now".to_owned(), now_minute),
     ] {
         let _ = write!(
             out,
@@ -532,7 +547,7 @@ pub fn render(view: &View, history: &History) -> String {
         |f: fn(&super::history::OverviewPoint) -> f32| ov.iter().map(|(m, p)| (*m, f(p))).collect::<Vec<_>>();
     chart(
         &mut out,
-        "GPUs held vs needed, last 24 h",
+        "GPUs held vs needed (up to 24 h)",
         "GPUs",
         &[
             Line {
@@ -550,7 +565,7 @@ pub fn render(view: &View, history: &History) -> String {
     );
     chart(
         &mut out,
-        "GPU memory reserved vs needed, last 24 h",
+        "GPU memory reserved vs needed (up to 24 h)",
         "GiB",
         &[
             Line {

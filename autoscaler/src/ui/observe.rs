@@ -5,7 +5,7 @@
 use tessera_core::recommend::{Outcome, largest_need};
 use tessera_core::wire::sidecar::SidecarStatus;
 
-use super::view::{ModelObservation, Replicas, RunningWith, Signals};
+use super::view::{GpuObservation, ModelObservation, Replicas, RunningWith, Signals, TenantObservation};
 
 const MIB: u64 = 1 << 20;
 
@@ -145,4 +145,108 @@ pub fn model_from_reconcile(
         message: decision.message.clone(),
     }];
     m
+}
+
+/// The page's rows for one fractional pool, from the pool manager's index: one per capacity pod that is not gone,
+/// each tenant named by its pod where the pod is known (else by its reservation id, while it is being admitted).
+/// `memory_mib`: the pool's GPU memory. Measured use and the start-up lease holder are not in the index; they
+/// stay empty until the gpu-agent's and the lease's readings are joined in.
+pub fn gpus_from_pool(index: &crate::pool::PoolIndex, pool: &str, memory_mib: u64) -> Vec<GpuObservation> {
+    let pod_of: std::collections::HashMap<&str, &str> = index
+        .tenants()
+        .map(|t| (t.reservation.as_str(), t.key.as_str()))
+        .collect();
+    index
+        .capacity()
+        .filter(|c| !c.gone)
+        .map(|c| GpuObservation {
+            pool: pool.to_owned(),
+            capacity_pod: c.name.clone(),
+            node: c.node.clone(),
+            uuid: c.gpu_uuid.clone(),
+            memory_mib,
+            tenants: c
+                .reservation_list()
+                .iter()
+                .map(|r| TenantObservation {
+                    pod: pod_of
+                        .get(r.id.as_str())
+                        .map(|p| (*p).to_owned())
+                        .or_else(|| r.pod.clone())
+                        .unwrap_or_else(|| format!("reservation {}", r.id)),
+                    model: r.model.clone(),
+                    compute_milli: r.compute_milli,
+                    memory_mib: r.memory_mib,
+                    measured_memory_mib: None,
+                    measured_sm: None,
+                })
+                .collect(),
+            startup_lease_holder: None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::state::{Reservation, encode_reservations};
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).expect("a pod")
+    }
+
+    #[test]
+    fn pool_rows_name_tenants_by_pod_and_skip_gone_gpus() {
+        let reservations = encode_reservations(&[
+            Reservation {
+                id: "r1".into(),
+                model: "ml/chat".into(),
+                compute_milli: 250,
+                memory_mib: 20000,
+                priority: 0,
+                created_at: 1,
+                pod: None,
+            },
+            Reservation {
+                id: "r2".into(),
+                model: "ml/embed".into(),
+                compute_milli: 100,
+                memory_mib: 4000,
+                priority: 0,
+                created_at: 1,
+                pod: None,
+            },
+        ]);
+        let mut index = crate::pool::PoolIndex::new("a100");
+        index.apply_capacity(&pod(serde_json::json!({
+            "metadata": {"name": "cap-0", "namespace": "tessera-system",
+                "labels": {"tessera.dev/pool": "a100", "tessera.dev/capacity-pod": "true"},
+                "annotations": {"tessera.dev/reservations": reservations, "tessera.dev/gpu-uuid": "GPU-1"}},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running"}
+        })));
+        index.apply_capacity(&pod(serde_json::json!({
+            "metadata": {"name": "cap-1", "namespace": "tessera-system",
+                "labels": {"tessera.dev/pool": "a100", "tessera.dev/capacity-pod": "true"}},
+            "spec": {"containers": []},
+            "status": {"phase": "Failed"}
+        })));
+        index.apply_tenant(&pod(serde_json::json!({
+            "metadata": {"name": "chat-0", "namespace": "ml",
+                "labels": {"tessera.dev/pool": "a100"},
+                "annotations": {"tessera.dev/reservation": "r1", "tessera.dev/capacity-pod": "cap-0"}},
+            "spec": {"containers": []}
+        })));
+        let rows = gpus_from_pool(&index, "a100", 81920);
+        assert_eq!(rows.len(), 1, "the failed capacity pod is not a GPU anyone holds");
+        let g = &rows[0];
+        assert_eq!(
+            (g.capacity_pod.as_str(), g.node.as_deref(), g.uuid.as_deref()),
+            ("cap-0", Some("node-a"), Some("GPU-1"))
+        );
+        let pods: Vec<&str> = g.tenants.iter().map(|t| t.pod.as_str()).collect();
+        assert_eq!(pods, ["ml/chat-0", "reservation r2"]);
+        assert_eq!(g.tenants[0].compute_milli, 250);
+    }
 }
