@@ -137,6 +137,21 @@ async fn main() {
     }
     eprintln!("filled 24 h of history in {:.1} s", fill.elapsed().as_secs_f64());
 
+    // In-process cost of one page (snapshot, view with packing, history, HTML), no HTTP.
+    for _ in 0..3 {
+        let t = Instant::now();
+        let v = tessera_autoscaler::ui::view::view(&store.snapshot(now), &Settings::default());
+        let view_ms = t.elapsed().as_secs_f64() * 1000.0;
+        let t = Instant::now();
+        let page = store.page(now);
+        eprintln!(
+            "view {view_ms:.2} ms ({} GPUs needed of {}); whole page {:.2} ms, {} bytes",
+            v.overview.gpus_needed,
+            v.overview.gpus_held,
+            t.elapsed().as_secs_f64() * 1000.0,
+            page.len()
+        );
+    }
     let metrics = Arc::new(Metrics::new());
     for r in [
         ScaleReason::ScaleUp,
@@ -199,6 +214,14 @@ async fn main() {
             percentile(&took, 0.99),
             percentile(&took, 1.0)
         );
+    }
+    // UI_BENCH_SERVE=SECONDS keeps serving the synthetic state that long (for a screenshot of a busy cluster).
+    if let Some(secs) = std::env::var("UI_BENCH_SERVE")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        println!("serving http://{addr}/ui for {secs} s");
+        tokio::time::sleep(Duration::from_secs(secs)).await;
     }
     let snap = store.snapshot(now_ms());
     println!(

@@ -115,7 +115,7 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
         "--min-samples",
         "3",
         "--gpu-memory-mib",
-        "23034",
+        "81920",
         "--bytes-per-kv-token",
         "36864",
     ]);
@@ -128,6 +128,11 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(
+        page.contains("tessera_recommended_gpu_memory_mib"),
+        "the sidecar exported no recommendation within 10 s: {}",
+        get(&client, &sidecar.url("/v1/status")).await
+    );
     names(&page, &mut emitted);
     names(&get(&client, &vllm.url("/metrics")).await, &mut emitted);
 

@@ -242,7 +242,28 @@ fn trim(v: f32) -> String {
 }
 
 /// A small 24-hour sparkline of one model value.
+/// At most `buckets` points: the mean of the finite values in each run of minutes (a bucket with none stays NaN,
+/// which breaks the line). A chart is a few hundred pixels wide; a day has 1440 minutes.
+fn downsample(points: &[(u32, f32)], buckets: usize) -> Vec<(u32, f32)> {
+    if points.len() <= buckets {
+        return points.to_vec();
+    }
+    let per = points.len().div_ceil(buckets);
+    points
+        .chunks(per)
+        .map(|c| {
+            let (sum, n) = c
+                .iter()
+                .filter(|p| p.1.is_finite())
+                .fold((0.0f32, 0u32), |(s, n), p| (s + p.1, n + 1));
+            let last = c.last().map_or(0, |p| p.0);
+            (last, if n == 0 { f32::NAN } else { sum / n as f32 })
+        })
+        .collect()
+}
+
 fn sparkline(out: &mut String, points: &[(u32, f32)], now_minute: u32, max: Option<f32>) {
+    let points = &downsample(points, 110)[..];
     const W: f32 = 110.0;
     const H: f32 = 22.0;
     let start = now_minute.saturating_sub(POINTS as u32 - 1);
@@ -501,11 +522,19 @@ pub fn render(view: &View, history: &History) -> String {
     );
     let _ = write!(
         out,
-        r#"<div class="card save"><div class="label">Could free</div><div class="big" id="gpus-freed">{} GPU{}</div><div class="sub"><b id="monthly-savings">{}</b> a month at ${:.2}/GPU-hour</div></div>"#,
+        r#"<div class="card save"><div class="label">Could free</div><div class="big" id="gpus-freed">{} GPU{}</div><div class="sub"><b id="monthly-savings">{}</b> a month at ${:.2}/GPU-hour{}</div></div>"#,
         o.gpus_freed,
         if o.gpus_freed == 1 { "" } else { "s" },
         money(o.monthly_savings),
-        o.price_per_gpu_hour
+        o.price_per_gpu_hour,
+        // Say what holds the GPUs, so a zero is not a mystery.
+        if o.gpus_freed > 0 || o.replicas == 0 {
+            ""
+        } else if o.compute_needed >= o.memory_needed_gpus {
+            " · compute shares are what keep the GPUs: two shares over 50% never share one"
+        } else {
+            " · memory is what keeps the GPUs"
+        }
     );
     let _ = write!(
         out,
@@ -543,8 +572,9 @@ pub fn render(view: &View, history: &History) -> String {
     // Charts.
     out.push_str(r#"<section class="charts">"#);
     let ov: Vec<_> = history.overview.points().copied().collect();
-    let pick =
-        |f: fn(&super::history::OverviewPoint) -> f32| ov.iter().map(|(m, p)| (*m, f(p))).collect::<Vec<_>>();
+    let pick = |f: fn(&super::history::OverviewPoint) -> f32| {
+        downsample(&ov.iter().map(|(m, p)| (*m, f(p))).collect::<Vec<_>>(), 280)
+    };
     chart(
         &mut out,
         "GPUs held vs needed (up to 24 h)",
@@ -669,6 +699,18 @@ pub fn render(view: &View, history: &History) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn downsampling_keeps_at_most_the_buckets_asked_for_and_gaps() {
+        let day: Vec<(u32, f32)> = (0..1440)
+            .map(|m| (m, if m < 720 { f32::NAN } else { 2.0 }))
+            .collect();
+        let d = downsample(&day, 280);
+        assert!(d.len() <= 280, "{}", d.len());
+        assert!(d[0].1.is_nan(), "a bucket with no data stays a gap");
+        assert_eq!(d.last(), Some(&(1439, 2.0)));
+        assert_eq!(downsample(&day[..10], 280).len(), 10);
+    }
 
     #[test]
     fn money_and_escaping() {
