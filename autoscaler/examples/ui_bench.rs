@@ -29,7 +29,7 @@ fn model(i: usize, at_ms: u64) -> ModelObservation {
         replicas: Replicas {
             current: replicas,
             ready: replicas,
-            desired: replicas + u32::from(i % 7 == 0),
+            desired: replicas + u32::from(i.is_multiple_of(7)),
             min: Some(1),
             max: Some(8),
         },
@@ -63,12 +63,12 @@ fn model(i: usize, at_ms: u64) -> ModelObservation {
         running: RunningWith {
             gpu_memory_utilization: Some(0.9),
             kv_cache_memory_bytes: None,
-            compute_share: Some(if i % 2 == 0 { 1.0 } else { 0.5 }),
+            compute_share: Some(if i.is_multiple_of(2) { 1.0 } else { 0.5 }),
         },
         gpu_memory_mib: Some(81920),
         measured_memory_mib: None,
         measured_sm: None,
-        sharing: if i % 2 == 0 {
+        sharing: if i.is_multiple_of(2) {
             Sharing::Whole
         } else {
             Sharing::Fractional

@@ -37,7 +37,7 @@ pub fn money(x: f64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -155,7 +155,7 @@ fn chart(out: &mut String, title: &str, unit: &str, lines: &[Line<'_>], now_minu
     let x = |m: u32| L + (m.saturating_sub(start)) as f32 / span.max(1) as f32 * (W - L - 8.0);
     let y = |v: f32| 6.0 + (1.0 - v / ymax) * (H - B - 6.0);
     let ago = |minutes: u32| {
-        if minutes % 60 == 0 {
+        if minutes.is_multiple_of(60) {
             format!("−{} h", minutes / 60)
         } else {
             format!("−{minutes} min")
