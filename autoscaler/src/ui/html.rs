@@ -157,6 +157,8 @@ fn chart(out: &mut String, title: &str, unit: &str, lines: &[Line<'_>], now_minu
     let ago = |minutes: u32| {
         if minutes.is_multiple_of(60) {
             format!("−{} h", minutes / 60)
+        } else if minutes >= 120 {
+            format!("−{:.0} h", f64::from(minutes) / 60.0)
         } else {
             format!("−{minutes} min")
         }
