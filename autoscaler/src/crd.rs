@@ -64,6 +64,41 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
         json_path = ".status.leadingSignal",
         description = "The signal that asked for the most replicas"
     ),
+    printcolumn(
+        name = "GPU-MiB",
+        type_ = "integer",
+        json_path = ".status.recommendation.gpuMemoryMiB",
+        priority = 1,
+        description = "Recommended GPU memory per replica, MiB (kubectl get -o wide)"
+    ),
+    printcolumn(
+        name = "Compute",
+        type_ = "number",
+        json_path = ".status.recommendation.computeFraction",
+        priority = 1,
+        description = "Recommended compute share per replica, 0-1 (kubectl get -o wide)"
+    ),
+    printcolumn(
+        name = "KV-Bytes",
+        type_ = "integer",
+        json_path = ".status.recommendation.kvCacheMemoryBytes",
+        priority = 1,
+        description = "Recommended --kv-cache-memory-bytes (kubectl get -o wide)"
+    ),
+    printcolumn(
+        name = "Sharing",
+        type_ = "string",
+        json_path = ".spec.gpu.sharing",
+        priority = 1,
+        description = "GPU class: whole GPUs or fractional shares (kubectl get -o wide)"
+    ),
+    printcolumn(
+        name = "Update",
+        type_ = "string",
+        json_path = ".spec.gpu.updateMode",
+        priority = 1,
+        description = "When the recommendation is applied: Off, Initial, Recreate (kubectl get -o wide)"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[x_kube(validation = Rule::new("self.maxReplicas >= self.minReplicas")
@@ -785,7 +820,29 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             .collect();
         assert_eq!(
             cols,
-            ["Target", "Min", "Max", "Replicas", "Desired", "Signal", "Age"]
+            [
+                "Target", "Min", "Max", "Replicas", "Desired", "Signal", "GPU-MiB", "Compute", "KV-Bytes",
+                "Sharing", "Update", "Age"
+            ]
+        );
+        // The recommendation and the sharing class show with `kubectl get ias -o wide` only.
+        let wide: Vec<_> = v
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|c| c.priority == Some(1))
+            .map(|c| c.json_path.as_str())
+            .collect();
+        assert_eq!(
+            wide,
+            [
+                ".status.recommendation.gpuMemoryMiB",
+                ".status.recommendation.computeFraction",
+                ".status.recommendation.kvCacheMemoryBytes",
+                ".spec.gpu.sharing",
+                ".spec.gpu.updateMode"
+            ]
         );
         let json = serde_json::to_string(&crd).unwrap();
         assert!(json.contains("maxReplicas must be >= minReplicas"));

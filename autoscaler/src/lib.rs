@@ -6,6 +6,7 @@ pub mod crd;
 pub use tessera_runtime::kube_client;
 pub mod leader;
 pub mod pool;
+pub mod ui;
 mod watch;
 
 /// Unix milliseconds of a clock reading (0 before the epoch), the unit of every time on the wire and in the core.

@@ -450,7 +450,8 @@ async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
     let api_server = honest_api(state.clone(), sidecar_port).await;
     let api = api_server.addr;
     let dir = tempfile::tempdir().expect("tempdir");
-    let _autoscaler = start_autoscaler(&dir, api, free_port(), &[]);
+    let metrics_port = free_port();
+    let _autoscaler = start_autoscaler(&dir, api, metrics_port, &[]);
     wait_for(&state, "the scale-down to 1", Duration::from_secs(30), |c| {
         c.scale_patches.first() == Some(&1)
     })
@@ -486,6 +487,18 @@ async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
         },
     )
     .await;
+    // The reconcile published what it saw and decided to the /ui page on the metrics listener.
+    let page = reqwest::get(format!("http://127.0.0.1:{metrics_port}/ui"))
+        .await
+        .expect("GET /ui")
+        .text()
+        .await
+        .expect("the page");
+    assert!(page.contains(r#"data-model="models/llama""#), "{page}");
+    assert!(
+        page.contains("too_few_replicas") && page.contains("cluster · read-only"),
+        "{page}"
+    );
 }
 
 /// Two replicas, one lease: only the leader acts (its identity is on every Event it writes); when it is stopped, it

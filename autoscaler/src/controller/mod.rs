@@ -124,6 +124,9 @@ pub struct Args {
     /// How often the pool manager reconciles capacity pods and reservations.
     #[arg(long, env = "TESSERA_POOL_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub pool_interval: Duration,
+    /// The GPU workloads page (`/ui`) and its local mode.
+    #[command(flatten)]
+    pub ui: crate::ui::PageArgs,
 }
 
 #[derive(Debug)]
@@ -134,6 +137,9 @@ struct Health {
 
 /// Runs the controller until SIGTERM or Ctrl-C.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.ui.no_kube {
+        return crate::ui::local::run(args).await;
+    }
     if args.renew_deadline >= args.lease_duration {
         anyhow::bail!(
             "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?}), or a leader could still be \
@@ -174,13 +180,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
-    info!(listen = %listener.local_addr()?, "serving /metrics, /live, /ready");
+    info!(listen = %listener.local_addr()?, "serving /metrics, /ui, /live, /ready");
+    // Models not reconciled for 10 sync periods are gone (deleted, or another replica leads).
+    let ui = Arc::new(crate::ui::Store::new(
+        args.ui.settings(),
+        false,
+        crate::ui::now_ms(),
+        args.sync_period * 10,
+    ));
+    tokio::spawn(
+        ui.clone()
+            .run_recorder(Duration::from_secs(60), shutdown_rx.clone()),
+    );
     let app = graceful.ready_gate(
         Router::new()
             .route("/metrics", get(serve_metrics))
             .route("/live", get(|| async { "ok" }))
             .route("/ready", get(serve_ready))
-            .with_state(health.clone()),
+            .with_state(health.clone())
+            .merge(crate::ui::router(ui.clone())),
     );
     let mut server_shutdown = shutdown_rx.clone();
     let server = tokio::spawn(async move {
@@ -273,6 +291,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
         rolling: rollout::Rolling::default(),
+        ui,
     });
 
     let mut shutdown = shutdown_rx.clone();

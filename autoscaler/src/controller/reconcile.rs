@@ -130,6 +130,8 @@ pub struct Context {
     pub woken: Mutex<HashSet<String>>,
     /// Models being rolled onto a new allocation, one per pool.
     pub rolling: super::rollout::Rolling,
+    /// Where each reconcile publishes what it saw and decided for the `/ui` page (read-only for the page).
+    pub ui: Arc<crate::ui::Store>,
 }
 
 impl Context {
@@ -339,9 +341,11 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let mut replicas = Vec::with_capacity(statuses.len());
     let mut recommendations = Vec::new();
     let mut preempting = false;
+    let mut docs = Vec::with_capacity(ready_pods.len());
     for ((pod, url), result) in ready_pods.iter().zip(statuses) {
         match result {
             Ok(st) => {
+                docs.push(st.clone());
                 let signals = replica_signals(&st, ctx.settings.max_signal_age);
                 preempting |= signals.fresh
                     && st
@@ -434,6 +438,17 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         desired = decision.desired_replicas,
         reason = decision.reason.label(),
         "decided"
+    );
+    ctx.ui.observe_model(
+        crate::ui::observe::model_from_reconcile(
+            obj,
+            &policy,
+            &docs,
+            &decision,
+            input.ready_replicas,
+            now.as_millis(),
+        ),
+        now.as_millis(),
     );
     let recommendation = status::largest_recommendation(&recommendations);
 

@@ -105,6 +105,12 @@ fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<Activato
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
         rolling: crate::controller::rollout::Rolling::default(),
+        ui: Arc::new(crate::ui::Store::new(
+            Default::default(),
+            false,
+            0,
+            Duration::from_secs(600),
+        )),
     })
 }
 

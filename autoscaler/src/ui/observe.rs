@@ -1,0 +1,252 @@
+//! From what the controller reads (each replica's sidecar `/v1/status`) to one [`ModelObservation`]. The
+//! controller's reconcile and the `--no-kube` local mode call the same function, so the page reads the same in
+//! both.
+
+use tessera_core::recommend::{Outcome, largest_need};
+use tessera_core::wire::sidecar::SidecarStatus;
+
+use super::view::{GpuObservation, ModelObservation, Replicas, RunningWith, Signals, TenantObservation};
+
+const MIB: u64 = 1 << 20;
+
+/// A replica's documents count when the sidecar says its snapshot is current and vLLM is up.
+fn fresh(s: &SidecarStatus) -> bool {
+    s.vllm_up && !s.stale && s.latest.is_some()
+}
+
+fn sum(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    values
+        .flatten()
+        .filter(|v| v.is_finite())
+        .fold(None, |acc, v| Some(acc.unwrap_or(0.0) + v))
+}
+
+fn mean(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Vec<f64> = values.flatten().filter(|v| v.is_finite()).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn max(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    values
+        .flatten()
+        .filter(|v| v.is_finite())
+        .fold(None, |acc: Option<f64>, v| Some(acc.map_or(v, |a| a.max(v))))
+}
+
+/// A `cache_config_info` value that is a number (vLLM writes `"None"` for unset ones).
+fn config_number(s: &SidecarStatus, key: &str) -> Option<f64> {
+    s.latest
+        .as_ref()?
+        .cache_config
+        .get(key)?
+        .parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+}
+
+/// One model from its replicas' sidecar documents (those that answered). Replica counts and policy fields are
+/// the caller's; this fills signals, recommendation, what the pods run with, and the GPU.
+pub fn model_from_sidecars(
+    namespace: &str,
+    name: &str,
+    replicas: Replicas,
+    docs: &[SidecarStatus],
+) -> ModelObservation {
+    let live: Vec<&SidecarStatus> = docs.iter().filter(|s| fresh(s)).collect();
+    let latest = || live.iter().filter_map(|s| s.latest.as_ref());
+    let window = || live.iter().filter_map(|s| s.window.as_ref());
+    let signals = Signals {
+        kv_cache_usage: mean(latest().map(|l| l.kv_cache_usage_ratio)),
+        waiting: sum(latest().map(|l| l.requests_waiting)),
+        running: sum(latest().map(|l| l.requests_running)),
+        requests_per_second: sum(window().map(|w| w.requests_per_second)),
+        generation_tokens_per_second: sum(window().map(|w| w.generation_tokens_per_second)),
+        ttft_p95: max(window().map(|w| w.ttft_seconds.p95)),
+        itl_p95: max(window().map(|w| w.inter_token_latency_seconds.p95)),
+        ttft_slo: max(live.iter().map(|s| s.compute.and_then(|c| c.ttft_slo_secs))),
+        itl_slo: max(live.iter().map(|s| s.compute.and_then(|c| c.itl_slo_secs))),
+        preemptions: sum(window().map(|w| w.preemptions)),
+    };
+    let recommendation = largest_need(live.iter().filter_map(|s| s.recommendation()));
+    let no_recommendation_reason = if recommendation.is_some() {
+        None
+    } else {
+        docs.iter()
+            .find_map(|s| match &s.recommendation.outcome {
+                Outcome::NotYet { reason, .. } => Some(reason.clone()),
+                Outcome::Ready(_) => None,
+            })
+            .or_else(|| Some("no replica has reported fresh data".to_owned()))
+    };
+    let running = RunningWith {
+        gpu_memory_utilization: max(live.iter().map(|s| config_number(s, "gpu_memory_utilization"))),
+        kv_cache_memory_bytes: max(live.iter().map(|s| config_number(s, "kv_cache_memory_bytes")))
+            .map(|v| v as u64),
+        compute_share: max(live.iter().map(|s| s.compute.map(|c| c.current_share))),
+    };
+    let gpus = || docs.iter().filter_map(|s| s.gpu.as_ref());
+    let measured: Vec<u64> = gpus().filter_map(|g| g.used_bytes).collect();
+    ModelObservation {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        target: String::new(),
+        replicas,
+        reporting: u32::try_from(live.len()).unwrap_or(u32::MAX),
+        signals,
+        leading_signal: None,
+        recommendation,
+        no_recommendation_reason,
+        running,
+        gpu_memory_mib: gpus().map(|g| g.total_bytes / MIB).max(),
+        measured_memory_mib: (!measured.is_empty()).then(|| measured.iter().sum::<u64>() / MIB),
+        measured_sm: mean(gpus().map(|g| g.sm_utilization)),
+        ..ModelObservation::default()
+    }
+}
+
+/// One model as a reconcile saw it: its sidecars' documents, the policy, and the decision just taken.
+pub fn model_from_reconcile(
+    obj: &crate::crd::InferenceAutoscaler,
+    policy: &tessera_core::scale::ScalePolicy,
+    docs: &[SidecarStatus],
+    decision: &tessera_core::scale::ScaleDecision,
+    ready: u32,
+    at_ms: u64,
+) -> ModelObservation {
+    use kube::ResourceExt as _;
+    let replicas = Replicas {
+        current: decision.current_replicas,
+        ready,
+        desired: decision.desired_replicas,
+        min: Some(policy.min_replicas),
+        max: Some(policy.max_replicas),
+    };
+    let ns = obj.namespace().unwrap_or_default();
+    let mut m = model_from_sidecars(&ns, &obj.name_any(), replicas, docs);
+    let target = &obj.spec.scale_target_ref;
+    m.target = format!("{}/{}", target.kind, target.name);
+    m.leading_signal = decision.leading_signal.map(|s| s.field().to_owned());
+    if let Some(gpu) = &obj.spec.gpu {
+        m.sharing = match gpu.sharing {
+            crate::crd::Sharing::Whole => super::view::Sharing::Whole,
+            crate::crd::Sharing::Fractional => super::view::Sharing::Fractional,
+        };
+        m.update_mode = serde_json::to_value(gpu.update_mode)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned));
+    } else {
+        m.update_mode = Some("Off".to_owned());
+    }
+    m.decisions = vec![super::view::DecisionNote {
+        at_ms,
+        from: decision.current_replicas,
+        to: decision.desired_replicas,
+        reason: decision.reason.label().to_owned(),
+        message: decision.message.clone(),
+    }];
+    m
+}
+
+/// The page's rows for one fractional pool, from the pool manager's index: one per capacity pod that is not gone,
+/// each tenant named by its pod where the pod is known (else by its reservation id, while it is being admitted).
+/// `memory_mib`: the pool's GPU memory. Measured use and the start-up lease holder are not in the index; they
+/// stay empty until the gpu-agent's and the lease's readings are joined in.
+pub fn gpus_from_pool(index: &crate::pool::PoolIndex, pool: &str, memory_mib: u64) -> Vec<GpuObservation> {
+    let pod_of: std::collections::HashMap<&str, &str> = index
+        .tenants()
+        .map(|t| (t.reservation.as_str(), t.key.as_str()))
+        .collect();
+    index
+        .capacity()
+        .filter(|c| !c.gone)
+        .map(|c| GpuObservation {
+            pool: pool.to_owned(),
+            capacity_pod: c.name.clone(),
+            node: c.node.clone(),
+            uuid: c.gpu_uuid.clone(),
+            memory_mib,
+            tenants: c
+                .reservation_list()
+                .iter()
+                .map(|r| TenantObservation {
+                    pod: pod_of
+                        .get(r.id.as_str())
+                        .map(|p| (*p).to_owned())
+                        .or_else(|| r.pod.clone())
+                        .unwrap_or_else(|| format!("reservation {}", r.id)),
+                    model: r.model.clone(),
+                    compute_milli: r.compute_milli,
+                    memory_mib: r.memory_mib,
+                    measured_memory_mib: None,
+                    measured_sm: None,
+                })
+                .collect(),
+            startup_lease_holder: None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::state::{Reservation, encode_reservations};
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).expect("a pod")
+    }
+
+    #[test]
+    fn pool_rows_name_tenants_by_pod_and_skip_gone_gpus() {
+        let reservations = encode_reservations(&[
+            Reservation {
+                id: "r1".into(),
+                model: "ml/chat".into(),
+                compute_milli: 250,
+                memory_mib: 20000,
+                priority: 0,
+                created_at: 1,
+                pod: None,
+            },
+            Reservation {
+                id: "r2".into(),
+                model: "ml/embed".into(),
+                compute_milli: 100,
+                memory_mib: 4000,
+                priority: 0,
+                created_at: 1,
+                pod: None,
+            },
+        ]);
+        let mut index = crate::pool::PoolIndex::new("a100");
+        index.apply_capacity(&pod(serde_json::json!({
+            "metadata": {"name": "cap-0", "namespace": "tessera-system",
+                "labels": {"tessera.dev/pool": "a100", "tessera.dev/capacity-pod": "true"},
+                "annotations": {"tessera.dev/reservations": reservations, "tessera.dev/gpu-uuid": "GPU-1"}},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running"}
+        })));
+        index.apply_capacity(&pod(serde_json::json!({
+            "metadata": {"name": "cap-1", "namespace": "tessera-system",
+                "labels": {"tessera.dev/pool": "a100", "tessera.dev/capacity-pod": "true"}},
+            "spec": {"containers": []},
+            "status": {"phase": "Failed"}
+        })));
+        index.apply_tenant(&pod(serde_json::json!({
+            "metadata": {"name": "chat-0", "namespace": "ml",
+                "labels": {"tessera.dev/pool": "a100"},
+                "annotations": {"tessera.dev/reservation": "r1", "tessera.dev/capacity-pod": "cap-0"}},
+            "spec": {"containers": []}
+        })));
+        let rows = gpus_from_pool(&index, "a100", 81920);
+        assert_eq!(rows.len(), 1, "the failed capacity pod is not a GPU anyone holds");
+        let g = &rows[0];
+        assert_eq!(
+            (g.capacity_pod.as_str(), g.node.as_deref(), g.uuid.as_deref()),
+            ("cap-0", Some("node-a"), Some("GPU-1"))
+        );
+        let pods: Vec<&str> = g.tenants.iter().map(|t| t.pod.as_str()).collect();
+        assert_eq!(pods, ["ml/chat-0", "reservation r2"]);
+        assert_eq!(g.tenants[0].compute_milli, 250);
+    }
+}
