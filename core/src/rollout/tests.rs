@@ -207,3 +207,103 @@ proptest! {
         prop_assert_eq!(cand, Some(Candidate { alloc: rec, since_ms: t0 }));
     }
 }
+
+/// The replay: Qwen2-7B on an A100-80GB, from the real start-up logs in
+/// `../shared/fixtures/vllm/memory-profiles.md` (KV ≈ util × 79.28 GiB − 14.81 GiB, 57,344 B/token, 16-token blocks),
+/// started at `gpu_memory_utilization` 0.9 and peaking at 40% of that cache. Each round: the sidecar's
+/// recommendation over a 10-minute window, the controller's in-force rule (stable for the window), a roll, and the
+/// new server's cache. The allocation in force must reach ≤ 0.55 with the default headroom, and the load must never
+/// overflow the cache (no preemption) on the way.
+#[test]
+fn roll_replay_qwen2_7b_a100_settles_at_or_below_055_without_preemption() {
+    use crate::recommend::{
+        self, ComputeFacts, Config, Input, KvGeometry, MemoryFacts, Observation, Outcome,
+    };
+    const GIB: f64 = (1u64 << 30) as f64;
+    const TOTAL_GIB: f64 = 79.28;
+    const FIXED_GIB: f64 = 14.81;
+    const BYTES_PER_TOKEN: u64 = 57_344;
+    let kv_gib = |u: f64| u * TOTAL_GIB - FIXED_GIB;
+    let peak_used_gib = 0.40 * kv_gib(0.9);
+    let c = cfg();
+    let mut util = 0.9;
+    let mut previous_in_force: Option<Allocation> = None;
+    let mut path = vec![util];
+    for round in 0u32..12 {
+        let kv = kv_gib(util);
+        let blocks = (kv * GIB / (16.0 * BYTES_PER_TOKEN as f64)) as u64;
+        assert!(
+            peak_used_gib < kv,
+            "round {round}: 40% of the original cache no longer fits at util {util:.3}: a preemption"
+        );
+        // Ten minutes at 5 s: usage swings up to the peak and back.
+        let window: Vec<Observation> = (0..120)
+            .map(|i| {
+                let phase = (f64::from(i) / 120.0 * std::f64::consts::TAU).sin().abs();
+                Observation {
+                    at_secs: f64::from(i) * 5.0,
+                    kv_usage: Some(peak_used_gib * (0.5 + 0.5 * phase) / kv),
+                    requests_waiting: Some(0.0),
+                    preemptions_total: Some(0.0),
+                    sm_utilization: None,
+                }
+            })
+            .collect();
+        let outcome = recommend::recommend(
+            &Input {
+                window: &window,
+                geometry: KvGeometry {
+                    num_gpu_blocks: blocks,
+                    block_size: 16,
+                    max_model_len: Some(32_768),
+                },
+                memory: MemoryFacts {
+                    gpu_total_bytes: Some((TOTAL_GIB * GIB) as u64),
+                    bytes_per_kv_token: Some(BYTES_PER_TOKEN),
+                    gpu_memory_utilization: Some(util),
+                    ..MemoryFacts::default()
+                },
+                previous: None,
+                compute: ComputeFacts::default(),
+            },
+            &Config::default(),
+        );
+        let rec = match outcome {
+            Outcome::Ready(r) => r,
+            other => panic!("round {round}: no recommendation at util {util:.3}: {other:?}"),
+        };
+        let recommended = Allocation {
+            memory_mib: rec.gpu_memory_mib,
+            compute_fraction: rec.compute_fraction,
+            kv_cache_memory_bytes: Some(rec.kv_cache_memory_bytes),
+            gpu_memory_utilization: Some(rec.gpu_memory_utilization),
+        };
+        // The recommendation holds for the stability window: it comes into force, and the pods are rolled onto it.
+        let t0 = u64::from(round) * 3_600_000;
+        let cand = track(None, Some(recommended), t0, &c);
+        let (force, why) = in_force(
+            &Fixed::default(),
+            cand.as_ref(),
+            previous_in_force,
+            false,
+            t0 + 30 * MIN,
+            &c,
+        );
+        assert_eq!(why, InForceReason::Stable);
+        let force = force.unwrap();
+        let next = force.gpu_memory_utilization.unwrap();
+        previous_in_force = Some(force);
+        path.push(next);
+        if (next - util).abs() < 0.005 {
+            util = next;
+            break;
+        }
+        util = next;
+    }
+    println!("roll replay (Qwen2-7B, A100-80GB): gpu_memory_utilization {path:.3?}");
+    assert!(util <= 0.55, "settled at {util:.3}; path {path:?}");
+    assert!(
+        peak_used_gib < kv_gib(util),
+        "the settled cache must still hold the peak"
+    );
+}
