@@ -2,6 +2,8 @@
 //! in-memory API server (real Lease objects, resourceVersion, 409s), with the emulator standing in for vLLM and the
 //! test standing in for kubelet: it starts a pod's "vLLM" only once that pod's sidecar passes `/startup`.
 
+#![allow(clippy::unwrap_used)] // test: a failed request is a test failure
+
 mod support;
 
 use std::time::{Duration, Instant};
