@@ -366,8 +366,13 @@ async fn tessera_against_a_real_vllm() {
         "--no-nvml",
         "--gpu-memory-mib",
         "4096",
-        "--bytes-per-kv-token",
-        BYTES_PER_KV_TOKEN,
+        // The model's own geometry (issue 18): bytes per KV token from its config.json, not from the cache
+        // config labels (which the CPU build's num_gpu_blocks_override makes meaningless), and a configured
+        // non-KV figure (no NVML here to measure it).
+        "--model-dir",
+        &vllm.model_dir,
+        "--non-kv-memory-mib",
+        "256",
     ]);
     let idle = wait_sidecar(
         &http,
@@ -388,7 +393,27 @@ async fn tessera_against_a_real_vllm() {
         Some("128")
     );
     assert_eq!(idle.max_model_len, Some(768), "learned from the real /v1/models");
-    let idle_tokens = idle.recommendation().unwrap().kv_cache_tokens;
+    let rec = idle.recommendation().unwrap();
+    // Never the budget rule on a server whose cache size is fixed: the mode is read from cache_config_info, the
+    // bytes per token come from the model's config.json (2 layers x 2 KV heads x 32 x 2 B = 512).
+    let memory = idle.memory.as_ref().expect("the memory mode is stated");
+    assert_eq!(
+        memory.mode,
+        tessera_core::recommend::MemoryMode::OverriddenBlocks,
+        "{}",
+        memory.mode_reason
+    );
+    assert_eq!(rec.bytes_per_kv_token, BYTES_PER_KV_TOKEN.parse::<u64>().unwrap());
+    assert_eq!(
+        rec.bytes_per_kv_token_source,
+        tessera_core::recommend::Source::ModelConfig
+    );
+    assert_ne!(rec.non_kv_source, tessera_core::recommend::Source::VllmBudgetRule);
+    println!(
+        "sidecar memory: mode {:?}, {} B/token from {:?}, non-KV from {:?}",
+        memory.mode, rec.bytes_per_kv_token, rec.bytes_per_kv_token_source, rec.non_kv_source
+    );
+    let idle_tokens = rec.kv_cache_tokens;
     println!(
         "sidecar idle: KV {:?}, recommended KV tokens {idle_tokens}",
         latest.kv_cache_usage_ratio
