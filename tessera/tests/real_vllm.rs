@@ -248,7 +248,9 @@ async fn tessera_against_a_real_vllm() {
         vllm.url,
         vllm.startup.as_secs_f64()
     );
-    assert!(!held.is_finished() || vllm.startup < Duration::from_secs(1));
+    // The activator probes every 200 ms and may forward the held request (and vLLM answer it) before
+    // RealVllm::start's own /health poll returns; what proves the hold is that the request, sent before the
+    // server existed, is answered 200 with a complete stream by that server (asserted below).
     let (status, ctype, body, done_at) = tokio::time::timeout(Duration::from_secs(120), held)
         .await
         .expect("the held request is answered once the server is healthy")

@@ -318,9 +318,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let pool_task = pools.clone().map(|cfg| {
             let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
             let pool_metrics = metrics.pool.clone();
+            let page = ctx.ui.clone();
+            // The /ui page's per-GPU table: each pool's capacity pods and tenants, as the pool manager sees them.
+            let observer: crate::pool::PoolObserver = Arc::new(move |pool, memory_mib, index| {
+                page.set_pool_gpus(pool, crate::ui::observe::gpus_from_pool(index, pool, memory_mib));
+            });
             tokio::spawn(async move {
-                if let Err(e) =
-                    crate::pool::run_pools_with_metrics(client, cfg, interval, pool_metrics, token).await
+                if let Err(e) = crate::pool::run_pools_with_metrics(
+                    client,
+                    cfg,
+                    interval,
+                    pool_metrics,
+                    Some(observer),
+                    token,
+                )
+                .await
                 {
                     warn!(error = %e, "the GPU pool manager stopped");
                 }

@@ -488,6 +488,10 @@ impl PoolManager {
     }
 }
 
+/// A read-only view of each pool, called every pool interval with the pool's name, its GPUs' memory (MiB) and
+/// its index (the autoscaler's `/ui` shows the GPUs from it).
+pub type PoolObserver = Arc<dyn Fn(&str, u64, &PoolIndex) + Send + Sync>;
+
 /// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled, without metrics; see
 /// [`run_pools_with_metrics`].
 pub async fn run_pools(
@@ -496,7 +500,7 @@ pub async fn run_pools(
     interval: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), PoolError> {
-    run_pools_with_metrics(client, cfg, interval, PoolMetrics::default(), shutdown).await
+    run_pools_with_metrics(client, cfg, interval, PoolMetrics::default(), None, shutdown).await
 }
 
 /// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled: what the autoscaler's leader
@@ -507,11 +511,27 @@ pub async fn run_pools_with_metrics(
     cfg: Arc<PoolsConfig>,
     interval: Duration,
     metrics: PoolMetrics,
+    observer: Option<PoolObserver>,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), PoolError> {
     let mut tasks = tokio::task::JoinSet::new();
     for pool in &cfg.pools {
         let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?.with_metrics(metrics.clone());
+        if let Some(observe) = observer.clone() {
+            // A clone shares the index: the observer reads what the manager's watches and reconciles keep.
+            let view = m.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = token.cancelled() => return,
+                        () = tokio::time::sleep(interval) => {}
+                    }
+                    let index = view.index();
+                    observe(&view.pool().name, view.pool().gpu_memory_mib, &index);
+                }
+            });
+        }
         let token = shutdown.clone();
         tasks.spawn(async move {
             loop {

@@ -29,7 +29,7 @@ pub mod state;
 
 pub use config::{PoolConfigError, PoolSpec, PoolsConfig, SharingMode};
 pub use manager::{
-    Placement, PoolManager, ReconcileReport, ReserveRequest, run_pools, run_pools_with_metrics,
+    Placement, PoolManager, PoolObserver, ReconcileReport, ReserveRequest, run_pools, run_pools_with_metrics,
 };
 pub use metrics::PoolMetrics;
 pub use state::{CapacityGpu, PoolIndex, Reservation, Tenant};

@@ -164,6 +164,14 @@ impl Store {
         }
     }
 
+    /// Replaces the GPUs of one pool (each pool manager reports its own).
+    pub fn set_pool_gpus(&self, pool: &str, gpus: Vec<GpuObservation>) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.gpus.retain(|g| g.pool != pool);
+            inner.gpus.extend(gpus);
+        }
+    }
+
     /// Forgets every model (a new leadership term starts from what it observes).
     pub fn clear_models(&self) {
         if let Ok(mut inner) = self.inner.lock() {
