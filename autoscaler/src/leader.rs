@@ -21,67 +21,9 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-/// What a candidate should do with the lease it just read. Pure: see [`decide`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseDecision {
-    /// No lease exists: create it.
-    Create,
-    /// We hold it: renew.
-    Renew,
-    /// Someone else held it and it expired (or nobody holds it): take it over.
-    Acquire,
-    /// Someone else holds a live lease: follow until it expires.
-    Follow {
-        /// The current holder.
-        holder: String,
-        /// Milliseconds (our clock) until we may try to take over.
-        expires_in_ms: u64,
-    },
-}
-
-/// The parts of a lease the decision needs, plus when *we* first saw its current version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseObservation {
-    /// `spec.holderIdentity` (None or empty: released).
-    pub holder: Option<String>,
-    /// `spec.leaseDurationSeconds`.
-    pub duration: Duration,
-    /// `metadata.resourceVersion`.
-    pub resource_version: String,
-    /// Our clock (Unix ms) when we first saw this `resource_version`.
-    pub first_seen_ms: u64,
-}
-
-/// Decides what to do with a lease. `now_ms` is our clock in Unix milliseconds.
-pub fn decide(lease: Option<&LeaseObservation>, me: &str, now_ms: u64) -> LeaseDecision {
-    let Some(lease) = lease else {
-        return LeaseDecision::Create;
-    };
-    match lease.holder.as_deref() {
-        Some(h) if h == me => LeaseDecision::Renew,
-        None | Some("") => LeaseDecision::Acquire,
-        Some(holder) => {
-            let expires_at = lease
-                .first_seen_ms
-                .saturating_add(u64::try_from(lease.duration.as_millis()).unwrap_or(u64::MAX));
-            if now_ms >= expires_at {
-                LeaseDecision::Acquire
-            } else {
-                LeaseDecision::Follow {
-                    holder: holder.to_owned(),
-                    expires_in_ms: expires_at - now_ms,
-                }
-            }
-        }
-    }
-}
-
-/// Whether a leader whose renewals fail must step down: its last successful renewal (Unix ms, `None` when it has
-/// not led since) is `renew_deadline` or more before `now_ms`.
-pub fn renew_deadline_passed(last_renew_ms: Option<u64>, now_ms: u64, renew_deadline: Duration) -> bool {
-    let deadline = u64::try_from(renew_deadline.as_millis()).unwrap_or(u64::MAX);
-    last_renew_ms.is_some_and(|t| now_ms.saturating_sub(t) >= deadline)
-}
+// The Lease rule (create / renew / take over / follow, expiry judged on our own clock) is shared with the
+// sidecar's start-up gate, so it lives in the core.
+pub use tessera_core::lease::{LeaseDecision, LeaseObservation, decide, renew_deadline_passed};
 
 /// Time left until the renew deadline of a lease last renewed at `last_renew_ms` (zero once passed; the whole
 /// deadline when there was no renewal).
@@ -290,22 +232,18 @@ impl LeaderElector {
     }
 
     fn observe(&mut self, lease: &Lease, now_ms: u64) -> LeaseObservation {
-        let rv = lease.metadata.resource_version.clone().unwrap_or_default();
         let spec = lease.spec.clone().unwrap_or_default();
-        let first_seen_ms = match &self.observed {
-            Some(o) if o.resource_version == rv => o.first_seen_ms,
-            _ => now_ms,
-        };
-        let obs = LeaseObservation {
-            holder: spec.holder_identity,
-            duration: Duration::from_secs(
+        let obs = LeaseObservation::observe(
+            self.observed.as_ref(),
+            spec.holder_identity,
+            Duration::from_secs(
                 spec.lease_duration_seconds
                     .and_then(|s| u64::try_from(s).ok())
                     .unwrap_or(self.config.lease_duration.as_secs()),
             ),
-            resource_version: rv,
-            first_seen_ms,
-        };
+            lease.metadata.resource_version.clone().unwrap_or_default(),
+            now_ms,
+        );
         self.observed = Some(obs.clone());
         obs
     }
@@ -329,40 +267,6 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-
-    fn obs(holder: Option<&str>, rv: &str, first_seen_ms: u64) -> LeaseObservation {
-        LeaseObservation {
-            holder: holder.map(str::to_owned),
-            duration: Duration::from_secs(15),
-            resource_version: rv.to_owned(),
-            first_seen_ms,
-        }
-    }
-
-    #[test]
-    fn decisions() {
-        assert_eq!(decide(None, "a", 0), LeaseDecision::Create);
-        assert_eq!(
-            decide(Some(&obs(Some("a"), "1", 0)), "a", 99_000),
-            LeaseDecision::Renew
-        );
-        assert_eq!(decide(Some(&obs(None, "1", 0)), "a", 0), LeaseDecision::Acquire);
-        assert_eq!(
-            decide(Some(&obs(Some(""), "1", 0)), "a", 0),
-            LeaseDecision::Acquire
-        );
-        assert_eq!(
-            decide(Some(&obs(Some("b"), "1", 1_000)), "a", 10_000),
-            LeaseDecision::Follow {
-                holder: "b".into(),
-                expires_in_ms: 6_000
-            }
-        );
-        assert_eq!(
-            decide(Some(&obs(Some("b"), "1", 1_000)), "a", 16_000),
-            LeaseDecision::Acquire
-        );
-    }
 
     #[test]
     fn a_leader_steps_down_once_renewals_failed_for_the_renew_deadline() {
