@@ -148,6 +148,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.lease_duration
         );
     }
+    if args.activator_max_age <= args.activator_poll_interval {
+        anyhow::bail!(
+            "--activator-max-age ({:?}) must be longer than --activator-poll-interval ({:?}), or every document \
+             would be stale before the next poll and no model could ever be scaled to zero",
+            args.activator_max_age,
+            args.activator_poll_interval
+        );
+    }
     // Read the pools first: a typo in the file should stop the process at once, not at the first election.
     let pools = match &args.pools_config {
         Some(path) => Some(Arc::new(
