@@ -15,9 +15,8 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff;
 use kube::api::{Api, ObjectMeta, PostParams};
+use tessera_runtime::kube_client::micro_time;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -247,14 +246,6 @@ impl LeaderElector {
         self.observed = Some(obs.clone());
         obs
     }
-}
-
-fn micro_time(unix_ms: u64) -> MicroTime {
-    let ts = i64::try_from(unix_ms)
-        .ok()
-        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
-        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-    MicroTime(ts)
 }
 
 #[cfg(test)]

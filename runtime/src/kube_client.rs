@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff;
 use kube::runtime::watcher;
 use kube::{Client, Config};
 
@@ -44,6 +46,15 @@ pub fn with_timeouts(mut config: Config) -> Config {
 pub async fn client() -> Result<Client, Error> {
     let config = with_timeouts(Config::infer().await?);
     Ok(Client::try_from(config)?)
+}
+
+/// Unix milliseconds as the `MicroTime` a Lease's `acquireTime`/`renewTime` carries (the epoch if out of range).
+pub fn micro_time(unix_ms: u64) -> MicroTime {
+    let ts = i64::try_from(unix_ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    MicroTime(ts)
 }
 
 /// The watcher config every watch on a [`client`] uses (server-side timeout below the read timeout).

@@ -21,12 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde::Serialize;
 use tessera_core::gate::{self, Action, OpenReason, Phase};
 use tessera_core::lease::LeaseObservation;
+use tessera_runtime::kube_client::micro_time;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -167,14 +166,6 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn micro_time(unix_ms: u64) -> MicroTime {
-    let ts = i64::try_from(unix_ms)
-        .ok()
-        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
-        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
-    MicroTime(ts)
 }
 
 /// Reads the waiters annotation, drops stale entries and `me`, and (when `add`) lists `me` since `since_ms`.
@@ -336,7 +327,7 @@ pub async fn run(
             }
             Ok(Err(e)) => {
                 warn!(error = %e, lease = %name, "start-up gate: cannot read the lease");
-                if fail_open(&status, &phase, &name, now, last_api_ok, args.gate_api_timeout) {
+                if fail_open(&status, &name, now, last_api_ok, args.gate_api_timeout) {
                     return;
                 }
                 if sleep_or_stop(args.gate_retry_period, &shutdown).await {
@@ -347,7 +338,7 @@ pub async fn run(
             }
             Err(_) => {
                 warn!(lease = %name, "start-up gate: the API did not answer in time");
-                if fail_open(&status, &phase, &name, now, last_api_ok, args.gate_api_timeout) {
+                if fail_open(&status, &name, now, last_api_ok, args.gate_api_timeout) {
                     return;
                 }
                 continue;
@@ -415,20 +406,11 @@ fn set(status: &SharedGate, s: GateStatus) {
     }
 }
 
-fn fail_open(
-    status: &SharedGate,
-    phase: &Phase,
-    name: &str,
-    now: u64,
-    last_ok: u64,
-    limit: Duration,
-) -> bool {
+fn fail_open(status: &SharedGate, name: &str, now: u64, last_ok: u64, limit: Duration) -> bool {
     if now.saturating_sub(last_ok) < u64::try_from(limit.as_millis()).unwrap_or(u64::MAX) {
         return false;
     }
     warn!(lease = %name, "start-up gate: the Kubernetes API has been unreachable too long; opening the gate (fail open)");
-    let holding = matches!(phase, Phase::Holding { .. });
-    tracing::debug!(holding, "gate opened while the API is down");
     set(
         status,
         GateStatus::of(&Phase::Open(OpenReason::ApiUnavailable), Some(name), None),

@@ -95,12 +95,17 @@ async fn until(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) ->
     panic!("timed out after {limit:?} waiting for {what}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
+/// The in-memory API server, a kubeconfig for it (in a temp dir the caller keeps alive) and an HTTP client.
+async fn cluster() -> (ApiServer, tempfile::TempDir, std::path::PathBuf, reqwest::Client) {
     let api = ApiServer::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let kc = api.kubeconfig(dir.path());
-    let http = reqwest::Client::new();
+    (api, dir, kc, reqwest::Client::new())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
+    let (api, _dir, kc, http) = cluster().await;
     let mut a = pod(&kc, "a", Some("GPU-0000-shared"));
     until("a to take the GPU", Duration::from_secs(20), async || {
         passes(&http, &a).await
@@ -152,10 +157,7 @@ async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_gate_a_holder_killed_with_sigkill_loses_the_lease_after_its_duration() {
-    let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kc = api.kubeconfig(dir.path());
-    let http = reqwest::Client::new();
+    let (api, _dir, kc, http) = cluster().await;
     let mut a = pod(&kc, "a", Some("GPU-0000-shared"));
     until("a to take the GPU", Duration::from_secs(20), async || {
         passes(&http, &a).await
@@ -185,10 +187,7 @@ async fn startup_gate_a_holder_killed_with_sigkill_loses_the_lease_after_its_dur
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_gate_opens_at_once_for_a_whole_gpu_pod() {
-    let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kc = api.kubeconfig(dir.path());
-    let http = reqwest::Client::new();
+    let (api, _dir, kc, http) = cluster().await;
     let w = pod(&kc, "w", None);
     let took = until(
         "the whole-GPU pod's /startup",

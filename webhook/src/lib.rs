@@ -180,8 +180,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let stop = tokio_util::sync::CancellationToken::new();
     let serving = state.serving.clone();
     let (h, token) = (handle.clone(), stop.clone());
+    // The one shutdown every role shares (tessera-runtime); no drain period, as before: /ready fails at the
+    // signal and in-flight admissions get 10 s.
+    let graceful = tessera_runtime::Graceful::on_signals(Duration::ZERO);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        graceful.draining().await;
         // Fail /ready first so endpoints drop this replica, then finish what is in flight.
         serving.store(false, Ordering::Release);
         info!("shutting down: /ready fails, draining in-flight admissions");
@@ -202,28 +205,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .serve(server::webhook_router(state).into_make_service())
         .await?;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }
 
 /// Starts the InferenceAutoscaler reflector; `synced` turns true once the first list is in the store.
