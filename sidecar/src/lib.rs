@@ -444,3 +444,21 @@ async fn scrape_loop(
         exporter.update(&state);
     }
 }
+
+#[cfg(test)]
+mod default_tests {
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    /// The simulator computes a replica's `recent` TTFT p95 over this window: it must be the sidecar's default.
+    #[test]
+    fn the_simulated_sidecar_uses_the_shipped_latency_window() {
+        let a = Cli::parse_from(["sidecar", "--vllm-url", "http://127.0.0.1:8000"]).args;
+        assert_eq!(a.latency_window, tessera_core::scale::inputs::RECENT_WINDOW);
+    }
+}

@@ -361,8 +361,13 @@ impl State {
     /// with fewer than two scrapes in that span).
     pub fn recent_latency(&self) -> Option<RecentLatency> {
         let last = self.window.back()?;
-        let from = last.obs.at_secs - self.settings.latency_window_secs;
-        let first = self.window.iter().find(|s| s.obs.at_secs >= from)?;
+        // The same rule the simulator applies to its scrapes (`core::scale::inputs::window_start`).
+        let first = tessera_core::scale::inputs::window_start(
+            self.window.iter(),
+            |s| s.obs.at_secs,
+            last.obs.at_secs,
+            std::time::Duration::from_secs_f64(self.settings.latency_window_secs.max(0.0)),
+        )?;
         let elapsed = last.obs.at_secs - first.obs.at_secs;
         (elapsed > 0.0).then(|| {
             let w = WindowSummary::between(&first.snapshot, &last.snapshot, elapsed);

@@ -427,3 +427,24 @@ async fn serve_ready(State(h): State<Arc<Health>>) -> impl IntoResponse {
         (StatusCode::SERVICE_UNAVAILABLE, "starting")
     }
 }
+
+#[cfg(test)]
+mod default_tests {
+    use clap::Parser;
+    use tessera_core::scale::inputs;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: super::Args,
+    }
+
+    /// The simulator feeds `core::scale::inputs` with these constants: they must be the controller's defaults.
+    #[test]
+    fn the_simulated_controller_runs_with_the_shipped_defaults() {
+        let a = Cli::parse_from(["autoscaler"]).args;
+        assert_eq!(a.max_signal_age, inputs::MAX_SIGNAL_AGE);
+        assert_eq!(a.activator_max_age, inputs::ACTIVATOR_MAX_AGE);
+        assert_eq!(a.activator_poll_interval, inputs::ACTIVATOR_POLL_INTERVAL);
+    }
+}

@@ -27,12 +27,13 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
-use tessera_core::scale::{self, ScaleDecision, ScaleInput, ScaleState, Timestamp};
+use tessera_core::scale::{self, ScaleDecision, ScaleState, Timestamp};
 use tessera_core::wire::activator::{model_key, split_model_key};
+use tessera_core::wire::sidecar::SidecarStatus;
 use tracing::{debug, info, instrument, warn};
 
 use super::metrics::Metrics;
-use super::signals::{ActivatorPoller, SignalSource, demand_from, replica_signals};
+use super::signals::{ActivatorPoller, SignalSource, demand_from};
 use super::status::{self, Applied};
 use crate::crd::{self, InferenceAutoscaler, InferenceAutoscalerStatus};
 
@@ -338,40 +339,33 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .collect::<Vec<_>>();
     let statuses =
         futures::future::join_all(ready_pods.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
-    let mut replicas = Vec::with_capacity(statuses.len());
     let mut recommendations = Vec::new();
     let mut preempting = false;
     let mut docs = Vec::with_capacity(ready_pods.len());
     for ((pod, url), result) in ready_pods.iter().zip(statuses) {
         match result {
             Ok(st) => {
-                docs.push(st.clone());
-                let signals = replica_signals(&st, ctx.settings.max_signal_age);
-                preempting |= signals.fresh
+                let fresh = scale::inputs::replica_signals(&st, ctx.settings.max_signal_age).fresh;
+                preempting |= fresh
                     && st
                         .window
                         .as_ref()
                         .and_then(|w| w.preemptions)
                         .is_some_and(|p| p > 0.0);
-                if signals.fresh
-                    && let Some(r) = st.recommendation()
-                {
+                if fresh && let Some(r) = st.recommendation() {
                     recommendations.push(r.clone());
                 }
-                replicas.push(signals);
+                docs.push(Some(st));
             }
             Err(e) => {
                 debug!(%pod, %url, error = %e, "sidecar status unavailable: counted as missing");
                 ctx.metrics.scrape_failure("sidecar", e.label());
-                replicas.push(scale::ReplicaSignals {
-                    fresh: false,
-                    ..Default::default()
-                });
+                docs.push(None);
             }
         }
     }
 
-    // 4. Demand.
+    // 4. Demand, and the decision's input: the same shaping the simulator uses (`core::scale::inputs`).
     let keys: Vec<String> = spec.model_names.iter().map(|m| model_key(&ns, m)).collect();
     let now_ms = crate::unix_ms(now_sys);
     let demand = demand_from(
@@ -380,12 +374,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         now_ms,
         ctx.settings.activator_max_age,
     );
-    let mut input = ScaleInput {
-        current_replicas: current,
-        ready_replicas: u32::try_from(ready_pods.len()).unwrap_or(u32::MAX),
-        replicas,
-        demand,
-    };
+    let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Option::as_ref).collect();
+    let mut input = scale::inputs::scale_input(current, &read, ctx.settings.max_signal_age, demand);
 
     // 5. Decide and act.
     let now = timestamp(now_sys);
@@ -443,7 +433,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         crate::ui::observe::model_from_reconcile(
             obj,
             &policy,
-            &docs,
+            &docs.iter().flatten().cloned().collect::<Vec<_>>(),
             &decision,
             input.ready_replicas,
             now.as_millis(),
@@ -805,3 +795,7 @@ fn k8s_time(t: SystemTime) -> Time {
 #[cfg(test)]
 #[path = "reconcile_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "sim_parity_tests.rs"]
+mod sim_parity_tests;

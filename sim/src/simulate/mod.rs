@@ -15,6 +15,7 @@
 
 pub mod bound;
 pub mod html;
+pub mod observe;
 pub mod peers;
 pub mod report;
 pub mod scenario;

@@ -124,8 +124,8 @@ pub struct StrategySettings {
     /// How often replicas are scraped (signals, recommendation observations, utilization samples).
     #[serde(with = "humantime_serde")]
     pub scrape_interval: Duration,
-    /// The window a replica's p95 TTFT signal covers: the sidecar's `--window` (10 min by default), over
-    /// vLLM's bucketed histogram, as the sidecar reports it.
+    /// The window a replica's p95 TTFT signal covers: the sidecar's `--latency-window` (1 min by default, its
+    /// `recent` latency, which the controller's SLO guard reads), over vLLM's bucketed histogram.
     #[serde(with = "humantime_serde")]
     pub ttft_window: Duration,
     /// The window of the HPA and AIBrix baselines' request rate (a Prometheus `rate()`); Tessera's rate is the
@@ -166,7 +166,7 @@ impl Default for StrategySettings {
         StrategySettings {
             sync_period: Duration::from_secs(15),
             scrape_interval: Duration::from_secs(5),
-            ttft_window: tessera_core::scale::inputs::SIDECAR_WINDOW,
+            ttft_window: tessera_core::scale::inputs::RECENT_WINDOW,
             rate_window: Duration::from_secs(60),
             static_attainment_target: 0.99,
             pod_start: Duration::from_secs(20),

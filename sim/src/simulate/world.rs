@@ -19,10 +19,12 @@ use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
 use tessera_core::scale::inputs;
 use tessera_core::scale::{
-    Behavior, Demand, ReplicaSignals, ScaleInput, ScalePolicy, ScaleState, ScaleToZero, ScalingRules,
-    Targets, Timestamp, decide,
+    Behavior, ScalePolicy, ScaleState, ScaleToZero, ScalingRules, Targets, Timestamp, decide,
 };
+use tessera_core::wire::activator::model_key;
+use tessera_core::wire::sidecar::{SidecarStatus, SnapshotSummary};
 
+use super::observe::{self, Scrape};
 use super::peers::{
     AIBRIX_KV_TARGET, AIBRIX_SCALE_DOWN_COOLDOWN_S, AIBRIX_TOLERANCE, ConcurrencyRule, ConcurrencyState,
     KEDA_HOLD_TIMEOUT_S, concurrency_desired,
@@ -196,6 +198,9 @@ pub struct RunResult {
     pub report: StrategyReport,
     /// Every replica's observation history (for calibration).
     pub histories: Vec<ReplicaHistory>,
+    /// Every replica-count decision with what it was decided on, when asked for
+    /// ([`World::recording_decisions`]).
+    pub decisions: Vec<observe::DecisionRecord>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -251,9 +256,10 @@ struct Replica {
     generation: u64,
     observations: Vec<Observation>,
     last_busy: f64,
-    /// Its cumulative TTFT and inter-token histograms at each scrape while ready, back to the recommendation
-    /// window: the window's latency is the difference of two, as the sidecar computes it.
-    latency: VecDeque<(f64, Histogram, Histogram)>,
+    /// Its scrapes while ready (gauges and cumulative TTFT and inter-token histograms), back to the longer of
+    /// the recommendation window and the latency window: a window's latency is the difference of two, as the
+    /// sidecar computes it.
+    scrapes: VecDeque<Scrape>,
     memory: MemoryFacts,
     /// The shared GPU it is packed on (packing strategies).
     gpu: Option<GpuId>,
@@ -274,6 +280,8 @@ struct ModelRt {
     replicas: Vec<usize>,
     held: VecDeque<usize>,
     recent: VecDeque<f64>,
+    /// Requests that have arrived so far (the activator's `requests_total`).
+    arrived: u64,
     last_request_at: Option<f64>,
     next_arrival: usize,
     requests: Vec<ReqState>,
@@ -320,6 +328,8 @@ pub struct World<'a> {
     /// FNV-1a over (model, arrival) in the order the arrivals were processed.
     processed_digest: u64,
     processed: u64,
+    /// Set by [`World::recording_decisions`].
+    decisions: Option<Vec<observe::DecisionRecord>>,
 }
 
 const CHART_POINTS: f64 = 720.0;
@@ -350,6 +360,7 @@ impl<'a> World<'a> {
                 replicas: Vec::new(),
                 held: VecDeque::new(),
                 recent: VecDeque::new(),
+                arrived: 0,
                 last_request_at: None,
                 next_arrival: 0,
                 requests: vec![ReqState::default(); sc.arrivals[i].len()],
@@ -400,6 +411,7 @@ impl<'a> World<'a> {
             events: Vec::new(),
             processed_digest: 0xcbf2_9ce4_8422_2325,
             processed: 0,
+            decisions: None,
         };
         for m in 0..n {
             if !w.active[m] {
@@ -437,6 +449,13 @@ impl<'a> World<'a> {
             seq: self.seq,
             ev,
         });
+    }
+
+    /// Keeps every replica-count decision with the documents it was decided on (for the controller parity
+    /// test; costs memory on long runs).
+    pub fn recording_decisions(mut self) -> Self {
+        self.decisions = Some(Vec::new());
+        self
     }
 
     /// Runs to the end (duration plus the drain allowance), reporting progress in virtual seconds.
@@ -640,7 +659,7 @@ impl<'a> World<'a> {
             generation: 0,
             observations: Vec::new(),
             last_busy: 0.0,
-            latency: VecDeque::new(),
+            scrapes: VecDeque::new(),
             memory,
             gpu: placed,
         });
@@ -706,6 +725,7 @@ impl<'a> World<'a> {
         self.processed += 1;
         let rt = &mut self.models[m];
         rt.recent.push_back(self.now);
+        rt.arrived += 1;
         rt.last_request_at = Some(self.now);
         if !self.route(m, i) {
             self.models[m].held.push_back(i);
@@ -877,10 +897,22 @@ impl<'a> World<'a> {
                 preemptions_total: Some(st.num_preemptions as f64),
                 sm_utilization: Some(sm),
             });
-            rep.latency.push_back((now, st.ttft.clone(), st.itl.clone()));
+            rep.scrapes.push_back(Scrape {
+                at: now,
+                snapshot: SnapshotSummary {
+                    at: now,
+                    kv_cache_usage_ratio: Some(st.kv_usage),
+                    requests_running: Some(st.running as f64),
+                    requests_waiting: Some(st.waiting as f64),
+                    preemptions_total: Some(st.num_preemptions as f64),
+                    ..SnapshotSummary::default()
+                },
+                ttft: st.ttft.clone(),
+                itl: st.itl.clone(),
+            });
             // Keep one snapshot at or before the window's start, the base of the window's difference.
-            while rep.latency.get(1).is_some_and(|&(at, _, _)| at <= rec_horizon) {
-                rep.latency.pop_front();
+            while rep.scrapes.get(1).is_some_and(|s| s.at <= rec_horizon) {
+                rep.scrapes.pop_front();
             }
         }
         if now < self.sc.duration {
@@ -962,65 +994,75 @@ impl<'a> World<'a> {
             .copied()
             .filter(|&r| self.replicas[r].phase == Phase::Ready)
             .collect();
-        let ttft_horizon = self.now - self.sc.settings.ttft_window.as_secs_f64();
-        let signals = ready
+        // What the controller reads: each ready replica's sidecar status and the activator's last two documents,
+        // turned into the decision's input by the controller's own functions (`core::scale::inputs`).
+        let settings = &self.sc.settings;
+        let docs: Vec<SidecarStatus> = ready
             .iter()
             .map(|&r| {
-                let rep = &self.replicas[r];
-                let st = rep.engine.stats();
-                // What the sidecar reports: its vLLM TTFT histogram's gain over the window, bucketed.
-                let base = rep
-                    .latency
-                    .iter()
-                    .rev()
-                    .find(|(at, _, _)| *at <= ttft_horizon)
-                    .map(|(_, t, _)| t.to_cumulative());
-                ReplicaSignals {
-                    kv_cache_usage: Some(st.kv_usage),
-                    waiting: Some(st.waiting as u32),
-                    running: Some(st.running as u32),
-                    ttft_p95: inputs::window_ttft_p95(&st.ttft.to_cumulative(), base.as_ref()),
-                    fresh: true,
-                }
+                observe::sidecar_status(
+                    self.replicas[r].scrapes.iter(),
+                    self.now,
+                    settings.scrape_interval,
+                    settings.ttft_window,
+                )
             })
             .collect();
+        let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Some).collect();
         let rt = &self.models[m];
-        let in_flight: usize = self.models[m]
+        let in_flight: usize = rt
             .replicas
             .iter()
             .filter(|&&r| self.replicas[r].phase != Phase::Gone)
             .map(|&r| self.replicas[r].engine.in_flight())
             .sum();
-        let rps = if self.plan.kind == StrategyKind::Tessera {
-            // What the controller gets from the activator: the request counter's delta over its last poll.
-            let poll = inputs::ACTIVATOR_POLL_INTERVAL;
-            let now = Duration::from_secs_f64(self.now);
-            let earlier = now.saturating_sub(poll);
-            let total = rt.recent.len() as u64;
-            let before = rt.recent.iter().filter(|&&t| t <= earlier.as_secs_f64()).count() as u64;
-            inputs::poll_rate(before, earlier, total, now).unwrap_or(0.0)
-        } else {
-            // A Prometheus-style rate over `rate_window` (HPA's external metric, AIBrix's).
-            let window = self.sc.settings.rate_window.as_secs_f64();
+        let poll = inputs::ACTIVATOR_POLL_INTERVAL;
+        let since_poll = rt
+            .recent
+            .iter()
+            .rev()
+            .take_while(|&&t| t > self.now - poll.as_secs_f64())
+            .count() as u64;
+        let latest = observe::ActivatorCounts {
+            requests_total: rt.arrived,
+            in_flight: in_flight as u64,
+            queued: rt.held.len() as u64,
+            last_request_at_ms: rt.last_request_at.map(secs_to_ms),
+        };
+        let previous = observe::ActivatorCounts {
+            requests_total: rt.arrived - since_poll,
+            ..latest
+        };
+        let now_ms = now_ts.as_millis();
+        let key = model_key(observe::NAMESPACE, &self.sc.models[m].name);
+        let sample = observe::activator_sample(&key, now_ms, poll, previous, latest);
+        let mut demand = inputs::demand_from(
+            std::slice::from_ref(&sample),
+            std::slice::from_ref(&key),
+            now_ms,
+            inputs::ACTIVATOR_MAX_AGE,
+        );
+        if self.plan.kind != StrategyKind::Tessera {
+            // HPA's and AIBrix's rate is a Prometheus-style rate over `rate_window` (their external metric).
+            let window = settings.rate_window.as_secs_f64();
             let horizon = self.now - window;
             let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
-            recent as f64 / window.min(self.now.max(1.0))
-        };
-        let input = ScaleInput {
-            current_replicas: live.len() as u32,
-            ready_replicas: ready.len() as u32,
-            replicas: signals,
-            demand: Demand {
-                requests_per_second: Some(rps),
-                in_flight: in_flight as u32,
-                queued_at_activator: rt.held.len() as u32,
-                // An activator that has seen nothing since it started reports its start time.
-                last_request_at: Some(Timestamp::from_millis(
-                    (rt.last_request_at.unwrap_or(0.0) * 1000.0).round() as u64,
-                )),
-            },
-        };
+            demand.requests_per_second = Some(recent as f64 / window.min(self.now.max(1.0)));
+        }
+        let input = inputs::scale_input(live.len() as u32, &read, inputs::MAX_SIGNAL_AGE, demand);
         let d = decide(&input, &policy, &rt.state, now_ts);
+        if let Some(log) = self.decisions.as_mut() {
+            log.push(observe::DecisionRecord {
+                model: m,
+                at_ms: now_ms,
+                current_replicas: input.current_replicas,
+                sidecars: docs,
+                activator: sample,
+                policy: policy.clone(),
+                state: rt.state.clone(),
+                decision: d.clone(),
+            });
+        }
         self.models[m].state.record(&d, now_ts);
         if d.is_change() {
             let key = match d.leading_signal {
@@ -1109,7 +1151,7 @@ impl<'a> World<'a> {
                 let start = rep.observations.partition_point(|o| o.at_secs < horizon);
                 // The window's latency: the replica's histograms now minus at the window's start (or since
                 // it started, when it is younger than the window), measured at the share it runs with.
-                let base = rep.latency.iter().rev().find(|(at, _, _)| *at <= horizon);
+                let base = rep.scrapes.iter().rev().find(|s| s.at <= horizon);
                 let st = rep.engine.stats();
                 let input = recommend::Input {
                     window: &rep.observations[start..],
@@ -1119,8 +1161,8 @@ impl<'a> World<'a> {
                     compute: compute_facts(
                         &self.sc.models[m],
                         rep.compute_fraction,
-                        window_p95(&st.ttft, base.map(|(_, t, _)| t)),
-                        window_p95(&st.itl, base.map(|(_, _, i)| i)),
+                        window_p95(&st.ttft, base.map(|s| &s.ttft)),
+                        window_p95(&st.itl, base.map(|s| &s.itl)),
                     ),
                 };
                 if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
@@ -1328,7 +1370,11 @@ impl<'a> World<'a> {
                 observations: r.observations,
             })
             .collect();
-        RunResult { report, histories }
+        RunResult {
+            report,
+            histories,
+            decisions: self.decisions.take().unwrap_or_default(),
+        }
     }
 }
 
@@ -1476,4 +1522,9 @@ pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Reco
             best
         })
         .collect()
+}
+
+/// Virtual seconds as the milliseconds the activator's documents and the decision's timestamps carry.
+fn secs_to_ms(secs: f64) -> u64 {
+    (secs * 1000.0).round().max(0.0) as u64
 }

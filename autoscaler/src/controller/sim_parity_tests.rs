@@ -1,0 +1,328 @@
+//! The controller and the simulator decide alike from the same observations.
+//!
+//! The simulator runs the default scenario with Tessera and records, for every replica-count decision, the
+//! documents the controller would have fetched at that instant (each ready replica's sidecar `/v1/status`, the
+//! activator's last two stats documents), the model's history and the decision. Each recorded instant is then
+//! replayed through the controller's real `reconcile`: an API server answering the target's `/scale` and pods, the
+//! sidecars and the activator answering the recorded documents, the clock at the recorded time and the model's
+//! history loaded. The controller must write the replica count the simulator decided (or leave it), for the same
+//! reason, and end with the same history.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use http::{Method, Request, Response};
+use http_body_util::BodyExt;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+use tessera_core::scale::ScalePolicy;
+use tessera_core::wire::activator::ActivatorStats;
+use tessera_core::wire::sidecar::SidecarStatus;
+use tessera_sim::simulate::observe::{DecisionRecord, NAMESPACE};
+use tessera_sim::simulate::scenario::{self, Source};
+use tessera_sim::simulate::world::{Plan, StrategyKind, World};
+
+use super::*;
+use crate::controller::metrics::Metrics;
+use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
+
+/// Sidecars answer their recorded documents by URL; the activator answers its two recorded documents in turn,
+/// then (a re-poll before a scale to zero) the latest again, observed a moment later.
+struct Recorded {
+    sidecars: HashMap<String, SidecarStatus>,
+    activator: Mutex<VecDeque<ActivatorStats>>,
+}
+
+impl SignalSource for Recorded {
+    fn sidecar_status(&self, base: &str) -> BoxFuture<'_, Result<SidecarStatus, FetchError>> {
+        let r = self.sidecars.get(base).cloned().ok_or(FetchError::Connect {
+            url: base.to_owned(),
+            message: "no such replica".into(),
+        });
+        Box::pin(async move { r })
+    }
+    fn activator_stats(&self, _base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>> {
+        let mut docs = self.activator.lock().unwrap();
+        let doc = if docs.len() > 1 {
+            docs.pop_front()
+        } else {
+            docs.front_mut().map(|d| {
+                d.observed_at_unix_ms += 10;
+                d.clone()
+            })
+        };
+        Box::pin(async move { Ok(doc.unwrap()) })
+    }
+}
+
+/// The `InferenceAutoscaler` spec a user would write for the simulated policy.
+fn spec_for(name: &str, p: &ScalePolicy) -> Value {
+    let secs = |d: Duration| format!("{}ms", d.as_millis());
+    let mut targets = serde_json::Map::new();
+    if let Some(v) = p.targets.kv_cache_utilization {
+        targets.insert("kvCacheUtilization".into(), json!(v));
+    }
+    if let Some(v) = p.targets.waiting_requests_per_replica {
+        targets.insert("waitingRequestsPerReplica".into(), json!(v));
+    }
+    if let Some(v) = p.targets.ttft_p95 {
+        targets.insert("ttftP95".into(), json!(secs(v)));
+    }
+    if let Some(v) = p.targets.requests_per_second_per_replica {
+        targets.insert("requestsPerSecondPerReplica".into(), json!(v));
+    }
+    let mut spec = json!({
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+        "minReplicas": p.min_replicas, "maxReplicas": p.max_replicas,
+        "targets": targets, "modelNames": [name],
+    });
+    if let Some(slo) = p.ttft_slo {
+        spec["ttftSlo"] = json!(secs(slo));
+    }
+    if let Some(z) = &p.scale_to_zero {
+        spec["scaleToZero"] = json!({"idleAfter": secs(z.idle_after)});
+    }
+    spec
+}
+
+/// What the API server saw during one reconcile.
+#[derive(Default)]
+struct Seen {
+    scaled_to: Option<i64>,
+    status: Option<Value>,
+    unexpected: Vec<String>,
+}
+
+/// Answers the reconcile's API calls: `/scale` at `current`, the pods (ready ones first, with the IPs the
+/// sidecar documents are served at), the scale write, Events and the status write.
+async fn api_server(
+    mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    name: String,
+    current: u32,
+    ready: usize,
+    ias: Value,
+    seen: Arc<Mutex<Seen>>,
+) {
+    while let Some((req, send)) = handle.next_request().await {
+        let path = req.uri().path().to_owned();
+        let method = req.method().clone();
+        let bytes = req.into_body().collect().await.unwrap().to_bytes();
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let scale = |r: i64| {
+            json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+                   "metadata": {"name": name, "namespace": NAMESPACE, "resourceVersion": "100"},
+                   "spec": {"replicas": r}, "status": {"replicas": r, "selector": format!("app={name}")}})
+        };
+        let (status, answer) = if path.ends_with("/scale") && method == Method::GET {
+            (200, scale(i64::from(current)))
+        } else if path.ends_with("/scale") && method == Method::PATCH {
+            let r = body["spec"]["replicas"].as_i64().unwrap();
+            seen.lock().unwrap().scaled_to = Some(r);
+            (200, scale(r))
+        } else if path.ends_with("/pods") && method == Method::GET {
+            let pods: Vec<Value> = (0..current as usize)
+                .map(|i| {
+                    json!({"metadata": {"name": format!("{name}-{i}"), "namespace": NAMESPACE},
+                           "status": {"podIP": format!("10.0.0.{}", i + 1), "conditions": [
+                               {"type": "Ready", "status": if i < ready { "True" } else { "False" }}]}})
+                })
+                .collect();
+            (
+                200,
+                json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
+            )
+        } else if path.ends_with("/events") && method == Method::POST {
+            (201, body)
+        } else if path.ends_with("/status") && method == Method::PATCH {
+            seen.lock().unwrap().status = Some(body["status"].clone());
+            (200, ias.clone())
+        } else {
+            seen.lock().unwrap().unexpected.push(format!("{method} {path}"));
+            (404, json!({"kind": "Status", "code": 404}))
+        };
+        send.send_response(
+            Response::builder()
+                .status(status)
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap(),
+        );
+    }
+}
+
+/// Replays one recorded decision through the controller's reconcile; returns the replica count it wrote (if
+/// any), its status and the model's history after it.
+async fn replay(name: &str, rec: &DecisionRecord) -> (Option<i64>, Value, tessera_core::scale::ScaleState) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, NAMESPACE);
+    let obj: Arc<InferenceAutoscaler> = Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": "u-1", "resourceVersion": "5",
+                         "generation": 1},
+            "spec": spec_for(name, &rec.policy),
+        }))
+        .unwrap(),
+    );
+    assert_eq!(
+        obj.spec.to_policy().unwrap(),
+        rec.policy,
+        "the spec must give the simulated policy"
+    );
+    let sidecars = rec
+        .sidecars
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (format!("http://10.0.0.{}:9090", i + 1), d.clone()))
+        .collect();
+    let mut docs = VecDeque::new();
+    docs.extend(rec.activator.previous.clone());
+    docs.extend(rec.activator.latest.clone());
+    let clock_ms = rec.at_ms;
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        signals: Arc::new(Recorded {
+            sidecars,
+            activator: Mutex::new(docs),
+        }),
+        activators: ActivatorPoller::new(&["http://activator:8080".to_owned()]),
+        metrics: Arc::new(Metrics::new()),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "tessera-autoscaler".into(),
+                instance: None,
+            },
+        ),
+        settings: Settings {
+            sync_period: Duration::from_secs(15),
+            sidecar_port: 9090,
+            max_signal_age: tessera_core::scale::inputs::MAX_SIGNAL_AGE,
+            activator_max_age: tessera_core::scale::inputs::ACTIVATOR_MAX_AGE,
+            rollout: tessera_core::rollout::RolloutConfig::default(),
+        },
+        clock: Arc::new(move || UNIX_EPOCH + Duration::from_millis(clock_ms)),
+        states: Mutex::new(HashMap::from([(
+            format!("{NAMESPACE}/{name}"),
+            rec.state.clone(),
+        )])),
+        last_runs: Mutex::new(HashMap::new()),
+        woken: Mutex::new(HashSet::new()),
+        rolling: crate::controller::rollout::Rolling::default(),
+        ui: Arc::new(crate::ui::Store::new(
+            Default::default(),
+            false,
+            0,
+            Duration::from_secs(600),
+        )),
+    });
+    // The poller's two documents, fetched one poll apart as the controller's loop does.
+    let poll_ms = tessera_core::scale::inputs::ACTIVATOR_POLL_INTERVAL.as_millis() as u64;
+    let age = tessera_core::scale::inputs::ACTIVATOR_MAX_AGE;
+    if rec.activator.previous.is_some() {
+        ctx.activators
+            .poll_once(ctx.signals.as_ref(), &ctx.metrics, clock_ms - poll_ms, age)
+            .await;
+    }
+    ctx.activators
+        .poll_once(ctx.signals.as_ref(), &ctx.metrics, clock_ms, age)
+        .await;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let server = tokio::spawn(api_server(
+        handle,
+        name.to_owned(),
+        rec.current_replicas,
+        rec.sidecars.len(),
+        serde_json::to_value(&*obj).unwrap(),
+        seen.clone(),
+    ));
+    reconcile(obj, ctx.clone()).await.unwrap();
+    let state = ctx.states.lock().unwrap()[&format!("{NAMESPACE}/{name}")].clone();
+    drop(ctx);
+    server.abort();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        seen.unexpected.is_empty(),
+        "unexpected API calls: {:?}",
+        seen.unexpected
+    );
+    (seen.scaled_to, seen.status.unwrap_or(Value::Null), state)
+}
+
+#[tokio::test]
+async fn the_controller_decides_what_the_simulator_decided() {
+    // Forty minutes of the default scenario: long enough for scale-ups, holds, scale-downs and scale to zero.
+    let sc = scenario::load(&Source::Default, None, Some(Duration::from_secs(40 * 60))).unwrap();
+    let plan = Plan {
+        kind: StrategyKind::Tessera,
+        static_replicas: Vec::new(),
+        initial_recommendations: vec![None; sc.models.len()],
+        only_models: Vec::new(),
+    };
+    let run = World::new(&sc, plan)
+        .unwrap()
+        .recording_decisions()
+        .run(&mut |_| {})
+        .unwrap();
+    let records = run.decisions;
+    // Every change the simulator made, and every 25th hold.
+    let mut picked: Vec<&DecisionRecord> = Vec::new();
+    let mut holds = 0;
+    for r in &records {
+        if r.decision.is_change() {
+            picked.push(r);
+        } else {
+            holds += 1;
+            if holds % 25 == 0 {
+                picked.push(r);
+            }
+        }
+    }
+    let reasons: HashSet<&str> = picked.iter().map(|r| r.decision.reason.label()).collect();
+    for needed in ["scale_up", "scale_down", "scale_to_zero", "scale_from_zero"] {
+        assert!(
+            reasons.contains(needed),
+            "the replay must cover {needed}; it covers {reasons:?}"
+        );
+    }
+    for rec in &picked {
+        let name = &sc.models[rec.model].name;
+        let (scaled_to, status, state) = replay(name, rec).await;
+        let at = format!(
+            "{name} at {:.0} s ({})",
+            rec.at_ms as f64 / 1000.0,
+            rec.decision.message
+        );
+        let want = rec
+            .decision
+            .is_change()
+            .then_some(i64::from(rec.decision.desired_replicas));
+        assert_eq!(scaled_to, want, "{at}");
+        assert_eq!(
+            status["desiredReplicas"],
+            json!(rec.decision.desired_replicas),
+            "{at}"
+        );
+        assert_eq!(
+            status["lastDecisionReason"],
+            json!(rec.decision.reason.label()),
+            "{at}"
+        );
+        let mut expected = rec.state.clone();
+        expected.record(
+            &rec.decision,
+            tessera_core::scale::Timestamp::from_millis(rec.at_ms),
+        );
+        assert_eq!(state, expected, "{at}: the history after the decision");
+    }
+    eprintln!(
+        "replayed {} of {} decisions through the controller ({} changes), reasons {reasons:?}",
+        picked.len(),
+        records.len(),
+        picked.iter().filter(|r| r.decision.is_change()).count()
+    );
+}

@@ -1,0 +1,177 @@
+//! What the controller would read at an instant: the documents a replica's sidecar and the model's activator
+//! would serve, written from the simulated engines.
+//!
+//! The simulator does not shape the autoscaler's inputs itself. It writes these documents and hands them to
+//! [`tessera_core::scale::inputs`], the functions the controller runs on the documents it fetches, so the
+//! simulated decision is the shipped decision on the same observations: the sidecar's snapshot is its last
+//! scrape (up to a scrape interval old), its TTFT p95 is vLLM's bucketed histogram differenced over the
+//! sidecar's `--latency-window` between two scrapes, and the rate is the activator's request counter differenced
+//! over one poll.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tessera_core::recommend::{NotYetCode, Outcome};
+use tessera_core::scale::inputs::{self, ActivatorSample};
+use tessera_core::scale::{ScaleDecision, ScalePolicy, ScaleState};
+use tessera_core::wire::activator::{self, ActivatorStats, ModelStats};
+use tessera_core::wire::sidecar::{
+    Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
+    SnapshotSummary,
+};
+
+use crate::model::Histogram;
+
+/// The namespace the simulated models live in (the activator keys models by `"<namespace>/<model>"`).
+pub const NAMESPACE: &str = "default";
+
+/// One replica-count decision of a run and everything it was made from: what the controller would have fetched
+/// (the sidecar documents of the ready replicas, the activator's last two documents), the policy, the history
+/// before it, and the decision. The controller's reconcile, given the same documents, must decide the same.
+#[derive(Debug, Clone)]
+pub struct DecisionRecord {
+    /// The model (index into the scenario's models).
+    pub model: usize,
+    /// When (ms of virtual time).
+    pub at_ms: u64,
+    /// Replicas starting or ready (the target's `/scale`).
+    pub current_replicas: u32,
+    /// One status per ready replica.
+    pub sidecars: Vec<SidecarStatus>,
+    /// The activator's documents as the controller's poller holds them.
+    pub activator: ActivatorSample,
+    /// The policy decided with.
+    pub policy: ScalePolicy,
+    /// The model's history before the decision.
+    pub state: ScaleState,
+    /// What was decided.
+    pub decision: ScaleDecision,
+}
+
+/// The instance name of the one activator the simulator models (it sees every request of every model).
+const ACTIVATOR: &str = "sim-activator";
+
+/// One scrape of a replica's vLLM page, as the sidecar keeps it.
+#[derive(Debug, Clone)]
+pub struct Scrape {
+    /// When (seconds of virtual time).
+    pub at: f64,
+    /// The gauges of the page.
+    pub snapshot: SnapshotSummary,
+    /// Its cumulative TTFT histogram.
+    pub ttft: Histogram,
+    /// Its cumulative inter-token latency histogram.
+    pub itl: Histogram,
+}
+
+/// The sidecar's `/v1/status` at `now` for a replica whose scrapes (oldest first) are `scrapes`, with a
+/// `--latency-window` of `latency_window`. Only what the autoscaler reads is filled in; the recommendation is
+/// the simulator's own round (it is applied by the simulated webhook, not read through this document).
+pub fn sidecar_status<'a>(
+    scrapes: impl DoubleEndedIterator<Item = &'a Scrape> + Clone,
+    now: f64,
+    scrape_interval: Duration,
+    latency_window: Duration,
+) -> SidecarStatus {
+    let last = scrapes.clone().next_back();
+    let recent = last.and_then(|last| {
+        let first = inputs::window_start(scrapes, |s| s.at, last.at, latency_window)?;
+        (last.at > first.at).then(|| {
+            let ttft = last.ttft.to_cumulative();
+            let base = first.ttft.to_cumulative();
+            RecentLatency {
+                window_secs: latency_window.as_secs_f64(),
+                start: first.at,
+                end: last.at,
+                ttft_seconds: Quantiles {
+                    p95: inputs::window_ttft_p95(&ttft, Some(&base)).map(|d| d.as_secs_f64()),
+                    ..Quantiles::default()
+                },
+                ..RecentLatency::default()
+            }
+        })
+    });
+    SidecarStatus {
+        schema_version: SCHEMA_VERSION,
+        generated_at: now,
+        vllm_url: String::new(),
+        vllm_up: true,
+        ready: last.is_some(),
+        stale: false,
+        scrape: ScrapeStatus {
+            interval_secs: scrape_interval.as_secs_f64(),
+            last_attempt_at: last.map(|s| s.at),
+            last_success_at: last.map(|s| s.at),
+            ..ScrapeStatus::default()
+        },
+        max_model_len: None,
+        latest: last.map(|s| s.snapshot.clone()),
+        window: None,
+        recent,
+        gpu: None,
+        recommendation: RecommendationStatus {
+            computed_at: None,
+            outcome: Outcome::NotYet {
+                code: NotYetCode::TooFewSamples,
+                reason: "the simulator applies its own recommendation round".to_owned(),
+            },
+        },
+        compute: None,
+        memory: None,
+    }
+}
+
+/// A model's counters at the activator at one instant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ActivatorCounts {
+    /// Requests received since the start of the run.
+    pub requests_total: u64,
+    /// Requests forwarded whose response has not finished.
+    pub in_flight: u64,
+    /// Requests held for a replica.
+    pub queued: u64,
+    /// When the last request arrived (ms of virtual time).
+    pub last_request_at_ms: Option<u64>,
+}
+
+/// The activator's stats document for one model `key` observed at `at_ms`.
+pub fn activator_doc(key: &str, at_ms: u64, counts: ActivatorCounts) -> ActivatorStats {
+    let mut models = BTreeMap::new();
+    models.insert(
+        key.to_owned(),
+        ModelStats {
+            requests_total: counts.requests_total,
+            rejected_total: 0,
+            in_flight: counts.in_flight,
+            queued: counts.queued,
+            ready_backends: 0,
+            last_request_at_unix_ms: counts.last_request_at_ms,
+        },
+    );
+    ActivatorStats {
+        schema_version: activator::SCHEMA_VERSION,
+        instance: ACTIVATOR.to_owned(),
+        started_at_unix_ms: 0,
+        observed_at_unix_ms: at_ms,
+        models,
+    }
+}
+
+/// What the controller's poller holds for the activator at `now_ms`: the document of the poll before (one
+/// interval earlier) and the one just fetched.
+pub fn activator_sample(
+    key: &str,
+    now_ms: u64,
+    poll: Duration,
+    previous: ActivatorCounts,
+    latest: ActivatorCounts,
+) -> ActivatorSample {
+    let poll_ms = u64::try_from(poll.as_millis()).unwrap_or(u64::MAX);
+    let previous = (now_ms >= poll_ms && poll_ms > 0).then(|| activator_doc(key, now_ms - poll_ms, previous));
+    ActivatorSample {
+        previous,
+        latest: Some(activator_doc(key, now_ms, latest)),
+        fetched_at_ms: Some(now_ms),
+        last_error: None,
+    }
+}
