@@ -82,7 +82,7 @@ const CSS: &str = r#"
 header{display:flex;align-items:baseline;gap:16px;padding:14px 24px;background:#111827;color:#fff;flex-wrap:wrap}
 header h1{font-size:18px;margin:0}header .meta{color:#c7ced9;font-size:13px}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;background:#374151;color:#fff}
-main{padding:16px 24px;max-width:1600px}
+main{padding:16px 24px;max-width:1920px}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(220px,1fr));gap:12px;margin-bottom:12px}
 .card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:12px 14px}
 .card .label{color:var(--mute);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
