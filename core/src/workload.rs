@@ -134,10 +134,7 @@ pub fn classify(input: &ClassInput) -> Classified {
                 "{steady}, TTFT objective {t} s is over {INTERACTIVE_MAX_TTFT_SECS} s: nobody waits on it"
             ),
         ),
-        (None, None) => done(
-            WorkloadClass::Batch,
-            format!("{steady}, no latency objective"),
-        ),
+        (None, None) => done(WorkloadClass::Batch, format!("{steady}, no latency objective")),
     }
 }
 
@@ -192,7 +189,11 @@ mod tests {
             ttft_objective_secs: Some(1.0),
             ..steady()
         };
-        assert_eq!(class(sparse), WorkloadClass::Bursty, "the traffic shape comes first");
+        assert_eq!(
+            class(sparse),
+            WorkloadClass::Bursty,
+            "the traffic shape comes first"
+        );
         assert!(classify(&sparse).reason.contains("20%"));
         // Exactly half is steady enough.
         let half = ClassInput {

@@ -806,7 +806,10 @@ mod tests {
         assert_eq!(w.active_ratio, Some(0.5));
         // Read back as the autoscaler reads it (serde_json may move a float's last bit: compare within it).
         let json = serde_json::to_string(&st.status(30.0)).unwrap();
-        let back = serde_json::from_str::<SidecarStatus>(&json).unwrap().window.unwrap();
+        let back = serde_json::from_str::<SidecarStatus>(&json)
+            .unwrap()
+            .window
+            .unwrap();
         assert_eq!(back.active_ratio, Some(0.5));
         assert!((back.prefix_cache_hit_ratio.unwrap() - ratio).abs() < 1e-12);
         assert_eq!(back.prefill_time_seconds.count, Some(61.0));

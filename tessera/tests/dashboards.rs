@@ -22,7 +22,9 @@ fn names(page: &str, into: &mut BTreeSet<String>) {
     for line in page.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let mut parts = rest.split_whitespace();
-            let (Some(family), kind) = (parts.next(), parts.next()) else { continue };
+            let (Some(family), kind) = (parts.next(), parts.next()) else {
+                continue;
+            };
             into.insert(family.to_owned());
             let suffixes: &[&str] = match kind {
                 Some("counter") => &["_total"],
@@ -83,7 +85,10 @@ fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 
 /// One `POST /mutate` of a real pod (`testdata/pods/`) to the webhook at `addr` over TLS, trusting `cert`; the raw
 /// HTTP/1.1 answer.
-async fn admit_over_tls(addr: std::net::SocketAddr, cert: rustls::pki_types::CertificateDer<'static>) -> String {
+async fn admit_over_tls(
+    addr: std::net::SocketAddr,
+    cert: rustls::pki_types::CertificateDer<'static>,
+) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
@@ -91,7 +96,9 @@ async fn admit_over_tls(addr: std::net::SocketAddr, cert: rustls::pki_types::Cer
     let config = rustls::ClientConfig::builder()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect to the webhook");
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the webhook");
     let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(
             rustls::pki_types::ServerName::try_from("localhost").expect("a name"),

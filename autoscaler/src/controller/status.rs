@@ -428,7 +428,16 @@ mod tests {
         // A round with nothing classified keeps it; so does the next decision's status.
         set_workload_class(&mut st, None);
         let d = decision(2, 2, ScaleReason::WithinTolerance, false);
-        let next = after_decision(Some(&st), None, "Deployment/a", 2, &d, &Applied::Unchanged, None, &time(1));
+        let next = after_decision(
+            Some(&st),
+            None,
+            "Deployment/a",
+            2,
+            &d,
+            &Applied::Unchanged,
+            None,
+            &time(1),
+        );
         assert_eq!(next.workload_class.as_deref(), Some("bursty"));
         let json = serde_json::to_value(&next).unwrap();
         assert_eq!(json["workloadClass"], "bursty");

@@ -730,6 +730,7 @@ pub fn render(view: &View, history: &History) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -783,12 +784,27 @@ mod tests {
             page[at..end].to_owned()
         };
         let chat = row("chat");
-        assert!(chat.contains(r#"<span class="cls cls-interactive">interactive</span>"#), "{chat}");
-        assert!(chat.contains("TTFT objective 2 s"), "the reason is the tooltip: {chat}");
-        assert!(chat.contains(r#"<td class="prefix" data-v="0.42""#) && chat.contains(">42%</td>"), "{chat}");
-        assert!(chat.contains("250 ms · 3.50 s<span class=\"s\">p50 100 ms · 1.25 s</span>"), "{chat}");
+        assert!(
+            chat.contains(r#"<span class="cls cls-interactive">interactive</span>"#),
+            "{chat}"
+        );
+        assert!(
+            chat.contains("TTFT objective 2 s"),
+            "the reason is the tooltip: {chat}"
+        );
+        assert!(
+            chat.contains(r#"<td class="prefix" data-v="0.42""#) && chat.contains(">42%</td>"),
+            "{chat}"
+        );
+        assert!(
+            chat.contains("250 ms · 3.50 s<span class=\"s\">p50 100 ms · 1.25 s</span>"),
+            "{chat}"
+        );
         let old = row("old");
-        assert!(old.contains(r#"<td class="l class mute" data-v="">—</td>"#), "{old}");
+        assert!(
+            old.contains(r#"<td class="l class mute" data-v="">—</td>"#),
+            "{old}"
+        );
         assert!(old.contains("— · —<span class=\"s\">p50 — · —</span>"), "{old}");
         // Header and cells agree: as many headers as cells in a row.
         let headers = page.matches("<th>").count() + page.matches("<th ").count();

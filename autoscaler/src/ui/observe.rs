@@ -219,6 +219,7 @@ pub fn gpus_from_pool(index: &crate::pool::PoolIndex, pool: &str, memory_mib: u6
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::pool::state::{Reservation, encode_reservations};
     use k8s_openapi::api::core::v1::Pod;
@@ -228,8 +229,13 @@ mod tests {
     }
 
     /// A fresh replica's document: `window` as given, no recommendation yet.
-    fn doc(window: Option<tessera_core::wire::sidecar::WindowStatus>, ttft_slo: Option<f64>) -> SidecarStatus {
-        use tessera_core::wire::sidecar::{ComputeStatus, RecommendationStatus, ScrapeStatus, SnapshotSummary};
+    fn doc(
+        window: Option<tessera_core::wire::sidecar::WindowStatus>,
+        ttft_slo: Option<f64>,
+    ) -> SidecarStatus {
+        use tessera_core::wire::sidecar::{
+            ComputeStatus, RecommendationStatus, ScrapeStatus, SnapshotSummary,
+        };
         SidecarStatus {
             schema_version: 1,
             generated_at: 100.0,
@@ -308,13 +314,22 @@ mod tests {
         // Only older sidecars: every new figure unknown; the class still reads the request rate.
         let m = model_from_sidecars("ml", "chat", replicas, &[doc(Some(old), None)]);
         assert_eq!(
-            (m.signals.prefix_cache_hit_ratio, m.signals.prefill_p95, m.signals.decode_p95),
+            (
+                m.signals.prefix_cache_hit_ratio,
+                m.signals.prefill_p95,
+                m.signals.decode_p95
+            ),
             (None, None, None)
         );
         assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Batch);
 
         // Activity in a fifth of the scrapes: bursty, objective or not.
-        let m = model_from_sidecars("ml", "chat", replicas, &[doc(Some(new(0.0, 0.1, 1.0, 0.2)), Some(2.0))]);
+        let m = model_from_sidecars(
+            "ml",
+            "chat",
+            replicas,
+            &[doc(Some(new(0.0, 0.1, 1.0, 0.2)), Some(2.0))],
+        );
         assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Bursty);
         // No window yet: unknown.
         let m = model_from_sidecars("ml", "chat", replicas, &[doc(None, None)]);
