@@ -279,7 +279,7 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
         &browser,
         &work.path().join("profile-shot"),
         &[
-            "--window-size=1880,1000",
+            "--window-size=1920,1000",
             "--virtual-time-budget=2000",
             &format!("--screenshot={}", png.display()),
         ],

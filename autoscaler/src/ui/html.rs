@@ -94,7 +94,7 @@ main{padding:16px 24px;max-width:1920px}
 h2{font-size:16px;margin:18px 0 8px}
 .note{color:var(--mute);font-size:13px;margin:4px 0 10px}
 table{border-collapse:collapse;width:100%;background:var(--card);border:1px solid var(--line);border-radius:8px;font-size:13px}
-th,td{padding:6px 8px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap;vertical-align:top}
+th,td{padding:5px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap;vertical-align:top}
 th{background:#eef1f5;font-weight:600;cursor:pointer;user-select:none;position:sticky;top:0}
 th:first-child,td:first-child,td.l,th.l{text-align:left}
 th.sorted-asc::after{content:" ▲"}th.sorted-desc::after{content:" ▼"}
