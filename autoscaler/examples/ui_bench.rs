@@ -15,6 +15,7 @@ use tessera_autoscaler::ui::view::{
 use tessera_autoscaler::ui::{Store, now_ms};
 use tessera_core::recommend::{Recommendation, Source};
 use tessera_core::scale::ScaleReason;
+use tessera_core::workload::{ClassInput, classify};
 
 const MODELS: usize = 50;
 const GPUS: usize = 20;
@@ -45,6 +46,12 @@ fn model(i: usize, at_ms: u64) -> ModelObservation {
             ttft_slo: Some(0.5),
             itl_slo: Some(0.05),
             preemptions: Some(0.0),
+            prefix_cache_hit_ratio: Some((i % 10) as f64 / 10.0),
+            prefill_p50: Some(0.05),
+            prefill_p95: Some(0.12),
+            decode_p50: Some(1.5),
+            decode_p95: Some(4.0),
+            active_ratio: Some(if i.is_multiple_of(3) { 0.2 } else { 0.9 }),
         },
         leading_signal: Some("kvCacheUtilization".into()),
         recommendation: Some(Recommendation {
@@ -74,6 +81,13 @@ fn model(i: usize, at_ms: u64) -> ModelObservation {
             Sharing::Fractional
         },
         update_mode: Some("Off".into()),
+        workload_class: Some(classify(&ClassInput {
+            replicas,
+            requests_per_second: Some(1.5 * i as f64),
+            active_ratio: Some(if i.is_multiple_of(3) { 0.2 } else { 0.9 }),
+            ttft_objective_secs: Some(0.5),
+            itl_objective_secs: None,
+        })),
         decisions: (0..5)
             .map(|d| DecisionNote {
                 at_ms: at_ms - d * 60_000,

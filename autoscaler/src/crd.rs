@@ -93,6 +93,13 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
         description = "GPU class: whole GPUs or fractional shares (kubectl get -o wide)"
     ),
     printcolumn(
+        name = "Class",
+        type_ = "string",
+        json_path = ".status.workloadClass",
+        priority = 1,
+        description = "Workload class: interactive, batch, bursty, idle or unknown (kubectl get -o wide)"
+    ),
+    printcolumn(
         name = "Update",
         type_ = "string",
         json_path = ".spec.gpu.updateMode",
@@ -379,6 +386,15 @@ pub struct InferenceAutoscalerStatus {
     /// candidate settling towards it, and the last roll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<AllocationStatus>,
+    /// How the model is used, from what its sidecars observed over their window: `interactive` (steady traffic,
+    /// a latency objective), `batch` (steady, none), `bursty` (requests in under half of the window), `idle` (none,
+    /// or scaled to zero) or `unknown` (the CLASS column of `kubectl get ias -o wide`). For people: no decision
+    /// reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_class: Option<String>,
+    /// Why the workload class is what it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_class_reason: Option<String>,
 }
 
 /// One replica's GPU allocation, as written in status.
@@ -822,10 +838,10 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             cols,
             [
                 "Target", "Min", "Max", "Replicas", "Desired", "Signal", "GPU-MiB", "Compute", "KV-Bytes",
-                "Sharing", "Update", "Age"
+                "Sharing", "Class", "Update", "Age"
             ]
         );
-        // The recommendation and the sharing class show with `kubectl get ias -o wide` only.
+        // The recommendation, the sharing mode and the workload class show with `kubectl get ias -o wide` only.
         let wide: Vec<_> = v
             .additional_printer_columns
             .as_ref()
@@ -841,6 +857,7 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
                 ".status.recommendation.computeFraction",
                 ".status.recommendation.kvCacheMemoryBytes",
                 ".spec.gpu.sharing",
+                ".status.workloadClass",
                 ".spec.gpu.updateMode"
             ]
         );

@@ -14,6 +14,7 @@
 //! - [`gate`]: the per-GPU start-up gate (vLLM servers sharing a GPU start one at a time).
 //! - [`lease`]: the Lease rule shared by leader election and the start-up gate.
 //! - [`wire`]: the JSON documents one role serves and another reads (sidecar status, activator stats).
+//! - [`workload`]: a model's workload class (interactive, batch, bursty, idle), for people; it decides nothing.
 
 pub mod gate;
 pub mod lease;
@@ -23,3 +24,4 @@ pub mod recommend;
 pub mod rollout;
 pub mod scale;
 pub mod wire;
+pub mod workload;

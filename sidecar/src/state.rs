@@ -414,6 +414,16 @@ impl State {
                 .filter_map(|s| s.snapshot.requests_running)
                 .filter(|v| v.is_finite())
                 .collect();
+            // A scrape is active when it found a request running or waiting; one that reported neither is not
+            // counted either way.
+            let activity: Vec<bool> = self
+                .window
+                .iter()
+                .filter_map(|s| {
+                    let (r, w) = (s.snapshot.requests_running, s.snapshot.requests_waiting);
+                    (r.is_some() || w.is_some()).then(|| r.unwrap_or(0.0) > 0.0 || w.unwrap_or(0.0) > 0.0)
+                })
+                .collect();
             WindowStatus {
                 start,
                 end,
@@ -429,6 +439,11 @@ impl State {
                 generation_tokens_per_second: w.generation_tokens_per_second,
                 ttft_seconds: quantiles(w.ttft),
                 inter_token_latency_seconds: quantiles(w.inter_token_latency),
+                prefix_cache_hit_ratio: w.prefix_cache_hit_ratio,
+                prefill_time_seconds: quantiles(w.prefill_time),
+                decode_time_seconds: quantiles(w.decode_time),
+                active_ratio: (!activity.is_empty())
+                    .then(|| activity.iter().filter(|a| **a).count() as f64 / activity.len() as f64),
             }
         });
         let gpu = self.gpu.map(|(source, g)| GpuStatus {
@@ -468,15 +483,14 @@ impl State {
 }
 
 /// The window keeps hundreds of snapshots (600 at a 1 s interval over 10 min); drop what the window summary
-/// does not read so the sidecar stays small.
+/// does not read so the sidecar stays small (the aggregate histograms, prefill and decode included, stay: the
+/// window's quantiles come from them).
 fn slim(s: &VllmSnapshot) -> VllmSnapshot {
     VllmSnapshot {
         per_engine: Vec::new(),
         line_errors: Vec::new(),
         cache_config: BTreeMap::new(),
         model_names: Vec::new(),
-        prefill_time: None,
-        decode_time: None,
         ..s.clone()
     }
 }
@@ -767,6 +781,44 @@ mod tests {
             (60.0, 540.0, 600.0)
         );
         assert_eq!(recent.ttft_seconds.count, Some(60.0));
+    }
+
+    /// Four real pages of one vLLM 0.32 server, scraped in the order they were captured (idle, a full batch
+    /// running, 40 waiting, idle again): the window carries the prefix-cache hit ratio, prefill and decode
+    /// quantiles and the share of active scrapes, and the document reads back as the autoscaler's type.
+    #[test]
+    fn the_window_reports_prefix_cache_prefill_decode_and_activity_from_real_pages() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/vllm/real/");
+        let mut st = State::new(settings());
+        for (i, f) in ["idle", "running", "waiting", "after-load"].iter().enumerate() {
+            let text = std::fs::read_to_string(format!("{dir}metrics-{f}.txt")).unwrap();
+            st.record_success(10.0 * i as f64, VllmSnapshot::from_text(&text).unwrap());
+        }
+        let w = st.status(30.0).window.unwrap();
+        // Hits 0 → 896 of queries 1088 → 7569 prompt tokens.
+        let ratio = w.prefix_cache_hit_ratio.unwrap();
+        assert!((ratio - 896.0 / 6481.0).abs() < 1e-12, "{ratio}");
+        // 8 → 69 requests finished their prefill and decode in the window.
+        assert_eq!(w.prefill_time_seconds.count, Some(61.0));
+        assert_eq!(w.decode_time_seconds.count, Some(61.0));
+        let (p50, p95) = (
+            w.prefill_time_seconds.p50.unwrap(),
+            w.prefill_time_seconds.p95.unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p95, "{:?}", w.prefill_time_seconds);
+        assert!(w.decode_time_seconds.p95.is_some());
+        // Two of the four scrapes found requests running or waiting.
+        assert_eq!(w.active_ratio, Some(0.5));
+        // Read back as the autoscaler reads it (serde_json may move a float's last bit: compare within it).
+        let json = serde_json::to_string(&st.status(30.0)).unwrap();
+        let back = serde_json::from_str::<SidecarStatus>(&json)
+            .unwrap()
+            .window
+            .unwrap();
+        assert_eq!(back.active_ratio, Some(0.5));
+        assert!((back.prefix_cache_hit_ratio.unwrap() - ratio).abs() < 1e-12);
+        assert_eq!(back.prefill_time_seconds.count, Some(61.0));
+        assert!((back.decode_time_seconds.p95.unwrap() - w.decode_time_seconds.p95.unwrap()).abs() < 1e-9);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Every metric a Grafana dashboard in `deploy/grafana/` queries must be one the roles really emit. The names are
 //! collected from the real roles' `/metrics` over loopback (the emulator for `vllm:*`, the sidecar, the activator
-//! — with a request held while its model has no ready backend, so the hold histogram exists — the gpu-agent and
-//! the autoscaler's local mode), plus the autoscaler controller's own registry exercised in-process (its labelled
-//! families only appear once they have a sample, and no API server runs here to make the controller decide).
+//! — with a request held while its model has no ready backend, so the hold histogram exists — the webhook after
+//! one real admission over TLS, the gpu-agent and the autoscaler's local mode), plus the autoscaler controller's
+//! own registry, pool manager included, exercised in-process (its labelled families only appear once they have a
+//! sample, and no API server runs here to make the controller decide or the pool manager place).
 
 mod support;
 
@@ -13,17 +14,31 @@ use std::time::Duration;
 use support::{Tessera, free_port};
 use tessera_core::scale::ScaleReason;
 
-/// Sample and family names on an exposition page.
+/// Sample and family names on an exposition page. A family a role registered but has not counted anything in yet
+/// (the webhook's admissions before the first pod, a pool's reservations before the first placement) shows only
+/// as `# TYPE <family> <type>`: its samples' names follow from the type as OpenMetrics defines them (`_total` for a
+/// counter; `_bucket`, `_sum`, `_count` for a histogram), so those count as emitted too.
 fn names(page: &str, into: &mut BTreeSet<String>) {
     for line in page.lines() {
-        let name = if let Some(rest) = line.strip_prefix("# TYPE ") {
-            rest.split_whitespace().next()
-        } else if line.starts_with('#') {
-            None
-        } else {
-            line.split(['{', ' ']).next()
-        };
-        if let Some(n) = name.filter(|n| !n.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split_whitespace();
+            let (Some(family), kind) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            into.insert(family.to_owned());
+            let suffixes: &[&str] = match kind {
+                Some("counter") => &["_total"],
+                Some("histogram") => &["_bucket", "_sum", "_count"],
+                _ => &[],
+            };
+            for s in suffixes {
+                if !family.ends_with(s) {
+                    into.insert(format!("{family}{s}"));
+                }
+            }
+        } else if !line.starts_with('#')
+            && let Some(n) = line.split(['{', ' ']).next().filter(|n| !n.is_empty())
+        {
             into.insert(n.to_owned());
         }
     }
@@ -68,6 +83,57 @@ fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
     }
 }
 
+/// One `POST /mutate` of a real pod (`testdata/pods/`) to the webhook at `addr` over TLS, trusting `cert`; the raw
+/// HTTP/1.1 answer.
+async fn admit_over_tls(
+    addr: std::net::SocketAddr,
+    cert: rustls::pki_types::CertificateDer<'static>,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert).expect("trust the test certificate");
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the webhook");
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").expect("a name"),
+            tcp,
+        )
+        .await
+        .expect("TLS handshake");
+    let pod: serde_json::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/pods/production-stack-llama3.yaml"),
+        )
+        .expect("the pod"),
+    )
+    .expect("YAML");
+    let body = serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "dashboards", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "namespace": "default", "operation": "CREATE", "userInfo": {"username": "test"},
+                    "object": pod, "dryRun": false}
+    }))
+    .expect("JSON");
+    let head = format!(
+        "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.expect("write");
+    tls.write_all(&body).await.expect("write");
+    let mut answer = Vec::new();
+    // The server closes after answering (connection: close); a TLS close without notify is still the end.
+    let _ = tls.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 async fn get(client: &reqwest::Client, url: &str) -> String {
     let r = client
         .get(url)
@@ -76,6 +142,53 @@ async fn get(client: &reqwest::Client, url: &str) -> String {
         .unwrap_or_else(|e| panic!("GET {url}: {e}"));
     assert!(r.status().is_success(), "GET {url}: {}", r.status());
     r.text().await.expect("body")
+}
+
+#[test]
+fn a_family_without_samples_emits_the_names_its_type_defines() {
+    let mut got = BTreeSet::new();
+    names(
+        "# HELP tessera_pool_reservations Reservation calls.\n# TYPE tessera_pool_reservations counter\n\
+         # TYPE tessera_webhook_admission_duration_seconds histogram\n# TYPE tessera_up gauge\n\
+         tessera_up 1\n",
+        &mut got,
+    );
+    for n in [
+        "tessera_pool_reservations_total",
+        "tessera_webhook_admission_duration_seconds_bucket",
+        "tessera_webhook_admission_duration_seconds_count",
+        "tessera_up",
+    ] {
+        assert!(got.contains(n), "{n} in {got:?}");
+    }
+    assert!(!got.contains("tessera_up_total"), "a gauge has no _total");
+    assert!(!got.contains("tessera_pool_reservations_bucket"));
+}
+
+/// The chart ships the dashboards as ConfigMaps from its own copies (`charts/tessera/files/dashboards/`): they must be
+/// `deploy/grafana/`'s, byte for byte (`scripts/check-chart.sh` also checks the rendered ConfigMaps).
+#[test]
+fn the_chart_ships_the_same_dashboards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let list = |dir: &str| -> Vec<(String, String)> {
+        let mut files: Vec<(String, String)> = std::fs::read_dir(root.join(dir))
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .map(|p| {
+                let name = p.file_name().expect("a name").to_string_lossy().into_owned();
+                (name, std::fs::read_to_string(&p).expect("read"))
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let deploy = list("deploy/grafana");
+    assert_eq!(deploy.len(), 2);
+    assert!(
+        list("charts/tessera/files/dashboards") == deploy,
+        "charts/tessera/files/dashboards/ differs from deploy/grafana/: cp deploy/grafana/*.json charts/tessera/files/dashboards/"
+    );
 }
 
 #[test]
@@ -182,6 +295,32 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     );
     names(&get(&client, &activator.url("/metrics")).await, &mut emitted);
 
+    // The webhook without a cluster (a self-signed certificate made here), after one real admission over TLS: its
+    // admission families have samples only once a pod was admitted.
+    let tls = tempfile::tempdir().expect("tempdir");
+    let pair = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a certificate");
+    let (cert, key) = (tls.path().join("tls.crt"), tls.path().join("tls.key"));
+    std::fs::write(&cert, pair.cert.pem()).expect("write the certificate");
+    std::fs::write(&key, pair.signing_key.serialize_pem()).expect("write the key");
+    let webhook_metrics = format!("127.0.0.1:{}", free_port());
+    let webhook = Tessera::start(&[
+        "webhook",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        &webhook_metrics,
+        "--tls-cert",
+        cert.to_str().expect("utf-8 path"),
+        "--tls-key",
+        key.to_str().expect("utf-8 path"),
+        "--no-kube",
+    ]);
+    let answer = admit_over_tls(webhook.addr, pair.cert.der().clone()).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let page = get(&client, &format!("http://{webhook_metrics}/metrics")).await;
+    assert!(page.contains("tessera_webhook_admissions_total{"), "{page}");
+    names(&page, &mut emitted);
+
     // The gpu-agent (no NVML here: its health gauges) and the autoscaler in local mode.
     let agent = Tessera::start(&["gpu-agent", "--listen", "127.0.0.1:0"]);
     names(&get(&client, &agent.url("/metrics")).await, &mut emitted);
@@ -203,6 +342,12 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     m.reconcile_error("get_scale");
     m.scrape_failure("sidecar", "timeout");
     m.set_leader(true);
+    // Its pool manager's families (the webhook registers the same ones): placing needs a cluster.
+    m.pool.reservation("a100", "placed");
+    m.pool.conflict("a100");
+    m.pool.expired("a100", 1);
+    m.pool.deleted("a100");
+    m.pool.capacity_pods("a100", 2);
     names(&m.encode(), &mut emitted);
 
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana");

@@ -171,7 +171,12 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
             .text()
             .await
             .expect("the page");
-        if page.contains(r#"data-model="local/chat""#) && !page.contains("not yet") && page.contains("TTFT") {
+        // Every model with a recommendation, and prefill/decode quantiles from a window with requests in it.
+        if page.contains(r#"data-model="local/chat""#)
+            && !page.contains("not yet")
+            && page.contains("TTFT")
+            && !page.contains(r#"<td class="phases" data-v="-1e300""#)
+        {
             break page;
         }
         assert!(
@@ -182,12 +187,13 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
     };
     assert!(page.contains("<svg"), "charts are inline SVG");
 
-    // The DOM after scripts ran, sorted by the "Replicas" column descending through the page's #sort= hook.
+    // The DOM after scripts ran, sorted by the "Replicas" column (column 2) descending through the page's #sort=
+    // hook.
     let (dom, console) = headless(
         &browser,
         &work.path().join("profile"),
         &["--dump-dom", "--virtual-time-budget=2000"],
-        &ui.url("/ui#sort=-1"),
+        &ui.url("/ui#sort=-2"),
     );
     assert!(console.is_empty(), "the page logged to the console: {console:#?}");
     let chat_row = dom.find(r#"data-model="local/chat""#).expect("a row for chat");
@@ -208,6 +214,44 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
             .parse()
             .unwrap_or_else(|_| panic!("#{id} holds a number: {}", &rest[..rest.len().min(40)]))
     };
+    // Each model row: a workload class, a prefix-cache hit rate, prefill and decode quantiles.
+    for model in ["chat", "embed"] {
+        let at = dom
+            .find(&format!(r#"data-model="local/{model}""#))
+            .expect("the row");
+        let row = &dom[at..at + dom[at..].find("</tr>").expect("the row ends")];
+        let cell = |class: &str| -> &str {
+            let start = row
+                .find(&format!(r#"<td class="{class}""#))
+                .unwrap_or_else(|| panic!("{model}: no {class} cell in {row}"));
+            let body = &row[start..];
+            &body[body.find('>').expect("a tag") + 1..body.find("</td>").expect("the cell ends")]
+        };
+        let class = cell("l class");
+        assert!(
+            ["interactive", "batch", "bursty", "idle"]
+                .iter()
+                .any(|c| class.contains(&format!(r#"class="cls cls-{c}">{c}<"#))),
+            "{model}: the class is one of the four observed ones: {class}"
+        );
+        let prefix = cell("prefix");
+        let percent: f64 = prefix
+            .strip_suffix('%')
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{model}: the prefix-cache hit rate is a percentage: {prefix}"));
+        assert!((0.0..=100.0).contains(&percent), "{model}: {prefix}");
+        let phases = cell("phases");
+        assert!(
+            !phases.starts_with('—') && phases.contains(" · ") && phases.contains("p50"),
+            "{model}: prefill and decode p95 and p50 are shown: {phases}"
+        );
+    }
+    // Every replica has a TTFT objective (2 s) and steady load: chat is interactive unless idle most of the window.
+    assert!(
+        dom.contains(r#"class="cls cls-interactive">interactive<"#)
+            || dom.contains(r#"class="cls cls-bursty">bursty<"#),
+        "with a 2 s TTFT objective a model is interactive or bursty"
+    );
     assert_eq!(number("gpus-held"), 3, "three replicas, one whole GPU each");
     let needed = number("gpus-needed");
     assert!((1..=3).contains(&needed), "needed {needed}");
@@ -235,7 +279,7 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
         &browser,
         &work.path().join("profile-shot"),
         &[
-            "--window-size=1500,1000",
+            "--window-size=1920,1000",
             "--virtual-time-budget=2000",
             &format!("--screenshot={}", png.display()),
         ],

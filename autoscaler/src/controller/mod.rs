@@ -219,6 +219,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let source: Arc<dyn SignalSource> =
         Arc::new(HttpSignals::new(args.scrape_timeout).context("building the HTTP client for sidecars")?);
+    // The gpu-agents' /v1/gpus, for the page's per-GPU table (bounded like the sidecars' reads).
+    let agent_client = reqwest::Client::builder()
+        .timeout(args.scrape_timeout)
+        .build()
+        .context("building the HTTP client for gpu-agents")?;
     let activators = ActivatorPoller::new(&args.activator_urls);
     match &args.activator_service {
         Some((ns, name)) => {
@@ -327,9 +332,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
             let pool_metrics = metrics.pool.clone();
             let page = ctx.ui.clone();
-            // The /ui page's per-GPU table: each pool's capacity pods and tenants, as the pool manager sees them.
+            let agents = agent_client.clone();
+            // The /ui page's per-GPU table: each pool's capacity pods and tenants, as the pool manager sees them,
+            // with each tenant's measured use from its capacity pod's gpu-agent (read off the pool manager's
+            // loop, each read bounded by --scrape-timeout).
             let observer: crate::pool::PoolObserver = Arc::new(move |pool, memory_mib, index| {
-                page.set_pool_gpus(pool, crate::ui::observe::gpus_from_pool(index, pool, memory_mib));
+                let (page, index, pool, client) =
+                    (page.clone(), index.clone(), pool.to_owned(), agents.clone());
+                tokio::spawn(async move {
+                    let port = u16::try_from(crate::pool::capacity::AGENT_PORT).unwrap_or(9091);
+                    let read = crate::ui::observe::read_agents(&client, &index, port).await;
+                    page.set_pool_gpus(
+                        &pool,
+                        crate::ui::observe::gpus_from_pool(&index, &pool, memory_mib, &read),
+                    );
+                });
             });
             tokio::spawn(async move {
                 if let Err(e) = crate::pool::run_pools_with_metrics(

@@ -234,6 +234,20 @@ pub fn after_failure(
     st
 }
 
+/// Sets `status.workloadClass` and its reason from the class the page computed for this reconcile
+/// ([`crate::ui::observe::model_from_reconcile`] → `workload_class`), so `kubectl get ias -o wide` and `/ui`
+/// agree. `None` (nothing classified this round) keeps what the status had.
+pub fn set_workload_class(
+    st: &mut InferenceAutoscalerStatus,
+    class: Option<&tessera_core::workload::Classified>,
+) {
+    if let Some(c) = class {
+        st.workload_class = Some(c.class.as_str().to_owned());
+        // Same bound as a condition's message: the API server limits the object's size, not us.
+        st.workload_class_reason = Some(c.reason.chars().take(1024).collect());
+    }
+}
+
 /// The merge patch for a status: fields that are unset now are sent as `null` so stale values are removed, and the
 /// `resourceVersion` is included so a concurrent writer makes this patch fail with 409 instead of being overwritten.
 pub fn merge_patch(status: &InferenceAutoscalerStatus, resource_version: Option<&str>) -> serde_json::Value {
@@ -246,6 +260,8 @@ pub fn merge_patch(status: &InferenceAutoscalerStatus, resource_version: Option<
             "leadingSignal",
             "lastDecisionReason",
             "recommendation",
+            "workloadClass",
+            "workloadClassReason",
         ] {
             obj.entry(key).or_insert(serde_json::Value::Null);
         }
@@ -394,6 +410,38 @@ mod tests {
         assert_eq!(cond(&st, VALID).status, "False");
         assert_eq!(cond(&st, SCALING_ACTIVE).reason, "InvalidSpec");
         assert_eq!(st.replicas, 2, "values from before are kept");
+    }
+
+    #[test]
+    fn the_workload_class_is_set_kept_and_survives_a_decision() {
+        use tessera_core::workload::{Classified, WorkloadClass};
+        let mut st = InferenceAutoscalerStatus::default();
+        set_workload_class(&mut st, None);
+        assert_eq!(st.workload_class, None);
+        let bursty = Classified {
+            class: WorkloadClass::Bursty,
+            reason: "requests in 20% of the window's scrapes".into(),
+        };
+        set_workload_class(&mut st, Some(&bursty));
+        assert_eq!(st.workload_class.as_deref(), Some("bursty"));
+        assert_eq!(st.workload_class_reason.as_deref(), Some(bursty.reason.as_str()));
+        // A round with nothing classified keeps it; so does the next decision's status.
+        set_workload_class(&mut st, None);
+        let d = decision(2, 2, ScaleReason::WithinTolerance, false);
+        let next = after_decision(
+            Some(&st),
+            None,
+            "Deployment/a",
+            2,
+            &d,
+            &Applied::Unchanged,
+            None,
+            &time(1),
+        );
+        assert_eq!(next.workload_class.as_deref(), Some("bursty"));
+        let json = serde_json::to_value(&next).unwrap();
+        assert_eq!(json["workloadClass"], "bursty");
+        assert!(json["workloadClassReason"].as_str().unwrap().contains("20%"));
     }
 
     #[test]

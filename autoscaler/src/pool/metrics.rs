@@ -70,7 +70,8 @@ impl PoolMetrics {
         m
     }
 
-    pub(crate) fn reservation(&self, pool: &str, result: &str) {
+    /// Counts one reservation call of `pool` with its outcome (`placed`, `existing`, ... or a failure label).
+    pub fn reservation(&self, pool: &str, result: &str) {
         self.reservations
             .get_or_create(&ResultLabels {
                 pool: pool.into(),
@@ -79,25 +80,29 @@ impl PoolMetrics {
             .inc();
     }
 
-    pub(crate) fn conflict(&self, pool: &str) {
+    /// Counts one capacity-pod write refused with 409.
+    pub fn conflict(&self, pool: &str) {
         self.conflicts
             .get_or_create(&PoolLabels { pool: pool.into() })
             .inc();
     }
 
-    pub(crate) fn expired(&self, pool: &str, n: usize) {
+    /// Counts `n` reservations dropped because their pod never appeared.
+    pub fn expired(&self, pool: &str, n: usize) {
         self.expired
             .get_or_create(&PoolLabels { pool: pool.into() })
             .inc_by(n as u64);
     }
 
-    pub(crate) fn deleted(&self, pool: &str) {
+    /// Counts one capacity pod deleted after the grace period.
+    pub fn deleted(&self, pool: &str) {
         self.deleted
             .get_or_create(&PoolLabels { pool: pool.into() })
             .inc();
     }
 
-    pub(crate) fn capacity_pods(&self, pool: &str, n: usize) {
+    /// Sets the number of capacity pods `pool` holds.
+    pub fn capacity_pods(&self, pool: &str, n: usize) {
         self.capacity_pods
             .get_or_create(&PoolLabels { pool: pool.into() })
             .set(n as i64);

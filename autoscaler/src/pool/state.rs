@@ -106,6 +106,8 @@ pub struct CapacityGpu {
     /// Its containers have started (phase `Running`): from then on its gpu-agent is expected to publish the
     /// GPU UUID, and while it has not, new tenants are not placed here (see [`CapacityGpu::unidentified`]).
     pub running: bool,
+    /// The pod's IP, once it has one: where its gpu-agent's `/v1/gpus` is read for the `/ui` page.
+    pub pod_ip: Option<String>,
 }
 
 impl CapacityGpu {
@@ -131,6 +133,7 @@ impl CapacityGpu {
             terminated: pod.metadata.deletion_timestamp.is_none()
                 && matches!(phase.as_deref(), Some("Failed") | Some("Succeeded")),
             running: phase.as_deref() == Some("Running"),
+            pod_ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
         })
     }
 
@@ -159,6 +162,8 @@ pub struct Tenant {
     pub reservation: String,
     /// Its capacity pod (`tessera.dev/capacity-pod`).
     pub capacity_pod: String,
+    /// Its `metadata.uid`: what the gpu-agent reports its GPU use by.
+    pub uid: Option<String>,
 }
 
 impl Tenant {
@@ -175,6 +180,7 @@ impl Tenant {
             key: pod_key(pod)?,
             reservation: ann.get(ANNOTATION_RESERVATION)?.clone(),
             capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
+            uid: pod.metadata.uid.clone(),
         })
     }
 }

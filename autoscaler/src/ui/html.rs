@@ -82,7 +82,7 @@ const CSS: &str = r#"
 header{display:flex;align-items:baseline;gap:16px;padding:14px 24px;background:#111827;color:#fff;flex-wrap:wrap}
 header h1{font-size:18px;margin:0}header .meta{color:#c7ced9;font-size:13px}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;background:#374151;color:#fff}
-main{padding:16px 24px;max-width:1600px}
+main{padding:16px 24px;max-width:1920px}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(220px,1fr));gap:12px;margin-bottom:12px}
 .card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:12px 14px}
 .card .label{color:var(--mute);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
@@ -94,7 +94,7 @@ main{padding:16px 24px;max-width:1600px}
 h2{font-size:16px;margin:18px 0 8px}
 .note{color:var(--mute);font-size:13px;margin:4px 0 10px}
 table{border-collapse:collapse;width:100%;background:var(--card);border:1px solid var(--line);border-radius:8px;font-size:13px}
-th,td{padding:6px 8px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap;vertical-align:top}
+th,td{padding:5px 7px;border-bottom:1px solid var(--line);text-align:right;white-space:nowrap;vertical-align:top}
 th{background:#eef1f5;font-weight:600;cursor:pointer;user-select:none;position:sticky;top:0}
 th:first-child,td:first-child,td.l,th.l{text-align:left}
 th.sorted-asc::after{content:" ▲"}th.sorted-desc::after{content:" ▼"}
@@ -106,6 +106,9 @@ th .s{display:block;color:var(--mute);font-size:11px}
 th .s{font-weight:400}
 .legend span{margin-right:12px;font-size:12px;color:var(--mute)}.legend i{display:inline-block;width:10px;height:3px;margin-right:4px;vertical-align:middle}
 svg text{font-size:10px;fill:#5f6b7a}
+.cls{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;background:#eef1f5}
+.cls-interactive{background:#e0ebff;color:#1a56db}.cls-batch{background:#efe7fb;color:#6b3fa0}
+.cls-bursty{background:#fff3d6;color:#8a5a00}.cls-idle{background:#eceff3;color:#5f6b7a}
 "#;
 
 const JS: &str = r#"
@@ -322,6 +325,17 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         esc(&m.namespace),
         m.sharing.as_str()
     );
+    match &m.workload_class {
+        Some(c) => {
+            let _ = write!(
+                out,
+                r#"<td class="l class" data-v="{0}" title="{1}"><span class="cls cls-{0}">{0}</span></td>"#,
+                c.class.as_str(),
+                esc(&c.reason)
+            );
+        }
+        None => out.push_str(r#"<td class="l class mute" data-v="">—</td>"#),
+    }
     let bounds = match (r.min, r.max) {
         (Some(lo), Some(hi)) => format!("{lo}–{hi}"),
         _ => "no policy".to_owned(),
@@ -403,6 +417,12 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         key(s.requests_per_second),
         num(s.requests_per_second, 2)
     );
+    let _ = write!(
+        out,
+        r#"<td class="prefix" data-v="{}" title="prefix-cache hits over queried prompt tokens, over the sidecars' window">{}</td>"#,
+        key(s.prefix_cache_hit_ratio),
+        pct(s.prefix_cache_hit_ratio)
+    );
     for (v, slo) in [(s.ttft_p95, s.ttft_slo), (s.itl_p95, s.itl_slo)] {
         let over = matches!((v, slo), (Some(a), Some(b)) if a > b);
         let class = if over { "over" } else { "" };
@@ -417,6 +437,16 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             secs(v)
         );
     }
+    // Where a request's time goes: prefill (compute-bound, scales with SMs) and decode (memory-bound).
+    let _ = write!(
+        out,
+        r#"<td class="phases" data-v="{}">{} · {}<span class="s">p50 {} · {}</span></td>"#,
+        key(s.prefill_p95),
+        secs(s.prefill_p95),
+        secs(s.decode_p95),
+        secs(s.prefill_p50),
+        secs(s.decode_p50)
+    );
     let _ = write!(
         out,
         r#"<td data-v="{}" class="l">{}<span class="s">update {}</span></td>"#,
@@ -621,13 +651,13 @@ pub fn render(view: &View, history: &History) -> String {
         r#"<h2>Models <span class="mute">({})</span></h2>"#,
         view.models.len()
     );
-    out.push_str(r#"<p class="note">Memory and compute read <i>now → recommended</i> per replica. Latencies are the worst replica's p95 over the sidecar's window. Click a column to sort.</p>"#);
-    out.push_str(r#"<div class="scroll"><table class="sortable" id="models"><thead><tr><th class="l">Model</th><th>Replicas</th><th>GPUs held</th><th>GPU memory / replica<span class="s">now → recommended</span></th><th>Compute share<span class="s">now → recommended</span></th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>TTFT p95</th><th>ITL p95</th><th class="l">Leading signal</th><th class="l">Why / last decisions</th></tr></thead><tbody>"#);
+    out.push_str(r#"<p class="note">Memory and compute read <i>now → recommended</i> per replica. Latencies are the worst replica's p95 over the sidecar's window; prefix-cache hit rate is the replicas' mean over it. Class: <i>interactive</i> (steady traffic, a latency objective), <i>batch</i> (steady, none), <i>bursty</i> (requests in under half of the window), <i>idle</i> (none, or scaled to zero); hover for why. — means not reported (older sidecars). Click a column to sort.</p>"#);
+    out.push_str(r#"<div class="scroll"><table class="sortable" id="models"><thead><tr><th class="l">Model</th><th class="l">Class</th><th>Replicas</th><th>GPUs held</th><th>GPU memory / replica<span class="s">now → recommended</span></th><th>Compute share<span class="s">now → recommended</span></th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>Prefix cache<span class="s">hit rate</span></th><th>TTFT p95</th><th>ITL p95</th><th>Prefill · decode<span class="s">p95</span></th><th class="l">Leading signal</th><th class="l">Why / last decisions</th></tr></thead><tbody>"#);
     for row in &view.models {
         model_row(&mut out, row, history, now_minute);
     }
     if view.models.is_empty() {
-        out.push_str(r#"<tr><td colspan="12" class="mute">No managed models yet: create an InferenceAutoscaler (or pass --sidecar NAME=URL in local mode).</td></tr>"#);
+        out.push_str(r#"<tr><td colspan="15" class="mute">No managed models yet: create an InferenceAutoscaler (or pass --sidecar NAME=URL in local mode).</td></tr>"#);
     }
     out.push_str("</tbody></table></div>");
 
@@ -700,6 +730,7 @@ pub fn render(view: &View, history: &History) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -712,6 +743,74 @@ mod tests {
         assert!(d[0].1.is_nan(), "a bucket with no data stays a gap");
         assert_eq!(d.last(), Some(&(1439, 2.0)));
         assert_eq!(downsample(&day[..10], 280).len(), 10);
+    }
+
+    /// The new per-model cells: class with its reason, prefix-cache hit rate, prefill and decode; "—" for what an
+    /// older sidecar does not report.
+    #[test]
+    fn model_rows_show_class_prefix_cache_prefill_and_decode() {
+        use super::super::view::{ModelObservation, Settings, Snapshot, view};
+        use tessera_core::workload::{Classified, WorkloadClass};
+        let mut chat = ModelObservation {
+            namespace: "ml".into(),
+            name: "chat".into(),
+            workload_class: Some(Classified {
+                class: WorkloadClass::Interactive,
+                reason: "requests in 90% of the window's scrapes, TTFT objective 2 s".into(),
+            }),
+            ..ModelObservation::default()
+        };
+        chat.signals.prefix_cache_hit_ratio = Some(0.42);
+        chat.signals.prefill_p95 = Some(0.25);
+        chat.signals.prefill_p50 = Some(0.1);
+        chat.signals.decode_p95 = Some(3.5);
+        chat.signals.decode_p50 = Some(1.25);
+        let old = ModelObservation {
+            namespace: "ml".into(),
+            name: "old".into(),
+            ..ModelObservation::default()
+        };
+        let v = view(
+            &Snapshot {
+                models: vec![chat, old],
+                ..Snapshot::default()
+            },
+            &Settings::default(),
+        );
+        let page = render(&v, &History::default());
+        let row = |name: &str| {
+            let at = page.find(&format!(r#"data-model="ml/{name}""#)).unwrap();
+            let end = page[at..].find("</tr>").unwrap() + at;
+            page[at..end].to_owned()
+        };
+        let chat = row("chat");
+        assert!(
+            chat.contains(r#"<span class="cls cls-interactive">interactive</span>"#),
+            "{chat}"
+        );
+        assert!(
+            chat.contains("TTFT objective 2 s"),
+            "the reason is the tooltip: {chat}"
+        );
+        assert!(
+            chat.contains(r#"<td class="prefix" data-v="0.42""#) && chat.contains(">42%</td>"),
+            "{chat}"
+        );
+        assert!(
+            chat.contains("250 ms · 3.50 s<span class=\"s\">p50 100 ms · 1.25 s</span>"),
+            "{chat}"
+        );
+        let old = row("old");
+        assert!(
+            old.contains(r#"<td class="l class mute" data-v="">—</td>"#),
+            "{old}"
+        );
+        assert!(old.contains("— · —<span class=\"s\">p50 — · —</span>"), "{old}");
+        // Header and cells agree: as many headers as cells in a row.
+        let headers = page.matches("<th>").count() + page.matches("<th ").count();
+        assert_eq!(headers, 15);
+        assert_eq!(chat.matches("<td").count(), headers);
+        assert_eq!(old.matches("<td").count(), headers);
     }
 
     #[test]

@@ -2,8 +2,11 @@
 //! controller's reconcile and the `--no-kube` local mode call the same function, so the page reads the same in
 //! both.
 
+use std::collections::BTreeMap;
 use tessera_core::recommend::{Outcome, largest_need};
-use tessera_core::wire::sidecar::SidecarStatus;
+
+use tessera_core::wire::sidecar::{GpuAgentStatus, GpuDeviceUse, SidecarStatus};
+use tessera_core::workload::{ClassInput, classify};
 
 use super::view::{GpuObservation, ModelObservation, Replicas, RunningWith, Signals, TenantObservation};
 
@@ -66,6 +69,12 @@ pub fn model_from_sidecars(
         ttft_slo: max(live.iter().map(|s| s.compute.and_then(|c| c.ttft_slo_secs))),
         itl_slo: max(live.iter().map(|s| s.compute.and_then(|c| c.itl_slo_secs))),
         preemptions: sum(window().map(|w| w.preemptions)),
+        prefix_cache_hit_ratio: mean(window().map(|w| w.prefix_cache_hit_ratio)),
+        prefill_p50: max(window().map(|w| w.prefill_time_seconds.p50)),
+        prefill_p95: max(window().map(|w| w.prefill_time_seconds.p95)),
+        decode_p50: max(window().map(|w| w.decode_time_seconds.p50)),
+        decode_p95: max(window().map(|w| w.decode_time_seconds.p95)),
+        active_ratio: max(window().map(|w| w.active_ratio)),
     };
     let recommendation = largest_need(live.iter().filter_map(|s| s.recommendation()));
     let no_recommendation_reason = if recommendation.is_some() {
@@ -100,7 +109,20 @@ pub fn model_from_sidecars(
         gpu_memory_mib: gpus().map(|g| g.total_bytes / MIB).max(),
         measured_memory_mib: (!measured.is_empty()).then(|| measured.iter().sum::<u64>() / MIB),
         measured_sm: mean(gpus().map(|g| g.sm_utilization)),
+        workload_class: Some(classify(&class_input(replicas.current, &signals, None))),
         ..ModelObservation::default()
+    }
+}
+
+/// The workload class's input from a model's signals; `ttft_objective_secs` is the policy's when it has one (else
+/// the sidecars' `--ttft-slo`).
+fn class_input(replicas: u32, signals: &Signals, ttft_objective_secs: Option<f64>) -> ClassInput {
+    ClassInput {
+        replicas,
+        requests_per_second: signals.requests_per_second,
+        active_ratio: signals.active_ratio,
+        ttft_objective_secs: ttft_objective_secs.or(signals.ttft_slo),
+        itl_objective_secs: signals.itl_slo,
     }
 }
 
@@ -123,6 +145,17 @@ pub fn model_from_reconcile(
     };
     let ns = obj.namespace().unwrap_or_default();
     let mut m = model_from_sidecars(&ns, &obj.name_any(), replicas, docs);
+    // The policy's TTFT objective (its target, else its SLO guard) is the one the model is held to.
+    let objective = policy
+        .targets
+        .ttft_p95
+        .or(policy.ttft_slo)
+        .map(|d| d.as_secs_f64());
+    m.workload_class = Some(classify(&class_input(
+        decision.current_replicas,
+        &m.signals,
+        objective,
+    )));
     let target = &obj.spec.scale_target_ref;
     m.target = format!("{}/{}", target.kind, target.name);
     m.leading_signal = decision.leading_signal.map(|s| s.field().to_owned());
@@ -149,51 +182,232 @@ pub fn model_from_reconcile(
 
 /// The page's rows for one fractional pool, from the pool manager's index: one per capacity pod that is not gone,
 /// each tenant named by its pod where the pod is known (else by its reservation id, while it is being admitted).
-/// `memory_mib`: the pool's GPU memory. Measured use and the start-up lease holder are not in the index; they
-/// stay empty until the gpu-agent's and the lease's readings are joined in.
-pub fn gpus_from_pool(index: &crate::pool::PoolIndex, pool: &str, memory_mib: u64) -> Vec<GpuObservation> {
-    let pod_of: std::collections::HashMap<&str, &str> = index
-        .tenants()
-        .map(|t| (t.reservation.as_str(), t.key.as_str()))
-        .collect();
+/// `memory_mib`: the pool's GPU memory. `agents`: each capacity pod's gpu-agent `/v1/gpus` document, by capacity
+/// pod name ([`read_agents`]); a tenant's measured memory and SM use come from it, matched by pod UID on the
+/// capacity pod's GPU. The start-up lease holder is not known here (it is only in the GPU's Lease, which the
+/// autoscaler does not read) and stays empty.
+pub fn gpus_from_pool(
+    index: &crate::pool::PoolIndex,
+    pool: &str,
+    memory_mib: u64,
+    agents: &BTreeMap<String, GpuAgentStatus>,
+) -> Vec<GpuObservation> {
+    let tenant_of: std::collections::HashMap<&str, &crate::pool::Tenant> =
+        index.tenants().map(|t| (t.reservation.as_str(), t)).collect();
     index
         .capacity()
         .filter(|c| !c.gone)
-        .map(|c| GpuObservation {
-            pool: pool.to_owned(),
-            capacity_pod: c.name.clone(),
-            node: c.node.clone(),
-            uuid: c.gpu_uuid.clone(),
-            memory_mib,
-            tenants: c
-                .reservation_list()
-                .iter()
-                .map(|r| TenantObservation {
-                    pod: pod_of
-                        .get(r.id.as_str())
-                        .map(|p| (*p).to_owned())
-                        .or_else(|| r.pod.clone())
-                        .unwrap_or_else(|| format!("reservation {}", r.id)),
-                    model: r.model.clone(),
-                    compute_milli: r.compute_milli,
-                    memory_mib: r.memory_mib,
-                    measured_memory_mib: None,
-                    measured_sm: None,
-                })
-                .collect(),
-            startup_lease_holder: None,
+        .map(|c| {
+            let device = agents
+                .get(&c.name)
+                .and_then(|a| agent_device(a, c.gpu_uuid.as_deref()));
+            GpuObservation {
+                pool: pool.to_owned(),
+                capacity_pod: c.name.clone(),
+                node: c.node.clone(),
+                uuid: c.gpu_uuid.clone().or_else(|| device.map(|d| d.uuid.clone())),
+                memory_mib,
+                tenants: c
+                    .reservation_list()
+                    .iter()
+                    .map(|r| {
+                        let tenant = tenant_of.get(r.id.as_str());
+                        let used = tenant
+                            .and_then(|t| t.uid.as_deref())
+                            .zip(device)
+                            .and_then(|(uid, d)| d.pods.iter().find(|p| p.pod_uid == uid));
+                        TenantObservation {
+                            pod: tenant
+                                .map(|t| t.key.clone())
+                                .or_else(|| r.pod.clone())
+                                .unwrap_or_else(|| format!("reservation {}", r.id)),
+                            model: r.model.clone(),
+                            compute_milli: r.compute_milli,
+                            memory_mib: r.memory_mib,
+                            measured_memory_mib: used.and_then(|u| u.memory_bytes).map(|b| b / MIB),
+                            measured_sm: used.and_then(|u| u.sm_utilization),
+                        }
+                    })
+                    .collect(),
+                startup_lease_holder: None,
+            }
         })
+        .collect()
+}
+
+/// The capacity pod's GPU in its agent's document: the device with the UUID the pod published, or, before it
+/// published one, the only device the agent sees (a capacity pod holds one GPU). `None` while NVML is down.
+fn agent_device<'a>(agent: &'a GpuAgentStatus, uuid: Option<&str>) -> Option<&'a GpuDeviceUse> {
+    if !agent.nvml_up {
+        return None;
+    }
+    match uuid {
+        Some(u) => agent.devices.iter().find(|d| d.uuid == u),
+        None if agent.devices.len() == 1 => agent.devices.first(),
+        None => None,
+    }
+}
+
+/// Reads the gpu-agent's `/v1/gpus` of every running capacity pod of `index` that has an IP (at `port`, the
+/// agent's [`AGENT_PORT`](crate::pool::capacity::AGENT_PORT) in a cluster), concurrently, each within the
+/// client's timeout. A capacity pod whose agent does not answer is left out: its tenants show no measured use.
+pub async fn read_agents(
+    client: &reqwest::Client,
+    index: &crate::pool::PoolIndex,
+    port: u16,
+) -> BTreeMap<String, GpuAgentStatus> {
+    let targets: Vec<(String, String)> = index
+        .capacity()
+        .filter(|c| c.running && !c.gone)
+        .filter_map(|c| {
+            let ip = c.pod_ip.as_deref()?;
+            // An IPv6 pod IP goes in brackets in a URL.
+            let host = if ip.contains(':') {
+                format!("[{ip}]")
+            } else {
+                ip.to_owned()
+            };
+            Some((c.name.clone(), format!("http://{host}:{port}/v1/gpus")))
+        })
+        .collect();
+    let reads = targets.into_iter().map(|(name, url)| async move {
+        let doc = async {
+            let r = client.get(&url).send().await.ok()?;
+            if !r.status().is_success() {
+                return None;
+            }
+            r.json::<GpuAgentStatus>().await.ok()
+        }
+        .await;
+        if doc.is_none() {
+            tracing::debug!(capacity_pod = %name, %url, "gpu-agent unavailable: no measured use for its tenants");
+        }
+        doc.map(|d| (name, d))
+    });
+    futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .flatten()
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::pool::state::{Reservation, encode_reservations};
     use k8s_openapi::api::core::v1::Pod;
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).expect("a pod")
+    }
+
+    /// A fresh replica's document: `window` as given, no recommendation yet.
+    fn doc(
+        window: Option<tessera_core::wire::sidecar::WindowStatus>,
+        ttft_slo: Option<f64>,
+    ) -> SidecarStatus {
+        use tessera_core::wire::sidecar::{
+            ComputeStatus, RecommendationStatus, ScrapeStatus, SnapshotSummary,
+        };
+        SidecarStatus {
+            schema_version: 1,
+            generated_at: 100.0,
+            vllm_url: "http://127.0.0.1:8000".into(),
+            vllm_up: true,
+            ready: true,
+            stale: false,
+            scrape: ScrapeStatus::default(),
+            max_model_len: None,
+            latest: Some(SnapshotSummary::default()),
+            window,
+            recent: None,
+            gpu: None,
+            recommendation: RecommendationStatus {
+                computed_at: None,
+                outcome: Outcome::NotYet {
+                    code: tessera_core::recommend::NotYetCode::TooFewSamples,
+                    reason: "warming up".into(),
+                },
+            },
+            compute: Some(ComputeStatus {
+                current_share: 1.0,
+                ttft_slo_secs: ttft_slo,
+                itl_slo_secs: None,
+            }),
+            memory: None,
+        }
+    }
+
+    fn q(p50: f64, p95: f64) -> tessera_core::wire::sidecar::Quantiles {
+        tessera_core::wire::sidecar::Quantiles {
+            p50: Some(p50),
+            p95: Some(p95),
+            p99: Some(p95),
+            count: Some(10.0),
+        }
+    }
+
+    /// Prefix-cache hit rate is the replicas' mean, prefill and decode the worst replica's, activity the busiest
+    /// replica's; an older sidecar's missing fields count as unknown, never as zero.
+    #[test]
+    fn prefix_cache_prefill_decode_and_class_over_replicas() {
+        use tessera_core::wire::sidecar::WindowStatus;
+        use tessera_core::workload::WorkloadClass;
+        let new = |hit: f64, prefill: f64, decode: f64, active: f64| WindowStatus {
+            requests_per_second: Some(2.0),
+            prefix_cache_hit_ratio: Some(hit),
+            prefill_time_seconds: q(prefill / 2.0, prefill),
+            decode_time_seconds: q(decode / 2.0, decode),
+            active_ratio: Some(active),
+            ..WindowStatus::default()
+        };
+        let old = WindowStatus {
+            requests_per_second: Some(1.0),
+            ..WindowStatus::default()
+        };
+        let docs = [
+            doc(Some(new(0.2, 0.3, 4.0, 0.9)), Some(2.0)),
+            doc(Some(new(0.6, 0.5, 3.0, 0.7)), Some(2.0)),
+            doc(Some(old.clone()), Some(2.0)),
+        ];
+        let replicas = Replicas {
+            current: 3,
+            ..Replicas::default()
+        };
+        let m = model_from_sidecars("ml", "chat", replicas, &docs);
+        let s = m.signals;
+        assert!((s.prefix_cache_hit_ratio.unwrap() - 0.4).abs() < 1e-12, "{s:?}");
+        assert_eq!((s.prefill_p95, s.prefill_p50), (Some(0.5), Some(0.25)));
+        assert_eq!((s.decode_p95, s.decode_p50), (Some(4.0), Some(2.0)));
+        assert_eq!(s.active_ratio, Some(0.9));
+        assert_eq!(s.requests_per_second, Some(5.0));
+        let c = m.workload_class.unwrap();
+        assert_eq!(c.class, WorkloadClass::Interactive, "{}", c.reason);
+
+        // Only older sidecars: every new figure unknown; the class still reads the request rate.
+        let m = model_from_sidecars("ml", "chat", replicas, &[doc(Some(old), None)]);
+        assert_eq!(
+            (
+                m.signals.prefix_cache_hit_ratio,
+                m.signals.prefill_p95,
+                m.signals.decode_p95
+            ),
+            (None, None, None)
+        );
+        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Batch);
+
+        // Activity in a fifth of the scrapes: bursty, objective or not.
+        let m = model_from_sidecars(
+            "ml",
+            "chat",
+            replicas,
+            &[doc(Some(new(0.0, 0.1, 1.0, 0.2)), Some(2.0))],
+        );
+        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Bursty);
+        // No window yet: unknown.
+        let m = model_from_sidecars("ml", "chat", replicas, &[doc(None, None)]);
+        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Unknown);
     }
 
     #[test]
@@ -224,7 +438,7 @@ mod tests {
                 "labels": {"tessera.dev/pool": "a100", "tessera.dev/capacity-pod": "true"},
                 "annotations": {"tessera.dev/reservations": reservations, "tessera.dev/gpu-uuid": "GPU-1"}},
             "spec": {"nodeName": "node-a", "containers": []},
-            "status": {"phase": "Running"}
+            "status": {"phase": "Running", "podIP": "10.0.0.7"}
         })));
         index.apply_capacity(&pod(serde_json::json!({
             "metadata": {"name": "cap-1", "namespace": "tessera-system",
@@ -233,12 +447,12 @@ mod tests {
             "status": {"phase": "Failed"}
         })));
         index.apply_tenant(&pod(serde_json::json!({
-            "metadata": {"name": "chat-0", "namespace": "ml",
+            "metadata": {"name": "chat-0", "namespace": "ml", "uid": "uid-chat-0",
                 "labels": {"tessera.dev/pool": "a100"},
                 "annotations": {"tessera.dev/reservation": "r1", "tessera.dev/capacity-pod": "cap-0"}},
             "spec": {"containers": []}
         })));
-        let rows = gpus_from_pool(&index, "a100", 81920);
+        let rows = gpus_from_pool(&index, "a100", 81920, &BTreeMap::new());
         assert_eq!(rows.len(), 1, "the failed capacity pod is not a GPU anyone holds");
         let g = &rows[0];
         assert_eq!(
@@ -248,5 +462,113 @@ mod tests {
         let pods: Vec<&str> = g.tenants.iter().map(|t| t.pod.as_str()).collect();
         assert_eq!(pods, ["ml/chat-0", "reservation r2"]);
         assert_eq!(g.tenants[0].compute_milli, 250);
+        assert_eq!(
+            g.tenants[0].measured_memory_mib, None,
+            "no agent read: nothing measured"
+        );
+        assert_eq!(
+            index.capacity_pod("cap-0").unwrap().pod_ip.as_deref(),
+            Some("10.0.0.7")
+        );
+
+        // The capacity pod's gpu-agent: chat-0 by its UID on GPU-1; a neighbour's pod on another GPU the agent
+        // also sees is not this GPU's.
+        let agent = |nvml_up: bool| GpuAgentStatus {
+            schema_version: 1,
+            generated_at: 10.0,
+            nvml_up,
+            error: None,
+            read_at: Some(10.0),
+            devices: vec![
+                GpuDeviceUse {
+                    index: 0,
+                    uuid: "GPU-0".into(),
+                    total_bytes: 80 << 30,
+                    used_bytes: 1 << 30,
+                    pods: vec![use_of("uid-chat-0", 1 << 30, 0.9)],
+                    unattributed: None,
+                },
+                GpuDeviceUse {
+                    index: 1,
+                    uuid: "GPU-1".into(),
+                    total_bytes: 80 << 30,
+                    used_bytes: 20 << 30,
+                    pods: vec![
+                        use_of("uid-chat-0", 18_000 * MIB, 0.3),
+                        use_of("uid-other", MIB, 0.1),
+                    ],
+                    unattributed: None,
+                },
+            ],
+        };
+        let agents = BTreeMap::from([("cap-0".to_owned(), agent(true))]);
+        let g = &gpus_from_pool(&index, "a100", 81920, &agents)[0];
+        assert_eq!(g.tenants[0].measured_memory_mib, Some(18_000));
+        assert_eq!(g.tenants[0].measured_sm, Some(0.3));
+        assert_eq!(
+            (g.tenants[1].measured_memory_mib, g.tenants[1].measured_sm),
+            (None, None),
+            "r2 has no pod yet: nothing to match"
+        );
+        // NVML down: the agent's document says nothing measured.
+        let agents = BTreeMap::from([("cap-0".to_owned(), agent(false))]);
+        assert_eq!(
+            gpus_from_pool(&index, "a100", 81920, &agents)[0].tenants[0].measured_sm,
+            None
+        );
+    }
+
+    fn use_of(uid: &str, bytes: u64, sm: f64) -> tessera_core::wire::sidecar::PodGpuUse {
+        tessera_core::wire::sidecar::PodGpuUse {
+            pod_uid: uid.into(),
+            container_ids: Vec::new(),
+            pids: vec![1],
+            memory_bytes: Some(bytes),
+            sm_utilization: Some(sm),
+        }
+    }
+
+    /// The agents are read over HTTP from each running capacity pod's IP; one that does not answer is left out.
+    #[tokio::test]
+    async fn agents_are_read_from_running_capacity_pods() {
+        let doc = GpuAgentStatus {
+            schema_version: 1,
+            generated_at: 1.0,
+            nvml_up: true,
+            error: None,
+            read_at: Some(1.0),
+            devices: Vec::new(),
+        };
+        let served = doc.clone();
+        let app = axum::Router::new().route(
+            "/v1/gpus",
+            axum::routing::get(move || {
+                let d = served.clone();
+                async move { axum::Json(d) }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let mut index = crate::pool::PoolIndex::new("a100");
+        for (name, ip, phase) in [
+            ("cap-0", Some("127.0.0.1"), "Running"),
+            ("cap-1", Some("127.0.0.2"), "Pending"),
+            ("cap-2", None, "Running"),
+        ] {
+            index.apply_capacity(&pod(serde_json::json!({
+                "metadata": {"name": name, "namespace": "tessera-system",
+                    "labels": {"tessera.dev/pool": "a100", "tessera.dev/capacity-pod": "true"}},
+                "spec": {"containers": []},
+                "status": {"phase": phase, "podIP": ip}
+            })));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let got = read_agents(&client, &index, port).await;
+        assert_eq!(got.len(), 1, "only the running pod with an IP is read: {got:?}");
+        assert_eq!(got["cap-0"], doc);
     }
 }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use tessera_core::pack::{GPU_COMPUTE_MILLI, GpuShape, ReplicaRequest, pack_offline};
 use tessera_core::recommend::{Field, ReasonCode, Recommendation};
+use tessera_core::workload::Classified;
 
 /// Hours in an average month (365 × 24 / 12), the unit cloud price lists use for a monthly figure.
 pub const HOURS_PER_MONTH: f64 = 730.0;
@@ -79,6 +80,18 @@ pub struct Signals {
     pub itl_slo: Option<f64>,
     /// Preemptions in the window, summed.
     pub preemptions: Option<f64>,
+    /// Prefix-cache hits over queries in the window, mean over replicas, 0–1 (`None` from older sidecars).
+    pub prefix_cache_hit_ratio: Option<f64>,
+    /// Worst replica's prefill time p50 over the window, seconds.
+    pub prefill_p50: Option<f64>,
+    /// Worst replica's prefill time p95, seconds.
+    pub prefill_p95: Option<f64>,
+    /// Worst replica's decode time p50 over the window, seconds.
+    pub decode_p50: Option<f64>,
+    /// Worst replica's decode time p95, seconds.
+    pub decode_p95: Option<f64>,
+    /// Share of the window's scrapes with a request running or waiting, busiest replica, 0–1.
+    pub active_ratio: Option<f64>,
 }
 
 /// What the pods run with now (from vLLM's own `cache_config_info` and the sidecar's compute share).
@@ -140,6 +153,8 @@ pub struct ModelObservation {
     pub sharing: Sharing,
     /// `gpu.updateMode`, as in the CRD; `None` in local mode.
     pub update_mode: Option<String>,
+    /// The workload class ([`tessera_core::workload`]) and why; `None` before it is classified.
+    pub workload_class: Option<Classified>,
     /// The last decisions, newest last.
     pub decisions: Vec<DecisionNote>,
 }

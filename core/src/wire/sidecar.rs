@@ -227,6 +227,21 @@ pub struct WindowStatus {
     /// `time_per_output_token_seconds`).
     #[serde(default)]
     pub inter_token_latency_seconds: Quantiles,
+    /// Prefix-cache hits over queries in the window (vLLM counts both in prompt tokens), 0–1; `null` when no
+    /// token was queried in the window, and from older sidecars.
+    #[serde(default)]
+    pub prefix_cache_hit_ratio: Option<f64>,
+    /// Time requests spent in prefill over the window (`vllm:request_prefill_time_seconds`), seconds; all
+    /// `null` from older sidecars.
+    #[serde(default)]
+    pub prefill_time_seconds: Quantiles,
+    /// Time requests spent in decode over the window (`vllm:request_decode_time_seconds`), seconds.
+    #[serde(default)]
+    pub decode_time_seconds: Quantiles,
+    /// Share of the window's scrapes that found a request running or waiting, 0–1 (the workload class reads it:
+    /// a model idle most of the window is `bursty`); `null` from older sidecars.
+    #[serde(default)]
+    pub active_ratio: Option<f64>,
 }
 
 /// Latency over the short trailing window (see [`SidecarStatus::recent`]).
@@ -345,4 +360,25 @@ pub struct PodGpuUse {
     /// SM utilization of those processes over the last sample period, 0–1; `null` when not supported.
     #[serde(default)]
     pub sm_utilization: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A window from a sidecar that predates the prefix-cache, prefill, decode and activity fields still reads:
+    /// the new fields are unknown (`null`), never zero.
+    #[test]
+    fn an_older_window_reads_with_the_new_fields_unknown() {
+        let old = r#"{"start": 0, "end": 60, "samples": 7, "requests_per_second": 2.5,
+            "ttft_seconds": {"p50": 0.1, "p95": 0.3, "p99": 0.4, "count": 150}}"#;
+        let w: WindowStatus = serde_json::from_str(old).unwrap();
+        assert_eq!(w.requests_per_second, Some(2.5));
+        assert_eq!(w.ttft_seconds.p95, Some(0.3));
+        assert_eq!(w.prefix_cache_hit_ratio, None);
+        assert_eq!(w.prefill_time_seconds, Quantiles::default());
+        assert_eq!(w.decode_time_seconds.p95, None);
+        assert_eq!(w.active_ratio, None);
+    }
 }
