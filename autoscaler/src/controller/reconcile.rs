@@ -429,17 +429,17 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         reason = decision.reason.label(),
         "decided"
     );
-    ctx.ui.observe_model(
-        crate::ui::observe::model_from_reconcile(
-            obj,
-            &policy,
-            &docs.iter().flatten().cloned().collect::<Vec<_>>(),
-            &decision,
-            input.ready_replicas,
-            now.as_millis(),
-        ),
+    let observed = crate::ui::observe::model_from_reconcile(
+        obj,
+        &policy,
+        &docs.iter().flatten().cloned().collect::<Vec<_>>(),
+        &decision,
+        input.ready_replicas,
         now.as_millis(),
     );
+    // The class shown by `kubectl get ias -o wide` is the one the page shows.
+    let workload_class = observed.workload_class.clone();
+    ctx.ui.observe_model(observed, now.as_millis());
     let recommendation = status::largest_recommendation(&recommendations);
 
     // 6. The allocation in force, and under `updateMode: Recreate` a roll onto it.
@@ -477,6 +477,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             &now_k8s,
         );
         st.allocation = Some(allocation.clone());
+        status::set_workload_class(&mut st, workload_class.as_ref());
         if let Some((ok, reason, message)) = &in_sync {
             status::set_condition(
                 &mut st.conditions,
