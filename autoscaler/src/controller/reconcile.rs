@@ -386,7 +386,14 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .ok()
         .and_then(|s| s.get(&key).cloned())
         .unwrap_or_default();
-    let mut decision = scale::decide(&input, &policy, &state, now);
+    // Replicas and share decided together (`core::scale::joint`): while the share can grow, the latency target
+    // is the share rule's, and the replica count answers load and the SLO guard.
+    let joint = scale::joint::replica_policy(
+        &policy,
+        share_room(obj, &docs),
+        tessera_core::recommend::Config::default().compute_max_step_up,
+    );
+    let mut decision = scale::joint::decide(&input, &joint, &state, now);
     if decision.desired_replicas == 0 && current > 0 {
         // The documents may be a poll interval old: a request that arrived since must not meet a model going to
         // zero. Read every activator again, now, and decide on that.
@@ -404,7 +411,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             now_ms,
             ctx.settings.activator_max_age,
         );
-        decision = scale::decide(&input, &policy, &state, now);
+        decision = scale::joint::decide(&input, &joint, &state, now);
         if decision.desired_replicas > 0 {
             info!(
                 reason = decision.reason.label(),
@@ -492,6 +499,36 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         st
     })
     .await
+}
+
+/// What the model's compute share can do, for the joint policy: it can grow when the model shares GPUs with a
+/// share Tessera manages and an allocation is in force (new pods get it); the GPU's size (for the cost of
+/// another replica's memory) comes from a sidecar that knows it. No allocation yet: unknown, which keeps every
+/// target on the replica count.
+fn share_room(obj: &InferenceAutoscaler, docs: &[Option<SidecarStatus>]) -> scale::joint::ShareRoom {
+    use scale::joint::ShareRoom;
+    let gpu = obj.spec.gpu.clone().unwrap_or_default();
+    let auto = gpu.compute_fraction.as_deref().is_none_or(|c| c == "auto");
+    if gpu.sharing != crd::Sharing::Fractional || !auto {
+        return ShareRoom::Fixed;
+    }
+    let Some(in_force) = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.in_force)
+    else {
+        return ShareRoom::Unknown;
+    };
+    let gpu_bytes = docs
+        .iter()
+        .flatten()
+        .find_map(|d| d.gpu.as_ref().map(|g| g.total_bytes))
+        .filter(|b| *b > 0);
+    ShareRoom::Auto {
+        share: in_force.compute_fraction,
+        memory_fraction: gpu_bytes.map(|b| in_force.gpu_memory_mib as f64 * 1_048_576.0 / b as f64),
+    }
 }
 
 /// What [`allocation_and_roll`] needs from this reconcile.

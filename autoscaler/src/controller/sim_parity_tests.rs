@@ -21,6 +21,7 @@ use kube::client::Body;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 use tessera_core::scale::ScalePolicy;
+use tessera_core::scale::joint::ShareRoom;
 use tessera_core::wire::activator::ActivatorStats;
 use tessera_core::wire::sidecar::SidecarStatus;
 use tessera_sim::simulate::observe::{DecisionRecord, NAMESPACE};
@@ -60,8 +61,9 @@ impl SignalSource for Recorded {
     }
 }
 
-/// The `InferenceAutoscaler` spec a user would write for the simulated policy.
-fn spec_for(name: &str, p: &ScalePolicy) -> Value {
+/// The `InferenceAutoscaler` spec a user would write for the simulated policy: fractional with an automatic
+/// share unless the share was fixed.
+fn spec_for(name: &str, p: &ScalePolicy, room: ShareRoom) -> Value {
     let secs = |d: Duration| format!("{}ms", d.as_millis());
     let mut targets = serde_json::Map::new();
     if let Some(v) = p.targets.kv_cache_utilization {
@@ -87,7 +89,25 @@ fn spec_for(name: &str, p: &ScalePolicy) -> Value {
     if let Some(z) = &p.scale_to_zero {
         spec["scaleToZero"] = json!({"idleAfter": secs(z.idle_after)});
     }
+    if room != ShareRoom::Fixed {
+        spec["gpu"] = json!({"sharing": "fractional", "computeFraction": "auto", "updateMode": "Initial"});
+    }
     spec
+}
+
+/// The status an earlier reconcile left: the allocation in force is the share the simulator's new replicas get.
+fn status_for(room: ShareRoom, gpu_memory_bytes: u64) -> Value {
+    match room {
+        ShareRoom::Auto {
+            share,
+            memory_fraction,
+        } => {
+            let mib = memory_fraction.map_or(0.0, |f| f * gpu_memory_bytes as f64 / 1_048_576.0);
+            json!({"allocation": {"reason": "stable",
+                   "inForce": {"gpuMemoryMiB": mib.round() as i64, "computeFraction": share}}})
+        }
+        _ => json!({}),
+    }
 }
 
 /// What the API server saw during one reconcile.
@@ -156,7 +176,11 @@ async fn api_server(
 
 /// Replays one recorded decision through the controller's reconcile; returns the replica count it wrote (if
 /// any), its status and the model's history after it.
-async fn replay(name: &str, rec: &DecisionRecord) -> (Option<i64>, Value, tessera_core::scale::ScaleState) {
+async fn replay(
+    name: &str,
+    rec: &DecisionRecord,
+    gpu_memory_bytes: u64,
+) -> (Option<i64>, Value, tessera_core::scale::ScaleState) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, NAMESPACE);
     let obj: Arc<InferenceAutoscaler> = Arc::new(
@@ -164,7 +188,8 @@ async fn replay(name: &str, rec: &DecisionRecord) -> (Option<i64>, Value, tesser
             "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
             "metadata": {"name": name, "namespace": NAMESPACE, "uid": "u-1", "resourceVersion": "5",
                          "generation": 1},
-            "spec": spec_for(name, &rec.policy),
+            "spec": spec_for(name, &rec.policy, rec.room),
+            "status": status_for(rec.room, gpu_memory_bytes),
         }))
         .unwrap(),
     );
@@ -283,6 +308,10 @@ async fn the_controller_decides_what_the_simulator_decided() {
         }
     }
     let reasons: HashSet<&str> = picked.iter().map(|r| r.decision.reason.label()).collect();
+    assert!(
+        picked.iter().any(|r| matches!(r.room, ShareRoom::Auto { .. })),
+        "the replay must cover the joint rule with a share that can grow"
+    );
     for needed in ["scale_up", "scale_down", "scale_to_zero", "scale_from_zero"] {
         assert!(
             reasons.contains(needed),
@@ -291,7 +320,7 @@ async fn the_controller_decides_what_the_simulator_decided() {
     }
     for rec in &picked {
         let name = &sc.models[rec.model].name;
-        let (scaled_to, status, state) = replay(name, rec).await;
+        let (scaled_to, status, state) = replay(name, rec, sc.gpu.memory_bytes).await;
         let at = format!(
             "{name} at {:.0} s ({})",
             rec.at_ms as f64 / 1000.0,

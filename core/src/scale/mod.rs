@@ -32,6 +32,7 @@
 
 mod behavior;
 pub mod inputs;
+pub mod joint;
 mod ratio;
 #[cfg(test)]
 mod tests;

@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use tessera_core::recommend::{NotYetCode, Outcome};
 use tessera_core::scale::inputs::{self, ActivatorSample};
+use tessera_core::scale::joint::ShareRoom;
 use tessera_core::scale::{ScaleDecision, ScalePolicy, ScaleState};
 use tessera_core::wire::activator::{self, ActivatorStats, ModelStats};
 use tessera_core::wire::sidecar::{
-    Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
+    GpuStatus, Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
     SnapshotSummary,
 };
 
@@ -40,8 +41,10 @@ pub struct DecisionRecord {
     pub sidecars: Vec<SidecarStatus>,
     /// The activator's documents as the controller's poller holds them.
     pub activator: ActivatorSample,
-    /// The policy decided with.
+    /// The policy as declared (before the joint rule).
     pub policy: ScalePolicy,
+    /// What the model's share could do, as the joint rule saw it.
+    pub room: ShareRoom,
     /// The model's history before the decision.
     pub state: ScaleState,
     /// What was decided.
@@ -69,6 +72,7 @@ pub struct Scrape {
 /// the simulator's own round (it is applied by the simulated webhook, not read through this document).
 pub fn sidecar_status<'a>(
     scrapes: impl DoubleEndedIterator<Item = &'a Scrape> + Clone,
+    gpu_memory_bytes: u64,
     now: f64,
     scrape_interval: Duration,
     latency_window: Duration,
@@ -108,7 +112,13 @@ pub fn sidecar_status<'a>(
         latest: last.map(|s| s.snapshot.clone()),
         window: None,
         recent,
-        gpu: None,
+        // As NVML would report the device (the sidecar reads its total memory).
+        gpu: Some(GpuStatus {
+            source: "nvml".to_owned(),
+            total_bytes: gpu_memory_bytes,
+            used_bytes: None,
+            sm_utilization: None,
+        }),
         recommendation: RecommendationStatus {
             computed_at: None,
             outcome: Outcome::NotYet {

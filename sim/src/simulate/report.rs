@@ -143,6 +143,10 @@ pub struct ModelReport {
     /// Autoscaler decisions that changed the replica count, by reason (and leading signal when there was one).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub scale_changes: BTreeMap<String, u32>,
+    /// Tessera: the share of replica decisions in which the latency target was left to the share rule (the
+    /// share could still grow, `core::scale::joint`); the rest had it on the replica count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_on_share: Option<f64>,
 }
 
 /// Time series sampled during the run.
@@ -307,6 +311,23 @@ impl Report {
                 t.compute_allocated_ratio * t.gpus_mean,
                 t.gpus_mean
             );
+            // The joint rule (`core::scale::joint`): who answered the latency target, per model.
+            let owners: Vec<String> = t
+                .models
+                .iter()
+                .filter_map(|m| {
+                    m.latency_on_share
+                        .map(|f| format!("{} {:.0}%", m.model, f * 100.0))
+                })
+                .collect();
+            if !owners.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "Latency target on the share rule (a bigger share was the cheaper next unit) in this share of \
+                     each model's replica decisions; otherwise on the replica count: {}.",
+                    owners.join(", ")
+                );
+            }
         }
         let _ = writeln!(o, "{}", self.summary_line());
         o

@@ -18,9 +18,8 @@ use std::time::Duration;
 use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
 use tessera_core::scale::inputs;
-use tessera_core::scale::{
-    Behavior, ScalePolicy, ScaleState, ScaleToZero, ScalingRules, Targets, Timestamp, decide,
-};
+use tessera_core::scale::joint::{self, LatencyOwner, ShareRoom};
+use tessera_core::scale::{Behavior, ScalePolicy, ScaleState, ScaleToZero, ScalingRules, Targets, Timestamp};
 use tessera_core::wire::activator::model_key;
 use tessera_core::wire::sidecar::{SidecarStatus, SnapshotSummary};
 
@@ -282,6 +281,9 @@ struct ModelRt {
     recent: VecDeque<f64>,
     /// Requests that have arrived so far (the activator's `requests_total`).
     arrived: u64,
+    /// Replica decisions made, and how many of them left the latency target to the share rule.
+    rounds: u32,
+    rounds_latency_on_share: u32,
     last_request_at: Option<f64>,
     next_arrival: usize,
     requests: Vec<ReqState>,
@@ -361,6 +363,8 @@ impl<'a> World<'a> {
                 held: VecDeque::new(),
                 recent: VecDeque::new(),
                 arrived: 0,
+                rounds: 0,
+                rounds_latency_on_share: 0,
                 last_request_at: None,
                 next_arrival: 0,
                 requests: vec![ReqState::default(); sc.arrivals[i].len()],
@@ -979,9 +983,30 @@ impl<'a> World<'a> {
         if self.models[m].concurrency.is_some() {
             return self.scale_on_in_flight(m);
         }
-        let Some(policy) = self.models[m].policy.clone() else {
+        let Some(declared) = self.models[m].policy.clone() else {
             return Ok(());
         };
+        // Tessera decides replicas and share jointly (`core::scale::joint`), as the controller does; the
+        // baselines decide on their declared policy.
+        let room = match (
+            self.plan.kind,
+            &self.sc.models[m].compute_fraction,
+            &self.models[m].rec,
+        ) {
+            (StrategyKind::Tessera, ComputeFraction::Auto, Some(r)) => ShareRoom::Auto {
+                share: r.compute_fraction,
+                memory_fraction: Some(
+                    (r.gpu_memory_mib as f64 * 1_048_576.0) / self.sc.gpu.memory_bytes as f64,
+                ),
+            },
+            (StrategyKind::Tessera, ComputeFraction::Auto, None) => ShareRoom::Unknown,
+            _ => ShareRoom::Fixed,
+        };
+        let joint = joint::replica_policy(&declared, room, recommend::Config::default().compute_max_step_up);
+        if joint.latency == LatencyOwner::Share {
+            self.models[m].rounds_latency_on_share += 1;
+        }
+        self.models[m].rounds += 1;
         let now_ts = Timestamp::from_millis((self.now * 1000.0).round() as u64);
         let live: Vec<usize> = self.models[m]
             .replicas
@@ -1002,6 +1027,7 @@ impl<'a> World<'a> {
             .map(|&r| {
                 observe::sidecar_status(
                     self.replicas[r].scrapes.iter(),
+                    self.sc.gpu.memory_bytes,
                     self.now,
                     settings.scrape_interval,
                     settings.ttft_window,
@@ -1050,7 +1076,7 @@ impl<'a> World<'a> {
             demand.requests_per_second = Some(recent as f64 / window.min(self.now.max(1.0)));
         }
         let input = inputs::scale_input(live.len() as u32, &read, inputs::MAX_SIGNAL_AGE, demand);
-        let d = decide(&input, &policy, &rt.state, now_ts);
+        let d = joint::decide(&input, &joint, &rt.state, now_ts);
         if let Some(log) = self.decisions.as_mut() {
             log.push(observe::DecisionRecord {
                 model: m,
@@ -1058,7 +1084,8 @@ impl<'a> World<'a> {
                 current_replicas: input.current_replicas,
                 sidecars: docs,
                 activator: sample,
-                policy: policy.clone(),
+                policy: declared,
+                room,
                 state: rt.state.clone(),
                 decision: d.clone(),
             });
@@ -1295,6 +1322,8 @@ impl<'a> World<'a> {
                     _ => None,
                 },
                 scale_changes: rt.scale_changes.clone(),
+                latency_on_share: (self.plan.kind == StrategyKind::Tessera && rt.rounds > 0)
+                    .then(|| f64::from(rt.rounds_latency_on_share) / f64::from(rt.rounds)),
             });
         }
         all_ttft.sort_by(f64::total_cmp);

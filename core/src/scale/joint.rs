@@ -1,0 +1,206 @@
+//! The joint policy: replicas and compute share decided as one, so two loops never chase the same latency.
+//!
+//! A fractional replica's latency can be bought two ways: a bigger compute share (the share rule,
+//! [`crate::recommend::recommend_compute`], which sizes the share so the TTFT and inter-token p95 sit at their
+//! target) or another replica ([`super::decide`]). When both chase the same TTFT target, every excursion while
+//! the share is still settling adds a replica, and a model ends up with three replicas at 0.4 of a GPU where one
+//! at 0.8 would do — paying its weights' memory three times (measured: the default scenario's chat models at
+//! 3.2 replicas each, `docs/simulator.md`).
+//!
+//! The rule, applied to the replica policy before [`super::decide`]:
+//! - **While the share can still grow** (fractional sharing, the share managed by Tessera, below the whole GPU),
+//!   the next unit of latency capacity is a bigger share: it costs the share's increase in GPU compute, where
+//!   another replica costs its whole share *and* its weights and KV cache in GPU memory. So the latency *target*
+//!   (`targets.ttftP95`) belongs to the share rule, and the replica count answers load — KV cache, queue, request
+//!   rate — and the **SLO guard**: a p95 over the objective on any replica still adds a replica at once, because
+//!   a bigger share reaches only pods started after it (a roll or a scale), which is too slow for an SLO breach.
+//! - **At the whole GPU**, or when the share is fixed by the policy or unknown, a bigger share is not available:
+//!   latency targets stay with the replica count, as in HPA.
+//!
+//! The caller reports [`JointPolicy::binding`] with the decision, so the status and the simulator's report say
+//! which constraint decided and what the next unit of capacity costs.
+
+use std::fmt;
+
+use super::{ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
+
+/// A share within this of the whole GPU counts as the whole GPU (shares are recommended in hundredths).
+const WHOLE: f64 = 0.99;
+
+/// What the model's compute share can do.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ShareRoom {
+    /// Whole GPUs, or a share fixed by the policy: it never grows.
+    Fixed,
+    /// Not known yet (no allocation in force): treated as fixed, so missing data never drops a target.
+    Unknown,
+    /// Managed by Tessera: the share new replicas get, and the GPU memory one replica holds (weights, KV cache
+    /// and overhead) as a fraction of its GPU, when the GPU's size is known.
+    Auto {
+        /// The compute share in force, 0–1.
+        share: f64,
+        /// One replica's memory as a fraction of its GPU's.
+        memory_fraction: Option<f64>,
+    },
+}
+
+/// Who answers a latency target this round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LatencyOwner {
+    /// The share rule: a bigger share is the cheaper next unit.
+    Share,
+    /// The replica count (the share cannot grow).
+    Replicas,
+}
+
+/// The replica policy to decide with, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JointPolicy {
+    /// `policy` with the latency target removed when the share rule owns it.
+    pub policy: ScalePolicy,
+    /// Who answers the latency target.
+    pub latency: LatencyOwner,
+    /// What the next unit of latency capacity costs, in GPUs, when the share can grow.
+    pub next_unit: Option<NextUnit>,
+}
+
+/// The cost of the next unit of capacity, in fractions of a GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NextUnit {
+    /// Growing the share by the share rule's largest step: compute only.
+    pub bigger_share: f64,
+    /// Another replica: its share of compute, and its memory.
+    pub another_replica_compute: f64,
+    /// Another replica's memory, as a fraction of a GPU (when the GPU's size is known).
+    pub another_replica_memory: Option<f64>,
+}
+
+impl fmt::Display for JointPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.latency, self.next_unit) {
+            (LatencyOwner::Share, Some(n)) => {
+                write!(
+                    f,
+                    "latency target left to the share rule: a bigger share costs {:.2} GPU of compute, another \
+                     replica {:.2} of compute",
+                    n.bigger_share, n.another_replica_compute
+                )?;
+                match n.another_replica_memory {
+                    Some(m) => write!(f, " and {m:.2} of memory"),
+                    None => f.write_str(" and its memory"),
+                }
+            }
+            _ => f.write_str("latency target on the replica count (the share cannot grow)"),
+        }
+    }
+}
+
+/// The replica policy under the joint rule. `share_step` is the share rule's largest step up (its
+/// `compute_max_step_up`, e.g. 1.5×). Only `targets.ttft_p95` moves; the SLO guard, load targets, bounds and
+/// behaviour are untouched.
+pub fn replica_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> JointPolicy {
+    match room {
+        ShareRoom::Auto {
+            share,
+            memory_fraction,
+        } if share.is_finite() && share > 0.0 && share < WHOLE => {
+            let grown = (share * share_step.max(1.0)).min(1.0);
+            let mut p = policy.clone();
+            p.targets.ttft_p95 = None;
+            JointPolicy {
+                policy: p,
+                latency: LatencyOwner::Share,
+                next_unit: Some(NextUnit {
+                    bigger_share: grown - share,
+                    another_replica_compute: share,
+                    another_replica_memory: memory_fraction
+                        .filter(|m| m.is_finite())
+                        .map(|m| m.clamp(0.0, 1.0)),
+                }),
+            }
+        }
+        _ => JointPolicy {
+            policy: policy.clone(),
+            latency: LatencyOwner::Replicas,
+            next_unit: None,
+        },
+    }
+}
+
+/// [`super::decide`] under the joint policy; when the share rule owns the latency target, the decision's message
+/// says so and what the next unit of capacity costs.
+pub fn decide(input: &ScaleInput, joint: &JointPolicy, state: &ScaleState, now: Timestamp) -> ScaleDecision {
+    let mut d = super::decide(input, &joint.policy, state, now);
+    if joint.latency == LatencyOwner::Share {
+        d.message = format!("{}; {joint}", d.message);
+    }
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::scale::Targets;
+
+    fn policy() -> ScalePolicy {
+        ScalePolicy {
+            targets: Targets {
+                kv_cache_utilization: Some(0.7),
+                ttft_p95: Some(Duration::from_secs(1)),
+                ..Targets::default()
+            },
+            ttft_slo: Some(Duration::from_secs(2)),
+            ..ScalePolicy::default()
+        }
+    }
+
+    #[test]
+    fn a_share_that_can_grow_takes_the_latency_target_and_the_guard_stays() {
+        let j = replica_policy(
+            &policy(),
+            ShareRoom::Auto {
+                share: 0.4,
+                memory_fraction: Some(0.25),
+            },
+            1.5,
+        );
+        assert_eq!(j.latency, LatencyOwner::Share);
+        assert_eq!(j.policy.targets.ttft_p95, None);
+        assert_eq!(
+            j.policy.targets.kv_cache_utilization,
+            Some(0.7),
+            "load targets stay"
+        );
+        assert_eq!(
+            j.policy.ttft_slo,
+            Some(Duration::from_secs(2)),
+            "the SLO guard stays"
+        );
+        let n = j.next_unit.unwrap_or_else(|| panic!("a cost"));
+        assert!((n.bigger_share - 0.2).abs() < 1e-9, "{n:?}");
+        assert!(n.bigger_share < n.another_replica_compute + n.another_replica_memory.unwrap_or(0.0));
+        assert!(j.to_string().contains("a bigger share costs 0.20 GPU"), "{j}");
+    }
+
+    #[test]
+    fn whole_fixed_or_unknown_shares_leave_latency_to_the_replicas() {
+        for room in [
+            ShareRoom::Fixed,
+            ShareRoom::Unknown,
+            ShareRoom::Auto {
+                share: 1.0,
+                memory_fraction: None,
+            },
+            ShareRoom::Auto {
+                share: f64::NAN,
+                memory_fraction: None,
+            },
+        ] {
+            let j = replica_policy(&policy(), room, 1.5);
+            assert_eq!(j.latency, LatencyOwner::Replicas, "{room:?}");
+            assert_eq!(j.policy, policy(), "{room:?}");
+        }
+    }
+}
