@@ -7,8 +7,8 @@
 //! token) must be done at the whole GPU's achieved throughput, spread evenly over its ideal interval.
 //!
 //! At each instant the cluster then needs at least `max(Σ memory / usable memory per GPU, Σ compute rate)`
-//! GPUs — the fluid relaxation of packing, which any integral placement needs at least as many as — and the
-//! bound is that integrated over the run. Cold starts, idle replicas and scale-down delays are free, batching
+//! GPUs — the fluid relaxation of packing — rounded up, since GPUs are held whole (any placement holds an
+//! integral number of GPUs at every instant), and the bound is that integrated over the run. Cold starts, idle replicas and scale-down delays are free, batching
 //! is perfect, and a model's weights are counted once however many replicas serve it, so real policies sit
 //! above it; the ratio to it says how much room is left, not that it is reachable.
 
@@ -55,7 +55,10 @@ pub fn lower_bound_gpu_hours(sc: &Scenario) -> f64 {
     let (mut memory, mut compute, mut last, mut gpu_seconds) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for (t, m, delta, kv, rate) in events {
         if t > last {
-            gpu_seconds += (memory / usable).max(compute).max(0.0) * (t - last);
+            // GPUs are held whole: at any instant a cluster holds an integral number of them, at least the
+            // fluid need rounded up (the tolerance keeps float noise from rounding 1.000…1 up to 2).
+            let need = (memory / usable).max(compute).max(0.0);
+            gpu_seconds += (need - 1e-9).ceil().max(0.0) * (t - last);
             last = t;
         }
         if delta > 0 {
