@@ -346,7 +346,23 @@ fn real_pods_fractional_mode() {
             env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(),
             Some("0=20480M")
         );
-        assert_eq!(spec.host_ipc, Some(true));
+        // NVIDIA's device plugin gives MPS clients the daemon's /dev/shm and pipe directory, not hostIPC; a
+        // /dev/shm the pod brought is replaced (two mounts on one path would be rejected).
+        assert_ne!(spec.host_ipc, Some(true), "{}", row.file);
+        let shm: Vec<_> = vllm
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.mount_path == "/dev/shm")
+            .collect();
+        assert_eq!(shm.len(), 1, "{}: one /dev/shm", row.file);
+        assert_eq!(shm[0].name, "tessera-mps-shm");
+        assert!(
+            spec.volumes.iter().flatten().any(|v| v.name == "tessera-mps-shm"
+                && v.host_path.as_ref().map(|h| h.path.as_str()) == Some("/dev/shm")),
+            "{}",
+            row.file
+        );
         let terms = &spec
             .affinity
             .as_ref()
