@@ -95,11 +95,22 @@ pub fn encode_review(review: &AdmissionReview<DynamicObject>) -> serde_json::Res
         audit_annotations: &r.audit_annotations,
         warnings: r.warnings.as_ref(),
     });
-    serde_json::to_vec(&Review {
-        api_version: &review.types.api_version,
-        kind: &review.types.kind,
-        response: answer,
-    })
+    // Sized once for the whole answer: base64 of the patch plus the envelope (growing by doubling would copy it).
+    let patch_len = review
+        .response
+        .as_ref()
+        .and_then(|r| r.patch.as_ref())
+        .map_or(0, Vec::len);
+    let mut out = Vec::with_capacity(patch_len.div_ceil(3) * 4 + 512);
+    serde_json::to_writer(
+        &mut out,
+        &Review {
+            api_version: &review.types.api_version,
+            kind: &review.types.kind,
+            response: answer,
+        },
+    )?;
+    Ok(out)
 }
 
 /// Bytes written as standard base64 (RFC 4648, padded) straight into the serializer.
