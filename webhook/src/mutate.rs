@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
     Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tessera_autoscaler::crd::{InferenceAutoscaler, RecommendationStatus, Sharing, UpdateMode};
 use tessera_autoscaler::pool::{
@@ -675,15 +676,22 @@ pub fn apply_plan(pod: &Pod, ctx: &Context<'_>, plan: &Plan) -> Mutation {
 }
 
 /// The JSON diff from `before` to `after`, both as Tessera's types serialize them (so fields those types do not know
-/// are never touched). Containers the mutation left as they were — most of a pod's JSON, vLLM's own container
-/// included whenever its flags stay — are blanked on both sides before serializing, since the diff would find
-/// nothing in them; the diff compares arrays index by index, so blanks at equal indices yield no operation and
-/// every path still points into the real pod.
+/// are never touched). What the mutation left as it was — containers (most of a pod's JSON, vLLM's own included
+/// whenever its flags stay), volumes, the metadata — is blanked on both sides before serializing, since the diff
+/// would find nothing in it; the diff compares arrays index by index, so blanks at equal indices yield no
+/// operation and every path still points into the real pod.
 fn pod_patch(before: &Pod, mut after: Pod) -> Result<json_patch::Patch, serde_json::Error> {
     let mut before = before.clone();
+    if before.metadata == after.metadata {
+        before.metadata = ObjectMeta::default();
+        after.metadata = ObjectMeta::default();
+    }
     if let (Some(b), Some(a)) = (before.spec.as_mut(), after.spec.as_mut()) {
         blank_equal(&mut b.containers, &mut a.containers);
         if let (Some(b), Some(a)) = (b.init_containers.as_mut(), a.init_containers.as_mut()) {
+            blank_equal(b, a);
+        }
+        if let (Some(b), Some(a)) = (b.volumes.as_mut(), a.volumes.as_mut()) {
             blank_equal(b, a);
         }
     }
@@ -693,11 +701,12 @@ fn pod_patch(before: &Pod, mut after: Pod) -> Result<json_patch::Patch, serde_js
     ))
 }
 
-fn blank_equal(before: &mut [Container], after: &mut [Container]) {
+/// Replaces equal elements at equal indices with the default on both sides.
+fn blank_equal<T: PartialEq + Default>(before: &mut [T], after: &mut [T]) {
     for (b, a) in before.iter_mut().zip(after.iter_mut()) {
         if b == a {
-            *b = Container::default();
-            *a = Container::default();
+            *b = T::default();
+            *a = T::default();
         }
     }
 }

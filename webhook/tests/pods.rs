@@ -69,6 +69,13 @@ fn run(raw: &Value, ctx: &Context<'_>) -> (Value, &'static str) {
             let mut out = raw.clone();
             json_patch::patch(&mut out, &patch).expect("the patch applies to the pod it was made for");
             let again: Pod = serde_json::from_value(out.clone()).unwrap();
+            // Exactly the JSON diff of the whole typed pods: what the webhook skips while diffing (equal
+            // containers, volumes, metadata) changes nothing in the patch.
+            let whole = json_patch::diff(
+                &serde_json::to_value(&pod).unwrap(),
+                &serde_json::to_value(&again).unwrap(),
+            );
+            assert_eq!(patch, whole, "the patch is the whole diff");
             assert_eq!(
                 mutate::mutate(&again, ctx).unwrap(),
                 Mutation::Unchanged(Unchanged::UpToDate),
