@@ -33,6 +33,9 @@ for _ in $(seq 100); do curl -sfk "https://127.0.0.1:$hp/ready" >/dev/null && br
 echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), rustc $(rustc --version | cut -d' ' -f2)"
 echo "k6 $("$k6" version | head -1), rate $rate/s per scenario, $duration, binary $bin"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# The server's CPU time (user + system, clock ticks) across the run: its cost per request, whatever the load.
+cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+cpu0=$(cpu)
 # HTTP/1.1 with keep-alive, as the API server calls webhooks (load-tests/webhook.js checks every answer's version);
 # PROTO=HTTP/2.0 lets k6 negotiate HTTP/2 instead.
 proto=${PROTO:-HTTP/1.1}
@@ -42,6 +45,7 @@ GODEBUG=$godebug K6_NO_USAGE_REPORT=true "$k6" run --quiet --no-color --address 
   -e WEBHOOK_URL="https://127.0.0.1:$hp" -e RATE="$rate" -e DURATION="$duration" \
   -e REVIEW="$PWD/load-tests/webhook-review.json" -e SUMMARY="$dir/summary.json" load-tests/webhook.js || status=$?
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "server cpu: $(( ($(cpu) - cpu0) * 1000 / $(getconf CLK_TCK) )) ms"
 # The server's own view: admissions by outcome, and how long it took to answer them (from body read to JSON).
 curl -s "http://127.0.0.1:$mp/metrics" | grep -E '^tessera_webhook_admission(s_total|_duration_seconds_(bucket|count|sum))'
 exit "${status:-0}"
