@@ -308,7 +308,11 @@ impl Admitter {
         Ok(response.into_review())
     }
 
-    async fn respond(&self, req: &AdmissionRequest<DynamicObject>, object: Option<&RawValue>) -> AdmissionResponse {
+    async fn respond(
+        &self,
+        req: &AdmissionRequest<DynamicObject>,
+        object: Option<&RawValue>,
+    ) -> AdmissionResponse {
         let base = AdmissionResponse::from(req);
         if req.operation != Operation::Create {
             return self.unchanged(base, req, None, Unchanged::NotCreate);

@@ -711,7 +711,6 @@ fn blank_equal<T: PartialEq + Default>(before: &mut [T], after: &mut [T]) {
     }
 }
 
-
 /// Whether `--kv-cache-memory-bytes` may be used: vLLM ≥ 0.11 by the image tag or the version annotation.
 fn kv_bytes_supported(pod: &Pod, c: &Container) -> bool {
     annotations(pod)

@@ -263,9 +263,10 @@ mod tests {
 
     #[test]
     fn the_answer_carries_the_patch_as_base64_and_everything_else_as_kube_writes_it() {
-        let patch: json_patch::Patch =
-            serde_json::from_value(serde_json::json!([{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]))
-                .unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(
+            serde_json::json!([{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]),
+        )
+        .unwrap();
         let mut r = AdmissionResponse::invalid("x");
         r.uid = "u-1".into();
         r.allowed = true;
