@@ -214,7 +214,7 @@ for name in names:
                     err(name, d, f"{c['name']}: unexpected image {c['image']}")
         if k == "MutatingWebhookConfiguration":
             for w in d["webhooks"]:
-                want = {"failurePolicy": "Ignore", "sideEffects": "None", "reinvocationPolicy": "IfNeeded"}
+                want = {"failurePolicy": "Ignore", "sideEffects": "NoneOnDryRun", "reinvocationPolicy": "IfNeeded"}
                 for key, v in want.items():
                     if w.get(key) != v:
                         err(name, d, f"{w['name']}: {key} is {w.get(key)}, want {v}")

@@ -172,7 +172,8 @@ async fn admission_over_tls_and_certificate_rotation() {
     assert_eq!(r["uid"], "uid-allow");
     assert_eq!(r["allowed"], true);
     assert_eq!(r["patchType"], "JSONPatch");
-    let bytes: Vec<u8> = serde_json::from_value(r["patch"].clone()).unwrap();
+    // The patch travels as base64, the way the API server's Go types (`[]byte`) read it.
+    let bytes = base64_decode(r["patch"].as_str().expect("the patch is a base64 string"));
     let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
     let mut patched = pod.clone();
     json_patch::patch(&mut patched, &patch).unwrap();
@@ -265,4 +266,25 @@ async fn admission_over_tls_and_certificate_rotation() {
         "{page}"
     );
     drop(hook);
+}
+
+/// Standard base64 (RFC 4648, padded), decoded independently of the webhook's encoder.
+fn base64_decode(s: &str) -> Vec<u8> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    assert_eq!(s.len() % 4, 0, "padded base64");
+    let mut out = Vec::new();
+    for chunk in s.as_bytes().chunks(4) {
+        let mut v = 0u32;
+        let mut pad = 0;
+        for &c in chunk {
+            v <<= 6;
+            if c == b'=' {
+                pad += 1;
+            } else {
+                v |= ALPHABET.iter().position(|&a| a == c).expect("a base64 character") as u32;
+            }
+        }
+        out.extend_from_slice(&v.to_be_bytes()[1..4 - pad]);
+    }
+    out
 }

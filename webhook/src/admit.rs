@@ -7,15 +7,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::authentication::v1::UserInfo;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::core::DynamicObject;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::{DynamicObject, GroupVersionKind, GroupVersionResource, TypeMeta};
 use kube::runtime::reflector::Store;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 use tessera_autoscaler::crd::InferenceAutoscaler;
 use tessera_autoscaler::pool::{PoolError, PoolManager, ReserveRequest};
 use tokio::sync::mpsc;
@@ -188,6 +193,79 @@ fn owner_reference(pod: &Pod, namespace: &str) -> Option<ObjectReference> {
     })
 }
 
+/// An `AdmissionReview` as it arrives, read in one pass over the body. The object stays raw JSON borrowed from the
+/// body until it is read straight into a typed pod, and `oldObject` (absent on CREATE) is skipped unread; an object
+/// that is no Kubernetes object at all thus still gets a well-formed answer (admitted unchanged) instead of a 400.
+/// The fields are kube's `AdmissionReview`/`AdmissionRequest` (whose own `Deserialize` flattens the type meta,
+/// which buffers the whole body into an intermediate tree first).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Incoming<'a> {
+    api_version: String,
+    kind: String,
+    #[serde(borrow, default)]
+    request: Option<IncomingRequest<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct IncomingRequest<'a> {
+    uid: String,
+    kind: GroupVersionKind,
+    resource: GroupVersionResource,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    request_kind: Option<GroupVersionKind>,
+    #[serde(default)]
+    request_resource: Option<GroupVersionResource>,
+    #[serde(default)]
+    request_sub_resource: Option<String>,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    operation: Operation,
+    user_info: UserInfo,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+    #[serde(default, rename = "oldObject")]
+    _old_object: Option<IgnoredAny>,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default)]
+    options: Option<RawExtension>,
+}
+
+impl<'a> Incoming<'a> {
+    /// kube's request (without its objects) and the raw object; `None` when the review carries no request.
+    fn into_request(self) -> Option<(AdmissionRequest<DynamicObject>, Option<&'a RawValue>)> {
+        let r = self.request?;
+        let request = AdmissionRequest {
+            types: TypeMeta {
+                api_version: self.api_version,
+                kind: self.kind,
+            },
+            uid: r.uid,
+            kind: r.kind,
+            resource: r.resource,
+            sub_resource: r.sub_resource,
+            request_kind: r.request_kind,
+            request_resource: r.request_resource,
+            request_sub_resource: r.request_sub_resource,
+            name: r.name,
+            namespace: r.namespace,
+            operation: r.operation,
+            user_info: r.user_info,
+            object: None,
+            old_object: None,
+            dry_run: r.dry_run,
+            options: r.options,
+        };
+        Some((request, r.object))
+    }
+}
+
 impl Admitter {
     /// An admitter without a cluster (`--no-kube`): injection and validation only.
     pub fn without_kube(config: Config) -> Self {
@@ -214,31 +292,16 @@ impl Admitter {
     /// Answers one admission request body. `Err` only for a body that is no AdmissionReview (answer 400).
     pub async fn admit(&self, body: &[u8]) -> Result<AdmissionReview<DynamicObject>, BadRequest> {
         let started = Instant::now();
-        // The object is taken out before the review is parsed, so that an object that is no Kubernetes object
-        // at all still gets a well-formed answer (admitted unchanged) instead of a 400.
-        let parsed = serde_json::from_slice::<serde_json::Value>(body).and_then(|mut v| {
-            let object = v
-                .get_mut("request")
-                .and_then(serde_json::Value::as_object_mut)
-                .and_then(|r| {
-                    r.remove("oldObject");
-                    r.remove("object")
-                });
-            serde_json::from_value::<AdmissionReview<DynamicObject>>(v).map(|r| (r, object))
-        });
-        let (review, object) = match parsed {
+        let incoming = match serde_json::from_slice::<Incoming<'_>>(body) {
             Ok(r) => r,
             Err(e) => {
                 self.metrics.admission("invalid", "not_a_review");
                 return Err(BadRequest(e.to_string()));
             }
         };
-        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-            Ok(r) => r,
-            Err(_) => {
-                self.metrics.admission("invalid", "no_request");
-                return Ok(AdmissionResponse::invalid("the AdmissionReview has no request").into_review());
-            }
+        let Some((request, object)) = incoming.into_request() else {
+            self.metrics.admission("invalid", "no_request");
+            return Ok(AdmissionResponse::invalid("the AdmissionReview has no request").into_review());
         };
         let response = self.respond(&request, object).await;
         self.metrics.duration.observe(started.elapsed().as_secs_f64());
@@ -248,15 +311,16 @@ impl Admitter {
     async fn respond(
         &self,
         req: &AdmissionRequest<DynamicObject>,
-        object: Option<serde_json::Value>,
+        object: Option<&RawValue>,
     ) -> AdmissionResponse {
         let base = AdmissionResponse::from(req);
         if req.operation != Operation::Create {
             return self.unchanged(base, req, None, Unchanged::NotCreate);
         }
+        // Straight from the body's bytes into the typed pod: no intermediate JSON tree.
         let pod: Pod = match object
             .ok_or_else(|| "no object".to_string())
-            .and_then(|v| serde_json::from_value(v).map_err(|e| e.to_string()))
+            .and_then(|v| serde_json::from_str(v.get()).map_err(|e| e.to_string()))
         {
             Ok(p) => p,
             Err(e) => return self.unchanged(base, req, None, Unchanged::NotAPod(e)),
@@ -283,15 +347,18 @@ impl Admitter {
             placement: None,
         };
         let placement;
-        match mutate::plan(&pod, &ctx) {
+        let plan = match mutate::plan(&pod, &ctx) {
             Err(deny) => {
                 self.metrics.admission("denied", "invalid_setting");
                 info!(uid = %req.uid, %namespace, reason = %deny, "denied");
                 return base.deny(deny.to_string());
             }
             Ok(Plan::Unchanged(u)) => return self.unchanged(base, req, Some((&pod, &namespace)), u),
-            Ok(Plan::Whole(_)) => {}
-            Ok(Plan::Fractional(need)) => {
+            Ok(p) => p,
+        };
+        match &plan {
+            Plan::Unchanged(_) | Plan::Whole(_) => {}
+            Plan::Fractional(need) => {
                 if req.dry_run {
                     return self.unchanged(base, req, Some((&pod, &namespace)), Unchanged::DryRun);
                 }
@@ -302,7 +369,7 @@ impl Admitter {
                     // Re-invocation: the pod already carries its placement; reserving again could book twice.
                     placement = p;
                     ctx.placement = Some(&placement);
-                    return self.finish(base, req, &pod, &namespace, &ctx);
+                    return self.finish(base, req, &pod, &namespace, &ctx, &plan);
                 }
                 let Some(manager) = self.pools.get(&need.pool) else {
                     let u = Unchanged::NoPool(format!(
@@ -346,7 +413,7 @@ impl Admitter {
                 ctx.placement = Some(&placement);
             }
         }
-        self.finish(base, req, &pod, &namespace, &ctx)
+        self.finish(base, req, &pod, &namespace, &ctx, &plan)
     }
 
     fn finish(
@@ -356,15 +423,11 @@ impl Admitter {
         pod: &Pod,
         namespace: &str,
         ctx: &Context<'_>,
+        plan: &Plan,
     ) -> AdmissionResponse {
-        let (pod, namespace) = (pod, namespace);
-        match mutate::mutate(pod, ctx) {
-            Err(deny) => {
-                self.metrics.admission("denied", "invalid_setting");
-                base.deny(deny.to_string())
-            }
-            Ok(Mutation::Unchanged(u)) => self.unchanged(base, req, Some((pod, namespace)), u),
-            Ok(Mutation::Patch { patch, label, notes }) => {
+        match mutate::apply_plan(pod, ctx, plan) {
+            Mutation::Unchanged(u) => self.unchanged(base, req, Some((pod, namespace)), u),
+            Mutation::Patch { patch, label, notes } => {
                 debug!(uid = %req.uid, %namespace, label, ops = patch.0.len(), ?notes, "mutated");
                 match base.clone().with_patch(patch) {
                     Ok(mut r) => {

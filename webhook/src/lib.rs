@@ -79,6 +79,10 @@ pub struct Args {
     /// The MPS log directory on GPU nodes (CUDA_MPS_LOG_DIRECTORY).
     #[arg(long, env = "TESSERA_MPS_LOG_DIR", default_value = "/var/log/nvidia-mps")]
     pub mps_log_dir: String,
+    /// The node directory that is the MPS control daemon's /dev/shm (the host's /dev/shm for a daemon on the host
+    /// or with hostIPC; `<root>/shm` for NVIDIA's device-plugin daemon); mounted at /dev/shm in MPS clients.
+    #[arg(long, env = "TESSERA_MPS_SHM_DIR", default_value = "/dev/shm")]
+    pub mps_shm_dir: String,
 }
 
 impl Args {
@@ -92,6 +96,7 @@ impl Args {
             pools,
             mps_pipe_dir: self.mps_pipe_dir.clone(),
             mps_log_dir: self.mps_log_dir.clone(),
+            mps_shm_dir: self.mps_shm_dir.clone(),
         }
     }
 }

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
     Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use tessera_autoscaler::crd::{InferenceAutoscaler, RecommendationStatus, Sharing, UpdateMode};
 use tessera_autoscaler::pool::{
@@ -47,6 +48,10 @@ pub const SIDECAR_PORT_NAME: &str = "tessera";
 pub const MPS_PIPE_VOLUME: &str = "tessera-mps-pipe";
 /// See [`MPS_PIPE_VOLUME`].
 pub const MPS_LOG_VOLUME: &str = "tessera-mps-log";
+/// See [`MPS_PIPE_VOLUME`]: the MPS control daemon's `/dev/shm`.
+pub const MPS_SHM_VOLUME: &str = "tessera-mps-shm";
+/// Where an MPS client expects the shared memory it shares with the MPS server.
+const SHM_PATH: &str = "/dev/shm";
 /// The first vLLM version with `--kv-cache-memory-bytes`.
 pub const KV_BYTES_SINCE: (u32, u32) = (0, 11);
 
@@ -67,6 +72,8 @@ pub struct Config {
     pub mps_pipe_dir: String,
     /// The MPS log directory on the node (`CUDA_MPS_LOG_DIRECTORY`).
     pub mps_log_dir: String,
+    /// The node directory that is the MPS control daemon's `/dev/shm`, mounted at `/dev/shm` in MPS clients.
+    pub mps_shm_dir: String,
 }
 
 impl Default for Config {
@@ -79,6 +86,7 @@ impl Default for Config {
             pools: None,
             mps_pipe_dir: "/tmp/nvidia-mps".into(),
             mps_log_dir: "/var/log/nvidia-mps".into(),
+            mps_shm_dir: "/dev/shm".into(),
         }
     }
 }
@@ -612,11 +620,16 @@ pub fn existing_placement(pod: &Pod, pools_namespace: Option<&str>) -> Option<Pl
 
 /// Mutates `pod` in its context: the sidecar, vLLM's memory flags, and in fractional mode the placement.
 pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
-    let plan = plan(pod, ctx)?;
+    Ok(apply_plan(pod, ctx, &plan(pod, ctx)?))
+}
+
+/// [`mutate`] with the [`plan`] already made for this pod (the handler plans before it reserves; the plan does not
+/// depend on `ctx.placement`).
+pub fn apply_plan(pod: &Pod, ctx: &Context<'_>, plan: &Plan) -> Mutation {
     let existing = existing_placement(pod, ctx.config.pools.as_deref().map(|p| p.namespace.as_str()));
     let mut notes = Vec::new();
-    let (label, fractional) = match &plan {
-        Plan::Unchanged(u) => return Ok(Mutation::Unchanged(u.clone())),
+    let (label, fractional) = match plan {
+        Plan::Unchanged(u) => return Mutation::Unchanged(u.clone()),
         Plan::Whole(None) => ("whole", None),
         Plan::Whole(Some(why)) => {
             notes.push(why.to_string());
@@ -624,12 +637,12 @@ pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
         }
         Plan::Fractional(need) => {
             let Some(placement) = ctx.placement.or(existing.as_ref()) else {
-                return Ok(Mutation::Unchanged(Unchanged::GpuPending(
+                return Mutation::Unchanged(Unchanged::GpuPending(
                     "no placement was made for this fractional pod".into(),
-                )));
+                ));
             };
             let (Some(node), Some(uuid)) = (placement.node.as_deref(), placement.gpu_uuid.as_deref()) else {
-                return Ok(Mutation::Unchanged(Unchanged::GpuPending(format!(
+                return Mutation::Unchanged(Unchanged::GpuPending(format!(
                     "the reservation landed on capacity pod {}, which has {}; the reservation expires by the \
                      pool's TTL and the pod keeps its whole GPU",
                     placement.capacity_pod,
@@ -638,7 +651,7 @@ pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
                     } else {
                         "not published its GPU UUID yet"
                     }
-                ))));
+                )));
             };
             ("fractional", Some((need, placement, node, uuid)))
         }
@@ -650,19 +663,52 @@ pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
         apply_whole(&mut next, ctx, &mut notes)
     };
     if let Err(u) = result {
-        return Ok(Mutation::Unchanged(u));
+        return Mutation::Unchanged(u);
     }
     inject_sidecar(&mut next, ctx, fractional.map(|(n, p, _, u)| (n, p, u)));
-    let (Ok(before), Ok(after)) = (serde_json::to_value(pod), serde_json::to_value(&next)) else {
-        return Ok(Mutation::Unchanged(Unchanged::Internal(
-            "pod does not serialize".into(),
-        )));
+    let Ok(patch) = pod_patch(pod, next) else {
+        return Mutation::Unchanged(Unchanged::Internal("pod does not serialize".into()));
     };
-    let patch = json_patch::diff(&before, &after);
     if patch.0.is_empty() {
-        return Ok(Mutation::Unchanged(Unchanged::UpToDate));
+        return Mutation::Unchanged(Unchanged::UpToDate);
     }
-    Ok(Mutation::Patch { patch, label, notes })
+    Mutation::Patch { patch, label, notes }
+}
+
+/// The JSON diff from `before` to `after`, both as Tessera's types serialize them (so fields those types do not know
+/// are never touched). What the mutation left as it was — containers (most of a pod's JSON, vLLM's own included
+/// whenever its flags stay), volumes, the metadata — is blanked on both sides before serializing, since the diff
+/// would find nothing in it; the diff compares arrays index by index, so blanks at equal indices yield no
+/// operation and every path still points into the real pod.
+fn pod_patch(before: &Pod, mut after: Pod) -> Result<json_patch::Patch, serde_json::Error> {
+    let mut before = before.clone();
+    if before.metadata == after.metadata {
+        before.metadata = ObjectMeta::default();
+        after.metadata = ObjectMeta::default();
+    }
+    if let (Some(b), Some(a)) = (before.spec.as_mut(), after.spec.as_mut()) {
+        blank_equal(&mut b.containers, &mut a.containers);
+        if let (Some(b), Some(a)) = (b.init_containers.as_mut(), a.init_containers.as_mut()) {
+            blank_equal(b, a);
+        }
+        if let (Some(b), Some(a)) = (b.volumes.as_mut(), a.volumes.as_mut()) {
+            blank_equal(b, a);
+        }
+    }
+    Ok(json_patch::diff(
+        &serde_json::to_value(&before)?,
+        &serde_json::to_value(&after)?,
+    ))
+}
+
+/// Replaces equal elements at equal indices with the default on both sides.
+fn blank_equal<T: PartialEq + Default>(before: &mut [T], after: &mut [T]) {
+    for (b, a) in before.iter_mut().zip(after.iter_mut()) {
+        if b == a {
+            *b = T::default();
+            *a = T::default();
+        }
+    }
 }
 
 /// Whether `--kv-cache-memory-bytes` may be used: vLLM ≥ 0.11 by the image tag or the version annotation.
@@ -833,12 +879,14 @@ fn apply_fractional(
     Ok(())
 }
 
-/// MPS client settings, as NVIDIA's MPS documentation describes them (docs.nvidia.com/deploy/mps, "Appendix:
-/// Environment Variables"): the client must reach the control daemon's pipe directory
-/// (`CUDA_MPS_PIPE_DIRECTORY`, default `/tmp/nvidia-mps`, so it is mounted from the node and named explicitly),
-/// its active thread percentage caps the SMs it may use, and its pinned device memory limit caps its allocations
-/// per device (`"0=<n>M"`: device 0 is the one GPU the container sees). MPS clients and the server share memory
-/// through System V/POSIX IPC, so the pod joins the host's IPC namespace (`hostIPC`).
+/// MPS client settings. From NVIDIA's MPS documentation (docs.nvidia.com/deploy/mps, "Appendix: Environment
+/// Variables"): the control daemon, the server and their clients talk over named pipes and UNIX sockets in
+/// `CUDA_MPS_PIPE_DIRECTORY`, which must be the same for all of them, so the node's directory is mounted at the same
+/// path and named explicitly; clients set `CUDA_MPS_LOG_DIRECTORY` like the daemon; the active thread percentage
+/// caps the SMs a client may use and the pinned device memory limit its allocations per device (`"0=<n>M"`: device
+/// 0 is the one GPU the container sees). The rest is what NVIDIA's own Kubernetes device plugin gives an MPS
+/// client (NVIDIA/k8s-device-plugin, `internal/plugin/mps.go`): the pipe directory and the control daemon's
+/// `/dev/shm`, mounted at `/dev/shm` — not the host's IPC namespace, so no `hostIPC`.
 fn apply_mps(
     spec: &mut k8s_openapi::api::core::v1::PodSpec,
     vi: usize,
@@ -857,21 +905,33 @@ fn apply_mps(
     vllm::set_env(c, "CUDA_MPS_LOG_DIRECTORY", &config.mps_log_dir);
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
     for (name, path) in [
-        (MPS_PIPE_VOLUME, &config.mps_pipe_dir),
-        (MPS_LOG_VOLUME, &config.mps_log_dir),
+        (MPS_PIPE_VOLUME, config.mps_pipe_dir.as_str()),
+        (MPS_LOG_VOLUME, config.mps_log_dir.as_str()),
     ] {
         if !mounts.iter().any(|m| m.name == name) {
             mounts.push(VolumeMount {
                 name: name.into(),
-                mount_path: path.clone(),
+                mount_path: path.into(),
                 ..VolumeMount::default()
             });
         }
+    }
+    // One mount per path: a /dev/shm the pod brings (vLLM charts mount a memory emptyDir there) is replaced, since
+    // the client must see the daemon's; the pod's own volume stays declared, unused.
+    let shm = VolumeMount {
+        name: MPS_SHM_VOLUME.into(),
+        mount_path: SHM_PATH.into(),
+        ..VolumeMount::default()
+    };
+    mounts.retain(|m| m.name == MPS_SHM_VOLUME || m.mount_path.trim_end_matches('/') != SHM_PATH);
+    if !mounts.iter().any(|m| m.name == MPS_SHM_VOLUME) {
+        mounts.push(shm);
     }
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
     for (name, path) in [
         (MPS_PIPE_VOLUME, &config.mps_pipe_dir),
         (MPS_LOG_VOLUME, &config.mps_log_dir),
+        (MPS_SHM_VOLUME, &config.mps_shm_dir),
     ] {
         if !volumes.iter().any(|v| v.name == name) {
             volumes.push(Volume {
@@ -886,7 +946,6 @@ fn apply_mps(
             });
         }
     }
-    spec.host_ipc = Some(true);
 }
 
 /// Adds `metadata.name In [node]` to every required node selector term (terms are ORed, so each must carry it).

@@ -261,6 +261,34 @@ async fn reserve_then_patch_with_node_affinity_and_uuid() {
     assert_eq!(api.lock().unwrap().log.len(), 1, "no second reservation");
 }
 
+/// `sideEffects: NoneOnDryRun` holds: a dry run of a fractional pod writes nothing to the cluster (no
+/// reservation on any capacity pod, no new capacity pod) and is answered unchanged, `dry_run`, without a warning.
+#[tokio::test]
+async fn a_dry_run_reserves_nothing() {
+    let cfg = pools(2);
+    let api = Arc::new(Mutex::new(FakeApi::default()));
+    api.lock()
+        .unwrap()
+        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[]));
+    let a = admitter(cfg, api.clone()).await;
+    let (_, body) = review("uid-dry");
+    let mut review: Value = serde_json::from_slice(&body).unwrap();
+    review["request"]["dryRun"] = json!(true);
+    let r = a
+        .admit(&serde_json::to_vec(&review).unwrap())
+        .await
+        .unwrap()
+        .response
+        .unwrap();
+    assert!(r.allowed && r.patch.is_none(), "{r:?}");
+    assert_eq!(r.audit_annotations["unchanged"], "dry_run");
+    assert!(r.warnings.is_none(), "a dry run is no failure");
+    let api = api.lock().unwrap();
+    assert!(api.log.is_empty(), "the API saw {:?}", api.log);
+    assert!(api.reservations("gpu-a").is_empty());
+    assert_eq!(api.pods.len(), 1, "no capacity pod was created");
+}
+
 #[tokio::test]
 async fn a_conflict_is_retried() {
     let cfg = pools(2);

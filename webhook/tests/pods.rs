@@ -69,6 +69,13 @@ fn run(raw: &Value, ctx: &Context<'_>) -> (Value, &'static str) {
             let mut out = raw.clone();
             json_patch::patch(&mut out, &patch).expect("the patch applies to the pod it was made for");
             let again: Pod = serde_json::from_value(out.clone()).unwrap();
+            // Exactly the JSON diff of the whole typed pods: what the webhook skips while diffing (equal
+            // containers, volumes, metadata) changes nothing in the patch.
+            let whole = json_patch::diff(
+                &serde_json::to_value(&pod).unwrap(),
+                &serde_json::to_value(&again).unwrap(),
+            );
+            assert_eq!(patch, whole, "the patch is the whole diff");
             assert_eq!(
                 mutate::mutate(&again, ctx).unwrap(),
                 Mutation::Unchanged(Unchanged::UpToDate),
@@ -346,7 +353,23 @@ fn real_pods_fractional_mode() {
             env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(),
             Some("0=20480M")
         );
-        assert_eq!(spec.host_ipc, Some(true));
+        // NVIDIA's device plugin gives MPS clients the daemon's /dev/shm and pipe directory, not hostIPC; a
+        // /dev/shm the pod brought is replaced (two mounts on one path would be rejected).
+        assert_ne!(spec.host_ipc, Some(true), "{}", row.file);
+        let shm: Vec<_> = vllm
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.mount_path == "/dev/shm")
+            .collect();
+        assert_eq!(shm.len(), 1, "{}: one /dev/shm", row.file);
+        assert_eq!(shm[0].name, "tessera-mps-shm");
+        assert!(
+            spec.volumes.iter().flatten().any(|v| v.name == "tessera-mps-shm"
+                && v.host_path.as_ref().map(|h| h.path.as_str()) == Some("/dev/shm")),
+            "{}",
+            row.file
+        );
         let terms = &spec
             .affinity
             .as_ref()
