@@ -392,6 +392,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         &policy,
         share_room(obj, &docs),
         tessera_core::recommend::Config::default().compute_max_step_up,
+        observed_cold_start(&all_pods),
     );
     let mut decision = scale::joint::decide(&input, &joint, &state, now);
     if decision.desired_replicas == 0 && current > 0 {
@@ -529,6 +530,29 @@ fn share_room(obj: &InferenceAutoscaler, docs: &[Option<SidecarStatus>]) -> scal
         share: in_force.compute_fraction,
         memory_fraction: gpu_bytes.map(|b| in_force.gpu_memory_mib as f64 * 1_048_576.0 / b as f64),
     }
+}
+
+/// How long the fastest of the target's ready pods took from creation to Ready: a start from zero takes at least
+/// that, so when it is over the TTFT objective a cold start cannot meet it (the joint rule's warm floor).
+/// `None` without a ready pod to measure (the policy then stays as declared).
+fn observed_cold_start(pods: &[Pod]) -> Option<Duration> {
+    pods.iter()
+        .filter_map(|p| {
+            let created = p.metadata.creation_timestamp.as_ref()?.0;
+            let ready = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status == "True")?
+                .last_transition_time
+                .as_ref()?
+                .0;
+            let ms = ready.duration_since(created).as_millis();
+            u64::try_from(ms).ok().map(Duration::from_millis)
+        })
+        .min()
 }
 
 /// What [`allocation_and_roll`] needs from this reconcile.

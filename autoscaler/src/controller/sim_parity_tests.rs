@@ -125,9 +125,20 @@ async fn api_server(
     name: String,
     current: u32,
     ready: usize,
+    started: (u64, Option<Duration>),
     ias: Value,
     seen: Arc<Mutex<Seen>>,
 ) {
+    // Each ready pod was created at `at` and turned Ready a cold start later (millisecond timestamps, so the
+    // controller measures exactly the simulator's lead time).
+    let (at_ms, lead) = started;
+    let stamp = |ms: u64| {
+        k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64)
+            .unwrap()
+            .to_string()
+    };
+    let created = at_ms.saturating_sub(600_000);
+    let became_ready = lead.map(|l| created + l.as_millis() as u64);
     while let Some((req, send)) = handle.next_request().await {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
@@ -147,9 +158,14 @@ async fn api_server(
         } else if path.ends_with("/pods") && method == Method::GET {
             let pods: Vec<Value> = (0..current as usize)
                 .map(|i| {
-                    json!({"metadata": {"name": format!("{name}-{i}"), "namespace": NAMESPACE},
-                           "status": {"podIP": format!("10.0.0.{}", i + 1), "conditions": [
-                               {"type": "Ready", "status": if i < ready { "True" } else { "False" }}]}})
+                    let mut ready_condition =
+                        json!({"type": "Ready", "status": if i < ready { "True" } else { "False" }});
+                    if let Some(t) = became_ready {
+                        ready_condition["lastTransitionTime"] = json!(stamp(t));
+                    }
+                    json!({"metadata": {"name": format!("{name}-{i}"), "namespace": NAMESPACE,
+                                        "creationTimestamp": stamp(created)},
+                           "status": {"podIP": format!("10.0.0.{}", i + 1), "conditions": [ready_condition]}})
                 })
                 .collect();
             (
@@ -262,6 +278,7 @@ async fn replay(
         name.to_owned(),
         rec.current_replicas,
         rec.sidecars.len(),
+        (rec.at_ms, rec.cold_start),
         serde_json::to_value(&*obj).unwrap(),
         seen.clone(),
     ));
@@ -297,8 +314,13 @@ async fn the_controller_decides_what_the_simulator_decided() {
     // Every change the simulator made, and every 25th hold.
     let mut picked: Vec<&DecisionRecord> = Vec::new();
     let mut holds = 0;
+    let mut floors = 0;
     for r in &records {
-        if r.decision.is_change() {
+        let floor = r.decision.message.contains("keeps one warm replica");
+        if floor {
+            floors += 1;
+        }
+        if r.decision.is_change() || (floor && floors % 25 == 1) {
             picked.push(r);
         } else {
             holds += 1;
@@ -308,6 +330,12 @@ async fn the_controller_decides_what_the_simulator_decided() {
         }
     }
     let reasons: HashSet<&str> = picked.iter().map(|r| r.decision.reason.label()).collect();
+    assert!(
+        picked
+            .iter()
+            .any(|r| r.decision.message.contains("keeps one warm replica")),
+        "the replay must cover a warm floor (a cold start over the objective)"
+    );
     assert!(
         picked.iter().any(|r| matches!(r.room, ShareRoom::Auto { .. })),
         "the replay must cover the joint rule with a share that can grow"

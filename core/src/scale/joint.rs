@@ -17,10 +17,18 @@
 //! - **At the whole GPU**, or when the share is fixed by the policy or unknown, a bigger share is not available:
 //!   latency targets stay with the replica count, as in HPA.
 //!
-//! The caller reports [`JointPolicy::binding`] with the decision, so the status and the simulator's report say
-//! which constraint decided and what the next unit of capacity costs.
+//! - **Cold starts are part of the cost.** A model allowed to scale to zero whose cold start (pod start and
+//!   weights load, or a sleep-mode wake) takes longer than its TTFT objective cannot meet the objective for the
+//!   request that wakes it, nor for any that arrive during the start. Such a model keeps a **warm floor** of one
+//!   replica instead of going to zero ([`WarmFloor`]); the decision's message and the simulator's report name the
+//!   models that pay for one and why. A lead time that is not known (nothing measured yet) leaves the policy as
+//!   declared.
+//!
+//! The caller reports the [`JointPolicy`] with the decision ([`decide`]), so the status and the simulator's
+//! report say which constraint decided and what the next unit of capacity costs.
 
 use std::fmt;
+use std::time::Duration;
 
 use super::{ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
 
@@ -62,6 +70,17 @@ pub struct JointPolicy {
     pub latency: LatencyOwner,
     /// What the next unit of latency capacity costs, in GPUs, when the share can grow.
     pub next_unit: Option<NextUnit>,
+    /// Set when the model keeps one warm replica instead of going to zero.
+    pub warm_floor: Option<WarmFloor>,
+}
+
+/// Why a model keeps a warm replica: its cold start is longer than its TTFT objective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarmFloor {
+    /// How long a start from zero takes (pod start and load, or a sleep-mode wake).
+    pub cold_start: Duration,
+    /// The TTFT objective it would miss.
+    pub ttft_slo: Duration,
 }
 
 /// The cost of the next unit of capacity, in fractions of a GPU.
@@ -77,6 +96,14 @@ pub struct NextUnit {
 
 impl fmt::Display for JointPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(w) = self.warm_floor {
+            write!(
+                f,
+                "keeps one warm replica: a cold start takes {:.0} s, over the {:.0} s TTFT objective; ",
+                w.cold_start.as_secs_f64(),
+                w.ttft_slo.as_secs_f64()
+            )?;
+        }
         match (self.latency, self.next_unit) {
             (LatencyOwner::Share, Some(n)) => {
                 write!(
@@ -96,9 +123,31 @@ impl fmt::Display for JointPolicy {
 }
 
 /// The replica policy under the joint rule. `share_step` is the share rule's largest step up (its
-/// `compute_max_step_up`, e.g. 1.5×). Only `targets.ttft_p95` moves; the SLO guard, load targets, bounds and
+/// `compute_max_step_up`, e.g. 2×); `cold_start` how long a start from zero takes, when known. Only
+/// `targets.ttft_p95` and, for a warm floor, scale to zero move; the SLO guard, load targets, bounds and
 /// behaviour are untouched.
-pub fn replica_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> JointPolicy {
+pub fn replica_policy(
+    policy: &ScalePolicy,
+    room: ShareRoom,
+    share_step: f64,
+    cold_start: Option<Duration>,
+) -> JointPolicy {
+    let mut joint = share_policy(policy, room, share_step);
+    if let (Some(_), Some(lead), Some(slo)) = (&policy.scale_to_zero, cold_start, policy.ttft_slo)
+        && policy.min_replicas == 0
+        && lead > slo
+    {
+        joint.policy.scale_to_zero = None;
+        joint.policy.min_replicas = 1;
+        joint.warm_floor = Some(WarmFloor {
+            cold_start: lead,
+            ttft_slo: slo,
+        });
+    }
+    joint
+}
+
+fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> JointPolicy {
     match room {
         ShareRoom::Auto {
             share,
@@ -110,6 +159,7 @@ pub fn replica_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) ->
             JointPolicy {
                 policy: p,
                 latency: LatencyOwner::Share,
+                warm_floor: None,
                 next_unit: Some(NextUnit {
                     bigger_share: grown - share,
                     another_replica_compute: share,
@@ -123,6 +173,7 @@ pub fn replica_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) ->
             policy: policy.clone(),
             latency: LatencyOwner::Replicas,
             next_unit: None,
+            warm_floor: None,
         },
     }
 }
@@ -131,7 +182,7 @@ pub fn replica_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) ->
 /// says so and what the next unit of capacity costs.
 pub fn decide(input: &ScaleInput, joint: &JointPolicy, state: &ScaleState, now: Timestamp) -> ScaleDecision {
     let mut d = super::decide(input, &joint.policy, state, now);
-    if joint.latency == LatencyOwner::Share {
+    if joint.latency == LatencyOwner::Share || joint.warm_floor.is_some() {
         d.message = format!("{}; {joint}", d.message);
     }
     d
@@ -165,6 +216,7 @@ mod tests {
                 memory_fraction: Some(0.25),
             },
             1.5,
+            None,
         );
         assert_eq!(j.latency, LatencyOwner::Share);
         assert_eq!(j.policy.targets.ttft_p95, None);
@@ -198,9 +250,46 @@ mod tests {
                 memory_fraction: None,
             },
         ] {
-            let j = replica_policy(&policy(), room, 1.5);
+            let j = replica_policy(&policy(), room, 1.5, None);
             assert_eq!(j.latency, LatencyOwner::Replicas, "{room:?}");
             assert_eq!(j.policy, policy(), "{room:?}");
+        }
+    }
+
+    #[test]
+    fn a_cold_start_longer_than_the_objective_keeps_a_warm_replica() {
+        let zero = ScalePolicy {
+            min_replicas: 0,
+            scale_to_zero: Some(crate::scale::ScaleToZero {
+                idle_after: Duration::from_secs(300),
+            }),
+            ..policy()
+        };
+        let s = Duration::from_secs;
+        // 28 s to start against a 2 s objective: a floor of one, no scale to zero.
+        let j = replica_policy(&zero, ShareRoom::Fixed, 2.0, Some(s(28)));
+        assert_eq!(
+            (j.policy.min_replicas, j.policy.scale_to_zero.is_some()),
+            (1, false)
+        );
+        assert_eq!(
+            j.warm_floor,
+            Some(WarmFloor {
+                cold_start: s(28),
+                ttft_slo: s(2)
+            })
+        );
+        assert!(
+            j.to_string()
+                .starts_with("keeps one warm replica: a cold start takes 28 s"),
+            "{j}"
+        );
+        // A one-second sleep-mode wake meets it; an unknown lead time changes nothing; nor does a model that
+        // never goes to zero.
+        for (p, lead) in [(&zero, Some(s(1))), (&zero, None), (&policy(), Some(s(28)))] {
+            let j = replica_policy(p, ShareRoom::Fixed, 2.0, lead);
+            assert_eq!(j.warm_floor, None);
+            assert_eq!(&j.policy, p);
         }
     }
 }

@@ -45,6 +45,8 @@ pub struct DecisionRecord {
     pub policy: ScalePolicy,
     /// What the model's share could do, as the joint rule saw it.
     pub room: ShareRoom,
+    /// How long a start from zero takes, as the joint rule saw it.
+    pub cold_start: Option<std::time::Duration>,
     /// The model's history before the decision.
     pub state: ScaleState,
     /// What was decided.

@@ -147,6 +147,9 @@ pub struct ModelReport {
     /// share could still grow, `core::scale::joint`); the rest had it on the replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_on_share: Option<f64>,
+    /// Tessera: why the model kept a warm replica instead of going to zero (`core::scale::joint::WarmFloor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_floor: Option<String>,
 }
 
 /// Time series sampled during the run.
@@ -320,6 +323,19 @@ impl Report {
                         .map(|f| format!("{} {:.0}%", m.model, f * 100.0))
                 })
                 .collect();
+            let floors: Vec<String> = t
+                .models
+                .iter()
+                .filter_map(|m| m.warm_floor.as_ref().map(|w| format!("{} ({w})", m.model)))
+                .collect();
+            if !floors.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "Kept one warm replica instead of scaling to zero, because a cold start would miss the TTFT \
+                     objective: {}.",
+                    floors.join(", ")
+                );
+            }
             if !owners.is_empty() {
                 let _ = writeln!(
                     o,

@@ -145,7 +145,9 @@ fn static_gpu_hours_are_replicas_times_duration() {
 /// is fresh, so nobody else holds its start-up lease).
 #[test]
 fn scale_to_zero_holds_the_request_for_the_cold_start() {
-    let m = model("m", 0, 1);
+    let mut m = model("m", 0, 1);
+    // An objective a cold start can meet: the joint rule lets it go to zero.
+    m.slo_ttft = 60.0;
     let expect = StrategySettings::default().pod_start.as_secs_f64() + m.load_secs;
     let sc = scenario(vec![m], vec![at(&[0.0, 5.0, 10.0, 400.0])], 600.0);
     let r = run(&sc);
@@ -171,6 +173,20 @@ fn scale_to_zero_holds_the_request_for_the_cold_start() {
     assert_eq!(r.strategy("hpa").unwrap().held_requests, 0);
 }
 
+/// A model whose cold start is longer than its TTFT objective keeps one warm replica (the joint rule's warm
+/// floor): nothing is held, nothing starts from zero, and the report says why.
+#[test]
+fn a_cold_start_over_the_objective_keeps_a_warm_replica() {
+    let m = model("m", 0, 1);
+    let lead = StrategySettings::default().pod_start.as_secs_f64() + m.load_secs;
+    assert!(lead > m.slo_ttft, "the objective must be shorter than the cold start");
+    let sc = scenario(vec![m], vec![at(&[0.0, 5.0, 10.0, 400.0])], 600.0);
+    let t = run(&sc).strategy("tessera").unwrap().clone();
+    assert_eq!((t.starts_from_zero, t.held_requests), (0, 0));
+    let floor = t.models[0].warm_floor.clone().unwrap_or_default();
+    assert!(floor.starts_with("cold start"), "{floor}");
+}
+
 /// With sleep mode, the wake-up replaces the pod start and the load.
 #[test]
 fn sleep_mode_wakes_fast() {
@@ -188,6 +204,8 @@ fn sleep_mode_wakes_fast() {
 fn start_ups_on_one_gpu_are_serialized() {
     let mut a = model("a", 0, 1);
     let mut b = model("b", 0, 1);
+    a.slo_ttft = 60.0;
+    b.slo_ttft = 60.0;
     // Small fixed shares so both fit on one GPU.
     a.compute_fraction = ComputeFraction::Fixed(0.25);
     b.compute_fraction = ComputeFraction::Fixed(0.25);

@@ -284,6 +284,8 @@ struct ModelRt {
     /// Replica decisions made, and how many of them left the latency target to the share rule.
     rounds: u32,
     rounds_latency_on_share: u32,
+    /// Tessera: the warm floor the joint rule kept, if any.
+    warm_floor: Option<joint::WarmFloor>,
     last_request_at: Option<f64>,
     next_arrival: usize,
     requests: Vec<ReqState>,
@@ -365,6 +367,7 @@ impl<'a> World<'a> {
                 arrived: 0,
                 rounds: 0,
                 rounds_latency_on_share: 0,
+                warm_floor: None,
                 last_request_at: None,
                 next_arrival: 0,
                 requests: vec![ReqState::default(); sc.arrivals[i].len()],
@@ -1002,7 +1005,22 @@ impl<'a> World<'a> {
             (StrategyKind::Tessera, ComputeFraction::Auto, None) => ShareRoom::Unknown,
             _ => ShareRoom::Fixed,
         };
-        let joint = joint::replica_policy(&declared, room, recommend::Config::default().compute_max_step_up);
+        // How long a start from zero takes here: a sleep-mode wake, or the pod's start and the weights' load.
+        let setup = &self.sc.models[m];
+        let cold_start = Duration::from_secs_f64(
+            setup
+                .sleep_wake_secs
+                .unwrap_or(self.sc.settings.pod_start.as_secs_f64() + setup.load_secs),
+        );
+        let joint = joint::replica_policy(
+            &declared,
+            room,
+            recommend::Config::default().compute_max_step_up,
+            (self.plan.kind == StrategyKind::Tessera).then_some(cold_start),
+        );
+        if let Some(w) = joint.warm_floor {
+            self.models[m].warm_floor = Some(w);
+        }
         if joint.latency == LatencyOwner::Share {
             self.models[m].rounds_latency_on_share += 1;
         }
@@ -1086,6 +1104,7 @@ impl<'a> World<'a> {
                 activator: sample,
                 policy: declared,
                 room,
+                cold_start: (self.plan.kind == StrategyKind::Tessera).then_some(cold_start),
                 state: rt.state.clone(),
                 decision: d.clone(),
             });
@@ -1324,6 +1343,13 @@ impl<'a> World<'a> {
                 scale_changes: rt.scale_changes.clone(),
                 latency_on_share: (self.plan.kind == StrategyKind::Tessera && rt.rounds > 0)
                     .then(|| f64::from(rt.rounds_latency_on_share) / f64::from(rt.rounds)),
+                warm_floor: rt.warm_floor.map(|w| {
+                    format!(
+                        "cold start {:.0} s > TTFT objective {:.0} s",
+                        w.cold_start.as_secs_f64(),
+                        w.ttft_slo.as_secs_f64()
+                    )
+                }),
             });
         }
         all_ttft.sort_by(f64::total_cmp);
