@@ -78,12 +78,30 @@ fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<Activato
     } else {
         ActivatorPoller::new(&["http://act-0:8080".to_owned()])
     };
-    Arc::new(Context {
-        client: client.clone(),
-        signals: Arc::new(FakeSignals {
+    test_context(
+        client,
+        Arc::new(FakeSignals {
             kv: kv.iter().map(|(u, k)| ((*u).to_owned(), *k)).collect(),
             activator: Mutex::new(docs.into()),
         }),
+        activators,
+        UNIX_EPOCH + Duration::from_secs(NOW_S),
+        HashMap::new(),
+    )
+}
+
+/// A controller context with the controller's default settings, answering signals from `signals`, with its clock
+/// stopped at `now` and the models' histories `states`.
+pub(super) fn test_context(
+    client: Client,
+    signals: Arc<dyn SignalSource>,
+    activators: ActivatorPoller,
+    now: std::time::SystemTime,
+    states: HashMap<String, tessera_core::scale::ScaleState>,
+) -> Arc<Context> {
+    Arc::new(Context {
+        client: client.clone(),
+        signals,
         activators,
         metrics: Arc::new(Metrics::new()),
         recorder: Recorder::new(
@@ -96,12 +114,12 @@ fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<Activato
         settings: Settings {
             sync_period: Duration::from_secs(15),
             sidecar_port: 9090,
-            max_signal_age: Duration::from_secs(30),
-            activator_max_age: Duration::from_secs(5),
+            max_signal_age: tessera_core::scale::inputs::MAX_SIGNAL_AGE,
+            activator_max_age: tessera_core::scale::inputs::ACTIVATOR_MAX_AGE,
             rollout: tessera_core::rollout::RolloutConfig::default(),
         },
-        clock: Arc::new(|| UNIX_EPOCH + Duration::from_secs(NOW_S)),
-        states: Mutex::new(HashMap::new()),
+        clock: Arc::new(move || now),
+        states: Mutex::new(states),
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
         rolling: crate::controller::rollout::Rolling::default(),

@@ -18,7 +18,6 @@ use http::{Method, Request, Response};
 use http_body_util::BodyExt;
 use kube::Client;
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
 use serde_json::{Value, json};
 use tessera_core::scale::ScalePolicy;
 use tessera_core::scale::joint::ShareRoom;
@@ -29,7 +28,6 @@ use tessera_sim::simulate::scenario::{self, Source};
 use tessera_sim::simulate::world::{Plan, StrategyKind, World};
 
 use super::*;
-use crate::controller::metrics::Metrics;
 use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
 
 /// Sidecars answer their recorded documents by URL; the activator answers its two recorded documents in turn,
@@ -224,43 +222,16 @@ async fn replay(
     docs.extend(rec.activator.previous.clone());
     docs.extend(rec.activator.latest.clone());
     let clock_ms = rec.at_ms;
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        signals: Arc::new(Recorded {
+    let ctx = super::tests::test_context(
+        client,
+        Arc::new(Recorded {
             sidecars,
             activator: Mutex::new(docs),
         }),
-        activators: ActivatorPoller::new(&["http://activator:8080".to_owned()]),
-        metrics: Arc::new(Metrics::new()),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "tessera-autoscaler".into(),
-                instance: None,
-            },
-        ),
-        settings: Settings {
-            sync_period: Duration::from_secs(15),
-            sidecar_port: 9090,
-            max_signal_age: tessera_core::scale::inputs::MAX_SIGNAL_AGE,
-            activator_max_age: tessera_core::scale::inputs::ACTIVATOR_MAX_AGE,
-            rollout: tessera_core::rollout::RolloutConfig::default(),
-        },
-        clock: Arc::new(move || UNIX_EPOCH + Duration::from_millis(clock_ms)),
-        states: Mutex::new(HashMap::from([(
-            format!("{NAMESPACE}/{name}"),
-            rec.state.clone(),
-        )])),
-        last_runs: Mutex::new(HashMap::new()),
-        woken: Mutex::new(HashSet::new()),
-        rolling: crate::controller::rollout::Rolling::default(),
-        ui: Arc::new(crate::ui::Store::new(
-            Default::default(),
-            false,
-            0,
-            Duration::from_secs(600),
-        )),
-    });
+        ActivatorPoller::new(&["http://activator:8080".to_owned()]),
+        UNIX_EPOCH + Duration::from_millis(clock_ms),
+        HashMap::from([(format!("{NAMESPACE}/{name}"), rec.state.clone())]),
+    );
     // The poller's two documents, fetched one poll apart as the controller's loop does.
     let poll_ms = tessera_core::scale::inputs::ACTIVATOR_POLL_INTERVAL.as_millis() as u64;
     let age = tessera_core::scale::inputs::ACTIVATOR_MAX_AGE;

@@ -179,7 +179,10 @@ fn scale_to_zero_holds_the_request_for_the_cold_start() {
 fn a_cold_start_over_the_objective_keeps_a_warm_replica() {
     let m = model("m", 0, 1);
     let lead = StrategySettings::default().pod_start.as_secs_f64() + m.load_secs;
-    assert!(lead > m.slo_ttft, "the objective must be shorter than the cold start");
+    assert!(
+        lead > m.slo_ttft,
+        "the objective must be shorter than the cold start"
+    );
     let sc = scenario(vec![m], vec![at(&[0.0, 5.0, 10.0, 400.0])], 600.0);
     let t = run(&sc).strategy("tessera").unwrap().clone();
     assert_eq!((t.starts_from_zero, t.held_requests), (0, 0));
