@@ -148,6 +148,26 @@ pub fn passes(phase: &Phase) -> bool {
     !matches!(phase, Phase::Waiting { .. })
 }
 
+/// The name of a GPU's start-up Lease (in the pool namespace): `tessera-startup-<uuid>`, lower-cased with anything
+/// outside `[a-z0-9-]` replaced, cut to a valid object name. The sidecar's gate takes and renews it; the
+/// autoscaler's GPU page shows who holds it.
+pub fn lease_name(gpu_uuid: &str) -> String {
+    let clean: String = gpu_uuid
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let mut name = format!("tessera-startup-{}", clean.trim_matches('-'));
+    name.truncate(253);
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

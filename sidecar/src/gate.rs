@@ -78,23 +78,8 @@ impl GateArgs {
     }
 }
 
-/// `tessera-startup-<uuid>`, lower-cased with anything outside `[a-z0-9-]` replaced, cut to a valid object name.
-pub fn lease_name(gpu_uuid: &str) -> String {
-    let clean: String = gpu_uuid
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    let mut name = format!("tessera-startup-{}", clean.trim_matches('-'));
-    name.truncate(253);
-    name
-}
+/// The GPU's start-up Lease name (shared with the autoscaler's GPU page, which shows its holder).
+pub use tessera_core::gate::lease_name;
 
 /// What `/startup` reports.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -333,18 +333,26 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let pool_metrics = metrics.pool.clone();
             let page = ctx.ui.clone();
             let agents = agent_client.clone();
+            let (kube, pool_ns) = (client.clone(), cfg.namespace.clone());
             // The /ui page's per-GPU table: each pool's capacity pods and tenants, as the pool manager sees them,
             // with each tenant's measured use from its capacity pod's gpu-agent (read off the pool manager's
             // loop, each read bounded by --scrape-timeout).
+            // The start-up lease holders come from the gate's Leases in the pool namespace (one list per round).
             let observer: crate::pool::PoolObserver = Arc::new(move |pool, memory_mib, index| {
                 let (page, index, pool, client) =
                     (page.clone(), index.clone(), pool.to_owned(), agents.clone());
+                let (kube, pool_ns) = (kube.clone(), pool_ns.clone());
                 tokio::spawn(async move {
                     let port = u16::try_from(crate::pool::capacity::AGENT_PORT).unwrap_or(9091);
-                    let read = crate::ui::observe::read_agents(&client, &index, port).await;
+                    let (read, leases) = tokio::join!(
+                        crate::ui::observe::read_agents(&client, &index, port),
+                        crate::ui::observe::read_startup_leases(&kube, &pool_ns)
+                    );
+                    let holders =
+                        crate::ui::observe::startup_holders(&leases, crate::unix_ms(SystemTime::now()));
                     page.set_pool_gpus(
                         &pool,
-                        crate::ui::observe::gpus_from_pool(&index, &pool, memory_mib, &read),
+                        crate::ui::observe::gpus_from_pool(&index, &pool, memory_mib, &read, &holders),
                     );
                 });
             });

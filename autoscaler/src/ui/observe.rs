@@ -3,6 +3,8 @@
 //! both.
 
 use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::Lease;
 use tessera_core::recommend::{Outcome, largest_need};
 
 use tessera_core::wire::sidecar::{GpuAgentStatus, GpuDeviceUse, SidecarStatus};
@@ -184,13 +186,13 @@ pub fn model_from_reconcile(
 /// each tenant named by its pod where the pod is known (else by its reservation id, while it is being admitted).
 /// `memory_mib`: the pool's GPU memory. `agents`: each capacity pod's gpu-agent `/v1/gpus` document, by capacity
 /// pod name ([`read_agents`]); a tenant's measured memory and SM use come from it, matched by pod UID on the
-/// capacity pod's GPU. The start-up lease holder is not known here (it is only in the GPU's Lease, which the
-/// autoscaler does not read) and stays empty.
+/// capacity pod's GPU. `holders`: who holds each GPU's start-up Lease, by lease name ([`startup_holders`]).
 pub fn gpus_from_pool(
     index: &crate::pool::PoolIndex,
     pool: &str,
     memory_mib: u64,
     agents: &BTreeMap<String, GpuAgentStatus>,
+    holders: &BTreeMap<String, String>,
 ) -> Vec<GpuObservation> {
     let tenant_of: std::collections::HashMap<&str, &crate::pool::Tenant> =
         index.tenants().map(|t| (t.reservation.as_str(), t)).collect();
@@ -229,10 +231,69 @@ pub fn gpus_from_pool(
                         }
                     })
                     .collect(),
-                startup_lease_holder: None,
+                startup_lease_holder: c
+                    .gpu_uuid
+                    .as_deref()
+                    .and_then(|u| holders.get(&tessera_core::gate::lease_name(u)).cloned()),
             }
         })
         .collect()
+}
+
+/// Who holds each GPU's start-up Lease (the sidecars' gate, `tessera-startup-<uuid>` in the pool namespace), by
+/// lease name, as the page shows it: `"<namespace>/<pod>"`, then `(expired)` when its holder stopped renewing
+/// (a SIGKILLed holder; the next waiter takes it over), and how many pods wait. Released leases are left out.
+/// `now_ms`: Unix ms.
+pub fn startup_holders(leases: &[Lease], now_ms: u64) -> BTreeMap<String, String> {
+    leases
+        .iter()
+        .filter_map(|l| {
+            let name = l.metadata.name.as_deref()?;
+            if !name.starts_with("tessera-startup-") {
+                return None;
+            }
+            let spec = l.spec.as_ref()?;
+            let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+            let renewed_ms = spec
+                .renew_time
+                .as_ref()
+                .map(|t| t.0.as_millisecond())
+                .and_then(|ms| u64::try_from(ms).ok());
+            let duration_ms = spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map_or(0, |s| s * 1000);
+            let expired = renewed_ms.is_none_or(|r| r.saturating_add(duration_ms) < now_ms);
+            let waiting = l
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("tessera.dev/startup-waiting"))
+                .and_then(|w| serde_json::from_str::<BTreeMap<String, u64>>(w).ok())
+                .map_or(0, |w| w.len());
+            let mut shown = holder.to_owned();
+            if expired {
+                shown.push_str(" (expired)");
+            }
+            if waiting > 0 {
+                shown.push_str(&format!(" · {waiting} waiting"));
+            }
+            Some((name.to_owned(), shown))
+        })
+        .collect()
+}
+
+/// Lists the start-up Leases of the pool namespace `namespace` (one list call, bounded by the client's
+/// timeouts). An error leaves the column empty for this round: the page never blocks on it.
+pub async fn read_startup_leases(client: &kube::Client, namespace: &str) -> Vec<Lease> {
+    let api: kube::Api<Lease> = kube::Api::namespaced(client.clone(), namespace);
+    match api.list(&kube::api::ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::debug!(namespace, error = %e, "start-up leases unreadable: the page shows no holders");
+            Vec::new()
+        }
+    }
 }
 
 /// The capacity pod's GPU in its agent's document: the device with the UUID the pod published, or, before it
@@ -452,7 +513,7 @@ mod tests {
                 "annotations": {"tessera.dev/reservation": "r1", "tessera.dev/capacity-pod": "cap-0"}},
             "spec": {"containers": []}
         })));
-        let rows = gpus_from_pool(&index, "a100", 81920, &BTreeMap::new());
+        let rows = gpus_from_pool(&index, "a100", 81920, &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(rows.len(), 1, "the failed capacity pod is not a GPU anyone holds");
         let g = &rows[0];
         assert_eq!(
@@ -502,7 +563,7 @@ mod tests {
             ],
         };
         let agents = BTreeMap::from([("cap-0".to_owned(), agent(true))]);
-        let g = &gpus_from_pool(&index, "a100", 81920, &agents)[0];
+        let g = &gpus_from_pool(&index, "a100", 81920, &agents, &BTreeMap::new())[0];
         assert_eq!(g.tenants[0].measured_memory_mib, Some(18_000));
         assert_eq!(g.tenants[0].measured_sm, Some(0.3));
         assert_eq!(
@@ -513,7 +574,7 @@ mod tests {
         // NVML down: the agent's document says nothing measured.
         let agents = BTreeMap::from([("cap-0".to_owned(), agent(false))]);
         assert_eq!(
-            gpus_from_pool(&index, "a100", 81920, &agents)[0].tenants[0].measured_sm,
+            gpus_from_pool(&index, "a100", 81920, &agents, &BTreeMap::new())[0].tenants[0].measured_sm,
             None
         );
     }
@@ -570,5 +631,58 @@ mod tests {
         let got = read_agents(&client, &index, port).await;
         assert_eq!(got.len(), 1, "only the running pod with an IP is read: {got:?}");
         assert_eq!(got["cap-0"], doc);
+    }
+
+    #[test]
+    fn the_gpu_page_shows_who_holds_each_start_up_lease() {
+        let lease = |name: &str, holder: &str, renewed_ms: i64, waiting: &str| -> Lease {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "tessera-gpus",
+                             "annotations": {"tessera.dev/startup-waiting": waiting}},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                         "renewTime": k8s_openapi::jiff::Timestamp::from_millisecond(renewed_ms).unwrap().to_string()}
+            }))
+            .unwrap()
+        };
+        let now = 1_800_000_000_000u64;
+        let leases = [
+            lease(
+                "tessera-startup-gpu-1",
+                "ml/chat-1",
+                now as i64 - 5_000,
+                r#"{"ml/code-0": 1}"#,
+            ),
+            lease("tessera-startup-gpu-2", "ml/old-0", now as i64 - 60_000, "{}"),
+            lease("tessera-startup-gpu-3", "", now as i64, "{}"),
+            lease("tessera-autoscaler", "autoscaler-0", now as i64, "{}"),
+        ];
+        let holders = startup_holders(&leases, now);
+        assert_eq!(
+            holders,
+            BTreeMap::from([
+                (
+                    "tessera-startup-gpu-1".to_owned(),
+                    "ml/chat-1 · 1 waiting".to_owned()
+                ),
+                (
+                    "tessera-startup-gpu-2".to_owned(),
+                    "ml/old-0 (expired)".to_owned()
+                ),
+            ]),
+            "released leases and other leases are not shown"
+        );
+        let mut index = crate::pool::PoolIndex::new("a100");
+        index.apply_capacity(&pod(serde_json::json!({
+            "metadata": {"name": "cap-0", "namespace": "tessera-gpus",
+                "labels": {"tessera.dev/pool": "a100", "tessera.dev/capacity-pod": "true"},
+                "annotations": {"tessera.dev/gpu-uuid": "GPU-1"}},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running"}
+        })));
+        let rows = gpus_from_pool(&index, "a100", 81920, &BTreeMap::new(), &holders);
+        assert_eq!(
+            rows[0].startup_lease_holder.as_deref(),
+            Some("ml/chat-1 · 1 waiting")
+        );
     }
 }
