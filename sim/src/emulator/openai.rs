@@ -332,12 +332,11 @@ async fn complete_inner(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) ->
     let seq = state.next_id();
     let mut rng = ChaCha8Rng::seed_from_u64(state.seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let max_model_len = state.max_model_len;
-    if p.prompt_tokens >= max_model_len {
-        return Err(ApiError::prompt_too_long(max_model_len, p.prompt_tokens));
-    }
     // vLLM 0.32 caps max_tokens at what is left of the context (its default, too) instead of refusing.
-    let room = max_model_len - p.prompt_tokens;
-    let max_tokens = p.max_tokens.map_or(room, |m| m.min(room));
+    let Some(max_tokens) = crate::model::capped_max_tokens(max_model_len, p.prompt_tokens, p.max_tokens)
+    else {
+        return Err(ApiError::prompt_too_long(max_model_len, p.prompt_tokens));
+    };
     let stop_at = if p.ignore_eos {
         None
     } else {

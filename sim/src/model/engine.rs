@@ -722,6 +722,15 @@ impl Engine {
     }
 }
 
+/// The `max_tokens` vLLM 0.32's OpenAI server runs a request with: what the client asked for (or, unset, the
+/// rest of the context), capped at what is left of `max_model_len` after the prompt — it no longer refuses a
+/// request whose prompt and `max_tokens` together exceed the context. `None` when the prompt itself leaves no
+/// room (vLLM answers 400). Shared by the emulator's API and the simulator's arrivals.
+pub fn capped_max_tokens(max_model_len: u32, prompt_tokens: u32, asked: Option<u32>) -> Option<u32> {
+    let room = max_model_len.checked_sub(prompt_tokens).filter(|r| *r > 0)?;
+    Some(asked.map_or(room, |m| m.min(room)))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -1083,5 +1092,18 @@ mod tests {
                 prop_assert_eq!(got, Some(want));
             }
         }
+    }
+
+    #[test]
+    fn max_tokens_are_capped_at_the_room_the_prompt_leaves() {
+        assert_eq!(capped_max_tokens(1024, 1000, Some(100)), Some(24));
+        assert_eq!(capped_max_tokens(1024, 1000, Some(10)), Some(10));
+        assert_eq!(
+            capped_max_tokens(1024, 1000, None),
+            Some(24),
+            "unset: the rest of the context"
+        );
+        assert_eq!(capped_max_tokens(1024, 1024, Some(1)), None, "no room: refused");
+        assert_eq!(capped_max_tokens(1024, 2000, None), None);
     }
 }

@@ -299,3 +299,22 @@ proptest! {
         }
     }
 }
+
+/// As vLLM 0.32's API: a trace row whose prompt and output exceed `max_model_len` runs with its output capped at
+/// what the prompt leaves; only a prompt that fills the context fails.
+#[test]
+fn requests_longer_than_the_context_are_capped_not_refused() {
+    let row = |at: f64, prompt_tokens: u32, output_tokens: u32| Arrival {
+        at,
+        prompt_tokens,
+        output_tokens,
+    };
+    // max_model_len 16,384: 16,000 + 1,000 runs with 384 output tokens; 16,384 + 10 is refused.
+    let sc = scenario(
+        vec![model("m", 1, 1)],
+        vec![vec![row(1.0, 16_000, 1_000), row(2.0, 16_384, 10)]],
+        600.0,
+    );
+    let t = run(&sc).strategy("static").unwrap().clone();
+    assert_eq!((t.completed, t.failed), (1, 1));
+}

@@ -32,6 +32,7 @@ use super::report::{ModelReport, Series, StrategyReport, quantile_sorted};
 use super::scenario::{ComputeFraction, ModelSetup, Scenario};
 use crate::model::{
     Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Neighbours, Request,
+    capped_max_tokens,
 };
 
 /// The strategies compared on the same arrivals.
@@ -759,12 +760,19 @@ impl<'a> World<'a> {
         self.tell_neighbours(r);
         let rep = &mut self.replicas[r];
         let was_idle = rep.engine.next_event_time().is_none();
-        if rep
-            .engine
-            .submit(Request::new(id, a.prompt_tokens, a.output_tokens), self.now)
-            .is_err()
+        // As vLLM 0.32's API: the trace's output length, capped at what the prompt leaves of max_model_len.
+        let max_tokens =
+            capped_max_tokens(rep.engine.max_model_len(), a.prompt_tokens, Some(a.output_tokens));
+        if max_tokens
+            .and_then(|t| {
+                rep.engine
+                    .submit(Request::new(id, a.prompt_tokens, t), self.now)
+                    .ok()
+            })
+            .is_none()
         {
-            // vLLM answers 400 (too long for max_model_len): the request fails, no replica is blamed.
+            // vLLM answers 400 (a prompt with no room left in max_model_len): the request fails, no replica is
+            // blamed.
             let st = &mut self.models[m].requests[i];
             st.failed = true;
             return true;
