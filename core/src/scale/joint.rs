@@ -16,7 +16,6 @@
 //!   a bigger share reaches only pods started after it (a roll or a scale), which is too slow for an SLO breach.
 //! - **At the whole GPU**, or when the share is fixed by the policy or unknown, a bigger share is not available:
 //!   latency targets stay with the replica count, as in HPA.
-//!
 //! - **Cold starts are part of the cost.** A model allowed to scale to zero whose cold start (pod start and
 //!   weights load, or a sleep-mode wake) takes longer than its TTFT objective cannot meet the objective for the
 //!   request that wakes it, nor for any that arrive during the start. Such a model keeps a **warm floor** of one

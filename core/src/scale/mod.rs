@@ -27,6 +27,10 @@
 //! 7. **Rate limits** (HPA `behavior` policies): up by max(100%, 4 pods) per 15 s, down by 100% per 15 s by default.
 //! 8. **Clamp** to `[min_replicas, max_replicas]`.
 //!
+//! The controller and the simulator reach `decide` the same way: [`inputs::scale_input`] turns the documents the
+//! sidecars and the activator serve into the [`ScaleInput`], and [`joint::decide`] applies the joint policy
+//! (who owns the latency target, warm floors for slow cold starts) before calling it.
+//!
 //! The caller keeps one [`ScaleState`] per model and calls [`ScaleState::record`] with each decision it acts on.
 //! Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again.
 
