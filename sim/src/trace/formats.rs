@@ -115,22 +115,11 @@ fn csv_rows(reader: impl Read, path: &Path, model: Option<&str>) -> Result<Vec<(
             message: "traffic.model filters on a `model` column, but the header has none".into(),
         });
     }
-    let mut out = Vec::new();
-    let mut record = csv::StringRecord::new();
-    loop {
-        match rdr.read_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {}
-            Err(e) => {
-                let line = e.position().map_or(0, |p| p.line());
-                return Err(parse_err(path, line, 1, "row", e.to_string()));
-            }
-        }
-        let line = record.position().map_or(0, |p| p.line());
+    rows(&mut rdr, path, |record, line| {
         if let (Some(want), Some(c)) = (model, model_col)
             && record.get(c) != Some(want)
         {
-            continue;
+            return Ok(None);
         }
         let field = |c: usize| record.get(c).unwrap_or_default();
         let at = seconds_or_rfc3339(field(ts)).map_err(|m| parse_err(path, line, ts + 1, "timestamp", m))?;
@@ -138,9 +127,8 @@ fn csv_rows(reader: impl Read, path: &Path, model: Option<&str>) -> Result<Vec<(
             parse_tokens(field(prompt)).map_err(|m| parse_err(path, line, prompt + 1, "prompt_tokens", m))?;
         let o =
             parse_tokens(field(output)).map_err(|m| parse_err(path, line, output + 1, "output_tokens", m))?;
-        out.push((at, p, o));
-    }
-    Ok(out)
+        Ok(Some((at, p, o)))
+    })
 }
 
 fn burstgpt_rows(
@@ -157,20 +145,9 @@ fn burstgpt_rows(
             message: format!("header is {got:?}, expected it to start with {want:?} (the BurstGPT format)"),
         });
     }
-    let mut out = Vec::new();
-    let mut record = csv::StringRecord::new();
-    loop {
-        match rdr.read_record(&mut record) {
-            Ok(false) => break,
-            Ok(true) => {}
-            Err(e) => {
-                let line = e.position().map_or(0, |p| p.line());
-                return Err(parse_err(path, line, 1, "row", e.to_string()));
-            }
-        }
-        let line = record.position().map_or(0, |p| p.line());
+    rows(&mut rdr, path, |record, line| {
         if model.is_some_and(|m| record.get(1) != Some(m)) {
-            continue;
+            return Ok(None);
         }
         let field = |c: usize| record.get(c).unwrap_or_default();
         let at = field(0)
@@ -188,7 +165,32 @@ fn burstgpt_rows(
             })?;
         let p = parse_tokens(field(2)).map_err(|m| parse_err(path, line, 3, want[2], m))?;
         let o = parse_tokens(field(3)).map_err(|m| parse_err(path, line, 4, want[3], m))?;
-        out.push((at, p, o));
+        Ok(Some((at, p, o)))
+    })
+}
+
+/// Streams the records of a CSV trace through `row`, which gets each record with its line and returns the parsed
+/// row, or `None` to skip it (another model); a malformed record stops the read, naming its line.
+fn rows<R: Read>(
+    rdr: &mut csv::Reader<R>,
+    path: &Path,
+    mut row: impl FnMut(&csv::StringRecord, u64) -> Result<Option<(f64, u32, u32)>, TraceError>,
+) -> Result<Vec<(f64, u32, u32)>, TraceError> {
+    let mut out = Vec::new();
+    let mut record = csv::StringRecord::new();
+    loop {
+        match rdr.read_record(&mut record) {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(e) => {
+                let line = e.position().map_or(0, |p| p.line());
+                return Err(parse_err(path, line, 1, "row", e.to_string()));
+            }
+        }
+        let line = record.position().map_or(0, |p| p.line());
+        if let Some(r) = row(&record, line)? {
+            out.push(r);
+        }
     }
     Ok(out)
 }
