@@ -19,16 +19,9 @@ use axum::routing::{get, post};
 use tokio::sync::{Notify, Semaphore};
 
 mod support;
-use support::{Tessera, free_port};
+use support::{Tessera, free_port, http_client};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Starts `tessera activator --listen 127.0.0.1:0 <extra>`.
-fn activator(extra: &[&str]) -> Tessera {
-    let mut args = vec!["activator", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    Tessera::start(&args)
-}
 
 /// A minimal OpenAI-ish backend inside the test process.
 #[derive(Default)]
@@ -102,7 +95,7 @@ fn chat(model: &str) -> serde_json::Value {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(WAIT).build().unwrap()
+    http_client(WAIT)
 }
 
 /// POSTs `body` to the activator's chat completions endpoint.
@@ -115,37 +108,10 @@ async fn post_chat(act: &Tessera, body: &serde_json::Value) -> reqwest::Response
         .unwrap()
 }
 
-async fn stats(act: &Tessera) -> serde_json::Value {
-    client()
-        .get(act.url("/tessera/v1/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-/// Polls the stats document until `pred` holds (bounded).
-async fn wait_stats(act: &Tessera, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let s = stats(act).await;
-        if pred(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "stats never satisfied the condition: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test]
 async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
     let port = free_port();
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--hold-timeout",
@@ -153,7 +119,9 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
     ]);
     let url = act.url("/v1/chat/completions");
     let held = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
-    let s = wait_stats(&act, |s| s["models"]["default/m"]["queued"] == 1).await;
+    let s = act
+        .wait_activator_stats("the condition", WAIT, |s| s["models"]["default/m"]["queued"] == 1)
+        .await;
     assert_eq!(s["models"]["default/m"]["readyBackends"], 0);
     // Still held a while later: nothing was answered while no backend exists.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -183,7 +151,11 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
         after_ready < Duration::from_secs(2),
         "took {after_ready:?} after the backend started"
     );
-    let s = wait_stats(&act, |s| s["models"]["default/m"]["inFlight"] == 0).await;
+    let s = act
+        .wait_activator_stats("the condition", WAIT, |s| {
+            s["models"]["default/m"]["inFlight"] == 0
+        })
+        .await;
     assert_eq!(s["models"]["default/m"]["queued"], 0);
     assert_eq!(s["models"]["default/m"]["requestsTotal"], 1);
     assert_eq!(s["models"]["default/m"]["readyBackends"], 1);
@@ -211,7 +183,7 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
 #[tokio::test]
 async fn overflow_answers_503_with_retry_after() {
     let port = free_port();
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--queue-size",
@@ -223,7 +195,8 @@ async fn overflow_answers_503_with_retry_after() {
     ]);
     let url = act.url("/v1/chat/completions");
     let first = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
-    wait_stats(&act, |s| s["models"]["default/m"]["queued"] == 1).await;
+    act.wait_activator_stats("the condition", WAIT, |s| s["models"]["default/m"]["queued"] == 1)
+        .await;
     let resp = post_chat(&act, &chat("m")).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "7");
@@ -238,7 +211,7 @@ async fn overflow_answers_503_with_retry_after() {
         200
     );
     assert_eq!(backend.received.load(Ordering::SeqCst), 1);
-    let s = stats(&act).await;
+    let s = act.activator_stats().await;
     assert_eq!(s["models"]["default/m"]["rejectedTotal"], 1);
     assert_eq!(s["models"]["default/m"]["requestsTotal"], 2);
 }
@@ -246,7 +219,7 @@ async fn overflow_answers_503_with_retry_after() {
 #[tokio::test]
 async fn hold_timeout_answers_503_with_an_openai_error() {
     let port = free_port();
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--hold-timeout",
@@ -270,7 +243,9 @@ async fn hold_timeout_answers_503_with_an_openai_error() {
         "answered after {waited:?}, before the hold timeout"
     );
     assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
-    let s = wait_stats(&act, |s| s["models"]["default/m"]["queued"] == 0).await;
+    let s = act
+        .wait_activator_stats("the condition", WAIT, |s| s["models"]["default/m"]["queued"] == 0)
+        .await;
     assert_eq!(s["models"]["default/m"]["rejectedTotal"], 1);
 }
 
@@ -279,7 +254,7 @@ async fn backend_dying_mid_stream_is_an_error_not_a_hang() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let _server = tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
-    let act = activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
+    let act = Tessera::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
     let resp = client()
         .post(act.url("/v1/stream-then-die"))
         .json(&chat("m"))
@@ -308,7 +283,11 @@ async fn backend_dying_mid_stream_is_an_error_not_a_hang() {
         String::from_utf8_lossy(&got).contains("\"n\":2"),
         "events before the failure arrive: {got:?}"
     );
-    let s = wait_stats(&act, |s| s["models"]["default/m"]["inFlight"] == 0).await;
+    let s = act
+        .wait_activator_stats("the condition", WAIT, |s| {
+            s["models"]["default/m"]["inFlight"] == 0
+        })
+        .await;
     assert_eq!(s["models"]["default/m"]["requestsTotal"], 1);
 }
 
@@ -322,7 +301,7 @@ async fn streaming_passes_through_chunk_by_chunk() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let _server = tokio::spawn(serve_backend(listener, backend));
-    let act = activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
+    let act = Tessera::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
     let mut resp = client()
         .post(act.url("/v1/stream-gated"))
         .json(&chat("m"))
@@ -358,8 +337,11 @@ async fn least_outstanding_balances_two_backends() {
         flags.push(format!("m=http://127.0.0.1:{port}"));
         backends.push(b);
     }
-    let act = activator(&["--backend", &flags[0], "--backend", &flags[1]]);
-    wait_stats(&act, |s| s["models"]["default/m"]["readyBackends"] == 2).await;
+    let act = Tessera::activator(&["--backend", &flags[0], "--backend", &flags[1]]);
+    act.wait_activator_stats("the condition", WAIT, |s| {
+        s["models"]["default/m"]["readyBackends"] == 2
+    })
+    .await;
     // Requests stay open (gated), one at a time: each new one must go to the backend with fewer open.
     let mut open = Vec::new();
     for i in 1..=6 {
@@ -386,7 +368,7 @@ async fn least_outstanding_balances_two_backends() {
             "unbalanced after {i} requests: {counts:?}"
         );
     }
-    let s = stats(&act).await;
+    let s = act.activator_stats().await;
     assert_eq!(s["models"]["default/m"]["inFlight"], 6);
     gate.add_permits(6);
     for r in open {
@@ -404,7 +386,7 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("b-model=http://127.0.0.1:{port}"),
         "--backend",
@@ -584,8 +566,11 @@ async fn vllm_sim(model: &str, listen: &str, extra: &[&str]) -> Tessera {
 /// A real-time emulator serving `qwen` behind an activator that already counts it ready: `(sim, activator)`.
 async fn qwen_behind_activator() -> (Tessera, Tessera) {
     let sim = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "1"]).await;
-    let act = activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
-    wait_stats(&act, |s| s["models"]["default/qwen"]["readyBackends"] == 1).await;
+    let act = Tessera::activator(&["--backend", &format!("qwen=http://{}", sim.addr)]);
+    act.wait_activator_stats("the condition", WAIT, |s| {
+        s["models"]["default/qwen"]["readyBackends"] == 1
+    })
+    .await;
     (sim, act)
 }
 
@@ -608,7 +593,7 @@ async fn finished_at(sim: &Tessera) -> f64 {
 #[tokio::test]
 async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
     let port = free_port();
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("qwen=http://127.0.0.1:{port}"),
         "--hold-timeout",
@@ -618,7 +603,10 @@ async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 8,
         "messages": [{ "role": "user", "content": "Why is the sky blue?" }] });
     let held = tokio::spawn(async move { client().post(url).json(&body).send().await.unwrap() });
-    wait_stats(&act, |s| s["models"]["default/qwen"]["queued"] == 1).await;
+    act.wait_activator_stats("the condition", WAIT, |s| {
+        s["models"]["default/qwen"]["queued"] == 1
+    })
+    .await;
     // Like vLLM loading weights, the emulator refuses connections for its start-up delay, then opens the port.
     let sim = vllm_sim(
         "qwen",
@@ -706,7 +694,11 @@ async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
         outcome.is_err(),
         "a stream cut by a dying server must end in an error, not a clean end"
     );
-    let s = wait_stats(&act, |s| s["models"]["default/qwen"]["inFlight"] == 0).await;
+    let s = act
+        .wait_activator_stats("the condition", WAIT, |s| {
+            s["models"]["default/qwen"]["inFlight"] == 0
+        })
+        .await;
     assert_eq!(s["models"]["default/qwen"]["requestsTotal"], 1);
 }
 
@@ -714,7 +706,7 @@ async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
 async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
     let a = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
     let b = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("qwen=http://{}", a.addr),
         "--backend",
@@ -723,7 +715,10 @@ async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
         "--probe-interval",
         "60s",
     ]);
-    wait_stats(&act, |s| s["models"]["default/qwen"]["readyBackends"] == 2).await;
+    act.wait_activator_stats("the condition", WAIT, |s| {
+        s["models"]["default/qwen"]["readyBackends"] == 2
+    })
+    .await;
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 4,
         "messages": [{ "role": "user", "content": "hi" }] });
     for _ in 0..4 {
@@ -739,7 +734,7 @@ async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
     }
     // Every request after the death was served by the survivor, each exactly once.
     assert_eq!(finished_at(&a).await - before_a, 6.0);
-    let s = stats(&act).await;
+    let s = act.activator_stats().await;
     assert_eq!(s["models"]["default/qwen"]["readyBackends"], 1);
     assert_eq!(s["models"]["default/qwen"]["rejectedTotal"], 0);
 }

@@ -18,52 +18,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 mod support;
-use support::{Tessera, free_port, sigterm};
+use support::{Tessera, free_port, http_client, sigterm};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn activator(extra: &[&str]) -> Tessera {
-    let mut args = vec!["activator", "--listen", "127.0.0.1:0"];
-    args.extend_from_slice(extra);
-    Tessera::start(&args)
-}
-
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    http_client(Duration::from_secs(60))
 }
 
 fn chat(model: &str) -> serde_json::Value {
     serde_json::json!({ "model": model, "max_tokens": 8, "messages": [{ "role": "user", "content": "hi" }] })
-}
-
-async fn stats(act: &Tessera) -> serde_json::Value {
-    client()
-        .get(act.url("/tessera/v1/stats"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
-
-async fn wait_stats(
-    act: &Tessera,
-    what: &str,
-    pred: impl Fn(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let s = stats(act).await;
-        if pred(&s) {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "stats never showed {what}: {s}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Resident memory of a process, KiB, from `/proc/<pid>/status`.
@@ -143,7 +107,7 @@ async fn running(sim: &Tessera) -> f64 {
 async fn kill_9_a_backend_mid_stream() {
     let a = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "1"]);
     let b = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "1"]);
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("qwen={}", a.base()),
         "--backend",
@@ -151,7 +115,7 @@ async fn kill_9_a_backend_mid_stream() {
         "--probe-interval",
         "100ms",
     ]);
-    wait_stats(&act, "two ready backends", |s| {
+    act.wait_activator_stats("two ready backends", WAIT, |s| {
         s["models"]["default/qwen"]["readyBackends"] == 2
     })
     .await;
@@ -211,7 +175,7 @@ async fn kill_9_a_backend_mid_stream() {
 async fn kill_one_of_two_backends_under_load() {
     let a = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "10"]);
     let b = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "10"]);
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("qwen={}", a.base()),
         "--backend",
@@ -219,7 +183,7 @@ async fn kill_one_of_two_backends_under_load() {
         "--probe-interval",
         "100ms",
     ]);
-    wait_stats(&act, "two ready backends", |s| {
+    act.wait_activator_stats("two ready backends", WAIT, |s| {
         s["models"]["default/qwen"]["readyBackends"] == 2
     })
     .await;
@@ -307,7 +271,7 @@ async fn backend_reset_after_connect_is_a_502_and_never_replayed() {
     });
     let (healthy, healthy_port) = bind().await;
     let good = start_counting(healthy).await;
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{reset_port}"),
         "--backend",
@@ -315,7 +279,7 @@ async fn backend_reset_after_connect_is_a_502_and_never_replayed() {
         "--probe-interval",
         "100ms",
     ]);
-    wait_stats(&act, "two ready backends", |s| {
+    act.wait_activator_stats("two ready backends", WAIT, |s| {
         s["models"]["default/m"]["readyBackends"] == 2
     })
     .await;
@@ -357,7 +321,7 @@ async fn backend_reset_after_connect_is_a_502_and_never_replayed() {
 async fn two_thousand_held_requests_at_zero() {
     const HELD: usize = 2000;
     let port = free_port();
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--queue-size",
@@ -388,7 +352,7 @@ async fn two_thousand_held_requests_at_zero() {
                 .map(|r| r.status().as_u16())
         }));
     }
-    wait_stats(&act, "2000 held", |s| {
+    act.wait_activator_stats("2000 held", WAIT, |s| {
         s["models"]["default/m"]["queued"] == HELD as u64
     })
     .await;
@@ -453,7 +417,7 @@ async fn latencies(url: &str, n: usize) -> Vec<f64> {
 async fn slowloris_and_a_50_mib_body_are_rejected_without_slowing_others() {
     let (listener, port) = bind().await;
     start_counting(listener).await;
-    let act = activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &format!("m=http://127.0.0.1:{port}"),
         "--header-read-timeout",
@@ -595,7 +559,7 @@ async fn sigterm_drains_then_answers_held_requests() {
     let (listener, port) = bind().await;
     start_counting(listener).await;
     let zero_port = free_port();
-    let mut act = activator(&[
+    let mut act = Tessera::activator(&[
         "--backend",
         &format!("up=http://127.0.0.1:{port}"),
         "--backend",
@@ -605,7 +569,7 @@ async fn sigterm_drains_then_answers_held_requests() {
         "--retry-after",
         "3s",
     ]);
-    wait_stats(&act, "up ready", |s| {
+    act.wait_activator_stats("up ready", WAIT, |s| {
         s["models"]["default/up"]["readyBackends"] == 1
     })
     .await;
@@ -614,7 +578,8 @@ async fn sigterm_drains_then_answers_held_requests() {
         let url = url.clone();
         tokio::spawn(async move { client().post(url).json(&chat("zero")).send().await.unwrap() })
     };
-    wait_stats(&act, "one held", |s| s["models"]["default/zero"]["queued"] == 1).await;
+    act.wait_activator_stats("one held", WAIT, |s| s["models"]["default/zero"]["queued"] == 1)
+        .await;
     let signalled = Instant::now();
     sigterm(&act.child);
     // /ready flips promptly…

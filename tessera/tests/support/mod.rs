@@ -129,3 +129,63 @@ pub async fn terminate(child: &mut Child, within: Duration) -> ExitStatus {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// An HTTP client for tests: every request is bounded by `timeout`.
+pub fn http_client(timeout: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .expect("a reqwest client")
+}
+
+/// GETs `url` and parses the body as JSON (panics on any failure: a test helper).
+pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
+    client
+        .get(url)
+        .send()
+        .await
+        .expect("GET")
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
+impl Tessera {
+    /// Starts `tessera activator --listen 127.0.0.1:0 <extra>`.
+    pub fn activator(extra: &[&str]) -> Tessera {
+        let mut args = vec!["activator", "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Tessera::start(&args)
+    }
+
+    /// This activator's stats document (`/tessera/v1/stats`).
+    pub async fn activator_stats(&self) -> serde_json::Value {
+        get_json(
+            &http_client(Duration::from_secs(60)),
+            &self.url("/tessera/v1/stats"),
+        )
+        .await
+    }
+
+    /// Polls this activator's stats until `pred` holds, failing the test after `within` with `what` and the last
+    /// document.
+    pub async fn wait_activator_stats(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let s = self.activator_stats().await;
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "stats never showed {what}: {s}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
