@@ -448,24 +448,11 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let listed: serde_json::Value = client()
-        .get(act.url("/namespaces/team-b/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: serde_json::Value =
+        support::get_json(&client(), &act.url("/namespaces/team-b/v1/models")).await;
     assert_eq!(listed["data"].as_array().unwrap().len(), 0);
 
-    let models: serde_json::Value = client()
-        .get(act.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: serde_json::Value = support::get_json(&client(), &act.url("/v1/models")).await;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()

@@ -73,14 +73,7 @@ async fn openai_protocol_matches_vllm() {
     let c = client();
     assert_eq!(c.get(emu.url("/health")).send().await.unwrap().status(), 200);
 
-    let models: Value = c
-        .get(emu.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = support::get_json(&c, &emu.url("/v1/models")).await;
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "tiny");
     assert_eq!(models["data"][0]["max_model_len"], 2048);

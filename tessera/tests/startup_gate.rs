@@ -118,14 +118,7 @@ async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
         !passes(&http, &b).await,
         "b passed /startup while a holds the GPU"
     );
-    let body: serde_json::Value = http
-        .get(b.sidecar.url("/startup"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: serde_json::Value = support::get_json(&http, &b.sidecar.url("/startup")).await;
     assert_eq!(body["holder"], "team-a/a", "{body}");
     assert_eq!(holder(&api).await.as_deref(), Some("team-a/a"));
     // a's vLLM starts and loads; only when it answers /health does b get the GPU.
@@ -195,14 +188,7 @@ async fn startup_gate_opens_at_once_for_a_whole_gpu_pod() {
         async || passes(&http, &w).await,
     )
     .await;
-    let body: serde_json::Value = http
-        .get(w.sidecar.url("/startup"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: serde_json::Value = support::get_json(&http, &w.sidecar.url("/startup")).await;
     assert_eq!(body["reason"], "not_shared", "{body}");
     assert!(
         api.list(LEASES).is_empty(),
