@@ -115,16 +115,17 @@ fn start_backend(listen: &str) -> (Proc, SocketAddr, u128) {
     (Proc(child), addr, ready)
 }
 
-/// Starts `tessera activator` and returns it with its address (read from its JSON log).
-fn start_activator(tessera: &str, extra: &[String]) -> (Proc, SocketAddr) {
+/// Starts `tessera --log-format json <args>` with `RUST_LOG=<log>` and returns it with the address it bound (the
+/// `listen` field of its JSON log).
+fn start_role(tessera: &str, args: &[String], log: &str) -> (Proc, SocketAddr) {
     let mut child = Command::new(tessera)
-        .args(["--log-format", "json", "activator", "--listen", "127.0.0.1:0"])
-        .args(extra)
-        .env("RUST_LOG", "warn,tessera_autoscaler::activator=info")
+        .args(["--log-format", "json"])
+        .args(args)
+        .env("RUST_LOG", log)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn tessera activator");
+        .expect("spawn tessera");
     let stderr = child.stderr.take().expect("stderr");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -139,10 +140,22 @@ fn start_activator(tessera: &str, extra: &[String]) -> (Proc, SocketAddr) {
             }
         }
     });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("activator started");
+    let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
+        panic!(
+            "tessera {} did not start",
+            args.first().map_or("", String::as_str)
+        )
+    });
     (Proc(child), addr)
+}
+
+/// Starts `tessera activator` and returns it with its address.
+fn start_activator(tessera: &str, extra: &[String]) -> (Proc, SocketAddr) {
+    let mut args: Vec<String> = ["activator", "--listen", "127.0.0.1:0"]
+        .map(String::from)
+        .to_vec();
+    args.extend_from_slice(extra);
+    start_role(tessera, &args, "warn,tessera_autoscaler::activator=info")
 }
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -189,40 +202,19 @@ fn ms(d: Duration) -> f64 {
 /// Starts `tessera vllm-sim` serving `bench` 1000× faster than real time, so a request's own latency stays far below
 /// the proxy's and the comparison measures the network path.
 fn start_emulator(tessera: &str) -> (Proc, SocketAddr) {
-    let mut child = Command::new(tessera)
-        .args([
-            "--log-format",
-            "json",
-            "vllm-sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--served-model-name",
-            "bench",
-        ])
-        .args(["--model-preset", "opt-125m", "--time-scale", "1000"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tessera vllm-sim");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent
-                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
-                && let Some(a) = v["fields"]["listen"].as_str()
-            {
-                let _ = tx.send(a.parse::<SocketAddr>().expect("listen addr"));
-                sent = true;
-            }
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("vllm-sim started");
-    (Proc(child), addr)
+    let args = [
+        "vllm-sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--served-model-name",
+        "bench",
+        "--model-preset",
+        "opt-125m",
+        "--time-scale",
+        "1000",
+    ]
+    .map(String::from);
+    start_role(tessera, &args, "info")
 }
 
 async fn overhead(tessera: &str, rate: u32, duration: Duration, emulator: bool, max_in_flight: u64) {
