@@ -280,6 +280,9 @@ pub struct RollInput {
     pub pool_busy: bool,
     /// A PodDisruptionBudget covering the pods allows no disruption now.
     pub disruption_blocked: bool,
+    /// The workload's pod template already carries the allocation in force (a roll to it was made; its pods are
+    /// just not replaced yet): rolling again would change nothing.
+    pub template_at_in_force: bool,
     /// Now (Unix ms).
     pub now_ms: u64,
 }
@@ -401,12 +404,16 @@ pub fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
     let lasted = input
         .drift_since_ms
         .is_some_and(|since| input.now_ms.saturating_sub(since) >= window);
-    match d {
-        Drift::Grow if input.preempting => RollDecision::Roll(RollReason::UrgentGrowth),
-        Drift::Grow if lasted => RollDecision::Roll(RollReason::Grow),
-        Drift::Shrink if lasted => RollDecision::Roll(RollReason::Shrink),
-        _ => RollDecision::Hold(H::Settling),
+    let reason = match d {
+        Drift::Grow if input.preempting => RollReason::UrgentGrowth,
+        Drift::Grow if lasted => RollReason::Grow,
+        Drift::Shrink if lasted => RollReason::Shrink,
+        _ => return RollDecision::Hold(H::Settling),
+    };
+    if input.template_at_in_force {
+        return RollDecision::Hold(H::RolloutInProgress);
     }
+    RollDecision::Roll(reason)
 }
 
 #[cfg(test)]

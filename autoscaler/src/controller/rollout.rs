@@ -372,6 +372,11 @@ pub async fn roll(req: RollRequest<'_>, rolling: &Rolling, cfg: &RolloutConfig) 
             rollout_in_progress: facts.rollout_in_progress,
             pool_busy: rolling.busy_for(&pool, req.model_key),
             disruption_blocked: disruption_blocked(&pdbs, &facts.template_labels),
+            template_at_in_force: req
+                .allocation
+                .in_force
+                .as_ref()
+                .is_some_and(|a| facts.template_hash.as_deref() == Some(allocation_hash(a).as_str())),
             now_ms: req.now_ms,
         };
         let reason = match rollout::decide_roll(&input, cfg) {
@@ -382,10 +387,6 @@ pub async fn roll(req: RollRequest<'_>, rolling: &Rolling, cfg: &RolloutConfig) 
             return RollOutcome::Held(HoldReason::NoRecommendation);
         };
         let hash = allocation_hash(target);
-        if facts.template_hash.as_deref() == Some(hash.as_str()) {
-            // Already rolled to this allocation; the pods are just not replaced yet.
-            return RollOutcome::Held(HoldReason::RolloutInProgress);
-        }
         let patch = serde_json::json!({
             "metadata": { "resourceVersion": workload.metadata.resource_version },
             "spec": { "template": { "metadata": { "annotations": { TEMPLATE_HASH_ANNOTATION: hash } } } }

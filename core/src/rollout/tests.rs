@@ -32,6 +32,7 @@ fn input(in_force: Allocation, pods: Vec<Option<Allocation>>) -> RollInput {
         rollout_in_progress: false,
         pool_busy: false,
         disruption_blocked: false,
+        template_at_in_force: false,
         now_ms: 31 * MIN,
     }
 }
@@ -117,7 +118,7 @@ fn arb_input() -> impl Strategy<Value = RollInput> {
         arb_alloc(),
         prop::collection::vec(prop::option::of(arb_alloc()), 0..6),
         (0i32..8, 0i32..8, 0i32..8, 0i32..4, 0i32..3),
-        prop::array::uniform4(any::<bool>()),
+        prop::array::uniform5(any::<bool>()),
         prop::option::of(0u64..120 * MIN),
         0u64..120 * MIN,
     )
@@ -136,6 +137,7 @@ fn arb_input() -> impl Strategy<Value = RollInput> {
                 rollout_in_progress: flags[1],
                 pool_busy: flags[2],
                 disruption_blocked: flags[3],
+                template_at_in_force: flags[4],
                 now_ms: now,
             },
         )
@@ -305,5 +307,17 @@ fn roll_replay_qwen2_7b_a100_settles_at_or_below_055_without_preemption() {
     assert!(
         peak_used_gib < kv_gib(util),
         "the settled cache must still hold the peak"
+    );
+}
+
+/// A template that already carries the allocation in force was rolled; its pods are just not replaced yet.
+#[test]
+fn roll_holds_when_the_template_already_carries_the_allocation() {
+    let mut i = input(alloc(40_000, 0.5), vec![Some(alloc(20_000, 0.3)); 2]);
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Roll(RollReason::Grow));
+    i.template_at_in_force = true;
+    assert_eq!(
+        decide_roll(&i, &cfg()),
+        RollDecision::Hold(HoldReason::RolloutInProgress)
     );
 }
