@@ -163,6 +163,21 @@ fn gpu(cfg: &PoolsConfig, name: &str, node: &str, uuid: &str, rs: &[Reservation]
     p
 }
 
+/// A pool of at most `max` GPUs with one running capacity pod (`gpu-a` on `node-1`, UUID `GPU-aaaa`) holding
+/// `reservations`, and an admitter over it.
+async fn one_gpu(
+    max: u32,
+    reservations: Vec<Reservation>,
+) -> (Arc<PoolsConfig>, Arc<Mutex<FakeApi>>, Admitter) {
+    let cfg = pools(max);
+    let api = Arc::new(Mutex::new(FakeApi::default()));
+    api.lock()
+        .unwrap()
+        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &reservations));
+    let a = admitter(cfg.clone(), api.clone()).await;
+    (cfg, api, a)
+}
+
 async fn admitter(cfg: Arc<PoolsConfig>, api: Arc<Mutex<FakeApi>>) -> Admitter {
     let c = client(api.clone());
     let m = PoolManager::new(c, cfg.clone(), "a100").unwrap();
@@ -207,12 +222,7 @@ fn applied(pod: &Value, response: &kube::core::admission::AdmissionResponse) -> 
 
 #[tokio::test]
 async fn reserve_then_patch_with_node_affinity_and_uuid() {
-    let cfg = pools(2);
-    let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock()
-        .unwrap()
-        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("old", 500)]));
-    let a = admitter(cfg, api.clone()).await;
+    let (_, api, a) = one_gpu(2, vec![resv("old", 500)]).await;
     let (pod, body) = review("uid-1");
     let r = a.admit(&body).await.unwrap().response.unwrap();
     assert!(r.allowed);
@@ -265,12 +275,7 @@ async fn reserve_then_patch_with_node_affinity_and_uuid() {
 /// reservation on any capacity pod, no new capacity pod) and is answered unchanged, `dry_run`, without a warning.
 #[tokio::test]
 async fn a_dry_run_reserves_nothing() {
-    let cfg = pools(2);
-    let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock()
-        .unwrap()
-        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[]));
-    let a = admitter(cfg, api.clone()).await;
+    let (_, api, a) = one_gpu(2, vec![]).await;
     let (_, body) = review("uid-dry");
     let mut review: Value = serde_json::from_slice(&body).unwrap();
     review["request"]["dryRun"] = json!(true);
@@ -291,12 +296,7 @@ async fn a_dry_run_reserves_nothing() {
 
 #[tokio::test]
 async fn a_conflict_is_retried() {
-    let cfg = pools(2);
-    let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock()
-        .unwrap()
-        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[]));
-    let a = admitter(cfg, api.clone()).await;
+    let (_, api, a) = one_gpu(2, vec![]).await;
     api.lock().unwrap().conflicts = 1;
     let (pod, body) = review("uid-9");
     let r = a.admit(&body).await.unwrap().response.unwrap();
@@ -315,12 +315,7 @@ async fn a_conflict_is_retried() {
 
 #[tokio::test]
 async fn a_full_pool_admits_unchanged_with_the_reason() {
-    let cfg = pools(1);
-    let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock()
-        .unwrap()
-        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("x", 900)]));
-    let a = admitter(cfg, api.clone()).await;
+    let (_, api, a) = one_gpu(1, vec![resv("x", 900)]).await;
     let (_, body) = review("uid-3");
     let r = a.admit(&body).await.unwrap().response.unwrap();
     assert!(r.allowed, "fail open: the pod keeps its whole GPU");
@@ -335,12 +330,7 @@ async fn a_full_pool_admits_unchanged_with_the_reason() {
 async fn a_reservation_whose_admission_failed_expires_by_ttl() {
     // No running GPU has room, so the pool creates a capacity pod: it is Pending (no node), the admission
     // cannot pin the tenant and admits it unchanged, and the reservation on the new GPU is left behind.
-    let cfg = pools(2);
-    let api = Arc::new(Mutex::new(FakeApi::default()));
-    api.lock()
-        .unwrap()
-        .insert(&gpu(&cfg, "gpu-a", "node-1", "GPU-aaaa", &[resv("x", 900)]));
-    let a = admitter(cfg.clone(), api.clone()).await;
+    let (cfg, api, a) = one_gpu(2, vec![resv("x", 900)]).await;
     let (_, body) = review("uid-7");
     let r = a.admit(&body).await.unwrap().response.unwrap();
     assert!(r.allowed && r.patch.is_none());
