@@ -507,29 +507,23 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
 /// another replica's memory) comes from a sidecar that knows it. No allocation yet: unknown, which keeps every
 /// target on the replica count.
 fn share_room(obj: &InferenceAutoscaler, docs: &[Option<SidecarStatus>]) -> scale::joint::ShareRoom {
-    use scale::joint::ShareRoom;
     let gpu = obj.spec.gpu.clone().unwrap_or_default();
-    let auto = gpu.compute_fraction.as_deref().is_none_or(|c| c == "auto");
-    if gpu.sharing != crd::Sharing::Fractional || !auto {
-        return ShareRoom::Fixed;
-    }
-    let Some(in_force) = obj
+    let in_force = obj
         .status
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.in_force)
-    else {
-        return ShareRoom::Unknown;
-    };
+        .map(|a| (a.compute_fraction, u64::try_from(a.gpu_memory_mib).unwrap_or(0)));
     let gpu_bytes = docs
         .iter()
         .flatten()
-        .find_map(|d| d.gpu.as_ref().map(|g| g.total_bytes))
-        .filter(|b| *b > 0);
-    ShareRoom::Auto {
-        share: in_force.compute_fraction,
-        memory_fraction: gpu_bytes.map(|b| in_force.gpu_memory_mib as f64 * 1_048_576.0 / b as f64),
-    }
+        .find_map(|d| d.gpu.as_ref().map(|g| g.total_bytes));
+    scale::joint::ShareRoom::of(
+        gpu.sharing == crd::Sharing::Fractional,
+        gpu.compute_fraction.as_deref().is_none_or(|c| c == "auto"),
+        in_force,
+        gpu_bytes,
+    )
 }
 
 /// How long the fastest of the target's ready pods took from creation to Ready: a start from zero takes at least

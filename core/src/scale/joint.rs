@@ -51,6 +51,32 @@ pub enum ShareRoom {
     },
 }
 
+impl ShareRoom {
+    /// What a model's share can do: it can grow only when the model shares GPUs (`fractional`) with a share
+    /// Tessera manages (`auto`, not fixed by the policy); then it is the share in force (`in_force`: the compute
+    /// share and the GPU memory, MiB, new replicas get), unknown while nothing is in force. `gpu_memory_bytes`
+    /// prices another replica's memory when the GPU's size is known.
+    pub fn of(
+        fractional: bool,
+        auto: bool,
+        in_force: Option<(f64, u64)>,
+        gpu_memory_bytes: Option<u64>,
+    ) -> ShareRoom {
+        if !fractional || !auto {
+            return ShareRoom::Fixed;
+        }
+        match in_force {
+            None => ShareRoom::Unknown,
+            Some((share, memory_mib)) => ShareRoom::Auto {
+                share,
+                memory_fraction: gpu_memory_bytes
+                    .filter(|b| *b > 0)
+                    .map(|b| memory_mib as f64 * 1_048_576.0 / b as f64),
+            },
+        }
+    }
+}
+
 /// Who answers a latency target this round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LatencyOwner {
@@ -290,5 +316,33 @@ mod tests {
             assert_eq!(j.warm_floor, None);
             assert_eq!(&j.policy, p);
         }
+    }
+
+    #[test]
+    fn the_share_can_grow_only_when_fractional_and_managed() {
+        let gib80 = Some(80 * 1024 * 1_048_576);
+        assert_eq!(
+            ShareRoom::of(false, true, Some((0.4, 20_480)), gib80),
+            ShareRoom::Fixed
+        );
+        assert_eq!(
+            ShareRoom::of(true, false, Some((0.4, 20_480)), gib80),
+            ShareRoom::Fixed
+        );
+        assert_eq!(ShareRoom::of(true, true, None, gib80), ShareRoom::Unknown);
+        assert_eq!(
+            ShareRoom::of(true, true, Some((0.4, 20_480)), gib80),
+            ShareRoom::Auto {
+                share: 0.4,
+                memory_fraction: Some(0.25)
+            }
+        );
+        assert_eq!(
+            ShareRoom::of(true, true, Some((0.4, 20_480)), None),
+            ShareRoom::Auto {
+                share: 0.4,
+                memory_fraction: None
+            }
+        );
     }
 }

@@ -999,20 +999,15 @@ impl<'a> World<'a> {
         };
         // Tessera decides replicas and share jointly (`core::scale::joint`), as the controller does; the
         // baselines decide on their declared policy.
-        let room = match (
-            self.plan.kind,
-            &self.sc.models[m].compute_fraction,
-            &self.models[m].rec,
-        ) {
-            (StrategyKind::Tessera, ComputeFraction::Auto, Some(r)) => ShareRoom::Auto {
-                share: r.compute_fraction,
-                memory_fraction: Some(
-                    (r.gpu_memory_mib as f64 * 1_048_576.0) / self.sc.gpu.memory_bytes as f64,
-                ),
-            },
-            (StrategyKind::Tessera, ComputeFraction::Auto, None) => ShareRoom::Unknown,
-            _ => ShareRoom::Fixed,
-        };
+        let room = ShareRoom::of(
+            self.plan.kind == StrategyKind::Tessera,
+            self.sc.models[m].compute_fraction == ComputeFraction::Auto,
+            self.models[m]
+                .rec
+                .as_ref()
+                .map(|r| (r.compute_fraction, r.gpu_memory_mib)),
+            Some(self.sc.gpu.memory_bytes),
+        );
         // How long a start from zero takes here: a sleep-mode wake, or the pod's start and the weights' load.
         let setup = &self.sc.models[m];
         let cold_start = Duration::from_secs_f64(
