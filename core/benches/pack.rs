@@ -58,6 +58,7 @@ fn bench(c: &mut Criterion) {
     let shape = GpuShape {
         memory_mib: 81920,
         headroom_mib: 0,
+        compute_milli: GPU_COMPUTE_MILLI,
     };
     let items: Vec<ReplicaRequest> = sizes
         .iter()

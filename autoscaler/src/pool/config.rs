@@ -13,6 +13,7 @@
 //!     maxGpus: 16
 //!     emptyGpuGracePeriod: 10m
 //!     memoryHeadroomMiB: 1024
+//!     computeOversubscription: 2.0     # mps only (its default): the caps on one GPU may add up to 2 GPUs
 //! ```
 //! Unknown keys are errors (a typo must not silently fall back to a default), and every check names the pool
 //! and the field.
@@ -20,7 +21,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tessera_core::pack::GpuShape;
+use tessera_core::pack::{
+    GPU_COMPUTE_MILLI, GpuShape, MAX_COMPUTE_OVERSUBSCRIPTION_MILLI, default_compute_oversubscription,
+};
 
 /// How tenants share a GPU. See `docs/fractional-gpus.md` for what each isolates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -71,7 +74,7 @@ fn default_image() -> String {
 }
 
 /// One pool of identical GPUs.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolSpec {
     /// A DNS label: it becomes the `tessera.dev/pool` label value and part of capacity pod names.
@@ -98,20 +101,35 @@ pub struct PoolSpec {
     /// Optional priority class for capacity pods (so they can preempt lower-priority work for a GPU).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// How many GPUs' worth of compute shares the tenants of one GPU may hold together: 1.0 hands each GPU
+    /// out once; above it only under `mps`, whose default is 2.0 (others: 1.0). An MPS share caps the SMs a
+    /// client may use; it reserves nothing, so tenants that are rarely busy at the same moment can hold caps
+    /// adding up to more than the GPU and slow each other only while they run together (each then gets SMs
+    /// in proportion to its cap). Memory is never oversubscribed. See `docs/fractional-gpus.md`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_oversubscription: Option<f64>,
 }
 
 impl PoolSpec {
+    /// The oversubscription in force: the configured one, or the default for this pool's sharing.
+    pub fn compute_oversubscription(&self) -> f64 {
+        self.compute_oversubscription
+            .unwrap_or_else(|| default_compute_oversubscription(self.sharing == SharingMode::Mps))
+    }
+
     /// The GPU shape the packer uses.
     pub fn shape(&self) -> GpuShape {
         GpuShape {
             memory_mib: self.gpu_memory_mib,
             headroom_mib: self.memory_headroom_mib,
+            // Validated to 1.0..=4.0 (see `PoolsConfig::validate`), so the product is in range.
+            compute_milli: (self.compute_oversubscription() * f64::from(GPU_COMPUTE_MILLI)).round() as u32,
         }
     }
 }
 
 /// The whole pool configuration.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolsConfig {
     /// Namespace of the capacity pods.
@@ -231,6 +249,29 @@ impl PoolsConfig {
                     ),
                 ));
             }
+            let most = f64::from(MAX_COMPUTE_OVERSUBSCRIPTION_MILLI) / f64::from(GPU_COMPUTE_MILLI);
+            let oversubscription = p.compute_oversubscription();
+            if !(1.0..=most).contains(&oversubscription) {
+                return Err(bad(
+                    "computeOversubscription",
+                    format!(
+                        "{} is out of range: 1.0 hands each GPU out once, up to {most} lets MPS caps add up to \
+                         that many GPUs",
+                        oversubscription
+                    ),
+                ));
+            }
+            if oversubscription > 1.0 && p.sharing != SharingMode::Mps {
+                return Err(bad(
+                    "computeOversubscription",
+                    format!(
+                        "is {} but sharing is {}: only MPS caps can be oversubscribed (time-slicing and none \
+                         have no per-tenant cap); set it to 1.0 or use sharing: mps",
+                        oversubscription,
+                        p.sharing.as_str()
+                    ),
+                ));
+            }
             if p.max_gpus == 0 {
                 return Err(bad("maxGpus", "must be at least 1".into()));
             }
@@ -329,5 +370,44 @@ mod tests {
         );
         let e = PoolsConfig::from_yaml("pools: []\n").unwrap_err();
         assert!(e.to_string().contains("at least one pool"), "{e}");
+    }
+
+    #[test]
+    fn mps_pools_oversubscribe_compute_by_default_and_others_cannot() {
+        let mps = "pools:\n- name: a\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 2\n";
+        let cfg = PoolsConfig::from_yaml(mps).unwrap();
+        assert_eq!(cfg.pools[0].shape().compute_milli, 2000);
+        // Two 700-milli caps share one GPU under the default; memory is still counted once.
+        let mut packer = tessera_core::pack::Packer::new(cfg.pools[0].shape());
+        let g = packer.add_gpu();
+        for id in ["x", "y"] {
+            packer
+                .assign(g, tessera_core::pack::ReplicaRequest::new(id, id, 700, 30_000))
+                .unwrap();
+        }
+        assert!(
+            packer
+                .assign(g, tessera_core::pack::ReplicaRequest::new("z", "z", 100, 30_000))
+                .is_err(),
+            "memory is never oversubscribed"
+        );
+        let once = PoolsConfig::from_yaml(&format!("{mps}  computeOversubscription: 1.0\n")).unwrap();
+        assert_eq!(once.pools[0].shape().compute_milli, 1000);
+        let slicing = mps.replace("sharing: mps", "sharing: time-slicing");
+        assert_eq!(
+            PoolsConfig::from_yaml(&slicing).unwrap().pools[0]
+                .shape()
+                .compute_milli,
+            1000
+        );
+        let e = PoolsConfig::from_yaml(&format!("{slicing}  computeOversubscription: 1.5\n")).unwrap_err();
+        assert!(
+            e.to_string().contains("only MPS caps can be oversubscribed"),
+            "{e}"
+        );
+        for bad in ["0.5", "4.5", ".nan"] {
+            let e = PoolsConfig::from_yaml(&format!("{mps}  computeOversubscription: {bad}\n")).unwrap_err();
+            assert!(e.to_string().contains("computeOversubscription"), "{bad}: {e}");
+        }
     }
 }

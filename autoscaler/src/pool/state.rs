@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
-use tessera_core::pack::{GpuId, GpuShape, Packer, ReplicaRequest};
+use tessera_core::pack::{GPU_COMPUTE_MILLI, GpuId, GpuShape, Packer, ReplicaRequest};
 
 use super::{
     ANNOTATION_CAPACITY_POD, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION,
@@ -323,15 +323,18 @@ impl PoolIndex {
             }
             if !consistent {
                 tracing::warn!(capacity_pod = %g.name, "reservations overflow the GPU or repeat an id; treating it as full");
-                let fill = ReplicaRequest::new(format!("{}/overflow", g.name), "", 1, 0);
-                let free = packer.gpu(id).map_or(0, |s| s.free_compute_milli());
-                let _ = packer.assign(
-                    id,
-                    ReplicaRequest {
-                        compute_milli: free.max(1),
-                        ..fill
-                    },
+                // One filler takes all the free memory (and what compute a single request may), so nothing
+                // fits even where the pool oversubscribes compute beyond one request's largest share.
+                let (free_c, free_m) = packer
+                    .gpu(id)
+                    .map_or((0, 0), |s| (s.free_compute_milli(), s.free_memory_mib(shape)));
+                let fill = ReplicaRequest::new(
+                    format!("{}/overflow", g.name),
+                    "",
+                    free_c.clamp(1, GPU_COMPUTE_MILLI),
+                    free_m,
                 );
+                let _ = packer.assign(id, fill);
             }
         }
         (packer, names)
@@ -531,6 +534,7 @@ mod tests {
     const SHAPE: GpuShape = GpuShape {
         memory_mib: 81920,
         headroom_mib: 1024,
+        compute_milli: tessera_core::pack::GPU_COMPUTE_MILLI,
     };
 
     #[test]

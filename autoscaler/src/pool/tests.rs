@@ -205,8 +205,10 @@ fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
 }
 
 const CONFIG: &str = "namespace: tessera-system\nimage: tessera:test\nreservationTtl: 2m\npools:\n\
-- name: p\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 3\n  emptyGpuGracePeriod: 10m\n  memoryHeadroomMiB: 1024\n";
+- name: p\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 3\n  emptyGpuGracePeriod: 10m\n  memoryHeadroomMiB: 1024\n  computeOversubscription: 1.0\n";
 
+/// Each GPU handed out once, so "the last slot" is the GPU's last milli of compute; `pool::config`'s tests
+/// cover the MPS default of handing out twice.
 pub(super) fn config(max_gpus: u32) -> Arc<PoolsConfig> {
     Arc::new(PoolsConfig::from_yaml(&CONFIG.replace("maxGpus: 3", &format!("maxGpus: {max_gpus}"))).unwrap())
 }

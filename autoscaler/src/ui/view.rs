@@ -445,6 +445,7 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
             let shape = GpuShape {
                 memory_mib: *device_mib,
                 headroom_mib: settings.headroom_mib.min(device_mib.saturating_sub(1)),
+                compute_milli: GPU_COMPUTE_MILLI,
             };
             // Every request was clamped to the shape above, so packing cannot fail; if it ever did, count one
             // GPU per replica, which frees nothing.

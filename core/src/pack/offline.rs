@@ -11,7 +11,7 @@
 //! items at the end, one per GPU. Best- and first-fit decreasing (through the online [`Packer`]) run as well
 //! and the best result is kept, so the answer is never worse than either.
 
-use super::{FitPolicy, GPU_COMPUTE_MILLI, GpuShape, PackError, Packer, ReplicaRequest, check_request};
+use super::{FitPolicy, GpuShape, PackError, Packer, ReplicaRequest, check_request};
 
 /// Which algorithm produced an [`OfflinePacking`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +145,7 @@ const UNREACHABLE: u64 = u64::MAX;
 /// Minimum Bin Slack, largest item fixed, exact per-GPU subset choice (see the module docs).
 fn minimum_bin_slack(items: &[ReplicaRequest], shape: &GpuShape) -> OfflinePacking {
     let mem_cap = shape.usable_memory_mib();
-    let c_total = GPU_COMPUTE_MILLI as usize;
+    let c_total = shape.compute_milli as usize;
     // groups[c] = remaining item indices with compute c, memory ascending: taking copies from a group takes
     // the cheapest in memory first.
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); c_total + 1];

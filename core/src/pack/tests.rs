@@ -6,6 +6,7 @@ use proptest::prelude::*;
 const SHAPE: GpuShape = GpuShape {
     memory_mib: 81920,
     headroom_mib: 1024,
+    compute_milli: crate::pack::GPU_COMPUTE_MILLI,
 };
 
 fn req(id: &str, model: &str, c: u32, m: u64) -> ReplicaRequest {
@@ -390,4 +391,53 @@ proptest! {
         prop_assert!(got.gpus_used() as u32 >= lb);
         prop_assert!(got.gpus_used() <= ffd.gpus_used(), "offline {} > ffd {}", got.gpus_used(), ffd.gpus_used());
     }
+}
+
+#[test]
+fn an_oversubscribed_shape_hands_out_compute_more_than_once_and_memory_once() {
+    let shape = SHAPE.with_compute_oversubscription(2.0).unwrap();
+    assert_eq!(shape.compute_milli, 2000);
+    assert_eq!(shape.compute_oversubscription(), 2.0);
+    let mut p = Packer::new(shape);
+    for i in 0..3 {
+        p.place_or_open(ReplicaRequest::new(format!("r{i}"), format!("m{i}"), 600, 10_000))
+            .unwrap();
+    }
+    // 1,800 milli of caps on one GPU: twice a GPU's worth was handed out, so they all fit.
+    assert_eq!(p.utilization().gpus, 1);
+    assert!((p.utilization().compute_ratio - 0.9).abs() < 1e-9);
+    // The fourth cap would pass 2,000: a second GPU.
+    p.place_or_open(ReplicaRequest::new("r3", "m3", 600, 10_000))
+        .unwrap();
+    assert_eq!(p.utilization().gpus, 2);
+    // A single replica still asks for at most one GPU's worth.
+    assert!(matches!(
+        p.check(&ReplicaRequest::new("big", "big", 1500, 1)),
+        Err(PackError::InvalidCompute { .. })
+    ));
+    // Memory is never oversubscribed.
+    let mut p = Packer::new(shape);
+    p.place_or_open(ReplicaRequest::new("a", "a", 100, 60_000))
+        .unwrap();
+    p.place_or_open(ReplicaRequest::new("b", "b", 100, 60_000))
+        .unwrap();
+    assert_eq!(p.utilization().gpus, 2);
+}
+
+#[test]
+fn oversubscription_is_checked() {
+    for bad in [0.5, 4.5, f64::NAN, f64::INFINITY, -1.0] {
+        let e = SHAPE.with_compute_oversubscription(bad).unwrap_err();
+        assert!(
+            matches!(e, PackError::InvalidOversubscription { .. }),
+            "{bad}: {e}"
+        );
+        assert!(e.to_string().contains("computeOversubscription"), "{e}");
+    }
+    assert_eq!(SHAPE.with_compute_oversubscription(1.0).unwrap(), SHAPE);
+    assert_eq!(
+        default_compute_oversubscription(true),
+        DEFAULT_MPS_COMPUTE_OVERSUBSCRIPTION
+    );
+    assert_eq!(default_compute_oversubscription(false), 1.0);
 }

@@ -628,6 +628,7 @@ impl Engine {
         self.step.map(|s| Neighbours {
             bandwidth: s.bandwidth,
             busy: s.busy,
+            sm: self.cfg.compute_fraction * s.busy,
         })
     }
 
@@ -994,6 +995,7 @@ mod tests {
         half.set_neighbours(Neighbours {
             bandwidth: 0.9,
             busy: 0.9,
+            sm: 0.45,
         });
         assert!(half.step_time(64, 64_000) > full.step_time(64, 64_000) * 1.1);
     }

@@ -10,7 +10,10 @@
 //!   read HBM *at the same moment* contend for it: the memory part stretches by `1 + κ × B`, where `B` is the
 //!   sum of the co-tenants' bandwidth use (a share of the GPU's peak) while this step starts and `κ` is
 //!   [`MPS_CONTENTION`]. An SM cap therefore costs a decode-bound engine little while its neighbours are idle,
-//!   and neighbours cost it only while they are busy.
+//!   and neighbours cost it only while they are busy. The cap is a limit, not a reservation, so a pool may
+//!   hand out caps adding up to more than the GPU (`computeOversubscription`): while the tenants in a step
+//!   at the same moment hold more SMs than there are (`share + Σ co-tenant cap × busy duty > 1`), each gets
+//!   its cap scaled down in proportion, for both the compute part and the bandwidth knee.
 //! - [`SharingModel::TimeSlicing`]: no SM cap (the share is ignored: a lone tenant gets the whole GPU); when
 //!   co-tenants are busy the driver round-robins whole-GPU time slices, so the GPU part stretches by
 //!   `1 + τ × D`, where `D` is the co-tenants' GPU-busy duty and `τ` is [`TIME_SLICE_INTERFERENCE`]
@@ -69,6 +72,11 @@ pub struct Neighbours {
     pub bandwidth: f64,
     /// Sum of their GPU-busy duty: the share of their step time the GPU is running their kernels.
     pub busy: f64,
+    /// Sum of the SMs they hold while in a step: each one's SM cap times its GPU-busy duty. Only MPS reads
+    /// it, and only when the caps add up to more than the GPU (an oversubscribed pool, see
+    /// [`SharingModel::Mps`]); caps that fit in the GPU never meet.
+    #[serde(default)]
+    pub sm: f64,
 }
 
 /// One step's roofline parts, seconds, for a lone engine with the whole GPU.
@@ -100,6 +108,9 @@ impl SharingModel {
         let (memory, compute) = match self {
             SharingModel::Proportional => (cost.memory_s / share, cost.compute_s / share),
             SharingModel::Mps => {
+                // An SM cap is a limit, not a reservation: when the caps of the tenants running kernels at
+                // this moment add up to more than the GPU, the SMs are split in proportion to the caps.
+                let share = share / (share + n.sm.max(0.0)).max(1.0);
                 let bandwidth_cap = (share / MPS_BANDWIDTH_KNEE).min(1.0);
                 let contention = 1.0 + MPS_CONTENTION * n.bandwidth.max(0.0);
                 (cost.memory_s / bandwidth_cap * contention, cost.compute_s / share)
@@ -167,6 +178,7 @@ mod tests {
             Neighbours {
                 bandwidth: other.bandwidth,
                 busy: other.busy,
+                sm: share * other.busy,
             },
         );
         shared.duration_s / alone.duration_s
@@ -264,6 +276,7 @@ mod tests {
                 Neighbours {
                     bandwidth: 0.8,
                     busy: 0.9,
+                    sm: 0.45,
                 },
             );
             assert!(busy.duration_s > alone.duration_s, "{m:?}");
@@ -275,5 +288,42 @@ mod tests {
                 .duration_s,
             0.010 / 0.5 + 0.001
         );
+    }
+
+    /// Caps that add up to more than the GPU cost nothing while the co-tenants are idle or decode-bound with
+    /// SMs to spare, and split the SMs in proportion once they run kernels at the same moment.
+    #[test]
+    fn oversubscribed_caps_split_the_sms_only_while_they_meet() {
+        let prefill = StepCost {
+            memory_s: 0.002,
+            compute_s: 0.020,
+            overhead_s: 0.0,
+        };
+        let m = SharingModel::Mps;
+        let alone = m.step(prefill, 0.6, Neighbours::default()).duration_s;
+        // A neighbour capped at 0.6 idle, or busy 40% of its time (0.24 of the SMs): 0.6 + 0.24 fits.
+        let light = Neighbours {
+            bandwidth: 0.0,
+            busy: 0.4,
+            sm: 0.24,
+        };
+        assert!((m.step(prefill, 0.6, light).duration_s - alone).abs() < 1e-12);
+        // The same neighbour in a compute-bound step the whole time: 0.6 + 0.6 of the SMs asked for, each gets
+        // half, so the compute part stretches by 0.6 / 0.5.
+        let heavy = Neighbours {
+            bandwidth: 0.0,
+            busy: 1.0,
+            sm: 0.6,
+        };
+        let met = m.step(prefill, 0.6, heavy).duration_s;
+        assert!((met / alone - 1.2).abs() < 1e-9, "{met} vs {alone}");
+        // Time-slicing and the proportional model have no caps to split.
+        for other in [SharingModel::Proportional, SharingModel::TimeSlicing] {
+            let busy_only = Neighbours { sm: 0.0, ..heavy };
+            assert_eq!(
+                other.step(prefill, 0.6, heavy),
+                other.step(prefill, 0.6, busy_only)
+            );
+        }
     }
 }

@@ -81,6 +81,7 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
         GpuShape {
             memory_mib: args.gpu_memory_mib.max(1),
             headroom_mib: 0,
+            compute_milli: GPU_COMPUTE_MILLI,
         }
     };
     if args.online {

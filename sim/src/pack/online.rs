@@ -182,6 +182,7 @@ mod tests {
     const SHAPE: GpuShape = GpuShape {
         memory_mib: 81920,
         headroom_mib: 0,
+        compute_milli: GPU_COMPUTE_MILLI,
     };
     const FF: OnlineConfig = OnlineConfig {
         policy: FitPolicy::FirstFit,

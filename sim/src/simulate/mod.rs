@@ -167,6 +167,7 @@ pub fn simulate_strategies(
         duration_secs: sc.duration,
         gpu: sc.gpu.name.clone(),
         sharing_model: sc.settings.sharing_model.name().to_string(),
+        compute_oversubscription: sc.settings.compute_oversubscription(),
         models: sc.models.iter().map(|m| m.name.clone()).collect(),
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
         lower_bound_gpu_hours: bound::lower_bound_gpu_hours(sc),

@@ -26,10 +26,17 @@ pub struct Report {
     pub lower_bound_gpu_hours: f64,
     /// The sharing model the shared GPUs ran with.
     pub sharing_model: String,
+    /// How many GPUs' worth of compute shares Tessera's pool handed out per GPU (1.0 = each GPU once).
+    #[serde(default = "one")]
+    pub compute_oversubscription: f64,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
     pub strategies: Vec<StrategyReport>,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// How the static strategy sized one model.
@@ -213,8 +220,9 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "lower bound: {:.2} GPU-hours (no policy can hold fewer on these arrivals); sharing model: {}",
-            self.lower_bound_gpu_hours, self.sharing_model
+            "lower bound: {:.2} GPU-hours (no policy can hold fewer on these arrivals); sharing model: {}; \
+             Tessera's compute oversubscription: {}×",
+            self.lower_bound_gpu_hours, self.sharing_model, self.compute_oversubscription
         );
         let _ = writeln!(o);
         let names: Vec<&str> = self.strategies.iter().map(|s| s.strategy.as_str()).collect();
@@ -299,17 +307,21 @@ impl Report {
             // What bounds the saving, from the run itself: the fuller dimension of the held GPUs is the one that
             // stops more replicas sharing them, and the shares actually allocated say how much of what is held
             // the replicas asked for (the rest is fragmentation, the release grace and draining).
-            let (binding, other) = if t.compute_allocated_ratio >= t.memory_reserved_ratio {
+            // Compute is full at the pool's oversubscription, not at one GPU's worth of shares.
+            let compute_full = t.compute_allocated_ratio / self.compute_oversubscription.max(1.0);
+            let (binding, other) = if compute_full >= t.memory_reserved_ratio {
                 ("compute shares", "memory")
             } else {
                 ("memory", "compute shares")
             };
             let _ = writeln!(
                 o,
-                "What bounds it: held GPUs are {:.0}% allocated on compute and {:.0}% reserved on memory, so {binding} \
+                "What bounds it: held GPUs are {:.0}% allocated on compute (of {}× a GPU handed out) and {:.0}% \
+                 reserved on memory, so {binding} \
                  (not {other}) limit packing; replicas × shares add up to {:.1} of the {:.1} GPUs held on average. \
                  Each model's share and replica count, with reasons: --out DIR → report.json; docs/simulator.md.",
                 t.compute_allocated_ratio * 100.0,
+                self.compute_oversubscription,
                 t.memory_reserved_ratio * 100.0,
                 t.compute_allocated_ratio * t.gpus_mean,
                 t.gpus_mean

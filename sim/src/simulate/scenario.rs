@@ -159,6 +159,19 @@ pub struct StrategySettings {
     /// How co-tenants on a shared GPU slow each other (`mps`, the calibrated default; `proportional`, the old
     /// pessimistic bound where a share `s` stretches every step by `1/s`; `time_slicing`).
     pub sharing_model: SharingModel,
+    /// Tessera: how many GPUs' worth of compute shares one GPU's tenants may hold together (the pool's
+    /// `computeOversubscription`; 1.0 hands each GPU out once). Above 1 only under `mps`, whose shares are
+    /// caps; unset, the pool's default (2.0 under `mps`, 1.0 otherwise).
+    pub compute_oversubscription: Option<f64>,
+}
+
+impl StrategySettings {
+    /// Tessera's pool oversubscription in force: the one set, or the pool's default for the sharing model.
+    pub fn compute_oversubscription(&self) -> f64 {
+        self.compute_oversubscription.unwrap_or_else(|| {
+            tessera_core::pack::default_compute_oversubscription(self.sharing_model == SharingModel::Mps)
+        })
+    }
 }
 
 impl Default for StrategySettings {
@@ -177,6 +190,7 @@ impl Default for StrategySettings {
             request_timeout: Duration::from_secs(300),
             calibrate_from_baseline: true,
             sharing_model: SharingModel::default(),
+            compute_oversubscription: None,
         }
     }
 }
@@ -428,6 +442,20 @@ impl ScenarioFile {
             p.push(format!(
                 "strategies.static_attainment_target must be in (0, 1], got {}",
                 s.static_attainment_target
+            ));
+        }
+        let oversubscription = s.compute_oversubscription();
+        if let Err(e) = tessera_core::pack::GpuShape::new(1, 0)
+            .and_then(|g| g.with_compute_oversubscription(oversubscription))
+        {
+            p.push(format!("strategies.compute_oversubscription: {e}"));
+        }
+        if oversubscription > 1.0 && s.sharing_model != SharingModel::Mps {
+            p.push(format!(
+                "strategies.compute_oversubscription is {} but sharing_model is {}: only MPS shares are caps \
+                 that can be oversubscribed; set it to 1.0 or use sharing_model: mps",
+                oversubscription,
+                s.sharing_model.name()
             ));
         }
         if self.models.is_empty() {

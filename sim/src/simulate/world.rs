@@ -349,8 +349,14 @@ impl<'a> World<'a> {
             .collect();
         let packer = match plan.kind {
             k if k.packs() => {
-                let shape = GpuShape::new(sc.gpu.memory_bytes / (1 << 20), sc.settings.gpu_headroom_mib)
+                let mut shape = GpuShape::new(sc.gpu.memory_bytes / (1 << 20), sc.settings.gpu_headroom_mib)
                     .map_err(SimError::GpuShape)?;
+                // HAMi's declared cores are a fixed split of the GPU; only Tessera's pool oversubscribes caps.
+                if k == StrategyKind::Tessera {
+                    shape = shape
+                        .with_compute_oversubscription(sc.settings.compute_oversubscription())
+                        .map_err(SimError::GpuShape)?;
+                }
                 Some(Packer::new(shape))
             }
             _ => None,
@@ -850,6 +856,7 @@ impl<'a> World<'a> {
             {
                 n.bandwidth += l.bandwidth;
                 n.busy += l.busy;
+                n.sm += l.sm;
             }
         }
         self.replicas[r].engine.set_neighbours(n);
