@@ -66,7 +66,10 @@ fn summary(stdout: &str) -> BTreeMap<String, f64> {
             (k.to_string(), v.parse().expect("a number"))
         })
         .collect();
-    let mut want = vec!["gpu_hours_lower_bound".to_string()];
+    let mut want = vec![
+        "gpu_hours_lower_bound".to_string(),
+        "gpu_hours_lower_bound_cold_starts".to_string(),
+    ];
     for s in STRATEGIES {
         want.push(format!("gpu_hours_{s}"));
         want.push(format!("slo_attainment_{s}"));
@@ -111,6 +114,8 @@ fn default_scenario_runs_with_no_arguments_and_prints_the_table() {
     // No strategy beats the lower bound.
     let bound = s["gpu_hours_lower_bound"];
     assert!(bound > 0.0, "{s:?}");
+    // Charging the cold starts can only add residency.
+    assert!(s["gpu_hours_lower_bound_cold_starts"] >= bound, "{s:?}");
     for st in STRATEGIES {
         assert!(
             s[&format!("gpu_hours_{st}")] >= bound,

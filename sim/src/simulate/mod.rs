@@ -171,6 +171,7 @@ pub fn simulate_strategies(
         models: sc.models.iter().map(|m| m.name.clone()).collect(),
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
         lower_bound_gpu_hours: bound::lower_bound_gpu_hours(sc),
+        lower_bound_with_cold_starts_gpu_hours: bound::lower_bound_with_cold_starts_gpu_hours(sc),
         static_sizing: sizing,
         strategies: reports,
     })

@@ -608,6 +608,15 @@ pub struct ModelSetup {
     pub hami: HamiFile,
 }
 
+impl ModelSetup {
+    /// How long a start from zero takes, seconds: a sleep-mode wake when the model has one (its weights wait
+    /// in host memory), else the pod's start and the weights' load.
+    pub fn cold_start_secs(&self, settings: &StrategySettings) -> f64 {
+        self.sleep_wake_secs
+            .unwrap_or(settings.pod_start.as_secs_f64() + self.load_secs)
+    }
+}
+
 /// A scenario ready to simulate: plain numbers and per-model arrivals.
 #[derive(Debug, Clone)]
 pub struct Scenario {

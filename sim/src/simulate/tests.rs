@@ -323,3 +323,36 @@ fn requests_longer_than_the_context_are_capped_not_refused() {
     let t = run(&sc).strategy("static").unwrap().clone();
     assert_eq!((t.completed, t.failed), (1, 1));
 }
+
+/// The cold-start bound, by hand: the model starts in 20 s (pod) + 14.96 GiB at the default load bandwidth,
+/// its objective is 5 s, so its weights must be resident `cold start − 5 s` before each arrival. Two requests
+/// 100 s apart: two such lead windows (each alone on one GPU) on top of the free-cold-start bound; two
+/// requests 1 s apart share one window, so the second adds only its one second.
+#[test]
+fn the_cold_start_bound_charges_the_lead_before_each_arrival() {
+    let m = model("m", 0, 1);
+    let lead = m.cold_start_secs(&StrategySettings::default()) - m.slo_ttft;
+    assert!(lead > 20.0, "{lead}");
+    let apart = scenario(vec![m.clone()], vec![at(&[200.0, 300.0])], 600.0);
+    let free = bound::lower_bound_gpu_hours(&apart);
+    let cold = bound::lower_bound_with_cold_starts_gpu_hours(&apart);
+    assert!(
+        ((cold - free) * 3600.0 - 2.0 * lead).abs() < 1e-6,
+        "{cold} {free} {lead}"
+    );
+    let close = scenario(vec![m.clone()], vec![at(&[200.0, 201.0])], 600.0);
+    let free = bound::lower_bound_gpu_hours(&close);
+    let cold = bound::lower_bound_with_cold_starts_gpu_hours(&close);
+    let ideal = free * 3600.0 / 2.0; // each request alone on one GPU for its ideal latency
+    assert!(
+        ((cold - free) * 3600.0 - (lead + 1.0 - ideal)).abs() < 1e-6,
+        "{cold} {free} {lead} {ideal}"
+    );
+    // A model whose cold start fits in its objective is charged nothing more.
+    let quick = ModelSetup { slo_ttft: 600.0, ..m };
+    let sc = scenario(vec![quick], vec![at(&[200.0, 300.0])], 600.0);
+    assert_eq!(
+        bound::lower_bound_gpu_hours(&sc),
+        bound::lower_bound_with_cold_starts_gpu_hours(&sc)
+    );
+}

@@ -1017,11 +1017,7 @@ impl<'a> World<'a> {
         );
         // How long a start from zero takes here: a sleep-mode wake, or the pod's start and the weights' load.
         let setup = &self.sc.models[m];
-        let cold_start = Duration::from_secs_f64(
-            setup
-                .sleep_wake_secs
-                .unwrap_or(self.sc.settings.pod_start.as_secs_f64() + setup.load_secs),
-        );
+        let cold_start = Duration::from_secs_f64(setup.cold_start_secs(&self.sc.settings));
         let joint = joint::replica_policy(
             &declared,
             room,
