@@ -107,6 +107,7 @@ fn gpu(i: usize) -> GpuObservation {
         node: Some(format!("node-{}", i / 4)),
         uuid: Some(format!("GPU-{i:08x}-0000-0000-0000-000000000000")),
         memory_mib: 81920,
+        compute_milli: 2000,
         tenants: (0..3)
             .map(|t| TenantObservation {
                 pod: format!("model-{:02}-{t}", (i * 3 + t) % MODELS),

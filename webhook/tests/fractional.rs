@@ -124,8 +124,10 @@ fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
     kube::Client::new(svc, "default")
 }
 
+// Each GPU handed out once, so a 900-milli tenant leaves no room (the MPS default of handing caps out twice is
+// tested in the pool config's tests).
 const POOLS: &str = "namespace: tessera-system\nimage: tessera:test\nreservationTtl: 2m\npools:\n\
-- name: a100\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: MAX\n";
+- name: a100\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: MAX\n  computeOversubscription: 1.0\n";
 
 fn pools(max: u32) -> Arc<PoolsConfig> {
     Arc::new(PoolsConfig::from_yaml(&POOLS.replace("MAX", &max.to_string())).unwrap())

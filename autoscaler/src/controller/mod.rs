@@ -338,9 +338,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             // with each tenant's measured use from its capacity pod's gpu-agent (read off the pool manager's
             // loop, each read bounded by --scrape-timeout).
             // The start-up lease holders come from the gate's Leases in the pool namespace (one list per round).
-            let observer: crate::pool::PoolObserver = Arc::new(move |pool, memory_mib, index| {
-                let (page, index, pool, client) =
-                    (page.clone(), index.clone(), pool.to_owned(), agents.clone());
+            let observer: crate::pool::PoolObserver = Arc::new(move |pool, shape, index| {
+                let (page, index, pool, client, shape) = (
+                    page.clone(),
+                    index.clone(),
+                    pool.to_owned(),
+                    agents.clone(),
+                    *shape,
+                );
                 let (kube, pool_ns) = (kube.clone(), pool_ns.clone());
                 tokio::spawn(async move {
                     let port = u16::try_from(crate::pool::capacity::AGENT_PORT).unwrap_or(9091);
@@ -352,7 +357,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                         crate::ui::observe::startup_holders(&leases, crate::unix_ms(SystemTime::now()));
                     page.set_pool_gpus(
                         &pool,
-                        crate::ui::observe::gpus_from_pool(&index, &pool, memory_mib, &read, &holders),
+                        crate::ui::observe::gpus_from_pool(&index, &pool, &shape, &read, &holders),
                     );
                 });
             });

@@ -488,9 +488,9 @@ impl PoolManager {
     }
 }
 
-/// A read-only view of each pool, called every pool interval with the pool's name, its GPUs' memory (MiB) and
-/// its index (the autoscaler's `/ui` shows the GPUs from it).
-pub type PoolObserver = Arc<dyn Fn(&str, u64, &PoolIndex) + Send + Sync>;
+/// A read-only view of each pool, called every pool interval with the pool's name, its GPUs' shape (memory and
+/// the compute each hands out) and its index (the autoscaler's `/ui` shows the GPUs from it).
+pub type PoolObserver = Arc<dyn Fn(&str, &tessera_core::pack::GpuShape, &PoolIndex) + Send + Sync>;
 
 /// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled, without metrics; see
 /// [`run_pools_with_metrics`].
@@ -528,7 +528,7 @@ pub async fn run_pools_with_metrics(
                         () = tokio::time::sleep(interval) => {}
                     }
                     let index = view.index();
-                    observe(&view.pool().name, view.pool().gpu_memory_mib, &index);
+                    observe(&view.pool().name, &view.pool().shape(), &index);
                 }
             });
         }

@@ -55,7 +55,7 @@ pub struct ModelPoint {
 /// One minute of a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct GpuPoint {
-    /// Reserved compute, 0–1.
+    /// Reserved compute (the tenants' caps), in GPUs: above 1 where the pool oversubscribes MPS caps.
     pub compute_reserved: f32,
     /// Reserved memory, MiB.
     pub memory_reserved_mib: f32,
@@ -200,7 +200,8 @@ impl History {
                 .push(
                     minute,
                     GpuPoint {
-                        compute_reserved: (1000 - row.free_compute_milli.min(1000)) as f32 / 1000.0,
+                        compute_reserved: g.compute_milli.saturating_sub(row.free_compute_milli) as f32
+                            / 1000.0,
                         memory_reserved_mib: g.memory_mib.saturating_sub(row.free_memory_mib) as f32,
                         memory_measured_mib: if measured.is_empty() {
                             f32::NAN

@@ -8,6 +8,7 @@ use k8s_openapi::jiff;
 
 use super::history::{History, POINTS};
 use super::view::{ModelRow, Sharing, View};
+use tessera_core::pack::GPU_COMPUTE_MILLI;
 
 /// Escapes text for HTML element content and attribute values.
 pub fn esc(s: &str) -> String {
@@ -707,12 +708,21 @@ pub fn render(view: &View, history: &History) -> String {
             }
             let _ = write!(
                 out,
-                r#"</td><td data-v="{0}">{1:.0}%</td><td data-v="{2}">{3}</td><td class="l" data-v="{4}">{4}</td></tr>"#,
+                r#"</td><td data-v="{0}">{1:.0}%{5}</td><td data-v="{2}">{3}</td><td class="l" data-v="{4}">{4}</td></tr>"#,
                 g.free_compute_milli,
                 f64::from(g.free_compute_milli) / 10.0,
                 g.free_memory_mib,
                 gib(g.free_memory_mib),
-                esc(gpu.startup_lease_holder.as_deref().unwrap_or("—"))
+                esc(gpu.startup_lease_holder.as_deref().unwrap_or("—")),
+                // An MPS pool hands out its caps more than once (computeOversubscription): say of how much.
+                if gpu.compute_milli == GPU_COMPUTE_MILLI {
+                    String::new()
+                } else {
+                    format!(
+                        r#"<span class="s">of {:.0}% (caps oversubscribed)</span>"#,
+                        f64::from(gpu.compute_milli) / 10.0
+                    )
+                }
             );
         }
         out.push_str("</tbody></table>");

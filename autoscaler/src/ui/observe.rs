@@ -184,13 +184,13 @@ pub fn model_from_reconcile(
 
 /// The page's rows for one fractional pool, from the pool manager's index: one per capacity pod that is not gone,
 /// each tenant named by its pod where the pod is known (else by its reservation id, while it is being admitted).
-/// `memory_mib`: the pool's GPU memory. `agents`: each capacity pod's gpu-agent `/v1/gpus` document, by capacity
+/// `shape`: the pool's GPU memory and the compute each GPU hands out. `agents`: each capacity pod's gpu-agent `/v1/gpus` document, by capacity
 /// pod name ([`read_agents`]); a tenant's measured memory and SM use come from it, matched by pod UID on the
 /// capacity pod's GPU. `holders`: who holds each GPU's start-up Lease, by lease name ([`startup_holders`]).
 pub fn gpus_from_pool(
     index: &crate::pool::PoolIndex,
     pool: &str,
-    memory_mib: u64,
+    shape: &tessera_core::pack::GpuShape,
     agents: &BTreeMap<String, GpuAgentStatus>,
     holders: &BTreeMap<String, String>,
 ) -> Vec<GpuObservation> {
@@ -208,7 +208,8 @@ pub fn gpus_from_pool(
                 capacity_pod: c.name.clone(),
                 node: c.node.clone(),
                 uuid: c.gpu_uuid.clone().or_else(|| device.map(|d| d.uuid.clone())),
-                memory_mib,
+                memory_mib: shape.memory_mib,
+                compute_milli: shape.compute_milli,
                 tenants: c
                     .reservation_list()
                     .iter()
@@ -358,6 +359,13 @@ mod tests {
     use super::*;
     use crate::pool::state::{Reservation, encode_reservations};
     use k8s_openapi::api::core::v1::Pod;
+
+    /// An 80 GiB A100 pool handing each GPU out once.
+    const A100: tessera_core::pack::GpuShape = tessera_core::pack::GpuShape {
+        memory_mib: 81920,
+        headroom_mib: 1024,
+        compute_milli: tessera_core::pack::GPU_COMPUTE_MILLI,
+    };
 
     fn pod(v: serde_json::Value) -> Pod {
         serde_json::from_value(v).expect("a pod")
@@ -513,7 +521,7 @@ mod tests {
                 "annotations": {"tessera.dev/reservation": "r1", "tessera.dev/capacity-pod": "cap-0"}},
             "spec": {"containers": []}
         })));
-        let rows = gpus_from_pool(&index, "a100", 81920, &BTreeMap::new(), &BTreeMap::new());
+        let rows = gpus_from_pool(&index, "a100", &A100, &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(rows.len(), 1, "the failed capacity pod is not a GPU anyone holds");
         let g = &rows[0];
         assert_eq!(
@@ -563,7 +571,7 @@ mod tests {
             ],
         };
         let agents = BTreeMap::from([("cap-0".to_owned(), agent(true))]);
-        let g = &gpus_from_pool(&index, "a100", 81920, &agents, &BTreeMap::new())[0];
+        let g = &gpus_from_pool(&index, "a100", &A100, &agents, &BTreeMap::new())[0];
         assert_eq!(g.tenants[0].measured_memory_mib, Some(18_000));
         assert_eq!(g.tenants[0].measured_sm, Some(0.3));
         assert_eq!(
@@ -574,7 +582,7 @@ mod tests {
         // NVML down: the agent's document says nothing measured.
         let agents = BTreeMap::from([("cap-0".to_owned(), agent(false))]);
         assert_eq!(
-            gpus_from_pool(&index, "a100", 81920, &agents, &BTreeMap::new())[0].tenants[0].measured_sm,
+            gpus_from_pool(&index, "a100", &A100, &agents, &BTreeMap::new())[0].tenants[0].measured_sm,
             None
         );
     }
@@ -679,7 +687,7 @@ mod tests {
             "spec": {"nodeName": "node-a", "containers": []},
             "status": {"phase": "Running"}
         })));
-        let rows = gpus_from_pool(&index, "a100", 81920, &BTreeMap::new(), &holders);
+        let rows = gpus_from_pool(&index, "a100", &A100, &BTreeMap::new(), &holders);
         assert_eq!(
             rows[0].startup_lease_holder.as_deref(),
             Some("ml/chat-1 · 1 waiting")

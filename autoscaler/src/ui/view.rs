@@ -184,7 +184,7 @@ pub struct TenantObservation {
 }
 
 /// One capacity pod of a fractional pool: one GPU.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GpuObservation {
     /// Pool name.
     pub pool: String,
@@ -196,10 +196,28 @@ pub struct GpuObservation {
     pub uuid: Option<String>,
     /// Device memory, MiB.
     pub memory_mib: u64,
+    /// The compute its pool hands out on it, milli-GPUs: 1000 × the pool's `computeOversubscription`.
+    pub compute_milli: u32,
     /// Tenants.
     pub tenants: Vec<TenantObservation>,
     /// Who holds the GPU's start-up lease, if anyone.
     pub startup_lease_holder: Option<String>,
+}
+
+impl Default for GpuObservation {
+    /// An unnamed GPU of a pool that hands it out once.
+    fn default() -> Self {
+        Self {
+            pool: String::new(),
+            capacity_pod: String::new(),
+            node: None,
+            uuid: None,
+            memory_mib: 0,
+            compute_milli: GPU_COMPUTE_MILLI,
+            tenants: Vec::new(),
+            startup_lease_holder: None,
+        }
+    }
 }
 
 /// Everything the page is drawn from.
@@ -303,7 +321,7 @@ pub struct ModelRow {
 pub struct GpuRow {
     /// The observation.
     pub gpu: GpuObservation,
-    /// Free compute, milli-GPUs.
+    /// Free compute, milli-GPUs, of what the pool hands out on this GPU.
     pub free_compute_milli: u32,
     /// Free memory, MiB.
     pub free_memory_mib: u64,
@@ -462,7 +480,7 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
             let used_m: u64 = g.tenants.iter().map(|t| t.memory_mib).sum();
             GpuRow {
                 gpu: g.clone(),
-                free_compute_milli: GPU_COMPUTE_MILLI.saturating_sub(used_c),
+                free_compute_milli: g.compute_milli.saturating_sub(used_c),
                 free_memory_mib: g.memory_mib.saturating_sub(used_m),
             }
         })
@@ -612,6 +630,7 @@ mod tests {
             pool: "a100".into(),
             capacity_pod: "tessera-capacity-a100-0".into(),
             memory_mib: 81920,
+            compute_milli: GPU_COMPUTE_MILLI,
             tenants: vec![
                 TenantObservation {
                     pod: "shared-0".into(),
@@ -643,6 +662,39 @@ mod tests {
         assert!((v.overview.compute_allocated - 1.0).abs() < 1e-9);
         assert_eq!(v.gpus[0].free_compute_milli, 200);
         assert_eq!(v.gpus[0].free_memory_mib, 81920 - 40000);
+    }
+
+    #[test]
+    fn an_oversubscribed_gpu_shows_free_compute_of_what_its_pool_hands_out() {
+        let tenant = |pod: &str, milli| TenantObservation {
+            pod: pod.into(),
+            model: "ml/shared".into(),
+            compute_milli: milli,
+            memory_mib: 20000,
+            ..TenantObservation::default()
+        };
+        let gpu = GpuObservation {
+            pool: "a100".into(),
+            capacity_pod: "tessera-capacity-a100-0".into(),
+            memory_mib: 81920,
+            compute_milli: 2000,
+            tenants: vec![tenant("a-0", 700), tenant("b-0", 600)],
+            ..GpuObservation::default()
+        };
+        let v = view(
+            &Snapshot {
+                gpus: vec![gpu],
+                ..Snapshot::default()
+            },
+            &Settings::default(),
+        );
+        // 1,300 milli of caps on a GPU handed out twice: 700 free, not "0% free".
+        assert_eq!(v.gpus[0].free_compute_milli, 700);
+        let page = super::super::html::render(&v, &super::super::history::History::default());
+        assert!(
+            page.contains("70%<span class=\"s\">of 200% (caps oversubscribed)</span>"),
+            "the GPU row names the pool's caps"
+        );
     }
 
     #[test]
