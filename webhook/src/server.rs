@@ -113,24 +113,13 @@ pub fn encode_review(review: &AdmissionReview<DynamicObject>) -> serde_json::Res
     Ok(out)
 }
 
-/// Bytes written as standard base64 (RFC 4648, padded) straight into the serializer.
+/// Bytes written as standard base64 (RFC 4648, padded) straight into the serializer, through the `base64`
+/// crate's `Display` (no intermediate string).
 struct Base64<'a>(&'a [u8]);
 
 impl std::fmt::Display for Base64<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        for chunk in self.0.chunks(3) {
-            let n = chunk.len();
-            let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-            let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            let mut out = [b'='; 4];
-            for (i, o) in out.iter_mut().enumerate().take(n + 1) {
-                *o = ALPHABET[((v >> (18 - 6 * i)) & 63) as usize];
-            }
-            // The four bytes are ASCII from ALPHABET or '='.
-            f.write_str(std::str::from_utf8(&out).map_err(|_| std::fmt::Error)?)?;
-        }
-        Ok(())
+        base64::display::Base64Display::new(self.0, &base64::engine::general_purpose::STANDARD).fmt(f)
     }
 }
 
