@@ -148,6 +148,21 @@ pub fn passes(phase: &Phase) -> bool {
     !matches!(phase, Phase::Waiting { .. })
 }
 
+/// The prefix of every start-up Lease's name ([`lease_name`]).
+pub const LEASE_NAME_PREFIX: &str = "tessera-startup-";
+
+/// The annotation on a start-up Lease listing the pods waiting for it: a JSON object, pod → Unix ms since it
+/// waits ([`waiters`] reads it).
+pub const WAITING_ANNOTATION: &str = "tessera.dev/startup-waiting";
+
+/// The pods listed in a [`WAITING_ANNOTATION`] value (pod → Unix ms since it waits); an absent or unreadable
+/// value lists none.
+pub fn waiters(annotation: Option<&str>) -> std::collections::BTreeMap<String, u64> {
+    annotation
+        .and_then(|r| serde_json::from_str(r).ok())
+        .unwrap_or_default()
+}
+
 /// The name of a GPU's start-up Lease (in the pool namespace): `tessera-startup-<uuid>`, lower-cased with anything
 /// outside `[a-z0-9-]` replaced, cut to a valid object name. The sidecar's gate takes and renews it; the
 /// autoscaler's GPU page shows who holds it.
@@ -163,7 +178,7 @@ pub fn lease_name(gpu_uuid: &str) -> String {
             }
         })
         .collect();
-    let mut name = format!("tessera-startup-{}", clean.trim_matches('-'));
+    let mut name = format!("{LEASE_NAME_PREFIX}{}", clean.trim_matches('-'));
     name.truncate(253);
     name
 }

@@ -29,8 +29,7 @@ use tessera_runtime::kube_client::micro_time;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// The annotation on the lease listing the pods waiting for it (JSON object: pod → Unix ms since it waits).
-pub const WAITING_ANNOTATION: &str = "tessera.dev/startup-waiting";
+pub use tessera_core::gate::WAITING_ANNOTATION;
 /// At most this many waiters are listed (the annotation stays small whatever happens).
 const MAX_WAITERS: usize = 32;
 /// A waiter entry older than this is dropped (its pod is most likely gone).
@@ -161,7 +160,7 @@ fn waiters_with(lease: &Lease, me: &str, add: Option<u64>, now: u64) -> Option<S
         .annotations
         .as_ref()
         .and_then(|a| a.get(WAITING_ANNOTATION));
-    let before: BTreeMap<String, u64> = raw.and_then(|r| serde_json::from_str(r).ok()).unwrap_or_default();
+    let before = gate::waiters(raw.map(String::as_str));
     let mut after: BTreeMap<String, u64> = before
         .iter()
         .filter(|(pod, since)| pod.as_str() != me && now.saturating_sub(**since) < WAITER_TTL_MS)

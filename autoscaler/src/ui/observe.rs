@@ -250,7 +250,7 @@ pub fn startup_holders(leases: &[Lease], now_ms: u64) -> BTreeMap<String, String
         .iter()
         .filter_map(|l| {
             let name = l.metadata.name.as_deref()?;
-            if !name.starts_with("tessera-startup-") {
+            if !name.starts_with(tessera_core::gate::LEASE_NAME_PREFIX) {
                 return None;
             }
             let spec = l.spec.as_ref()?;
@@ -265,13 +265,14 @@ pub fn startup_holders(leases: &[Lease], now_ms: u64) -> BTreeMap<String, String
                 .and_then(|s| u64::try_from(s).ok())
                 .map_or(0, |s| s * 1000);
             let expired = renewed_ms.is_none_or(|r| r.saturating_add(duration_ms) < now_ms);
-            let waiting = l
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("tessera.dev/startup-waiting"))
-                .and_then(|w| serde_json::from_str::<BTreeMap<String, u64>>(w).ok())
-                .map_or(0, |w| w.len());
+            let waiting = tessera_core::gate::waiters(
+                l.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(tessera_core::gate::WAITING_ANNOTATION))
+                    .map(String::as_str),
+            )
+            .len();
             let mut shown = holder.to_owned();
             if expired {
                 shown.push_str(" (expired)");
