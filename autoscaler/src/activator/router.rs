@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use http::Uri;
-use tessera_core::wire::activator::{ActivatorStats, ModelStats, SCHEMA_VERSION, model_key};
+use tessera_core::wire::activator::{ActivatorStats, ModelStats, model_key};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -479,17 +479,12 @@ impl Router {
 
     /// The stats document at `now_unix_ms`.
     pub fn stats(&self, now_unix_ms: u64) -> ActivatorStats {
-        ActivatorStats {
-            schema_version: SCHEMA_VERSION,
-            instance: self.instance.clone(),
-            started_at_unix_ms: self.started_at_unix_ms,
-            observed_at_unix_ms: now_unix_ms,
-            models: self
-                .entries()
-                .iter()
-                .map(|e| (e.key.clone(), e.stats()))
-                .collect(),
-        }
+        ActivatorStats::new(
+            self.instance.clone(),
+            self.started_at_unix_ms,
+            now_unix_ms,
+            self.entries().iter().map(|e| (e.key.clone(), e.stats())),
+        )
     }
 }
 

@@ -141,23 +141,8 @@ fn activator_doc(
     queued: u64,
     last: Option<u64>,
 ) -> ActivatorStats {
-    ActivatorStats {
-        schema_version: tessera_core::wire::activator::SCHEMA_VERSION,
-        instance: "act-0".into(),
-        started_at_unix_ms: 1_000,
-        observed_at_unix_ms: at_ms,
-        models: [(
-            key.to_owned(),
-            tessera_core::wire::activator::ModelStats {
-                requests_total: total,
-                in_flight,
-                queued,
-                last_request_at_unix_ms: last,
-                ..Default::default()
-            },
-        )]
-        .into(),
-    }
+    let stats = tessera_core::wire::activator::ModelStats::counts(total, in_flight, queued, last);
+    ActivatorStats::new("act-0", 1_000, at_ms, [(key.to_owned(), stats)])
 }
 
 /// Polls the context's activators once at the test's "now".

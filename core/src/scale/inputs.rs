@@ -302,27 +302,10 @@ mod tests {
     }
 
     fn stats(instance: &str, observed: u64, models: &[(&str, u64, u64, u64, Option<u64>)]) -> ActivatorStats {
-        ActivatorStats {
-            schema_version: crate::wire::activator::SCHEMA_VERSION,
-            instance: instance.into(),
-            started_at_unix_ms: 1_000,
-            observed_at_unix_ms: observed,
-            models: models
-                .iter()
-                .map(|(m, total, in_flight, queued, last)| {
-                    (
-                        (*m).to_owned(),
-                        ModelStats {
-                            requests_total: *total,
-                            in_flight: *in_flight,
-                            queued: *queued,
-                            last_request_at_unix_ms: *last,
-                            ..ModelStats::default()
-                        },
-                    )
-                })
-                .collect(),
-        }
+        let models = models.iter().map(|&(m, total, in_flight, queued, last)| {
+            (m.to_owned(), ModelStats::counts(total, in_flight, queued, last))
+        });
+        ActivatorStats::new(instance, 1_000, observed, models)
     }
 
     const AGE: Duration = Duration::from_secs(3);

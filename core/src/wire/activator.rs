@@ -75,6 +75,25 @@ pub struct ModelStats {
     pub last_request_at_unix_ms: Option<u64>,
 }
 
+impl ModelStats {
+    /// The counters the autoscaler reads (the rest zero): requests received, forwarded and not finished, held,
+    /// and when the last one arrived.
+    pub fn counts(
+        requests_total: u64,
+        in_flight: u64,
+        queued: u64,
+        last_request_at_unix_ms: Option<u64>,
+    ) -> Self {
+        ModelStats {
+            requests_total,
+            in_flight,
+            queued,
+            last_request_at_unix_ms,
+            ..ModelStats::default()
+        }
+    }
+}
+
 /// Why no request rate could be derived from two documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RateError {
@@ -109,6 +128,23 @@ pub fn request_rate(earlier: &ActivatorStats, later: &ActivatorStats, model: &st
 }
 
 impl ActivatorStats {
+    /// The document of the current schema from `instance`, started at `started_at_unix_ms`, observed at
+    /// `observed_at_unix_ms`, with `models` by [`model_key`].
+    pub fn new(
+        instance: impl Into<String>,
+        started_at_unix_ms: u64,
+        observed_at_unix_ms: u64,
+        models: impl IntoIterator<Item = (String, ModelStats)>,
+    ) -> Self {
+        ActivatorStats {
+            schema_version: SCHEMA_VERSION,
+            instance: instance.into(),
+            started_at_unix_ms,
+            observed_at_unix_ms,
+            models: models.into_iter().collect(),
+        }
+    }
+
     /// When `model` last saw activity at this activator: its last request, or — if it has seen none since the
     /// activator started — the start time (it has certainly been idle since then; this is what
     /// `tessera_core::scale::Demand::last_request_at` expects). `None` when this activator does not know the model,
@@ -126,21 +162,12 @@ mod tests {
     use super::*;
 
     fn doc(observed: u64, total: u64) -> ActivatorStats {
-        let mut models = BTreeMap::new();
-        models.insert(
-            model_key("ns", "m"),
-            ModelStats {
-                requests_total: total,
-                ..Default::default()
-            },
-        );
-        ActivatorStats {
-            schema_version: SCHEMA_VERSION,
-            instance: "a-0".into(),
-            started_at_unix_ms: 1_000,
-            observed_at_unix_ms: observed,
-            models,
-        }
+        ActivatorStats::new(
+            "a-0",
+            1_000,
+            observed,
+            [(model_key("ns", "m"), ModelStats::counts(total, 0, 0, None))],
+        )
     }
 
     #[test]

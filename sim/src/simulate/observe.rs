@@ -8,14 +8,13 @@
 //! sidecar's `--latency-window` between two scrapes, and the rate is the activator's request counter differenced
 //! over one poll.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tessera_core::recommend::{NotYetCode, Outcome};
 use tessera_core::scale::inputs::{self, ActivatorSample};
 use tessera_core::scale::joint::ShareRoom;
 use tessera_core::scale::{ScaleDecision, ScalePolicy, ScaleState};
-use tessera_core::wire::activator::{self, ActivatorStats, ModelStats};
+use tessera_core::wire::activator::{ActivatorStats, ModelStats};
 use tessera_core::wire::sidecar::{
     GpuStatus, Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
     SnapshotSummary,
@@ -148,25 +147,13 @@ pub struct ActivatorCounts {
 
 /// The activator's stats document for one model `key` observed at `at_ms`.
 pub fn activator_doc(key: &str, at_ms: u64, counts: ActivatorCounts) -> ActivatorStats {
-    let mut models = BTreeMap::new();
-    models.insert(
-        key.to_owned(),
-        ModelStats {
-            requests_total: counts.requests_total,
-            rejected_total: 0,
-            in_flight: counts.in_flight,
-            queued: counts.queued,
-            ready_backends: 0,
-            last_request_at_unix_ms: counts.last_request_at_ms,
-        },
+    let stats = ModelStats::counts(
+        counts.requests_total,
+        counts.in_flight,
+        counts.queued,
+        counts.last_request_at_ms,
     );
-    ActivatorStats {
-        schema_version: activator::SCHEMA_VERSION,
-        instance: ACTIVATOR.to_owned(),
-        started_at_unix_ms: 0,
-        observed_at_unix_ms: at_ms,
-        models,
-    }
+    ActivatorStats::new(ACTIVATOR, 0, at_ms, [(key.to_owned(), stats)])
 }
 
 /// What the controller's poller holds for the activator at `now_ms`: the document of the poll before (one
