@@ -83,6 +83,20 @@ pub struct Classified {
     pub reason: String,
 }
 
+/// A replica's [`ClassInput::active_ratio`] from its window's scrapes, each as (requests running, requests
+/// waiting): a scrape is active when it found a request running or waiting; one that reported neither is not
+/// counted either way. `None` when no scrape reported either.
+pub fn active_ratio(scrapes: impl IntoIterator<Item = (Option<f64>, Option<f64>)>) -> Option<f64> {
+    let (mut active, mut counted) = (0usize, 0usize);
+    for (running, waiting) in scrapes {
+        if running.is_some() || waiting.is_some() {
+            counted += 1;
+            active += usize::from(running.unwrap_or(0.0) > 0.0 || waiting.unwrap_or(0.0) > 0.0);
+        }
+    }
+    (counted > 0).then(|| active as f64 / counted as f64)
+}
+
 /// The class of one model (see the module documentation for the rule).
 pub fn classify(input: &ClassInput) -> Classified {
     let done = |class, reason: String| Classified { class, reason };

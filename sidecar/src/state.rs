@@ -414,16 +414,6 @@ impl State {
                 .filter_map(|s| s.snapshot.requests_running)
                 .filter(|v| v.is_finite())
                 .collect();
-            // A scrape is active when it found a request running or waiting; one that reported neither is not
-            // counted either way.
-            let activity: Vec<bool> = self
-                .window
-                .iter()
-                .filter_map(|s| {
-                    let (r, w) = (s.snapshot.requests_running, s.snapshot.requests_waiting);
-                    (r.is_some() || w.is_some()).then(|| r.unwrap_or(0.0) > 0.0 || w.unwrap_or(0.0) > 0.0)
-                })
-                .collect();
             WindowStatus {
                 start,
                 end,
@@ -442,8 +432,12 @@ impl State {
                 prefix_cache_hit_ratio: w.prefix_cache_hit_ratio,
                 prefill_time_seconds: quantiles(w.prefill_time),
                 decode_time_seconds: quantiles(w.decode_time),
-                active_ratio: (!activity.is_empty())
-                    .then(|| activity.iter().filter(|a| **a).count() as f64 / activity.len() as f64),
+                // What the workload class reads (`core::workload`, which defines an active scrape).
+                active_ratio: tessera_core::workload::active_ratio(
+                    self.window
+                        .iter()
+                        .map(|s| (s.snapshot.requests_running, s.snapshot.requests_waiting)),
+                ),
             }
         });
         let gpu = self.gpu.map(|(source, g)| GpuStatus {

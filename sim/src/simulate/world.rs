@@ -1017,12 +1017,14 @@ impl<'a> World<'a> {
         );
         // How long a start from zero takes here: a sleep-mode wake, or the pod's start and the weights' load.
         let setup = &self.sc.models[m];
-        let cold_start = Duration::from_secs_f64(setup.cold_start_secs(&self.sc.settings));
+        // Only Tessera's policy knows its lead time (the baselines scale as declared).
+        let cold_start = (self.plan.kind == StrategyKind::Tessera)
+            .then(|| Duration::from_secs_f64(setup.cold_start_secs(&self.sc.settings)));
         let joint = joint::replica_policy(
             &declared,
             room,
             recommend::Config::default().compute_max_step_up,
-            (self.plan.kind == StrategyKind::Tessera).then_some(cold_start),
+            cold_start,
         );
         if let Some(w) = joint.warm_floor {
             self.models[m].warm_floor = Some(w);
@@ -1110,7 +1112,7 @@ impl<'a> World<'a> {
                 activator: sample,
                 policy: declared,
                 room,
-                cold_start: (self.plan.kind == StrategyKind::Tessera).then_some(cold_start),
+                cold_start,
                 state: rt.state.clone(),
                 decision: d.clone(),
             });
