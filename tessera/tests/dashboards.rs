@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
-use support::{Tessera, free_port};
+use support::{Tessera, admission, free_port};
 use tessera_core::scale::ScaleReason;
 
 /// Sample and family names on an exposition page. A family a role registered but has not counted anything in yet
@@ -81,57 +81,6 @@ fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
         serde_json::Value::Array(a) => a.iter().for_each(|x| exprs(x, out)),
         _ => {}
     }
-}
-
-/// One `POST /mutate` of a real pod (`testdata/pods/`) to the webhook at `addr` over TLS, trusting `cert`; the raw
-/// HTTP/1.1 answer.
-async fn admit_over_tls(
-    addr: std::net::SocketAddr,
-    cert: rustls::pki_types::CertificateDer<'static>,
-) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(cert).expect("trust the test certificate");
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the webhook");
-    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").expect("a name"),
-            tcp,
-        )
-        .await
-        .expect("TLS handshake");
-    let pod: serde_json::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/pods/production-stack-llama3.yaml"),
-        )
-        .expect("the pod"),
-    )
-    .expect("YAML");
-    let body = serde_json::to_vec(&serde_json::json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {"uid": "dashboards", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "resource": {"group": "", "version": "v1", "resource": "pods"},
-                    "namespace": "default", "operation": "CREATE", "userInfo": {"username": "test"},
-                    "object": pod, "dryRun": false}
-    }))
-    .expect("JSON");
-    let head = format!(
-        "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n",
-        body.len()
-    );
-    tls.write_all(head.as_bytes()).await.expect("write");
-    tls.write_all(&body).await.expect("write");
-    let mut answer = Vec::new();
-    // The server closes after answering (connection: close); a TLS close without notify is still the end.
-    let _ = tls.read_to_end(&mut answer).await;
-    String::from_utf8_lossy(&answer).into_owned()
 }
 
 async fn get(client: &reqwest::Client, url: &str) -> String {
@@ -298,10 +247,10 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     // The webhook without a cluster (a self-signed certificate made here), after one real admission over TLS: its
     // admission families have samples only once a pod was admitted.
     let tls = tempfile::tempdir().expect("tempdir");
-    let pair = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a certificate");
+    let pair = admission::pair();
     let (cert, key) = (tls.path().join("tls.crt"), tls.path().join("tls.key"));
-    std::fs::write(&cert, pair.cert.pem()).expect("write the certificate");
-    std::fs::write(&key, pair.signing_key.serialize_pem()).expect("write the key");
+    std::fs::write(&cert, &pair.cert_pem).expect("write the certificate");
+    std::fs::write(&key, &pair.key_pem).expect("write the key");
     let webhook_metrics = format!("127.0.0.1:{}", free_port());
     let webhook = Tessera::start(&[
         "webhook",
@@ -315,8 +264,15 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
         key.to_str().expect("utf-8 path"),
         "--no-kube",
     ]);
-    let answer = admit_over_tls(webhook.addr, pair.cert.der().clone()).await;
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let mut stream = admission::connect(&admission::connector(&[&pair.der]), webhook.addr).await;
+    let (status, answer) = admission::exchange(
+        &mut stream,
+        "POST",
+        "/mutate",
+        &admission::review("dashboards", admission::real_pod()),
+    )
+    .await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
     let page = get(&client, &format!("http://{webhook_metrics}/metrics")).await;
     assert!(page.contains("tessera_webhook_admissions_total{"), "{page}");
     names(&page, &mut emitted);

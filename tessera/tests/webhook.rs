@@ -5,130 +5,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
-use tokio_rustls::client::TlsStream;
 
 mod support;
 use support::Tessera;
-
-struct Pair {
-    cert_pem: String,
-    key_pem: String,
-    der: CertificateDer<'static>,
-}
-
-fn pair() -> Pair {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    Pair {
-        cert_pem: ck.cert.pem(),
-        key_pem: ck.signing_key.serialize_pem(),
-        der: ck.cert.der().clone(),
-    }
-}
+use support::admission::{connect, connector, exchange, pair, peer, real_pod, review};
 
 /// Replaces a file the way a kubelet secret update does: write beside it, then rename over it.
 fn replace(path: &Path, contents: &str) {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, contents).unwrap();
     std::fs::rename(&tmp, path).unwrap();
-}
-
-fn connector(trusted: &[&CertificateDer<'static>]) -> TlsConnector {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in trusted {
-        roots.add((*c).clone()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    TlsConnector::from(Arc::new(config))
-}
-
-async fn connect(tls: &TlsConnector, addr: std::net::SocketAddr) -> TlsStream<TcpStream> {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    tls.connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap()
-}
-
-fn peer(stream: &TlsStream<TcpStream>) -> CertificateDer<'static> {
-    stream.get_ref().1.peer_certificates().unwrap()[0]
-        .clone()
-        .into_owned()
-}
-
-/// One HTTP/1.1 exchange on a kept-alive connection: (status, body).
-async fn exchange(
-    stream: &mut TlsStream<TcpStream>,
-    method: &str,
-    path: &str,
-    body: &[u8],
-) -> (u16, Vec<u8>) {
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.unwrap();
-    stream.write_all(body).await.unwrap();
-    stream.flush().await.unwrap();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16384];
-    let (status, len, start) = loop {
-        let n = stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "connection closed before the response headers");
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let headers = String::from_utf8_lossy(&buf[..end]).to_string();
-            let status: u16 = headers.split(' ').nth(1).unwrap().parse().unwrap();
-            let len: usize = headers
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse().unwrap())
-                })
-                .expect("content-length");
-            break (status, len, end + 4);
-        }
-    };
-    while buf.len() < start + len {
-        let n = stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "connection closed mid-body");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    (status, buf[start..start + len].to_vec())
-}
-
-fn review(uid: &str, pod: Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {"uid": uid, "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "resource": {"group": "", "version": "v1", "resource": "pods"},
-                    "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-                    "namespace": "default", "operation": "CREATE",
-                    "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                                 "groups": ["system:serviceaccounts", "system:authenticated"]},
-                    "object": pod, "oldObject": null, "dryRun": false,
-                    "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}}
-    }))
-    .unwrap()
-}
-
-fn real_pod() -> Value {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/pods/production-stack-llama3.yaml"),
-    )
-    .unwrap();
-    serde_yaml::from_str(&text).unwrap()
 }
 
 #[tokio::test]

@@ -5,6 +5,8 @@
 //! Set `TESSERA_TEST_LOGS=1` to see the children's logs.
 #![allow(dead_code)] // each test crate uses a different part of it
 
+/// Admission requests to `tessera webhook` over TLS, as the API server makes them.
+pub mod admission;
 /// The in-memory Kubernetes API server (watch streams, selectors, resourceVersion, 409s).
 pub mod apiserver;
 
