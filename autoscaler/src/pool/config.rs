@@ -117,13 +117,23 @@ impl PoolSpec {
             .unwrap_or_else(|| default_compute_oversubscription(self.sharing == SharingMode::Mps))
     }
 
-    /// The GPU shape the packer uses.
+    /// The GPU shape the packer uses, checked by the packer's own rule ([`GpuShape::validate`]).
+    pub fn try_shape(&self) -> Result<GpuShape, tessera_core::pack::PackError> {
+        self.shape_once()
+            .with_compute_oversubscription(self.compute_oversubscription())
+    }
+
+    /// The GPU shape the packer uses. [`PoolsConfig::validate`] has checked it; were it invalid, each GPU is handed
+    /// out once, which never overbooks.
     pub fn shape(&self) -> GpuShape {
+        self.try_shape().unwrap_or_else(|_| self.shape_once())
+    }
+
+    fn shape_once(&self) -> GpuShape {
         GpuShape {
             memory_mib: self.gpu_memory_mib,
             headroom_mib: self.memory_headroom_mib,
-            // Validated to 1.0..=4.0 (see `PoolsConfig::validate`), so the product is in range.
-            compute_milli: (self.compute_oversubscription() * f64::from(GPU_COMPUTE_MILLI)).round() as u32,
+            compute_milli: GPU_COMPUTE_MILLI,
         }
     }
 }
@@ -251,7 +261,8 @@ impl PoolsConfig {
             }
             let most = f64::from(MAX_COMPUTE_OVERSUBSCRIPTION_MILLI) / f64::from(GPU_COMPUTE_MILLI);
             let oversubscription = p.compute_oversubscription();
-            if !(1.0..=most).contains(&oversubscription) {
+            // Memory and headroom passed above, so the packer's refusal is about the oversubscription.
+            if p.try_shape().is_err() {
                 return Err(bad(
                     "computeOversubscription",
                     format!(
