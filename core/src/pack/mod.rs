@@ -13,6 +13,7 @@
 //! - [`lower_bound_l2`] is the Martello–Toth L2 bound, to say how far from optimal a packing can be.
 
 mod bounds;
+pub mod consolidate;
 mod offline;
 
 use std::collections::{BTreeMap, HashMap};
@@ -176,6 +177,9 @@ pub enum PlaceReason {
     /// Only GPUs that already hold a replica of this model had room; the one with the fewest replicas of the
     /// model (then best fit) was chosen. Spreading is a preference, not a reason to leave a replica unplaced.
     SameModelOnly,
+    /// Only a GPU being emptied ([`GpuState::draining_since`]) had room: taking it beats opening a GPU, and the
+    /// drain is then cancelled by [`consolidate::pool_step`] (its plan no longer holds).
+    Draining,
     /// No existing GPU had room and a new one was opened.
     Opened,
 }
@@ -187,6 +191,7 @@ impl PlaceReason {
             Self::BestFit => "BestFit",
             Self::FirstFit => "FirstFit",
             Self::SameModelOnly => "SameModelOnly",
+            Self::Draining => "DrainingGpu",
             Self::Opened => "OpenedGpu",
         }
     }
@@ -323,6 +328,9 @@ pub struct GpuState {
     pub memory_used_mib: u64,
     /// The tenants, in placement order.
     pub replicas: Vec<ReplicaRequest>,
+    /// Being emptied since (Unix seconds in the product, scenario seconds in the simulator): new replicas go
+    /// elsewhere unless nothing else has room, and it is never a target of a move ([`consolidate`]).
+    pub draining_since: Option<u64>,
 }
 
 impl GpuState {
@@ -333,7 +341,13 @@ impl GpuState {
             compute_capacity_milli: shape.compute_milli,
             memory_used_mib: 0,
             replicas: Vec::new(),
+            draining_since: None,
         }
+    }
+
+    /// Whether it is being emptied.
+    pub fn is_draining(&self) -> bool {
+        self.draining_since.is_some()
     }
 
     /// Free compute, milli.
@@ -479,6 +493,17 @@ impl Packer {
             self.location.remove(&r.id);
         }
         Some(state.replicas)
+    }
+
+    /// Marks a GPU as being emptied since `since`, or clears the mark (`None`). False if the GPU is unknown.
+    pub fn set_draining(&mut self, gpu: GpuId, since: Option<u64>) -> bool {
+        match self.gpus.get_mut(&gpu) {
+            Some(g) => {
+                g.draining_since = since;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The GPUs, in id order.
@@ -647,13 +672,39 @@ impl Packer {
 
     /// The placement decision, without changing anything. `exclude` is a GPU not to consider (the one being
     /// emptied by a defragmentation plan).
+    ///
+    /// GPUs being drained are a last resort: only when no other GPU has room is the best of them taken (reason
+    /// [`PlaceReason::Draining`]), because filling a GPU that is being emptied still beats opening one.
     fn choose(&self, r: &ReplicaRequest, exclude: Option<GpuId>) -> Placement {
-        choose_among(
-            self.gpus.values().filter(|g| Some(g.id) != exclude),
+        let open = choose_among(
+            self.gpus
+                .values()
+                .filter(|g| Some(g.id) != exclude && !g.is_draining()),
             r,
             &self.shape,
             self.policy,
-        )
+        );
+        if !matches!(open, Placement::NoRoom(_)) || !self.gpus.values().any(GpuState::is_draining) {
+            return open;
+        }
+        match choose_among(
+            self.gpus
+                .values()
+                .filter(|g| Some(g.id) != exclude && g.is_draining()),
+            r,
+            &self.shape,
+            self.policy,
+        ) {
+            Placement::Gpu { gpu, .. } => Placement::Gpu {
+                gpu,
+                reason: PlaceReason::Draining,
+            },
+            // Say how full the GPUs open to placement are, unless every GPU is draining.
+            Placement::NoRoom(draining) => match open {
+                Placement::NoRoom(NoRoomReason::NoGpus) => Placement::NoRoom(draining),
+                other => other,
+            },
+        }
     }
 
     /// GPUs that could be emptied by moving at most `max_moves` replicas each onto other GPUs, without
@@ -672,6 +723,17 @@ impl Packer {
     /// Cost: O(G log G) to order the candidates, O(1) to reject one that cannot work by total or largest free
     /// room, and O(K × G) to simulate one that might. Nothing is cloned: tentative moves live in an overlay.
     pub fn defrag(&self, max_moves: usize, max_plans: usize) -> Vec<DefragPlan> {
+        self.defrag_movable(max_moves, max_plans, |_| true)
+    }
+
+    /// Like [`Packer::defrag`], considering only GPUs whose replicas are all `movable` (the others stay
+    /// targets).
+    pub fn defrag_movable(
+        &self,
+        max_moves: usize,
+        max_plans: usize,
+        movable: impl Fn(&ReplicaRequest) -> bool,
+    ) -> Vec<DefragPlan> {
         if max_moves == 0 || max_plans == 0 {
             return Vec::new();
         }
@@ -679,7 +741,12 @@ impl Packer {
         let mut order: Vec<&GpuState> = self
             .gpus
             .values()
-            .filter(|g| !g.is_empty() && g.replicas.len() <= max_moves)
+            .filter(|g| {
+                !g.is_empty()
+                    && !g.is_draining()
+                    && g.replicas.len() <= max_moves
+                    && g.replicas.iter().all(&movable)
+            })
             .collect();
         order.sort_by_key(|g| (g.replicas.len(), g.compute_used_milli, g.memory_used_mib, g.id));
         let mut overlay = Overlay::default();
@@ -688,7 +755,7 @@ impl Packer {
         let mut total_free_m: u64 = 0;
         let mut max_free_c = [0u32; 2];
         let mut max_free_m = [0u64; 2];
-        for g in self.gpus.values().filter(|g| !g.is_empty()) {
+        for g in self.gpus.values().filter(|g| !g.is_empty() && !g.is_draining()) {
             total_free_c += u64::from(g.free_compute_milli());
             total_free_m += g.free_memory_mib(&shape);
             top2(&mut max_free_c, g.free_compute_milli());
@@ -729,23 +796,9 @@ impl Packer {
             if need_c > best_c || need_m > best_m {
                 continue;
             }
-            let mut moving: Vec<&ReplicaRequest> = cand.replicas.iter().collect();
-            // Largest first: the hardest to fit decide whether the plan is possible at all.
-            moving.sort_by(|a, b| b.weight(&shape).total_cmp(&a.weight(&shape)));
-            let mut trial: Vec<(GpuId, &ReplicaRequest)> = Vec::new();
-            let mut ok = true;
-            for r in moving {
-                match self.choose_with_overlay(r, cand.id, &overlay, &trial) {
-                    Some(to) => trial.push((to, r)),
-                    None => {
-                        ok = false;
-                        break;
-                    }
-                }
-            }
-            if !ok {
+            let Some(trial) = self.trial_moves(cand, &overlay) else {
                 continue;
-            }
+            };
             overlay.emptied.insert(cand.id);
             total_free_c = total_free_c.saturating_sub(own_free_c);
             total_free_m = total_free_m.saturating_sub(own_free_m);
@@ -768,6 +821,39 @@ impl Packer {
         plans
     }
 
+    /// The moves that would empty `cand` given the accepted plans in `overlay`, largest replica first (the
+    /// hardest to fit decide whether the plan is possible at all); `None` if one of them fits nowhere.
+    fn trial_moves<'a>(&self, cand: &'a GpuState, overlay: &Overlay) -> Option<Vec<(GpuId, &'a ReplicaRequest)>> {
+        let shape = self.shape;
+        let mut moving: Vec<&ReplicaRequest> = cand.replicas.iter().collect();
+        moving.sort_by(|a, b| b.weight(&shape).total_cmp(&a.weight(&shape)));
+        let mut trial: Vec<(GpuId, &ReplicaRequest)> = Vec::with_capacity(moving.len());
+        for r in moving {
+            let to = self.choose_with_overlay(r, cand.id, overlay, &trial)?;
+            trial.push((to, r));
+        }
+        Some(trial)
+    }
+
+    /// How `gpu` could be emptied now, on its own (the check that a GPU being drained still can be): every
+    /// replica on it moved onto another non-empty GPU that is not draining, by the rule of [`Packer::defrag`].
+    /// `None` if the GPU is unknown, empty, or one of its replicas fits nowhere else.
+    pub fn plan_to_empty(&self, gpu: GpuId) -> Option<DefragPlan> {
+        let cand = self.gpus.get(&gpu).filter(|g| !g.is_empty())?;
+        let trial = self.trial_moves(cand, &Overlay::default())?;
+        Some(DefragPlan {
+            gpu,
+            moves: trial
+                .into_iter()
+                .map(|(to, r)| Move {
+                    replica: r.id.clone(),
+                    from: gpu,
+                    to,
+                })
+                .collect(),
+        })
+    }
+
     /// The best-fit target for `r` given the overlay of accepted plans and the trial moves of the plan being
     /// built, excluding `from` and emptied or empty GPUs. Same rule as [`Packer::place`].
     fn choose_with_overlay(
@@ -781,7 +867,7 @@ impl Packer {
         let mut best_other: Option<(f64, GpuId)> = None;
         let mut best_same: Option<(usize, f64, GpuId)> = None;
         for g in self.gpus.values() {
-            if g.id == from || g.is_empty() || overlay.emptied.contains(&g.id) {
+            if g.id == from || g.is_empty() || g.is_draining() || overlay.emptied.contains(&g.id) {
                 continue;
             }
             let added = overlay.added.get(&g.id);
