@@ -14,9 +14,10 @@
 //! [`ConsolidationConfig::settle`]: a move costs each moved replica a cold start with its memory held twice
 //! meanwhile, so a GPU is emptied only when demand has left it emptiable for a while, not on one quiet minute.
 //! Draining marks the GPU: new replicas go elsewhere unless nothing else has room, and it is never a move's
-//! target. The drain ends when the GPU is empty (the pool's usual empty grace then releases it), or is
-//! cancelled when its replicas no longer fit elsewhere or it has taken longer than
-//! [`ConsolidationConfig::drain_timeout`] (a model nobody moves, such as one without an InferenceAutoscaler).
+//! target. The drain ends when the GPU is empty (the pool's usual empty grace then releases it). It is called
+//! off when a new replica had to be placed on it because no other GPU had room (load grew: the plan no longer
+//! holds), or when it has taken longer than [`ConsolidationConfig::drain_timeout`] (a model nobody moves, such
+//! as one without an InferenceAutoscaler).
 //!
 //! **The model's half** ([`move_step`], one call per replica decision): a make-before-break move. While some of
 //! the model's pods sit on a draining GPU and fewer than the desired count run elsewhere, the model is asked
@@ -65,11 +66,10 @@ pub struct Candidate {
     pub since: u64,
 }
 
-/// Why a drain was called off.
+/// Why a drain was called off here. (A drain is also called off when a new replica had to be placed on the
+/// draining GPU because no other had room: the packer clears the mark itself, [`super::PlaceReason::Draining`].)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelReason {
-    /// The replicas left on it no longer fit on the other GPUs (load grew since).
-    NoRoom,
     /// It took longer than [`ConsolidationConfig::drain_timeout`].
     TimedOut,
     /// Consolidation was turned off.
@@ -80,7 +80,6 @@ impl CancelReason {
     /// A fixed label for logs, metrics and events.
     pub fn as_str(&self) -> &'static str {
         match self {
-            Self::NoRoom => "NoRoom",
             Self::TimedOut => "TimedOut",
             Self::Disabled => "Disabled",
         }
@@ -102,13 +101,8 @@ pub enum PoolStep {
     },
     /// Start draining this plan's GPU: mark it (since now).
     Drain(DefragPlan),
-    /// A drain is under way and can still finish: keep the mark.
-    Draining {
-        /// The GPU.
-        gpu: GpuId,
-        /// How the replicas still on it would leave.
-        plan: DefragPlan,
-    },
+    /// A drain is under way: keep the mark.
+    Draining(GpuId),
     /// The draining GPU is empty: clear the mark; the pool's empty grace releases it as any empty GPU.
     Drained(GpuId),
     /// Clear the mark: the drain cannot or should not finish.
@@ -159,13 +153,10 @@ pub fn pool_step(
                 reason: CancelReason::TimedOut,
             };
         }
-        return match packer.plan_to_empty(g.id) {
-            Some(plan) => PoolStep::Draining { gpu: g.id, plan },
-            None => PoolStep::Cancel {
-                gpu: g.id,
-                reason: CancelReason::NoRoom,
-            },
-        };
+        // Whether the rest still fits elsewhere is not checked again here: a replica being moved has its new copy
+        // on the target while the old one still stands, so the room is taken twice until it retires. Room that
+        // really runs out shows as a new replica placed on this GPU, which ends the drain.
+        return PoolStep::Draining(g.id);
     }
     if !cfg.enabled || cfg.max_moves == 0 {
         return PoolStep::Idle;
@@ -330,23 +321,15 @@ mod tests {
         let cfg = ConsolidationConfig::default();
         let (mut p, a, b) = two_quarters();
         p.set_draining(b, Some(100));
-        let s = pool_step(&p, None, 200, &cfg, |_| true);
-        assert!(matches!(s, PoolStep::Draining { gpu, .. } if gpu == b), "{s:?}");
+        // The moved replica's copy already stands on a: the drain goes on while the old one retires.
+        p.assign(a, req("b1-copy", "y", 200, 15_000)).unwrap();
+        assert_eq!(pool_step(&p, None, 200, &cfg, |_| true), PoolStep::Draining(b));
         // Too long.
         assert_eq!(
             pool_step(&p, None, 100 + 1800, &cfg, |_| true),
             PoolStep::Cancel {
                 gpu: b,
                 reason: CancelReason::TimedOut
-            }
-        );
-        // The other GPU filled up: y has nowhere to go.
-        p.assign(a, req("a2", "z", 700, 50_000)).unwrap();
-        assert_eq!(
-            pool_step(&p, None, 200, &cfg, |_| true),
-            PoolStep::Cancel {
-                gpu: b,
-                reason: CancelReason::NoRoom
             }
         );
         // Empty: done.
@@ -361,7 +344,7 @@ mod tests {
         // Best fit alone would pick either; the draining one is out.
         let placed = p.place(req("n1", "w", 100, 1000)).unwrap();
         assert_eq!(placed.gpu(), Some(a));
-        // Fill a: the next one goes to the draining GPU rather than nowhere.
+        // Fill a: the next one goes to the draining GPU rather than nowhere, and that ends the drain.
         p.assign(a, req("a3", "v", 640, 40_000)).unwrap();
         let placed = p.place(req("n2", "u", 300, 1000)).unwrap();
         assert_eq!(
@@ -371,6 +354,8 @@ mod tests {
                 reason: crate::pack::PlaceReason::Draining
             }
         );
+        assert!(!p.gpu(b).unwrap().is_draining());
+        p.set_draining(b, Some(0));
         // A draining GPU is never a move's target, nor a candidate.
         assert!(p.defrag_candidates(4).iter().all(|plan| plan.gpu != b
             && plan.moves.iter().all(|m| m.to != b)));

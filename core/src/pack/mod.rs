@@ -177,8 +177,8 @@ pub enum PlaceReason {
     /// Only GPUs that already hold a replica of this model had room; the one with the fewest replicas of the
     /// model (then best fit) was chosen. Spreading is a preference, not a reason to leave a replica unplaced.
     SameModelOnly,
-    /// Only a GPU being emptied ([`GpuState::draining_since`]) had room: taking it beats opening a GPU, and the
-    /// drain is then cancelled by [`consolidate::pool_step`] (its plan no longer holds).
+    /// Only a GPU being emptied ([`GpuState::draining_since`]) had room: taking it beats opening a GPU, and its
+    /// drain is called off (the plan that started it no longer holds).
     Draining,
     /// No existing GPU had room and a new one was opened.
     Opened,
@@ -572,8 +572,8 @@ impl Packer {
             return Err(PackError::Duplicate(r.id));
         }
         let placement = self.choose(&r, None);
-        if let Placement::Gpu { gpu, .. } = placement {
-            self.insert(gpu, r);
+        if let Placement::Gpu { gpu, reason } = placement {
+            self.insert_placed(gpu, reason, r);
         }
         Ok(placement)
     }
@@ -586,7 +586,7 @@ impl Packer {
         }
         match self.choose(&r, None) {
             Placement::Gpu { gpu, reason } => {
-                self.insert(gpu, r);
+                self.insert_placed(gpu, reason, r);
                 Ok((gpu, reason))
             }
             Placement::NoRoom(_) => {
@@ -661,6 +661,16 @@ impl Packer {
         let gpu = self.location.remove(replica)?;
         let r = self.gpus.get_mut(&gpu)?.take(replica)?;
         Some((gpu, r))
+    }
+
+    /// Inserts a replica the placement rule put on `gpu`. A draining GPU that had to take a new replica is no
+    /// longer being emptied: nothing else had room, so the plan that started the drain no longer holds, and
+    /// moving replicas off it now would only open a GPU elsewhere.
+    fn insert_placed(&mut self, gpu: GpuId, reason: PlaceReason, r: ReplicaRequest) {
+        if reason == PlaceReason::Draining {
+            self.set_draining(gpu, None);
+        }
+        self.insert(gpu, r);
     }
 
     fn insert(&mut self, gpu: GpuId, r: ReplicaRequest) {

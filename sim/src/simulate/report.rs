@@ -112,8 +112,24 @@ pub struct StrategyReport {
     pub arrivals_processed: u64,
     /// Per model.
     pub models: Vec<ModelReport>,
+    /// Tessera: what consolidation did (`core::pack::consolidate`); none for the other strategies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consolidation: Option<ConsolidationReport>,
     /// Time series for the charts.
     pub series: Series,
+}
+
+/// What consolidation did over a run: GPUs drained and replicas moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ConsolidationReport {
+    /// GPUs marked for draining.
+    pub drains: u64,
+    /// Of those, emptied (then released by the empty grace unless a new replica came first).
+    pub drained: u64,
+    /// Of those, called off (their replicas no longer fit elsewhere, or the drain timed out).
+    pub cancelled: u64,
+    /// Replicas moved off a draining GPU by a surge (each a cold start).
+    pub moves: u64,
 }
 
 /// One model under one strategy.
@@ -354,6 +370,13 @@ impl Report {
                     "Kept one warm replica instead of scaling to zero, because a cold start would miss the TTFT \
                      objective: {}.",
                     floors.join(", ")
+                );
+            }
+            if let Some(c) = t.consolidation.filter(|c| c.drains > 0) {
+                let _ = writeln!(
+                    o,
+                    "Consolidation drained {} GPU(s) ({} emptied, {} called off), moving {} replica(s), each by a                      surge onto another GPU before the old one went.",
+                    c.drains, c.drained, c.cancelled, c.moves
                 );
             }
             if !owners.is_empty() {

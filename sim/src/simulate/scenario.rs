@@ -163,9 +163,28 @@ pub struct StrategySettings {
     /// `computeOversubscription`; 1.0 hands each GPU out once). Above 1 only under `mps`, whose shares are
     /// caps; unset, the pool's default (2.0 under `mps`, 1.0 otherwise).
     pub compute_oversubscription: Option<f64>,
+    /// Tessera: empty a GPU by moving its few replicas elsewhere once it has stayed emptiable for
+    /// `consolidation_settle` (`core::pack::consolidate`, the pool manager's rule; surge one replica onto another
+    /// GPU, retire the old one once the new one is ready).
+    pub consolidation: bool,
+    /// Tessera: how long a GPU must stay emptiable before it is drained (the pool's `consolidation.settle`).
+    #[serde(with = "humantime_serde")]
+    pub consolidation_settle: Duration,
+    /// Tessera: the most replicas moved to empty one GPU (the pool's `consolidation.maxMoves`).
+    pub consolidation_max_moves: usize,
 }
 
 impl StrategySettings {
+    /// Tessera's consolidation rule as the pool manager runs it, with this scenario's knobs.
+    pub fn consolidation(&self) -> tessera_core::pack::consolidate::ConsolidationConfig {
+        tessera_core::pack::consolidate::ConsolidationConfig {
+            enabled: self.consolidation,
+            max_moves: self.consolidation_max_moves,
+            settle: self.consolidation_settle,
+            ..Default::default()
+        }
+    }
+
     /// Tessera's pool oversubscription in force: the one set, or the pool's default for the sharing model.
     pub fn compute_oversubscription(&self) -> f64 {
         self.compute_oversubscription.unwrap_or_else(|| {
@@ -191,6 +210,9 @@ impl Default for StrategySettings {
             calibrate_from_baseline: true,
             sharing_model: SharingModel::default(),
             compute_oversubscription: None,
+            consolidation: true,
+            consolidation_settle: tessera_core::pack::consolidate::ConsolidationConfig::default().settle,
+            consolidation_max_moves: tessera_core::pack::consolidate::ConsolidationConfig::default().max_moves,
         }
     }
 }

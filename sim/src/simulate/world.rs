@@ -15,6 +15,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
 
+use tessera_core::pack::consolidate::{self, Candidate, ModelPlacement, MoveStep, PoolStep};
 use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
 use tessera_core::scale::inputs;
@@ -28,7 +29,7 @@ use super::peers::{
     AIBRIX_KV_TARGET, AIBRIX_SCALE_DOWN_COOLDOWN_S, AIBRIX_TOLERANCE, ConcurrencyRule, ConcurrencyState,
     KEDA_HOLD_TIMEOUT_S, concurrency_desired,
 };
-use super::report::{ModelReport, Series, StrategyReport, quantile_sorted};
+use super::report::{ConsolidationReport, ModelReport, Series, StrategyReport, quantile_sorted};
 use super::scenario::{ComputeFraction, ModelSetup, Scenario};
 use crate::model::{
     Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Neighbours, Request,
@@ -299,6 +300,9 @@ struct ModelRt {
     scale_changes: BTreeMap<String, u32>,
     /// KubeAI / KEDA HTTP: their in-flight rule and its memory.
     concurrency: Option<(ConcurrencyRule, ConcurrencyState)>,
+    /// Tessera: the last round asked for one replica over the decision to move a pod off a draining GPU
+    /// (`core::pack::consolidate::move_step`), so the live count is one over what was decided.
+    surging: bool,
 }
 
 /// One strategy's world.
@@ -335,6 +339,9 @@ pub struct World<'a> {
     processed: u64,
     /// Set by [`World::recording_decisions`].
     decisions: Option<Vec<observe::DecisionRecord>>,
+    /// Tessera: the pool's consolidation candidate (`core::pack::consolidate::pool_step`).
+    candidate: Option<Candidate>,
+    consolidation: ConsolidationReport,
 }
 
 const CHART_POINTS: f64 = 720.0;
@@ -392,6 +399,7 @@ impl<'a> World<'a> {
                     }
                     _ => None,
                 },
+                surging: false,
             })
             .collect();
         let mut w = World {
@@ -426,6 +434,8 @@ impl<'a> World<'a> {
             processed_digest: 0xcbf2_9ce4_8422_2325,
             processed: 0,
             decisions: None,
+            candidate: None,
+            consolidation: ConsolidationReport::default(),
         };
         for m in 0..n {
             if !w.active[m] {
@@ -965,6 +975,7 @@ impl<'a> World<'a> {
                 self.models[m].recent.pop_front();
             }
         }
+        self.consolidate();
         // Capacity pods give back GPUs that stayed empty for the grace period.
         let grace = self.sc.settings.gpu_release_grace.as_secs_f64();
         let expired: Vec<GpuId> = self
@@ -1101,7 +1112,10 @@ impl<'a> World<'a> {
             let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
             demand.requests_per_second = Some(recent as f64 / window.min(self.now.max(1.0)));
         }
-        let input = inputs::scale_input(live.len() as u32, &read, inputs::MAX_SIGNAL_AGE, demand);
+        // A surge (one replica over the decision, to move a pod off a draining GPU) is not a count the rule chose:
+        // the controller takes it off `/scale`'s count the same way.
+        let current = (live.len() as u32).saturating_sub(u32::from(rt.surging));
+        let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
         let d = joint::decide(&input, &joint, &rt.state, now_ts);
         if let Some(log) = self.decisions.as_mut() {
             log.push(observe::DecisionRecord {
@@ -1127,7 +1141,107 @@ impl<'a> World<'a> {
             tracing::trace!(model = %self.sc.models[m].name, at = self.now, from = d.current_replicas,
                 to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
         }
-        self.apply_count(m, d.desired_replicas as usize, &live)
+        self.apply_move(m, d.desired_replicas, &live)
+    }
+
+    /// Applies a replica decision of `desired` for model `m` through the consolidation move rule
+    /// (`core::pack::consolidate::move_step`, as the controller does): replicas on a draining GPU leave by a
+    /// surge onto another GPU, then their retirement once the new one is ready.
+    fn apply_move(&mut self, m: usize, desired: u32, live: &[usize]) -> Result<(), SimError> {
+        let draining = |r: usize| {
+            self.replicas[r]
+                .gpu
+                .zip(self.packer.as_ref())
+                .and_then(|(g, p)| p.gpu(g))
+                .is_some_and(|g| g.is_draining())
+        };
+        let (on, off): (Vec<usize>, Vec<usize>) = live.iter().partition(|&&r| draining(r));
+        let placement = ModelPlacement {
+            desired,
+            on_draining: on.len() as u32,
+            off_ready: off
+                .iter()
+                .filter(|&&r| self.replicas[r].phase == Phase::Ready)
+                .count() as u32,
+            off_starting: off
+                .iter()
+                .filter(|&&r| self.replicas[r].phase == Phase::Starting)
+                .count() as u32,
+        };
+        let step = consolidate::move_step(placement);
+        let was_surging = std::mem::replace(&mut self.models[m].surging, step == MoveStep::Surge);
+        match step {
+            MoveStep::Stay => self.apply_count(m, desired as usize, live),
+            MoveStep::Surge => {
+                if !was_surging {
+                    self.consolidation.moves += 1;
+                }
+                self.apply_count(m, step.replicas(desired) as usize, live)
+            }
+            MoveStep::Retire { pods } => {
+                // The pods on the draining GPU go first (the pod-deletion-cost the controller sets).
+                let retired = self.retire(&on, pods as usize);
+                let left: Vec<usize> = live.iter().copied().filter(|r| !retired.contains(r)).collect();
+                self.apply_count(m, desired as usize, &left)
+            }
+        }
+    }
+
+    /// Stops up to `n` of `among` (starting ones first, then the least busy), draining those with requests in
+    /// flight. Returns the ones removed.
+    fn retire(&mut self, among: &[usize], n: usize) -> Vec<usize> {
+        let mut victims = among.to_vec();
+        victims.sort_by_key(|&r| {
+            let rep = &self.replicas[r];
+            (rep.phase == Phase::Ready, rep.engine.in_flight(), std::cmp::Reverse(r))
+        });
+        victims.truncate(n);
+        for &r in &victims {
+            if self.replicas[r].phase == Phase::Starting || self.replicas[r].engine.is_idle() {
+                self.stop_replica(r);
+            } else {
+                self.replicas[r].phase = Phase::Draining;
+            }
+        }
+        victims
+    }
+
+    /// Tessera's pool manager tick: the consolidation rule (`core::pack::consolidate::pool_step`) marks, keeps or
+    /// clears the GPU being emptied; the models move off it in their own rounds ([`World::apply_move`]).
+    fn consolidate(&mut self) {
+        if self.plan.kind != StrategyKind::Tessera {
+            return;
+        }
+        let cfg = self.sc.settings.consolidation();
+        let now = self.now as u64;
+        let Some(packer) = self.packer.as_mut() else { return };
+        // Every replica here is a Deployment's pod; one still starting has no place to move from yet.
+        let replicas = &self.replicas;
+        let names: std::collections::HashMap<&str, usize> =
+            replicas.iter().enumerate().map(|(i, r)| (r.name.as_str(), i)).collect();
+        let step = consolidate::pool_step(packer, self.candidate, now, &cfg, |r| {
+            names
+                .get(r.id.as_str())
+                .is_some_and(|&i| replicas[i].phase == Phase::Ready)
+        });
+        self.candidate = step.candidate();
+        match step {
+            PoolStep::Idle | PoolStep::Settling { .. } | PoolStep::Draining(_) => {}
+            PoolStep::Drain(plan) => {
+                packer.set_draining(plan.gpu, Some(now));
+                self.consolidation.drains += 1;
+                tracing::debug!(at = self.now, gpu = %plan.gpu, moves = plan.moves.len(), "draining a GPU");
+            }
+            PoolStep::Drained(g) => {
+                packer.set_draining(g, None);
+                self.consolidation.drained += 1;
+            }
+            PoolStep::Cancel { gpu, reason } => {
+                packer.set_draining(gpu, None);
+                self.consolidation.cancelled += 1;
+                tracing::debug!(at = self.now, %gpu, reason = reason.as_str(), "drain cancelled");
+            }
+        }
     }
 
     /// KubeAI's and KEDA HTTP's rule: in-flight requests counted at their proxy, held ones included.
@@ -1418,6 +1532,7 @@ impl<'a> World<'a> {
             arrival_digest: format!("{:016x}", self.processed_digest),
             arrivals_processed: self.processed,
             models,
+            consolidation: (self.plan.kind == StrategyKind::Tessera).then_some(self.consolidation),
             series: self.series,
         };
         let histories = self
