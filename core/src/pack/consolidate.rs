@@ -253,6 +253,7 @@ pub fn move_step(p: ModelPlacement) -> MoveStep {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use crate::pack::GpuShape;
