@@ -17,6 +17,7 @@
 //! documents give the request rate, in-flight and queued counts and the last arrival; idle is decided only when
 //! every known activator pod gave a fresh document, and without them a model is never scaled to zero.
 
+pub mod consolidate;
 pub mod discovery;
 pub mod metrics;
 pub mod reconcile;
@@ -304,6 +305,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
         rolling: rollout::Rolling::default(),
+        draining: crate::pool::DrainingGpus::default(),
         ui,
     });
 
@@ -331,6 +333,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let pool_task = pools.clone().map(|cfg| {
             let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
             let pool_metrics = metrics.pool.clone();
+            let draining = ctx.draining.clone();
             let page = ctx.ui.clone();
             let agents = agent_client.clone();
             let (kube, pool_ns) = (client.clone(), cfg.namespace.clone());
@@ -368,6 +371,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     interval,
                     pool_metrics,
                     Some(observer),
+                    draining,
                     token,
                 )
                 .await

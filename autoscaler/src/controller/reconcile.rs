@@ -131,6 +131,8 @@ pub struct Context {
     pub woken: Mutex<HashSet<String>>,
     /// Models being rolled onto a new allocation, one per pool.
     pub rolling: super::rollout::Rolling,
+    /// The capacity pods the pool managers are draining (consolidation moves pods off them).
+    pub draining: crate::pool::DrainingGpus,
     /// Where each reconcile publishes what it saw and decided for the `/ui` page (read-only for the page).
     pub ui: Arc<crate::ui::Store>,
 }
@@ -375,7 +377,11 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         ctx.settings.activator_max_age,
     );
     let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Option::as_ref).collect();
-    let mut input = scale::inputs::scale_input(current, &read, ctx.settings.max_signal_age, demand);
+    // A surge to move a pod off a draining GPU is not a count the rule chose: take it off before deciding (the
+    // simulator does the same).
+    let surged = super::consolidate::surged(obj.status.as_ref());
+    let decided_current = if surged { current.saturating_sub(1) } else { current };
+    let mut input = scale::inputs::scale_input(decided_current, &read, ctx.settings.max_signal_age, demand);
 
     // 5. Decide and act.
     let now = timestamp(now_sys);
@@ -421,8 +427,20 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         }
     }
     ctx.metrics.decision(decision.reason);
-    let applied = if decision.is_change() {
-        apply(ctx, obj, &target_api, &target, &decision).await
+    // 5b. Pods on a GPU the pool is draining move off it (`core::pack::consolidate::move_step`): the count applied
+    // may be one over the decision (a surge), and a retire first marks the pods that must go.
+    let moving = super::consolidate::plan(&all_pods, &ctx.draining, decision.desired_replicas);
+    let mut replicas = moving.step.replicas(decision.desired_replicas);
+    if !moving.to_retire().is_empty() {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        if let Err(e) = super::consolidate::mark_leaving(&pods, moving.to_retire()).await {
+            // The ReplicaSet would pick another pod to remove: hold the count this round instead.
+            warn!(error = %e, pods = ?moving.to_retire(), "could not mark pods leaving a draining GPU; not scaling down this round");
+            replicas = current.max(replicas);
+        }
+    }
+    let applied = if replicas != current {
+        apply(ctx, obj, &target_api, &target, &decision, current, replicas).await
     } else {
         Applied::Unchanged
     };
@@ -486,6 +504,18 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         );
         st.allocation = Some(allocation.clone());
         status::set_workload_class(&mut st, workload_class.as_ref());
+        let had = st.conditions.iter().any(|c| c.type_ == super::consolidate::CONSOLIDATING);
+        if let Some((ok, reason, message)) = moving.condition(had) {
+            status::set_condition(
+                &mut st.conditions,
+                super::consolidate::CONSOLIDATING,
+                ok,
+                reason,
+                &message,
+                generation,
+                &now_k8s,
+            );
+        }
         if let Some((ok, reason, message)) = &in_sync {
             status::set_condition(
                 &mut st.conditions,
@@ -704,11 +734,22 @@ async fn apply(
     target_api: &Api<DynamicObject>,
     target: &str,
     decision: &ScaleDecision,
+    current: u32,
+    replicas: u32,
 ) -> Applied {
-    let patch = serde_json::json!({ "spec": { "replicas": decision.desired_replicas } });
+    let patch = serde_json::json!({ "spec": { "replicas": replicas } });
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
+    };
+    // One over the decision: a surge to move a pod off a draining GPU (see `consolidate`).
+    let why = if replicas > decision.desired_replicas {
+        format!(
+            "{} (+1 while a pod moves off a GPU being drained)",
+            decision.message
+        )
+    } else {
+        decision.message.clone()
     };
     match target_api
         .patch_scale(&obj.spec.scale_target_ref.name, &params, &Patch::Merge(&patch))
@@ -716,23 +757,19 @@ async fn apply(
     {
         Ok(_) => {
             info!(
-                %target, from = decision.current_replicas, to = decision.desired_replicas,
-                reason = decision.reason.label(), message = %decision.message, "scaled"
+                %target, from = current, to = replicas,
+                reason = decision.reason.label(), message = %why, "scaled"
             );
-            ctx.metrics
-                .scaled(decision.current_replicas, decision.desired_replicas);
-            let note = format!(
-                "New size: {}; reason: {}",
-                decision.desired_replicas, decision.message
-            );
+            ctx.metrics.scaled(current, replicas);
+            let note = format!("New size: {replicas}; reason: {why}");
             // kube's Recorder folds events with the same (reason, action) into one series that keeps the *first*
             // note; naming the action after the new size keeps each distinct scale visible with its own reason.
-            let action = format!("ScaleTo{}", decision.desired_replicas);
+            let action = format!("ScaleTo{replicas}");
             publish(ctx, obj, EventType::Normal, "SuccessfulRescale", &action, &note).await;
             Applied::Scaled
         }
         Err(e) => {
-            let message = format!("could not scale {target} to {}: {e}", decision.desired_replicas);
+            let message = format!("could not scale {target} to {replicas}: {e}");
             warn!(%message);
             publish(ctx, obj, EventType::Warning, "FailedRescale", "Scale", &message).await;
             Applied::Failed(e.to_string())

@@ -123,6 +123,7 @@ pub(super) fn test_context(
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
         rolling: crate::controller::rollout::Rolling::default(),
+        draining: crate::pool::DrainingGpus::default(),
         ui: Arc::new(crate::ui::Store::new(
             Default::default(),
             false,

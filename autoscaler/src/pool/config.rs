@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tessera_core::pack::consolidate::ConsolidationConfig;
 use tessera_core::pack::{
     GPU_COMPUTE_MILLI, GpuShape, MAX_COMPUTE_OVERSUBSCRIPTION_MILLI, default_compute_oversubscription,
 };
@@ -108,7 +109,55 @@ pub struct PoolSpec {
     /// in proportion to its cap). Memory is never oversubscribed. See `docs/fractional-gpus.md`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_oversubscription: Option<f64>,
+    /// Emptying a GPU whose few replicas fit on the others (`tessera_core::pack::consolidate`).
+    #[serde(default)]
+    pub consolidation: ConsolidationSpec,
 }
+
+/// A pool's `consolidation` block: when a GPU whose replicas fit elsewhere is drained. The defaults are
+/// [`ConsolidationConfig::default`]'s.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConsolidationSpec {
+    /// Off: no GPU is drained (placement is unchanged).
+    pub enabled: bool,
+    /// The most replicas moved to empty one GPU; each costs its model a cold start on another GPU.
+    pub max_moves: usize,
+    /// How long a GPU must stay emptiable before it is drained.
+    #[serde(with = "humantime_serde")]
+    pub settle: Duration,
+    /// A drain not finished in this long is called off (a model nobody moves).
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for ConsolidationSpec {
+    fn default() -> Self {
+        let c = ConsolidationConfig::default();
+        Self {
+            enabled: c.enabled,
+            max_moves: c.max_moves,
+            settle: c.settle,
+            drain_timeout: c.drain_timeout,
+        }
+    }
+}
+
+impl ConsolidationSpec {
+    /// The rule's configuration.
+    pub fn config(&self) -> ConsolidationConfig {
+        ConsolidationConfig {
+            enabled: self.enabled,
+            max_moves: self.max_moves,
+            settle: self.settle,
+            drain_timeout: self.drain_timeout,
+        }
+    }
+}
+
+/// The most moves one drain may take: each is a cold start, and a GPU with more tenants than this is not
+/// cheap to empty.
+pub const MAX_CONSOLIDATION_MOVES: usize = 8;
 
 impl PoolSpec {
     /// The oversubscription in force: the configured one, or the default for this pool's sharing.
@@ -285,6 +334,22 @@ impl PoolsConfig {
             }
             if p.max_gpus == 0 {
                 return Err(bad("maxGpus", "must be at least 1".into()));
+            }
+            if p.consolidation.max_moves > MAX_CONSOLIDATION_MOVES {
+                return Err(bad(
+                    "consolidation.maxMoves",
+                    format!(
+                        "{} is more than {MAX_CONSOLIDATION_MOVES}: each move is a cold start; use 1–{MAX_CONSOLIDATION_MOVES}, \
+                         or enabled: false to turn consolidation off",
+                        p.consolidation.max_moves
+                    ),
+                ));
+            }
+            if p.consolidation.drain_timeout.is_zero() {
+                return Err(bad(
+                    "consolidation.drainTimeout",
+                    "must be positive (e.g. 30m): it must cover a cold start of every model moved".into(),
+                ));
             }
             let (prefix, res) = p.resource_name.split_once('/').unwrap_or(("", ""));
             if prefix.is_empty() || res.is_empty() || p.resource_name.contains(char::is_whitespace) {

@@ -14,8 +14,9 @@ use tracing::{debug, info, instrument, warn};
 use super::capacity::capacity_pod;
 use super::config::{PoolSpec, PoolsConfig};
 use super::metrics::PoolMetrics;
-use super::state::{Decision, PoolIndex, Reservation, pod_key, reservations_patch};
-use super::{LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
+use super::state::{Decision, PoolIndex, Reservation, draining_patch, pod_key, reservations_patch};
+use super::{ANNOTATION_DRAINING_SINCE, DrainingGpus, LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
+use tessera_core::pack::consolidate::{CancelReason, Candidate, PoolStep, pool_step};
 use crate::watch::{Change, fold_event};
 
 /// What the webhook asks for.
@@ -64,6 +65,9 @@ pub struct ReconcileReport {
     pub marked_empty: usize,
     /// Capacity pods deleted after the grace period.
     pub deleted: Vec<String>,
+    /// Consolidation: the capacity pod whose drain started, ended or was called off, with the step
+    /// (`started`, `drained`, `timed_out`, `disabled`).
+    pub drain: Option<(String, &'static str)>,
 }
 
 /// The pool manager of one pool. Cheap to clone; clones share the index.
@@ -76,6 +80,9 @@ pub struct PoolManager {
     index: Arc<Mutex<PoolIndex>>,
     max_attempts: u32,
     metrics: PoolMetrics,
+    /// Consolidation's candidate GPU and since when (in memory: a restart only restarts the settle time).
+    candidate: Arc<Mutex<Option<Candidate>>>,
+    draining: DrainingGpus,
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -100,7 +107,15 @@ impl PoolManager {
             // last one lose N − 1 times.
             max_attempts: 16,
             metrics: PoolMetrics::default(),
+            candidate: Arc::new(Mutex::new(None)),
+            draining: DrainingGpus::default(),
         })
+    }
+
+    /// Publishes the capacity pods being drained into `draining` after every reconcile (the controller reads it).
+    pub fn with_draining(mut self, draining: DrainingGpus) -> Self {
+        self.draining = draining;
+        self
     }
 
     /// Reports into `metrics` (from [`PoolMetrics::register`]); without this the counters go nowhere.
@@ -219,8 +234,13 @@ impl PoolManager {
                     resource_version,
                     reservations,
                     reason,
+                    ends_drain,
                 } => {
-                    let patch = reservations_patch(&reservations, resource_version.as_deref(), None, now);
+                    let mut patch = reservations_patch(&reservations, resource_version.as_deref(), None, now);
+                    if ends_drain {
+                        // Nothing else had room: the plan behind the drain no longer holds (core::pack).
+                        patch["metadata"]["annotations"][ANNOTATION_DRAINING_SINCE] = serde_json::Value::Null;
+                    }
                     match self
                         .pods
                         .patch(&capacity_pod, &PatchParams::default(), &Patch::Merge(&patch))
@@ -228,6 +248,10 @@ impl PoolManager {
                     {
                         Ok(pod) => {
                             self.index().apply_capacity(&pod);
+                            if ends_drain {
+                                self.metrics.drain(&self.pool.name, "ended_by_placement");
+                                info!(%capacity_pod, "no other GPU had room: placed on the GPU being drained, which ends its drain");
+                            }
                             info!(%capacity_pod, reason, attempt, "reserved");
                             return Ok((self.placement(&capacity_pod, &reservation.id, reason), "placed"));
                         }
@@ -377,6 +401,7 @@ impl PoolManager {
                 Err(e) => return Err(e.into()),
             }
         }
+        report.drain = self.consolidate(now).await?;
         let (mark, delete) = self
             .index()
             .empty_gpus(now, self.pool.empty_gpu_grace_period.as_secs());
@@ -424,6 +449,92 @@ impl PoolManager {
         let held = self.index().capacity().count();
         self.metrics.capacity_pods(&self.pool.name, held);
         Ok(report)
+    }
+
+    /// One consolidation step (`tessera_core::pack::consolidate::pool_step`): marks a GPU whose replicas fit
+    /// elsewhere as draining once it has stayed so for the settle time, and clears the mark once it is empty or the
+    /// drain is called off. The marks are then published for the controller, which moves the pods.
+    async fn consolidate(&self, now: u64) -> Result<Option<(String, &'static str)>, PoolError> {
+        let cfg = self.pool.consolidation.config();
+        let shape = self.pool.shape();
+        let (step, target) = {
+            let idx = self.index();
+            let (packer, names) = idx.packer(&shape);
+            let candidate = *self.candidate.lock().unwrap_or_else(|e| e.into_inner());
+            let step = pool_step(&packer, candidate, now, &cfg, |r| idx.movable(&r.id));
+            let gpu = match &step {
+                PoolStep::Drain(plan) => Some(plan.gpu),
+                PoolStep::Drained(g) | PoolStep::Cancel { gpu: g, .. } => Some(*g),
+                PoolStep::Idle | PoolStep::Settling { .. } | PoolStep::Draining(_) => None,
+            };
+            let target = gpu.and_then(|g| names.get(&g)).and_then(|name| {
+                let cap = idx.capacity_pod(name)?;
+                Some((name.clone(), cap.resource_version.clone()))
+            });
+            if let PoolStep::Settling { candidate, plan } = &step
+                && candidate.since == now
+            {
+                let name = names.get(&plan.gpu).map_or("?", String::as_str);
+                debug!(capacity_pod = name, moves = plan.moves.len(), "consolidation candidate: waiting for the settle time");
+            }
+            (step, target)
+        };
+        *self.candidate.lock().unwrap_or_else(|e| e.into_inner()) = step.candidate();
+        let result = match (&step, target) {
+            (PoolStep::Drain(plan), Some((name, rv))) => {
+                let moves: Vec<&str> = plan.moves.iter().map(|m| m.replica.as_str()).collect();
+                self.write_draining(&name, Some(now), rv.as_deref()).await?.then(|| {
+                    info!(capacity_pod = %name, reservations = ?moves, "consolidation: draining this GPU; its models move their pods to the others");
+                    (name, "started")
+                })
+            }
+            (PoolStep::Drained(_), Some((name, rv))) => self
+                .write_draining(&name, None, rv.as_deref())
+                .await?
+                .then(|| {
+                    info!(capacity_pod = %name, "consolidation: GPU emptied; released after the empty grace");
+                    (name, "drained")
+                }),
+            (PoolStep::Cancel { reason, .. }, Some((name, rv))) => {
+                let label = match reason {
+                    CancelReason::TimedOut => "timed_out",
+                    CancelReason::Disabled => "disabled",
+                };
+                self.write_draining(&name, None, rv.as_deref()).await?.then(|| {
+                    warn!(capacity_pod = %name, reason = reason.as_str(), "consolidation: drain called off (a model on it did not move: does it have an InferenceAutoscaler?)");
+                    (name, label)
+                })
+            }
+            _ => None,
+        };
+        if let Some((_, label)) = &result {
+            self.metrics.drain(&self.pool.name, label);
+        }
+        let draining: Vec<String> = self.index().draining().map(|g| g.name.clone()).collect();
+        self.draining.set(&self.pool.name, draining);
+        Ok(result)
+    }
+
+    /// Writes (or clears) the draining mark of capacity pod `name`; false when it changed or went meanwhile
+    /// (re-read; the next reconcile decides again).
+    async fn write_draining(&self, name: &str, since: Option<u64>, rv: Option<&str>) -> Result<bool, PoolError> {
+        let patch = draining_patch(since, rv);
+        match self
+            .pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(pod) => {
+                self.index().apply_capacity(&pod);
+                Ok(true)
+            }
+            Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
+                self.metrics.conflict(&self.pool.name);
+                self.refresh(name).await?;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Runs the manager until `shutdown` resolves: watches capacity and tenant pods into the index, frees the
@@ -500,7 +611,16 @@ pub async fn run_pools(
     interval: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), PoolError> {
-    run_pools_with_metrics(client, cfg, interval, PoolMetrics::default(), None, shutdown).await
+    run_pools_with_metrics(
+        client,
+        cfg,
+        interval,
+        PoolMetrics::default(),
+        None,
+        DrainingGpus::default(),
+        shutdown,
+    )
+    .await
 }
 
 /// Runs one [`PoolManager`] per configured pool until `shutdown` is cancelled: what the autoscaler's leader
@@ -512,11 +632,14 @@ pub async fn run_pools_with_metrics(
     interval: Duration,
     metrics: PoolMetrics,
     observer: Option<PoolObserver>,
+    draining: DrainingGpus,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), PoolError> {
     let mut tasks = tokio::task::JoinSet::new();
     for pool in &cfg.pools {
-        let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?.with_metrics(metrics.clone());
+        let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?
+            .with_metrics(metrics.clone())
+            .with_draining(draining.clone());
         if let Some(observe) = observer.clone() {
             // A clone shares the index: the observer reads what the manager's watches and reconciles keep.
             let view = m.clone();

@@ -6,6 +6,8 @@
 //! - `tessera_pool_expired_reservations_total{pool}`: reservations dropped because their pod never came.
 //! - `tessera_pool_capacity_pods_deleted_total{pool}`: capacity pods deleted after the grace period.
 //! - `tessera_pool_capacity_pods{pool}`: capacity pods in the index after the last reconcile.
+//! - `tessera_pool_drains_total{pool,result}`: consolidation drains by step: `started`, `drained` (the GPU emptied),
+//!   `timed_out`, `disabled`, `ended_by_placement` (a new replica had to go on it).
 
 use std::sync::atomic::AtomicI64;
 
@@ -34,6 +36,7 @@ pub struct PoolMetrics {
     expired: Family<PoolLabels, Counter>,
     deleted: Family<PoolLabels, Counter>,
     capacity_pods: Family<PoolLabels, Gauge<i64, AtomicI64>>,
+    drains: Family<ResultLabels, Counter>,
 }
 
 impl PoolMetrics {
@@ -67,7 +70,22 @@ impl PoolMetrics {
             "Capacity pods held by the pool",
             m.capacity_pods.clone(),
         );
+        r.register(
+            "drains",
+            "Consolidation drains of a GPU, by step (started, drained, timed_out, disabled, ended_by_placement)",
+            m.drains.clone(),
+        );
         m
+    }
+
+    /// Counts one consolidation step of `pool` (`started`, `drained`, `timed_out`, ...).
+    pub fn drain(&self, pool: &str, result: &str) {
+        self.drains
+            .get_or_create(&ResultLabels {
+                pool: pool.into(),
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Counts one reservation call of `pool` with its outcome (`placed`, `existing`, ... or a failure label).
@@ -122,6 +140,7 @@ mod tests {
         m.conflict("a100");
         m.expired("a100", 2);
         m.capacity_pods("a100", 3);
+        m.drain("a100", "started");
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
         assert!(
@@ -138,6 +157,10 @@ mod tests {
         );
         assert!(
             out.contains("tessera_pool_capacity_pods{pool=\"a100\"} 3"),
+            "{out}"
+        );
+        assert!(
+            out.contains("tessera_pool_drains_total{pool=\"a100\",result=\"started\"} 1"),
             "{out}"
         );
     }

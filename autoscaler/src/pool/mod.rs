@@ -17,7 +17,8 @@
 //! Labels and annotations (the contract with the webhook, the gpu-agent and the sidecar):
 //! - capacity pods: label [`LABEL_POOL`] = pool, label [`LABEL_CAPACITY_POD`] = `"true"`, annotations
 //!   [`ANNOTATION_RESERVATIONS`] (JSON, written here), [`ANNOTATION_GPU_UUID`] (written by the gpu-agent),
-//!   [`KARPENTER_DO_NOT_DISRUPT`] while it has reservations, [`ANNOTATION_EMPTY_SINCE`] once it has none.
+//!   [`KARPENTER_DO_NOT_DISRUPT`] while it has reservations, [`ANNOTATION_EMPTY_SINCE`] once it has none,
+//!   [`ANNOTATION_DRAINING_SINCE`] while consolidation empties it.
 //! - tenant pods (set by the webhook): label [`LABEL_POOL`], annotations [`ANNOTATION_RESERVATION`] (the id)
 //!   and [`ANNOTATION_CAPACITY_POD`] (the capacity pod's name).
 
@@ -27,7 +28,7 @@ mod manager;
 pub mod metrics;
 pub mod state;
 
-pub use config::{PoolConfigError, PoolSpec, PoolsConfig, SharingMode};
+pub use config::{ConsolidationSpec, PoolConfigError, PoolSpec, PoolsConfig, SharingMode};
 pub use manager::{
     Placement, PoolManager, PoolObserver, ReconcileReport, ReserveRequest, run_pools, run_pools_with_metrics,
 };
@@ -50,6 +51,12 @@ pub const ANNOTATION_GPU_UUID: &str = "tessera.dev/gpu-uuid";
 pub const ANNOTATION_EMPTY_SINCE: &str = "tessera.dev/empty-since";
 /// Annotation on a capacity pod: the pool's sharing mode, for the gpu-agent and for people reading it.
 pub const ANNOTATION_SHARING: &str = "tessera.dev/sharing";
+/// Annotation on a capacity pod: Unix seconds since it has been drained (consolidation: new tenants go elsewhere
+/// unless nothing else has room, and its tenants' models move off it; see `tessera_core::pack::consolidate`).
+pub const ANNOTATION_DRAINING_SINCE: &str = "tessera.dev/draining-since";
+/// Annotation the ReplicaSet controller reads to choose which pod goes first on a scale-down (lower first): the
+/// controller sets it on a pod leaving a draining GPU.
+pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Karpenter's annotation that keeps a node from voluntary disruption (consolidation) while it is set.
 pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 
@@ -99,6 +106,30 @@ impl PoolError {
             Self::TooManyConflicts { .. } => "conflicts",
             Self::Kube(_) => "kube",
         }
+    }
+}
+
+/// The capacity pods being drained, by pool, as the pool managers last wrote them: shared with the controller,
+/// which moves its models' pods off them (`core::pack::consolidate::move_step`). Cheap to clone; clones share.
+#[derive(Debug, Clone, Default)]
+pub struct DrainingGpus(std::sync::Arc<std::sync::RwLock<std::collections::HashMap<String, Vec<String>>>>);
+
+impl DrainingGpus {
+    /// Sets the capacity pods of `pool` being drained.
+    pub fn set(&self, pool: &str, capacity_pods: Vec<String>) {
+        // A poisoned lock holds whole entries only: still usable.
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if capacity_pods.is_empty() {
+            map.remove(pool);
+        } else {
+            map.insert(pool.to_owned(), capacity_pods);
+        }
+    }
+
+    /// Whether capacity pod `name` (of any pool) is being drained.
+    pub fn contains(&self, name: &str) -> bool {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        map.values().any(|names| names.iter().any(|n| n == name))
     }
 }
 

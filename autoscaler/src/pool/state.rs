@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tessera_core::pack::{GPU_COMPUTE_MILLI, GpuId, GpuShape, Packer, ReplicaRequest};
 
 use super::{
-    ANNOTATION_CAPACITY_POD, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION,
+    ANNOTATION_CAPACITY_POD, ANNOTATION_DRAINING_SINCE, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION,
     ANNOTATION_RESERVATIONS, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
 };
 
@@ -98,6 +98,8 @@ pub struct CapacityGpu {
     pub reservations: Result<Vec<Reservation>, String>,
     /// Since when it has had no reservation (Unix seconds), as recorded on the pod.
     pub empty_since: Option<u64>,
+    /// Since when consolidation has been emptying it (Unix seconds), as recorded on the pod.
+    pub draining_since: Option<u64>,
     /// Deleted, failed or finished: not a place for new tenants.
     pub gone: bool,
     /// Failed or Succeeded and not being deleted (evicted, its node lost, its agent crashed for good): it holds no
@@ -128,6 +130,7 @@ impl CapacityGpu {
             resource_version: pod.metadata.resource_version.clone(),
             reservations: decode_reservations(ann.get(ANNOTATION_RESERVATIONS).map(String::as_str)),
             empty_since: ann.get(ANNOTATION_EMPTY_SINCE).and_then(|v| v.parse().ok()),
+            draining_since: ann.get(ANNOTATION_DRAINING_SINCE).and_then(|v| v.parse().ok()),
             gone: pod.metadata.deletion_timestamp.is_some()
                 || matches!(phase.as_deref(), Some("Failed") | Some("Succeeded")),
             terminated: pod.metadata.deletion_timestamp.is_none()
@@ -164,6 +167,9 @@ pub struct Tenant {
     pub capacity_pod: String,
     /// Its `metadata.uid`: what the gpu-agent reports its GPU use by.
     pub uid: Option<String>,
+    /// Whether consolidation may move it: a ReplicaSet's pod (the controller can surge its Deployment and pick
+    /// this pod to go with `pod-deletion-cost`), Ready, and not being deleted.
+    pub movable: bool,
 }
 
 impl Tenant {
@@ -176,11 +182,23 @@ impl Tenant {
             return None;
         }
         let ann = pod.metadata.annotations.as_ref()?;
+        let replica_set = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.kind == "ReplicaSet");
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         Some(Self {
             key: pod_key(pod)?,
             reservation: ann.get(ANNOTATION_RESERVATION)?.clone(),
             capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
             uid: pod.metadata.uid.clone(),
+            movable: replica_set && ready && pod.metadata.deletion_timestamp.is_none(),
         })
     }
 }
@@ -220,6 +238,8 @@ pub enum Decision {
         reservations: Vec<Reservation>,
         /// The packer's reason.
         reason: &'static str,
+        /// It was being drained and nothing else had room: the write also ends the drain.
+        ends_drain: bool,
     },
     /// No capacity pod has room.
     NoRoom {
@@ -315,6 +335,7 @@ impl PoolIndex {
             }
             let id = packer.add_gpu();
             names.insert(id, g.name.clone());
+            packer.set_draining(id, g.draining_since);
             let mut consistent = true;
             for r in list {
                 if packer.assign(id, r.request()).is_err() {
@@ -338,6 +359,17 @@ impl PoolIndex {
             }
         }
         (packer, names)
+    }
+
+    /// Whether the replica holding reservation `id` may be moved by consolidation: its pod exists and is
+    /// [`Tenant::movable`]. A reservation whose pod has not appeared yet cannot move.
+    pub fn movable(&self, id: &str) -> bool {
+        self.tenants.values().any(|t| t.reservation == id && t.movable)
+    }
+
+    /// Capacity pods being drained.
+    pub fn draining(&self) -> impl Iterator<Item = &CapacityGpu> {
+        self.capacity.values().filter(|g| g.draining_since.is_some())
     }
 
     /// Decides where a new reservation goes. Pure: the caller writes the result with optimistic concurrency.
@@ -368,6 +400,7 @@ impl PoolIndex {
                     resource_version: cap.resource_version.clone(),
                     reservations,
                     reason: reason.as_str(),
+                    ends_drain: reason == tessera_core::pack::PlaceReason::Draining,
                 })
             }
             tessera_core::pack::Placement::NoRoom(why) => {
@@ -444,6 +477,17 @@ impl PoolIndex {
         }
         (mark, delete)
     }
+}
+
+/// The merge patch that marks a capacity pod as draining since `since` (`Some`) or clears the mark (`None`), guarded
+/// by `resource_version` so a reservation written meanwhile makes it fail (409) and the decision is taken again.
+pub fn draining_patch(since: Option<u64>, resource_version: Option<&str>) -> serde_json::Value {
+    let value = since.map_or(serde_json::Value::Null, |t| serde_json::Value::String(t.to_string()));
+    let mut meta = serde_json::json!({ "annotations": { ANNOTATION_DRAINING_SINCE: value } });
+    if let Some(rv) = resource_version {
+        meta["resourceVersion"] = serde_json::Value::String(rv.to_string());
+    }
+    serde_json::json!({ "metadata": meta })
 }
 
 /// The merge patch that sets a capacity pod's reservations, guarded by `resource_version`: the Karpenter
@@ -550,7 +594,9 @@ mod tests {
                 resource_version,
                 reservations,
                 reason,
+                ends_drain,
             } => {
+                assert!(!ends_drain);
                 assert_eq!(capacity_pod, "a");
                 assert_eq!(resource_version.as_deref(), Some("7"));
                 assert_eq!(reservations.len(), 2);

@@ -587,3 +587,102 @@ async fn many_webhook_replicas_racing_never_overbook() {
     assert!(pods.len() <= 3, "{pods:?}");
     assert_eq!(placed.len(), 8, "contention costs retries, not placements");
 }
+
+/// A tenant pod consolidation may move: a ReplicaSet's pod, Ready.
+fn movable_tenant(ns: &str, name: &str, reservation: &str, cap: &str) -> Pod {
+    let mut pod = tenant(ns, name, reservation, cap);
+    pod.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "ReplicaSet".into(),
+            name: format!("{name}-rs"),
+            uid: "uid-rs".into(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    pod.status = Some(serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "True"}]})).unwrap());
+    pod
+}
+
+fn annotation(api: &Arc<Mutex<FakeApi>>, name: &str, key: &str) -> Option<String> {
+    let pod = api.lock().unwrap().pod("tessera-system", name).unwrap();
+    pod.metadata.annotations.unwrap().get(key).cloned()
+}
+
+/// Consolidation (`core::pack::consolidate`) against the API: two GPUs whose tenants fit on one. The lighter one
+/// becomes the candidate, is marked draining only after the settle time (10 min), with a resourceVersion-guarded
+/// patch; the controller sees it through `DrainingGpus`; new tenants go elsewhere; one that fits nowhere else is
+/// placed on it and that same write ends the drain.
+#[tokio::test]
+async fn consolidation_drains_after_the_settle_time_and_a_forced_placement_ends_it() {
+    let cfg = config(3);
+    let api = seeded(&[
+        capacity(&cfg, "gpu-a", &[resv("r1", 200, 0)], "node-1", "GPU-a"),
+        capacity(&cfg, "gpu-b", &[resv("r2", 300, 0)], "node-2", "GPU-b"),
+        movable_tenant("team", "pod-1", "r1", "gpu-a"),
+        movable_tenant("team", "pod-2", "r2", "gpu-b"),
+    ]);
+    let draining = DrainingGpus::default();
+    let m = PoolManager::new(client(api.clone()), cfg.clone(), "p")
+        .unwrap()
+        .with_draining(draining.clone());
+    m.rebuild().await.unwrap();
+
+    assert_eq!(m.reconcile(1000).await.unwrap().drain, None);
+    assert_eq!(m.reconcile(1599).await.unwrap().drain, None);
+    api.lock().unwrap().log.clear();
+    let r = m.reconcile(1600).await.unwrap();
+    assert_eq!(r.drain, Some(("gpu-a".to_string(), "started")));
+    assert_eq!(annotation(&api, "gpu-a", ANNOTATION_DRAINING_SINCE).as_deref(), Some("1600"));
+    let patch = api.lock().unwrap().log.iter().find(|l| l.method == "PATCH").cloned().unwrap();
+    assert!(patch.body["metadata"]["resourceVersion"].is_string(), "{:?}", patch.body);
+    assert!(draining.contains("gpu-a") && !draining.contains("gpu-b"));
+    // Still draining on the next tick.
+    assert_eq!(m.reconcile(1610).await.unwrap().drain, None);
+
+    // A new tenant goes elsewhere even though gpu-a has more room.
+    let p = m.reserve(request("r3", 100), 1620).await.unwrap();
+    assert_eq!(p.capacity_pod, "gpu-b");
+    // One that fits only on gpu-a (gpu-b has 600 left) lands there, and the drain ends with the same write.
+    let p = m.reserve(request("r4", 700), 1630).await.unwrap();
+    assert_eq!(p.capacity_pod, "gpu-a");
+    assert_eq!(annotation(&api, "gpu-a", ANNOTATION_DRAINING_SINCE), None);
+    m.reconcile(1640).await.unwrap();
+    assert!(!draining.contains("gpu-a"));
+}
+
+/// A drained GPU that emptied loses its mark (and is then marked empty, released after the grace); pods that are
+/// not a ReplicaSet's (a StatefulSet's, a bare pod) are never drained.
+#[tokio::test]
+async fn an_emptied_drain_ends_and_immovable_tenants_stay() {
+    let cfg = config(3);
+    let mut drained = capacity(&cfg, "gpu-a", &[], "node-1", "GPU-a");
+    drained
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(ANNOTATION_DRAINING_SINCE.into(), "500".into());
+    let api = seeded(&[
+        drained,
+        capacity(&cfg, "gpu-b", &[resv("r2", 300, 0)], "node-2", "GPU-b"),
+        capacity(&cfg, "gpu-c", &[resv("r3", 100, 0)], "node-3", "GPU-c"),
+        movable_tenant("team", "pod-2", "r2", "gpu-b"),
+        tenant("team", "pod-3", "r3", "gpu-c"),
+    ]);
+    let draining = DrainingGpus::default();
+    let m = PoolManager::new(client(api.clone()), cfg.clone(), "p")
+        .unwrap()
+        .with_draining(draining.clone());
+    m.rebuild().await.unwrap();
+    let r = m.reconcile(600).await.unwrap();
+    assert_eq!(r.drain, Some(("gpu-a".to_string(), "drained")));
+    assert_eq!(r.marked_empty, 1);
+    assert_eq!(annotation(&api, "gpu-a", ANNOTATION_DRAINING_SINCE), None);
+    assert!(!draining.contains("gpu-a"));
+    // gpu-c (one bare pod) would be the cheapest to empty, but its pod cannot be moved; gpu-b's can, onto gpu-c.
+    m.reconcile(700).await.unwrap();
+    let r = m.reconcile(1300).await.unwrap();
+    assert_eq!(r.drain, Some(("gpu-b".to_string(), "started")));
+}
