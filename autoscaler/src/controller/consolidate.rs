@@ -184,7 +184,10 @@ mod tests {
         let m = plan(std::slice::from_ref(&old), &draining, 1);
         assert_eq!(m.step, MoveStep::Surge);
         let (ok, reason, message) = m.condition(false).unwrap();
-        assert!(ok && reason == REASON_SURGE && message.contains("tessera-gpu-a100-1"), "{message}");
+        assert!(
+            ok && reason == REASON_SURGE && message.contains("tessera-gpu-a100-1"),
+            "{message}"
+        );
         // The copy is starting on another GPU: keep the surge.
         let new = pod("m-new", "tessera-gpu-a100-0", false);
         assert_eq!(plan(&[old.clone(), new], &draining, 1).step, MoveStep::Surge);
@@ -208,10 +211,27 @@ mod tests {
     fn a_surge_is_remembered_by_the_condition() {
         let mut st = InferenceAutoscalerStatus::default();
         assert!(!surged(Some(&st)));
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        crate::controller::status::set_condition(&mut st.conditions, CONSOLIDATING, true, REASON_SURGE, "", None, &now);
+        let now =
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        crate::controller::status::set_condition(
+            &mut st.conditions,
+            CONSOLIDATING,
+            true,
+            REASON_SURGE,
+            "",
+            None,
+            &now,
+        );
         assert!(surged(Some(&st)));
-        crate::controller::status::set_condition(&mut st.conditions, CONSOLIDATING, true, "Retire", "", None, &now);
+        crate::controller::status::set_condition(
+            &mut st.conditions,
+            CONSOLIDATING,
+            true,
+            "Retire",
+            "",
+            None,
+            &now,
+        );
         assert!(!surged(Some(&st)));
     }
 }

@@ -380,7 +380,11 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     // A surge to move a pod off a draining GPU is not a count the rule chose: take it off before deciding (the
     // simulator does the same).
     let surged = super::consolidate::surged(obj.status.as_ref());
-    let decided_current = if surged { current.saturating_sub(1) } else { current };
+    let decided_current = if surged {
+        current.saturating_sub(1)
+    } else {
+        current
+    };
     let mut input = scale::inputs::scale_input(decided_current, &read, ctx.settings.max_signal_age, demand);
 
     // 5. Decide and act.
@@ -504,7 +508,10 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         );
         st.allocation = Some(allocation.clone());
         status::set_workload_class(&mut st, workload_class.as_ref());
-        let had = st.conditions.iter().any(|c| c.type_ == super::consolidate::CONSOLIDATING);
+        let had = st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == super::consolidate::CONSOLIDATING);
         if let Some((ok, reason, message)) = moving.condition(had) {
             status::set_condition(
                 &mut st.conditions,

@@ -671,3 +671,112 @@ async fn history_of_deleted_objects_is_forgotten() {
     let states = ctx.states.lock().unwrap();
     assert!(!states.contains_key("ns/gone") && states.contains_key("ns/live"));
 }
+
+/// A pod on a GPU the pool manager is draining (`core::pack::consolidate`): the first round surges one replica over
+/// the decision (which stays 1) and says so in the `Consolidating` condition; once the copy elsewhere is ready, the
+/// next round takes the surge off `/scale`'s count before deciding, marks the pod on the draining GPU with the
+/// lowest pod-deletion-cost, and goes back to one replica, so the ReplicaSet removes that pod.
+#[tokio::test]
+async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
+    let on_gpu = |name: &str, ip: &str, gpu: &str| {
+        let mut p = pod(name, ip, true);
+        p["metadata"]["annotations"] = json!({ crate::pool::ANNOTATION_CAPACITY_POD: gpu });
+        p
+    };
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 1, "maxReplicas": 4,
+                      "targets": {"kvCacheUtilization": 0.5}});
+
+    // Round 1: one pod, on the draining GPU.
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(svc, "default"), &[("http://10.0.0.1:9090", 0.5)]);
+    ctx.draining.set("a100", vec!["tessera-gpu-a100-1".into()]);
+    let obj = ias(spec.clone(), json!({}));
+    let first = on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1");
+    let server = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 1, vec![first]).await;
+        let (body, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
+        )
+        .await;
+        assert_eq!(body, json!({"spec": {"replicas": 2}}));
+        respond(send, 200, &scale_json(2));
+        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        assert!(
+            event["note"]
+                .as_str()
+                .unwrap()
+                .contains("+1 while a pod moves off a GPU being drained"),
+            "{event}"
+        );
+        respond(send, 201, &event);
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        let st = &patch["status"];
+        assert_eq!(st["desiredReplicas"], 1, "the decision is still one replica");
+        let c = condition(st, "Consolidating");
+        assert_eq!(
+            (c["status"].clone(), c["reason"].clone()),
+            (json!("True"), json!("Surge"))
+        );
+        assert!(
+            c["message"].as_str().unwrap().contains("tessera-gpu-a100-1"),
+            "{c}"
+        );
+        let mut answer = ias_json();
+        answer["status"] = patch["status"].clone();
+        respond(send, 200, &answer);
+        patch["status"].clone()
+    });
+    reconcile(obj, ctx).await.unwrap();
+    let status = server.await.unwrap();
+
+    // Round 2: the copy on another GPU is ready; the status remembers the surge.
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(
+        Client::new(svc, "default"),
+        &[("http://10.0.0.1:9090", 0.5), ("http://10.0.0.2:9090", 0.5)],
+    );
+    ctx.draining.set("a100", vec!["tessera-gpu-a100-1".into()]);
+    let mut obj = (*ias(spec, json!({}))).clone();
+    obj.status = Some(serde_json::from_value(status).unwrap());
+    let pods = vec![
+        on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1"),
+        on_gpu("llama-1", "10.0.0.2", "tessera-gpu-a100-0"),
+    ];
+    let server = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 2, pods).await;
+        let (body, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/namespaces/models/pods/llama-0?",
+        )
+        .await;
+        assert_eq!(
+            body,
+            json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-2147483648"}}})
+        );
+        respond(send, 200, &pod("llama-0", "10.0.0.1", true));
+        let (body, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
+        )
+        .await;
+        assert_eq!(body, json!({"spec": {"replicas": 1}}));
+        respond(send, 200, &scale_json(1));
+        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        assert_eq!(event["action"], "ScaleTo1");
+        respond(send, 201, &event);
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        let c = condition(&patch["status"], "Consolidating");
+        assert_eq!(
+            (c["status"].clone(), c["reason"].clone()),
+            (json!("True"), json!("Retire"))
+        );
+        assert!(c["message"].as_str().unwrap().contains("llama-0"), "{c}");
+        respond(send, 200, &ias_json());
+    });
+    reconcile(Arc::new(obj), ctx).await.unwrap();
+    server.await.unwrap();
+}

@@ -446,6 +446,42 @@ mod tests {
         );
         let e = PoolsConfig::from_yaml("pools: []\n").unwrap_err();
         assert!(e.to_string().contains("at least one pool"), "{e}");
+        let e = PoolsConfig::from_yaml(&format!("{base}  consolidation: {{maxMoves: 9}}\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("pool \"a\": consolidation.maxMoves: 9 is more than 8"),
+            "{e}"
+        );
+        let e =
+            PoolsConfig::from_yaml(&format!("{base}  consolidation: {{drainTimeout: 0s}}\n")).unwrap_err();
+        assert!(e.to_string().contains("consolidation.drainTimeout"), "{e}");
+        let e = PoolsConfig::from_yaml(&format!("{base}  consolidation: {{settel: 5m}}\n")).unwrap_err();
+        assert!(e.to_string().contains("unknown field `settel`"), "{e}");
+    }
+
+    #[test]
+    fn consolidation_defaults_to_the_core_rule_and_can_be_tuned_or_turned_off() {
+        let base = "pools:\n- name: a\n  gpuMemoryMiB: 24576\n  sharing: mps\n  maxGpus: 2\n";
+        let cfg = PoolsConfig::from_yaml(base).unwrap();
+        assert_eq!(
+            cfg.pools[0].consolidation.config(),
+            ConsolidationConfig::default()
+        );
+        let cfg = PoolsConfig::from_yaml(&format!(
+            "{base}  consolidation: {{settle: 2m, enabled: false}}\n"
+        ))
+        .unwrap();
+        let c = cfg.pools[0].consolidation.config();
+        assert_eq!(
+            (c.enabled, c.settle, c.max_moves),
+            (false, Duration::from_secs(120), 2)
+        );
+        assert_eq!(
+            PoolsConfig::from_yaml(EXAMPLE).unwrap().pools[0]
+                .consolidation
+                .config(),
+            ConsolidationConfig::default()
+        );
     }
 
     #[test]

@@ -16,8 +16,8 @@ use super::config::{PoolSpec, PoolsConfig};
 use super::metrics::PoolMetrics;
 use super::state::{Decision, PoolIndex, Reservation, draining_patch, pod_key, reservations_patch};
 use super::{ANNOTATION_DRAINING_SINCE, DrainingGpus, LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
-use tessera_core::pack::consolidate::{CancelReason, Candidate, PoolStep, pool_step};
 use crate::watch::{Change, fold_event};
+use tessera_core::pack::consolidate::{CancelReason, Candidate, PoolStep, pool_step};
 
 /// What the webhook asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -475,7 +475,11 @@ impl PoolManager {
                 && candidate.since == now
             {
                 let name = names.get(&plan.gpu).map_or("?", String::as_str);
-                debug!(capacity_pod = name, moves = plan.moves.len(), "consolidation candidate: waiting for the settle time");
+                debug!(
+                    capacity_pod = name,
+                    moves = plan.moves.len(),
+                    "consolidation candidate: waiting for the settle time"
+                );
             }
             (step, target)
         };
@@ -488,13 +492,12 @@ impl PoolManager {
                     (name, "started")
                 })
             }
-            (PoolStep::Drained(_), Some((name, rv))) => self
-                .write_draining(&name, None, rv.as_deref())
-                .await?
-                .then(|| {
+            (PoolStep::Drained(_), Some((name, rv))) => {
+                self.write_draining(&name, None, rv.as_deref()).await?.then(|| {
                     info!(capacity_pod = %name, "consolidation: GPU emptied; released after the empty grace");
                     (name, "drained")
-                }),
+                })
+            }
             (PoolStep::Cancel { reason, .. }, Some((name, rv))) => {
                 let label = match reason {
                     CancelReason::TimedOut => "timed_out",
@@ -517,7 +520,12 @@ impl PoolManager {
 
     /// Writes (or clears) the draining mark of capacity pod `name`; false when it changed or went meanwhile
     /// (re-read; the next reconcile decides again).
-    async fn write_draining(&self, name: &str, since: Option<u64>, rv: Option<&str>) -> Result<bool, PoolError> {
+    async fn write_draining(
+        &self,
+        name: &str,
+        since: Option<u64>,
+        rv: Option<&str>,
+    ) -> Result<bool, PoolError> {
         let patch = draining_patch(since, rv);
         match self
             .pods

@@ -11,8 +11,9 @@ use k8s_openapi::api::core::v1::Pod;
 use tessera_core::pack::{GPU_COMPUTE_MILLI, GpuId, GpuShape, Packer, ReplicaRequest};
 
 use super::{
-    ANNOTATION_CAPACITY_POD, ANNOTATION_DRAINING_SINCE, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION,
-    ANNOTATION_RESERVATIONS, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
+    ANNOTATION_CAPACITY_POD, ANNOTATION_DRAINING_SINCE, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID,
+    ANNOTATION_RESERVATION, ANNOTATION_RESERVATIONS, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD,
+    LABEL_POOL,
 };
 
 /// One reservation: a share of a GPU promised to a pod being admitted.
@@ -482,7 +483,9 @@ impl PoolIndex {
 /// The merge patch that marks a capacity pod as draining since `since` (`Some`) or clears the mark (`None`), guarded
 /// by `resource_version` so a reservation written meanwhile makes it fail (409) and the decision is taken again.
 pub fn draining_patch(since: Option<u64>, resource_version: Option<&str>) -> serde_json::Value {
-    let value = since.map_or(serde_json::Value::Null, |t| serde_json::Value::String(t.to_string()));
+    let value = since.map_or(serde_json::Value::Null, |t| {
+        serde_json::Value::String(t.to_string())
+    });
     let mut meta = serde_json::json!({ "annotations": { ANNOTATION_DRAINING_SINCE: value } });
     if let Some(rv) = resource_version {
         meta["resourceVersion"] = serde_json::Value::String(rv.to_string());

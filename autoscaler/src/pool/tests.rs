@@ -601,7 +601,8 @@ fn movable_tenant(ns: &str, name: &str, reservation: &str, cap: &str) -> Pod {
             ..Default::default()
         },
     ]);
-    pod.status = Some(serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "True"}]})).unwrap());
+    pod.status =
+        Some(serde_json::from_value(json!({"conditions": [{"type": "Ready", "status": "True"}]})).unwrap());
     pod
 }
 
@@ -634,9 +635,23 @@ async fn consolidation_drains_after_the_settle_time_and_a_forced_placement_ends_
     api.lock().unwrap().log.clear();
     let r = m.reconcile(1600).await.unwrap();
     assert_eq!(r.drain, Some(("gpu-a".to_string(), "started")));
-    assert_eq!(annotation(&api, "gpu-a", ANNOTATION_DRAINING_SINCE).as_deref(), Some("1600"));
-    let patch = api.lock().unwrap().log.iter().find(|l| l.method == "PATCH").cloned().unwrap();
-    assert!(patch.body["metadata"]["resourceVersion"].is_string(), "{:?}", patch.body);
+    assert_eq!(
+        annotation(&api, "gpu-a", ANNOTATION_DRAINING_SINCE).as_deref(),
+        Some("1600")
+    );
+    let patch = api
+        .lock()
+        .unwrap()
+        .log
+        .iter()
+        .find(|l| l.method == "PATCH")
+        .cloned()
+        .unwrap();
+    assert!(
+        patch.body["metadata"]["resourceVersion"].is_string(),
+        "{:?}",
+        patch.body
+    );
     assert!(draining.contains("gpu-a") && !draining.contains("gpu-b"));
     // Still draining on the next tick.
     assert_eq!(m.reconcile(1610).await.unwrap().drain, None);

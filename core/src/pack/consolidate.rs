@@ -177,10 +177,7 @@ pub fn pool_step(
         PoolStep::Drain(plan)
     } else {
         PoolStep::Settling {
-            candidate: Candidate {
-                gpu: plan.gpu,
-                since,
-            },
+            candidate: Candidate { gpu: plan.gpu, since },
             plan,
         }
     }
@@ -358,8 +355,11 @@ mod tests {
         assert!(!p.gpu(b).unwrap().is_draining());
         p.set_draining(b, Some(0));
         // A draining GPU is never a move's target, nor a candidate.
-        assert!(p.defrag_candidates(4).iter().all(|plan| plan.gpu != b
-            && plan.moves.iter().all(|m| m.to != b)));
+        assert!(
+            p.defrag_candidates(4)
+                .iter()
+                .all(|plan| plan.gpu != b && plan.moves.iter().all(|m| m.to != b))
+        );
     }
 
     #[test]
@@ -408,12 +408,17 @@ mod tests {
                             st.off_ready += 1;
                         }
                         MoveStep::Retire { pods } => {
-                            let extra = (st.on_draining + st.off_ready + st.off_starting).saturating_sub(desired);
+                            let extra =
+                                (st.on_draining + st.off_ready + st.off_starting).saturating_sub(desired);
                             st.on_draining -= pods.min(extra).min(st.on_draining);
                         }
                     }
                 }
-                assert_eq!((st.on_draining, st.off_ready), (0, desired), "desired {desired}, on {on}");
+                assert_eq!(
+                    (st.on_draining, st.off_ready),
+                    (0, desired),
+                    "desired {desired}, on {on}"
+                );
             }
         }
     }

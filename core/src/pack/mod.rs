@@ -833,7 +833,11 @@ impl Packer {
 
     /// The moves that would empty `cand` given the accepted plans in `overlay`, largest replica first (the
     /// hardest to fit decide whether the plan is possible at all); `None` if one of them fits nowhere.
-    fn trial_moves<'a>(&self, cand: &'a GpuState, overlay: &Overlay) -> Option<Vec<(GpuId, &'a ReplicaRequest)>> {
+    fn trial_moves<'a>(
+        &self,
+        cand: &'a GpuState,
+        overlay: &Overlay,
+    ) -> Option<Vec<(GpuId, &'a ReplicaRequest)>> {
         let shape = self.shape;
         let mut moving: Vec<&ReplicaRequest> = cand.replicas.iter().collect();
         moving.sort_by(|a, b| b.weight(&shape).total_cmp(&a.weight(&shape)));

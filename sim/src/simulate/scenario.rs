@@ -212,7 +212,8 @@ impl Default for StrategySettings {
             compute_oversubscription: None,
             consolidation: true,
             consolidation_settle: tessera_core::pack::consolidate::ConsolidationConfig::default().settle,
-            consolidation_max_moves: tessera_core::pack::consolidate::ConsolidationConfig::default().max_moves,
+            consolidation_max_moves: tessera_core::pack::consolidate::ConsolidationConfig::default()
+                .max_moves,
         }
     }
 }

@@ -1193,7 +1193,11 @@ impl<'a> World<'a> {
         let mut victims = among.to_vec();
         victims.sort_by_key(|&r| {
             let rep = &self.replicas[r];
-            (rep.phase == Phase::Ready, rep.engine.in_flight(), std::cmp::Reverse(r))
+            (
+                rep.phase == Phase::Ready,
+                rep.engine.in_flight(),
+                std::cmp::Reverse(r),
+            )
         });
         victims.truncate(n);
         for &r in &victims {
@@ -1214,11 +1218,16 @@ impl<'a> World<'a> {
         }
         let cfg = self.sc.settings.consolidation();
         let now = self.now as u64;
-        let Some(packer) = self.packer.as_mut() else { return };
+        let Some(packer) = self.packer.as_mut() else {
+            return;
+        };
         // Every replica here is a Deployment's pod; one still starting has no place to move from yet.
         let replicas = &self.replicas;
-        let names: std::collections::HashMap<&str, usize> =
-            replicas.iter().enumerate().map(|(i, r)| (r.name.as_str(), i)).collect();
+        let names: std::collections::HashMap<&str, usize> = replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name.as_str(), i))
+            .collect();
         let step = consolidate::pool_step(packer, self.candidate, now, &cfg, |r| {
             names
                 .get(r.id.as_str())
