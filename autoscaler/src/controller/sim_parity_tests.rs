@@ -19,11 +19,12 @@ use http_body_util::BodyExt;
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
+use tessera_core::pack::consolidate::MoveStep;
 use tessera_core::scale::ScalePolicy;
 use tessera_core::scale::joint::ShareRoom;
 use tessera_core::wire::activator::ActivatorStats;
 use tessera_core::wire::sidecar::SidecarStatus;
-use tessera_sim::simulate::observe::{DecisionRecord, NAMESPACE};
+use tessera_sim::simulate::observe::{DecisionRecord, MoveRecord, NAMESPACE};
 use tessera_sim::simulate::scenario::{self, Source};
 use tessera_sim::simulate::world::{Plan, StrategyKind, World};
 
@@ -113,7 +114,19 @@ fn status_for(room: ShareRoom, gpu_memory_bytes: u64) -> Value {
 struct Seen {
     scaled_to: Option<i64>,
     status: Option<Value>,
+    /// Pods given the lowest pod-deletion-cost (leaving a draining GPU).
+    marked: Vec<String>,
     unexpected: Vec<String>,
+}
+
+/// The capacity pod the replay says is being drained, and the one every other pod sits on.
+const DRAINING_GPU: &str = "tessera-gpu-sim-1";
+const OTHER_GPU: &str = "tessera-gpu-sim-0";
+
+/// The status condition a round that surged leaves (so the next one takes the surge off `/scale`'s count).
+fn surge_condition() -> Value {
+    json!({"type": crate::controller::consolidate::CONSOLIDATING, "status": "True", "reason": crate::controller::consolidate::REASON_SURGE,
+           "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"})
 }
 
 /// Answers the reconcile's API calls: `/scale` at `current`, the pods (ready ones first, with the IPs the
@@ -122,11 +135,12 @@ async fn api_server(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     name: String,
     current: u32,
-    ready: usize,
+    moving: MoveRecord,
     started: (u64, Option<Duration>),
     ias: Value,
     seen: Arc<Mutex<Seen>>,
 ) {
+    let ready = moving.ready_on_draining.len();
     // Each ready pod was created at `at` and turned Ready a cold start later (millisecond timestamps, so the
     // controller measures exactly the simulator's lead time).
     let (at_ms, lead) = started;
@@ -161,8 +175,16 @@ async fn api_server(
                     if let Some(t) = became_ready {
                         ready_condition["lastTransitionTime"] = json!(stamp(t));
                     }
+                    // Ready pods in the simulator's order; of the starting ones, the first few are on the draining GPU.
+                    let draining = moving
+                        .ready_on_draining
+                        .get(i)
+                        .copied()
+                        .unwrap_or_else(|| i - ready < moving.starting_on_draining as usize);
+                    let gpu = if draining { DRAINING_GPU } else { OTHER_GPU };
                     json!({"metadata": {"name": format!("{name}-{i}"), "namespace": NAMESPACE,
-                                        "creationTimestamp": stamp(created)},
+                                        "creationTimestamp": stamp(created),
+                                        "annotations": {crate::pool::ANNOTATION_CAPACITY_POD: gpu}},
                            "status": {"podIP": format!("10.0.0.{}", i + 1), "conditions": [ready_condition]}})
                 })
                 .collect();
@@ -170,6 +192,14 @@ async fn api_server(
                 200,
                 json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": pods}),
             )
+        } else if path.contains("/pods/") && method == Method::PATCH {
+            let pod = path.rsplit('/').next().unwrap().to_owned();
+            assert_eq!(
+                body,
+                json!({"metadata": {"annotations": {crate::pool::POD_DELETION_COST: i32::MIN.to_string()}}})
+            );
+            seen.lock().unwrap().marked.push(pod.clone());
+            (200, json!({"metadata": {"name": pod, "namespace": NAMESPACE}}))
         } else if path.ends_with("/events") && method == Method::POST {
             (201, body)
         } else if path.ends_with("/status") && method == Method::PATCH {
@@ -194,16 +224,20 @@ async fn replay(
     name: &str,
     rec: &DecisionRecord,
     gpu_memory_bytes: u64,
-) -> (Option<i64>, Value, tessera_core::scale::ScaleState) {
+) -> (Seen, tessera_core::scale::ScaleState) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, NAMESPACE);
+    let mut status = status_for(rec.room, gpu_memory_bytes);
+    if rec.moving.surged {
+        status["conditions"] = json!([surge_condition()]);
+    }
     let obj: Arc<InferenceAutoscaler> = Arc::new(
         serde_json::from_value(json!({
             "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
             "metadata": {"name": name, "namespace": NAMESPACE, "uid": "u-1", "resourceVersion": "5",
                          "generation": 1},
             "spec": spec_for(name, &rec.policy, rec.room),
-            "status": status_for(rec.room, gpu_memory_bytes),
+            "status": status,
         }))
         .unwrap(),
     );
@@ -232,6 +266,7 @@ async fn replay(
         UNIX_EPOCH + Duration::from_millis(clock_ms),
         HashMap::from([(format!("{NAMESPACE}/{name}"), rec.state.clone())]),
     );
+    ctx.draining.set("sim", vec![DRAINING_GPU.to_owned()]);
     // The poller's two documents, fetched one poll apart as the controller's loop does.
     let poll_ms = tessera_core::scale::inputs::ACTIVATOR_POLL_INTERVAL.as_millis() as u64;
     let age = tessera_core::scale::inputs::ACTIVATOR_MAX_AGE;
@@ -247,8 +282,8 @@ async fn replay(
     let server = tokio::spawn(api_server(
         handle,
         name.to_owned(),
-        rec.current_replicas,
-        rec.sidecars.len(),
+        rec.current_replicas + u32::from(rec.moving.surged),
+        rec.moving.clone(),
         (rec.at_ms, rec.cold_start),
         serde_json::to_value(&*obj).unwrap(),
         seen.clone(),
@@ -263,7 +298,7 @@ async fn replay(
         "unexpected API calls: {:?}",
         seen.unexpected
     );
-    (seen.scaled_to, seen.status.unwrap_or(Value::Null), state)
+    (seen, state)
 }
 
 #[tokio::test]
@@ -291,7 +326,8 @@ async fn the_controller_decides_what_the_simulator_decided() {
         if floor {
             floors += 1;
         }
-        if r.decision.is_change() || (floor && floors % 25 == 1) {
+        // Every round of a move off a draining GPU, too.
+        if r.decision.is_change() || (floor && floors % 25 == 1) || r.moving.step != MoveStep::Stay {
             picked.push(r);
         } else {
             holds += 1;
@@ -317,19 +353,43 @@ async fn the_controller_decides_what_the_simulator_decided() {
             "the replay must cover {needed}; it covers {reasons:?}"
         );
     }
-    for rec in &picked {
+    assert_replays_alike(&sc, &picked).await;
+    eprintln!(
+        "replayed {} of {} decisions through the controller ({} changes), reasons {reasons:?}",
+        picked.len(),
+        records.len(),
+        picked.iter().filter(|r| r.decision.is_change()).count()
+    );
+}
+
+/// Replays each record through the controller's reconcile and checks it writes what the simulator applied (the
+/// decision, one over it during a consolidation surge), marks as many pods to leave a draining GPU as the
+/// simulator retired, reports the same decision, and ends with the same history.
+async fn assert_replays_alike(sc: &scenario::Scenario, picked: &[&DecisionRecord]) {
+    for rec in picked {
         let name = &sc.models[rec.model].name;
-        let (scaled_to, status, state) = replay(name, rec, sc.gpu.memory_bytes).await;
+        let (seen, state) = replay(name, rec, sc.gpu.memory_bytes).await;
+        let status = seen.status.unwrap_or(Value::Null);
         let at = format!(
-            "{name} at {:.0} s ({})",
+            "{name} at {:.0} s ({}; move {:?})",
             rec.at_ms as f64 / 1000.0,
-            rec.decision.message
+            rec.decision.message,
+            rec.moving
         );
-        let want = rec
-            .decision
-            .is_change()
-            .then_some(i64::from(rec.decision.desired_replicas));
-        assert_eq!(scaled_to, want, "{at}");
+        // What the simulator applied: the decision, one over it during a surge; written when `/scale` differs.
+        let applied = rec.moving.step.replicas(rec.decision.desired_replicas);
+        let read = rec.current_replicas + u32::from(rec.moving.surged);
+        let want = (applied != read).then_some(i64::from(applied));
+        assert_eq!(seen.scaled_to, want, "{at}");
+        let retired = match rec.moving.step {
+            MoveStep::Retire { pods } => pods as usize,
+            MoveStep::Stay | MoveStep::Surge => 0,
+        };
+        assert_eq!(
+            seen.marked.len(),
+            retired,
+            "{at}: pods marked to leave the draining GPU"
+        );
         assert_eq!(
             status["desiredReplicas"],
             json!(rec.decision.desired_replicas),
@@ -347,10 +407,55 @@ async fn the_controller_decides_what_the_simulator_decided() {
         );
         assert_eq!(state, expected, "{at}: the history after the decision");
     }
+}
+
+/// Consolidation's model half (`core::pack::consolidate::move_step`) alike: functions-day's first hours, where the
+/// simulator drains a GPU and moves a tool's replica off it; every round of that move (the surge, the wait for the
+/// copy, the retire) is replayed through the controller with its pods placed where the simulator had them.
+#[tokio::test]
+async fn the_controller_moves_pods_off_a_draining_gpu_as_the_simulator_did() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/functions-day.yaml");
+    let sc = scenario::load(&Source::File(path.clone()), None, Some(Duration::from_secs(3600))).unwrap();
+    // Replicas sized from the HPA baseline's observations over the whole day, as `tessera simulate` starts
+    // Tessera: small enough to share GPUs, so there is something to consolidate.
+    let day = scenario::load(&Source::File(path), None, None).unwrap();
+    let baseline = Plan {
+        kind: StrategyKind::Hpa,
+        static_replicas: Vec::new(),
+        initial_recommendations: vec![None; sc.models.len()],
+        only_models: Vec::new(),
+    };
+    let histories = World::new(&day, baseline)
+        .unwrap()
+        .run(&mut |_| {})
+        .unwrap()
+        .histories;
+    let plan = Plan {
+        kind: StrategyKind::Tessera,
+        static_replicas: Vec::new(),
+        initial_recommendations: tessera_sim::simulate::world::calibrate(&sc, &histories),
+        only_models: Vec::new(),
+    };
+    let run = World::new(&sc, plan)
+        .unwrap()
+        .recording_decisions()
+        .run(&mut |_| {})
+        .unwrap();
+    let picked: Vec<&DecisionRecord> = run
+        .decisions
+        .iter()
+        .filter(|r| r.moving.step != MoveStep::Stay || r.moving.surged)
+        .collect();
+    for step in ["Surge", "Retire"] {
+        assert!(
+            picked.iter().any(|r| r.moving.step.as_str() == step),
+            "the replay must cover a consolidation {step}: the simulated run drained no GPU ({} decisions)",
+            run.decisions.len()
+        );
+    }
+    assert_replays_alike(&sc, &picked).await;
     eprintln!(
-        "replayed {} of {} decisions through the controller ({} changes), reasons {reasons:?}",
-        picked.len(),
-        records.len(),
-        picked.iter().filter(|r| r.decision.is_change()).count()
+        "replayed {} rounds of consolidation moves through the controller",
+        picked.len()
     );
 }

@@ -50,6 +50,23 @@ pub struct DecisionRecord {
     pub state: ScaleState,
     /// What was decided.
     pub decision: ScaleDecision,
+    /// Consolidation's part of the round: where the replicas were and the move step applied on top of the
+    /// decision.
+    pub moving: MoveRecord,
+}
+
+/// Where a model's replicas were relative to a draining GPU at a decision, and the move step taken
+/// (`core::pack::consolidate::move_step`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveRecord {
+    /// The previous round asked for a surge, so `/scale` read one over `current_replicas`.
+    pub surged: bool,
+    /// For each ready replica (in the order of `sidecars`): whether it sits on a draining GPU.
+    pub ready_on_draining: Vec<bool>,
+    /// Starting replicas on a draining GPU (the other starting ones are elsewhere).
+    pub starting_on_draining: u32,
+    /// The step.
+    pub step: tessera_core::pack::consolidate::MoveStep,
 }
 
 /// The instance name of the one activator the simulator models (it sees every request of every model).

@@ -1117,6 +1117,9 @@ impl<'a> World<'a> {
         let current = (live.len() as u32).saturating_sub(u32::from(rt.surging));
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
         let d = joint::decide(&input, &joint, &rt.state, now_ts);
+        let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
+        let step = consolidate::move_step(placement);
+        let rt = &self.models[m];
         if let Some(log) = self.decisions.as_mut() {
             log.push(observe::DecisionRecord {
                 model: m,
@@ -1129,6 +1132,15 @@ impl<'a> World<'a> {
                 cold_start,
                 state: rt.state.clone(),
                 decision: d.clone(),
+                moving: observe::MoveRecord {
+                    surged: rt.surging,
+                    ready_on_draining: ready.iter().map(|r| leaving.contains(r)).collect(),
+                    starting_on_draining: leaving
+                        .iter()
+                        .filter(|&&r| self.replicas[r].phase == Phase::Starting)
+                        .count() as u32,
+                    step,
+                },
             });
         }
         self.models[m].state.record(&d, now_ts);
@@ -1141,13 +1153,12 @@ impl<'a> World<'a> {
             tracing::trace!(model = %self.sc.models[m].name, at = self.now, from = d.current_replicas,
                 to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
         }
-        self.apply_move(m, d.desired_replicas, &live)
+        self.apply_move(m, d.desired_replicas, step, &leaving, &live)
     }
 
-    /// Applies a replica decision of `desired` for model `m` through the consolidation move rule
-    /// (`core::pack::consolidate::move_step`, as the controller does): replicas on a draining GPU leave by a
-    /// surge onto another GPU, then their retirement once the new one is ready.
-    fn apply_move(&mut self, m: usize, desired: u32, live: &[usize]) -> Result<(), SimError> {
+    /// Where model `m`'s live replicas are relative to a draining GPU, for the consolidation move rule
+    /// (`core::pack::consolidate::move_step`, as the controller reads it from its pods), and the ones on it.
+    fn move_placement(&self, desired: u32, live: &[usize]) -> (ModelPlacement, Vec<usize>) {
         let draining = |r: usize| {
             self.replicas[r]
                 .gpu
@@ -1168,7 +1179,19 @@ impl<'a> World<'a> {
                 .filter(|&&r| self.replicas[r].phase == Phase::Starting)
                 .count() as u32,
         };
-        let step = consolidate::move_step(placement);
+        (placement, on)
+    }
+
+    /// Applies a replica decision of `desired` for model `m` with the move `step`: replicas on a draining GPU
+    /// (`on`) leave by a surge onto another GPU, then their retirement once the new one is ready.
+    fn apply_move(
+        &mut self,
+        m: usize,
+        desired: u32,
+        step: MoveStep,
+        on: &[usize],
+        live: &[usize],
+    ) -> Result<(), SimError> {
         let was_surging = std::mem::replace(&mut self.models[m].surging, step == MoveStep::Surge);
         match step {
             MoveStep::Stay => self.apply_count(m, desired as usize, live),
@@ -1180,7 +1203,7 @@ impl<'a> World<'a> {
             }
             MoveStep::Retire { pods } => {
                 // The pods on the draining GPU go first (the pod-deletion-cost the controller sets).
-                let retired = self.retire(&on, pods as usize);
+                let retired = self.retire(on, pods as usize);
                 let left: Vec<usize> = live.iter().copied().filter(|r| !retired.contains(r)).collect();
                 self.apply_count(m, desired as usize, &left)
             }
