@@ -685,12 +685,17 @@ pub fn render(view: &View, history: &History) -> String {
             let gpu = &g.gpu;
             let _ = write!(
                 out,
-                r#"<tr><td data-v="{0}"><b>{0}</b><span class="s">pool {1}</span></td><td class="l" data-v="{2}">{2}<span class="s">{3}</span></td><td class="l" data-v="{4}">"#,
+                r#"<tr><td data-v="{0}"><b>{0}</b><span class="s">pool {1}</span>{5}</td><td class="l" data-v="{2}">{2}<span class="s">{3}</span></td><td class="l" data-v="{4}">"#,
                 esc(&gpu.capacity_pod),
                 esc(&gpu.pool),
                 esc(gpu.node.as_deref().unwrap_or("—")),
                 esc(gpu.uuid.as_deref().unwrap_or("uuid unknown")),
-                gpu.tenants.len()
+                gpu.tenants.len(),
+                // Consolidation is emptying it (its tenants fit on the other GPUs): say so, and since when.
+                gpu.draining_since.map_or_else(String::new, |t| format!(
+                    r#"<span class="s">draining since {}: its models move to other GPUs</span>"#,
+                    time(t.saturating_mul(1000))
+                ))
             );
             for t in &gpu.tenants {
                 let measured = match (t.measured_memory_mib, t.measured_sm) {

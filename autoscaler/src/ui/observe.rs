@@ -236,6 +236,7 @@ pub fn gpus_from_pool(
                     .gpu_uuid
                     .as_deref()
                     .and_then(|u| holders.get(&tessera_core::gate::lease_name(u)).cloned()),
+                draining_since: c.draining_since,
             }
         })
         .collect()

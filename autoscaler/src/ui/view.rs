@@ -202,6 +202,8 @@ pub struct GpuObservation {
     pub tenants: Vec<TenantObservation>,
     /// Who holds the GPU's start-up lease, if anyone.
     pub startup_lease_holder: Option<String>,
+    /// Being emptied by consolidation since (Unix seconds): its models move their pods to other GPUs.
+    pub draining_since: Option<u64>,
 }
 
 impl Default for GpuObservation {
@@ -216,6 +218,7 @@ impl Default for GpuObservation {
             compute_milli: GPU_COMPUTE_MILLI,
             tenants: Vec::new(),
             startup_lease_holder: None,
+            draining_since: None,
         }
     }
 }
@@ -679,6 +682,7 @@ mod tests {
             memory_mib: 81920,
             compute_milli: 2000,
             tenants: vec![tenant("a-0", 700), tenant("b-0", 600)],
+            draining_since: Some(1_800_000_000),
             ..GpuObservation::default()
         };
         let v = view(
@@ -694,6 +698,10 @@ mod tests {
         assert!(
             page.contains("70%<span class=\"s\">of 200% (caps oversubscribed)</span>"),
             "the GPU row names the pool's caps"
+        );
+        assert!(
+            page.contains("draining since 2027-01-15 08:00:00 UTC"),
+            "a GPU being consolidated says so"
         );
     }
 
