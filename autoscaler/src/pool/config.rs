@@ -115,7 +115,7 @@ pub struct PoolSpec {
 }
 
 /// A pool's `consolidation` block: when a GPU whose replicas fit elsewhere is drained. The defaults are
-/// [`ConsolidationConfig::default`]'s.
+/// [`ConsolidationConfig::default`]'s, except `settle`, which defaults to the pool's `emptyGpuGracePeriod`.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ConsolidationSpec {
@@ -123,9 +123,10 @@ pub struct ConsolidationSpec {
     pub enabled: bool,
     /// The most replicas moved to empty one GPU; each costs its model a cold start on another GPU.
     pub max_moves: usize,
-    /// How long a GPU must stay emptiable before it is drained.
-    #[serde(with = "humantime_serde")]
-    pub settle: Duration,
+    /// How long a GPU must stay emptiable before it is drained; unset, the pool's `emptyGpuGracePeriod`: a GPU
+    /// that has stayed emptiable as long as an empty one is kept is worth emptying.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub settle: Option<Duration>,
     /// A drain not finished in this long is called off (a model nobody moves).
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
@@ -137,20 +138,21 @@ impl Default for ConsolidationSpec {
         Self {
             enabled: c.enabled,
             max_moves: c.max_moves,
-            settle: c.settle,
+            settle: None,
             drain_timeout: c.drain_timeout,
         }
     }
 }
 
-impl ConsolidationSpec {
-    /// The rule's configuration.
-    pub fn config(&self) -> ConsolidationConfig {
+impl PoolSpec {
+    /// The consolidation rule's configuration for this pool.
+    pub fn consolidation(&self) -> ConsolidationConfig {
+        let c = &self.consolidation;
         ConsolidationConfig {
-            enabled: self.enabled,
-            max_moves: self.max_moves,
-            settle: self.settle,
-            drain_timeout: self.drain_timeout,
+            enabled: c.enabled,
+            max_moves: c.max_moves,
+            settle: c.settle.unwrap_or(self.empty_gpu_grace_period),
+            drain_timeout: c.drain_timeout,
         }
     }
 }
@@ -463,23 +465,21 @@ mod tests {
     fn consolidation_defaults_to_the_core_rule_and_can_be_tuned_or_turned_off() {
         let base = "pools:\n- name: a\n  gpuMemoryMiB: 24576\n  sharing: mps\n  maxGpus: 2\n";
         let cfg = PoolsConfig::from_yaml(base).unwrap();
-        assert_eq!(
-            cfg.pools[0].consolidation.config(),
-            ConsolidationConfig::default()
-        );
+        // The default grace is ten minutes, so the default settle is too.
+        assert_eq!(cfg.pools[0].consolidation(), ConsolidationConfig::default());
+        let cfg = PoolsConfig::from_yaml(&format!("{base}  emptyGpuGracePeriod: 3m\n")).unwrap();
+        assert_eq!(cfg.pools[0].consolidation().settle, Duration::from_secs(180));
         let cfg = PoolsConfig::from_yaml(&format!(
             "{base}  consolidation: {{settle: 2m, enabled: false}}\n"
         ))
         .unwrap();
-        let c = cfg.pools[0].consolidation.config();
+        let c = cfg.pools[0].consolidation();
         assert_eq!(
             (c.enabled, c.settle, c.max_moves),
             (false, Duration::from_secs(120), 2)
         );
         assert_eq!(
-            PoolsConfig::from_yaml(EXAMPLE).unwrap().pools[0]
-                .consolidation
-                .config(),
+            PoolsConfig::from_yaml(EXAMPLE).unwrap().pools[0].consolidation(),
             ConsolidationConfig::default()
         );
     }

@@ -455,7 +455,7 @@ impl PoolManager {
     /// elsewhere as draining once it has stayed so for the settle time, and clears the mark once it is empty or the
     /// drain is called off. The marks are then published for the controller, which moves the pods.
     async fn consolidate(&self, now: u64) -> Result<Option<(String, &'static str)>, PoolError> {
-        let cfg = self.pool.consolidation.config();
+        let cfg = self.pool.consolidation();
         let shape = self.pool.shape();
         let (step, target) = {
             let idx = self.index();

@@ -45,8 +45,9 @@ pub struct ConsolidationConfig {
 }
 
 impl Default for ConsolidationConfig {
-    /// On, two moves per GPU, ten minutes of settling (the pool's default empty grace: a GPU that stays
-    /// emptiable as long as an empty one is kept is worth emptying), thirty minutes to finish.
+    /// On, two moves per GPU, ten minutes of settling, thirty minutes to finish. The pool and the simulator settle
+    /// for their empty grace instead (ten minutes by default): a GPU that has stayed emptiable as long as an empty
+    /// GPU is kept is worth emptying. Measured in the simulator (`docs/simulator.md`, "Consolidation").
     fn default() -> Self {
         Self {
             enabled: true,

@@ -167,9 +167,10 @@ pub struct StrategySettings {
     /// `consolidation_settle` (`core::pack::consolidate`, the pool manager's rule; surge one replica onto another
     /// GPU, retire the old one once the new one is ready).
     pub consolidation: bool,
-    /// Tessera: how long a GPU must stay emptiable before it is drained (the pool's `consolidation.settle`).
-    #[serde(with = "humantime_serde")]
-    pub consolidation_settle: Duration,
+    /// Tessera: how long a GPU must stay emptiable before it is drained (the pool's `consolidation.settle`);
+    /// unset, `gpu_release_grace`, as the pool defaults it to its empty grace.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub consolidation_settle: Option<Duration>,
     /// Tessera: the most replicas moved to empty one GPU (the pool's `consolidation.maxMoves`).
     pub consolidation_max_moves: usize,
 }
@@ -180,7 +181,7 @@ impl StrategySettings {
         tessera_core::pack::consolidate::ConsolidationConfig {
             enabled: self.consolidation,
             max_moves: self.consolidation_max_moves,
-            settle: self.consolidation_settle,
+            settle: self.consolidation_settle.unwrap_or(self.gpu_release_grace),
             ..Default::default()
         }
     }
@@ -211,7 +212,7 @@ impl Default for StrategySettings {
             sharing_model: SharingModel::default(),
             compute_oversubscription: None,
             consolidation: true,
-            consolidation_settle: tessera_core::pack::consolidate::ConsolidationConfig::default().settle,
+            consolidation_settle: None,
             consolidation_max_moves: tessera_core::pack::consolidate::ConsolidationConfig::default()
                 .max_moves,
         }
