@@ -119,6 +119,7 @@ fn gpu(i: usize) -> GpuObservation {
             })
             .collect(),
         startup_lease_holder: None,
+        draining_since: None,
     }
 }
 
