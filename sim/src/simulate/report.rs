@@ -295,6 +295,10 @@ impl Report {
             format!("{:.1}/{:.1}s", s.held_mean_secs, s.held_max_secs)
         });
         row(&mut o, "preemptions", &|s| s.preemptions.to_string());
+        row(&mut o, "GPUs drained, replicas moved", &|s| {
+            s.consolidation
+                .map_or_else(|| "—".to_owned(), |c| format!("{}, {}", c.drains, c.moves))
+        });
         row(&mut o, "requests failed", &|s| s.failed.to_string());
         let _ = writeln!(o);
         for s in &self.strategies {
@@ -492,6 +496,12 @@ impl Report {
         });
         row(&mut o, "preemptions, failed", &|s| {
             format!("{}, {}", s.preemptions, s.failed)
+        });
+        row(&mut o, "GPUs drained (emptied), replicas moved", &|s| {
+            s.consolidation.map_or_else(
+                || "—".to_owned(),
+                |c| format!("{} ({}), {}", c.drains, c.drained, c.moves),
+            )
         });
         o
     }
