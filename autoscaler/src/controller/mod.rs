@@ -305,7 +305,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
         rolling: rollout::Rolling::default(),
-        draining: crate::pool::DrainingGpus::default(),
+        consolidation: crate::pool::ConsolidationLink::default(),
         ui,
     });
 
@@ -333,7 +333,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let pool_task = pools.clone().map(|cfg| {
             let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
             let pool_metrics = metrics.pool.clone();
-            let draining = ctx.draining.clone();
+            let link = ctx.consolidation.clone();
             let page = ctx.ui.clone();
             let agents = agent_client.clone();
             let (kube, pool_ns) = (client.clone(), cfg.namespace.clone());
@@ -371,7 +371,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     interval,
                     pool_metrics,
                     Some(observer),
-                    draining,
+                    link,
                     token,
                 )
                 .await

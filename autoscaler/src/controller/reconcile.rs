@@ -131,8 +131,9 @@ pub struct Context {
     pub woken: Mutex<HashSet<String>>,
     /// Models being rolled onto a new allocation, one per pool.
     pub rolling: super::rollout::Rolling,
-    /// The capacity pods the pool managers are draining (consolidation moves pods off them).
-    pub draining: crate::pool::DrainingGpus,
+    /// Consolidation: the capacity pods the pool managers drain (this controller moves pods off them), and the pods
+    /// this controller moves (the pool managers drain only GPUs whose pods someone moves).
+    pub consolidation: crate::pool::ConsolidationLink,
     /// Where each reconcile publishes what it saw and decided for the `/ui` page (read-only for the page).
     pub ui: Arc<crate::ui::Store>,
 }
@@ -335,6 +336,14 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             })?;
         list.items
     };
+    // Consolidation: this round moves these pods if a pool drains their GPU (surge, then retire by deletion cost,
+    // which only a ReplicaSet honours: a Deployment's pods, not a StatefulSet's).
+    let movable = if spec.scale_target_ref.kind == "Deployment" {
+        all_pods.iter().filter_map(crate::pool::state::pod_key).collect()
+    } else {
+        Vec::new()
+    };
+    ctx.consolidation.managed.set(&key, movable);
     let ready_pods = all_pods
         .iter()
         .filter_map(|p| ready_pod_url(p, ctx.settings.sidecar_port))
@@ -433,7 +442,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     ctx.metrics.decision(decision.reason);
     // 5b. Pods on a GPU the pool is draining move off it (`core::pack::consolidate::move_step`): the count applied
     // may be one over the decision (a surge), and a retire first marks the pods that must go.
-    let moving = super::consolidate::plan(&all_pods, &ctx.draining, decision.desired_replicas);
+    let moving = super::consolidate::plan(&all_pods, &ctx.consolidation.draining, decision.desired_replicas);
     let mut replicas = moving.step.replicas(decision.desired_replicas);
     if !moving.to_retire().is_empty() {
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);

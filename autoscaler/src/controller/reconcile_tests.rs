@@ -123,7 +123,7 @@ pub(super) fn test_context(
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
         rolling: crate::controller::rollout::Rolling::default(),
-        draining: crate::pool::DrainingGpus::default(),
+        consolidation: crate::pool::ConsolidationLink::default(),
         ui: Arc::new(crate::ui::Store::new(
             Default::default(),
             false,
@@ -689,7 +689,9 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
     // Round 1: one pod, on the draining GPU.
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let ctx = context(Client::new(svc, "default"), &[("http://10.0.0.1:9090", 0.5)]);
-    ctx.draining.set("a100", vec!["tessera-gpu-a100-1".into()]);
+    ctx.consolidation
+        .draining
+        .set("a100", vec!["tessera-gpu-a100-1".into()]);
     let obj = ias(spec.clone(), json!({}));
     let first = on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1");
     let server = tokio::spawn(async move {
@@ -728,8 +730,10 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
         respond(send, 200, &answer);
         patch["status"].clone()
     });
-    reconcile(obj, ctx).await.unwrap();
+    reconcile(obj, ctx.clone()).await.unwrap();
     let status = server.await.unwrap();
+    // The round told the pool managers it moves this Deployment's pod.
+    assert!(ctx.consolidation.managed.contains("models/llama-0"));
 
     // Round 2: the copy on another GPU is ready; the status remembers the surge.
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -737,7 +741,9 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
         Client::new(svc, "default"),
         &[("http://10.0.0.1:9090", 0.5), ("http://10.0.0.2:9090", 0.5)],
     );
-    ctx.draining.set("a100", vec!["tessera-gpu-a100-1".into()]);
+    ctx.consolidation
+        .draining
+        .set("a100", vec!["tessera-gpu-a100-1".into()]);
     let mut obj = (*ias(spec, json!({}))).clone();
     obj.status = Some(serde_json::from_value(status).unwrap());
     let pods = vec![

@@ -266,7 +266,9 @@ async fn replay(
         UNIX_EPOCH + Duration::from_millis(clock_ms),
         HashMap::from([(format!("{NAMESPACE}/{name}"), rec.state.clone())]),
     );
-    ctx.draining.set("sim", vec![DRAINING_GPU.to_owned()]);
+    ctx.consolidation
+        .draining
+        .set("sim", vec![DRAINING_GPU.to_owned()]);
     // The poller's two documents, fetched one poll apart as the controller's loop does.
     let poll_ms = tessera_core::scale::inputs::ACTIVATOR_POLL_INTERVAL.as_millis() as u64;
     let age = tessera_core::scale::inputs::ACTIVATOR_MAX_AGE;

@@ -15,7 +15,7 @@ use super::capacity::capacity_pod;
 use super::config::{PoolSpec, PoolsConfig};
 use super::metrics::PoolMetrics;
 use super::state::{Decision, PoolIndex, Reservation, draining_patch, pod_key, reservations_patch};
-use super::{ANNOTATION_DRAINING_SINCE, DrainingGpus, LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
+use super::{ANNOTATION_DRAINING_SINCE, ConsolidationLink, LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
 use crate::watch::{Change, fold_event};
 use tessera_core::pack::consolidate::{CancelReason, Candidate, PoolStep, pool_step};
 
@@ -82,7 +82,7 @@ pub struct PoolManager {
     metrics: PoolMetrics,
     /// Consolidation's candidate GPU and since when (in memory: a restart only restarts the settle time).
     candidate: Arc<Mutex<Option<Candidate>>>,
-    draining: DrainingGpus,
+    link: ConsolidationLink,
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -108,13 +108,15 @@ impl PoolManager {
             max_attempts: 16,
             metrics: PoolMetrics::default(),
             candidate: Arc::new(Mutex::new(None)),
-            draining: DrainingGpus::default(),
+            link: ConsolidationLink::default(),
         })
     }
 
-    /// Publishes the capacity pods being drained into `draining` after every reconcile (the controller reads it).
-    pub fn with_draining(mut self, draining: DrainingGpus) -> Self {
-        self.draining = draining;
+    /// Shares consolidation's state with the controller of this process: the capacity pods being drained are
+    /// published into `link.draining` after every reconcile, and a pod is moved only if `link.managed` says a
+    /// controller round moves it. Without a link nothing is ever drained (no controller would move the pods).
+    pub fn with_link(mut self, link: ConsolidationLink) -> Self {
+        self.link = link;
         self
     }
 
@@ -461,7 +463,11 @@ impl PoolManager {
             let idx = self.index();
             let (packer, names) = idx.packer(&shape);
             let candidate = *self.candidate.lock().unwrap_or_else(|e| e.into_inner());
-            let step = pool_step(&packer, candidate, now, &cfg, |r| idx.movable(&r.id));
+            // Movable: a ReplicaSet's Ready pod (the index) that an InferenceAutoscaler's round moves (the link).
+            let step = pool_step(&packer, candidate, now, &cfg, |r| {
+                idx.tenant_of(&r.id)
+                    .is_some_and(|t| t.movable && self.link.managed.contains(&t.key))
+            });
             let gpu = match &step {
                 PoolStep::Drain(plan) => Some(plan.gpu),
                 PoolStep::Drained(g) | PoolStep::Cancel { gpu: g, .. } => Some(*g),
@@ -514,7 +520,7 @@ impl PoolManager {
             self.metrics.drain(&self.pool.name, label);
         }
         let draining: Vec<String> = self.index().draining().map(|g| g.name.clone()).collect();
-        self.draining.set(&self.pool.name, draining);
+        self.link.draining.set(&self.pool.name, draining);
         Ok(result)
     }
 
@@ -625,7 +631,7 @@ pub async fn run_pools(
         interval,
         PoolMetrics::default(),
         None,
-        DrainingGpus::default(),
+        ConsolidationLink::default(),
         shutdown,
     )
     .await
@@ -640,14 +646,14 @@ pub async fn run_pools_with_metrics(
     interval: Duration,
     metrics: PoolMetrics,
     observer: Option<PoolObserver>,
-    draining: DrainingGpus,
+    link: ConsolidationLink,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), PoolError> {
     let mut tasks = tokio::task::JoinSet::new();
     for pool in &cfg.pools {
         let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?
             .with_metrics(metrics.clone())
-            .with_draining(draining.clone());
+            .with_link(link.clone());
         if let Some(observe) = observer.clone() {
             // A clone shares the index: the observer reads what the manager's watches and reconciles keep.
             let view = m.clone();

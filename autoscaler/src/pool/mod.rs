@@ -26,6 +26,7 @@ pub mod capacity;
 pub mod config;
 mod manager;
 pub mod metrics;
+mod shared;
 pub mod state;
 
 pub use config::{ConsolidationSpec, PoolConfigError, PoolSpec, PoolsConfig, SharingMode};
@@ -33,6 +34,7 @@ pub use manager::{
     Placement, PoolManager, PoolObserver, ReconcileReport, ReserveRequest, run_pools, run_pools_with_metrics,
 };
 pub use metrics::PoolMetrics;
+pub use shared::{ConsolidationLink, DrainingGpus, ManagedPods};
 pub use state::{CapacityGpu, PoolIndex, Reservation, Tenant};
 
 /// Label on capacity pods and tenant pods: the pool's name.
@@ -106,30 +108,6 @@ impl PoolError {
             Self::TooManyConflicts { .. } => "conflicts",
             Self::Kube(_) => "kube",
         }
-    }
-}
-
-/// The capacity pods being drained, by pool, as the pool managers last wrote them: shared with the controller,
-/// which moves its models' pods off them (`core::pack::consolidate::move_step`). Cheap to clone; clones share.
-#[derive(Debug, Clone, Default)]
-pub struct DrainingGpus(std::sync::Arc<std::sync::RwLock<std::collections::HashMap<String, Vec<String>>>>);
-
-impl DrainingGpus {
-    /// Sets the capacity pods of `pool` being drained.
-    pub fn set(&self, pool: &str, capacity_pods: Vec<String>) {
-        // A poisoned lock holds whole entries only: still usable.
-        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
-        if capacity_pods.is_empty() {
-            map.remove(pool);
-        } else {
-            map.insert(pool.to_owned(), capacity_pods);
-        }
-    }
-
-    /// Whether capacity pod `name` (of any pool) is being drained.
-    pub fn contains(&self, name: &str) -> bool {
-        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
-        map.values().any(|names| names.iter().any(|n| n == name))
     }
 }
 

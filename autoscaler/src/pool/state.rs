@@ -362,10 +362,9 @@ impl PoolIndex {
         (packer, names)
     }
 
-    /// Whether the replica holding reservation `id` may be moved by consolidation: its pod exists and is
-    /// [`Tenant::movable`]. A reservation whose pod has not appeared yet cannot move.
-    pub fn movable(&self, id: &str) -> bool {
-        self.tenants.values().any(|t| t.reservation == id && t.movable)
+    /// The tenant pod holding reservation `id` (none while its pod has not appeared).
+    pub fn tenant_of(&self, id: &str) -> Option<&Tenant> {
+        self.tenants.values().find(|t| t.reservation == id)
     }
 
     /// Capacity pods being drained.

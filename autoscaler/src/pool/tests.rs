@@ -611,8 +611,8 @@ fn annotation(api: &Arc<Mutex<FakeApi>>, name: &str, key: &str) -> Option<String
     pod.metadata.annotations.unwrap().get(key).cloned()
 }
 
-/// Consolidation (`core::pack::consolidate`) against the API: two GPUs whose tenants fit on one. The lighter one
-/// becomes the candidate, is marked draining only after the settle time (10 min), with a resourceVersion-guarded
+/// Consolidation (`core::pack::consolidate`) against the API: two GPUs whose tenants fit on one. Once a controller
+/// round claims their pods, the lighter one becomes the candidate, is marked draining only after the settle time (10 min), with a resourceVersion-guarded
 /// patch; the controller sees it through `DrainingGpus`; new tenants go elsewhere; one that fits nowhere else is
 /// placed on it and that same write ends the drain.
 #[tokio::test]
@@ -624,12 +624,18 @@ async fn consolidation_drains_after_the_settle_time_and_a_forced_placement_ends_
         movable_tenant("team", "pod-1", "r1", "gpu-a"),
         movable_tenant("team", "pod-2", "r2", "gpu-b"),
     ]);
-    let draining = DrainingGpus::default();
+    let link = ConsolidationLink::default();
+    let draining = link.draining.clone();
     let m = PoolManager::new(client(api.clone()), cfg.clone(), "p")
         .unwrap()
-        .with_draining(draining.clone());
+        .with_link(link.clone());
     m.rebuild().await.unwrap();
 
+    // No controller round has claimed the pods yet: nobody would move them, so nothing is drained.
+    assert_eq!(m.reconcile(0).await.unwrap().drain, None);
+    assert_eq!(m.reconcile(900).await.unwrap().drain, None);
+    link.managed
+        .set("team/ias", vec!["team/pod-1".into(), "team/pod-2".into()]);
     assert_eq!(m.reconcile(1000).await.unwrap().drain, None);
     assert_eq!(m.reconcile(1599).await.unwrap().drain, None);
     api.lock().unwrap().log.clear();
@@ -668,7 +674,7 @@ async fn consolidation_drains_after_the_settle_time_and_a_forced_placement_ends_
 }
 
 /// A drained GPU that emptied loses its mark (and is then marked empty, released after the grace); pods that are
-/// not a ReplicaSet's (a StatefulSet's, a bare pod) are never drained.
+/// not a ReplicaSet's (a StatefulSet's, a bare pod) are never moved.
 #[tokio::test]
 async fn an_emptied_drain_ends_and_immovable_tenants_stay() {
     let cfg = config(3);
@@ -686,10 +692,14 @@ async fn an_emptied_drain_ends_and_immovable_tenants_stay() {
         movable_tenant("team", "pod-2", "r2", "gpu-b"),
         tenant("team", "pod-3", "r3", "gpu-c"),
     ]);
-    let draining = DrainingGpus::default();
+    let link = ConsolidationLink::default();
+    let draining = link.draining.clone();
+    // pod-3 is claimed too, but as a bare pod (no ReplicaSet) it still cannot be moved.
+    link.managed
+        .set("team/ias", vec!["team/pod-2".into(), "team/pod-3".into()]);
     let m = PoolManager::new(client(api.clone()), cfg.clone(), "p")
         .unwrap()
-        .with_draining(draining.clone());
+        .with_link(link);
     m.rebuild().await.unwrap();
     let r = m.reconcile(600).await.unwrap();
     assert_eq!(r.drain, Some(("gpu-a".to_string(), "drained")));

@@ -1,0 +1,93 @@
+//! What the pool managers and the controller of one process tell each other for consolidation
+//! (`tessera_core::pack::consolidate`): the pool managers publish the capacity pods they drain, which the controller
+//! moves its models' pods off; the controller publishes the pods it manages, so a pool drains a GPU only when every
+//! pod on it has a controller to move it. Both run on the leader only, in the same process.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Both directions of the link, as one handle: what a pool manager and the controller of one process share.
+#[derive(Debug, Clone, Default)]
+pub struct ConsolidationLink {
+    /// Pool managers → controller.
+    pub draining: DrainingGpus,
+    /// Controller → pool managers.
+    pub managed: ManagedPods,
+}
+
+/// The capacity pods being drained, by pool, as the pool managers last wrote them. Cheap to clone; clones share.
+#[derive(Debug, Clone, Default)]
+pub struct DrainingGpus(Arc<RwLock<HashMap<String, Vec<String>>>>);
+
+impl DrainingGpus {
+    /// Sets the capacity pods of `pool` being drained.
+    pub fn set(&self, pool: &str, capacity_pods: Vec<String>) {
+        // A poisoned lock holds whole entries only: still usable.
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if capacity_pods.is_empty() {
+            map.remove(pool);
+        } else {
+            map.insert(pool.to_owned(), capacity_pods);
+        }
+    }
+
+    /// Whether capacity pod `name` (of any pool) is being drained.
+    pub fn contains(&self, name: &str) -> bool {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        map.values().any(|names| names.iter().any(|n| n == name))
+    }
+}
+
+/// The pods (`namespace/name`) each InferenceAutoscaler's controller round last saw for its Deployment: the pods
+/// a surge and a retire can move. An entry older than [`ManagedPods::MAX_AGE`] no longer counts (its
+/// InferenceAutoscaler was deleted, or the controller stopped). Cheap to clone; clones share.
+#[derive(Debug, Clone, Default)]
+pub struct ManagedPods(Arc<RwLock<HashMap<String, Claim>>>);
+
+/// One InferenceAutoscaler's pods and when its round listed them.
+type Claim = (Instant, Vec<String>);
+
+impl ManagedPods {
+    /// How long a round's list counts: many sync periods, so a slow round never makes a pod look unmanaged.
+    pub const MAX_AGE: Duration = Duration::from_secs(300);
+
+    /// Records the pods InferenceAutoscaler `owner` (`namespace/name`) moves, as of now.
+    pub fn set(&self, owner: &str, pods: Vec<String>) {
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        map.retain(|_, (at, _)| now.duration_since(*at) <= Self::MAX_AGE);
+        if pods.is_empty() {
+            map.remove(owner);
+        } else {
+            map.insert(owner.to_owned(), (now, pods));
+        }
+    }
+
+    /// Whether a controller round moves pod `key` (`namespace/name`).
+    pub fn contains(&self, key: &str) -> bool {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        map.values()
+            .any(|(at, pods)| now.duration_since(*at) <= Self::MAX_AGE && pods.iter().any(|p| p == key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draining_and_managed_sets_are_shared_by_clones() {
+        let d = DrainingGpus::default();
+        d.clone().set("a100", vec!["gpu-1".into()]);
+        assert!(d.contains("gpu-1") && !d.contains("gpu-0"));
+        d.set("a100", Vec::new());
+        assert!(!d.contains("gpu-1"));
+        let m = ManagedPods::default();
+        m.clone().set("team/chat", vec!["team/chat-abc".into()]);
+        assert!(m.contains("team/chat-abc") && !m.contains("team/other"));
+        m.set("team/chat", Vec::new());
+        assert!(!m.contains("team/chat-abc"));
+    }
+}
