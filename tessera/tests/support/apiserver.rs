@@ -5,11 +5,12 @@
 //! - any namespaced or cluster-wide collection under `/api/v1/...` and `/apis/<group>/<version>/...`, objects kept
 //!   as JSON; `metadata.resourceVersion` on every object from one global counter, `uid`, `generation` (bumped when
 //!   `spec` changes), `creationTimestamp`;
-//! - list with `labelSelector` (equality `k=v`, `k!=v`, existence `k`, comma-joined), list `resourceVersion`;
+//! - list with `labelSelector` (equality `k=v`, `k!=v`, existence `k`, non-existence `!k`, comma-joined), list
+//!   `resourceVersion`;
 //! - watch (`?watch=true&resourceVersion=N`): chunked JSON lines `{"type":"ADDED|MODIFIED|DELETED","object":…}`
 //!   for every change after N, filtered by namespace and selector, ended after `timeoutSeconds`;
 //! - create (409 `AlreadyExists`), replace (409 `Conflict` on a stale `resourceVersion`), JSON merge patch (409 when
-//!   the patch carries a stale `metadata.resourceVersion`), delete; the `status` subresource (patch changes only
+//!   the patch carries a stale `metadata.resourceVersion`), delete (409 on a stale `preconditions`); the `status` subresource (patch changes only
 //!   `status`), and the `scale` subresource of Deployments and StatefulSets (`spec.replicas`, `status.selector`);
 //! - every request is logged (method, path and query) for assertions;
 //! - [`ApiServer::partition`] makes it hang every request from then on (a network partition as the client sees
@@ -116,10 +117,12 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-/// Whether `labels` match a selector `k=v,k!=v,k`.
+/// Whether `labels` match a selector `k=v,k!=v,k,!k`.
 pub fn selects(selector: &str, labels: &Value) -> bool {
     selector.split(',').filter(|s| !s.is_empty()).all(|term| {
-        if let Some((k, v)) = term.split_once("!=") {
+        if let Some(k) = term.trim().strip_prefix('!') {
+            labels.get(k.trim()).is_none()
+        } else if let Some((k, v)) = term.split_once("!=") {
             labels[k.trim()].as_str() != Some(v.trim())
         } else if let Some((k, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
             labels[k.trim()].as_str() == Some(v.trim())
@@ -324,7 +327,24 @@ impl ApiServer {
             },
             (&Method::PUT, Some(name), None) => self.replace(&t.collection, &ns, name, body),
             (&Method::PATCH, Some(name), sub) => self.patch(&t.collection, &ns, name, sub, body),
-            (&Method::DELETE, Some(name), None) => self.delete(&t.collection, &ns, name),
+            (&Method::DELETE, Some(name), None) => {
+                // DeleteOptions.preconditions: a stale resourceVersion (or uid) refuses the delete with 409.
+                let pre = &body["preconditions"];
+                if let Some(current) = self.get(&t.collection, &ns, name) {
+                    for field in ["resourceVersion", "uid"] {
+                        if let Some(want) = pre[field].as_str()
+                            && current["metadata"][field].as_str() != Some(want)
+                        {
+                            return status(
+                                409,
+                                "Conflict",
+                                &format!("Precondition failed: {field} in precondition: {want}"),
+                            );
+                        }
+                    }
+                }
+                self.delete(&t.collection, &ns, name)
+            }
             _ => status(405, "MethodNotAllowed", &format!("{method} {pq}")),
         }
     }
