@@ -312,39 +312,40 @@ async fn a_gpu_is_emptied_by_moving_its_replica_and_then_released() {
     )
     .await;
 
-    let seen = seen.lock().expect("lock");
-    // b went 1 → 2 (the surge) → 1; a was never scaled.
-    assert_eq!(
-        seen.scales,
-        [("b".to_owned(), 2), ("b".to_owned(), 1)],
-        "{seen:?}"
-    );
-    // The pod that went is the one on the draining GPU, chosen by its deletion cost; its copy stands on GPU 0.
-    assert_eq!(
-        seen.removed,
-        [("b-0".to_owned(), Some(i32::MIN.to_string()))],
-        "{seen:?}"
-    );
-    let copy = api
-        .list(PODS)
-        .into_iter()
-        .find(|p| p["metadata"]["labels"]["app"] == "b")
-        .expect("b's copy");
-    assert_eq!(
-        copy["metadata"]["annotations"]["tessera.dev/capacity-pod"],
-        "tessera-gpu-p-0"
-    );
-    assert!(
-        api.get(PODS, "models", "a-0").is_some(),
-        "a's pod was never touched"
-    );
-    assert!(
-        seen.conditions.first().map(String::as_str) == Some("Surge")
-            && seen.conditions.iter().any(|c| c == "Retire"),
-        "b's status said what it did: {:?}",
-        seen.conditions
-    );
-    drop(seen);
+    {
+        let seen = seen.lock().expect("lock");
+        // b went 1 → 2 (the surge) → 1; a was never scaled.
+        assert_eq!(
+            seen.scales,
+            [("b".to_owned(), 2), ("b".to_owned(), 1)],
+            "{seen:?}"
+        );
+        // The pod that went is the one on the draining GPU, chosen by its deletion cost; its copy stands on GPU 0.
+        assert_eq!(
+            seen.removed,
+            [("b-0".to_owned(), Some(i32::MIN.to_string()))],
+            "{seen:?}"
+        );
+        let copy = api
+            .list(PODS)
+            .into_iter()
+            .find(|p| p["metadata"]["labels"]["app"] == "b")
+            .expect("b's copy");
+        assert_eq!(
+            copy["metadata"]["annotations"]["tessera.dev/capacity-pod"],
+            "tessera-gpu-p-0"
+        );
+        assert!(
+            api.get(PODS, "models", "a-0").is_some(),
+            "a's pod was never touched"
+        );
+        assert!(
+            seen.conditions.first().map(String::as_str) == Some("Surge")
+                && seen.conditions.iter().any(|c| c == "Retire"),
+            "b's status said what it did: {:?}",
+            seen.conditions
+        );
+    }
     let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
         .await
         .expect("metrics")
