@@ -8,7 +8,7 @@
 //! zero when a request is held at the activator. Everything is bounded by timeouts and the child is killed on drop.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::ApiServer;
-use support::{Tessera, free_port};
+use support::{Killed, Tessera, free_port, serve};
 
 #[derive(Default)]
 struct Cluster {
@@ -41,15 +41,6 @@ struct Cluster {
 
 type Shared = Arc<Mutex<Cluster>>;
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn now_ms() -> u64 {
     u64::try_from(
         SystemTime::now()
@@ -66,15 +57,6 @@ fn ias(spec: Value) -> Value {
         "metadata": {"name": "llama", "namespace": "models", "uid": "u-1", "resourceVersion": "1", "generation": 1},
         "spec": spec
     })
-}
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    addr
 }
 
 const DEPLOYMENTS: &str = "apps/v1/deployments";

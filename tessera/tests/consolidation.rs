@@ -11,8 +11,7 @@
 //! 3. the pool manager frees the old pod's share, ends the drain, and releases the empty GPU after the grace;
 //! 4. the other model is never touched, and the drain metrics say what happened.
 
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,7 +21,7 @@ use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::ApiServer;
-use support::free_port;
+use support::{Killed, free_port, serve};
 
 const PODS: &str = "v1/pods";
 const DEPLOYMENTS: &str = "apps/v1/deployments";
@@ -30,15 +29,6 @@ const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
 const POOL_NS: &str = "tessera-system";
 const DRAINING: &str = "tessera.dev/draining-since";
 const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn now_s() -> u64 {
     SystemTime::now()
@@ -184,15 +174,6 @@ fn play_the_cluster(api: ApiServer, sidecar_port: u16, seen: Arc<Mutex<Seen>>) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-}
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    addr
 }
 
 async fn wait_for(what: &str, seen: &Arc<Mutex<Seen>>, timeout: Duration, f: impl Fn() -> bool) {

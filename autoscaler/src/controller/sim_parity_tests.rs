@@ -109,6 +109,16 @@ fn status_for(room: ShareRoom, gpu_memory_bytes: u64) -> Value {
     }
 }
 
+/// A run of `kind` on every model, started from `initial` recommendations.
+fn plan(kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>) -> Plan {
+    Plan {
+        kind,
+        static_replicas: Vec::new(),
+        initial_recommendations: initial,
+        only_models: Vec::new(),
+    }
+}
+
 /// What the API server saw during one reconcile.
 #[derive(Default)]
 struct Seen {
@@ -307,13 +317,7 @@ async fn replay(
 async fn the_controller_decides_what_the_simulator_decided() {
     // Forty minutes of the default scenario: long enough for scale-ups, holds, scale-downs and scale to zero.
     let sc = scenario::load(&Source::Default, None, Some(Duration::from_secs(40 * 60))).unwrap();
-    let plan = Plan {
-        kind: StrategyKind::Tessera,
-        static_replicas: Vec::new(),
-        initial_recommendations: vec![None; sc.models.len()],
-        only_models: Vec::new(),
-    };
-    let run = World::new(&sc, plan)
+    let run = World::new(&sc, plan(StrategyKind::Tessera, vec![None; sc.models.len()]))
         .unwrap()
         .recording_decisions()
         .run(&mut |_| {})
@@ -421,24 +425,17 @@ async fn the_controller_moves_pods_off_a_draining_gpu_as_the_simulator_did() {
     // Replicas sized from the HPA baseline's observations over the whole day, as `tessera simulate` starts
     // Tessera: small enough to share GPUs, so there is something to consolidate.
     let day = scenario::load(&Source::File(path), None, None).unwrap();
-    let baseline = Plan {
-        kind: StrategyKind::Hpa,
-        static_replicas: Vec::new(),
-        initial_recommendations: vec![None; sc.models.len()],
-        only_models: Vec::new(),
-    };
+    let baseline = plan(StrategyKind::Hpa, vec![None; sc.models.len()]);
     let histories = World::new(&day, baseline)
         .unwrap()
         .run(&mut |_| {})
         .unwrap()
         .histories;
-    let plan = Plan {
-        kind: StrategyKind::Tessera,
-        static_replicas: Vec::new(),
-        initial_recommendations: tessera_sim::simulate::world::calibrate(&sc, &histories),
-        only_models: Vec::new(),
-    };
-    let run = World::new(&sc, plan)
+    let tessera = plan(
+        StrategyKind::Tessera,
+        tessera_sim::simulate::world::calibrate(&sc, &histories),
+    );
+    let run = World::new(&sc, tessera)
         .unwrap()
         .recording_decisions()
         .run(&mut |_| {})

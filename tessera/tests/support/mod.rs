@@ -32,6 +32,27 @@ impl Drop for Tessera {
     }
 }
 
+/// A child started by the test itself (with its own flags and environment), killed on drop.
+#[derive(Debug)]
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Serves `app` on an ephemeral loopback port for the rest of the test; returns the address.
+pub async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    addr
+}
+
 impl Tessera {
     /// Runs `tessera --log-format json <args>` with `RUST_LOG=info` and blocks until it logs its bound address.
     /// `args` must include the role's `--listen` (usually `127.0.0.1:0`).
