@@ -182,6 +182,17 @@ impl PoolManager {
         }
     }
 
+    /// Merge-patches capacity pod `name` and folds the answer into the index (errors are the caller's to sort:
+    /// a 409 means someone wrote first).
+    async fn patch_capacity(&self, name: &str, patch: &serde_json::Value) -> Result<(), kube::Error> {
+        let pod = self
+            .pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        self.index().apply_capacity(&pod);
+        Ok(())
+    }
+
     /// Re-reads one capacity pod after a conflict (or learns it is gone).
     async fn refresh(&self, name: &str) -> Result<(), PoolError> {
         match self.pods.get_opt(name).await? {
@@ -243,13 +254,8 @@ impl PoolManager {
                         // Nothing else had room: the plan behind the drain no longer holds (core::pack).
                         patch["metadata"]["annotations"][ANNOTATION_DRAINING_SINCE] = serde_json::Value::Null;
                     }
-                    match self
-                        .pods
-                        .patch(&capacity_pod, &PatchParams::default(), &Patch::Merge(&patch))
-                        .await
-                    {
-                        Ok(pod) => {
-                            self.index().apply_capacity(&pod);
+                    match self.patch_capacity(&capacity_pod, &patch).await {
+                        Ok(()) => {
                             if ends_drain {
                                 self.metrics.drain(&self.pool.name, "ended_by_placement");
                                 info!(%capacity_pod, "no other GPU had room: placed on the GPU being drained, which ends its drain");
@@ -320,13 +326,8 @@ impl PoolManager {
                 return Ok(0);
             }
             let patch = reservations_patch(&remaining, rv.as_deref(), empty_since, now);
-            match self
-                .pods
-                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(pod) => {
-                    self.index().apply_capacity(&pod);
+            match self.patch_capacity(name, &patch).await {
+                Ok(()) => {
                     return Ok(removed);
                 }
                 Err(e) if is_status(&e, 409) => {
@@ -413,13 +414,8 @@ impl PoolManager {
                 .capacity_pod(&name)
                 .and_then(|g| g.resource_version.clone());
             let patch = reservations_patch(&[], rv.as_deref(), None, now);
-            match self
-                .pods
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(pod) => {
-                    self.index().apply_capacity(&pod);
+            match self.patch_capacity(&name, &patch).await {
+                Ok(()) => {
                     report.marked_empty += 1;
                 }
                 // Someone reserved meanwhile (or it is gone): the next reconcile sees the new state.
@@ -533,15 +529,8 @@ impl PoolManager {
         rv: Option<&str>,
     ) -> Result<bool, PoolError> {
         let patch = draining_patch(since, rv);
-        match self
-            .pods
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(pod) => {
-                self.index().apply_capacity(&pod);
-                Ok(true)
-            }
+        match self.patch_capacity(name, &patch).await {
+            Ok(()) => Ok(true),
             Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
                 self.metrics.conflict(&self.pool.name);
                 self.refresh(name).await?;
