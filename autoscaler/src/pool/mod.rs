@@ -12,7 +12,9 @@
 //! everything again ([`PoolManager::rebuild`]). [`PoolManager::reconcile`] drops reservations whose pod never
 //! appeared (TTL), marks empty GPUs, and deletes those empty for longer than the pool's grace period (the
 //! delete carries a resourceVersion precondition, so a reservation racing in makes the delete fail instead of
-//! losing the GPU under it). A deleted tenant pod frees its share ([`PoolManager::tenant_deleted`]).
+//! losing the GPU under it). A deleted tenant pod frees its share ([`PoolManager::tenant_deleted`]). Each reconcile
+//! also runs consolidation's pool half (`consolidate.rs`: drain a GPU whose few replicas fit on the others; the
+//! controller moves the pods, sharing state through [`ConsolidationLink`]).
 //!
 //! Labels and annotations (the contract with the webhook, the gpu-agent and the sidecar):
 //! - capacity pods: label [`LABEL_POOL`] = pool, label [`LABEL_CAPACITY_POD`] = `"true"`, annotations
