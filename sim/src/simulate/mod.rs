@@ -172,6 +172,11 @@ pub fn simulate_strategies(
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
         lower_bound_gpu_hours: bound::lower_bound_gpu_hours(sc),
         lower_bound_with_cold_starts_gpu_hours: bound::lower_bound_with_cold_starts_gpu_hours(sc),
+        attainment_goal: sc.settings.static_attainment_target,
+        lower_bound_at_goal_gpu_hours: bound::lower_bound_at_attainment_gpu_hours(
+            sc,
+            sc.settings.static_attainment_target,
+        ),
         static_sizing: sizing,
         strategies: reports,
     })

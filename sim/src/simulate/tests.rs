@@ -348,6 +348,21 @@ fn the_cold_start_bound_charges_the_lead_before_each_arrival() {
         ((cold - free) * 3600.0 - (lead + 1.0 - ideal)).abs() < 1e-6,
         "{cold} {free} {lead} {ideal}"
     );
+    // Excusing one of the two close requests (a 50% goal) takes back at most one request's interval — the lead
+    // and its ideal latency — on one GPU, and never goes below the free bound.
+    let half = bound::lower_bound_at_attainment_gpu_hours(&close, 0.5);
+    assert!(
+        half >= free && (cold - half) * 3600.0 <= lead + ideal + 1e-6,
+        "{half} {cold} {free}"
+    );
+    assert!((bound::lower_bound_at_attainment_gpu_hours(&close, 1.0) - cold).abs() < 1e-12);
+    // Apart, excusing one of two takes back exactly the one window it alone needed: the lead of one arrival.
+    let half = bound::lower_bound_at_attainment_gpu_hours(&apart, 0.5);
+    let cold_apart = bound::lower_bound_with_cold_starts_gpu_hours(&apart);
+    assert!(
+        ((cold_apart - half) * 3600.0 - (lead + ideal)).abs() < 1e-6,
+        "{half} {cold_apart}"
+    );
     // A model whose cold start fits in its objective is charged nothing more.
     let quick = ModelSetup { slo_ttft: 600.0, ..m };
     let sc = scenario(vec![quick], vec![at(&[200.0, 300.0])], 600.0);
