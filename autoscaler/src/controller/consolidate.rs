@@ -65,8 +65,14 @@ impl Move {
     }
 
     /// The `Consolidating` condition for this round: `None` when there is nothing to say (no pod of the model on
-    /// a draining GPU, and no condition set before).
-    pub fn condition(&self, had_condition: bool) -> Option<(bool, &'static str, String)> {
+    /// a draining GPU, and no condition set before). `surge_in_force`: `/scale` carries the surge (written this
+    /// round or already there); when it does not (the write failed), the reason is `SurgePending`, which the next
+    /// round does not take off the count.
+    pub fn condition(
+        &self,
+        had_condition: bool,
+        surge_in_force: bool,
+    ) -> Option<(bool, &'static str, String)> {
         let from = self.from.join(", ");
         match self.step {
             MoveStep::Stay if had_condition => Some((
@@ -77,7 +83,11 @@ impl Move {
             MoveStep::Stay => None,
             MoveStep::Surge => Some((
                 true,
-                REASON_SURGE,
+                if surge_in_force {
+                    REASON_SURGE
+                } else {
+                    "SurgePending"
+                },
                 format!(
                     "{} pod(s) on GPU being drained ({from}): one replica over the decision of {} until its copy \
                      elsewhere is ready ({} ready elsewhere, {} starting)",
@@ -183,7 +193,9 @@ mod tests {
         let old = pod("m-old", "tessera-gpu-a100-1", true);
         let m = plan(std::slice::from_ref(&old), &draining, 1);
         assert_eq!(m.step, MoveStep::Surge);
-        let (ok, reason, message) = m.condition(false).unwrap();
+        let (ok, reason, message) = m.condition(false, true).unwrap();
+        // A surge whose /scale write failed is not remembered as one.
+        assert_eq!(m.condition(false, false).unwrap().1, "SurgePending");
         assert!(
             ok && reason == REASON_SURGE && message.contains("tessera-gpu-a100-1"),
             "{message}"
@@ -203,8 +215,8 @@ mod tests {
         let draining = DrainingGpus::default();
         let m = plan(&[pod("m", "tessera-gpu-a100-0", true)], &draining, 1);
         assert_eq!(m.step, MoveStep::Stay);
-        assert_eq!(m.condition(false), None);
-        assert_eq!(m.condition(true).map(|c| c.1), Some("NotDraining"));
+        assert_eq!(m.condition(false, true), None);
+        assert_eq!(m.condition(true, true).map(|c| c.1), Some("NotDraining"));
     }
 
     #[test]

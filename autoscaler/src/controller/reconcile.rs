@@ -521,7 +521,10 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             .conditions
             .iter()
             .any(|c| c.type_ == super::consolidate::CONSOLIDATING);
-        if let Some((ok, reason, message)) = moving.condition(had) {
+        // The surge is remembered only when `/scale` really carries it (written now, or already there): a failed
+        // write must not make the next round take a replica off a count that never had it.
+        let surge_in_force = matches!(applied, Applied::Scaled) || replicas == current;
+        if let Some((ok, reason, message)) = moving.condition(had, surge_in_force) {
             status::set_condition(
                 &mut st.conditions,
                 super::consolidate::CONSOLIDATING,
