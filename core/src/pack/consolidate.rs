@@ -9,15 +9,16 @@
 //!
 //! **The pool's half** ([`pool_step`], one call per pool tick): at most one GPU drains at a time. A GPU becomes
 //! a *candidate* when a plan of at most [`ConsolidationConfig::max_moves`] moves empties it and every replica
-//! on it is movable (a Deployment's pod that is running: a StatefulSet cannot pick which pod goes, and a
-//! reservation without a pod cannot move). It is drained once the same GPU has stayed a candidate for
+//! on it is movable (the caller says which; in Kubernetes a Ready pod of a Deployment that an InferenceAutoscaler
+//! manages: a StatefulSet cannot pick which pod goes, a pod nobody manages is never moved, and a reservation
+//! without a pod cannot move). It is drained once the same GPU has stayed a candidate for
 //! [`ConsolidationConfig::settle`]: a move costs each moved replica a cold start with its memory held twice
 //! meanwhile, so a GPU is emptied only when demand has left it emptiable for a while, not on one quiet minute.
 //! Draining marks the GPU: new replicas go elsewhere unless nothing else has room, and it is never a move's
 //! target. The drain ends when the GPU is empty (the pool's usual empty grace then releases it). It is called
 //! off when a new replica had to be placed on it because no other GPU had room (load grew: the plan no longer
-//! holds), or when it has taken longer than [`ConsolidationConfig::drain_timeout`] (a model nobody moves, such
-//! as one without an InferenceAutoscaler).
+//! holds), or when it has taken longer than [`ConsolidationConfig::drain_timeout`] (a move that cannot finish,
+//! such as a surge pod that never becomes ready).
 //!
 //! **The model's half** ([`move_step`], one call per replica decision): a make-before-break move. While some of
 //! the model's pods sit on a draining GPU and fewer than the desired count run elsewhere, the model is asked
@@ -34,7 +35,7 @@ use super::{DefragPlan, GpuId, Packer, ReplicaRequest};
 /// The consolidation knobs (the pool config's `consolidation`, the simulator's settings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConsolidationConfig {
-    /// Off: no GPU is ever drained (the plans are still computed for the status).
+    /// Off: no GPU is drained, and a drain under way is called off.
     pub enabled: bool,
     /// The most replicas moved to empty one GPU. Each costs a cold start; 0 disables consolidation.
     pub max_moves: usize,
