@@ -377,6 +377,13 @@ impl State {
                 end: last.obs.at_secs,
                 ttft_seconds: quantiles(w.ttft),
                 inter_token_latency_seconds: quantiles(w.inter_token_latency),
+                // The window's own buckets, for the controller to pool over the model's replicas; none when no
+                // first token was seen (nothing to add).
+                ttft_buckets: w
+                    .ttft_histogram
+                    .filter(|h| h.count > 0.0)
+                    .map(|h| h.buckets)
+                    .unwrap_or_default(),
             }
         })
     }
@@ -775,6 +782,13 @@ mod tests {
             (60.0, 540.0, 600.0)
         );
         assert_eq!(recent.ttft_seconds.count, Some(60.0));
+        // The window's buckets ride along, cumulative, ending at +Inf with the window's count.
+        let last = recent.ttft_buckets.last().unwrap();
+        assert!(
+            last.le.is_infinite() && last.cumulative == 60.0,
+            "{:?}",
+            recent.ttft_buckets
+        );
     }
 
     /// Four real pages of one vLLM 0.32 server, scraped in the order they were captured (idle, a full batch

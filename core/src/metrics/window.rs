@@ -66,6 +66,9 @@ pub struct WindowSummary {
     /// Preemptions in the window (a count, not a rate: any preemption means the KV cache was too small).
     pub preemptions: Option<f64>,
     pub ttft: Option<Quantiles>,
+    /// The TTFT observations of the window itself (bucket counts since the window's start), so several replicas'
+    /// windows can be pooled into the model's quantiles (`core::scale::inputs::pooled_ttft_p95`).
+    pub ttft_histogram: Option<Histogram>,
     pub inter_token_latency: Option<Quantiles>,
     pub e2e_latency: Option<Quantiles>,
     pub queue_time: Option<Quantiles>,
@@ -136,6 +139,7 @@ impl WindowSummary {
             generation_tokens_per_second: rate(generation),
             preemptions,
             ttft: ttft.as_ref().and_then(Quantiles::of),
+            ttft_histogram: ttft,
             inter_token_latency: itl.as_ref().and_then(Quantiles::of),
             e2e_latency: e2e.as_ref().and_then(Quantiles::of),
             queue_time: queue.as_ref().and_then(Quantiles::of),

@@ -64,27 +64,90 @@ pub fn window_start<T>(
 /// The [`ScaleInput`] of one model: `current_replicas` from the target's `/scale`, one entry in `sidecars` per
 /// ready replica (`None` when its status could not be read: counted as missing data), and the model's demand
 /// ([`demand_from`]).
+///
+/// The TTFT p95 every fresh replica carries is the model's: the quantile over all its replicas' first tokens in
+/// the window ([`pooled_ttft_p95`]), when every sidecar reports its window's buckets. A mean of per-replica p95s
+/// is biased upward, and more so the more replicas share the traffic: each sees fewer requests, and the p95 of
+/// a small sample is close to its maximum, so adding replicas would raise the signal that asked for them
+/// (measured in the simulator: `docs/simulator.md`, "The model's TTFT p95"). With a sidecar too old to report
+/// buckets, every replica keeps its own p95.
 pub fn scale_input(
     current_replicas: u32,
     sidecars: &[Option<&SidecarStatus>],
     max_signal_age: Duration,
     demand: Demand,
 ) -> ScaleInput {
+    let mut replicas: Vec<ReplicaSignals> = sidecars
+        .iter()
+        .map(|s| match s {
+            Some(st) => replica_signals(st, max_signal_age),
+            None => ReplicaSignals {
+                fresh: false,
+                ..ReplicaSignals::default()
+            },
+        })
+        .collect();
+    if let Some(pooled) = pooled_ttft_p95(sidecars, max_signal_age) {
+        for r in replicas.iter_mut().filter(|r| r.fresh) {
+            r.ttft_p95 = Some(pooled);
+        }
+    }
     ScaleInput {
         current_replicas,
         ready_replicas: u32::try_from(sidecars.len()).unwrap_or(u32::MAX),
-        replicas: sidecars
-            .iter()
-            .map(|s| match s {
-                Some(st) => replica_signals(st, max_signal_age),
-                None => ReplicaSignals {
-                    fresh: false,
-                    ..ReplicaSignals::default()
-                },
-            })
-            .collect(),
+        replicas,
         demand,
     }
+}
+
+/// The model's TTFT p95 over its fresh replicas' short windows, from their buckets added together; `None` when a
+/// fresh replica's window has quantiles but no buckets (a sidecar older than the buckets), when bounds differ, or
+/// when no first token was seen in any window.
+pub fn pooled_ttft_p95(sidecars: &[Option<&SidecarStatus>], max_signal_age: Duration) -> Option<Duration> {
+    let mut pooled: Option<Histogram> = None;
+    for st in sidecars.iter().flatten() {
+        if !replica_signals(st, max_signal_age).fresh {
+            continue;
+        }
+        // A replica too new for a short window adds nothing to it.
+        let Some(recent) = st.recent.as_ref() else {
+            continue;
+        };
+        if recent.ttft_buckets.is_empty() {
+            // No bucket means no first token in the window only when the quantiles say so too.
+            if recent.ttft_seconds.p95.is_some() {
+                return None;
+            }
+            continue;
+        }
+        match pooled.as_mut() {
+            None => {
+                pooled = Some(Histogram {
+                    count: recent.ttft_buckets.last().map_or(0.0, |b| b.cumulative),
+                    buckets: recent.ttft_buckets.clone(),
+                    sum: f64::NAN,
+                })
+            }
+            Some(p) => {
+                if p.buckets.len() != recent.ttft_buckets.len()
+                    || p.buckets
+                        .iter()
+                        .zip(&recent.ttft_buckets)
+                        .any(|(a, b)| a.le != b.le)
+                {
+                    return None;
+                }
+                for (a, b) in p.buckets.iter_mut().zip(&recent.ttft_buckets) {
+                    a.cumulative += b.cumulative;
+                }
+                p.count = p.buckets.last().map_or(0.0, |b| b.cumulative);
+            }
+        }
+    }
+    pooled?
+        .quantile(0.95)
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
 }
 
 /// One replica's signals from its sidecar status. `max_age`: how old the last good snapshot may be (measured on
@@ -299,6 +362,67 @@ mod tests {
         let mut down = st;
         down.latest = None;
         assert!(!replica_signals(&down, Duration::from_secs(30)).fresh);
+    }
+
+    /// A fresh replica whose short window saw first tokens in buckets `[0.1, 1, +Inf]` with these cumulative
+    /// counts (its own p95 as the sidecar computes it).
+    fn with_window(cum: [f64; 3]) -> SidecarStatus {
+        let mut st = status(sidecar_doc(false, 2.0));
+        let h = hist(&[(0.1, cum[0]), (1.0, cum[1]), (f64::INFINITY, cum[2])]);
+        st.recent = Some(crate::wire::sidecar::RecentLatency {
+            window_secs: 60.0,
+            start: 940.0,
+            end: 998.0,
+            ttft_seconds: crate::wire::sidecar::Quantiles {
+                p95: h.quantile(0.95),
+                count: Some(cum[2]),
+                ..Default::default()
+            },
+            ttft_buckets: h.buckets.clone(),
+            ..Default::default()
+        });
+        st
+    }
+
+    /// The model's p95 is the quantile over all its replicas' first tokens, not the mean of their p95s: a busy
+    /// replica (95 fast of 100) has a p95 of 0.10 s and a quiet one (1 fast of 2) 0.91 s, a mean of 0.51 s; over
+    /// the model's 102 first tokens, 6 were slow, so its p95 is 0.24 s, and every replica carries it. A sidecar
+    /// without buckets (older) leaves every replica its own p95.
+    #[test]
+    fn the_ttft_p95_is_pooled_over_the_models_replicas() {
+        let busy = with_window([95.0, 100.0, 100.0]);
+        let quiet = with_window([1.0, 2.0, 2.0]);
+        let own: Vec<f64> = [&busy, &quiet]
+            .iter()
+            .map(|s| replica_signals(s, MAX_SIGNAL_AGE).ttft_p95.unwrap().as_secs_f64())
+            .collect();
+        let input = scale_input(2, &[Some(&busy), Some(&quiet)], MAX_SIGNAL_AGE, Demand::default());
+        let pooled = pooled_ttft_p95(&[Some(&busy), Some(&quiet)], MAX_SIGNAL_AGE).unwrap();
+        let expected = hist(&[(0.1, 96.0), (1.0, 102.0), (f64::INFINITY, 102.0)])
+            .quantile(0.95)
+            .unwrap();
+        assert!(
+            (pooled.as_secs_f64() - expected).abs() < 1e-9,
+            "{pooled:?} {expected}"
+        );
+        assert!(
+            pooled.as_secs_f64() < (own[0] + own[1]) / 2.0,
+            "{pooled:?} {own:?}"
+        );
+        assert!(input.replicas.iter().all(|r| r.ttft_p95 == Some(pooled)));
+        // A sidecar that reports quantiles but no buckets: no pooling, each keeps its own.
+        let mut old = quiet.clone();
+        old.recent.as_mut().unwrap().ttft_buckets.clear();
+        assert_eq!(pooled_ttft_p95(&[Some(&busy), Some(&old)], MAX_SIGNAL_AGE), None);
+        let input = scale_input(2, &[Some(&busy), Some(&old)], MAX_SIGNAL_AGE, Demand::default());
+        assert_eq!(input.replicas[0].ttft_p95.map(|d| d.as_secs_f64()), Some(own[0]));
+        // Different bounds cannot be added: no pooling either.
+        let mut other = quiet;
+        other.recent.as_mut().unwrap().ttft_buckets[0].le = 0.2;
+        assert_eq!(
+            pooled_ttft_p95(&[Some(&busy), Some(&other)], MAX_SIGNAL_AGE),
+            None
+        );
     }
 
     fn stats(instance: &str, observed: u64, models: &[(&str, u64, u64, u64, Option<u64>)]) -> ActivatorStats {

@@ -245,7 +245,7 @@ pub struct WindowStatus {
 }
 
 /// Latency over the short trailing window (see [`SidecarStatus::recent`]).
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct RecentLatency {
     /// The window asked for (`--latency-window`), seconds.
     pub window_secs: f64,
@@ -259,6 +259,11 @@ pub struct RecentLatency {
     /// Inter-token latency between `start` and `end`, seconds.
     #[serde(default)]
     pub inter_token_latency_seconds: Quantiles,
+    /// The same window's TTFT observations as cumulative buckets on vLLM's bounds (`le` in seconds, the last
+    /// `+Inf`): the controller pools them over a model's replicas into the model's p95
+    /// (`core::scale::inputs::pooled_ttft_p95`). Empty from older sidecars and in windows with no first token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ttft_buckets: Vec<crate::metrics::Bucket>,
 }
 
 /// Windowed quantiles; `null` when no request finished its first token in the window.

@@ -109,6 +109,11 @@ pub fn sidecar_status<'a>(
                     p95: inputs::window_ttft_p95(&ttft, Some(&base)).map(|d| d.as_secs_f64()),
                     ..Quantiles::default()
                 },
+                // As the sidecar: the window's buckets, which the controller pools over the model's replicas.
+                ttft_buckets: {
+                    let w = ttft.delta(&base);
+                    if w.count > 0.0 { w.buckets } else { Vec::new() }
+                },
                 ..RecentLatency::default()
             }
         })
