@@ -194,7 +194,7 @@ pub struct Targets {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.01))]
     pub waiting_requests_per_replica: Option<f64>,
-    /// Mean of the replicas' p95 time to first token, e.g. `800ms`.
+    /// The model's p95 time to first token over all its replicas' requests in the sidecars' latency window, e.g. `800ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub ttft_p95: Option<String>,

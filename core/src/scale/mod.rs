@@ -201,7 +201,7 @@ pub struct Targets {
     pub kv_cache_utilization: Option<f64>,
     /// Mean requests waiting in each replica's queue (vLLM `num_requests_waiting`).
     pub waiting_requests_per_replica: Option<f64>,
-    /// Mean of the replicas' p95 time to first token.
+    /// The model's p95 time to first token over its replicas' requests (pooled, `inputs::pooled_ttft_p95`).
     pub ttft_p95: Option<Duration>,
     /// Requests per second per replica, from the model's total request rate (the activator counts it).
     pub requests_per_second_per_replica: Option<f64>,
