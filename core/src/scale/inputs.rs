@@ -39,14 +39,15 @@ pub const ACTIVATOR_MAX_AGE: Duration = Duration::from_secs(5);
 /// replica started, when it is younger than the window), quantile over vLLM's buckets as Prometheus'
 /// `histogram_quantile` does. `None` when nothing was observed in the window.
 pub fn window_ttft_p95(now: &Histogram, window_start: Option<&Histogram>) -> Option<Duration> {
-    let delta = match window_start {
-        Some(earlier) => now.delta(earlier),
-        None => now.clone(),
+    let p95 = |h: &Histogram| {
+        h.quantile(0.95)
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
     };
-    delta
-        .quantile(0.95)
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
+    match window_start {
+        Some(earlier) => p95(&now.delta(earlier)),
+        None => p95(now),
+    }
 }
 
 /// Where a trailing window of scrapes starts, as the sidecar picks it: the oldest scrape at or after

@@ -99,20 +99,21 @@ pub fn sidecar_status<'a>(
     let recent = last.and_then(|last| {
         let first = inputs::window_start(scrapes, |s| s.at, last.at, latency_window)?;
         (last.at > first.at).then(|| {
-            let ttft = last.ttft.to_cumulative();
-            let base = first.ttft.to_cumulative();
+            // The window's observations, once: its p95 as the sidecar computes it, and its buckets, which the
+            // controller pools over the model's replicas.
+            let window = last.ttft.to_cumulative().delta(&first.ttft.to_cumulative());
             RecentLatency {
                 window_secs: latency_window.as_secs_f64(),
                 start: first.at,
                 end: last.at,
                 ttft_seconds: Quantiles {
-                    p95: inputs::window_ttft_p95(&ttft, Some(&base)).map(|d| d.as_secs_f64()),
+                    p95: inputs::window_ttft_p95(&window, None).map(|d| d.as_secs_f64()),
                     ..Quantiles::default()
                 },
-                // As the sidecar: the window's buckets, which the controller pools over the model's replicas.
-                ttft_buckets: {
-                    let w = ttft.delta(&base);
-                    if w.count > 0.0 { w.buckets } else { Vec::new() }
+                ttft_buckets: if window.count > 0.0 {
+                    window.buckets
+                } else {
+                    Vec::new()
                 },
                 ..RecentLatency::default()
             }
