@@ -444,14 +444,23 @@ async fn tessera_against_a_real_vllm() {
             // A full cache: a scrape saw it ≥ 90% used, or vLLM preempted (it only preempts when the cache is
             // full). Only the latest scrape used to count, and a 250 ms scrape can miss a short full spell: in
             // two runs of this review the load finished with 14 preemptions and a 53% peak in between scrapes.
-            let full = s.window.as_ref().is_some_and(|w| {
-                w.kv_cache_usage_max.is_some_and(|k| k >= 0.9) || w.preemptions.is_some_and(|p| p > 0.0)
-            });
-            full && s
+            let preempted = s
                 .window
                 .as_ref()
-                .and_then(|w| w.requests_waiting_max)
-                .is_some_and(|w| w > 0.0)
+                .is_some_and(|w| w.preemptions.is_some_and(|p| p > 0.0));
+            let full = preempted
+                || s.window
+                    .as_ref()
+                    .is_some_and(|w| w.kv_cache_usage_max.is_some_and(|k| k >= 0.9));
+            // A queue: a scrape saw requests waiting, or vLLM preempted, which puts the preempted requests back in
+            // its waiting queue. One run of this session's review had 14 preemptions and no scrape that caught a
+            // waiting request.
+            let queued = preempted
+                || s.window
+                    .as_ref()
+                    .and_then(|w| w.requests_waiting_max)
+                    .is_some_and(|w| w > 0.0);
+            full && queued
                 && s.recommendation()
                     .is_some_and(|r| r.kv_cache_tokens > idle_tokens)
         },
