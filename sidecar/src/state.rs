@@ -381,8 +381,8 @@ impl State {
                 // first token was seen (nothing to add).
                 ttft_buckets: w
                     .ttft_histogram
-                    .filter(|h| h.count > 0.0)
-                    .map(|h| h.buckets)
+                    .as_ref()
+                    .map(RecentLatency::ttft_buckets_of)
                     .unwrap_or_default(),
             }
         })

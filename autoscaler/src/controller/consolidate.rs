@@ -121,11 +121,7 @@ pub fn plan(pods: &[Pod], draining: &DrainingGpus, desired: u32) -> Move {
     let mut leaving: Vec<(bool, String)> = Vec::new();
     let mut from: Vec<String> = Vec::new();
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let ready = crate::pod_ready(pod);
         let capacity = pod
             .metadata
             .annotations

@@ -388,12 +388,10 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Option::as_ref).collect();
     // A surge to move a pod off a draining GPU is not a count the rule chose: take it off before deciding (the
     // simulator does the same).
-    let surged = super::consolidate::surged(obj.status.as_ref());
-    let decided_current = if surged {
-        current.saturating_sub(1)
-    } else {
-        current
-    };
+    let decided_current = tessera_core::pack::consolidate::count_before_surge(
+        current,
+        super::consolidate::surged(obj.status.as_ref()),
+    );
     let mut input = scale::inputs::scale_input(decided_current, &read, ctx.settings.max_signal_age, demand);
 
     // 5. Decide and act.
@@ -870,16 +868,10 @@ pub fn ready_pod_url(pod: &Pod, default_port: u16) -> Option<(String, String)> {
     if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let status = pod.status.as_ref()?;
-    let ready = status
-        .conditions
-        .as_ref()?
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    let ip = status.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;
-    if !ready {
+    if !crate::pod_ready(pod) {
         return None;
     }
+    let ip = pod.status.as_ref()?.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;
     let port = pod
         .metadata
         .annotations

@@ -2,7 +2,7 @@
 //! index every reconcile and writes its answer, the `tessera.dev/draining-since` mark on a capacity pod. The
 //! controller's half (moving the pods) is `crate::controller::consolidate`.
 
-use tessera_core::pack::consolidate::{CancelReason, PoolStep, pool_step};
+use tessera_core::pack::consolidate::{PoolStep, pool_step};
 use tracing::{debug, info, warn};
 
 use super::super::PoolError;
@@ -25,14 +25,10 @@ impl PoolManager {
                 idx.tenant_of(&r.id)
                     .is_some_and(|t| t.movable && self.link.managed.contains(&t.key))
             });
-            let gpu = match &step {
-                PoolStep::Drain(plan) => Some(plan.gpu),
-                PoolStep::Drained(g) | PoolStep::Cancel { gpu: g, .. } => Some(*g),
-                PoolStep::Idle | PoolStep::Settling { .. } | PoolStep::Draining(_) => None,
-            };
-            let target = gpu.and_then(|g| names.get(&g)).and_then(|name| {
+            let target = step.mark(now).and_then(|(gpu, since)| {
+                let name = names.get(&gpu)?;
                 let cap = idx.capacity_pod(name)?;
-                Some((name.clone(), cap.resource_version.clone()))
+                Some((name.clone(), since, cap.resource_version.clone()))
             });
             if let PoolStep::Settling { candidate, plan } = &step
                 && candidate.since == now
@@ -47,34 +43,24 @@ impl PoolManager {
             (step, target)
         };
         *self.candidate.lock().unwrap_or_else(|e| e.into_inner()) = step.candidate();
-        let result = match (&step, target) {
-            (PoolStep::Drain(plan), Some((name, rv))) => {
-                let moves: Vec<&str> = plan.moves.iter().map(|m| m.replica.as_str()).collect();
-                self.write_draining(&name, Some(now), rv.as_deref()).await?.then(|| {
+        let mut result = None;
+        if let (Some((name, since, rv)), Some(label)) = (target, step.label())
+            && self.write_draining(&name, since, rv.as_deref()).await?
+        {
+            match &step {
+                PoolStep::Drain(plan) => {
+                    let moves: Vec<&str> = plan.moves.iter().map(|m| m.replica.as_str()).collect();
                     info!(capacity_pod = %name, reservations = ?moves, "consolidation: draining this GPU; its models move their pods to the others");
-                    (name, "started")
-                })
+                }
+                PoolStep::Cancel { reason, .. } => {
+                    warn!(capacity_pod = %name, reason = reason.as_str(), "consolidation: drain called off (a move did not finish in time, or consolidation was turned off)");
+                }
+                _ => {
+                    info!(capacity_pod = %name, "consolidation: GPU emptied; released after the empty grace")
+                }
             }
-            (PoolStep::Drained(_), Some((name, rv))) => {
-                self.write_draining(&name, None, rv.as_deref()).await?.then(|| {
-                    info!(capacity_pod = %name, "consolidation: GPU emptied; released after the empty grace");
-                    (name, "drained")
-                })
-            }
-            (PoolStep::Cancel { reason, .. }, Some((name, rv))) => {
-                let label = match reason {
-                    CancelReason::TimedOut => "timed_out",
-                    CancelReason::Disabled => "disabled",
-                };
-                self.write_draining(&name, None, rv.as_deref()).await?.then(|| {
-                    warn!(capacity_pod = %name, reason = reason.as_str(), "consolidation: drain called off (a model on it did not move: does it have an InferenceAutoscaler?)");
-                    (name, label)
-                })
-            }
-            _ => None,
-        };
-        if let Some((_, label)) = &result {
             self.metrics.drain(&self.pool.name, label);
+            result = Some((name, label));
         }
         let draining: Vec<String> = self.index().draining().map(|g| g.name.clone()).collect();
         self.link.draining.set(&self.pool.name, draining);

@@ -189,17 +189,12 @@ impl Tenant {
             .iter()
             .flatten()
             .any(|o| o.controller == Some(true) && o.kind == "ReplicaSet");
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         Some(Self {
             key: pod_key(pod)?,
             reservation: ann.get(ANNOTATION_RESERVATION)?.clone(),
             capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
             uid: pod.metadata.uid.clone(),
-            movable: replica_set && ready && pod.metadata.deletion_timestamp.is_none(),
+            movable: replica_set && crate::pod_ready(pod) && pod.metadata.deletion_timestamp.is_none(),
         })
     }
 }

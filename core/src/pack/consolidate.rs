@@ -45,6 +45,13 @@ pub struct ConsolidationConfig {
     pub drain_timeout: Duration,
 }
 
+impl ConsolidationConfig {
+    /// Whether GPUs are drained at all (on, and allowed at least one move).
+    pub fn is_on(&self) -> bool {
+        self.enabled && self.max_moves > 0
+    }
+}
+
 impl Default for ConsolidationConfig {
     /// On, two moves per GPU, ten minutes of settling, thirty minutes to finish. The pool and the simulator settle
     /// for their empty grace instead (ten minutes by default): a GPU that has stayed emptiable as long as an empty
@@ -124,6 +131,40 @@ impl PoolStep {
             _ => None,
         }
     }
+
+    /// The mark to write, if this step changes one: the GPU and its new `draining_since` (`None` clears it).
+    pub fn mark(&self, now: u64) -> Option<(GpuId, Option<u64>)> {
+        match self {
+            Self::Drain(plan) => Some((plan.gpu, Some(now))),
+            Self::Drained(gpu) | Self::Cancel { gpu, .. } => Some((*gpu, None)),
+            Self::Idle | Self::Settling { .. } | Self::Draining(_) => None,
+        }
+    }
+
+    /// A fixed label for a step that changes a mark (`started`, `drained`, `timed_out`, `disabled`), for metrics
+    /// and reports; `None` for the others.
+    pub fn label(&self) -> Option<&'static str> {
+        match self {
+            Self::Drain(_) => Some("started"),
+            Self::Drained(_) => Some("drained"),
+            Self::Cancel {
+                reason: CancelReason::TimedOut,
+                ..
+            } => Some("timed_out"),
+            Self::Cancel {
+                reason: CancelReason::Disabled,
+                ..
+            } => Some("disabled"),
+            Self::Idle | Self::Settling { .. } | Self::Draining(_) => None,
+        }
+    }
+}
+
+/// The replica count a scaling rule should read: `/scale`'s count less the surge the last round asked for (a
+/// surge is not a count the rule chose). The controller remembers a surge in its status, the simulator in its
+/// model state.
+pub fn count_before_surge(count: u32, surged: bool) -> u32 {
+    count.saturating_sub(u32::from(surged))
 }
 
 /// The pool's consolidation step at `now` (seconds, the same clock as [`super::GpuState::draining_since`]).
@@ -143,7 +184,7 @@ pub fn pool_step(
         if g.is_empty() {
             return PoolStep::Drained(g.id);
         }
-        if !cfg.enabled || cfg.max_moves == 0 {
+        if !cfg.is_on() {
             return PoolStep::Cancel {
                 gpu: g.id,
                 reason: CancelReason::Disabled,
@@ -160,7 +201,7 @@ pub fn pool_step(
         // really runs out shows as a new replica placed on this GPU, which ends the drain.
         return PoolStep::Draining(g.id);
     }
-    if !cfg.enabled || cfg.max_moves == 0 {
+    if !cfg.is_on() {
         return PoolStep::Idle;
     }
     // Plans come cheapest first, and only GPUs whose replicas can all move are considered.

@@ -571,7 +571,7 @@ impl Packer {
         if self.location.contains_key(&r.id) {
             return Err(PackError::Duplicate(r.id));
         }
-        let placement = self.choose(&r, None);
+        let placement = self.choose(&r);
         if let Placement::Gpu { gpu, reason } = placement {
             self.insert_placed(gpu, reason, r);
         }
@@ -584,7 +584,7 @@ impl Packer {
         if self.location.contains_key(&r.id) {
             return Err(PackError::Duplicate(r.id));
         }
-        match self.choose(&r, None) {
+        match self.choose(&r) {
             Placement::Gpu { gpu, reason } => {
                 self.insert_placed(gpu, reason, r);
                 Ok((gpu, reason))
@@ -680,31 +680,24 @@ impl Packer {
         }
     }
 
-    /// The placement decision, without changing anything. `exclude` is a GPU not to consider (the one being
-    /// emptied by a defragmentation plan).
+    /// The placement decision, without changing anything.
     ///
     /// GPUs being drained are a last resort: only when no other GPU has room is the best of them taken (reason
     /// [`PlaceReason::Draining`]), because filling a GPU that is being emptied still beats opening one.
-    fn choose(&self, r: &ReplicaRequest, exclude: Option<GpuId>) -> Placement {
-        let open = choose_among(
-            self.gpus
-                .values()
-                .filter(|g| Some(g.id) != exclude && !g.is_draining()),
-            r,
-            &self.shape,
-            self.policy,
-        );
+    fn choose(&self, r: &ReplicaRequest) -> Placement {
+        let among = |draining: bool| {
+            choose_among(
+                self.gpus.values().filter(|g| g.is_draining() == draining),
+                r,
+                &self.shape,
+                self.policy,
+            )
+        };
+        let open = among(false);
         if !matches!(open, Placement::NoRoom(_)) || !self.gpus.values().any(GpuState::is_draining) {
             return open;
         }
-        match choose_among(
-            self.gpus
-                .values()
-                .filter(|g| Some(g.id) != exclude && g.is_draining()),
-            r,
-            &self.shape,
-            self.policy,
-        ) {
+        match among(true) {
             Placement::Gpu { gpu, .. } => Placement::Gpu {
                 gpu,
                 reason: PlaceReason::Draining,
@@ -847,25 +840,6 @@ impl Packer {
             trial.push((to, r));
         }
         Some(trial)
-    }
-
-    /// How `gpu` could be emptied now, on its own (the check that a GPU being drained still can be): every
-    /// replica on it moved onto another non-empty GPU that is not draining, by the rule of [`Packer::defrag`].
-    /// `None` if the GPU is unknown, empty, or one of its replicas fits nowhere else.
-    pub fn plan_to_empty(&self, gpu: GpuId) -> Option<DefragPlan> {
-        let cand = self.gpus.get(&gpu).filter(|g| !g.is_empty())?;
-        let trial = self.trial_moves(cand, &Overlay::default())?;
-        Some(DefragPlan {
-            gpu,
-            moves: trial
-                .into_iter()
-                .map(|(to, r)| Move {
-                    replica: r.id.clone(),
-                    from: gpu,
-                    to,
-                })
-                .collect(),
-        })
     }
 
     /// The best-fit target for `r` given the overlay of accepted plans and the trial moves of the plan being

@@ -88,7 +88,12 @@ pub fn scale_input(
             },
         })
         .collect();
-    if let Some(pooled) = pooled_ttft_p95(sidecars, max_signal_age) {
+    let fresh = sidecars
+        .iter()
+        .zip(&replicas)
+        .filter(|(_, r)| r.fresh)
+        .filter_map(|(s, _)| *s);
+    if let Some(pooled) = pooled_ttft_p95(fresh) {
         for r in replicas.iter_mut().filter(|r| r.fresh) {
             r.ttft_p95 = Some(pooled);
         }
@@ -101,19 +106,13 @@ pub fn scale_input(
     }
 }
 
-/// The model's TTFT p95 over its fresh replicas' short windows, from their buckets added together; `None` when a
-/// fresh replica's window has quantiles but no buckets (a sidecar older than the buckets), when bounds differ, or
-/// when no first token was seen in any window.
-pub fn pooled_ttft_p95(sidecars: &[Option<&SidecarStatus>], max_signal_age: Duration) -> Option<Duration> {
+/// The model's TTFT p95 over `fresh` replicas' short windows, from their buckets added together; `None` when a
+/// window has quantiles but no buckets (a sidecar older than the buckets), when bounds differ, or when no first
+/// token was seen in any window.
+pub fn pooled_ttft_p95<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -> Option<Duration> {
     let mut pooled: Option<Histogram> = None;
-    for st in sidecars.iter().flatten() {
-        if !replica_signals(st, max_signal_age).fresh {
-            continue;
-        }
-        // A replica too new for a short window adds nothing to it.
-        let Some(recent) = st.recent.as_ref() else {
-            continue;
-        };
+    // A replica too new for a short window adds nothing to it.
+    for recent in fresh.into_iter().filter_map(|st| st.recent.as_ref()) {
         if recent.ttft_buckets.is_empty() {
             // No bucket means no first token in the window only when the quantiles say so too.
             if recent.ttft_seconds.p95.is_some() {
@@ -121,34 +120,23 @@ pub fn pooled_ttft_p95(sidecars: &[Option<&SidecarStatus>], max_signal_age: Dura
             }
             continue;
         }
+        let window = Histogram {
+            count: recent.ttft_buckets.last().map_or(0.0, |b| b.cumulative),
+            buckets: recent.ttft_buckets.clone(),
+            sum: f64::NAN,
+        };
         match pooled.as_mut() {
-            None => {
-                pooled = Some(Histogram {
-                    count: recent.ttft_buckets.last().map_or(0.0, |b| b.cumulative),
-                    buckets: recent.ttft_buckets.clone(),
-                    sum: f64::NAN,
-                })
-            }
-            Some(p) => {
-                if p.buckets.len() != recent.ttft_buckets.len()
-                    || p.buckets
-                        .iter()
-                        .zip(&recent.ttft_buckets)
-                        .any(|(a, b)| a.le != b.le)
-                {
-                    return None;
-                }
-                for (a, b) in p.buckets.iter_mut().zip(&recent.ttft_buckets) {
+            None => pooled = Some(window),
+            Some(p) if p.same_bounds(&window) => {
+                for (a, b) in p.buckets.iter_mut().zip(&window.buckets) {
                     a.cumulative += b.cumulative;
                 }
-                p.count = p.buckets.last().map_or(0.0, |b| b.cumulative);
+                p.count += window.count;
             }
+            Some(_) => return None,
         }
     }
-    pooled?
-        .quantile(0.95)
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
+    window_ttft_p95(&pooled?, None)
 }
 
 /// One replica's signals from its sidecar status. `max_age`: how old the last good snapshot may be (measured on
@@ -398,7 +386,7 @@ mod tests {
             .map(|s| replica_signals(s, MAX_SIGNAL_AGE).ttft_p95.unwrap().as_secs_f64())
             .collect();
         let input = scale_input(2, &[Some(&busy), Some(&quiet)], MAX_SIGNAL_AGE, Demand::default());
-        let pooled = pooled_ttft_p95(&[Some(&busy), Some(&quiet)], MAX_SIGNAL_AGE).unwrap();
+        let pooled = pooled_ttft_p95([&busy, &quiet]).unwrap();
         let expected = hist(&[(0.1, 96.0), (1.0, 102.0), (f64::INFINITY, 102.0)])
             .quantile(0.95)
             .unwrap();
@@ -414,16 +402,13 @@ mod tests {
         // A sidecar that reports quantiles but no buckets: no pooling, each keeps its own.
         let mut old = quiet.clone();
         old.recent.as_mut().unwrap().ttft_buckets.clear();
-        assert_eq!(pooled_ttft_p95(&[Some(&busy), Some(&old)], MAX_SIGNAL_AGE), None);
+        assert_eq!(pooled_ttft_p95([&busy, &old]), None);
         let input = scale_input(2, &[Some(&busy), Some(&old)], MAX_SIGNAL_AGE, Demand::default());
         assert_eq!(input.replicas[0].ttft_p95.map(|d| d.as_secs_f64()), Some(own[0]));
         // Different bounds cannot be added: no pooling either.
         let mut other = quiet;
         other.recent.as_mut().unwrap().ttft_buckets[0].le = 0.2;
-        assert_eq!(
-            pooled_ttft_p95(&[Some(&busy), Some(&other)], MAX_SIGNAL_AGE),
-            None
-        );
+        assert_eq!(pooled_ttft_p95([&busy, &other]), None);
     }
 
     fn stats(instance: &str, observed: u64, models: &[(&str, u64, u64, u64, Option<u64>)]) -> ActivatorStats {

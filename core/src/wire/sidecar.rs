@@ -266,6 +266,19 @@ pub struct RecentLatency {
     pub ttft_buckets: Vec<crate::metrics::Bucket>,
 }
 
+impl RecentLatency {
+    /// The [`RecentLatency::ttft_buckets`] of a window's TTFT observations (the difference of two cumulative
+    /// histograms): none when the window saw no first token, so an empty list always means "nothing observed"
+    /// for a sidecar that sends buckets.
+    pub fn ttft_buckets_of(window: &crate::metrics::Histogram) -> Vec<crate::metrics::Bucket> {
+        if window.count > 0.0 {
+            window.buckets.clone()
+        } else {
+            Vec::new()
+        }
+    }
+}
+
 /// Windowed quantiles; `null` when no request finished its first token in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Quantiles {

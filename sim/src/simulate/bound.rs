@@ -45,17 +45,27 @@ pub fn lower_bound_with_cold_starts_gpu_hours(sc: &Scenario) -> f64 {
 /// The bound in GPU-hours for a policy that meets the TTFT objective for at least `attainment` of the requests
 /// (0–1) through its cold starts (see the module docs for why it holds).
 pub fn lower_bound_at_attainment_gpu_hours(sc: &Scenario, attainment: f64) -> f64 {
-    let total: usize = sc
-        .arrivals
-        .iter()
-        .map(|a| a.iter().filter(|a| a.at < sc.duration).count())
-        .sum();
-    let excused = ((1.0 - attainment.clamp(0.0, 1.0)) * total as f64).floor() as usize;
+    lower_bounds(sc, attainment).at_attainment
+}
+
+/// The three bounds of a run, each walk done once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bounds {
+    /// [`lower_bound_gpu_hours`].
+    pub free: f64,
+    /// [`lower_bound_with_cold_starts_gpu_hours`].
+    pub cold_starts: f64,
+    /// [`lower_bound_at_attainment_gpu_hours`] at the `attainment` asked for.
+    pub at_attainment: f64,
+}
+
+/// The three bounds, the third at `attainment` (0–1).
+pub fn lower_bounds(sc: &Scenario, attainment: f64) -> Bounds {
     let lead = |m: usize| cold_start_lead(sc, m);
     let usable = usable_bytes(sc);
     // What taking each request out can save: its interval (from its lead before arrival, clipped to the run, to its
     // ideal end) times the most GPUs its weights, KV cache and compute rate can round the need up by.
-    let mut spans: Vec<f64> = Vec::with_capacity(total);
+    let mut spans: Vec<f64> = Vec::new();
     for_each_request(sc, |m, a, r| {
         let spec = &sc.models[m].spec;
         let memory = (spec.weights_bytes + spec.overhead_bytes) as f64 + r.kv;
@@ -63,10 +73,16 @@ pub fn lower_bound_at_attainment_gpu_hours(sc: &Scenario, attainment: f64) -> f6
         let start = (a.at - lead(m)).max(0.0);
         spans.push(((a.at + r.ideal).min(sc.duration) - start) * gpus);
     });
+    let excused = ((1.0 - attainment.clamp(0.0, 1.0)) * spans.len() as f64).floor() as usize;
     spans.sort_by(|x, y| y.total_cmp(x));
     let slack: f64 = spans.iter().take(excused).sum();
-    let cold = bound(sc, lead);
-    (cold - slack / 3600.0).max(lower_bound_gpu_hours(sc))
+    let free = lower_bound_gpu_hours(sc);
+    let cold_starts = bound(sc, lead);
+    Bounds {
+        free,
+        cold_starts,
+        at_attainment: (cold_starts - slack / 3600.0).max(free),
+    }
 }
 
 /// How long before each arrival model `m`'s weights must be resident for the request to meet its objective

@@ -160,6 +160,7 @@ pub fn simulate_strategies(
         };
         reports.push(run(StrategyKind::Tessera, initial)?.report);
     }
+    let bounds = bound::lower_bounds(sc, sc.settings.static_attainment_target);
     Ok(Report {
         scenario: sc.name.clone(),
         description: sc.description.clone(),
@@ -170,13 +171,10 @@ pub fn simulate_strategies(
         compute_oversubscription: sc.settings.compute_oversubscription(),
         models: sc.models.iter().map(|m| m.name.clone()).collect(),
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
-        lower_bound_gpu_hours: bound::lower_bound_gpu_hours(sc),
-        lower_bound_with_cold_starts_gpu_hours: bound::lower_bound_with_cold_starts_gpu_hours(sc),
+        lower_bound_gpu_hours: bounds.free,
+        lower_bound_with_cold_starts_gpu_hours: bounds.cold_starts,
         attainment_goal: sc.settings.static_attainment_target,
-        lower_bound_at_goal_gpu_hours: bound::lower_bound_at_attainment_gpu_hours(
-            sc,
-            sc.settings.static_attainment_target,
-        ),
+        lower_bound_at_goal_gpu_hours: bounds.at_attainment,
         static_sizing: sizing,
         strategies: reports,
     })

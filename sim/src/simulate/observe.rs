@@ -110,11 +110,7 @@ pub fn sidecar_status<'a>(
                     p95: inputs::window_ttft_p95(&window, None).map(|d| d.as_secs_f64()),
                     ..Quantiles::default()
                 },
-                ttft_buckets: if window.count > 0.0 {
-                    window.buckets
-                } else {
-                    Vec::new()
-                },
+                ttft_buckets: RecentLatency::ttft_buckets_of(&window),
                 ..RecentLatency::default()
             }
         })

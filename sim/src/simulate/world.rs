@@ -1114,7 +1114,7 @@ impl<'a> World<'a> {
         }
         // A surge (one replica over the decision, to move a pod off a draining GPU) is not a count the rule chose:
         // the controller takes it off `/scale`'s count the same way.
-        let current = (live.len() as u32).saturating_sub(u32::from(rt.surging));
+        let current = consolidate::count_before_surge(live.len() as u32, rt.surging);
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
         let d = joint::decide(&input, &joint, &rt.state, now_ts);
         let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
@@ -1210,8 +1210,8 @@ impl<'a> World<'a> {
         }
     }
 
-    /// Stops up to `n` of `among` (starting ones first, then the least busy), draining those with requests in
-    /// flight. Returns the ones removed.
+    /// Stops up to `n` of `among` (starting ones first, nothing to drain; then the ready ones with the least in
+    /// flight), draining those with requests in flight. Returns the ones removed.
     fn retire(&mut self, among: &[usize], n: usize) -> Vec<usize> {
         let mut victims = among.to_vec();
         victims.sort_by_key(|&r| {
@@ -1244,35 +1244,34 @@ impl<'a> World<'a> {
         let Some(packer) = self.packer.as_mut() else {
             return;
         };
-        // Every replica here is a Deployment's pod; one still starting has no place to move from yet.
-        let replicas = &self.replicas;
-        let names: std::collections::HashMap<&str, usize> = replicas
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.name.as_str(), i))
+        // Every replica here is a Deployment's pod; one still starting has no place to move from yet. The packer
+        // holds exactly the replicas on GPUs (the tenants), so only those are looked up.
+        let ready: std::collections::HashSet<&str> = self
+            .tenants
+            .values()
+            .flatten()
+            .map(|&r| &self.replicas[r])
+            .filter(|r| r.phase == Phase::Ready)
+            .map(|r| r.name.as_str())
             .collect();
         let step = consolidate::pool_step(packer, self.candidate, now, &cfg, |r| {
-            names
-                .get(r.id.as_str())
-                .is_some_and(|&i| replicas[i].phase == Phase::Ready)
+            ready.contains(r.id.as_str())
         });
         self.candidate = step.candidate();
+        if let Some((gpu, since)) = step.mark(now) {
+            packer.set_draining(gpu, since);
+        }
         match step {
-            PoolStep::Idle | PoolStep::Settling { .. } | PoolStep::Draining(_) => {}
             PoolStep::Drain(plan) => {
-                packer.set_draining(plan.gpu, Some(now));
                 self.consolidation.drains += 1;
                 tracing::debug!(at = self.now, gpu = %plan.gpu, moves = plan.moves.len(), "draining a GPU");
             }
-            PoolStep::Drained(g) => {
-                packer.set_draining(g, None);
-                self.consolidation.drained += 1;
-            }
+            PoolStep::Drained(_) => self.consolidation.drained += 1,
             PoolStep::Cancel { gpu, reason } => {
-                packer.set_draining(gpu, None);
                 self.consolidation.cancelled += 1;
                 tracing::debug!(at = self.now, %gpu, reason = reason.as_str(), "drain cancelled");
             }
+            PoolStep::Idle | PoolStep::Settling { .. } | PoolStep::Draining(_) => {}
         }
     }
 
@@ -1316,23 +1315,7 @@ impl<'a> World<'a> {
                 self.start_replica(m, false)?;
             }
         } else if want < have {
-            // Remove starting replicas first (nothing to drain), then the ready ones with the least in flight.
-            let mut victims: Vec<usize> = live.to_vec();
-            victims.sort_by_key(|&r| {
-                let rep = &self.replicas[r];
-                (
-                    rep.phase == Phase::Ready,
-                    rep.engine.in_flight(),
-                    std::cmp::Reverse(r),
-                )
-            });
-            for &r in victims.iter().take(have - want) {
-                if self.replicas[r].phase == Phase::Starting || self.replicas[r].engine.is_idle() {
-                    self.stop_replica(r);
-                } else {
-                    self.replicas[r].phase = Phase::Draining;
-                }
-            }
+            self.retire(live, have - want);
         }
         Ok(())
     }
