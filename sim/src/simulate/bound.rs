@@ -3,8 +3,12 @@
 //! Every request is in flight at least from its arrival for its *ideal* latency: its prefill at the whole
 //! GPU's compute plus one weights read per output token at the whole GPU's bandwidth, with no queueing. While
 //! any request of a model is in flight, that model's weights and start-up overhead must sit in some GPU's
-//! memory, and so must each in-flight request's KV cache (prompt + output tokens). Its FLOPs (`2 × params` per
-//! token) must be done at the whole GPU's achieved throughput, spread evenly over its ideal interval.
+//! memory, and so must a KV cache holding every in-flight request (prompt + output tokens) and never smaller
+//! than one request of `max_model_len` tokens: vLLM refuses to start an engine whose cache cannot hold one
+//! (the simulator's engine too, [`crate::model::ModelError::MaxModelLenTooLarge`]), so each replica reserves at
+//! least that, and however many replicas serve the model their caches add up to at least
+//! `max(max_model_len tokens, in-flight tokens)`. Its FLOPs (`2 × params` per token) must be done at the whole
+//! GPU's achieved throughput, spread evenly over its ideal interval.
 //!
 //! At each instant the cluster then needs at least `max(Σ memory / usable memory per GPU, Σ compute rate)`
 //! GPUs — the fluid relaxation of packing — rounded up, since GPUs are held whole (any placement holds an
@@ -22,8 +26,9 @@
 //! - [`lower_bound_at_attainment_gpu_hours`]: the cold-start bound for a policy that may let a share of requests
 //!   miss (the run's attainment goal, 99%). Such a policy meets the objective for all but `k` requests, so it
 //!   holds at least the cold-start bound of the others. Taking one request out lowers that bound by at most its
-//!   own interval (`lead` before its arrival to its ideal end) times the GPUs its weights, KV cache and compute
-//!   rate round up to (one for every model here): at each instant of it the need falls by at most those, and a
+//!   own interval (`lead` before its arrival to its ideal end) times the GPUs its weights, KV cache (at least
+//!   the `max_model_len` minimum, which it may be the only one holding) and compute rate round up to (one for
+//!   every model here): at each instant of it the need falls by at most those, and a
 //!   whole-GPU rounding by at most their ceiling. So the bound is the cold-start bound less the `k` largest such
 //!   products (and never below the first bound, which holds whatever the attainment).
 
@@ -68,7 +73,7 @@ pub fn lower_bounds(sc: &Scenario, attainment: f64) -> Bounds {
     let mut spans: Vec<f64> = Vec::new();
     for_each_request(sc, |m, a, r| {
         let spec = &sc.models[m].spec;
-        let memory = (spec.weights_bytes + spec.overhead_bytes) as f64 + r.kv;
+        let memory = (spec.weights_bytes + spec.overhead_bytes) as f64 + r.kv.max(min_kv_bytes(sc, m));
         let gpus = (memory / usable).max(r.work / r.ideal).ceil().max(1.0);
         let start = (a.at - lead(m)).max(0.0);
         spans.push(((a.at + r.ideal).min(sc.duration) - start) * gpus);
@@ -90,6 +95,15 @@ pub fn lower_bounds(sc: &Scenario, attainment: f64) -> Bounds {
 fn cold_start_lead(sc: &Scenario, m: usize) -> f64 {
     let setup = &sc.models[m];
     (setup.cold_start_secs(&sc.settings) - setup.slo_ttft).max(0.0)
+}
+
+/// The smallest KV cache a replica of model `m` starts with, bytes: one request of `max_model_len` tokens,
+/// in whole blocks (what vLLM checks at start-up).
+fn min_kv_bytes(sc: &Scenario, m: usize) -> f64 {
+    let setup = &sc.models[m];
+    let block = u64::from(EngineConfig::vllm_defaults(&sc.gpu).block_size.max(1));
+    let len = u64::from(setup.max_model_len.unwrap_or(setup.spec.max_model_len));
+    (len.div_ceil(block) * block * setup.spec.bytes_per_kv_token) as f64
 }
 
 /// One GPU's memory less the headroom, bytes.
@@ -158,7 +172,18 @@ fn bound(sc: &Scenario, lead: impl Fn(usize) -> f64) -> f64 {
         .iter()
         .map(|m| (m.spec.weights_bytes + m.spec.overhead_bytes) as f64)
         .collect();
+    let min_kv: Vec<f64> = (0..sc.models.len()).map(|m| min_kv_bytes(sc, m)).collect();
+    // A model's memory: nothing while its weights are not resident (its requests' intervals lie within the
+    // residency), else its weights and a cache of at least `min_kv` holding every in-flight request.
+    let held = |resident: u64, kv: f64, m: usize| {
+        if resident == 0 {
+            kv
+        } else {
+            fixed[m] + kv.max(min_kv[m])
+        }
+    };
     let mut resident = vec![0u64; sc.models.len()];
+    let mut kv_of = vec![0.0f64; sc.models.len()];
     let (mut memory, mut compute, mut last, mut gpu_seconds) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for (t, m, delta, kv, rate, weights) in events {
         if t > last {
@@ -168,23 +193,19 @@ fn bound(sc: &Scenario, lead: impl Fn(usize) -> f64) -> f64 {
             gpu_seconds += (need - 1e-9).ceil().max(0.0) * (t - last);
             last = t;
         }
+        let before = held(resident[m], kv_of[m], m);
         if weights > 0 {
-            if resident[m] == 0 {
-                memory += fixed[m];
-            }
             resident[m] += 1;
         } else if weights < 0 {
             resident[m] = resident[m].saturating_sub(1);
-            if resident[m] == 0 {
-                memory -= fixed[m];
-            }
         } else if delta > 0 {
-            memory += kv;
+            kv_of[m] += kv;
             compute += rate;
         } else {
-            memory -= kv;
+            kv_of[m] = (kv_of[m] - kv).max(0.0);
             compute -= rate;
         }
+        memory += held(resident[m], kv_of[m], m) - before;
     }
     gpu_seconds / 3600.0
 }

@@ -372,6 +372,31 @@ fn the_cold_start_bound_charges_the_lead_before_each_arrival() {
     );
 }
 
+/// vLLM starts no engine whose KV cache cannot hold one `max_model_len` request, so a resident model holds at
+/// least that much cache however little is in flight. Four 8B models with one short request each at the same
+/// instant: at a 1,024-token context their weights and caches fit one GPU; at 131,072 tokens each cache is
+/// 16 GiB, so the four need two GPUs for the same interval — exactly twice the bound.
+#[test]
+fn the_bound_counts_the_kv_cache_a_max_model_len_request_needs() {
+    let bound_at = |len: u32| {
+        let models = (0..4)
+            .map(|i| ModelSetup {
+                max_model_len: Some(len),
+                ..model(&format!("m{i}"), 0, 1)
+            })
+            .collect();
+        let sc = scenario(models, (0..4).map(|_| at(&[10.0])).collect(), 60.0);
+        bound::lower_bounds(&sc, 1.0)
+    };
+    let (short, long) = (bound_at(1_024), bound_at(131_072));
+    assert!(short.free > 0.0);
+    assert!((long.free / short.free - 2.0).abs() < 1e-9, "{long:?} {short:?}");
+    assert!(
+        (long.cold_starts / short.cold_starts - 2.0).abs() < 1e-9,
+        "{long:?} {short:?}"
+    );
+}
+
 /// Consolidation (`core::pack::consolidate`): three models at half a GPU each on a pool that hands each GPU out
 /// once start on two GPUs (a and b share one, c has the other). b goes to zero after its only request; from then
 /// on one GPU could hold a and c. After the settle time the pool drains one of the two GPUs: its replica is
