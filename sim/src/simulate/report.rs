@@ -181,6 +181,11 @@ pub struct ModelReport {
     /// share could still grow, `core::scale::joint`); the rest had it on the replica count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_on_share: Option<f64>,
+    /// Tessera: the share of replica decisions in which the TTFT target asked for more replicas while no request
+    /// waited on any replica or at the activator — latency in prefill, not queueing
+    /// (`core::scale::joint::latency_without_queue`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_bound: Option<f64>,
     /// Tessera: why the model kept a warm replica instead of going to zero (`core::scale::joint::WarmFloor`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_floor: Option<String>,
@@ -388,7 +393,8 @@ impl Report {
             if let Some(c) = t.consolidation.filter(|c| c.drains > 0) {
                 let _ = writeln!(
                     o,
-                    "Consolidation drained {} GPU(s) ({} emptied, {} called off), moving {} replica(s), each by a                      surge onto another GPU before the old one went.",
+                    "Consolidation drained {} GPU(s) ({} emptied, {} called off), moving {} replica(s), each by a \
+                     surge onto another GPU before the old one went.",
                     c.drains, c.drained, c.cancelled, c.moves
                 );
             }
@@ -398,6 +404,23 @@ impl Report {
                     "Latency target on the share rule (a bigger share was the cheaper next unit) in this share of \
                      each model's replica decisions; otherwise on the replica count: {}.",
                     owners.join(", ")
+                );
+            }
+            let prefill: Vec<String> = t
+                .models
+                .iter()
+                .filter_map(|m| {
+                    m.prefill_bound
+                        .filter(|f| *f > 0.0)
+                        .map(|f| format!("{} {:.0}%", m.model, f * 100.0))
+                })
+                .collect();
+            if !prefill.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "TTFT target over with no request waiting (the time was prefill, which another replica shortens \
+                     only by splitting bursts) in this share of each model's replica decisions: {}.",
+                    prefill.join(", ")
                 );
             }
         }

@@ -283,9 +283,11 @@ struct ModelRt {
     recent: VecDeque<f64>,
     /// Requests that have arrived so far (the activator's `requests_total`).
     arrived: u64,
-    /// Replica decisions made, and how many of them left the latency target to the share rule.
+    /// Replica decisions made, how many of them left the latency target to the share rule, and how many had the
+    /// TTFT target asking for replicas while nothing queued (`joint::latency_without_queue`).
     rounds: u32,
     rounds_latency_on_share: u32,
+    rounds_prefill_bound: u32,
     /// Tessera: the warm floor the joint rule kept, if any.
     warm_floor: Option<joint::WarmFloor>,
     last_request_at: Option<f64>,
@@ -381,6 +383,7 @@ impl<'a> World<'a> {
                 arrived: 0,
                 rounds: 0,
                 rounds_latency_on_share: 0,
+                rounds_prefill_bound: 0,
                 warm_floor: None,
                 last_request_at: None,
                 next_arrival: 0,
@@ -1117,6 +1120,7 @@ impl<'a> World<'a> {
         let current = consolidate::count_before_surge(live.len() as u32, rt.surging);
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
         let d = joint::decide(&input, &joint, &rt.state, now_ts);
+        let prefill_bound = joint::latency_without_queue(&input, &d);
         let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
         let step = consolidate::move_step(placement);
         let rt = &self.models[m];
@@ -1144,6 +1148,9 @@ impl<'a> World<'a> {
             });
         }
         self.models[m].state.record(&d, now_ts);
+        if prefill_bound {
+            self.models[m].rounds_prefill_bound += 1;
+        }
         if d.is_change() {
             let key = match d.leading_signal {
                 Some(sig) => format!("{}/{}", d.reason.label(), sig.label()),
@@ -1480,6 +1487,8 @@ impl<'a> World<'a> {
                 scale_changes: rt.scale_changes.clone(),
                 latency_on_share: (self.plan.kind == StrategyKind::Tessera && rt.rounds > 0)
                     .then(|| f64::from(rt.rounds_latency_on_share) / f64::from(rt.rounds)),
+                prefill_bound: (self.plan.kind == StrategyKind::Tessera && rt.rounds > 0)
+                    .then(|| f64::from(rt.rounds_prefill_bound) / f64::from(rt.rounds)),
                 warm_floor: rt.warm_floor.map(|w| {
                     format!(
                         "cold start {:.0} s > TTFT objective {:.0} s",
