@@ -7,6 +7,9 @@
 //! both cgroup drivers), and serves the per-pod totals on `/metrics` and `/v1/gpus`
 //! ([`tessera_core::wire::sidecar::GpuAgentStatus`]).
 //!
+//! The parts: `cgroup` (PID → pod, pure), `probe` (NVML per process behind [`ProcessProbe`], and the per-pod
+//! totals), `publish` (the UUID label), and this file (the registry, the HTTP server and the loops).
+//!
 //! NVML sits behind [`ProcessProbe`] so tests use [`FakeProcessProbe`]. Without NVML the agent still serves,
 //! reports `tessera_gpu_agent_nvml_up 0`, answers `/ready` with 503, and retries NVML once a minute.
 //!
@@ -16,7 +19,12 @@
 //! only once the UUID is published (or, in a local run without pod identity, known): a capacity pod whose GPU
 //! is unidentified is not ready, and the pool manager does not place new tenants on it either.
 
+mod cgroup;
+mod probe;
 pub mod publish;
+
+pub use cgroup::{PodRef, pod_from_cgroup, pod_from_cgroup_path, pod_of_pid};
+pub use probe::{DeviceReading, FakeProcessProbe, NvmlProcessProbe, ProcessProbe, ProcessUse, per_pod};
 
 use crate::error::GpuError;
 use axum::Router;
@@ -29,12 +37,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use publish::{Backoff, UuidPublisher};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tessera_core::wire::sidecar::{GpuAgentStatus, GpuDeviceUse, PodGpuUse, SCHEMA_VERSION};
+use tessera_core::wire::sidecar::{GpuAgentStatus, SCHEMA_VERSION};
 use tokio_util::sync::CancellationToken;
 
 /// `tessera gpu-agent` flags.
@@ -65,303 +72,6 @@ pub struct Args {
     /// Graceful shutdown (`--drain-period`).
     #[command(flatten)]
     pub drain: tessera_runtime::DrainArgs,
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// PID → pod, from /proc/<pid>/cgroup (pure).
-
-/// A process's pod, read from its cgroup path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodRef {
-    /// The pod's `metadata.uid`, with dashes (the systemd driver writes underscores; they are turned back).
-    pub uid: String,
-    /// `guaranteed`, `burstable` or `besteffort` (from the kubepods hierarchy).
-    pub qos: &'static str,
-    /// The container ID, runtime prefix (`cri-containerd-`, `docker-`, `crio-`) and `.scope` removed.
-    pub container_id: Option<String>,
-}
-
-/// Finds the pod of a process from the contents of its `/proc/<pid>/cgroup`.
-///
-/// Handles every layout the kubelet produces:
-/// - cgroup v1 (`N:controllers:/path` lines) and v2 (`0::/path`);
-/// - the cgroupfs driver (`/kubepods/burstable/pod<uid>/<container-id>`; guaranteed pods sit directly under
-///   `/kubepods/`) and the systemd driver (`/kubepods.slice/kubepods-burstable.slice/
-///   kubepods-burstable-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`);
-/// - nested prefixes (kind/k3d nodes put everything under another cgroup, e.g. `/kubelet.slice/…` or
-///   `/docker/<id>/kubepods/…`).
-///
-/// Returns `None` for a process in no pod (host daemons, the CUDA MPS server).
-pub fn pod_from_cgroup(content: &str) -> Option<PodRef> {
-    content.lines().find_map(|line| {
-        // hierarchy-ID:controller-list:path — the path itself may contain ':'.
-        let mut parts = line.splitn(3, ':');
-        let (_, _, path) = (parts.next()?, parts.next()?, parts.next()?);
-        pod_from_cgroup_path(path.trim())
-    })
-}
-
-/// Finds the pod in one cgroup path (see [`pod_from_cgroup`]).
-pub fn pod_from_cgroup_path(path: &str) -> Option<PodRef> {
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let start = segments.iter().position(|s| s.contains("kubepods"))?;
-    let rest = &segments[start..];
-    let (pod_idx, uid) = rest
-        .iter()
-        .enumerate()
-        .find_map(|(i, seg)| pod_uid_of_segment(seg).map(|u| (i, u)))?;
-    let qos_text = rest[..=pod_idx].join("/");
-    let qos = if qos_text.contains("besteffort") {
-        "besteffort"
-    } else if qos_text.contains("burstable") {
-        "burstable"
-    } else {
-        "guaranteed"
-    };
-    let container_id = rest.get(pod_idx + 1).and_then(|s| container_id_of_segment(s));
-    Some(PodRef {
-        uid,
-        qos,
-        container_id,
-    })
-}
-
-/// `pod<uid>` (cgroupfs) or `kubepods[-qos]-pod<uid_with_underscores>.slice` (systemd).
-fn pod_uid_of_segment(seg: &str) -> Option<String> {
-    let raw = if let Some(s) = seg.strip_suffix(".slice") {
-        let at = s.rfind("-pod")?;
-        &s[at + 4..]
-    } else {
-        seg.strip_prefix("pod")?
-    };
-    let uid = raw.replace('_', "-");
-    is_pod_uid(&uid).then_some(uid)
-}
-
-/// A pod UID: an RFC 4122 UUID (API pods), or 32 hex digits (static pods' config hash).
-fn is_pod_uid(s: &str) -> bool {
-    let hex = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit());
-    let parts: Vec<&str> = s.split('-').collect();
-    match parts.as_slice() {
-        [a, b, c, d, e] => {
-            [a.len(), b.len(), c.len(), d.len(), e.len()] == [8, 4, 4, 4, 12] && parts.iter().all(|p| hex(p))
-        }
-        [one] => one.len() == 32 && hex(one),
-        _ => false,
-    }
-}
-
-/// `cri-containerd-<id>.scope`, `docker-<id>.scope`, `crio-<id>.scope`, or a bare `<id>` (cgroupfs).
-fn container_id_of_segment(seg: &str) -> Option<String> {
-    let s = seg.strip_suffix(".scope").unwrap_or(seg);
-    // conmon (CRI-O's monitor) is not the container and never uses the GPU.
-    if s.starts_with("crio-conmon-") {
-        return None;
-    }
-    let id = ["cri-containerd-", "docker-", "crio-", "containerd-"]
-        .iter()
-        .find_map(|p| s.strip_prefix(p))
-        .unwrap_or(s);
-    (id.len() >= 12 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
-}
-
-/// Reads `<proc_root>/<pid>/cgroup` and finds the pod (`None`: gone, unreadable, or in no pod).
-pub fn pod_of_pid(proc_root: &Path, pid: u32) -> Option<PodRef> {
-    let content = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
-    pod_from_cgroup(&content)
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// NVML per process, behind a trait.
-
-/// One process on a GPU.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ProcessUse {
-    /// Host PID.
-    pub pid: u32,
-    /// GPU memory, bytes, when NVML says.
-    pub used_bytes: Option<u64>,
-    /// SM utilization over the last sample period, 0–1; `None` when the device does not support sampling.
-    pub sm_utilization: Option<f64>,
-}
-
-/// One GPU and its processes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceReading {
-    /// NVML index.
-    pub index: u32,
-    /// `GPU-…` UUID.
-    pub uuid: String,
-    /// Total memory, bytes.
-    pub total_bytes: u64,
-    /// Used memory, bytes.
-    pub used_bytes: u64,
-    /// Compute processes.
-    pub processes: Vec<ProcessUse>,
-}
-
-/// Where per-process GPU readings come from.
-pub trait ProcessProbe: Send + Sync {
-    /// Reads every device now.
-    fn read(&self) -> Result<Vec<DeviceReading>, GpuError>;
-}
-
-/// NVML over every device.
-pub struct NvmlProcessProbe {
-    nvml: nvml_wrapper::Nvml,
-    /// Per device, the newest utilization sample already seen (NVML returns samples since a timestamp).
-    last_seen: Mutex<BTreeMap<u32, u64>>,
-}
-
-impl std::fmt::Debug for NvmlProcessProbe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NvmlProcessProbe").finish_non_exhaustive()
-    }
-}
-
-impl NvmlProcessProbe {
-    /// Initialises NVML; fails cleanly where the driver library is missing.
-    pub fn new() -> Result<Self, GpuError> {
-        let nvml = nvml_wrapper::Nvml::init().map_err(|e| GpuError::Unavailable(e.to_string()))?;
-        Ok(Self {
-            nvml,
-            last_seen: Mutex::new(BTreeMap::new()),
-        })
-    }
-}
-
-impl ProcessProbe for NvmlProcessProbe {
-    fn read(&self) -> Result<Vec<DeviceReading>, GpuError> {
-        let count = self
-            .nvml
-            .device_count()
-            .map_err(GpuError::query("device_count"))?;
-        let mut out = Vec::with_capacity(count as usize);
-        for index in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(index)
-                .map_err(GpuError::query("device_by_index"))?;
-            let uuid = dev.uuid().map_err(GpuError::query("uuid"))?;
-            let mem = dev.memory_info().map_err(GpuError::query("memory_info"))?;
-            let procs = dev
-                .running_compute_processes()
-                .map_err(GpuError::query("running_compute_processes"))?;
-            let since = self.last_seen.lock().ok().and_then(|m| m.get(&index).copied());
-            // Samples exist only for processes that used the SMs in the period; a process absent from a
-            // successful answer used none. An error (NotSupported on some devices) means "unknown".
-            let samples = dev.process_utilization_stats(since).ok();
-            let mut sm: BTreeMap<u32, (u64, u32)> = BTreeMap::new();
-            if let Some(samples) = &samples {
-                for s in samples {
-                    let e = sm.entry(s.pid).or_insert((0, 0));
-                    if s.timestamp >= e.0 {
-                        *e = (s.timestamp, s.sm_util);
-                    }
-                }
-                if let (Some(newest), Ok(mut m)) =
-                    (samples.iter().map(|s| s.timestamp).max(), self.last_seen.lock())
-                {
-                    m.insert(index, newest);
-                }
-            }
-            let processes = procs
-                .iter()
-                .map(|p| ProcessUse {
-                    pid: p.pid,
-                    used_bytes: match p.used_gpu_memory {
-                        nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
-                        nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
-                    },
-                    sm_utilization: samples.as_ref().map(|_| {
-                        sm.get(&p.pid)
-                            .map_or(0.0, |(_, u)| f64::from((*u).min(100)) / 100.0)
-                    }),
-                })
-                .collect();
-            out.push(DeviceReading {
-                index,
-                uuid,
-                total_bytes: mem.total,
-                used_bytes: mem.used,
-                processes,
-            });
-        }
-        Ok(out)
-    }
-}
-
-/// A scripted probe for tests.
-#[derive(Debug, Default)]
-pub struct FakeProcessProbe {
-    /// What `read` answers (`None`: an NVML error).
-    pub readings: Mutex<Option<Vec<DeviceReading>>>,
-}
-
-impl ProcessProbe for FakeProcessProbe {
-    fn read(&self) -> Result<Vec<DeviceReading>, GpuError> {
-        self.readings
-            .lock()
-            .ok()
-            .and_then(|r| r.clone())
-            .ok_or_else(|| GpuError::Unavailable("fake probe has no reading".into()))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Per-pod totals (pure given the resolver).
-
-/// Groups each device's processes by pod. `resolve` maps a host PID to its pod (`None`: not in a pod).
-pub fn per_pod(devices: &[DeviceReading], resolve: impl Fn(u32) -> Option<PodRef>) -> Vec<GpuDeviceUse> {
-    devices
-        .iter()
-        .map(|d| {
-            let mut pods: BTreeMap<String, PodGpuUse> = BTreeMap::new();
-            let mut host: Option<PodGpuUse> = None;
-            for p in &d.processes {
-                let pod = resolve(p.pid);
-                let entry = match &pod {
-                    Some(r) => pods.entry(r.uid.clone()).or_insert_with(|| empty_use(&r.uid)),
-                    None => host.get_or_insert_with(|| empty_use("")),
-                };
-                entry.pids.push(p.pid);
-                if let Some(c) = pod.and_then(|r| r.container_id)
-                    && !entry.container_ids.contains(&c)
-                {
-                    entry.container_ids.push(c);
-                }
-                if let Some(b) = p.used_bytes {
-                    entry.memory_bytes = Some(entry.memory_bytes.unwrap_or(0).saturating_add(b));
-                }
-                if let Some(u) = p.sm_utilization {
-                    entry.sm_utilization = Some((entry.sm_utilization.unwrap_or(0.0) + u).min(1.0));
-                }
-            }
-            let tidy = |mut u: PodGpuUse| {
-                u.pids.sort_unstable();
-                u.container_ids.sort();
-                u
-            };
-            GpuDeviceUse {
-                index: d.index,
-                uuid: d.uuid.clone(),
-                total_bytes: d.total_bytes,
-                used_bytes: d.used_bytes,
-                pods: pods.into_values().map(tidy).collect(),
-                unattributed: host.map(tidy),
-            }
-        })
-        .collect()
-}
-
-fn empty_use(uid: &str) -> PodGpuUse {
-    PodGpuUse {
-        pod_uid: uid.to_string(),
-        container_ids: Vec::new(),
-        pids: Vec::new(),
-        memory_bytes: None,
-        sm_utilization: None,
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
