@@ -42,12 +42,7 @@ impl World<'_> {
         }
         self.models[m].rounds += 1;
         let now_ts = Timestamp::from_millis((self.now * 1000.0).round() as u64);
-        let live: Vec<usize> = self.models[m]
-            .replicas
-            .iter()
-            .copied()
-            .filter(|&r| matches!(self.replicas[r].phase, Phase::Starting | Phase::Ready))
-            .collect();
+        let live = self.live(m);
         let ready: Vec<usize> = live
             .iter()
             .copied()
@@ -278,12 +273,7 @@ impl World<'_> {
 
     /// KubeAI's and KEDA HTTP's rule: in-flight requests counted at their proxy, held ones included.
     pub(super) fn scale_on_in_flight(&mut self, m: usize) -> Result<(), SimError> {
-        let live: Vec<usize> = self.models[m]
-            .replicas
-            .iter()
-            .copied()
-            .filter(|&r| matches!(self.replicas[r].phase, Phase::Starting | Phase::Ready))
-            .collect();
+        let live = self.live(m);
         let in_flight: usize = self.models[m]
             .replicas
             .iter()

@@ -484,6 +484,35 @@ impl<'a> World<'a> {
         }
     }
 
+    /// Model `m`'s replicas starting or ready (what `/scale` counts), in start order.
+    fn live(&self, m: usize) -> Vec<usize> {
+        self.models[m]
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&r| matches!(self.replicas[r].phase, Phase::Starting | Phase::Ready))
+            .collect()
+    }
+
+    /// Schedules replica `r`'s next step end, if its engine has one; a new generation makes older step
+    /// events for it stale.
+    fn schedule_step(&mut self, r: usize) -> bool {
+        let rep = &mut self.replicas[r];
+        let Some(t) = rep.engine.next_event_time() else {
+            return false;
+        };
+        rep.generation += 1;
+        let generation = rep.generation;
+        self.push(
+            t,
+            Ev::Step {
+                replica: r,
+                generation,
+            },
+        );
+        true
+    }
+
     fn live_count(&self, m: usize) -> u32 {
         self.models[m]
             .replicas
@@ -709,16 +738,8 @@ impl<'a> World<'a> {
             st.failed = true;
             return true;
         }
-        if was_idle && let Some(t) = rep.engine.next_event_time() {
-            rep.generation += 1;
-            let generation = rep.generation;
-            self.push(
-                t,
-                Ev::Step {
-                    replica: r,
-                    generation,
-                },
-            );
+        if was_idle {
+            self.schedule_step(r);
         }
         true
     }
@@ -755,18 +776,11 @@ impl<'a> World<'a> {
             }
         }
         self.events = events;
-        let rep = &mut self.replicas[r];
-        if let Some(t) = rep.engine.next_event_time() {
-            rep.generation += 1;
-            let generation = rep.generation;
-            self.push(
-                t,
-                Ev::Step {
-                    replica: r,
-                    generation,
-                },
-            );
-        } else if rep.phase == Phase::Draining && rep.engine.is_idle() {
+        // A draining replica whose engine has nothing left to step stops.
+        if !self.schedule_step(r)
+            && self.replicas[r].phase == Phase::Draining
+            && self.replicas[r].engine.is_idle()
+        {
             self.stop_replica(r);
         }
     }
