@@ -25,6 +25,11 @@ use tessera_autoscaler::pool::{
 
 use crate::vllm;
 
+mod sidecar;
+
+use sidecar::inject_sidecar;
+pub use sidecar::sidecar;
+
 /// Opt-in label (pod template or namespace) the webhook configuration selects on; as a pod annotation or label,
 /// `"false"` opts a single pod out.
 pub const INJECT: &str = "tessera.dev/inject";
@@ -972,170 +977,6 @@ fn pin_to_node(spec: &mut k8s_openapi::api::core::v1::PodSpec, node: &str) {
         }
     }
 }
-
-fn field_env(name: &str, path: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..ObjectFieldSelector::default()
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    }
-}
-
-/// The model directory to hand the sidecar (`--model-dir`) and the vLLM volume mount it lives on.
-fn model_volume(c: &Container) -> Option<(String, VolumeMount)> {
-    let model = vllm::model(c)?;
-    if !model.starts_with('/') {
-        return None;
-    }
-    let mount = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter(|m| {
-            let base = m.mount_path.trim_end_matches('/');
-            model == base || model.starts_with(&format!("{base}/"))
-        })
-        .max_by_key(|m| m.mount_path.len())?;
-    Some((
-        model,
-        VolumeMount {
-            name: mount.name.clone(),
-            mount_path: mount.mount_path.clone(),
-            sub_path: mount.sub_path.clone(),
-            sub_path_expr: mount.sub_path_expr.clone(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        },
-    ))
-}
-
-/// The injected sidecar (see `docs/webhook.md`, "The injected container"), placed as the last init container.
-pub fn sidecar(
-    pod: &Pod,
-    ctx: &Context<'_>,
-    fractional: Option<(&FractionalNeed, &Placement, &str)>,
-) -> Container {
-    let cfg = ctx.config;
-    let vllm_c = vllm_container(pod).map(|i| &pod_spec(pod).containers[i]);
-    let vllm_port = vllm_c.map_or(vllm::DEFAULT_PORT, vllm::port);
-    let mut args = vec![
-        "sidecar".to_string(),
-        "--vllm-url".into(),
-        format!("http://127.0.0.1:{vllm_port}"),
-        "--listen".into(),
-        format!("0.0.0.0:{}", cfg.sidecar_port),
-    ];
-    if let Some(slo) = ctx.policy.and_then(|p| p.spec.ttft_slo.as_ref()) {
-        args.extend(["--ttft-slo".into(), slo.clone()]);
-    }
-    if let Some(slo) = annotations(pod).get(ANNOTATION_ITL_SLO) {
-        args.extend(["--itl-slo".into(), slo.clone()]);
-    }
-    let mut env = vec![
-        field_env("POD_NAME", "metadata.name"),
-        field_env("POD_NAMESPACE", "metadata.namespace"),
-        field_env("POD_UID", "metadata.uid"),
-        field_env("NODE_NAME", "spec.nodeName"),
-    ];
-    if let Some((need, placement, uuid)) = fractional {
-        args.extend([
-            "--gpu-compute-fraction".into(),
-            format_fraction(need.compute_milli),
-            "--gpu-shared".into(),
-            // The start-up gate: tenants of one GPU start one at a time (docs/fractional-gpus.md); its lease
-            // lives beside the capacity pod.
-            "--gpu-uuid".into(),
-            uuid.to_string(),
-            "--gate-namespace".into(),
-            placement.namespace.clone(),
-        ]);
-        if let Some(pool) = cfg.pools.as_deref().and_then(|p| p.pool(&need.pool)) {
-            args.extend(["--gpu-memory-mib".into(), pool.gpu_memory_mib.to_string()]);
-        }
-        env.push(EnvVar {
-            name: "NVIDIA_VISIBLE_DEVICES".into(),
-            value: Some(uuid.to_string()),
-            value_from: None,
-        });
-    }
-    let mut mounts = None;
-    if let Some((dir, mount)) = vllm_c.and_then(model_volume) {
-        args.extend(["--model-dir".into(), dir]);
-        mounts = Some(vec![mount]);
-    }
-    let probe = |path: &str, period: i32, failures: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::Int(i32::from(cfg.sidecar_port)),
-            ..HTTPGetAction::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(failures),
-        ..Probe::default()
-    };
-    Container {
-        name: SIDECAR_NAME.into(),
-        image: Some(cfg.sidecar_image.clone()),
-        args: Some(args),
-        // A native sidecar: starts before the app containers, runs beside them, never blocks pod completion.
-        restart_policy: Some("Always".into()),
-        ports: Some(vec![ContainerPort {
-            name: Some(SIDECAR_PORT_NAME.into()),
-            container_port: i32::from(cfg.sidecar_port),
-            protocol: Some("TCP".into()),
-            ..ContainerPort::default()
-        }]),
-        env: Some(env),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".to_string(), Quantity(cfg.sidecar_cpu.clone())),
-                ("memory".to_string(), Quantity(cfg.sidecar_memory.clone())),
-            ])),
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity(cfg.sidecar_memory.clone()),
-            )])),
-            ..ResourceRequirements::default()
-        }),
-        // The start-up gate: the app containers start once this passes (up to 10 minutes; the GPU start-up
-        // lease of the next issue makes it wait for neighbours that are loading).
-        // The start-up gate may make a pod wait for its GPU (other tenants loading first): 30 min before kubelet
-        // restarts the sidecar, which then waits on.
-        startup_probe: Some(probe("/startup", 2, 900)),
-        liveness_probe: Some(probe("/live", 10, 3)),
-        volume_mounts: mounts,
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Capabilities::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..SeccompProfile::default()
-            }),
-            ..SecurityContext::default()
-        }),
-        ..Container::default()
-    }
-}
-
-/// Puts the sidecar last among the init containers, replacing an earlier copy (never two).
-fn inject_sidecar(pod: &mut Pod, ctx: &Context<'_>, fractional: Option<(&FractionalNeed, &Placement, &str)>) {
-    let container = sidecar(pod, ctx, fractional);
-    let inits = pod_spec_mut(pod).init_containers.get_or_insert_with(Vec::new);
-    inits.retain(|c| c.name != SIDECAR_NAME);
-    inits.push(container);
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
