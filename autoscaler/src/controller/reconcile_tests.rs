@@ -733,7 +733,7 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
     reconcile(obj, ctx.clone()).await.unwrap();
     let status = server.await.unwrap();
     // The round told the pool managers it moves this Deployment's pod.
-    assert!(ctx.consolidation.managed.contains("models/llama-0"));
+    assert!(ctx.consolidation.managed.fresh().contains("models/llama-0"));
 
     // Round 2: the copy on another GPU is ready; the status remembers the surge.
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();

@@ -148,12 +148,13 @@ impl PoolSpec {
     /// The consolidation rule's configuration for this pool.
     pub fn consolidation(&self) -> ConsolidationConfig {
         let c = &self.consolidation;
-        ConsolidationConfig {
-            enabled: c.enabled,
-            max_moves: c.max_moves,
-            settle: c.settle.unwrap_or(self.empty_gpu_grace_period),
-            drain_timeout: c.drain_timeout,
-        }
+        ConsolidationConfig::for_pool(
+            c.enabled,
+            c.max_moves,
+            c.settle,
+            self.empty_gpu_grace_period,
+            c.drain_timeout,
+        )
     }
 }
 

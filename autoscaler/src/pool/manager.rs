@@ -19,7 +19,6 @@ use super::{ANNOTATION_DRAINING_SINCE, ConsolidationLink, LABEL_CAPACITY_POD, LA
 use crate::watch::{Change, fold_event};
 
 // Consolidation's I/O (draining a GPU), in its own file; a child module so it reaches the manager's fields.
-#[path = "consolidate.rs"]
 mod consolidate;
 use tessera_core::pack::consolidate::Candidate;
 

@@ -13,7 +13,7 @@
 //! appeared (TTL), marks empty GPUs, and deletes those empty for longer than the pool's grace period (the
 //! delete carries a resourceVersion precondition, so a reservation racing in makes the delete fail instead of
 //! losing the GPU under it). A deleted tenant pod frees its share ([`PoolManager::tenant_deleted`]). Each reconcile
-//! also runs consolidation's pool half (`consolidate.rs`: drain a GPU whose few replicas fit on the others; the
+//! also runs consolidation's pool half (`manager/consolidate.rs`: drain a GPU whose few replicas fit on the others; the
 //! controller moves the pods, sharing state through [`ConsolidationLink`]).
 //!
 //! Labels and annotations (the contract with the webhook, the gpu-agent and the sidecar):

@@ -357,11 +357,6 @@ impl PoolIndex {
         (packer, names)
     }
 
-    /// The tenant pod holding reservation `id` (none while its pod has not appeared).
-    pub fn tenant_of(&self, id: &str) -> Option<&Tenant> {
-        self.tenants.values().find(|t| t.reservation == id)
-    }
-
     /// Capacity pods being drained.
     pub fn draining(&self) -> impl Iterator<Item = &CapacityGpu> {
         self.capacity.values().filter(|g| g.draining_since.is_some())

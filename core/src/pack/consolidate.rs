@@ -50,6 +50,24 @@ impl ConsolidationConfig {
     pub fn is_on(&self) -> bool {
         self.enabled && self.max_moves > 0
     }
+
+    /// A pool's rule (the pool manager's config, the simulator's scenario): `settle` unset settles for the pool's
+    /// `empty_grace` — a GPU that has stayed emptiable as long as an empty GPU is kept is worth emptying
+    /// (measured in the simulator: `docs/simulator.md`, "Consolidation").
+    pub fn for_pool(
+        enabled: bool,
+        max_moves: usize,
+        settle: Option<Duration>,
+        empty_grace: Duration,
+        drain_timeout: Duration,
+    ) -> Self {
+        Self {
+            enabled,
+            max_moves,
+            settle: settle.unwrap_or(empty_grace),
+            drain_timeout,
+        }
+    }
 }
 
 impl Default for ConsolidationConfig {

@@ -68,12 +68,12 @@ pub struct Bounds {
 pub fn lower_bounds(sc: &Scenario, attainment: f64) -> Bounds {
     let lead = |m: usize| cold_start_lead(sc, m);
     let usable = usable_bytes(sc);
+    let footprints = footprints(sc);
     // What taking each request out can save: its interval (from its lead before arrival, clipped to the run, to its
     // ideal end) times the most GPUs its weights, KV cache and compute rate can round the need up by.
     let mut spans: Vec<f64> = Vec::new();
     for_each_request(sc, |m, a, r| {
-        let spec = &sc.models[m].spec;
-        let memory = (spec.weights_bytes + spec.overhead_bytes) as f64 + r.kv.max(min_kv_bytes(sc, m));
+        let memory = footprints[m].held(1, r.kv);
         let gpus = (memory / usable).max(r.work / r.ideal).ceil().max(1.0);
         let start = (a.at - lead(m)).max(0.0);
         spans.push(((a.at + r.ideal).min(sc.duration) - start) * gpus);
@@ -97,13 +97,41 @@ fn cold_start_lead(sc: &Scenario, m: usize) -> f64 {
     (setup.cold_start_secs(&sc.settings) - setup.slo_ttft).max(0.0)
 }
 
-/// The smallest KV cache a replica of model `m` starts with, bytes: one request of `max_model_len` tokens,
-/// in whole blocks (what vLLM checks at start-up).
-fn min_kv_bytes(sc: &Scenario, m: usize) -> f64 {
-    let setup = &sc.models[m];
+/// What one model holds in GPU memory while its weights are resident, bytes.
+struct Footprint {
+    /// Weights and start-up overhead.
+    fixed: f64,
+    /// The smallest KV cache a replica starts with: one request of `max_model_len` tokens, in whole blocks (what
+    /// vLLM checks at start-up).
+    min_kv: f64,
+}
+
+impl Footprint {
+    /// The model's memory with `kv` bytes of requests in flight: nothing while its weights are not resident (its
+    /// requests' intervals lie within the residency), else its weights and a cache of at least `min_kv` holding
+    /// them all.
+    fn held(&self, resident: u64, kv: f64) -> f64 {
+        if resident == 0 {
+            kv
+        } else {
+            self.fixed + kv.max(self.min_kv)
+        }
+    }
+}
+
+/// Each model's [`Footprint`], in scenario order.
+fn footprints(sc: &Scenario) -> Vec<Footprint> {
     let block = u64::from(EngineConfig::vllm_defaults(&sc.gpu).block_size.max(1));
-    let len = u64::from(setup.max_model_len.unwrap_or(setup.spec.max_model_len));
-    (len.div_ceil(block) * block * setup.spec.bytes_per_kv_token) as f64
+    sc.models
+        .iter()
+        .map(|setup| {
+            let len = u64::from(setup.max_model_len.unwrap_or(setup.spec.max_model_len));
+            Footprint {
+                fixed: (setup.spec.weights_bytes + setup.spec.overhead_bytes) as f64,
+                min_kv: (len.div_ceil(block) * block * setup.spec.bytes_per_kv_token) as f64,
+            }
+        })
+        .collect()
 }
 
 /// One GPU's memory less the headroom, bytes.
@@ -167,21 +195,7 @@ fn bound(sc: &Scenario, lead: impl Fn(usize) -> f64) -> f64 {
     });
     // Ends before starts at the same instant, so a zero-length gap never double counts.
     events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.2.cmp(&y.2)));
-    let fixed: Vec<f64> = sc
-        .models
-        .iter()
-        .map(|m| (m.spec.weights_bytes + m.spec.overhead_bytes) as f64)
-        .collect();
-    let min_kv: Vec<f64> = (0..sc.models.len()).map(|m| min_kv_bytes(sc, m)).collect();
-    // A model's memory: nothing while its weights are not resident (its requests' intervals lie within the
-    // residency), else its weights and a cache of at least `min_kv` holding every in-flight request.
-    let held = |resident: u64, kv: f64, m: usize| {
-        if resident == 0 {
-            kv
-        } else {
-            fixed[m] + kv.max(min_kv[m])
-        }
-    };
+    let footprints = footprints(sc);
     let mut resident = vec![0u64; sc.models.len()];
     let mut kv_of = vec![0.0f64; sc.models.len()];
     let (mut memory, mut compute, mut last, mut gpu_seconds) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
@@ -193,7 +207,7 @@ fn bound(sc: &Scenario, lead: impl Fn(usize) -> f64) -> f64 {
             gpu_seconds += (need - 1e-9).ceil().max(0.0) * (t - last);
             last = t;
         }
-        let before = held(resident[m], kv_of[m], m);
+        let before = footprints[m].held(resident[m], kv_of[m]);
         if weights > 0 {
             resident[m] += 1;
         } else if weights < 0 {
@@ -205,7 +219,7 @@ fn bound(sc: &Scenario, lead: impl Fn(usize) -> f64) -> f64 {
             kv_of[m] = (kv_of[m] - kv).max(0.0);
             compute -= rate;
         }
-        memory += held(resident[m], kv_of[m], m) - before;
+        memory += footprints[m].held(resident[m], kv_of[m]) - before;
     }
     gpu_seconds / 3600.0
 }

@@ -369,14 +369,7 @@ impl Report {
                 t.gpus_mean
             );
             // The joint rule (`core::scale::joint`): who answered the latency target, per model.
-            let owners: Vec<String> = t
-                .models
-                .iter()
-                .filter_map(|m| {
-                    m.latency_on_share
-                        .map(|f| format!("{} {:.0}%", m.model, f * 100.0))
-                })
-                .collect();
+            let owners = per_model_percent(&t.models, |m| m.latency_on_share);
             let floors: Vec<String> = t
                 .models
                 .iter()
@@ -406,15 +399,7 @@ impl Report {
                     owners.join(", ")
                 );
             }
-            let prefill: Vec<String> = t
-                .models
-                .iter()
-                .filter_map(|m| {
-                    m.prefill_bound
-                        .filter(|f| *f > 0.0)
-                        .map(|f| format!("{} {:.0}%", m.model, f * 100.0))
-                })
-                .collect();
+            let prefill = per_model_percent(&t.models, |m| m.prefill_bound.filter(|f| *f > 0.0));
             if !prefill.is_empty() {
                 let _ = writeln!(
                     o,
@@ -549,6 +534,14 @@ impl Report {
             "—".to_string()
         }
     }
+}
+
+/// `model NN%` for each model where `share` (0–1) has a value.
+fn per_model_percent(models: &[ModelReport], share: impl Fn(&ModelReport) -> Option<f64>) -> Vec<String> {
+    models
+        .iter()
+        .filter_map(|m| share(m).map(|f| format!("{} {:.0}%", m.model, f * 100.0)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -178,12 +178,14 @@ pub struct StrategySettings {
 impl StrategySettings {
     /// Tessera's consolidation rule as the pool manager runs it, with this scenario's knobs.
     pub fn consolidation(&self) -> tessera_core::pack::consolidate::ConsolidationConfig {
-        tessera_core::pack::consolidate::ConsolidationConfig {
-            enabled: self.consolidation,
-            max_moves: self.consolidation_max_moves,
-            settle: self.consolidation_settle.unwrap_or(self.gpu_release_grace),
-            ..Default::default()
-        }
+        use tessera_core::pack::consolidate::ConsolidationConfig;
+        ConsolidationConfig::for_pool(
+            self.consolidation,
+            self.consolidation_max_moves,
+            self.consolidation_settle,
+            self.gpu_release_grace,
+            ConsolidationConfig::default().drain_timeout,
+        )
     }
 
     /// Tessera's pool oversubscription in force: the one set, or the pool's default for the sharing model.

@@ -977,6 +977,7 @@ fn pin_to_node(spec: &mut k8s_openapi::api::core::v1::PodSpec, node: &str) {
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -64,13 +64,8 @@ impl World<'_> {
             })
             .collect();
         let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Some).collect();
+        let in_flight = self.in_flight(m);
         let rt = &self.models[m];
-        let in_flight: usize = rt
-            .replicas
-            .iter()
-            .filter(|&&r| self.replicas[r].phase != Phase::Gone)
-            .map(|&r| self.replicas[r].engine.in_flight())
-            .sum();
         let poll = inputs::ACTIVATOR_POLL_INTERVAL;
         let since_poll = rt
             .recent
@@ -150,6 +145,16 @@ impl World<'_> {
                 to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
         }
         self.apply_move(m, d.desired_replicas, step, &leaving, &live)
+    }
+
+    /// Requests model `m`'s replicas have accepted and not finished (what the activator counts as forwarded).
+    fn in_flight(&self, m: usize) -> usize {
+        self.models[m]
+            .replicas
+            .iter()
+            .filter(|&&r| self.replicas[r].phase != Phase::Gone)
+            .map(|&r| self.replicas[r].engine.in_flight())
+            .sum()
     }
 
     /// Where model `m`'s live replicas are relative to a draining GPU, for the consolidation move rule
@@ -274,13 +279,7 @@ impl World<'_> {
     /// KubeAI's and KEDA HTTP's rule: in-flight requests counted at their proxy, held ones included.
     pub(super) fn scale_on_in_flight(&mut self, m: usize) -> Result<(), SimError> {
         let live = self.live(m);
-        let in_flight: usize = self.models[m]
-            .replicas
-            .iter()
-            .filter(|&&r| self.replicas[r].phase != Phase::Gone)
-            .map(|&r| self.replicas[r].engine.in_flight())
-            .sum::<usize>()
-            + self.models[m].held.len();
+        let in_flight = self.in_flight(m) + self.models[m].held.len();
         let max = self.sc.models[m].max_replicas;
         let now = self.now;
         let Some((rule, state)) = self.models[m].concurrency.as_mut() else {

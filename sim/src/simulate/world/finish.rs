@@ -74,6 +74,11 @@ impl World<'_> {
                 ),
                 _ => (0.0, 0.0, 0),
             };
+            // Tessera's rounds that went one way, as a share of its rounds.
+            let share_of_rounds = |n: u32| {
+                (self.plan.kind == StrategyKind::Tessera && rt.rounds > 0)
+                    .then(|| f64::from(n) / f64::from(rt.rounds))
+            };
             let preemptions = rt
                 .replicas
                 .iter()
@@ -119,10 +124,8 @@ impl World<'_> {
                     _ => None,
                 },
                 scale_changes: rt.scale_changes.clone(),
-                latency_on_share: (self.plan.kind == StrategyKind::Tessera && rt.rounds > 0)
-                    .then(|| f64::from(rt.rounds_latency_on_share) / f64::from(rt.rounds)),
-                prefill_bound: (self.plan.kind == StrategyKind::Tessera && rt.rounds > 0)
-                    .then(|| f64::from(rt.rounds_prefill_bound) / f64::from(rt.rounds)),
+                latency_on_share: share_of_rounds(rt.rounds_latency_on_share),
+                prefill_bound: share_of_rounds(rt.rounds_prefill_bound),
                 warm_floor: rt.warm_floor.map(|w| {
                     format!(
                         "cold start {:.0} s > TTFT objective {:.0} s",
@@ -146,26 +149,10 @@ impl World<'_> {
             gpu_hours: self.gpu_seconds / 3600.0,
             gpus_peak: self.gpus_peak,
             gpus_mean: self.gpu_seconds / duration,
-            memory_used_ratio: if mem_cap > 0.0 {
-                self.mem_used_acc / mem_cap
-            } else {
-                0.0
-            },
-            memory_reserved_ratio: if mem_cap > 0.0 {
-                self.mem_reserved_acc / mem_cap
-            } else {
-                0.0
-            },
-            compute_ratio: if samples > 0.0 {
-                self.compute_acc / samples
-            } else {
-                0.0
-            },
-            compute_allocated_ratio: if samples > 0.0 {
-                self.allocated_acc / samples
-            } else {
-                0.0
-            },
+            memory_used_ratio: ratio(self.mem_used_acc, mem_cap),
+            memory_reserved_ratio: ratio(self.mem_reserved_acc, mem_cap),
+            compute_ratio: ratio(self.compute_acc, samples),
+            compute_allocated_ratio: ratio(self.allocated_acc, samples),
             requests: total,
             completed,
             failed,
@@ -212,4 +199,9 @@ impl World<'_> {
             decisions: self.decisions.take().unwrap_or_default(),
         }
     }
+}
+
+/// `part / whole`, 0 when nothing was accumulated.
+fn ratio(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 { part / whole } else { 0.0 }
 }

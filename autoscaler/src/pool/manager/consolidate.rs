@@ -2,12 +2,14 @@
 //! index every reconcile and writes its answer, the `tessera.dev/draining-since` mark on a capacity pod. The
 //! controller's half (moving the pods) is `crate::controller::consolidate`.
 
+use std::collections::HashSet;
+
 use tessera_core::pack::consolidate::{PoolStep, pool_step};
 use tracing::{debug, info, warn};
 
-use super::super::PoolError;
-use super::super::state::draining_patch;
 use super::{PoolManager, is_status};
+use crate::pool::PoolError;
+use crate::pool::state::draining_patch;
 
 impl PoolManager {
     /// One consolidation step (`tessera_core::pack::consolidate::pool_step`): marks a GPU whose replicas fit
@@ -20,11 +22,15 @@ impl PoolManager {
             let idx = self.index();
             let (packer, names) = idx.packer(&shape);
             let candidate = *self.candidate.lock().unwrap_or_else(|e| e.into_inner());
-            // Movable: a ReplicaSet's Ready pod (the index) that an InferenceAutoscaler's round moves (the link).
-            let step = pool_step(&packer, candidate, now, &cfg, |r| {
-                idx.tenant_of(&r.id)
-                    .is_some_and(|t| t.movable && self.link.managed.contains(&t.key))
-            });
+            // Movable: a ReplicaSet's Ready pod (the index) that an InferenceAutoscaler's round moves (the link), by
+            // reservation id.
+            let managed = self.link.managed.fresh();
+            let movable: HashSet<&str> = idx
+                .tenants()
+                .filter(|t| t.movable && managed.contains(&t.key))
+                .map(|t| t.reservation.as_str())
+                .collect();
+            let step = pool_step(&packer, candidate, now, &cfg, |r| movable.contains(r.id.as_str()));
             let target = step.mark(now).and_then(|(gpu, since)| {
                 let name = names.get(&gpu)?;
                 let cap = idx.capacity_pod(name)?;
