@@ -4,9 +4,12 @@
 //! each) for nothing. So the controller keeps two things per model:
 //! - the **candidate**: the latest recommendation and since when it has stayed within a tolerance of itself;
 //! - the allocation **in force**: what new pods get (`updateMode: Initial` and `Recreate`). A candidate becomes
-//!   in force once it has been stable for the stability window; a *growth while vLLM preempts* becomes in force at
-//!   once (preemptions recompute work and hurt latency now). Values fixed in the policy (`gpu.memory: 10240`,
-//!   `gpu.computeFraction: "0.25"`) always win over the recommendation.
+//!   in force once it has been stable for the stability window. An *urgent growth* becomes in force at once
+//!   ([`Urgency`]): more memory while vLLM preempts (preemptions recompute work and hurt latency now), or a bigger
+//!   compute share while a replica's TTFT p95 is over the objective (a replica started on a smaller share stays
+//!   on it until replaced, and each sync it breaches the SLO guard adds a replica instead — measured on the
+//!   simulator's default scenario, `docs/simulator.md`, "Urgent compute growth"). Values fixed in the policy
+//!   (`gpu.memory: 10240`, `gpu.computeFraction: "0.25"`) always win over the recommendation.
 //!
 //! With `updateMode: Recreate`, [`decide_roll`] says whether to roll the running pods now. A roll is a
 //! make-before-break: the controller bumps a hash annotation on the workload's pod template and the Deployment or
@@ -15,6 +18,9 @@
 //! of one pool at once, never against a PodDisruptionBudget, and never shrinks on missing data.
 
 use std::time::Duration;
+
+use crate::scale::inputs::replica_signals;
+use crate::wire::sidecar::SidecarStatus;
 
 /// How a policy applies its recommendation (`gpu.updateMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,6 +109,38 @@ pub struct Candidate {
     pub since_ms: u64,
 }
 
+/// What makes a growth urgent this round, read from the model's fresh replicas. Each urges its own dimension:
+/// only memory while preempting, only compute while over the TTFT objective. Missing data is never urgent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Urgency {
+    /// vLLM preempted on some replica within its window: a memory growth cannot wait.
+    pub preempting: bool,
+    /// Some replica's TTFT p95 (its short window) is over the TTFT objective: a compute growth cannot wait.
+    pub ttft_over_slo: bool,
+}
+
+impl Urgency {
+    /// The urgency in `statuses` (one per ready pod; `None`: unreadable, never urgent): a fresh replica
+    /// (within `max_age`, as the replica decision reads it) that preempted in its window, or whose TTFT p95 is
+    /// over `ttft_slo` (no objective: never). The controller and the simulator both read it here.
+    pub fn of(statuses: &[Option<&SidecarStatus>], ttft_slo: Option<Duration>, max_age: Duration) -> Urgency {
+        let mut u = Urgency::default();
+        for st in statuses.iter().flatten() {
+            let signals = replica_signals(st, max_age);
+            if !signals.fresh {
+                continue;
+            }
+            u.preempting |= st
+                .window
+                .as_ref()
+                .and_then(|w| w.preemptions)
+                .is_some_and(|p| p > 0.0);
+            u.ttft_over_slo |= ttft_slo.zip(signals.ttft_p95).is_some_and(|(slo, p95)| p95 > slo);
+        }
+        u
+    }
+}
+
 /// Settings of the in-force and roll rules.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RolloutConfig {
@@ -149,7 +187,8 @@ pub fn track(
 pub enum InForceReason {
     /// The recommendation was stable for the window.
     Stable,
-    /// The recommendation grows while vLLM preempts: applied without waiting.
+    /// The recommendation grows memory while vLLM preempts, or compute while a replica is over the TTFT
+    /// objective ([`Urgency`]): applied without waiting.
     UrgentGrowth,
     /// The policy fixes both memory and compute.
     PolicyFixed,
@@ -172,13 +211,13 @@ impl InForceReason {
     }
 }
 
-/// The allocation in force now, and why. `previous` is what was in force before; `preempting` is true when the
-/// model's replicas preempted within the recent window.
+/// The allocation in force now, and why. `previous` is what was in force before; `urgency` what the model's
+/// replicas show this round.
 pub fn in_force(
     fixed: &Fixed,
     candidate: Option<&Candidate>,
     previous: Option<Allocation>,
-    preempting: bool,
+    urgency: Urgency,
     now_ms: u64,
     cfg: &RolloutConfig,
 ) -> (Option<Allocation>, InForceReason) {
@@ -195,12 +234,22 @@ pub fn in_force(
     if now_ms.saturating_sub(candidate.since_ms) >= window {
         return (Some(fixed.apply(candidate.alloc)), InForceReason::Stable);
     }
-    let grows = previous.is_none_or(|p| candidate.alloc.memory_mib > p.memory_mib);
-    if preempting && grows {
+    let memory_now = urgency.preempting && previous.is_none_or(|p| candidate.alloc.memory_mib > p.memory_mib);
+    let compute_now = urgency.ttft_over_slo
+        && previous.is_none_or(|p| candidate.alloc.compute_fraction > p.compute_fraction);
+    if memory_now || compute_now {
         let mut alloc = candidate.alloc;
-        // Urgency is about memory; a compute change in the same candidate still waits (keep the previous share).
+        // Each urgency is about its own dimension: the other one's change in the same candidate still waits, and
+        // a shrink never rides along (keep the larger of the two).
         if let Some(p) = previous {
-            alloc.compute_fraction = alloc.compute_fraction.max(p.compute_fraction);
+            if !compute_now {
+                alloc.compute_fraction = alloc.compute_fraction.max(p.compute_fraction);
+            }
+            if !memory_now && p.memory_mib > alloc.memory_mib {
+                alloc.memory_mib = p.memory_mib;
+                alloc.kv_cache_memory_bytes = p.kv_cache_memory_bytes;
+                alloc.gpu_memory_utilization = p.gpu_memory_utilization;
+            }
         }
         return (Some(fixed.apply(alloc)), InForceReason::UrgentGrowth);
     }
@@ -223,17 +272,24 @@ pub enum Drift {
     Unknown,
 }
 
+/// Which dimensions some pod runs below `target` in, by more than `threshold`: (memory, compute).
+fn grows(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> (bool, bool) {
+    pods.iter().flatten().fold((false, false), |(m, c), p| {
+        (
+            m || (target.memory_mib as f64) > p.memory_mib as f64 * (1.0 + threshold),
+            c || target.compute_fraction > p.compute_fraction * (1.0 + threshold),
+        )
+    })
+}
+
 /// Compares the pods' allocations (`None`: unknown, e.g. a pod admitted before Tessera) with `target`.
 pub fn drift(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> Drift {
     let known: Vec<&Allocation> = pods.iter().flatten().collect();
     if known.is_empty() {
         return Drift::Unknown;
     }
-    let grow = known.iter().any(|p| {
-        (target.memory_mib as f64) > p.memory_mib as f64 * (1.0 + threshold)
-            || target.compute_fraction > p.compute_fraction * (1.0 + threshold)
-    });
-    if grow {
+    let (memory, compute) = grows(target, pods, threshold);
+    if memory || compute {
         return Drift::Grow;
     }
     if known.iter().any(|p| p.relative_drift(target) > threshold) {
@@ -261,8 +317,8 @@ pub struct RollInput {
     pub pods: Vec<Option<Allocation>>,
     /// When the current drift began ([`drift_since`]).
     pub drift_since_ms: Option<u64>,
-    /// vLLM preempted recently on this model's replicas.
-    pub preempting: bool,
+    /// What the model's replicas show this round ([`Urgency::of`]).
+    pub urgency: Urgency,
     /// The workload's replicas (spec) and how many are ready.
     pub replicas: i32,
     /// Replicas ready now.
@@ -299,7 +355,8 @@ pub enum RollDecision {
 /// Why a roll happens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RollReason {
-    /// Pods run with less than in force while vLLM preempts: grow now.
+    /// Pods run with less memory than in force while vLLM preempts, or less compute while a replica is over the
+    /// TTFT objective: grow now.
     UrgentGrowth,
     /// Pods run with less than in force, drifted for the whole window.
     Grow,
@@ -404,8 +461,10 @@ pub fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
     let lasted = input
         .drift_since_ms
         .is_some_and(|since| input.now_ms.saturating_sub(since) >= window);
+    let (memory, compute) = grows(&target, &input.pods, cfg.drift_threshold);
+    let urgent = (memory && input.urgency.preempting) || (compute && input.urgency.ttft_over_slo);
     let reason = match d {
-        Drift::Grow if input.preempting => RollReason::UrgentGrowth,
+        Drift::Grow if urgent => RollReason::UrgentGrowth,
         Drift::Grow if lasted => RollReason::Grow,
         Drift::Shrink if lasted => RollReason::Shrink,
         _ => return RollDecision::Hold(H::Settling),

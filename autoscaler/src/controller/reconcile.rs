@@ -351,18 +351,11 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let statuses =
         futures::future::join_all(ready_pods.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
     let mut recommendations = Vec::new();
-    let mut preempting = false;
     let mut docs = Vec::with_capacity(ready_pods.len());
     for ((pod, url), result) in ready_pods.iter().zip(statuses) {
         match result {
             Ok(st) => {
                 let fresh = scale::inputs::replica_signals(&st, ctx.settings.max_signal_age).fresh;
-                preempting |= fresh
-                    && st
-                        .window
-                        .as_ref()
-                        .and_then(|w| w.preemptions)
-                        .is_some_and(|p| p > 0.0);
                 if fresh && let Some(r) = st.recommendation() {
                     recommendations.push(r.clone());
                 }
@@ -386,6 +379,9 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         ctx.settings.activator_max_age,
     );
     let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Option::as_ref).collect();
+    // What hurries a growth onto the pods (`core::rollout::Urgency`): preemptions for memory, a replica over the
+    // TTFT objective for compute.
+    let urgency = tessera_core::rollout::Urgency::of(&read, policy.ttft_slo, ctx.settings.max_signal_age);
     // A surge to move a pod off a draining GPU is not a count the rule chose: take it off before deciding (the
     // simulator does the same).
     let decided_current = tessera_core::pack::consolidate::count_before_surge(
@@ -490,7 +486,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             all_pods: &all_pods,
             gpu: &gpu,
             recommendation: recommendation.as_ref(),
-            preempting,
+            urgency,
             replicas: (
                 i32::try_from(current).unwrap_or(i32::MAX),
                 i32::try_from(input.ready_replicas).unwrap_or(i32::MAX),
@@ -603,7 +599,7 @@ struct AllocationRound<'a> {
     all_pods: &'a [Pod],
     gpu: &'a crate::crd::GpuSpec,
     recommendation: Option<&'a crate::crd::RecommendationStatus>,
-    preempting: bool,
+    urgency: tessera_core::rollout::Urgency,
     replicas: (i32, i32, i32, i32),
     now_ms: u64,
     now_k8s: &'a Time,
@@ -624,7 +620,7 @@ async fn allocation_and_roll(
         previous,
         round.recommendation,
         round.gpu,
-        round.preempting,
+        round.urgency,
         round.now_ms,
         cfg,
     );
@@ -658,7 +654,7 @@ async fn allocation_and_roll(
             gpu: round.gpu,
             model_key: &model_key,
             replicas: round.replicas,
-            preempting: round.preempting,
+            urgency: round.urgency,
             now_ms: round.now_ms,
         },
         &ctx.rolling,

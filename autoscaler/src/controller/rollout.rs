@@ -24,6 +24,7 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::Value;
 use tessera_core::rollout::{
     self, Allocation, Candidate, Fixed, HoldReason, RollDecision, RollInput, RolloutConfig, UpdateMode,
+    Urgency,
 };
 use tracing::{debug, info, warn};
 
@@ -144,7 +145,7 @@ pub fn next_allocation(
     previous: Option<&AllocationStatus>,
     recommendation: Option<&RecommendationStatus>,
     gpu: &GpuSpec,
-    preempting: bool,
+    urgency: Urgency,
     now_ms: u64,
     cfg: &RolloutConfig,
 ) -> AllocationStatus {
@@ -160,7 +161,7 @@ pub fn next_allocation(
         &fixed(gpu),
         candidate.as_ref(),
         prev_in_force,
-        preempting,
+        urgency,
         now_ms,
         cfg,
     );
@@ -329,8 +330,8 @@ pub struct RollRequest<'a> {
     pub model_key: &'a str,
     /// Replica counts (spec, ready, desired) and the policy floor.
     pub replicas: (i32, i32, i32, i32),
-    /// Preemptions seen this window.
-    pub preempting: bool,
+    /// What hurries a growth this round (preemptions, a replica over the TTFT objective).
+    pub urgency: Urgency,
     /// Now.
     pub now_ms: u64,
 }
@@ -363,7 +364,7 @@ pub async fn roll(req: RollRequest<'_>, rolling: &Rolling, cfg: &RolloutConfig) 
             in_force: req.allocation.in_force.as_ref().map(from_values),
             pods: req.pods.iter().map(pod_allocation).collect(),
             drift_since_ms: req.allocation.drift_since.as_ref().map(time_ms),
-            preempting: req.preempting,
+            urgency: req.urgency,
             replicas,
             ready_replicas: ready,
             desired_replicas: desired,

@@ -26,7 +26,7 @@ fn input(in_force: Allocation, pods: Vec<Option<Allocation>>) -> RollInput {
         desired_replicas: pods.len() as i32,
         pods,
         drift_since_ms: Some(0),
-        preempting: false,
+        urgency: Urgency::default(),
         min_replicas: 1,
         max_unavailable: 0,
         rollout_in_progress: false,
@@ -51,11 +51,74 @@ fn roll_a_growth_that_prevents_preemptions_is_prompt() {
     let mut i = input(alloc(40_000, 0.3), vec![Some(alloc(20_000, 0.3)); 2]);
     i.drift_since_ms = Some(i.now_ms);
     assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::Settling));
-    i.preempting = true;
+    i.urgency.preempting = true;
     assert_eq!(
         decide_roll(&i, &cfg()),
         RollDecision::Roll(RollReason::UrgentGrowth)
     );
+}
+
+#[test]
+fn roll_a_compute_growth_while_over_the_ttft_objective_is_prompt() {
+    // A pod started on a 0.5 share while 0.8 is in force: a drift that would wait the window...
+    let mut i = input(
+        alloc(20_000, 0.8),
+        vec![Some(alloc(20_000, 0.5)), Some(alloc(20_000, 0.8))],
+    );
+    i.drift_since_ms = Some(i.now_ms);
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::Settling));
+    // ... rolls at once while a replica is over the TTFT objective.
+    i.urgency.ttft_over_slo = true;
+    assert_eq!(
+        decide_roll(&i, &cfg()),
+        RollDecision::Roll(RollReason::UrgentGrowth)
+    );
+    // Each urgency urges its own dimension: preemptions do not hurry a compute drift, nor latency a memory one.
+    i.urgency = Urgency {
+        preempting: true,
+        ttft_over_slo: false,
+    };
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::Settling));
+    let mut m = input(alloc(40_000, 0.5), vec![Some(alloc(20_000, 0.5)); 2]);
+    m.drift_since_ms = Some(m.now_ms);
+    m.urgency.ttft_over_slo = true;
+    assert_eq!(decide_roll(&m, &cfg()), RollDecision::Hold(HoldReason::Settling));
+}
+
+#[test]
+fn in_force_a_compute_growth_is_urgent_only_over_the_ttft_objective_and_never_shrinks_memory() {
+    let c = cfg();
+    let previous = alloc(30_000, 0.5);
+    // The candidate grows compute and shrinks memory; two minutes old, far from stable.
+    let cand = track(None, Some(alloc(20_000, 0.8)), 0, &c).unwrap();
+    let calm = in_force(
+        &Fixed::default(),
+        Some(&cand),
+        Some(previous),
+        Urgency::default(),
+        2 * MIN,
+        &c,
+    );
+    assert_eq!(calm, (Some(previous), InForceReason::Settling));
+    let slow = Urgency {
+        preempting: false,
+        ttft_over_slo: true,
+    };
+    let (force, why) = in_force(&Fixed::default(), Some(&cand), Some(previous), slow, 2 * MIN, &c);
+    assert_eq!(why, InForceReason::UrgentGrowth);
+    // The share comes into force now; the memory shrink still waits for the window.
+    assert_eq!(force, Some(alloc(30_000, 0.8)));
+    // A candidate that does not grow compute is not hurried by latency.
+    let smaller = track(None, Some(alloc(20_000, 0.4)), 0, &c).unwrap();
+    let (_, why) = in_force(
+        &Fixed::default(),
+        Some(&smaller),
+        Some(previous),
+        slow,
+        2 * MIN,
+        &c,
+    );
+    assert_eq!(why, InForceReason::Settling);
 }
 
 #[test]
@@ -97,15 +160,37 @@ fn roll_a_candidate_comes_into_force_only_when_stable() {
     let wobble = track(Some(&first), Some(alloc(30_500, 0.41)), 10 * MIN, &c).unwrap();
     assert_eq!(wobble.since_ms, 0);
     assert_eq!(
-        in_force(&Fixed::default(), Some(&wobble), None, false, 29 * MIN, &c).1,
+        in_force(
+            &Fixed::default(),
+            Some(&wobble),
+            None,
+            Urgency::default(),
+            29 * MIN,
+            &c
+        )
+        .1,
         InForceReason::NoRecommendation
     );
-    let (f, why) = in_force(&Fixed::default(), Some(&wobble), None, false, 30 * MIN, &c);
+    let (f, why) = in_force(
+        &Fixed::default(),
+        Some(&wobble),
+        None,
+        Urgency::default(),
+        30 * MIN,
+        &c,
+    );
     assert_eq!((f, why), (Some(alloc(30_000, 0.4)), InForceReason::Stable));
     // A real move restarts the clock; the previous allocation stays in force meanwhile.
     let moved = track(Some(&wobble), Some(alloc(20_000, 0.4)), 31 * MIN, &c).unwrap();
     assert_eq!(moved.since_ms, 31 * MIN);
-    let (f, why) = in_force(&Fixed::default(), Some(&moved), f, false, 40 * MIN, &c);
+    let (f, why) = in_force(
+        &Fixed::default(),
+        Some(&moved),
+        f,
+        Urgency::default(),
+        40 * MIN,
+        &c,
+    );
     assert_eq!((f, why), (Some(alloc(30_000, 0.4)), InForceReason::Settling));
 }
 
@@ -128,7 +213,10 @@ fn arb_input() -> impl Strategy<Value = RollInput> {
                 in_force: Some(target),
                 pods,
                 drift_since_ms: since,
-                preempting: flags[0],
+                urgency: Urgency {
+                    preempting: flags[0],
+                    ttft_over_slo: flags[0],
+                },
                 replicas,
                 ready_replicas: ready.min(replicas),
                 desired_replicas: desired,
@@ -174,7 +262,7 @@ proptest! {
     ) {
         let c = cfg();
         let cand = track(None, Some(rec), 0, &c).unwrap();
-        let (force, _) = in_force(&Fixed::default(), Some(&cand), None, false, t, &c);
+        let (force, _) = in_force(&Fixed::default(), Some(&cand), None, Urgency::default(), t, &c);
         prop_assert_eq!(force, None);
         let mut i = input(rec, pods.into_iter().map(Some).collect());
         i.in_force = force;
@@ -185,12 +273,13 @@ proptest! {
     fn roll_a_fixed_policy_value_always_wins(
         rec in prop::option::of(arb_alloc()), prev in prop::option::of(arb_alloc()),
         mem in prop::option::of(1_000u64..80_000), share in prop::option::of(0.05f64..=1.0),
-        preempting in any::<bool>(), t in 0u64..120 * MIN,
+        preempting in any::<bool>(), slow in any::<bool>(), t in 0u64..120 * MIN,
     ) {
         let c = cfg();
         let fixed = Fixed { memory_mib: mem, compute_fraction: share };
         let cand = track(None, rec, 0, &c);
-        let (force, _) = in_force(&fixed, cand.as_ref(), prev, preempting, t, &c);
+        let urgency = Urgency { preempting, ttft_over_slo: slow };
+        let (force, _) = in_force(&fixed, cand.as_ref(), prev, urgency, t, &c);
         if let Some(f) = force {
             if let Some(m) = mem { prop_assert_eq!(f.memory_mib, m); }
             if let Some(s) = share { prop_assert_eq!(f.compute_fraction, s); }
@@ -287,7 +376,7 @@ fn roll_replay_qwen2_7b_a100_settles_at_or_below_055_without_preemption() {
             &Fixed::default(),
             cand.as_ref(),
             previous_in_force,
-            false,
+            Urgency::default(),
             t0 + 30 * MIN,
             &c,
         );
@@ -320,4 +409,49 @@ fn roll_holds_when_the_template_already_carries_the_allocation() {
         decide_roll(&i, &cfg()),
         RollDecision::Hold(HoldReason::RolloutInProgress)
     );
+}
+
+/// A sidecar document: fresh or not, its window's preemptions and its TTFT p95 (long window only, as an older
+/// sidecar reports it).
+fn sidecar(fresh: bool, preemptions: f64, ttft_p95: f64) -> SidecarStatus {
+    serde_json::from_value(serde_json::json!({
+        "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
+        "ready": true, "stale": !fresh,
+        "scrape": {"interval_secs": 5.0, "successes_total": 3},
+        "latest": {"at": 998.0, "kv_cache_usage_ratio": 0.4, "requests_running": 2.0, "requests_waiting": 0.0},
+        "window": {"start": 900.0, "end": 1000.0, "samples": 20, "preemptions": preemptions,
+                   "ttft_seconds": {"p95": ttft_p95}},
+        "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming up"}}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn urgency_reads_fresh_replicas_only_and_never_from_missing_data() {
+    let age = Duration::from_secs(30);
+    let slo = Some(Duration::from_secs(2));
+    let (calm, slow, preempting) = (
+        sidecar(true, 0.0, 0.5),
+        sidecar(true, 0.0, 2.5),
+        sidecar(true, 3.0, 0.5),
+    );
+    assert_eq!(Urgency::of(&[Some(&calm), None], slo, age), Urgency::default());
+    assert_eq!(
+        Urgency::of(&[Some(&calm), Some(&slow)], slo, age),
+        Urgency {
+            preempting: false,
+            ttft_over_slo: true
+        }
+    );
+    assert_eq!(
+        Urgency::of(&[Some(&preempting)], slo, age),
+        Urgency {
+            preempting: true,
+            ttft_over_slo: false
+        }
+    );
+    // No objective: latency is never urgent. A stale document counts for nothing.
+    assert_eq!(Urgency::of(&[Some(&slow)], None, age), Urgency::default());
+    let stale = sidecar(false, 3.0, 9.0);
+    assert_eq!(Urgency::of(&[Some(&stale)], slo, age), Urgency::default());
 }

@@ -96,7 +96,7 @@ async fn run_roll(
             gpu: &g,
             model_key: "team-a/llama",
             replicas: (2, 2, 2, 1),
-            preempting: false,
+            urgency: Default::default(),
             now_ms: 40 * MIN,
         },
         rolling,
@@ -259,15 +259,15 @@ fn roll_in_force_is_kept_in_status_across_reconciles() {
         reason: "r".into(),
         ..RecommendationStatus::default()
     };
-    let first = next_allocation(None, Some(&rec), &g, false, 0, &cfg);
+    let first = next_allocation(None, Some(&rec), &g, Urgency::default(), 0, &cfg);
     assert_eq!(
         (first.in_force, first.reason.as_str()),
         (None, "no_recommendation")
     );
     // A restart re-reads status: the candidate's clock survives it, and missing data changes nothing.
-    let gap = next_allocation(Some(&first), None, &g, false, 10 * MIN, &cfg);
+    let gap = next_allocation(Some(&first), None, &g, Urgency::default(), 10 * MIN, &cfg);
     assert_eq!(gap.candidate_since, first.candidate_since);
-    let later = next_allocation(Some(&gap), Some(&rec), &g, false, 30 * MIN, &cfg);
+    let later = next_allocation(Some(&gap), Some(&rec), &g, Urgency::default(), 30 * MIN, &cfg);
     assert_eq!(later.reason, "stable");
     assert_eq!(later.in_force.unwrap().kv_cache_memory_bytes, Some(12 << 30));
     // A fixed memory in the policy wins.
@@ -275,6 +275,13 @@ fn roll_in_force_is_kept_in_status_across_reconciles() {
     fixed.memory = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(
         10_240,
     ));
-    let f = next_allocation(Some(&later), Some(&rec), &fixed, false, 31 * MIN, &cfg);
+    let f = next_allocation(
+        Some(&later),
+        Some(&rec),
+        &fixed,
+        Urgency::default(),
+        31 * MIN,
+        &cfg,
+    );
     assert_eq!(f.in_force.unwrap().gpu_memory_mib, 10_240);
 }
