@@ -315,9 +315,18 @@ async fn replay(
 
 #[tokio::test]
 async fn the_controller_decides_what_the_simulator_decided() {
-    // Forty minutes of the default scenario: long enough for scale-ups, holds, scale-downs and scale to zero.
-    let sc = scenario::load(&Source::Default, None, Some(Duration::from_secs(40 * 60))).unwrap();
-    let run = World::new(&sc, plan(StrategyKind::Tessera, vec![None; sc.models.len()]))
+    // The default scenario's hour: long enough for scale-ups, holds, scale-downs and scale to zero.
+    let sc = scenario::load(&Source::Default, None, None).unwrap();
+    // Started as `tessera simulate` starts Tessera: from the allocation the HPA baseline's observations recommend
+    // (a recommendation comes into force only after the 30-minute stability window, so one started without would
+    // run at vLLM's defaults for most of the replay).
+    let histories = World::new(&sc, plan(StrategyKind::Hpa, vec![None; sc.models.len()]))
+        .unwrap()
+        .run(&mut |_| {})
+        .unwrap()
+        .histories;
+    let initial = tessera_sim::simulate::world::calibrate(&sc, &histories);
+    let run = World::new(&sc, plan(StrategyKind::Tessera, initial))
         .unwrap()
         .recording_decisions()
         .run(&mut |_| {})

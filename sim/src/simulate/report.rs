@@ -122,8 +122,21 @@ pub struct StrategyReport {
     /// Tessera: what consolidation did (`core::pack::consolidate`); none for the other strategies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consolidation: Option<ConsolidationReport>,
+    /// Tessera: what the rollout rule did (`core::rollout`); none for the other strategies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollouts: Option<RolloutReport>,
     /// Time series for the charts.
     pub series: Series,
+}
+
+/// What the rollout rule did over a run: rolls onto the allocation in force, by reason, and the replicas they
+/// replaced.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RolloutReport {
+    /// Rolls begun, by reason (`urgent_growth`, `grow`, `shrink`).
+    pub rolls: BTreeMap<String, u32>,
+    /// Replicas replaced by a roll (each a cold start of its successor, surged before it went).
+    pub replaced: u64,
 }
 
 /// What consolidation did over a run: GPUs drained and replicas moved.
@@ -381,6 +394,17 @@ impl Report {
                     "Kept one warm replica instead of scaling to zero, because a cold start would miss the TTFT \
                      objective: {}.",
                     floors.join(", ")
+                );
+            }
+            if let Some(r) = t.rollouts.as_ref().filter(|r| !r.rolls.is_empty()) {
+                let reasons: Vec<String> = r.rolls.iter().map(|(k, n)| format!("{k} {n}")).collect();
+                let _ = writeln!(
+                    o,
+                    "Rolled running replicas onto the allocation in force {} time(s) ({}), replacing {} replica(s), \
+                     each by a surge before the old one went.",
+                    r.rolls.values().sum::<u32>(),
+                    reasons.join(", "),
+                    r.replaced
                 );
             }
             if let Some(c) = t.consolidation.filter(|c| c.drains > 0) {

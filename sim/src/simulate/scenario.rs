@@ -173,6 +173,36 @@ pub struct StrategySettings {
     pub consolidation_settle: Option<Duration>,
     /// Tessera: the most replicas moved to empty one GPU (the pool's `consolidation.maxMoves`).
     pub consolidation_max_moves: usize,
+    /// Tessera: how the allocation in force reaches pods (the policy's `gpu.updateMode`): `initial` (default),
+    /// new pods get it and running pods keep theirs; `recreate`, running pods that drifted from it are also
+    /// rolled onto it, make-before-break (`core::rollout::decide_roll`).
+    pub update_mode: UpdateMode,
+    /// Tessera: how long a recommendation must hold within 5% of itself before it comes into force, and a drift
+    /// before it is rolled, unless the growth is urgent (the controller's `--rollout-stability-window`).
+    #[serde(with = "humantime_serde")]
+    pub rollout_stability_window: Duration,
+}
+
+/// `gpu.updateMode` as the simulator runs it (`Off` applies nothing, so it has no what-if to show).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateMode {
+    /// New pods get the allocation in force; running pods keep theirs. The default: no running vLLM server is
+    /// restarted, the mode teams adopt first after `Off`.
+    #[default]
+    Initial,
+    /// As `initial`, and drifted pods are rolled onto it.
+    Recreate,
+}
+
+impl UpdateMode {
+    /// The controller's mode.
+    pub fn core(self) -> tessera_core::rollout::UpdateMode {
+        match self {
+            UpdateMode::Initial => tessera_core::rollout::UpdateMode::Initial,
+            UpdateMode::Recreate => tessera_core::rollout::UpdateMode::Recreate,
+        }
+    }
 }
 
 impl StrategySettings {
@@ -186,6 +216,14 @@ impl StrategySettings {
             self.gpu_release_grace,
             ConsolidationConfig::default().drain_timeout,
         )
+    }
+
+    /// Tessera's in-force and roll rules as the controller runs them, with this scenario's stability window.
+    pub fn rollout(&self) -> tessera_core::rollout::RolloutConfig {
+        tessera_core::rollout::RolloutConfig {
+            stability_window: self.rollout_stability_window,
+            ..Default::default()
+        }
     }
 
     /// Tessera's pool oversubscription in force: the one set, or the pool's default for the sharing model.
@@ -217,6 +255,8 @@ impl Default for StrategySettings {
             consolidation_settle: None,
             consolidation_max_moves: tessera_core::pack::consolidate::ConsolidationConfig::default()
                 .max_moves,
+            update_mode: UpdateMode::default(),
+            rollout_stability_window: tessera_core::rollout::RolloutConfig::default().stability_window,
         }
     }
 }

@@ -429,3 +429,70 @@ fn consolidation_moves_a_replica_and_releases_the_gpu() {
     let saved = o.gpu_hours - t.gpu_hours;
     assert!(saved > 0.7, "on {} off {}", t.gpu_hours, o.gpu_hours);
 }
+
+/// A replica started on a small compute share whose TTFT goes over the objective: the share rule asks for more,
+/// and under `updateMode: Recreate` the controller's rollout rule (`core::rollout`) brings the growth into force
+/// at once and rolls the running replica onto it (an urgent growth), make-before-break; under `initial` the
+/// growth still reaches new pods at once, but the running replica keeps its share.
+#[test]
+fn a_replica_over_the_ttft_objective_on_a_smaller_share_is_rolled_at_once() {
+    use super::scenario::UpdateMode;
+    use super::world::{Plan, World, calibrate};
+    let mut m = model("m", 1, 1);
+    m.slo_ttft = 1.0;
+    // A 2,000-token prompt every second: 0.17 s of prefill on a whole A100, 1.7 s on a tenth of it.
+    let arrivals: Vec<Arrival> = (0..1800)
+        .map(|i| Arrival {
+            at: f64::from(i),
+            prompt_tokens: 2000,
+            output_tokens: 20,
+        })
+        .collect();
+    let mut sc = scenario(vec![m], vec![arrivals], 1800.0);
+    sc.settings.update_mode = UpdateMode::Recreate;
+    let plan = |kind, initial_recommendations| Plan {
+        kind,
+        static_replicas: Vec::new(),
+        initial_recommendations,
+        only_models: Vec::new(),
+    };
+    let hpa = World::new(&sc, plan(StrategyKind::Hpa, Vec::new()))
+        .unwrap()
+        .run(&mut |_| {})
+        .unwrap();
+    let mut initial = calibrate(&sc, &hpa.histories);
+    // The share a quiet week would have recommended: a tenth of the GPU.
+    initial[0].as_mut().expect("calibrated").compute_fraction = 0.1;
+    let tessera = |sc: &Scenario| {
+        World::new(sc, plan(StrategyKind::Tessera, initial.clone()))
+            .unwrap()
+            .run(&mut |_| {})
+            .unwrap()
+            .report
+    };
+    let recreate = tessera(&sc);
+    let r = recreate.rollouts.clone().unwrap();
+    assert!(r.rolls.get("urgent_growth").copied().unwrap_or(0) >= 1, "{r:?}");
+    assert!(r.replaced >= 1, "{r:?}");
+    assert!(
+        !r.rolls.contains_key("grow"),
+        "nothing waited for the 30 min window: {r:?}"
+    );
+    let grown = recreate.models[0].compute_fraction;
+    assert!(grown > 0.1 * 1.15, "the growth came into force: {grown}");
+    sc.settings.update_mode = UpdateMode::Initial;
+    let initial_mode = tessera(&sc);
+    let i = initial_mode.rollouts.clone().unwrap();
+    assert!(i.rolls.is_empty() && i.replaced == 0, "{i:?}");
+    assert!(
+        initial_mode.models[0].compute_fraction > 0.1 * 1.15,
+        "new pods still get the urgent growth"
+    );
+    // The one replica kept its tenth of the GPU for the whole run.
+    assert!(
+        recreate.models[0].slo_attainment > initial_mode.models[0].slo_attainment,
+        "recreate {} vs initial {}",
+        recreate.models[0].slo_attainment,
+        initial_mode.models[0].slo_attainment
+    );
+}

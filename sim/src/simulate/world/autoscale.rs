@@ -18,9 +18,9 @@ impl World<'_> {
             self.plan.kind == StrategyKind::Tessera,
             self.sc.models[m].compute_fraction == ComputeFraction::Auto,
             self.models[m]
-                .rec
-                .as_ref()
-                .map(|r| (r.compute_fraction, r.gpu_memory_mib)),
+                .allocation
+                .in_force
+                .map(|a| (a.compute_fraction, a.memory_mib)),
             Some(self.sc.gpu.memory_bytes),
         );
         // How long a start from zero takes here: a sleep-mode wake, or the pod's start and the weights' load.
@@ -113,7 +113,7 @@ impl World<'_> {
                 model: m,
                 at_ms: now_ms,
                 current_replicas: input.current_replicas,
-                sidecars: docs,
+                sidecars: docs.clone(),
                 activator: sample,
                 policy: declared,
                 room,
@@ -144,7 +144,12 @@ impl World<'_> {
             tracing::trace!(model = %self.sc.models[m].name, at = self.now, from = d.current_replicas,
                 to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
         }
-        self.apply_move(m, d.desired_replicas, step, &leaving, &live)
+        self.apply_move(m, d.desired_replicas, step, &leaving, &live)?;
+        if self.plan.kind == StrategyKind::Tessera {
+            let live = self.live(m);
+            self.fold_allocation(m, &docs, &live, d.desired_replicas);
+        }
+        Ok(())
     }
 
     /// Requests model `m`'s replicas have accepted and not finished (what the activator counts as forwarded).
@@ -167,7 +172,10 @@ impl World<'_> {
                 .and_then(|(g, p)| p.gpu(g))
                 .is_some_and(|g| g.is_draining())
         };
-        let (on, off): (Vec<usize>, Vec<usize>) = live.iter().partition(|&&r| draining(r));
+        // A roll's old pods leave the same way: one surge, then the old pod once the new one is ready.
+        let (on, off): (Vec<usize>, Vec<usize>) = live
+            .iter()
+            .partition(|&&r| draining(r) || self.replaced_by_roll(r));
         let placement = ModelPlacement {
             desired,
             on_draining: on.len() as u32,
@@ -197,7 +205,7 @@ impl World<'_> {
         match step {
             MoveStep::Stay => self.apply_count(m, desired as usize, live),
             MoveStep::Surge => {
-                if !was_surging {
+                if !was_surging && on.iter().any(|&r| !self.replaced_by_roll(r)) {
                     self.consolidation.moves += 1;
                 }
                 self.apply_count(m, step.replicas(desired) as usize, live)
@@ -205,6 +213,8 @@ impl World<'_> {
             MoveStep::Retire { pods } => {
                 // The pods on the draining GPU go first (the pod-deletion-cost the controller sets).
                 let retired = self.retire(on, pods as usize);
+                self.rollouts.replaced +=
+                    retired.iter().filter(|&&r| self.replaced_by_roll(r)).count() as u64;
                 let left: Vec<usize> = live.iter().copied().filter(|r| !retired.contains(r)).collect();
                 self.apply_count(m, desired as usize, &left)
             }

@@ -58,14 +58,11 @@ impl World<'_> {
             t.sort_by(f64::total_cmp);
             let last = rt.replicas.iter().rev().map(|&r| &self.replicas[r]).next();
             let rec = rt.rec.as_ref();
-            let (kv, cf, mib) = match (self.plan.kind, rec, last) {
-                (StrategyKind::Tessera, Some(r), _) => (
-                    r.kv_cache_memory_bytes as f64 / GIB as f64,
-                    match setup.compute_fraction {
-                        ComputeFraction::Fixed(f) => f,
-                        ComputeFraction::Auto => r.compute_fraction,
-                    },
-                    r.gpu_memory_mib,
+            let (kv, cf, mib) = match (self.plan.kind, rt.allocation.in_force, last) {
+                (StrategyKind::Tessera, Some(a), _) => (
+                    a.kv_cache_memory_bytes.unwrap_or(0) as f64 / GIB as f64,
+                    a.compute_fraction,
+                    a.memory_mib,
                 ),
                 (_, _, Some(rep)) => (
                     rep.engine.kv_cache_bytes_configured() as f64 / GIB as f64,
@@ -178,6 +175,7 @@ impl World<'_> {
             arrivals_processed: self.processed,
             models,
             consolidation: (self.plan.kind == StrategyKind::Tessera).then_some(self.consolidation),
+            rollouts: (self.plan.kind == StrategyKind::Tessera).then(|| self.rollouts.clone()),
             series: self.series,
         };
         let histories = self

@@ -17,6 +17,7 @@
 
 mod autoscale;
 mod finish;
+mod rollout;
 mod strategy;
 
 use std::cmp::Ordering;
@@ -37,7 +38,9 @@ use super::peers::{
     AIBRIX_KV_TARGET, AIBRIX_SCALE_DOWN_COOLDOWN_S, AIBRIX_TOLERANCE, ConcurrencyRule, ConcurrencyState,
     KEDA_HOLD_TIMEOUT_S, concurrency_desired,
 };
-use super::report::{ConsolidationReport, ModelReport, Series, StrategyReport, quantile_sorted};
+use super::report::{
+    ConsolidationReport, ModelReport, RolloutReport, Series, StrategyReport, quantile_sorted,
+};
 use super::scenario::{ComputeFraction, ModelSetup, Scenario};
 use crate::model::{
     Engine, EngineConfig, EngineEvent, GIB, Histogram, MemorySetting, ModelError, Neighbours, Request,
@@ -177,6 +180,8 @@ struct Replica {
     memory: MemoryFacts,
     /// The shared GPU it is packed on (packing strategies).
     gpu: Option<GpuId>,
+    /// Tessera: the allocation it was started with (its pod's annotations); `None` when nothing was in force.
+    allocation: Option<tessera_core::rollout::Allocation>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -218,6 +223,8 @@ struct ModelRt {
     /// Tessera: the last round asked for one replica over the decision to move a pod off a draining GPU
     /// (`core::pack::consolidate::move_step`), so the live count is one over what was decided.
     surging: bool,
+    /// Tessera: the allocation in force and the roll in progress (`core::rollout`).
+    allocation: rollout::AllocationState,
 }
 
 /// One strategy's world.
@@ -257,6 +264,7 @@ pub struct World<'a> {
     /// Tessera: the pool's consolidation candidate (`core::pack::consolidate::pool_step`).
     candidate: Option<Candidate>,
     consolidation: ConsolidationReport,
+    rollouts: RolloutReport,
 }
 
 const CHART_POINTS: f64 = 720.0;
@@ -316,6 +324,9 @@ impl<'a> World<'a> {
                     _ => None,
                 },
                 surging: false,
+                allocation: rollout::AllocationState::starting(
+                    plan.initial_recommendations.get(i).and_then(Option::as_ref),
+                ),
             })
             .collect();
         let mut w = World {
@@ -352,6 +363,7 @@ impl<'a> World<'a> {
             decisions: None,
             candidate: None,
             consolidation: ConsolidationReport::default(),
+            rollouts: RolloutReport::default(),
         };
         for m in 0..n {
             if !w.active[m] {
@@ -538,13 +550,14 @@ impl<'a> World<'a> {
         if self.plan.kind != StrategyKind::Tessera {
             return (cfg, 1.0);
         }
-        let rec = self.models[m].rec.as_ref();
-        if let Some(r) = rec {
-            cfg.memory = MemorySetting::KvCacheBytes(r.kv_cache_memory_bytes);
+        // What the webhook gives a new pod: the allocation in force (`core::rollout`), else vLLM's defaults.
+        let in_force = self.models[m].allocation.in_force;
+        if let Some(b) = in_force.and_then(|a| a.kv_cache_memory_bytes) {
+            cfg.memory = MemorySetting::KvCacheBytes(b);
         }
         let fraction = match setup.compute_fraction {
             ComputeFraction::Fixed(f) => f,
-            ComputeFraction::Auto => rec.map_or(1.0, |r| r.compute_fraction),
+            ComputeFraction::Auto => in_force.map_or(1.0, |a| a.compute_fraction),
         };
         cfg.compute_fraction = fraction;
         (cfg, fraction)
@@ -631,6 +644,18 @@ impl<'a> World<'a> {
             scrapes: VecDeque::new(),
             memory,
             gpu: placed,
+            allocation: match self.plan.kind {
+                StrategyKind::Tessera => {
+                    self.models[m]
+                        .allocation
+                        .in_force
+                        .map(|a| tessera_core::rollout::Allocation {
+                            compute_fraction: fraction,
+                            ..a
+                        })
+                }
+                _ => None,
+            },
         });
         if let Some(g) = placed {
             self.tenants.entry(g).or_default().push(idx);
