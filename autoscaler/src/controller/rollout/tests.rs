@@ -285,3 +285,58 @@ fn roll_in_force_is_kept_in_status_across_reconciles() {
     );
     assert_eq!(f.in_force.unwrap().gpu_memory_mib, 10_240);
 }
+
+#[test]
+fn roll_a_share_growth_over_the_ttft_objective_comes_into_force_at_once_in_status() {
+    let cfg = RolloutConfig::default();
+    let g = gpu(crate::crd::UpdateMode::Recreate);
+    let rec = |share: f64| RecommendationStatus {
+        gpu_memory_mib: Some(30_000),
+        compute_fraction: Some(share),
+        kv_cache_memory_bytes: Some(12 << 30),
+        reason: "r".into(),
+        ..RecommendationStatus::default()
+    };
+    let first = next_allocation(None, Some(&rec(0.5)), &g, Urgency::default(), 0, &cfg);
+    let settled = next_allocation(
+        Some(&first),
+        Some(&rec(0.5)),
+        &g,
+        Urgency::default(),
+        30 * MIN,
+        &cfg,
+    );
+    assert_eq!(settled.in_force.unwrap().compute_fraction, 0.5);
+    // The share rule asks for 0.8: without urgency it settles for the window...
+    let calm = next_allocation(
+        Some(&settled),
+        Some(&rec(0.8)),
+        &g,
+        Urgency::default(),
+        31 * MIN,
+        &cfg,
+    );
+    assert_eq!(
+        (calm.reason.as_str(), calm.in_force.unwrap().compute_fraction),
+        ("settling", 0.5)
+    );
+    // ... while a replica is over the TTFT objective it is in force at once, and stays so.
+    let slow = Urgency {
+        preempting: false,
+        ttft_over_slo: true,
+    };
+    let urgent = next_allocation(Some(&calm), Some(&rec(0.8)), &g, slow, 32 * MIN, &cfg);
+    assert_eq!(
+        (urgent.reason.as_str(), urgent.in_force.unwrap().compute_fraction),
+        ("urgent_growth", 0.8)
+    );
+    let after = next_allocation(
+        Some(&urgent),
+        Some(&rec(0.8)),
+        &g,
+        Urgency::default(),
+        33 * MIN,
+        &cfg,
+    );
+    assert_eq!(after.in_force.unwrap().compute_fraction, 0.8);
+}
