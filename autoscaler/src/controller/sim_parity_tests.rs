@@ -316,7 +316,10 @@ async fn replay(
 #[tokio::test]
 async fn the_controller_decides_what_the_simulator_decided() {
     // The default scenario's hour: long enough for scale-ups, holds, scale-downs and scale to zero.
-    let sc = scenario::load(&Source::Default, None, None).unwrap();
+    let mut sc = scenario::load(&Source::Default, None, None).unwrap();
+    // Under `updateMode: Recreate`, so the replay also covers the rounds of a roll (its surge and retirements go
+    // through the same move step as consolidation's), and this hour has a plain ratio scale-up to cover.
+    sc.settings.update_mode = tessera_sim::simulate::scenario::UpdateMode::Recreate;
     // Started as `tessera simulate` starts Tessera: from the allocation the HPA baseline's observations recommend
     // (a recommendation comes into force only after the 30-minute stability window, so one started without would
     // run at vLLM's defaults for most of the replay).

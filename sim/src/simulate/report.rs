@@ -40,6 +40,9 @@ pub struct Report {
     /// How many GPUs' worth of compute shares Tessera's pool handed out per GPU (1.0 = each GPU once).
     #[serde(default = "one")]
     pub compute_oversubscription: f64,
+    /// How Tessera's allocation in force reached pods (`initial` or `recreate`, the policy's `gpu.updateMode`).
+    #[serde(default)]
+    pub update_mode: String,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
@@ -267,13 +270,14 @@ impl Report {
             o,
             "lower bound: {:.2} GPU-hours (no policy can hold fewer on these arrivals); {:.2} for a policy that \
              meets every TTFT objective through its cold starts, {:.2} for one that meets it for {:.0}% of requests; \
-             sharing model: {}; Tessera's compute oversubscription: {}×",
+             sharing model: {}; Tessera's compute oversubscription: {}×, updateMode: {}",
             self.lower_bound_gpu_hours,
             self.lower_bound_with_cold_starts_gpu_hours,
             self.lower_bound_at_goal_gpu_hours,
             self.attainment_goal * 100.0,
             self.sharing_model,
-            self.compute_oversubscription
+            self.compute_oversubscription,
+            self.update_mode
         );
         let _ = writeln!(o);
         let names: Vec<&str> = self.strategies.iter().map(|s| s.strategy.as_str()).collect();
@@ -471,7 +475,7 @@ impl Report {
         let _ = writeln!(
             o,
             "Scenario `{}`: {} models on {}, {:.0} min, {} requests, seed {}, sharing model `{}`, Tessera's compute \
-             oversubscription {}×. Lower bound: **{:.2} GPU-hours** ({:.2} for a policy meeting every TTFT objective \
+             oversubscription {}×, updateMode `{}`. Lower bound: **{:.2} GPU-hours** ({:.2} for a policy meeting every TTFT objective \
              through its cold starts, {:.2} for one meeting it for {:.0}% of requests).",
             self.scenario,
             self.models.len(),
@@ -481,6 +485,7 @@ impl Report {
             self.seed,
             self.sharing_model,
             self.compute_oversubscription,
+            self.update_mode,
             self.lower_bound_gpu_hours,
             self.lower_bound_with_cold_starts_gpu_hours,
             self.lower_bound_at_goal_gpu_hours,

@@ -196,6 +196,14 @@ pub enum UpdateMode {
 }
 
 impl UpdateMode {
+    /// The name used in scenarios and reports.
+    pub fn label(self) -> &'static str {
+        match self {
+            UpdateMode::Initial => "initial",
+            UpdateMode::Recreate => "recreate",
+        }
+    }
+
     /// The controller's mode.
     pub fn core(self) -> tessera_core::rollout::UpdateMode {
         match self {
