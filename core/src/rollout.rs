@@ -282,6 +282,24 @@ fn grows(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> (b
     })
 }
 
+/// How many pods run below `target` (by more than `threshold`) in a dimension `urgency` hurries: less memory
+/// while vLLM preempts, less compute while a replica is over the TTFT objective. Under `Recreate` any makes the
+/// roll an [`RollReason::UrgentGrowth`]; under `Initial` the status names them (they keep what they have).
+pub fn urgently_below(
+    target: &Allocation,
+    pods: &[Option<Allocation>],
+    threshold: f64,
+    urgency: Urgency,
+) -> usize {
+    pods.iter()
+        .flatten()
+        .filter(|p| {
+            let (memory, compute) = grows(target, &[Some(**p)], threshold);
+            (memory && urgency.preempting) || (compute && urgency.ttft_over_slo)
+        })
+        .count()
+}
+
 /// Compares the pods' allocations (`None`: unknown, e.g. a pod admitted before Tessera) with `target`.
 pub fn drift(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> Drift {
     let known: Vec<&Allocation> = pods.iter().flatten().collect();
@@ -461,8 +479,7 @@ pub fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
     let lasted = input
         .drift_since_ms
         .is_some_and(|since| input.now_ms.saturating_sub(since) >= window);
-    let (memory, compute) = grows(&target, &input.pods, cfg.drift_threshold);
-    let urgent = (memory && input.urgency.preempting) || (compute && input.urgency.ttft_over_slo);
+    let urgent = urgently_below(&target, &input.pods, cfg.drift_threshold, input.urgency) > 0;
     let reason = match d {
         Drift::Grow if urgent => RollReason::UrgentGrowth,
         Drift::Grow if lasted => RollReason::Grow,

@@ -605,6 +605,16 @@ struct AllocationRound<'a> {
     now_k8s: &'a Time,
 }
 
+/// What hurries a growth this round, in words for a status message.
+fn urgency_text(u: tessera_core::rollout::Urgency) -> &'static str {
+    match (u.preempting, u.ttft_over_slo) {
+        (true, true) => "vLLM preempts and a replica is over the TTFT objective",
+        (true, false) => "vLLM preempts",
+        (false, true) => "a replica is over the TTFT objective",
+        (false, false) => "nothing is urgent",
+    }
+}
+
 /// Folds the recommendation into `status.allocation` and, under `Recreate`, rolls drifted pods (an Event per
 /// roll). Returns the allocation status and the `AllocationInSync` condition to set (none under `Off`).
 async fn allocation_and_roll(
@@ -631,10 +641,21 @@ async fn allocation_and_roll(
     }
     if mode == UpdateMode::Initial {
         let msg = match &allocation.in_force {
-            Some(a) => format!(
-                "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
-                a.gpu_memory_mib, a.compute_fraction, allocation.reason
-            ),
+            Some(a) => {
+                let mut msg = format!(
+                    "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
+                    a.gpu_memory_mib, a.compute_fraction, allocation.reason
+                );
+                // Name the running pods an urgent growth leaves behind: what Recreate would roll now.
+                let behind = ro::urgently_behind(a, round.all_pods, round.urgency, cfg);
+                if behind > 0 {
+                    msg.push_str(&format!(
+                        "; {behind} running pod(s) hold less than this while {} (updateMode: Recreate would roll them now)",
+                        urgency_text(round.urgency)
+                    ));
+                }
+                msg
+            }
             None => "no allocation in force yet: waiting for a stable recommendation".to_owned(),
         };
         let condition = (allocation_in_force(&allocation), camel(&allocation.reason), msg);

@@ -108,6 +108,18 @@ fn to_values(a: &Allocation) -> AllocationValues {
     }
 }
 
+/// How many of `pods` run below `in_force` in a dimension `urgency` hurries (`core::rollout::urgently_below`):
+/// what `Recreate` would roll at once, named in the status under `Initial`.
+pub fn urgently_behind(
+    in_force: &AllocationValues,
+    pods: &[Pod],
+    urgency: Urgency,
+    cfg: &RolloutConfig,
+) -> usize {
+    let pods: Vec<Option<Allocation>> = pods.iter().map(pod_allocation).collect();
+    rollout::urgently_below(&from_values(in_force), &pods, cfg.drift_threshold, urgency)
+}
+
 fn from_values(v: &AllocationValues) -> Allocation {
     Allocation {
         memory_mib: u64::try_from(v.gpu_memory_mib).unwrap_or(0),

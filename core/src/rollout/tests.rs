@@ -455,3 +455,38 @@ fn urgency_reads_fresh_replicas_only_and_never_from_missing_data() {
     let stale = sidecar(false, 3.0, 9.0);
     assert_eq!(Urgency::of(&[Some(&stale)], slo, age), Urgency::default());
 }
+
+#[test]
+fn urgently_below_counts_the_pods_an_urgency_would_roll() {
+    let target = alloc(40_000, 0.8);
+    let pods = vec![
+        Some(alloc(40_000, 0.5)),
+        Some(alloc(20_000, 0.8)),
+        Some(alloc(40_000, 0.8)),
+        None,
+    ];
+    let slow = Urgency {
+        preempting: false,
+        ttft_over_slo: true,
+    };
+    let preempting = Urgency {
+        preempting: true,
+        ttft_over_slo: false,
+    };
+    assert_eq!(urgently_below(&target, &pods, 0.15, Urgency::default()), 0);
+    assert_eq!(
+        urgently_below(&target, &pods, 0.15, slow),
+        1,
+        "the pod on the smaller share"
+    );
+    assert_eq!(
+        urgently_below(&target, &pods, 0.15, preempting),
+        1,
+        "the pod with the smaller cache"
+    );
+    let both = Urgency {
+        preempting: true,
+        ttft_over_slo: true,
+    };
+    assert_eq!(urgently_below(&target, &pods, 0.15, both), 2);
+}

@@ -202,6 +202,12 @@ pub struct ModelReport {
     /// (`core::scale::joint::latency_without_queue`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_bound: Option<f64>,
+    /// Tessera: the share of replica decisions after which some running replica held less than the allocation in
+    /// force in a dimension an urgency hurried (less compute while a replica was over the TTFT objective, less
+    /// memory while vLLM preempted; `core::rollout::urgently_below`): what `updateMode: Recreate` rolls at once
+    /// and `Initial` leaves running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behind_while_urgent: Option<f64>,
     /// Tessera: why the model kept a warm replica instead of going to zero (`core::scale::joint::WarmFloor`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_floor: Option<String>,
@@ -434,6 +440,22 @@ impl Report {
                     "TTFT target over with no request waiting (the time was prefill, which another replica shortens \
                      only by splitting bursts) in this share of each model's replica decisions: {}.",
                     prefill.join(", ")
+                );
+            }
+            let behind = per_model_percent(&t.models, |m| m.behind_while_urgent.filter(|f| *f > 0.0));
+            if !behind.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "Running replicas held less than the allocation in force while it was urgent (a replica over the \
+                     TTFT objective, or vLLM preempting), in this share of each model's decisions — what \
+                     updateMode {} {}: {}.",
+                    self.update_mode,
+                    if self.update_mode == "recreate" {
+                        "rolls at once, once nothing holds the roll"
+                    } else {
+                        "leaves running (Recreate would roll them at once)"
+                    },
+                    behind.join(", ")
                 );
             }
         }

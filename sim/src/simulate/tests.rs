@@ -488,6 +488,15 @@ fn a_replica_over_the_ttft_objective_on_a_smaller_share_is_rolled_at_once() {
         initial_mode.models[0].compute_fraction > 0.1 * 1.15,
         "new pods still get the urgent growth"
     );
+    // The report names what Initial left behind, and Recreate leaves it behind for less of the run.
+    let behind = |r: &super::report::StrategyReport| r.models[0].behind_while_urgent.unwrap_or(0.0);
+    assert!(behind(&initial_mode) > 0.0, "{:?}", initial_mode.models[0]);
+    assert!(
+        behind(&recreate) < behind(&initial_mode),
+        "{} vs {}",
+        behind(&recreate),
+        behind(&initial_mode)
+    );
     // The one replica kept its tenth of the GPU for the whole run.
     assert!(
         recreate.models[0].slo_attainment > initial_mode.models[0].slo_attainment,

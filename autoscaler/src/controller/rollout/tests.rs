@@ -340,3 +340,30 @@ fn roll_a_share_growth_over_the_ttft_objective_comes_into_force_at_once_in_statu
     );
     assert_eq!(after.in_force.unwrap().compute_fraction, 0.8);
 }
+
+#[test]
+fn roll_initial_names_the_pods_an_urgent_growth_leaves_behind() {
+    let cfg = RolloutConfig::default();
+    let in_force = AllocationValues {
+        gpu_memory_mib: 30_000,
+        compute_fraction: 0.8,
+        kv_cache_memory_bytes: None,
+        gpu_memory_utilization: None,
+    };
+    // One pod on a 0.5 share, one already at 0.8, one admitted before Tessera (no annotations: never judged).
+    let mut unknown = pod(30_000, 0.8);
+    unknown.metadata.annotations = None;
+    let pods = vec![pod(30_000, 0.5), pod(30_000, 0.8), unknown];
+    let slow = Urgency {
+        preempting: false,
+        ttft_over_slo: true,
+    };
+    assert_eq!(urgently_behind(&in_force, &pods, slow, &cfg), 1);
+    assert_eq!(urgently_behind(&in_force, &pods, Urgency::default(), &cfg), 0);
+    // Preemptions hurry memory only: the share gap is not theirs.
+    let preempting = Urgency {
+        preempting: true,
+        ttft_over_slo: false,
+    };
+    assert_eq!(urgently_behind(&in_force, &pods, preempting, &cfg), 0);
+}

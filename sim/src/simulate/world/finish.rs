@@ -123,6 +123,7 @@ impl World<'_> {
                 scale_changes: rt.scale_changes.clone(),
                 latency_on_share: share_of_rounds(rt.rounds_latency_on_share),
                 prefill_bound: share_of_rounds(rt.rounds_prefill_bound),
+                behind_while_urgent: share_of_rounds(rt.rounds_behind_while_urgent),
                 warm_floor: rt.warm_floor.map(|w| {
                     format!(
                         "cold start {:.0} s > TTFT objective {:.0} s",

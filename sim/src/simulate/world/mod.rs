@@ -206,6 +206,8 @@ struct ModelRt {
     rounds: u32,
     rounds_latency_on_share: u32,
     rounds_prefill_bound: u32,
+    /// Tessera: rounds after which a running replica held less than an urgent growth in force.
+    rounds_behind_while_urgent: u32,
     /// Tessera: the warm floor the joint rule kept, if any.
     warm_floor: Option<joint::WarmFloor>,
     last_request_at: Option<f64>,
@@ -305,6 +307,7 @@ impl<'a> World<'a> {
                 rounds: 0,
                 rounds_latency_on_share: 0,
                 rounds_prefill_bound: 0,
+                rounds_behind_while_urgent: 0,
                 warm_floor: None,
                 last_request_at: None,
                 next_arrival: 0,

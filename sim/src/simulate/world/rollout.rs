@@ -93,6 +93,9 @@ impl World<'_> {
             rollout::drift(&f, &pods, cfg.drift_threshold)
         });
         st.drift_since_ms = rollout::drift_since(st.drift_since_ms, drift, now_ms);
+        let behind = force.map_or(0, |f| {
+            rollout::urgently_below(&f, &pods, cfg.drift_threshold, urgency)
+        });
         let input = RollInput {
             mode: self.sc.settings.update_mode.core(),
             in_force: force,
@@ -111,6 +114,10 @@ impl World<'_> {
             template_at_in_force: st.rolled_to.is_some() && st.rolled_to == force,
             now_ms,
         };
+        if behind > 0 {
+            self.models[m].rounds_behind_while_urgent += 1;
+        }
+        let st = &mut self.models[m].allocation;
         if let RollDecision::Roll(reason) = rollout::decide_roll(&input, &cfg) {
             tracing::debug!(model = %setup.name, reason = reason.label(), replicas = live.len(), "rolling onto the allocation in force");
             st.rolled_to = force;
