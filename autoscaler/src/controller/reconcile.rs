@@ -759,6 +759,7 @@ fn hold_reason_word(h: tessera_core::rollout::HoldReason) -> &'static str {
         H::PoolBusy => "PoolBusy",
         H::DisruptionBudget => "DisruptionBudget",
         H::BelowMinReady => "BelowMinReady",
+        H::ComputeOnlyShrink => "ComputeOnlyShrink",
     }
 }
 

@@ -490,3 +490,18 @@ fn urgently_below_counts_the_pods_an_urgency_would_roll() {
     };
     assert_eq!(urgently_below(&target, &pods, 0.15, both), 2);
 }
+
+#[test]
+fn roll_a_shrink_rolls_only_to_give_memory_back() {
+    // Pods hold a 0.8 share where 0.4 is in force, with the same memory: drifted for the whole window, but a
+    // restart would give back no memory.
+    let mut i = input(alloc(20_000, 0.4), vec![Some(alloc(20_000, 0.8)); 2]);
+    i.drift_since_ms = Some(0);
+    assert_eq!(
+        decide_roll(&i, &cfg()),
+        RollDecision::Hold(HoldReason::ComputeOnlyShrink)
+    );
+    // With more memory than in force as well, the shrink rolls.
+    i.pods = vec![Some(alloc(30_000, 0.8)); 2];
+    assert_eq!(decide_roll(&i, &cfg()), RollDecision::Roll(RollReason::Shrink));
+}
