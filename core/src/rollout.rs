@@ -8,8 +8,9 @@
 //!   ([`Urgency`]): more memory while vLLM preempts (preemptions recompute work and hurt latency now), or a bigger
 //!   compute share while a replica's TTFT p95 is over the objective (a replica started on a smaller share stays
 //!   on it until replaced, and each sync it breaches the SLO guard adds a replica instead — measured on the
-//!   simulator's default scenario, `docs/simulator.md`, "Urgent compute growth"). Values fixed in the policy
-//!   (`gpu.memory: 10240`, `gpu.computeFraction: "0.25"`) always win over the recommendation.
+//!   simulator's default scenario, `docs/simulator.md`, "The allocation in force, and urgent compute growth").
+//!   Values fixed in the policy (`gpu.memory: 10240`, `gpu.computeFraction: "0.25"`) always win over the
+//!   recommendation.
 //!
 //! With `updateMode: Recreate`, [`decide_roll`] says whether to roll the running pods now. A roll is a
 //! make-before-break: the controller bumps a hash annotation on the workload's pod template and the Deployment or
@@ -274,13 +275,19 @@ pub enum Drift {
     Unknown,
 }
 
+/// Which dimensions `pod` runs below `target` in, by more than `threshold`: (memory, compute).
+fn below(target: &Allocation, pod: &Allocation, threshold: f64) -> (bool, bool) {
+    (
+        (target.memory_mib as f64) > pod.memory_mib as f64 * (1.0 + threshold),
+        target.compute_fraction > pod.compute_fraction * (1.0 + threshold),
+    )
+}
+
 /// Which dimensions some pod runs below `target` in, by more than `threshold`: (memory, compute).
 fn grows(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> (bool, bool) {
     pods.iter().flatten().fold((false, false), |(m, c), p| {
-        (
-            m || (target.memory_mib as f64) > p.memory_mib as f64 * (1.0 + threshold),
-            c || target.compute_fraction > p.compute_fraction * (1.0 + threshold),
-        )
+        let (pm, pc) = below(target, p, threshold);
+        (m || pm, c || pc)
     })
 }
 
@@ -296,7 +303,7 @@ pub fn urgently_below(
     pods.iter()
         .flatten()
         .filter(|p| {
-            let (memory, compute) = grows(target, &[Some(**p)], threshold);
+            let (memory, compute) = below(target, p, threshold);
             (memory && urgency.preempting) || (compute && urgency.ttft_over_slo)
         })
         .count()

@@ -169,7 +169,7 @@ pub fn simulate_strategies(
         gpu: sc.gpu.name.clone(),
         sharing_model: sc.settings.sharing_model.name().to_string(),
         compute_oversubscription: sc.settings.compute_oversubscription(),
-        update_mode: sc.settings.update_mode.label().to_owned(),
+        update_mode: sc.settings.update_mode,
         models: sc.models.iter().map(|m| m.name.clone()).collect(),
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
         lower_bound_gpu_hours: bounds.free,

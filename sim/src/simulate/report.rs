@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use super::scenario::UpdateMode;
+
 /// The whole report: the scenario and one entry per strategy, on the same arrivals.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
@@ -42,7 +44,7 @@ pub struct Report {
     pub compute_oversubscription: f64,
     /// How Tessera's allocation in force reached pods (`initial` or `recreate`, the policy's `gpu.updateMode`).
     #[serde(default)]
-    pub update_mode: String,
+    pub update_mode: UpdateMode,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
@@ -283,7 +285,7 @@ impl Report {
             self.attainment_goal * 100.0,
             self.sharing_model,
             self.compute_oversubscription,
-            self.update_mode
+            self.update_mode.label()
         );
         let _ = writeln!(o);
         let names: Vec<&str> = self.strategies.iter().map(|s| s.strategy.as_str()).collect();
@@ -449,11 +451,10 @@ impl Report {
                     "Running replicas held less than the allocation in force while it was urgent (a replica over the \
                      TTFT objective, or vLLM preempting), in this share of each model's decisions — what \
                      updateMode {} {}: {}.",
-                    self.update_mode,
-                    if self.update_mode == "recreate" {
-                        "rolls at once, once nothing holds the roll"
-                    } else {
-                        "leaves running (Recreate would roll them at once)"
+                    self.update_mode.label(),
+                    match self.update_mode {
+                        UpdateMode::Recreate => "rolls at once, once nothing holds the roll",
+                        UpdateMode::Initial => "leaves running (Recreate would roll them at once)",
                     },
                     behind.join(", ")
                 );
@@ -507,7 +508,7 @@ impl Report {
             self.seed,
             self.sharing_model,
             self.compute_oversubscription,
-            self.update_mode,
+            self.update_mode.label(),
             self.lower_bound_gpu_hours,
             self.lower_bound_with_cold_starts_gpu_hours,
             self.lower_bound_at_goal_gpu_hours,

@@ -1,6 +1,8 @@
 //! The autoscaler's side of a run: each model's replica round (the core rule's decision, consolidation's
 //! move step, the baselines' own rules), GPU draining, and Tessera's recommendation round.
 
+use tessera_core::rollout::Urgency;
+
 use super::*;
 
 impl World<'_> {
@@ -64,6 +66,8 @@ impl World<'_> {
             })
             .collect();
         let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Some).collect();
+        // What hurries a growth onto the pods, read as the controller reads it (`core::rollout::Urgency`).
+        let urgency = Urgency::of(&read, declared.ttft_slo, inputs::MAX_SIGNAL_AGE);
         let in_flight = self.in_flight(m);
         let rt = &self.models[m];
         let poll = inputs::ACTIVATOR_POLL_INTERVAL;
@@ -113,7 +117,7 @@ impl World<'_> {
                 model: m,
                 at_ms: now_ms,
                 current_replicas: input.current_replicas,
-                sidecars: docs.clone(),
+                sidecars: docs,
                 activator: sample,
                 policy: declared,
                 room,
@@ -147,7 +151,7 @@ impl World<'_> {
         self.apply_move(m, d.desired_replicas, step, &leaving, &live)?;
         if self.plan.kind == StrategyKind::Tessera {
             let live = self.live(m);
-            self.fold_allocation(m, &docs, &live, d.desired_replicas);
+            self.fold_allocation(m, urgency, &live, d.desired_replicas);
         }
         Ok(())
     }

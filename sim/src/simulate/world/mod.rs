@@ -329,6 +329,7 @@ impl<'a> World<'a> {
                 surging: false,
                 allocation: rollout::AllocationState::starting(
                     plan.initial_recommendations.get(i).and_then(Option::as_ref),
+                    m,
                 ),
             })
             .collect();
@@ -553,15 +554,16 @@ impl<'a> World<'a> {
         if self.plan.kind != StrategyKind::Tessera {
             return (cfg, 1.0);
         }
-        // What the webhook gives a new pod: the allocation in force (`core::rollout`), else vLLM's defaults.
+        // What the webhook gives a new pod: the allocation in force (`core::rollout`, the policy's fixed values
+        // applied), else vLLM's defaults and the fixed share.
         let in_force = self.models[m].allocation.in_force;
         if let Some(b) = in_force.and_then(|a| a.kv_cache_memory_bytes) {
             cfg.memory = MemorySetting::KvCacheBytes(b);
         }
-        let fraction = match setup.compute_fraction {
-            ComputeFraction::Fixed(f) => f,
-            ComputeFraction::Auto => in_force.map_or(1.0, |a| a.compute_fraction),
-        };
+        let fraction = in_force.map_or_else(
+            || rollout::fixed_of(setup).compute_fraction.unwrap_or(1.0),
+            |a| a.compute_fraction,
+        );
         cfg.compute_fraction = fraction;
         (cfg, fraction)
     }
@@ -648,15 +650,7 @@ impl<'a> World<'a> {
             memory,
             gpu: placed,
             allocation: match self.plan.kind {
-                StrategyKind::Tessera => {
-                    self.models[m]
-                        .allocation
-                        .in_force
-                        .map(|a| tessera_core::rollout::Allocation {
-                            compute_fraction: fraction,
-                            ..a
-                        })
-                }
+                StrategyKind::Tessera => self.models[m].allocation.in_force,
                 _ => None,
             },
         });

@@ -10,7 +10,6 @@
 //! the old pod's retirement once the new one is ready.
 
 use tessera_core::rollout::{self, Allocation, Fixed, RollDecision, RollInput, Urgency};
-use tessera_core::wire::sidecar::SidecarStatus;
 
 use super::*;
 
@@ -31,14 +30,25 @@ pub(super) struct AllocationState {
 
 impl AllocationState {
     /// The state a run starts from: `initial` (the calibrated recommendation) in force since time 0, as after the
-    /// `updateMode: Off` observation the rollout path starts with.
-    pub(super) fn starting(initial: Option<&Recommendation>) -> AllocationState {
+    /// `updateMode: Off` observation the rollout path starts with, with the values `setup` fixes.
+    pub(super) fn starting(initial: Option<&Recommendation>, setup: &ModelSetup) -> AllocationState {
         let alloc = initial.map(allocation_of);
         AllocationState {
             candidate: alloc.map(|alloc| rollout::Candidate { alloc, since_ms: 0 }),
-            in_force: alloc,
+            in_force: alloc.map(|a| fixed_of(setup).apply(a)),
             ..AllocationState::default()
         }
+    }
+}
+
+/// The values a model's policy fixes (the simulator fixes compute only: `compute_fraction: 0.5`).
+pub(super) fn fixed_of(setup: &ModelSetup) -> Fixed {
+    Fixed {
+        memory_mib: None,
+        compute_fraction: match setup.compute_fraction {
+            ComputeFraction::Fixed(f) => Some(f),
+            ComputeFraction::Auto => None,
+        },
     }
 }
 
@@ -54,23 +64,14 @@ pub(super) fn allocation_of(r: &Recommendation) -> Allocation {
 
 impl World<'_> {
     /// Tessera's allocation step for model `m` after its replica decision (the controller's step 6): fold the
-    /// model's recommendation into the allocation in force with the urgency its ready replicas' documents show,
+    /// model's recommendation into the allocation in force with the `urgency` its ready replicas' documents show,
     /// then, under `Recreate`, decide a roll of the `live` replicas. `desired` is the replica decision.
-    pub(super) fn fold_allocation(&mut self, m: usize, docs: &[SidecarStatus], live: &[usize], desired: u32) {
+    pub(super) fn fold_allocation(&mut self, m: usize, urgency: Urgency, live: &[usize], desired: u32) {
         let cfg = self.sc.settings.rollout();
         let now_ms = secs_to_ms(self.now);
         let setup = &self.sc.models[m];
-        let fixed = Fixed {
-            memory_mib: None,
-            compute_fraction: match setup.compute_fraction {
-                ComputeFraction::Fixed(f) => Some(f),
-                ComputeFraction::Auto => None,
-            },
-        };
-        let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Some).collect();
-        let policy = self.models[m].policy.as_ref();
-        let urgency = Urgency::of(&read, policy.and_then(|p| p.ttft_slo), inputs::MAX_SIGNAL_AGE);
-        let min_replicas = policy.map_or(0, |p| p.min_replicas);
+        let fixed = fixed_of(setup);
+        let min_replicas = self.models[m].policy.as_ref().map_or(0, |p| p.min_replicas);
         let recommended = self.models[m].rec.as_ref().map(allocation_of);
         let pods: Vec<Option<Allocation>> = live.iter().map(|&r| self.replicas[r].allocation).collect();
         let ready = live
