@@ -61,9 +61,12 @@ pub struct DecisionRecord {
 pub struct MoveRecord {
     /// The previous round asked for a surge, so `/scale` read one over `current_replicas`.
     pub surged: bool,
-    /// For each ready replica (in the order of `sidecars`): whether it sits on a draining GPU.
+    /// For each ready replica (in the order of `sidecars`): whether it sits on a draining GPU — or is being replaced
+    /// by a `recreate` roll, which the simulator moves with the same step (one surge, then the old one retired), so
+    /// the controller's replay treats it as leaving a draining GPU.
     pub ready_on_draining: Vec<bool>,
-    /// Starting replicas on a draining GPU (the other starting ones are elsewhere).
+    /// Starting replicas on a draining GPU (the other starting ones are elsewhere; a roll replaces only running
+    /// ones, so none of these is a roll's).
     pub starting_on_draining: u32,
     /// The step.
     pub step: tessera_core::pack::consolidate::MoveStep,
