@@ -4,7 +4,8 @@
 //! each) for nothing. So the controller keeps two things per model:
 //! - the **candidate**: the latest recommendation and since when it has stayed within a tolerance of itself;
 //! - the allocation **in force**: what new pods get (`updateMode: Initial` and `Recreate`). A candidate becomes
-//!   in force once it has been stable for the stability window. An *urgent growth* becomes in force at once
+//!   in force once it has been stable for the stability window; a shrink that keeps shrinking counts as stable,
+//!   and the largest recommendation of its window comes into force ([`track`]). An *urgent growth* becomes in force at once
 //!   ([`Urgency`]): more memory while vLLM preempts (preemptions recompute work and hurt latency now), or a bigger
 //!   compute share while a replica's TTFT p95 is over the objective (a replica started on a smaller share stays
 //!   on it until replaced, and each sync it breaches the SLO guard adds a replica instead — measured on the
@@ -75,6 +76,28 @@ impl Allocation {
         };
         rel(self.memory_mib as f64, from.memory_mib as f64)
             .max(rel(self.compute_fraction, from.compute_fraction))
+    }
+
+    /// Whether this is a shrink from `from`: no more memory and no more compute, and less of one.
+    pub fn shrinks(&self, from: &Allocation) -> bool {
+        self.memory_mib <= from.memory_mib
+            && self.compute_fraction <= from.compute_fraction
+            && (self.memory_mib < from.memory_mib || self.compute_fraction < from.compute_fraction)
+    }
+
+    /// The larger of two allocations in each dimension; the vLLM memory figures come with the larger memory.
+    pub fn larger(&self, other: &Allocation) -> Allocation {
+        let memory = if other.memory_mib > self.memory_mib {
+            other
+        } else {
+            self
+        };
+        Allocation {
+            memory_mib: memory.memory_mib,
+            compute_fraction: self.compute_fraction.max(other.compute_fraction),
+            kv_cache_memory_bytes: memory.kv_cache_memory_bytes,
+            gpu_memory_utilization: memory.gpu_memory_utilization,
+        }
     }
 }
 
@@ -166,18 +189,31 @@ impl Default for RolloutConfig {
     }
 }
 
-/// Folds a new recommendation into the candidate: a movement beyond the tolerance restarts its clock.
+/// Folds a new recommendation into the candidate: a movement beyond the tolerance restarts its clock, except
+/// while the recommendation keeps shrinking below what is in force (`in_force`). The sidecar's recommendation moves
+/// in bounded steps, so a cache that is too large comes down a few percent per update for hours; if each step
+/// restarted the clock, such a shrink would never hold for a whole window and never come into force. So, as HPA's
+/// scale-down stabilization does for replicas, a shrink keeps its clock and the **largest** recommendation seen
+/// since it started ([`Allocation::larger`]): when the window ends, what comes into force is the most the window
+/// asked for. A recommendation that grows past the candidate restarts the clock as before.
 /// `None` (no recommendation this round: not yet, or stale) keeps the candidate as it was — missing data never
 /// moves anything.
 pub fn track(
     previous: Option<&Candidate>,
     recommended: Option<Allocation>,
+    in_force: Option<&Allocation>,
     now_ms: u64,
     cfg: &RolloutConfig,
 ) -> Option<Candidate> {
     match (previous, recommended) {
         (prev, None) => prev.copied(),
         (Some(prev), Some(rec)) if rec.relative_drift(&prev.alloc) <= cfg.tolerance => Some(*prev),
+        (Some(prev), Some(rec)) if in_force.is_some_and(|f| prev.alloc.shrinks(f) && rec.shrinks(f)) => {
+            Some(Candidate {
+                alloc: prev.alloc.larger(&rec),
+                since_ms: prev.since_ms,
+            })
+        }
         (_, Some(rec)) => Some(Candidate {
             alloc: rec,
             since_ms: now_ms,

@@ -167,8 +167,14 @@ pub fn next_allocation(
             since_ms: time_ms(p.candidate_since.as_ref()?),
         })
     });
-    let candidate = rollout::track(prev_candidate.as_ref(), recommended(recommendation), now_ms, cfg);
     let prev_in_force = previous.and_then(|p| p.in_force.as_ref()).map(from_values);
+    let candidate = rollout::track(
+        prev_candidate.as_ref(),
+        recommended(recommendation),
+        prev_in_force.as_ref(),
+        now_ms,
+        cfg,
+    );
     let (force, why) = rollout::in_force(
         &fixed(gpu),
         candidate.as_ref(),

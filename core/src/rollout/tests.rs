@@ -90,7 +90,7 @@ fn in_force_a_compute_growth_is_urgent_only_over_the_ttft_objective_and_never_sh
     let c = cfg();
     let previous = alloc(30_000, 0.5);
     // The candidate grows compute and shrinks memory; two minutes old, far from stable.
-    let cand = track(None, Some(alloc(20_000, 0.8)), 0, &c).unwrap();
+    let cand = track(None, Some(alloc(20_000, 0.8)), None, 0, &c).unwrap();
     let calm = in_force(
         &Fixed::default(),
         Some(&cand),
@@ -109,7 +109,7 @@ fn in_force_a_compute_growth_is_urgent_only_over_the_ttft_objective_and_never_sh
     // The share comes into force now; the memory shrink still waits for the window.
     assert_eq!(force, Some(alloc(30_000, 0.8)));
     // A candidate that does not grow compute is not hurried by latency.
-    let smaller = track(None, Some(alloc(20_000, 0.4)), 0, &c).unwrap();
+    let smaller = track(None, Some(alloc(20_000, 0.4)), None, 0, &c).unwrap();
     let (_, why) = in_force(
         &Fixed::default(),
         Some(&smaller),
@@ -155,9 +155,9 @@ fn roll_in_sync_pods_are_left_alone() {
 #[test]
 fn roll_a_candidate_comes_into_force_only_when_stable() {
     let c = cfg();
-    let first = track(None, Some(alloc(30_000, 0.4)), 0, &c).unwrap();
+    let first = track(None, Some(alloc(30_000, 0.4)), None, 0, &c).unwrap();
     // Small wobble: the clock keeps running.
-    let wobble = track(Some(&first), Some(alloc(30_500, 0.41)), 10 * MIN, &c).unwrap();
+    let wobble = track(Some(&first), Some(alloc(30_500, 0.41)), None, 10 * MIN, &c).unwrap();
     assert_eq!(wobble.since_ms, 0);
     assert_eq!(
         in_force(
@@ -181,7 +181,7 @@ fn roll_a_candidate_comes_into_force_only_when_stable() {
     );
     assert_eq!((f, why), (Some(alloc(30_000, 0.4)), InForceReason::Stable));
     // A real move restarts the clock; the previous allocation stays in force meanwhile.
-    let moved = track(Some(&wobble), Some(alloc(20_000, 0.4)), 31 * MIN, &c).unwrap();
+    let moved = track(Some(&wobble), Some(alloc(20_000, 0.4)), None, 31 * MIN, &c).unwrap();
     assert_eq!(moved.since_ms, 31 * MIN);
     let (f, why) = in_force(
         &Fixed::default(),
@@ -192,6 +192,86 @@ fn roll_a_candidate_comes_into_force_only_when_stable() {
         &c,
     );
     assert_eq!((f, why), (Some(alloc(30_000, 0.4)), InForceReason::Settling));
+}
+
+/// The default scenario's assistant-14b: the calibrated 40,204 MiB is in force and the recommendation steps down
+/// about 2.5% every four minutes (each update is step-bounded). Before, every step moved the candidate beyond the
+/// 5% tolerance within eight minutes and restarted its clock, so the shrink never came into force in an hour.
+/// Now the shrink keeps its clock, and when the window ends the largest recommendation it saw comes into force.
+#[test]
+fn in_force_a_shrink_that_keeps_shrinking_comes_into_force_at_the_largest_of_its_window() {
+    let c = cfg();
+    let in_force_now = alloc(40_204, 1.0);
+    let mut cand = None;
+    let mut force = Some(in_force_now);
+    let mut memory = 38_209.0_f64;
+    let mut first_shrink = None;
+    for step in 0..16u64 {
+        let now = step * 4 * MIN;
+        let rec = alloc(memory.round() as u64, 1.0);
+        cand = track(cand.as_ref(), Some(rec), force.as_ref(), now, &c);
+        let (f, why) = in_force(
+            &Fixed::default(),
+            cand.as_ref(),
+            force,
+            Urgency::default(),
+            now,
+            &c,
+        );
+        if why == InForceReason::Stable && first_shrink.is_none() && f != Some(in_force_now) {
+            first_shrink = Some((now, f));
+        }
+        force = f;
+        memory *= 0.975;
+    }
+    let (when, f) = first_shrink.unwrap_or_else(|| panic!("the shrink never came into force: {cand:?}"));
+    // The clock started with the first recommendation (t = 0) and ran through every step down.
+    assert_eq!(when, 32 * MIN, "the first round at or past the 30-minute window");
+    assert_eq!(
+        f,
+        Some(alloc(38_209, 1.0)),
+        "the largest recommendation of the window, not the latest"
+    );
+    // Once in force, the steps after it start a window of their own.
+    assert!(cand.is_some_and(|c| c.since_ms > 32 * MIN), "{cand:?}");
+}
+
+/// A recommendation that turns back up while a shrink waits raises what the window will bring into force and
+/// keeps its clock while it stays below what is in force; one that grows past what is in force in either
+/// dimension restarts the clock.
+#[test]
+fn track_a_shrink_keeps_its_clock_and_its_largest_value_until_something_grows() {
+    let c = cfg();
+    let f = alloc(40_000, 0.8);
+    let shrink = track(None, Some(alloc(30_000, 0.6)), Some(&f), 0, &c).unwrap();
+    let back_up = track(Some(&shrink), Some(alloc(34_000, 0.5)), Some(&f), 5 * MIN, &c).unwrap();
+    assert_eq!((back_up.alloc, back_up.since_ms), (alloc(34_000, 0.6), 0));
+    for (rec, why) in [
+        (alloc(44_000, 0.6), "memory above what is in force"),
+        (alloc(30_000, 0.9), "compute above what is in force"),
+    ] {
+        let t = track(Some(&back_up), Some(rec), Some(&f), 10 * MIN, &c).unwrap();
+        assert_eq!((t.alloc, t.since_ms), (rec, 10 * MIN), "{why}");
+    }
+    // Back up to just below what is in force: still a shrink, so the window brings in that much.
+    let t = track(Some(&back_up), Some(alloc(39_000, 0.79)), Some(&f), 10 * MIN, &c).unwrap();
+    assert_eq!((t.alloc, t.since_ms), (alloc(39_000, 0.79), 0));
+    // The candidate already in force: a move down starts a new window.
+    let t = track(
+        Some(&Candidate {
+            alloc: f,
+            since_ms: 0,
+        }),
+        Some(alloc(30_000, 0.8)),
+        Some(&f),
+        10 * MIN,
+        &c,
+    )
+    .unwrap();
+    assert_eq!(t.since_ms, 10 * MIN);
+    // Nothing in force yet: every move restarts the clock, as before.
+    let t = track(Some(&shrink), Some(alloc(20_000, 0.6)), None, 10 * MIN, &c).unwrap();
+    assert_eq!(t.since_ms, 10 * MIN);
 }
 
 fn arb_alloc() -> impl Strategy<Value = Allocation> {
@@ -261,7 +341,7 @@ proptest! {
         rec in arb_alloc(), pods in prop::collection::vec(arb_alloc(), 1..4), t in 0u64..30 * MIN,
     ) {
         let c = cfg();
-        let cand = track(None, Some(rec), 0, &c).unwrap();
+        let cand = track(None, Some(rec), None, 0, &c).unwrap();
         let (force, _) = in_force(&Fixed::default(), Some(&cand), None, Urgency::default(), t, &c);
         prop_assert_eq!(force, None);
         let mut i = input(rec, pods.into_iter().map(Some).collect());
@@ -277,7 +357,7 @@ proptest! {
     ) {
         let c = cfg();
         let fixed = Fixed { memory_mib: mem, compute_fraction: share };
-        let cand = track(None, rec, 0, &c);
+        let cand = track(None, rec, None, 0, &c);
         let urgency = Urgency { preempting, ttft_over_slo: slow };
         let (force, _) = in_force(&fixed, cand.as_ref(), prev, urgency, t, &c);
         if let Some(f) = force {
@@ -292,9 +372,9 @@ proptest! {
         rec in arb_alloc(), t0 in 0u64..MIN, gaps in prop::collection::vec(0u64..MIN, 0..20),
     ) {
         let c = cfg();
-        let mut cand = track(None, Some(rec), t0, &c);
+        let mut cand = track(None, Some(rec), None, t0, &c);
         let mut now = t0;
-        for g in gaps { now += g; cand = track(cand.as_ref(), None, now, &c); }
+        for g in gaps { now += g; cand = track(cand.as_ref(), None, None, now, &c); }
         prop_assert_eq!(cand, Some(Candidate { alloc: rec, since_ms: t0 }));
     }
 }
@@ -371,7 +451,7 @@ fn roll_replay_qwen2_7b_a100_settles_at_or_below_055_without_preemption() {
         };
         // The recommendation holds for the stability window: it comes into force, and the pods are rolled onto it.
         let t0 = u64::from(round) * 3_600_000;
-        let cand = track(None, Some(recommended), t0, &c);
+        let cand = track(None, Some(recommended), None, t0, &c);
         let (force, why) = in_force(
             &Fixed::default(),
             cand.as_ref(),

@@ -341,6 +341,54 @@ fn roll_a_share_growth_over_the_ttft_objective_comes_into_force_at_once_in_statu
     assert_eq!(after.in_force.unwrap().compute_fraction, 0.8);
 }
 
+/// The status keeps a shrink's clock across reconciles while the recommendation steps down (each update is
+/// step-bounded), and the largest of the window comes into force with its vLLM figures.
+#[test]
+fn roll_a_shrink_stepping_down_comes_into_force_at_the_largest_of_its_window_in_status() {
+    let cfg = RolloutConfig::default();
+    let g = gpu(crate::crd::UpdateMode::Initial);
+    let rec = |mib: i64| RecommendationStatus {
+        gpu_memory_mib: Some(mib),
+        compute_fraction: Some(1.0),
+        kv_cache_memory_bytes: Some(mib << 19),
+        reason: "r".into(),
+        ..RecommendationStatus::default()
+    };
+    let first = next_allocation(None, Some(&rec(40_000)), &g, Urgency::default(), 0, &cfg);
+    let mut status = next_allocation(
+        Some(&first),
+        Some(&rec(40_000)),
+        &g,
+        Urgency::default(),
+        30 * MIN,
+        &cfg,
+    );
+    assert_eq!(status.in_force.as_ref().map(|f| f.gpu_memory_mib), Some(40_000));
+    // 7% down every four minutes from minute 32: every step leaves the 5% tolerance.
+    let mut mib = 37_200;
+    for step in 0..8 {
+        let now = 32 * MIN + step * 4 * MIN;
+        status = next_allocation(Some(&status), Some(&rec(mib)), &g, Urgency::default(), now, &cfg);
+        mib = mib * 93 / 100;
+    }
+    assert_eq!(status.reason, "settling");
+    assert_eq!(status.candidate.as_ref().map(|c| c.gpu_memory_mib), Some(37_200));
+    let at_window = next_allocation(
+        Some(&status),
+        Some(&rec(mib)),
+        &g,
+        Urgency::default(),
+        62 * MIN,
+        &cfg,
+    );
+    let f = at_window.in_force.unwrap_or_else(|| panic!("in force"));
+    assert_eq!(at_window.reason, "stable");
+    assert_eq!(
+        (f.gpu_memory_mib, f.kv_cache_memory_bytes),
+        (37_200, Some(37_200 << 19))
+    );
+}
+
 #[test]
 fn roll_initial_names_the_pods_an_urgent_growth_leaves_behind() {
     let cfg = RolloutConfig::default();

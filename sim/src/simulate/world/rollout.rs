@@ -85,7 +85,13 @@ impl World<'_> {
             .enumerate()
             .any(|(o, rt)| o != m && !rt.allocation.replacing.is_empty());
         let st = &mut self.models[m].allocation;
-        st.candidate = rollout::track(st.candidate.as_ref(), recommended, now_ms, &cfg);
+        st.candidate = rollout::track(
+            st.candidate.as_ref(),
+            recommended,
+            st.in_force.as_ref(),
+            now_ms,
+            &cfg,
+        );
         let (force, _) = rollout::in_force(&fixed, st.candidate.as_ref(), st.in_force, urgency, now_ms, &cfg);
         st.in_force = force;
         // A roll is over once every replica it replaces is gone.
