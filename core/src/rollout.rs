@@ -319,6 +319,16 @@ fn below(target: &Allocation, pod: &Allocation, threshold: f64) -> (bool, bool) 
     )
 }
 
+/// Whether `pod` runs with an allocation that has drifted from `target` by more than `threshold`, either way:
+/// less memory or compute than in force (a grow would roll it), or more (a shrink would). A scale-down takes such
+/// pods first (the controller gives them a low `pod-deletion-cost`, the simulator picks them), so under
+/// `updateMode: Initial` the allocation in force reaches a model as its replica count moves, without restarting a
+/// server for it.
+pub fn drifted(target: &Allocation, pod: &Allocation, threshold: f64) -> bool {
+    let (memory, compute) = below(target, pod, threshold);
+    memory || compute || pod.relative_drift(target) > threshold
+}
+
 /// Which dimensions some pod runs below `target` in, by more than `threshold`: (memory, compute).
 fn grows(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> (bool, bool) {
     pods.iter().flatten().fold((false, false), |(m, c), p| {

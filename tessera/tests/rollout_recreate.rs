@@ -19,6 +19,7 @@ const PODS: &str = "v1/pods";
 const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
 const EVENTS: &str = "events.k8s.io/v1/events";
 const HASH: &str = "tessera.dev/allocation-hash";
+const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 fn pod(name: &str, sidecar_port: u16, memory_mib: i64, compute: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
@@ -77,6 +78,10 @@ async fn roll_recreate_through_the_real_binary_rolls_once_and_reports_in_sync() 
     // The Deployment controller and the webhook, played by the test: a new template hash replaces the pods with
     // ones that run the allocation in force.
     let cluster = api.clone();
+    // The deletion cost each old pod carried when it was replaced: the controller marks pods that run another
+    // allocation so that a scale-down takes them first.
+    let costs_seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let costs = costs_seen.clone();
     tokio::spawn(async move {
         let mut seen: Option<String> = None;
         loop {
@@ -89,6 +94,13 @@ async fn roll_recreate_through_the_real_binary_rolls_once_and_reports_in_sync() 
                 let f = &ias["status"]["allocation"]["inForce"];
                 let mib = f["gpuMemoryMiB"].as_i64().unwrap_or(0);
                 for i in 0..2 {
+                    let old = cluster
+                        .get(PODS, "models", &format!("llama-old-{i}"))
+                        .unwrap_or_default();
+                    costs
+                        .lock()
+                        .unwrap()
+                        .push(old["metadata"]["annotations"][COST].clone());
                     cluster.delete_object(PODS, "models", &format!("llama-old-{i}"));
                     cluster.put(PODS, "models", pod(&format!("llama-new-{i}"), port, mib, "1"));
                 }
@@ -183,4 +195,12 @@ async fn roll_recreate_through_the_real_binary_rolls_once_and_reports_in_sync() 
         in_force < 81_920,
         "the roll shrank the allocation: {in_force} MiB"
     );
+    // Before the roll, both old pods ran another allocation and were marked to go first on a scale-down
+    // (`i32::MIN / 2`); the new pods run the allocation in force and carry no mark.
+    assert_eq!(
+        *costs_seen.lock().unwrap(),
+        vec![json!("-1073741824"), json!("-1073741824")]
+    );
+    let new_pod = api.get(PODS, "models", "llama-new-0").unwrap();
+    assert!(new_pod["metadata"]["annotations"][COST].is_null(), "{new_pod}");
 }

@@ -639,6 +639,7 @@ async fn allocation_and_roll(
     if mode == UpdateMode::Off {
         return (allocation, None);
     }
+    let drifted = mark_drifted(ctx, obj, allocation.in_force.as_ref(), round.all_pods).await;
     if mode == UpdateMode::Initial {
         let msg = match &allocation.in_force {
             Some(a) => {
@@ -646,6 +647,11 @@ async fn allocation_and_roll(
                     "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
                     a.gpu_memory_mib, a.compute_fraction, allocation.reason
                 );
+                if drifted > 0 {
+                    msg.push_str(&format!(
+                        "; {drifted} running pod(s) run another allocation and go first when the model scales down"
+                    ));
+                }
                 // Name the running pods an urgent growth leaves behind: what Recreate would roll now.
                 let behind = ro::urgently_behind(a, round.all_pods, round.urgency, cfg);
                 if behind > 0 {
@@ -725,6 +731,34 @@ async fn allocation_and_roll(
         }
     };
     (allocation, Some(condition))
+}
+
+/// Marks the pods that drifted from the allocation in force to go first on a scale-down, and takes the mark off
+/// those that no longer have (`super::rollout::deletion_cost_changes`). Only a ReplicaSet honours the cost, so
+/// only a Deployment's pods are marked. A failed write is logged and retried next round: the mark only orders a
+/// scale-down. Returns how many pods run another allocation (marked now or before).
+async fn mark_drifted(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    in_force: Option<&crate::crd::AllocationValues>,
+    pods: &[Pod],
+) -> usize {
+    use super::rollout as ro;
+    if obj.spec.scale_target_ref.kind != "Deployment" {
+        return 0;
+    }
+    let cfg = &ctx.settings.rollout;
+    let changes = ro::deletion_cost_changes(in_force, pods, cfg);
+    if !changes.is_empty() {
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+        match ro::mark_drifted(&api, &changes).await {
+            Ok(n) => debug!(pods = n, "pod-deletion-cost updated for the allocation in force"),
+            Err(e) => {
+                warn!(error = %e, "could not mark pods that run another allocation; retrying next round")
+            }
+        }
+    }
+    ro::drifted_count(in_force, pods, cfg)
 }
 
 /// `urgent_growth` → `UrgentGrowth` (condition reasons are CamelCase).

@@ -786,3 +786,68 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
     reconcile(Arc::new(obj), ctx).await.unwrap();
     server.await.unwrap();
 }
+
+/// `updateMode: Initial` with 30,000 MiB at a 0.5 share in force: the pod started on an older, smaller allocation
+/// gets the drifted deletion cost (a scale-down removes it first), the pod that runs the allocation in force is
+/// left alone, and so is a drifted pod whose cost a user set. The condition counts both drifted pods.
+#[tokio::test]
+async fn initial_marks_the_pods_that_run_another_allocation_to_go_first_on_a_scale_down() {
+    use crate::controller::rollout::{DRIFTED_COST, POD_COMPUTE_ANNOTATION, POD_MEMORY_ANNOTATION};
+    let with = |name: &str, ip: &str, memory: &str, share: &str, cost: Option<&str>| {
+        let mut p = pod(name, ip, true);
+        p["metadata"]["annotations"] =
+            json!({ POD_MEMORY_ANNOTATION: memory, POD_COMPUTE_ANNOTATION: share });
+        if let Some(c) = cost {
+            p["metadata"]["annotations"][crate::pool::POD_DELETION_COST] = json!(c);
+        }
+        p
+    };
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 1, "maxReplicas": 4,
+                      "targets": {"kvCacheUtilization": 0.5}, "gpu": {"updateMode": "Initial"}});
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(
+        Client::new(svc, "default"),
+        &[
+            ("http://10.0.0.1:9090", 0.5),
+            ("http://10.0.0.2:9090", 0.5),
+            ("http://10.0.0.3:9090", 0.5),
+        ],
+    );
+    let mut obj = (*ias(spec, json!({}))).clone();
+    obj.status = Some(
+        serde_json::from_value(json!({"allocation": {
+            "inForce": {"gpuMemoryMiB": 30000, "computeFraction": 0.5}, "reason": "stable"}}))
+        .unwrap(),
+    );
+    let pods = vec![
+        with("llama-old", "10.0.0.1", "18000", "0.30", None),
+        with("llama-new", "10.0.0.2", "30000", "0.50", None),
+        with("llama-pinned", "10.0.0.3", "18000", "0.30", Some("7")),
+    ];
+    let server = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 3, pods).await;
+        let (body, send) = expect(
+            &mut handle,
+            Method::PATCH,
+            "/api/v1/namespaces/models/pods/llama-old?",
+        )
+        .await;
+        assert_eq!(
+            body,
+            json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": DRIFTED_COST.to_string()}}})
+        );
+        respond(send, 200, &pod("llama-old", "10.0.0.1", true));
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        let c = condition(&patch["status"], "AllocationInSync");
+        assert!(
+            c["message"]
+                .as_str()
+                .unwrap()
+                .contains("2 running pod(s) run another allocation and go first when the model scales down"),
+            "{c}"
+        );
+        respond(send, 200, &ias_json());
+    });
+    reconcile(Arc::new(obj), ctx).await.unwrap();
+    server.await.unwrap();
+}

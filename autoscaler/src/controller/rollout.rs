@@ -9,10 +9,14 @@
 //!   workload's `resourceVersion` (a 409 Conflict re-reads and decides again). The Deployment or StatefulSet
 //!   controller then replaces pods with its own strategy — surge first where the strategy allows — and the webhook
 //!   gives each new pod the allocation in force. Each roll is an Event with before/after and the reason, and the
-//!   `AllocationInSync` condition says what is happening.
+//!   `AllocationInSync` condition says what is happening;
+//! - **scale-down order** (`Initial` and `Recreate`, Deployments): a pod whose allocation drifted from the one in
+//!   force carries [`DRIFTED_COST`] as its `controller.kubernetes.io/pod-deletion-cost`, so the ReplicaSet removes
+//!   it before the pods that run the allocation in force when the model scales down; the mark comes off when it no
+//!   longer applies.
 //!
-//! RBAC this needs: `get`/`patch` on the scaled kinds (deployments, statefulsets) and `list` on
-//! poddisruptionbudgets, in the model's namespace.
+//! RBAC this needs: `get`/`patch` on the scaled kinds (deployments, statefulsets), `list` on
+//! poddisruptionbudgets and `patch` on pods (the deletion cost, as consolidation), in the model's namespace.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -106,6 +110,81 @@ fn to_values(a: &Allocation) -> AllocationValues {
         kv_cache_memory_bytes: a.kv_cache_memory_bytes.and_then(|b| i64::try_from(b).ok()),
         gpu_memory_utilization: a.gpu_memory_utilization,
     }
+}
+
+/// The `pod-deletion-cost` a pod gets while its allocation has drifted from the one in force
+/// ([`tessera_core::rollout::drifted`]): a ReplicaSet scaling down removes the lowest cost first, so a model's
+/// count going down takes the pods that run an old allocation before those that run the one in force. It sits
+/// above consolidation's cost for pods leaving a draining GPU (`i32::MIN`, they go first) and below any cost a
+/// user would set by hand.
+pub const DRIFTED_COST: i32 = i32::MIN / 2;
+
+/// What to change on the pods' `pod-deletion-cost` this round (pure): `(pod, Some(DRIFTED_COST))` for a pod that
+/// has drifted from `in_force` and is not marked yet, `(pod, None)` to take the mark off one that no longer has
+/// (the allocation in force moved back, or there is none). A pod whose cost someone else set (a user, or
+/// consolidation marking it to leave) is never touched, nor one being deleted, nor one whose allocation is unknown
+/// (missing annotations are never judged).
+pub fn deletion_cost_changes(
+    in_force: Option<&AllocationValues>,
+    pods: &[Pod],
+    cfg: &RolloutConfig,
+) -> Vec<(String, Option<i32>)> {
+    let target = in_force.map(from_values);
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let name = p.metadata.name.clone()?;
+            let cost = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(crate::pool::POD_DELETION_COST));
+            let ours = match cost {
+                None => false,
+                Some(c) if c.trim().parse::<i32>().ok() == Some(DRIFTED_COST) => true,
+                Some(_) => return None,
+            };
+            let drifted = target
+                .zip(pod_allocation(p))
+                .is_some_and(|(t, a)| rollout::drifted(&t, &a, cfg.drift_threshold));
+            match (drifted, ours) {
+                (true, false) => Some((name, Some(DRIFTED_COST))),
+                (false, true) => Some((name, None)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// How many of `pods` (not being deleted, allocation known) have drifted from `in_force`.
+pub fn drifted_count(in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &RolloutConfig) -> usize {
+    let Some(target) = in_force.map(from_values) else {
+        return 0;
+    };
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(pod_allocation)
+        .filter(|a| rollout::drifted(&target, a, cfg.drift_threshold))
+        .count()
+}
+
+/// Writes [`deletion_cost_changes`] (one merge patch per pod, touching that one annotation). Returns how many were
+/// written; the first error stops it, and the caller only logs it: the mark orders a scale-down, nothing more.
+pub async fn mark_drifted(pods: &Api<Pod>, changes: &[(String, Option<i32>)]) -> Result<usize, kube::Error> {
+    for (n, (name, cost)) in changes.iter().enumerate() {
+        let value = cost.map_or(Value::Null, |c| Value::String(c.to_string()));
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { crate::pool::POD_DELETION_COST: value } }
+        });
+        if let Err(e) = pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            debug!(pod = %name, written = n, "pod-deletion-cost write failed");
+            return Err(e);
+        }
+    }
+    Ok(changes.len())
 }
 
 /// How many of `pods` run below `in_force` in a dimension `urgency` hurries (`core::rollout::urgently_below`):

@@ -315,21 +315,31 @@ async fn replay(
 
 #[tokio::test]
 async fn the_controller_decides_what_the_simulator_decided() {
-    // The default scenario's hour: long enough for scale-ups, holds, scale-downs and scale to zero.
-    let mut sc = scenario::load(&Source::Default, None, None).unwrap();
-    // Under `updateMode: Recreate`, so the replay also covers the rounds of a roll (its surge and retirements go
-    // through the same move step as consolidation's), and this hour has a plain ratio scale-up to cover.
-    sc.settings.update_mode = tessera_sim::simulate::scenario::UpdateMode::Recreate;
+    use tessera_sim::simulate::scenario::UpdateMode;
+    // The default scenario's hour: long enough for scale-ups, holds, scale-downs and scale to zero. Under
+    // `updateMode: Initial` (the default), then `Recreate`, so the replay also covers the rounds of a roll (its
+    // surge and retirements go through the same move step as consolidation's).
+    for mode in [UpdateMode::Initial, UpdateMode::Recreate] {
+        let mut sc = scenario::load(&Source::Default, None, None).unwrap();
+        sc.settings.update_mode = mode;
+        replay_the_hour(&sc, mode == UpdateMode::Initial).await;
+    }
+}
+
+/// Runs Tessera over `sc` recording its decisions, and replays every change and every 25th hold through the
+/// controller. `coverage`: the replay must cover each kind of change (a plain ratio scale-up, a scale-down, to and
+/// from zero), a warm floor and a share that can grow.
+async fn replay_the_hour(sc: &scenario::Scenario, coverage: bool) {
     // Started as `tessera simulate` starts Tessera: from the allocation the HPA baseline's observations recommend
     // (a recommendation comes into force only after the 30-minute stability window, so one started without would
     // run at vLLM's defaults for most of the replay).
-    let histories = World::new(&sc, plan(StrategyKind::Hpa, vec![None; sc.models.len()]))
+    let histories = World::new(sc, plan(StrategyKind::Hpa, vec![None; sc.models.len()]))
         .unwrap()
         .run(&mut |_| {})
         .unwrap()
         .histories;
-    let initial = tessera_sim::simulate::world::calibrate(&sc, &histories);
-    let run = World::new(&sc, plan(StrategyKind::Tessera, initial))
+    let initial = tessera_sim::simulate::world::calibrate(sc, &histories);
+    let run = World::new(sc, plan(StrategyKind::Tessera, initial))
         .unwrap()
         .recording_decisions()
         .run(&mut |_| {})
@@ -356,6 +366,25 @@ async fn the_controller_decides_what_the_simulator_decided() {
     }
     let reasons: HashSet<&str> = picked.iter().map(|r| r.decision.reason.label()).collect();
     assert!(
+        picked.iter().any(|r| r.moving.step != MoveStep::Stay),
+        "the replay must cover a move (a consolidation or a roll)"
+    );
+    if coverage {
+        coverage_of(&picked, &reasons);
+    }
+    assert_replays_alike(sc, &picked).await;
+    eprintln!(
+        "replayed {} of {} decisions through the controller ({} changes) under {:?}, reasons {reasons:?}",
+        picked.len(),
+        records.len(),
+        picked.iter().filter(|r| r.decision.is_change()).count(),
+        sc.settings.update_mode
+    );
+}
+
+/// What the default mode's replay must cover.
+fn coverage_of(picked: &[&DecisionRecord], reasons: &HashSet<&str>) {
+    assert!(
         picked
             .iter()
             .any(|r| r.decision.message.contains("keeps one warm replica")),
@@ -371,13 +400,6 @@ async fn the_controller_decides_what_the_simulator_decided() {
             "the replay must cover {needed}; it covers {reasons:?}"
         );
     }
-    assert_replays_alike(&sc, &picked).await;
-    eprintln!(
-        "replayed {} of {} decisions through the controller ({} changes), reasons {reasons:?}",
-        picked.len(),
-        records.len(),
-        picked.iter().filter(|r| r.decision.is_change()).count()
-    );
 }
 
 /// Replays each record through the controller's reconcile and checks it writes what the simulator applied (the

@@ -415,3 +415,62 @@ fn roll_initial_names_the_pods_an_urgent_growth_leaves_behind() {
     };
     assert_eq!(urgently_behind(&in_force, &pods, preempting, &cfg), 0);
 }
+
+/// The deletion-cost marks follow the allocation in force: a drifted pod is marked, the mark comes off once it
+/// runs the allocation in force again (or nothing is in force), and a cost someone else set — a user's, or
+/// consolidation's for a pod leaving a draining GPU — is never touched, nor a pod being deleted or one whose
+/// allocation is unknown.
+#[test]
+fn deletion_cost_marks_follow_the_allocation_in_force() {
+    use super::{DRIFTED_COST, deletion_cost_changes, drifted_count};
+    let cfg = RolloutConfig::default();
+    let named = |name: &str, mut p: Pod, cost: Option<String>| {
+        p.metadata.name = Some(name.into());
+        if let Some(c) = cost {
+            p.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(crate::pool::POD_DELETION_COST.into(), c);
+        }
+        p
+    };
+    let in_force = AllocationValues {
+        gpu_memory_mib: 30_000,
+        compute_fraction: 0.5,
+        kv_cache_memory_bytes: None,
+        gpu_memory_utilization: None,
+    };
+    let ours = Some(DRIFTED_COST.to_string());
+    let mut deleting = named("deleting", pod(18_000, 0.3), None);
+    deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    let pods = vec![
+        named("smaller", pod(18_000, 0.5), None),
+        named("larger", pod(40_000, 0.5), None),
+        named("in-sync", pod(31_000, 0.52), None),
+        named("back-in-sync", pod(30_000, 0.5), ours.clone()),
+        named("still-drifted", pod(18_000, 0.5), ours.clone()),
+        named("user", pod(18_000, 0.5), Some("100".into())),
+        named("leaving", pod(18_000, 0.5), Some(i32::MIN.to_string())),
+        named("unknown", Pod::default(), None),
+        deleting,
+    ];
+    assert_eq!(
+        deletion_cost_changes(Some(&in_force), &pods, &cfg),
+        vec![
+            ("smaller".to_owned(), Some(DRIFTED_COST)),
+            ("larger".to_owned(), Some(DRIFTED_COST)),
+            ("back-in-sync".to_owned(), None),
+        ]
+    );
+    // smaller, larger, still-drifted, user, leaving.
+    assert_eq!(drifted_count(Some(&in_force), &pods, &cfg), 5);
+    // Nothing in force: only our own marks come off.
+    assert_eq!(
+        deletion_cost_changes(None, &pods, &cfg),
+        vec![
+            ("back-in-sync".to_owned(), None),
+            ("still-drifted".to_owned(), None)
+        ]
+    );
+    assert_eq!(drifted_count(None, &pods, &cfg), 0);
+}

@@ -225,17 +225,22 @@ impl World<'_> {
         }
     }
 
-    /// Stops up to `n` of `among` (starting ones first, nothing to drain; then the ready ones with the least in
-    /// flight), draining those with requests in flight. Returns the ones removed.
+    /// Stops up to `n` of `among` in the order a ReplicaSet removes pods: starting ones first (nothing to drain),
+    /// then the lowest `pod-deletion-cost` — under Tessera, replicas whose allocation drifted from the one in force
+    /// (`core::rollout::drifted`, the cost the controller gives them) — then the newest. The ReplicaSet cannot see
+    /// requests in flight, so neither does this order; those with requests in flight drain. Returns the ones
+    /// removed.
     pub(super) fn retire(&mut self, among: &[usize], n: usize) -> Vec<usize> {
+        let threshold = self.sc.settings.rollout().drift_threshold;
         let mut victims = among.to_vec();
         victims.sort_by_key(|&r| {
             let rep = &self.replicas[r];
-            (
-                rep.phase == Phase::Ready,
-                rep.engine.in_flight(),
-                std::cmp::Reverse(r),
-            )
+            let drifted = self.models[rep.model]
+                .allocation
+                .in_force
+                .zip(rep.allocation)
+                .is_some_and(|(f, a)| tessera_core::rollout::drifted(&f, &a, threshold));
+            (rep.phase == Phase::Ready, !drifted, std::cmp::Reverse(r))
         });
         victims.truncate(n);
         for &r in &victims {
