@@ -109,6 +109,13 @@ pub struct Args {
     /// streaming speed. Combined with --ttft-slo, the objective needing the larger share wins.
     #[arg(long, env = "TESSERA_ITL_SLO", value_parser = humantime::parse_duration)]
     pub itl_slo: Option<Duration>,
+    /// The KV-cache utilization the model's replica count scales on (its InferenceAutoscaler's
+    /// `targets.kvCacheUtilization`, 0–1; the webhook passes it). The recommended cache then holds one
+    /// max_model_len sequence below it (max_model_len / target tokens), so one request alone never asks for another
+    /// replica, which would load the weights again to relieve a cache a fraction of their size. Without it the
+    /// floor is one sequence, vLLM's own minimum.
+    #[arg(long, env = "TESSERA_KV_TARGET_UTILIZATION")]
+    pub kv_target_utilization: Option<f64>,
     /// Directory holding the model's config.json (and its safetensors files), as vLLM loads it. From it come the
     /// exact KV bytes per token in every memory mode (2 × layers × kv_heads × head_dim × dtype bytes; one latent
     /// per layer for MLA models), and the weight bytes as a floor for non-KV memory. The webhook mounts the vLLM
@@ -140,6 +147,7 @@ impl Args {
             max_step_up: self.max_step_up,
             max_step_down_ratio: self.max_step_down,
             max_gpu_memory_utilization: self.max_gpu_memory_utilization,
+            kv_target_utilization: self.kv_target_utilization,
             ..Default::default()
         }
     }
@@ -168,6 +176,14 @@ impl Args {
             return Err(ConfigError::Value(format!(
                 "--gpu-compute-fraction {} must be in (0, 1]: the share of the GPU this server runs with (1 = whole GPU)",
                 self.gpu_compute_fraction
+            )));
+        }
+        if let Some(u) = self.kv_target_utilization
+            && !(u.is_finite() && u > 0.0 && u <= 1.0)
+        {
+            return Err(ConfigError::Value(format!(
+                "--kv-target-utilization {u} must be in (0, 1]: the KV-cache utilization the replica count scales on \
+                 (targets.kvCacheUtilization, e.g. 0.7), or left out"
             )));
         }
         for (flag, slo) in [("--ttft-slo", self.ttft_slo), ("--itl-slo", self.itl_slo)] {

@@ -513,6 +513,23 @@ fn bad_flags_are_named() {
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args([
             "sidecar",
+            "--kv-target-utilization",
+            "70",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-nvml",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--kv-target-utilization 70 must be in (0, 1]"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "sidecar",
             "--ttft-slo",
             "fast",
             "--listen",

@@ -41,7 +41,7 @@ fn policy(sharing: &str, update_mode: &str) -> InferenceAutoscaler {
         "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
         "metadata": {"name": "llama3", "namespace": "default"},
         "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "vllm-llama3-deployment-vllm"},
-                 "maxReplicas": 4, "ttftSlo": "2s",
+                 "maxReplicas": 4, "ttftSlo": "2s", "targets": {"kvCacheUtilization": 0.7},
                  "gpu": {"sharing": sharing, "updateMode": update_mode}},
         "status": {"recommendation": {"kvCacheMemoryBytes": 8589934592_i64, "gpuMemoryUtilization": 0.42,
                    "gpuMemoryMiB": 20480, "computeFraction": 0.3, "reason": "p95 KV usage 61% of 12 GiB"}}
@@ -299,6 +299,11 @@ fn real_pods_whole_mode() {
         assert_eq!(
             flag(sidecar.args.as_ref().unwrap(), "--ttft-slo").as_deref(),
             Some("2s")
+        );
+        // The replica count's KV target reaches the sidecar's recommendation (its KV floor).
+        assert_eq!(
+            flag(sidecar.args.as_ref().unwrap(), "--kv-target-utilization").as_deref(),
+            Some("0.7")
         );
     }
 }

@@ -39,6 +39,12 @@ pub struct Config {
     pub saturation_busy_ratio: f64,
     /// Share of the window's samples that must be saturated before saturation grows the compute share.
     pub saturation_min_ratio: f64,
+    /// The KV-cache utilization the model's replica count scales on (`targets.kvCacheUtilization`), when it
+    /// scales on one. The cache then holds one `max_model_len` sequence *below* that target (`max_model_len /
+    /// target` tokens): a smaller cache lets one request ask for another replica, which loads the weights again
+    /// to relieve a cache a fraction of their size. `None`: one sequence, vLLM's own minimum.
+    #[serde(default)]
+    pub kv_target_utilization: Option<f64>,
 }
 
 impl Default for Config {
@@ -60,6 +66,7 @@ impl Default for Config {
             compute_max_step_down_ratio: 0.25,
             saturation_busy_ratio: 0.95,
             saturation_min_ratio: 0.1,
+            kv_target_utilization: None,
         }
     }
 }
@@ -102,6 +109,9 @@ impl Config {
         )?;
         in_range("saturation_busy_ratio", self.saturation_busy_ratio, 0.0, 1.0)?;
         in_range("saturation_min_ratio", self.saturation_min_ratio, 0.0, 1.0)?;
+        if let Some(u) = self.kv_target_utilization {
+            in_range("kv_target_utilization", u, 0.01, 1.0)?;
+        }
         if self.min_samples == 0 {
             return Err(ConfigError {
                 name: "min_samples",

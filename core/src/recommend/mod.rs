@@ -19,7 +19,11 @@
 //! 3. Pressure — any preemption in the window, or requests waiting while KV usage was at least
 //!    `near_full_ratio` — means the cache was too small: the target becomes at least the current size plus
 //!    headroom (grow), and never less than the previous recommendation (never shrink).
-//! 4. At least one `max_model_len` sequence (vLLM refuses to start with less), and at least one block.
+//! 4. At least one `max_model_len` sequence (vLLM refuses to start with less), and at least one block; when the
+//!    replica count scales on KV utilization (`kv_target_utilization`, the policy's `targets.kvCacheUtilization`),
+//!    that sequence *below* the target: `max_model_len / target` tokens. A smaller cache lets one request ask for
+//!    another replica, whose weights cost many times the cache it relieves (measured: docs/simulator.md, "The KV
+//!    floor below the replica count's target").
 //! 5. Bounded step relative to the previous recommendation (or the current size when there is none): at most
 //!    `max_step_up ×` up and `max_step_down_ratio` down per update. The floor of rule 2 still wins over the step
 //!    bound, since recommending less than what was just used would cause preemptions by construction.
@@ -237,14 +241,14 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         );
     }
 
-    // Rule 4: one max-length sequence, one block.
-    let min_tokens = geometry.max_model_len.unwrap_or(0).max(geometry.block_size);
+    // Rule 4: one max-length sequence, one block; below the replica count's KV target when it has one.
+    let (min_tokens, why) = minimum_tokens(geometry, config.kv_target_utilization);
     if target < min_tokens {
         target = min_tokens;
         reason(
             Field::KvCacheMemory,
             ReasonCode::MinimumSequence,
-            format!("raised to {min_tokens} tokens: the cache must hold one max_model_len sequence"),
+            format!("raised to {min_tokens} tokens: {why}"),
         );
     }
 
@@ -392,4 +396,30 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         non_kv_source,
         reasons,
     })
+}
+
+/// Rule 4's floor, in tokens, and why: vLLM refuses to start a cache that cannot hold one `max_model_len`
+/// sequence; when the replica count scales on KV utilization (`kv_target`), the cache holds that sequence below the
+/// target, so one request alone never asks for another replica (which would load the weights again to relieve a
+/// cache a fraction of their size). An out-of-range target is ignored (the config's validation names it).
+fn minimum_tokens(geometry: KvGeometry, kv_target: Option<f64>) -> (u64, String) {
+    let sequence = geometry.max_model_len.unwrap_or(0);
+    let block = geometry.block_size;
+    match kv_target.filter(|u| u.is_finite() && *u > 0.0 && *u < 1.0) {
+        Some(u) if sequence > 0 => {
+            let below = (sequence as f64 / u).ceil() as u64;
+            (
+                below.max(block),
+                format!(
+                    "the cache must hold one max_model_len sequence ({sequence} tokens) below the replica count's \
+                     KV target ({:.0}%), so one request alone never adds a replica",
+                    u * 100.0
+                ),
+            )
+        }
+        _ => (
+            sequence.max(block),
+            "the cache must hold one max_model_len sequence".to_owned(),
+        ),
+    }
 }

@@ -329,6 +329,62 @@ fn holds_one_max_model_len_sequence() {
     assert!(codes(&r).contains(&ReasonCode::MinimumSequence));
 }
 
+/// With the replica count's KV target (0.7), an idle window settles at one max_model_len sequence *below* it
+/// (32,768 / 0.7 → 46,812 tokens, rounded up to whole blocks), and the reason says why; an out-of-range target
+/// makes the recommendation `not_yet` with the setting named (the sidecar refuses the flag at start).
+#[test]
+fn holds_one_max_model_len_sequence_below_the_replica_counts_kv_target() {
+    let g = KvGeometry {
+        num_gpu_blocks: 2000,
+        block_size: 16,
+        max_model_len: Some(32_768),
+    };
+    let w = window(30, |_| 0.0);
+    let settle = |cfg: &Config| {
+        let mut prev: Option<Recommendation> = None;
+        for _ in 0..40 {
+            prev = Some(ready(run_with(&w, g, memory(), prev.as_ref(), cfg)));
+        }
+        prev.unwrap()
+    };
+    let cfg = Config {
+        kv_target_utilization: Some(0.7),
+        ..Config::default()
+    };
+    assert!(cfg.validate().is_ok());
+    let r = settle(&cfg);
+    assert_eq!(r.kv_cache_tokens, 46_816, "46,812 rounded up to 16-token blocks");
+    assert!(
+        r.reasons.iter().any(|x| x.code == ReasonCode::MinimumSequence
+            && x.message.contains("below the replica count's KV target (70%)")),
+        "{:?}",
+        r.reasons
+    );
+    // A sequence used for real still wins over the floor, and so does a target of 1 (no room asked for).
+    let whole = Config {
+        kv_target_utilization: Some(1.0),
+        ..Config::default()
+    };
+    assert_eq!(settle(&whole).kv_cache_tokens, 32_768);
+    for bad in [0.0, -0.5, 1.5, f64::NAN] {
+        let c = Config {
+            kv_target_utilization: Some(bad),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err(), "{bad}");
+        assert!(
+            matches!(
+                run_with(&w, g, memory(), None, &c),
+                Outcome::NotYet {
+                    code: NotYetCode::InvalidConfig,
+                    ..
+                }
+            ),
+            "{bad}"
+        );
+    }
+}
+
 /// A compute window: `n` samples 10 s apart, busy `busy`, `waiting` requests waiting.
 fn cwin(n: usize, busy: Option<f64>, waiting: f64) -> Vec<Observation> {
     (0..n)

@@ -67,6 +67,15 @@ pub fn sidecar(
     if let Some(slo) = annotations(pod).get(ANNOTATION_ITL_SLO) {
         args.extend(["--itl-slo".into(), slo.clone()]);
     }
+    // The replica count's KV target: the recommended cache holds one max_model_len sequence below it, so one
+    // request never asks for another replica (core::recommend, rule 4).
+    if let Some(u) = ctx
+        .policy
+        .and_then(|p| p.spec.targets.kv_cache_utilization)
+        .filter(|u| u.is_finite() && *u > 0.0 && *u <= 1.0)
+    {
+        args.extend(["--kv-target-utilization".into(), u.to_string()]);
+    }
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),

@@ -332,8 +332,8 @@ impl World<'_> {
     /// Tessera's recommendation round: each model's recommendation from its ready replicas' windows.
     pub(super) fn on_recommend(&mut self) {
         let horizon = self.now - self.sc.settings.recommend_window.as_secs_f64();
-        let cfg = recommend::Config::default();
         for m in 0..self.models.len() {
+            let cfg = sidecar_config(&self.sc.models[m]);
             let mut best: Option<Recommendation> = None;
             for &r in &self.models[m].replicas {
                 let rep = &self.replicas[r];
@@ -415,15 +415,24 @@ pub(super) fn compute_facts(
     }
 }
 
+/// The recommendation settings of a model's sidecars, as the webhook starts them: the defaults, and the replica
+/// count's KV-utilization target (`--kv-target-utilization`, from the policy's `targets.kvCacheUtilization`).
+fn sidecar_config(setup: &ModelSetup) -> recommend::Config {
+    recommend::Config {
+        kv_target_utilization: setup.targets.kv_cache_utilization,
+        ..recommend::Config::default()
+    }
+}
+
 /// The steady-state recommendation for each model from whole-GPU histories: what a sidecar watching the
 /// baseline would converge to, applying the recommendation rule update after update (each step is bounded, so
 /// it is iterated until it stops moving). The compute share sees the baseline's own latency (vLLM's TTFT and
 /// inter-token histograms over the run) at the share it ran with (the whole GPU), against the model's
 /// objectives, as a sidecar started with `--ttft-slo`/`--itl-slo` would. Models with too little history get `None`.
 pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Recommendation>> {
-    let cfg = recommend::Config::default();
     (0..sc.models.len())
         .map(|m| {
+            let cfg = sidecar_config(&sc.models[m]);
             let mut best: Option<Recommendation> = None;
             for h in histories.iter().filter(|h| h.model == m) {
                 let mut prev: Option<Recommendation> = None;
