@@ -468,78 +468,32 @@ async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
     server.abort();
 }
 
+/// Each bad flag stops the sidecar at start, and the error names it (and, where it helps, the valid range).
 #[test]
 fn bad_flags_are_named() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "sidecar",
+    for (flag, value, said) in [
+        (
             "--vllm-url",
             "localhost:8000",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-nvml",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--vllm-url") && err.contains("http://"), "{err}");
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "sidecar",
-            "--percentile",
-            "1.5",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-nvml",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("percentile"));
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "sidecar",
-            "--gpu-compute-fraction",
-            "1.5",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-nvml",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--gpu-compute-fraction"));
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "sidecar",
+            "--vllm-url \"localhost:8000\" must be an http:// or https:// URL",
+        ),
+        ("--percentile", "1.5", "percentile"),
+        ("--gpu-compute-fraction", "1.5", "--gpu-compute-fraction"),
+        (
             "--kv-target-utilization",
             "70",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-nvml",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("--kv-target-utilization 70 must be in (0, 1]"),
-        "{err}"
-    );
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "sidecar",
-            "--ttft-slo",
-            "fast",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-nvml",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--ttft-slo"));
+            "--kv-target-utilization 70 must be in (0, 1]",
+        ),
+        ("--ttft-slo", "fast", "--ttft-slo"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["sidecar", flag, value, "--listen", "127.0.0.1:0", "--no-nvml"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(said), "{flag} {value}: {err}");
+    }
 }
 
 /// The gpu-agent on a machine without NVML (like this one): it serves, says why it has no data, is not
