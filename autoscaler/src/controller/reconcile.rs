@@ -751,7 +751,7 @@ async fn mark_drifted(
     let changes = ro::deletion_cost_changes(in_force, pods, cfg);
     if !changes.is_empty() {
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-        match ro::mark_drifted(&api, &changes).await {
+        match ro::write_deletion_costs(&api, &changes).await {
             Ok(n) => debug!(pods = n, "pod-deletion-cost updated for the allocation in force"),
             Err(e) => {
                 warn!(error = %e, "could not mark pods that run another allocation; retrying next round")

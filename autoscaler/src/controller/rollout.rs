@@ -170,7 +170,10 @@ pub fn drifted_count(in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &Ro
 
 /// Writes [`deletion_cost_changes`] (one merge patch per pod, touching that one annotation). Returns how many were
 /// written; the first error stops it, and the caller only logs it: the mark orders a scale-down, nothing more.
-pub async fn mark_drifted(pods: &Api<Pod>, changes: &[(String, Option<i32>)]) -> Result<usize, kube::Error> {
+pub async fn write_deletion_costs(
+    pods: &Api<Pod>,
+    changes: &[(String, Option<i32>)],
+) -> Result<usize, kube::Error> {
     for (n, (name, cost)) in changes.iter().enumerate() {
         let value = cost.map_or(Value::Null, |c| Value::String(c.to_string()));
         let patch = serde_json::json!({
