@@ -186,7 +186,8 @@ fn default_api_version() -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Targets {
-    /// Mean KV cache usage per replica, a fraction in (0, 1], e.g. 0.7.
+    /// Mean KV cache usage per replica, a fraction in (0, 1], e.g. 0.7. The webhook also passes it to each
+    /// pod's sidecar, whose recommended KV cache then holds one max_model_len sequence below it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.01, max = 1.0))]
     pub kv_cache_utilization: Option<f64>,
