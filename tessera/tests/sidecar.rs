@@ -383,10 +383,9 @@ async fn sidecar_against_a_fake_vllm() {
     assert!(code.success(), "exit status {code:?}");
 }
 
-/// With a TTFT objective and a replica well inside it, the recommended compute share drops from the share it runs
-/// with — by one bounded step, not to what the ratio alone would give.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
+/// The real vLLM page (Llama 3.1 8B FP8 under KubeAI: 4,574 blocks of 16 tokens) served as [`page_at`] moves
+/// it. Returns its URL and the server task.
+async fn serve_the_real_page() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt"
@@ -402,32 +401,85 @@ async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
     let vllm_addr: SocketAddr = listener.local_addr().unwrap();
     let app = Router::new()
         .route("/metrics", get(serve_metrics))
-        .with_state(fake.clone());
+        .with_state(fake);
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let vllm_url = format!("http://{vllm_addr}");
-    let sidecar = Tessera::start_with_env(
-        &[
-            "sidecar",
-            "--vllm-url",
-            &vllm_url,
-            "--listen",
-            "127.0.0.1:0",
-            "--scrape-interval",
-            "100ms",
-            "--window",
-            "1m",
-            "--min-samples",
-            "5",
-            "--min-window",
-            "300ms",
-            "--no-nvml",
-            "--gpu-memory-mib",
-            "23034",
-            "--bytes-per-kv-token",
-            "131072",
-            "--max-model-len",
-            "8192",
-        ],
+    (format!("http://{vllm_addr}"), server)
+}
+
+/// The real sidecar on `vllm_url`, scraping every 100 ms with a short window so it recommends within a second
+/// (131,072 KV bytes per token: the page's model), plus `extra` flags and `env`.
+fn quick_sidecar(vllm_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Tessera {
+    let mut args = vec![
+        "sidecar",
+        "--vllm-url",
+        vllm_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--scrape-interval",
+        "100ms",
+        "--window",
+        "1m",
+        "--min-samples",
+        "5",
+        "--min-window",
+        "300ms",
+        "--no-nvml",
+        "--bytes-per-kv-token",
+        "131072",
+    ];
+    args.extend_from_slice(extra);
+    Tessera::start_with_env(&args, env)
+}
+
+/// The KV floor through the real binary: two sidecars on the same page (73,184 tokens of cache, 40% used) with
+/// `--max-model-len 65536`. Without a KV target the shrink is bounded by the 10% step (65,866 tokens, above one
+/// sequence); with `--kv-target-utilization 0.7` (what the webhook passes from `targets.kvCacheUtilization`) the
+/// cache must hold that sequence below 70%: 65,536 / 0.7 → 93,623, rounded up to whole blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kv_floor_sits_one_sequence_below_the_replica_counts_target() {
+    let (vllm_url, server) = serve_the_real_page().await;
+    let flags = ["--gpu-memory-mib", "81920", "--max-model-len", "65536"];
+    let plain = quick_sidecar(&vllm_url, &flags, &[]);
+    let below = quick_sidecar(&vllm_url, &flags, &[("TESSERA_KV_TARGET_UTILIZATION", "0.7")]);
+    let mut tokens = Vec::new();
+    for sidecar in [&plain, &below] {
+        let c = Client {
+            http: reqwest::Client::new(),
+            base: sidecar.base(),
+        };
+        let s = c
+            .wait_for("a recommendation", 20, |s| s.recommendation().is_some())
+            .await;
+        let rec = s.recommendation().unwrap().clone();
+        tokens.push((rec.kv_cache_tokens, rec.reasons));
+    }
+    use tessera_core::recommend::ReasonCode;
+    let (plain_tokens, plain_reasons) = &tokens[0];
+    assert_eq!(*plain_tokens, 65_872, "{plain_reasons:?}");
+    assert!(
+        plain_reasons
+            .iter()
+            .any(|r| r.code == ReasonCode::StepLimitedDown),
+        "{plain_reasons:?}"
+    );
+    let (below_tokens, below_reasons) = &tokens[1];
+    assert_eq!(*below_tokens, 93_632, "{below_reasons:?}");
+    assert!(
+        below_reasons.iter().any(|r| r.code == ReasonCode::MinimumSequence
+            && r.message.contains("below the replica count's KV target (70%)")),
+        "{below_reasons:?}"
+    );
+    server.abort();
+}
+
+/// With a TTFT objective and a replica well inside it, the recommended compute share drops from the share it runs
+/// with — by one bounded step, not to what the ratio alone would give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
+    let (vllm_url, server) = serve_the_real_page().await;
+    let sidecar = quick_sidecar(
+        &vllm_url,
+        &["--gpu-memory-mib", "23034", "--max-model-len", "8192"],
         &[
             ("TESSERA_TTFT_SLO", "2s"),
             ("TESSERA_GPU_COMPUTE_FRACTION", "0.5"),
