@@ -186,28 +186,11 @@ async fn sidecar_against_a_fake_vllm() {
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
 
     let vllm_url = format!("http://{vllm_addr}");
-    let mut sidecar = Tessera::start(&[
-        "sidecar",
-        "--vllm-url",
+    let mut sidecar = quick_sidecar(
         &vllm_url,
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "100ms",
-        "--scrape-timeout",
-        "500ms",
-        "--window",
-        "1m",
-        "--min-samples",
-        "5",
-        "--min-window",
-        "300ms",
-        "--no-nvml",
-        "--gpu-memory-mib",
-        "23034",
-        "--bytes-per-kv-token",
-        "131072",
-    ]);
+        &["--scrape-timeout", "500ms", "--gpu-memory-mib", "23034"],
+        &[],
+    );
     let c = Client {
         http: reqwest::Client::new(),
         base: sidecar.base(),
@@ -406,29 +389,11 @@ async fn serve_the_real_page() -> (String, tokio::task::JoinHandle<std::io::Resu
     (format!("http://{vllm_addr}"), server)
 }
 
-/// The real sidecar on `vllm_url`, scraping every 100 ms with a short window so it recommends within a second
-/// (131,072 KV bytes per token: the page's model), plus `extra` flags and `env`.
+/// The real sidecar on `vllm_url` with the page's model (131,072 KV bytes per token), plus `extra` and `env`.
 fn quick_sidecar(vllm_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Tessera {
-    let mut args = vec![
-        "sidecar",
-        "--vllm-url",
-        vllm_url,
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "100ms",
-        "--window",
-        "1m",
-        "--min-samples",
-        "5",
-        "--min-window",
-        "300ms",
-        "--no-nvml",
-        "--bytes-per-kv-token",
-        "131072",
-    ];
+    let mut args = vec!["--bytes-per-kv-token", "131072"];
     args.extend_from_slice(extra);
-    Tessera::start_with_env(&args, env)
+    Tessera::quick_sidecar(vllm_url, &args, env)
 }
 
 /// The KV floor through the real binary: two sidecars on the same page (73,184 tokens of cache, 40% used) with

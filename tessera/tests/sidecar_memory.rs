@@ -41,28 +41,9 @@ async fn wait_for(base: &str, what: &str, secs: u64, pred: impl Fn(&SidecarStatu
 
 fn sidecar(vllm: &str, extra: &[&str]) -> Tessera {
     let model_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/models/qwen2-7b");
-    let mut args = vec![
-        "sidecar",
-        "--vllm-url",
-        vllm,
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "100ms",
-        "--window",
-        "1m",
-        "--min-samples",
-        "5",
-        "--min-window",
-        "300ms",
-        "--no-nvml",
-        "--gpu-memory-mib",
-        "81920",
-        "--model-dir",
-        model_dir,
-    ];
+    let mut args = vec!["--gpu-memory-mib", "81920", "--model-dir", model_dir];
     args.extend_from_slice(extra);
-    Tessera::start(&args)
+    Tessera::quick_sidecar(vllm, &args, &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

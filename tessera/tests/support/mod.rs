@@ -60,6 +60,30 @@ impl Tessera {
         Self::start_with_env(args, &[])
     }
 
+    /// The sidecar on `vllm_url`, scraping every 100 ms with a short window (1 m, 5 samples, 300 ms) so it
+    /// recommends within a second, without NVML; `extra` adds the memory facts and anything else, `env` the
+    /// environment.
+    pub fn quick_sidecar(vllm_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Tessera {
+        let mut args = vec![
+            "sidecar",
+            "--vllm-url",
+            vllm_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--scrape-interval",
+            "100ms",
+            "--window",
+            "1m",
+            "--min-samples",
+            "5",
+            "--min-window",
+            "300ms",
+            "--no-nvml",
+        ];
+        args.extend_from_slice(extra);
+        Self::start_with_env(&args, env)
+    }
+
     /// As [`Tessera::start`], with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Tessera {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
