@@ -736,7 +736,7 @@ async fn allocation_and_roll(
 /// Marks the pods that drifted from the allocation in force to go first on a scale-down, and takes the mark off
 /// those that no longer have (`super::rollout::deletion_cost_changes`). Only a ReplicaSet honours the cost, so
 /// only a Deployment's pods are marked. A failed write is logged and retried next round: the mark only orders a
-/// scale-down. Returns how many pods run another allocation (marked now or before).
+/// scale-down. Returns how many pods carry the mark (marked now or before).
 async fn mark_drifted(
     ctx: &Context,
     obj: &InferenceAutoscaler,
@@ -758,7 +758,7 @@ async fn mark_drifted(
             }
         }
     }
-    ro::drifted_count(in_force, pods, cfg)
+    ro::marked_count(in_force, pods, cfg)
 }
 
 /// `urgent_growth` → `UrgentGrowth` (condition reasons are CamelCase).

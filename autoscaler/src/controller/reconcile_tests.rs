@@ -789,7 +789,7 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
 
 /// `updateMode: Initial` with 30,000 MiB at a 0.5 share in force: the pod started on an older, smaller allocation
 /// gets the drifted deletion cost (a scale-down removes it first), the pod that runs the allocation in force is
-/// left alone, and so is a drifted pod whose cost a user set. The condition counts both drifted pods.
+/// left alone, and so is a drifted pod whose cost a user set. The condition counts the pod it marked.
 #[tokio::test]
 async fn initial_marks_the_pods_that_run_another_allocation_to_go_first_on_a_scale_down() {
     use crate::controller::rollout::{DRIFTED_COST, POD_COMPUTE_ANNOTATION, POD_MEMORY_ANNOTATION};
@@ -843,7 +843,7 @@ async fn initial_marks_the_pods_that_run_another_allocation_to_go_first_on_a_sca
             c["message"]
                 .as_str()
                 .unwrap()
-                .contains("2 running pod(s) run another allocation and go first when the model scales down"),
+                .contains("1 running pod(s) run another allocation and go first when the model scales down"),
             "{c}"
         );
         respond(send, 200, &ias_json());

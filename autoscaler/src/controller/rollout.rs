@@ -119,6 +119,31 @@ fn to_values(a: &Allocation) -> AllocationValues {
 /// user would set by hand.
 pub const DRIFTED_COST: i32 = i32::MIN / 2;
 
+/// Whether this round's mark decision may touch `pod`'s deletion cost: not when it is being deleted, nor when
+/// someone else set the cost (a user, or consolidation marking it to leave a draining GPU). `Some(true)` when the
+/// cost is already ours.
+fn ours_to_mark(pod: &Pod) -> Option<bool> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    match pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::pool::POD_DELETION_COST))
+    {
+        None => Some(false),
+        Some(c) if c.trim().parse::<i32>().ok() == Some(DRIFTED_COST) => Some(true),
+        Some(_) => None,
+    }
+}
+
+fn is_drifted(target: Option<&Allocation>, pod: &Pod, cfg: &RolloutConfig) -> bool {
+    target
+        .zip(pod_allocation(pod))
+        .is_some_and(|(t, a)| rollout::drifted(t, &a, cfg.drift_threshold))
+}
+
 /// What to change on the pods' `pod-deletion-cost` this round (pure): `(pod, Some(DRIFTED_COST))` for a pod that
 /// has drifted from `in_force` and is not marked yet, `(pod, None)` to take the mark off one that no longer has
 /// (the allocation in force moved back, or there is none). A pod whose cost someone else set (a user, or
@@ -131,23 +156,10 @@ pub fn deletion_cost_changes(
 ) -> Vec<(String, Option<i32>)> {
     let target = in_force.map(from_values);
     pods.iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| {
+            let ours = ours_to_mark(p)?;
             let name = p.metadata.name.clone()?;
-            let cost = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(crate::pool::POD_DELETION_COST));
-            let ours = match cost {
-                None => false,
-                Some(c) if c.trim().parse::<i32>().ok() == Some(DRIFTED_COST) => true,
-                Some(_) => return None,
-            };
-            let drifted = target
-                .zip(pod_allocation(p))
-                .is_some_and(|(t, a)| rollout::drifted(&t, &a, cfg.drift_threshold));
-            match (drifted, ours) {
+            match (is_drifted(target.as_ref(), p, cfg), ours) {
                 (true, false) => Some((name, Some(DRIFTED_COST))),
                 (false, true) => Some((name, None)),
                 _ => None,
@@ -156,15 +168,12 @@ pub fn deletion_cost_changes(
         .collect()
 }
 
-/// How many of `pods` (not being deleted, allocation known) have drifted from `in_force`.
-pub fn drifted_count(in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &RolloutConfig) -> usize {
-    let Some(target) = in_force.map(from_values) else {
-        return 0;
-    };
+/// How many of `pods` this rule marks to go first on a scale-down: drifted from `in_force`, and not ranked by
+/// someone else (what the status counts).
+pub fn marked_count(in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &RolloutConfig) -> usize {
+    let target = in_force.map(from_values);
     pods.iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(pod_allocation)
-        .filter(|a| rollout::drifted(&target, a, cfg.drift_threshold))
+        .filter(|p| ours_to_mark(p).is_some() && is_drifted(target.as_ref(), p, cfg))
         .count()
 }
 
