@@ -329,14 +329,6 @@ pub fn drifted(target: &Allocation, pod: &Allocation, threshold: f64) -> bool {
     memory || compute || pod.relative_drift(target) > threshold
 }
 
-/// Which dimensions some pod runs below `target` in, by more than `threshold`: (memory, compute).
-fn grows(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> (bool, bool) {
-    pods.iter().flatten().fold((false, false), |(m, c), p| {
-        let (pm, pc) = below(target, p, threshold);
-        (m || pm, c || pc)
-    })
-}
-
 /// How many pods run below `target` (by more than `threshold`) in a dimension `urgency` hurries: less memory
 /// while vLLM preempts, less compute while a replica is over the TTFT objective. Under `Recreate` any makes the
 /// roll an [`RollReason::UrgentGrowth`]; under `Initial` the status names them (they keep what they have).
@@ -368,11 +360,14 @@ pub fn drift(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -
     if known.is_empty() {
         return Drift::Unknown;
     }
-    let (memory, compute) = grows(target, pods, threshold);
-    if memory || compute {
+    if known
+        .iter()
+        .any(|p| below(target, p, threshold) != (false, false))
+    {
         return Drift::Grow;
     }
-    if known.iter().any(|p| p.relative_drift(target) > threshold) {
+    // None runs below it, so a drifted pod holds more.
+    if known.iter().any(|p| drifted(target, p, threshold)) {
         return Drift::Shrink;
     }
     Drift::None

@@ -16,11 +16,10 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use tessera_core::pack::consolidate::{ModelPlacement, MoveStep, move_step};
 
 use crate::crd::InferenceAutoscalerStatus;
-use crate::pool::{ANNOTATION_CAPACITY_POD, DrainingGpus, POD_DELETION_COST};
+use crate::pool::{ANNOTATION_CAPACITY_POD, DrainingGpus};
 
 /// The condition type: a move off a draining GPU is under way (`Surge`, `Retire`) or not (`NotDraining`).
 pub const CONSOLIDATING: &str = "Consolidating";
@@ -149,16 +148,10 @@ pub fn plan(pods: &[Pod], draining: &DrainingGpus, desired: u32) -> Move {
     }
 }
 
-/// Sets [`LEAVING_COST`] on each of `names` (a merge patch touching that one annotation).
+/// Sets [`LEAVING_COST`] on each of `names` (`super::deletion_cost::write`).
 pub async fn mark_leaving(pods: &Api<Pod>, names: &[String]) -> Result<(), kube::Error> {
-    let patch = serde_json::json!({
-        "metadata": { "annotations": { POD_DELETION_COST: LEAVING_COST.to_string() } }
-    });
-    for name in names {
-        pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-    }
-    Ok(())
+    let changes: Vec<(String, Option<i32>)> = names.iter().map(|n| (n.clone(), Some(LEAVING_COST))).collect();
+    super::deletion_cost::write(pods, &changes).await.map(|_| ())
 }
 
 #[cfg(test)]

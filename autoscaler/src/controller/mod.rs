@@ -18,6 +18,7 @@
 //! every known activator pod gave a fresh document, and without them a model is never scaled to zero.
 
 pub mod consolidate;
+pub mod deletion_cost;
 pub mod discovery;
 pub mod metrics;
 pub mod reconcile;

@@ -338,7 +338,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     };
     // Consolidation: this round moves these pods if a pool drains their GPU (surge, then retire by deletion cost,
     // which only a ReplicaSet honours: a Deployment's pods, not a StatefulSet's).
-    let movable = if spec.scale_target_ref.kind == "Deployment" {
+    let movable = if super::deletion_cost::honoured_by(&spec.scale_target_ref.kind) {
         all_pods.iter().filter_map(crate::pool::state::pod_key).collect()
     } else {
         Vec::new()
@@ -744,14 +744,14 @@ async fn mark_drifted(
     pods: &[Pod],
 ) -> usize {
     use super::rollout as ro;
-    if obj.spec.scale_target_ref.kind != "Deployment" {
+    if !super::deletion_cost::honoured_by(&obj.spec.scale_target_ref.kind) {
         return 0;
     }
     let cfg = &ctx.settings.rollout;
     let changes = ro::deletion_cost_changes(in_force, pods, cfg);
     if !changes.is_empty() {
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-        match ro::write_deletion_costs(&api, &changes).await {
+        match super::deletion_cost::write(&api, &changes).await {
             Ok(n) => debug!(pods = n, "pod-deletion-cost updated for the allocation in force"),
             Err(e) => {
                 warn!(error = %e, "could not mark pods that run another allocation; retrying next round")

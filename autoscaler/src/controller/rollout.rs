@@ -177,28 +177,6 @@ pub fn marked_count(in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &Rol
         .count()
 }
 
-/// Writes [`deletion_cost_changes`] (one merge patch per pod, touching that one annotation). Returns how many were
-/// written; the first error stops it, and the caller only logs it: the mark orders a scale-down, nothing more.
-pub async fn write_deletion_costs(
-    pods: &Api<Pod>,
-    changes: &[(String, Option<i32>)],
-) -> Result<usize, kube::Error> {
-    for (n, (name, cost)) in changes.iter().enumerate() {
-        let value = cost.map_or(Value::Null, |c| Value::String(c.to_string()));
-        let patch = serde_json::json!({
-            "metadata": { "annotations": { crate::pool::POD_DELETION_COST: value } }
-        });
-        if let Err(e) = pods
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            debug!(pod = %name, written = n, "pod-deletion-cost write failed");
-            return Err(e);
-        }
-    }
-    Ok(changes.len())
-}
-
 /// How many of `pods` run below `in_force` in a dimension `urgency` hurries (`core::rollout::urgently_below`):
 /// what `Recreate` would roll at once, named in the status under `Initial`.
 pub fn urgently_behind(

@@ -41,6 +41,21 @@ fn pod(memory: u64, compute: f64) -> Pod {
     .unwrap()
 }
 
+/// A sidecar recommendation as the status carries it.
+fn recommendation(
+    memory_mib: i64,
+    compute_fraction: f64,
+    kv_cache_memory_bytes: i64,
+) -> RecommendationStatus {
+    RecommendationStatus {
+        gpu_memory_mib: Some(memory_mib),
+        compute_fraction: Some(compute_fraction),
+        kv_cache_memory_bytes: Some(kv_cache_memory_bytes),
+        reason: "r".into(),
+        ..RecommendationStatus::default()
+    }
+}
+
 fn allocation(memory: i64, drift_since_ms: u64) -> AllocationStatus {
     AllocationStatus {
         in_force: Some(AllocationValues {
@@ -252,13 +267,7 @@ fn roll_workload_facts_resolve_strategy_defaults() {
 fn roll_in_force_is_kept_in_status_across_reconciles() {
     let cfg = RolloutConfig::default();
     let g = gpu(crate::crd::UpdateMode::Initial);
-    let rec = RecommendationStatus {
-        gpu_memory_mib: Some(30_000),
-        compute_fraction: Some(0.4),
-        kv_cache_memory_bytes: Some(12 << 30),
-        reason: "r".into(),
-        ..RecommendationStatus::default()
-    };
+    let rec = recommendation(30_000, 0.4, 12 << 30);
     let first = next_allocation(None, Some(&rec), &g, Urgency::default(), 0, &cfg);
     assert_eq!(
         (first.in_force, first.reason.as_str()),
@@ -290,13 +299,7 @@ fn roll_in_force_is_kept_in_status_across_reconciles() {
 fn roll_a_share_growth_over_the_ttft_objective_comes_into_force_at_once_in_status() {
     let cfg = RolloutConfig::default();
     let g = gpu(crate::crd::UpdateMode::Recreate);
-    let rec = |share: f64| RecommendationStatus {
-        gpu_memory_mib: Some(30_000),
-        compute_fraction: Some(share),
-        kv_cache_memory_bytes: Some(12 << 30),
-        reason: "r".into(),
-        ..RecommendationStatus::default()
-    };
+    let rec = |share: f64| recommendation(30_000, share, 12 << 30);
     let first = next_allocation(None, Some(&rec(0.5)), &g, Urgency::default(), 0, &cfg);
     let settled = next_allocation(
         Some(&first),
@@ -347,13 +350,7 @@ fn roll_a_share_growth_over_the_ttft_objective_comes_into_force_at_once_in_statu
 fn roll_a_shrink_stepping_down_comes_into_force_at_the_largest_of_its_window_in_status() {
     let cfg = RolloutConfig::default();
     let g = gpu(crate::crd::UpdateMode::Initial);
-    let rec = |mib: i64| RecommendationStatus {
-        gpu_memory_mib: Some(mib),
-        compute_fraction: Some(1.0),
-        kv_cache_memory_bytes: Some(mib << 19),
-        reason: "r".into(),
-        ..RecommendationStatus::default()
-    };
+    let rec = |mib: i64| recommendation(mib, 1.0, mib << 19);
     let first = next_allocation(None, Some(&rec(40_000)), &g, Urgency::default(), 0, &cfg);
     let mut status = next_allocation(
         Some(&first),
