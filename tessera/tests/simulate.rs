@@ -323,3 +323,88 @@ fn shared_trace_matches_the_bundled_copy() {
     };
     assert_eq!(run("shared.yaml"), run("builtin.yaml"));
 }
+
+/// `--seeds` runs the scenario once per seed: each seed's numbers in `sweep.json` are exactly what that seed gives
+/// alone, the medians and counts follow from them, and a bad value is refused with the item named.
+#[test]
+fn a_seed_sweep_is_each_seed_run_alone_folded_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = ["--duration", "10m", "--strategies", "static,tessera"];
+    let out = dir.path().join("sweep");
+    let mut args: Vec<&str> = common.to_vec();
+    let out_s = out.display().to_string();
+    args.extend(["--seeds", "7-8,11", "--out", &out_s, "--quiet"]);
+    let o = simulate(&args, Duration::from_secs(240));
+    assert!(
+        o.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let line = String::from_utf8_lossy(&o.stdout);
+    assert!(line.starts_with("seeds=3 "), "{line}");
+    let sweep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("sweep.json")).unwrap()).unwrap();
+    let seeds = sweep["seeds"].as_array().unwrap();
+    assert_eq!(
+        seeds
+            .iter()
+            .map(|s| s["seed"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [7, 8, 11]
+    );
+    let mut tessera_hours = Vec::new();
+    for s in seeds {
+        let seed = s["seed"].as_u64().unwrap().to_string();
+        let mut alone: Vec<&str> = common.to_vec();
+        alone.extend(["--seed", &seed, "--quiet"]);
+        let o = simulate(&alone, Duration::from_secs(120));
+        assert!(
+            o.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let one = summary_of(&String::from_utf8_lossy(&o.stdout));
+        for st in s["strategies"].as_array().unwrap() {
+            let name = st["strategy"].as_str().unwrap().replace('-', "_");
+            let hours = st["gpu_hours"].as_f64().unwrap();
+            let attainment = st["slo_attainment"].as_f64().unwrap();
+            assert_eq!(
+                format!("{hours:.3}"),
+                format!("{:.3}", one[&format!("gpu_hours_{name}")]),
+                "seed {seed}"
+            );
+            assert_eq!(
+                format!("{attainment:.4}"),
+                format!("{:.4}", one[&format!("slo_attainment_{name}")]),
+                "seed {seed}"
+            );
+            if name == "tessera" {
+                tessera_hours.push(hours);
+            }
+        }
+    }
+    tessera_hours.sort_by(f64::total_cmp);
+    let tessera = &sweep["strategies"][1];
+    assert_eq!(tessera["strategy"], "tessera");
+    assert_eq!(tessera["gpu_hours"]["median"].as_f64().unwrap(), tessera_hours[1]);
+    assert_eq!(tessera["gpu_hours"]["min"].as_f64().unwrap(), tessera_hours[0]);
+    assert_eq!(tessera["gpu_hours"]["max"].as_f64().unwrap(), tessera_hours[2]);
+    // Bad values name what is wrong; one seed and a sweep at once is refused.
+    for (bad, says) in [
+        (vec!["--seeds", "9-3"], "runs backwards"),
+        (vec!["--seeds", "1,x"], "\"x\" is not a seed"),
+        (vec!["--seeds", "1-2", "--seed", "4"], "cannot be used with"),
+    ] {
+        let o = simulate(&bad, Duration::from_secs(30));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(says), "{bad:?}: {err}");
+    }
+}
+
+/// `key=value` pairs of a summary line.
+fn summary_of(line: &str) -> BTreeMap<String, f64> {
+    line.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
+}

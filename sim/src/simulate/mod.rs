@@ -19,6 +19,7 @@ pub mod observe;
 pub mod peers;
 pub mod report;
 pub mod scenario;
+pub mod sweep;
 pub mod world;
 
 use std::io::IsTerminal;
@@ -44,15 +45,21 @@ pub struct Args {
     #[arg(long, env = "TESSERA_SIMULATE_SCENARIO")]
     pub scenario: Option<PathBuf>,
     /// Seed for every random draw; overrides the scenario's.
-    #[arg(long, env = "TESSERA_SIMULATE_SEED")]
+    #[arg(long, env = "TESSERA_SIMULATE_SEED", conflicts_with = "seeds")]
     pub seed: Option<u64>,
+    /// Run the scenario once per seed and report each strategy's spread (median, least and most GPU-hours, the
+    /// worst seed's attainment, the seeds under the goal): a range, a list or both (`1-24`, `1,5,9`, `1-8,42`).
+    #[arg(long, env = "TESSERA_SIMULATE_SEEDS", value_parser = parse_seeds_arg)]
+    pub seeds: Option<Seeds>,
     /// Simulated time (e.g. `30m`, `2h`); overrides the scenario's. Traces shorter than this are tiled.
     #[arg(long, env = "TESSERA_SIMULATE_DURATION", value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
-    /// Write `report.json` and a self-contained `report.html` (charts, no network) into this folder.
+    /// Write `report.json` and a self-contained `report.html` (charts, no network) into this folder; with
+    /// `--seeds`, `sweep.json` (each seed's GPU-hours and attainment per strategy, and their spread).
     #[arg(long, env = "TESSERA_SIMULATE_OUT")]
     pub out: Option<PathBuf>,
-    /// Print only the last summary line (`gpu_hours_lower_bound=… gpu_hours_static=… …`), no table or progress.
+    /// Print only the last summary line (`gpu_hours_lower_bound=… gpu_hours_static=… …`; with `--seeds`,
+    /// `seeds=… gpu_hours_median_tessera=… …`), no table or progress.
     #[arg(long, env = "TESSERA_SIMULATE_QUIET")]
     pub quiet: bool,
     /// Strategies to run, comma-separated: static, hpa, kubeai, aibrix, keda-http, hami-static, tessera
@@ -62,6 +69,14 @@ pub struct Args {
     /// Print the result as a Markdown table (what `scripts/sim-results.sh` puts in docs/simulator.md).
     #[arg(long, env = "TESSERA_SIMULATE_MARKDOWN")]
     pub markdown: bool,
+}
+
+/// The seeds of a sweep (`--seeds`), parsed by [`sweep::parse_seeds`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeds(pub Vec<u64>);
+
+fn parse_seeds_arg(spec: &str) -> Result<Seeds, sweep::SeedsError> {
+    sweep::parse_seeds(spec).map(Seeds)
 }
 
 /// Which phase of a run progress is reported for.
@@ -275,10 +290,13 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
         Some(p) => Source::File(p.clone()),
         None => Source::Default,
     };
+    if let Some(seeds) = &args.seeds {
+        return run_sweep(args, &source, &seeds.0);
+    }
     let sc = scenario::load(&source, args.seed, args.duration)?;
     let requests: usize = sc.arrivals.iter().map(Vec::len).sum();
     tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
-    let bar = progress_bar(args.quiet, sc.duration);
+    let bar = progress_bar(args.quiet, sc.duration, "virtual s");
     let mut phase_seen = None;
     let report = simulate_strategies(&sc, &args.strategies, &mut |phase, t| {
         if phase_seen != Some(phase) {
@@ -318,17 +336,63 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn progress_bar(quiet: bool, duration: f64) -> indicatif::ProgressBar {
+/// `--seeds`: the scenario once per seed (seeds in parallel, each run's own strategies too), folded into a
+/// [`sweep::Sweep`].
+fn run_sweep(args: &Args, source: &Source, seeds: &[u64]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // Loaded once up front so a bad scenario fails before anything runs, and for the name and the goal.
+    let first = scenario::load(source, seeds.first().copied(), args.duration)?;
+    tracing::info!(scenario = %first.name, seeds = seeds.len(), "sweeping seeds");
+    let bar = progress_bar(args.quiet, seeds.len() as f64, "seeds");
+    bar.set_message("seeds");
+    let done = AtomicUsize::new(0);
+    let results = par_map(seeds, |&seed| -> anyhow::Result<sweep::SeedResult> {
+        let sc = scenario::load(source, Some(seed), args.duration)?;
+        let report = simulate_strategies(&sc, &args.strategies, &mut |_, _| {})
+            .with_context(|| format!("seed {seed}"))?;
+        let n = done.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+        bar.set_position(n as u64);
+        tracing::debug!(seed, done = n, "seed done");
+        Ok(sweep::SeedResult::of(&report))
+    });
+    bar.finish_and_clear();
+    let results = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let sweep = sweep::Sweep::new(
+        &first.name,
+        first.duration,
+        first.settings.static_attainment_target,
+        results,
+    )?;
+    tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "sweep done");
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create output folder {}", dir.display()))?;
+        let jp = dir.join("sweep.json");
+        std::fs::write(&jp, serde_json::to_string_pretty(&sweep)?)
+            .with_context(|| format!("cannot write {}", jp.display()))?;
+        tracing::info!(json = %jp.display(), "sweep written");
+    }
+    if args.markdown {
+        print!("{}", sweep.markdown());
+        println!();
+        println!("{}", sweep.summary_line());
+    } else if args.quiet {
+        println!("{}", sweep.summary_line());
+    } else {
+        print!("{}", sweep.table());
+    }
+    Ok(())
+}
+
+fn progress_bar(quiet: bool, len: f64, unit: &str) -> indicatif::ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::with_draw_target(
-        Some(duration as u64),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{msg:>14} [{bar:40}] {pos}/{len} virtual s ({elapsed})")
-    {
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(len as u64), indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&format!(
+        "{{msg:>14}} [{{bar:40}}] {{pos}}/{{len}} {unit} ({{elapsed}})"
+    )) {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
