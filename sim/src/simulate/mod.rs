@@ -126,9 +126,6 @@ pub fn simulate_strategies(
         sizing = par_map(&(0..n).collect::<Vec<_>>(), |&m| size_static(sc, m, &tell))
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
-        for z in &sizing {
-            tracing::info!(model = %z.model, replicas = z.replicas, reason = %z.reason, "static sizing");
-        }
     }
     let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
     let run = |kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>| {
@@ -309,6 +306,9 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
         bar.set_position(t as u64);
     })?;
     bar.finish_and_clear();
+    for z in &report.static_sizing {
+        tracing::info!(model = %z.model, replicas = z.replicas, reason = %z.reason, "static sizing");
+    }
     tracing::info!(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "simulation done"
