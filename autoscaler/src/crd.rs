@@ -65,6 +65,13 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
         description = "The signal that asked for the most replicas"
     ),
     printcolumn(
+        name = "Held-By",
+        type_ = "string",
+        json_path = ".status.constraint",
+        priority = 1,
+        description = "What held the replica count in the last decision (kubectl get -o wide)"
+    ),
+    printcolumn(
         name = "GPU-MiB",
         type_ = "integer",
         json_path = ".status.recommendation.gpuMemoryMiB",
@@ -374,6 +381,14 @@ pub struct InferenceAutoscalerStatus {
     /// Why the last decision came out as it did (a stable snake_case label, e.g. `scale_up`, `stabilizing`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_decision_reason: Option<String>,
+    /// What held the replica count in the last decision, in the joint policy's words (a stable snake_case label):
+    /// `ttft_objective` (the SLO guard), `ttft_target`, `prefill` (the TTFT target over with nothing queued),
+    /// `kv_cache`, `queue`, `request_rate`, `burst` (panic mode), `stabilization_window`, `rate_limit`,
+    /// `cold_start` (a warm floor: a start from zero would miss the TTFT objective), `min_replicas`,
+    /// `max_replicas`, `missing_metrics`, `scale_to_zero` or `none`. The `ScalingActive` message says the rest,
+    /// with what the next unit of capacity would cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
     /// Current value, target and proposal of each configured signal.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub current_metrics: Vec<SignalStatus>,
@@ -838,8 +853,8 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         assert_eq!(
             cols,
             [
-                "Target", "Min", "Max", "Replicas", "Desired", "Signal", "GPU-MiB", "Compute", "KV-Bytes",
-                "Sharing", "Class", "Update", "Age"
+                "Target", "Min", "Max", "Replicas", "Desired", "Signal", "Held-By", "GPU-MiB", "Compute",
+                "KV-Bytes", "Sharing", "Class", "Update", "Age"
             ]
         );
         // The recommendation, the sharing mode and the workload class show with `kubectl get ias -o wide` only.
@@ -854,6 +869,7 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         assert_eq!(
             wide,
             [
+                ".status.constraint",
                 ".status.recommendation.gpuMemoryMiB",
                 ".status.recommendation.computeFraction",
                 ".status.recommendation.kvCacheMemoryBytes",

@@ -434,6 +434,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         }
     }
     ctx.metrics.decision(decision.reason);
+    let held_by = scale::constraint::Constraint::of(&input, &joint, &decision);
     // 5b. Pods on a GPU the pool is draining move off it (`core::pack::consolidate::move_step`): the count applied
     // may be one over the decision (a surge), and a retire first marks the pods that must go.
     let moving = super::consolidate::plan(&all_pods, &ctx.consolidation.draining, decision.desired_replicas);
@@ -505,6 +506,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             &target,
             input.ready_replicas,
             &decision,
+            held_by,
             &applied,
             recommendation.clone(),
             &now_k8s,

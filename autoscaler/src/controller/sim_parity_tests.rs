@@ -464,6 +464,8 @@ async fn assert_replays_alike(sc: &scenario::Scenario, picked: &[&DecisionRecord
             json!(rec.decision.reason.label()),
             "{at}"
         );
+        // What held the count, as the simulator's report sums it (`core::scale::constraint`).
+        assert_eq!(status["constraint"], json!(rec.constraint.label()), "{at}");
         let mut expected = rec.state.clone();
         expected.record(
             &rec.decision,

@@ -13,6 +13,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tessera_core::recommend::Recommendation;
+use tessera_core::scale::constraint::Constraint;
 use tessera_core::scale::{ScaleDecision, ScaleReason};
 
 use crate::crd::{InferenceAutoscalerStatus, RecommendationStatus, SignalStatus};
@@ -79,6 +80,7 @@ pub fn after_decision(
     target: &str,
     ready: u32,
     decision: &ScaleDecision,
+    constraint: Constraint,
     applied: &Applied,
     recommendation: Option<RecommendationStatus>,
     now: &Time,
@@ -89,6 +91,7 @@ pub fn after_decision(
     st.ready_replicas = clamp_i32(ready);
     st.leading_signal = decision.leading_signal.map(|s| s.field().to_owned());
     st.last_decision_reason = Some(decision.reason.label().to_owned());
+    st.constraint = Some(constraint.label().to_owned());
     st.current_metrics = decision
         .signals
         .iter()
@@ -338,7 +341,17 @@ mod tests {
         applied: &Applied,
         at: i64,
     ) -> InferenceAutoscalerStatus {
-        after_decision(prev, None, "Deployment/a", ready, d, applied, None, &time(at))
+        after_decision(
+            prev,
+            None,
+            "Deployment/a",
+            ready,
+            d,
+            Constraint::KvCache,
+            applied,
+            None,
+            &time(at),
+        )
     }
 
     fn cond<'a>(st: &'a InferenceAutoscalerStatus, t: &str) -> &'a Condition {
@@ -354,6 +367,7 @@ mod tests {
             "Deployment/llama",
             2,
             &d,
+            Constraint::KvCache,
             &Applied::Scaled,
             None,
             &time(100),
@@ -362,6 +376,7 @@ mod tests {
         assert_eq!(st.last_scale_time, Some(time(100)));
         assert_eq!(st.leading_signal.as_deref(), Some("kvCacheUtilization"));
         assert_eq!(st.last_decision_reason.as_deref(), Some("scale_up"));
+        assert_eq!(st.constraint.as_deref(), Some("kv_cache"));
         assert_eq!(st.current_metrics[0].proposed_replicas, Some(4));
         assert_eq!(cond(&st, ABLE_TO_SCALE).reason, "SucceededRescale");
         assert_eq!(cond(&st, SCALING_ACTIVE).status, "True");
@@ -434,6 +449,7 @@ mod tests {
             "Deployment/a",
             2,
             &d,
+            Constraint::KvCache,
             &Applied::Unchanged,
             None,
             &time(1),

@@ -35,6 +35,7 @@
 //! Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again.
 
 mod behavior;
+pub mod constraint;
 pub mod inputs;
 pub mod joint;
 mod ratio;

@@ -50,6 +50,8 @@ pub struct DecisionRecord {
     pub state: ScaleState,
     /// What was decided.
     pub decision: ScaleDecision,
+    /// What held the count (`core::scale::constraint`): the controller's `status.constraint`.
+    pub constraint: tessera_core::scale::constraint::Constraint,
     /// Consolidation's part of the round: where the replicas were and the move step applied on top of the
     /// decision.
     pub moving: MoveRecord,

@@ -213,6 +213,11 @@ pub struct ModelReport {
     /// Tessera: why the model kept a warm replica instead of going to zero (`core::scale::joint::WarmFloor`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_floor: Option<String>,
+    /// The share of the model's replica decisions by what held the count (`core::scale::constraint` labels:
+    /// `ttft_target`, `prefill`, `kv_cache`, `max_replicas`, `cold_start`, …), as `status.constraint` says each
+    /// round; empty for strategies without an autoscaler.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub held_by: BTreeMap<String, f64>,
 }
 
 /// Time series sampled during the run.
@@ -433,6 +438,31 @@ impl Report {
                     "Latency target on the share rule (a bigger share was the cheaper next unit) in this share of \
                      each model's replica decisions; otherwise on the replica count: {}.",
                     owners.join(", ")
+                );
+            }
+            // What held each model's count (`core::scale::constraint`), its two most frequent, as a status would say
+            // it each round.
+            let held: Vec<String> = t
+                .models
+                .iter()
+                .filter(|m| !m.held_by.is_empty())
+                .map(|m| {
+                    let mut by: Vec<(&String, &f64)> = m.held_by.iter().collect();
+                    by.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+                    let top: Vec<String> = by
+                        .iter()
+                        .take(2)
+                        .map(|(k, f)| format!("{k} {:.0}%", **f * 100.0))
+                        .collect();
+                    format!("{} {}", m.model, top.join(" / "))
+                })
+                .collect();
+            if !held.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "What held each model's replica count (status.constraint; the two most frequent, share of its \
+                     decisions): {}.",
+                    held.join(", ")
                 );
             }
             let prefill = per_model_percent(&t.models, |m| m.prefill_bound.filter(|f| *f > 0.0));

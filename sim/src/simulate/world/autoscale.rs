@@ -2,6 +2,7 @@
 //! move step, the baselines' own rules), GPU draining, and Tessera's recommendation round.
 
 use tessera_core::rollout::Urgency;
+use tessera_core::scale::constraint::Constraint;
 
 use super::*;
 
@@ -109,6 +110,8 @@ impl World<'_> {
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
         let d = joint::decide(&input, &joint, &rt.state, now_ts);
         let prefill_bound = joint::latency_without_queue(&input, &d);
+        let held = Constraint::of(&input, &joint, &d);
+        *self.models[m].held_by.entry(held.label()).or_default() += 1;
         let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
         let step = consolidate::move_step(placement);
         let rt = &self.models[m];
@@ -124,6 +127,7 @@ impl World<'_> {
                 cold_start,
                 state: rt.state.clone(),
                 decision: d.clone(),
+                constraint: held,
                 moving: observe::MoveRecord {
                     surged: rt.surging,
                     ready_on_draining: ready.iter().map(|r| leaving.contains(r)).collect(),

@@ -121,6 +121,13 @@ impl World<'_> {
                     _ => None,
                 },
                 scale_changes: rt.scale_changes.clone(),
+                held_by: {
+                    let total: u32 = rt.held_by.values().sum();
+                    rt.held_by
+                        .iter()
+                        .map(|(k, &n)| ((*k).to_string(), f64::from(n) / f64::from(total.max(1))))
+                        .collect()
+                },
                 latency_on_share: share_of_rounds(rt.rounds_latency_on_share),
                 prefill_bound: share_of_rounds(rt.rounds_prefill_bound),
                 behind_while_urgent: share_of_rounds(rt.rounds_behind_while_urgent),

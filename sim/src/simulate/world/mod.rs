@@ -220,6 +220,8 @@ struct ModelRt {
     replica_seconds: f64,
     replica_count_since: f64,
     scale_changes: BTreeMap<String, u32>,
+    /// Tessera's and the autoscaled baselines' rounds by what held the count (`core::scale::constraint`).
+    held_by: BTreeMap<&'static str, u32>,
     /// KubeAI / KEDA HTTP: their in-flight rule and its memory.
     concurrency: Option<(ConcurrencyRule, ConcurrencyState)>,
     /// Tessera: the last round asked for one replica over the decision to move a pod off a draining GPU
@@ -319,6 +321,7 @@ impl<'a> World<'a> {
                 replica_seconds: 0.0,
                 replica_count_since: 0.0,
                 scale_changes: BTreeMap::new(),
+                held_by: BTreeMap::new(),
                 concurrency: match plan.kind {
                     StrategyKind::Kubeai => Some((ConcurrencyRule::kubeai(), ConcurrencyState::default())),
                     StrategyKind::KedaHttp => {
