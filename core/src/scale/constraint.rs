@@ -166,13 +166,7 @@ mod tests {
         ScalePolicy {
             min_replicas: 1,
             max_replicas: 4,
-            targets: Targets {
-                kv_cache_utilization: Some(0.7),
-                ttft_p95: Some(Duration::from_secs(1)),
-                ..Targets::default()
-            },
-            ttft_slo: Some(Duration::from_secs(2)),
-            ..ScalePolicy::default()
+            ..joint::tests::policy()
         }
     }
 

@@ -237,13 +237,14 @@ pub fn latency_without_queue(input: &ScaleInput, d: &ScaleDecision) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::time::Duration;
 
     use super::*;
     use crate::scale::Targets;
 
-    fn policy() -> ScalePolicy {
+    /// A chat model's policy: KV cache at 70%, TTFT p95 target 1 s, SLO 2 s (also `constraint`'s tests).
+    pub(in crate::scale) fn policy() -> ScalePolicy {
         ScalePolicy {
             targets: Targets {
                 kv_cache_utilization: Some(0.7),

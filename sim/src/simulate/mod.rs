@@ -324,16 +324,32 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", hp.display()))?;
         tracing::info!(json = %jp.display(), html = %hp.display(), "report written");
     }
-    if args.markdown {
-        print!("{}", report.markdown());
-        println!();
-        println!("{}", report.summary_line());
-    } else if args.quiet {
-        println!("{}", report.summary_line());
-    } else {
-        print!("{}", report.table());
-    }
+    print_result(
+        args,
+        || report.markdown(),
+        || report.summary_line(),
+        || report.table(),
+    );
     Ok(())
+}
+
+/// Prints a run's or a sweep's result the way the flags ask: Markdown and the summary line, the summary line
+/// alone, or the table.
+fn print_result(
+    args: &Args,
+    markdown: impl FnOnce() -> String,
+    summary: impl Fn() -> String,
+    table: impl FnOnce() -> String,
+) {
+    if args.markdown {
+        print!("{}", markdown());
+        println!();
+        println!("{}", summary());
+    } else if args.quiet {
+        println!("{}", summary());
+    } else {
+        print!("{}", table());
+    }
 }
 
 /// `--seeds`: the scenario once per seed (seeds in parallel, each run's own strategies too), folded into a
@@ -372,15 +388,12 @@ fn run_sweep(args: &Args, source: &Source, seeds: &[u64]) -> anyhow::Result<()> 
             .with_context(|| format!("cannot write {}", jp.display()))?;
         tracing::info!(json = %jp.display(), "sweep written");
     }
-    if args.markdown {
-        print!("{}", sweep.markdown());
-        println!();
-        println!("{}", sweep.summary_line());
-    } else if args.quiet {
-        println!("{}", sweep.summary_line());
-    } else {
-        print!("{}", sweep.table());
-    }
+    print_result(
+        args,
+        || sweep.markdown(),
+        || sweep.summary_line(),
+        || sweep.table(),
+    );
     Ok(())
 }
 

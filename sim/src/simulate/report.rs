@@ -545,16 +545,7 @@ impl Report {
             self.attainment_goal * 100.0
         );
         let _ = writeln!(o);
-        let _ = write!(o, "| |");
-        for s in &self.strategies {
-            let _ = write!(o, " {} |", s.strategy);
-        }
-        let _ = writeln!(o);
-        let _ = write!(o, "|---|");
-        for _ in &self.strategies {
-            let _ = write!(o, "---|");
-        }
-        let _ = writeln!(o);
+        markdown_header(&mut o, self.strategies.iter().map(|s| s.strategy.as_str()), "---");
         let row = |o: &mut String, label: &str, f: &dyn Fn(&StrategyReport) -> String| {
             let _ = write!(o, "| {label} |");
             for s in &self.strategies {
@@ -624,6 +615,21 @@ fn per_model_percent(models: &[ModelReport], share: impl Fn(&ModelReport) -> Opt
         .iter()
         .filter_map(|m| share(m).map(|f| format!("{} {:.0}%", m.model, f * 100.0)))
         .collect()
+}
+
+/// The head of a Markdown table with one column per strategy (`names`) after a label column, each cell aligned
+/// by `align` (`---`, `---:`).
+pub(crate) fn markdown_header<'a>(o: &mut String, names: impl Iterator<Item = &'a str> + Clone, align: &str) {
+    let _ = write!(o, "| |");
+    for n in names.clone() {
+        let _ = write!(o, " {n} |");
+    }
+    let _ = writeln!(o);
+    let _ = write!(o, "|---|");
+    for _ in names {
+        let _ = write!(o, "{align}|");
+    }
+    let _ = writeln!(o);
 }
 
 #[cfg(test)]
