@@ -468,6 +468,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         &policy,
         &docs.iter().flatten().cloned().collect::<Vec<_>>(),
         &decision,
+        held_by,
         input.ready_replicas,
         now.as_millis(),
     );

@@ -450,9 +450,13 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
     );
     let _ = write!(
         out,
-        r#"<td data-v="{}" class="l">{}<span class="s">update {}</span></td>"#,
+        r#"<td data-v="{}" class="l">{}<span class="s">{}update {}</span></td>"#,
         esc(m.leading_signal.as_deref().unwrap_or("")),
         esc(m.leading_signal.as_deref().unwrap_or("—")),
+        m.constraint
+            .as_deref()
+            .map(|c| format!("held by {} · ", esc(c)))
+            .unwrap_or_default(),
         esc(m.update_mode.as_deref().unwrap_or("—"))
     );
     // The last decisions, or why the recommendation is what it is.
@@ -775,6 +779,8 @@ mod tests {
             }),
             ..ModelObservation::default()
         };
+        chat.leading_signal = Some("ttftP95".into());
+        chat.constraint = Some("prefill".into());
         chat.signals.prefix_cache_hit_ratio = Some(0.42);
         chat.signals.prefill_p95 = Some(0.25);
         chat.signals.prefill_p50 = Some(0.1);
@@ -815,7 +821,13 @@ mod tests {
             chat.contains("250 ms · 3.50 s<span class=\"s\">p50 100 ms · 1.25 s</span>"),
             "{chat}"
         );
+        // What held the count beside the leading signal; nothing said when the controller has not decided yet.
+        assert!(
+            chat.contains(r#"ttftP95<span class="s">held by prefill · update —</span>"#),
+            "{chat}"
+        );
         let old = row("old");
+        assert!(old.contains(r#"—<span class="s">update —</span>"#), "{old}");
         assert!(
             old.contains(r#"<td class="l class mute" data-v="">—</td>"#),
             "{old}"

@@ -105,6 +105,7 @@ pub fn model_from_sidecars(
         reporting: u32::try_from(live.len()).unwrap_or(u32::MAX),
         signals,
         leading_signal: None,
+        constraint: None,
         recommendation,
         no_recommendation_reason,
         running,
@@ -134,6 +135,7 @@ pub fn model_from_reconcile(
     policy: &tessera_core::scale::ScalePolicy,
     docs: &[SidecarStatus],
     decision: &tessera_core::scale::ScaleDecision,
+    constraint: tessera_core::scale::constraint::Constraint,
     ready: u32,
     at_ms: u64,
 ) -> ModelObservation {
@@ -161,6 +163,7 @@ pub fn model_from_reconcile(
     let target = &obj.spec.scale_target_ref;
     m.target = format!("{}/{}", target.kind, target.name);
     m.leading_signal = decision.leading_signal.map(|s| s.field().to_owned());
+    m.constraint = Some(constraint.label().to_owned());
     if let Some(gpu) = &obj.spec.gpu {
         m.sharing = match gpu.sharing {
             crate::crd::Sharing::Whole => super::view::Sharing::Whole,

@@ -137,6 +137,8 @@ pub struct ModelObservation {
     pub signals: Signals,
     /// The signal that asked for the most replicas.
     pub leading_signal: Option<String>,
+    /// What held the replica count in the last decision (`status.constraint`, `core::scale::constraint`).
+    pub constraint: Option<String>,
     /// The recommendation covering every replica.
     pub recommendation: Option<Recommendation>,
     /// Why there is no recommendation, when there is none.
