@@ -54,6 +54,7 @@ fn model(i: usize, at_ms: u64) -> ModelObservation {
             active_ratio: Some(if i.is_multiple_of(3) { 0.2 } else { 0.9 }),
         },
         leading_signal: Some("kvCacheUtilization".into()),
+        constraint: Some("ttft_target".into()),
         recommendation: Some(Recommendation {
             kv_cache_memory_bytes: (2 + (i % 8) as u64) << 30,
             kv_cache_tokens: 100_000,
