@@ -93,7 +93,8 @@ pub struct JointPolicy {
     pub policy: ScalePolicy,
     /// Who answers the latency target.
     pub latency: LatencyOwner,
-    /// What the next unit of latency capacity costs, in GPUs, when the share can grow.
+    /// What the next unit of latency capacity costs, in GPUs: a bigger share while the share can grow, another
+    /// replica once a managed share is the whole GPU (`bigger_share` 0); none when the share is fixed or unknown.
     pub next_unit: Option<NextUnit>,
     /// Set when the model keeps one warm replica instead of going to zero.
     pub warm_floor: Option<WarmFloor>,
@@ -119,6 +120,29 @@ pub struct NextUnit {
     pub another_replica_memory: Option<f64>,
 }
 
+impl fmt::Display for NextUnit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let replica = |f: &mut fmt::Formatter<'_>| -> fmt::Result {
+            write!(
+                f,
+                "another replica: {:.2} GPU of compute",
+                self.another_replica_compute
+            )?;
+            match self.another_replica_memory {
+                Some(m) => write!(f, " and {m:.2} of memory"),
+                None => f.write_str(" and its memory"),
+            }
+        };
+        if self.bigger_share > 0.0 {
+            write!(f, "a bigger share: {:.2} GPU of compute (", self.bigger_share)?;
+            replica(f)?;
+            f.write_str(")")
+        } else {
+            replica(f)
+        }
+    }
+}
+
 impl fmt::Display for JointPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(w) = self.warm_floor {
@@ -136,6 +160,18 @@ impl fmt::Display for JointPolicy {
                     "latency target left to the share rule: a bigger share costs {:.2} GPU of compute, another \
                      replica {:.2} of compute",
                     n.bigger_share, n.another_replica_compute
+                )?;
+                match n.another_replica_memory {
+                    Some(m) => write!(f, " and {m:.2} of memory"),
+                    None => f.write_str(" and its memory"),
+                }
+            }
+            (LatencyOwner::Replicas, Some(n)) => {
+                write!(
+                    f,
+                    "latency target on the replica count (the share is the whole GPU): another replica costs \
+                     {:.2} GPU of compute",
+                    n.another_replica_compute
                 )?;
                 match n.another_replica_memory {
                     Some(m) => write!(f, " and {m:.2} of memory"),
@@ -194,6 +230,22 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
                 }),
             }
         }
+        // At the whole GPU the next unit is another replica; its price is known when Tessera manages the share.
+        ShareRoom::Auto {
+            share,
+            memory_fraction,
+        } if share.is_finite() && share >= WHOLE => JointPolicy {
+            policy: policy.clone(),
+            latency: LatencyOwner::Replicas,
+            next_unit: Some(NextUnit {
+                bigger_share: 0.0,
+                another_replica_compute: share.min(1.0),
+                another_replica_memory: memory_fraction
+                    .filter(|m| m.is_finite())
+                    .map(|m| m.clamp(0.0, 1.0)),
+            }),
+            warm_floor: None,
+        },
         _ => JointPolicy {
             policy: policy.clone(),
             latency: LatencyOwner::Replicas,
@@ -208,7 +260,7 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
 /// queues ([`latency_without_queue`]), it says that the time is in prefill.
 pub fn decide(input: &ScaleInput, joint: &JointPolicy, state: &ScaleState, now: Timestamp) -> ScaleDecision {
     let mut d = super::decide(input, &joint.policy, state, now);
-    if joint.latency == LatencyOwner::Share || joint.warm_floor.is_some() {
+    if joint.latency == LatencyOwner::Share || joint.warm_floor.is_some() || joint.next_unit.is_some() {
         d.message = format!("{}; {joint}", d.message);
     }
     if latency_without_queue(input, &d) {
@@ -283,10 +335,32 @@ pub(super) mod tests {
         assert!((n.bigger_share - 0.2).abs() < 1e-9, "{n:?}");
         assert!(n.bigger_share < n.another_replica_compute + n.another_replica_memory.unwrap_or(0.0));
         assert!(j.to_string().contains("a bigger share costs 0.20 GPU"), "{j}");
+        assert_eq!(
+            n.to_string(),
+            "a bigger share: 0.20 GPU of compute (another replica: 0.40 GPU of compute and 0.25 of memory)"
+        );
     }
 
     #[test]
     fn whole_fixed_or_unknown_shares_leave_latency_to_the_replicas() {
+        // A managed share at the whole GPU prices the next unit: another replica.
+        let whole = replica_policy(
+            &policy(),
+            ShareRoom::Auto {
+                share: 1.0,
+                memory_fraction: Some(0.46),
+            },
+            1.5,
+            None,
+        );
+        assert_eq!(whole.latency, LatencyOwner::Replicas);
+        assert_eq!(whole.policy, policy());
+        assert!(
+            whole
+                .to_string()
+                .ends_with("another replica costs 1.00 GPU of compute and 0.46 of memory"),
+            "{whole}"
+        );
         for room in [
             ShareRoom::Fixed,
             ShareRoom::Unknown,

@@ -218,6 +218,10 @@ pub struct ModelReport {
     /// round; empty for strategies without an autoscaler.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub held_by: BTreeMap<String, f64>,
+    /// Tessera: what the next unit of latency capacity cost at the model's last decision — a bigger share while it
+    /// can grow, another replica at the whole GPU (`core::scale::joint::NextUnit`); none for a fixed share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_unit: Option<String>,
 }
 
 /// Time series sampled during the run.
@@ -463,6 +467,19 @@ impl Report {
                     "What held each model's replica count (status.constraint; the two most frequent, share of its \
                      decisions): {}.",
                     held.join(", ")
+                );
+            }
+            let next: Vec<String> = t
+                .models
+                .iter()
+                .filter_map(|m| m.next_unit.as_ref().map(|n| format!("{} {n}", m.model)))
+                .collect();
+            if !next.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "What the next unit of latency capacity costs, at each model's last decision (fractions of a \
+                     GPU): {}.",
+                    next.join("; ")
                 );
             }
             let prefill = per_model_percent(&t.models, |m| m.prefill_bound.filter(|f| *f > 0.0));

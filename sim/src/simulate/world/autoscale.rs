@@ -112,6 +112,7 @@ impl World<'_> {
         let prefill_bound = joint::latency_without_queue(&input, &d);
         let held = Constraint::of(&input, &joint, &d);
         *self.models[m].held_by.entry(held.label()).or_default() += 1;
+        self.models[m].next_unit = joint.next_unit.map(|n| n.to_string());
         let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
         let step = consolidate::move_step(placement);
         let rt = &self.models[m];

@@ -121,6 +121,10 @@ impl World<'_> {
                     _ => None,
                 },
                 scale_changes: rt.scale_changes.clone(),
+                next_unit: match self.plan.kind {
+                    StrategyKind::Tessera => rt.next_unit.clone(),
+                    _ => None,
+                },
                 held_by: {
                     let total: u32 = rt.held_by.values().sum();
                     rt.held_by

@@ -222,6 +222,8 @@ struct ModelRt {
     scale_changes: BTreeMap<String, u32>,
     /// Tessera's and the autoscaled baselines' rounds by what held the count (`core::scale::constraint`).
     held_by: BTreeMap<&'static str, u32>,
+    /// Tessera: what the next unit of latency capacity cost at the last decision (`core::scale::joint::NextUnit`).
+    next_unit: Option<String>,
     /// KubeAI / KEDA HTTP: their in-flight rule and its memory.
     concurrency: Option<(ConcurrencyRule, ConcurrencyState)>,
     /// Tessera: the last round asked for one replica over the decision to move a pod off a draining GPU
@@ -322,6 +324,7 @@ impl<'a> World<'a> {
                 replica_count_since: 0.0,
                 scale_changes: BTreeMap::new(),
                 held_by: BTreeMap::new(),
+                next_unit: None,
                 concurrency: match plan.kind {
                     StrategyKind::Kubeai => Some((ConcurrencyRule::kubeai(), ConcurrencyState::default())),
                     StrategyKind::KedaHttp => {
