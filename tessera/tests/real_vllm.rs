@@ -438,7 +438,7 @@ async fn tessera_against_a_real_vllm() {
     let loaded = wait_sidecar(
         &http,
         &sidecar,
-        "a full cache, waiting requests and a larger recommendation",
+        "a full cache, waiting requests, requests running and a larger recommendation",
         Duration::from_secs(240),
         |s| {
             // A full cache: a scrape saw it ≥ 90% used, or vLLM preempted (it only preempts when the cache is
@@ -460,7 +460,15 @@ async fn tessera_against_a_real_vllm() {
                     .as_ref()
                     .and_then(|w| w.requests_waiting_max)
                     .is_some_and(|w| w > 0.0);
+            // And a scrape that caught requests running: with preemptions standing in for the full cache and the
+            // queue, every scrape of the window can fall between steps (seen once: running mean 0.0 with only the
+            // preemptions counted), so the wait goes on until one does.
+            let running = s
+                .window
+                .as_ref()
+                .is_some_and(|w| w.requests_running_mean.is_some_and(|r| r > 0.0));
             full && queued
+                && running
                 && s.recommendation()
                     .is_some_and(|r| r.kv_cache_tokens > idle_tokens)
         },
