@@ -191,6 +191,11 @@ fn same_seed_same_report_and_strategies_see_the_same_arrivals() {
     // The HTML page is self-contained: charts inline, nothing fetched.
     let html = std::fs::read_to_string(a.join("report.html")).unwrap();
     assert!(html.contains("<svg") && html.contains("GPUs held") && html.contains("replicas — tessera"));
+    // Each autoscaled model's row says what held its count and what the next unit of capacity costs.
+    assert!(
+        html.contains("<th>held by (share of decisions)</th>") && html.contains("another replica: "),
+        "the per-model tables name the constraint and the next unit"
+    );
     // No external resources (the only URL is the SVG namespace, which is never fetched).
     for external in ["<script src", "<link", "https://", "@import"] {
         assert!(!html.contains(external), "report.html references {external}");

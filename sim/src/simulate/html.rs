@@ -325,7 +325,7 @@ pub fn render(r: &Report) -> String {
             s,
             "<h3>{} — {}</h3><table><tr><th>model</th><th>requests</th><th>failed</th><th>TTFT p95</th>\
              <th>SLO met</th><th>replicas mean / max</th><th>cold starts</th><th>preemptions</th><th>KV GiB</th>\
-             <th>GPU MiB</th><th>compute</th></tr>",
+             <th>GPU MiB</th><th>compute</th><th>held by (share of decisions)</th><th>next unit of capacity</th></tr>",
             esc(&st.strategy),
             esc(&st.description)
         );
@@ -333,7 +333,7 @@ pub fn render(r: &Report) -> String {
             let _ = write!(
                 s,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}%</td><td>{:.2} / {}</td><td>{}</td>\
-                 <td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td></tr>",
+                 <td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                 esc(&m.model),
                 m.requests,
                 m.failed,
@@ -345,7 +345,9 @@ pub fn render(r: &Report) -> String {
                 m.preemptions,
                 m.kv_cache_gib,
                 m.gpu_memory_mib,
-                m.compute_shares()
+                m.compute_shares(),
+                esc(&m.held_by_ranked(usize::MAX).unwrap_or_else(|| "—".to_string())),
+                esc(m.next_unit.as_deref().unwrap_or("—"))
             );
         }
         s.push_str("</table>");

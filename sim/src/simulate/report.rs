@@ -224,6 +224,25 @@ pub struct ModelReport {
     pub next_unit: Option<String>,
 }
 
+impl ModelReport {
+    /// Its `held_by` constraints, most frequent first, at most `n` of them (`ttft_target 40% / max_replicas
+    /// 30%`); none when the strategy has no autoscaler.
+    pub fn held_by_ranked(&self, n: usize) -> Option<String> {
+        if self.held_by.is_empty() {
+            return None;
+        }
+        let mut by: Vec<(&String, &f64)> = self.held_by.iter().collect();
+        by.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
+        Some(
+            by.iter()
+                .take(n)
+                .map(|(k, f)| format!("{k} {:.0}%", **f * 100.0))
+                .collect::<Vec<_>>()
+                .join(" / "),
+        )
+    }
+}
+
 /// Time series sampled during the run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Series {
@@ -449,17 +468,7 @@ impl Report {
             let held: Vec<String> = t
                 .models
                 .iter()
-                .filter(|m| !m.held_by.is_empty())
-                .map(|m| {
-                    let mut by: Vec<(&String, &f64)> = m.held_by.iter().collect();
-                    by.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
-                    let top: Vec<String> = by
-                        .iter()
-                        .take(2)
-                        .map(|(k, f)| format!("{k} {:.0}%", **f * 100.0))
-                        .collect();
-                    format!("{} {}", m.model, top.join(" / "))
-                })
+                .filter_map(|m| Some(format!("{} {}", m.model, m.held_by_ranked(2)?)))
                 .collect();
             if !held.is_empty() {
                 let _ = writeln!(
