@@ -8,8 +8,6 @@
 //! report (each model's share of decisions per constraint) answer it in one word. What the next unit of
 //! capacity would cost is the joint policy's [`super::joint::NextUnit`], in the same message.
 
-use std::fmt;
-
 use super::joint::{self, JointPolicy};
 use super::{ScaleDecision, ScaleInput, ScaleReason, Signal};
 
@@ -72,7 +70,6 @@ impl Constraint {
             | ScaleReason::Stabilizing
             | ScaleReason::RateLimited
             | ScaleReason::MissingMetrics
-            | ScaleReason::TooFewReplicas
                 if at_floor(joint, d) =>
             {
                 floor
@@ -130,28 +127,6 @@ fn at_floor(joint: &JointPolicy, d: &ScaleDecision) -> bool {
             Some(v) => v < s.target,
             None => true,
         })
-}
-
-impl fmt::Display for Constraint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::TtftObjective => "the TTFT objective (the SLO guard)",
-            Self::TtftTarget => "the TTFT target",
-            Self::Prefill => "prefill (the TTFT target over with nothing queued)",
-            Self::KvCache => "the KV cache",
-            Self::Queue => "requests waiting in vLLM",
-            Self::RequestRate => "the request rate",
-            Self::Burst => "a burst (panic mode)",
-            Self::StabilizationWindow => "the stabilization window",
-            Self::RateLimit => "a rate limit",
-            Self::ColdStart => "the cold start (a warm floor)",
-            Self::MinReplicas => "minReplicas",
-            Self::MaxReplicas => "maxReplicas",
-            Self::MissingMetrics => "missing metrics",
-            Self::ScaleToZero => "scale to zero (at zero, woken, or one replica until idle long enough)",
-            Self::None => "nothing (no target)",
-        })
-    }
 }
 
 #[cfg(test)]
@@ -245,9 +220,5 @@ mod tests {
             Constraint::ScaleToZero
         );
         assert_eq!(Constraint::ColdStart.label(), "cold_start");
-        assert_eq!(
-            Constraint::Prefill.to_string(),
-            "prefill (the TTFT target over with nothing queued)"
-        );
     }
 }

@@ -120,6 +120,16 @@ pub struct NextUnit {
     pub another_replica_memory: Option<f64>,
 }
 
+impl NextUnit {
+    /// " and 0.25 of memory", or " and its memory" when the GPU's size is unknown.
+    fn write_memory(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.another_replica_memory {
+            Some(m) => write!(f, " and {m:.2} of memory"),
+            None => f.write_str(" and its memory"),
+        }
+    }
+}
+
 impl fmt::Display for NextUnit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let replica = |f: &mut fmt::Formatter<'_>| -> fmt::Result {
@@ -128,10 +138,7 @@ impl fmt::Display for NextUnit {
                 "another replica: {:.2} GPU of compute",
                 self.another_replica_compute
             )?;
-            match self.another_replica_memory {
-                Some(m) => write!(f, " and {m:.2} of memory"),
-                None => f.write_str(" and its memory"),
-            }
+            self.write_memory(f)
         };
         if self.bigger_share > 0.0 {
             write!(f, "a bigger share: {:.2} GPU of compute (", self.bigger_share)?;
@@ -161,10 +168,7 @@ impl fmt::Display for JointPolicy {
                      replica {:.2} of compute",
                     n.bigger_share, n.another_replica_compute
                 )?;
-                match n.another_replica_memory {
-                    Some(m) => write!(f, " and {m:.2} of memory"),
-                    None => f.write_str(" and its memory"),
-                }
+                n.write_memory(f)
             }
             (LatencyOwner::Replicas, Some(n)) => {
                 write!(
@@ -173,10 +177,7 @@ impl fmt::Display for JointPolicy {
                      {:.2} GPU of compute",
                     n.another_replica_compute
                 )?;
-                match n.another_replica_memory {
-                    Some(m) => write!(f, " and {m:.2} of memory"),
-                    None => f.write_str(" and its memory"),
-                }
+                n.write_memory(f)
             }
             _ => f.write_str("latency target on the replica count (the share cannot grow)"),
         }

@@ -167,6 +167,18 @@ pub struct Spread {
 }
 
 impl Spread {
+    /// What a quantity with no finite value over the seeds reads as (shown as NaN, never as a number).
+    const UNKNOWN: Self = Self {
+        median: f64::NAN,
+        min: f64::NAN,
+        max: f64::NAN,
+    };
+
+    /// The spread of `values`, [`Self::UNKNOWN`] when none is finite.
+    fn over(values: impl IntoIterator<Item = f64>) -> Self {
+        Self::of(values).unwrap_or(Self::UNKNOWN)
+    }
+
     /// The spread of `values`; none when there are none.
     pub fn of(values: impl IntoIterator<Item = f64>) -> Option<Self> {
         let mut v: Vec<f64> = values.into_iter().filter(|x| x.is_finite()).collect();
@@ -273,14 +285,7 @@ impl Sweep {
             .iter()
             .enumerate()
             .map(|(i, name)| {
-                let of = |f: &dyn Fn(&SeedResult) -> f64| {
-                    // Never empty: there is at least one seed and every value is finite or skipped.
-                    Spread::of(seeds.iter().map(f)).unwrap_or(Spread {
-                        median: f64::NAN,
-                        min: f64::NAN,
-                        max: f64::NAN,
-                    })
-                };
+                let of = |f: &dyn Fn(&SeedResult) -> f64| Spread::over(seeds.iter().map(f));
                 StrategySweep {
                     strategy: name.clone(),
                     gpu_hours: of(&|r| r.strategies[i].gpu_hours),
@@ -302,19 +307,14 @@ impl Sweep {
                 }
             })
             .collect();
-        let spread = |f: fn(&SeedResult) -> f64| {
-            Spread::of(seeds.iter().map(f)).unwrap_or(Spread {
-                median: f64::NAN,
-                min: f64::NAN,
-                max: f64::NAN,
-            })
-        };
         Ok(Self {
             scenario: scenario.to_string(),
             duration_secs,
             attainment_goal,
-            lower_bound_gpu_hours: spread(|r| r.lower_bound_gpu_hours),
-            lower_bound_at_goal_gpu_hours: spread(|r| r.lower_bound_at_goal_gpu_hours),
+            lower_bound_gpu_hours: Spread::over(seeds.iter().map(|r| r.lower_bound_gpu_hours)),
+            lower_bound_at_goal_gpu_hours: Spread::over(
+                seeds.iter().map(|r| r.lower_bound_at_goal_gpu_hours),
+            ),
             strategies,
             seeds,
         })

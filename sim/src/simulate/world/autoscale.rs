@@ -111,8 +111,8 @@ impl World<'_> {
         let d = joint::decide(&input, &joint, &rt.state, now_ts);
         let prefill_bound = joint::latency_without_queue(&input, &d);
         let held = Constraint::of(&input, &joint, &d);
-        *self.models[m].held_by.entry(held.label()).or_default() += 1;
-        self.models[m].next_unit = joint.next_unit.map(|n| n.to_string());
+        *self.models[m].held_by.entry(held).or_default() += 1;
+        self.models[m].next_unit = joint.next_unit;
         let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
         let step = consolidate::move_step(placement);
         let rt = &self.models[m];

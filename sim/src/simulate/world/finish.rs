@@ -122,14 +122,14 @@ impl World<'_> {
                 },
                 scale_changes: rt.scale_changes.clone(),
                 next_unit: match self.plan.kind {
-                    StrategyKind::Tessera => rt.next_unit.clone(),
+                    StrategyKind::Tessera => rt.next_unit.map(|n| n.to_string()),
                     _ => None,
                 },
                 held_by: {
                     let total: u32 = rt.held_by.values().sum();
                     rt.held_by
                         .iter()
-                        .map(|(k, &n)| ((*k).to_string(), f64::from(n) / f64::from(total.max(1))))
+                        .map(|(k, &n)| (k.label().to_string(), f64::from(n) / f64::from(total.max(1))))
                         .collect()
                 },
                 latency_on_share: share_of_rounds(rt.rounds_latency_on_share),

@@ -221,9 +221,9 @@ struct ModelRt {
     replica_count_since: f64,
     scale_changes: BTreeMap<String, u32>,
     /// Tessera's and the autoscaled baselines' rounds by what held the count (`core::scale::constraint`).
-    held_by: BTreeMap<&'static str, u32>,
-    /// Tessera: what the next unit of latency capacity cost at the last decision (`core::scale::joint::NextUnit`).
-    next_unit: Option<String>,
+    held_by: BTreeMap<tessera_core::scale::constraint::Constraint, u32>,
+    /// Tessera: what the next unit of latency capacity cost at the last decision.
+    next_unit: Option<joint::NextUnit>,
     /// KubeAI / KEDA HTTP: their in-flight rule and its memory.
     concurrency: Option<(ConcurrencyRule, ConcurrencyState)>,
     /// Tessera: the last round asked for one replica over the decision to move a pod off a draining GPU
