@@ -117,21 +117,24 @@ fn default_scenario_runs_with_no_arguments_and_prints_the_table() {
         s["gpu_hours_tessera"] > 0.0 && (0.0..=1.0).contains(&s["slo_attainment_tessera"]),
         "{s:?}"
     );
-    // No strategy beats the lower bound.
+    // The bounds: charging the cold starts can only add residency; excusing 1% of the requests can only take
+    // some back, never below zero.
     let bound = s["gpu_hours_lower_bound"];
     assert!(bound > 0.0, "{s:?}");
-    // Charging the cold starts can only add residency; excusing 1% of the requests can only take some back.
     assert!(s["gpu_hours_lower_bound_cold_starts"] >= bound, "{s:?}");
     let goal = s["gpu_hours_lower_bound_at_goal"];
     assert!(
-        goal >= bound && goal <= s["gpu_hours_lower_bound_cold_starts"],
+        goal > 0.0 && goal <= s["gpu_hours_lower_bound_cold_starts"],
         "{s:?}"
     );
+    // No strategy that reaches the goal beats the bound for it.
     for st in STRATEGIES {
-        assert!(
-            s[&format!("gpu_hours_{st}")] >= bound,
-            "{st} below the bound: {s:?}"
-        );
+        if s[&format!("slo_attainment_{st}")] >= 0.99 {
+            assert!(
+                s[&format!("gpu_hours_{st}")] >= goal,
+                "{st} below the bound at goal: {s:?}"
+            );
+        }
     }
 }
 

@@ -192,7 +192,8 @@ pub fn render(r: &Report) -> String {
         s,
         "<h1>Tessera what-if simulation: {}</h1><p>{}</p><p>{} models on <b>{}</b>, {:.0} minutes simulated, {} \
          requests, seed {}. Every strategy saw the same arrivals (digest <code>{}</code>). Lower bound: <b>{:.2} \
-         GPU-hours</b> (no policy can hold fewer on these arrivals); sharing model <code>{}</code>.</p>",
+         GPU-hours</b> for a policy meeting every TTFT objective, {:.2} for one meeting it for {:.0}% of requests \
+         through its cold starts; sharing model <code>{}</code>.</p>",
         esc(&r.scenario),
         esc(&r.description),
         r.models.len(),
@@ -202,6 +203,8 @@ pub fn render(r: &Report) -> String {
         r.seed,
         r.strategies.first().map_or("", |x| x.arrival_digest.as_str()),
         r.lower_bound_gpu_hours,
+        r.lower_bound_at_goal_gpu_hours,
+        r.attainment_goal * 100.0,
         esc(&r.sharing_model)
     );
     s.push_str("<h2>Summary</h2><table><tr><th></th>");
@@ -213,13 +216,11 @@ pub fn render(r: &Report) -> String {
         ("GPU-hours", Box::new(|x| format!("{:.2}", x.gpu_hours))),
         ("× lower bound", {
             let bound = r.lower_bound_gpu_hours;
-            Box::new(move |x| {
-                if bound > 0.0 {
-                    format!("{:.2}×", x.gpu_hours / bound)
-                } else {
-                    "—".to_string()
-                }
-            })
+            Box::new(move |x| super::report::times(x.gpu_hours, bound))
+        }),
+        ("× bound at goal", {
+            let bound = r.lower_bound_at_goal_gpu_hours;
+            Box::new(move |x| super::report::times(x.gpu_hours, bound))
         }),
         (
             "GPUs held, mean / peak",

@@ -104,8 +104,12 @@ fn hand_worked_one_model_five_requests() {
         "{}",
         kubeai.gpu_hours
     );
-    // The bound: five tiny requests keep weights resident only while they run, far below one GPU-minute.
-    assert!(r.lower_bound_gpu_hours > 0.0 && r.lower_bound_gpu_hours < 0.01 * 60.0 / 3600.0);
+    // The bounds: each tiny request can be served anywhere in its 5 s objective, so with free cold starts no
+    // instant is forced (0); through the 29 s cold start each forces its model resident from a cold start before
+    // its latest admission, and the five windows overlap into one from 0 s to just after the last arrival.
+    assert_eq!(r.lower_bound_gpu_hours, 0.0);
+    let cold = r.lower_bound_with_cold_starts_gpu_hours * 3600.0;
+    assert!((40.0..41.0).contains(&cold), "{cold}");
     // By hand, from the performance model's roofline (sim/src/model.rs, vLLM defaults on an A100-80GB): one
     // prefill step of 100 tokens reads the weights plus 100 tokens of KV,
     //   (14.96 GiB + 100 × 131072 B) / (2.039e12 B/s × 0.8) = 9.8555 ms,
@@ -324,58 +328,91 @@ fn requests_longer_than_the_context_are_capped_not_refused() {
     assert_eq!((t.completed, t.failed), (1, 1));
 }
 
-/// The cold-start bound, by hand: the model starts in 20 s (pod) + 14.96 GiB at the default load bandwidth,
-/// its objective is 5 s, so its weights must be resident `cold start − 5 s` before each arrival. Two requests
-/// 100 s apart: two such lead windows (each alone on one GPU) on top of the free-cold-start bound; two
-/// requests 1 s apart share one window, so the second adds only its one second.
+/// The ideal latencies of the tests' 100-token prompts on the 8B model (A100-80GB, vLLM defaults), by hand from
+/// the bound's roofline: a weights read (14.96 GiB at 2.039e12 B/s × 0.8 = 9.85 ms) beats the prefill's compute
+/// (2 × 8.03e9 × 100 / (312e12 × 0.6) = 8.58 ms), so the prefill is one read, and each further output token
+/// another. Returns (prefill, ideal latency) for `output` tokens.
+fn ideal_of_100_token_prompt(output: u32) -> (f64, f64) {
+    let read = 14.96 * GIB as f64 / (2.039e12 * 0.8);
+    (read, read * f64::from(output))
+}
+
+/// The cold-start bound, by hand. The model starts in 20 s (pod) + 14.96 GiB at the default load bandwidth and its
+/// objective is 5 s: a request meeting it was admitted by `at + 5 s − prefill`, on a replica that began to start a
+/// cold start before that, and stays until `at + ideal` at least. Each request forces `cold start − 5 s + prefill +
+/// ideal` seconds of one GPU; two requests 100 s apart force two such windows, two requests 1 s apart one window
+/// one second longer. With free cold starts a 10-token answer forces nothing: it can be served anywhere in its
+/// objective.
 #[test]
 fn the_cold_start_bound_charges_the_lead_before_each_arrival() {
     let m = model("m", 0, 1);
-    let lead = m.cold_start_secs(&StrategySettings::default()) - m.slo_ttft;
-    assert!(lead > 20.0, "{lead}");
+    let (prefill, ideal) = ideal_of_100_token_prompt(10);
+    let window = m.cold_start_secs(&StrategySettings::default()) - m.slo_ttft + prefill + ideal;
+    assert!(window > 20.0, "{window}");
     let apart = scenario(vec![m.clone()], vec![at(&[200.0, 300.0])], 600.0);
-    let free = bound::lower_bound_gpu_hours(&apart);
-    let cold = bound::lower_bound_with_cold_starts_gpu_hours(&apart);
+    let b = bound::lower_bounds(&apart, 1.0);
+    assert_eq!(b.free, 0.0);
     assert!(
-        ((cold - free) * 3600.0 - 2.0 * lead).abs() < 1e-6,
-        "{cold} {free} {lead}"
+        (b.cold_starts * 3600.0 - 2.0 * window).abs() < 1e-6,
+        "{b:?} {window}"
     );
-    let close = scenario(vec![m.clone()], vec![at(&[200.0, 201.0])], 600.0);
-    let free = bound::lower_bound_gpu_hours(&close);
-    let cold = bound::lower_bound_with_cold_starts_gpu_hours(&close);
-    let ideal = free * 3600.0 / 2.0; // each request alone on one GPU for its ideal latency
-    assert!(
-        ((cold - free) * 3600.0 - (lead + 1.0 - ideal)).abs() < 1e-6,
-        "{cold} {free} {lead} {ideal}"
-    );
-    // Excusing one of the two close requests (a 50% goal) takes back at most one request's interval — the lead
-    // and its ideal latency — on one GPU, and never goes below the free bound.
-    let half = bound::lower_bound_at_attainment_gpu_hours(&close, 0.5);
-    assert!(
-        half >= free && (cold - half) * 3600.0 <= lead + ideal + 1e-6,
-        "{half} {cold} {free}"
-    );
-    assert!((bound::lower_bound_at_attainment_gpu_hours(&close, 1.0) - cold).abs() < 1e-12);
-    // Apart, excusing one of two takes back exactly the one window it alone needed: the lead of one arrival.
+    assert_eq!(b.at_attainment, b.cold_starts);
+    // Excusing one of two apart requests (a 50% goal) takes back exactly the window it alone needed.
     let half = bound::lower_bound_at_attainment_gpu_hours(&apart, 0.5);
-    let cold_apart = bound::lower_bound_with_cold_starts_gpu_hours(&apart);
+    assert!((half * 3600.0 - window).abs() < 1e-6, "{half} {window}");
+
+    let close = scenario(vec![m.clone()], vec![at(&[200.0, 201.0])], 600.0);
+    let b = bound::lower_bounds(&close, 1.0);
     assert!(
-        ((cold_apart - half) * 3600.0 - (lead + ideal)).abs() < 1e-6,
-        "{half} {cold_apart}"
+        (b.cold_starts * 3600.0 - (window + 1.0)).abs() < 1e-6,
+        "{b:?} {window}"
     );
-    // A model whose cold start fits in its objective is charged nothing more.
+    // Excusing one of the two close ones frees an instant only where that one alone covers it: one second at each
+    // end costs a second of its window each; the rest is covered twice, so its remaining `window − 2` seconds
+    // free half as much. What is left: `window + 1 − (2 + (window − 2) / 2) = window / 2`.
+    let half = bound::lower_bound_at_attainment_gpu_hours(&close, 0.5);
+    assert!((half * 3600.0 - window / 2.0).abs() < 1e-6, "{half} {window}");
+
+    // A model whose cold start fits in its objective with time to spare is charged nothing.
     let quick = ModelSetup { slo_ttft: 600.0, ..m };
     let sc = scenario(vec![quick], vec![at(&[200.0, 300.0])], 600.0);
-    assert_eq!(
-        bound::lower_bound_gpu_hours(&sc),
-        bound::lower_bound_with_cold_starts_gpu_hours(&sc)
+    let b = bound::lower_bounds(&sc, 1.0);
+    assert_eq!((b.free, b.cold_starts), (0.0, 0.0));
+}
+
+/// What 1% of requests may excuse depends on how much else covers them: one request out of a hundred that
+/// overlap one another frees almost nothing; one lone request of a hundred frees its whole window.
+#[test]
+fn excusing_a_request_frees_only_what_it_alone_covers() {
+    let m = model("m", 0, 1);
+    let (prefill, ideal) = ideal_of_100_token_prompt(10);
+    let window = m.cold_start_secs(&StrategySettings::default()) - m.slo_ttft + prefill + ideal;
+    // A hundred arrivals 0.1 s apart: one window of `window + 9.9` seconds, covered up to ~290 times over.
+    let dense: Vec<f64> = (0..100).map(|i| 100.0 + f64::from(i) * 0.1).collect();
+    let b = bound::lower_bounds(&scenario(vec![m.clone()], vec![at(&dense)], 600.0), 0.99);
+    assert!((b.cold_starts * 3600.0 - (window + 9.9)).abs() < 1e-6, "{b:?}");
+    // One excused request's window (the budget) buys the 0.1 s at each end covered once (0.2 s for 0.2 s of
+    // budget), then the 0.1 s at each end covered twice (0.2 s for 0.4 s), …: `n` levels cost 0.1·n(n+1) seconds
+    // and free 0.2·n, so about 2.9 s of a 23 s window, where subtracting the request's whole window would free it
+    // all.
+    let freed = (b.cold_starts - b.at_attainment) * 3600.0;
+    let levels = ((1.0 + 40.0 * window).sqrt() - 1.0) / 2.0;
+    assert!(
+        (freed - 0.2 * levels).abs() < 0.01,
+        "{freed} of a {window} s window"
     );
+    // A hundred arrivals a minute apart: each alone in its window, so one excused frees one whole window.
+    let sparse: Vec<f64> = (0..100).map(|i| 40.0 + f64::from(i) * 60.0).collect();
+    let b = bound::lower_bounds(&scenario(vec![m], vec![at(&sparse)], 6_100.0), 0.99);
+    let freed = (b.cold_starts - b.at_attainment) * 3600.0;
+    assert!((freed - window).abs() < 1e-6, "{freed} {window}");
 }
 
 /// vLLM starts no engine whose KV cache cannot hold one `max_model_len` request, so a resident model holds at
-/// least that much cache however little is in flight. Four 8B models with one short request each at the same
-/// instant: at a 1,024-token context their weights and caches fit one GPU; at 131,072 tokens each cache is
-/// 16 GiB, so the four need two GPUs for the same interval — exactly twice the bound.
+/// least that much cache however little is in flight. Four 8B models with one request each at the same instant,
+/// long enough (1,000 output tokens) that some of it is forced with free cold starts too: at a 1,024-token
+/// context their weights and caches fit one GPU; at 131,072 tokens each cache is 16 GiB, so the four need two
+/// GPUs for the same interval — exactly twice the bound.
 #[test]
 fn the_bound_counts_the_kv_cache_a_max_model_len_request_needs() {
     let bound_at = |len: u32| {
@@ -385,11 +422,23 @@ fn the_bound_counts_the_kv_cache_a_max_model_len_request_needs() {
                 ..model(&format!("m{i}"), 0, 1)
             })
             .collect();
-        let sc = scenario(models, (0..4).map(|_| at(&[10.0])).collect(), 60.0);
+        let long = || {
+            vec![Arrival {
+                at: 10.0,
+                prompt_tokens: 100,
+                output_tokens: 1_000,
+            }]
+        };
+        let sc = scenario(models, (0..4).map(|_| long()).collect(), 60.0);
         bound::lower_bounds(&sc, 1.0)
     };
     let (short, long) = (bound_at(1_024), bound_at(131_072));
-    assert!(short.free > 0.0);
+    // With free cold starts, from the latest admission (10 + 5 s − prefill) to the ideal end (10 s + ideal).
+    let (prefill, ideal) = ideal_of_100_token_prompt(1_000);
+    assert!(
+        (short.free * 3600.0 - (ideal - 5.0 + prefill)).abs() < 1e-6,
+        "{short:?}"
+    );
     assert!((long.free / short.free - 2.0).abs() < 1e-9, "{long:?} {short:?}");
     assert!(
         (long.cold_starts / short.cold_starts - 2.0).abs() < 1e-9,
