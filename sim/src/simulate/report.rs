@@ -24,7 +24,7 @@ pub struct Report {
     pub models: Vec<String>,
     /// Requests per model.
     pub requests_per_model: Vec<u64>,
-    /// GPU-hours no policy can beat on these arrivals (see [`super::bound`]).
+    /// GPU-hours no policy meeting every request's TTFT objective can beat, cold starts free (see [`super::bound`]).
     pub lower_bound_gpu_hours: f64,
     /// GPU-hours no policy meeting every request's TTFT objective through its cold starts can beat
     /// ([`super::bound::lower_bound_with_cold_starts_gpu_hours`]).
