@@ -11,12 +11,13 @@
 //!   resident, with a KV cache of at least one `max_model_len` request (vLLM refuses to start an engine whose
 //!   cache cannot hold one; the simulator's engine too, [`crate::model::ModelError::MaxModelLenTooLarge`]).
 //! - The replica serving it was ready at its admission, so it began to start (pod start and weights load, or a
-//!   sleep-mode wake; `c` seconds) by `a + O − p − c` and has held its memory since: with cold starts charged,
-//!   the residency above runs from `a + O − p − c`.
+//!   sleep-mode wake; `c` seconds) by `a + O − p − c` and its pod has held a GPU since. With cold starts
+//!   charged, at least one GPU is held over `[a + O − p − c, a + ℓ]`; the memory is counted only from
+//!   `a + O − p`, since a starting pod holds its GPU before its weights and cache are in it.
 //!
-//! At each instant the cluster holds at least the sum of those residencies' memory over the usable memory of
-//! one GPU (the fluid relaxation of packing), rounded up, since GPUs are held whole; each bound integrates that
-//! over the run. A model's weights count once however many replicas serve it. What is left out, because a policy
+//! At each instant the cluster holds at least the sum of the resident models' memory over the usable memory of
+//! one GPU (the fluid relaxation of packing), rounded up, since GPUs are held whole, and at least one GPU while
+//! any model is starting; each bound integrates that over the run. A model's weights count once however many replicas serve it. What is left out, because a policy
 //! can move it: the requests' own KV caches (a request can be preempted and its cache freed, then recomputed)
 //! and their compute (a prefill may run anywhere in its objective, a decode may be stretched), so batching is
 //! free and a burst costs no memory. Real policies sit well above these bounds; the ratio to them says how much
@@ -25,14 +26,15 @@
 //! Three variants, reported side by side:
 //! - [`lower_bound_gpu_hours`]: cold starts are free. It holds for any policy that meets every request's
 //!   objective.
-//! - [`lower_bound_with_cold_starts_gpu_hours`]: each residency starts a cold start earlier. It holds for any
-//!   policy that meets every request's objective through its cold starts, and shows what they alone cost.
+//! - [`lower_bound_with_cold_starts_gpu_hours`]: a GPU is held from a cold start before each residency. It
+//!   holds for any policy that meets every request's objective through its cold starts, and shows what they
+//!   alone cost.
 //! - [`lower_bound_at_attainment_gpu_hours`]: for a policy that may let a share of requests miss (the run's
 //!   attainment goal, 99%). Such a policy meets the objective for all but `k` requests, so it holds at least
-//!   either bound of the others. Taking one request out lowers a bound by at most its own residency interval
-//!   times the GPUs its model's weights and smallest cache round up to (one for every model here): at each
-//!   instant of it the memory falls by at most that, and a whole-GPU rounding by at most its ceiling. So the
-//!   bound is the larger of the two bounds, each less its `k` largest such products.
+//!   either bound of the others. Taking requests out frees an instant of a model only if every interval of that
+//!   model covering it is taken out, and frees at most the whole GPUs the model's weights and smallest cache
+//!   round up to (one for every model here). [`Walk::most_saved`] bounds what any `k` requests can free; the
+//!   bound is the larger of the two bounds, each less that.
 
 use crate::model::EngineConfig;
 
@@ -44,7 +46,7 @@ pub fn lower_bound_gpu_hours(sc: &Scenario) -> f64 {
 }
 
 /// The bound in GPU-hours over `[0, duration)` for a policy that meets every TTFT objective through its cold
-/// starts: each residency starts a cold start earlier.
+/// starts: a GPU is held from a cold start before each residency.
 pub fn lower_bound_with_cold_starts_gpu_hours(sc: &Scenario) -> f64 {
     walk(sc, &residencies(sc, Lead::ColdStart)).gpu_hours
 }
@@ -130,11 +132,13 @@ fn usable_bytes(sc: &Scenario) -> f64 {
     (sc.gpu.memory_bytes as f64 - sc.settings.gpu_headroom_mib as f64 * 1_048_576.0).max(1.0)
 }
 
-/// An interval over which a model must be resident for one request to meet its objective, clipped to the run.
+/// What one request forces for its model to meet its objective, clipped to the run: a GPU held over
+/// `[start, end]` (its replica starting, then serving), its memory over `[ready, end]` (`start ≤ ready ≤ end`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Residency {
     model: usize,
     start: f64,
+    ready: f64,
     end: f64,
 }
 
@@ -156,11 +160,18 @@ fn residencies(sc: &Scenario, lead: Lead) -> Vec<Residency> {
         for a in arrivals.iter().filter(|a| a.at < sc.duration) {
             let prefill = (2.0 * spec.params * f64::from(a.prompt_tokens) / flops).max(per_token_decode);
             let ideal = prefill + f64::from(a.output_tokens.max(1) - 1) * per_token_decode;
-            // Admitted by `at + objective − prefill` at the latest; in flight until `at + ideal` at least.
-            let start = (a.at + setup.slo_ttft - prefill - before).max(0.0);
+            // Admitted by `at + objective − prefill` at the latest, on a replica started `before` that; in flight
+            // until `at + ideal` at least.
+            let admitted = a.at + setup.slo_ttft - prefill;
             let end = (a.at + ideal).min(sc.duration);
+            let start = (admitted - before).max(0.0);
             if end > start {
-                out.push(Residency { model: m, start, end });
+                out.push(Residency {
+                    model: m,
+                    start,
+                    ready: admitted.clamp(start, end),
+                    end,
+                });
             }
         }
     }
@@ -214,27 +225,51 @@ impl Walk {
 fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
     let usable = usable_bytes(sc);
     let footprints = footprints(sc);
-    // (time, model, +1 when a residency starts, -1 when one ends)
-    let mut events: Vec<(f64, usize, i8)> = Vec::with_capacity(spans.len() * 2);
+    // (time, model, +1 when an interval starts / -1 when one ends, whether it is the memory's or the GPU's)
+    let mut events: Vec<(f64, usize, i8, bool)> = Vec::with_capacity(spans.len() * 4);
     for r in spans {
-        events.push((r.start, r.model, 1));
-        events.push((r.end, r.model, -1));
+        events.push((r.start, r.model, 1, false));
+        events.push((r.end, r.model, -1, false));
+        if r.end > r.ready {
+            events.push((r.ready, r.model, 1, true));
+            events.push((r.end, r.model, -1, true));
+        }
     }
     // Ends before starts at the same instant, so a zero-length gap never double counts.
     events.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.2.cmp(&y.2)));
     let n = sc.models.len();
     let mut cover = vec![0usize; n];
+    let mut in_memory = vec![0usize; n];
+    // Models with an interval open: while any is, at least one GPU is held.
+    let mut held_by = 0usize;
     let mut since = vec![0.0f64; n];
     let mut by_cover: Vec<Vec<f64>> = vec![Vec::new(); n];
     // Whole bytes, so millions of events add and take away exactly.
     let mut memory: u64 = 0;
     let (mut last, mut gpu_seconds) = (0.0f64, 0.0f64);
-    for (t, m, delta) in events {
+    for (t, m, delta, is_memory) in events {
         if t > last {
             // GPUs are held whole: at any instant a cluster holds an integral number of them, at least the
-            // fluid need rounded up.
-            gpu_seconds += (memory as f64 / usable).ceil() * (t - last);
+            // fluid need rounded up, and one while a pod starts.
+            let need = (memory as f64 / usable)
+                .ceil()
+                .max(if held_by > 0 { 1.0 } else { 0.0 });
+            gpu_seconds += need * (t - last);
             last = t;
+        }
+        if is_memory {
+            if delta > 0 {
+                in_memory[m] += 1;
+                if in_memory[m] == 1 {
+                    memory += footprints[m].smallest();
+                }
+            } else {
+                in_memory[m] = in_memory[m].saturating_sub(1);
+                if in_memory[m] == 0 {
+                    memory = memory.saturating_sub(footprints[m].smallest());
+                }
+            }
+            continue;
         }
         if cover[m] > 0 {
             let c = cover[m];
@@ -247,12 +282,12 @@ fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
         if delta > 0 {
             cover[m] += 1;
             if cover[m] == 1 {
-                memory += footprints[m].smallest();
+                held_by += 1;
             }
         } else {
             cover[m] = cover[m].saturating_sub(1);
             if cover[m] == 0 {
-                memory = memory.saturating_sub(footprints[m].smallest());
+                held_by = held_by.saturating_sub(1);
             }
         }
     }
