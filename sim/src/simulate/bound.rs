@@ -17,10 +17,10 @@
 //!
 //! At each instant the cluster holds at least the sum of the resident models' memory over the usable memory of
 //! one GPU (the fluid relaxation of packing), rounded up, since GPUs are held whole, and at least one GPU while
-//! any model is starting; each bound integrates that over the run. A model's weights count once however many replicas serve it. What is left out, because a policy
-//! can move it: the requests' own KV caches (a request can be preempted and its cache freed, then recomputed)
-//! and their compute (a prefill may run anywhere in its objective, a decode may be stretched), so batching is
-//! free and a burst costs no memory. Real policies sit well above these bounds; the ratio to them says how much
+//! any model is starting; each bound integrates that over the run. A model's weights count once however many
+//! replicas serve it. What is left out, because a policy can move it: the requests' own KV caches (a request can
+//! be preempted and its cache freed, then recomputed) and their compute (a prefill may run anywhere in its
+//! objective, a decode may be stretched), so batching is free and a burst costs no memory. Real policies sit well above these bounds; the ratio to them says how much
 //! room is left, not that it is reachable.
 //!
 //! Three variants, reported side by side:
