@@ -225,9 +225,7 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
                 next_unit: Some(NextUnit {
                     bigger_share: grown - share,
                     another_replica_compute: share,
-                    another_replica_memory: memory_fraction
-                        .filter(|m| m.is_finite())
-                        .map(|m| m.clamp(0.0, 1.0)),
+                    another_replica_memory: replica_memory(memory_fraction),
                 }),
             }
         }
@@ -241,9 +239,7 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
             next_unit: Some(NextUnit {
                 bigger_share: 0.0,
                 another_replica_compute: share.min(1.0),
-                another_replica_memory: memory_fraction
-                    .filter(|m| m.is_finite())
-                    .map(|m| m.clamp(0.0, 1.0)),
+                another_replica_memory: replica_memory(memory_fraction),
             }),
             warm_floor: None,
         },
@@ -254,6 +250,13 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
             warm_floor: None,
         },
     }
+}
+
+/// Another replica's memory as a fraction of its GPU, when known and sane.
+fn replica_memory(memory_fraction: Option<f64>) -> Option<f64> {
+    memory_fraction
+        .filter(|m| m.is_finite())
+        .map(|m| m.clamp(0.0, 1.0))
 }
 
 /// [`super::decide`] under the joint policy; when the share rule owns the latency target, the decision's message

@@ -220,6 +220,19 @@ impl Walk {
     }
 }
 
+/// Adds `delta` (±1) to a count of open intervals: `Some(true)` when that opened the first, `Some(false)` when it
+/// closed the last, `None` otherwise.
+fn open_or_close(count: &mut usize, delta: i8) -> Option<bool> {
+    if delta > 0 {
+        *count += 1;
+        (*count == 1).then_some(true)
+    } else {
+        let was = *count;
+        *count = was.saturating_sub(1);
+        (was == 1).then_some(false)
+    }
+}
+
 /// The bound in GPU-hours over the given residencies (at each instant, the memory of every model resident then,
 /// in whole GPUs, integrated), with what [`Walk::most_saved`] needs.
 fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
@@ -241,7 +254,7 @@ fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
     let mut cover = vec![0usize; n];
     let mut in_memory = vec![0usize; n];
     // Models with an interval open: while any is, at least one GPU is held.
-    let mut held_by = 0usize;
+    let mut open_models = 0usize;
     let mut since = vec![0.0f64; n];
     let mut by_cover: Vec<Vec<f64>> = vec![Vec::new(); n];
     // Whole bytes, so millions of events add and take away exactly.
@@ -253,41 +266,29 @@ fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
             // fluid need rounded up, and one while a pod starts.
             let need = (memory as f64 / usable)
                 .ceil()
-                .max(if held_by > 0 { 1.0 } else { 0.0 });
+                .max(if open_models > 0 { 1.0 } else { 0.0 });
             gpu_seconds += need * (t - last);
             last = t;
         }
         if is_memory {
-            if delta > 0 {
-                in_memory[m] += 1;
-                if in_memory[m] == 1 {
-                    memory += footprints[m].smallest();
-                }
-            } else {
-                in_memory[m] = in_memory[m].saturating_sub(1);
-                if in_memory[m] == 0 {
-                    memory = memory.saturating_sub(footprints[m].smallest());
-                }
-            }
-            continue;
-        }
-        if cover[m] > 0 {
-            let c = cover[m];
-            if by_cover[m].len() <= c {
-                by_cover[m].resize(c + 1, 0.0);
-            }
-            by_cover[m][c] += t - since[m];
-        }
-        since[m] = t;
-        if delta > 0 {
-            cover[m] += 1;
-            if cover[m] == 1 {
-                held_by += 1;
+            match open_or_close(&mut in_memory[m], delta) {
+                Some(true) => memory += footprints[m].smallest(),
+                Some(false) => memory = memory.saturating_sub(footprints[m].smallest()),
+                None => {}
             }
         } else {
-            cover[m] = cover[m].saturating_sub(1);
-            if cover[m] == 0 {
-                held_by = held_by.saturating_sub(1);
+            let c = cover[m];
+            if c > 0 {
+                if by_cover[m].len() <= c {
+                    by_cover[m].resize(c + 1, 0.0);
+                }
+                by_cover[m][c] += t - since[m];
+            }
+            since[m] = t;
+            match open_or_close(&mut cover[m], delta) {
+                Some(true) => open_models += 1,
+                Some(false) => open_models = open_models.saturating_sub(1),
+                None => {}
             }
         }
     }

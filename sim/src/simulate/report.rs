@@ -330,8 +330,12 @@ impl Report {
             let _ = writeln!(o);
         };
         row(&mut o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
-        row(&mut o, "× lower bound", &|s| self.bound_ratio(s));
-        row(&mut o, "× bound at goal", &|s| self.goal_bound_ratio(s));
+        row(&mut o, "× lower bound", &|s| {
+            times(s.gpu_hours, self.lower_bound_gpu_hours)
+        });
+        row(&mut o, "× bound at goal", &|s| {
+            times(s.gpu_hours, self.lower_bound_at_goal_gpu_hours)
+        });
         row(&mut o, "GPUs held (mean / peak)", &|s| {
             format!("{:.1} / {}", s.gpus_mean, s.gpus_peak)
         });
@@ -424,11 +428,7 @@ impl Report {
             );
             // The joint rule (`core::scale::joint`): who answered the latency target, per model.
             let owners = per_model_percent(&t.models, |m| m.latency_on_share);
-            let floors: Vec<String> = t
-                .models
-                .iter()
-                .filter_map(|m| m.warm_floor.as_ref().map(|w| format!("{} ({w})", m.model)))
-                .collect();
+            let floors = per_model(&t.models, |m| m.warm_floor.as_ref().map(|w| format!("({w})")));
             if !floors.is_empty() {
                 let _ = writeln!(
                     o,
@@ -466,11 +466,7 @@ impl Report {
             }
             // What held each model's count (`core::scale::constraint`), its two most frequent, as a status would say
             // it each round.
-            let held: Vec<String> = t
-                .models
-                .iter()
-                .filter_map(|m| Some(format!("{} {}", m.model, m.held_by_ranked(2)?)))
-                .collect();
+            let held = per_model(&t.models, |m| m.held_by_ranked(2));
             if !held.is_empty() {
                 let _ = writeln!(
                     o,
@@ -479,11 +475,7 @@ impl Report {
                     held.join(", ")
                 );
             }
-            let next: Vec<String> = t
-                .models
-                .iter()
-                .filter_map(|m| m.next_unit.as_ref().map(|n| format!("{} {n}", m.model)))
-                .collect();
+            let next = per_model(&t.models, |m| m.next_unit.clone());
             if !next.is_empty() {
                 let _ = writeln!(
                     o,
@@ -581,8 +573,12 @@ impl Report {
             let _ = writeln!(o);
         };
         row(&mut o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
-        row(&mut o, "× lower bound", &|s| self.bound_ratio(s));
-        row(&mut o, "× bound at goal", &|s| self.goal_bound_ratio(s));
+        row(&mut o, "× lower bound", &|s| {
+            times(s.gpu_hours, self.lower_bound_gpu_hours)
+        });
+        row(&mut o, "× bound at goal", &|s| {
+            times(s.gpu_hours, self.lower_bound_at_goal_gpu_hours)
+        });
         row(&mut o, "GPUs held, mean / peak", &|s| {
             format!("{:.1} / {}", s.gpus_mean, s.gpus_peak)
         });
@@ -627,16 +623,6 @@ impl Report {
         });
         o
     }
-
-    /// `s`'s GPU-hours over the first bound, `2.34×`.
-    fn bound_ratio(&self, s: &StrategyReport) -> String {
-        times(s.gpu_hours, self.lower_bound_gpu_hours)
-    }
-
-    /// `s`'s GPU-hours over the bound at the attainment goal.
-    fn goal_bound_ratio(&self, s: &StrategyReport) -> String {
-        times(s.gpu_hours, self.lower_bound_at_goal_gpu_hours)
-    }
 }
 
 /// `gpu_hours` as a multiple of `bound`, `2.34×`; a dash when the bound is zero (nothing forced).
@@ -650,9 +636,14 @@ pub(super) fn times(gpu_hours: f64, bound: f64) -> String {
 
 /// `model NN%` for each model where `share` (0–1) has a value.
 fn per_model_percent(models: &[ModelReport], share: impl Fn(&ModelReport) -> Option<f64>) -> Vec<String> {
+    per_model(models, |m| share(m).map(|f| format!("{:.0}%", f * 100.0)))
+}
+
+/// `model what` for each model where `what` says something.
+fn per_model(models: &[ModelReport], what: impl Fn(&ModelReport) -> Option<String>) -> Vec<String> {
     models
         .iter()
-        .filter_map(|m| share(m).map(|f| format!("{} {:.0}%", m.model, f * 100.0)))
+        .filter_map(|m| Some(format!("{} {}", m.model, what(m)?)))
         .collect()
 }
 

@@ -387,7 +387,7 @@ fn excusing_a_request_frees_only_what_it_alone_covers() {
     let m = model("m", 0, 1);
     let (prefill, ideal) = ideal_of_100_token_prompt(10);
     let window = m.cold_start_secs(&StrategySettings::default()) - m.slo_ttft + prefill + ideal;
-    // A hundred arrivals 0.1 s apart: one window of `window + 9.9` seconds, covered up to ~290 times over.
+    // A hundred arrivals 0.1 s apart: one window of `window + 9.9` seconds, its middle covered by all hundred.
     let dense: Vec<f64> = (0..100).map(|i| 100.0 + f64::from(i) * 0.1).collect();
     let b = bound::lower_bounds(&scenario(vec![m.clone()], vec![at(&dense)], 600.0), 0.99);
     assert!((b.cold_starts * 3600.0 - (window + 9.9)).abs() < 1e-6, "{b:?}");
