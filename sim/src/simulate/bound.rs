@@ -23,48 +23,32 @@
 //! objective, a decode may be stretched), so batching is free and a burst costs no memory. Real policies sit well above these bounds; the ratio to them says how much
 //! room is left, not that it is reachable.
 //!
-//! Three variants, reported side by side:
-//! - [`lower_bound_gpu_hours`]: cold starts are free. It holds for any policy that meets every request's
+//! Three variants, reported side by side ([`lower_bounds`]):
+//! - [`Bounds::free`]: cold starts are free. It holds for any policy that meets every request's
 //!   objective.
-//! - [`lower_bound_with_cold_starts_gpu_hours`]: a GPU is held from a cold start before each residency. It
+//! - [`Bounds::cold_starts`]: a GPU is held from a cold start before each residency. It
 //!   holds for any policy that meets every request's objective through its cold starts, and shows what they
 //!   alone cost.
-//! - [`lower_bound_at_attainment_gpu_hours`]: for a policy that may let a share of requests miss (the run's
+//! - [`Bounds::at_attainment`]: for a policy that may let a share of requests miss (the run's
 //!   attainment goal, 99%). Such a policy meets the objective for all but `k` requests, so it holds at least
 //!   either bound of the others. Taking requests out frees an instant of a model only if every interval of that
 //!   model covering it is taken out, and frees at most the whole GPUs the model's weights and smallest cache
-//!   round up to (one for every model here). [`Walk::most_saved`] bounds what any `k` requests can free; the
+//!   round up to (one for every model here). `Walk::most_saved` bounds what any `k` requests can free; the
 //!   bound is the larger of the two bounds, each less that.
 
 use crate::model::EngineConfig;
 
 use super::scenario::Scenario;
 
-/// The bound in GPU-hours over `[0, duration)` for a policy that meets every TTFT objective, cold starts free.
-pub fn lower_bound_gpu_hours(sc: &Scenario) -> f64 {
-    walk(sc, &residencies(sc, Lead::Free)).gpu_hours
-}
-
-/// The bound in GPU-hours over `[0, duration)` for a policy that meets every TTFT objective through its cold
-/// starts: a GPU is held from a cold start before each residency.
-pub fn lower_bound_with_cold_starts_gpu_hours(sc: &Scenario) -> f64 {
-    walk(sc, &residencies(sc, Lead::ColdStart)).gpu_hours
-}
-
-/// The bound in GPU-hours for a policy that meets the TTFT objective for at least `attainment` of the requests
-/// (0–1) (see the module docs for why it holds).
-pub fn lower_bound_at_attainment_gpu_hours(sc: &Scenario, attainment: f64) -> f64 {
-    lower_bounds(sc, attainment).at_attainment
-}
-
-/// The three bounds of a run, each walk done once.
+/// The three bounds of a run, GPU-hours over `[0, duration)` (see the module docs for why each holds).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bounds {
-    /// [`lower_bound_gpu_hours`].
+    /// For a policy that meets every TTFT objective, cold starts free.
     pub free: f64,
-    /// [`lower_bound_with_cold_starts_gpu_hours`].
+    /// For a policy that meets every TTFT objective through its cold starts: a GPU held from a cold start before
+    /// each residency.
     pub cold_starts: f64,
-    /// [`lower_bound_at_attainment_gpu_hours`] at the `attainment` asked for.
+    /// For a policy that meets the TTFT objective for at least the `attainment` asked for.
     pub at_attainment: f64,
 }
 

@@ -24,17 +24,17 @@ pub struct Report {
     pub models: Vec<String>,
     /// Requests per model.
     pub requests_per_model: Vec<u64>,
-    /// GPU-hours no policy meeting every request's TTFT objective can beat, cold starts free (see [`super::bound`]).
+    /// GPU-hours no policy meeting every request's TTFT objective can beat, cold starts free ([`super::bound::Bounds::free`]).
     pub lower_bound_gpu_hours: f64,
     /// GPU-hours no policy meeting every request's TTFT objective through its cold starts can beat
-    /// ([`super::bound::lower_bound_with_cold_starts_gpu_hours`]).
+    /// ([`super::bound::Bounds::cold_starts`]).
     #[serde(default)]
     pub lower_bound_with_cold_starts_gpu_hours: f64,
     /// The attainment the run's goals ask for (the scenario's `static_attainment_target`, 0.99).
     #[serde(default)]
     pub attainment_goal: f64,
     /// GPU-hours no policy meeting the TTFT objective for at least `attainment_goal` of the requests through its
-    /// cold starts can beat ([`super::bound::lower_bound_at_attainment_gpu_hours`]).
+    /// cold starts can beat ([`super::bound::Bounds::at_attainment`]).
     #[serde(default)]
     pub lower_bound_at_goal_gpu_hours: f64,
     /// The sharing model the shared GPUs ran with.

@@ -358,7 +358,7 @@ fn the_cold_start_bound_charges_the_lead_before_each_arrival() {
     );
     assert_eq!(b.at_attainment, b.cold_starts);
     // Excusing one of two apart requests (a 50% goal) takes back exactly the window it alone needed.
-    let half = bound::lower_bound_at_attainment_gpu_hours(&apart, 0.5);
+    let half = bound::lower_bounds(&apart, 0.5).at_attainment;
     assert!((half * 3600.0 - window).abs() < 1e-6, "{half} {window}");
 
     let close = scenario(vec![m.clone()], vec![at(&[200.0, 201.0])], 600.0);
@@ -370,7 +370,7 @@ fn the_cold_start_bound_charges_the_lead_before_each_arrival() {
     // Excusing one of the two close ones frees an instant only where that one alone covers it: one second at each
     // end costs a second of its window each; the rest is covered twice, so its remaining `window − 2` seconds
     // free half as much. What is left: `window + 1 − (2 + (window − 2) / 2) = window / 2`.
-    let half = bound::lower_bound_at_attainment_gpu_hours(&close, 0.5);
+    let half = bound::lower_bounds(&close, 0.5).at_attainment;
     assert!((half * 3600.0 - window / 2.0).abs() < 1e-6, "{half} {window}");
 
     // A model whose cold start fits in its objective with time to spare is charged nothing.
