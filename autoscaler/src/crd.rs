@@ -219,6 +219,15 @@ pub struct ScaleToZero {
     /// Go to zero after this long with no requests and nothing in flight or queued, e.g. `10m`.
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub idle_after: String,
+    /// The share of requests that may miss `ttftSlo` by waiting through a cold start, e.g. 0.005 (0.5%). A
+    /// model whose cold start (pod start and weights load, or a sleep-mode wake) is longer than `ttftSlo` keeps
+    /// one warm replica instead of going to zero, unless its own traffic over the last day (at least an hour of
+    /// it, counted by the controller from the activator) shows that going to zero would have missed no more than
+    /// this. Unset: always keep the warm replica. Spend at most part of the attainment goal here: other misses
+    /// (bursts, long prompts) count against it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 0.5))]
+    pub cold_start_miss_budget: Option<f64>,
 }
 
 /// Scaling speed, as HPA's `behavior`, plus Knative-style panic mode. Unset fields take HPA's defaults.
@@ -619,7 +628,10 @@ impl InferenceAutoscalerSpec {
                 requests_per_second_per_replica: self.targets.requests_per_second_per_replica,
             },
             tolerance: scale::DEFAULT_TOLERANCE,
-            scale_to_zero: idle_after.map(|idle_after| scale::ScaleToZero { idle_after }),
+            scale_to_zero: idle_after.map(|idle_after| scale::ScaleToZero {
+                idle_after,
+                cold_start_miss_budget: self.scale_to_zero.as_ref().and_then(|z| z.cold_start_miss_budget),
+            }),
             behavior: scale::Behavior {
                 scale_up: rules(
                     behavior.scale_up.as_ref(),

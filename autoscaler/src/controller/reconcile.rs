@@ -392,12 +392,19 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
 
     // 5. Decide and act.
     let now = timestamp(now_sys);
-    // A poisoned lock only loses history, which restarts the windows: safe (see the module docs).
+    // A poisoned lock only loses history, which restarts the windows: safe (see the module docs). What going to
+    // zero would cost (`core::scale::coldstart`) is counted from every sync's demand, whatever is decided.
     let state = ctx
         .states
         .lock()
         .ok()
-        .and_then(|s| s.get(&key).cloned())
+        .map(|mut s| {
+            let state = s.entry(key.clone()).or_default();
+            if let Some(z) = &policy.scale_to_zero {
+                state.cold_starts.observe(&input.demand, z.idle_after, now);
+            }
+            state.clone()
+        })
         .unwrap_or_default();
     // Replicas and share decided together (`core::scale::joint`): while the share can grow, the latency target
     // is the share rule's, and the replica count answers load and the SLO guard.
@@ -406,6 +413,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         share_room(obj, &docs),
         tessera_core::recommend::Config::default().compute_max_step_up,
         observed_cold_start(&all_pods),
+        &state,
+        now,
     );
     let mut decision = scale::joint::decide(&input, &joint, &state, now);
     if decision.desired_replicas == 0 && current > 0 {

@@ -163,7 +163,14 @@ mod tests {
     }
 
     fn held_by(p: &ScalePolicy, i: &ScaleInput, cold_start: Option<Duration>) -> Constraint {
-        let j = replica_policy(p, ShareRoom::Fixed, 2.0, cold_start);
+        let j = replica_policy(
+            p,
+            ShareRoom::Fixed,
+            2.0,
+            cold_start,
+            &ScaleState::default(),
+            Timestamp::default(),
+        );
         let d = joint::decide(i, &j, &ScaleState::default(), Timestamp::from_millis(600_000));
         Constraint::of(i, &j, &d)
     }
@@ -207,6 +214,7 @@ mod tests {
             min_replicas: 0,
             scale_to_zero: Some(ScaleToZero {
                 idle_after: Duration::from_secs(60),
+                cold_start_miss_budget: None,
             }),
             ..policy()
         };

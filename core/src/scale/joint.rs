@@ -21,7 +21,11 @@
 //!   request that wakes it, nor for any that arrive during the start. Such a model keeps a **warm floor** of one
 //!   replica instead of going to zero ([`WarmFloor`]); the decision's message and the simulator's report name the
 //!   models that pay for one and why. A lead time that is not known (nothing measured yet) leaves the policy as
-//!   declared.
+//!   declared. A policy may instead name a **budget** of requests allowed to miss through a cold start
+//!   (`scaleToZero.coldStartMissBudget`): when the model's own traffic over the last day shows that going to zero
+//!   would have missed no more than that ([`super::coldstart`]), it goes to zero after all
+//!   ([`JointPolicy::zero_within_budget`]). A warm floor costs a model that is idle for hours a GPU's worth of
+//!   memory all day; a few cold starts a day cost a few requests.
 //!
 //! The caller reports the [`JointPolicy`] with the decision ([`decide`]), so the status and the simulator's
 //! report say which constraint decided and what the next unit of capacity costs.
@@ -29,6 +33,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::coldstart::ColdStartEvidence;
 use super::{ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
 
 /// A share within this of the whole GPU counts as the whole GPU (shares are recommended in hundredths).
@@ -98,6 +103,9 @@ pub struct JointPolicy {
     pub next_unit: Option<NextUnit>,
     /// Set when the model keeps one warm replica instead of going to zero.
     pub warm_floor: Option<WarmFloor>,
+    /// Set when the model's cold start is longer than its objective but it may go to zero anyway: what its
+    /// traffic shows scaling to zero costs, within the policy's `coldStartMissBudget`.
+    pub zero_within_budget: Option<(ColdStartEvidence, f64)>,
 }
 
 /// Why a model keeps a warm replica: its cold start is longer than its TTFT objective.
@@ -160,6 +168,19 @@ impl fmt::Display for JointPolicy {
                 w.ttft_slo.as_secs_f64()
             )?;
         }
+        if let Some((e, budget)) = self.zero_within_budget {
+            write!(
+                f,
+                "may go to zero though a cold start is over the TTFT objective: over the last {:.1} h, {} cold \
+                 start(s) would have missed {:.0} of {:.0} requests ({:.2}%, within the {:.2}% budget); ",
+                e.observed.as_secs_f64() / 3600.0,
+                e.cold_starts,
+                e.misses,
+                e.requests,
+                100.0 * e.miss_share(),
+                100.0 * budget
+            )?;
+        }
         match (self.latency, self.next_unit) {
             (LatencyOwner::Share, Some(n)) => {
                 write!(
@@ -187,18 +208,28 @@ impl fmt::Display for JointPolicy {
 /// The replica policy under the joint rule. `share_step` is the share rule's largest step up (its
 /// `compute_max_step_up`, e.g. 2×); `cold_start` how long a start from zero takes, when known. Only
 /// `targets.ttft_p95` and, for a warm floor, scale to zero move; the SLO guard, load targets, bounds and
-/// behaviour are untouched.
+/// behaviour are untouched. `state` carries the model's [`super::coldstart::ColdStartLedger`], which a
+/// `coldStartMissBudget` reads at `now`.
 pub fn replica_policy(
     policy: &ScalePolicy,
     room: ShareRoom,
     share_step: f64,
     cold_start: Option<Duration>,
+    state: &ScaleState,
+    now: Timestamp,
 ) -> JointPolicy {
     let mut joint = share_policy(policy, room, share_step);
-    if let (Some(_), Some(lead), Some(slo)) = (&policy.scale_to_zero, cold_start, policy.ttft_slo)
+    if let (Some(zero), Some(lead), Some(slo)) = (&policy.scale_to_zero, cold_start, policy.ttft_slo)
         && policy.min_replicas == 0
         && lead > slo
     {
+        if let Some(budget) = zero.cold_start_miss_budget
+            && let Some(e) = state.cold_starts.evidence(lead, slo, now)
+            && e.miss_share() <= budget
+        {
+            joint.zero_within_budget = Some((e, budget));
+            return joint;
+        }
         joint.policy.scale_to_zero = None;
         joint.policy.min_replicas = 1;
         joint.warm_floor = Some(WarmFloor {
@@ -222,6 +253,7 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
                 policy: p,
                 latency: LatencyOwner::Share,
                 warm_floor: None,
+                zero_within_budget: None,
                 next_unit: Some(NextUnit {
                     bigger_share: grown - share,
                     another_replica_compute: share,
@@ -242,12 +274,14 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
                 another_replica_memory: replica_memory(memory_fraction),
             }),
             warm_floor: None,
+            zero_within_budget: None,
         },
         _ => JointPolicy {
             policy: policy.clone(),
             latency: LatencyOwner::Replicas,
             next_unit: None,
             warm_floor: None,
+            zero_within_budget: None,
         },
     }
 }
@@ -264,7 +298,11 @@ fn replica_memory(memory_fraction: Option<f64>) -> Option<f64> {
 /// queues ([`latency_without_queue`]), it says that the time is in prefill.
 pub fn decide(input: &ScaleInput, joint: &JointPolicy, state: &ScaleState, now: Timestamp) -> ScaleDecision {
     let mut d = super::decide(input, &joint.policy, state, now);
-    if joint.latency == LatencyOwner::Share || joint.warm_floor.is_some() || joint.next_unit.is_some() {
+    if joint.latency == LatencyOwner::Share
+        || joint.warm_floor.is_some()
+        || joint.zero_within_budget.is_some()
+        || joint.next_unit.is_some()
+    {
         d.message = format!("{}; {joint}", d.message);
     }
     if latency_without_queue(input, &d) {
@@ -322,6 +360,8 @@ pub(super) mod tests {
             },
             1.5,
             None,
+            &ScaleState::default(),
+            Timestamp::default(),
         );
         assert_eq!(j.latency, LatencyOwner::Share);
         assert_eq!(j.policy.targets.ttft_p95, None);
@@ -356,6 +396,8 @@ pub(super) mod tests {
             },
             1.5,
             None,
+            &ScaleState::default(),
+            Timestamp::default(),
         );
         assert_eq!(whole.latency, LatencyOwner::Replicas);
         assert_eq!(whole.policy, policy());
@@ -377,10 +419,94 @@ pub(super) mod tests {
                 memory_fraction: None,
             },
         ] {
-            let j = replica_policy(&policy(), room, 1.5, None);
+            let j = replica_policy(
+                &policy(),
+                room,
+                1.5,
+                None,
+                &ScaleState::default(),
+                Timestamp::default(),
+            );
             assert_eq!(j.latency, LatencyOwner::Replicas, "{room:?}");
             assert_eq!(j.policy, policy(), "{room:?}");
         }
+    }
+
+    /// With a `coldStartMissBudget`, the floor goes only once an hour or more of evidence shows the model's
+    /// would-be cold starts missing no more than the budget; a model whose idle spells would cost more keeps it.
+    #[test]
+    fn a_miss_budget_lets_a_rarely_woken_model_go_to_zero() {
+        let s = Duration::from_secs;
+        let with_budget = |budget| ScalePolicy {
+            min_replicas: 0,
+            scale_to_zero: Some(crate::scale::ScaleToZero {
+                idle_after: s(300),
+                cold_start_miss_budget: Some(budget),
+            }),
+            ttft_slo: Some(s(10)),
+            ..policy()
+        };
+        // Two hours at 15 s syncs: 1 request/s with one 20-minute pause, so one would-be cold start missing the
+        // waking request and 18 s of arrivals, 19 of about 6,300 requests (0.30%).
+        let mut state = ScaleState::default();
+        let mut last = 0;
+        let at = |t: u64| Timestamp::from_millis(t * 1000);
+        for t in (0..=7200u64).step_by(15) {
+            let busy = !(3000..4200).contains(&t);
+            if busy {
+                last = t;
+            }
+            let demand = crate::scale::Demand {
+                requests_per_second: Some(if busy { 1.0 } else { 0.0 }),
+                last_request_at: Some(at(last)),
+                ..Default::default()
+            };
+            state.cold_starts.observe(&demand, s(300), at(t));
+        }
+        let now = at(7200);
+        let within = replica_policy(
+            &with_budget(0.005),
+            ShareRoom::Fixed,
+            2.0,
+            Some(s(28)),
+            &state,
+            now,
+        );
+        assert_eq!(within.warm_floor, None);
+        assert_eq!(
+            within.policy,
+            with_budget(0.005),
+            "scale to zero stays as declared"
+        );
+        let (e, _) = within.zero_within_budget.unwrap();
+        assert_eq!(e.cold_starts, 1);
+        assert!(
+            within
+                .to_string()
+                .contains("1 cold start(s) would have missed 19 of"),
+            "{within}"
+        );
+        // A budget of 0.2% is less than that: the floor stays.
+        let over = replica_policy(
+            &with_budget(0.002),
+            ShareRoom::Fixed,
+            2.0,
+            Some(s(28)),
+            &state,
+            now,
+        );
+        assert!(over.warm_floor.is_some() && over.zero_within_budget.is_none());
+        assert_eq!(over.policy.min_replicas, 1);
+        // No history (a controller that just started): the floor stays whatever the budget.
+        let fresh = replica_policy(
+            &with_budget(0.5),
+            ShareRoom::Fixed,
+            2.0,
+            Some(s(28)),
+            &ScaleState::default(),
+            now,
+        );
+        assert!(fresh.warm_floor.is_some());
     }
 
     #[test]
@@ -389,12 +515,20 @@ pub(super) mod tests {
             min_replicas: 0,
             scale_to_zero: Some(crate::scale::ScaleToZero {
                 idle_after: Duration::from_secs(300),
+                cold_start_miss_budget: None,
             }),
             ..policy()
         };
         let s = Duration::from_secs;
         // 28 s to start against a 2 s objective: a floor of one, no scale to zero.
-        let j = replica_policy(&zero, ShareRoom::Fixed, 2.0, Some(s(28)));
+        let j = replica_policy(
+            &zero,
+            ShareRoom::Fixed,
+            2.0,
+            Some(s(28)),
+            &ScaleState::default(),
+            Timestamp::default(),
+        );
         assert_eq!(
             (j.policy.min_replicas, j.policy.scale_to_zero.is_some()),
             (1, false)
@@ -414,7 +548,14 @@ pub(super) mod tests {
         // A one-second sleep-mode wake meets it; an unknown lead time changes nothing; nor does a model that
         // never goes to zero.
         for (p, lead) in [(&zero, Some(s(1))), (&zero, None), (&policy(), Some(s(28)))] {
-            let j = replica_policy(p, ShareRoom::Fixed, 2.0, lead);
+            let j = replica_policy(
+                p,
+                ShareRoom::Fixed,
+                2.0,
+                lead,
+                &ScaleState::default(),
+                Timestamp::default(),
+            );
             assert_eq!(j.warm_floor, None);
             assert_eq!(&j.policy, p);
         }
@@ -448,7 +589,14 @@ pub(super) mod tests {
             max_replicas: 4,
             ..policy()
         };
-        let j = replica_policy(&p, ShareRoom::Fixed, 2.0, None);
+        let j = replica_policy(
+            &p,
+            ShareRoom::Fixed,
+            2.0,
+            None,
+            &ScaleState::default(),
+            Timestamp::default(),
+        );
         let decide_on =
             |i: &ScaleInput| decide(i, &j, &ScaleState::default(), Timestamp::from_millis(60_000));
         let quiet = input(vec![Some(0); 4], 0);

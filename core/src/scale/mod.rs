@@ -36,6 +36,7 @@
 //! Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again.
 
 mod behavior;
+pub mod coldstart;
 pub mod constraint;
 pub mod inputs;
 pub mod joint;
@@ -151,6 +152,13 @@ impl ScalePolicy {
                     .to_owned(),
             );
         }
+        if let Some(b) = self.scale_to_zero.and_then(|z| z.cold_start_miss_budget)
+            && !(b.is_finite() && (0.0..=0.5).contains(&b))
+        {
+            errors.push(format!(
+                "scaleToZero.coldStartMissBudget is a share of requests in [0, 0.5] (0.005 = 0.5%), got {b}"
+            ));
+        }
         if !(self.tolerance.is_finite() && (0.0..1.0).contains(&self.tolerance)) {
             errors.push(format!("tolerance must be in [0, 1), got {}", self.tolerance));
         }
@@ -230,10 +238,15 @@ impl Targets {
 }
 
 /// Scale to zero settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScaleToZero {
     /// How long without any request (and with nothing in flight or queued) before going to zero.
     pub idle_after: Duration,
+    /// The share of requests (0–0.5) that may miss the TTFT objective by waiting through a cold start. A model
+    /// whose cold start is longer than its objective keeps a warm replica ([`joint::WarmFloor`]) unless its own
+    /// traffic over the last day shows that going to zero misses no more than this ([`coldstart`]). `None`:
+    /// always keep the floor.
+    pub cold_start_miss_budget: Option<f64>,
 }
 
 /// Knative KPA's panic mode: react at once to a burst, then hold.
@@ -519,6 +532,9 @@ pub struct ScaleState {
     pub last_panic_at: Option<Timestamp>,
     /// The highest replica count reached during the current panic (panic never scales below it).
     pub panic_peak: u32,
+    /// What scaling to zero would have cost in missed objectives over the last day ([`coldstart`]); the caller
+    /// feeds it each sync ([`coldstart::ColdStartLedger::observe`]) before deciding.
+    pub cold_starts: coldstart::ColdStartLedger,
 }
 
 /// Upper bound on remembered recommendations, so a caller ticking very fast cannot grow the state without limit.

@@ -20,6 +20,7 @@ fn kv_policy(min: u32, max: u32) -> ScalePolicy {
         },
         scale_to_zero: (min == 0).then_some(ScaleToZero {
             idle_after: Duration::from_secs(300),
+            cold_start_miss_budget: None,
         }),
         panic: None,
         ..ScalePolicy::default()
@@ -350,6 +351,7 @@ fn never_to_zero_with_work_anywhere_or_unknown_idle() {
     let mut policy = kv_policy(1, 5);
     policy.scale_to_zero = Some(ScaleToZero {
         idle_after: Duration::from_secs(1),
+        cold_start_miss_budget: None,
     });
     assert_eq!(
         decide(&idle_input(1, 0), &policy, &state, now).desired_replicas,
@@ -522,6 +524,7 @@ fn arb_policy() -> impl Strategy<Value = ScalePolicy> {
             },
             scale_to_zero: (min == 0).then_some(ScaleToZero {
                 idle_after: Duration::from_secs(60),
+                cold_start_miss_budget: None,
             }),
             panic: panic.then(PanicMode::default),
             ttft_slo: slo.map(Duration::from_millis),

@@ -306,6 +306,11 @@ pub struct ModelFile {
     /// Tessera: scale to zero after this long without requests (needs `min_replicas: 0`).
     #[serde(default, with = "humantime_serde")]
     pub scale_to_zero_after: Option<Duration>,
+    /// Tessera: the share of requests (0–0.5) that may miss the TTFT objective through a cold start
+    /// (`scaleToZero.coldStartMissBudget`): a model whose cold start is over its objective goes to zero anyway
+    /// when its traffic shows the misses fit (`core::scale::coldstart`). Unset: it keeps a warm replica.
+    #[serde(default)]
+    pub cold_start_miss_budget: Option<f64>,
     /// How a replica starts.
     #[serde(default)]
     pub cold_start: ColdStartFile,
@@ -591,6 +596,18 @@ impl ScenarioFile {
                     "{at}: min_replicas 0 needs scale_to_zero_after (e.g. `5m`), or set min_replicas: 1"
                 ));
             }
+            if let Some(b) = m.cold_start_miss_budget {
+                if !(b.is_finite() && (0.0..=0.5).contains(&b)) {
+                    p.push(format!(
+                        "{at}.cold_start_miss_budget is a share of requests in [0, 0.5] (0.005 = 0.5%), got {b}"
+                    ));
+                }
+                if m.scale_to_zero_after.is_none() {
+                    p.push(format!(
+                        "{at}.cold_start_miss_budget needs scale_to_zero_after: it lets a model go to zero"
+                    ));
+                }
+            }
             if !(m.hpa_requests_per_second_per_replica > 0.0
                 && m.hpa_requests_per_second_per_replica.is_finite())
             {
@@ -672,6 +689,8 @@ pub struct ModelSetup {
     pub hpa_rps_per_replica: f64,
     /// Scale to zero after.
     pub scale_to_zero_after: Option<Duration>,
+    /// Share of requests that may miss through a cold start.
+    pub cold_start_miss_budget: Option<f64>,
     /// Weights load time, seconds (weights / bandwidth).
     pub load_secs: f64,
     /// Sleep-mode wake-up, seconds.
@@ -841,6 +860,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             targets: m.targets.clone(),
             hpa_rps_per_replica: m.hpa_requests_per_second_per_replica,
             scale_to_zero_after: m.scale_to_zero_after,
+            cold_start_miss_budget: m.cold_start_miss_budget,
             load_secs,
             sleep_wake_secs: m.cold_start.sleep_wake.map(|d| d.as_secs_f64()),
             compute_fraction: m.compute_fraction,

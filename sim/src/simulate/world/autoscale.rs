@@ -31,19 +31,6 @@ impl World<'_> {
         // Only Tessera's policy knows its lead time (the baselines scale as declared).
         let cold_start = (self.plan.kind == StrategyKind::Tessera)
             .then(|| Duration::from_secs_f64(setup.cold_start_secs(&self.sc.settings)));
-        let joint = joint::replica_policy(
-            &declared,
-            room,
-            recommend::Config::default().compute_max_step_up,
-            cold_start,
-        );
-        if let Some(w) = joint.warm_floor {
-            self.models[m].warm_floor = Some(w);
-        }
-        if joint.latency == LatencyOwner::Share {
-            self.models[m].rounds_latency_on_share += 1;
-        }
-        self.models[m].rounds += 1;
         let now_ts = Timestamp::from_millis((self.now * 1000.0).round() as u64);
         let live = self.live(m);
         let ready: Vec<usize> = live
@@ -108,6 +95,33 @@ impl World<'_> {
         // the controller takes it off `/scale`'s count the same way.
         let current = consolidate::count_before_surge(live.len() as u32, rt.surging);
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
+        // What going to zero would have cost, counted from the demand every round, as the controller does.
+        if let Some(z) = &declared.scale_to_zero {
+            self.models[m]
+                .state
+                .cold_starts
+                .observe(&input.demand, z.idle_after, now_ts);
+        }
+        let rt = &self.models[m];
+        let joint = joint::replica_policy(
+            &declared,
+            room,
+            recommend::Config::default().compute_max_step_up,
+            cold_start,
+            &rt.state,
+            now_ts,
+        );
+        if let Some(w) = joint.warm_floor {
+            self.models[m].warm_floor = Some(w);
+        }
+        if joint.zero_within_budget.is_some() {
+            self.models[m].rounds_zero_within_budget += 1;
+        }
+        if joint.latency == LatencyOwner::Share {
+            self.models[m].rounds_latency_on_share += 1;
+        }
+        self.models[m].rounds += 1;
+        let rt = &self.models[m];
         let d = joint::decide(&input, &joint, &rt.state, now_ts);
         let prefill_bound = joint::latency_without_queue(&input, &d);
         let held = Constraint::of(&input, &joint, &d);

@@ -136,11 +136,19 @@ impl World<'_> {
                 prefill_bound: share_of_rounds(rt.rounds_prefill_bound),
                 behind_while_urgent: share_of_rounds(rt.rounds_behind_while_urgent),
                 warm_floor: rt.warm_floor.map(|w| {
-                    format!(
+                    let mut why = format!(
                         "cold start {:.0} s > TTFT objective {:.0} s",
                         w.cold_start.as_secs_f64(),
                         w.ttft_slo.as_secs_f64()
-                    )
+                    );
+                    if rt.rounds_zero_within_budget > 0 {
+                        // The floor held until the model's traffic showed its cold starts fit the miss budget.
+                        why.push_str(&format!(
+                            "; free to go to zero within its cold-start miss budget in {:.0}% of decisions",
+                            100.0 * share_of_rounds(rt.rounds_zero_within_budget).unwrap_or(0.0)
+                        ));
+                    }
+                    why
                 }),
             });
         }

@@ -206,6 +206,9 @@ struct ModelRt {
     rounds: u32,
     rounds_latency_on_share: u32,
     rounds_prefill_bound: u32,
+    /// Tessera: rounds in which the cold start was over the objective but the model could go to zero, its
+    /// would-be misses within `cold_start_miss_budget` (`joint::JointPolicy::zero_within_budget`).
+    rounds_zero_within_budget: u32,
     /// Tessera: rounds after which a running replica held less than an urgent growth in force.
     rounds_behind_while_urgent: u32,
     /// Tessera: the warm floor the joint rule kept, if any.
@@ -310,6 +313,7 @@ impl<'a> World<'a> {
                 arrived: 0,
                 rounds: 0,
                 rounds_latency_on_share: 0,
+                rounds_zero_within_budget: 0,
                 rounds_prefill_bound: 0,
                 rounds_behind_while_urgent: 0,
                 warm_floor: None,

@@ -149,7 +149,10 @@ pub(super) fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePoli
                 ttft_p95: m.targets.ttft_p95,
                 requests_per_second_per_replica: m.targets.requests_per_second_per_replica,
             },
-            scale_to_zero: m.scale_to_zero_after.map(|idle_after| ScaleToZero { idle_after }),
+            scale_to_zero: m.scale_to_zero_after.map(|idle_after| ScaleToZero {
+                idle_after,
+                cold_start_miss_budget: m.cold_start_miss_budget,
+            }),
             ttft_slo: Some(Duration::from_secs_f64(m.slo_ttft)),
             ..ScalePolicy::default()
         }),
