@@ -914,6 +914,20 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         let p = s.to_policy().unwrap();
         assert_eq!((p.min_replicas, p.max_replicas), (0, 8));
         assert_eq!(p.scale_to_zero.unwrap().idle_after, Duration::from_secs(600));
+        assert_eq!(p.scale_to_zero.unwrap().cold_start_miss_budget, None);
+        let budgeted = spec(&GOOD.replace(
+            "scaleToZero: {idleAfter: 10m}",
+            "scaleToZero: {idleAfter: 10m, coldStartMissBudget: 0.005}",
+        ));
+        assert_eq!(
+            budgeted
+                .to_policy()
+                .unwrap()
+                .scale_to_zero
+                .unwrap()
+                .cold_start_miss_budget,
+            Some(0.005)
+        );
         assert_eq!(p.targets.ttft_p95, Some(Duration::from_millis(800)));
         assert_eq!(p.ttft_slo, Some(Duration::from_secs(2)));
         assert_eq!(
@@ -973,6 +987,10 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
             (
                 "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nttftSlo: 0s",
                 "ttftSlo must be more than 0",
+            ),
+            (
+                "scaleTargetRef: {kind: Deployment, name: a}\nminReplicas: 0\nmaxReplicas: 2\nmodelNames: [m]\nscaleToZero: {idleAfter: 5m, coldStartMissBudget: 0.7}",
+                "scaleToZero.coldStartMissBudget is a share of requests in [0, 0.5]",
             ),
         ];
         for (yaml, want) in cases {

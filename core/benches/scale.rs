@@ -54,6 +54,7 @@ fn input() -> ScaleInput {
             in_flight: 12,
             queued_at_activator: 0,
             last_request_at: Some(Timestamp::from_millis(999_000)),
+            requests_total: None,
         },
     }
 }
@@ -76,6 +77,7 @@ fn history(now: Timestamp) -> ScaleState {
             .collect(),
         last_panic_at: None,
         panic_peak: 0,
+        ..ScaleState::default()
     }
 }
 

@@ -87,6 +87,9 @@ fn spec_for(name: &str, p: &ScalePolicy, room: ShareRoom) -> Value {
     }
     if let Some(z) = &p.scale_to_zero {
         spec["scaleToZero"] = json!({"idleAfter": secs(z.idle_after)});
+        if let Some(b) = z.cold_start_miss_budget {
+            spec["scaleToZero"]["coldStartMissBudget"] = json!(b);
+        }
     }
     if room != ShareRoom::Fixed {
         spec["gpu"] = json!({"sharing": "fractional", "computeFraction": "auto", "updateMode": "Initial"});
@@ -466,7 +469,9 @@ async fn assert_replays_alike(sc: &scenario::Scenario, picked: &[&DecisionRecord
         );
         // What held the count, as the simulator's report sums it (`core::scale::constraint`).
         assert_eq!(status["constraint"], json!(rec.constraint.label()), "{at}");
+        // The cold-start ledger as the simulator counted this round's demand, then the decision.
         let mut expected = rec.state.clone();
+        expected.cold_starts = rec.cold_starts.clone();
         expected.record(
             &rec.decision,
             tessera_core::scale::Timestamp::from_millis(rec.at_ms),
@@ -515,6 +520,51 @@ async fn the_controller_moves_pods_off_a_draining_gpu_as_the_simulator_did() {
     assert_replays_alike(&sc, &picked).await;
     eprintln!(
         "replayed {} rounds of consolidation moves through the controller",
+        picked.len()
+    );
+}
+
+/// The cold-start miss budget alike (`core::scale::coldstart`): functions-day's first four hours, whose tools
+/// without sleep mode keep a warm replica until an hour of their traffic shows their would-be cold starts within
+/// the scenario's 0.5% budget, then go to zero. The controller counts the same demand into the same ledger from
+/// the recorded activator documents, lets the floor go at the same rounds and scales to zero with them.
+#[tokio::test]
+async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/functions-day.yaml");
+    let sc = scenario::load(&Source::File(path), None, Some(Duration::from_secs(4 * 3600))).unwrap();
+    assert!(
+        sc.models.iter().any(|m| m.cold_start_miss_budget.is_some()),
+        "functions-day sets a cold-start miss budget"
+    );
+    let run = World::new(&sc, plan(StrategyKind::Tessera, vec![None; sc.models.len()]))
+        .unwrap()
+        .recording_decisions()
+        .run(&mut |_| {})
+        .unwrap();
+    let within = |r: &&DecisionRecord| r.decision.message.contains("may go to zero though a cold start");
+    let mut picked: Vec<&DecisionRecord> = Vec::new();
+    for (i, r) in run.decisions.iter().filter(within).enumerate() {
+        if r.decision.is_change() || i % 40 == 0 {
+            picked.push(r);
+        }
+    }
+    assert!(
+        picked
+            .iter()
+            .any(|r| r.decision.desired_replicas == 0 && r.decision.is_change()),
+        "the replay must cover a scale to zero the budget allowed ({} rounds within it)",
+        run.decisions.iter().filter(within).count()
+    );
+    // And rounds that kept the floor while the ledger was filling, with the ledger those rounds built.
+    picked.extend(
+        run.decisions
+            .iter()
+            .filter(|r| r.decision.message.contains("keeps one warm replica"))
+            .step_by(60),
+    );
+    assert_replays_alike(&sc, &picked).await;
+    eprintln!(
+        "replayed {} rounds around the cold-start budget through the controller",
         picked.len()
     );
 }

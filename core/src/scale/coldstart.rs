@@ -10,10 +10,11 @@
 //!
 //! The ledger counts, per controller sync, from the activator's demand alone (so it reads the same whether the
 //! model is at zero, warm or serving):
-//! - **requests**: the activator's rate times the time since the last sync;
+//! - **requests**: what the activators' request counters gained since the last sync;
 //! - **would-be cold starts**: a request after a spell with no request as long as `idleAfter` (the model would
-//!   have been at zero), each missing the objective for the first request and for those arriving during the
-//!   start beyond the objective (the rate at the wake times `cold start − objective`).
+//!   have been at zero), each missing the objective for every request counted from that sync until `cold start −
+//!   objective` after it (the start would still be running past the objective for them). Counting from the sync
+//!   rather than from the first request errs towards more misses, never fewer.
 //!
 //! It is counterfactual on purpose: what it counts does not depend on whether the floor was kept, so dropping a
 //! floor cannot feed back into the evidence for keeping it. It fails safe: without `MIN_HISTORY` of
@@ -31,10 +32,6 @@ pub const MIN_HISTORY: Duration = Duration::from_secs(3600);
 /// How far back the ledger looks: a day, the period of most internal tools' traffic.
 pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
 
-/// A sync longer than this after the last counts only this long: a controller that was down does not get to
-/// spread the rate it sees now over the time it saw nothing.
-const MAX_STEP: Duration = Duration::from_secs(60);
-
 /// At most this many syncs are remembered (a day at a 15 s sync period is 5,760), so a caller ticking fast cannot
 /// grow the ledger without limit.
 const MAX_SAMPLES: usize = 8192;
@@ -43,30 +40,30 @@ const MAX_SAMPLES: usize = 8192;
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Sample {
     at: Timestamp,
-    /// Requests since the previous sync, estimated from the rate.
-    requests: f64,
-    /// `Some(rate)` when a request arrived after an idle spell of at least `idleAfter`: a cold start the model
-    /// would have paid at zero, and the request rate at that moment.
-    wake_rate: Option<f64>,
+    /// Requests since the previous sync.
+    requests: u64,
+    /// A request arrived after an idle spell of at least `idleAfter`: a cold start the model would have paid at
+    /// zero.
+    wake: bool,
 }
 
 /// The model's recent traffic, as scaling to zero would have met it (module docs).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ColdStartLedger {
     samples: VecDeque<Sample>,
-    /// The previous sync: when, and the last request the activator had seen then.
-    previous: Option<(Timestamp, Timestamp)>,
+    /// The previous sync: when, the last request the activators had seen then, and their request counters.
+    previous: Option<(Timestamp, Timestamp, u64)>,
 }
 
 /// What the ledger shows over its window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ColdStartEvidence {
-    /// Requests in the window (estimated from the rate).
-    pub requests: f64,
+    /// Requests in the window.
+    pub requests: u64,
     /// Cold starts the model would have paid at zero.
     pub cold_starts: u32,
     /// Requests that would have waited through a cold start beyond the objective.
-    pub misses: f64,
+    pub misses: u64,
     /// How long the window observed covers.
     pub observed: Duration,
 }
@@ -74,8 +71,8 @@ pub struct ColdStartEvidence {
 impl ColdStartEvidence {
     /// The share of requests that would have missed the objective through a cold start (0 with no requests).
     pub fn miss_share(&self) -> f64 {
-        if self.requests > 0.0 {
-            self.misses / self.requests
+        if self.requests > 0 {
+            self.misses as f64 / self.requests as f64
         } else {
             0.0
         }
@@ -84,31 +81,30 @@ impl ColdStartEvidence {
 
 impl ColdStartLedger {
     /// Counts one sync's demand. `idle_after` is the policy's scale-to-zero delay. Unknown demand (no activator
-    /// data) counts nothing and breaks the chain, so a spell is never measured across a gap in the data.
+    /// data, or no counter) counts nothing and breaks the chain, so a spell is never measured across a gap in the
+    /// data. A counter that went back (an activator restarted) counts no request for that sync: fewer requests
+    /// only make the misses' share larger.
     pub fn observe(&mut self, demand: &Demand, idle_after: Duration, now: Timestamp) {
-        let (Some(rate), Some(last_request)) = (demand.requests_per_second, demand.last_request_at) else {
+        let (Some(total), Some(last_request)) = (demand.requests_total, demand.last_request_at) else {
             self.previous = None;
             return;
         };
-        let rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
-        if let Some((at, _)) = self.previous
+        if let Some((at, _, _)) = self.previous
             && now <= at
         {
             return; // the same sync twice, or a clock gone back: nothing new to count
         }
         let mut sample = Sample {
             at: now,
-            requests: 0.0,
-            wake_rate: None,
+            requests: 0,
+            wake: false,
         };
-        if let Some((at, seen)) = self.previous {
-            sample.requests = rate * now.since(at).min(MAX_STEP).as_secs_f64();
+        if let Some((at, seen, counted)) = self.previous {
+            sample.requests = total.saturating_sub(counted);
             // A new request, and at the previous sync the model had been idle long enough to be at zero.
-            if last_request > seen && at.since(seen) >= idle_after {
-                sample.wake_rate = Some(rate);
-            }
+            sample.wake = last_request > seen && at.since(seen) >= idle_after;
         }
-        self.previous = Some((now, last_request));
+        self.previous = Some((now, last_request, total));
         self.samples.push_back(sample);
         while self.samples.front().is_some_and(|s| !s.at.is_within(WINDOW, now))
             || self.samples.len() > MAX_SAMPLES
@@ -130,28 +126,36 @@ impl ColdStartLedger {
         if observed < MIN_HISTORY {
             return None;
         }
-        let late = cold_start.saturating_sub(ttft_slo).as_secs_f64();
+        let late = cold_start.saturating_sub(ttft_slo);
+        let window: Vec<&Sample> = self
+            .samples
+            .iter()
+            .filter(|s| s.at.is_within(WINDOW, now))
+            .collect();
         let mut e = ColdStartEvidence {
-            requests: 0.0,
+            requests: window.iter().map(|s| s.requests).sum(),
             cold_starts: 0,
-            misses: 0.0,
+            misses: 0,
             observed,
         };
-        for s in self.samples.iter().filter(|s| s.at.is_within(WINDOW, now)) {
-            e.requests += s.requests;
-            if let Some(rate) = s.wake_rate {
-                e.cold_starts += 1;
-                // The waking request, and those arriving while the start runs past the objective.
-                e.misses += 1.0 + rate * late;
-            }
+        for (i, wake) in window.iter().enumerate().filter(|(_, s)| s.wake) {
+            e.cold_starts += 1;
+            // The waking sync's requests, and those of the syncs while the start would still run past the
+            // objective; at least the waking request.
+            let during: u64 = window[i..]
+                .iter()
+                .take_while(|s| s.at <= wake.at.plus(late))
+                .map(|s| s.requests)
+                .sum();
+            e.misses += during.max(1);
         }
-        // The waking requests themselves are requests, whatever the rate estimate said.
-        e.requests = e.requests.max(f64::from(e.cold_starts));
+        e.requests = e.requests.max(u64::from(e.cold_starts));
         Some(e)
     }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -159,9 +163,9 @@ mod tests {
         Timestamp::from_millis(secs * 1000)
     }
 
-    fn demand(rate: f64, last: u64) -> Demand {
+    fn demand(total: u64, last: u64) -> Demand {
         Demand {
-            requests_per_second: Some(rate),
+            requests_total: Some(total),
             last_request_at: Some(at(last)),
             ..Demand::default()
         }
@@ -171,67 +175,72 @@ mod tests {
     const COLD: Duration = Duration::from_secs(28);
     const SLO: Duration = Duration::from_secs(10);
 
-    /// Two hours at 15 s syncs: steady traffic at 0.2 req/s for the first half hour, idle for an hour, then a
-    /// burst at 1 req/s. One would-be cold start (the burst), missing the waking request and 18 s × 1 req/s.
+    /// Syncs every 15 s from 0 to `end`, `per_sync(t)` requests arriving in the 15 s before the sync at `t`.
+    fn feed(l: &mut ColdStartLedger, end: u64, per_sync: impl Fn(u64) -> u64) {
+        let (mut total, mut last) = (0, 0);
+        for t in (0..=end).step_by(15) {
+            let n = if t == 0 { 0 } else { per_sync(t) };
+            if n > 0 {
+                total += n;
+                last = t;
+            }
+            l.observe(&demand(total, last), IDLE, at(t));
+        }
+    }
+
+    /// Two hours: 1 request every 5 s for the first half hour, idle for an hour, then a burst at 1 request/s.
+    /// One would-be cold start (the burst): the waking sync's 15 requests and the next sync's 15 (18 s of start
+    /// beyond the objective reaches into it) miss.
     #[test]
     fn counts_requests_and_the_cold_starts_an_idle_spell_would_cost() {
         let mut l = ColdStartLedger::default();
-        let mut last = 0;
-        for t in (0..=7200).step_by(15) {
-            let (rate, arrived) = match t {
-                0..=1800 => (0.2, true),
-                5400.. => (1.0, true),
-                _ => (0.0, false),
-            };
-            if arrived {
-                last = t;
-            }
-            l.observe(&demand(rate, last), IDLE, at(t));
-        }
+        feed(&mut l, 7200, |t| match t {
+            0..=1800 => 3,
+            5400.. => 15,
+            _ => 0,
+        });
         let e = l.evidence(COLD, SLO, at(7200)).unwrap();
         assert_eq!(e.cold_starts, 1);
-        assert!((e.misses - 19.0).abs() < 1e-9, "{e:?}");
-        // Each sync counts the 15 s before it at the rate it sees: 120 syncs at 0.2 (15 s to 1800 s), 121 at 1.0
-        // (5400 s to 7200 s).
-        assert!((e.requests - (120.0 * 3.0 + 121.0 * 15.0)).abs() < 1e-6, "{e:?}");
-        assert!((e.miss_share() - 19.0 / 2175.0).abs() < 1e-9);
+        assert_eq!(e.misses, 30, "{e:?}");
+        // 120 syncs of 3 requests, 121 of 15.
+        assert_eq!(e.requests, 120 * 3 + 121 * 15, "{e:?}");
+        assert!((e.miss_share() - 30.0 / 2175.0).abs() < 1e-12);
     }
 
     /// A spell shorter than `idleAfter` is no cold start: the model would still have been up.
     #[test]
     fn a_short_pause_is_not_a_cold_start() {
         let mut l = ColdStartLedger::default();
-        let mut last = 0;
-        for t in (0..=3900).step_by(15) {
-            // Four minutes of silence every ten minutes.
-            let busy = t % 600 < 360;
-            if busy {
-                last = t;
-            }
-            l.observe(&demand(if busy { 0.5 } else { 0.0 }, last), IDLE, at(t));
-        }
+        // Four minutes of silence every ten minutes.
+        feed(&mut l, 3900, |t| if t % 600 < 360 { 15 } else { 0 });
         let e = l.evidence(COLD, SLO, at(3900)).unwrap();
         assert_eq!(e.cold_starts, 0);
-        assert_eq!(e.misses, 0.0);
+        assert_eq!(e.misses, 0);
+        assert!(e.requests > 0);
     }
 
-    /// No evidence before an hour of history, and a gap in the activator's data restarts nothing but the chain:
-    /// an idle spell is never measured across it (it might have held requests nobody counted).
+    /// No evidence before an hour of history; a gap in the activator's data breaks the chain, so an idle spell is
+    /// never measured across it (it might have held requests nobody counted); a counter that went back (an
+    /// activator restarted) counts nothing for that sync.
     #[test]
-    fn no_evidence_without_history_and_no_spell_across_missing_data() {
+    fn no_evidence_without_history_no_spell_across_missing_data_no_count_across_a_restart() {
         let mut l = ColdStartLedger::default();
         for t in (0..3000).step_by(15) {
-            l.observe(&demand(0.1, t), IDLE, at(t));
+            l.observe(&demand(t, t), IDLE, at(t));
         }
         assert_eq!(l.evidence(COLD, SLO, at(3000)), None);
-        // The activator goes quiet (no data) for 20 minutes, then reports a request long after the last one.
         for t in (3000..4200).step_by(15) {
             l.observe(&Demand::default(), IDLE, at(t));
         }
-        l.observe(&demand(0.1, 4200), IDLE, at(4200));
-        l.observe(&demand(0.1, 4215), IDLE, at(4215));
-        let e = l.evidence(COLD, SLO, at(4215)).unwrap();
+        l.observe(&demand(4200, 4200), IDLE, at(4200));
+        l.observe(&demand(4215, 4215), IDLE, at(4215));
+        // The activator restarts: its counter starts again from zero.
+        l.observe(&demand(10, 4230), IDLE, at(4230));
+        l.observe(&demand(25, 4245), IDLE, at(4245));
+        let e = l.evidence(COLD, SLO, at(4245)).unwrap();
         assert_eq!(e.cold_starts, 0, "{e:?}");
+        // 199 syncs of 15 before the gap, then 15 and 15 after it; nothing for the restart.
+        assert_eq!(e.requests, 199 * 15 + 15 + 15, "{e:?}");
     }
 
     /// The window is a day; the ledger stays bounded however fast it is fed.
@@ -239,13 +248,12 @@ mod tests {
     fn forgets_beyond_the_window_and_stays_bounded() {
         let mut l = ColdStartLedger::default();
         // A wake at the start, then two days of steady traffic at 1 s syncs.
-        l.observe(&demand(0.0, 0), IDLE, at(1000));
-        for t in (1001..1001 + 2 * 86_400).step_by(1) {
-            l.observe(&demand(1.0, t), IDLE, at(t));
+        l.observe(&demand(0, 0), IDLE, at(1000));
+        for t in 1001..1001 + 2 * 86_400 {
+            l.observe(&demand(t, t), IDLE, at(t));
         }
         assert!(l.samples.len() <= MAX_SAMPLES);
-        let now = at(1000 + 2 * 86_400);
-        let e = l.evidence(COLD, SLO, now).unwrap();
+        let e = l.evidence(COLD, SLO, at(1000 + 2 * 86_400)).unwrap();
         assert_eq!(e.cold_starts, 0);
         assert!(e.observed <= WINDOW);
     }

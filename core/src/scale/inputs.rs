@@ -206,6 +206,7 @@ pub fn demand_from(samples: &[ActivatorSample], models: &[String], now_ms: u64, 
         return demand;
     }
     let mut rate = Some(0.0);
+    let mut total = Some(0u64);
     let mut last: Option<u64> = None;
     let mut known = true;
     for s in samples {
@@ -213,6 +214,7 @@ pub fn demand_from(samples: &[ActivatorSample], models: &[String], now_ms: u64, 
         if !fresh {
             known = false;
             rate = None;
+            total = None;
         }
         let Some(latest) = &s.latest else { continue };
         for m in models {
@@ -234,6 +236,7 @@ pub fn demand_from(samples: &[ActivatorSample], models: &[String], now_ms: u64, 
                 Some(seen) => last = Some(last.map_or(seen, |l| l.max(seen))),
                 None => known = false,
             }
+            total = total.map(|t| t.saturating_add(latest.models.get(m).map_or(0, |st| st.requests_total)));
             rate = match (rate, &s.previous) {
                 (Some(r), Some(prev)) => request_rate(prev, latest, m).ok().map(|x| r + x),
                 _ => None,
@@ -241,6 +244,7 @@ pub fn demand_from(samples: &[ActivatorSample], models: &[String], now_ms: u64, 
         }
     }
     demand.requests_per_second = rate;
+    demand.requests_total = total;
     demand.last_request_at = if known {
         last.map(Timestamp::from_millis)
     } else {

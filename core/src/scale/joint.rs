@@ -172,7 +172,7 @@ impl fmt::Display for JointPolicy {
             write!(
                 f,
                 "may go to zero though a cold start is over the TTFT objective: over the last {:.1} h, {} cold \
-                 start(s) would have missed {:.0} of {:.0} requests ({:.2}%, within the {:.2}% budget); ",
+                 start(s) would have missed {} of {} requests ({:.2}%, within the {:.2}% budget); ",
                 e.observed.as_secs_f64() / 3600.0,
                 e.cold_starts,
                 e.misses,
@@ -447,17 +447,18 @@ pub(super) mod tests {
             ..policy()
         };
         // Two hours at 15 s syncs: 1 request/s with one 20-minute pause, so one would-be cold start missing the
-        // waking request and 18 s of arrivals, 19 of about 6,300 requests (0.30%).
+        // waking sync's 15 requests and the next sync's 15 (the start runs 18 s past the objective): 30 of 6,000
+        // requests (0.5%).
         let mut state = ScaleState::default();
-        let mut last = 0;
+        let (mut last, mut total) = (0, 0);
         let at = |t: u64| Timestamp::from_millis(t * 1000);
         for t in (0..=7200u64).step_by(15) {
-            let busy = !(3000..4200).contains(&t);
-            if busy {
+            if t > 0 && !(3000..4200).contains(&t) {
                 last = t;
+                total += 15;
             }
             let demand = crate::scale::Demand {
-                requests_per_second: Some(if busy { 1.0 } else { 0.0 }),
+                requests_total: Some(total),
                 last_request_at: Some(at(last)),
                 ..Default::default()
             };
@@ -465,7 +466,7 @@ pub(super) mod tests {
         }
         let now = at(7200);
         let within = replica_policy(
-            &with_budget(0.005),
+            &with_budget(0.01),
             ShareRoom::Fixed,
             2.0,
             Some(s(28)),
@@ -475,20 +476,22 @@ pub(super) mod tests {
         assert_eq!(within.warm_floor, None);
         assert_eq!(
             within.policy,
-            with_budget(0.005),
+            with_budget(0.01),
             "scale to zero stays as declared"
         );
-        let (e, _) = within.zero_within_budget.unwrap();
+        let Some((e, _)) = within.zero_within_budget else {
+            panic!("no budget evidence: {within}")
+        };
         assert_eq!(e.cold_starts, 1);
         assert!(
-            within
-                .to_string()
-                .contains("1 cold start(s) would have missed 19 of"),
+            within.to_string().contains(
+                "1 cold start(s) would have missed 30 of 6000 requests (0.50%, within the 1.00% budget)"
+            ),
             "{within}"
         );
-        // A budget of 0.2% is less than that: the floor stays.
+        // A budget of 0.4% is less than that: the floor stays.
         let over = replica_policy(
-            &with_budget(0.002),
+            &with_budget(0.004),
             ShareRoom::Fixed,
             2.0,
             Some(s(28)),

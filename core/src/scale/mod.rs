@@ -315,6 +315,9 @@ pub struct Demand {
     /// neither does an unknown `requests_per_second`.
     /// An activator that has seen no request since it started reports its start time.
     pub last_request_at: Option<Timestamp>,
+    /// The activators' request counters added up (requests since each started); `None` when unknown. Only
+    /// differences mean anything, and a counter goes back when an activator restarts.
+    pub requests_total: Option<u64>,
 }
 
 impl Demand {

@@ -308,6 +308,7 @@ fn idle_input(replicas: u32, last_request_s: u64) -> ScaleInput {
             in_flight: 0,
             queued_at_activator: 0,
             last_request_at: Some(secs(last_request_s)),
+            requests_total: None,
         },
     }
 }
@@ -550,6 +551,7 @@ fn arb_input() -> impl Strategy<Value = ScaleInput> {
                 in_flight,
                 queued_at_activator: queued,
                 last_request_at: last.map(secs),
+                requests_total: None,
             },
         })
 }
@@ -664,7 +666,7 @@ proptest! {
         rps in proptest::option::of(0.0f64..50.0),
         history in proptest::collection::vec((0u64..600, 0u32..10), 0..50),
     ) {
-        let demand = Demand { requests_per_second: rps, in_flight, queued_at_activator: queued, last_request_at: None };
+        let demand = Demand { requests_per_second: rps, in_flight, queued_at_activator: queued, last_request_at: None, requests_total: None };
         let mut state = ScaleState::default();
         for (t, r) in history {
             state.recommendations.push(Recommendation { at: secs(t), replicas: r });

@@ -46,8 +46,11 @@ pub struct DecisionRecord {
     pub room: ShareRoom,
     /// How long a start from zero takes, as the joint rule saw it.
     pub cold_start: Option<std::time::Duration>,
-    /// The model's history before the decision.
+    /// The model's history before the round (before its demand was counted into the cold-start ledger).
     pub state: ScaleState,
+    /// The cold-start ledger once this round's demand was counted (`core::scale::coldstart`): what the
+    /// controller's own count from the same documents must give.
+    pub cold_starts: tessera_core::scale::coldstart::ColdStartLedger,
     /// What was decided.
     pub decision: ScaleDecision,
     /// What held the count (`core::scale::constraint`): the controller's `status.constraint`.

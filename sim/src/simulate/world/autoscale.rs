@@ -96,6 +96,7 @@ impl World<'_> {
         let current = consolidate::count_before_surge(live.len() as u32, rt.surging);
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
         // What going to zero would have cost, counted from the demand every round, as the controller does.
+        let state_before = self.decisions.is_some().then(|| self.models[m].state.clone());
         if let Some(z) = &declared.scale_to_zero {
             self.models[m]
                 .state
@@ -140,7 +141,8 @@ impl World<'_> {
                 policy: declared,
                 room,
                 cold_start,
-                state: rt.state.clone(),
+                state: state_before.unwrap_or_default(),
+                cold_starts: rt.state.cold_starts.clone(),
                 decision: d.clone(),
                 constraint: held,
                 moving: observe::MoveRecord {
