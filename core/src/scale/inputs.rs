@@ -472,6 +472,8 @@ mod tests {
         );
         assert_eq!((d.in_flight, d.queued_at_activator), (3, 1));
         assert_eq!(d.last_request_at, Some(Timestamp::from_millis(19_000)));
+        // The counters the cold-start ledger differences: ours on both pods (60 + 20), not the other namespace's.
+        assert_eq!(d.requests_total, Some(80));
         // A single document gives no rate yet.
         let first = ActivatorSample { previous: None, ..a };
         assert_eq!(
