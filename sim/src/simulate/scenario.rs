@@ -1043,11 +1043,20 @@ models:
         assert!(err.contains("max_replicas must be at least 1"), "{err}");
         assert!(err.contains("gpu: unknown GPU preset"), "{err}");
         // A miss budget out of range, and one on a model that never goes to zero.
-        let bad = MINIMAL.replace("max_replicas: 2", "max_replicas: 2\n    cold_start_miss_budget: 0.7");
+        let bad = MINIMAL.replace(
+            "max_replicas: 2",
+            "max_replicas: 2\n    cold_start_miss_budget: 0.7",
+        );
         let f = ScenarioFile::parse(&bad, "m.yaml").unwrap();
         let err = resolve(&f, "m.yaml", None).unwrap_err().to_string();
-        assert!(err.contains("cold_start_miss_budget is a share of requests in [0, 0.5]"), "{err}");
-        assert!(err.contains("cold_start_miss_budget needs scale_to_zero_after"), "{err}");
+        assert!(
+            err.contains("cold_start_miss_budget is a share of requests in [0, 0.5]"),
+            "{err}"
+        );
+        assert!(
+            err.contains("cold_start_miss_budget needs scale_to_zero_after"),
+            "{err}"
+        );
         let err = ScenarioFile::parse(&MINIMAL.replace("slo_ttft", "slo_tft"), "m.yaml")
             .unwrap_err()
             .to_string();
