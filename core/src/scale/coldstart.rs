@@ -42,6 +42,8 @@ struct Sample {
     at: Timestamp,
     /// Requests since the previous sync.
     requests: u64,
+    /// Requests the ledger counted up to and including this sync: a window's requests are two lookups.
+    counted: u64,
     /// A request arrived after an idle spell of at least `idleAfter`: a cold start the model would have paid at
     /// zero.
     wake: bool,
@@ -50,7 +52,12 @@ struct Sample {
 /// The model's recent traffic, as scaling to zero would have met it (module docs).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ColdStartLedger {
+    /// Oldest first, at strictly increasing times.
     samples: VecDeque<Sample>,
+    /// The samples that are wakes, by time: evidence visits these, not every sync of the day.
+    wakes: VecDeque<Timestamp>,
+    /// Requests counted since the ledger began (never reset, so `Sample::counted` differences are exact).
+    counted: u64,
     /// The previous sync: when, the last request the activators had seen then, and their request counters.
     previous: Option<(Timestamp, Timestamp, u64)>,
 }
@@ -97,6 +104,7 @@ impl ColdStartLedger {
         let mut sample = Sample {
             at: now,
             requests: 0,
+            counted: self.counted,
             wake: false,
         };
         if let Some((at, seen, counted)) = self.previous {
@@ -104,12 +112,19 @@ impl ColdStartLedger {
             // A new request, and at the previous sync the model had been idle long enough to be at zero.
             sample.wake = last_request > seen && at.since(seen) >= idle_after;
         }
+        self.counted = self.counted.saturating_add(sample.requests);
+        sample.counted = self.counted;
         self.previous = Some((now, last_request, total));
+        if sample.wake {
+            self.wakes.push_back(now);
+        }
         self.samples.push_back(sample);
         while self.samples.front().is_some_and(|s| !s.at.is_within(WINDOW, now))
             || self.samples.len() > MAX_SAMPLES
         {
-            self.samples.pop_front();
+            if self.samples.pop_front().is_some_and(|s| s.wake) {
+                self.wakes.pop_front();
+            }
         }
     }
 
@@ -121,33 +136,35 @@ impl ColdStartLedger {
         ttft_slo: Duration,
         now: Timestamp,
     ) -> Option<ColdStartEvidence> {
-        let first = self.samples.iter().find(|s| s.at.is_within(WINDOW, now))?;
+        // Samples are in time order: the window is a suffix, found by bisection.
+        let start = self.samples.partition_point(|s| !s.at.is_within(WINDOW, now));
+        let first = self.samples.get(start)?;
+        let last = self.samples.back()?;
         let observed = now.since(first.at);
         if observed < MIN_HISTORY {
             return None;
         }
         let late = cold_start.saturating_sub(ttft_slo);
-        let window: Vec<&Sample> = self
-            .samples
-            .iter()
-            .filter(|s| s.at.is_within(WINDOW, now))
-            .collect();
+        // Requests counted over samples `from..=to`.
+        let between = |from: &Sample, to: &Sample| to.counted - (from.counted - from.requests);
         let mut e = ColdStartEvidence {
-            requests: window.iter().map(|s| s.requests).sum(),
+            requests: between(first, last),
             cold_starts: 0,
             misses: 0,
             observed,
         };
-        for (i, wake) in window.iter().enumerate().filter(|(_, s)| s.wake) {
-            e.cold_starts += 1;
+        for &wake in self.wakes.iter().filter(|w| w.is_within(WINDOW, now)) {
+            let i = self.samples.partition_point(|s| s.at < wake);
             // The waking sync's requests, and those of the syncs while the start would still run past the
             // objective; at least the waking request.
-            let during: u64 = window[i..]
-                .iter()
-                .take_while(|s| s.at <= wake.at.plus(late))
-                .map(|s| s.requests)
-                .sum();
-            e.misses += during.max(1);
+            let j = self.samples.partition_point(|s| s.at <= wake.plus(late));
+            if let (Some(from), Some(to)) = (
+                self.samples.get(i),
+                j.checked_sub(1).and_then(|j| self.samples.get(j)),
+            ) {
+                e.cold_starts += 1;
+                e.misses += between(from, to).max(1);
+            }
         }
         e.requests = e.requests.max(u64::from(e.cold_starts));
         Some(e)
@@ -241,6 +258,61 @@ mod tests {
         assert_eq!(e.cold_starts, 0, "{e:?}");
         // 199 syncs of 15 before the gap, then 15 and 15 after it; nothing for the restart.
         assert_eq!(e.requests, 199 * 15 + 15 + 15, "{e:?}");
+    }
+
+    /// The bisections give what a scan of every sync in the window gives, on two days of bursty traffic (idle
+    /// spells of every length, 7 s to 60 s between syncs) and at every hour.
+    #[test]
+    fn evidence_matches_a_plain_scan() {
+        let scan = |l: &ColdStartLedger, late: Duration, now: Timestamp| {
+            let w: Vec<&Sample> = l.samples.iter().filter(|s| s.at.is_within(WINDOW, now)).collect();
+            let mut misses = 0;
+            let mut starts = 0;
+            for (i, s) in w.iter().enumerate().filter(|(_, s)| s.wake) {
+                starts += 1;
+                let during: u64 = w[i..]
+                    .iter()
+                    .take_while(|t| t.at <= s.at.plus(late))
+                    .map(|t| t.requests)
+                    .sum();
+                misses += during.max(1);
+            }
+            let requests: u64 = w.iter().map(|s| s.requests).sum();
+            (requests.max(starts), starts as u32, misses)
+        };
+        let mut l = ColdStartLedger::default();
+        let (mut t, mut total, mut last) = (0u64, 0u64, 0u64);
+        // A deterministic pseudo-random walk (no RNG crate in core's tests).
+        let mut x: u64 = 12_345;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % m
+        };
+        let mut checked = 0;
+        while t < 2 * 86_400 {
+            t += 7 + next(54);
+            let busy = (t / 1800) % 3 != 1 && next(4) != 0;
+            if busy {
+                total += 1 + next(20);
+                last = t;
+            }
+            l.observe(&demand(total, last), IDLE, at(t));
+            if t / 3600 != (t - 1) / 3600 || next(50) == 0 {
+                let now = at(t);
+                if let Some(e) = l.evidence(COLD, SLO, now) {
+                    let (requests, starts, misses) = scan(&l, COLD - SLO, now);
+                    assert_eq!(
+                        (e.requests, e.cold_starts, e.misses),
+                        (requests, starts, misses),
+                        "at {t}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 40, "{checked}");
     }
 
     /// The window is a day; the ledger stays bounded however fast it is fed.
