@@ -29,11 +29,14 @@
 //!
 //! The controller and the simulator reach `decide` the same way: [`inputs::scale_input`] turns the documents the
 //! sidecars and the activator serve into the [`ScaleInput`], and [`joint::decide`] applies the joint policy
-//! (who owns the latency target, warm floors for slow cold starts) before calling it; [`constraint::Constraint::of`]
-//! names what held the result (`status.constraint`, the simulator's `held_by`).
+//! (who owns the latency target, warm floors for slow cold starts, and when a `coldStartMissBudget` lets one go,
+//! from the day of demand [`coldstart`] counts) before calling it; [`constraint::Constraint::of`] names what held
+//! the result (`status.constraint`, the simulator's `held_by`).
 //!
-//! The caller keeps one [`ScaleState`] per model and calls [`ScaleState::record`] with each decision it acts on.
-//! Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again.
+//! The caller keeps one [`ScaleState`] per model, counts each round's demand into its cold-start ledger
+//! ([`coldstart::ColdStartLedger::observe`]) before deciding, and calls [`ScaleState::record`] with each decision it
+//! acts on. Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again, and a
+//! warm floor that a budget had let go comes back until an hour of demand is counted again.
 
 mod behavior;
 pub mod coldstart;
