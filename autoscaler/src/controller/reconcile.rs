@@ -400,9 +400,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .ok()
         .map(|mut s| {
             let state = s.entry(key.clone()).or_default();
-            if let Some(z) = &policy.scale_to_zero {
-                state.cold_starts.observe(&input.demand, z.idle_after, now);
-            }
+            state.count_demand(&policy, &input.demand, now);
             state.clone()
         })
         .unwrap_or_default();

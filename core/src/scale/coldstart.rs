@@ -6,7 +6,7 @@
 //! costly for one that is idle for hours between bursts: on the 24-hour tools scenario the two tools kept warm
 //! all day would have paid 10 and 15 cold starts, about 51 requests over their objective out of 9,341, well
 //! inside a 99% attainment goal, and holding them warm cost about a quarter of the run's GPU-hours
-//! (`docs/simulator.md`, "Warm floors against an attainment budget").
+//! (`docs/simulator.md`, "Warm floors against a miss budget").
 //!
 //! The ledger counts, per controller sync, from the activator's demand alone (so it reads the same whether the
 //! model is at zero, warm or serving):
@@ -101,24 +101,25 @@ impl ColdStartLedger {
         {
             return; // the same sync twice, or a clock gone back: nothing new to count
         }
-        let mut sample = Sample {
-            at: now,
-            requests: 0,
-            counted: self.counted,
-            wake: false,
-        };
-        if let Some((at, seen, counted)) = self.previous {
-            sample.requests = total.saturating_sub(counted);
+        let (requests, wake) = match self.previous {
             // A new request, and at the previous sync the model had been idle long enough to be at zero.
-            sample.wake = last_request > seen && at.since(seen) >= idle_after;
-        }
-        self.counted = self.counted.saturating_add(sample.requests);
-        sample.counted = self.counted;
+            Some((at, seen, counted)) => (
+                total.saturating_sub(counted),
+                last_request > seen && at.since(seen) >= idle_after,
+            ),
+            None => (0, false),
+        };
+        self.counted = self.counted.saturating_add(requests);
         self.previous = Some((now, last_request, total));
-        if sample.wake {
+        if wake {
             self.wakes.push_back(now);
         }
-        self.samples.push_back(sample);
+        self.samples.push_back(Sample {
+            at: now,
+            requests,
+            counted: self.counted,
+            wake,
+        });
         while self.samples.front().is_some_and(|s| !s.at.is_within(WINDOW, now))
             || self.samples.len() > MAX_SAMPLES
         {

@@ -34,7 +34,7 @@
 //! the result (`status.constraint`, the simulator's `held_by`).
 //!
 //! The caller keeps one [`ScaleState`] per model, counts each round's demand into its cold-start ledger
-//! ([`coldstart::ColdStartLedger::observe`]) before deciding, and calls [`ScaleState::record`] with each decision it
+//! ([`ScaleState::count_demand`]) before deciding, and calls [`ScaleState::record`] with each decision it
 //! acts on. Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again, and a
 //! warm floor that a budget had let go comes back until an hour of demand is counted again.
 
@@ -539,7 +539,7 @@ pub struct ScaleState {
     /// The highest replica count reached during the current panic (panic never scales below it).
     pub panic_peak: u32,
     /// What scaling to zero would have cost in missed objectives over the last day ([`coldstart`]); the caller
-    /// feeds it each sync ([`coldstart::ColdStartLedger::observe`]) before deciding.
+    /// feeds it each sync ([`ScaleState::count_demand`]) before deciding.
     pub cold_starts: coldstart::ColdStartLedger,
 }
 
@@ -547,6 +547,17 @@ pub struct ScaleState {
 const MAX_HISTORY: usize = 4096;
 
 impl ScaleState {
+    /// Counts a round's demand into the cold-start ledger, before deciding: only for a policy with a
+    /// `coldStartMissBudget`, the one reader of the ledger, so a model without one keeps no day of samples. The
+    /// controller and the simulator call this every round, whatever is decided.
+    pub fn count_demand(&mut self, policy: &ScalePolicy, demand: &Demand, now: Timestamp) {
+        if let Some(z) = policy.scale_to_zero
+            && z.cold_start_miss_budget.is_some()
+        {
+            self.cold_starts.observe(demand, z.idle_after, now);
+        }
+    }
+
     /// Remembers a decision the caller acted on (or chose to keep), and forgets what no window can see any more.
     pub fn record(&mut self, decision: &ScaleDecision, now: Timestamp) {
         self.recommendations.push(Recommendation {

@@ -97,19 +97,15 @@ impl World<'_> {
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
         // What going to zero would have cost, counted from the demand every round, as the controller does.
         let state_before = self.decisions.is_some().then(|| self.models[m].state.clone());
-        if let Some(z) = &declared.scale_to_zero {
-            self.models[m]
-                .state
-                .cold_starts
-                .observe(&input.demand, z.idle_after, now_ts);
-        }
-        let rt = &self.models[m];
+        self.models[m]
+            .state
+            .count_demand(&declared, &input.demand, now_ts);
         let joint = joint::replica_policy(
             &declared,
             room,
             recommend::Config::default().compute_max_step_up,
             cold_start,
-            &rt.state,
+            &self.models[m].state,
             now_ts,
         );
         if let Some(w) = joint.warm_floor {
