@@ -228,6 +228,18 @@ pub struct ScaleToZero {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 0.5))]
     pub cold_start_miss_budget: Option<f64>,
+    /// Share `coldStartMissBudget` with the other models of this namespace that name the same group: together
+    /// they may miss that share of *their combined* requests through cold starts, and the controller spends it
+    /// on the warm replicas that save the most GPU time per missed request (a tool idle for hours and rarely
+    /// woken first). A model whose own misses are over the budget may then go to zero while a busier member's
+    /// requests leave room for them. Members that declare different budgets share the smallest. Needs
+    /// `coldStartMissBudget`. Unset: the budget is this model's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub cold_start_budget_group: Option<String>,
 }
 
 /// Scaling speed, as HPA's `behavior`, plus Knative-style panic mode. Unset fields take HPA's defaults.
@@ -631,6 +643,10 @@ impl InferenceAutoscalerSpec {
             scale_to_zero: idle_after.map(|idle_after| scale::ScaleToZero {
                 idle_after,
                 cold_start_miss_budget: self.scale_to_zero.as_ref().and_then(|z| z.cold_start_miss_budget),
+                cold_start_budget_group: self
+                    .scale_to_zero
+                    .as_ref()
+                    .and_then(|z| z.cold_start_budget_group.clone()),
             }),
             behavior: scale::Behavior {
                 scale_up: rules(
@@ -913,8 +929,41 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         assert_eq!(s.scale_target_ref.api_version, "apps/v1");
         let p = s.to_policy().unwrap();
         assert_eq!((p.min_replicas, p.max_replicas), (0, 8));
-        assert_eq!(p.scale_to_zero.unwrap().idle_after, Duration::from_secs(600));
-        assert_eq!(p.scale_to_zero.unwrap().cold_start_miss_budget, None);
+        let zero = p.scale_to_zero.clone().unwrap();
+        assert_eq!(zero.idle_after, Duration::from_secs(600));
+        assert_eq!(zero.cold_start_miss_budget, None);
+        assert_eq!(zero.cold_start_budget_group, None);
+        let grouped = spec(&GOOD.replace(
+            "scaleToZero: {idleAfter: 10m}",
+            "scaleToZero: {idleAfter: 10m, coldStartMissBudget: 0.005, coldStartBudgetGroup: batch-tools}",
+        ));
+        assert_eq!(
+            grouped
+                .to_policy()
+                .unwrap()
+                .scale_to_zero
+                .unwrap()
+                .cold_start_budget_group
+                .as_deref(),
+            Some("batch-tools")
+        );
+        // A group without a budget, and a name no label could carry, are refused with the field named.
+        for (bad, says) in [
+            (
+                "{idleAfter: 10m, coldStartBudgetGroup: tools}",
+                "needs scaleToZero.coldStartMissBudget",
+            ),
+            (
+                "{idleAfter: 10m, coldStartMissBudget: 0.01, coldStartBudgetGroup: Batch_Tools}",
+                "scaleToZero.coldStartBudgetGroup must be 1-63 lowercase letters",
+            ),
+        ] {
+            let err = spec(&GOOD.replace("scaleToZero: {idleAfter: 10m}", &format!("scaleToZero: {bad}")))
+                .to_policy()
+                .unwrap_err()
+                .join("; ");
+            assert!(err.contains(says), "{err}");
+        }
         let budgeted = spec(&GOOD.replace(
             "scaleToZero: {idleAfter: 10m}",
             "scaleToZero: {idleAfter: 10m, coldStartMissBudget: 0.005}",

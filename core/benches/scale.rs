@@ -29,6 +29,7 @@ fn policy() -> ScalePolicy {
         scale_to_zero: Some(ScaleToZero {
             idle_after: Duration::from_secs(600),
             cold_start_miss_budget: None,
+            cold_start_budget_group: None,
         }),
         panic: Some(PanicMode::default()),
         ttft_slo: Some(Duration::from_secs(2)),

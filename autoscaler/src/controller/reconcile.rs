@@ -222,6 +222,21 @@ fn echo_of_own_write(ctx: &Context, key: &str, hash: u64, now: SystemTime) -> Op
 
 /// Deleted objects are never reconciled again, so their history would stay forever: forget objects not
 /// reconciled for 10 sync periods. A live object that is merely slow to come around loses only its windows (safe).
+/// The budget claims the other models of namespace `ns` last published (`core::scale::coldstart::group`), `key`'s
+/// own left out. Only `ns`'s: a group name is a namespace's, so another tenant naming the same group neither
+/// widens nor spends this one's allowance.
+fn namespace_claims(
+    states: &HashMap<String, ScaleState>,
+    ns: &str,
+    key: &str,
+) -> Vec<tessera_core::scale::coldstart::BudgetClaim> {
+    states
+        .iter()
+        .filter(|(k, _)| k.as_str() != key && k.split_once('/').is_some_and(|(n, _)| n == ns))
+        .filter_map(|(_, st)| st.claim.clone())
+        .collect()
+}
+
 fn forget_deleted(runs: &mut HashMap<String, (SystemTime, u64)>, ctx: &Context, now: SystemTime) {
     let horizon = ctx.settings.sync_period * 10;
     let stale: Vec<String> = runs
@@ -393,27 +408,48 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     // 5. Decide and act.
     let now = timestamp(now_sys);
     // A poisoned lock only loses history, which restarts the windows: safe (see the module docs). What going to
-    // zero would cost (`core::scale::coldstart`) is counted from every sync's demand, whatever is decided.
-    let state = ctx
+    // zero would cost (`core::scale::coldstart`) is counted from every sync's demand, whatever is decided. A
+    // model in a budget group reads what the namespace's other models last claimed (`coldstart::group`); only
+    // this namespace's, so no tenant's traffic moves another's floors.
+    let grouped = policy
+        .scale_to_zero
+        .as_ref()
+        .is_some_and(|z| z.cold_start_budget_group.is_some());
+    let measured = observed_cold_start(&all_pods);
+    let (state, claims, cold_start) = ctx
         .states
         .lock()
         .ok()
         .map(|mut s| {
             let state = s.entry(key.clone()).or_default();
             state.count_demand(&policy, &input.demand, now);
-            state.clone()
+            let cold_start = state.cold_start(measured);
+            let state = state.clone();
+            let claims = if grouped {
+                namespace_claims(&s, &ns, &key)
+            } else {
+                Vec::new()
+            };
+            (state, claims, cold_start)
         })
-        .unwrap_or_default();
+        .unwrap_or((ScaleState::default(), Vec::new(), measured));
     // Replicas and share decided together (`core::scale::joint`): while the share can grow, the latency target
     // is the share rule's, and the replica count answers load and the SLO guard.
     let joint = scale::joint::replica_policy(
         &policy,
         share_room(obj, &docs),
         tessera_core::recommend::Config::default().compute_max_step_up,
-        observed_cold_start(&all_pods),
+        cold_start,
         &state,
+        &scale::joint::BudgetPeers {
+            name: &name,
+            claims: &claims,
+        },
         now,
     );
+    if let Ok(mut s) = ctx.states.lock() {
+        s.entry(key.clone()).or_default().claim = joint.claim.clone();
+    }
     let mut decision = scale::joint::decide(&input, &joint, &state, now);
     if decision.desired_replicas == 0 && current > 0 {
         // The documents may be a poll interval old: a request that arrived since must not meet a model going to

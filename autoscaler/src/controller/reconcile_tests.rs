@@ -672,6 +672,33 @@ async fn history_of_deleted_objects_is_forgotten() {
     assert!(!states.contains_key("ns/gone") && states.contains_key("ns/live"));
 }
 
+/// A budget group is a namespace's: a model reads the claims of its own namespace's models only (another tenant
+/// naming the same group neither widens nor spends its allowance), and never its own stale one.
+#[test]
+fn a_budget_group_reads_only_its_own_namespace() {
+    let claim = |member: &str| ScaleState {
+        claim: Some(tessera_core::scale::coldstart::BudgetClaim {
+            member: member.to_owned(),
+            group: "tools".to_owned(),
+            budget: 0.01,
+            at: Timestamp::from_millis(0),
+            evidence: None,
+            over_objective: true,
+        }),
+        ..ScaleState::default()
+    };
+    let states = HashMap::from([
+        ("team-a/digest".to_owned(), claim("digest")),
+        ("team-a/eval".to_owned(), claim("eval")),
+        ("team-a/chat".to_owned(), ScaleState::default()),
+        ("team-ab/eval".to_owned(), claim("eval")),
+        ("team-b/summarizer".to_owned(), claim("summarizer")),
+    ]);
+    let read = namespace_claims(&states, "team-a", "team-a/digest");
+    let members: Vec<&str> = read.iter().map(|c| c.member.as_str()).collect();
+    assert_eq!(members, ["eval"]);
+}
+
 /// A pod on a GPU the pool manager is draining (`core::pack::consolidate`): the first round surges one replica over
 /// the decision (which stays 1) and says so in the `Consolidating` condition; once the copy elsewhere is ready, the
 /// next round takes the surge off `/scale`'s count before deciding, marks the pod on the draining GPU with the

@@ -90,6 +90,9 @@ fn spec_for(name: &str, p: &ScalePolicy, room: ShareRoom) -> Value {
         if let Some(b) = z.cold_start_miss_budget {
             spec["scaleToZero"]["coldStartMissBudget"] = json!(b);
         }
+        if let Some(g) = &z.cold_start_budget_group {
+            spec["scaleToZero"]["coldStartBudgetGroup"] = json!(g);
+        }
     }
     if room != ShareRoom::Fixed {
         spec["gpu"] = json!({"sharing": "fractional", "computeFraction": "auto", "updateMode": "Initial"});
@@ -277,7 +280,16 @@ async fn replay(
         }),
         ActivatorPoller::new(&["http://activator:8080".to_owned()]),
         UNIX_EPOCH + Duration::from_millis(clock_ms),
-        HashMap::from([(format!("{NAMESPACE}/{name}"), rec.state.clone())]),
+        // The model's history, and the claims its budget group's other members had published.
+        std::iter::once((format!("{NAMESPACE}/{name}"), rec.state.clone()))
+            .chain(rec.group.iter().map(|c| {
+                let peer = tessera_core::scale::ScaleState {
+                    claim: Some(c.clone()),
+                    ..Default::default()
+                };
+                (format!("{NAMESPACE}/{}", c.member), peer)
+            }))
+            .collect(),
     );
     ctx.consolidation
         .draining
@@ -472,6 +484,19 @@ async fn assert_replays_alike(sc: &scenario::Scenario, picked: &[&DecisionRecord
         // The cold-start ledger as the simulator counted this round's demand, then the decision.
         let mut expected = rec.state.clone();
         expected.cold_starts = rec.cold_starts.clone();
+        expected.claim = rec.claim.clone();
+        // The start the controller measured from the pods' timestamps (to the millisecond; the simulator's is
+        // exact), remembered for the rounds at zero.
+        let measured = state.last_cold_start;
+        assert!(
+            match (measured, rec.cold_start) {
+                (Some(a), Some(b)) => a.abs_diff(b) < Duration::from_secs(1),
+                (a, b) => a == b,
+            },
+            "{at}: cold start measured {measured:?}, simulated {:?}",
+            rec.cold_start
+        );
+        expected.last_cold_start = measured;
         expected.record(
             &rec.decision,
             tessera_core::scale::Timestamp::from_millis(rec.at_ms),

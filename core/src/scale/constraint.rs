@@ -134,7 +134,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::scale::joint::{ShareRoom, replica_policy};
+    use crate::scale::joint::{BudgetPeers, ShareRoom, replica_policy};
     use crate::scale::{ReplicaSignals, ScalePolicy, ScaleState, ScaleToZero, Targets, Timestamp};
 
     fn policy() -> ScalePolicy {
@@ -169,6 +169,7 @@ mod tests {
             2.0,
             cold_start,
             &ScaleState::default(),
+            &BudgetPeers::NONE,
             Timestamp::default(),
         );
         let d = joint::decide(i, &j, &ScaleState::default(), Timestamp::from_millis(600_000));
@@ -215,6 +216,7 @@ mod tests {
             scale_to_zero: Some(ScaleToZero {
                 idle_after: Duration::from_secs(60),
                 cold_start_miss_budget: None,
+                cold_start_budget_group: None,
             }),
             ..policy()
         };

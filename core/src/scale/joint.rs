@@ -33,7 +33,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::coldstart::ColdStartEvidence;
+use super::coldstart::{BudgetClaim, ColdStartEvidence, GroupSpend, group};
 use super::{ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
 
 /// A share within this of the whole GPU counts as the whole GPU (shares are recommended in hundredths).
@@ -106,6 +106,30 @@ pub struct JointPolicy {
     /// Set when the model's cold start is longer than its objective but it may go to zero anyway: what its
     /// traffic shows scaling to zero costs, within the policy's `coldStartMissBudget`.
     pub zero_within_budget: Option<(ColdStartEvidence, f64)>,
+    /// For a policy in a `coldStartBudgetGroup`: how the group's allowance was spent, whichever way it went.
+    pub budget_group: Option<GroupSpend>,
+    /// For a policy in a `coldStartBudgetGroup`: what this round publishes for the group's other members; the
+    /// caller keeps it in the model's [`ScaleState::claim`].
+    pub claim: Option<BudgetClaim>,
+}
+
+/// The model's name and what the other models of its namespace last published ([`ScaleState::claim`]), read by a
+/// policy in a `coldStartBudgetGroup` ([`group`]). Claims of other groups are ignored, so a caller may pass the
+/// namespace's.
+#[derive(Debug, Clone, Copy)]
+pub struct BudgetPeers<'a> {
+    /// This model's name.
+    pub name: &'a str,
+    /// The other models' claims.
+    pub claims: &'a [BudgetClaim],
+}
+
+impl BudgetPeers<'static> {
+    /// No group to read (a model deciding alone).
+    pub const NONE: BudgetPeers<'static> = BudgetPeers {
+        name: "",
+        claims: &[],
+    };
 }
 
 /// Why a model keeps a warm replica: its cold start is longer than its TTFT objective.
@@ -168,8 +192,17 @@ impl fmt::Display for JointPolicy {
                 w.ttft_slo.as_secs_f64()
             )?;
         }
-        if let Some((e, budget)) = self.zero_within_budget {
-            write!(
+        match (self.zero_within_budget, &self.budget_group) {
+            (Some((e, _)), Some(g)) => write!(
+                f,
+                "may go to zero though a cold start is over the TTFT objective: over the last {:.1} h, {} cold \
+                 start(s) would have missed {} of its {} requests, and its {g}; ",
+                e.observed.as_secs_f64() / 3600.0,
+                e.cold_starts,
+                e.misses,
+                e.requests,
+            )?,
+            (Some((e, budget)), None) => write!(
                 f,
                 "may go to zero though a cold start is over the TTFT objective: over the last {:.1} h, {} cold \
                  start(s) would have missed {} of {} requests ({:.2}%, within the {:.2}% budget); ",
@@ -179,7 +212,9 @@ impl fmt::Display for JointPolicy {
                 e.requests,
                 100.0 * e.miss_share(),
                 100.0 * budget
-            )?;
+            )?,
+            (None, Some(g)) if self.warm_floor.is_some() => write!(f, "its {g}; ")?,
+            (None, _) => {}
         }
         match (self.latency, self.next_unit) {
             (LatencyOwner::Share, Some(n)) => {
@@ -209,26 +244,40 @@ impl fmt::Display for JointPolicy {
 /// `compute_max_step_up`, e.g. 2×); `cold_start` how long a start from zero takes, when known. Only
 /// `targets.ttft_p95` and, for a warm floor, scale to zero move; the SLO guard, load targets, bounds and
 /// behaviour are untouched. `state` carries the model's [`super::coldstart::ColdStartLedger`], which a
-/// `coldStartMissBudget` reads at `now`.
+/// `coldStartMissBudget` reads at `now`; a `coldStartBudgetGroup` also reads its `peers`' claims.
 pub fn replica_policy(
     policy: &ScalePolicy,
     room: ShareRoom,
     share_step: f64,
     cold_start: Option<Duration>,
     state: &ScaleState,
+    peers: &BudgetPeers<'_>,
     now: Timestamp,
 ) -> JointPolicy {
     let mut joint = share_policy(policy, room, share_step);
+    joint.claim = claim(policy, cold_start, state, peers.name, now);
     if let (Some(zero), Some(lead), Some(slo)) = (&policy.scale_to_zero, cold_start, policy.ttft_slo)
         && policy.min_replicas == 0
         && lead > slo
     {
         if let Some(budget) = zero.cold_start_miss_budget
             && let Some(e) = state.cold_starts.evidence(lead, slo, now)
-            && e.miss_share() <= budget
         {
-            joint.zero_within_budget = Some((e, budget));
-            return joint;
+            // In a group the group's allotment decides; alone, the model's own share of misses.
+            let within = match &joint.claim {
+                Some(own) => {
+                    let spend = group::share(own, peers.claims, now);
+                    let allotted = spend.allotted;
+                    joint.budget_group = Some(spend);
+                    allotted
+                }
+                None => e.miss_share() <= budget,
+            };
+            if within {
+                let budget = joint.budget_group.as_ref().map_or(budget, |g| g.budget);
+                joint.zero_within_budget = Some((e, budget));
+                return joint;
+            }
         }
         joint.policy.scale_to_zero = None;
         joint.policy.min_replicas = 1;
@@ -238,6 +287,29 @@ pub fn replica_policy(
         });
     }
     joint
+}
+
+/// What a model in a `coldStartBudgetGroup` publishes for the group's other members this round: its evidence
+/// (when its cold start is known) and whether that cold start is over its objective. `None` outside a group.
+fn claim(
+    policy: &ScalePolicy,
+    cold_start: Option<Duration>,
+    state: &ScaleState,
+    name: &str,
+    now: Timestamp,
+) -> Option<BudgetClaim> {
+    let zero = policy.scale_to_zero.as_ref()?;
+    let group = zero.cold_start_budget_group.clone()?;
+    let budget = zero.cold_start_miss_budget?;
+    let known = cold_start.zip(policy.ttft_slo);
+    Some(BudgetClaim {
+        member: name.to_owned(),
+        group,
+        budget,
+        at: now,
+        evidence: known.and_then(|(lead, slo)| state.cold_starts.evidence(lead, slo, now)),
+        over_objective: policy.min_replicas == 0 && known.is_some_and(|(lead, slo)| lead > slo),
+    })
 }
 
 fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> JointPolicy {
@@ -254,6 +326,8 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
                 latency: LatencyOwner::Share,
                 warm_floor: None,
                 zero_within_budget: None,
+                budget_group: None,
+                claim: None,
                 next_unit: Some(NextUnit {
                     bigger_share: grown - share,
                     another_replica_compute: share,
@@ -275,6 +349,8 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
             }),
             warm_floor: None,
             zero_within_budget: None,
+            budget_group: None,
+            claim: None,
         },
         _ => JointPolicy {
             policy: policy.clone(),
@@ -282,6 +358,8 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
             next_unit: None,
             warm_floor: None,
             zero_within_budget: None,
+            budget_group: None,
+            claim: None,
         },
     }
 }
@@ -361,6 +439,7 @@ pub(super) mod tests {
             1.5,
             None,
             &ScaleState::default(),
+            &BudgetPeers::NONE,
             Timestamp::default(),
         );
         assert_eq!(j.latency, LatencyOwner::Share);
@@ -397,6 +476,7 @@ pub(super) mod tests {
             1.5,
             None,
             &ScaleState::default(),
+            &BudgetPeers::NONE,
             Timestamp::default(),
         );
         assert_eq!(whole.latency, LatencyOwner::Replicas);
@@ -425,6 +505,7 @@ pub(super) mod tests {
                 1.5,
                 None,
                 &ScaleState::default(),
+                &BudgetPeers::NONE,
                 Timestamp::default(),
             );
             assert_eq!(j.latency, LatencyOwner::Replicas, "{room:?}");
@@ -432,23 +513,23 @@ pub(super) mod tests {
         }
     }
 
-    /// With a `coldStartMissBudget`, the floor goes only once an hour or more of evidence shows the model's
-    /// would-be cold starts missing no more than the budget; a model whose idle spells would cost more keeps it.
-    #[test]
-    fn a_miss_budget_lets_a_rarely_woken_model_go_to_zero() {
-        let s = Duration::from_secs;
-        let with_budget = |budget| ScalePolicy {
+    fn budgeted(budget: f64, group: Option<&str>) -> ScalePolicy {
+        ScalePolicy {
             min_replicas: 0,
             scale_to_zero: Some(crate::scale::ScaleToZero {
-                idle_after: s(300),
+                idle_after: Duration::from_secs(300),
                 cold_start_miss_budget: Some(budget),
+                cold_start_budget_group: group.map(str::to_owned),
             }),
-            ttft_slo: Some(s(10)),
+            ttft_slo: Some(Duration::from_secs(10)),
             ..policy()
-        };
-        // Two hours at 15 s syncs: 1 request/s with one 20-minute pause, so one would-be cold start missing the
-        // waking sync's 15 requests and the next sync's 15 (the start runs 18 s past the objective): 30 of 6,000
-        // requests (0.5%).
+        }
+    }
+
+    /// Two hours at 15 s syncs: 1 request/s with one 20-minute pause, so one would-be cold start missing the
+    /// waking sync's 15 requests and the next sync's 15 (the start runs 18 s past the objective): 30 of 6,000
+    /// requests (0.5%). Returns the state and the time after the two hours.
+    fn woken_once() -> (ScaleState, Timestamp) {
         let mut state = ScaleState::default();
         let (mut last, mut total) = (0, 0);
         let at = |t: u64| Timestamp::from_millis(t * 1000);
@@ -462,15 +543,27 @@ pub(super) mod tests {
                 last_request_at: Some(at(last)),
                 ..Default::default()
             };
-            state.cold_starts.observe(&demand, s(300), at(t));
+            state
+                .cold_starts
+                .observe(&demand, Duration::from_secs(300), at(t));
         }
-        let now = at(7200);
+        (state, at(7200))
+    }
+
+    /// With a `coldStartMissBudget`, the floor goes only once an hour or more of evidence shows the model's
+    /// would-be cold starts missing no more than the budget; a model whose idle spells would cost more keeps it.
+    #[test]
+    fn a_miss_budget_lets_a_rarely_woken_model_go_to_zero() {
+        let s = Duration::from_secs;
+        let with_budget = |budget| budgeted(budget, None);
+        let (state, now) = woken_once();
         let within = replica_policy(
             &with_budget(0.01),
             ShareRoom::Fixed,
             2.0,
             Some(s(28)),
             &state,
+            &BudgetPeers::NONE,
             now,
         );
         assert_eq!(within.warm_floor, None);
@@ -496,6 +589,7 @@ pub(super) mod tests {
             2.0,
             Some(s(28)),
             &state,
+            &BudgetPeers::NONE,
             now,
         );
         assert!(over.warm_floor.is_some() && over.zero_within_budget.is_none());
@@ -507,9 +601,98 @@ pub(super) mod tests {
             2.0,
             Some(s(28)),
             &ScaleState::default(),
+            &BudgetPeers::NONE,
             now,
         );
         assert!(fresh.warm_floor.is_some());
+    }
+
+    /// In a budget group the group's allowance decides: 0.4% of the model's own 6,000 requests (24) cannot pay
+    /// for its 30 misses, but 0.4% of the group's 16,000 (64) can; the claims of another group, or stale ones,
+    /// add nothing; and the model publishes its own claim for the others.
+    #[test]
+    fn a_budget_group_spends_its_members_combined_allowance() {
+        let s = Duration::from_secs;
+        let (state, now) = woken_once();
+        let busy = BudgetClaim {
+            member: "busy-chat".to_owned(),
+            group: "tools".to_owned(),
+            budget: 0.004,
+            at: now,
+            evidence: Some(ColdStartEvidence {
+                requests: 10_000,
+                cold_starts: 0,
+                misses: 0,
+                observed: s(7200),
+                at_zero: Duration::ZERO,
+            }),
+            over_objective: false,
+        };
+        let room = ShareRoom::Auto {
+            share: 0.5,
+            memory_fraction: Some(0.25),
+        };
+        let decide = |claims: &[BudgetClaim]| {
+            replica_policy(
+                &budgeted(0.004, Some("tools")),
+                room,
+                2.0,
+                Some(s(28)),
+                &state,
+                &BudgetPeers {
+                    name: "digest",
+                    claims,
+                },
+                now,
+            )
+        };
+        let j = decide(std::slice::from_ref(&busy));
+        assert!(j.warm_floor.is_none() && j.zero_within_budget.is_some(), "{j}");
+        let g = j.budget_group.clone();
+        assert_eq!(
+            g.map(|g| (g.requests, g.allowance, g.spent)),
+            Some((16_000, 64, 30)),
+            "{j}"
+        );
+        assert!(
+            j.to_string().contains(
+                "budget group 'tools' (2 model(s), 16000 requests over their last day) may miss 64"
+            ),
+            "{j}"
+        );
+        let own = j.claim.clone();
+        assert_eq!(
+            own.map(|c| (c.member, c.over_objective, c.evidence.map(|e| e.misses))),
+            Some(("digest".to_owned(), true, Some(30)))
+        );
+        // Another group's claim, or a stale one, adds nothing: the floor stays, and the status says why.
+        let elsewhere = BudgetClaim {
+            group: "other-team".to_owned(),
+            ..busy.clone()
+        };
+        let stale = BudgetClaim {
+            at: now.minus(group::CLAIM_MAX_AGE + s(1)),
+            ..busy
+        };
+        for claims in [vec![elsewhere], vec![stale], vec![]] {
+            let j = decide(&claims);
+            assert!(j.warm_floor.is_some() && j.zero_within_budget.is_none(), "{j}");
+            assert!(
+                j.to_string().contains("this model's 30 do not fit what is left"),
+                "{j}"
+            );
+        }
+        // Outside a group nothing is claimed.
+        let alone = replica_policy(
+            &budgeted(0.004, None),
+            room,
+            2.0,
+            Some(s(28)),
+            &state,
+            &BudgetPeers::NONE,
+            now,
+        );
+        assert_eq!(alone.claim, None);
     }
 
     #[test]
@@ -519,6 +702,7 @@ pub(super) mod tests {
             scale_to_zero: Some(crate::scale::ScaleToZero {
                 idle_after: Duration::from_secs(300),
                 cold_start_miss_budget: None,
+                cold_start_budget_group: None,
             }),
             ..policy()
         };
@@ -530,6 +714,7 @@ pub(super) mod tests {
             2.0,
             Some(s(28)),
             &ScaleState::default(),
+            &BudgetPeers::NONE,
             Timestamp::default(),
         );
         assert_eq!(
@@ -557,6 +742,7 @@ pub(super) mod tests {
                 2.0,
                 lead,
                 &ScaleState::default(),
+                &BudgetPeers::NONE,
                 Timestamp::default(),
             );
             assert_eq!(j.warm_floor, None);
@@ -598,6 +784,7 @@ pub(super) mod tests {
             2.0,
             None,
             &ScaleState::default(),
+            &BudgetPeers::NONE,
             Timestamp::default(),
         );
         let decide_on =

@@ -155,12 +155,28 @@ impl ScalePolicy {
                     .to_owned(),
             );
         }
-        if let Some(b) = self.scale_to_zero.and_then(|z| z.cold_start_miss_budget)
+        if let Some(b) = self.scale_to_zero.as_ref().and_then(|z| z.cold_start_miss_budget)
             && !(b.is_finite() && (0.0..=0.5).contains(&b))
         {
             errors.push(format!(
                 "scaleToZero.coldStartMissBudget is a share of requests in [0, 0.5] (0.005 = 0.5%), got {b}"
             ));
+        }
+        if let Some(z) = &self.scale_to_zero
+            && let Some(g) = &z.cold_start_budget_group
+        {
+            if z.cold_start_miss_budget.is_none() {
+                errors.push(format!(
+                    "scaleToZero.coldStartBudgetGroup '{g}' needs scaleToZero.coldStartMissBudget: the group shares \
+                     that budget"
+                ));
+            }
+            if !is_group_name(g) {
+                errors.push(format!(
+                    "scaleToZero.coldStartBudgetGroup must be 1-63 lowercase letters, digits or '-', starting and \
+                     ending with a letter or digit (like a label value), got '{g}'"
+                ));
+            }
         }
         if !(self.tolerance.is_finite() && (0.0..1.0).contains(&self.tolerance)) {
             errors.push(format!("tolerance must be in [0, 1), got {}", self.tolerance));
@@ -241,7 +257,7 @@ impl Targets {
 }
 
 /// Scale to zero settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ScaleToZero {
     /// How long without any request (and with nothing in flight or queued) before going to zero.
     pub idle_after: Duration,
@@ -250,6 +266,10 @@ pub struct ScaleToZero {
     /// traffic over the last day shows that going to zero misses no more than this ([`coldstart`]). `None`:
     /// always keep the floor.
     pub cold_start_miss_budget: Option<f64>,
+    /// A group of models (in one namespace) that share the budget: together they may miss the budget's share of
+    /// their combined requests, spent on the floors that save the most GPU time per miss ([`coldstart::group`]).
+    /// `None`: the budget is the model's own.
+    pub cold_start_budget_group: Option<String>,
 }
 
 /// Knative KPA's panic mode: react at once to a burst, then hold.
@@ -541,6 +561,21 @@ pub struct ScaleState {
     /// What scaling to zero would have cost in missed objectives over the last day ([`coldstart`]); the caller
     /// feeds it each sync ([`ScaleState::count_demand`]) before deciding.
     pub cold_starts: coldstart::ColdStartLedger,
+    /// What this model's last round published for its budget group's other members to read
+    /// ([`coldstart::group`]); the caller stores [`joint::JointPolicy::claim`] here.
+    pub claim: Option<coldstart::BudgetClaim>,
+    /// The last cold start the caller measured ([`ScaleState::cold_start`]): a model at zero has no pod to measure.
+    pub last_cold_start: Option<Duration>,
+}
+
+/// A budget group's name: what a label value allows, lowercase.
+fn is_group_name(g: &str) -> bool {
+    let b = g.as_bytes();
+    let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&b.len())
+        && b.iter().all(|c| ok(c) || *c == b'-')
+        && b.first().is_some_and(ok)
+        && b.last().is_some_and(ok)
 }
 
 /// Upper bound on remembered recommendations, so a caller ticking very fast cannot grow the state without limit.
@@ -551,11 +586,21 @@ impl ScaleState {
     /// `coldStartMissBudget`, the one reader of the ledger, so a model without one keeps no day of samples. The
     /// controller and the simulator call this every round, whatever is decided.
     pub fn count_demand(&mut self, policy: &ScalePolicy, demand: &Demand, now: Timestamp) {
-        if let Some(z) = policy.scale_to_zero
+        if let Some(z) = &policy.scale_to_zero
             && z.cold_start_miss_budget.is_some()
         {
             self.cold_starts.observe(demand, z.idle_after, now);
         }
+    }
+
+    /// The model's cold start for this round: what the caller `measured` (the controller: its fastest ready pod),
+    /// else the last it measured, so a model gone to zero still knows what a start from zero costs (its warm
+    /// floor, and its part in a budget group, do not lapse while it has no pod). `None` until one was measured.
+    pub fn cold_start(&mut self, measured: Option<Duration>) -> Option<Duration> {
+        if measured.is_some() {
+            self.last_cold_start = measured;
+        }
+        self.last_cold_start
     }
 
     /// Remembers a decision the caller acted on (or chose to keep), and forgets what no window can see any more.
@@ -700,7 +745,7 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
     let guard_fired = reason == ScaleReason::TtftSloBreached;
 
     // 4. Scale to zero.
-    if let Some(stz) = policy.scale_to_zero
+    if let Some(stz) = &policy.scale_to_zero
         && policy.min_replicas == 0
         && let Some(idle_for) = idle_for(input, now)
         && idle_for >= stz.idle_after

@@ -21,6 +21,7 @@ fn kv_policy(min: u32, max: u32) -> ScalePolicy {
         scale_to_zero: (min == 0).then_some(ScaleToZero {
             idle_after: Duration::from_secs(300),
             cold_start_miss_budget: None,
+            cold_start_budget_group: None,
         }),
         panic: None,
         ..ScalePolicy::default()
@@ -353,6 +354,7 @@ fn never_to_zero_with_work_anywhere_or_unknown_idle() {
     policy.scale_to_zero = Some(ScaleToZero {
         idle_after: Duration::from_secs(1),
         cold_start_miss_budget: None,
+        cold_start_budget_group: None,
     });
     assert_eq!(
         decide(&idle_input(1, 0), &policy, &state, now).desired_replicas,
@@ -526,6 +528,7 @@ fn arb_policy() -> impl Strategy<Value = ScalePolicy> {
             scale_to_zero: (min == 0).then_some(ScaleToZero {
                 idle_after: Duration::from_secs(60),
                 cold_start_miss_budget: None,
+                cold_start_budget_group: None,
             }),
             panic: panic.then(PanicMode::default),
             ttft_slo: slo.map(Duration::from_millis),

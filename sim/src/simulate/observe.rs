@@ -51,6 +51,10 @@ pub struct DecisionRecord {
     /// The cold-start ledger once this round's demand was counted (`core::scale::coldstart`): what the
     /// controller's own count from the same documents must give.
     pub cold_starts: tessera_core::scale::coldstart::ColdStartLedger,
+    /// What the round published for the model's budget group (`core::scale::coldstart::group`).
+    pub claim: Option<tessera_core::scale::coldstart::BudgetClaim>,
+    /// The other models' claims the round read (empty outside a budget group).
+    pub group: Vec<tessera_core::scale::coldstart::BudgetClaim>,
     /// What was decided.
     pub decision: ScaleDecision,
     /// What held the count (`core::scale::constraint`): the controller's `status.constraint`.

@@ -311,6 +311,11 @@ pub struct ModelFile {
     /// when its traffic shows the misses fit (`core::scale::coldstart`). Unset: it keeps a warm replica.
     #[serde(default)]
     pub cold_start_miss_budget: Option<f64>,
+    /// Tessera: share `cold_start_miss_budget` with the models naming the same group
+    /// (`scaleToZero.coldStartBudgetGroup`): together they may miss that share of their combined requests, spent
+    /// on the warm replicas that save the most GPU time per miss (`core::scale::coldstart::group`).
+    #[serde(default)]
+    pub cold_start_budget_group: Option<String>,
     /// How a replica starts.
     #[serde(default)]
     pub cold_start: ColdStartFile,
@@ -608,6 +613,25 @@ impl ScenarioFile {
                     ));
                 }
             }
+            if let Some(g) = &m.cold_start_budget_group {
+                if m.cold_start_miss_budget.is_none() {
+                    p.push(format!(
+                        "{at}.cold_start_budget_group '{g}' needs cold_start_miss_budget: the group shares that budget"
+                    ));
+                }
+                let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+                if g.is_empty()
+                    || g.len() > 63
+                    || !g.chars().all(|c| ok(c) || c == '-')
+                    || !g.starts_with(ok)
+                    || !g.ends_with(ok)
+                {
+                    p.push(format!(
+                        "{at}.cold_start_budget_group must be 1-63 lowercase letters, digits or '-', starting and \
+                         ending with a letter or digit, got '{g}'"
+                    ));
+                }
+            }
             if !(m.hpa_requests_per_second_per_replica > 0.0
                 && m.hpa_requests_per_second_per_replica.is_finite())
             {
@@ -691,6 +715,8 @@ pub struct ModelSetup {
     pub scale_to_zero_after: Option<Duration>,
     /// Share of requests that may miss through a cold start.
     pub cold_start_miss_budget: Option<f64>,
+    /// The group sharing that budget.
+    pub cold_start_budget_group: Option<String>,
     /// Weights load time, seconds (weights / bandwidth).
     pub load_secs: f64,
     /// Sleep-mode wake-up, seconds.
@@ -861,6 +887,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             hpa_rps_per_replica: m.hpa_requests_per_second_per_replica,
             scale_to_zero_after: m.scale_to_zero_after,
             cold_start_miss_budget: m.cold_start_miss_budget,
+            cold_start_budget_group: m.cold_start_budget_group.clone(),
             load_secs,
             sleep_wake_secs: m.cold_start.sleep_wake.map(|d| d.as_secs_f64()),
             compute_fraction: m.compute_fraction,
@@ -1055,6 +1082,21 @@ models:
         );
         assert!(
             err.contains("cold_start_miss_budget needs scale_to_zero_after"),
+            "{err}"
+        );
+        // A budget group without a budget, and a group name no label could carry.
+        let bad = MINIMAL.replace(
+            "max_replicas: 2",
+            "max_replicas: 2\n    cold_start_budget_group: Batch_Tools",
+        );
+        let f = ScenarioFile::parse(&bad, "m.yaml").unwrap();
+        let err = resolve(&f, "m.yaml", None).unwrap_err().to_string();
+        assert!(
+            err.contains("cold_start_budget_group 'Batch_Tools' needs cold_start_miss_budget"),
+            "{err}"
+        );
+        assert!(
+            err.contains("cold_start_budget_group must be 1-63 lowercase letters"),
             "{err}"
         );
         let err = ScenarioFile::parse(&MINIMAL.replace("slo_ttft", "slo_tft"), "m.yaml")

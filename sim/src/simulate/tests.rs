@@ -29,6 +29,7 @@ fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
         },
         hpa_rps_per_replica: 5.0,
         cold_start_miss_budget: None,
+        cold_start_budget_group: None,
         scale_to_zero_after: (min_replicas == 0).then_some(Duration::from_secs(60)),
         load_secs,
         sleep_wake_secs: None,

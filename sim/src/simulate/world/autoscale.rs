@@ -2,6 +2,7 @@
 //! move step, the baselines' own rules), GPU draining, and Tessera's recommendation round.
 
 use tessera_core::rollout::Urgency;
+use tessera_core::scale::coldstart::BudgetClaim;
 use tessera_core::scale::constraint::Constraint;
 
 use super::*;
@@ -100,14 +101,36 @@ impl World<'_> {
         self.models[m]
             .state
             .count_demand(&declared, &input.demand, now_ts);
+        // The simulator knows the start's length; remembered as the controller remembers what it measured.
+        let cold_start = self.models[m].state.cold_start(cold_start);
+        // A budget group's members read each other's last claims, as the controller reads them from its states.
+        let group: Vec<BudgetClaim> = if declared
+            .scale_to_zero
+            .as_ref()
+            .is_some_and(|z| z.cold_start_budget_group.is_some())
+        {
+            self.models
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != m)
+                .filter_map(|(_, rt)| rt.state.claim.clone())
+                .collect()
+        } else {
+            Vec::new()
+        };
         let joint = joint::replica_policy(
             &declared,
             room,
             recommend::Config::default().compute_max_step_up,
             cold_start,
             &self.models[m].state,
+            &joint::BudgetPeers {
+                name: &self.sc.models[m].name,
+                claims: &group,
+            },
             now_ts,
         );
+        self.models[m].state.claim = joint.claim.clone();
         if let Some(w) = joint.warm_floor {
             self.models[m].warm_floor = Some(w);
         }
@@ -139,6 +162,8 @@ impl World<'_> {
                 cold_start,
                 state: state_before.unwrap_or_default(),
                 cold_starts: rt.state.cold_starts.clone(),
+                claim: rt.state.claim.clone(),
+                group,
                 decision: d.clone(),
                 constraint: held,
                 moving: observe::MoveRecord {

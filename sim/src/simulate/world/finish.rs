@@ -143,8 +143,12 @@ impl World<'_> {
                     );
                     if rt.rounds_zero_within_budget > 0 {
                         // The floor held until the model's traffic showed its cold starts fit the miss budget.
+                        let budget = match &setup.cold_start_budget_group {
+                            Some(g) => format!("the cold-start miss budget of group '{g}'"),
+                            None => "its cold-start miss budget".to_owned(),
+                        };
                         why.push_str(&format!(
-                            "; free to go to zero within its cold-start miss budget in {:.0}% of decisions",
+                            "; free to go to zero within {budget} in {:.0}% of decisions",
                             100.0 * share_of_rounds(rt.rounds_zero_within_budget).unwrap_or(0.0)
                         ));
                     }

@@ -152,6 +152,7 @@ pub(super) fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePoli
             scale_to_zero: m.scale_to_zero_after.map(|idle_after| ScaleToZero {
                 idle_after,
                 cold_start_miss_budget: m.cold_start_miss_budget,
+                cold_start_budget_group: m.cold_start_budget_group.clone(),
             }),
             ttft_slo: Some(Duration::from_secs_f64(m.slo_ttft)),
             ..ScalePolicy::default()

@@ -19,11 +19,17 @@
 //! It is counterfactual on purpose: what it counts does not depend on whether the floor was kept, so dropping a
 //! floor cannot feed back into the evidence for keeping it. It fails safe: without `MIN_HISTORY` of
 //! observations (a controller just restarted, activator data missing) there is no evidence and the floor stays.
+//!
+//! Models may also share one budget across a group (`scaleToZero.coldStartBudgetGroup`, [`group`]): the group's
+//! combined requests set the allowance, spent on the floors that save the most GPU time per missed request.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::{Demand, Timestamp};
+
+pub mod group;
+pub use group::{BudgetClaim, GroupSpend};
 
 /// How much history the ledger needs before it can let a floor go: an hour of the model's own traffic, so one
 /// quiet morning is not read as a model that is always quiet.
@@ -54,8 +60,9 @@ struct Sample {
 pub struct ColdStartLedger {
     /// Oldest first, at strictly increasing times.
     samples: VecDeque<Sample>,
-    /// The samples that are wakes, by time: evidence visits these, not every sync of the day.
-    wakes: VecDeque<Timestamp>,
+    /// The samples that are wakes, by time, each with how long the idle spell before it would have kept the model
+    /// at zero: evidence visits these, not every sync of the day.
+    wakes: VecDeque<(Timestamp, Duration)>,
     /// Requests counted since the ledger began (never reset, so `Sample::counted` differences are exact).
     counted: u64,
     /// The previous sync: when, the last request the activators had seen then, and their request counters.
@@ -73,6 +80,9 @@ pub struct ColdStartEvidence {
     pub misses: u64,
     /// How long the window observed covers.
     pub observed: Duration,
+    /// How long the model would have spent at zero over the window: each idle spell before a wake, less
+    /// `idleAfter` (what going to zero saves; a spell still running now is not counted).
+    pub at_zero: Duration,
 }
 
 impl ColdStartEvidence {
@@ -102,23 +112,25 @@ impl ColdStartLedger {
             return; // the same sync twice, or a clock gone back: nothing new to count
         }
         let (requests, wake) = match self.previous {
-            // A new request, and at the previous sync the model had been idle long enough to be at zero.
+            // A new request, and at the previous sync the model had been idle long enough to be at zero (for as
+            // long as the spell ran past `idle_after`, measured to the previous sync: the shorter, never longer).
             Some((at, seen, counted)) => (
                 total.saturating_sub(counted),
-                last_request > seen && at.since(seen) >= idle_after,
+                (last_request > seen && at.since(seen) >= idle_after)
+                    .then(|| at.since(seen).saturating_sub(idle_after)),
             ),
-            None => (0, false),
+            None => (0, None),
         };
         self.counted = self.counted.saturating_add(requests);
         self.previous = Some((now, last_request, total));
-        if wake {
-            self.wakes.push_back(now);
+        if let Some(at_zero) = wake {
+            self.wakes.push_back((now, at_zero));
         }
         self.samples.push_back(Sample {
             at: now,
             requests,
             counted: self.counted,
-            wake,
+            wake: wake.is_some(),
         });
         while self.samples.front().is_some_and(|s| !s.at.is_within(WINDOW, now))
             || self.samples.len() > MAX_SAMPLES
@@ -153,8 +165,9 @@ impl ColdStartLedger {
             cold_starts: 0,
             misses: 0,
             observed,
+            at_zero: Duration::ZERO,
         };
-        for &wake in self.wakes.iter().filter(|w| w.is_within(WINDOW, now)) {
+        for &(wake, at_zero) in self.wakes.iter().filter(|(w, _)| w.is_within(WINDOW, now)) {
             let i = self.samples.partition_point(|s| s.at < wake);
             // The waking sync's requests, and those of the syncs while the start would still run past the
             // objective; at least the waking request.
@@ -165,6 +178,7 @@ impl ColdStartLedger {
             ) {
                 e.cold_starts += 1;
                 e.misses += between(from, to).max(1);
+                e.at_zero += at_zero;
             }
         }
         e.requests = e.requests.max(u64::from(e.cold_starts));
@@ -220,6 +234,8 @@ mod tests {
         let e = l.evidence(COLD, SLO, at(7200)).unwrap();
         assert_eq!(e.cold_starts, 1);
         assert_eq!(e.misses, 30, "{e:?}");
+        // At zero from 300 s after the last request (1,800 s) to the sync before the burst (5,385 s).
+        assert_eq!(e.at_zero, Duration::from_secs(5385 - 1800 - 300), "{e:?}");
         // 120 syncs of 3 requests, 121 of 15.
         assert_eq!(e.requests, 120 * 3 + 121 * 15, "{e:?}");
         assert!((e.miss_share() - 30.0 / 2175.0).abs() < 1e-12);
