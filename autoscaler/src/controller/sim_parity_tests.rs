@@ -551,8 +551,9 @@ async fn the_controller_moves_pods_off_a_draining_gpu_as_the_simulator_did() {
 
 /// The cold-start miss budget alike (`core::scale::coldstart`): functions-day's first four hours, whose tools
 /// without sleep mode keep a warm replica until an hour of their traffic shows their would-be cold starts within
-/// the scenario's 0.5% budget, then go to zero. The controller counts the same demand into the same ledger from
-/// the recorded activator documents, lets the floor go at the same rounds and scales to zero with them.
+/// the allowance of the budget the six tools share (`coldstart::group`), then go to zero. The controller counts the
+/// same demand into the same ledger from the recorded activator documents, reads the claims the simulator's round
+/// read from the other tools, lets the floor go at the same rounds and scales to zero with them.
 #[tokio::test]
 async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/functions-day.yaml");
@@ -579,6 +580,13 @@ async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
             .any(|r| r.decision.desired_replicas == 0 && r.decision.is_change()),
         "the replay must cover a scale to zero the budget allowed ({} rounds within it)",
         run.decisions.iter().filter(within).count()
+    );
+    // The scenario's tools share one budget: the controller must read the group's claims as the simulator did.
+    assert!(
+        picked
+            .iter()
+            .any(|r| !r.group.is_empty() && r.decision.message.contains("budget group 'tools'")),
+        "the replay must cover rounds decided on the budget group's claims"
     );
     // And rounds that kept the floor while the ledger was filling, with the ledger those rounds built.
     picked.extend(
