@@ -9,7 +9,7 @@
 //! 1. **Per-signal proposal** — Kubernetes HPA's replica calculator: `ceil(ready × value / target)`, no change while
 //!    `|value/target − 1| ≤ tolerance` (default 0.1). Replicas whose data is missing or stale count as 100% of target
 //!    when the others say "scale down" and 0% when they say "scale up", so missing data never causes a scale-down.
-//!    Pods that are not ready yet count as 0% on the way up. See [`ratio`].
+//!    Pods that are not ready yet count as 0% on the way up. See `scale/ratio.rs`.
 //! 2. **Maximum over signals**; if any configured signal could not be computed at all, no scale-down this round
 //!    (HPA skips scale-down when a metric fails).
 //! 3. **TTFT SLO guard**: when a fresh replica's p95 time to first token is over `ttft_slo`, ask for one more
@@ -34,9 +34,12 @@
 //! the result (`status.constraint`, the simulator's `held_by`).
 //!
 //! The caller keeps one [`ScaleState`] per model, counts each round's demand into its cold-start ledger
-//! ([`ScaleState::count_demand`]) before deciding, and calls [`ScaleState::record`] with each decision it
-//! acts on. Losing the state is safe: it only restarts the windows, so a scale-down waits a full window again, and a
-//! warm floor that a budget had let go comes back until an hour of demand is counted again.
+//! ([`ScaleState::count_demand`]) and resolves the model's cold start ([`ScaleState::cold_start`], remembered for
+//! rounds at zero) before deciding; a model in a budget group reads its namespace's other models' last claims
+//! ([`ScaleState::claim`], [`coldstart::group`]) and keeps the one its round makes ([`joint::JointPolicy::claim`]);
+//! the caller then calls [`ScaleState::record`] with each decision it acts on. Losing the state is safe: it only
+//! restarts the windows, so a scale-down waits a full window again, and a warm floor that a budget had let go comes
+//! back until an hour of demand is counted again.
 
 mod behavior;
 pub mod coldstart;
