@@ -518,6 +518,70 @@ async fn a_request_arriving_before_the_scale_to_zero_keeps_the_model() {
     server.await.unwrap();
 }
 
+/// A model at zero has no pod to measure its cold start from: the controller remembers the last it measured. One
+/// whose start (28 s) is over its objective (2 s) and that has no budget to spend goes back to its warm replica
+/// without waiting for a request, as the simulator's model always did; without a remembered start, the policy
+/// stays as declared and the model stays at zero.
+#[tokio::test]
+async fn a_model_at_zero_remembers_its_cold_start_and_returns_to_its_warm_floor() {
+    let ms = NOW_S * 1000;
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 0, "maxReplicas": 4,
+                      "ttftSlo": "2s", "scaleToZero": {"idleAfter": "5m"}, "modelNames": ["llama"]});
+    for remembered in [Some(Duration::from_secs(28)), None] {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let idle = activator_doc(ms, "models/llama", 5, 0, 0, Some(ms - 3_600_000));
+        let ctx = context_with_activator(Client::new(svc, "default"), &[], vec![idle]);
+        ctx.states.lock().unwrap().insert(
+            "models/llama".into(),
+            ScaleState {
+                last_cold_start: remembered,
+                ..ScaleState::default()
+            },
+        );
+        poll(&ctx).await;
+        let server = tokio::spawn(async move {
+            let (_, send) = expect(&mut handle, Method::GET, SCALE).await;
+            respond(send, 200, &scale_json(0));
+            if remembered.is_some() {
+                let (body, send) = expect(
+                    &mut handle,
+                    Method::PATCH,
+                    &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
+                )
+                .await;
+                assert_eq!(body, json!({"spec": {"replicas": 1}}));
+                respond(send, 200, &scale_json(1));
+                let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+                respond(send, 201, &event);
+            }
+            let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+            respond(send, 200, &ias_json());
+            patch
+        });
+        reconcile(ias(spec.clone(), json!({})), ctx.clone())
+            .await
+            .unwrap();
+        let patch = server.await.unwrap();
+        let message = condition(&patch["status"], "ScalingActive")["message"].to_string();
+        match remembered {
+            Some(_) => {
+                assert_eq!(patch["status"]["desiredReplicas"], 1, "{patch}");
+                assert!(
+                    message.contains(
+                        "keeps one warm replica: a cold start takes 28 s, over the 2 s TTFT objective"
+                    ),
+                    "{message}"
+                );
+            }
+            None => assert_eq!(patch["status"]["desiredReplicas"], 0, "{patch}"),
+        }
+        assert_eq!(
+            ctx.states.lock().unwrap()["models/llama"].last_cold_start,
+            remembered
+        );
+    }
+}
+
 /// Item 8: a reconcile whose status equals the object's writes nothing.
 #[tokio::test]
 async fn an_unchanged_status_is_not_written() {
