@@ -221,6 +221,23 @@ async fn expect(
     (body, send)
 }
 
+/// Takes the reconcile's write of `replicas` to the target's `/scale` (answering it), then the event it posts:
+/// returns the event to check and answer.
+async fn expect_rescale(
+    handle: &mut Handle,
+    replicas: i32,
+) -> (Value, tower_test::mock::SendResponse<Response<Body>>) {
+    let (body, send) = expect(
+        handle,
+        Method::PATCH,
+        &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
+    )
+    .await;
+    assert_eq!(body, json!({"spec": {"replicas": replicas}}));
+    respond(send, 200, &scale_json(replicas));
+    expect(handle, Method::POST, EVENTS).await
+}
+
 fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: &Value) {
     send.send_response(
         Response::builder()
@@ -287,15 +304,7 @@ async fn scales_up_through_scale_writes_status_and_retries_a_conflict() {
         )
         .await;
         // 2 ready replicas at 70% KV, target 50%: ceil(2 × 1.4) = 3 (below the 200% panic threshold).
-        let (body, send) = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
-        )
-        .await;
-        assert_eq!(body, json!({"spec": {"replicas": 3}}));
-        respond(send, 200, &scale_json(3));
-        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        let (event, send) = expect_rescale(&mut handle, 3).await;
         assert_eq!(event["reason"], "SuccessfulRescale");
         assert_eq!(event["action"], "ScaleTo3");
         assert_eq!(event["type"], "Normal");
@@ -543,15 +552,7 @@ async fn a_model_at_zero_remembers_its_cold_start_and_returns_to_its_warm_floor(
             let (_, send) = expect(&mut handle, Method::GET, SCALE).await;
             respond(send, 200, &scale_json(0));
             if remembered.is_some() {
-                let (body, send) = expect(
-                    &mut handle,
-                    Method::PATCH,
-                    &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
-                )
-                .await;
-                assert_eq!(body, json!({"spec": {"replicas": 1}}));
-                respond(send, 200, &scale_json(1));
-                let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+                let (event, send) = expect_rescale(&mut handle, 1).await;
                 respond(send, 201, &event);
             }
             let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
@@ -787,15 +788,7 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
     let first = on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1");
     let server = tokio::spawn(async move {
         answer_scale_and_pods(&mut handle, 1, vec![first]).await;
-        let (body, send) = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
-        )
-        .await;
-        assert_eq!(body, json!({"spec": {"replicas": 2}}));
-        respond(send, 200, &scale_json(2));
-        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        let (event, send) = expect_rescale(&mut handle, 2).await;
         assert!(
             event["note"]
                 .as_str()
@@ -854,15 +847,7 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
             json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-2147483648"}}})
         );
         respond(send, 200, &pod("llama-0", "10.0.0.1", true));
-        let (body, send) = expect(
-            &mut handle,
-            Method::PATCH,
-            &format!("{SCALE}?&fieldManager=tessera-autoscaler"),
-        )
-        .await;
-        assert_eq!(body, json!({"spec": {"replicas": 1}}));
-        respond(send, 200, &scale_json(1));
-        let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
+        let (event, send) = expect_rescale(&mut handle, 1).await;
         assert_eq!(event["action"], "ScaleTo1");
         respond(send, 201, &event);
         let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
