@@ -298,6 +298,19 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     m.reconcile_error("get_scale");
     m.scrape_failure("sidecar", "timeout");
     m.set_leader(true);
+    m.budget_group(
+        "tools",
+        &tessera_core::scale::coldstart::GroupSpend {
+            group: "batch-tools".into(),
+            members: 2,
+            requests: 1000,
+            budget: 0.01,
+            allowance: 10,
+            spent: 4,
+            allotted: true,
+            own_misses: 4,
+        },
+    );
     // Its pool manager's families (the webhook registers the same ones): placing needs a cluster.
     m.pool.reservation("a100", "placed");
     m.pool.conflict("a100");

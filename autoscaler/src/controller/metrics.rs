@@ -6,7 +6,14 @@
 //! - `tessera_autoscaler_reconcile_errors_total{reason}`: failed reconciles, by error label.
 //! - `tessera_autoscaler_scrape_failures_total{source,reason}`: sidecar or activator documents that could not be read.
 //! - `tessera_autoscaler_leader`: 1 while this replica holds the lease.
+//! - `tessera_autoscaler_cold_start_budget_requests{namespace,group}`, `..._allowed_misses`, `..._spent_misses`: a
+//!   shared cold-start miss budget (`scaleToZero.coldStartBudgetGroup`) as its last member's reconcile allotted it:
+//!   the members' requests over the last day, the misses the budget allows, and the would-be misses of the
+//!   members let go to zero. One series per group that a model still names, so the labels stay bounded by the
+//!   objects.
 
+use std::collections::HashSet;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicI64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -28,6 +35,22 @@ struct DirectionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabels {
+    namespace: String,
+    group: String,
+}
+
+/// A budget group's gauges.
+#[derive(Debug, Default)]
+struct BudgetGauges {
+    requests: Family<GroupLabels, Gauge<i64, AtomicI64>>,
+    allowed: Family<GroupLabels, Gauge<i64, AtomicI64>>,
+    spent: Family<GroupLabels, Gauge<i64, AtomicI64>>,
+    /// The series set so far, so groups nobody names any more can be removed.
+    set: Mutex<HashSet<GroupLabels>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ScrapeLabels {
     source: String,
     reason: String,
@@ -43,6 +66,7 @@ pub struct Metrics {
     reconcile_errors: Family<ReasonLabels, Counter>,
     scrape_failures: Family<ScrapeLabels, Counter>,
     leader: Gauge<i64, AtomicI64>,
+    budget: BudgetGauges,
     /// The pool manager's `tessera_pool_*` metrics, served on the same page.
     pub pool: crate::pool::PoolMetrics,
 }
@@ -95,6 +119,22 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let budget = BudgetGauges::default();
+        registry.register(
+            "cold_start_budget_requests",
+            "Requests over the last day of the models sharing a cold-start miss budget (members with an hour of history)",
+            budget.requests.clone(),
+        );
+        registry.register(
+            "cold_start_budget_allowed_misses",
+            "Requests a shared cold-start miss budget allows to miss the TTFT objective through cold starts",
+            budget.allowed.clone(),
+        );
+        registry.register(
+            "cold_start_budget_spent_misses",
+            "Would-be cold-start misses of the members a shared budget lets go to zero",
+            budget.spent.clone(),
+        );
         Self {
             registry: root,
             decisions,
@@ -103,6 +143,7 @@ impl Metrics {
             reconcile_errors,
             scrape_failures,
             leader,
+            budget,
             pool,
         }
     }
@@ -150,6 +191,44 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets namespace `ns`'s budget group gauges from a member's allotment.
+    pub fn budget_group(&self, ns: &str, spend: &tessera_core::scale::coldstart::GroupSpend) {
+        let labels = GroupLabels {
+            namespace: ns.to_owned(),
+            group: spend.group.clone(),
+        };
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.budget
+            .requests
+            .get_or_create(&labels)
+            .set(int(spend.requests));
+        self.budget
+            .allowed
+            .get_or_create(&labels)
+            .set(int(spend.allowance));
+        self.budget.spent.get_or_create(&labels).set(int(spend.spent));
+        if let Ok(mut set) = self.budget.set.lock() {
+            set.insert(labels);
+        }
+    }
+
+    /// Removes the series of budget groups for which `named(namespace, group)` is false (no model names them any
+    /// more, or their models are gone).
+    pub fn retain_budget_groups(&self, named: impl Fn(&str, &str) -> bool) {
+        let Ok(mut set) = self.budget.set.lock() else {
+            return;
+        };
+        set.retain(|l| {
+            let keep = named(&l.namespace, &l.group);
+            if !keep {
+                self.budget.requests.remove(l);
+                self.budget.allowed.remove(l);
+                self.budget.spent.remove(l);
+            }
+            keep
+        });
+    }
+
     /// Sets the leader gauge.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
@@ -187,5 +266,35 @@ mod tests {
         );
         assert!(text.contains("tessera_autoscaler_reconcile_duration_seconds_count 1"));
         assert!(text.contains("tessera_autoscaler_leader 1"));
+    }
+
+    /// A budget group's three gauges, and their removal once no model names the group.
+    #[test]
+    fn budget_group_gauges_follow_the_groups_still_named() {
+        let m = Metrics::new();
+        let spend = |group: &str| tessera_core::scale::coldstart::GroupSpend {
+            group: group.to_owned(),
+            members: 6,
+            requests: 9282,
+            budget: 0.0025,
+            allowance: 23,
+            spent: 17,
+            allotted: true,
+            own_misses: 9,
+        };
+        m.budget_group("tools", &spend("batch"));
+        m.budget_group("team-b", &spend("batch"));
+        let text = m.encode();
+        for line in [
+            "tessera_autoscaler_cold_start_budget_requests{namespace=\"tools\",group=\"batch\"} 9282",
+            "tessera_autoscaler_cold_start_budget_allowed_misses{namespace=\"tools\",group=\"batch\"} 23",
+            "tessera_autoscaler_cold_start_budget_spent_misses{namespace=\"tools\",group=\"batch\"} 17",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        m.retain_budget_groups(|ns, _| ns == "team-b");
+        let text = m.encode();
+        assert!(!text.contains("namespace=\"tools\""), "{text}");
+        assert!(text.contains("namespace=\"team-b\""), "{text}");
     }
 }

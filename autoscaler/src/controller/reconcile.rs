@@ -449,6 +449,16 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     );
     if let Ok(mut s) = ctx.states.lock() {
         s.entry(key.clone()).or_default().claim = joint.claim.clone();
+        // The group's gauges as this member allotted it; groups no model claims any more lose theirs.
+        if let Some(spend) = &joint.budget_group {
+            ctx.metrics.budget_group(&ns, spend);
+        }
+        ctx.metrics.retain_budget_groups(|namespace, group| {
+            s.iter().any(|(k, st)| {
+                k.split_once('/').is_some_and(|(n, _)| n == namespace)
+                    && st.claim.as_ref().is_some_and(|c| c.group == group)
+            })
+        });
     }
     let mut decision = scale::joint::decide(&input, &joint, &state, now);
     if decision.desired_replicas == 0 && current > 0 {
