@@ -261,7 +261,7 @@ pub fn replica_policy(
         && lead > slo
     {
         if let Some(budget) = zero.cold_start_miss_budget
-            && let Some(e) = state.cold_starts.evidence(lead, slo, now)
+            && let Some(e) = state.cold_starts.evidence(lead, now)
         {
             // In a group the group's allotment decides; alone, the model's own share of misses.
             let within = match &joint.claim {
@@ -307,7 +307,7 @@ fn claim(
         group,
         budget,
         at: now,
-        evidence: known.and_then(|(lead, slo)| state.cold_starts.evidence(lead, slo, now)),
+        evidence: cold_start.and_then(|lead| state.cold_starts.evidence(lead, now)),
         over_objective: policy.min_replicas == 0 && known.is_some_and(|(lead, slo)| lead > slo),
     })
 }
