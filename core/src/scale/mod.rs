@@ -47,6 +47,8 @@ pub mod constraint;
 pub mod inputs;
 pub mod joint;
 mod ratio;
+mod state;
+pub use state::{Recommendation, ScaleEvent, ScaleState};
 #[cfg(test)]
 mod tests;
 
@@ -224,6 +226,16 @@ impl ScalePolicy {
         }
         h
     }
+}
+
+/// A budget group's name: what a label value allows, lowercase.
+fn is_group_name(g: &str) -> bool {
+    let b = g.as_bytes();
+    let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&b.len())
+        && b.iter().all(|c| ok(c) || *c == b'-')
+        && b.first().is_some_and(ok)
+        && b.last().is_some_and(ok)
 }
 
 /// Per-replica targets, one per signal. A signal with no target is not used.
@@ -527,118 +539,6 @@ impl ScaleDecision {
     /// Whether acting on this decision changes the replica count.
     pub fn is_change(&self) -> bool {
         self.desired_replicas != self.current_replicas
-    }
-}
-
-/// A recommendation remembered for the stabilization windows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recommendation {
-    /// When it was made.
-    pub at: Timestamp,
-    /// Replicas recommended before stabilization.
-    pub replicas: u32,
-}
-
-/// A scale that was carried out, remembered for the rate limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScaleEvent {
-    /// When.
-    pub at: Timestamp,
-    /// From how many replicas.
-    pub from: u32,
-    /// To how many.
-    pub to: u32,
-}
-
-/// The history one model's decisions need: a plain value the caller keeps and passes back in.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ScaleState {
-    /// Recent recommendations, oldest first.
-    pub recommendations: Vec<Recommendation>,
-    /// Recent scale events, oldest first.
-    pub events: Vec<ScaleEvent>,
-    /// When the panic condition was last true; panic lasts a stable window after it.
-    pub last_panic_at: Option<Timestamp>,
-    /// The highest replica count reached during the current panic (panic never scales below it).
-    pub panic_peak: u32,
-    /// What scaling to zero would have cost in missed objectives over the last day ([`coldstart`]); the caller
-    /// feeds it each sync ([`ScaleState::count_demand`]) before deciding.
-    pub cold_starts: coldstart::ColdStartLedger,
-    /// What this model's last round published for its budget group's other members to read
-    /// ([`coldstart::group`]); the caller stores [`joint::JointPolicy::claim`] here.
-    pub claim: Option<coldstart::BudgetClaim>,
-    /// The last cold start the caller measured ([`ScaleState::cold_start`]): a model at zero has no pod to measure.
-    pub last_cold_start: Option<Duration>,
-}
-
-/// A budget group's name: what a label value allows, lowercase.
-fn is_group_name(g: &str) -> bool {
-    let b = g.as_bytes();
-    let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=63).contains(&b.len())
-        && b.iter().all(|c| ok(c) || *c == b'-')
-        && b.first().is_some_and(ok)
-        && b.last().is_some_and(ok)
-}
-
-/// Upper bound on remembered recommendations, so a caller ticking very fast cannot grow the state without limit.
-const MAX_HISTORY: usize = 4096;
-
-impl ScaleState {
-    /// Counts a round's demand into the cold-start ledger, before deciding: only for a policy with a
-    /// `coldStartMissBudget`, the one reader of the ledger, so a model without one keeps no day of samples. The
-    /// controller and the simulator call this every round, whatever is decided.
-    pub fn count_demand(&mut self, policy: &ScalePolicy, demand: &Demand, now: Timestamp) {
-        if let Some(z) = &policy.scale_to_zero
-            && z.cold_start_miss_budget.is_some()
-        {
-            self.cold_starts.observe(demand, z.idle_after, now);
-        }
-    }
-
-    /// The model's cold start for this round: what the caller `measured` (the controller: its fastest ready pod),
-    /// else the last it measured, so a model gone to zero still knows what a start from zero costs (its warm
-    /// floor, and its part in a budget group, do not lapse while it has no pod). `None` until one was measured.
-    pub fn cold_start(&mut self, measured: Option<Duration>) -> Option<Duration> {
-        if measured.is_some() {
-            self.last_cold_start = measured;
-        }
-        self.last_cold_start
-    }
-
-    /// Remembers a decision the caller acted on (or chose to keep), and forgets what no window can see any more.
-    pub fn record(&mut self, decision: &ScaleDecision, now: Timestamp) {
-        self.recommendations.push(Recommendation {
-            at: now,
-            replicas: decision.recommendation,
-        });
-        if decision.is_change() {
-            self.events.push(ScaleEvent {
-                at: now,
-                from: decision.current_replicas,
-                to: decision.desired_replicas,
-            });
-        }
-        if decision.panicking {
-            if decision.panic_triggered || self.last_panic_at.is_none() {
-                self.last_panic_at = Some(now);
-            }
-            self.panic_peak = self.panic_peak.max(decision.desired_replicas);
-        } else {
-            self.last_panic_at = None;
-            self.panic_peak = 0;
-        }
-        let horizon = decision.history_horizon;
-        self.recommendations.retain(|r| r.at.is_within(horizon, now));
-        self.events.retain(|e| e.at.is_within(horizon, now));
-        if self.recommendations.len() > MAX_HISTORY {
-            let excess = self.recommendations.len() - MAX_HISTORY;
-            self.recommendations.drain(..excess);
-        }
-        if self.events.len() > MAX_HISTORY {
-            let excess = self.events.len() - MAX_HISTORY;
-            self.events.drain(..excess);
-        }
     }
 }
 
