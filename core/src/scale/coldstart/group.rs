@@ -19,6 +19,7 @@
 //! allowance and is allotted nothing; members that declare different budgets share the smallest.
 
 use std::cmp::Ordering;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
@@ -85,13 +86,11 @@ pub struct GroupSpend {
 /// fresh ones count). Members over their objective with evidence are taken in order of time at zero per missed
 /// request (ties by name, so every member orders them alike) while their misses fit what is left.
 pub fn share(own: &BudgetClaim, others: &[BudgetClaim], now: Timestamp) -> GroupSpend {
+    // One claim per member (the first read), so a namespace's many models cost a sort, not a scan each.
+    let mut seen: BTreeSet<&str> = BTreeSet::from([own.member.as_str()]);
     let mut members: Vec<&BudgetClaim> = vec![own];
     for c in others {
-        if c.group == own.group
-            && c.member != own.member
-            && c.at.is_within(CLAIM_MAX_AGE, now)
-            && !members.iter().any(|m| m.member == c.member)
-        {
+        if c.group == own.group && c.at.is_within(CLAIM_MAX_AGE, now) && seen.insert(c.member.as_str()) {
             members.push(c);
         }
     }
