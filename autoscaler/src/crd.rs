@@ -230,7 +230,7 @@ pub struct ScaleToZero {
     pub cold_start_miss_budget: Option<f64>,
     /// Share `coldStartMissBudget` with the other models of this namespace that name the same group: together
     /// they may miss that share of *their combined* requests through cold starts, and the controller spends it
-    /// on the warm replicas that save the most GPU time per missed request (a tool idle for hours and rarely
+    /// on the warm replicas that would sit idle longest per missed request (a tool idle for hours and rarely
     /// woken first). A model whose own misses are over the budget may then go to zero while a busier member's
     /// requests leave room for them. Members that declare different budgets share the smallest. Needs
     /// `coldStartMissBudget`. Unset: the budget is this model's own.
@@ -640,14 +640,13 @@ impl InferenceAutoscalerSpec {
                 requests_per_second_per_replica: self.targets.requests_per_second_per_replica,
             },
             tolerance: scale::DEFAULT_TOLERANCE,
-            scale_to_zero: idle_after.map(|idle_after| scale::ScaleToZero {
-                idle_after,
-                cold_start_miss_budget: self.scale_to_zero.as_ref().and_then(|z| z.cold_start_miss_budget),
-                cold_start_budget_group: self
-                    .scale_to_zero
-                    .as_ref()
-                    .and_then(|z| z.cold_start_budget_group.clone()),
-            }),
+            scale_to_zero: idle_after
+                .zip(self.scale_to_zero.as_ref())
+                .map(|(idle_after, z)| scale::ScaleToZero {
+                    idle_after,
+                    cold_start_miss_budget: z.cold_start_miss_budget,
+                    cold_start_budget_group: z.cold_start_budget_group.clone(),
+                }),
             behavior: scale::Behavior {
                 scale_up: rules(
                     behavior.scale_up.as_ref(),

@@ -26,11 +26,7 @@ fn policy() -> ScalePolicy {
             ttft_p95: Some(Duration::from_millis(800)),
             requests_per_second_per_replica: Some(4.0),
         },
-        scale_to_zero: Some(ScaleToZero {
-            idle_after: Duration::from_secs(600),
-            cold_start_miss_budget: None,
-            cold_start_budget_group: None,
-        }),
+        scale_to_zero: Some(ScaleToZero::after(Duration::from_secs(600))),
         panic: Some(PanicMode::default()),
         ttft_slo: Some(Duration::from_secs(2)),
         ..ScalePolicy::default()

@@ -220,8 +220,6 @@ fn echo_of_own_write(ctx: &Context, key: &str, hash: u64, now: SystemTime) -> Op
     (*last_hash == hash && elapsed < ctx.settings.sync_period / 2).then(|| ctx.settings.sync_period - elapsed)
 }
 
-/// Deleted objects are never reconciled again, so their history would stay forever: forget objects not
-/// reconciled for 10 sync periods. A live object that is merely slow to come around loses only its windows (safe).
 /// The budget claims the other models of namespace `ns` last published (`core::scale::coldstart::group`), `key`'s
 /// own left out. Only `ns`'s: a group name is a namespace's, so another tenant naming the same group neither
 /// widens nor spends this one's allowance.
@@ -237,6 +235,26 @@ fn namespace_claims(
         .collect()
 }
 
+/// A budget group's gauges as one member's round allotted it (`spend`), and the series of groups that no model
+/// this controller keeps a claim for names any more removed, so the labels stay bounded by the objects.
+fn publish_budget_metrics(
+    metrics: &Metrics,
+    states: &HashMap<String, ScaleState>,
+    ns: &str,
+    spend: Option<&tessera_core::scale::coldstart::GroupSpend>,
+) {
+    if let Some(spend) = spend {
+        metrics.budget_group(ns, spend);
+    }
+    let named: HashSet<(&str, &str)> = states
+        .iter()
+        .filter_map(|(k, st)| Some((k.split_once('/')?.0, st.claim.as_ref()?.group.as_str())))
+        .collect();
+    metrics.retain_budget_groups(|namespace, group| named.contains(&(namespace, group)));
+}
+
+/// Deleted objects are never reconciled again, so their history would stay forever: forget objects not
+/// reconciled for 10 sync periods. A live object that is merely slow to come around loses only its windows (safe).
 fn forget_deleted(runs: &mut HashMap<String, (SystemTime, u64)>, ctx: &Context, now: SystemTime) {
     let horizon = ctx.settings.sync_period * 10;
     let stale: Vec<String> = runs
@@ -407,59 +425,47 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
 
     // 5. Decide and act.
     let now = timestamp(now_sys);
-    // A poisoned lock only loses history, which restarts the windows: safe (see the module docs). What going to
-    // zero would cost (`core::scale::coldstart`) is counted from every sync's demand, whatever is decided. A
-    // model in a budget group reads what the namespace's other models last claimed (`coldstart::group`); only
-    // this namespace's, so no tenant's traffic moves another's floors.
+    // Replicas and share decided together (`core::scale::joint::round`, the simulator's call too): while the share
+    // can grow, the latency target is the share rule's, and the replica count answers load and the SLO guard. The
+    // round also counts every sync's demand into the model's cold-start ledger, whatever is decided, and keeps the
+    // claim its budget group reads. A model in a group reads what this namespace's other models last claimed
+    // (`coldstart::group`), so no tenant's traffic moves another's floors. A poisoned lock only loses history,
+    // which restarts the windows: safe (see the module docs).
     let grouped = policy
         .scale_to_zero
         .as_ref()
         .is_some_and(|z| z.cold_start_budget_group.is_some());
     let measured = observed_cold_start(&all_pods);
-    let (state, claims, cold_start) = ctx
-        .states
-        .lock()
-        .ok()
-        .map(|mut s| {
-            let state = s.entry(key.clone()).or_default();
-            state.count_demand(&policy, &input.demand, now);
-            let cold_start = state.cold_start(measured);
-            let state = state.clone();
-            let claims = if grouped {
-                namespace_claims(&s, &ns, &key)
-            } else {
-                Vec::new()
-            };
-            (state, claims, cold_start)
-        })
-        .unwrap_or((ScaleState::default(), Vec::new(), measured));
-    // Replicas and share decided together (`core::scale::joint`): while the share can grow, the latency target
-    // is the share rule's, and the replica count answers load and the SLO guard.
-    let joint = scale::joint::replica_policy(
-        &policy,
-        share_room(obj, &docs),
-        tessera_core::recommend::Config::default().compute_max_step_up,
-        cold_start,
-        &state,
-        &scale::joint::BudgetPeers {
-            name: &name,
-            claims: &claims,
-        },
-        now,
-    );
-    if let Ok(mut s) = ctx.states.lock() {
-        s.entry(key.clone()).or_default().claim = joint.claim.clone();
-        // The group's gauges as this member allotted it; groups no model claims any more lose theirs.
-        if let Some(spend) = &joint.budget_group {
-            ctx.metrics.budget_group(&ns, spend);
+    let room = share_room(obj, &docs);
+    let (state, joint) = {
+        let mut states = ctx.states.lock().ok();
+        let claims = match &states {
+            Some(s) if grouped => namespace_claims(s, &ns, &key),
+            _ => Vec::new(),
+        };
+        let mut lost = ScaleState::default();
+        let state = match states.as_mut() {
+            Some(s) => s.entry(key.clone()).or_default(),
+            None => &mut lost,
+        };
+        let joint = scale::joint::round(
+            &policy,
+            room,
+            measured,
+            &input.demand,
+            state,
+            &scale::joint::BudgetPeers {
+                name: &name,
+                claims: &claims,
+            },
+            now,
+        );
+        let state = state.clone();
+        if let Some(s) = &states {
+            publish_budget_metrics(&ctx.metrics, s, &ns, joint.budget_group.as_ref());
         }
-        ctx.metrics.retain_budget_groups(|namespace, group| {
-            s.iter().any(|(k, st)| {
-                k.split_once('/').is_some_and(|(n, _)| n == namespace)
-                    && st.claim.as_ref().is_some_and(|c| c.group == group)
-            })
-        });
-    }
+        (state, joint)
+    };
     let mut decision = scale::joint::decide(&input, &joint, &state, now);
     if decision.desired_replicas == 0 && current > 0 {
         // The documents may be a poll interval old: a request that arrived since must not meet a model going to

@@ -481,10 +481,9 @@ async fn assert_replays_alike(sc: &scenario::Scenario, picked: &[&DecisionRecord
         );
         // What held the count, as the simulator's report sums it (`core::scale::constraint`).
         assert_eq!(status["constraint"], json!(rec.constraint.label()), "{at}");
-        // The cold-start ledger as the simulator counted this round's demand, then the decision.
-        let mut expected = rec.state.clone();
-        expected.cold_starts = rec.cold_starts.clone();
-        expected.claim = rec.claim.clone();
+        // The history as the simulator's round left it (the demand counted into the cold-start ledger, the claim
+        // its group reads), then the decision.
+        let mut expected = rec.counted.clone();
         // The start the controller measured from the pods' timestamps (to the millisecond; the simulator's is
         // exact), remembered for the rounds at zero.
         let measured = state.last_cold_start;

@@ -134,7 +134,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::scale::joint::{BudgetPeers, ShareRoom, replica_policy};
+    use crate::scale::joint::ShareRoom;
     use crate::scale::{ReplicaSignals, ScalePolicy, ScaleState, ScaleToZero, Targets, Timestamp};
 
     fn policy() -> ScalePolicy {
@@ -163,15 +163,7 @@ mod tests {
     }
 
     fn held_by(p: &ScalePolicy, i: &ScaleInput, cold_start: Option<Duration>) -> Constraint {
-        let j = replica_policy(
-            p,
-            ShareRoom::Fixed,
-            2.0,
-            cold_start,
-            &ScaleState::default(),
-            &BudgetPeers::NONE,
-            Timestamp::default(),
-        );
+        let j = joint::tests::alone(p, ShareRoom::Fixed, 2.0, cold_start);
         let d = joint::decide(i, &j, &ScaleState::default(), Timestamp::from_millis(600_000));
         Constraint::of(i, &j, &d)
     }
@@ -213,11 +205,7 @@ mod tests {
         // floor, named as the cold start.
         let zero = ScalePolicy {
             min_replicas: 0,
-            scale_to_zero: Some(ScaleToZero {
-                idle_after: Duration::from_secs(60),
-                cold_start_miss_budget: None,
-                cold_start_budget_group: None,
-            }),
+            scale_to_zero: Some(ScaleToZero::after(Duration::from_secs(60))),
             ..policy()
         };
         assert_eq!(

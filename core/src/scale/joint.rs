@@ -34,7 +34,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::coldstart::{BudgetClaim, ColdStartEvidence, GroupSpend, group};
-use super::{ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
+use super::{Demand, ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
 
 /// A share within this of the whole GPU counts as the whole GPU (shares are recommended in hundredths).
 const WHOLE: f64 = 0.99;
@@ -192,29 +192,27 @@ impl fmt::Display for JointPolicy {
                 w.ttft_slo.as_secs_f64()
             )?;
         }
-        match (self.zero_within_budget, &self.budget_group) {
-            (Some((e, _)), Some(g)) => write!(
+        if let Some((e, budget)) = self.zero_within_budget {
+            write!(
                 f,
                 "may go to zero though a cold start is over the TTFT objective: over the last {:.1} h, {} cold \
-                 start(s) would have missed {} of its {} requests, and its {g}; ",
+                 start(s) would have missed {} of ",
                 e.observed.as_secs_f64() / 3600.0,
                 e.cold_starts,
                 e.misses,
-                e.requests,
-            )?,
-            (Some((e, budget)), None) => write!(
-                f,
-                "may go to zero though a cold start is over the TTFT objective: over the last {:.1} h, {} cold \
-                 start(s) would have missed {} of {} requests ({:.2}%, within the {:.2}% budget); ",
-                e.observed.as_secs_f64() / 3600.0,
-                e.cold_starts,
-                e.misses,
-                e.requests,
-                100.0 * e.miss_share(),
-                100.0 * budget
-            )?,
-            (None, Some(g)) if self.warm_floor.is_some() => write!(f, "its {g}; ")?,
-            (None, _) => {}
+            )?;
+            match &self.budget_group {
+                Some(g) => write!(f, "its {} requests, and its {g}; ", e.requests)?,
+                None => write!(
+                    f,
+                    "{} requests ({:.2}%, within the {:.2}% budget); ",
+                    e.requests,
+                    100.0 * e.miss_share(),
+                    100.0 * budget
+                )?,
+            }
+        } else if let (Some(g), Some(_)) = (&self.budget_group, self.warm_floor) {
+            write!(f, "its {g}; ")?;
         }
         match (self.latency, self.next_unit) {
             (LatencyOwner::Share, Some(n)) => {
@@ -255,13 +253,18 @@ pub fn replica_policy(
     now: Timestamp,
 ) -> JointPolicy {
     let mut joint = share_policy(policy, room, share_step);
-    joint.claim = claim(policy, cold_start, state, peers.name, now);
+    // What the ledger shows, read once: for the budget below and for the claim a group's members read.
+    let evidence = match (&policy.scale_to_zero, cold_start) {
+        (Some(z), Some(lead)) if z.cold_start_miss_budget.is_some() => state.cold_starts.evidence(lead, now),
+        _ => None,
+    };
+    joint.claim = claim(policy, cold_start, evidence, peers.name, now);
     if let (Some(zero), Some(lead), Some(slo)) = (&policy.scale_to_zero, cold_start, policy.ttft_slo)
         && policy.min_replicas == 0
         && lead > slo
     {
         if let Some(budget) = zero.cold_start_miss_budget
-            && let Some(e) = state.cold_starts.evidence(lead, now)
+            && let Some(e) = evidence
         {
             // In a group the group's allotment decides; alone, the model's own share of misses.
             let within = match &joint.claim {
@@ -289,27 +292,58 @@ pub fn replica_policy(
     joint
 }
 
-/// What a model in a `coldStartBudgetGroup` publishes for the group's other members this round: its evidence
+/// What a model in a `coldStartBudgetGroup` publishes for the group's other members this round: its `evidence`
 /// (when its cold start is known) and whether that cold start is over its objective. `None` outside a group.
 fn claim(
     policy: &ScalePolicy,
     cold_start: Option<Duration>,
-    state: &ScaleState,
+    evidence: Option<ColdStartEvidence>,
     name: &str,
     now: Timestamp,
 ) -> Option<BudgetClaim> {
     let zero = policy.scale_to_zero.as_ref()?;
     let group = zero.cold_start_budget_group.clone()?;
     let budget = zero.cold_start_miss_budget?;
-    let known = cold_start.zip(policy.ttft_slo);
     Some(BudgetClaim {
         member: name.to_owned(),
         group,
         budget,
         at: now,
-        evidence: cold_start.and_then(|lead| state.cold_starts.evidence(lead, now)),
-        over_objective: policy.min_replicas == 0 && known.is_some_and(|(lead, slo)| lead > slo),
+        evidence,
+        over_objective: policy.min_replicas == 0
+            && cold_start
+                .zip(policy.ttft_slo)
+                .is_some_and(|(lead, slo)| lead > slo),
     })
+}
+
+/// One round of the replica policy as the controller and the simulator take it, on the model's `state`: counts
+/// the round's demand into its cold-start ledger ([`ScaleState::count_demand`]), resolves its cold start (the one
+/// `measured` this round, else the last, [`ScaleState::cold_start`]), decides the joint policy with the share
+/// rule's default step ([`replica_policy`]) and keeps the claim the round publishes for the model's budget group
+/// ([`ScaleState::claim`]). The cold start it used stays in [`ScaleState::last_cold_start`].
+pub fn round(
+    policy: &ScalePolicy,
+    room: ShareRoom,
+    measured_cold_start: Option<Duration>,
+    demand: &Demand,
+    state: &mut ScaleState,
+    peers: &BudgetPeers<'_>,
+    now: Timestamp,
+) -> JointPolicy {
+    state.count_demand(policy, demand, now);
+    let cold_start = state.cold_start(measured_cold_start);
+    let joint = replica_policy(
+        policy,
+        room,
+        crate::recommend::Config::default().compute_max_step_up,
+        cold_start,
+        state,
+        peers,
+        now,
+    );
+    state.claim = joint.claim.clone();
+    joint
 }
 
 fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> JointPolicy {
@@ -430,7 +464,7 @@ pub(super) mod tests {
 
     #[test]
     fn a_share_that_can_grow_takes_the_latency_target_and_the_guard_stays() {
-        let j = replica_policy(
+        let j = alone(
             &policy(),
             ShareRoom::Auto {
                 share: 0.4,
@@ -438,9 +472,6 @@ pub(super) mod tests {
             },
             1.5,
             None,
-            &ScaleState::default(),
-            &BudgetPeers::NONE,
-            Timestamp::default(),
         );
         assert_eq!(j.latency, LatencyOwner::Share);
         assert_eq!(j.policy.targets.ttft_p95, None);
@@ -467,7 +498,7 @@ pub(super) mod tests {
     #[test]
     fn whole_fixed_or_unknown_shares_leave_latency_to_the_replicas() {
         // A managed share at the whole GPU prices the next unit: another replica.
-        let whole = replica_policy(
+        let whole = alone(
             &policy(),
             ShareRoom::Auto {
                 share: 1.0,
@@ -475,9 +506,6 @@ pub(super) mod tests {
             },
             1.5,
             None,
-            &ScaleState::default(),
-            &BudgetPeers::NONE,
-            Timestamp::default(),
         );
         assert_eq!(whole.latency, LatencyOwner::Replicas);
         assert_eq!(whole.policy, policy());
@@ -499,18 +527,28 @@ pub(super) mod tests {
                 memory_fraction: None,
             },
         ] {
-            let j = replica_policy(
-                &policy(),
-                room,
-                1.5,
-                None,
-                &ScaleState::default(),
-                &BudgetPeers::NONE,
-                Timestamp::default(),
-            );
+            let j = alone(&policy(), room, 1.5, None);
             assert_eq!(j.latency, LatencyOwner::Replicas, "{room:?}");
             assert_eq!(j.policy, policy(), "{room:?}");
         }
+    }
+
+    /// The joint policy of a model deciding alone, with no history (no ledger, no group).
+    pub(in crate::scale) fn alone(
+        policy: &ScalePolicy,
+        room: ShareRoom,
+        share_step: f64,
+        cold_start: Option<Duration>,
+    ) -> JointPolicy {
+        replica_policy(
+            policy,
+            room,
+            share_step,
+            cold_start,
+            &ScaleState::default(),
+            &BudgetPeers::NONE,
+            Timestamp::default(),
+        )
     }
 
     fn budgeted(budget: f64, group: Option<&str>) -> ScalePolicy {
@@ -554,18 +592,21 @@ pub(super) mod tests {
     /// would-be cold starts missing no more than the budget; a model whose idle spells would cost more keeps it.
     #[test]
     fn a_miss_budget_lets_a_rarely_woken_model_go_to_zero() {
-        let s = Duration::from_secs;
         let with_budget = |budget| budgeted(budget, None);
         let (state, now) = woken_once();
-        let within = replica_policy(
-            &with_budget(0.01),
-            ShareRoom::Fixed,
-            2.0,
-            Some(s(28)),
-            &state,
-            &BudgetPeers::NONE,
-            now,
-        );
+        // A 28 s start against the 10 s objective, deciding alone on `state`'s ledger.
+        let decide = |budget, state: &ScaleState| {
+            replica_policy(
+                &with_budget(budget),
+                ShareRoom::Fixed,
+                2.0,
+                Some(Duration::from_secs(28)),
+                state,
+                &BudgetPeers::NONE,
+                now,
+            )
+        };
+        let within = decide(0.01, &state);
         assert_eq!(within.warm_floor, None);
         assert_eq!(
             within.policy,
@@ -583,27 +624,11 @@ pub(super) mod tests {
             "{within}"
         );
         // A budget of 0.4% is less than that: the floor stays.
-        let over = replica_policy(
-            &with_budget(0.004),
-            ShareRoom::Fixed,
-            2.0,
-            Some(s(28)),
-            &state,
-            &BudgetPeers::NONE,
-            now,
-        );
+        let over = decide(0.004, &state);
         assert!(over.warm_floor.is_some() && over.zero_within_budget.is_none());
         assert_eq!(over.policy.min_replicas, 1);
         // No history (a controller that just started): the floor stays whatever the budget.
-        let fresh = replica_policy(
-            &with_budget(0.5),
-            ShareRoom::Fixed,
-            2.0,
-            Some(s(28)),
-            &ScaleState::default(),
-            &BudgetPeers::NONE,
-            now,
-        );
+        let fresh = decide(0.5, &ScaleState::default());
         assert!(fresh.warm_floor.is_some());
     }
 
@@ -699,24 +724,12 @@ pub(super) mod tests {
     fn a_cold_start_longer_than_the_objective_keeps_a_warm_replica() {
         let zero = ScalePolicy {
             min_replicas: 0,
-            scale_to_zero: Some(crate::scale::ScaleToZero {
-                idle_after: Duration::from_secs(300),
-                cold_start_miss_budget: None,
-                cold_start_budget_group: None,
-            }),
+            scale_to_zero: Some(crate::scale::ScaleToZero::after(Duration::from_secs(300))),
             ..policy()
         };
         let s = Duration::from_secs;
         // 28 s to start against a 2 s objective: a floor of one, no scale to zero.
-        let j = replica_policy(
-            &zero,
-            ShareRoom::Fixed,
-            2.0,
-            Some(s(28)),
-            &ScaleState::default(),
-            &BudgetPeers::NONE,
-            Timestamp::default(),
-        );
+        let j = alone(&zero, ShareRoom::Fixed, 2.0, Some(s(28)));
         assert_eq!(
             (j.policy.min_replicas, j.policy.scale_to_zero.is_some()),
             (1, false)
@@ -736,15 +749,7 @@ pub(super) mod tests {
         // A one-second sleep-mode wake meets it; an unknown lead time changes nothing; nor does a model that
         // never goes to zero.
         for (p, lead) in [(&zero, Some(s(1))), (&zero, None), (&policy(), Some(s(28)))] {
-            let j = replica_policy(
-                p,
-                ShareRoom::Fixed,
-                2.0,
-                lead,
-                &ScaleState::default(),
-                &BudgetPeers::NONE,
-                Timestamp::default(),
-            );
+            let j = alone(p, ShareRoom::Fixed, 2.0, lead);
             assert_eq!(j.warm_floor, None);
             assert_eq!(&j.policy, p);
         }
@@ -778,15 +783,7 @@ pub(super) mod tests {
             max_replicas: 4,
             ..policy()
         };
-        let j = replica_policy(
-            &p,
-            ShareRoom::Fixed,
-            2.0,
-            None,
-            &ScaleState::default(),
-            &BudgetPeers::NONE,
-            Timestamp::default(),
-        );
+        let j = alone(&p, ShareRoom::Fixed, 2.0, None);
         let decide_on =
             |i: &ScaleInput| decide(i, &j, &ScaleState::default(), Timestamp::from_millis(60_000));
         let quiet = input(vec![Some(0); 4], 0);

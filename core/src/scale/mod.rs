@@ -33,11 +33,11 @@
 //! from the day of demand [`coldstart`] counts) before calling it; [`constraint::Constraint::of`] names what held
 //! the result (`status.constraint`, the simulator's `held_by`).
 //!
-//! The caller keeps one [`ScaleState`] per model, counts each round's demand into its cold-start ledger
-//! ([`ScaleState::count_demand`]) and resolves the model's cold start ([`ScaleState::cold_start`], remembered for
-//! rounds at zero) before deciding; a model in a budget group reads its namespace's other models' last claims
-//! ([`ScaleState::claim`], [`coldstart::group`]) and keeps the one its round makes ([`joint::JointPolicy::claim`]);
-//! the caller then calls [`ScaleState::record`] with each decision it acts on. Losing the state is safe: it only
+//! The caller keeps one [`ScaleState`] per model and starts each round with [`joint::round`], which counts the
+//! round's demand into the model's cold-start ledger, resolves its cold start (remembered for rounds at zero) and
+//! keeps the claim a budget group's members read ([`ScaleState::claim`], [`coldstart::group`]); a model in a group
+//! passes its namespace's other models' last claims. The caller then calls [`ScaleState::record`] with each decision
+//! it acts on. Losing the state is safe: it only
 //! restarts the windows, so a scale-down waits a full window again, and a warm floor that a budget had let go comes
 //! back until an hour of demand is counted again.
 
@@ -161,7 +161,7 @@ impl ScalePolicy {
             );
         }
         if let Some(b) = self.scale_to_zero.as_ref().and_then(|z| z.cold_start_miss_budget)
-            && !(b.is_finite() && (0.0..=0.5).contains(&b))
+            && !coldstart::is_miss_budget(b)
         {
             errors.push(format!(
                 "scaleToZero.coldStartMissBudget is a share of requests in [0, 0.5] (0.005 = 0.5%), got {b}"
@@ -176,7 +176,7 @@ impl ScalePolicy {
                      that budget"
                 ));
             }
-            if !is_group_name(g) {
+            if !coldstart::is_group_name(g) {
                 errors.push(format!(
                     "scaleToZero.coldStartBudgetGroup must be 1-63 lowercase letters, digits or '-', starting and \
                      ending with a letter or digit (like a label value), got '{g}'"
@@ -228,16 +228,6 @@ impl ScalePolicy {
     }
 }
 
-/// A budget group's name: what a label value allows, lowercase.
-fn is_group_name(g: &str) -> bool {
-    let b = g.as_bytes();
-    let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=63).contains(&b.len())
-        && b.iter().all(|c| ok(c) || *c == b'-')
-        && b.first().is_some_and(ok)
-        && b.last().is_some_and(ok)
-}
-
 /// Per-replica targets, one per signal. A signal with no target is not used.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Targets {
@@ -282,9 +272,20 @@ pub struct ScaleToZero {
     /// always keep the floor.
     pub cold_start_miss_budget: Option<f64>,
     /// A group of models (in one namespace) that share the budget: together they may miss the budget's share of
-    /// their combined requests, spent on the floors that save the most GPU time per miss ([`coldstart::group`]).
+    /// their combined requests, spent on the floors that would sit idle longest per miss ([`coldstart::group`]).
     /// `None`: the budget is the model's own.
     pub cold_start_budget_group: Option<String>,
+}
+
+impl ScaleToZero {
+    /// Scale to zero after `idle_after`, with no cold-start miss budget.
+    pub fn after(idle_after: Duration) -> Self {
+        Self {
+            idle_after,
+            cold_start_miss_budget: None,
+            cold_start_budget_group: None,
+        }
+    }
 }
 
 /// Knative KPA's panic mode: react at once to a burst, then hold.

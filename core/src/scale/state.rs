@@ -39,11 +39,11 @@ pub struct ScaleState {
     pub last_panic_at: Option<Timestamp>,
     /// The highest replica count reached during the current panic (panic never scales below it).
     pub panic_peak: u32,
-    /// What scaling to zero would have cost in missed objectives over the last day ([`coldstart`]); the caller
-    /// feeds it each sync ([`ScaleState::count_demand`]) before deciding.
+    /// What scaling to zero would have cost in missed objectives over the last day ([`coldstart`]), fed each round
+    /// by [`joint::round`].
     pub cold_starts: coldstart::ColdStartLedger,
     /// What this model's last round published for its budget group's other members to read
-    /// ([`coldstart::group`]); the caller stores [`joint::JointPolicy::claim`] here.
+    /// ([`coldstart::group`]; [`joint::round`] keeps [`joint::JointPolicy::claim`] here).
     pub claim: Option<coldstart::BudgetClaim>,
     /// The last cold start the caller measured ([`ScaleState::cold_start`]): a model at zero has no pod to measure.
     pub last_cold_start: Option<Duration>,
@@ -54,9 +54,9 @@ const MAX_HISTORY: usize = 4096;
 
 impl ScaleState {
     /// Counts a round's demand into the cold-start ledger, before deciding: only for a policy with a
-    /// `coldStartMissBudget`, the one reader of the ledger, so a model without one keeps no day of samples. The
-    /// controller and the simulator call this every round, whatever is decided.
-    pub fn count_demand(&mut self, policy: &ScalePolicy, demand: &Demand, now: Timestamp) {
+    /// `coldStartMissBudget`, the one reader of the ledger, so a model without one keeps no day of samples.
+    /// [`joint::round`] calls this every round, whatever is decided.
+    pub(crate) fn count_demand(&mut self, policy: &ScalePolicy, demand: &Demand, now: Timestamp) {
         if let Some(z) = &policy.scale_to_zero
             && z.cold_start_miss_budget.is_some()
         {
@@ -67,7 +67,7 @@ impl ScaleState {
     /// The model's cold start for this round: what the caller `measured` (the controller: its fastest ready pod),
     /// else the last it measured, so a model gone to zero still knows what a start from zero costs (its warm
     /// floor, and its part in a budget group, do not lapse while it has no pod). `None` until one was measured.
-    pub fn cold_start(&mut self, measured: Option<Duration>) -> Option<Duration> {
+    pub(crate) fn cold_start(&mut self, measured: Option<Duration>) -> Option<Duration> {
         if measured.is_some() {
             self.last_cold_start = measured;
         }

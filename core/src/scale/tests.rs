@@ -18,11 +18,7 @@ fn kv_policy(min: u32, max: u32) -> ScalePolicy {
             kv_cache_utilization: Some(0.5),
             ..Targets::default()
         },
-        scale_to_zero: (min == 0).then_some(ScaleToZero {
-            idle_after: Duration::from_secs(300),
-            cold_start_miss_budget: None,
-            cold_start_budget_group: None,
-        }),
+        scale_to_zero: (min == 0).then_some(ScaleToZero::after(Duration::from_secs(300))),
         panic: None,
         ..ScalePolicy::default()
     }
@@ -351,11 +347,7 @@ fn never_to_zero_with_work_anywhere_or_unknown_idle() {
     assert_eq!(decide(&inp, &policy, &state, now).desired_replicas, 1);
     // Without scale_to_zero in the policy: never.
     let mut policy = kv_policy(1, 5);
-    policy.scale_to_zero = Some(ScaleToZero {
-        idle_after: Duration::from_secs(1),
-        cold_start_miss_budget: None,
-        cold_start_budget_group: None,
-    });
+    policy.scale_to_zero = Some(ScaleToZero::after(Duration::from_secs(1)));
     assert_eq!(
         decide(&idle_input(1, 0), &policy, &state, now).desired_replicas,
         1
@@ -525,11 +517,7 @@ fn arb_policy() -> impl Strategy<Value = ScalePolicy> {
                 ttft_p95: None,
                 requests_per_second_per_replica: rps,
             },
-            scale_to_zero: (min == 0).then_some(ScaleToZero {
-                idle_after: Duration::from_secs(60),
-                cold_start_miss_budget: None,
-                cold_start_budget_group: None,
-            }),
+            scale_to_zero: (min == 0).then_some(ScaleToZero::after(Duration::from_secs(60))),
             panic: panic.then(PanicMode::default),
             ttft_slo: slo.map(Duration::from_millis),
             ..ScalePolicy::default()

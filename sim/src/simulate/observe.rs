@@ -48,11 +48,10 @@ pub struct DecisionRecord {
     pub cold_start: Option<std::time::Duration>,
     /// The model's history before the round (before its demand was counted into the cold-start ledger).
     pub state: ScaleState,
-    /// The cold-start ledger once this round's demand was counted (`core::scale::coldstart`): what the
-    /// controller's own count from the same documents must give.
-    pub cold_starts: tessera_core::scale::coldstart::ColdStartLedger,
-    /// What the round published for the model's budget group (`core::scale::coldstart::group`).
-    pub claim: Option<tessera_core::scale::coldstart::BudgetClaim>,
+    /// The history once the round (`core::scale::joint::round`) counted its demand, resolved its cold start and
+    /// kept its budget claim, before the decision was recorded: what the controller's own round from the same
+    /// documents must give.
+    pub counted: ScaleState,
     /// The other models' claims the round read (empty outside a budget group).
     pub group: Vec<tessera_core::scale::coldstart::BudgetClaim>,
     /// What was decided.

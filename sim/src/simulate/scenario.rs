@@ -13,6 +13,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use tessera_core::scale::coldstart;
 
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::formats::{self, Format};
@@ -313,7 +314,7 @@ pub struct ModelFile {
     pub cold_start_miss_budget: Option<f64>,
     /// Tessera: share `cold_start_miss_budget` with the models naming the same group
     /// (`scaleToZero.coldStartBudgetGroup`): together they may miss that share of their combined requests, spent
-    /// on the warm replicas that save the most GPU time per miss (`core::scale::coldstart::group`).
+    /// on the warm replicas that would sit idle longest per miss (`core::scale::coldstart::group`).
     #[serde(default)]
     pub cold_start_budget_group: Option<String>,
     /// How a replica starts.
@@ -602,7 +603,7 @@ impl ScenarioFile {
                 ));
             }
             if let Some(b) = m.cold_start_miss_budget {
-                if !(b.is_finite() && (0.0..=0.5).contains(&b)) {
+                if !coldstart::is_miss_budget(b) {
                     p.push(format!(
                         "{at}.cold_start_miss_budget is a share of requests in [0, 0.5] (0.005 = 0.5%), got {b}"
                     ));
@@ -619,13 +620,7 @@ impl ScenarioFile {
                         "{at}.cold_start_budget_group '{g}' needs cold_start_miss_budget: the group shares that budget"
                     ));
                 }
-                let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-                if g.is_empty()
-                    || g.len() > 63
-                    || !g.chars().all(|c| ok(c) || c == '-')
-                    || !g.starts_with(ok)
-                    || !g.ends_with(ok)
-                {
+                if !coldstart::is_group_name(g) {
                     p.push(format!(
                         "{at}.cold_start_budget_group must be 1-63 lowercase letters, digits or '-', starting and \
                          ending with a letter or digit, got '{g}'"

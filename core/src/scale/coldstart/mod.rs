@@ -42,6 +42,25 @@ pub const MIN_HISTORY: Duration = Duration::from_secs(3600);
 /// How far back the ledger looks: a day, the period of most internal tools' traffic.
 pub const WINDOW: Duration = Duration::from_secs(24 * 3600);
 
+/// The largest `coldStartMissBudget`: half of the requests.
+pub const MAX_MISS_BUDGET: f64 = 0.5;
+
+/// Whether `b` is a share of requests a policy may name as its `coldStartMissBudget`: in `[0, MAX_MISS_BUDGET]`.
+pub fn is_miss_budget(b: f64) -> bool {
+    b.is_finite() && (0.0..=MAX_MISS_BUDGET).contains(&b)
+}
+
+/// Whether `g` can name a `coldStartBudgetGroup`: what a label value allows, lowercase (1–63 letters, digits or
+/// '-', starting and ending with a letter or digit).
+pub fn is_group_name(g: &str) -> bool {
+    let b = g.as_bytes();
+    let ok = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=63).contains(&b.len())
+        && b.iter().all(|c| ok(c) || *c == b'-')
+        && b.first().is_some_and(ok)
+        && b.last().is_some_and(ok)
+}
+
 /// At most this many syncs are remembered (a day at a 15 s sync period is 5,760), so a caller ticking fast cannot
 /// grow the ledger without limit.
 const MAX_SAMPLES: usize = 8192;
@@ -80,7 +99,7 @@ pub struct ColdStartEvidence {
     pub requests: u64,
     /// Cold starts the model would have paid at zero.
     pub cold_starts: u32,
-    /// Requests that would have waited through a cold start beyond the objective.
+    /// Requests that would have missed the objective through a cold start: those that arrived while it ran.
     pub misses: u64,
     /// How long the window observed covers.
     pub observed: Duration,

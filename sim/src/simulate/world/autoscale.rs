@@ -96,13 +96,7 @@ impl World<'_> {
         // the controller takes it off `/scale`'s count the same way.
         let current = consolidate::count_before_surge(live.len() as u32, rt.surging);
         let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
-        // What going to zero would have cost, counted from the demand every round, as the controller does.
         let state_before = self.decisions.is_some().then(|| self.models[m].state.clone());
-        self.models[m]
-            .state
-            .count_demand(&declared, &input.demand, now_ts);
-        // The simulator knows the start's length; remembered as the controller remembers what it measured.
-        let cold_start = self.models[m].state.cold_start(cold_start);
         // A budget group's members read each other's last claims, as the controller reads them from its states.
         let group: Vec<BudgetClaim> = if declared
             .scale_to_zero
@@ -118,19 +112,21 @@ impl World<'_> {
         } else {
             Vec::new()
         };
-        let joint = joint::replica_policy(
+        // The controller's round (`joint::round`): the demand counted into the cold-start ledger, the start's length
+        // (which the simulator knows) resolved as the controller resolves what it measured, the joint policy, and
+        // the claim the model's group reads.
+        let joint = joint::round(
             &declared,
             room,
-            recommend::Config::default().compute_max_step_up,
             cold_start,
-            &self.models[m].state,
+            &input.demand,
+            &mut self.models[m].state,
             &joint::BudgetPeers {
                 name: &self.sc.models[m].name,
                 claims: &group,
             },
             now_ts,
         );
-        self.models[m].state.claim = joint.claim.clone();
         if let Some(w) = joint.warm_floor {
             self.models[m].warm_floor = Some(w);
         }
@@ -159,10 +155,9 @@ impl World<'_> {
                 activator: sample,
                 policy: declared,
                 room,
-                cold_start,
+                cold_start: rt.state.last_cold_start,
                 state: state_before.unwrap_or_default(),
-                cold_starts: rt.state.cold_starts.clone(),
-                claim: rt.state.claim.clone(),
+                counted: rt.state.clone(),
                 group,
                 decision: d.clone(),
                 constraint: held,
