@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tessera_core::scale;
+use tessera_core::scale::{self, Timestamp, coldstart};
 
 /// API group of every Tessera resource.
 pub const GROUP: &str = "tessera.dev";
@@ -432,6 +432,102 @@ pub struct InferenceAutoscalerStatus {
     /// Why the workload class is what it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_class_reason: Option<String>,
+    /// The controller's copy of the model's last day of demand, for `scaleToZero.coldStartMissBudget`: a
+    /// restarted controller or a new leader resumes from it instead of keeping the warm floor for an hour. Written
+    /// at most once a minute, and only when requests arrived or a cold start was measured. Not for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_start_ledger: Option<ColdStartLedgerStatus>,
+}
+
+/// A compact copy of a model's cold-start ledger (`tessera_core::scale::coldstart::checkpoint`): the syncs a cold
+/// start reaches after each would-be wake exactly, the rest in five-minute buckets.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdStartLedgerStatus {
+    /// The last sync counted, Unix milliseconds.
+    #[schemars(range(min = 0))]
+    pub taken_at_unix_ms: i64,
+    /// The last request the activators had seen then, Unix milliseconds.
+    #[schemars(range(min = 0))]
+    pub last_request_at_unix_ms: i64,
+    /// The activators' request counters then, added up.
+    #[schemars(range(min = 0))]
+    pub requests_total: i64,
+    /// The last cold start measured (creation to Ready of the fastest pod), milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub cold_start_ms: Option<i64>,
+    /// Oldest first: `[milliseconds before takenAt, requests]` per sync or bucket, and
+    /// `[milliseconds before takenAt, requests, milliseconds the model would have spent at zero before it]` for a
+    /// request after an idle spell of `idleAfter` (a cold start the model would have paid at zero).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub samples: Vec<Vec<i64>>,
+}
+
+impl ColdStartLedgerStatus {
+    /// The status form of a copy.
+    pub fn from_checkpoint(c: &coldstart::LedgerCheckpoint) -> Self {
+        let ms = |t: Timestamp| i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+        let dur = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        ColdStartLedgerStatus {
+            taken_at_unix_ms: ms(c.taken_at),
+            last_request_at_unix_ms: ms(c.last_request_at),
+            requests_total: count(c.requests_total),
+            cold_start_ms: c.cold_start.map(dur),
+            samples: c
+                .samples
+                .iter()
+                .map(|s| {
+                    let mut v = vec![dur(c.taken_at.since(s.at)), count(s.requests)];
+                    v.extend(s.at_zero.map(dur));
+                    v
+                })
+                .collect(),
+        }
+    }
+
+    /// The copy this status holds, or what is wrong with it (a field edited by hand, or written by another
+    /// version).
+    pub fn to_checkpoint(&self) -> Result<coldstart::LedgerCheckpoint, String> {
+        let non_negative =
+            |v: i64, what: &str| u64::try_from(v).map_err(|_| format!("{what} is negative ({v})"));
+        let taken_at = Timestamp::from_millis(non_negative(self.taken_at_unix_ms, "takenAtUnixMs")?);
+        let samples = self
+            .samples
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let field = |j: usize, what: &str| non_negative(v[j], &format!("samples[{i}] {what}"));
+                if !(2..=3).contains(&v.len()) {
+                    return Err(format!("samples[{i}] has {} numbers, not 2 or 3", v.len()));
+                }
+                let before = Duration::from_millis(field(0, "milliseconds before takenAt")?);
+                Ok(coldstart::CheckpointSample {
+                    at: taken_at.minus(before),
+                    requests: field(1, "requests")?,
+                    at_zero: match v.get(2) {
+                        Some(_) => Some(Duration::from_millis(field(2, "milliseconds at zero")?)),
+                        None => None,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(coldstart::LedgerCheckpoint {
+            taken_at,
+            last_request_at: Timestamp::from_millis(non_negative(
+                self.last_request_at_unix_ms,
+                "lastRequestAtUnixMs",
+            )?),
+            requests_total: non_negative(self.requests_total, "requestsTotal")?,
+            cold_start: self
+                .cold_start_ms
+                .map(|c| non_negative(c, "coldStartMs").map(Duration::from_millis))
+                .transpose()?,
+            samples,
+        })
+    }
 }
 
 /// One replica's GPU allocation, as written in status.

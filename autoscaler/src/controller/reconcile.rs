@@ -13,7 +13,8 @@
 //!    write `status` only when it changed (merge patch carrying the `resourceVersion`, retried on 409 Conflict).
 //!
 //! The per-object [`ScaleState`] lives in memory. Losing it (restart, new leader) only restarts the windows, which
-//! is safe: a scale-down then waits a full stabilization window again.
+//! is safe: a scale-down then waits a full stabilization window again. The cold-start ledger, a day of counts, is
+//! the exception: a copy kept in `status.coldStartLedger` resumes it ([`resume_state`], [`ledger_status`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -437,6 +438,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .is_some_and(|z| z.cold_start_budget_group.is_some());
     let measured = observed_cold_start(&all_pods);
     let room = share_room(obj, &docs);
+    let ledger_copy;
     let (state, joint) = {
         let mut states = ctx.states.lock().ok();
         let claims = match &states {
@@ -445,7 +447,9 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         };
         let mut lost = ScaleState::default();
         let state = match states.as_mut() {
-            Some(s) => s.entry(key.clone()).or_default(),
+            Some(s) => s
+                .entry(key.clone())
+                .or_insert_with(|| resume_state(obj, &policy, now)),
             None => &mut lost,
         };
         let joint = scale::joint::round(
@@ -461,6 +465,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             now,
         );
         let state = state.clone();
+        ledger_copy = ledger_status(obj, &policy, &state, now);
         if let Some(s) = &states {
             publish_budget_metrics(&ctx.metrics, s, &ns, joint.budget_group.as_ref());
         }
@@ -572,6 +577,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             &now_k8s,
         );
         st.allocation = Some(allocation.clone());
+        st.cold_start_ledger = ledger_copy.clone();
         status::set_workload_class(&mut st, workload_class.as_ref());
         let had = st
             .conditions
@@ -605,6 +611,81 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         st
     })
     .await
+}
+
+/// How often, at most, the copy of a model's cold-start ledger in its status is rewritten.
+pub const LEDGER_COPY_EVERY: Duration = Duration::from_secs(60);
+
+/// The state of a model this process has not decided for yet (it just started, or became the leader): the
+/// cold-start ledger resumes from the copy in the status ([`ledger_status`]), so a model with a
+/// `coldStartMissBudget` does not fall back to its warm floor for an hour after every restart. A copy that cannot be
+/// read is logged and ignored: an empty ledger keeps the floor, which is safe.
+fn resume_state(obj: &InferenceAutoscaler, policy: &scale::ScalePolicy, now: Timestamp) -> ScaleState {
+    let copy = obj.status.as_ref().and_then(|s| s.cold_start_ledger.as_ref());
+    let Some(copy) = copy.filter(|_| has_budget(policy)) else {
+        return ScaleState::default();
+    };
+    match copy
+        .to_checkpoint()
+        .and_then(|c| ScaleState::resume(&c, now).map_err(|e| e.to_string()))
+    {
+        Ok(state) => {
+            info!(
+                samples = copy.samples.len(),
+                taken_ms_ago = i64::try_from(now.as_millis()).unwrap_or(i64::MAX) - copy.taken_at_unix_ms,
+                "resumed the cold-start ledger from status.coldStartLedger"
+            );
+            state
+        }
+        Err(e) => {
+            warn!(error = %e, "status.coldStartLedger cannot be resumed: starting an empty ledger (the warm floor holds for an hour)");
+            ScaleState::default()
+        }
+    }
+}
+
+fn has_budget(policy: &scale::ScalePolicy) -> bool {
+    policy
+        .scale_to_zero
+        .as_ref()
+        .is_some_and(|z| z.cold_start_miss_budget.is_some())
+}
+
+/// The copy of the model's cold-start ledger to keep in its status: none without a `coldStartMissBudget`; the
+/// status's own while nothing new was counted (no request, no new cold start measured) or the copy is younger than
+/// [`LEDGER_COPY_EVERY`], so a model at zero costs no status writes and a busy one one a minute; a fresh one over a
+/// copy that cannot be read.
+fn ledger_status(
+    obj: &InferenceAutoscaler,
+    policy: &scale::ScalePolicy,
+    state: &ScaleState,
+    now: Timestamp,
+) -> Option<crd::ColdStartLedgerStatus> {
+    if !has_budget(policy) {
+        return None;
+    }
+    let written = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.cold_start_ledger.clone())
+        .filter(|w| {
+            w.to_checkpoint()
+                .is_ok_and(|c| ScaleState::resume(&c, now).is_ok())
+        });
+    let Some(copy) = state.checkpoint(now) else {
+        return written;
+    };
+    let fresh = crd::ColdStartLedgerStatus::from_checkpoint(&copy);
+    match written {
+        Some(w)
+            if (w.requests_total == fresh.requests_total && w.cold_start_ms == fresh.cold_start_ms)
+                || fresh.taken_at_unix_ms.saturating_sub(w.taken_at_unix_ms)
+                    < i64::try_from(LEDGER_COPY_EVERY.as_millis()).unwrap_or(i64::MAX) =>
+        {
+            Some(w)
+        }
+        _ => Some(fresh),
+    }
 }
 
 /// What the model's compute share can do, for the joint policy: it can grow when the model shares GPUs with a

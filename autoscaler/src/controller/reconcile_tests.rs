@@ -26,11 +26,14 @@ struct FakeSignals {
     activator: Mutex<std::collections::VecDeque<ActivatorStats>>,
 }
 
+/// A replica's status with KV cache usage `kv`: four requests running, none when the cache is empty (an idle
+/// replica, which lets a model go to zero).
 fn sidecar_status(kv: f64) -> SidecarStatus {
+    let running = if kv == 0.0 { 0.0 } else { 4.0 };
     serde_json::from_value(json!({
         "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
         "ready": true, "stale": false, "scrape": {"interval_secs": 5.0, "successes_total": 10},
-        "latest": {"at": 999.0, "kv_cache_usage_ratio": kv, "requests_running": 4.0, "requests_waiting": 0.0},
+        "latest": {"at": 999.0, "kv_cache_usage_ratio": kv, "requests_running": running, "requests_waiting": 0.0},
         "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming up"}}
     }))
     .unwrap()
@@ -926,4 +929,107 @@ async fn initial_marks_the_pods_that_run_another_allocation_to_go_first_on_a_sca
     });
     reconcile(Arc::new(obj), ctx).await.unwrap();
     server.await.unwrap();
+}
+
+/// A restarted controller (or a new leader) resumes a model's cold-start ledger from `status.coldStartLedger`. The
+/// model's last two hours, as the previous leader counted them, show one would-be cold start missing 4 of 362
+/// requests (1.1%, within its 2% budget): it goes to zero at once, as it would have before the restart. Without
+/// the copy, or with one that cannot be read, the ledger starts empty and the model keeps its warm replica (its
+/// 28 s start is over the 2 s objective) until an hour is counted again; the copy written then is a fresh one.
+#[tokio::test]
+async fn a_restarted_controller_resumes_the_cold_start_ledger_from_status() {
+    use tessera_core::scale::{Demand, Timestamp};
+    let ms = NOW_S * 1000;
+    let start = ms - 7_200_000;
+    let mut before = ScaleState {
+        last_cold_start: Some(Duration::from_secs(28)),
+        ..ScaleState::default()
+    };
+    let (mut total, mut last) = (0, start);
+    // Syncs every 15 s until a minute ago: 2 requests a sync for half an hour, idle for half an hour, a burst of a
+    // quarter of an hour (the would-be cold start), idle since.
+    for t in (0..=7140).step_by(15) {
+        if t > 0 && (t <= 1800 || (3600..=4500).contains(&t)) {
+            total += 2;
+            last = start + t * 1000;
+        }
+        let demand = Demand {
+            requests_total: Some(total),
+            last_request_at: Some(Timestamp::from_millis(last)),
+            ..Demand::default()
+        };
+        before.cold_starts.observe(
+            &demand,
+            Duration::from_secs(300),
+            Timestamp::from_millis(start + t * 1000),
+        );
+    }
+    assert_eq!(total, 362);
+    let copy =
+        crd::ColdStartLedgerStatus::from_checkpoint(&before.checkpoint(Timestamp::from_millis(ms)).unwrap());
+    let mut broken = copy.clone();
+    broken.samples[3].push(1);
+    broken.samples[3].push(1);
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 0, "maxReplicas": 4,
+                      "ttftSlo": "2s", "modelNames": ["llama"],
+                      "scaleToZero": {"idleAfter": "5m", "coldStartMissBudget": 0.02}});
+    // Its one pod started in 28 s.
+    let started = json!({"metadata": {"name": "a", "namespace": "models", "creationTimestamp": "2027-01-15T07:00:00Z"},
+                         "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True",
+                                    "lastTransitionTime": "2027-01-15T07:00:28Z"}]}});
+    for written in [Some(copy.clone()), None, Some(broken)] {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        // Two polls a second apart: the request rate is known (zero), and so is the last request; the third
+        // document answers the poll made right before going to zero.
+        let idle = |at| activator_doc(at, "models/llama", total, 0, 0, Some(last));
+        let ctx = context_with_activator(
+            Client::new(svc, "default"),
+            &[("http://10.0.0.1:9090", 0.0)],
+            vec![idle(ms - 1000), idle(ms), idle(ms + 100)],
+        );
+        poll(&ctx).await;
+        poll(&ctx).await;
+        let mut obj = (*ias(spec.clone(), json!({}))).clone();
+        obj.status = Some(InferenceAutoscalerStatus {
+            cold_start_ledger: written.clone(),
+            ..InferenceAutoscalerStatus::default()
+        });
+        let resumes = written.as_ref() == Some(&copy);
+        let pods = vec![started.clone()];
+        let server = tokio::spawn(async move {
+            answer_scale_and_pods(&mut handle, 1, pods).await;
+            if resumes {
+                let (event, send) = expect_rescale(&mut handle, 0).await;
+                respond(send, 201, &event);
+            }
+            let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+            respond(send, 200, &ias_json());
+            patch
+        });
+        reconcile(Arc::new(obj), ctx.clone()).await.unwrap();
+        let patch = server.await.unwrap();
+        let message = condition(&patch["status"], "ScalingActive")["message"].to_string();
+        let ledger: crd::ColdStartLedgerStatus =
+            serde_json::from_value(patch["status"]["coldStartLedger"].clone()).unwrap();
+        if resumes {
+            assert_eq!(patch["status"]["desiredReplicas"], 0, "{patch}");
+            // Nothing new was counted: the copy stays as written.
+            assert_eq!(ledger, copy);
+        } else {
+            assert_eq!(patch["status"]["desiredReplicas"], 1, "{written:?}: {patch}");
+            assert!(
+                message.contains("keeps one warm replica: a cold start takes 28 s"),
+                "{message}"
+            );
+            // The copy of the new ledger: one sync counted, so far.
+            assert_eq!(
+                (
+                    ledger.samples.len(),
+                    ledger.taken_at_unix_ms,
+                    ledger.cold_start_ms
+                ),
+                (1, ms as i64, Some(28_000))
+            );
+        }
+    }
 }

@@ -265,6 +265,7 @@ pub fn merge_patch(status: &InferenceAutoscalerStatus, resource_version: Option<
             "recommendation",
             "workloadClass",
             "workloadClassReason",
+            "coldStartLedger",
         ] {
             obj.entry(key).or_insert(serde_json::Value::Null);
         }

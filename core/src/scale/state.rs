@@ -49,6 +49,10 @@ pub struct ScaleState {
     pub last_cold_start: Option<Duration>,
 }
 
+/// A copy of the ledger is exact for cold starts at least this long, whatever was measured: a start that grows
+/// (a larger model version) reads buckets whole, which only adds misses.
+const CHECKPOINT_EXACT_FOR: Duration = Duration::from_secs(120);
+
 /// Upper bound on remembered recommendations, so a caller ticking very fast cannot grow the state without limit.
 const MAX_HISTORY: usize = 4096;
 
@@ -72,6 +76,32 @@ impl ScaleState {
             self.last_cold_start = measured;
         }
         self.last_cold_start
+    }
+
+    /// A copy of what the cold-start rules carry past this process (the day's ledger and the last cold start
+    /// measured), for the caller to keep where a successor can read it ([`coldstart::checkpoint`]). `None` when
+    /// there is nothing to resume from.
+    pub fn checkpoint(&self, now: Timestamp) -> Option<coldstart::LedgerCheckpoint> {
+        let exact_for = self
+            .last_cold_start
+            .map_or(CHECKPOINT_EXACT_FOR, |c| c.max(CHECKPOINT_EXACT_FOR));
+        let mut copy = self.cold_starts.checkpoint(exact_for, now)?;
+        copy.cold_start = self.last_cold_start;
+        Some(copy)
+    }
+
+    /// The state a successor starts from: the ledger and the last cold start of a copy [`ScaleState::checkpoint`]
+    /// wrote, and no windows (a scale-down waits a whole window again, which is safe). `now` checks the copy
+    /// against this process's clock.
+    pub fn resume(
+        copy: &coldstart::LedgerCheckpoint,
+        now: Timestamp,
+    ) -> Result<Self, coldstart::CheckpointError> {
+        Ok(ScaleState {
+            cold_starts: coldstart::ColdStartLedger::restore(copy, now)?,
+            last_cold_start: copy.cold_start,
+            ..ScaleState::default()
+        })
     }
 
     /// Remembers a decision the caller acted on (or chose to keep), and forgets what no window can see any more.

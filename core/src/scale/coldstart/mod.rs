@@ -22,17 +22,20 @@
 //!
 //! It is counterfactual on purpose: what it counts does not depend on whether the floor was kept, so dropping a
 //! floor cannot feed back into the evidence for keeping it. It fails safe: without `MIN_HISTORY` of
-//! observations (a controller just restarted, activator data missing) there is no evidence and the floor stays.
+//! observations (a budget just set, activator data missing) there is no evidence and the floor stays. A restarted
+//! controller resumes from a compact copy ([`checkpoint`]) rather than starting that hour again.
 //!
 //! Models may also share one budget across a group (`scaleToZero.coldStartBudgetGroup`, [`group`]): the group's
-//! combined requests set the allowance, spent on the floors that save the most GPU time per missed request.
+//! combined requests set the allowance, spent on the floors that would sit idle longest per missed request.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use super::{Demand, Timestamp};
 
+pub mod checkpoint;
 pub mod group;
+pub use checkpoint::{CheckpointError, CheckpointSample, LedgerCheckpoint};
 pub use group::{BudgetClaim, GroupSpend};
 
 /// How much history the ledger needs before it can let a floor go: an hour of the model's own traffic, so one
@@ -90,6 +93,8 @@ pub struct ColdStartLedger {
     counted: u64,
     /// The previous sync: when, the last request the activators had seen then, and their request counters.
     previous: Option<(Timestamp, Timestamp, u64)>,
+    /// Restored from a copy ([`checkpoint`]) and not fed since: the next sync may follow a gap of any length.
+    resumed: bool,
 }
 
 /// What the ledger shows over its window.
@@ -127,6 +132,7 @@ impl ColdStartLedger {
     pub fn observe(&mut self, demand: &Demand, idle_after: Duration, now: Timestamp) {
         let (Some(total), Some(last_request)) = (demand.requests_total, demand.last_request_at) else {
             self.previous = None;
+            self.resumed = false;
             return;
         };
         if let Some((at, _, _)) = self.previous
@@ -134,14 +140,21 @@ impl ColdStartLedger {
         {
             return; // the same sync twice, or a clock gone back: nothing new to count
         }
+        let resumed = std::mem::take(&mut self.resumed);
         let (requests, wake) = match self.previous {
             // A new request, and at the previous sync the model had been idle long enough to be at zero (for as
             // long as the spell ran past `idle_after`, measured to the previous sync: the shorter, never longer).
-            Some((at, seen, counted)) => (
-                total.saturating_sub(counted),
-                (last_request > seen && at.since(seen) >= idle_after)
-                    .then(|| at.since(seen).saturating_sub(idle_after)),
-            ),
+            // Resumed from a copy, the previous sync may be long ago and the gap's requests spread in any way: the
+            // spell is tested to now, so a wake in the gap is counted, with every request of the gap among its
+            // misses ([`checkpoint`]: a gap adds misses, never hides them).
+            Some((at, seen, counted)) => {
+                let spell_end = if resumed { now } else { at };
+                (
+                    total.saturating_sub(counted),
+                    (last_request > seen && spell_end.since(seen) >= idle_after)
+                        .then(|| at.since(seen).saturating_sub(idle_after)),
+                )
+            }
             None => (0, None),
         };
         self.counted = self.counted.saturating_add(requests);
