@@ -96,11 +96,14 @@ async fn honest_api(state: Shared, sidecar_port: u16) -> ApiServer {
                 api.put(
                     PODS,
                     "models",
+                    // Each pod took 28 s from creation to Ready: the cold start the controller measures.
                     json!({"apiVersion": "v1", "kind": "Pod",
                            "metadata": {"name": format!("llama-{pods}"), "labels": {"app": "llama"},
+                                        "creationTimestamp": "2026-01-01T00:00:00Z",
                                         "annotations": {"tessera.dev/sidecar-port": sidecar_port.to_string()}},
                            "status": {"podIP": "127.0.0.1", "phase": "Running",
-                                      "conditions": [{"type": "Ready", "status": "True"}]}}),
+                                      "conditions": [{"type": "Ready", "status": "True",
+                                                      "lastTransitionTime": "2026-01-01T00:00:28Z"}]}}),
                 );
                 pods += 1;
             }
@@ -556,6 +559,135 @@ async fn only_the_leader_acts_and_a_standby_takes_over() {
         c.lease.as_ref().expect("lease")["spec"]["leaseTransitions"],
         1,
         "one handover"
+    );
+}
+
+/// A model whose 28 s cold start is over its 2 s objective goes to zero only on a day of evidence that its cold
+/// starts fit its `coldStartMissBudget`, a day the leader counts in memory and copies into
+/// `status.coldStartLedger`. Through the real binary and the in-memory API server:
+/// 1. a controller with no copy to read keeps the warm replica;
+/// 2. a new one finds a copy in the status (two hours, one would-be cold start missing 4 of 204 requests, within
+///    the 5% budget) and goes to zero at once;
+/// 3. a request wakes the model; the leader counts it and writes a fresh copy;
+/// 4. it stops, and the next leader resumes from that copy and takes the model back to zero, where without it
+///    the warm floor would hold for an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_resumes_the_cold_start_ledger_from_status() {
+    let now = now_ms();
+    let mut object = ias(json!({
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+        "minReplicas": 0, "maxReplicas": 2, "ttftSlo": "2s",
+        "scaleToZero": {"idleAfter": "2s", "coldStartMissBudget": 0.05},
+        "modelNames": ["llama"]
+    }));
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias: object.clone(),
+        replicas: 1,
+        last_request_ms: now - 180_000,
+        requests_total: 204,
+        ..Cluster::default()
+    }));
+    let sidecar = serve(sidecar_app(state.clone())).await;
+    let api_server = honest_api(state.clone(), sidecar.port()).await;
+    api_server.put(
+        "discovery.k8s.io/v1/endpointslices",
+        "tessera",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "tessera-activator-x1", "labels": {"kubernetes.io/service-name": "tessera-activator"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": sidecar.port()}],
+               "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
+                              "targetRef": {"kind": "Pod", "name": "tessera-activator-0"}}]}),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let start = |identity: &str| {
+        start_autoscaler_as(
+            identity,
+            &dir,
+            api_server.addr,
+            free_port(),
+            &["--activator-service", "tessera/tessera-activator"],
+        )
+    };
+    let message = |c: &Cluster| {
+        c.status_patches.last().map_or(String::new(), |p| {
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "ScalingActive")
+                .map_or(String::new(), |c| c["message"].to_string())
+        })
+    };
+
+    // 1. Nothing to resume: the warm floor holds.
+    let mut x = start("replica-x");
+    wait_for(&state, "the warm floor", Duration::from_secs(30), |c| {
+        message(c).contains("keeps one warm replica: a cold start takes 28 s, over the 2 s TTFT objective")
+    })
+    .await;
+    support::terminate(&mut x.0, Duration::from_secs(10)).await;
+    assert!(state.lock().expect("lock").scale_patches.is_empty());
+
+    // 2. A copy from a previous leader, taken two minutes ago.
+    object["status"] = json!({"coldStartLedger": {
+        "takenAtUnixMs": now - 120_000, "lastRequestAtUnixMs": now - 180_000, "requestsTotal": 204,
+        "coldStartMs": 28_000,
+        "samples": [[7_080_000, 100], [3_480_000, 2, 600_000], [3_465_000, 2], [1_680_000, 100]]}});
+    api_server.put(IAS, "models", object);
+    let mut a = start("replica-a");
+    wait_for(
+        &state,
+        "the scale to zero on the copy",
+        Duration::from_secs(30),
+        |c| c.replicas == 0,
+    )
+    .await;
+    assert!(
+        state.lock().expect("lock").status_patches.iter().any(|p| p.to_string().contains(
+            "may go to zero though a cold start is over the TTFT objective: over the last 2.0 h, 1 cold start(s) \
+             would have missed 4 of 204 requests"
+        )),
+        "no status said why"
+    );
+
+    // 3. A request wakes it: the leader counts it, and its copy says so.
+    {
+        let mut c = state.lock().expect("lock");
+        c.queued = 1;
+        c.requests_total += 1;
+        c.last_request_ms = now_ms();
+    }
+    wait_for(
+        &state,
+        "a copy counting the request",
+        Duration::from_secs(30),
+        |c| {
+            c.replicas == 1
+                && c.status_patches
+                    .last()
+                    .is_some_and(|p| p["status"]["coldStartLedger"]["requestsTotal"] == 205)
+        },
+    )
+    .await;
+    state.lock().expect("lock").queued = 0;
+    support::terminate(&mut a.0, Duration::from_secs(10)).await;
+
+    // 4. The next leader resumes from that copy: back to zero once idle for 2 s.
+    let patches = state.lock().expect("lock").scale_patches.clone();
+    assert_eq!(patches, vec![0, 1]);
+    let _b = start("replica-b");
+    wait_for(
+        &state,
+        "the new leader's scale to zero",
+        Duration::from_secs(30),
+        |c| c.scale_patches.len() == 3 && c.replicas == 0,
+    )
+    .await;
+    let c = state.lock().expect("lock");
+    assert!(
+        message(&c).contains("2 cold start(s) would have missed 5 of 205 requests"),
+        "{}",
+        message(&c)
     );
 }
 
