@@ -1018,6 +1018,52 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         assert!(!yaml.lines().any(|l| l.ends_with(": Off") || l.ends_with("- Off")));
     }
 
+    /// The status form of a ledger's copy reads back as the same copy, stays a few KiB for a busy day (it is
+    /// rewritten up to once a minute, and every watcher of the object receives it), and names what is wrong with
+    /// one edited by hand.
+    #[test]
+    fn a_ledger_copy_round_trips_through_status_and_stays_small() {
+        use tessera_core::scale::{Demand, ScaleState};
+        let mut state = ScaleState::default();
+        let (mut total, mut last, mut t) = (0u64, 0u64, 0u64);
+        // A day of 15 s syncs: busy half-hours with an hour idle between, a few requests a sync.
+        while t <= 86_400 {
+            if (t / 1800) % 3 != 1 && t % 45 != 0 {
+                total += 1 + t % 4;
+                last = t;
+            }
+            let demand = Demand {
+                requests_total: Some(total),
+                last_request_at: Some(Timestamp::from_millis(last * 1000)),
+                ..Demand::default()
+            };
+            state.cold_starts.observe(
+                &demand,
+                Duration::from_secs(300),
+                Timestamp::from_millis(t * 1000),
+            );
+            t += 15;
+        }
+        state.last_cold_start = Some(Duration::from_millis(28_250));
+        let copy = state.checkpoint(Timestamp::from_millis(86_400_000)).unwrap();
+        let status = ColdStartLedgerStatus::from_checkpoint(&copy);
+        let json = serde_json::to_string(&status).unwrap();
+        assert!(json.len() < 8 * 1024, "{} bytes", json.len());
+        let back: ColdStartLedgerStatus = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.to_checkpoint().unwrap(), copy);
+        let mut edited = back.clone();
+        edited.samples[2] = vec![5, -1];
+        assert_eq!(
+            edited.to_checkpoint().unwrap_err(),
+            "samples[2] requests is negative (-1)"
+        );
+        edited.samples[2] = vec![5];
+        assert_eq!(
+            edited.to_checkpoint().unwrap_err(),
+            "samples[2] has 1 numbers, not 2 or 3"
+        );
+    }
+
     #[test]
     fn a_full_spec_becomes_a_policy() {
         let s = spec(GOOD);

@@ -5,7 +5,11 @@
 //! - `decide/empty_state`: 8 replicas, all four signals, TTFT guard and panic mode on, no history;
 //! - `decide/history_300`: the same input with a full 300 s scale-down window of history at 1 s ticks (300
 //!   recommendations and 20 scale events), the worst case the windows and rate limits walk;
-//! - `decide_and_record/history_300`: the simulator's per-tick pair, `decide` then `ScaleState::record`.
+//! - `decide_and_record/history_300`: the simulator's per-tick pair, `decide` then `ScaleState::record`;
+//! - `coldstart/*`: a budgeted model's day-long ledger (5,760 syncs at 15 s, bursty): `evidence`, which every
+//!   round of such a model reads, beside what keeping a copy in the status costs the controller — `checkpoint`
+//!   (at most once a minute) and `restore` of that copy (the check of the kept copy each round, and a new leader's
+//!   resume).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -105,5 +109,47 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// A day of 15 s syncs: busy half-hours with idle spells between (a wake after each), a few requests a sync.
+fn day_ledger() -> (ScaleState, Timestamp) {
+    let mut state = ScaleState {
+        last_cold_start: Some(Duration::from_secs(28)),
+        ..ScaleState::default()
+    };
+    let (mut total, mut last) = (0u64, 0u64);
+    let mut t = 0u64;
+    while t <= 86_400 {
+        if (t / 1800) % 3 != 1 && t % 45 != 0 {
+            total += 1 + t % 4;
+            last = t;
+        }
+        let demand = Demand {
+            requests_total: Some(total),
+            last_request_at: Some(Timestamp::from_millis(last * 1000)),
+            ..Demand::default()
+        };
+        state.cold_starts.observe(
+            &demand,
+            Duration::from_secs(300),
+            Timestamp::from_millis(t * 1000),
+        );
+        t += 15;
+    }
+    (state, Timestamp::from_millis(86_400_000))
+}
+
+fn bench_coldstart(c: &mut Criterion) {
+    let (state, now) = day_ledger();
+    let copy = state.checkpoint(now).expect("a copy");
+    let mut g = c.benchmark_group("coldstart");
+    g.bench_function("evidence/day", |b| {
+        b.iter(|| black_box(&state.cold_starts).evidence(Duration::from_secs(28), now))
+    });
+    g.bench_function("checkpoint/day", |b| b.iter(|| black_box(&state).checkpoint(now)));
+    g.bench_function(&format!("restore/day_copy_{}_samples", copy.samples.len()), |b| {
+        b.iter(|| ScaleState::resume(black_box(&copy), now))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, bench_coldstart);
 criterion_main!(benches);

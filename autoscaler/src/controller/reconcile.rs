@@ -664,28 +664,28 @@ fn ledger_status(
     if !has_budget(policy) {
         return None;
     }
-    let written = obj
-        .status
-        .as_ref()
-        .and_then(|s| s.cold_start_ledger.clone())
-        .filter(|w| {
-            w.to_checkpoint()
-                .is_ok_and(|c| ScaleState::resume(&c, now).is_ok())
-        });
-    let Some(copy) = state.checkpoint(now) else {
+    let written = obj.status.as_ref().and_then(|s| s.cold_start_ledger.clone());
+    let Some((at, total)) = state.cold_starts.last_sync() else {
         return written;
     };
-    let fresh = crd::ColdStartLedgerStatus::from_checkpoint(&copy);
-    match written {
-        Some(w)
-            if (w.requests_total == fresh.requests_total && w.cold_start_ms == fresh.cold_start_ms)
-                || fresh.taken_at_unix_ms.saturating_sub(w.taken_at_unix_ms)
-                    < i64::try_from(LEDGER_COPY_EVERY.as_millis()).unwrap_or(i64::MAX) =>
+    if let Some(w) = &written {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let young = i64::try_from(at.as_millis())
+            .unwrap_or(i64::MAX)
+            .saturating_sub(w.taken_at_unix_ms)
+            < ms(LEDGER_COPY_EVERY);
+        let same = i64::try_from(total).ok() == Some(w.requests_total)
+            && state.last_cold_start.map(ms) == w.cold_start_ms;
+        if (young || same)
+            && w.to_checkpoint()
+                .is_ok_and(|c| ScaleState::resume(&c, now).is_ok())
         {
-            Some(w)
+            return written;
         }
-        _ => Some(fresh),
     }
+    state
+        .checkpoint(now)
+        .map(|c| crd::ColdStartLedgerStatus::from_checkpoint(&c))
 }
 
 /// What the model's compute share can do, for the joint policy: it can grow when the model shares GPUs with a

@@ -129,6 +129,12 @@ impl ColdStartLedger {
         })
     }
 
+    /// The last sync counted and the activators' request counters then: what a copy taken now would say it covers
+    /// (a caller deciding whether its kept copy is out of date need not take one). `None` as for [`Self::checkpoint`].
+    pub fn last_sync(&self) -> Option<(Timestamp, u64)> {
+        self.previous.map(|(at, _, total)| (at, total))
+    }
+
     /// The ledger a copy resumes (module docs). `now` only checks the copy against this controller's clock.
     pub fn restore(copy: &LedgerCheckpoint, now: Timestamp) -> Result<Self, CheckpointError> {
         if copy.samples.len() > MAX_SAMPLES {
