@@ -1028,7 +1028,7 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         let (mut total, mut last, mut t) = (0u64, 0u64, 0u64);
         // A day of 15 s syncs: busy half-hours with an hour idle between, a few requests a sync.
         while t <= 86_400 {
-            if (t / 1800) % 3 != 1 && t % 45 != 0 {
+            if (t / 1800) % 3 != 1 && !t.is_multiple_of(45) {
                 total += 1 + t % 4;
                 last = t;
             }

@@ -118,7 +118,7 @@ fn day_ledger() -> (ScaleState, Timestamp) {
     let (mut total, mut last) = (0u64, 0u64);
     let mut t = 0u64;
     while t <= 86_400 {
-        if (t / 1800) % 3 != 1 && t % 45 != 0 {
+        if (t / 1800) % 3 != 1 && !t.is_multiple_of(45) {
             total += 1 + t % 4;
             last = t;
         }
@@ -145,7 +145,7 @@ fn bench_coldstart(c: &mut Criterion) {
         b.iter(|| black_box(&state.cold_starts).evidence(Duration::from_secs(28), now))
     });
     g.bench_function("checkpoint/day", |b| b.iter(|| black_box(&state).checkpoint(now)));
-    g.bench_function(&format!("restore/day_copy_{}_samples", copy.samples.len()), |b| {
+    g.bench_function(format!("restore/day_copy_{}_samples", copy.samples.len()), |b| {
         b.iter(|| ScaleState::resume(black_box(&copy), now))
     });
     g.finish();
