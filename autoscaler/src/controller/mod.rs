@@ -1,9 +1,14 @@
 //! `tessera autoscaler`: the InferenceAutoscaler controller, the HPA replacement for model servers.
 //!
 //! - [`reconcile`]: one object per call — read `/scale`, read every ready replica's sidecar, add the activator's
-//!   demand, decide with [`tessera_core::scale::decide`], scale through `/scale`, write status, emit Events.
+//!   demand, decide with [`tessera_core::scale::joint::round`] and [`tessera_core::scale::joint::decide`], scale through `/scale`, write status, emit Events.
 //! - [`signals`]: the sidecar and activator documents and their conversion into the core's input.
 //! - [`status`]: HPA-like conditions, built purely from a decision.
+//! - [`coldstart`]: what the cold-start rules carry between rounds and across processes — the measured cold start,
+//!   a budget group's claims within a namespace, and the copy of a budgeted model's day-long ledger in
+//!   `status.coldStartLedger` that a restarted controller or a new leader resumes.
+//! - [`allocation`]: the allocation in force (`status.allocation`), the `AllocationInSync` condition and the rolls
+//!   of `updateMode: Recreate` ([`rollout`] holds their rules); [`consolidate`]: moving pods off a draining GPU.
 //! - [`metrics`]: the Prometheus registry served on `/metrics`.
 //! - [`crate::leader`]: only the replica holding the `Lease` reconciles; others stand by.
 //! - [`crate::pool::run_pools_with_metrics`]: with `--pools-config`, the leader also runs the GPU pool manager
@@ -17,6 +22,8 @@
 //! documents give the request rate, in-flight and queued counts and the last arrival; idle is decided only when
 //! every known activator pod gave a fresh document, and without them a model is never scaled to zero.
 
+pub mod allocation;
+pub mod coldstart;
 pub mod consolidate;
 pub mod deletion_cost;
 pub mod discovery;

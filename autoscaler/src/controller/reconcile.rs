@@ -14,7 +14,7 @@
 //!
 //! The per-object [`ScaleState`] lives in memory. Losing it (restart, new leader) only restarts the windows, which
 //! is safe: a scale-down then waits a full stabilization window again. The cold-start ledger, a day of counts, is
-//! the exception: a copy kept in `status.coldStartLedger` resumes it ([`resume_state`], [`ledger_status`]).
+//! the exception: a copy kept in `status.coldStartLedger` resumes it (`super::coldstart`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,10 @@ use tessera_core::wire::activator::{model_key, split_model_key};
 use tessera_core::wire::sidecar::SidecarStatus;
 use tracing::{debug, info, instrument, warn};
 
+use super::allocation::{AllocationRound, allocation_and_roll};
+use super::coldstart::{
+    ledger_status, namespace_claims, observed_cold_start, publish_budget_metrics, resume_state,
+};
 use super::metrics::Metrics;
 use super::signals::{ActivatorPoller, SignalSource, demand_from};
 use super::status::{self, Applied};
@@ -219,39 +223,6 @@ fn echo_of_own_write(ctx: &Context, key: &str, hash: u64, now: SystemTime) -> Op
     let (at, last_hash) = runs.get(key)?;
     let elapsed = now.duration_since(*at).unwrap_or_default();
     (*last_hash == hash && elapsed < ctx.settings.sync_period / 2).then(|| ctx.settings.sync_period - elapsed)
-}
-
-/// The budget claims the other models of namespace `ns` last published (`core::scale::coldstart::group`), `key`'s
-/// own left out. Only `ns`'s: a group name is a namespace's, so another tenant naming the same group neither
-/// widens nor spends this one's allowance.
-fn namespace_claims(
-    states: &HashMap<String, ScaleState>,
-    ns: &str,
-    key: &str,
-) -> Vec<tessera_core::scale::coldstart::BudgetClaim> {
-    states
-        .iter()
-        .filter(|(k, _)| k.as_str() != key && k.split_once('/').is_some_and(|(n, _)| n == ns))
-        .filter_map(|(_, st)| st.claim.clone())
-        .collect()
-}
-
-/// A budget group's gauges as one member's round allotted it (`spend`), and the series of groups that no model
-/// this controller keeps a claim for names any more removed, so the labels stay bounded by the objects.
-fn publish_budget_metrics(
-    metrics: &Metrics,
-    states: &HashMap<String, ScaleState>,
-    ns: &str,
-    spend: Option<&tessera_core::scale::coldstart::GroupSpend>,
-) {
-    if let Some(spend) = spend {
-        metrics.budget_group(ns, spend);
-    }
-    let named: HashSet<(&str, &str)> = states
-        .iter()
-        .filter_map(|(k, st)| Some((k.split_once('/')?.0, st.claim.as_ref()?.group.as_str())))
-        .collect();
-    metrics.retain_budget_groups(|namespace, group| named.contains(&(namespace, group)));
 }
 
 /// Deleted objects are never reconciled again, so their history would stay forever: forget objects not
@@ -613,81 +584,6 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     .await
 }
 
-/// How often, at most, the copy of a model's cold-start ledger in its status is rewritten.
-pub const LEDGER_COPY_EVERY: Duration = Duration::from_secs(60);
-
-/// The state of a model this process has not decided for yet (it just started, or became the leader): the
-/// cold-start ledger resumes from the copy in the status ([`ledger_status`]), so a model with a
-/// `coldStartMissBudget` does not fall back to its warm floor for an hour after every restart. A copy that cannot be
-/// read is logged and ignored: an empty ledger keeps the floor, which is safe.
-fn resume_state(obj: &InferenceAutoscaler, policy: &scale::ScalePolicy, now: Timestamp) -> ScaleState {
-    let copy = obj.status.as_ref().and_then(|s| s.cold_start_ledger.as_ref());
-    let Some(copy) = copy.filter(|_| has_budget(policy)) else {
-        return ScaleState::default();
-    };
-    match copy
-        .to_checkpoint()
-        .and_then(|c| ScaleState::resume(&c, now).map_err(|e| e.to_string()))
-    {
-        Ok(state) => {
-            info!(
-                samples = copy.samples.len(),
-                taken_ms_ago = i64::try_from(now.as_millis()).unwrap_or(i64::MAX) - copy.taken_at_unix_ms,
-                "resumed the cold-start ledger from status.coldStartLedger"
-            );
-            state
-        }
-        Err(e) => {
-            warn!(error = %e, "status.coldStartLedger cannot be resumed: starting an empty ledger (the warm floor holds for an hour)");
-            ScaleState::default()
-        }
-    }
-}
-
-fn has_budget(policy: &scale::ScalePolicy) -> bool {
-    policy
-        .scale_to_zero
-        .as_ref()
-        .is_some_and(|z| z.cold_start_miss_budget.is_some())
-}
-
-/// The copy of the model's cold-start ledger to keep in its status: none without a `coldStartMissBudget`; the
-/// status's own while nothing new was counted (no request, no new cold start measured) or the copy is younger than
-/// [`LEDGER_COPY_EVERY`], so a model at zero costs no status writes and a busy one one a minute; a fresh one over a
-/// copy that cannot be read.
-fn ledger_status(
-    obj: &InferenceAutoscaler,
-    policy: &scale::ScalePolicy,
-    state: &ScaleState,
-    now: Timestamp,
-) -> Option<crd::ColdStartLedgerStatus> {
-    if !has_budget(policy) {
-        return None;
-    }
-    let written = obj.status.as_ref().and_then(|s| s.cold_start_ledger.clone());
-    let Some((at, total)) = state.cold_starts.last_sync() else {
-        return written;
-    };
-    if let Some(w) = &written {
-        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        let young = i64::try_from(at.as_millis())
-            .unwrap_or(i64::MAX)
-            .saturating_sub(w.taken_at_unix_ms)
-            < ms(LEDGER_COPY_EVERY);
-        let same = i64::try_from(total).ok() == Some(w.requests_total)
-            && state.last_cold_start.map(ms) == w.cold_start_ms;
-        if (young || same)
-            && w.to_checkpoint()
-                .is_ok_and(|c| ScaleState::resume(&c, now).is_ok())
-        {
-            return written;
-        }
-    }
-    state
-        .checkpoint(now)
-        .map(|c| crd::ColdStartLedgerStatus::from_checkpoint(&c))
-}
-
 /// What the model's compute share can do, for the joint policy: it can grow when the model shares GPUs with a
 /// share Tessera manages and an allocation is in force (new pods get it); the GPU's size (for the cost of
 /// another replica's memory) comes from a sidecar that knows it. No allocation yet: unknown, which keeps every
@@ -710,234 +606,6 @@ fn share_room(obj: &InferenceAutoscaler, docs: &[Option<SidecarStatus>]) -> scal
         in_force,
         gpu_bytes,
     )
-}
-
-/// How long the fastest of the target's ready pods took from creation to Ready: a start from zero takes at least
-/// that, so when it is over the TTFT objective a cold start cannot meet it (the joint rule's warm floor).
-/// `None` without a ready pod to measure (the policy then stays as declared).
-fn observed_cold_start(pods: &[Pod]) -> Option<Duration> {
-    pods.iter()
-        .filter_map(|p| {
-            let created = p.metadata.creation_timestamp.as_ref()?.0;
-            let ready = p
-                .status
-                .as_ref()?
-                .conditions
-                .as_ref()?
-                .iter()
-                .find(|c| c.type_ == "Ready" && c.status == "True")?
-                .last_transition_time
-                .as_ref()?
-                .0;
-            let ms = ready.duration_since(created).as_millis();
-            u64::try_from(ms).ok().map(Duration::from_millis)
-        })
-        .min()
-}
-
-/// What [`allocation_and_roll`] needs from this reconcile.
-struct AllocationRound<'a> {
-    target_api: &'a Api<DynamicObject>,
-    target: &'a str,
-    all_pods: &'a [Pod],
-    gpu: &'a crate::crd::GpuSpec,
-    recommendation: Option<&'a crate::crd::RecommendationStatus>,
-    urgency: tessera_core::rollout::Urgency,
-    replicas: (i32, i32, i32, i32),
-    now_ms: u64,
-    now_k8s: &'a Time,
-}
-
-/// What hurries a growth this round, in words for a status message.
-fn urgency_text(u: tessera_core::rollout::Urgency) -> &'static str {
-    match (u.preempting, u.ttft_over_slo) {
-        (true, true) => "vLLM preempts and a replica is over the TTFT objective",
-        (true, false) => "vLLM preempts",
-        (false, true) => "a replica is over the TTFT objective",
-        (false, false) => "nothing is urgent",
-    }
-}
-
-/// Folds the recommendation into `status.allocation` and, under `Recreate`, rolls drifted pods (an Event per
-/// roll). Returns the allocation status and the `AllocationInSync` condition to set (none under `Off`).
-async fn allocation_and_roll(
-    ctx: &Context,
-    obj: &InferenceAutoscaler,
-    round: AllocationRound<'_>,
-) -> (crate::crd::AllocationStatus, Option<(bool, String, String)>) {
-    use super::rollout::{self as ro, RollOutcome};
-    use tessera_core::rollout::{HoldReason, UpdateMode};
-    let cfg = &ctx.settings.rollout;
-    let previous = obj.status.as_ref().and_then(|s| s.allocation.as_ref());
-    let mut allocation = ro::next_allocation(
-        previous,
-        round.recommendation,
-        round.gpu,
-        round.urgency,
-        round.now_ms,
-        cfg,
-    );
-    allocation.drift_since = ro::next_drift_since(&allocation, round.all_pods, round.now_ms, cfg);
-    let mode = ro::mode(round.gpu);
-    if mode == UpdateMode::Off {
-        return (allocation, None);
-    }
-    let drifted = mark_drifted(ctx, obj, allocation.in_force.as_ref(), round.all_pods).await;
-    if mode == UpdateMode::Initial {
-        let msg = match &allocation.in_force {
-            Some(a) => {
-                let mut msg = format!(
-                    "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
-                    a.gpu_memory_mib, a.compute_fraction, allocation.reason
-                );
-                if drifted > 0 {
-                    msg.push_str(&format!(
-                        "; {drifted} running pod(s) run another allocation and go first when the model scales down"
-                    ));
-                }
-                // Name the running pods an urgent growth leaves behind: what Recreate would roll now.
-                let behind = ro::urgently_behind(a, round.all_pods, round.urgency, cfg);
-                if behind > 0 {
-                    msg.push_str(&format!(
-                        "; {behind} running pod(s) hold less than this while {} (updateMode: Recreate would roll them now)",
-                        urgency_text(round.urgency)
-                    ));
-                }
-                msg
-            }
-            None => "no allocation in force yet: waiting for a stable recommendation".to_owned(),
-        };
-        let condition = (allocation_in_force(&allocation), camel(&allocation.reason), msg);
-        return (allocation, Some(condition));
-    }
-    let model_key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-    let ns = obj.namespace().unwrap_or_default();
-    let kind = obj.spec.scale_target_ref.kind.clone();
-    let outcome = ro::roll(
-        ro::RollRequest {
-            target_api: round.target_api,
-            pdb_api: Api::namespaced(ctx.client.clone(), &ns),
-            kind: &kind,
-            name: &obj.spec.scale_target_ref.name,
-            pods: round.all_pods,
-            allocation: &allocation,
-            gpu: round.gpu,
-            model_key: &model_key,
-            replicas: round.replicas,
-            urgency: round.urgency,
-            now_ms: round.now_ms,
-        },
-        &ctx.rolling,
-        cfg,
-    )
-    .await;
-    let condition = match outcome {
-        RollOutcome::Rolled {
-            reason,
-            hash,
-            message,
-        } => {
-            allocation.template_hash = Some(hash);
-            allocation.last_roll_time = Some(round.now_k8s.clone());
-            allocation.roll_reason = Some(format!("roll_{reason}"));
-            publish(ctx, obj, EventType::Normal, "AllocationRoll", "Roll", &message).await;
-            (false, "Rolling".to_owned(), message)
-        }
-        RollOutcome::Held(HoldReason::InSync) => {
-            allocation.roll_reason = Some("hold_in_sync".to_owned());
-            (
-                true,
-                "InSync".to_owned(),
-                format!("every pod of {} runs with the allocation in force", round.target),
-            )
-        }
-        RollOutcome::Held(h) => {
-            allocation.roll_reason = Some(format!("hold_{}", h.label()));
-            (
-                false,
-                hold_reason_word(h).to_owned(),
-                format!("not rolling {}: {}", round.target, h.label().replace('_', " ")),
-            )
-        }
-        RollOutcome::Failed(message) => {
-            warn!(%message, "roll failed");
-            publish(
-                ctx,
-                obj,
-                EventType::Warning,
-                "FailedAllocationRoll",
-                "Roll",
-                &message,
-            )
-            .await;
-            (false, "RollFailed".to_owned(), message)
-        }
-    };
-    (allocation, Some(condition))
-}
-
-/// Marks the pods that drifted from the allocation in force to go first on a scale-down, and takes the mark off
-/// those that no longer have (`super::rollout::deletion_cost_changes`). Only a ReplicaSet honours the cost, so
-/// only a Deployment's pods are marked. A failed write is logged and retried next round: the mark only orders a
-/// scale-down. Returns how many pods carry the mark (marked now or before).
-async fn mark_drifted(
-    ctx: &Context,
-    obj: &InferenceAutoscaler,
-    in_force: Option<&crate::crd::AllocationValues>,
-    pods: &[Pod],
-) -> usize {
-    use super::rollout as ro;
-    if !super::deletion_cost::honoured_by(&obj.spec.scale_target_ref.kind) {
-        return 0;
-    }
-    let cfg = &ctx.settings.rollout;
-    let changes = ro::deletion_cost_changes(in_force, pods, cfg);
-    if !changes.is_empty() {
-        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-        match super::deletion_cost::write(&api, &changes).await {
-            Ok(n) => debug!(pods = n, "pod-deletion-cost updated for the allocation in force"),
-            Err(e) => {
-                warn!(error = %e, "could not mark pods that run another allocation; retrying next round")
-            }
-        }
-    }
-    ro::marked_count(in_force, pods, cfg)
-}
-
-/// `urgent_growth` → `UrgentGrowth` (condition reasons are CamelCase).
-fn camel(label: &str) -> String {
-    label
-        .split('_')
-        .map(|w| {
-            let mut c = w.chars();
-            c.next()
-                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
-fn allocation_in_force(a: &crate::crd::AllocationStatus) -> bool {
-    a.in_force.is_some()
-}
-
-/// The condition reason (CamelCase, as Kubernetes conditions use) for a hold.
-fn hold_reason_word(h: tessera_core::rollout::HoldReason) -> &'static str {
-    use tessera_core::rollout::HoldReason as H;
-    match h {
-        H::ModeNotRecreate => "NotRecreate",
-        H::NoRecommendation => "NoRecommendation",
-        H::NoPods => "NoPods",
-        H::PodsUnknown => "PodAllocationUnknown",
-        H::InSync => "InSync",
-        H::Settling => "Settling",
-        H::Scaling => "Scaling",
-        H::RolloutInProgress => "RolloutInProgress",
-        H::PoolBusy => "PoolBusy",
-        H::DisruptionBudget => "DisruptionBudget",
-        H::BelowMinReady => "BelowMinReady",
-        H::ComputeOnlyShrink => "ComputeOnlyShrink",
-    }
 }
 
 async fn apply(
@@ -1026,7 +694,7 @@ async fn write_status(
     Ok(())
 }
 
-async fn publish(
+pub(super) async fn publish(
     ctx: &Context,
     obj: &InferenceAutoscaler,
     type_: EventType,

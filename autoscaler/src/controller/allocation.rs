@@ -1,0 +1,218 @@
+//! Step 6 of a reconcile: the allocation in force (`status.allocation`, folded from the replicas' recommendations
+//! by `super::rollout` and `core::rollout`), the `AllocationInSync` condition, and under `updateMode: Recreate` the
+//! roll of pods that run another allocation (an Event per roll).
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::events::EventType;
+use tracing::{debug, warn};
+
+use super::reconcile::{Context, publish};
+use crate::crd::InferenceAutoscaler;
+
+/// What [`allocation_and_roll`] needs from this reconcile.
+pub(super) struct AllocationRound<'a> {
+    pub(super) target_api: &'a Api<DynamicObject>,
+    pub(super) target: &'a str,
+    pub(super) all_pods: &'a [Pod],
+    pub(super) gpu: &'a crate::crd::GpuSpec,
+    pub(super) recommendation: Option<&'a crate::crd::RecommendationStatus>,
+    pub(super) urgency: tessera_core::rollout::Urgency,
+    pub(super) replicas: (i32, i32, i32, i32),
+    pub(super) now_ms: u64,
+    pub(super) now_k8s: &'a Time,
+}
+
+/// What hurries a growth this round, in words for a status message.
+fn urgency_text(u: tessera_core::rollout::Urgency) -> &'static str {
+    match (u.preempting, u.ttft_over_slo) {
+        (true, true) => "vLLM preempts and a replica is over the TTFT objective",
+        (true, false) => "vLLM preempts",
+        (false, true) => "a replica is over the TTFT objective",
+        (false, false) => "nothing is urgent",
+    }
+}
+
+/// Folds the recommendation into `status.allocation` and, under `Recreate`, rolls drifted pods (an Event per
+/// roll). Returns the allocation status and the `AllocationInSync` condition to set (none under `Off`).
+pub(super) async fn allocation_and_roll(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    round: AllocationRound<'_>,
+) -> (crate::crd::AllocationStatus, Option<(bool, String, String)>) {
+    use super::rollout::{self as ro, RollOutcome};
+    use tessera_core::rollout::{HoldReason, UpdateMode};
+    let cfg = &ctx.settings.rollout;
+    let previous = obj.status.as_ref().and_then(|s| s.allocation.as_ref());
+    let mut allocation = ro::next_allocation(
+        previous,
+        round.recommendation,
+        round.gpu,
+        round.urgency,
+        round.now_ms,
+        cfg,
+    );
+    allocation.drift_since = ro::next_drift_since(&allocation, round.all_pods, round.now_ms, cfg);
+    let mode = ro::mode(round.gpu);
+    if mode == UpdateMode::Off {
+        return (allocation, None);
+    }
+    let drifted = mark_drifted(ctx, obj, allocation.in_force.as_ref(), round.all_pods).await;
+    if mode == UpdateMode::Initial {
+        let msg = match &allocation.in_force {
+            Some(a) => {
+                let mut msg = format!(
+                    "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
+                    a.gpu_memory_mib, a.compute_fraction, allocation.reason
+                );
+                if drifted > 0 {
+                    msg.push_str(&format!(
+                        "; {drifted} running pod(s) run another allocation and go first when the model scales down"
+                    ));
+                }
+                // Name the running pods an urgent growth leaves behind: what Recreate would roll now.
+                let behind = ro::urgently_behind(a, round.all_pods, round.urgency, cfg);
+                if behind > 0 {
+                    msg.push_str(&format!(
+                        "; {behind} running pod(s) hold less than this while {} (updateMode: Recreate would roll them now)",
+                        urgency_text(round.urgency)
+                    ));
+                }
+                msg
+            }
+            None => "no allocation in force yet: waiting for a stable recommendation".to_owned(),
+        };
+        let condition = (allocation_in_force(&allocation), camel(&allocation.reason), msg);
+        return (allocation, Some(condition));
+    }
+    let model_key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let ns = obj.namespace().unwrap_or_default();
+    let kind = obj.spec.scale_target_ref.kind.clone();
+    let outcome = ro::roll(
+        ro::RollRequest {
+            target_api: round.target_api,
+            pdb_api: Api::namespaced(ctx.client.clone(), &ns),
+            kind: &kind,
+            name: &obj.spec.scale_target_ref.name,
+            pods: round.all_pods,
+            allocation: &allocation,
+            gpu: round.gpu,
+            model_key: &model_key,
+            replicas: round.replicas,
+            urgency: round.urgency,
+            now_ms: round.now_ms,
+        },
+        &ctx.rolling,
+        cfg,
+    )
+    .await;
+    let condition = match outcome {
+        RollOutcome::Rolled {
+            reason,
+            hash,
+            message,
+        } => {
+            allocation.template_hash = Some(hash);
+            allocation.last_roll_time = Some(round.now_k8s.clone());
+            allocation.roll_reason = Some(format!("roll_{reason}"));
+            publish(ctx, obj, EventType::Normal, "AllocationRoll", "Roll", &message).await;
+            (false, "Rolling".to_owned(), message)
+        }
+        RollOutcome::Held(HoldReason::InSync) => {
+            allocation.roll_reason = Some("hold_in_sync".to_owned());
+            (
+                true,
+                "InSync".to_owned(),
+                format!("every pod of {} runs with the allocation in force", round.target),
+            )
+        }
+        RollOutcome::Held(h) => {
+            allocation.roll_reason = Some(format!("hold_{}", h.label()));
+            (
+                false,
+                hold_reason_word(h).to_owned(),
+                format!("not rolling {}: {}", round.target, h.label().replace('_', " ")),
+            )
+        }
+        RollOutcome::Failed(message) => {
+            warn!(%message, "roll failed");
+            publish(
+                ctx,
+                obj,
+                EventType::Warning,
+                "FailedAllocationRoll",
+                "Roll",
+                &message,
+            )
+            .await;
+            (false, "RollFailed".to_owned(), message)
+        }
+    };
+    (allocation, Some(condition))
+}
+
+/// Marks the pods that drifted from the allocation in force to go first on a scale-down, and takes the mark off
+/// those that no longer have (`super::rollout::deletion_cost_changes`). Only a ReplicaSet honours the cost, so
+/// only a Deployment's pods are marked. A failed write is logged and retried next round: the mark only orders a
+/// scale-down. Returns how many pods carry the mark (marked now or before).
+async fn mark_drifted(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    in_force: Option<&crate::crd::AllocationValues>,
+    pods: &[Pod],
+) -> usize {
+    use super::rollout as ro;
+    if !super::deletion_cost::honoured_by(&obj.spec.scale_target_ref.kind) {
+        return 0;
+    }
+    let cfg = &ctx.settings.rollout;
+    let changes = ro::deletion_cost_changes(in_force, pods, cfg);
+    if !changes.is_empty() {
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+        match super::deletion_cost::write(&api, &changes).await {
+            Ok(n) => debug!(pods = n, "pod-deletion-cost updated for the allocation in force"),
+            Err(e) => {
+                warn!(error = %e, "could not mark pods that run another allocation; retrying next round")
+            }
+        }
+    }
+    ro::marked_count(in_force, pods, cfg)
+}
+
+/// `urgent_growth` → `UrgentGrowth` (condition reasons are CamelCase).
+fn camel(label: &str) -> String {
+    label
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+fn allocation_in_force(a: &crate::crd::AllocationStatus) -> bool {
+    a.in_force.is_some()
+}
+
+/// The condition reason (CamelCase, as Kubernetes conditions use) for a hold.
+fn hold_reason_word(h: tessera_core::rollout::HoldReason) -> &'static str {
+    use tessera_core::rollout::HoldReason as H;
+    match h {
+        H::ModeNotRecreate => "NotRecreate",
+        H::NoRecommendation => "NoRecommendation",
+        H::NoPods => "NoPods",
+        H::PodsUnknown => "PodAllocationUnknown",
+        H::InSync => "InSync",
+        H::Settling => "Settling",
+        H::Scaling => "Scaling",
+        H::RolloutInProgress => "RolloutInProgress",
+        H::PoolBusy => "PoolBusy",
+        H::DisruptionBudget => "DisruptionBudget",
+        H::BelowMinReady => "BelowMinReady",
+        H::ComputeOnlyShrink => "ComputeOnlyShrink",
+    }
+}

@@ -1,0 +1,150 @@
+//! What the controller carries for the cold-start rules between rounds and across processes
+//! (`core::scale::coldstart`): the cold start it measures from the target's pods, the claims a budget group's
+//! members read from each other (only within a namespace) and the group's gauges, and the copy of a budgeted
+//! model's day-long ledger it keeps in `status.coldStartLedger` so a restarted controller or a new leader resumes
+//! it instead of holding every warm floor for an hour.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tessera_core::scale::{self, ScaleState, Timestamp};
+use tracing::{info, warn};
+
+use super::metrics::Metrics;
+use crate::crd::{self, InferenceAutoscaler};
+
+/// The budget claims the other models of namespace `ns` last published (`core::scale::coldstart::group`), `key`'s
+/// own left out. Only `ns`'s: a group name is a namespace's, so another tenant naming the same group neither
+/// widens nor spends this one's allowance.
+pub(super) fn namespace_claims(
+    states: &HashMap<String, ScaleState>,
+    ns: &str,
+    key: &str,
+) -> Vec<tessera_core::scale::coldstart::BudgetClaim> {
+    states
+        .iter()
+        .filter(|(k, _)| k.as_str() != key && k.split_once('/').is_some_and(|(n, _)| n == ns))
+        .filter_map(|(_, st)| st.claim.clone())
+        .collect()
+}
+
+/// A budget group's gauges as one member's round allotted it (`spend`), and the series of groups that no model
+/// this controller keeps a claim for names any more removed, so the labels stay bounded by the objects.
+pub(super) fn publish_budget_metrics(
+    metrics: &Metrics,
+    states: &HashMap<String, ScaleState>,
+    ns: &str,
+    spend: Option<&tessera_core::scale::coldstart::GroupSpend>,
+) {
+    if let Some(spend) = spend {
+        metrics.budget_group(ns, spend);
+    }
+    let named: HashSet<(&str, &str)> = states
+        .iter()
+        .filter_map(|(k, st)| Some((k.split_once('/')?.0, st.claim.as_ref()?.group.as_str())))
+        .collect();
+    metrics.retain_budget_groups(|namespace, group| named.contains(&(namespace, group)));
+}
+
+/// How long the fastest of the target's ready pods took from creation to Ready: a start from zero takes at least
+/// that, so when it is over the TTFT objective a cold start cannot meet it (the joint rule's warm floor).
+/// `None` without a ready pod to measure (the policy then stays as declared).
+pub(super) fn observed_cold_start(pods: &[Pod]) -> Option<Duration> {
+    pods.iter()
+        .filter_map(|p| {
+            let created = p.metadata.creation_timestamp.as_ref()?.0;
+            let ready = p
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .find(|c| c.type_ == "Ready" && c.status == "True")?
+                .last_transition_time
+                .as_ref()?
+                .0;
+            let ms = ready.duration_since(created).as_millis();
+            u64::try_from(ms).ok().map(Duration::from_millis)
+        })
+        .min()
+}
+
+/// How often, at most, the copy of a model's cold-start ledger in its status is rewritten.
+pub const LEDGER_COPY_EVERY: Duration = Duration::from_secs(60);
+
+/// The state of a model this process has not decided for yet (it just started, or became the leader): the
+/// cold-start ledger resumes from the copy in the status ([`ledger_status`]), so a model with a
+/// `coldStartMissBudget` does not fall back to its warm floor for an hour after every restart. A copy that cannot be
+/// read is logged and ignored: an empty ledger keeps the floor, which is safe.
+pub(super) fn resume_state(
+    obj: &InferenceAutoscaler,
+    policy: &scale::ScalePolicy,
+    now: Timestamp,
+) -> ScaleState {
+    let copy = obj.status.as_ref().and_then(|s| s.cold_start_ledger.as_ref());
+    let Some(copy) = copy.filter(|_| has_budget(policy)) else {
+        return ScaleState::default();
+    };
+    match copy
+        .to_checkpoint()
+        .and_then(|c| ScaleState::resume(&c, now).map_err(|e| e.to_string()))
+    {
+        Ok(state) => {
+            info!(
+                samples = copy.samples.len(),
+                taken_ms_ago = i64::try_from(now.as_millis()).unwrap_or(i64::MAX) - copy.taken_at_unix_ms,
+                "resumed the cold-start ledger from status.coldStartLedger"
+            );
+            state
+        }
+        Err(e) => {
+            warn!(error = %e, "status.coldStartLedger cannot be resumed: starting an empty ledger (the warm floor holds for an hour)");
+            ScaleState::default()
+        }
+    }
+}
+
+fn has_budget(policy: &scale::ScalePolicy) -> bool {
+    policy
+        .scale_to_zero
+        .as_ref()
+        .is_some_and(|z| z.cold_start_miss_budget.is_some())
+}
+
+/// The copy of the model's cold-start ledger to keep in its status: none without a `coldStartMissBudget`; the
+/// status's own while nothing new was counted (no request, no new cold start measured) or the copy is younger than
+/// [`LEDGER_COPY_EVERY`], so a model at zero costs no status writes and a busy one one a minute; a fresh one over a
+/// copy that cannot be read.
+pub(super) fn ledger_status(
+    obj: &InferenceAutoscaler,
+    policy: &scale::ScalePolicy,
+    state: &ScaleState,
+    now: Timestamp,
+) -> Option<crd::ColdStartLedgerStatus> {
+    if !has_budget(policy) {
+        return None;
+    }
+    let written = obj.status.as_ref().and_then(|s| s.cold_start_ledger.clone());
+    let Some((at, total)) = state.cold_starts.last_sync() else {
+        return written;
+    };
+    if let Some(w) = &written {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let young = i64::try_from(at.as_millis())
+            .unwrap_or(i64::MAX)
+            .saturating_sub(w.taken_at_unix_ms)
+            < ms(LEDGER_COPY_EVERY);
+        let same = i64::try_from(total).ok() == Some(w.requests_total)
+            && state.last_cold_start.map(ms) == w.cold_start_ms;
+        if (young || same)
+            && w.to_checkpoint()
+                .is_ok_and(|c| ScaleState::resume(&c, now).is_ok())
+        {
+            return written;
+        }
+    }
+    state
+        .checkpoint(now)
+        .map(|c| crd::ColdStartLedgerStatus::from_checkpoint(&c))
+}
