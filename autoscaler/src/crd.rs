@@ -1018,37 +1018,32 @@ modelNames: [meta-llama/Llama-3.1-8B-Instruct]
         assert!(!yaml.lines().any(|l| l.ends_with(": Off") || l.ends_with("- Off")));
     }
 
-    /// The status form of a ledger's copy reads back as the same copy, stays a few KiB for a busy day (it is
-    /// rewritten up to once a minute, and every watcher of the object receives it), and names what is wrong with
-    /// one edited by hand.
+    /// The status form of a ledger's copy reads back as the same copy, stays small at its longest (it is rewritten
+    /// up to once a minute, and every watcher of the object receives it), and names what is wrong with one edited
+    /// by hand.
     #[test]
     fn a_ledger_copy_round_trips_through_status_and_stays_small() {
-        use tessera_core::scale::{Demand, ScaleState};
-        let mut state = ScaleState::default();
-        let (mut total, mut last, mut t) = (0u64, 0u64, 0u64);
-        // A day of 15 s syncs: busy half-hours with an hour idle between, a few requests a sync.
-        while t <= 86_400 {
-            if (t / 1800) % 3 != 1 && !t.is_multiple_of(45) {
-                total += 1 + t % 4;
-                last = t;
-            }
-            let demand = Demand {
-                requests_total: Some(total),
-                last_request_at: Some(Timestamp::from_millis(last * 1000)),
-                ..Demand::default()
-            };
-            state.cold_starts.observe(
-                &demand,
-                Duration::from_secs(300),
-                Timestamp::from_millis(t * 1000),
-            );
-            t += 15;
-        }
-        state.last_cold_start = Some(Duration::from_millis(28_250));
-        let copy = state.checkpoint(Timestamp::from_millis(86_400_000)).unwrap();
+        use tessera_core::scale::coldstart::{CheckpointSample, LedgerCheckpoint, checkpoint};
+        // The longest copy: a day of entries a minute and a half apart, every fourth a wake after a long spell,
+        // requests in the thousands.
+        let taken_at = Timestamp::from_millis(1_800_000_000_000);
+        let n = checkpoint::MAX_SAMPLES as u64;
+        let copy = LedgerCheckpoint {
+            taken_at,
+            last_request_at: taken_at.minus(Duration::from_secs(40)),
+            requests_total: 987_654_321,
+            cold_start: Some(Duration::from_millis(28_250)),
+            samples: (0..n)
+                .map(|i| CheckpointSample {
+                    at: taken_at.minus(Duration::from_millis((n - i) * 84_375)),
+                    requests: 1_000 + i,
+                    at_zero: (i % 4 == 0).then(|| Duration::from_millis(3_600_000 + i)),
+                })
+                .collect(),
+        };
         let status = ColdStartLedgerStatus::from_checkpoint(&copy);
         let json = serde_json::to_string(&status).unwrap();
-        assert!(json.len() < 8 * 1024, "{} bytes", json.len());
+        assert!(json.len() < 24 * 1024, "{} bytes", json.len());
         let back: ColdStartLedgerStatus = serde_json::from_str(&json).unwrap();
         assert_eq!(back.to_checkpoint().unwrap(), copy);
         let mut edited = back.clone();

@@ -174,6 +174,20 @@ fn sidecar_app(state: Shared) -> Router {
         .with_state(state)
 }
 
+/// The EndpointSlice of Service `tessera/tessera-activator`, one ready activator pod on loopback at `port`: how the
+/// controller finds activators in a cluster (contract 2).
+fn activator_slice(api: &ApiServer, port: u16) {
+    api.put(
+        "discovery.k8s.io/v1/endpointslices",
+        "tessera",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "tessera-activator-x1", "labels": {"kubernetes.io/service-name": "tessera-activator"}},
+               "addressType": "IPv4", "ports": [{"name": "http", "port": port}],
+               "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
+                              "targetRef": {"kind": "Pod", "name": "tessera-activator-0"}}]}),
+    );
+}
+
 /// Starts `tessera autoscaler` against the fake API at `api` (a kubeconfig in `dir`), deciding every second.
 fn start_autoscaler(dir: &tempfile::TempDir, api: SocketAddr, metrics_port: u16, extra: &[&str]) -> Killed {
     start_autoscaler_as("test-0", dir, api, metrics_port, extra)
@@ -280,15 +294,7 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
     // Another writer got there first, twice: the controller must re-read the status and write again.
     api_server.conflict_next_status_writes(2);
     // The activator is found the way it is in a cluster: the EndpointSlice of its Service (contract 2).
-    api_server.put(
-        "discovery.k8s.io/v1/endpointslices",
-        "tessera",
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"name": "tessera-activator-x1", "labels": {"kubernetes.io/service-name": "tessera-activator"}},
-               "addressType": "IPv4", "ports": [{"name": "http", "port": sidecar.port()}],
-               "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
-                              "targetRef": {"kind": "Pod", "name": "tessera-activator-0"}}]}),
-    );
+    activator_slice(&api_server, sidecar.port());
     let mut child = start_autoscaler(
         &dir,
         api,
@@ -589,15 +595,7 @@ async fn a_new_leader_resumes_the_cold_start_ledger_from_status() {
     }));
     let sidecar = serve(sidecar_app(state.clone())).await;
     let api_server = honest_api(state.clone(), sidecar.port()).await;
-    api_server.put(
-        "discovery.k8s.io/v1/endpointslices",
-        "tessera",
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"name": "tessera-activator-x1", "labels": {"kubernetes.io/service-name": "tessera-activator"}},
-               "addressType": "IPv4", "ports": [{"name": "http", "port": sidecar.port()}],
-               "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
-                              "targetRef": {"kind": "Pod", "name": "tessera-activator-0"}}]}),
-    );
+    activator_slice(&api_server, sidecar.port());
     let dir = tempfile::tempdir().expect("tempdir");
     let start = |identity: &str| {
         start_autoscaler_as(

@@ -170,23 +170,9 @@ impl ColdStartLedger {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::super::tests::{COLD, IDLE, at, demand};
     use super::*;
     use crate::scale::Demand;
-
-    const IDLE: Duration = Duration::from_secs(300);
-    const COLD: Duration = Duration::from_secs(28);
-
-    fn at(secs: u64) -> Timestamp {
-        Timestamp::from_millis(secs * 1000)
-    }
-
-    fn demand(total: u64, last: u64) -> Demand {
-        Demand {
-            requests_total: Some(total),
-            last_request_at: Some(at(last)),
-            ..Demand::default()
-        }
-    }
 
     /// Bursty traffic from a deterministic pseudo-random walk (no RNG crate in core's tests): busy half-hours with
     /// gaps of every length between requests, 7–60 s between syncs. `feed(t, total, last)` is called per sync.

@@ -221,11 +221,13 @@ impl ColdStartLedger {
 mod tests {
     use super::*;
 
-    fn at(secs: u64) -> Timestamp {
+    /// `secs` after the epoch (also read by [`super::checkpoint`]'s tests).
+    pub(super) fn at(secs: u64) -> Timestamp {
         Timestamp::from_millis(secs * 1000)
     }
 
-    fn demand(total: u64, last: u64) -> Demand {
+    /// What the activators say: `total` requests so far, the last at `last` s.
+    pub(super) fn demand(total: u64, last: u64) -> Demand {
         Demand {
             requests_total: Some(total),
             last_request_at: Some(at(last)),
@@ -233,8 +235,8 @@ mod tests {
         }
     }
 
-    const IDLE: Duration = Duration::from_secs(300);
-    const COLD: Duration = Duration::from_secs(28);
+    pub(super) const IDLE: Duration = Duration::from_secs(300);
+    pub(super) const COLD: Duration = Duration::from_secs(28);
 
     /// Syncs every 15 s from 0 to `end`, `per_sync(t)` requests arriving in the 15 s before the sync at `t`.
     fn feed(l: &mut ColdStartLedger, end: u64, per_sync: impl Fn(u64) -> u64) {
