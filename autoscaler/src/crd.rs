@@ -759,6 +759,8 @@ impl InferenceAutoscalerSpec {
             },
             panic: panic_mode(behavior.panic.as_ref()),
             ttft_slo,
+            // Set each round by the joint policy from the model's cold start (`core::scale::lookahead`).
+            ttft_guard_lead: None,
         };
         // The core's checks carry the same wording as the CEL rules (maxReplicas >= minReplicas, etc.).
         if let Err(core_errors) = policy.validate() {

@@ -57,6 +57,7 @@ fn input() -> ScaleInput {
             last_request_at: Some(Timestamp::from_millis(999_000)),
             requests_total: None,
         },
+        ttft_window_count: Some(400.0),
     }
 }
 

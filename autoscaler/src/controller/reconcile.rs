@@ -427,7 +427,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             &policy,
             room,
             measured,
-            &input.demand,
+            &input,
             state,
             &scale::joint::BudgetPeers {
                 name: &name,

@@ -60,7 +60,7 @@ impl Constraint {
             Self::MinReplicas
         };
         match d.reason {
-            ScaleReason::TtftSloBreached => Self::TtftObjective,
+            ScaleReason::TtftSloBreached | ScaleReason::TtftSloAtRisk => Self::TtftObjective,
             ScaleReason::Panic => Self::Burst,
             // At the floor with every signal under target, the floor is what holds the count, whichever rule
             // also said so this round (a window still holding one replica, a rate limit on the way down).

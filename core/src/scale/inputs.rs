@@ -98,11 +98,19 @@ pub fn scale_input(
             r.ttft_p95 = Some(pooled);
         }
     }
+    let count: f64 = sidecars
+        .iter()
+        .zip(&replicas)
+        .filter(|(_, r)| r.fresh)
+        .filter_map(|(s, _)| s.and_then(|st| st.recent.as_ref()))
+        .filter_map(|r| r.ttft_buckets.last().map(|b| b.cumulative))
+        .sum();
     ScaleInput {
         current_replicas,
         ready_replicas: u32::try_from(sidecars.len()).unwrap_or(u32::MAX),
         replicas,
         demand,
+        ttft_window_count: Some(count),
     }
 }
 

@@ -26,6 +26,9 @@
 //!   would have missed no more than that ([`super::coldstart`]), it goes to zero after all
 //!   ([`JointPolicy::zero_within_budget`]). A warm floor costs a model that is idle for hours a GPU's worth of
 //!   memory all day; a few cold starts a day cost a few requests.
+//! - **So is a scale-up's lead time.** A replica asked for now serves a cold start later: the SLO guard looks that
+//!   far ahead ([`ScalePolicy::ttft_guard_lead`], [`super::lookahead`]) and adds a replica while a busy model's p95
+//!   is still under the objective but rising to pass it within that time.
 //!
 //! The caller reports the [`JointPolicy`] with the decision ([`decide`]), so the status and the simulator's
 //! report say which constraint decided and what the next unit of capacity costs.
@@ -34,7 +37,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::coldstart::{BudgetClaim, ColdStartEvidence, GroupSpend, group};
-use super::{Demand, ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
+use super::{ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp};
 
 /// A share within this of the whole GPU counts as the whole GPU (shares are recommended in hundredths).
 const WHOLE: f64 = 0.99;
@@ -253,6 +256,8 @@ pub fn replica_policy(
     now: Timestamp,
 ) -> JointPolicy {
     let mut joint = share_policy(policy, room, share_step);
+    // A replica asked for now serves a cold start later: the SLO guard looks that far ahead (`super::lookahead`).
+    joint.policy.ttft_guard_lead = cold_start;
     // What the ledger shows, read once: for the budget below and for the claim a group's members read.
     let evidence = match (&policy.scale_to_zero, cold_start) {
         (Some(z), Some(lead)) if z.cold_start_miss_budget.is_some() => state.cold_starts.evidence(lead, now),
@@ -318,7 +323,8 @@ fn claim(
 }
 
 /// One round of the replica policy as the controller and the simulator take it, on the model's `state`: counts
-/// the round's demand into its cold-start ledger ([`ScaleState::count_demand`]), resolves its cold start (the one
+/// the round's demand into its cold-start ledger ([`ScaleState::count_demand`]) and its worst TTFT p95 into the
+/// trend the SLO guard's look-ahead reads ([`ScaleState::ttft_seen`]), resolves its cold start (the one
 /// `measured` this round, else the last, [`ScaleState::cold_start`]), decides the joint policy with the share
 /// rule's default step ([`replica_policy`]) and keeps the claim the round publishes for the model's budget group
 /// ([`ScaleState::claim`]). The cold start it used stays in [`ScaleState::last_cold_start`].
@@ -326,12 +332,13 @@ pub fn round(
     policy: &ScalePolicy,
     room: ShareRoom,
     measured_cold_start: Option<Duration>,
-    demand: &Demand,
+    input: &ScaleInput,
     state: &mut ScaleState,
     peers: &BudgetPeers<'_>,
     now: Timestamp,
 ) -> JointPolicy {
-    state.count_demand(policy, demand, now);
+    state.count_demand(policy, &input.demand, now);
+    super::lookahead::note(&mut state.ttft_seen, super::lookahead::trend_sample(input), now);
     let cold_start = state.cold_start(measured_cold_start);
     let joint = replica_policy(
         policy,
@@ -610,8 +617,11 @@ pub(super) mod tests {
         assert_eq!(within.warm_floor, None);
         assert_eq!(
             within.policy,
-            with_budget(0.01),
-            "scale to zero stays as declared"
+            ScalePolicy {
+                ttft_guard_lead: Some(Duration::from_secs(28)),
+                ..with_budget(0.01)
+            },
+            "scale to zero stays as declared (the SLO guard looks a cold start ahead)"
         );
         let Some((e, _)) = within.zero_within_budget else {
             panic!("no budget evidence: {within}")
@@ -747,11 +757,17 @@ pub(super) mod tests {
             "{j}"
         );
         // A one-second sleep-mode wake meets it; an unknown lead time changes nothing; nor does a model that
-        // never goes to zero.
+        // never goes to zero. Only the SLO guard's look-ahead takes the lead time.
         for (p, lead) in [(&zero, Some(s(1))), (&zero, None), (&policy(), Some(s(28)))] {
             let j = alone(p, ShareRoom::Fixed, 2.0, lead);
             assert_eq!(j.warm_floor, None);
-            assert_eq!(&j.policy, p);
+            assert_eq!(
+                j.policy,
+                ScalePolicy {
+                    ttft_guard_lead: lead,
+                    ..p.clone()
+                }
+            );
         }
     }
 

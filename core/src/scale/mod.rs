@@ -46,6 +46,7 @@ pub mod coldstart;
 pub mod constraint;
 pub mod inputs;
 pub mod joint;
+pub mod lookahead;
 mod ratio;
 mod state;
 pub use state::{Recommendation, ScaleEvent, ScaleState};
@@ -123,6 +124,10 @@ pub struct ScalePolicy {
     pub panic: Option<PanicMode>,
     /// Time-to-first-token service level: p95 over it on any fresh replica blocks scale-down and asks for one more.
     pub ttft_slo: Option<Duration>,
+    /// How far ahead the TTFT SLO guard looks ([`lookahead`]): the time a replica asked for now takes to serve.
+    /// The joint policy sets it from the model's cold start ([`joint::replica_policy`]); `None` reads the p95 as it
+    /// is.
+    pub ttft_guard_lead: Option<Duration>,
 }
 
 impl Default for ScalePolicy {
@@ -137,6 +142,7 @@ impl Default for ScalePolicy {
             behavior: Behavior::default(),
             panic: Some(PanicMode::default()),
             ttft_slo: None,
+            ttft_guard_lead: None,
         }
     }
 }
@@ -323,6 +329,9 @@ pub struct ScaleInput {
     pub replicas: Vec<ReplicaSignals>,
     /// Requests seen by the activator for this model.
     pub demand: Demand,
+    /// First tokens in the fresh replicas' short windows, added up (from their buckets); `None` when unknown.
+    /// The SLO guard's look-ahead reads a trend only over busy windows ([`lookahead::MIN_FIRST_TOKENS`]).
+    pub ttft_window_count: Option<f64>,
 }
 
 /// One replica's signals, from its sidecar's `/v1/status`.
@@ -449,6 +458,9 @@ pub enum ScaleReason {
     TooFewReplicas,
     /// Time to first token is over the SLO: one more replica, no scale-down.
     TtftSloBreached,
+    /// Time to first token is under the SLO but rising to pass it before a replica asked for now could serve
+    /// ([`lookahead`]): one more replica, no scale-down.
+    TtftSloAtRisk,
     /// Demand reached the panic threshold: scaled up at once and holding.
     Panic,
     /// Demand arrived while at zero: at least one replica at once.
@@ -473,6 +485,7 @@ impl ScaleReason {
             ScaleReason::TooManyReplicas => "too_many_replicas",
             ScaleReason::TooFewReplicas => "too_few_replicas",
             ScaleReason::TtftSloBreached => "ttft_slo_breached",
+            ScaleReason::TtftSloAtRisk => "ttft_slo_at_risk",
             ScaleReason::Panic => "panic",
             ScaleReason::ScaleFromZero => "scale_from_zero",
             ScaleReason::ScaleToZero => "scale_to_zero",
@@ -493,6 +506,7 @@ impl ScaleReason {
             ScaleReason::TooManyReplicas => "TooManyReplicas",
             ScaleReason::TooFewReplicas => "TooFewReplicas",
             ScaleReason::TtftSloBreached => "TtftSloBreached",
+            ScaleReason::TtftSloAtRisk => "TtftSloAtRisk",
             ScaleReason::Panic => "Panic",
             ScaleReason::ScaleFromZero => "ScaleFromZero",
             ScaleReason::ScaleToZero => "ScaleToZero",
@@ -617,43 +631,60 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
     // 3. TTFT SLO guard. Replicas asked for but not ready yet are the guard's earlier answer still starting:
     // asking for current+1 again on every sync while they load (minutes for a large model) would add one
     // replica per sync period for the same excursion, so the guard holds until they are ready.
-    let worst_ttft = input
-        .replicas
-        .iter()
-        .filter(|r| r.fresh)
-        .filter_map(|r| r.ttft_p95)
-        .max();
+    let worst_ttft = worst_ttft(input);
     let starting = current.saturating_sub(input.ready_replicas);
     if let (Some(slo), Some(worst)) = (policy.ttft_slo, worst_ttft)
-        && worst > slo
         && raw <= current
     {
-        reason = ScaleReason::TtftSloBreached;
-        if starting > 0 {
-            raw = current;
-            d.message = format!(
-                "p95 time to first token {:.3}s is over the SLO {:.3}s: waiting for {starting} starting \
-                 replica(s) before asking for more",
+        // Over the objective now, or rising to pass it within the time a replica asked for now takes to serve.
+        let risk = match policy.ttft_guard_lead {
+            Some(lead) if worst <= slo => lookahead::trend_sample(input)
+                .and_then(|w| lookahead::project(w, &state.ttft_seen, lead, now))
+                .filter(|t| t.projected > slo)
+                .map(|t| (t, lead)),
+            _ => None,
+        };
+        let what = match risk {
+            _ if worst > slo => Some(format!(
+                "p95 time to first token {:.3}s is over the SLO {:.3}s",
                 worst.as_secs_f64(),
                 slo.as_secs_f64()
-            );
-        } else {
-            raw = current.saturating_add(1);
-            d.message = format!(
-                "p95 time to first token {:.3}s is over the SLO {:.3}s: asking for one more replica",
+            )),
+            Some((t, lead)) => Some(format!(
+                "p95 time to first token {:.3}s, rising {:.3} s/s over the last {} s, would pass the SLO {:.3}s \
+                 within the {:.0} s a new replica takes to serve",
                 worst.as_secs_f64(),
-                slo.as_secs_f64()
-            );
+                t.slope,
+                t.span.as_secs(),
+                slo.as_secs_f64(),
+                lead.as_secs_f64()
+            )),
+            None => None,
+        };
+        if let Some(what) = what {
+            reason = if worst > slo {
+                ScaleReason::TtftSloBreached
+            } else {
+                ScaleReason::TtftSloAtRisk
+            };
+            if starting > 0 {
+                raw = current;
+                d.message =
+                    format!("{what}: waiting for {starting} starting replica(s) before asking for more");
+            } else {
+                raw = current.saturating_add(1);
+                d.message = format!("{what}: asking for one more replica");
+            }
         }
     }
-    let guard_fired = reason == ScaleReason::TtftSloBreached;
+    let guard_fired = matches!(reason, ScaleReason::TtftSloBreached | ScaleReason::TtftSloAtRisk);
 
     // 4. Scale to zero.
     if let Some(stz) = &policy.scale_to_zero
         && policy.min_replicas == 0
         && let Some(idle_for) = idle_for(input, now)
         && idle_for >= stz.idle_after
-        && reason != ScaleReason::TtftSloBreached
+        && !guard_fired
     {
         let limit = behavior::scale_down_limit(&policy.behavior.scale_down, current, &state.events, now);
         d.recommendation = 0;
@@ -745,6 +776,16 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
         d.message = describe(&d, stabilized);
     }
     d
+}
+
+/// The worst p95 time to first token among the fresh replicas: what the TTFT SLO guard reads.
+pub(crate) fn worst_ttft(input: &ScaleInput) -> Option<Duration> {
+    input
+        .replicas
+        .iter()
+        .filter(|r| r.fresh)
+        .filter_map(|r| r.ttft_p95)
+        .max()
 }
 
 /// At zero: wake on any demand, else stay (or go to `min_replicas` when the policy now asks for more).

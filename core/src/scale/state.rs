@@ -47,6 +47,9 @@ pub struct ScaleState {
     pub claim: Option<coldstart::BudgetClaim>,
     /// The last cold start the caller measured ([`ScaleState::cold_start`]): a model at zero has no pod to measure.
     pub last_cold_start: Option<Duration>,
+    /// The worst fresh TTFT p95 of the last minute's rounds, the trend the SLO guard's look-ahead reads
+    /// ([`super::lookahead`]; fed by [`joint::round`]).
+    pub ttft_seen: std::collections::VecDeque<(Timestamp, Duration)>,
 }
 
 /// A copy of the ledger is exact for cold starts at least this long, whatever was measured: a start that grows

@@ -51,6 +51,7 @@ fn input(kvs: &[f64]) -> ScaleInput {
             last_request_at: Some(Timestamp(0)),
             ..Demand::default()
         },
+        ttft_window_count: None,
     }
 }
 
@@ -170,6 +171,7 @@ fn stale_replicas_never_cause_a_scale_down() {
         ready_replicas: 4,
         replicas: vec![stale(), stale(), stale(), stale()],
         demand: Demand::default(),
+        ttft_window_count: None,
     };
     let d = decide(&inp, &policy, &ScaleState::default(), secs(0));
     assert_eq!(d.desired_replicas, 4);
@@ -194,6 +196,7 @@ fn missing_replicas_count_as_zero_on_scale_up() {
         ready_replicas: 4,
         replicas: vec![replica(1.0), replica(1.0), stale(), stale()],
         demand: Demand::default(),
+        ttft_window_count: None,
     };
     assert_eq!(
         decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
@@ -254,6 +257,94 @@ fn ttft_slo_breach_adds_a_replica_and_blocks_scale_down() {
     );
 }
 
+/// The guard looks a lead time ahead: a p95 under the SLO but rising 10 ms a second, with a replica taking 34 s to
+/// serve, would pass a 2 s SLO before a replica asked for now could help, so it asks for one now (and, while that
+/// one starts, waits for it). A flat p95 at the same height, a quiet window, or no known lead time asks for
+/// nothing.
+#[test]
+fn a_p95_rising_to_pass_the_slo_within_the_lead_time_adds_a_replica_now() {
+    let mut policy = kv_policy(1, 10);
+    policy.behavior.scale_down.stabilization_window = Duration::ZERO;
+    policy.ttft_slo = Some(Duration::from_secs(2));
+    policy.ttft_guard_lead = Some(Duration::from_secs(34));
+    // Busy windows: 120 first tokens in the last minute between the two replicas.
+    let at_ms = |v: u64| {
+        let mut inp = input(&[0.5, 0.5]);
+        for r in &mut inp.replicas {
+            r.ttft_p95 = Some(Duration::from_millis(v));
+        }
+        inp.ttft_window_count = Some(120.0);
+        inp
+    };
+    // What `joint::round` keeps: the worst p95 of the last minute's rounds.
+    let history = |values: &[(u64, u64)]| {
+        let mut state = ScaleState::default();
+        for &(t, v) in values {
+            lookahead::note(&mut state.ttft_seen, Some(Duration::from_millis(v)), secs(t));
+        }
+        state
+    };
+    let rising = history(&[(0, 1250), (15, 1400), (30, 1550), (45, 1700)]);
+    let d = decide(&at_ms(1700), &policy, &rising, secs(45));
+    assert_eq!(
+        (d.reason, d.desired_replicas),
+        (ScaleReason::TtftSloAtRisk, 3),
+        "{}",
+        d.message
+    );
+    assert_eq!(
+        d.message,
+        "p95 time to first token 1.700s, rising 0.010 s/s over the last 45 s, would pass the SLO 2.000s within the \
+         34 s a new replica takes to serve: asking for one more replica"
+    );
+    let joint = joint::replica_policy(
+        &policy,
+        joint::ShareRoom::Fixed,
+        2.0,
+        policy.ttft_guard_lead,
+        &rising,
+        &joint::BudgetPeers::NONE,
+        secs(45),
+    );
+    assert_eq!(
+        constraint::Constraint::of(&at_ms(1700), &joint, &d),
+        constraint::Constraint::TtftObjective
+    );
+    // One replica already starting: wait for it.
+    let mut starting = at_ms(1700);
+    starting.current_replicas = 3;
+    let d = decide(&starting, &policy, &rising, secs(45));
+    assert_eq!(
+        (d.reason, d.desired_replicas),
+        (ScaleReason::TtftSloAtRisk, 3),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message
+            .ends_with("waiting for 1 starting replica(s) before asking for more"),
+        "{}",
+        d.message
+    );
+    // Flat at the same height; rising, with no lead time known; rising too slowly to pass within 34 s.
+    let flat = history(&[(0, 1700), (15, 1700), (30, 1700), (45, 1700)]);
+    let slow = history(&[(0, 1650), (45, 1700)]);
+    let unknown = ScalePolicy {
+        ttft_guard_lead: None,
+        ..policy.clone()
+    };
+    // A quiet window (a p95 over a handful of first tokens) reads no trend either.
+    let mut quiet = at_ms(1700);
+    quiet.ttft_window_count = Some(12.0);
+    let d = decide(&quiet, &policy, &rising, secs(45));
+    assert_eq!(d.desired_replicas, 2, "{}", d.message);
+    for (p, state) in [(&policy, &flat), (&unknown, &rising), (&policy, &slow)] {
+        let d = decide(&at_ms(1700), p, state, secs(45));
+        assert_eq!(d.desired_replicas, 2, "{}", d.message);
+        assert_ne!(d.reason, ScaleReason::TtftSloAtRisk);
+    }
+}
+
 /// The incident: 2 ready replicas over the SLO, new replicas taking minutes to load, a sync every 15 s. Before the
 /// guard counted starting replicas it asked for current+1 on every sync, entered panic once current+1 reached twice
 /// the ready count, and reached 18 desired in 225 s.
@@ -307,6 +398,7 @@ fn idle_input(replicas: u32, last_request_s: u64) -> ScaleInput {
             last_request_at: Some(secs(last_request_s)),
             requests_total: None,
         },
+        ttft_window_count: None,
     }
 }
 
@@ -544,6 +636,7 @@ fn arb_input() -> impl Strategy<Value = ScaleInput> {
                 last_request_at: last.map(secs),
                 requests_total: None,
             },
+            ttft_window_count: None,
         })
 }
 

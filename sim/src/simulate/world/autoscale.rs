@@ -119,7 +119,7 @@ impl World<'_> {
             &declared,
             room,
             cold_start,
-            &input.demand,
+            &input,
             &mut self.models[m].state,
             &joint::BudgetPeers {
                 name: &self.sc.models[m].name,
