@@ -285,47 +285,44 @@ fn a_p95_rising_to_pass_the_slo_within_the_lead_time_adds_a_replica_now() {
         state
     };
     let rising = history(&[(0, 1250), (15, 1400), (30, 1550), (45, 1700)]);
-    let d = decide(&at_ms(1700), &policy, &rising, secs(45));
-    assert_eq!(
-        (d.reason, d.desired_replicas),
-        (ScaleReason::TtftSloAtRisk, 3),
-        "{}",
-        d.message
-    );
-    assert_eq!(
-        d.message,
-        "p95 time to first token 1.700s, rising 0.010 s/s over the last 45 s, would pass the SLO 2.000s within the \
-         34 s a new replica takes to serve: asking for one more replica"
-    );
-    let joint = joint::replica_policy(
-        &policy,
-        joint::ShareRoom::Fixed,
-        2.0,
-        policy.ttft_guard_lead,
-        &rising,
-        &joint::BudgetPeers::NONE,
-        secs(45),
-    );
-    assert_eq!(
-        constraint::Constraint::of(&at_ms(1700), &joint, &d),
-        constraint::Constraint::TtftObjective
-    );
-    // One replica already starting: wait for it.
+    // Nothing starting: one more now. One replica already starting: wait for it.
     let mut starting = at_ms(1700);
     starting.current_replicas = 3;
-    let d = decide(&starting, &policy, &rising, secs(45));
-    assert_eq!(
-        (d.reason, d.desired_replicas),
-        (ScaleReason::TtftSloAtRisk, 3),
-        "{}",
-        d.message
-    );
-    assert!(
-        d.message
-            .ends_with("waiting for 1 starting replica(s) before asking for more"),
-        "{}",
-        d.message
-    );
+    for (inp, then) in [
+        (at_ms(1700), "asking for one more replica"),
+        (
+            starting,
+            "waiting for 1 starting replica(s) before asking for more",
+        ),
+    ] {
+        let d = decide(&inp, &policy, &rising, secs(45));
+        assert_eq!(
+            (d.reason, d.desired_replicas),
+            (ScaleReason::TtftSloAtRisk, 3),
+            "{}",
+            d.message
+        );
+        assert_eq!(
+            d.message,
+            format!(
+                "p95 time to first token 1.700s, rising 0.010 s/s over the last 45 s, would pass the SLO 2.000s \
+                 within the 34 s a new replica takes to serve: {then}"
+            )
+        );
+        let joint = joint::replica_policy(
+            &policy,
+            joint::ShareRoom::Fixed,
+            2.0,
+            policy.ttft_guard_lead,
+            &rising,
+            &joint::BudgetPeers::NONE,
+            secs(45),
+        );
+        assert_eq!(
+            constraint::Constraint::of(&inp, &joint, &d),
+            constraint::Constraint::TtftObjective
+        );
+    }
     // Flat at the same height; rising, with no lead time known; rising too slowly to pass within 34 s.
     let flat = history(&[(0, 1700), (15, 1700), (30, 1700), (45, 1700)]);
     let slow = history(&[(0, 1650), (45, 1700)]);
