@@ -488,6 +488,12 @@ impl ColdStartLedgerStatus {
         }
     }
 
+    /// The model's state resumed from this copy ([`scale::ScaleState::resume`]), or what is wrong with the copy.
+    pub fn resume(&self, now: Timestamp) -> Result<scale::ScaleState, String> {
+        let copy = self.to_checkpoint()?;
+        scale::ScaleState::resume(&copy, now).map_err(|e| e.to_string())
+    }
+
     /// The copy this status holds, or what is wrong with it (a field edited by hand, or written by another
     /// version).
     pub fn to_checkpoint(&self) -> Result<coldstart::LedgerCheckpoint, String> {

@@ -70,9 +70,6 @@ pub(super) fn observed_cold_start(pods: &[Pod]) -> Option<Duration> {
         .min()
 }
 
-/// How often, at most, the copy of a model's cold-start ledger in its status is rewritten.
-pub const LEDGER_COPY_EVERY: Duration = Duration::from_secs(60);
-
 /// The state of a model this process has not decided for yet (it just started, or became the leader): the
 /// cold-start ledger resumes from the copy in the status ([`ledger_status`]), so a model with a
 /// `coldStartMissBudget` does not fall back to its warm floor for an hour after every restart. A copy that cannot be
@@ -83,13 +80,10 @@ pub(super) fn resume_state(
     now: Timestamp,
 ) -> ScaleState {
     let copy = obj.status.as_ref().and_then(|s| s.cold_start_ledger.as_ref());
-    let Some(copy) = copy.filter(|_| has_budget(policy)) else {
+    let Some(copy) = copy.filter(|_| policy.keeps_cold_start_ledger()) else {
         return ScaleState::default();
     };
-    match copy
-        .to_checkpoint()
-        .and_then(|c| ScaleState::resume(&c, now).map_err(|e| e.to_string()))
-    {
+    match copy.resume(now) {
         Ok(state) => {
             info!(
                 samples = copy.samples.len(),
@@ -105,46 +99,26 @@ pub(super) fn resume_state(
     }
 }
 
-fn has_budget(policy: &scale::ScalePolicy) -> bool {
-    policy
-        .scale_to_zero
-        .as_ref()
-        .is_some_and(|z| z.cold_start_miss_budget.is_some())
-}
-
 /// The copy of the model's cold-start ledger to keep in its status: none without a `coldStartMissBudget`; the
-/// status's own while nothing new was counted (no request, no new cold start measured) or the copy is younger than
-/// [`LEDGER_COPY_EVERY`], so a model at zero costs no status writes and a busy one one a minute; a fresh one over a
-/// copy that cannot be read.
+/// status's own until a new one is due ([`ScaleState::copy_due`]: a minute old and something new counted); a fresh
+/// one over a copy that cannot be read.
 pub(super) fn ledger_status(
     obj: &InferenceAutoscaler,
     policy: &scale::ScalePolicy,
     state: &ScaleState,
     now: Timestamp,
 ) -> Option<crd::ColdStartLedgerStatus> {
-    if !has_budget(policy) {
+    if !policy.keeps_cold_start_ledger() {
         return None;
     }
     let written = obj.status.as_ref().and_then(|s| s.cold_start_ledger.clone());
-    let Some((at, total)) = state.cold_starts.last_sync() else {
+    let kept = written.as_ref().and_then(|w| w.resume(now).ok());
+    if kept.is_some_and(|k| !state.copy_due(&k)) {
         return written;
-    };
-    if let Some(w) = &written {
-        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-        let young = i64::try_from(at.as_millis())
-            .unwrap_or(i64::MAX)
-            .saturating_sub(w.taken_at_unix_ms)
-            < ms(LEDGER_COPY_EVERY);
-        let same = i64::try_from(total).ok() == Some(w.requests_total)
-            && state.last_cold_start.map(ms) == w.cold_start_ms;
-        if (young || same)
-            && w.to_checkpoint()
-                .is_ok_and(|c| ScaleState::resume(&c, now).is_ok())
-        {
-            return written;
-        }
     }
+    // Nothing counted yet (no copy to take): whatever is written stays.
     state
         .checkpoint(now)
         .map(|c| crd::ColdStartLedgerStatus::from_checkpoint(&c))
+        .or(written)
 }

@@ -260,7 +260,7 @@ pub fn replica_policy(
     joint.policy.ttft_guard_lead = cold_start;
     // What the ledger shows, read once: for the budget below and for the claim a group's members read.
     let evidence = match (&policy.scale_to_zero, cold_start) {
-        (Some(z), Some(lead)) if z.cold_start_miss_budget.is_some() => state.cold_starts.evidence(lead, now),
+        (Some(_), Some(lead)) if policy.keeps_cold_start_ledger() => state.cold_starts.evidence(lead, now),
         _ => None,
     };
     joint.claim = claim(policy, cold_start, evidence, peers.name, now);

@@ -148,6 +148,14 @@ impl Default for ScalePolicy {
 }
 
 impl ScalePolicy {
+    /// Whether the model keeps a day-long cold-start ledger: only with a `coldStartMissBudget`, its one reader
+    /// ([`coldstart`]), so a model without one keeps no day of samples (and no copy of them).
+    pub fn keeps_cold_start_ledger(&self) -> bool {
+        self.scale_to_zero
+            .as_ref()
+            .is_some_and(|z| z.cold_start_miss_budget.is_some())
+    }
+
     /// Checks the policy for values no decision can be made with; each message names the field and the fix.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         let mut errors = Vec::new();
@@ -631,53 +639,21 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
     // 3. TTFT SLO guard. Replicas asked for but not ready yet are the guard's earlier answer still starting:
     // asking for current+1 again on every sync while they load (minutes for a large model) would add one
     // replica per sync period for the same excursion, so the guard holds until they are ready.
-    let worst_ttft = worst_ttft(input);
     let starting = current.saturating_sub(input.ready_replicas);
-    if let (Some(slo), Some(worst)) = (policy.ttft_slo, worst_ttft)
-        && raw <= current
-    {
-        // Over the objective now, or rising to pass it within the time a replica asked for now takes to serve.
-        let risk = match policy.ttft_guard_lead {
-            Some(lead) if worst <= slo => lookahead::trend_sample(input)
-                .and_then(|w| lookahead::project(w, &state.ttft_seen, lead, now))
-                .filter(|t| t.projected > slo)
-                .map(|t| (t, lead)),
-            _ => None,
-        };
-        let what = match risk {
-            _ if worst > slo => Some(format!(
-                "p95 time to first token {:.3}s is over the SLO {:.3}s",
-                worst.as_secs_f64(),
-                slo.as_secs_f64()
-            )),
-            Some((t, lead)) => Some(format!(
-                "p95 time to first token {:.3}s, rising {:.3} s/s over the last {} s, would pass the SLO {:.3}s \
-                 within the {:.0} s a new replica takes to serve",
-                worst.as_secs_f64(),
-                t.slope,
-                t.span.as_secs(),
-                slo.as_secs_f64(),
-                lead.as_secs_f64()
-            )),
-            None => None,
-        };
-        if let Some(what) = what {
-            reason = if worst > slo {
-                ScaleReason::TtftSloBreached
-            } else {
-                ScaleReason::TtftSloAtRisk
-            };
-            if starting > 0 {
-                raw = current;
-                d.message =
-                    format!("{what}: waiting for {starting} starting replica(s) before asking for more");
-            } else {
-                raw = current.saturating_add(1);
-                d.message = format!("{what}: asking for one more replica");
-            }
+    let guard = (raw <= current)
+        .then(|| ttft_guard(input, policy, state, now))
+        .flatten();
+    if let Some((why, what)) = &guard {
+        reason = *why;
+        if starting > 0 {
+            raw = current;
+            d.message = format!("{what}: waiting for {starting} starting replica(s) before asking for more");
+        } else {
+            raw = current.saturating_add(1);
+            d.message = format!("{what}: asking for one more replica");
         }
     }
-    let guard_fired = matches!(reason, ScaleReason::TtftSloBreached | ScaleReason::TtftSloAtRisk);
+    let guard_fired = guard.is_some();
 
     // 4. Scale to zero.
     if let Some(stz) = &policy.scale_to_zero
@@ -776,6 +752,42 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
         d.message = describe(&d, stabilized);
     }
     d
+}
+
+/// Whether the TTFT SLO guard fires, and what it says: the worst fresh p95 over the objective now, or rising to
+/// pass it within the time a replica asked for now takes to serve ([`lookahead`]).
+fn ttft_guard(
+    input: &ScaleInput,
+    policy: &ScalePolicy,
+    state: &ScaleState,
+    now: Timestamp,
+) -> Option<(ScaleReason, String)> {
+    let (slo, worst) = (policy.ttft_slo?, worst_ttft(input)?);
+    if worst > slo {
+        return Some((
+            ScaleReason::TtftSloBreached,
+            format!(
+                "p95 time to first token {:.3}s is over the SLO {:.3}s",
+                worst.as_secs_f64(),
+                slo.as_secs_f64()
+            ),
+        ));
+    }
+    let lead = policy.ttft_guard_lead?;
+    let trend = lookahead::project(lookahead::trend_sample(input)?, &state.ttft_seen, lead, now)
+        .filter(|t| t.projected > slo)?;
+    Some((
+        ScaleReason::TtftSloAtRisk,
+        format!(
+            "p95 time to first token {:.3}s, rising {:.3} s/s over the last {} s, would pass the SLO {:.3}s within \
+             the {:.0} s a new replica takes to serve",
+            worst.as_secs_f64(),
+            trend.slope,
+            trend.span.as_secs(),
+            slo.as_secs_f64(),
+            lead.as_secs_f64()
+        ),
+    ))
 }
 
 /// The worst p95 time to first token among the fresh replicas: what the TTFT SLO guard reads.

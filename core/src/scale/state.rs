@@ -64,8 +64,10 @@ impl ScaleState {
     /// `coldStartMissBudget`, the one reader of the ledger, so a model without one keeps no day of samples.
     /// [`joint::round`] calls this every round, whatever is decided.
     pub(crate) fn count_demand(&mut self, policy: &ScalePolicy, demand: &Demand, now: Timestamp) {
-        if let Some(z) = &policy.scale_to_zero
-            && z.cold_start_miss_budget.is_some()
+        if let Some(z) = policy
+            .scale_to_zero
+            .as_ref()
+            .filter(|_| policy.keeps_cold_start_ledger())
         {
             self.cold_starts.observe(demand, z.idle_after, now);
         }
@@ -91,6 +93,22 @@ impl ScaleState {
         let mut copy = self.cold_starts.checkpoint(exact_for, now)?;
         copy.cold_start = self.last_cold_start;
         Some(copy)
+    }
+
+    /// Whether a copy taken now is worth writing over `written` (the state resumed from the copy the caller keeps):
+    /// only once the kept copy is [`coldstart::checkpoint::COPY_EVERY`] old and something new was counted since
+    /// (requests, or another cold start measured), so a model at zero costs no writes and a busy one one a
+    /// [`coldstart::checkpoint::COPY_EVERY`]. Never before the ledger has counted a sync.
+    pub fn copy_due(&self, written: &ScaleState) -> bool {
+        let Some((at, total)) = self.cold_starts.last_sync() else {
+            return false;
+        };
+        let Some((written_at, written_total)) = written.cold_starts.last_sync() else {
+            return true;
+        };
+        let young = at.since(written_at) < coldstart::checkpoint::COPY_EVERY;
+        let same = total == written_total && self.last_cold_start == written.last_cold_start;
+        !(young || same)
     }
 
     /// The state a successor starts from: the ledger and the last cold start of a copy [`ScaleState::checkpoint`]

@@ -33,6 +33,9 @@ use crate::scale::Timestamp;
 /// Samples outside any wake's reach are merged into buckets of at most this span.
 pub const BUCKET: Duration = Duration::from_secs(300);
 
+/// How often, at most, a copy is worth taking ([`crate::scale::ScaleState::copy_due`]).
+pub const COPY_EVERY: Duration = Duration::from_secs(60);
+
 /// A copy taken up to this long after `now` is read anyway: the controller that wrote it ran on another node,
 /// whose clock may be a little ahead (the syncs then resume once this clock passes the copy's).
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
@@ -345,6 +348,28 @@ mod tests {
         assert_eq!(copy.samples.len(), MAX_SAMPLES);
         assert_eq!(copy.samples.last().unwrap().at, at(86_385));
         assert!(ColdStartLedger::restore(&copy, at(86_400)).is_ok());
+    }
+
+    /// A copy is worth writing only once the kept one is a minute old and something new was counted since:
+    /// requests, or another cold start measured.
+    #[test]
+    fn a_new_copy_is_due_a_minute_on_and_only_with_something_new() {
+        use crate::scale::ScaleState;
+        let at_sync = |total, secs| {
+            let mut s = ScaleState::default();
+            s.cold_starts.observe(&demand(total, 0), IDLE, at(secs));
+            s.last_cold_start = Some(COLD);
+            s
+        };
+        let written = at_sync(10, 100);
+        assert!(!at_sync(12, 130).copy_due(&written), "younger than a minute");
+        assert!(!at_sync(10, 400).copy_due(&written), "nothing new");
+        assert!(at_sync(12, 160).copy_due(&written));
+        let mut slower = at_sync(10, 400);
+        slower.last_cold_start = Some(Duration::from_secs(40));
+        assert!(slower.copy_due(&written), "another cold start measured");
+        assert!(!ScaleState::default().copy_due(&written), "nothing counted yet");
+        assert!(at_sync(10, 100).copy_due(&ScaleState::default()), "nothing kept");
     }
 
     /// A copy this code did not write is refused, with what is wrong; the caller then starts an empty ledger.
