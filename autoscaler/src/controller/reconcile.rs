@@ -426,7 +426,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         let joint = scale::joint::round(
             &policy,
             room,
-            measured,
+            // Every replica, the first included, starts as a pod here.
+            scale::joint::LeadTimes::one(measured),
             &input,
             state,
             &scale::joint::BudgetPeers {

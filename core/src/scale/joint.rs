@@ -135,6 +135,37 @@ impl BudgetPeers<'static> {
     };
 }
 
+/// How long new capacity takes to serve, as the caller knows it this round.
+///
+/// Two leads, because they differ where a model at zero keeps a sleeping pod: waking it (vLLM's sleep mode) takes
+/// a second, while another replica beside a running one is a new pod, its start and its weights' load. The warm
+/// floor and the miss budget read the start from zero; the SLO guard's look-ahead ([`super::lookahead`]) reads
+/// the start of another replica.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeadTimes {
+    /// A start from zero: the controller's fastest ready pod from creation to Ready, a sleep-mode wake where the
+    /// caller knows one. `None` when not measured this round ([`round`] then reads the last one measured).
+    pub from_zero: Option<Duration>,
+    /// Another replica, when the caller knows it differs from `from_zero`. `None`: the same as a start from zero
+    /// (the controller's case: it starts every replica as a pod).
+    pub scale_up: Option<Duration>,
+}
+
+impl LeadTimes {
+    /// One lead for both: every replica, the first included, starts as a pod.
+    pub const fn one(lead: Option<Duration>) -> Self {
+        LeadTimes {
+            from_zero: lead,
+            scale_up: None,
+        }
+    }
+
+    /// The lead of another replica: its own when known, else a start from zero's.
+    fn another_replica(self) -> Option<Duration> {
+        self.scale_up.or(self.from_zero)
+    }
+}
+
 /// Why a model keeps a warm replica: its cold start is longer than its TTFT objective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WarmFloor {
@@ -242,7 +273,7 @@ impl fmt::Display for JointPolicy {
 }
 
 /// The replica policy under the joint rule. `share_step` is the share rule's largest step up (its
-/// `compute_max_step_up`, e.g. 2×); `cold_start` how long a start from zero takes, when known. Only
+/// `compute_max_step_up`, e.g. 2×); `leads` how long a start from zero and another replica take, when known. Only
 /// `targets.ttft_p95` and, for a warm floor, scale to zero move; the SLO guard, load targets, bounds and
 /// behaviour are untouched. `state` carries the model's [`super::coldstart::ColdStartLedger`], which a
 /// `coldStartMissBudget` reads at `now`; a `coldStartBudgetGroup` also reads its `peers`' claims.
@@ -250,14 +281,16 @@ pub fn replica_policy(
     policy: &ScalePolicy,
     room: ShareRoom,
     share_step: f64,
-    cold_start: Option<Duration>,
+    leads: LeadTimes,
     state: &ScaleState,
     peers: &BudgetPeers<'_>,
     now: Timestamp,
 ) -> JointPolicy {
     let mut joint = share_policy(policy, room, share_step);
-    // A replica asked for now serves a cold start later: the SLO guard looks that far ahead (`super::lookahead`).
-    joint.policy.ttft_guard_lead = cold_start;
+    // A replica asked for now serves only once it has started: the SLO guard looks that far ahead
+    // (`super::lookahead`).
+    joint.policy.ttft_guard_lead = leads.another_replica();
+    let cold_start = leads.from_zero;
     // What the ledger shows, read once: for the budget below and for the claim a group's members read.
     let evidence = match (&policy.scale_to_zero, cold_start) {
         (Some(_), Some(lead)) if policy.keeps_cold_start_ledger() => state.cold_starts.evidence(lead, now),
@@ -324,14 +357,14 @@ fn claim(
 
 /// One round of the replica policy as the controller and the simulator take it, on the model's `state`: counts
 /// the round's demand into its cold-start ledger ([`ScaleState::count_demand`]) and its worst TTFT p95 into the
-/// trend the SLO guard's look-ahead reads ([`ScaleState::ttft_seen`]), resolves its cold start (the one
-/// `measured` this round, else the last, [`ScaleState::cold_start`]), decides the joint policy with the share
+/// trend the SLO guard's look-ahead reads ([`ScaleState::ttft_seen`]), resolves its start from zero (the one
+/// measured this round, else the last, [`ScaleState::cold_start`]), decides the joint policy with the share
 /// rule's default step ([`replica_policy`]) and keeps the claim the round publishes for the model's budget group
 /// ([`ScaleState::claim`]). The cold start it used stays in [`ScaleState::last_cold_start`].
 pub fn round(
     policy: &ScalePolicy,
     room: ShareRoom,
-    measured_cold_start: Option<Duration>,
+    leads: LeadTimes,
     input: &ScaleInput,
     state: &mut ScaleState,
     peers: &BudgetPeers<'_>,
@@ -339,12 +372,15 @@ pub fn round(
 ) -> JointPolicy {
     state.count_demand(policy, &input.demand, now);
     super::lookahead::note(&mut state.ttft_seen, super::lookahead::trend_sample(input), now);
-    let cold_start = state.cold_start(measured_cold_start);
+    let leads = LeadTimes {
+        from_zero: state.cold_start(leads.from_zero),
+        ..leads
+    };
     let joint = replica_policy(
         policy,
         room,
         crate::recommend::Config::default().compute_max_step_up,
-        cold_start,
+        leads,
         state,
         peers,
         now,
@@ -551,7 +587,7 @@ pub(super) mod tests {
             policy,
             room,
             share_step,
-            cold_start,
+            LeadTimes::one(cold_start),
             &ScaleState::default(),
             &BudgetPeers::NONE,
             Timestamp::default(),
@@ -607,7 +643,7 @@ pub(super) mod tests {
                 &with_budget(budget),
                 ShareRoom::Fixed,
                 2.0,
-                Some(Duration::from_secs(28)),
+                LeadTimes::one(Some(Duration::from_secs(28))),
                 state,
                 &BudgetPeers::NONE,
                 now,
@@ -672,7 +708,7 @@ pub(super) mod tests {
                 &budgeted(0.004, Some("tools")),
                 room,
                 2.0,
-                Some(s(28)),
+                LeadTimes::one(Some(s(28))),
                 &state,
                 &BudgetPeers {
                     name: "digest",
@@ -722,7 +758,7 @@ pub(super) mod tests {
             &budgeted(0.004, None),
             room,
             2.0,
-            Some(s(28)),
+            LeadTimes::one(Some(s(28))),
             &state,
             &BudgetPeers::NONE,
             now,
@@ -769,6 +805,39 @@ pub(super) mod tests {
                 }
             );
         }
+    }
+
+    /// A sleep-mode model wakes from zero in a second, but another replica beside a running one is a new pod: the
+    /// warm floor reads the wake, the SLO guard looks ahead by the pod.
+    #[test]
+    fn the_look_ahead_reads_another_replicas_start_and_the_floor_the_wake() {
+        let zero = ScalePolicy {
+            min_replicas: 0,
+            scale_to_zero: Some(crate::scale::ScaleToZero::after(Duration::from_secs(300))),
+            ..policy()
+        };
+        let s = Duration::from_secs;
+        let decide = |leads| {
+            replica_policy(
+                &zero,
+                ShareRoom::Fixed,
+                2.0,
+                leads,
+                &ScaleState::default(),
+                &BudgetPeers::NONE,
+                Timestamp::default(),
+            )
+        };
+        let sleeping = decide(LeadTimes {
+            from_zero: Some(s(1)),
+            scale_up: Some(s(34)),
+        });
+        assert_eq!((sleeping.warm_floor, sleeping.policy.min_replicas), (None, 0));
+        assert_eq!(sleeping.policy.ttft_guard_lead, Some(s(34)));
+        // Without a sleeping pod both are the pod's start: the floor holds, and the look-ahead reads the same lead.
+        let pod = decide(LeadTimes::one(Some(s(34))));
+        assert_eq!(pod.warm_floor.map(|w| w.cold_start), Some(s(34)));
+        assert_eq!(pod.policy.ttft_guard_lead, Some(s(34)));
     }
 
     /// The default scenario's assistant-14b at minute 28: four replicas, nothing waiting, the model's TTFT p95

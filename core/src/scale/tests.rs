@@ -313,7 +313,7 @@ fn a_p95_rising_to_pass_the_slo_within_the_lead_time_adds_a_replica_now() {
             &policy,
             joint::ShareRoom::Fixed,
             2.0,
-            policy.ttft_guard_lead,
+            joint::LeadTimes::one(policy.ttft_guard_lead),
             &rising,
             &joint::BudgetPeers::NONE,
             secs(45),

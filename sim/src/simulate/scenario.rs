@@ -727,7 +727,13 @@ impl ModelSetup {
     /// in host memory), else the pod's start and the weights' load.
     pub fn cold_start_secs(&self, settings: &StrategySettings) -> f64 {
         self.sleep_wake_secs
-            .unwrap_or(settings.pod_start.as_secs_f64() + self.load_secs)
+            .unwrap_or_else(|| self.scale_up_secs(settings))
+    }
+
+    /// How long another replica beside a running one takes to serve: a new pod's start and the weights' load,
+    /// sleep mode or not (only a model at zero keeps a sleeping pod to wake).
+    pub fn scale_up_secs(&self, settings: &StrategySettings) -> f64 {
+        settings.pod_start.as_secs_f64() + self.load_secs
     }
 }
 

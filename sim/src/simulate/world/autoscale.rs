@@ -27,11 +27,18 @@ impl World<'_> {
                 .map(|a| (a.compute_fraction, a.memory_mib)),
             Some(self.sc.gpu.memory_bytes),
         );
-        // How long a start from zero takes here: a sleep-mode wake, or the pod's start and the weights' load.
+        // How long new capacity takes here: from zero a sleep-mode wake, or the pod's start and the weights' load;
+        // another replica beside a running one always the pod's start and the load. Only Tessera's policy knows its
+        // lead times (the baselines scale as declared).
         let setup = &self.sc.models[m];
-        // Only Tessera's policy knows its lead time (the baselines scale as declared).
-        let cold_start = (self.plan.kind == StrategyKind::Tessera)
-            .then(|| Duration::from_secs_f64(setup.cold_start_secs(&self.sc.settings)));
+        let leads = if self.plan.kind == StrategyKind::Tessera {
+            joint::LeadTimes {
+                from_zero: Some(Duration::from_secs_f64(setup.cold_start_secs(&self.sc.settings))),
+                scale_up: Some(Duration::from_secs_f64(setup.scale_up_secs(&self.sc.settings))),
+            }
+        } else {
+            joint::LeadTimes::default()
+        };
         let now_ts = Timestamp::from_millis((self.now * 1000.0).round() as u64);
         let live = self.live(m);
         let ready: Vec<usize> = live
@@ -118,7 +125,7 @@ impl World<'_> {
         let joint = joint::round(
             &declared,
             room,
-            cold_start,
+            leads,
             &input,
             &mut self.models[m].state,
             &joint::BudgetPeers {
