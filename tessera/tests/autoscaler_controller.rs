@@ -689,6 +689,60 @@ async fn a_new_leader_resumes_the_cold_start_ledger_from_status() {
     );
 }
 
+/// A budget group's member that this process has not decided for (here: its target does not exist yet, so its
+/// rounds never run) still counts in its group, read from the ledger copy in its status. llama alone would go to
+/// zero on its copy (4 misses of 204, within its 5%); its group also holds digest, whose copy shows the same two
+/// hours and whose 0.1% budget is the group's: the group may miss none of their 408 requests, so llama keeps its
+/// warm replica, and its status says the group has two members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_member_not_decided_for_yet_counts_from_its_status() {
+    let now = now_ms();
+    let copy = json!({
+        "takenAtUnixMs": now - 120_000, "lastRequestAtUnixMs": now - 180_000, "requestsTotal": 204,
+        "coldStartMs": 28_000,
+        "samples": [[7_080_000, 100], [3_480_000, 2, 600_000], [3_465_000, 2], [1_680_000, 100]]});
+    let member = |name: &str, budget: f64| {
+        let mut o = ias(json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": 0, "maxReplicas": 2, "ttftSlo": "2s",
+            "scaleToZero": {"idleAfter": "2s", "coldStartMissBudget": budget, "coldStartBudgetGroup": "tools"},
+            "modelNames": [name]
+        }));
+        o["metadata"]["name"] = json!(name);
+        o["metadata"]["uid"] = json!(format!("u-{name}"));
+        o["status"] = json!({"coldStartLedger": copy.clone()});
+        o
+    };
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias: member("llama", 0.05),
+        replicas: 1,
+        last_request_ms: now - 180_000,
+        requests_total: 204,
+        ..Cluster::default()
+    }));
+    let sidecar = serve(sidecar_app(state.clone())).await;
+    let api_server = honest_api(state.clone(), sidecar.port()).await;
+    activator_slice(&api_server, sidecar.port());
+    api_server.put(IAS, "models", member("digest", 0.001));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _x = start_autoscaler_as(
+        "replica-x",
+        &dir,
+        api_server.addr,
+        free_port(),
+        &["--activator-service", "tessera/tessera-activator"],
+    );
+    let group = "budget group 'tools' (2 model(s), 408 requests over their last day) may miss 0 (0.10%), 0 of them \
+                 spent on the floors idle longest per miss; this model's 4 do not fit what is left";
+    wait_for(&state, "the group's floor", Duration::from_secs(30), |c| {
+        c.status_patches.iter().any(|p| p.to_string().contains(group))
+    })
+    .await;
+    let c = state.lock().expect("lock");
+    assert!(c.scale_patches.is_empty(), "{:?}", c.scale_patches);
+    assert_eq!(c.replicas, 1);
+}
+
 /// A broken pools file stops the process at start with a message naming the flag, before any API call.
 #[test]
 fn a_bad_pools_config_fails_fast_and_says_where() {

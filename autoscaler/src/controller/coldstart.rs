@@ -5,28 +5,92 @@
 //! it instead of holding every warm floor for an hour.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use tessera_core::scale::coldstart::BudgetClaim;
 use tessera_core::scale::{self, ScaleState, Timestamp};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::metrics::Metrics;
 use crate::crd::{self, InferenceAutoscaler};
 
-/// The budget claims the other models of namespace `ns` last published (`core::scale::coldstart::group`), `key`'s
-/// own left out. Only `ns`'s: a group name is a namespace's, so another tenant naming the same group neither
-/// widens nor spends this one's allowance.
+/// The budget claims the other models of namespace `ns` read for `key`'s round (`core::scale::coldstart::group`),
+/// `key`'s own left out. Only `ns`'s: a group name is a namespace's, so another tenant naming the same group
+/// neither widens nor spends this one's allowance.
+///
+/// What each member last published in its own round (`states`), and for a member of `objects` (the watched
+/// InferenceAutoscalers) this process has not decided for yet, the claim it stands by on the ledger copy in its
+/// status (`joint::standing_claim`). Without those, the first member to decide after a restart or a failover
+/// would read its group without the others: fewer requests, and none of their misses spent, which can allot it
+/// a scale to zero the whole group's claims would not. A member whose spec or copy cannot be read claims nothing,
+/// as before its first hour.
 pub(super) fn namespace_claims(
     states: &HashMap<String, ScaleState>,
+    objects: &[Arc<InferenceAutoscaler>],
     ns: &str,
     key: &str,
-) -> Vec<tessera_core::scale::coldstart::BudgetClaim> {
-    states
+    now: Timestamp,
+) -> Vec<BudgetClaim> {
+    let in_ns = |k: &str| k != key && k.split_once('/').is_some_and(|(n, _)| n == ns);
+    let decided = states
         .iter()
-        .filter(|(k, _)| k.as_str() != key && k.split_once('/').is_some_and(|(n, _)| n == ns))
-        .filter_map(|(_, st)| st.claim.clone())
-        .collect()
+        .filter(|(k, _)| in_ns(k))
+        .filter_map(|(_, st)| st.claim.clone());
+    let undecided = objects
+        .iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns))
+        .filter(|o| {
+            let k = format!("{ns}/{}", o.name_any());
+            in_ns(&k) && !states.contains_key(&k)
+        })
+        .filter_map(|o| standing_claim(o, now));
+    decided.chain(undecided).collect()
+}
+
+/// How long a round waits for this term's first list of InferenceAutoscalers: the controller's reflector fills
+/// its cache only once the whole list is in, while it starts reconciling with the first object listed.
+const FIRST_LIST_WAIT: Duration = Duration::from_secs(5);
+
+/// The InferenceAutoscalers the controller watches (`objects`, its reflector's cache), once its first list is
+/// in, so that the first rounds after a start see every member of their groups. After [`FIRST_LIST_WAIT`] (a
+/// list that slow), what the cache holds; none before the first term has a cache.
+pub(super) async fn watched_objects(
+    objects: &RwLock<Option<Store<InferenceAutoscaler>>>,
+) -> Vec<Arc<InferenceAutoscaler>> {
+    let Some(store) = objects.read().ok().and_then(|o| o.clone()) else {
+        return Vec::new();
+    };
+    match tokio::time::timeout(FIRST_LIST_WAIT, store.wait_until_ready()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            debug!("the term's watch ended before its first list: reading no group members from status")
+        }
+        Err(_) => warn!(
+            waited = ?FIRST_LIST_WAIT,
+            "the first list of InferenceAutoscalers is not in yet: a budget group's members not decided for yet are not read"
+        ),
+    }
+    store.state()
+}
+
+/// The claim of a group member this process has not decided for, from its spec and its status's ledger copy.
+fn standing_claim(obj: &InferenceAutoscaler, now: Timestamp) -> Option<BudgetClaim> {
+    let policy = obj.spec.to_policy().ok()?;
+    policy.scale_to_zero.as_ref()?.cold_start_budget_group.as_ref()?;
+    let state = obj
+        .status
+        .as_ref()?
+        .cold_start_ledger
+        .as_ref()?
+        .resume(now)
+        .ok()?;
+    let claim = scale::joint::standing_claim(&policy, &state, &obj.name_any(), now)?;
+    debug!(member = %claim.member, group = %claim.group, "read a budget group member from its status before its own round");
+    Some(claim)
 }
 
 /// A budget group's gauges as one member's round allotted it (`spend`), and the series of groups that no model

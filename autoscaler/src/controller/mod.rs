@@ -315,6 +315,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rolling: rollout::Rolling::default(),
         consolidation: crate::pool::ConsolidationLink::default(),
         ui,
+        objects: std::sync::RwLock::new(None),
     });
 
     let mut shutdown = shutdown_rx.clone();
@@ -428,6 +429,10 @@ fn controller_stream(
 ) -> impl std::future::Future<Output = ()> {
     let controller = Controller::new(api, crate::kube_client::watcher_config());
     let store = controller.store();
+    // This term's cache: where a budget group's members are read before their own first round.
+    if let Ok(mut objects) = ctx.objects.write() {
+        *objects = Some(store.clone());
+    }
     let wake_ctx = ctx.clone();
     let wake_refs = tokio_stream::wrappers::BroadcastStream::new(wakes)
         .filter_map(|r| std::future::ready(r.ok()))

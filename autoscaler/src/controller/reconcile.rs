@@ -36,6 +36,7 @@ use tracing::{debug, info, instrument, warn};
 use super::allocation::{AllocationRound, allocation_and_roll};
 use super::coldstart::{
     ledger_status, namespace_claims, observed_cold_start, publish_budget_metrics, resume_state,
+    watched_objects,
 };
 use super::metrics::Metrics;
 use super::signals::{ActivatorPoller, SignalSource, demand_from};
@@ -141,6 +142,10 @@ pub struct Context {
     pub consolidation: crate::pool::ConsolidationLink,
     /// Where each reconcile publishes what it saw and decided for the `/ui` page (read-only for the page).
     pub ui: Arc<crate::ui::Store>,
+    /// The InferenceAutoscalers this term's controller watches (its reflector's cache, set when it starts): a
+    /// budget group's members this process has not decided for yet are read from their status through it
+    /// ([`namespace_claims`]). `None` before the first term starts.
+    pub objects: std::sync::RwLock<Option<kube::runtime::reflector::Store<InferenceAutoscaler>>>,
 }
 
 impl Context {
@@ -409,11 +414,17 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .is_some_and(|z| z.cold_start_budget_group.is_some());
     let measured = observed_cold_start(&all_pods);
     let room = share_room(obj, &docs);
+    // A group's members this process has not decided for yet are read from their status (`namespace_claims`).
+    let watched = if grouped {
+        watched_objects(&ctx.objects).await
+    } else {
+        Vec::new()
+    };
     let ledger_copy;
     let (state, joint) = {
         let mut states = ctx.states.lock().ok();
         let claims = match &states {
-            Some(s) if grouped => namespace_claims(s, &ns, &key),
+            Some(s) if grouped => namespace_claims(s, &watched, &ns, &key, now),
             _ => Vec::new(),
         };
         let mut lost = ScaleState::default();

@@ -292,10 +292,7 @@ pub fn replica_policy(
     joint.policy.ttft_guard_lead = leads.another_replica();
     let cold_start = leads.from_zero;
     // What the ledger shows, read once: for the budget below and for the claim a group's members read.
-    let evidence = match (&policy.scale_to_zero, cold_start) {
-        (Some(_), Some(lead)) if policy.keeps_cold_start_ledger() => state.cold_starts.evidence(lead, now),
-        _ => None,
-    };
+    let evidence = ledger_evidence(policy, state, cold_start, now);
     joint.claim = claim(policy, cold_start, evidence, peers.name, now);
     if let (Some(zero), Some(lead), Some(slo)) = (&policy.scale_to_zero, cold_start, policy.ttft_slo)
         && policy.min_replicas == 0
@@ -328,6 +325,35 @@ pub fn replica_policy(
         });
     }
     joint
+}
+
+/// What the model's ledger shows for a start from zero of `cold_start`: only for a policy that keeps one and may
+/// go to zero, once the cold start is known.
+fn ledger_evidence(
+    policy: &ScalePolicy,
+    state: &ScaleState,
+    cold_start: Option<Duration>,
+    now: Timestamp,
+) -> Option<ColdStartEvidence> {
+    match (&policy.scale_to_zero, cold_start) {
+        (Some(_), Some(lead)) if policy.keeps_cold_start_ledger() => state.cold_starts.evidence(lead, now),
+        _ => None,
+    }
+}
+
+/// The claim a group member `name` stands by at `now` without deciding: what its round would publish on `state`
+/// with the cold start it last measured. For a caller that must read a member before the member's own round has
+/// run (a restarted controller resumes every member's ledger from its copy, so that the first member to decide
+/// does not read its group without the others). `None` outside a group.
+pub fn standing_claim(
+    policy: &ScalePolicy,
+    state: &ScaleState,
+    name: &str,
+    now: Timestamp,
+) -> Option<BudgetClaim> {
+    let cold_start = state.last_cold_start;
+    let evidence = ledger_evidence(policy, state, cold_start, now);
+    claim(policy, cold_start, evidence, name, now)
 }
 
 /// What a model in a `coldStartBudgetGroup` publishes for the group's other members this round: its `evidence`
@@ -733,8 +759,23 @@ pub(super) mod tests {
         );
         let own = j.claim.clone();
         assert_eq!(
-            own.map(|c| (c.member, c.over_objective, c.evidence.map(|e| e.misses))),
+            own.clone()
+                .map(|c| (c.member, c.over_objective, c.evidence.map(|e| e.misses))),
             Some(("digest".to_owned(), true, Some(30)))
+        );
+        // What a caller reads for the model before its own round (a restarted controller): the same claim, on
+        // the cold start the state last measured.
+        let measured = ScaleState {
+            last_cold_start: Some(s(28)),
+            ..state.clone()
+        };
+        assert_eq!(
+            standing_claim(&budgeted(0.004, Some("tools")), &measured, "digest", now),
+            own
+        );
+        assert_eq!(
+            standing_claim(&budgeted(0.004, None), &measured, "digest", now),
+            None
         );
         // Another group's claim, or a stale one, adds nothing: the floor stays, and the status says why.
         let elsewhere = BudgetClaim {

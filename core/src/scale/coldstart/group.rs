@@ -12,7 +12,8 @@
 //! which the caller keeps in the model's [`crate::scale::ScaleState`]. Each member then runs the same allotment,
 //! [`share`], over the claims it can read: the same claims give every member the same answer. Claims are at most a
 //! sync apart, and the evidence they carry moves slowly (a day's window), so members that read them a sync apart
-//! can disagree only for that sync, at the margin of the allowance.
+//! can disagree only for that sync, at the margin of the allowance. A member whose round has not run in this process
+//! (a restarted controller) is read from the copy of its ledger ([`crate::scale::joint::standing_claim`]).
 //!
 //! Fails safe, as the per-model budget does: a member without an hour of history, or whose claim is older than
 //! [`CLAIM_MAX_AGE`] (its controller stopped reconciling it, or it was deleted), adds no requests to the
