@@ -207,6 +207,9 @@ pub fn render(r: &Report) -> String {
         r.attainment_goal * 100.0,
         esc(&r.sharing_model)
     );
+    if let Some(note) = r.sleep_mode_note() {
+        let _ = write!(s, "<p><b>Not yet in the controller:</b> {}</p>", esc(&note));
+    }
     s.push_str("<h2>Summary</h2><table><tr><th></th>");
     for st in &r.strategies {
         let _ = write!(s, "<th>{}</th>", esc(&st.strategy));

@@ -188,6 +188,12 @@ pub fn simulate_strategies(
         lower_bound_with_cold_starts_gpu_hours: bounds.cold_starts,
         attainment_goal: sc.settings.static_attainment_target,
         lower_bound_at_goal_gpu_hours: bounds.at_attainment,
+        sleep_mode_models: sc
+            .models
+            .iter()
+            .filter(|m| m.sleep_wake_secs.is_some())
+            .map(|m| m.name.clone())
+            .collect(),
         static_sizing: sizing,
         strategies: reports,
     })

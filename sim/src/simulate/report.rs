@@ -45,6 +45,10 @@ pub struct Report {
     /// How Tessera's allocation in force reached pods (`initial` or `recreate`, the policy's `gpu.updateMode`).
     #[serde(default)]
     pub update_mode: UpdateMode,
+    /// Models the scenario gives a sleep-mode wake (`cold_start.sleep_wake`): Tessera's run takes them to zero
+    /// through a sleeping pod that holds no GPU, which the controller does not do yet (the report says so).
+    #[serde(default)]
+    pub sleep_mode_models: Vec<String>,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
@@ -437,6 +441,9 @@ impl Report {
                     floors.join(", ")
                 );
             }
+            if let Some(note) = self.sleep_mode_note() {
+                let _ = writeln!(o, "{note}");
+            }
             if let Some(r) = t.rollouts.as_ref().filter(|r| !r.rolls.is_empty()) {
                 let reasons: Vec<String> = r.rolls.iter().map(|(k, n)| format!("{k} {n}")).collect();
                 let _ = writeln!(
@@ -511,6 +518,20 @@ impl Report {
         }
         let _ = writeln!(o, "{}", self.summary_line());
         o
+    }
+
+    /// What the run assumes that the controller cannot do yet, for the models with a sleep-mode wake; `None`
+    /// without one.
+    pub fn sleep_mode_note(&self) -> Option<String> {
+        (!self.sleep_mode_models.is_empty()).then(|| {
+            format!(
+                "Sleep mode ({}): simulated as a sleeping pod that holds no GPU and wakes in the scenario's \
+                 sleep_wake. The controller does not put pods to sleep yet (it scales them to zero and starts them \
+                 cold), so on a cluster these models cost what the same scenario without sleep_wake shows \
+                 (docs/simulator.md, \"What sleep mode is worth\").",
+                self.sleep_mode_models.join(", ")
+            )
+        })
     }
 
     /// `gpu_hours_static=<a> gpu_hours_hpa=<b> gpu_hours_tessera=<c> slo_attainment_tessera=<d>`.

@@ -202,9 +202,18 @@ fn sleep_mode_wakes_fast() {
     let mut m = model("m", 0, 1);
     m.sleep_wake_secs = Some(0.5);
     let sc = scenario(vec![m], vec![at(&[0.0, 400.0])], 600.0);
-    let t = run(&sc).strategy("tessera").unwrap().clone();
+    let r = run(&sc);
+    let t = r.strategy("tessera").unwrap().clone();
     assert_eq!(t.held_requests, 1);
     assert!((t.held_max_secs - 0.5).abs() < 1e-9, "{}", t.held_max_secs);
+    // The controller has no sleep mode: the text and the HTML report say which models the run assumed it for.
+    assert_eq!(r.sleep_mode_models, ["m"]);
+    let said = "Sleep mode (m): simulated as a sleeping pod that holds no GPU";
+    assert!(r.table().contains(said), "{}", r.table());
+    assert!(super::html::render(&r).contains(said));
+    // Without one, nothing is said.
+    let plain = run(&scenario(vec![model("m", 0, 1)], vec![at(&[0.0])], 60.0));
+    assert!(plain.sleep_mode_models.is_empty() && plain.sleep_mode_note().is_none());
 }
 
 /// Two models scaling from zero onto one GPU load one after the other (the start-up lease): the second waits
