@@ -568,6 +568,22 @@ async fn only_the_leader_acts_and_a_standby_takes_over() {
     );
 }
 
+/// llama (`ias`) on one replica, its activator's last request three minutes before `now` (ms) and 204 counted:
+/// the cluster, its sidecar's address and the API server.
+async fn idle_for_three_minutes(ias: Value, now: u64) -> (Shared, std::net::SocketAddr, ApiServer) {
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias,
+        replicas: 1,
+        last_request_ms: now - 180_000,
+        requests_total: 204,
+        ..Cluster::default()
+    }));
+    let sidecar = serve(sidecar_app(state.clone())).await;
+    let api_server = honest_api(state.clone(), sidecar.port()).await;
+    activator_slice(&api_server, sidecar.port());
+    (state, sidecar, api_server)
+}
+
 /// A model whose 28 s cold start is over its 2 s objective goes to zero only on a day of evidence that its cold
 /// starts fit its `coldStartMissBudget`, a day the leader counts in memory and copies into
 /// `status.coldStartLedger`. Through the real binary and the in-memory API server:
@@ -586,16 +602,7 @@ async fn a_new_leader_resumes_the_cold_start_ledger_from_status() {
         "scaleToZero": {"idleAfter": "2s", "coldStartMissBudget": 0.05},
         "modelNames": ["llama"]
     }));
-    let state: Shared = Arc::new(Mutex::new(Cluster {
-        ias: object.clone(),
-        replicas: 1,
-        last_request_ms: now - 180_000,
-        requests_total: 204,
-        ..Cluster::default()
-    }));
-    let sidecar = serve(sidecar_app(state.clone())).await;
-    let api_server = honest_api(state.clone(), sidecar.port()).await;
-    activator_slice(&api_server, sidecar.port());
+    let (state, _sidecar, api_server) = idle_for_three_minutes(object.clone(), now).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let start = |identity: &str| {
         start_autoscaler_as(
@@ -713,16 +720,7 @@ async fn a_group_member_not_decided_for_yet_counts_from_its_status() {
         o["status"] = json!({"coldStartLedger": copy.clone()});
         o
     };
-    let state: Shared = Arc::new(Mutex::new(Cluster {
-        ias: member("llama", 0.05),
-        replicas: 1,
-        last_request_ms: now - 180_000,
-        requests_total: 204,
-        ..Cluster::default()
-    }));
-    let sidecar = serve(sidecar_app(state.clone())).await;
-    let api_server = honest_api(state.clone(), sidecar.port()).await;
-    activator_slice(&api_server, sidecar.port());
+    let (state, _sidecar, api_server) = idle_for_three_minutes(member("llama", 0.05), now).await;
     api_server.put(IAS, "models", member("digest", 0.001));
     let dir = tempfile::tempdir().expect("tempdir");
     let _x = start_autoscaler_as(

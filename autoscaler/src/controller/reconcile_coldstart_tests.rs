@@ -168,6 +168,22 @@ fn two_hours_with_one_wake() -> (crd::ColdStartLedgerStatus, u64, u64) {
     (copy, total, last)
 }
 
+/// A context whose one replica is idle and whose activator has counted `total` requests, the last at `last` (ms):
+/// two polls a second apart, so the request rate is known (zero), and a third document for the poll made right
+/// before going to zero.
+async fn idle_since(client: Client, total: u64, last: u64) -> Arc<Context> {
+    let ms = NOW_S * 1000;
+    let idle = |at| activator_doc(at, "models/llama", total, 0, 0, Some(last));
+    let ctx = context_with_activator(
+        client,
+        &[("http://10.0.0.1:9090", 0.0)],
+        vec![idle(ms - 1000), idle(ms), idle(ms + 100)],
+    );
+    poll(&ctx).await;
+    poll(&ctx).await;
+    ctx
+}
+
 /// Its one pod, started in 28 s.
 fn pod_started_in_28s() -> Value {
     json!({"metadata": {"name": "a", "namespace": "models", "creationTimestamp": "2027-01-15T07:00:00Z"},
@@ -193,16 +209,7 @@ async fn a_restarted_controller_resumes_the_cold_start_ledger_from_status() {
     let started = pod_started_in_28s();
     for written in [Some(copy.clone()), None, Some(broken)] {
         let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        // Two polls a second apart: the request rate is known (zero), and so is the last request; the third
-        // document answers the poll made right before going to zero.
-        let idle = |at| activator_doc(at, "models/llama", total, 0, 0, Some(last));
-        let ctx = context_with_activator(
-            Client::new(svc, "default"),
-            &[("http://10.0.0.1:9090", 0.0)],
-            vec![idle(ms - 1000), idle(ms), idle(ms + 100)],
-        );
-        poll(&ctx).await;
-        poll(&ctx).await;
+        let ctx = idle_since(Client::new(svc, "default"), total, last).await;
         let mut obj = (*ias(spec.clone(), json!({}))).clone();
         obj.status = Some(InferenceAutoscalerStatus {
             cold_start_ledger: written.clone(),
@@ -256,21 +263,13 @@ async fn a_restarted_controller_resumes_the_cold_start_ledger_from_status() {
 /// group's data.
 #[tokio::test]
 async fn the_first_member_to_decide_after_a_restart_reads_the_others_from_status() {
-    let ms = NOW_S * 1000;
     let (copy, total, last) = two_hours_with_one_wake();
     let mut llama = (*group_member("models", "llama", 0.02, &copy)).clone();
     llama.metadata.uid = Some("u-1".into());
     let digest = group_member("models", "digest", 0.005, &copy);
     for peers_watched in [false, true] {
         let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let idle = |at| activator_doc(at, "models/llama", total, 0, 0, Some(last));
-        let ctx = context_with_activator(
-            Client::new(svc, "default"),
-            &[("http://10.0.0.1:9090", 0.0)],
-            vec![idle(ms - 1000), idle(ms), idle(ms + 100)],
-        );
-        poll(&ctx).await;
-        poll(&ctx).await;
+        let ctx = idle_since(Client::new(svc, "default"), total, last).await;
         if peers_watched {
             // The controller's cache once its first list is in.
             use kube::runtime::watcher::Event;
