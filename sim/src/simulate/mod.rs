@@ -91,7 +91,22 @@ pub enum Phase {
 /// Runs every strategy on the scenario and returns the report. Pure: no I/O, no clock; `progress` is told the
 /// phase and the virtual seconds reached.
 pub fn simulate(sc: &Scenario, progress: &mut (dyn FnMut(Phase, f64) + Send)) -> Result<Report, SimError> {
-    simulate_strategies(sc, &StrategyKind::ALL, progress)
+    simulate_strategies(sc, &StrategyKind::ALL, Extras::ALL, progress)
+}
+
+/// Runs beside the strategies that only a single run's report shows (a sweep leaves them out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extras {
+    /// Where the scenario gives models a sleep-mode wake, Tessera again with every start a cold one
+    /// ([`Report::tessera_without_sleep`]).
+    pub without_sleep: bool,
+}
+
+impl Extras {
+    /// Every extra run.
+    pub const ALL: Extras = Extras { without_sleep: true };
+    /// None.
+    pub const NONE: Extras = Extras { without_sleep: false };
 }
 
 /// Runs the given strategies (in report order, each once) on the scenario and returns the report. Independent
@@ -100,6 +115,7 @@ pub fn simulate(sc: &Scenario, progress: &mut (dyn FnMut(Phase, f64) + Send)) ->
 pub fn simulate_strategies(
     sc: &Scenario,
     kinds: &[StrategyKind],
+    extras: Extras,
     progress: &mut (dyn FnMut(Phase, f64) + Send),
 ) -> Result<Report, SimError> {
     let progress = Mutex::new(progress);
@@ -128,18 +144,20 @@ pub fn simulate_strategies(
             .collect::<Result<Vec<_>, _>>()?;
     }
     let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
-    let run = |kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>| {
-        World::new(
-            sc,
-            Plan {
-                kind,
-                static_replicas: static_replicas.clone(),
-                initial_recommendations: initial,
-                only_models: Vec::new(),
-            },
-        )?
-        .run(&mut |t| tell(Phase::Strategy(kind), t))
-    };
+    let run_on =
+        |sc: &Scenario, kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>| {
+            World::new(
+                sc,
+                Plan {
+                    kind,
+                    static_replicas: static_replicas.clone(),
+                    initial_recommendations: initial,
+                    only_models: Vec::new(),
+                },
+            )?
+            .run(&mut |t| tell(Phase::Strategy(kind), t))
+        };
+    let run = |kind, initial| run_on(sc, kind, initial);
     let tessera = kinds.contains(&StrategyKind::Tessera);
     // Everything but Tessera at once; the HPA baseline also when only Tessera needs it (for calibration).
     let mut first: Vec<StrategyKind> = kinds
@@ -154,6 +172,7 @@ pub fn simulate_strategies(
     }
     let mut reports = Vec::new();
     let mut hpa_histories = None;
+    let mut without_sleep = None;
     for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
         let r = r?;
         if *kind == StrategyKind::Hpa {
@@ -170,7 +189,30 @@ pub fn simulate_strategies(
             Some(h) if sc.settings.calibrate_from_baseline => world::calibrate(sc, &h),
             _ => vec![None; n],
         };
-        reports.push(run(StrategyKind::Tessera, initial)?.report);
+        // What the controller can deliver today where the scenario gives models a sleep-mode wake: the same run with
+        // every start from zero a cold one, since the controller cannot put a pod to sleep yet. Beside the run
+        // itself, on its own thread.
+        let sleeping = sc.models.iter().any(|m| m.sleep_wake_secs.is_some());
+        let mut cold = None;
+        if extras.without_sleep && sleeping {
+            let mut c = sc.clone();
+            for m in &mut c.models {
+                m.sleep_wake_secs = None;
+            }
+            cold = Some(c);
+        }
+        let worlds: Vec<&Scenario> = std::iter::once(sc).chain(cold.as_ref()).collect();
+        let mut runs = par_map(&worlds, |w| run_on(w, StrategyKind::Tessera, initial.clone())).into_iter();
+        if let Some(r) = runs.next() {
+            reports.push(r?.report);
+        }
+        if let Some(r) = runs.next() {
+            let r = r?.report;
+            without_sleep = Some(report::Outcome {
+                gpu_hours: r.gpu_hours,
+                slo_attainment: r.slo_attainment,
+            });
+        }
     }
     let bounds = bound::lower_bounds(sc, sc.settings.static_attainment_target);
     Ok(Report {
@@ -194,6 +236,7 @@ pub fn simulate_strategies(
             .filter(|m| m.sleep_wake_secs.is_some())
             .map(|m| m.name.clone())
             .collect(),
+        tessera_without_sleep: without_sleep,
         static_sizing: sizing,
         strategies: reports,
     })
@@ -301,7 +344,7 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
     tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
     let bar = progress_bar(args.quiet, sc.duration, "virtual s");
     let mut phase_seen = None;
-    let report = simulate_strategies(&sc, &args.strategies, &mut |phase, t| {
+    let report = simulate_strategies(&sc, &args.strategies, Extras::ALL, &mut |phase, t| {
         if phase_seen != Some(phase) {
             phase_seen = Some(phase);
             bar.set_message(match phase {
@@ -370,7 +413,7 @@ fn run_sweep(args: &Args, source: &Source, seeds: &[u64]) -> anyhow::Result<()> 
     let done = AtomicUsize::new(0);
     let results = par_map(seeds, |&seed| -> anyhow::Result<sweep::SeedResult> {
         let sc = scenario::load(source, Some(seed), args.duration)?;
-        let report = simulate_strategies(&sc, &args.strategies, &mut |_, _| {})
+        let report = simulate_strategies(&sc, &args.strategies, Extras::NONE, &mut |_, _| {})
             .with_context(|| format!("seed {seed}"))?;
         let n = done.fetch_add(1, AtomicOrdering::Relaxed) + 1;
         bar.set_position(n as u64);

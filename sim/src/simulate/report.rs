@@ -49,10 +49,23 @@ pub struct Report {
     /// through a sleeping pod that holds no GPU, which the controller does not do yet (the report says so).
     #[serde(default)]
     pub sleep_mode_models: Vec<String>,
+    /// Tessera's run again with every start from zero a cold one, as the controller would run these models
+    /// today; only with `sleep_mode_models` and in a single run's report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tessera_without_sleep: Option<Outcome>,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
     pub strategies: Vec<StrategyReport>,
+}
+
+/// What one run held and met.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// GPU-hours held.
+    pub gpu_hours: f64,
+    /// Share of requests within their TTFT objective.
+    pub slo_attainment: f64,
 }
 
 fn one() -> f64 {
@@ -523,15 +536,34 @@ impl Report {
     /// What the run assumes that the controller cannot do yet, for the models with a sleep-mode wake; `None`
     /// without one.
     pub fn sleep_mode_note(&self) -> Option<String> {
-        (!self.sleep_mode_models.is_empty()).then(|| {
-            format!(
-                "Sleep mode ({}): simulated as a sleeping pod that holds no GPU and wakes in the scenario's \
-                 sleep_wake. The controller does not put pods to sleep yet (it scales them to zero and starts them \
-                 cold), so on a cluster these models cost what the same scenario without sleep_wake shows \
-                 (docs/simulator.md, \"What sleep mode is worth\").",
-                self.sleep_mode_models.join(", ")
-            )
-        })
+        if self.sleep_mode_models.is_empty() {
+            return None;
+        }
+        let mut note = format!(
+            "Sleep mode ({}): simulated as a sleeping pod that holds no GPU and wakes in the scenario's sleep_wake. \
+             The controller does not put pods to sleep yet (it scales them to zero and starts them cold)",
+            self.sleep_mode_models.join(", ")
+        );
+        match self.tessera_without_sleep {
+            Some(o) => {
+                let _ = write!(
+                    note,
+                    ": so started, Tessera holds {:.2} GPU-hours and meets the TTFT SLO for {:.2}% of requests",
+                    o.gpu_hours,
+                    o.slo_attainment * 100.0
+                );
+                if let Some(st) = self.strategy("static").filter(|st| st.gpu_hours > 0.0) {
+                    let _ = write!(
+                        note,
+                        " ({:.1}% fewer than static)",
+                        (1.0 - o.gpu_hours / st.gpu_hours) * 100.0
+                    );
+                }
+            }
+            None => note.push_str(": these models cost what the same scenario without sleep_wake shows"),
+        }
+        note.push_str(" (docs/simulator.md, \"What sleep mode is worth\").");
+        Some(note)
     }
 
     /// `gpu_hours_static=<a> gpu_hours_hpa=<b> gpu_hours_tessera=<c> slo_attainment_tessera=<d>`.

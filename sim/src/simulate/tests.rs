@@ -208,12 +208,22 @@ fn sleep_mode_wakes_fast() {
     assert!((t.held_max_secs - 0.5).abs() < 1e-9, "{}", t.held_max_secs);
     // The controller has no sleep mode: the text and the HTML report say which models the run assumed it for.
     assert_eq!(r.sleep_mode_models, ["m"]);
-    let said = "Sleep mode (m): simulated as a sleeping pod that holds no GPU";
-    assert!(r.table().contains(said), "{}", r.table());
-    assert!(super::html::render(&r).contains(said));
+    // Beside it, the same run with cold starts (what the controller does today): the second request waits for a
+    // pod start and a load instead of a wake, and the GPU is held while the pod loads.
+    let cold = r.tessera_without_sleep.expect("a run without sleep mode");
+    assert!(cold.gpu_hours > t.gpu_hours, "{cold:?} against {}", t.gpu_hours);
+    let said = format!(
+        "Sleep mode (m): simulated as a sleeping pod that holds no GPU and wakes in the scenario's sleep_wake. The \
+         controller does not put pods to sleep yet (it scales them to zero and starts them cold): so started, \
+         Tessera holds {:.2} GPU-hours",
+        cold.gpu_hours
+    );
+    assert!(r.table().contains(&said), "{}", r.table());
+    assert!(super::html::render(&r).contains(&said));
     // Without one, nothing is said.
     let plain = run(&scenario(vec![model("m", 0, 1)], vec![at(&[0.0])], 60.0));
     assert!(plain.sleep_mode_models.is_empty() && plain.sleep_mode_note().is_none());
+    assert_eq!(plain.tessera_without_sleep, None);
 }
 
 /// Two models scaling from zero onto one GPU load one after the other (the start-up lease): the second waits
