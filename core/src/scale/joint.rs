@@ -343,8 +343,8 @@ fn ledger_evidence(
 
 /// The claim a group member `name` stands by at `now` without deciding: what its round would publish on `state`
 /// with the cold start it last measured. For a caller that must read a member before the member's own round has
-/// run (a restarted controller resumes every member's ledger from its copy, so that the first member to decide
-/// does not read its group without the others). `None` outside a group.
+/// run: a restarted controller reads such a member from the copy of its ledger (`ScaleState::resume`), so that the
+/// first member to decide does not read its group without the others. `None` outside a group.
 pub fn standing_claim(
     policy: &ScalePolicy,
     state: &ScaleState,

@@ -144,20 +144,27 @@ pub fn simulate_strategies(
             .collect::<Result<Vec<_>, _>>()?;
     }
     let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
-    let run_on =
-        |sc: &Scenario, kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>| {
-            World::new(
-                sc,
-                Plan {
-                    kind,
-                    static_replicas: static_replicas.clone(),
-                    initial_recommendations: initial,
-                    only_models: Vec::new(),
-                },
-            )?
-            .run(&mut |t| tell(Phase::Strategy(kind), t))
-        };
-    let run = |kind, initial| run_on(sc, kind, initial);
+    // `shown`: the run tells `progress` how far it got (an extra run beside it does not, so the bar does not jump).
+    let run_on = |sc: &Scenario,
+                  kind: StrategyKind,
+                  initial: Vec<Option<tessera_core::recommend::Recommendation>>,
+                  shown: bool| {
+        World::new(
+            sc,
+            Plan {
+                kind,
+                static_replicas: static_replicas.clone(),
+                initial_recommendations: initial,
+                only_models: Vec::new(),
+            },
+        )?
+        .run(&mut |t| {
+            if shown {
+                tell(Phase::Strategy(kind), t);
+            }
+        })
+    };
+    let run = |kind, initial| run_on(sc, kind, initial, true);
     let tessera = kinds.contains(&StrategyKind::Tessera);
     // Everything but Tessera at once; the HPA baseline also when only Tessera needs it (for calibration).
     let mut first: Vec<StrategyKind> = kinds
@@ -201,8 +208,13 @@ pub fn simulate_strategies(
             }
             cold = Some(c);
         }
-        let worlds: Vec<&Scenario> = std::iter::once(sc).chain(cold.as_ref()).collect();
-        let mut runs = par_map(&worlds, |w| run_on(w, StrategyKind::Tessera, initial.clone())).into_iter();
+        let worlds: Vec<(&Scenario, bool)> = std::iter::once((sc, true))
+            .chain(cold.as_ref().map(|c| (c, false)))
+            .collect();
+        let mut runs = par_map(&worlds, |&(w, shown)| {
+            run_on(w, StrategyKind::Tessera, initial.clone(), shown)
+        })
+        .into_iter();
         if let Some(r) = runs.next() {
             reports.push(r?.report);
         }
