@@ -807,13 +807,18 @@ pub(super) mod tests {
         assert_eq!(alone.claim, None);
     }
 
-    #[test]
-    fn a_cold_start_longer_than_the_objective_keeps_a_warm_replica() {
-        let zero = ScalePolicy {
+    /// The test policy going to zero after 5 idle minutes, with no floor.
+    fn to_zero() -> ScalePolicy {
+        ScalePolicy {
             min_replicas: 0,
             scale_to_zero: Some(crate::scale::ScaleToZero::after(Duration::from_secs(300))),
             ..policy()
-        };
+        }
+    }
+
+    #[test]
+    fn a_cold_start_longer_than_the_objective_keeps_a_warm_replica() {
+        let zero = to_zero();
         let s = Duration::from_secs;
         // 28 s to start against a 2 s objective: a floor of one, no scale to zero.
         let j = alone(&zero, ShareRoom::Fixed, 2.0, Some(s(28)));
@@ -852,11 +857,7 @@ pub(super) mod tests {
     /// warm floor reads the wake, the SLO guard looks ahead by the pod.
     #[test]
     fn the_look_ahead_reads_another_replicas_start_and_the_floor_the_wake() {
-        let zero = ScalePolicy {
-            min_replicas: 0,
-            scale_to_zero: Some(crate::scale::ScaleToZero::after(Duration::from_secs(300))),
-            ..policy()
-        };
+        let zero = to_zero();
         let s = Duration::from_secs;
         let decide = |leads| {
             replica_policy(
