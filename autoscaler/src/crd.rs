@@ -220,7 +220,7 @@ pub struct ScaleToZero {
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub idle_after: String,
     /// The share of requests that may miss `ttftSlo` by waiting through a cold start, e.g. 0.005 (0.5%). A
-    /// model whose cold start (pod start and weights load, or a sleep-mode wake) is longer than `ttftSlo` keeps
+    /// model whose cold start (pod start and weights load, measured from its ready pods) is longer than `ttftSlo` keeps
     /// one warm replica instead of going to zero, unless its own traffic over the last day (at least an hour of
     /// it, counted by the controller from the activator) shows that going to zero would have missed no more than
     /// this. Unset: always keep the warm replica. Spend at most part of the attainment goal here: other misses
