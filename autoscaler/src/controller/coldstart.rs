@@ -81,13 +81,7 @@ pub(super) async fn watched_objects(
 fn standing_claim(obj: &InferenceAutoscaler, now: Timestamp) -> Option<BudgetClaim> {
     let policy = obj.spec.to_policy().ok()?;
     policy.scale_to_zero.as_ref()?.cold_start_budget_group.as_ref()?;
-    let state = obj
-        .status
-        .as_ref()?
-        .cold_start_ledger
-        .as_ref()?
-        .resume(now)
-        .ok()?;
+    let state = kept_state(obj, &policy, now)?.1.ok()?;
     let claim = scale::joint::standing_claim(&policy, &state, &obj.name_any(), now)?;
     debug!(member = %claim.member, group = %claim.group, "read a budget group member from its status before its own round");
     Some(claim)
@@ -143,12 +137,9 @@ pub(super) fn resume_state(
     policy: &scale::ScalePolicy,
     now: Timestamp,
 ) -> ScaleState {
-    let copy = obj.status.as_ref().and_then(|s| s.cold_start_ledger.as_ref());
-    let Some(copy) = copy.filter(|_| policy.keeps_cold_start_ledger()) else {
-        return ScaleState::default();
-    };
-    match copy.resume(now) {
-        Ok(state) => {
+    match kept_state(obj, policy, now) {
+        None => ScaleState::default(),
+        Some((copy, Ok(state))) => {
             info!(
                 samples = copy.samples.len(),
                 taken_ms_ago = i64::try_from(now.as_millis()).unwrap_or(i64::MAX) - copy.taken_at_unix_ms,
@@ -156,11 +147,23 @@ pub(super) fn resume_state(
             );
             state
         }
-        Err(e) => {
+        Some((_, Err(e))) => {
             warn!(error = %e, "status.coldStartLedger cannot be resumed: starting an empty ledger (the warm floor holds for an hour)");
             ScaleState::default()
         }
     }
+}
+
+/// The ledger copy in `obj`'s status and the state it resumes, for a `policy` that keeps a ledger (the one path
+/// from a status copy to a state: this model's resume and a group member's standing claim); `None` without a copy
+/// to read, an error naming what is wrong with one that cannot be.
+fn kept_state<'a>(
+    obj: &'a InferenceAutoscaler,
+    policy: &scale::ScalePolicy,
+    now: Timestamp,
+) -> Option<(&'a crd::ColdStartLedgerStatus, Result<ScaleState, String>)> {
+    let copy = obj.status.as_ref()?.cold_start_ledger.as_ref()?;
+    policy.keeps_cold_start_ledger().then(|| (copy, copy.resume(now)))
 }
 
 /// The copy of the model's cold-start ledger to keep in its status: none without a `coldStartMissBudget`; the

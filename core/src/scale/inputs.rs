@@ -19,7 +19,7 @@ use std::time::Duration;
 use super::{Demand, ReplicaSignals, ScaleInput, Timestamp};
 use crate::metrics::Histogram;
 use crate::wire::activator::{ActivatorStats, request_rate};
-use crate::wire::sidecar::SidecarStatus;
+use crate::wire::sidecar::{RecentLatency, SidecarStatus};
 
 /// The sidecar's default `--latency-window`: the `recent` TTFT p95 the SLO guard reads covers about a sync
 /// period of scrapes, so an excursion stops counting soon after the replicas it called for are up.
@@ -88,23 +88,22 @@ pub fn scale_input(
             },
         })
         .collect();
-    let fresh = sidecars
+    let fresh: Vec<&SidecarStatus> = sidecars
         .iter()
         .zip(&replicas)
         .filter(|(_, r)| r.fresh)
-        .filter_map(|(s, _)| *s);
+        .filter_map(|(s, _)| *s)
+        .collect();
+    let count: f64 = fresh
+        .iter()
+        .filter_map(|st| st.recent.as_ref())
+        .map(first_tokens)
+        .sum();
     if let Some(pooled) = pooled_ttft_p95(fresh) {
         for r in replicas.iter_mut().filter(|r| r.fresh) {
             r.ttft_p95 = Some(pooled);
         }
     }
-    let count: f64 = sidecars
-        .iter()
-        .zip(&replicas)
-        .filter(|(_, r)| r.fresh)
-        .filter_map(|(s, _)| s.and_then(|st| st.recent.as_ref()))
-        .filter_map(|r| r.ttft_buckets.last().map(|b| b.cumulative))
-        .sum();
     ScaleInput {
         current_replicas,
         ready_replicas: u32::try_from(sidecars.len()).unwrap_or(u32::MAX),
@@ -129,7 +128,7 @@ pub fn pooled_ttft_p95<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -
             continue;
         }
         let window = Histogram {
-            count: recent.ttft_buckets.last().map_or(0.0, |b| b.cumulative),
+            count: first_tokens(recent),
             buckets: recent.ttft_buckets.clone(),
             sum: f64::NAN,
         };
@@ -145,6 +144,11 @@ pub fn pooled_ttft_p95<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -
         }
     }
     window_ttft_p95(&pooled?, None)
+}
+
+/// First tokens in a replica's short window: its buckets' last cumulative count (none without buckets).
+fn first_tokens(recent: &RecentLatency) -> f64 {
+    recent.ttft_buckets.last().map_or(0.0, |b| b.cumulative)
 }
 
 /// One replica's signals from its sidecar status. `max_age`: how old the last good snapshot may be (measured on

@@ -335,10 +335,9 @@ fn ledger_evidence(
     cold_start: Option<Duration>,
     now: Timestamp,
 ) -> Option<ColdStartEvidence> {
-    match (&policy.scale_to_zero, cold_start) {
-        (Some(_), Some(lead)) if policy.keeps_cold_start_ledger() => state.cold_starts.evidence(lead, now),
-        _ => None,
-    }
+    cold_start
+        .filter(|_| policy.keeps_cold_start_ledger())
+        .and_then(|lead| state.cold_starts.evidence(lead, now))
 }
 
 /// The claim a group member `name` stands by at `now` without deciding: what its round would publish on `state`

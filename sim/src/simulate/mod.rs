@@ -179,6 +179,13 @@ pub fn simulate_strategies(
     }
     let mut reports = Vec::new();
     let mut hpa_histories = None;
+    // Models that go to zero through a sleeping pod here, which the controller cannot do yet (the report says so).
+    let sleep_mode_models: Vec<String> = sc
+        .models
+        .iter()
+        .filter(|m| m.sleep_wake_secs.is_some())
+        .map(|m| m.name.clone())
+        .collect();
     let mut without_sleep = None;
     for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
         let r = r?;
@@ -199,9 +206,8 @@ pub fn simulate_strategies(
         // What the controller can deliver today where the scenario gives models a sleep-mode wake: the same run with
         // every start from zero a cold one, since the controller cannot put a pod to sleep yet. Beside the run
         // itself, on its own thread.
-        let sleeping = sc.models.iter().any(|m| m.sleep_wake_secs.is_some());
         let mut cold = None;
-        if extras.without_sleep && sleeping {
+        if extras.without_sleep && !sleep_mode_models.is_empty() {
             let mut c = sc.clone();
             for m in &mut c.models {
                 m.sleep_wake_secs = None;
@@ -242,12 +248,7 @@ pub fn simulate_strategies(
         lower_bound_with_cold_starts_gpu_hours: bounds.cold_starts,
         attainment_goal: sc.settings.static_attainment_target,
         lower_bound_at_goal_gpu_hours: bounds.at_attainment,
-        sleep_mode_models: sc
-            .models
-            .iter()
-            .filter(|m| m.sleep_wake_secs.is_some())
-            .map(|m| m.name.clone())
-            .collect(),
+        sleep_mode_models,
         tessera_without_sleep: without_sleep,
         static_sizing: sizing,
         strategies: reports,
