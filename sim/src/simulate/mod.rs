@@ -97,27 +97,38 @@ pub fn simulate(sc: &Scenario, progress: &mut (dyn FnMut(Phase, f64) + Send)) ->
 /// Runs beside the strategies that only a single run's report shows (a sweep leaves them out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extras {
-    /// Where the scenario gives models a sleep-mode wake, Tessera again with every start a cold one
-    /// ([`Report::tessera_without_sleep`]).
-    pub without_sleep: bool,
+    /// Where the scenario gives models a sleep-mode wake, Tessera again with those models put to sleep at zero
+    /// ([`Report::tessera_with_sleep`]): what the sleep-mode actuation the controller lacks would be worth.
+    pub with_sleep: bool,
 }
 
 impl Extras {
     /// Every extra run.
-    pub const ALL: Extras = Extras { without_sleep: true };
+    pub const ALL: Extras = Extras { with_sleep: true };
     /// None.
-    pub const NONE: Extras = Extras { without_sleep: false };
+    pub const NONE: Extras = Extras { with_sleep: false };
 }
 
 /// Runs the given strategies (in report order, each once) on the scenario and returns the report. Independent
 /// runs (the static sizing of each model, every strategy but Tessera, which starts from the HPA baseline) go on
 /// up to `available_parallelism` threads; each is its own world, so the report is the same for any thread count.
 pub fn simulate_strategies(
-    sc: &Scenario,
+    scenario: &Scenario,
     kinds: &[StrategyKind],
     extras: Extras,
     progress: &mut (dyn FnMut(Phase, f64) + Send),
 ) -> Result<Report, SimError> {
+    // Models the scenario gives a sleep-mode wake. The controller cannot put a pod to sleep yet, so every run of
+    // the table (and the bound) starts them cold, as an installed Tessera would; what sleep mode would be worth is
+    // an extra Tessera run on the scenario as written.
+    let sleep_mode_models: Vec<String> = scenario
+        .models
+        .iter()
+        .filter(|m| m.sleep_wake_secs.is_some())
+        .map(|m| m.name.clone())
+        .collect();
+    let deliverable = (!sleep_mode_models.is_empty()).then(|| scenario.without_sleep_mode());
+    let sc = deliverable.as_ref().unwrap_or(scenario);
     let progress = Mutex::new(progress);
     let tell = |phase: Phase, t: f64| {
         if let Ok(mut p) = progress.lock() {
@@ -179,14 +190,7 @@ pub fn simulate_strategies(
     }
     let mut reports = Vec::new();
     let mut hpa_histories = None;
-    // Models that go to zero through a sleeping pod here, which the controller cannot do yet (the report says so).
-    let sleep_mode_models: Vec<String> = sc
-        .models
-        .iter()
-        .filter(|m| m.sleep_wake_secs.is_some())
-        .map(|m| m.name.clone())
-        .collect();
-    let mut without_sleep = None;
+    let mut with_sleep = None;
     for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
         let r = r?;
         if *kind == StrategyKind::Hpa {
@@ -203,19 +207,10 @@ pub fn simulate_strategies(
             Some(h) if sc.settings.calibrate_from_baseline => world::calibrate(sc, &h),
             _ => vec![None; n],
         };
-        // What the controller can deliver today where the scenario gives models a sleep-mode wake: the same run with
-        // every start from zero a cold one, since the controller cannot put a pod to sleep yet. Beside the run
-        // itself, on its own thread.
-        let mut cold = None;
-        if extras.without_sleep && !sleep_mode_models.is_empty() {
-            let mut c = sc.clone();
-            for m in &mut c.models {
-                m.sleep_wake_secs = None;
-            }
-            cold = Some(c);
-        }
+        // What sleep mode would be worth: the scenario as written, its sleep-mode models put to sleep at zero.
+        // Beside the run itself, on its own thread.
         let worlds: Vec<(&Scenario, bool)> = std::iter::once((sc, true))
-            .chain(cold.as_ref().map(|c| (c, false)))
+            .chain((extras.with_sleep && deliverable.is_some()).then_some((scenario, false)))
             .collect();
         let mut runs = par_map(&worlds, |&(w, shown)| {
             run_on(w, StrategyKind::Tessera, initial.clone(), shown)
@@ -226,9 +221,11 @@ pub fn simulate_strategies(
         }
         if let Some(r) = runs.next() {
             let r = r?.report;
-            without_sleep = Some(report::Outcome {
+            with_sleep = Some(report::Outcome {
                 gpu_hours: r.gpu_hours,
                 slo_attainment: r.slo_attainment,
+                sleep_wakes: r.sleep_wakes,
+                sleepers_lost: r.sleepers_lost,
             });
         }
     }
@@ -249,7 +246,7 @@ pub fn simulate_strategies(
         attainment_goal: sc.settings.static_attainment_target,
         lower_bound_at_goal_gpu_hours: bounds.at_attainment,
         sleep_mode_models,
-        tessera_without_sleep: without_sleep,
+        tessera_with_sleep: with_sleep,
         static_sizing: sizing,
         strategies: reports,
     })

@@ -45,14 +45,14 @@ pub struct Report {
     /// How Tessera's allocation in force reached pods (`initial` or `recreate`, the policy's `gpu.updateMode`).
     #[serde(default)]
     pub update_mode: UpdateMode,
-    /// Models the scenario gives a sleep-mode wake (`cold_start.sleep_wake`): Tessera's run takes them to zero
-    /// through a sleeping pod that holds no GPU, which the controller does not do yet (the report says so).
+    /// Models the scenario gives a sleep-mode wake (`cold_start.sleep_wake`). The controller cannot put a pod to
+    /// sleep yet, so every run of the table starts them cold; the report says so.
     #[serde(default)]
     pub sleep_mode_models: Vec<String>,
-    /// Tessera's run again with every start from zero a cold one, as the controller would run these models
-    /// today; only with `sleep_mode_models` and in a single run's report.
+    /// Tessera's run again with those models put to sleep at zero: what the sleep-mode actuation would be worth.
+    /// Only with `sleep_mode_models` and in a single run's report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tessera_without_sleep: Option<Outcome>,
+    pub tessera_with_sleep: Option<Outcome>,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
@@ -66,6 +66,12 @@ pub struct Outcome {
     pub gpu_hours: f64,
     /// Share of requests within their TTFT objective.
     pub slo_attainment: f64,
+    /// Sleeping pods woken on their GPU ([`StrategyReport::sleep_wakes`]).
+    #[serde(default)]
+    pub sleep_wakes: u64,
+    /// Sleeping pods lost ([`StrategyReport::sleepers_lost`]).
+    #[serde(default)]
+    pub sleepers_lost: u64,
 }
 
 fn one() -> f64 {
@@ -126,6 +132,13 @@ pub struct StrategyReport {
     pub cold_starts: u64,
     /// Of those, starts from zero replicas.
     pub starts_from_zero: u64,
+    /// Of those, sleeping pods woken on their own GPU (sleep mode: only in the "with sleep mode" run).
+    #[serde(default)]
+    pub sleep_wakes: u64,
+    /// Sleeping pods lost: their GPU given back (nothing else kept it), or their memory lent out when a request
+    /// came. Their model's next start is a cold one.
+    #[serde(default)]
+    pub sleepers_lost: u64,
     /// Requests held at the activator because no replica was ready.
     pub held_requests: u64,
     /// Mean time those requests were held, seconds (the latency cold starts added).
@@ -533,34 +546,39 @@ impl Report {
         o
     }
 
-    /// What the run assumes that the controller cannot do yet, for the models with a sleep-mode wake; `None`
-    /// without one.
+    /// What the scenario's sleep-mode models would change if the controller could put them to sleep; `None`
+    /// without such a model.
     pub fn sleep_mode_note(&self) -> Option<String> {
         if self.sleep_mode_models.is_empty() {
             return None;
         }
         let mut note = format!(
-            "Sleep mode ({}): simulated as a sleeping pod that holds no GPU and wakes in the scenario's sleep_wake. \
-             The controller does not put pods to sleep yet (it scales them to zero and starts them cold)",
+            "Sleep mode ({}): the scenario gives these models a sleep-mode wake, but the controller cannot put a pod \
+             to sleep yet, so the table starts them cold from zero, as an installed Tessera would",
             self.sleep_mode_models.join(", ")
         );
-        match self.tessera_without_sleep {
-            Some(o) => {
+        if let Some(o) = self.tessera_with_sleep {
+            let _ = write!(
+                note,
+                ". Put to sleep at zero (a sleeping pod lends its GPU memory; it wakes in the scenario's sleep_wake \
+                 where its share fits on its GPU again, else a new pod starts cold, and a GPU left with only \
+                 sleeping pods is given back), Tessera would hold {:.2} GPU-hours and meet the TTFT SLO for \
+                 {:.2}% of requests",
+                o.gpu_hours,
+                o.slo_attainment * 100.0
+            );
+            if let Some(t) = self.strategy("tessera").filter(|t| t.gpu_hours > 0.0) {
                 let _ = write!(
                     note,
-                    ": so started, Tessera holds {:.2} GPU-hours and meets the TTFT SLO for {:.2}% of requests",
-                    o.gpu_hours,
-                    o.slo_attainment * 100.0
+                    " ({:+.1}% against the table's run)",
+                    (o.gpu_hours / t.gpu_hours - 1.0) * 100.0
                 );
-                if let Some(st) = self.strategy("static").filter(|st| st.gpu_hours > 0.0) {
-                    let _ = write!(
-                        note,
-                        " ({:.1}% fewer than static)",
-                        (1.0 - o.gpu_hours / st.gpu_hours) * 100.0
-                    );
-                }
             }
-            None => note.push_str(": these models cost what the same scenario without sleep_wake shows"),
+            let _ = write!(
+                note,
+                "; {} wake(s), {} sleeping pod(s) lost to a GPU given back or memory lent out",
+                o.sleep_wakes, o.sleepers_lost
+            );
         }
         note.push_str(" (docs/simulator.md, \"What sleep mode is worth\").");
         Some(note)

@@ -379,8 +379,9 @@ pub struct TargetsFile {
 pub struct ColdStartFile {
     /// Weights load bandwidth, GB/s (10^9 bytes), from local NVMe or a model cache.
     pub load_bandwidth_gbps: f64,
-    /// Tessera scales from zero with vLLM sleep mode instead: the level-1 wake-up time. The baselines never
-    /// sleep (they never go to zero), so their new replicas always load.
+    /// The model can run with vLLM sleep mode: its level-1 wake-up time. The controller cannot put a pod to
+    /// sleep yet, so the report's table starts such a model cold like any other; only the extra "with sleep mode"
+    /// run of a single report uses it (`Report::tessera_with_sleep`). The baselines never sleep.
     #[serde(with = "humantime_serde")]
     pub sleep_wake: Option<Duration>,
 }
@@ -756,6 +757,18 @@ pub struct Scenario {
     pub models: Vec<ModelSetup>,
     /// Each model's arrivals, sorted, in the same order as `models`.
     pub arrivals: Vec<Vec<Arrival>>,
+}
+
+impl Scenario {
+    /// The same scenario with no model's sleep-mode wake: every start from zero a pod's start and the weights'
+    /// load, which is what the controller does today (it cannot put a pod to sleep).
+    pub fn without_sleep_mode(&self) -> Scenario {
+        let mut sc = self.clone();
+        for m in &mut sc.models {
+            m.sleep_wake_secs = None;
+        }
+        sc
+    }
 }
 
 /// Where the scenario came from: a file (trace paths are relative to its folder) or the embedded default.

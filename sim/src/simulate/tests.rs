@@ -196,34 +196,58 @@ fn a_cold_start_over_the_objective_keeps_a_warm_replica() {
     assert!(floor.starts_with("cold start"), "{floor}");
 }
 
-/// With sleep mode, the wake-up replaces the pod start and the load.
+/// A model with a sleep-mode wake: the table's run starts it cold, as the controller does today; the extra run
+/// puts it to sleep at zero, and the wake-up replaces the pod start and the load.
 #[test]
-fn sleep_mode_wakes_fast() {
+fn sleep_mode_is_an_extra_run_the_table_does_not_count() {
+    // A second, always-busy model keeps the GPU, so the sleeping pod's GPU is not given back.
     let mut m = model("m", 0, 1);
     m.sleep_wake_secs = Some(0.5);
-    let sc = scenario(vec![m], vec![at(&[0.0, 400.0])], 600.0);
+    let busy = model("busy", 1, 1);
+    let busy_at: Vec<f64> = (0..60).map(|i| f64::from(i) * 10.0).collect();
+    let sc = scenario(vec![m, busy], vec![at(&[0.0, 400.0]), at(&busy_at)], 600.0);
     let r = run(&sc);
-    let t = r.strategy("tessera").unwrap().clone();
-    assert_eq!(t.held_requests, 1);
-    assert!((t.held_max_secs - 0.5).abs() < 1e-9, "{}", t.held_max_secs);
-    // The controller has no sleep mode: the text and the HTML report say which models the run assumed it for.
     assert_eq!(r.sleep_mode_models, ["m"]);
-    // Beside it, the same run with cold starts (what the controller does today): the second request waits for a
-    // pod start and a load instead of a wake, and the GPU is held while the pod loads.
-    let cold = r.tessera_without_sleep.expect("a run without sleep mode");
-    assert!(cold.gpu_hours > t.gpu_hours, "{cold:?} against {}", t.gpu_hours);
+    // The table: a cold start would miss the objective, so the model keeps a warm replica.
+    let t = r.strategy("tessera").unwrap().clone();
+    let floor = t.models[0].warm_floor.clone().unwrap_or_default();
+    assert!(floor.starts_with("cold start"), "{floor}");
+    assert_eq!((t.starts_from_zero, t.sleep_wakes, t.sleepers_lost), (0, 0, 0));
+    // Put to sleep: it goes to zero and wakes once on its GPU. The busy model holds that GPU all along, so the
+    // sleeping pod's lent memory saves nothing here: it saves only where it spares another GPU.
+    let slept = r.tessera_with_sleep.expect("a run with sleep mode");
+    assert_eq!((slept.sleep_wakes, slept.sleepers_lost), (1, 0));
+    assert!(
+        slept.gpu_hours <= t.gpu_hours,
+        "{slept:?} against {}",
+        t.gpu_hours
+    );
     let said = format!(
-        "Sleep mode (m): simulated as a sleeping pod that holds no GPU and wakes in the scenario's sleep_wake. The \
-         controller does not put pods to sleep yet (it scales them to zero and starts them cold): so started, \
-         Tessera holds {:.2} GPU-hours",
-        cold.gpu_hours
+        "Sleep mode (m): the scenario gives these models a sleep-mode wake, but the controller cannot put a pod to \
+         sleep yet, so the table starts them cold from zero, as an installed Tessera would. Put to sleep at zero"
     );
     assert!(r.table().contains(&said), "{}", r.table());
+    assert!(
+        r.table()
+            .contains(&format!("Tessera would hold {:.2} GPU-hours", slept.gpu_hours))
+    );
     assert!(super::html::render(&r).contains(&said));
     // Without one, nothing is said.
     let plain = run(&scenario(vec![model("m", 0, 1)], vec![at(&[0.0])], 60.0));
     assert!(plain.sleep_mode_models.is_empty() && plain.sleep_mode_note().is_none());
-    assert_eq!(plain.tessera_without_sleep, None);
+    assert_eq!(plain.tessera_with_sleep, None);
+}
+
+/// A sleeping pod is bound to its GPU: once the GPU is given back (nothing else kept it), the pod is lost and
+/// the next start from zero is a cold one, not a wake.
+#[test]
+fn a_sleeping_pod_goes_with_its_gpu() {
+    let mut m = model("m", 0, 1);
+    m.sleep_wake_secs = Some(0.5);
+    let sc = scenario(vec![m], vec![at(&[0.0, 400.0])], 600.0);
+    let slept = run(&sc).tessera_with_sleep.expect("a run with sleep mode");
+    assert_eq!(slept.sleep_wakes, 0, "{slept:?}");
+    assert!(slept.sleepers_lost >= 1, "{slept:?}");
 }
 
 /// Two models scaling from zero onto one GPU load one after the other (the start-up lease): the second waits

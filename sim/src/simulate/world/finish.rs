@@ -187,6 +187,8 @@ impl World<'_> {
             },
             cold_starts: self.models.iter().map(|m| m.cold_starts).sum(),
             starts_from_zero: self.models.iter().map(|m| m.starts_from_zero).sum(),
+            sleep_wakes: self.models.iter().map(|m| m.sleep_wakes).sum(),
+            sleepers_lost: self.models.iter().map(|m| m.sleepers_lost).sum(),
             held_requests: held_n,
             held_mean_secs: if held_n == 0 {
                 0.0

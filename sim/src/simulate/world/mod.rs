@@ -219,6 +219,10 @@ struct ModelRt {
     rec: Option<Recommendation>,
     cold_starts: u64,
     starts_from_zero: u64,
+    /// Sleep mode: sleeping pods woken on their GPU, and sleeping pods lost (their GPU given back, or their
+    /// memory lent out when a request came), whose model's next start is a cold one.
+    sleep_wakes: u64,
+    sleepers_lost: u64,
     replicas_max: u32,
     replica_seconds: f64,
     replica_count_since: f64,
@@ -250,6 +254,11 @@ pub struct World<'a> {
     packer: Option<Packer>,
     gpu_loading_until: BTreeMap<GpuId, f64>,
     gpu_empty_since: BTreeMap<GpuId, f64>,
+    /// Sleep mode (packing strategies, models with a `sleep_wake`): the GPU each model at zero left its sleeping
+    /// pod on. A sleeping pod stays bound to its GPU (its CUDA context) but lends its memory and compute: the
+    /// packer counts none of it, so others may be placed there. It wakes only where its full share fits again,
+    /// and it goes when its GPU is given back; either way the next start is a cold one.
+    sleepers: BTreeMap<usize, GpuId>,
     /// The replicas on each shared GPU (packing strategies): whose activity a step contends with.
     tenants: BTreeMap<GpuId, Vec<usize>>,
     whole_gpus: u32,
@@ -323,6 +332,8 @@ impl<'a> World<'a> {
                 rec: plan.initial_recommendations.get(i).cloned().flatten(),
                 cold_starts: 0,
                 starts_from_zero: 0,
+                sleep_wakes: 0,
+                sleepers_lost: 0,
                 replicas_max: 0,
                 replica_seconds: 0.0,
                 replica_count_since: 0.0,
@@ -355,6 +366,7 @@ impl<'a> World<'a> {
             packer,
             gpu_loading_until: BTreeMap::new(),
             gpu_empty_since: BTreeMap::new(),
+            sleepers: BTreeMap::new(),
             tenants: BTreeMap::new(),
             whole_gpus: 0,
             gpu_seconds: 0.0,
@@ -624,19 +636,40 @@ impl<'a> World<'a> {
         };
         if let Some(packer) = self.packer.as_mut() {
             let milli = ((fraction * 1000.0).ceil() as u32).clamp(1, 1000);
-            let (g, _) = packer
-                .place_or_open(ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib))
-                .map_err(|source| SimError::Pack {
-                    model: setup.name.clone(),
-                    source,
-                })?;
+            let request = ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib);
+            // Sleep mode: a model at zero left a sleeping pod whose weights sit in host memory. It wakes on its
+            // own GPU, skipping the pod start and the load, if its share fits there again; otherwise the pod is
+            // replaced by a new one wherever the packer finds room, started cold.
+            let sleeper = match (from_zero, setup.sleep_wake_secs) {
+                (true, Some(wake)) => self.sleepers.remove(&m).map(|g| (g, wake)),
+                _ => None,
+            };
+            let woke = sleeper.and_then(|(g, wake)| {
+                let room = packer.gpu(g).is_some_and(|s| !s.is_draining());
+                (room && packer.assign(g, request.clone()).is_ok()).then_some((g, wake))
+            });
+            match (sleeper, woke) {
+                (_, Some(_)) => self.models[m].sleep_wakes += 1,
+                (Some(_), None) => self.models[m].sleepers_lost += 1,
+                (None, None) => {}
+            }
+            let g = match woke {
+                Some((g, _)) => g,
+                None => {
+                    packer
+                        .place_or_open(request)
+                        .map_err(|source| SimError::Pack {
+                            model: setup.name.clone(),
+                            source,
+                        })?
+                        .0
+                }
+            };
             self.gpu_empty_since.remove(&g);
             placed = Some(g);
-            // Sleep mode: a model at zero keeps a sleeping pod whose weights sit in host memory; waking it
-            // skips the pod start and the load (and, like any start, still takes the GPU's start-up lease).
-            let (begin, load) = match setup.sleep_wake_secs {
-                Some(wake) if from_zero => (self.now, wake),
-                _ => (self.now + pod_start, setup.load_secs),
+            let (begin, load) = match woke {
+                Some((_, wake)) => (self.now, wake),
+                None => (self.now + pod_start, setup.load_secs),
             };
             // One replica loads at a time per GPU (vLLM profiles free memory at start-up).
             let lease_free = self.gpu_loading_until.get(&g).copied().unwrap_or(0.0);
@@ -696,10 +729,14 @@ impl<'a> World<'a> {
         }
         if let Some(packer) = self.packer.as_mut() {
             let name = self.replicas[r].name.clone();
-            if let Some((g, _)) = packer.remove(&name)
-                && packer.gpu(g).is_some_and(|s| s.is_empty())
-            {
-                self.gpu_empty_since.insert(g, self.now);
+            if let Some((g, _)) = packer.remove(&name) {
+                if packer.gpu(g).is_some_and(|s| s.is_empty()) {
+                    self.gpu_empty_since.insert(g, self.now);
+                }
+                // The model's last replica goes to sleep on its GPU rather than away (see `sleepers`).
+                if self.sc.models[m].sleep_wake_secs.is_some() && self.live_count(m) == 0 {
+                    self.sleepers.insert(m, g);
+                }
             }
         } else {
             self.whole_gpus = self.whole_gpus.saturating_sub(1);
@@ -953,6 +990,17 @@ impl<'a> World<'a> {
             {
                 p.remove_gpu(g);
                 self.gpu_loading_until.remove(&g);
+                // A capacity pod given back takes its sleeping pods with it: their next start is cold.
+                let gone: Vec<usize> = self
+                    .sleepers
+                    .iter()
+                    .filter(|&(_, &on)| on == g)
+                    .map(|(&m, _)| m)
+                    .collect();
+                for m in gone {
+                    self.sleepers.remove(&m);
+                    self.models[m].sleepers_lost += 1;
+                }
             }
             self.gpu_empty_since.remove(&g);
         }
