@@ -560,10 +560,10 @@ impl Report {
         if let Some(o) = self.tessera_with_sleep {
             let _ = write!(
                 note,
-                ". Put to sleep at zero (a sleeping pod lends its GPU memory; it wakes in the scenario's sleep_wake \
-                 where its share fits on its GPU again, else a new pod starts cold, and a GPU left with only \
-                 sleeping pods is given back), Tessera would hold {:.2} GPU-hours and meet the TTFT SLO for \
-                 {:.2}% of requests",
+                ". Put to sleep at zero (a sleeping pod stays on its GPU and lends its share to a replica that would \
+                 otherwise open a GPU; it wakes in the scenario's sleep_wake where its share fits there again, else \
+                 a new pod starts cold, and it goes with its GPU when that is given back), Tessera would hold {:.2} \
+                 GPU-hours and meet the TTFT SLO for {:.2}% of requests",
                 o.gpu_hours,
                 o.slo_attainment * 100.0
             );
