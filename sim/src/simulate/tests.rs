@@ -222,16 +222,15 @@ fn sleep_mode_is_an_extra_run_the_table_does_not_count() {
         "{slept:?} against {}",
         t.gpu_hours
     );
-    let said = format!(
-        "Sleep mode (m): the scenario gives these models a sleep-mode wake, but the controller cannot put a pod to \
-         sleep yet, so the table starts them cold from zero, as an installed Tessera would. Put to sleep at zero"
-    );
-    assert!(r.table().contains(&said), "{}", r.table());
+    let said = "Sleep mode (m): the scenario gives these models a sleep-mode wake, but the controller cannot put a \
+                pod to sleep yet, so the table starts them cold from zero, as an installed Tessera would. Put to \
+                sleep at zero";
+    assert!(r.table().contains(said), "{}", r.table());
     assert!(
         r.table()
             .contains(&format!("Tessera would hold {:.2} GPU-hours", slept.gpu_hours))
     );
-    assert!(super::html::render(&r).contains(&said));
+    assert!(super::html::render(&r).contains(said));
     // Without one, nothing is said.
     let plain = run(&scenario(vec![model("m", 0, 1)], vec![at(&[0.0])], 60.0));
     assert!(plain.sleep_mode_models.is_empty() && plain.sleep_mode_note().is_none());
