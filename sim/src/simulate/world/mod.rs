@@ -1014,7 +1014,6 @@ impl<'a> World<'a> {
     }
 }
 
-/// Virtual seconds as the milliseconds the activator's documents and the decision's timestamps carry.
 /// Places a new replica, lending sleeping pods' room only where the alternative is opening a GPU: first with
 /// every sleeping pod's share held where it still fits, then, if no GPU has room that way, as the packer would
 /// with that room free. Taking a sleeping pod's room turns its next wake into a cold start (`World::sleepers`).
@@ -1045,6 +1044,7 @@ fn place(
     }
 }
 
+/// Virtual seconds as the milliseconds the activator's documents and the decision's timestamps carry.
 fn secs_to_ms(secs: f64) -> u64 {
     (secs * 1000.0).round().max(0.0) as u64
 }
