@@ -562,7 +562,8 @@ impl Report {
                 note,
                 ". Put to sleep at zero (a sleeping pod stays on its GPU and lends its share to a replica that would \
                  otherwise open a GPU; it wakes in the scenario's sleep_wake where its share fits there again, else \
-                 a new pod starts cold, and it goes with its GPU when that is given back), Tessera would hold {:.2} \
+                 a new pod starts cold, and it goes with its GPU when that is given back; a model whose sleeping \
+                 pod is gone plans for a cold start), Tessera would hold {:.2} \
                  GPU-hours and meet the TTFT SLO for {:.2}% of requests",
                 o.gpu_hours,
                 o.slo_attainment * 100.0
