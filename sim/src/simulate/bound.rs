@@ -40,8 +40,9 @@ use crate::model::EngineConfig;
 
 use super::scenario::Scenario;
 
-/// The three bounds of a run, GPU-hours over `[0, duration)` (see the module docs for why each holds).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The three bounds of a run, GPU-hours over `[0, duration)` (see the module docs for why each holds), and each
+/// model's part of the first.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Bounds {
     /// For a policy that meets every TTFT objective, cold starts free.
     pub free: f64,
@@ -50,6 +51,11 @@ pub struct Bounds {
     pub cold_starts: f64,
     /// For a policy that meets the TTFT objective for at least the `attainment` asked for.
     pub at_attainment: f64,
+    /// Per model, in scenario order: the GPU-hours of memory its requests force with free cold starts (the first
+    /// bound's intervals): its weights and smallest cache over the union of its residencies, in one GPU's usable
+    /// memory, not rounded up. What each model brings to the first bound before packing and whole GPUs; the
+    /// report sets it beside the memory each strategy reserved for the model.
+    pub forced_memory: Vec<f64>,
 }
 
 /// The three bounds, the third at `attainment` (0–1).
@@ -60,15 +66,43 @@ pub fn lower_bounds(sc: &Scenario, attainment: f64) -> Bounds {
         .map(|a| a.iter().filter(|a| a.at < sc.duration).count())
         .sum::<usize>();
     let excused = ((1.0 - attainment.clamp(0.0, 1.0)) * requests as f64).floor() as usize;
-    let free = walk(sc, &residencies(sc, Lead::Free));
+    let forced = residencies(sc, Lead::Free);
+    let free = walk(sc, &forced);
     let cold = walk(sc, &residencies(sc, Lead::ColdStart));
     Bounds {
         free: free.gpu_hours,
         cold_starts: cold.gpu_hours,
+        forced_memory: forced_memory(sc, &forced),
         at_attainment: (free.gpu_hours - free.most_saved(excused))
             .max(cold.gpu_hours - cold.most_saved(excused))
             .max(0.0),
     }
+}
+
+/// [`Bounds::forced_memory`], from the first bound's residencies.
+fn forced_memory(sc: &Scenario, forced: &[Residency]) -> Vec<f64> {
+    let usable = usable_bytes(sc);
+    let footprints = footprints(sc);
+    let mut spans: Vec<Vec<(f64, f64)>> = vec![Vec::new(); sc.models.len()];
+    for r in forced {
+        spans[r.model].push((r.ready, r.end));
+    }
+    spans
+        .into_iter()
+        .zip(&footprints)
+        .map(|(mut s, f)| {
+            s.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let (mut covered, mut reach) = (0.0, f64::NEG_INFINITY);
+            for (start, end) in s {
+                let from = start.max(reach);
+                if end > from {
+                    covered += end - from;
+                }
+                reach = reach.max(end);
+            }
+            covered * f.smallest() as f64 / usable / 3600.0
+        })
+        .collect()
 }
 
 /// Where a model's residency for a request starts, before the latest admission that meets the objective.

@@ -354,7 +354,7 @@ pub fn render(r: &Report) -> String {
                 esc(m.next_unit.as_deref().unwrap_or("—"))
             );
         }
-        s.push_str("</table>");
+        let _ = write!(s, "</table><p>{}</p>", esc(&r.where_memory_goes(st)));
     }
     s.push_str("<h2>Static sizing</h2><table><tr><th>model</th><th>replicas</th><th>attainment alone</th><th>why</th></tr>");
     for z in &r.static_sizing {

@@ -241,6 +241,7 @@ pub fn simulate_strategies(
         update_mode: sc.settings.update_mode,
         models: sc.models.iter().map(|m| m.name.clone()).collect(),
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
+        forced_memory_gpu_hours: bounds.forced_memory,
         lower_bound_gpu_hours: bounds.free,
         lower_bound_with_cold_starts_gpu_hours: bounds.cold_starts,
         attainment_goal: sc.settings.static_attainment_target,

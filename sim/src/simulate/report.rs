@@ -24,6 +24,11 @@ pub struct Report {
     pub models: Vec<String>,
     /// Requests per model.
     pub requests_per_model: Vec<u64>,
+    /// Per model, the GPU-hours of memory its requests force: its weights and smallest cache over the instants
+    /// some request of it must be in flight (the first bound's intervals, [`super::bound::Bounds::forced_memory`]), in
+    /// one GPU's usable memory, not rounded up.
+    #[serde(default)]
+    pub forced_memory_gpu_hours: Vec<f64>,
     /// GPU-hours no policy meeting every request's TTFT objective can beat, cold starts free ([`super::bound::Bounds::free`]).
     pub lower_bound_gpu_hours: f64,
     /// GPU-hours no policy meeting every request's TTFT objective through its cold starts can beat
@@ -204,6 +209,10 @@ pub struct ModelReport {
     pub replicas_max: u32,
     /// Mean replicas (time-weighted).
     pub replicas_mean: f64,
+    /// The GPU memory its replicas reserved over the run (weights, overhead and KV cache, starting replicas
+    /// included), in GPU-hours of one GPU's memory: the model's part of the GPU-hours held where memory binds.
+    #[serde(default)]
+    pub memory_gpu_hours: f64,
     /// Replicas started after time 0.
     pub cold_starts: u64,
     /// Preemptions.
@@ -497,6 +506,7 @@ impl Report {
                     owners.join(", ")
                 );
             }
+            let _ = writeln!(o, "{}", self.where_memory_goes(t));
             // What held each model's count (`core::scale::constraint`), its two most frequent, as a status would say
             // it each round.
             let held = per_model(&t.models, |m| m.held_by_ranked(2));
@@ -583,6 +593,33 @@ impl Report {
         }
         note.push_str(" (docs/simulator.md, \"What sleep mode is worth\").");
         Some(note)
+    }
+
+    /// Where a strategy's GPU-hours go: the memory each model's replicas reserved, beside what its requests force
+    /// (the first bound's share, `forced_memory_gpu_hours`), and what was held with no replica's memory in it
+    /// (packing, whole GPUs, the empty-GPU grace). The gap to the bound, model by model.
+    pub fn where_memory_goes(&self, s: &StrategyReport) -> String {
+        let models: Vec<String> = s
+            .models
+            .iter()
+            .zip(
+                self.forced_memory_gpu_hours
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat(0.0)),
+            )
+            .map(|(m, forced)| format!("{} {:.2} ({:.2})", m.model, m.memory_gpu_hours, forced))
+            .collect();
+        let reserved: f64 = s.models.iter().map(|m| m.memory_gpu_hours).sum();
+        format!(
+            "Where {}'s {:.2} GPU-hours go (the GPU memory each model's replicas reserved, in GPU-hours; in brackets \
+             what its requests force, its share of the first bound before whole GPUs): {}; held with no replica's \
+             memory in it (packing, whole GPUs, the empty-GPU grace): {:.2}.",
+            s.strategy,
+            s.gpu_hours,
+            models.join(", "),
+            (s.gpu_hours - reserved).max(0.0)
+        )
     }
 
     /// `gpu_hours_static=<a> gpu_hours_hpa=<b> gpu_hours_tessera=<c> slo_attainment_tessera=<d>`.

@@ -344,6 +344,11 @@ proptest! {
         // Memory never over-reserved: a GPU's tenants fit in it.
         for s in &r.strategies {
             prop_assert!(s.memory_reserved_ratio <= 1.0 + 1e-9, "{} {}", &s.strategy, s.memory_reserved_ratio);
+            // The memory each model reserved fits in what was held (sampled once per scrape interval, so within
+            // one interval of the peak).
+            let reserved: f64 = s.models.iter().map(|m| m.memory_gpu_hours).sum();
+            let slack = f64::from(s.gpus_peak) * sc.settings.scrape_interval.as_secs_f64() / 3600.0;
+            prop_assert!(reserved <= s.gpu_hours + slack + 1e-9, "{} {reserved} {}", &s.strategy, s.gpu_hours);
             // Nor compute beyond what the pool hands out: the packer never over-commits a GPU's shares.
             prop_assert!(
                 s.compute_allocated_ratio <= r.compute_oversubscription + 1e-9,
@@ -452,6 +457,44 @@ fn excusing_a_request_frees_only_what_it_alone_covers() {
     let b = bound::lower_bounds(&scenario(vec![m], vec![at(&sparse)], 6_100.0), 0.99);
     let freed = (b.cold_starts - b.at_attainment) * 3600.0;
     assert!((freed - window).abs() < 1e-6, "{freed} {window}");
+}
+
+/// Where the GPU-hours go, by hand. Static holds one whole GPU for the 900 s run and vLLM reserves 0.9 of its
+/// memory: 0.225 of the 0.25 GPU-hours are the model's, the rest held with no replica's memory in it. Three
+/// 1,000-token answers force their model's weights and smallest cache over each one's latest admission to its
+/// ideal end: that, in one GPU's usable memory, is the model's share of the first bound.
+#[test]
+fn the_report_says_where_the_gpu_hours_go() {
+    let m = model("m", 1, 1);
+    let (prefill, ideal) = ideal_of_100_token_prompt(1_000);
+    let forced = ideal - (m.slo_ttft - prefill);
+    let long = [100.0, 400.0, 700.0].map(|at| Arrival {
+        at,
+        prompt_tokens: 100,
+        output_tokens: 1_000,
+    });
+    let smallest = m.spec.weights_bytes + m.spec.overhead_bytes + 16_384 * m.spec.bytes_per_kv_token;
+    let sc = scenario(vec![m], vec![long.to_vec()], 900.0);
+    let usable = sc.gpu.memory_bytes as f64 - sc.settings.gpu_headroom_mib as f64 * 1_048_576.0;
+    let want = 3.0 * forced * smallest as f64 / usable / 3600.0;
+    assert!(
+        (bound::lower_bounds(&sc, 1.0).forced_memory[0] - want).abs() < 1e-9,
+        "{want}"
+    );
+    let r = run(&sc);
+    let st = r.strategy("static").unwrap();
+    assert!(
+        (st.models[0].memory_gpu_hours - 0.9 * 900.0 / 3600.0).abs() < 1e-9,
+        "{:?}",
+        st.models[0]
+    );
+    let said = r.where_memory_goes(st);
+    assert!(
+        said.contains(&format!("m {:.2} ({want:.2})", st.models[0].memory_gpu_hours)),
+        "{said}"
+    );
+    assert!(said.ends_with("the empty-GPU grace): 0.03."), "{said}");
+    assert!(super::html::render(&r).contains("the empty-GPU grace): 0.03."));
 }
 
 /// vLLM starts no engine whose KV cache cannot hold one `max_model_len` request, so a resident model holds at

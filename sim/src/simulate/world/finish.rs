@@ -93,6 +93,7 @@ impl World<'_> {
                 },
                 replicas_max: rt.replicas_max,
                 replicas_mean: rt.replica_seconds / duration,
+                memory_gpu_hours: rt.memory_byte_seconds / self.sc.gpu.memory_bytes as f64 / 3600.0,
                 cold_starts: rt.cold_starts,
                 preemptions,
                 kv_cache_gib: kv,

@@ -225,6 +225,8 @@ struct ModelRt {
     sleepers_lost: u64,
     replicas_max: u32,
     replica_seconds: f64,
+    /// GPU memory its replicas reserved (what vLLM holds: weights, overhead, the KV cache), byte-seconds.
+    memory_byte_seconds: f64,
     replica_count_since: f64,
     scale_changes: BTreeMap<String, u32>,
     /// Tessera's and the autoscaled baselines' rounds by what held the count (`core::scale::constraint`).
@@ -337,6 +339,7 @@ impl<'a> World<'a> {
                 sleepers_lost: 0,
                 replicas_max: 0,
                 replica_seconds: 0.0,
+                memory_byte_seconds: 0.0,
                 replica_count_since: 0.0,
                 scale_changes: BTreeMap::new(),
                 held_by: BTreeMap::new(),
@@ -898,11 +901,16 @@ impl<'a> World<'a> {
                 .recommend_window
                 .max(self.sc.settings.ttft_window)
                 .as_secs_f64();
+        let counting = now < self.sc.duration;
         for rep in self.replicas.iter_mut().filter(|r| r.phase != Phase::Gone) {
             let st = rep.engine.stats();
             let spec = rep.engine.model();
             let block_bytes = spec.bytes_per_kv_token * u64::from(rep.engine.config().block_size);
-            reserved += rep.engine.gpu_memory_used_bytes() as f64;
+            let holds = rep.engine.gpu_memory_used_bytes() as f64;
+            reserved += holds;
+            if counting {
+                self.models[rep.model].memory_byte_seconds += holds * dt;
+            }
             allocated += rep.compute_fraction;
             used += (spec.weights_bytes + spec.overhead_bytes + st.kv_blocks_used * block_bytes) as f64;
             if rep.phase == Phase::Starting {
