@@ -66,43 +66,16 @@ pub fn lower_bounds(sc: &Scenario, attainment: f64) -> Bounds {
         .map(|a| a.iter().filter(|a| a.at < sc.duration).count())
         .sum::<usize>();
     let excused = ((1.0 - attainment.clamp(0.0, 1.0)) * requests as f64).floor() as usize;
-    let forced = residencies(sc, Lead::Free);
-    let free = walk(sc, &forced);
+    let free = walk(sc, &residencies(sc, Lead::Free));
     let cold = walk(sc, &residencies(sc, Lead::ColdStart));
     Bounds {
         free: free.gpu_hours,
         cold_starts: cold.gpu_hours,
-        forced_memory: forced_memory(sc, &forced),
         at_attainment: (free.gpu_hours - free.most_saved(excused))
             .max(cold.gpu_hours - cold.most_saved(excused))
             .max(0.0),
+        forced_memory: free.resident,
     }
-}
-
-/// [`Bounds::forced_memory`], from the first bound's residencies.
-fn forced_memory(sc: &Scenario, forced: &[Residency]) -> Vec<f64> {
-    let usable = usable_bytes(sc);
-    let footprints = footprints(sc);
-    let mut spans: Vec<Vec<(f64, f64)>> = vec![Vec::new(); sc.models.len()];
-    for r in forced {
-        spans[r.model].push((r.ready, r.end));
-    }
-    spans
-        .into_iter()
-        .zip(&footprints)
-        .map(|(mut s, f)| {
-            s.sort_by(|x, y| x.0.total_cmp(&y.0));
-            let (mut covered, mut reach) = (0.0, f64::NEG_INFINITY);
-            for (start, end) in s {
-                let from = start.max(reach);
-                if end > from {
-                    covered += end - from;
-                }
-                reach = reach.max(end);
-            }
-            covered * f.smallest() as f64 / usable / 3600.0
-        })
-        .collect()
 }
 
 /// Where a model's residency for a request starts, before the latest admission that meets the objective.
@@ -200,6 +173,9 @@ fn residencies(sc: &Scenario, lead: Lead) -> Vec<Residency> {
 struct Walk {
     /// The bound.
     gpu_hours: f64,
+    /// Per model, the GPU-hours its smallest footprint was resident, in one GPU's usable memory, not rounded up
+    /// ([`Bounds::forced_memory`] for the first bound's residencies).
+    resident: Vec<f64>,
     /// Per model: how many seconds it was covered by exactly `c` residencies (index `c`, from 1), and the whole
     /// GPUs its memory rounds up to.
     coverage: Vec<(Vec<f64>, f64)>,
@@ -271,6 +247,8 @@ fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
     let n = sc.models.len();
     let mut cover = vec![0usize; n];
     let mut in_memory = vec![0usize; n];
+    // Per model, seconds with its memory resident, and since when the current stretch is.
+    let (mut resident, mut resident_since) = (vec![0.0f64; n], vec![0.0f64; n]);
     // Models with an interval open: while any is, at least one GPU is held.
     let mut open_models = 0usize;
     let mut since = vec![0.0f64; n];
@@ -290,8 +268,14 @@ fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
         }
         if is_memory {
             match open_or_close(&mut in_memory[m], delta) {
-                Some(true) => memory += footprints[m].smallest(),
-                Some(false) => memory = memory.saturating_sub(footprints[m].smallest()),
+                Some(true) => {
+                    memory += footprints[m].smallest();
+                    resident_since[m] = t;
+                }
+                Some(false) => {
+                    memory = memory.saturating_sub(footprints[m].smallest());
+                    resident[m] += t - resident_since[m];
+                }
                 None => {}
             }
         } else {
@@ -314,6 +298,11 @@ fn walk(sc: &Scenario, spans: &[Residency]) -> Walk {
     lengths.sort_by(|x, y| y.total_cmp(x));
     Walk {
         gpu_hours: gpu_seconds / 3600.0,
+        resident: resident
+            .iter()
+            .zip(&footprints)
+            .map(|(secs, f)| secs * f.smallest() as f64 / usable / 3600.0)
+            .collect(),
         coverage: by_cover
             .into_iter()
             .zip(&footprints)
