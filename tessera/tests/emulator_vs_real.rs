@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 mod support;
 mod vllm_surface;
 use support::Tessera;
-use vllm_surface::{api_diff, diff_metrics};
+use vllm_surface::{Chunking, api_diff, diff_metrics};
 
 /// (page, the server's --max-model-len: the token-count histograms' bounds are 1-2-5 steps up to it).
 const REAL_PAGES: [(&str, &str, &str); 6] = [
@@ -104,7 +104,7 @@ async fn metrics_match_the_real_pages() {
 async fn api_answers_match_the_real_server() {
     let emu = emulator("1024");
     let real = real_api();
-    let report = api_diff(&emu.base(), &real).await;
+    let report = api_diff(&emu.base(), &real, Chunking::AsRecorded).await;
     assert!(
         report.is_empty(),
         "the emulator's API differs from the real vLLM 0.32.0 answers:\n{}",

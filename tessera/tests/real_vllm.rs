@@ -25,7 +25,7 @@ use tessera_core::wire::sidecar::SidecarStatus;
 mod support;
 mod vllm_surface;
 use support::{Tessera, free_port};
-use vllm_surface::{api_diff, diff_metrics, sse_events};
+use vllm_surface::{Chunking, api_diff, diff_metrics, sse_events};
 
 const MODEL: &str = "tiny-llama";
 /// 16 blocks of 128 tokens (2,048 tokens): a dozen concurrent requests fill it, so load is visible in KV usage.
@@ -303,7 +303,7 @@ async fn tessera_against_a_real_vllm() {
         report.join("\n")
     );
     let real_api: Value = serde_json::from_str(include_str!("../../testdata/vllm/real/api.json")).unwrap();
-    let report = api_diff(&vllm.url, &real_api).await;
+    let report = api_diff(&vllm.url, &real_api, Chunking::MayCoalesce).await;
     assert!(
         report.is_empty(),
         "the live server no longer answers as recorded in testdata/vllm/real/api.json:\n{}",
