@@ -236,8 +236,29 @@ impl Drop for Proc {
 }
 
 /// `tessera autoscaler` against `api` (through `server`, which may be a proxy in front of it), deciding every
-/// second, with a short lease so elections play out in seconds.
-fn controller(identity: &str, dir: &tempfile::TempDir, server: SocketAddr, metrics_port: u16) -> Proc {
+/// second, with a short lease so elections play out in seconds; returns it once it serves its metrics, with their
+/// port. The port comes from `free_port`, which a listener of a test running beside this one can take before the
+/// controller binds it; the controller then exits on the bind error, and is started again on another port.
+async fn controller(identity: &str, dir: &tempfile::TempDir, server: SocketAddr) -> (Proc, u16) {
+    for _ in 0..5 {
+        let port = support::free_port();
+        let mut proc = spawn_controller(identity, dir, server, port);
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            if proc.0.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            // Its own metrics (another process on the port would not have the leader gauge).
+            if leading(port).await.is_some() {
+                return (proc, port);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    panic!("tessera autoscaler {identity} exited at start five times, or never served its metrics");
+}
+
+fn spawn_controller(identity: &str, dir: &tempfile::TempDir, server: SocketAddr, metrics_port: u16) -> Proc {
     let kubeconfig = dir.path().join(format!("kubeconfig-{identity}"));
     std::fs::write(
         &kubeconfig,
@@ -360,7 +381,7 @@ async fn restarting_the_controller_mid_scale_up_neither_scales_twice_nor_loses_s
     let api = ApiServer::start().await;
     let sidecar = model_at_kv_pressure(&api).await;
     let dir = tempfile::tempdir().unwrap();
-    let first = controller("ctl-0", &dir, api.addr, support::free_port());
+    let (first, _) = controller("ctl-0", &dir, api.addr).await;
     let replicas =
         |api: &ApiServer| api.get(DEPLOYMENTS, "models", "llama").unwrap()["spec"]["replicas"].clone();
     let t_scale = eventually("the scale-up 2 -> 4", Duration::from_secs(30), || {
@@ -379,7 +400,7 @@ async fn restarting_the_controller_mid_scale_up_neither_scales_twice_nor_loses_s
     let written = status(&api);
     drop(first); // kill -9
     let before = api.requests().len();
-    let second = controller("ctl-0", &dir, api.addr, support::free_port());
+    let (second, _) = controller("ctl-0", &dir, api.addr).await;
     // Let the restarted controller decide several times (sync 1 s).
     eventually(
         "the restarted controller's reconciles",
@@ -491,8 +512,7 @@ async fn a_partitioned_leader_steps_down_before_a_follower_takes_over() {
     model_at_kv_pressure(&api).await;
     let dir = tempfile::tempdir().unwrap();
     let (pa, pb) = (proxy(api.addr).await, proxy(api.addr).await);
-    let (ma, mb) = (support::free_port(), support::free_port());
-    let _a = controller("ctl-a", &dir, pa.addr, ma);
+    let (_a, ma) = controller("ctl-a", &dir, pa.addr).await;
     let holder = |api: &ApiServer| {
         api.get(LEASES, "default", "tessera-autoscaler")
             .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
@@ -501,7 +521,7 @@ async fn a_partitioned_leader_steps_down_before_a_follower_takes_over() {
         holder(&api).as_deref() == Some("ctl-a")
     })
     .await;
-    let _b = controller("ctl-b", &dir, pb.addr, mb);
+    let (_b, mb) = controller("ctl-b", &dir, pb.addr).await;
     // ctl-b is up and following.
     let t0 = Instant::now();
     while leading(mb).await != Some(false) {
