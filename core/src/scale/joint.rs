@@ -160,6 +160,17 @@ impl LeadTimes {
         }
     }
 
+    /// The leads of a model that may sleep at zero (vLLM's sleep mode): a start from zero is the `wake` only while
+    /// there is a sleeping pod to wake — one asleep now, or the one its last running replica will leave
+    /// (`sleeping_pod`); a model whose sleeping pod is gone (its GPU given back) starts a `new_pod`, as does every
+    /// other replica. Without a `wake`, both leads are the new pod's.
+    pub fn may_sleep(new_pod: Duration, wake: Option<Duration>, sleeping_pod: bool) -> Self {
+        LeadTimes {
+            from_zero: Some(wake.filter(|_| sleeping_pod).unwrap_or(new_pod)),
+            scale_up: Some(new_pod),
+        }
+    }
+
     /// The lead of another replica: its own when known, else a start from zero's.
     fn another_replica(self) -> Option<Duration> {
         self.scale_up.or(self.from_zero)
@@ -850,6 +861,17 @@ pub(super) mod tests {
                 }
             );
         }
+    }
+
+    /// A start from zero is a wake only while a sleeping pod is there to wake; another replica is always a pod.
+    #[test]
+    fn a_start_from_zero_is_a_wake_only_with_a_sleeping_pod_to_wake() {
+        let (pod, wake) = (Duration::from_secs(28), Duration::from_secs(1));
+        let leads = |w, asleep| LeadTimes::may_sleep(pod, w, asleep);
+        assert_eq!(leads(Some(wake), true).from_zero, Some(wake));
+        assert_eq!(leads(Some(wake), false).from_zero, Some(pod));
+        assert_eq!(leads(None, true).from_zero, Some(pod));
+        assert_eq!(leads(Some(wake), true).another_replica(), Some(pod));
     }
 
     /// A sleep-mode model wakes from zero in a second, but another replica beside a running one is a new pod: the

@@ -599,16 +599,15 @@ impl Report {
     /// (the first bound's share, `forced_memory_gpu_hours`), and what was held with no replica's memory in it
     /// (packing, whole GPUs, the empty-GPU grace). The gap to the bound, model by model.
     pub fn where_memory_goes(&self, s: &StrategyReport) -> String {
+        // A report read from an older file has no forced figures: none is shown rather than a zero.
         let models: Vec<String> = s
             .models
             .iter()
-            .zip(
-                self.forced_memory_gpu_hours
-                    .iter()
-                    .copied()
-                    .chain(std::iter::repeat(0.0)),
-            )
-            .map(|(m, forced)| format!("{} {:.2} ({:.2})", m.model, m.memory_gpu_hours, forced))
+            .enumerate()
+            .map(|(i, m)| match self.forced_memory_gpu_hours.get(i) {
+                Some(forced) => format!("{} {:.2} ({forced:.2})", m.model, m.memory_gpu_hours),
+                None => format!("{} {:.2}", m.model, m.memory_gpu_hours),
+            })
             .collect();
         let reserved: f64 = s.models.iter().map(|m| m.memory_gpu_hours).sum();
         format!(

@@ -31,18 +31,15 @@ impl World<'_> {
         // another replica beside a running one always the pod's start and the load. Only Tessera's policy knows its
         // lead times (the baselines scale as declared).
         let setup = &self.sc.models[m];
-        // A wake needs a sleeping pod: one the model has now, or the one its last replica leaves when it goes.
-        // A model at zero whose sleeping pod was lost starts cold.
-        let can_wake = self.sleepers.contains_key(&m) || self.live_count(m) > 0;
-        let from_zero = match setup.sleep_wake_secs {
-            Some(wake) if can_wake => wake,
-            _ => setup.scale_up_secs(&self.sc.settings),
-        };
         let leads = if self.plan.kind == StrategyKind::Tessera {
-            joint::LeadTimes {
-                from_zero: Some(Duration::from_secs_f64(from_zero)),
-                scale_up: Some(Duration::from_secs_f64(setup.scale_up_secs(&self.sc.settings))),
-            }
+            // A wake needs a sleeping pod: one the model has now, or the one its last replica leaves when it goes.
+            let sleeping_pod =
+                setup.sleep_wake_secs.is_some() && (self.sleepers.contains_key(&m) || self.live_count(m) > 0);
+            joint::LeadTimes::may_sleep(
+                Duration::from_secs_f64(setup.scale_up_secs(&self.sc.settings)),
+                setup.sleep_wake_secs.map(Duration::from_secs_f64),
+                sleeping_pod,
+            )
         } else {
             joint::LeadTimes::default()
         };
