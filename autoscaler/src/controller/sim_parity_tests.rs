@@ -20,8 +20,8 @@ use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
 use tessera_core::pack::consolidate::MoveStep;
-use tessera_core::scale::ScalePolicy;
 use tessera_core::scale::joint::ShareRoom;
+use tessera_core::scale::{ScalePolicy, SloPercentile};
 use tessera_core::wire::activator::ActivatorStats;
 use tessera_core::wire::sidecar::SidecarStatus;
 use tessera_sim::simulate::observe::{DecisionRecord, MoveRecord, NAMESPACE};
@@ -84,6 +84,9 @@ fn spec_for(name: &str, p: &ScalePolicy, room: ShareRoom) -> Value {
     });
     if let Some(slo) = p.ttft_slo {
         spec["ttftSlo"] = json!(secs(slo));
+    }
+    if p.ttft_slo_percentile == SloPercentile::P99 {
+        spec["ttftSloPercentile"] = json!(99);
     }
     if let Some(z) = &p.scale_to_zero {
         spec["scaleToZero"] = json!({"idleAfter": secs(z.idle_after)});
@@ -571,6 +574,41 @@ async fn the_controller_moves_pods_off_a_draining_gpu_as_the_simulator_did() {
 /// the allowance of the budget the six tools share (`coldstart::group`), then go to zero. The controller counts the
 /// same demand into the same ledger from the recorded activator documents, reads the claims the simulator's round
 /// read from the other tools, lets the floor go at the same rounds and scales to zero with them.
+/// With `ttftSloPercentile: 99` the controller's guard reads the p99 the simulator's did: the default scenario's
+/// hour with every model's guard on the p99, each round the guard decided on it (and every 40th other) replayed.
+#[tokio::test]
+async fn the_controller_guards_the_p99_as_the_simulator_did() {
+    let mut sc = scenario::load(&Source::Default, None, Some(Duration::from_secs(1800)))
+        .unwrap()
+        .without_sleep_mode();
+    for m in &mut sc.models {
+        m.ttft_slo_percentile = SloPercentile::P99;
+    }
+    let run = World::new(&sc, plan(StrategyKind::Tessera, vec![None; sc.models.len()]))
+        .unwrap()
+        .recording_decisions()
+        .run(&mut |_| {})
+        .unwrap();
+    let on_p99 = |r: &DecisionRecord| r.decision.message.contains("p99 time to first token");
+    let picked: Vec<&DecisionRecord> = run
+        .decisions
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| on_p99(r) || i % 40 == 0)
+        .map(|(_, r)| r)
+        .collect();
+    assert!(
+        picked.iter().any(|r| on_p99(r) && r.decision.is_change()),
+        "the replay must cover a change the p99 guard made"
+    );
+    assert_replays_alike(&sc, &picked).await;
+    eprintln!(
+        "replayed {} rounds ({} on the p99) through the controller",
+        picked.len(),
+        picked.iter().filter(|r| on_p99(r)).count()
+    );
+}
+
 #[tokio::test]
 async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/functions-day.yaml");

@@ -155,6 +155,7 @@ mod tests {
                     waiting: Some(waiting),
                     running: Some(2),
                     ttft_p95: Some(Duration::from_millis(ttft_ms)),
+                    ttft_p99: None,
                     fresh: true,
                 })
                 .collect(),

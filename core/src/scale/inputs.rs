@@ -39,14 +39,19 @@ pub const ACTIVATOR_MAX_AGE: Duration = Duration::from_secs(5);
 /// replica started, when it is younger than the window), quantile over vLLM's buckets as Prometheus'
 /// `histogram_quantile` does. `None` when nothing was observed in the window.
 pub fn window_ttft_p95(now: &Histogram, window_start: Option<&Histogram>) -> Option<Duration> {
-    let p95 = |h: &Histogram| {
-        h.quantile(0.95)
+    window_ttft_quantile(now, window_start, 0.95)
+}
+
+/// [`window_ttft_p95`] at any quantile `q` in (0, 1) (the SLO guard's p99 too).
+pub fn window_ttft_quantile(now: &Histogram, window_start: Option<&Histogram>, q: f64) -> Option<Duration> {
+    let at_q = |h: &Histogram| {
+        h.quantile(q)
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64)
     };
     match window_start {
-        Some(earlier) => p95(&now.delta(earlier)),
-        None => p95(now),
+        Some(earlier) => at_q(&now.delta(earlier)),
+        None => at_q(now),
     }
 }
 
@@ -99,9 +104,14 @@ pub fn scale_input(
         .filter_map(|st| st.recent.as_ref())
         .map(first_tokens)
         .sum();
-    if let Some(pooled) = pooled_ttft_p95(fresh) {
+    if let Some(pooled) = pooled_ttft(fresh) {
+        let (p95, p99) = (
+            window_ttft_quantile(&pooled, None, 0.95),
+            window_ttft_quantile(&pooled, None, 0.99),
+        );
         for r in replicas.iter_mut().filter(|r| r.fresh) {
-            r.ttft_p95 = Some(pooled);
+            r.ttft_p95 = p95;
+            r.ttft_p99 = p99;
         }
     }
     ScaleInput {
@@ -117,6 +127,12 @@ pub fn scale_input(
 /// window has quantiles but no buckets (a sidecar older than the buckets), when bounds differ, or when no first
 /// token was seen in any window.
 pub fn pooled_ttft_p95<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -> Option<Duration> {
+    window_ttft_p95(&pooled_ttft(fresh)?, None)
+}
+
+/// The model's first tokens in `fresh` replicas' short windows, their buckets added together ([`pooled_ttft_p95`]
+/// says when there is none); `None` also when no first token was seen in any window.
+fn pooled_ttft<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -> Option<Histogram> {
     let mut pooled: Option<Histogram> = None;
     // A replica too new for a short window adds nothing to it.
     for recent in fresh.into_iter().filter_map(|st| st.recent.as_ref()) {
@@ -143,7 +159,7 @@ pub fn pooled_ttft_p95<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -
             Some(_) => return None,
         }
     }
-    window_ttft_p95(&pooled?, None)
+    pooled.filter(|p| p.count > 0.0)
 }
 
 /// First tokens in a replica's short window: its buckets' last cumulative count (none without buckets).
@@ -174,6 +190,14 @@ pub fn replica_signals(status: &SidecarStatus, max_age: Duration) -> ReplicaSign
             .as_ref()
             .map(|r| r.ttft_seconds.p95)
             .unwrap_or_else(|| status.window.as_ref().and_then(|w| w.ttft_seconds.p95))
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64),
+        // The same window's p99, for a guard on it (`SloPercentile::P99`).
+        ttft_p99: status
+            .recent
+            .as_ref()
+            .map(|r| r.ttft_seconds.p99)
+            .unwrap_or_else(|| status.window.as_ref().and_then(|w| w.ttft_seconds.p99))
             .filter(|s| s.is_finite() && *s >= 0.0)
             .map(Duration::from_secs_f64),
         fresh,
@@ -415,6 +439,17 @@ mod tests {
             "{pooled:?} {own:?}"
         );
         assert!(input.replicas.iter().all(|r| r.ttft_p95 == Some(pooled)));
+        // The p99 the SLO guard may read instead is pooled over the same first tokens.
+        let p99 = hist(&[(0.1, 96.0), (1.0, 102.0), (f64::INFINITY, 102.0)])
+            .quantile(0.99)
+            .unwrap();
+        assert!(
+            input
+                .replicas
+                .iter()
+                .all(|r| { r.ttft_p99.is_some_and(|d| (d.as_secs_f64() - p99).abs() < 1e-9) })
+        );
+        assert!(p99 > pooled.as_secs_f64());
         // A sidecar that reports quantiles but no buckets: no pooling, each keeps its own.
         let mut old = quiet.clone();
         old.recent.as_mut().unwrap().ttft_buckets.clear();

@@ -392,7 +392,8 @@ fn claim(
 }
 
 /// One round of the replica policy as the controller and the simulator take it, on the model's `state`: counts
-/// the round's demand into its cold-start ledger ([`ScaleState::count_demand`]) and its worst TTFT p95 into the
+/// the round's demand into its cold-start ledger ([`ScaleState::count_demand`]) and its worst TTFT at the SLO
+/// guard's percentile into the
 /// trend the SLO guard's look-ahead reads ([`ScaleState::ttft_seen`]), resolves its start from zero (the one
 /// measured this round, else the last, [`ScaleState::cold_start`]), decides the joint policy with the share
 /// rule's default step ([`replica_policy`]) and keeps the claim the round publishes for the model's budget group
@@ -407,7 +408,14 @@ pub fn round(
     now: Timestamp,
 ) -> JointPolicy {
     state.count_demand(policy, &input.demand, now);
-    super::lookahead::note(&mut state.ttft_seen, super::lookahead::trend_sample(input), now);
+    super::lookahead::note(
+        &mut state.ttft_seen,
+        super::lookahead::trend_sample(
+            input,
+            policy.ttft_slo_percentile.for_window(input.ttft_window_count),
+        ),
+        now,
+    );
     let leads = LeadTimes {
         from_zero: state.cold_start(leads.from_zero),
         ..leads
@@ -915,6 +923,7 @@ pub(super) mod tests {
             waiting,
             running: Some(3),
             ttft_p95: Some(Duration::from_millis(2_000)),
+            ttft_p99: None,
             fresh: true,
         };
         let input = |waiting: Vec<Option<u32>>, held| {

@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use super::{ScaleInput, Timestamp};
+use super::{ScaleInput, SloPercentile, Timestamp};
 
 /// How far back the trend is read: the sidecar's latency window (`--latency-window`, 1 minute), so the slope
 /// compares two windows that overlap by no more than half.
@@ -38,12 +38,13 @@ pub const MIN_FIRST_TOKENS: f64 = 50.0;
 /// At most this many samples are kept (four a minute at the default 15 s sync; a fast caller cannot grow it).
 const MAX_SAMPLES: usize = 64;
 
-/// The p95 this round's trend reads: the worst fresh one, when the windows hold [`MIN_FIRST_TOKENS`].
-pub(crate) fn trend_sample(input: &ScaleInput) -> Option<Duration> {
+/// The percentile this round's trend reads (the SLO guard's, p95 by default): the worst fresh one, when the
+/// windows hold [`MIN_FIRST_TOKENS`].
+pub(crate) fn trend_sample(input: &ScaleInput, pct: SloPercentile) -> Option<Duration> {
     if input.ttft_window_count.unwrap_or(0.0) < MIN_FIRST_TOKENS {
         return None;
     }
-    super::worst_ttft(input)
+    super::worst_ttft(input, pct)
 }
 
 /// Keeps this round's sample (if any) and forgets those older than [`TREND_WINDOW`]: the model's
@@ -158,11 +159,11 @@ mod tests {
             ttft_window_count: Some(MIN_FIRST_TOKENS - 1.0),
             ..ScaleInput::default()
         };
-        assert_eq!(trend_sample(&input), None);
+        assert_eq!(trend_sample(&input, SloPercentile::P95), None);
         input.ttft_window_count = Some(MIN_FIRST_TOKENS);
-        assert_eq!(trend_sample(&input), Some(ms(1700)));
+        assert_eq!(trend_sample(&input, SloPercentile::P95), Some(ms(1700)));
         input.ttft_window_count = None;
-        assert_eq!(trend_sample(&input), None);
+        assert_eq!(trend_sample(&input, SloPercentile::P95), None);
     }
 
     /// However fast a caller ticks, the samples stay bounded; the same instant twice is one sample.

@@ -30,6 +30,7 @@ fn replica(kv: f64) -> ReplicaSignals {
         waiting: Some(0),
         running: Some(1),
         ttft_p95: None,
+        ttft_p99: None,
         fresh: true,
     }
 }
@@ -251,6 +252,50 @@ fn ttft_slo_breach_adds_a_replica_and_blocks_scale_down() {
     assert_eq!(d.reason, ScaleReason::TtftSloBreached);
     // Under the SLO, KV's scale-down goes ahead.
     inp.replicas[1].ttft_p95 = Some(Duration::from_millis(200));
+    assert_eq!(
+        decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
+        1
+    );
+}
+
+/// A guard on the p99 (`ttftSloPercentile: 99`) fires where the p95 is under the SLO and the slowest 1% are over
+/// it, says which percentile it read, and a p95 guard over the same window does not; over a window of under
+/// a hundred first tokens it reads the p95; with no p99 reported (a sidecar that does not send it) the p99 guard
+/// reads nothing and holds nothing.
+#[test]
+fn a_guard_on_the_p99_sees_the_slowest_one_percent() {
+    let mut policy = kv_policy(1, 10);
+    policy.behavior.scale_down.stabilization_window = Duration::ZERO;
+    policy.ttft_slo = Some(Duration::from_millis(500));
+    let mut inp = input(&[0.1, 0.1]);
+    for r in &mut inp.replicas {
+        r.ttft_p95 = Some(Duration::from_millis(300));
+        r.ttft_p99 = Some(Duration::from_millis(900));
+    }
+    let d = decide(&inp, &policy, &ScaleState::default(), secs(0));
+    assert_eq!((d.desired_replicas, d.reason), (1, ScaleReason::ScaleDown));
+    policy.ttft_slo_percentile = SloPercentile::P99;
+    let d = decide(&inp, &policy, &ScaleState::default(), secs(0));
+    assert_eq!((d.desired_replicas, d.reason), (3, ScaleReason::TtftSloBreached));
+    assert!(
+        d.message.starts_with("p99 time to first token 0.900s"),
+        "{}",
+        d.message
+    );
+    // Over a window of fewer than a hundred first tokens the p99 is one request: the guard reads the p95.
+    inp.ttft_window_count = Some(P99_MIN_FIRST_TOKENS - 1.0);
+    assert_eq!(
+        decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
+        1
+    );
+    inp.ttft_window_count = Some(P99_MIN_FIRST_TOKENS);
+    assert_eq!(
+        decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
+        3
+    );
+    for r in &mut inp.replicas {
+        r.ttft_p99 = None;
+    }
     assert_eq!(
         decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
         1
@@ -583,6 +628,7 @@ fn arb_replica() -> impl Strategy<Value = ReplicaSignals> {
             waiting,
             running,
             ttft_p95: ttft.map(Duration::from_millis),
+            ttft_p99: ttft.map(|t| Duration::from_millis(t + t / 4)),
             fresh,
         })
 }

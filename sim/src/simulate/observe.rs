@@ -110,7 +110,7 @@ pub fn sidecar_status<'a>(
     let recent = last.and_then(|last| {
         let first = inputs::window_start(scrapes, |s| s.at, last.at, latency_window)?;
         (last.at > first.at).then(|| {
-            // The window's observations, once: its p95 as the sidecar computes it, and its buckets, which the
+            // The window's observations, once: its p95 and p99 as the sidecar computes them, and its buckets, which the
             // controller pools over the model's replicas.
             let window = last.ttft.to_cumulative().delta(&first.ttft.to_cumulative());
             RecentLatency {
@@ -119,6 +119,7 @@ pub fn sidecar_status<'a>(
                 end: last.at,
                 ttft_seconds: Quantiles {
                     p95: inputs::window_ttft_p95(&window, None).map(|d| d.as_secs_f64()),
+                    p99: inputs::window_ttft_quantile(&window, None, 0.99).map(|d| d.as_secs_f64()),
                     ..Quantiles::default()
                 },
                 ttft_buckets: RecentLatency::ttft_buckets_of(&window),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use tessera_core::scale::coldstart;
+use tessera_core::scale::{SloPercentile, coldstart};
 
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::formats::{self, Format};
@@ -293,6 +293,10 @@ pub struct ModelFile {
     /// this fast (the sidecar's `--itl-slo`). Not part of the report's attainment, which is TTFT's.
     #[serde(default, with = "humantime_serde")]
     pub slo_itl: Option<Duration>,
+    /// Tessera: which percentile of the time to first token its SLO guard holds under `slo_ttft`, 95 (default) or
+    /// 99 (the InferenceAutoscaler's `ttftSloPercentile`). The report's attainment does not depend on it.
+    #[serde(default)]
+    pub ttft_slo_percentile: Option<u32>,
     /// Fewest replicas (Tessera; 0 allows scale to zero). The baselines keep at least one.
     #[serde(default = "one")]
     pub min_replicas: u32,
@@ -584,6 +588,13 @@ impl ScenarioFile {
             if m.slo_ttft.is_zero() {
                 p.push(format!("{at}.slo_ttft must be above 0 (e.g. `2s`)"));
             }
+            if let Some(n) = m.ttft_slo_percentile
+                && SloPercentile::from_number(n).is_none()
+            {
+                p.push(format!(
+                    "{at}.ttft_slo_percentile must be 95 or 99 (the percentiles the sidecar reports), got {n}"
+                ));
+            }
             if m.slo_itl.is_some_and(|d| d.is_zero()) {
                 p.push(format!(
                     "{at}.slo_itl must be above 0 (e.g. `100ms`), or left out for no objective"
@@ -699,6 +710,8 @@ pub struct ModelSetup {
     pub slo_ttft: f64,
     /// Inter-token latency objective, seconds (Tessera's compute share only).
     pub slo_itl: Option<f64>,
+    /// The percentile Tessera's SLO guard holds under `slo_ttft`.
+    pub ttft_slo_percentile: SloPercentile,
     /// Tessera's lowest replica count.
     pub min_replicas: u32,
     /// Highest replica count.
@@ -895,6 +908,11 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             max_model_len: m.max_model_len,
             slo_ttft: m.slo_ttft.as_secs_f64(),
             slo_itl: m.slo_itl.map(|d| d.as_secs_f64()),
+            // Checked above: a number other than 95 or 99 never gets here.
+            ttft_slo_percentile: m
+                .ttft_slo_percentile
+                .and_then(SloPercentile::from_number)
+                .unwrap_or_default(),
             min_replicas: m.min_replicas,
             max_replicas: m.max_replicas,
             targets: m.targets.clone(),
@@ -1113,6 +1131,28 @@ models:
             err.contains("cold_start_budget_group must be 1-63 lowercase letters"),
             "{err}"
         );
+        // A guard percentile the sidecar does not report; the two it does resolve.
+        let at = |n: &str| {
+            MINIMAL.replace(
+                "slo_ttft: 2s",
+                &format!("slo_ttft: 2s\n    ttft_slo_percentile: {n}"),
+            )
+        };
+        let f = ScenarioFile::parse(&at("90"), "m.yaml").unwrap();
+        let err = resolve(&f, "m.yaml", None).unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "ttft_slo_percentile must be 95 or 99 (the percentiles the sidecar reports), got 90"
+            ),
+            "{err}"
+        );
+        for (n, want) in [("95", SloPercentile::P95), ("99", SloPercentile::P99)] {
+            let f = ScenarioFile::parse(&at(n), "m.yaml").unwrap();
+            assert_eq!(
+                resolve(&f, "m.yaml", None).unwrap().models[0].ttft_slo_percentile,
+                want
+            );
+        }
         let err = ScenarioFile::parse(&MINIMAL.replace("slo_ttft", "slo_tft"), "m.yaml")
             .unwrap_err()
             .to_string();

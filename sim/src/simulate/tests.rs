@@ -21,6 +21,7 @@ fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
         max_model_len: Some(16_384),
         slo_ttft: 5.0,
         slo_itl: None,
+        ttft_slo_percentile: Default::default(),
         min_replicas,
         max_replicas,
         targets: TargetsFile {

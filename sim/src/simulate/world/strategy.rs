@@ -155,6 +155,7 @@ pub(super) fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePoli
                 cold_start_budget_group: m.cold_start_budget_group.clone(),
             }),
             ttft_slo: Some(Duration::from_secs_f64(m.slo_ttft)),
+            ttft_slo_percentile: m.ttft_slo_percentile,
             ..ScalePolicy::default()
         }),
     }
