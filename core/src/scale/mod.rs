@@ -210,11 +210,12 @@ impl SloPercentile {
         }
     }
 
-    /// This percentile of one replica's signals.
+    /// This percentile of one replica's signals. A replica that reports no p99 (a sidecar that does not send
+    /// it) gives its p95: a guard asked to be stricter never ends up with no guard.
     pub fn of(self, r: &ReplicaSignals) -> Option<Duration> {
         match self {
             Self::P95 => r.ttft_p95,
-            Self::P99 => r.ttft_p99,
+            Self::P99 => r.ttft_p99.or(r.ttft_p95),
         }
     }
 }

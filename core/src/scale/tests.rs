@@ -260,8 +260,8 @@ fn ttft_slo_breach_adds_a_replica_and_blocks_scale_down() {
 
 /// A guard on the p99 (`ttftSloPercentile: 99`) fires where the p95 is under the SLO and the slowest 1% are over
 /// it, says which percentile it read, and a p95 guard over the same window does not; over a window of under
-/// a hundred first tokens it reads the p95; with no p99 reported (a sidecar that does not send it) the p99 guard
-/// reads nothing and holds nothing.
+/// 50 first tokens it reads the p95, and so it does for a replica that reports no p99 (a sidecar that does not
+/// send it): a stricter guard never becomes no guard.
 #[test]
 fn a_guard_on_the_p99_sees_the_slowest_one_percent() {
     let mut policy = kv_policy(1, 10);
@@ -282,7 +282,7 @@ fn a_guard_on_the_p99_sees_the_slowest_one_percent() {
         "{}",
         d.message
     );
-    // Over a window of fewer than a hundred first tokens the p99 is one request: the guard reads the p95.
+    // Over a window of fewer than 50 first tokens the p99 is about the slowest request: the guard reads the p95.
     inp.ttft_window_count = Some(P99_MIN_FIRST_TOKENS - 1.0);
     assert_eq!(
         decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
@@ -293,6 +293,7 @@ fn a_guard_on_the_p99_sees_the_slowest_one_percent() {
         decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
         3
     );
+    // A sidecar that sends no p99: the guard reads its p95 rather than nothing.
     for r in &mut inp.replicas {
         r.ttft_p99 = None;
     }
@@ -300,6 +301,9 @@ fn a_guard_on_the_p99_sees_the_slowest_one_percent() {
         decide(&inp, &policy, &ScaleState::default(), secs(0)).desired_replicas,
         1
     );
+    inp.replicas[0].ttft_p95 = Some(Duration::from_millis(700));
+    let d = decide(&inp, &policy, &ScaleState::default(), secs(0));
+    assert_eq!((d.desired_replicas, d.reason), (3, ScaleReason::TtftSloBreached));
 }
 
 /// The guard looks a lead time ahead: a p95 under the SLO but rising 10 ms a second, with a replica taking 34 s to
