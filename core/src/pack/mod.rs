@@ -11,10 +11,13 @@
 //! - [`pack_offline`] packs a whole set at once (Minimum Bin Slack with an exact per-GPU subset-sum, plus a
 //!   best-fit-decreasing fallback), for capacity planning and the `tessera pack` benchmark.
 //! - [`lower_bound_l2`] is the Martello–Toth L2 bound, to say how far from optimal a packing can be.
+//! - [`Packer::place_beside_sleeping`] places a replica beside sleeping pods (vLLM sleep mode): their room is lent
+//!   only where the alternative is opening a GPU.
 
 mod bounds;
 pub mod consolidate;
 mod offline;
+mod sleeping;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

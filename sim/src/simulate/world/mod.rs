@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use tessera_core::pack::consolidate::{self, Candidate, ModelPlacement, MoveStep, PoolStep};
-use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, Placement, ReplicaRequest};
+use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
 use tessera_core::scale::inputs;
 use tessera_core::scale::joint::{self, LatencyOwner, ShareRoom};
@@ -659,10 +659,20 @@ impl<'a> World<'a> {
             }
             let g = match woke {
                 Some((g, _)) => g,
-                None => place(packer, &self.sleepers, request).map_err(|source| SimError::Pack {
-                    model: setup.name.clone(),
-                    source,
-                })?,
+                // A sleeping pod's room is lent only where the alternative is opening a GPU (`core::pack`).
+                None => {
+                    let sleeping = self.sleepers.iter().map(|(m, (g, share))| {
+                        let mut share = share.clone();
+                        share.id = format!("asleep/{m}");
+                        (*g, share)
+                    });
+                    packer
+                        .place_beside_sleeping(request, sleeping)
+                        .map_err(|source| SimError::Pack {
+                            model: setup.name.clone(),
+                            source,
+                        })?
+                }
             };
             self.gpu_empty_since.remove(&g);
             placed = Some(g);
@@ -1022,83 +1032,7 @@ impl<'a> World<'a> {
     }
 }
 
-/// Places a new replica, lending sleeping pods' room only where the alternative is opening a GPU: first with
-/// every sleeping pod's share held where it still fits, then, if no GPU has room that way, as the packer would
-/// with that room free. Taking a sleeping pod's room turns its next wake into a cold start (`World::sleepers`).
-fn place(
-    packer: &mut Packer,
-    sleepers: &BTreeMap<usize, (GpuId, ReplicaRequest)>,
-    request: ReplicaRequest,
-) -> Result<GpuId, PackError> {
-    if sleepers.is_empty() {
-        return packer.place_or_open(request).map(|(g, _)| g);
-    }
-    let held: Vec<String> = sleepers
-        .iter()
-        .filter_map(|(m, (g, share))| {
-            let mut share = share.clone();
-            share.id = format!("asleep/{m}");
-            let id = share.id.clone();
-            packer.assign(*g, share).is_ok().then_some(id)
-        })
-        .collect();
-    let placed = packer.place(request.clone());
-    for id in &held {
-        packer.remove(id);
-    }
-    match placed? {
-        Placement::Gpu { gpu, .. } => Ok(gpu),
-        Placement::NoRoom(_) => packer.place_or_open(request).map(|(g, _)| g),
-    }
-}
-
 /// Virtual seconds as the milliseconds the activator's documents and the decision's timestamps carry.
 fn secs_to_ms(secs: f64) -> u64 {
     (secs * 1000.0).round().max(0.0) as u64
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    /// Two GPUs of 10,000 MiB (no headroom): GPU 0 holds 5,000 MiB and a sleeping pod's 4,000 lent, GPU 1 holds
-    /// `other` MiB.
-    fn pool(other: u64) -> (Packer, BTreeMap<usize, (GpuId, ReplicaRequest)>, GpuId, GpuId) {
-        let mut p = Packer::new(GpuShape::new(10_000, 0).unwrap());
-        let (g0, g1) = (p.add_gpu(), p.add_gpu());
-        p.assign(g0, ReplicaRequest::new("a-0", "a", 100, 5_000)).unwrap();
-        p.assign(g1, ReplicaRequest::new("b-0", "b", 100, other)).unwrap();
-        let asleep = BTreeMap::from([(0, (g0, ReplicaRequest::new("tool-3", "tool", 100, 4_000)))]);
-        (p, asleep, g0, g1)
-    }
-
-    /// A new replica goes where it fits with the sleeping pod's share held, although the lent room is the better
-    /// fit (best fit alone would pick GPU 0), so the sleeping pod can still wake.
-    #[test]
-    fn a_new_replica_leaves_a_sleeping_pods_room_where_another_gpu_has_some() {
-        let (mut p, asleep, g0, g1) = pool(4_000);
-        let g = place(&mut p, &asleep, ReplicaRequest::new("c-0", "c", 100, 3_000)).unwrap();
-        assert_eq!(g, g1);
-        assert!(
-            p.gpu(g0).unwrap().fits(&asleep[&0].1, p.shape()),
-            "the sleeping pod's room is left"
-        );
-        // Nothing of the held share stays behind.
-        assert_eq!(p.replica_count(), 3);
-    }
-
-    /// Where the alternative is opening a GPU, the lent room is taken (the sleeping pod will start cold).
-    #[test]
-    fn a_new_replica_takes_lent_room_rather_than_open_a_gpu() {
-        let (mut p, asleep, g0, _) = pool(7_000);
-        let g = place(&mut p, &asleep, ReplicaRequest::new("c-0", "c", 100, 4_500)).unwrap();
-        assert_eq!(g, g0);
-        assert_eq!(p.gpus().count(), 2, "no GPU opened");
-        assert!(!p.gpu(g0).unwrap().fits(&asleep[&0].1, p.shape()));
-        // And where not even the lent room holds it, a GPU opens.
-        let g = place(&mut p, &asleep, ReplicaRequest::new("d-0", "d", 100, 8_000)).unwrap();
-        assert_eq!(p.gpus().count(), 3);
-        assert_eq!(p.gpu(g).unwrap().replicas_of("d"), 1);
-    }
 }
