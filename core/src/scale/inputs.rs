@@ -19,7 +19,7 @@ use std::time::Duration;
 use super::{Demand, ReplicaSignals, ScaleInput, Timestamp};
 use crate::metrics::Histogram;
 use crate::wire::activator::{ActivatorStats, request_rate};
-use crate::wire::sidecar::{RecentLatency, SidecarStatus};
+use crate::wire::sidecar::{Quantiles, RecentLatency, SidecarStatus};
 
 /// The sidecar's default `--latency-window`: the `recent` TTFT p95 the SLO guard reads covers about a sync
 /// period of scrapes, so an excursion stops counting soon after the replicas it called for are up.
@@ -179,27 +179,24 @@ pub fn replica_signals(status: &SidecarStatus, max_age: Duration) -> ReplicaSign
     let age = status.generated_at - latest.at;
     let fresh = status.vllm_up && !status.stale && age.is_finite() && age <= max_age.as_secs_f64();
     let count = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0).map(|x| x.round() as u32);
+    // The short window (about a sync period) when the sidecar has one: over the 10-minute window one excursion
+    // keeps the SLO guard firing long after new replicas are up. Older sidecars: the long window.
+    let ttft = |pick: fn(&Quantiles) -> Option<f64>| {
+        status
+            .recent
+            .as_ref()
+            .map(|r| pick(&r.ttft_seconds))
+            .unwrap_or_else(|| status.window.as_ref().and_then(|w| pick(&w.ttft_seconds)))
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+    };
     ReplicaSignals {
         kv_cache_usage: latest.kv_cache_usage_ratio.filter(|x| x.is_finite()),
         waiting: count(latest.requests_waiting),
         running: count(latest.requests_running),
-        // The short window (about a sync period) when the sidecar has one: over the 10-minute window one
-        // excursion keeps the SLO guard firing long after new replicas are up. Older sidecars: the long window.
-        ttft_p95: status
-            .recent
-            .as_ref()
-            .map(|r| r.ttft_seconds.p95)
-            .unwrap_or_else(|| status.window.as_ref().and_then(|w| w.ttft_seconds.p95))
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64),
+        ttft_p95: ttft(|q| q.p95),
         // The same window's p99, for a guard on it (`SloPercentile::P99`).
-        ttft_p99: status
-            .recent
-            .as_ref()
-            .map(|r| r.ttft_seconds.p99)
-            .unwrap_or_else(|| status.window.as_ref().and_then(|w| w.ttft_seconds.p99))
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64),
+        ttft_p99: ttft(|q| q.p99),
         fresh,
     }
 }
