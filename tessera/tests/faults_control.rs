@@ -237,8 +237,9 @@ impl Drop for Proc {
 
 /// `tessera autoscaler` against `api` (through `server`, which may be a proxy in front of it), deciding every
 /// second, with a short lease so elections play out in seconds; returns it once it serves its metrics, with their
-/// port. The port comes from `free_port`, which a listener of a test running beside this one can take before the
-/// controller binds it; the controller then exits on the bind error, and is started again on another port.
+/// port. Should its port be taken before it binds (`free_port` picks outside the ephemeral range, but anything
+/// else on the machine may still bind it), the controller exits on the bind error and is started again on
+/// another port.
 async fn controller(identity: &str, dir: &tempfile::TempDir, server: SocketAddr) -> (Proc, u16) {
     for _ in 0..5 {
         let port = support::free_port();

@@ -142,13 +142,36 @@ impl Tessera {
     }
 }
 
-/// A port that was free a moment ago, for a server that must come up later on a known address.
+/// A port that is free now, for a server that must come up later on a known address. It is picked below the
+/// kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`), where every `127.0.0.1:0` bind lands, and
+/// never handed out twice by this process: a port from the ephemeral range (what `bind(0)` gives) could go to a
+/// listener of a test running beside this one before the child binds it (seen once: a controller that exited at
+/// start on its metrics port). Each process starts its walk at a place of its own, so two test binaries running at
+/// once seldom meet, and a port something else holds fails the bind check and is skipped.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .expect("local address")
-        .port()
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    const FLOOR: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|&low| low > FLOOR + 1_000)
+        .unwrap_or(32_768);
+    let span = ephemeral_low - FLOOR;
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    for i in 0..span {
+        let port = u16::try_from(FLOOR + (start + i) % span).expect("below the ephemeral range");
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port between {FLOOR} and {ephemeral_low} on 127.0.0.1");
 }
 
 /// Sends SIGTERM to `child` (through `kill`, which every test machine has).
