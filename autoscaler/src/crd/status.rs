@@ -1,0 +1,257 @@
+//! What the controller writes back to an `InferenceAutoscaler`: its status, the allocation in force, and the copy of
+//! the cold-start ledger a new leader resumes from.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tessera_core::scale::{self, Timestamp, coldstart};
+
+/// What the controller observed and decided.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InferenceAutoscalerStatus {
+    /// The spec generation this status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The scaled workload as `Kind/name` (the TARGET column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Replicas the target had at the last reconcile.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Ready replicas at the last reconcile.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Replicas the controller wants.
+    #[serde(default)]
+    pub desired_replicas: i32,
+    /// When the controller last changed the replica count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_time: Option<Time>,
+    /// The signal that asked for the most replicas (the SIGNAL column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leading_signal: Option<String>,
+    /// Why the last decision came out as it did (a stable snake_case label, e.g. `scale_up`, `stabilizing`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_decision_reason: Option<String>,
+    /// What held the replica count in the last decision, in the joint policy's words (a stable snake_case label):
+    /// `ttft_objective` (the SLO guard), `ttft_target`, `prefill` (the TTFT target over with nothing queued),
+    /// `kv_cache`, `queue`, `request_rate`, `burst` (panic mode), `stabilization_window`, `rate_limit`,
+    /// `cold_start` (a warm floor: a start from zero would miss the TTFT objective), `min_replicas`,
+    /// `max_replicas`, `missing_metrics`, `scale_to_zero` or `none`. The `ScalingActive` message says the rest,
+    /// with what the next unit of capacity would cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<String>,
+    /// Current value, target and proposal of each configured signal.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub current_metrics: Vec<SignalStatus>,
+    /// AbleToScale, ScalingActive, ScalingLimited (as HPA) and Valid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The GPU memory and compute the replicas need, from their sidecars.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recommendation: Option<RecommendationStatus>,
+    /// The allocation in force (what the webhook gives new pods under `updateMode: Initial`/`Recreate`), the
+    /// candidate settling towards it, and the last roll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<AllocationStatus>,
+    /// How the model is used, from what its sidecars observed over their window: `interactive` (steady traffic,
+    /// a latency objective), `batch` (steady, none), `bursty` (requests in under half of the window), `idle` (none,
+    /// or scaled to zero) or `unknown` (the CLASS column of `kubectl get ias -o wide`). For people: no decision
+    /// reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_class: Option<String>,
+    /// Why the workload class is what it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_class_reason: Option<String>,
+    /// The controller's copy of the model's last day of demand, for `scaleToZero.coldStartMissBudget`: a
+    /// restarted controller or a new leader resumes from it instead of keeping the warm floor for an hour. Written
+    /// at most once a minute, and only when requests arrived or a cold start was measured. Not for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_start_ledger: Option<ColdStartLedgerStatus>,
+}
+
+/// A compact copy of a model's cold-start ledger (`tessera_core::scale::coldstart::checkpoint`): the syncs a cold
+/// start reaches after each would-be wake exactly, the rest in five-minute buckets.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ColdStartLedgerStatus {
+    /// The last sync counted, Unix milliseconds.
+    #[schemars(range(min = 0))]
+    pub taken_at_unix_ms: i64,
+    /// The last request the activators had seen then, Unix milliseconds.
+    #[schemars(range(min = 0))]
+    pub last_request_at_unix_ms: i64,
+    /// The activators' request counters then, added up.
+    #[schemars(range(min = 0))]
+    pub requests_total: i64,
+    /// The last cold start measured (creation to Ready of the fastest pod), milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub cold_start_ms: Option<i64>,
+    /// Oldest first: `[milliseconds before takenAt, requests]` per sync or bucket, and
+    /// `[milliseconds before takenAt, requests, milliseconds the model would have spent at zero before it]` for a
+    /// request after an idle spell of `idleAfter` (a cold start the model would have paid at zero).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub samples: Vec<Vec<i64>>,
+}
+
+impl ColdStartLedgerStatus {
+    /// The status form of a copy.
+    pub fn from_checkpoint(c: &coldstart::LedgerCheckpoint) -> Self {
+        let ms = |t: Timestamp| i64::try_from(t.as_millis()).unwrap_or(i64::MAX);
+        let dur = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        ColdStartLedgerStatus {
+            taken_at_unix_ms: ms(c.taken_at),
+            last_request_at_unix_ms: ms(c.last_request_at),
+            requests_total: count(c.requests_total),
+            cold_start_ms: c.cold_start.map(dur),
+            samples: c
+                .samples
+                .iter()
+                .map(|s| {
+                    let mut v = vec![dur(c.taken_at.since(s.at)), count(s.requests)];
+                    v.extend(s.at_zero.map(dur));
+                    v
+                })
+                .collect(),
+        }
+    }
+
+    /// The model's state resumed from this copy ([`scale::ScaleState::resume`]), or what is wrong with the copy.
+    pub fn resume(&self, now: Timestamp) -> Result<scale::ScaleState, String> {
+        let copy = self.to_checkpoint()?;
+        scale::ScaleState::resume(&copy, now).map_err(|e| e.to_string())
+    }
+
+    /// The copy this status holds, or what is wrong with it (a field edited by hand, or written by another
+    /// version).
+    pub fn to_checkpoint(&self) -> Result<coldstart::LedgerCheckpoint, String> {
+        let non_negative =
+            |v: i64, what: &str| u64::try_from(v).map_err(|_| format!("{what} is negative ({v})"));
+        let taken_at = Timestamp::from_millis(non_negative(self.taken_at_unix_ms, "takenAtUnixMs")?);
+        let samples = self
+            .samples
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let field = |j: usize, what: &str| non_negative(v[j], &format!("samples[{i}] {what}"));
+                if !(2..=3).contains(&v.len()) {
+                    return Err(format!("samples[{i}] has {} numbers, not 2 or 3", v.len()));
+                }
+                let before = Duration::from_millis(field(0, "milliseconds before takenAt")?);
+                Ok(coldstart::CheckpointSample {
+                    at: taken_at.minus(before),
+                    requests: field(1, "requests")?,
+                    at_zero: match v.get(2) {
+                        Some(_) => Some(Duration::from_millis(field(2, "milliseconds at zero")?)),
+                        None => None,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(coldstart::LedgerCheckpoint {
+            taken_at,
+            last_request_at: Timestamp::from_millis(non_negative(
+                self.last_request_at_unix_ms,
+                "lastRequestAtUnixMs",
+            )?),
+            requests_total: non_negative(self.requests_total, "requestsTotal")?,
+            cold_start: self
+                .cold_start_ms
+                .map(|c| non_negative(c, "coldStartMs").map(Duration::from_millis))
+                .transpose()?,
+            samples,
+        })
+    }
+}
+
+/// One replica's GPU allocation, as written in status.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationValues {
+    /// GPU memory per replica, MiB.
+    #[serde(rename = "gpuMemoryMiB")]
+    pub gpu_memory_mib: i64,
+    /// Compute share per replica, 0–1.
+    pub compute_fraction: f64,
+    /// `--kv-cache-memory-bytes` for vLLM, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory_bytes: Option<i64>,
+    /// `--gpu-memory-utilization` for vLLM, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_utilization: Option<f64>,
+}
+
+/// What is in force, what is settling, and the last roll (`gpu.updateMode`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationStatus {
+    /// The allocation new pods get; absent while nothing is in force (no stable recommendation, nothing fixed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_force: Option<AllocationValues>,
+    /// Why it is in force (`stable`, `urgent_growth`, `policy_fixed`, `settling`, `no_recommendation`).
+    pub reason: String,
+    /// The latest recommendation and since when it has been stable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<AllocationValues>,
+    /// When the candidate last moved by more than the tolerance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_since: Option<Time>,
+    /// Since when running pods have drifted from the allocation in force (`Recreate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_since: Option<Time>,
+    /// The hash written on the pod template by the last roll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    /// When the last roll started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_roll_time: Option<Time>,
+    /// Why the last roll happened, or why the controller holds (`roll_*` / `hold_*` labels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roll_reason: Option<String>,
+}
+
+/// One signal's state.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SignalStatus {
+    /// The signal's spec field name, e.g. `kvCacheUtilization`.
+    pub name: String,
+    /// Current per-replica value (seconds for TTFT); absent when no replica reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<f64>,
+    /// The target (seconds for TTFT).
+    pub target: f64,
+    /// Replicas this signal alone asks for; absent when it could not be computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposed_replicas: Option<i32>,
+    /// Replicas whose data went into `current`.
+    #[serde(default)]
+    pub reporting_replicas: i32,
+}
+
+/// GPU sizing for the model's replicas (the largest need across replicas).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecommendationStatus {
+    /// KV cache bytes to give vLLM (`--kv-cache-memory-bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_memory_bytes: Option<i64>,
+    /// The equivalent `--gpu-memory-utilization`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_utilization: Option<f64>,
+    /// GPU memory per replica, MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "gpuMemoryMiB")]
+    pub gpu_memory_mib: Option<i64>,
+    /// Compute share per replica, 0–1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_fraction: Option<f64>,
+    /// Why, in words.
+    pub reason: String,
+}
