@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::{Demand, ReplicaSignals, ScaleInput, Timestamp};
+use super::{Demand, ReplicaSignals, ScaleInput, SloPercentile, Timestamp};
 use crate::metrics::Histogram;
 use crate::wire::activator::{ActivatorStats, request_rate};
 use crate::wire::sidecar::{Quantiles, RecentLatency, SidecarStatus};
@@ -106,8 +106,8 @@ pub fn scale_input(
         .sum();
     if let Some(pooled) = pooled_ttft(fresh) {
         let (p95, p99) = (
-            window_ttft_quantile(&pooled, None, 0.95),
-            window_ttft_quantile(&pooled, None, 0.99),
+            window_ttft_quantile(&pooled, None, SloPercentile::P95.quantile()),
+            window_ttft_quantile(&pooled, None, SloPercentile::P99.quantile()),
         );
         for r in replicas.iter_mut().filter(|r| r.fresh) {
             r.ttft_p95 = p95;

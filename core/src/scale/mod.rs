@@ -13,9 +13,8 @@
 //! 2. **Maximum over signals**; if any configured signal could not be computed at all, no scale-down this round
 //!    (HPA skips scale-down when a metric fails).
 //! 3. **TTFT SLO guard**: when a fresh replica's p95 (or p99: [`SloPercentile`]) time to first token is over
-//!    `ttft_slo`, ask for one more
-//!    replica and never scale down; while replicas asked for earlier are still starting (`current > ready`), hold
-//!    instead of asking again. The guard's own step never enters panic mode. The caller should feed it a p95 over a
+//!    `ttft_slo`, ask for one more replica and never scale down; while replicas asked for earlier are still
+//!    starting (`current > ready`), hold instead of asking again. The guard's own step never enters panic mode. The caller should feed it a p95 over a
 //!    window about as long as its sync period (the sidecar's `recent` window), not the recommendation's 10 minutes.
 //! 4. **Scale to zero** only when the policy allows it (`min_replicas == 0` and `scale_to_zero` set), nothing has
 //!    arrived for `idle_after`, and nothing is in flight or queued anywhere. **From zero**, any demand gives at least
@@ -123,7 +122,8 @@ pub struct ScalePolicy {
     pub behavior: Behavior,
     /// Knative-style panic mode; `None` disables it.
     pub panic: Option<PanicMode>,
-    /// Time-to-first-token service level: p95 over it on any fresh replica blocks scale-down and asks for one more.
+    /// Time-to-first-token service level: the p95 (or `ttft_slo_percentile`) over it on any fresh replica blocks
+    /// scale-down and asks for one more.
     pub ttft_slo: Option<Duration>,
     /// Which percentile of the time to first token the SLO guard holds under `ttft_slo` (p95 unless asked).
     pub ttft_slo_percentile: SloPercentile,
@@ -151,8 +151,9 @@ impl Default for ScalePolicy {
     }
 }
 
-/// First tokens a window must hold before a guard on the p99 reads its p99 ([`SloPercentile::for_window`]); the
-/// same gate as the look-ahead's trend ([`lookahead::MIN_FIRST_TOKENS`]).
+/// First tokens a window must hold before a guard on the p99 reads its p99 ([`SloPercentile::for_window`]). It is
+/// the look-ahead's own gate ([`lookahead::MIN_FIRST_TOKENS`]) on purpose: the trend takes a sample only over as
+/// many, so under a p99 guard every sample it keeps is a p99, and a slope never comes from a p95 followed by a p99.
 pub const P99_MIN_FIRST_TOKENS: f64 = lookahead::MIN_FIRST_TOKENS;
 
 /// The percentile of the model's time to first token that the SLO guard holds under `ttft_slo`

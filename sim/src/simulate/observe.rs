@@ -13,7 +13,7 @@ use std::time::Duration;
 use tessera_core::recommend::{NotYetCode, Outcome};
 use tessera_core::scale::inputs::{self, ActivatorSample};
 use tessera_core::scale::joint::ShareRoom;
-use tessera_core::scale::{ScaleDecision, ScalePolicy, ScaleState};
+use tessera_core::scale::{ScaleDecision, ScalePolicy, ScaleState, SloPercentile};
 use tessera_core::wire::activator::{ActivatorStats, ModelStats};
 use tessera_core::wire::sidecar::{
     GpuStatus, Quantiles, RecentLatency, RecommendationStatus, SCHEMA_VERSION, ScrapeStatus, SidecarStatus,
@@ -119,7 +119,8 @@ pub fn sidecar_status<'a>(
                 end: last.at,
                 ttft_seconds: Quantiles {
                     p95: inputs::window_ttft_p95(&window, None).map(|d| d.as_secs_f64()),
-                    p99: inputs::window_ttft_quantile(&window, None, 0.99).map(|d| d.as_secs_f64()),
+                    p99: inputs::window_ttft_quantile(&window, None, SloPercentile::P99.quantile())
+                        .map(|d| d.as_secs_f64()),
                     ..Quantiles::default()
                 },
                 ttft_buckets: RecentLatency::ttft_buckets_of(&window),
