@@ -5,6 +5,9 @@
 //! - `decide/empty_state`: 8 replicas, all four signals, TTFT guard and panic mode on, no history;
 //! - `decide/history_300`: the same input with a full 300 s scale-down window of history at 1 s ticks (300
 //!   recommendations and 20 scale events), the worst case the windows and rate limits walk;
+//! - `decide/history_300/guard_p99`: the same with the SLO guard on the p99 (`ttftSloPercentile: 99`);
+//! - `scale_input/8_windows_pooled`: the controller reading eight sidecars' documents, their one-minute TTFT
+//!   windows pooled into the model's p95 and p99;
 //! - `decide_and_record/history_300`: the simulator's per-tick pair, `decide` then `ScaleState::record`;
 //! - `coldstart/*`: a budgeted model's day-long ledger (5,760 syncs at 15 s, bursty): `evidence`, which every
 //!   round of such a model reads, beside what keeping a copy in the status costs the controller — `checkpoint`
@@ -17,8 +20,9 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use tessera_core::scale::{
     Demand, PanicMode, Recommendation, ReplicaSignals, ScaleEvent, ScaleInput, ScalePolicy, ScaleState,
-    ScaleToZero, Targets, Timestamp, decide,
+    ScaleToZero, SloPercentile, Targets, Timestamp, decide, inputs,
 };
+use tessera_core::wire::sidecar::SidecarStatus;
 
 fn policy() -> ScalePolicy {
     ScalePolicy {
@@ -35,6 +39,39 @@ fn policy() -> ScalePolicy {
         ttft_slo: Some(Duration::from_secs(2)),
         ..ScalePolicy::default()
     }
+}
+
+/// Eight sidecars' `/v1/status` documents, each with a one-minute window of first tokens in vLLM's default TTFT
+/// buckets (what the controller pools into the model's p95 and p99).
+fn sidecar_docs() -> Vec<SidecarStatus> {
+    let bounds = [
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+        40.0, 80.0, 160.0, 640.0, 2560.0,
+    ];
+    (0..8u32)
+        .map(|i| {
+            let buckets: Vec<serde_json::Value> = bounds
+                .iter()
+                .map(|&le: &f64| {
+                    let n = (40.0 * (le / (0.3 + f64::from(i) * 0.05)).min(1.0)).round();
+                    serde_json::json!({"le": le, "cumulative": n})
+                })
+                .chain([serde_json::json!({"le": "+Inf", "cumulative": 40.0})])
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
+                "ready": true, "stale": false,
+                "scrape": {"interval_secs": 5.0, "successes_total": 200},
+                "latest": {"at": 999.0, "kv_cache_usage_ratio": 0.42, "requests_running": 3.0,
+                           "requests_waiting": 1.0},
+                "recent": {"window_secs": 60.0, "start": 940.0, "end": 999.0,
+                           "ttft_seconds": {"p95": 0.4, "p99": 0.5, "count": 40.0},
+                           "ttft_buckets": buckets},
+                "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming"}}
+            }))
+            .expect("a sidecar document")
+        })
+        .collect()
 }
 
 fn input() -> ScaleInput {
@@ -97,7 +134,29 @@ fn bench(c: &mut Criterion) {
     g.bench_function("history_300", |b| {
         b.iter(|| decide(black_box(&input), &policy, &full, now))
     });
+    // The SLO guard on the p99 (`ttftSloPercentile: 99`) beside the p95 above, same input and history.
+    let p99 = ScalePolicy {
+        ttft_slo_percentile: SloPercentile::P99,
+        ..policy.clone()
+    };
+    g.bench_function("history_300/guard_p99", |b| {
+        b.iter(|| decide(black_box(&input), &p99, &full, now))
+    });
     g.finish();
+    // What the SLO guard reads, from the sidecars' documents: the pooled p95 and p99 of eight windows.
+    let docs = sidecar_docs();
+    let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Some).collect();
+    let pooled = inputs::scale_input(8, &read, inputs::MAX_SIGNAL_AGE, Demand::default());
+    assert!(
+        pooled
+            .replicas
+            .iter()
+            .all(|r| r.ttft_p99 > r.ttft_p95 && r.ttft_p95.is_some()),
+        "the documents pool into a p95 and a p99"
+    );
+    c.bench_function("scale_input/8_windows_pooled", |b| {
+        b.iter(|| inputs::scale_input(8, black_box(&read), inputs::MAX_SIGNAL_AGE, Demand::default()))
+    });
     c.bench_function("decide_and_record/history_300", |b| {
         b.iter_batched(
             || full.clone(),
