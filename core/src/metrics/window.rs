@@ -67,7 +67,7 @@ pub struct WindowSummary {
     pub preemptions: Option<f64>,
     pub ttft: Option<Quantiles>,
     /// The TTFT observations of the window itself (bucket counts since the window's start), so several replicas'
-    /// windows can be pooled into the model's quantiles (`core::scale::inputs::pooled_ttft_p95`).
+    /// windows can be pooled into the model's quantiles (`core::scale::inputs::pooled_ttft`).
     pub ttft_histogram: Option<Histogram>,
     pub inter_token_latency: Option<Quantiles>,
     pub e2e_latency: Option<Quantiles>,

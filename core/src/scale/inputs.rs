@@ -39,7 +39,7 @@ pub const ACTIVATOR_MAX_AGE: Duration = Duration::from_secs(5);
 /// replica started, when it is younger than the window), quantile over vLLM's buckets as Prometheus'
 /// `histogram_quantile` does. `None` when nothing was observed in the window.
 pub fn window_ttft_p95(now: &Histogram, window_start: Option<&Histogram>) -> Option<Duration> {
-    window_ttft_quantile(now, window_start, 0.95)
+    window_ttft_quantile(now, window_start, SloPercentile::P95.quantile())
 }
 
 /// [`window_ttft_p95`] at any quantile `q` in (0, 1) (the SLO guard's p99 too).
@@ -72,7 +72,7 @@ pub fn window_start<T>(
 /// ([`demand_from`]).
 ///
 /// The TTFT p95 every fresh replica carries is the model's: the quantile over all its replicas' first tokens in
-/// the window ([`pooled_ttft_p95`]), when every sidecar reports its window's buckets. A mean of per-replica p95s
+/// the window ([`pooled_ttft`]), when every sidecar reports its window's buckets. A mean of per-replica p95s
 /// is biased upward, and more so the more replicas share the traffic: each sees fewer requests, and the p95 of
 /// a small sample is close to its maximum, so adding replicas would raise the signal that asked for them
 /// (measured in the simulator: `docs/simulator.md`, "The model's TTFT p95"). With a sidecar too old to report
@@ -123,16 +123,10 @@ pub fn scale_input(
     }
 }
 
-/// The model's TTFT p95 over `fresh` replicas' short windows, from their buckets added together; `None` when a
-/// window has quantiles but no buckets (a sidecar older than the buckets), when bounds differ, or when no first
-/// token was seen in any window.
-pub fn pooled_ttft_p95<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -> Option<Duration> {
-    window_ttft_p95(&pooled_ttft(fresh)?, None)
-}
-
-/// The model's first tokens in `fresh` replicas' short windows, their buckets added together ([`pooled_ttft_p95`]
-/// says when there is none); `None` also when no first token was seen in any window.
-fn pooled_ttft<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -> Option<Histogram> {
+/// The model's first tokens in `fresh` replicas' short windows, their buckets added together, which its p95 and
+/// p99 are read from; `None` when a window has quantiles but no buckets (a sidecar older than the buckets), when
+/// bounds differ, or when no first token was seen in any window.
+pub fn pooled_ttft<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -> Option<Histogram> {
     let mut pooled: Option<Histogram> = None;
     // A replica too new for a short window adds nothing to it.
     for recent in fresh.into_iter().filter_map(|st| st.recent.as_ref()) {
@@ -392,6 +386,11 @@ mod tests {
 
     /// A fresh replica whose short window saw first tokens in buckets `[0.1, 1, +Inf]` with these cumulative
     /// counts (its own p95 as the sidecar computes it).
+    /// The model's pooled p95, as `scale_input` gives every fresh replica.
+    fn pooled_ttft_p95<'a>(fresh: impl IntoIterator<Item = &'a SidecarStatus>) -> Option<Duration> {
+        window_ttft_p95(&pooled_ttft(fresh)?, None)
+    }
+
     fn with_window(cum: [f64; 3]) -> SidecarStatus {
         let mut st = status(sidecar_doc(false, 2.0));
         let h = hist(&[(0.1, cum[0]), (1.0, cum[1]), (f64::INFINITY, cum[2])]);

@@ -410,10 +410,7 @@ pub fn round(
     state.count_demand(policy, &input.demand, now);
     super::lookahead::note(
         &mut state.ttft_seen,
-        super::lookahead::trend_sample(
-            input,
-            policy.ttft_slo_percentile.for_window(input.ttft_window_count),
-        ),
+        super::lookahead::trend_sample(input, policy.guard_percentile(input)),
         now,
     );
     let leads = LeadTimes {

@@ -222,6 +222,12 @@ impl SloPercentile {
 }
 
 impl ScalePolicy {
+    /// The percentile the SLO guard and its look-ahead read this round: the policy's, over the first tokens the
+    /// round's windows hold ([`SloPercentile::for_window`]).
+    pub fn guard_percentile(&self, input: &ScaleInput) -> SloPercentile {
+        self.ttft_slo_percentile.for_window(input.ttft_window_count)
+    }
+
     /// Whether the model keeps a day-long cold-start ledger: only with a `coldStartMissBudget`, its one reader
     /// ([`coldstart`]), so a model without one keeps no day of samples (and no copy of them).
     pub fn keeps_cold_start_ledger(&self) -> bool {
@@ -323,7 +329,7 @@ pub struct Targets {
     pub kv_cache_utilization: Option<f64>,
     /// Mean requests waiting in each replica's queue (vLLM `num_requests_waiting`).
     pub waiting_requests_per_replica: Option<f64>,
-    /// The model's p95 time to first token over its replicas' requests (pooled, `inputs::pooled_ttft_p95`).
+    /// The model's p95 time to first token over its replicas' requests (pooled, `inputs::pooled_ttft`).
     pub ttft_p95: Option<Duration>,
     /// Requests per second per replica, from the model's total request rate (the activator counts it).
     pub requests_per_second_per_replica: Option<f64>,
@@ -838,7 +844,7 @@ fn ttft_guard(
     state: &ScaleState,
     now: Timestamp,
 ) -> Option<(ScaleReason, String)> {
-    let pct = policy.ttft_slo_percentile.for_window(input.ttft_window_count);
+    let pct = policy.guard_percentile(input);
     let (slo, worst) = (policy.ttft_slo?, worst_ttft(input, pct)?);
     if worst > slo {
         return Some((

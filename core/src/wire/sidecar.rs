@@ -261,7 +261,7 @@ pub struct RecentLatency {
     pub inter_token_latency_seconds: Quantiles,
     /// The same window's TTFT observations as cumulative buckets on vLLM's bounds (`le` in seconds, the last
     /// `+Inf`): the controller pools them over a model's replicas into the model's p95
-    /// (`core::scale::inputs::pooled_ttft_p95`). Empty from older sidecars and in windows with no first token.
+    /// (`core::scale::inputs::pooled_ttft`). Empty from older sidecars and in windows with no first token.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ttft_buckets: Vec<crate::metrics::Bucket>,
 }

@@ -259,7 +259,7 @@ pub struct World<'a> {
     /// Sleep mode (packing strategies, models with a `sleep_wake`): the GPU each model at zero left its sleeping
     /// pod on, and the share it had there. A sleeping pod stays bound to its GPU (its CUDA context) but lends its
     /// memory and compute: the packer counts none of it, and a new replica takes that room where the alternative
-    /// is opening a GPU ([`place`]). It wakes only where its full share fits again, and it goes when its GPU is
+    /// is opening a GPU (`Packer::place_beside_sleeping`). It wakes only where its full share fits again, and it goes when its GPU is
     /// given back; either way the next start is a cold one.
     sleepers: BTreeMap<usize, (GpuId, ReplicaRequest)>,
     /// The replicas on each shared GPU (packing strategies): whose activity a step contends with.
