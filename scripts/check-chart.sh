@@ -76,7 +76,7 @@ render() { # name, extra helm args...
 }
 render default
 render podmonitors --api-versions monitoring.coreos.com/v1/PodMonitor
-render watch-namespace --set watchNamespace=models --set gpuPools.enabled=true \
+render watch-namespace --set watchNamespace=models --set gpuPools.enabled=true --set gpuPools.namespace=tessera-gpus \
   --set-json 'gpuPools.pools=[{"name":"l4","gpuMemoryMiB":23034,"sharing":"time-slicing","maxGpus":2}]'
 render minimal --set webhook.enabled=false --set activator.enabled=false --set crds.install=false --set monitoring.mode=none
 examples=()
@@ -111,6 +111,10 @@ reject "a misspelt key" "webhok" "webhok:" "  replicas: 2"
 reject "a timeout over 5 s" "/webhook/timeoutSeconds" "webhook:" "  timeoutSeconds: 10"
 reject "a bad duration" "/activator/holdTimeout" "activator:" "  holdTimeout: 5 minutes"
 reject "pools on without a pool" "/gpuPools/pools" "gpuPools:" "  enabled: true"
+reject "pools on without a namespace of their own" "gpuPools.namespace" "gpuPools:" "  enabled: true" "  pools:" \
+  "    - {name: a, gpuMemoryMiB: 1, sharing: mps, maxGpus: 1}"
+reject "a pool namespace equal to the release namespace" "not the release namespace" "gpuPools:" "  enabled: true" \
+  "  namespace: default" "  pools:" "    - {name: a, gpuMemoryMiB: 1, sharing: mps, maxGpus: 1}"
 reject "an unknown sharing mode" "/gpuPools/pools/0/sharing" "gpuPools:" "  enabled: true" "  pools:" \
   "    - {name: a, gpuMemoryMiB: 1, sharing: mig, maxGpus: 1}"
 
@@ -232,6 +236,23 @@ for name in names:
                     err(name, d, f"{w['name']}: no tessera.dev/inject objectSelector")
                 if "caBundle" not in w["clientConfig"] and "cert-manager.io/inject-ca-from" not in d["metadata"].get("annotations", {}):
                     err(name, d, f"{w['name']}: no caBundle and no cert-manager CA injection")
+    # Nothing the tenants or the network-facing roles hold may reach the control plane's own namespace: a Lease
+    # write there can take the autoscaler's leadership, a pod create there runs as any of its ServiceAccounts.
+    release_ns = "tessera-system"
+    roles = {(d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs if d["kind"] == "Role"}
+    for b in (d for d in docs if d["kind"] == "RoleBinding" and d["metadata"].get("namespace") == release_ns):
+        role = roles.get((release_ns, b["roleRef"]["name"]))
+        if role is None:
+            continue
+        subjects = [f"{s['kind']}:{s.get('namespace', '')}/{s['name']}" for s in b.get("subjects", [])]
+        for r in role.get("rules", []):
+            writes = set(r.get("verbs", [])) & {"create", "update", "patch", "delete"}
+            if not writes:
+                continue
+            if "pods" in r.get("resources", []):
+                err(name, b, f"{subjects} may {sorted(writes)} pods in the release namespace")
+            if "leases" in r.get("resources", []) and any(not s.endswith("-autoscaler") for s in subjects):
+                err(name, b, f"{subjects} may {sorted(writes)} Leases in the release namespace")
     if "CustomResourceDefinition" in kinds:
         crd = next(d for d in docs if d["kind"] == "CustomResourceDefinition")
         gen = yaml.safe_load(open(f"{out}/crdgen.yaml"))

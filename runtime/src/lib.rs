@@ -19,6 +19,7 @@
 //! Every role uses [`Graceful`]: [`Graceful::on_signals`] at start-up, [`Graceful::ready_gate`] around its HTTP
 //! router, and [`Graceful::stopping`] / [`Graceful::stop_token`] where its server and loops stop.
 
+pub mod body;
 pub mod kube_client;
 
 use std::sync::Arc;

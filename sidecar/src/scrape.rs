@@ -39,7 +39,9 @@ impl Scraper {
     pub async fn max_model_len(&self) -> Option<u64> {
         let url = format!("{}/v1/models", self.metrics_url.trim_end_matches("/metrics"));
         let resp = self.client.get(&url).send().await.ok()?.error_for_status().ok()?;
-        let body: serde_json::Value = resp.json().await.ok()?;
+        // A model list is a few KiB; bounded like every document read from another process (runtime::body).
+        let body = tessera_runtime::body::read_capped(resp, 1024 * 1024).await.ok()?;
+        let body: serde_json::Value = serde_json::from_slice(&body).ok()?;
         max_model_len_of(&body)
     }
 

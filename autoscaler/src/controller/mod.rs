@@ -77,6 +77,12 @@ pub struct Args {
     /// Timeout for each sidecar /v1/status and activator stats request.
     #[arg(long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub scrape_timeout: Duration,
+    /// The most bytes read of one document from a pod (a sidecar's /v1/status, an activator's stats, a
+    /// gpu-agent's /v1/gpus). A larger answer is refused and counted
+    /// (`tessera_autoscaler_scrape_failures_total{reason="too_large"}`), and the document counts as missing:
+    /// a tenant's pod chooses what it answers and must not be able to run the autoscaler out of memory.
+    #[arg(long, env = "TESSERA_MAX_DOCUMENT_SIZE", default_value_t = tessera_runtime::body::DEFAULT_MAX_DOCUMENT_BYTES)]
+    pub max_document_size: usize,
     /// A sidecar snapshot older than this counts as missing data (never a reason to scale down).
     #[arg(long, env = "TESSERA_MAX_SIGNAL_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub max_signal_age: Duration,
@@ -226,8 +232,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .await
     });
 
-    let source: Arc<dyn SignalSource> =
-        Arc::new(HttpSignals::new(args.scrape_timeout).context("building the HTTP client for sidecars")?);
+    let source: Arc<dyn SignalSource> = Arc::new(
+        HttpSignals::new(args.scrape_timeout, args.max_document_size)
+            .context("building the HTTP client for sidecars")?,
+    );
     // The gpu-agents' /v1/gpus, for the page's per-GPU table (bounded like the sidecars' reads).
     let agent_client = reqwest::Client::builder()
         .timeout(args.scrape_timeout)
@@ -345,6 +353,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             let link = ctx.consolidation.clone();
             let page = ctx.ui.clone();
             let agents = agent_client.clone();
+            let (agent_metrics, max_document) = (metrics.clone(), args.max_document_size);
             let (kube, pool_ns) = (client.clone(), cfg.namespace.clone());
             // The /ui page's per-GPU table: each pool's capacity pods and tenants, as the pool manager sees them,
             // with each tenant's measured use from its capacity pod's gpu-agent (read off the pool manager's
@@ -359,10 +368,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     *shape,
                 );
                 let (kube, pool_ns) = (kube.clone(), pool_ns.clone());
+                let agent_metrics = agent_metrics.clone();
                 tokio::spawn(async move {
+                    let refused = |reason: &'static str| agent_metrics.scrape_failure("gpu_agent", reason);
                     let port = u16::try_from(crate::pool::capacity::AGENT_PORT).unwrap_or(9091);
                     let (read, leases) = tokio::join!(
-                        crate::ui::observe::read_agents(&client, &index, port),
+                        crate::ui::observe::read_agents(&client, &index, port, max_document, &refused),
                         crate::ui::observe::read_startup_leases(&kube, &pool_ns)
                     );
                     let holders =

@@ -49,6 +49,17 @@ pub enum FetchError {
         /// The status code.
         status: u16,
     },
+    /// The body is larger than the bound on one document (`--max-document-size`): a pod controls its own
+    /// answers, and buffering a huge one could take the autoscaler past its memory limit.
+    #[error(
+        "{url} sent a body larger than {limit} bytes: refused (raise --max-document-size if this document is genuine)"
+    )]
+    TooLarge {
+        /// The URL.
+        url: String,
+        /// The bound applied.
+        limit: usize,
+    },
     /// The body is not the expected JSON document.
     #[error("{url} sent a body that is not a valid document: {message}")]
     Decode {
@@ -76,6 +87,7 @@ impl FetchError {
             FetchError::Connect { .. } => "connect",
             FetchError::Timeout { .. } => "timeout",
             FetchError::Status { .. } => "http_status",
+            FetchError::TooLarge { .. } => "too_large",
             FetchError::Decode { .. } => "decode",
             FetchError::Schema { .. } => "schema",
         }
@@ -90,21 +102,26 @@ pub trait SignalSource: Send + Sync {
     fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>>;
 }
 
-/// The real [`SignalSource`]: reqwest with a per-request timeout.
+/// The real [`SignalSource`]: reqwest with a per-request timeout and a bound on each document's size.
 #[derive(Debug, Clone)]
 pub struct HttpSignals {
     client: reqwest::Client,
     timeout: Duration,
+    max_body: usize,
 }
 
 impl HttpSignals {
-    /// A source whose every request gives up after `timeout`.
-    pub fn new(timeout: Duration) -> Result<Self, reqwest::Error> {
+    /// A source whose every request gives up after `timeout` and refuses a body over `max_body` bytes.
+    pub fn new(timeout: Duration, max_body: usize) -> Result<Self, reqwest::Error> {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .build()?;
-        Ok(Self { client, timeout })
+        Ok(Self {
+            client,
+            timeout,
+            max_body,
+        })
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(&self, url: String) -> Result<T, FetchError> {
@@ -121,7 +138,16 @@ impl HttpSignals {
                 status: status.as_u16(),
             });
         }
-        let bytes = resp.bytes().await.map_err(|e| self.classify(&url, e))?;
+        // Never buffer more than the bound: the pod chooses what it answers (runtime::body explains).
+        let bytes = tessera_runtime::body::read_capped(resp, self.max_body)
+            .await
+            .map_err(|e| match e {
+                tessera_runtime::body::BodyError::TooLarge { limit, .. } => FetchError::TooLarge {
+                    url: url.clone(),
+                    limit,
+                },
+                tessera_runtime::body::BodyError::Transport(e) => self.classify(&url, e),
+            })?;
         serde_json::from_slice(&bytes).map_err(|e| FetchError::Decode {
             url,
             message: e.to_string(),

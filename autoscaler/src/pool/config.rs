@@ -206,6 +206,11 @@ pub struct PoolsConfig {
     /// How long a reservation waits for its pod before it is dropped.
     #[serde(default = "default_ttl", with = "humantime_serde")]
     pub reservation_ttl: Duration,
+    /// The only namespace whose tenant pods share these GPUs (the chart sets it to `watchNamespace`). Unset: tenant
+    /// pods are watched in every namespace, which needs a cluster-wide grant to list pods; with a namespaced Role
+    /// such a watch is refused and the pool manager would never start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_namespace: Option<String>,
     /// The pools.
     pub pools: Vec<PoolSpec>,
 }

@@ -102,7 +102,12 @@ impl PoolManager {
             .clone();
         Ok(Self {
             pods: Api::namespaced(client.clone(), &cfg.namespace),
-            all_pods: Api::all(client),
+            // Tenants are watched where they may be: one namespace when the installation watches one (its Role
+            // grants pods there only), every namespace otherwise.
+            all_pods: match &cfg.tenant_namespace {
+                Some(ns) => Api::namespaced(client, ns),
+                None => Api::all(client),
+            },
             index: Arc::new(Mutex::new(PoolIndex::new(pool))),
             cfg,
             pool: spec,
@@ -149,7 +154,8 @@ impl PoolManager {
         format!("{LABEL_POOL}={},!{LABEL_CAPACITY_POD}", self.pool.name)
     }
 
-    /// Rebuilds the index from the cluster: capacity pods in the pool's namespace and tenant pods anywhere.
+    /// Rebuilds the index from the cluster: capacity pods in the pool's namespace and tenant pods in the tenant
+    /// namespace (every namespace when none is configured).
     #[instrument(skip(self), fields(pool = %self.pool.name))]
     pub async fn rebuild(&self) -> Result<(), PoolError> {
         let caps = self

@@ -711,3 +711,19 @@ async fn an_emptied_drain_ends_and_immovable_tenants_stay() {
     let r = m.reconcile(1300).await.unwrap();
     assert_eq!(r.drain, Some(("gpu-b".to_string(), "started")));
 }
+
+/// With `watchNamespace`, the chart's grants over tenant pods are a Role in that namespace: a cluster-wide list
+/// would be refused and the pool manager would never start. The tenant watch follows `tenantNamespace`.
+#[tokio::test]
+async fn tenants_are_listed_only_in_the_tenant_namespace_when_one_is_set() {
+    let mut cfg = (*config(1)).clone();
+    cfg.tenant_namespace = Some("models".into());
+    let cfg = Arc::new(cfg);
+    let api = seeded(&[tenant("models", "llama-0", "r1", "gpu-a")]);
+    let m = PoolManager::new(client(api.clone()), cfg, "p").unwrap();
+    m.rebuild().await.unwrap();
+    let log = api.lock().unwrap().log.clone();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(log[1].path, "/api/v1/namespaces/models/pods");
+    assert_eq!(m.index().tenants().count(), 1);
+}

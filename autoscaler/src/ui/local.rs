@@ -77,7 +77,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Duration::from_secs(365 * 24 * 3600),
     ));
     let metrics = Arc::new(Metrics::new());
-    let source = HttpSignals::new(args.scrape_timeout).context("building the HTTP client for sidecars")?;
+    let source = HttpSignals::new(args.scrape_timeout, args.max_document_size)
+        .context("building the HTTP client for sidecars")?;
 
     let listener = tokio::net::TcpListener::bind(args.metrics_listen)
         .await

@@ -322,6 +322,8 @@ pub async fn read_agents(
     client: &reqwest::Client,
     index: &crate::pool::PoolIndex,
     port: u16,
+    max_body: usize,
+    refused: &(dyn Fn(&'static str) + Sync),
 ) -> BTreeMap<String, GpuAgentStatus> {
     let targets: Vec<(String, String)> = index
         .capacity()
@@ -343,7 +345,17 @@ pub async fn read_agents(
             if !r.status().is_success() {
                 return None;
             }
-            r.json::<GpuAgentStatus>().await.ok()
+            // The agent's pod is ours, but a node's hostPID agent is still a document from another pod: bounded
+            // like every other (runtime::body).
+            match tessera_runtime::body::read_capped(r, max_body).await {
+                Ok(body) => serde_json::from_slice::<GpuAgentStatus>(&body).ok(),
+                Err(tessera_runtime::body::BodyError::TooLarge { limit, .. }) => {
+                    tracing::warn!(capacity_pod = %name, %url, limit, "gpu-agent document over the size bound: refused");
+                    refused("too_large");
+                    None
+                }
+                Err(_) => None,
+            }
         }
         .await;
         if doc.is_none() {
@@ -641,7 +653,7 @@ mod tests {
             .timeout(std::time::Duration::from_secs(2))
             .build()
             .unwrap();
-        let got = read_agents(&client, &index, port).await;
+        let got = read_agents(&client, &index, port, 1 << 20, &|_| {}).await;
         assert_eq!(got.len(), 1, "only the running pod with an IP is read: {got:?}");
         assert_eq!(got["cap-0"], doc);
     }

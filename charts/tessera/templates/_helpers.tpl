@@ -38,8 +38,17 @@ app.kubernetes.io/component: {{ .role }}
 {{- end -}}
 {{- end -}}
 
-{{/* Where capacity pods live (and so where the gpu-agent's and the pool manager's Roles go). */}}
+{{/*
+Where capacity pods live (and so where the gpu-agent's, the pool manager's and the tenants' start-up gate Roles
+go). Never the release namespace: every tenant ServiceAccount may create and update Leases in the pool namespace
+(the per-GPU start-up gate), the webhook may create pods there and the gpu-agent may patch pods there; in the
+release namespace that would let a tenant take the autoscaler's leader Lease (and stop all scaling), the webhook
+run a pod as the autoscaler's ServiceAccount, and the gpu-agent change the control plane's images.
+*/}}
 {{- define "tessera.poolNamespace" -}}
+{{- if and .Values.gpuPools.enabled (or (not .Values.gpuPools.namespace) (eq .Values.gpuPools.namespace .Release.Namespace)) -}}
+{{- fail (printf "gpuPools.namespace must name a namespace of its own for the capacity pods, not the release namespace %q: tenants get Lease grants there, which in the release namespace would reach the autoscaler's leader Lease. Set e.g. --set gpuPools.namespace=tessera-gpus (label it pod-security.kubernetes.io/enforce=privileged, docs/install.md)." .Release.Namespace) -}}
+{{- end -}}
 {{- default .Release.Namespace .Values.gpuPools.namespace -}}
 {{- end -}}
 
