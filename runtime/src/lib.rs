@@ -1,5 +1,6 @@
-//! What every Tessera role shares at run time: one graceful shutdown, and one way to build a Kubernetes client
-//! (explicit timeouts: [`kube_client`]).
+//! What every Tessera role shares at run time: one graceful shutdown, one way to build a Kubernetes client
+//! (explicit timeouts: [`kube_client`]), one accept loop with connection bounds ([`serve`]), and one bounded way
+//! to read a document another pod serves ([`body`]).
 //!
 //! ```text
 //!  Serving ──SIGTERM/Ctrl-C──▶ Draining ──--drain-period elapsed (or a second signal)──▶ Stopping ──▶ exit
@@ -21,6 +22,7 @@
 
 pub mod body;
 pub mod kube_client;
+pub mod serve;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -50,6 +50,10 @@ pub struct Args {
     /// Address to serve /metrics, /v1/gpus, /live and /ready on.
     #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:9091")]
     pub listen: std::net::SocketAddr,
+    /// Client connection bounds (`--header-read-timeout`, `--client-idle-timeout`): a silent, trickling or idle
+    /// connection is closed.
+    #[command(flatten)]
+    pub conn: tessera_runtime::serve::ConnArgs,
     /// How often to read NVML.
     #[arg(long, env = "TESSERA_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub interval: Duration,
@@ -408,9 +412,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             shutdown.clone(),
         ));
     }
-    axum::serve(listener, graceful.ready_gate(agent_router(shared)))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await?;
+    tessera_runtime::serve::serve(
+        listener,
+        graceful.ready_gate(agent_router(shared)),
+        args.conn.limits(),
+        shutdown.clone().cancelled_owned(),
+    )
+    .await;
     shutdown.cancel();
     while let Some(r) = tasks.join_next().await {
         r?;

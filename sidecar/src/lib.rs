@@ -36,6 +36,10 @@ pub struct Args {
     /// Address to serve /metrics, /v1/status, /live and /ready on.
     #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:9090")]
     pub listen: std::net::SocketAddr,
+    /// Client connection bounds (`--header-read-timeout`, `--client-idle-timeout`): a silent, trickling or idle
+    /// connection is closed.
+    #[command(flatten)]
+    pub conn: tessera_runtime::serve::ConnArgs,
     /// How often to scrape vLLM's /metrics.
     #[arg(long, env = "TESSERA_SCRAPE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub scrape_interval: Duration,
@@ -292,7 +296,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let gate_task = start_gate(&args, shared.gate.clone(), shutdown.clone()).await;
-    server::serve(listener, shared, &graceful)
+    server::serve(listener, shared, &graceful, args.conn.limits())
         .await
         .context("serving HTTP")?;
     shutdown.cancel();

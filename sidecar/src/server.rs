@@ -24,11 +24,17 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     graceful: &tessera_runtime::Graceful,
+    limits: tessera_runtime::serve::ConnLimits,
 ) -> std::io::Result<()> {
-    let g = graceful.clone();
-    axum::serve(listener, graceful.ready_gate(router(shared)))
-        .with_graceful_shutdown(async move { g.stopping().await })
-        .await
+    // A pod on the node can reach this port: connections are bounded like every role's (runtime::serve).
+    tessera_runtime::serve::serve(
+        listener,
+        graceful.ready_gate(router(shared)),
+        limits,
+        graceful.stopping(),
+    )
+    .await;
+    Ok(())
 }
 
 fn internal(what: &str) -> Response {

@@ -42,6 +42,12 @@ pub struct Args {
     /// How often the certificate and key files are checked for changes.
     #[arg(long, env = "TESSERA_TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
+    /// After SIGTERM: `/ready` fails at once and admissions are still served for `--drain-period`.
+    #[command(flatten)]
+    pub drain: tessera_runtime::DrainArgs,
+    /// Connection bounds on both listeners (a stalled TLS handshake, silent or idle connections are closed).
+    #[command(flatten)]
+    pub conn: tessera_runtime::serve::ConnArgs,
     /// Plain-HTTP address for /metrics, /live and /ready.
     #[arg(long, env = "TESSERA_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     pub metrics_listen: SocketAddr,
@@ -181,34 +187,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let metrics_listen = plain.local_addr()?;
     info!(%listen, %metrics_listen, no_kube = args.no_kube, "webhook serving");
 
-    let handle = axum_server::Handle::new();
-    let stop = tokio_util::sync::CancellationToken::new();
+    // The one shutdown every role shares (tessera-runtime): /ready fails at the signal so the Service's
+    // endpoints drop this replica, admissions are still answered for --drain-period (the API server learns of
+    // the removal seconds later), then in-flight ones finish.
+    let graceful = tessera_runtime::Graceful::on_signals(args.drain.drain_period);
     let serving = state.serving.clone();
-    let (h, token) = (handle.clone(), stop.clone());
-    // The one shutdown every role shares (tessera-runtime); no drain period, as before: /ready fails at the
-    // signal and in-flight admissions get 10 s.
-    let graceful = tessera_runtime::Graceful::on_signals(Duration::ZERO);
+    let g = graceful.clone();
     tokio::spawn(async move {
-        graceful.draining().await;
-        // Fail /ready first so endpoints drop this replica, then finish what is in flight.
+        g.draining().await;
         serving.store(false, Ordering::Release);
-        info!("shutting down: /ready fails, draining in-flight admissions");
-        h.graceful_shutdown(Some(Duration::from_secs(10)));
-        token.cancel();
+        info!("shutting down: /ready fails, still admitting during the drain period");
     });
+    let limits = args.conn.limits();
     let metrics_app = server::metrics_router(state.clone());
+    let stop = graceful.clone();
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(plain, metrics_app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-        {
-            warn!(error = %e, "metrics server failed");
-        }
+        tessera_runtime::serve::serve(plain, metrics_app, limits, async move { stop.stopping().await }).await;
     });
-    axum_server::from_tcp_rustls(https, tls)?
-        .handle(handle)
-        .serve(server::webhook_router(state).into_make_service())
-        .await?;
+    https.set_nonblocking(true)?;
+    let https = tokio::net::TcpListener::from_std(https)?;
+    // Each handshake takes the current configuration, so a reloaded certificate applies to new connections.
+    tessera_runtime::serve::serve_tls(
+        https,
+        server::webhook_router(state),
+        limits,
+        move || tls.get_inner(),
+        graceful.stopping(),
+    )
+    .await;
     Ok(())
 }
 

@@ -142,11 +142,39 @@ pub fn flag_value(words: &[String], flag: &str) -> Option<String> {
     found.map(|v| v.trim_matches(|c| c == '"' || c == '\'').to_string())
 }
 
-/// The port vLLM listens on: `--port`, else vLLM's default.
-pub fn port(c: &Container) -> u16 {
-    flag_value(&words(c), "--port")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(DEFAULT_PORT)
+/// The port vLLM listens on: `--port` (a literal, or `$(VAR)` / `${VAR}` / `$VAR` with a literal value in the
+/// container's `env`), else vLLM's default. An error says why the port cannot be known: the sidecar must scrape
+/// vLLM's real port, and must never take it.
+pub fn port(c: &Container) -> Result<u16, String> {
+    let Some(value) = flag_value(&words(c), "--port") else {
+        return Ok(DEFAULT_PORT);
+    };
+    let literal = match env_ref(&value) {
+        None => value.clone(),
+        Some(name) => {
+            let env = c.env.iter().flatten().rev().find(|e| e.name == name);
+            match env.and_then(|e| e.value.clone()) {
+                Some(v) => v,
+                None => {
+                    return Err(format!(
+                        "vLLM's --port is {value}, and {name} has no literal value in the container's env \
+                         (it is {}): give --port a number, or set {name} with `value:`",
+                        if env.is_some() {
+                            "set from valueFrom"
+                        } else {
+                            "not set there"
+                        }
+                    ));
+                }
+            }
+        }
+    };
+    literal
+        .trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("vLLM's --port is {value:?}, not a port number (1-65535)"))
 }
 
 /// The model vLLM serves: `--model`, else the word after `serve`.
@@ -417,7 +445,7 @@ mod tests {
         set_flag(&mut c, "--gpu-memory-utilization", "0.5").unwrap();
         assert_eq!(c.command.as_ref().unwrap()[4], "0.5");
         assert_eq!(c.args.as_deref().unwrap(), ["--port", "8080"]);
-        assert_eq!(port(&c), 8080);
+        assert_eq!(port(&c), Ok(8080));
     }
 
     #[test]
@@ -448,7 +476,7 @@ mod tests {
             s.command.as_ref().unwrap()[2],
             "exec vllm serve m --gpu-memory-utilization 0.2 --port 9000"
         );
-        assert_eq!(port(&s), 9000);
+        assert_eq!(port(&s), Ok(9000));
         let mut opaque = exec(&["sh", "-c", "/start.sh"], &[]);
         assert!(!flags_settable(&opaque));
         assert!(set_flag(&mut opaque, "--gpu-memory-utilization", "0.2").is_err());
@@ -489,5 +517,33 @@ mod tests {
         assert_eq!(image_version(&c), None);
         assert_eq!(parse_version("0.11.0rc1"), Some((0, 11)));
         assert_eq!(parse_version("x"), None);
+    }
+
+    #[test]
+    fn a_port_from_the_environment_is_resolved_or_refused_with_a_reason() {
+        use k8s_openapi::api::core::v1::EnvVar;
+        let env = |name: &str, value: Option<&str>| EnvVar {
+            name: name.into(),
+            value: value.map(str::to_string),
+            ..EnvVar::default()
+        };
+        for spelling in [
+            &["--port=$(PORT)"][..],
+            &["--port", "${PORT}"],
+            &["--port", "$PORT"],
+        ] {
+            let mut c = exec(&["vllm", "serve", "m"], spelling);
+            c.env = Some(vec![env("PORT", Some("8081"))]);
+            assert_eq!(port(&c), Ok(8081), "{spelling:?}");
+            c.env = Some(vec![env("PORT", None)]);
+            let err = port(&c).expect_err("valueFrom is unknowable at admission");
+            assert!(err.contains("PORT") && err.contains("valueFrom"), "{err}");
+            c.env = None;
+            let err = port(&c).expect_err("an unset variable");
+            assert!(err.contains("not set there"), "{err}");
+        }
+        let c = exec(&["vllm", "serve", "m"], &["--port", "http"]);
+        assert!(port(&c).expect_err("not a number").contains("not a port number"));
+        assert_eq!(port(&exec(&["vllm", "serve", "m"], &[])), Ok(DEFAULT_PORT));
     }
 }

@@ -484,6 +484,32 @@ fn reasons_to_leave_a_pod_alone() {
     let mut cap = raw.clone();
     cap["metadata"]["labels"]["tessera.dev/capacity-pod"] = json!("true");
     check(cap, "capacity_pod");
+    // A pod that runs its own sidecar under the injected one's name (as e2e/model.yaml does): a second container
+    // of that name would make the API server reject the pod.
+    let mut own = raw.clone();
+    own["spec"]["containers"].as_array_mut().unwrap().push(
+        json!({"name": "tessera-sidecar", "image": "ghcr.io/tessera-dev/tessera:latest",
+                     "args": ["sidecar", "--listen", "0.0.0.0:9091"]}),
+    );
+    check(own, "own_sidecar");
+    // The node's network: the sidecar would take the node's port.
+    let mut host = raw.clone();
+    host["spec"]["hostNetwork"] = json!(true);
+    check(host, "host_network");
+    // vLLM's port from an environment variable with no literal value: the sidecar cannot know where to scrape.
+    let mut from_env = raw.clone();
+    from_env["spec"]["containers"][0]["args"] = json!(["--port=$(VLLM_PORT)"]);
+    check(from_env.clone(), "port_unknown");
+    // The same variable with a literal value is read: the pod is injected, and the sidecar scrapes that port.
+    from_env["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "VLLM_PORT", "value": "8123"}));
+    let (out, label) = run(&from_env, &ctx);
+    assert_eq!(label, "whole");
+    let sidecar = containers(&out, "initContainers").pop().unwrap();
+    let args = sidecar.args.unwrap();
+    assert!(args.contains(&"http://127.0.0.1:8123".to_string()), "{args:?}");
     // Fractional without a share known yet, and with an opaque shell script.
     let bare: InferenceAutoscaler = {
         let mut p = policy("fractional", "Off");

@@ -30,7 +30,6 @@ pub mod kube;
 pub mod metrics;
 pub mod proxy;
 pub mod router;
-pub mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -137,9 +136,10 @@ pub struct Args {
     #[arg(long, env = "TESSERA_MAX_BUFFERED_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub max_buffered_body_bytes: usize,
 
-    /// Longest a client may take to send its request headers (a slower connection is closed).
-    #[arg(long, env = "TESSERA_HEADER_READ_TIMEOUT", value_parser = nonzero_duration, default_value = "10s")]
-    pub header_read_timeout: Duration,
+    /// Client connection bounds: `--header-read-timeout` (a silent, trickling or half-open connection is
+    /// closed) and `--client-idle-timeout` (no request in flight).
+    #[command(flatten)]
+    pub conn: tessera_runtime::serve::ConnArgs,
 
     /// Longest a client may take to send its whole request body (then 408).
     #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT", value_parser = nonzero_duration, default_value = "30s")]
@@ -282,7 +282,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     info!(listen = %local, "activator listening");
     tokio::select! {
-        () = serve::serve(listener, service, args.header_read_timeout, graceful.clone()) => {}
+        () = tessera_runtime::serve::serve(listener, service, args.conn.limits(), graceful.stopping()) => {}
         ended = discovery_task => {
             match ended {
                 Ok(Ok(())) => anyhow::bail!("backend discovery stopped unexpectedly"),

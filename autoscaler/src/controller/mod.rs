@@ -65,6 +65,10 @@ pub struct Args {
     /// Address to serve /metrics, /live and /ready on.
     #[arg(long, env = "TESSERA_METRICS_LISTEN", default_value = "0.0.0.0:9091")]
     pub metrics_listen: SocketAddr,
+    /// Client connection bounds (`--header-read-timeout`, `--client-idle-timeout`): a silent, trickling or idle
+    /// connection is closed.
+    #[command(flatten)]
+    pub conn: tessera_runtime::serve::ConnArgs,
     /// Only watch InferenceAutoscalers in this namespace (default: all namespaces).
     #[arg(long, env = "TESSERA_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
@@ -224,12 +228,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .merge(crate::ui::router(ui.clone())),
     );
     let mut server_shutdown = shutdown_rx.clone();
+    let limits = args.conn.limits();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = server_shutdown.wait_for(|s| *s).await;
-            })
-            .await
+        // The page and /metrics are read by people and Prometheus only; bounded connections all the same.
+        tessera_runtime::serve::serve(listener, app, limits, async move {
+            let _ = server_shutdown.wait_for(|s| *s).await;
+        })
+        .await;
+        Ok::<(), std::io::Error>(())
     });
 
     let source: Arc<dyn SignalSource> = Arc::new(

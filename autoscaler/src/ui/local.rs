@@ -137,11 +137,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     });
     let mut server_shutdown = shutdown_rx;
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = server_shutdown.wait_for(|s| *s).await;
-        })
-        .await
-        .context("serving /ui")?;
+    tessera_runtime::serve::serve(listener, app, args.conn.limits(), async move {
+        let _ = server_shutdown.wait_for(|s| *s).await;
+    })
+    .await;
     Ok(())
 }

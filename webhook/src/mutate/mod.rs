@@ -137,6 +137,15 @@ pub enum Unchanged {
     NoVllmContainer,
     /// Another container already uses the sidecar's port.
     PortConflict(u16),
+    /// A container of the pod is already named like the sidecar (the pod brings its own, as `e2e/model.yaml`
+    /// does): a second one would make the API server reject the pod.
+    OwnSidecar,
+    /// vLLM's `--port` cannot be read (an environment variable with no literal value): the sidecar would scrape
+    /// the wrong port, or take vLLM's own.
+    PortUnknown(String),
+    /// The pod runs in the node's network namespace: the sidecar would listen on the node's port, one injected
+    /// pod per node, and crash-loop if anything else on the node holds it.
+    HostNetwork,
     /// The policy cache has not synced yet.
     CacheCold,
     /// Fractional mode, but no compute share or memory is known yet.
@@ -173,6 +182,9 @@ impl Unchanged {
             Self::CapacityPod => "capacity_pod",
             Self::NoVllmContainer => "no_vllm_container",
             Self::PortConflict(_) => "port_conflict",
+            Self::OwnSidecar => "own_sidecar",
+            Self::PortUnknown(_) => "port_unknown",
+            Self::HostNetwork => "host_network",
             Self::CacheCold => "cache_cold",
             Self::NoShare(_) => "no_share",
             Self::NoPool(_) => "no_pool",
@@ -209,6 +221,17 @@ impl std::fmt::Display for Unchanged {
             Self::PortConflict(p) => write!(
                 f,
                 "a container already uses port {p}, the sidecar's port (--sidecar-port)"
+            ),
+            Self::OwnSidecar => write!(
+                f,
+                "a container is already named {SIDECAR_NAME:?} (the pod brings its own sidecar); a second one would \
+                 make the API server reject the pod: rename it, or set {INJECT}: \"false\" on the pod template"
+            ),
+            Self::PortUnknown(why) => write!(f, "{why}"),
+            Self::HostNetwork => write!(
+                f,
+                "the pod uses hostNetwork: the sidecar would listen on the node's port (one such pod per node, and a \
+                 crash loop if anything else holds it); run vLLM in the pod network or set {INJECT}: \"false\""
             ),
             Self::CacheCold => write!(f, "the InferenceAutoscaler cache has not synced yet"),
             Self::NoShare(m) | Self::NoPool(m) | Self::FlagsUnsettable(m) | Self::GpuPending(m) => {
@@ -493,6 +516,16 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
     let Some(vi) = vllm_container(pod) else {
         return Ok(Plan::Unchanged(Unchanged::NoVllmContainer));
     };
+    if spec.host_network == Some(true) {
+        return Ok(Plan::Unchanged(Unchanged::HostNetwork));
+    }
+    if spec.containers.iter().any(|c| c.name == SIDECAR_NAME) {
+        return Ok(Plan::Unchanged(Unchanged::OwnSidecar));
+    }
+    let vllm_port = match vllm::port(&spec.containers[vi]) {
+        Ok(p) => p,
+        Err(why) => return Ok(Plan::Unchanged(Unchanged::PortUnknown(why))),
+    };
     let port = ctx.config.sidecar_port;
     let clash = spec
         .containers
@@ -501,7 +534,7 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
         .filter(|c| c.name != SIDECAR_NAME)
         .flat_map(|c| c.ports.iter().flatten())
         .any(|p| p.container_port == i32::from(port));
-    if clash || vllm::port(&spec.containers[vi]) == port {
+    if clash || vllm_port == port {
         return Ok(Plan::Unchanged(Unchanged::PortConflict(port)));
     }
     if !wants_fractional(pod, ctx.policy) {

@@ -53,7 +53,10 @@ pub fn sidecar(
 ) -> Container {
     let cfg = ctx.config;
     let vllm_c = vllm_container(pod).map(|i| &pod_spec(pod).containers[i]);
-    let vllm_port = vllm_c.map_or(vllm::DEFAULT_PORT, vllm::port);
+    // `plan` admitted the pod unchanged where the port cannot be read, so this always reads it.
+    let vllm_port = vllm_c
+        .and_then(|c| vllm::port(c).ok())
+        .unwrap_or(vllm::DEFAULT_PORT);
     let mut args = vec![
         "sidecar".to_string(),
         "--vllm-url".into(),

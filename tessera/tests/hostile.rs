@@ -1,0 +1,243 @@
+//! What a hostile or broken tenant pod or client can do to Tessera's servers, over loopback against the real
+//! binary ("no tenant can stop the control plane, and nothing is held open"). Each test names what the other side
+//! does and what Tessera must do; docs/failure-modes.md has a row for each.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Tessera, free_port, http_client};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A "sidecar" that answers every request with `total` bytes of JSON-looking padding, as fast as loopback
+/// allows; with `declare`, a Content-Length says so up front, otherwise the body runs until the connection closes.
+async fn flooding_pod(total: usize, declare: bool) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let head = if declare {
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {total}\r\n\r\n"
+                    )
+                } else {
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n"
+                        .to_owned()
+                };
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = [b' '; 256 * 1024];
+                let mut left = total;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if s.write_all(&chunk[..n]).await.is_err() {
+                        return; // the reader hung up: what a bounded reader does
+                    }
+                    left -= n;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The peak resident memory of a process (`VmHWM`), in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/pid/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("VmHWM in /proc/pid/status")
+        / 1024
+}
+
+/// Waits until the autoscaler's /metrics shows `want`, returning the page.
+async fn wait_metric(ctl: &Tessera, want: &str, within: Duration) -> String {
+    let client = http_client(Duration::from_secs(5));
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let page = client
+            .get(ctl.url("/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics body");
+        if page.contains(want) {
+            return page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "metrics never showed {want}:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A tenant pod answers its `/v1/status` with 300 MB (the reported attack took the autoscaler to 619 MB, over the
+/// chart's 512Mi limit, and both replicas crash-looped). The autoscaler must refuse the document at its bound,
+/// count the refusal, and stay small; the model reads as having no data (which never scales it down).
+#[tokio::test]
+async fn a_pod_answering_300_mb_cannot_run_the_autoscaler_out_of_memory() {
+    const BIG: usize = 300 * 1024 * 1024;
+    let declared = flooding_pod(BIG, true).await;
+    let streamed = flooding_pod(BIG, false).await;
+    let ctl = Tessera::start(&[
+        "autoscaler",
+        "--no-kube",
+        "--sidecar",
+        &format!("declared=http://{declared}"),
+        "--sidecar",
+        &format!("streamed=http://{streamed}"),
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--sync-period",
+        "200ms",
+        // Long enough to read 300 MB over loopback many times over: only the size bound can stop it.
+        "--scrape-timeout",
+        "20s",
+    ]);
+    let page = wait_metric(
+        &ctl,
+        r#"tessera_autoscaler_scrape_failures_total{source="sidecar",reason="too_large"} 4"#,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(page.contains("too_large"), "{page}");
+    let peak = peak_rss_mib(ctl.child.id());
+    // Two reads at a time, each bounded at 8 MiB: far under 100 MiB whatever the pods send.
+    assert!(
+        peak < 100,
+        "the autoscaler's peak RSS reached {peak} MiB reading 300 MB documents"
+    );
+}
+
+/// Reads until the server closes the connection; true if it did within `within`.
+async fn closed_within<S: tokio::io::AsyncRead + Unpin>(s: &mut S, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// What a connection-holding client sends before going silent.
+const HOLDS: [(&str, &[u8]); 4] = [
+    ("nothing", b""),
+    (
+        "half a request head",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n",
+    ),
+    ("part of the HTTP/2 preface", b"PRI * HTTP/2.0\r\n"),
+    (
+        "the HTTP/2 preface and SETTINGS, then nothing (an idle HTTP/2 connection)",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
+    ),
+];
+
+/// Every plain-HTTP server closes each kind of held connection within its bounds (1 s for headers and idle
+/// here): before, the activator kept them (its version sniff and HTTP/2 side had no timer) and the sidecar's,
+/// the autoscaler's and the webhook's metrics servers had no header timeout at all.
+#[tokio::test]
+async fn every_server_closes_silent_half_open_and_idle_connections() {
+    let bounds = ["--header-read-timeout", "1s", "--client-idle-timeout", "1s"];
+    let vllm = Tessera::vllm_sim(&["--served-model-name", "m"]);
+    let mut activator_args = vec!["--backend", "m=http://127.0.0.1:9"];
+    activator_args.extend_from_slice(&bounds);
+    let activator = Tessera::activator(&activator_args);
+    let sidecar = Tessera::quick_sidecar(&vllm.base(), &bounds, &[]);
+    let mut ctl_args = vec!["autoscaler", "--no-kube", "--metrics-listen", "127.0.0.1:0"];
+    let sidecar_flag = format!("m={}", sidecar.base());
+    ctl_args.extend_from_slice(&["--sidecar", &sidecar_flag]);
+    ctl_args.extend_from_slice(&bounds);
+    let ctl = Tessera::start(&ctl_args);
+    for (role, addr) in [
+        ("activator", activator.addr),
+        ("sidecar", sidecar.addr),
+        ("autoscaler", ctl.addr),
+    ] {
+        for (what, bytes) in HOLDS {
+            let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            s.write_all(bytes).await.expect("write");
+            assert!(
+                closed_within(&mut s, Duration::from_secs(5)).await,
+                "{role} kept a connection that sent {what}"
+            );
+        }
+        // And a client that asks is still answered on a kept-alive connection.
+        let live = http_client(Duration::from_secs(5))
+            .get(format!("http://{addr}/live"))
+            .send()
+            .await
+            .expect("GET /live");
+        assert!(live.status().is_success(), "{role}: {}", live.status());
+    }
+}
+
+/// The webhook over TLS: a stalled handshake and a connection that completes its handshake and sends nothing are
+/// both closed (before: kept ≥ 60 s, ~32 KB each; ~7,000 of them reached its memory limit, and with
+/// `failurePolicy: Ignore` every pod was then admitted bare). Its metrics port is bounded the same way.
+#[tokio::test]
+async fn the_webhook_closes_stalled_tls_connections() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pair = support::admission::pair();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).expect("write cert");
+    std::fs::write(&key, &pair.key_pem).expect("write key");
+    let metrics_listen = format!("127.0.0.1:{}", free_port());
+    let hook = Tessera::start(&[
+        "webhook",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        &metrics_listen,
+        "--tls-cert",
+        cert.to_str().expect("path"),
+        "--tls-key",
+        key.to_str().expect("path"),
+        "--no-kube",
+        "--header-read-timeout",
+        "1s",
+        "--client-idle-timeout",
+        "1s",
+    ]);
+    // Nothing at all: the handshake never starts.
+    let mut raw = tokio::net::TcpStream::connect(hook.addr).await.expect("connect");
+    assert!(
+        closed_within(&mut raw, Duration::from_secs(5)).await,
+        "a stalled handshake was kept"
+    );
+    // A complete handshake, then nothing.
+    let tls = support::admission::connector(&[&pair.der]);
+    let mut stream = support::admission::connect(&tls, hook.addr).await;
+    assert!(
+        closed_within(&mut stream, Duration::from_secs(5)).await,
+        "a silent TLS connection was kept"
+    );
+    // The metrics port.
+    let mut plain = tokio::net::TcpStream::connect(&metrics_listen)
+        .await
+        .expect("connect");
+    assert!(
+        closed_within(&mut plain, Duration::from_secs(5)).await,
+        "a silent metrics connection was kept"
+    );
+    // An admission still works.
+    let mut stream = support::admission::connect(&tls, hook.addr).await;
+    let review = support::admission::review("uid-1", support::admission::real_pod());
+    let (status, body) = support::admission::exchange(&mut stream, "POST", "/mutate", &review).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}
