@@ -44,6 +44,10 @@ pub enum OpenReason {
     LeaseLost,
     /// The Kubernetes API could not be reached for too long: the gate fails open rather than block the pod.
     ApiUnavailable,
+    /// This pod waited longer than any honest start-up queue takes: the holder keeps renewing past a start-up
+    /// (a broken co-tenant, or a hostile one that guessed the lease's name and took it). The gate fails open, so
+    /// no tenant can keep another's vLLM from starting; it then starts unserialised, as without Tessera.
+    WaitTimeout,
 }
 
 impl OpenReason {
@@ -55,6 +59,7 @@ impl OpenReason {
             OpenReason::StartupTimeout => "startup_timeout",
             OpenReason::LeaseLost => "lease_lost",
             OpenReason::ApiUnavailable => "api_unavailable",
+            OpenReason::WaitTimeout => "wait_timeout",
         }
     }
 }
@@ -88,13 +93,24 @@ pub enum Action {
 
 /// Decides the next step. `lease` is what was just read (`None`: no lease object), `me` the identity written as
 /// holder, `vllm_ready` whether vLLM answered `/health`.
+/// How long a start-up may hold the GPU, and how long a pod waits for it at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// A holder releases the lease after this long even if vLLM never became ready.
+    pub startup_timeout: Duration,
+    /// A waiter opens its gate after this long, whoever holds the lease: the lease's name is derived from the
+    /// GPU's UUID, which every tenant of the GPU sees, and every tenant may write Leases there, so a co-tenant
+    /// can hold it and renew forever. Above `startup_timeout` by the length of an honest queue.
+    pub max_wait: Duration,
+}
+
 pub fn step(
     phase: &Phase,
     lease: Option<&LeaseObservation>,
     me: &str,
     vllm_ready: bool,
     now_ms: u64,
-    startup_timeout: Duration,
+    limits: Limits,
 ) -> Action {
     match phase {
         Phase::Open(_) => Action::Nothing,
@@ -102,7 +118,7 @@ pub fn step(
             if vllm_ready {
                 return Action::Release(OpenReason::VllmReady);
             }
-            let timeout = u64::try_from(startup_timeout.as_millis()).unwrap_or(u64::MAX);
+            let timeout = u64::try_from(limits.startup_timeout.as_millis()).unwrap_or(u64::MAX);
             if now_ms.saturating_sub(*since_ms) >= timeout {
                 return Action::Release(OpenReason::StartupTimeout);
             }
@@ -114,11 +130,18 @@ pub fn step(
                 LeaseDecision::Follow { holder, .. } => Action::Lost { holder },
             }
         }
-        Phase::Waiting { .. } => match decide(lease, me, now_ms) {
+        Phase::Waiting { since_ms } => match decide(lease, me, now_ms) {
             LeaseDecision::Create => Action::Create,
             LeaseDecision::Acquire => Action::Acquire,
             // We hold it already (the sidecar container restarted while holding): carry on holding.
             LeaseDecision::Renew => Action::Renew,
+            // Waited past any honest queue: open (writing nothing, the lease is not ours).
+            LeaseDecision::Follow { .. }
+                if now_ms.saturating_sub(*since_ms)
+                    >= u64::try_from(limits.max_wait.as_millis()).unwrap_or(u64::MAX) =>
+            {
+                Action::Release(OpenReason::WaitTimeout)
+            }
             LeaseDecision::Follow {
                 holder,
                 expires_in_ms,
@@ -187,7 +210,10 @@ pub fn lease_name(gpu_uuid: &str) -> String {
 mod tests {
     use super::*;
 
-    const T: Duration = Duration::from_secs(600);
+    const T: Limits = Limits {
+        startup_timeout: Duration::from_secs(600),
+        max_wait: Duration::from_secs(1_800),
+    };
 
     fn held_by(holder: &str, rv: &str, first_seen_ms: u64) -> LeaseObservation {
         LeaseObservation {
@@ -330,5 +356,40 @@ mod tests {
             after(&holding, &action, 21_000),
             Phase::Open(OpenReason::LeaseLost)
         );
+    }
+
+    #[test]
+    fn startup_gate_a_holder_that_never_lets_go_cannot_keep_a_waiter_from_starting() {
+        // A co-tenant took the GPU's lease (its name is guessable) and renews it forever: the resourceVersion
+        // changes at every read, so it never looks expired.
+        let waiting = Phase::Waiting { since_ms: 0 };
+        let renewed = |rv: u64, at: u64| held_by("other-team/squatter", &rv.to_string(), at);
+        assert!(matches!(
+            step(
+                &waiting,
+                Some(&renewed(1, 1_799_000)),
+                "ns/a",
+                false,
+                1_799_999,
+                T
+            ),
+            Action::Wait { .. }
+        ));
+        let at_bound = step(
+            &waiting,
+            Some(&renewed(2, 1_800_000)),
+            "ns/a",
+            false,
+            1_800_000,
+            T,
+        );
+        assert_eq!(at_bound, Action::Release(OpenReason::WaitTimeout));
+        assert_eq!(
+            after(&waiting, &at_bound, 1_800_000),
+            Phase::Open(OpenReason::WaitTimeout)
+        );
+        assert!(passes(&Phase::Open(OpenReason::WaitTimeout)));
+        // A free lease at the same moment is still taken: the bound only ends a wait behind someone else.
+        assert_eq!(step(&waiting, None, "ns/a", false, 1_800_000, T), Action::Create);
     }
 }

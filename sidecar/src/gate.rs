@@ -54,6 +54,11 @@ pub struct GateArgs {
     /// Release the lease after this long even if vLLM never became ready, so a broken server cannot block the GPU.
     #[arg(long, env = "TESSERA_STARTUP_TIMEOUT", default_value = "20m", value_parser = humantime::parse_duration)]
     pub startup_timeout: Duration,
+    /// Open the gate after waiting this long, whoever holds the lease: a co-tenant that keeps the GPU's lease
+    /// (broken, or hostile: the name is derived from the GPU's UUID) cannot keep this pod's vLLM from starting.
+    /// Keep it above --startup-timeout by the length of an honest queue of start-ups on one GPU.
+    #[arg(long, env = "TESSERA_GATE_MAX_WAIT", default_value = "45m", value_parser = humantime::parse_duration)]
+    pub gate_max_wait: Duration,
     /// How long the lease lives without renewal: a holder killed with SIGKILL loses it after this long.
     #[arg(long, env = "TESSERA_GATE_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub gate_lease_duration: Duration,
@@ -86,7 +91,8 @@ pub use tessera_core::gate::lease_name;
 pub struct GateStatus {
     /// `waiting`, `holding` or `open`.
     pub state: &'static str,
-    /// Why the gate is open (`not_shared`, `vllm_ready`, `startup_timeout`, `lease_lost`, `api_unavailable`).
+    /// Why the gate is open (`not_shared`, `vllm_ready`, `startup_timeout`, `lease_lost`, `api_unavailable`,
+    /// `wait_timeout`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     /// The lease this pod uses.
@@ -343,7 +349,16 @@ pub async fn run(
             )
         });
         let ready = matches!(phase, Phase::Holding { .. }) && vllm_healthy(&http, &vllm_health_url).await;
-        let action = gate::step(&phase, observed.as_ref(), &me, ready, now, args.startup_timeout);
+        let limits = gate::Limits {
+            startup_timeout: args.startup_timeout,
+            max_wait: args.gate_max_wait,
+        };
+        let action = gate::step(&phase, observed.as_ref(), &me, ready, now, limits);
+        if action == Action::Release(OpenReason::WaitTimeout) {
+            warn!(lease = %name, holder = ?observed.as_ref().and_then(|o| o.holder.clone()),
+                  waited = %humantime::format_duration(args.gate_max_wait),
+                  "start-up gate: the GPU's lease was held past --gate-max-wait; opening the gate (fail open)");
+        }
         let holder = match &action {
             Action::Wait { holder, .. } | Action::Lost { holder } => Some(holder.clone()),
             _ => None,

@@ -118,6 +118,7 @@ fn args(pod: &str) -> GateArgs {
         pod_name: pod.into(),
         pod_namespace: "team-a".into(),
         startup_timeout: Duration::from_secs(60),
+        gate_max_wait: Duration::from_secs(120),
         gate_lease_duration: Duration::from_secs(1),
         gate_retry_period: Duration::from_millis(50),
         gate_api_timeout: Duration::from_secs(60),
@@ -132,6 +133,10 @@ struct Pod {
 }
 
 async fn start(store: &SharedStore, pod: &str) -> Pod {
+    start_with(store, args(pod)).await
+}
+
+async fn start_with(store: &SharedStore, args: GateArgs) -> Pod {
     let ready = Arc::new(AtomicBool::new(false));
     let url = fake_vllm(ready.clone()).await;
     let status = Arc::new(Mutex::new(GateStatus::of(
@@ -140,13 +145,7 @@ async fn start(store: &SharedStore, pod: &str) -> Pod {
         None,
     )));
     let stop = CancellationToken::new();
-    let task = tokio::spawn(run(
-        api(store.clone()),
-        args(pod),
-        url,
-        status.clone(),
-        stop.clone(),
-    ));
+    let task = tokio::spawn(run(api(store.clone()), args, url, status.clone(), stop.clone()));
     Pod {
         status,
         ready,
@@ -302,4 +301,34 @@ async fn startup_gate_fails_open_when_the_api_is_unreachable() {
     .unwrap();
     let s = status.lock().unwrap().clone();
     assert_eq!((s.state, s.reason), ("open", Some("api_unavailable")));
+}
+
+/// A co-tenant (another team's pod) holds the GPU's lease and renews it for ever (the lease name is derived from the
+/// GPU UUID every tenant sees): the waiter opens its gate after --gate-max-wait instead of waiting for good.
+#[tokio::test]
+async fn startup_gate_a_squatting_co_tenant_cannot_block_a_start_for_longer_than_the_max_wait() {
+    let store = SharedStore::default();
+    let mut squatter_args = args("squatter");
+    squatter_args.pod_namespace = "other-team".into();
+    // Its vLLM never becomes ready and its start-up never times out within the test: it renews throughout.
+    let squatter = start_with(&store, squatter_args).await;
+    until("the squatter to hold", || state(&squatter) == "holding").await;
+    let mut waiter_args = args("a");
+    waiter_args.gate_max_wait = Duration::from_millis(1_500);
+    let started = std::time::Instant::now();
+    let a = start_with(&store, waiter_args).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(state(&a), "waiting");
+    until("a to give up waiting", || state(&a) == "open").await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1_500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(a.status.lock().unwrap().reason, Some("wait_timeout"));
+    assert_eq!(
+        state(&squatter),
+        "holding",
+        "the waiter wrote nothing over the holder"
+    );
 }
