@@ -161,7 +161,8 @@ impl Graceful {
     }
 
     /// Wraps `router` so that `GET /ready` answers 503 from the first signal on, whatever the role's own readiness
-    /// says; every other route is untouched.
+    /// says; every other route is served as before, but an HTTP/1 response then carries `Connection: close`, so a
+    /// keep-alive client opens its next request elsewhere instead of being cut mid-request when the drain ends.
     pub fn ready_gate<S>(&self, router: axum::Router<S>) -> axum::Router<S>
     where
         S: Clone + Send + Sync + 'static,
@@ -178,7 +179,16 @@ async fn gate(State(g): State<Graceful>, req: Request, next: Next) -> Response {
         )
             .into_response();
     }
-    next.run(req).await
+    let http1 = req.version() < axum::http::Version::HTTP_2;
+    let mut resp = next.run(req).await;
+    // HTTP/2 has no Connection header (the server's GOAWAY at the stop does the same job).
+    if http1 && g.is_draining() {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 /// SIGTERM (what the kubelet sends) or Ctrl-C.
@@ -235,6 +245,19 @@ mod tests {
                 .route("/work", get(|| async { "done" })),
         );
         assert_eq!(get_status(&app, "/ready").await.0, StatusCode::OK);
+        let connection = |app: &axum::Router| {
+            let app = app.clone();
+            async move {
+                let resp = app
+                    .oneshot(Request::get("/work").body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                resp.headers()
+                    .get("connection")
+                    .map(|v| v.to_str().unwrap().to_owned())
+            }
+        };
+        assert_eq!(connection(&app).await, None, "keep-alive while serving");
         g.begin_drain(Duration::from_millis(500));
         g.draining().await;
         assert_eq!(g.phase(), Phase::Draining);
@@ -242,6 +265,8 @@ mod tests {
         assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("shutting down"), "{body}");
         assert_eq!(get_status(&app, "/work").await, (StatusCode::OK, "done".into()));
+        // Draining: keep-alive clients are told to take their next request elsewhere.
+        assert_eq!(connection(&app).await.as_deref(), Some("close"));
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(!g.stop_token().is_cancelled(), "stopped before the drain period");
         tokio::time::timeout(Duration::from_secs(5), g.stopping())

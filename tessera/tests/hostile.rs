@@ -241,3 +241,54 @@ async fn the_webhook_closes_stalled_tls_connections() {
     let (status, body) = support::admission::exchange(&mut stream, "POST", "/mutate", &review).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }
+
+/// A client sends dot segments (`/v1/../../metrics`, plain or encoded) to reach routes behind the gateway: refused
+/// with 400 and the reason, never forwarded. And `GET /v1/models/{id}` answers as OpenAI's API does.
+#[tokio::test]
+async fn the_activator_refuses_dot_segments_and_answers_a_model_lookup() {
+    let vllm = Tessera::vllm_sim(&["--served-model-name", "m"]);
+    let backend = format!("m={}", vllm.base());
+    let activator = Tessera::activator(&["--backend", &backend]);
+    let client = http_client(Duration::from_secs(10));
+    for path in [
+        "/v1/../../metrics",
+        "/v1/%2e%2e/%2E%2E/metrics",
+        "/namespaces/default/v1/./../x",
+    ] {
+        // Sent raw: an HTTP client library would normalise the path before it leaves.
+        let mut s = tokio::net::TcpStream::connect(activator.addr)
+            .await
+            .expect("connect");
+        let body = r#"{"model":"m","prompt":"hi","max_tokens":1}"#;
+        s.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(answer.contains("bad_path"), "{path}: {answer}");
+    }
+    let got = client
+        .get(activator.url("/v1/models/m"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(got.status(), 200);
+    let model: serde_json::Value = got.json().await.expect("json");
+    assert_eq!(model["id"], "m");
+    assert_eq!(model["object"], "model");
+    let missing = client
+        .get(activator.url("/v1/models/nope"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(missing.status(), 404);
+    let err: serde_json::Value = missing.json().await.expect("json");
+    assert_eq!(err["error"]["code"], "model_not_found");
+}

@@ -271,6 +271,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         axum::Router::new()
             .route("/v1/models", get(list_default_models))
             .route("/namespaces/{namespace}/v1/models", get(list_models))
+            .route("/v1/models/{*id}", get(get_default_model))
+            .route("/namespaces/{namespace}/v1/models/{*id}", get(get_model))
             .route(STATS_PATH, get(stats))
             .route("/metrics", get(prometheus))
             .route("/live", get(|| async { "ok" }))
@@ -320,12 +322,41 @@ async fn list_models(State(app): State<Arc<App>>, Path(namespace): Path<String>)
     models_of(&app, &namespace)
 }
 
+async fn get_default_model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    model_of(&app, &app.default_namespace, &id)
+}
+
+async fn get_model(State(app): State<Arc<App>>, Path((namespace, id)): Path<(String, String)>) -> Response {
+    model_of(&app, &namespace, &id)
+}
+
+/// `GET /v1/models/{id}` as OpenAI answers it: the model object, or 404 with `model_not_found`. Model names may
+/// hold slashes (`meta-llama/Llama-3.1-8B`), hence the catch-all segment.
+fn model_of(app: &App, namespace: &str, id: &str) -> Response {
+    if app.router.model_names(namespace).iter().any(|m| m == id) {
+        return axum::Json(model_object(id, namespace)).into_response();
+    }
+    let models_path = if namespace == app.default_namespace {
+        "/v1/models".to_string()
+    } else {
+        format!("/namespaces/{namespace}/v1/models")
+    };
+    let body = serde_json::json!({ "error": {
+        "message": format!("the model `{id}` does not exist in namespace `{namespace}`; GET {models_path} lists the models this gateway serves there"),
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found" } });
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
+}
+
+fn model_object(id: &str, namespace: &str) -> serde_json::Value {
+    serde_json::json!({ "id": id, "object": "model", "created": 0, "owned_by": namespace })
+}
+
 fn models_of(app: &App, namespace: &str) -> Response {
     let data: Vec<serde_json::Value> = app
         .router
         .model_names(namespace)
         .into_iter()
-        .map(|id| serde_json::json!({ "id": id, "object": "model", "created": 0, "owned_by": namespace }))
+        .map(|id| model_object(&id, namespace))
         .collect();
     axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
 }

@@ -90,6 +90,12 @@ pub enum RequestError {
     /// The body was not JSON with a string `model`.
     #[error("the request body must be a JSON object with a string \"model\" field: {0}")]
     BadRequest(String),
+    /// The path has a dot segment (`/v1/../metrics`), plain or percent-encoded, or a backslash: forwarded as is,
+    /// the backend would resolve it to a route the gateway never meant to expose.
+    #[error(
+        "the path {0:?} has a `.` or `..` segment (or an encoded one, or a backslash); send the path without them"
+    )]
+    BadPath(String),
     /// The body exceeded `--max-body-size`.
     #[error("the request body is larger than {0} bytes (raise --max-body-size if this is intended)")]
     TooLarge(usize),
@@ -161,7 +167,7 @@ fn shed_reason(s: Shed) -> &'static str {
 impl RequestError {
     fn status(&self) -> StatusCode {
         match self {
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::BadRequest(_) | Self::BadPath(_) => StatusCode::BAD_REQUEST,
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::UnknownModel { .. } => StatusCode::NOT_FOUND,
@@ -178,6 +184,7 @@ impl RequestError {
     pub fn label(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "bad_request",
+            Self::BadPath(_) => "bad_path",
             Self::TooLarge(_) => "body_too_large",
             Self::BodyTimeout(_) => "body_read_timeout",
             Self::UnknownModel { .. } => "model_not_found",
@@ -194,9 +201,11 @@ impl RequestError {
 
     fn openai_type(&self) -> &'static str {
         match self {
-            Self::BadRequest(_) | Self::TooLarge(_) | Self::BodyTimeout(_) | Self::UnknownModel { .. } => {
-                "invalid_request_error"
-            }
+            Self::BadRequest(_)
+            | Self::BadPath(_)
+            | Self::TooLarge(_)
+            | Self::BodyTimeout(_)
+            | Self::UnknownModel { .. } => "invalid_request_error",
             // What OpenAI's own API answers when a client must slow down.
             Self::Overloaded(_) => "rate_limit_error",
             Self::QueueFull(_)
@@ -243,6 +252,20 @@ pub fn model_of(body: &[u8]) -> Result<String, RequestError> {
     }
 }
 
+/// Whether `path` holds a segment a server would resolve away: `.` or `..`, literally or percent-encoded
+/// (`%2e`, either case), or a backslash (which some servers read as a separator). Such a path is refused, never
+/// normalised: a client has no honest reason to send one.
+pub fn has_dot_segment(path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or(path);
+    if path.contains('\\') || path.to_ascii_lowercase().contains("%5c") {
+        return true;
+    }
+    path.split('/').any(|seg| {
+        let decoded = seg.to_ascii_lowercase().replace("%2e", ".");
+        decoded == "." || decoded == ".."
+    })
+}
+
 /// The namespace a request addresses and the path to forward: `/namespaces/<ns>/v1/...` → (`ns`, `/v1/...`);
 /// anything else → (`default`, the path as is). The query string is kept.
 pub fn namespace_and_path<'a>(path_and_query: &'a str, default: &'a str) -> (&'a str, &'a str) {
@@ -259,6 +282,11 @@ pub fn namespace_and_path<'a>(path_and_query: &'a str, default: &'a str) -> (&'a
 pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let arrived = Instant::now();
     // Admission first: a shed request costs no body read, no parse and no memory.
+    let raw_path = req.uri().path();
+    if has_dot_segment(raw_path) {
+        let err = RequestError::BadPath(raw_path.to_string());
+        return reject(&app, None, err);
+    }
     let Some(admitted) = app.router.admission().try_admit() else {
         return reject(&app, None, RequestError::Overloaded(Shed::InFlight));
     };
@@ -614,6 +642,28 @@ impl hyper::body::Body for GuardedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_segments_are_refused_plain_or_encoded() {
+        for bad in [
+            "/v1/../../metrics",
+            "/v1/./chat/completions",
+            "/namespaces/a/v1/%2e%2e/%2E%2E/metrics",
+            "/v1/chat/..",
+            "/v1/x\\..\\metrics",
+            "/v1/x%5c..%5cmetrics",
+        ] {
+            assert!(has_dot_segment(bad), "{bad}");
+        }
+        for good in [
+            "/v1/chat/completions",
+            "/v1/models/a..b",
+            "/v1/completions?x=../y",
+            "/v1/.well",
+        ] {
+            assert!(!has_dot_segment(good), "{good}");
+        }
+    }
 
     #[test]
     fn the_namespace_comes_from_the_path_prefix_or_the_default() {

@@ -12,6 +12,8 @@
 //!
 //! Non-finite values (`NaN`, `±Inf`) of gauges and counters are treated as *absent*: a `NaN` KV usage says
 //! "unknown", and unknown must never read as zero (zero usage would let the recommendation shrink memory).
+//! Out-of-range values are absent too: a negative count or gauge, or a KV usage outside `[0, 1]`, is a broken
+//! exporter (or a hostile page), not a measurement; a negative KV usage read as real would shrink memory.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -656,14 +658,16 @@ struct SeriesBuilder<'a> {
 
 /// Adds a finite value into a slot (series that differ only in labels we do not key on are summed).
 fn add(slot: &mut Option<f64>, v: f64) {
-    if v.is_finite() {
+    // Every summed family is a count or a gauge of things: below zero it is not a reading.
+    if v.is_finite() && v >= 0.0 {
         *slot = Some(slot.unwrap_or(0.0) + v);
     }
 }
 
-/// Keeps the larger finite value (for usage fractions, where a sum would be meaningless).
+/// Keeps the larger value (for usage fractions, where a sum would be meaningless); only a fraction in `[0, 1]`
+/// is a reading.
 fn max_into(slot: &mut Option<f64>, v: f64) {
-    if v.is_finite() {
+    if (0.0..=1.0).contains(&v) {
         *slot = Some(slot.map_or(v, |s| s.max(v)));
     }
 }
@@ -873,6 +877,22 @@ mod tests {
         .unwrap();
         assert_eq!(s.kv_cache_usage, None);
         assert_eq!(s.requests_waiting, Some(2.0));
+    }
+
+    #[test]
+    fn out_of_range_values_are_absent_not_readings() {
+        for kv in ["-0.5", "1.5", "-1e9"] {
+            let s = VllmSnapshot::from_text(&format!(
+                "vllm:kv_cache_usage_perc{{engine=\"0\"}} {kv}\nvllm:num_requests_waiting -3\nvllm:num_requests_running 1\n"
+            ))
+            .unwrap();
+            assert_eq!(s.kv_cache_usage, None, "KV usage {kv}");
+            assert_eq!(s.requests_waiting, None, "a negative queue");
+            assert_eq!(s.requests_running, Some(1.0));
+        }
+        // The bounds themselves are readings.
+        let s = VllmSnapshot::from_text("vllm:kv_cache_usage_perc 1\n").unwrap();
+        assert_eq!(s.kv_cache_usage, Some(1.0));
     }
 
     fn arb_hist() -> impl Strategy<Value = Histogram> {
