@@ -268,4 +268,44 @@ if errors:
 print(f"  {len(names)} renderings: RBAC without wildcards or Secrets, secure pods with probes, webhook fails open")
 PY
 
+log "RBAC follows the features: no rollout grants without autoscaler.podUpdates, no unused grants"
+"$helm" template tessera "$chart" --namespace tessera-system --set autoscaler.podUpdates=false >"$out/no-updates.yaml" \
+  || fail "helm template with autoscaler.podUpdates=false"
+"$py" - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+def rules(name, role):
+    docs = [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+    return [r for d in docs if d["kind"] in ("Role", "ClusterRole")
+            and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == role
+            for r in d.get("rules", [])]
+def grants(rs, resource, verb):
+    return any(resource in r["resources"] and verb in r["verbs"] for r in rs)
+errors = []
+off, on = rules("no-updates", "autoscaler"), rules("default", "autoscaler")
+for resource in ("deployments", "statefulsets", "pods"):
+    if grants(off, resource, "patch"):
+        errors.append(f"autoscaler.podUpdates=false still grants patch on {resource}")
+    if not grants(on, resource, "patch"):
+        errors.append(f"the default install cannot patch {resource} (gpu.updateMode Recreate needs it)")
+if grants(off, "poddisruptionbudgets", "list"):
+    errors.append("autoscaler.podUpdates=false still grants list on poddisruptionbudgets")
+act, hook = rules("default", "activator"), rules("default", "webhook")
+if any("services" in r["resources"] for r in act):
+    errors.append("the activator is granted Services, which its code never reads")
+if grants(act, "events", "patch"):
+    errors.append("the activator may patch events; it only creates them")
+if any("replicasets" in r["resources"] for r in hook):
+    errors.append("the webhook is granted ReplicaSets, which its code never reads")
+docs = [d for d in yaml.safe_load_all(open(f"{out}/example-fractional-mps.yaml")) if d]
+for d in docs:
+    if (d["kind"] == "ClusterRole" and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook"
+            and any("pods" in r["resources"] for r in d["rules"])):
+        errors.append("the webhook may read pods cluster-wide; it watches capacity pods in their namespace only")
+if errors:
+    print("\n".join(errors))
+    sys.exit(1)
+print("  rollout grants only with autoscaler.podUpdates; no Services, ReplicaSets or cluster-wide pod reads unused")
+PY
+
 log "chart checks passed"
