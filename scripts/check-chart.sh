@@ -302,10 +302,17 @@ for d in docs:
     if (d["kind"] == "ClusterRole" and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook"
             and any("pods" in r["resources"] for r in d["rules"])):
         errors.append("the webhook may read pods cluster-wide; it watches capacity pods in their namespace only")
+for d in (d for d in yaml.safe_load_all(open(f"{out}/default.yaml")) if d):
+    if d["kind"] == "Deployment" and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook":
+        for v in d["spec"]["template"]["spec"].get("volumes", []):
+            items = [i["key"] for i in v.get("secret", {}).get("items", [])]
+            if "secret" in v and sorted(items) != ["tls.crt", "tls.key"]:
+                errors.append(f"the webhook mounts {v['secret']['secretName']} with {items or 'every key'}, not only tls.crt/tls.key")
 if errors:
     print("\n".join(errors))
     sys.exit(1)
-print("  rollout grants only with autoscaler.podUpdates; no Services, ReplicaSets or cluster-wide pod reads unused")
+print("  rollout grants only with autoscaler.podUpdates; no Services, ReplicaSets or cluster-wide pod reads unused;")
+print("  the webhook mounts its serving pair only (not the CA key)")
 PY
 
 log "chart checks passed"

@@ -202,6 +202,21 @@ impl Exporter {
                 self.last_preemptions.insert(model.clone(), now);
             }
         }
+        // A model that left a page vLLM did answer (its `model_name` changed, or it was unloaded) takes its
+        // counter with it: the series would otherwise live for ever, one per name the server ever had. A failed
+        // scrape prunes nothing (a gap, not a reset).
+        if up {
+            let gone: Vec<String> = self
+                .last_preemptions
+                .keys()
+                .filter(|m| !per_model.iter().any(|(model, _)| model == *m))
+                .cloned()
+                .collect();
+            for model in gone {
+                self.preemptions.remove(&vec![("model_name", model.clone())]);
+                self.last_preemptions.remove(&model);
+            }
+        }
         self.ttft.clear();
         self.itl.clear();
         if let Some((_, _, w)) = state.window_summary() {
@@ -239,5 +254,58 @@ impl Exporter {
         let mut out = String::with_capacity(4096);
         encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::state::Settings;
+    use tessera_core::metrics::snapshot::VllmSnapshot;
+
+    fn settings() -> Settings {
+        Settings {
+            vllm_url: "http://vllm:8000".into(),
+            interval_secs: 10.0,
+            window_secs: 600.0,
+            latency_window_secs: 60.0,
+            recommend: tessera_core::recommend::Config::default(),
+            bytes_per_kv_token: None,
+            non_kv_bytes: None,
+            max_model_len: None,
+            gpu_shared: false,
+            compute_share: 1.0,
+            ttft_slo_secs: None,
+            itl_slo_secs: None,
+            model_dir: None,
+            model_dtype: None,
+            tensor_parallel_size: 1,
+        }
+    }
+
+    fn page(model: &str, preemptions: u32) -> VllmSnapshot {
+        VllmSnapshot::from_text(&format!(
+            "vllm:num_preemptions_total{{model_name=\"{model}\"}} {preemptions}\nvllm:num_requests_waiting{{model_name=\"{model}\"}} 0\n"
+        ))
+        .unwrap()
+    }
+
+    /// vLLM restarted under another `--served-model-name`: the old name's counter goes, it does not pile up one
+    /// series per name the server ever had. A failed scrape in between prunes nothing.
+    #[test]
+    fn a_model_that_left_the_page_takes_its_preemption_series_with_it() {
+        let mut st = State::new(settings());
+        let mut ex = Exporter::new();
+        st.record_success(1.0, page("old-name", 3));
+        ex.update(&st);
+        assert!(ex.render().unwrap().contains("model_name=\"old-name\""));
+        st.record_failure(2.0, &crate::error::ScrapeError::HttpStatus { url: "u".into(), status: 503 });
+        ex.update(&st);
+        st.record_success(3.0, page("new-name", 1));
+        ex.update(&st);
+        let text = ex.render().unwrap();
+        assert!(!text.contains("old-name"), "{text}");
+        assert!(text.contains("tessera_preemptions_total{model_name=\"new-name\"} 1"), "{text}");
     }
 }

@@ -292,3 +292,57 @@ async fn the_activator_refuses_dot_segments_and_answers_a_model_lookup() {
     let err: serde_json::Value = missing.json().await.expect("json");
     assert_eq!(err["error"]["code"], "model_not_found");
 }
+
+/// A backend starts a streamed answer and then sends nothing, keeping its connection open: the activator aborts the
+/// client's stream after `--upstream-stream-timeout` and releases the backend (before: held for ever).
+#[tokio::test]
+async fn a_stalled_upstream_stream_is_cut_after_its_idle_bound() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let backend = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let Ok(n) = s.read(&mut buf).await else { return };
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                if head.starts_with("GET") {
+                    // The health probe.
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+                    return;
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
+                          14\r\ndata: {\"first\":1}\n\n\r\n",
+                    )
+                    .await;
+                // Then nothing, with the connection open.
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            });
+        }
+    });
+    let backend_flag = format!("m=http://{backend}");
+    let activator = Tessera::activator(&["--backend", &backend_flag, "--upstream-stream-timeout", "1s"]);
+    let started = std::time::Instant::now();
+    let resp = http_client(Duration::from_secs(30))
+        .post(activator.url("/v1/chat/completions"))
+        .json(&serde_json::json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("headers arrive");
+    assert_eq!(resp.status(), 200);
+    let body = resp.bytes().await;
+    let took = started.elapsed();
+    assert!(body.is_err(), "the stalled stream ended cleanly: {body:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(10),
+        "cut after {took:?}"
+    );
+    // The model's in-flight count is released with it.
+    activator
+        .wait_activator_stats("nothing in flight", Duration::from_secs(5), |s| {
+            s["models"]["default/m"]["requestsTotal"] == 1 && s["models"]["default/m"]["inFlight"] == 0
+        })
+        .await;
+}

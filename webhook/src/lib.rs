@@ -126,7 +126,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     admitter.reservation_timeout = args.reservation_timeout;
     admitter.metrics = metrics.clone();
     if !args.no_kube {
-        let client = kube::Client::try_default()
+        // The project's client: explicit connect, read and write timeouts, so a hung API server cannot hold an
+        // admission (or the reservation it makes) past the webhook's own deadline.
+        let client = tessera_runtime::kube_client::client()
             .await
             .context("no Kubernetes client (run in a cluster, set KUBECONFIG, or pass --no-kube)")?;
         let synced = Arc::new(AtomicBool::new(false));
@@ -229,7 +231,7 @@ pub fn watch_policies(
         None => kube::Api::all(client),
     };
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
+    let stream = watcher(api, tessera_runtime::kube_client::watcher_config())
         .default_backoff()
         .reflect(writer)
         .applied_objects();
@@ -263,7 +265,7 @@ async fn watch_capacity(
 ) {
     let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, &namespace);
     let selector = format!("{LABEL_POOL}={},{LABEL_CAPACITY_POD}=true", manager.pool().name);
-    let stream = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
+    let stream = watcher(api, tessera_runtime::kube_client::watcher_config().labels(&selector)).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut buffer = Vec::new();
     let mut synced = false;

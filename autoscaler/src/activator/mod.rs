@@ -151,6 +151,12 @@ pub struct Args {
     #[arg(long, env = "TESSERA_RESPONSE_HEADER_TIMEOUT", value_parser = nonzero_duration, default_value = "10m")]
     pub response_header_timeout: Duration,
 
+    /// Longest a backend may go without sending anything of a response body it has started (a stalled stream):
+    /// then the client's connection is aborted, as for a backend that died, and the backend is released. Keep it
+    /// above the longest gap between two tokens of a loaded server.
+    #[arg(long, env = "TESSERA_UPSTREAM_STREAM_TIMEOUT", value_parser = nonzero_duration, default_value = "2m")]
+    pub upstream_stream_timeout: Duration,
+
     /// How long an idle pooled connection to a backend is kept. Must stay below the backend's keep-alive
     /// (vLLM/uvicorn closes idle connections after 5 s): reusing a connection the backend is closing fails the
     /// request after it was sent, which cannot safely be retried.
@@ -167,7 +173,7 @@ pub struct Args {
 
     /// Static backends: probe interval while requests are held for a model with no ready backend (bounds the
     /// latency a scale from zero adds beyond the backend turning ready).
-    #[arg(long, env = "TESSERA_PROBE_INTERVAL_HELD", value_parser = nonzero_duration, default_value = "20ms")]
+    #[arg(long, env = "TESSERA_PROBE_INTERVAL_HELD", value_parser = nonzero_duration, default_value = "5ms")]
     pub probe_interval_held: Duration,
 
     /// Kubernetes: watch only this namespace (default: all namespaces).
@@ -262,6 +268,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             max_body_bytes: args.max_body_size,
             body_read_timeout: args.body_read_timeout,
             response_header_timeout: args.response_header_timeout,
+            stream_idle_timeout: args.upstream_stream_timeout,
         },
         body_budget: Arc::new(tokio::sync::Semaphore::new(budget)),
         graceful: graceful.clone(),

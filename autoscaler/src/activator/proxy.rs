@@ -13,6 +13,7 @@
 //! (429), `--body-read-timeout` (408), `--hold-timeout` (503), `--response-header-timeout` (504). Every 429 and 503
 //! carries `Retry-After`.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -50,6 +51,8 @@ pub struct Limits {
     pub body_read_timeout: Duration,
     /// Longest a backend may take to send response headers once the request is sent.
     pub response_header_timeout: Duration,
+    /// Longest a backend may go without sending anything of a response body it has started (a stalled stream).
+    pub stream_idle_timeout: Duration,
 }
 
 /// What the request path needs, shared by every connection.
@@ -475,7 +478,7 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
                         .inc();
                     // The backend has the body: its buffer and its share of the budget go now.
                     drop(budget);
-                    return stream_back(resp, lease, in_flight, admitted);
+                    return stream_back(resp, lease, in_flight, admitted, app.limits.stream_idle_timeout);
                 }
                 Ok(Err(SendError::Connect(e))) => {
                     // Nothing reached the backend, so trying again is not a second delivery.
@@ -597,11 +600,14 @@ fn stream_back(
     lease: Lease,
     in_flight: InFlight,
     admitted: Admitted,
+    idle: Duration,
 ) -> Response {
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let body = GuardedBody {
         inner: incoming,
+        idle,
+        stall: Box::pin(tokio::time::sleep(idle)),
         _lease: lease,
         _in_flight: in_flight,
         _admitted: admitted,
@@ -612,8 +618,14 @@ fn stream_back(
 /// The backend's response body, frame by frame (no buffering: each SSE chunk is written as it arrives), holding
 /// the backend lease, the model's in-flight count and the gateway admission until it ends or the client goes away. A backend that dies mid-body
 /// surfaces as an error frame, which makes the server abort the client's connection instead of ending it cleanly.
+///
+/// A backend that stops sending mid-body (hung, or a network partition that keeps the connection open) would hold
+/// the client, the lease and the admission for ever: after `idle` with no frame, the body ends with an error (the
+/// client's connection is aborted, as for a backend that died) and everything it held is released.
 struct GuardedBody {
     inner: Incoming,
+    idle: Duration,
+    stall: Pin<Box<tokio::time::Sleep>>,
     _lease: Lease,
     _in_flight: InFlight,
     _admitted: Admitted,
@@ -621,13 +633,27 @@ struct GuardedBody {
 
 impl hyper::body::Body for GuardedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(frame) => {
+                let idle = self.idle;
+                self.stall.as_mut().reset(tokio::time::Instant::now() + idle);
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
+            Poll::Pending => match self.stall.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(format!(
+                    "the backend sent nothing of its response for {} (--upstream-stream-timeout)",
+                    fmt_duration(self.idle)
+                )
+                .into()))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
     }
 
     fn is_end_stream(&self) -> bool {

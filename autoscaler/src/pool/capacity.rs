@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe,
-    ResourceRequirements, Toleration,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec,
+    Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -108,9 +108,31 @@ pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations
                 ..EnvVar::default()
             },
         ]),
+        // Like every Tessera container (docs/install.md): non-root, read-only root, no capabilities, seccomp. NVML
+        // lists a GPU's processes and /proc/<pid>/cgroup is world-readable, so hostPID is the only privilege.
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_string(),
+                ..SeccompProfile::default()
+            }),
+            ..SecurityContext::default()
+        }),
         resources: Some(ResourceRequirements {
-            // Extended resources must have requests == limits; setting limits implies the request.
-            limits: Some(gpu),
+            // Extended resources must have requests == limits; setting limits implies the request. The agent
+            // holds a few KiB per process on its GPU: 128 MiB bounds it with room.
+            limits: Some({
+                let mut limits = gpu;
+                limits.insert("memory".to_string(), Quantity("128Mi".to_string()));
+                limits
+            }),
             requests: Some(BTreeMap::from([
                 ("cpu".to_string(), Quantity("50m".to_string())),
                 ("memory".to_string(), Quantity("64Mi".to_string())),
@@ -178,6 +200,13 @@ mod tests {
             "1"
         );
         assert_eq!(spec.host_pid, Some(true));
+        // Bounded and unprivileged beyond hostPID, as docs/install.md promises.
+        assert_eq!(c.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0, "128Mi");
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_deref(), Some(&["ALL".to_string()][..]));
         // The agent finds its own pod through the downward API, and is ready once the UUID is published.
         let env = c.env.as_ref().unwrap();
         for (var, field) in [
