@@ -314,7 +314,7 @@ async fn a_stalled_upstream_stream_is_cut_after_its_idle_bound() {
                 let _ = s
                     .write_all(
                         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
-                          14\r\ndata: {\"first\":1}\n\n\r\n",
+                          13\r\ndata: {\"first\":1}\n\n\r\n",
                     )
                     .await;
                 // Then nothing, with the connection open.
