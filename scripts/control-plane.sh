@@ -276,7 +276,7 @@ EOF2
     --use-service-account-credentials=true \
     --service-account-private-key-file "$d/sa.key" --root-ca-file "$d/ca.crt" \
     --cluster-signing-cert-file "$d/ca.crt" --cluster-signing-key-file "$d/ca.key" \
-    --leader-elect=false --controllers '*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller'
+    --leader-elect=false
   start "$d" kube-scheduler "$bin/kube-scheduler" \
     --kubeconfig "$d/scheduler.kubeconfig" \
     --authentication-kubeconfig "$d/scheduler.kubeconfig" \

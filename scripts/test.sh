@@ -72,4 +72,16 @@ else
   cargo test --locked -p tessera --test real_vllm -- --ignored --nocapture
 fi
 
+log "control-plane tier: the chart, the webhook, the controller and the activator against a real Kubernetes control plane"
+# scripts/control-plane.sh builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their
+# pinned upstream modules into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/control-plane (outside the clone, like
+# the vLLM environment; .tools/control-plane links to it). A failed build fails the run; each test starts its own
+# control plane on loopback, one at a time, and a failed start fails that test with the component's log.
+if [ "${TESSERA_SKIP_CONTROL_PLANE:-0}" = 1 ]; then
+  echo "SKIPPED: TESSERA_SKIP_CONTROL_PLANE=1 (the control-plane tier did not run)"
+else
+  scripts/control-plane.sh build
+  cargo test --locked -p tessera --test control_plane -- --ignored --test-threads=1 --nocapture
+fi
+
 log "all tests passed"
