@@ -252,6 +252,9 @@ EOF2
     --endpoint-reconciler-type none \
     --tls-cert-file "$d/apiserver.crt" --tls-private-key-file "$d/apiserver.key" \
     --client-ca-file "$d/ca.crt" \
+    --requestheader-client-ca-file "$d/ca.crt" --requestheader-allowed-names front-proxy-client \
+    --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
+    --requestheader-extra-headers-prefix X-Remote-Extra- \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$d/sa.pub" --service-account-signing-key-file "$d/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 \

@@ -180,7 +180,7 @@ impl ControlPlane {
     fn log_tail(&self, component: &str) -> String {
         let text = std::fs::read_to_string(self.dir.join(format!("{component}.log"))).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        lines[lines.len().saturating_sub(15)..].join("\n")
     }
 
     /// The API server's audit log (scripts/control-plane.sh's policy: Lease and /scale writes with their bodies).
@@ -1546,6 +1546,9 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
         cp.helm_install_with(&[
             "--set", "webhook.replicas=1", "--set", "autoscaler.replicas=1", "--set", "activator.enabled=false",
             "--set", "gpuPools.enabled=true",
+            // The first replica's reservation lands before its capacity pod has a node, so that replica is
+            // admitted with its whole GPU and the reservation lapses by this TTL (a short one, for the test).
+            "--set", "gpuPools.reservationTtl=10s",
             "--set-json",
             r#"gpuPools.pools=[{"name":"l4","nodeSelector":{"nvidia.com/gpu.product":"NVIDIA-L4"},"gpuMemoryMiB":23034,"sharing":"time-slicing","maxGpus":4,"emptyGpuGracePeriod":"5s"}]"#,
         ]);
@@ -1689,13 +1692,12 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
             "the fractional replica's node"
         );
 
-        // No tenants left: after the pool's empty-GPU grace (5 s) the pool manager deletes the capacity pod.
+        // No tenants left (the model is deleted; scaling it to zero would be undone by the controller, which keeps
+        // minReplicas): once the first replica's unused reservation has lapsed (10 s TTL) and the pool's
+        // empty-GPU grace (5 s) has passed, the pool manager deletes the capacity pod.
+        ias_api(&client, "models").delete("llama", &DeleteParams::default()).await.unwrap();
         deployments
-            .patch_scale(
-                "llama",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": 0}})),
-            )
+            .delete("llama", &DeleteParams::foreground())
             .await
             .unwrap();
         let emptied = Instant::now();
@@ -1706,7 +1708,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
         )
         .await;
         eprintln!(
-            "pools: capacity pod {cap_name} on {node} deleted {:.1} s after its last tenant left (grace 5 s)",
+            "pools: capacity pod {cap_name} on {node} deleted {:.1} s after its last tenant left (TTL 10 s, grace 5 s)",
             emptied.elapsed().as_secs_f64()
         );
     });
