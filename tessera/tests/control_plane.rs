@@ -1691,11 +1691,45 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
             Some(node.as_str()),
             "the fractional replica's node"
         );
+        // The memory flag and the GPU the webhook wrote, as the API server stored them: 8000 MiB of a 23034 MiB
+        // GPU, and the UUID the agent published.
+        let vllm = placed
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == "vllm"))
+            .expect("the vllm container");
+        let words: Vec<&str> = vllm
+            .command
+            .iter()
+            .flatten()
+            .chain(vllm.args.iter().flatten())
+            .map(String::as_str)
+            .collect();
+        let util: f64 = words
+            .iter()
+            .position(|w| *w == "--gpu-memory-utilization")
+            .and_then(|i| words.get(i + 1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no --gpu-memory-utilization in {words:?}"));
+        assert!(
+            (util - 8000.0 / 23034.0).abs() < 0.01,
+            "--gpu-memory-utilization {util} in {words:?}"
+        );
+        let visible = vllm
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "NVIDIA_VISIBLE_DEVICES")
+            .and_then(|e| e.value.clone());
+        assert_eq!(visible, Some(format!("GPU-{node}-0")));
 
         // No tenants left (the model is deleted; scaling it to zero would be undone by the controller, which keeps
         // minReplicas): once the first replica's unused reservation has lapsed (10 s TTL) and the pool's
         // empty-GPU grace (5 s) has passed, the pool manager deletes the capacity pod.
-        ias_api(&client, "models").delete("llama", &DeleteParams::default()).await.unwrap();
+        ias_api(&client, "models")
+            .delete("llama", &DeleteParams::default())
+            .await
+            .unwrap();
         deployments
             .delete("llama", &DeleteParams::foreground())
             .await
