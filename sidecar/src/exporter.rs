@@ -300,12 +300,21 @@ mod tests {
         st.record_success(1.0, page("old-name", 3));
         ex.update(&st);
         assert!(ex.render().unwrap().contains("model_name=\"old-name\""));
-        st.record_failure(2.0, &crate::error::ScrapeError::HttpStatus { url: "u".into(), status: 503 });
+        st.record_failure(
+            2.0,
+            &crate::error::ScrapeError::HttpStatus {
+                url: "u".into(),
+                status: 503,
+            },
+        );
         ex.update(&st);
         st.record_success(3.0, page("new-name", 1));
         ex.update(&st);
         let text = ex.render().unwrap();
         assert!(!text.contains("old-name"), "{text}");
-        assert!(text.contains("tessera_preemptions_total{model_name=\"new-name\"} 1"), "{text}");
+        assert!(
+            text.contains("tessera_preemptions_total{model_name=\"new-name\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -1547,7 +1547,12 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
         let client = cp.client().await;
         // Capacity pods get a namespace of their own (the chart refuses the release namespace: tenants get Lease
         // grants there), labelled for hostPID as docs/install.md says.
-        namespace(&client, "tessera-gpus", json!({"pod-security.kubernetes.io/enforce": "privileged"})).await;
+        namespace(
+            &client,
+            "tessera-gpus",
+            json!({"pod-security.kubernetes.io/enforce": "privileged"}),
+        )
+        .await;
         cp.helm_install_with(&[
             "--set", "gpuPools.namespace=tessera-gpus",
             "--set", "webhook.replicas=1", "--set", "autoscaler.replicas=1", "--set", "activator.enabled=false",
@@ -1556,7 +1561,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
             // admitted with its whole GPU and the reservation lapses by this TTL (a short one, for the test).
             "--set", "gpuPools.reservationTtl=10s",
             "--set-json",
-            r#"gpuPools.pools=[{"name":"l4","nodeSelector":{"nvidia.com/gpu.product":"NVIDIA-L4"},"gpuMemoryMiB":23034,"sharing":"time-slicing","maxGpus":4,"emptyGpuGracePeriod":"5s"}]"#,
+            r#"gpuPools.pools=[{"name":"l4","nodeSelector":{"nvidia.com/gpu.product":"NVIDIA-L4"},"gpuMemoryMiB":23034,"sharing":"time-slicing","maxGpus":4,"emptyGpuGracePeriod":"30s"}]"#,
         ]);
         // The pools file the chart renders, as the chart's pods would mount it.
         let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "tessera-system")
@@ -1731,7 +1736,8 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
 
         // No tenants left (the model is deleted; scaling it to zero would be undone by the controller, which keeps
         // minReplicas): once the first replica's unused reservation has lapsed (10 s TTL) and the pool's
-        // empty-GPU grace (5 s) has passed, the pool manager deletes the capacity pod.
+        // empty-GPU grace (30 s: long enough that a loaded machine sees the capacity pod bound before the first,
+        // expired reservation leaves it empty) has passed, the pool manager deletes the capacity pod.
         ias_api(&client, "models")
             .delete("llama", &DeleteParams::default())
             .await
@@ -1748,7 +1754,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
         )
         .await;
         eprintln!(
-            "pools: capacity pod {cap_name} on {node} deleted {:.1} s after its last tenant left (TTL 10 s, grace 5 s)",
+            "pools: capacity pod {cap_name} on {node} deleted {:.1} s after its last tenant left (TTL 10 s, grace 30 s)",
             emptied.elapsed().as_secs_f64()
         );
     });

@@ -301,7 +301,9 @@ async fn a_stalled_upstream_stream_is_cut_after_its_idle_bound() {
     let backend = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = listener.accept().await else { return };
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 65536];
                 let Ok(n) = s.read(&mut buf).await else { return };

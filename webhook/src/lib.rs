@@ -265,7 +265,11 @@ async fn watch_capacity(
 ) {
     let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, &namespace);
     let selector = format!("{LABEL_POOL}={},{LABEL_CAPACITY_POD}=true", manager.pool().name);
-    let stream = watcher(api, tessera_runtime::kube_client::watcher_config().labels(&selector)).default_backoff();
+    let stream = watcher(
+        api,
+        tessera_runtime::kube_client::watcher_config().labels(&selector),
+    )
+    .default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut buffer = Vec::new();
     let mut synced = false;

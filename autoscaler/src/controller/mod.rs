@@ -423,7 +423,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         if let Some(mut t) = pool_task {
             // A follower must not keep creating or deleting capacity pods: a manager that did not stop in time is
             // aborted (its JoinSet of per-pool managers aborts with it), never left running detached.
-            if tokio::time::timeout(Duration::from_secs(5), &mut t).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), &mut t)
+                .await
+                .is_err()
+            {
                 warn!("the GPU pool manager did not stop within 5 s of losing leadership: aborting it");
                 t.abort();
                 let _ = t.await;

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec,
-    Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod,
+    PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -201,12 +201,18 @@ mod tests {
         );
         assert_eq!(spec.host_pid, Some(true));
         // Bounded and unprivileged beyond hostPID, as docs/install.md promises.
-        assert_eq!(c.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0, "128Mi");
+        assert_eq!(
+            c.resources.as_ref().unwrap().limits.as_ref().unwrap()["memory"].0,
+            "128Mi"
+        );
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.run_as_non_root, Some(true));
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));
-        assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_deref(), Some(&["ALL".to_string()][..]));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_string()][..])
+        );
         // The agent finds its own pod through the downward API, and is ready once the UUID is published.
         let env = c.env.as_ref().unwrap();
         for (var, field) in [
