@@ -317,14 +317,8 @@ impl State {
             ttft: latency(summary.as_ref().and_then(|w| w.ttft)),
             itl: latency(summary.as_ref().and_then(|w| w.inter_token_latency)),
         };
-        let input = recommend::Input {
-            window: &window,
-            geometry,
-            memory: self.memory_facts(latest),
-            // What runs is the applied recommendation: the step is bounded from it (the current share).
-            previous: None,
-            compute,
-        };
+        // The step is bounded from what runs (`recommend::Input::of_replica`, the simulator's input too).
+        let input = recommend::Input::of_replica(&window, geometry, self.memory_facts(latest), compute);
         let outcome = recommend::recommend(&input, &self.settings.recommend);
         if let (Outcome::Ready(new), Some(old)) = (&outcome, self.recommendation.outcome.recommendation())
             && (new.kv_cache_memory_bytes != old.kv_cache_memory_bytes
