@@ -158,7 +158,7 @@ mod tests {
             name: "m".into(),
             replicas,
             surged: false,
-            sidecars: vec![None; replicas as usize],
+            sidecars: vec![Some(idle_sidecar()); replicas as usize],
             demand,
             external_rate: None,
             room: ShareRoom::Fixed,
@@ -170,6 +170,18 @@ mod tests {
             },
             max_signal_age: Duration::from_secs(30),
         }
+    }
+
+    /// A fresh replica with nothing running or waiting.
+    fn idle_sidecar() -> SidecarStatus {
+        serde_json::from_value(serde_json::json!({
+            "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
+            "ready": true, "stale": false,
+            "scrape": {"interval_secs": 5.0, "successes_total": 3},
+            "latest": {"at": 999.0, "kv_cache_usage_ratio": 0.0, "requests_running": 0.0, "requests_waiting": 0.0},
+            "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming up"}}
+        }))
+        .unwrap()
     }
 
     fn idle(now: Timestamp) -> Demand {

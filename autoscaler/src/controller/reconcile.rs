@@ -236,21 +236,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
     let current = g.observed.replicas;
     let moving = g.placed.decided(r.placement, r.step);
-    let mut replicas = r.replicas();
-    if !moving.to_retire().is_empty() {
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-        if let Err(e) = super::consolidate::mark_leaving(&pods, moving.to_retire()).await {
-            // The ReplicaSet would pick another pod to remove: hold the count this round instead.
-            warn!(error = %e, pods = ?moving.to_retire(), "could not mark pods leaving a draining GPU; not scaling down this round");
-            replicas = current.max(replicas);
-        }
-    }
+    let (replicas, applied) = apply_count(ctx, obj, &g, &moving, &r).await;
     let decision = &r.decision;
-    let applied = if replicas != current {
-        apply(ctx, obj, &g.target_api, &g.target, decision, current, replicas).await
-    } else {
-        Applied::Unchanged
-    };
     if !matches!(applied, Applied::Failed(_))
         && let Ok(mut states) = ctx.states.lock()
     {
@@ -344,6 +331,33 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         st
     })
     .await
+}
+
+/// Applies the round's count: marks the pods a retire takes off a draining GPU (a failed mark holds the count
+/// this round: the ReplicaSet would pick another pod), then writes `/scale` when the count differs. Returns the
+/// count applied and how the write went.
+async fn apply_count(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    g: &Gathered,
+    moving: &super::consolidate::Move,
+    r: &Round,
+) -> (u32, Applied) {
+    let current = g.observed.replicas;
+    let mut replicas = r.replicas();
+    if !moving.to_retire().is_empty() {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+        if let Err(e) = super::consolidate::mark_leaving(&pods, moving.to_retire()).await {
+            warn!(error = %e, pods = ?moving.to_retire(), "could not mark pods leaving a draining GPU; not scaling down this round");
+            replicas = current.max(replicas);
+        }
+    }
+    let applied = if replicas != current {
+        apply(ctx, obj, &g.target_api, &g.target, &r.decision, current, replicas).await
+    } else {
+        Applied::Unchanged
+    };
+    (replicas, applied)
 }
 
 /// An invalid spec: reported as the `Valid` condition and a Warning event (once per message), and nothing is
