@@ -158,11 +158,12 @@ pub fn placement(pods: &[Pod], draining: &DrainingGpus) -> Move {
 
 impl Move {
     /// This placement with the round's answer: the `placement` it decided on (its `desired` filled) and its `step`.
-    pub fn decided(self, placement: ModelPlacement, step: MoveStep) -> Move {
+    pub fn decided(&self, placement: ModelPlacement, step: MoveStep) -> Move {
         Move {
             placement,
             step,
-            ..self
+            leaving: self.leaving.clone(),
+            from: self.from.clone(),
         }
     }
 }
