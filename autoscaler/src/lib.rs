@@ -9,6 +9,16 @@ pub mod pool;
 pub mod ui;
 mod watch;
 
+/// The `autoscaler` role: the controller, or with `--no-kube` the `/ui` page alone, read from the sidecars given on
+/// the command line (`ui::local`). Dispatched here so the controller and the local page do not import each other.
+pub async fn run(args: controller::Args) -> anyhow::Result<()> {
+    if args.ui.no_kube {
+        ui::local::run(args).await
+    } else {
+        controller::run(args).await
+    }
+}
+
 /// Unix milliseconds of a clock reading (0 before the epoch), the unit of every time on the wire and in the core.
 pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)

@@ -10,6 +10,8 @@
 //! - [`recommend`]: how much GPU memory (KV cache bytes, `gpu_memory_utilization`, MiB) and compute a replica needs.
 //! - [`scale`]: how many replicas a model needs (the HPA replacement), including scale to zero.
 //! - [`pack`]: which GPU each fractional replica goes on, and which GPUs could be emptied.
+//! - [`round`]: one model's decision round, observed state in, every decision out (the controller's and the
+//!   simulator's one sequence of the rules above).
 //! - [`rollout`]: which GPU allocation is in force for a model, and whether to roll its running pods onto it.
 //! - [`gate`]: the per-GPU start-up gate (vLLM servers sharing a GPU start one at a time).
 //! - [`lease`]: the Lease rule shared by leader election and the start-up gate.
@@ -22,6 +24,7 @@ pub mod metrics;
 pub mod pack;
 pub mod recommend;
 pub mod rollout;
+pub mod round;
 pub mod scale;
 pub mod wire;
 pub mod workload;

@@ -317,14 +317,8 @@ impl State {
             ttft: latency(summary.as_ref().and_then(|w| w.ttft)),
             itl: latency(summary.as_ref().and_then(|w| w.inter_token_latency)),
         };
-        let input = recommend::Input {
-            window: &window,
-            geometry,
-            memory: self.memory_facts(latest),
-            // What runs is the applied recommendation: the step is bounded from it (the current share).
-            previous: None,
-            compute,
-        };
+        // The step is bounded from what runs (`recommend::Input::of_replica`, the simulator's input too).
+        let input = recommend::Input::of_replica(&window, geometry, self.memory_facts(latest), compute);
         let outcome = recommend::recommend(&input, &self.settings.recommend);
         if let (Outcome::Ready(new), Some(old)) = (&outcome, self.recommendation.outcome.recommendation())
             && (new.kv_cache_memory_bytes != old.kv_cache_memory_bytes
@@ -562,6 +556,13 @@ mod tests {
         }
     }
 
+    /// Twenty good scrapes of `page`, ten seconds apart from t = 0.
+    fn scrape_20(st: &mut State, page: &str) {
+        for i in 0..20 {
+            st.record_success(10.0 * i as f64, VllmSnapshot::from_text(page).unwrap());
+        }
+    }
+
     fn l4() -> GpuReading {
         // An NVIDIA L4 as nvidia-smi reports it: 23034 MiB.
         GpuReading {
@@ -630,12 +631,7 @@ mod tests {
         });
         st.set_gpu("fake", Some(l4()));
         // The page's TTFT histogram never moves: no request got a first token in the window (idle).
-        for i in 0..20 {
-            st.record_success(
-                10.0 * i as f64,
-                VllmSnapshot::from_text(&page(base, 0.3, 0.0, 0.0)).unwrap(),
-            );
-        }
+        scrape_20(&mut st, &page(base, 0.3, 0.0, 0.0));
         let r = st.outcome().recommendation().unwrap();
         assert_eq!(r.compute_fraction, 0.5);
         assert!(
@@ -837,12 +833,7 @@ mod tests {
             latency_window_secs: 60.0,
             ..settings()
         });
-        for i in 0..20 {
-            st.record_success(
-                10.0 * i as f64,
-                VllmSnapshot::from_text(&page(base, 0.1, 0.0, 0.0)).unwrap(),
-            );
-        }
+        scrape_20(&mut st, &page(base, 0.1, 0.0, 0.0));
         // Samples at 130..=190 s are within 60 s of the last.
         assert_eq!(st.window_len(), 7);
     }
@@ -869,12 +860,7 @@ mod tests {
                 busy_ratio: None,
             }),
         );
-        for i in 0..20 {
-            st.record_success(
-                10.0 * i as f64,
-                VllmSnapshot::from_text(&fixed_kv_page(0.3)).unwrap(),
-            );
-        }
+        scrape_20(&mut st, &fixed_kv_page(0.3));
         // No measurement, no configuration: not yet, naming what supplies non-KV memory.
         match st.outcome() {
             Outcome::NotYet { code, reason } => {
@@ -924,12 +910,7 @@ mod tests {
         st.set_model(crate::model::read_model_dir(&dir));
         assert!(!st.needs_model());
         st.set_gpu("fake", Some(l4()));
-        for i in 0..20 {
-            st.record_success(
-                10.0 * i as f64,
-                VllmSnapshot::from_text(&page(REAL_PAGE, 0.3, 0.0, 0.0)).unwrap(),
-            );
-        }
+        scrape_20(&mut st, &page(REAL_PAGE, 0.3, 0.0, 0.0));
         // Budget mode on the page, but configured non-KV wins; bytes per token from config.json (bf16 KV).
         let r = st.outcome().recommendation().unwrap();
         assert_eq!(r.bytes_per_kv_token, 131_072);

@@ -48,11 +48,12 @@ fn main() -> anyhow::Result<()> {
             })
             .collect();
         let own: Vec<String> = r
+            .observed
             .sidecars
             .iter()
             .map(|s| {
-                s.recent
-                    .as_ref()
+                s.as_ref()
+                    .and_then(|s| s.recent.as_ref())
                     .and_then(|l| l.ttft_seconds.p95)
                     .map_or("-".into(), |v| round(v).to_string())
             })

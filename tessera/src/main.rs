@@ -54,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Sidecar(args) => tessera_sidecar::run(args).await,
         Command::GpuAgent(args) => tessera_sidecar::agent::run(args).await,
-        Command::Autoscaler(args) => tessera_autoscaler::controller::run(args).await,
+        Command::Autoscaler(args) => tessera_autoscaler::run(args).await,
         Command::Activator(args) => tessera_autoscaler::activator::run(args).await,
         Command::Webhook(args) => tessera_webhook::run(args).await,
         Command::Simulate(args) => tessera_sim::simulate::run(args).await,

@@ -9,7 +9,8 @@
 use k8s_openapi::api::core::v1::Pod;
 use tessera_autoscaler::crd::InferenceAutoscaler;
 
-use crate::mutate::LABEL_AUTOSCALER;
+/// Pod label: the InferenceAutoscaler of this pod, where its owner chain does not lead to one.
+pub const LABEL_AUTOSCALER: &str = "tessera.dev/autoscaler";
 
 /// The workload that owns `pod`, as (kind, name): the Deployment behind a ReplicaSet where the pod-template-hash
 /// says so, else the controller owner itself.

@@ -9,7 +9,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::events::EventType;
 use tracing::{debug, warn};
 
-use super::reconcile::{Context, publish};
+use super::context::{Context, publish};
 use crate::crd::InferenceAutoscaler;
 
 /// What [`allocation_and_roll`] needs from this reconcile.

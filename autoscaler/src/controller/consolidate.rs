@@ -113,10 +113,18 @@ impl Move {
 /// Reads where the model's pods are and asks the rule. Pods being deleted are not counted anywhere: they are
 /// already going.
 pub fn plan(pods: &[Pod], draining: &DrainingGpus, desired: u32) -> Move {
-    let mut placement = ModelPlacement {
+    let placed = placement(pods, draining);
+    let placement = ModelPlacement {
         desired,
-        ..ModelPlacement::default()
+        ..placed.placement
     };
+    placed.decided(placement, move_step(placement))
+}
+
+/// Where the model's pods are relative to a draining GPU, before the round decides (`desired` 0, step `Stay`):
+/// the round's `Observed::placement`. Pods being deleted are not counted anywhere: they are already going.
+pub fn placement(pods: &[Pod], draining: &DrainingGpus) -> Move {
+    let mut placement = ModelPlacement::default();
     let mut leaving: Vec<(bool, String)> = Vec::new();
     let mut from: Vec<String> = Vec::new();
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
@@ -142,9 +150,21 @@ pub fn plan(pods: &[Pod], draining: &DrainingGpus, desired: u32) -> Move {
     leaving.sort();
     Move {
         placement,
-        step: move_step(placement),
+        step: MoveStep::Stay,
         leaving: leaving.into_iter().map(|(_, n)| n).collect(),
         from,
+    }
+}
+
+impl Move {
+    /// This placement with the round's answer: the `placement` it decided on (its `desired` filled) and its `step`.
+    pub fn decided(&self, placement: ModelPlacement, step: MoveStep) -> Move {
+        Move {
+            placement,
+            step,
+            leaving: self.leaving.clone(),
+            from: self.from.clone(),
+        }
     }
 }
 

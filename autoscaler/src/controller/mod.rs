@@ -25,6 +25,7 @@
 pub mod allocation;
 pub mod coldstart;
 pub mod consolidate;
+pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
 pub mod metrics;
@@ -55,8 +56,8 @@ use tracing::{info, warn};
 
 use crate::crd::InferenceAutoscaler;
 use crate::leader::{ElectionConfig, LeaderElector};
+use context::{Context, Settings};
 use metrics::Metrics;
-use reconcile::{Context, Settings};
 use signals::{ActivatorPoller, HttpSignals, SignalSource};
 
 /// `tessera autoscaler` flags.
@@ -154,10 +155,10 @@ struct Health {
     ready: AtomicBool,
 }
 
-/// Runs the controller until SIGTERM or Ctrl-C.
+/// Runs the controller until SIGTERM or Ctrl-C (`--no-kube` is the local page's: [`crate::run`] dispatches it).
 pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.ui.no_kube {
-        return crate::ui::local::run(args).await;
+        anyhow::bail!("--no-kube serves the /ui page alone: run it through tessera_autoscaler::run");
     }
     if args.renew_deadline >= args.lease_duration {
         anyhow::bail!(

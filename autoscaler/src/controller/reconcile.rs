@@ -1,4 +1,5 @@
-//! One reconcile of one InferenceAutoscaler: observe, decide (in `tessera_core::scale`), act, report.
+//! One reconcile of one InferenceAutoscaler: gather what the round observes, take the round in core
+//! ([`tessera_core::round`], the simulator's round too), apply what it decided, report.
 //!
 //! 1. Validate the spec into a policy; an invalid spec is reported as the `Valid` condition and a Warning event,
 //!    and nothing is scaled.
@@ -6,28 +7,35 @@
 //!    `spec.replicas` is the current count and `status.selector` finds its pods.
 //! 3. List the pods, keep the ready ones, and read every ready pod's sidecar `/v1/status` concurrently (each with
 //!    the source's timeout). A replica that cannot be read counts as missing, never as idle.
-//! 4. Add the activators' demand for the model's names (`"<namespace>/<model>"`, polled in the background).
-//! 5. `decide`. A decision to go to zero is checked once more against activator documents fetched right then:
-//!    a request that arrived since the last poll keeps the model up.
-//! 6. Apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`, emit an Event on every scale, and
-//!    write `status` only when it changed (merge patch carrying the `resourceVersion`, retried on 409 Conflict).
+//! 4. Add the activators' demand for the model's names (`"<namespace>/<model>"`, polled in the background), the
+//!    share's room, the cold start measured from the pods, the budget group's claims and where the pods sit
+//!    relative to a draining GPU: the round's [`Observed`] ([`gather`]).
+//! 5. The round: urgency, the decision and its reason, what held it, the move off a draining GPU. A decision to
+//!    go to zero is asked again on activator documents fetched right then ([`Round::redecide`]): a request that
+//!    arrived since keeps the model up.
+//! 6. Mark pods leaving a draining GPU, apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`,
+//!    and emit an Event on every scale.
+//! 7. Fold the recommendation into the allocation in force, roll under `updateMode: Recreate`
+//!    (`super::allocation`), and write `status` only when it changed (merge patch carrying the `resourceVersion`,
+//!    retried on 409 Conflict).
 //!
 //! The per-object [`ScaleState`] lives in memory. Losing it (restart, new leader) only restarts the windows, which
 //! is safe: a scale-down then waits a full stabilization window again. The cold-start ledger, a day of counts, is
 //! the exception: a copy kept in `status.coldStartLedger` resumes it (`super::coldstart`).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff;
+use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Client, Resource, ResourceExt};
+use tessera_core::round::{Observed, Round};
 use tessera_core::scale::{self, ScaleDecision, ScaleState, Timestamp};
 use tessera_core::wire::activator::{model_key, split_model_key};
 use tessera_core::wire::sidecar::SidecarStatus;
@@ -38,13 +46,13 @@ use super::coldstart::{
     ledger_status, namespace_claims, observed_cold_start, publish_budget_metrics, resume_state,
     watched_objects,
 };
-use super::metrics::Metrics;
-use super::signals::{ActivatorPoller, SignalSource, demand_from};
+use super::signals::demand_from;
 use super::status::{self, Applied};
 use crate::crd::{self, InferenceAutoscaler, InferenceAutoscalerStatus};
 
-/// The field manager written on every patch, so `kubectl get -o yaml --show-managed-fields` shows who set replicas.
-pub const FIELD_MANAGER: &str = "tessera-autoscaler";
+use super::context::publish;
+pub use super::context::{Clock, Context, Settings};
+pub use super::status::FIELD_MANAGER;
 
 /// Pod annotation that overrides the sidecar port for one workload.
 pub const SIDECAR_PORT_ANNOTATION: &str = "tessera.dev/sidecar-port";
@@ -94,73 +102,6 @@ impl Error {
     }
 }
 
-/// Settings for reconciles.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Requeue every object this often (the decision period).
-    pub sync_period: Duration,
-    /// Default sidecar port on each pod.
-    pub sidecar_port: u16,
-    /// Oldest sidecar snapshot still counted as fresh.
-    pub max_signal_age: Duration,
-    /// An activator document older than this makes the demand unknown.
-    pub activator_max_age: Duration,
-    /// The in-force and roll rules' settings (`gpu.updateMode`).
-    pub rollout: tessera_core::rollout::RolloutConfig,
-}
-
-/// A clock, injected so tests control time.
-pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
-
-/// Everything a reconcile needs.
-pub struct Context {
-    /// The API client.
-    pub client: Client,
-    /// Sidecar and activator documents.
-    pub signals: Arc<dyn SignalSource>,
-    /// The activator's latest documents.
-    pub activators: ActivatorPoller,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Event publisher.
-    pub recorder: Recorder,
-    /// Settings.
-    pub settings: Settings,
-    /// The clock.
-    pub clock: Clock,
-    /// Per-object decision history, by `namespace/name`.
-    pub states: Mutex<HashMap<String, ScaleState>>,
-    /// Per-object time and [`trigger_hash`] of the last full reconcile, to skip the echo of our own status writes.
-    pub last_runs: Mutex<HashMap<String, (SystemTime, u64)>>,
-    /// Objects (`namespace/name`) woken by a request held at an activator: their next reconcile runs in full
-    /// even when it looks like the echo of a status write.
-    pub woken: Mutex<HashSet<String>>,
-    /// Models being rolled onto a new allocation, one per pool.
-    pub rolling: super::rollout::Rolling,
-    /// Consolidation: the capacity pods the pool managers drain (this controller moves pods off them), and the pods
-    /// this controller moves (the pool managers drain only GPUs whose pods someone moves).
-    pub consolidation: crate::pool::ConsolidationLink,
-    /// Where each reconcile publishes what it saw and decided for the `/ui` page (read-only for the page).
-    pub ui: Arc<crate::ui::Store>,
-    /// The InferenceAutoscalers this term's controller watches (its reflector's cache, set when it starts): a
-    /// budget group's members this process has not decided for yet are read from their status through it
-    /// ([`namespace_claims`]). `None` before the first term starts.
-    pub objects: std::sync::RwLock<Option<kube::runtime::reflector::Store<InferenceAutoscaler>>>,
-}
-
-impl Context {
-    /// Marks `key` (`namespace/name`) as woken by a held request.
-    pub fn mark_woken(&self, key: &str) {
-        if let Ok(mut w) = self.woken.lock() {
-            w.insert(key.to_owned());
-        }
-    }
-
-    fn take_woken(&self, key: &str) -> bool {
-        self.woken.lock().is_ok_and(|mut w| w.remove(key))
-    }
-}
-
 /// The InferenceAutoscalers a model key (`"<namespace>/<model>"`) belongs to: those in that namespace whose
 /// `modelNames` include the model. Tenants are namespaces: another namespace's object with the same model name is
 /// never woken.
@@ -176,14 +117,6 @@ pub fn objects_for_model(
         .filter(|o| o.namespace().as_deref() == Some(ns) && o.spec.model_names.iter().any(|m| m == model))
         .map(|o| ObjectRef::from_obj(o.as_ref()))
         .collect()
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The kube-runtime reconcile entry point.
@@ -253,10 +186,10 @@ fn forget_deleted(runs: &mut HashMap<String, (SystemTime, u64)>, ctx: &Context, 
     }
 }
 
+/// One reconcile: gather what the round observes, take the round in core (`tessera_core::round`), apply it.
 async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(), Error> {
     let ns = obj.namespace().ok_or(Error::NoNamespace)?;
-    let name = obj.name_any();
-    let key = format!("{ns}/{name}");
+    let key = format!("{ns}/{}", obj.name_any());
     let ias_api: Api<InferenceAutoscaler> = Api::namespaced(ctx.client.clone(), &ns);
     let now_sys = (ctx.clock)();
     if let Ok(mut runs) = ctx.last_runs.lock() {
@@ -264,30 +197,233 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         forget_deleted(&mut runs, ctx, now_sys);
     }
     let now_k8s = k8s_time(now_sys);
+    let now = timestamp(now_sys);
     let generation = obj.metadata.generation;
-    let spec = &obj.spec;
-    let target = format!("{}/{}", spec.scale_target_ref.kind, spec.scale_target_ref.name);
 
     // 1. The spec.
-    let policy = match spec.to_policy() {
+    let policy = match obj.spec.to_policy() {
         Ok(p) => p,
-        Err(errors) => {
-            let message = errors.join("; ");
-            let was_invalid = obj.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == status::VALID && c.status == "False" && c.message == message)
-            });
-            if !was_invalid {
-                publish(ctx, obj, EventType::Warning, "InvalidSpec", "Validate", &message).await;
-            }
-            warn!(%message, "invalid spec: not scaling");
-            return write_status(&ias_api, obj, |prev| {
-                status::after_failure(prev, generation, status::VALID, "InvalidSpec", &message, &now_k8s)
-            })
-            .await;
-        }
+        Err(errors) => return invalid_spec(ctx, obj, &ias_api, &errors.join("; "), &now_k8s).await,
     };
+    // 2-4. What the round observes.
+    let g = gather(ctx, obj, &ias_api, &policy, now_sys).await?;
+
+    // 5. The round (`core::round`): urgency, the count before a surge, the input, the joint round on the model's
+    // history, the decision, what held it and the move off a draining GPU.
+    let (mut r, state, ledger_copy) = take_round(ctx, obj, &policy, &g.observed, &key, now);
+    if r.goes_to_zero() {
+        // The documents may be a poll interval old: a request that arrived since must not meet a model going to
+        // zero. Read every activator again, now, and ask the same rule once more.
+        let now_ms = now.as_millis();
+        let age = ctx.settings.activator_max_age;
+        ctx.activators
+            .poll_once(ctx.signals.as_ref(), &ctx.metrics, now_ms, age)
+            .await;
+        r.redecide(
+            demand_from(&ctx.activators.samples(), &g.keys, now_ms, age),
+            &state,
+            now,
+        );
+        if !r.goes_to_zero() {
+            info!(
+                reason = r.decision.reason.label(),
+                "fresh activator data: not scaling to zero"
+            );
+        }
+    }
+    ctx.metrics.decision(r.decision.reason);
+
+    // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
+    let current = g.observed.replicas;
+    let moving = g.placed.decided(r.placement, r.step);
+    let (replicas, applied) = apply_count(ctx, obj, &g, &moving, &r).await;
+    let decision = &r.decision;
+    if !matches!(applied, Applied::Failed(_))
+        && let Ok(mut states) = ctx.states.lock()
+    {
+        states.entry(key).or_default().record(decision, now);
+    }
+    debug!(
+        current,
+        desired = decision.desired_replicas,
+        reason = decision.reason.label(),
+        "decided"
+    );
+    let docs: Vec<SidecarStatus> = g.observed.sidecars.iter().flatten().cloned().collect();
+    let ready = r.input.ready_replicas;
+    let seen = crate::ui::observe::model_from_reconcile(
+        obj,
+        &policy,
+        &docs,
+        decision,
+        r.constraint,
+        ready,
+        now.as_millis(),
+    );
+    // The class shown by `kubectl get ias -o wide` is the one the page shows.
+    let workload_class = seen.workload_class.clone();
+    ctx.ui.observe_model(seen, now.as_millis());
+    let recommendation = status::largest_recommendation(&g.recommendations);
+
+    // 7. The allocation in force, and under `updateMode: Recreate` a roll onto it.
+    let gpu = obj.spec.gpu.clone().unwrap_or_default();
+    let as_i32 = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    let round = AllocationRound {
+        target_api: &g.target_api,
+        target: &g.target,
+        all_pods: &g.all_pods,
+        gpu: &gpu,
+        recommendation: recommendation.as_ref(),
+        urgency: r.urgency,
+        replicas: (
+            as_i32(current),
+            as_i32(ready),
+            as_i32(decision.desired_replicas),
+            obj.spec.min_replicas,
+        ),
+        now_ms: now.as_millis(),
+        now_k8s: &now_k8s,
+    };
+    let (allocation, in_sync) = allocation_and_roll(ctx, obj, round).await;
+    // The surge is remembered only when `/scale` really carries it (written now, or already there): a failed
+    // write must not make the next round take a replica off a count that never had it.
+    let surge_in_force = matches!(applied, Applied::Scaled) || replicas == current;
+    write_status(&ias_api, obj, |prev| {
+        let mut st = status::after_decision(
+            prev,
+            generation,
+            &g.target,
+            ready,
+            decision,
+            r.constraint,
+            &applied,
+            recommendation.clone(),
+            &now_k8s,
+        );
+        st.allocation = Some(allocation.clone());
+        st.cold_start_ledger = ledger_copy.clone();
+        status::set_workload_class(&mut st, workload_class.as_ref());
+        let had = st
+            .conditions
+            .iter()
+            .any(|c| c.type_ == super::consolidate::CONSOLIDATING);
+        let conditions = [
+            moving
+                .condition(had, surge_in_force)
+                .map(|(ok, reason, message)| {
+                    (super::consolidate::CONSOLIDATING, ok, reason.to_owned(), message)
+                }),
+            in_sync
+                .clone()
+                .map(|(ok, reason, message)| (super::rollout::ALLOCATION_IN_SYNC, ok, reason, message)),
+        ];
+        for (type_, ok, reason, message) in conditions.into_iter().flatten() {
+            status::set_condition(
+                &mut st.conditions,
+                type_,
+                ok,
+                &reason,
+                &message,
+                generation,
+                &now_k8s,
+            );
+        }
+        st
+    })
+    .await
+}
+
+/// Applies the round's count: marks the pods a retire takes off a draining GPU (a failed mark holds the count
+/// this round: the ReplicaSet would pick another pod), then writes `/scale` when the count differs. Returns the
+/// count applied and how the write went.
+async fn apply_count(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    g: &Gathered,
+    moving: &super::consolidate::Move,
+    r: &Round,
+) -> (u32, Applied) {
+    let current = g.observed.replicas;
+    let mut replicas = r.replicas();
+    if !moving.to_retire().is_empty() {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+        if let Err(e) = super::consolidate::mark_leaving(&pods, moving.to_retire()).await {
+            warn!(error = %e, pods = ?moving.to_retire(), "could not mark pods leaving a draining GPU; not scaling down this round");
+            replicas = current.max(replicas);
+        }
+    }
+    let applied = if replicas != current {
+        apply(ctx, obj, &g.target_api, &g.target, &r.decision, current, replicas).await
+    } else {
+        Applied::Unchanged
+    };
+    (replicas, applied)
+}
+
+/// An invalid spec: reported as the `Valid` condition and a Warning event (once per message), and nothing is
+/// scaled.
+async fn invalid_spec(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    ias_api: &Api<InferenceAutoscaler>,
+    message: &str,
+    now_k8s: &Time,
+) -> Result<(), Error> {
+    let was_invalid = obj.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == status::VALID && c.status == "False" && c.message == message)
+    });
+    if !was_invalid {
+        publish(ctx, obj, EventType::Warning, "InvalidSpec", "Validate", message).await;
+    }
+    warn!(%message, "invalid spec: not scaling");
+    write_status(ias_api, obj, |prev| {
+        status::after_failure(
+            prev,
+            obj.metadata.generation,
+            status::VALID,
+            "InvalidSpec",
+            message,
+            now_k8s,
+        )
+    })
+    .await
+}
+
+/// What a reconcile gathered from the cluster for its round, and what applying the round needs.
+pub(super) struct Gathered {
+    /// What the round observes.
+    pub(super) observed: Observed,
+    /// The target's API and `Kind/name`.
+    target_api: Api<DynamicObject>,
+    target: String,
+    /// The target's pods, ready or not.
+    all_pods: Vec<Pod>,
+    /// The fresh replicas' recommendations.
+    recommendations: Vec<tessera_core::recommend::Recommendation>,
+    /// The activators' keys of the model's names (`"<namespace>/<model>"`).
+    keys: Vec<String>,
+    /// Where the pods are relative to a draining GPU (the move not decided yet).
+    placed: super::consolidate::Move,
+}
+
+/// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
+/// share's room, the cold start measured from the pods, the budget group's claims and where the pods sit, as a
+/// [`Observed`]. A failure to read `/scale` is reported in status and an Event.
+pub(super) async fn gather(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    ias_api: &Api<InferenceAutoscaler>,
+    policy: &scale::ScalePolicy,
+    now_sys: SystemTime,
+) -> Result<Gathered, Error> {
+    let ns = obj.namespace().ok_or(Error::NoNamespace)?;
+    let name = obj.name_any();
+    let key = format!("{ns}/{name}");
+    let spec = &obj.spec;
+    let target = format!("{}/{}", spec.scale_target_ref.kind, spec.scale_target_ref.name);
+    let now_ms = crate::unix_ms(now_sys);
 
     // 2. The target's /scale.
     let ar = target_resource(&spec.scale_target_ref.api_version, &spec.scale_target_ref.kind)?;
@@ -305,7 +441,9 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
                 &message,
             )
             .await;
-            write_status(&ias_api, obj, |prev| {
+            let now_k8s = k8s_time(now_sys);
+            write_status(ias_api, obj, |prev| {
+                let generation = obj.metadata.generation;
                 status::after_failure(
                     prev,
                     generation,
@@ -361,7 +499,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let statuses =
         futures::future::join_all(ready_pods.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
     let mut recommendations = Vec::new();
-    let mut docs = Vec::with_capacity(ready_pods.len());
+    let mut sidecars = Vec::with_capacity(ready_pods.len());
     for ((pod, url), result) in ready_pods.iter().zip(statuses) {
         match result {
             Ok(st) => {
@@ -369,231 +507,92 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
                 if fresh && let Some(r) = st.recommendation() {
                     recommendations.push(r.clone());
                 }
-                docs.push(Some(st));
+                sidecars.push(Some(st));
             }
             Err(e) => {
                 debug!(%pod, %url, error = %e, "sidecar status unavailable: counted as missing");
                 ctx.metrics.scrape_failure("sidecar", e.label());
-                docs.push(None);
+                sidecars.push(None);
             }
         }
     }
 
-    // 4. Demand, and the decision's input: the same shaping the simulator uses (`core::scale::inputs`).
+    // 4. Demand (the activators' documents, polled in the background), the share's room, the cold start measured
+    // from the pods (every replica, the first included, starts as a pod here) and the budget group's claims.
     let keys: Vec<String> = spec.model_names.iter().map(|m| model_key(&ns, m)).collect();
-    let now_ms = crate::unix_ms(now_sys);
     let demand = demand_from(
         &ctx.activators.samples(),
         &keys,
         now_ms,
         ctx.settings.activator_max_age,
     );
-    let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Option::as_ref).collect();
-    // What hurries a growth onto the pods (`core::rollout::Urgency`): preemptions for memory, a replica over the
-    // TTFT objective for compute.
-    let urgency = tessera_core::rollout::Urgency::of(&read, policy.ttft_slo, ctx.settings.max_signal_age);
-    // A surge to move a pod off a draining GPU is not a count the rule chose: take it off before deciding (the
-    // simulator does the same).
-    let decided_current = tessera_core::pack::consolidate::count_before_surge(
-        current,
-        super::consolidate::surged(obj.status.as_ref()),
-    );
-    let mut input = scale::inputs::scale_input(decided_current, &read, ctx.settings.max_signal_age, demand);
-
-    // 5. Decide and act.
-    let now = timestamp(now_sys);
-    // Replicas and share decided together (`core::scale::joint::round`, the simulator's call too): while the share
-    // can grow, the latency target is the share rule's, and the replica count answers load and the SLO guard. The
-    // round also counts every sync's demand into the model's cold-start ledger, whatever is decided, and keeps the
-    // claim its budget group reads. A model in a group reads what this namespace's other models last claimed
-    // (`coldstart::group`), so no tenant's traffic moves another's floors. A poisoned lock only loses history,
-    // which restarts the windows: safe (see the module docs).
     let grouped = policy
         .scale_to_zero
         .as_ref()
         .is_some_and(|z| z.cold_start_budget_group.is_some());
-    let measured = observed_cold_start(&all_pods);
-    let room = share_room(obj, &docs);
     // A group's members this process has not decided for yet are read from their status (`namespace_claims`).
-    let watched = if grouped {
-        watched_objects(&ctx.objects).await
+    let peers = if grouped {
+        let watched = watched_objects(&ctx.objects).await;
+        let now = timestamp(now_sys);
+        ctx.states
+            .lock()
+            .map(|s| namespace_claims(&s, &watched, &ns, &key, now))
+            .unwrap_or_default()
     } else {
         Vec::new()
     };
-    let ledger_copy;
-    let (state, joint) = {
-        let mut states = ctx.states.lock().ok();
-        let claims = match &states {
-            Some(s) if grouped => namespace_claims(s, &watched, &ns, &key, now),
-            _ => Vec::new(),
-        };
-        let mut lost = ScaleState::default();
-        let state = match states.as_mut() {
-            Some(s) => s
-                .entry(key.clone())
-                .or_insert_with(|| resume_state(obj, &policy, now)),
-            None => &mut lost,
-        };
-        let joint = scale::joint::round(
-            &policy,
-            room,
-            // Every replica, the first included, starts as a pod here.
-            scale::joint::LeadTimes::one(measured),
-            &input,
-            state,
-            &scale::joint::BudgetPeers {
-                name: &name,
-                claims: &claims,
-            },
-            now,
-        );
-        let state = state.clone();
-        ledger_copy = ledger_status(obj, &policy, &state, now);
-        if let Some(s) = &states {
-            publish_budget_metrics(&ctx.metrics, s, &ns, joint.budget_group.as_ref());
-        }
-        (state, joint)
+    let placed = super::consolidate::placement(&all_pods, &ctx.consolidation.draining);
+    let observed = Observed {
+        name,
+        replicas: current,
+        surged: super::consolidate::surged(obj.status.as_ref()),
+        room: share_room(obj, &sidecars),
+        sidecars,
+        demand,
+        external_rate: None,
+        leads: scale::joint::LeadTimes::one(observed_cold_start(&all_pods)),
+        peers,
+        placement: placed.placement,
+        max_signal_age: ctx.settings.max_signal_age,
     };
-    let mut decision = scale::joint::decide(&input, &joint, &state, now);
-    if decision.desired_replicas == 0 && current > 0 {
-        // The documents may be a poll interval old: a request that arrived since must not meet a model going to
-        // zero. Read every activator again, now, and decide on that.
-        ctx.activators
-            .poll_once(
-                ctx.signals.as_ref(),
-                &ctx.metrics,
-                now_ms,
-                ctx.settings.activator_max_age,
-            )
-            .await;
-        input.demand = demand_from(
-            &ctx.activators.samples(),
-            &keys,
-            now_ms,
-            ctx.settings.activator_max_age,
-        );
-        decision = scale::joint::decide(&input, &joint, &state, now);
-        if decision.desired_replicas > 0 {
-            info!(
-                reason = decision.reason.label(),
-                "fresh activator data: not scaling to zero"
-            );
-        }
-    }
-    ctx.metrics.decision(decision.reason);
-    let held_by = scale::constraint::Constraint::of(&input, &joint, &decision);
-    // 5b. Pods on a GPU the pool is draining move off it (`core::pack::consolidate::move_step`): the count applied
-    // may be one over the decision (a surge), and a retire first marks the pods that must go.
-    let moving = super::consolidate::plan(&all_pods, &ctx.consolidation.draining, decision.desired_replicas);
-    let mut replicas = moving.step.replicas(decision.desired_replicas);
-    if !moving.to_retire().is_empty() {
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-        if let Err(e) = super::consolidate::mark_leaving(&pods, moving.to_retire()).await {
-            // The ReplicaSet would pick another pod to remove: hold the count this round instead.
-            warn!(error = %e, pods = ?moving.to_retire(), "could not mark pods leaving a draining GPU; not scaling down this round");
-            replicas = current.max(replicas);
-        }
-    }
-    let applied = if replicas != current {
-        apply(ctx, obj, &target_api, &target, &decision, current, replicas).await
-    } else {
-        Applied::Unchanged
-    };
-    if !matches!(applied, Applied::Failed(_))
-        && let Ok(mut states) = ctx.states.lock()
-    {
-        states.entry(key).or_default().record(&decision, now);
-    }
-    debug!(
-        current,
-        desired = decision.desired_replicas,
-        reason = decision.reason.label(),
-        "decided"
-    );
-    let observed = crate::ui::observe::model_from_reconcile(
-        obj,
-        &policy,
-        &docs.iter().flatten().cloned().collect::<Vec<_>>(),
-        &decision,
-        held_by,
-        input.ready_replicas,
-        now.as_millis(),
-    );
-    // The class shown by `kubectl get ias -o wide` is the one the page shows.
-    let workload_class = observed.workload_class.clone();
-    ctx.ui.observe_model(observed, now.as_millis());
-    let recommendation = status::largest_recommendation(&recommendations);
-
-    // 6. The allocation in force, and under `updateMode: Recreate` a roll onto it.
-    let gpu = spec.gpu.clone().unwrap_or_default();
-    let (allocation, in_sync) = allocation_and_roll(
-        ctx,
-        obj,
-        AllocationRound {
-            target_api: &target_api,
-            target: &target,
-            all_pods: &all_pods,
-            gpu: &gpu,
-            recommendation: recommendation.as_ref(),
-            urgency,
-            replicas: (
-                i32::try_from(current).unwrap_or(i32::MAX),
-                i32::try_from(input.ready_replicas).unwrap_or(i32::MAX),
-                i32::try_from(decision.desired_replicas).unwrap_or(i32::MAX),
-                spec.min_replicas,
-            ),
-            now_ms,
-            now_k8s: &now_k8s,
-        },
-    )
-    .await;
-    write_status(&ias_api, obj, |prev| {
-        let mut st = status::after_decision(
-            prev,
-            generation,
-            &target,
-            input.ready_replicas,
-            &decision,
-            held_by,
-            &applied,
-            recommendation.clone(),
-            &now_k8s,
-        );
-        st.allocation = Some(allocation.clone());
-        st.cold_start_ledger = ledger_copy.clone();
-        status::set_workload_class(&mut st, workload_class.as_ref());
-        let had = st
-            .conditions
-            .iter()
-            .any(|c| c.type_ == super::consolidate::CONSOLIDATING);
-        // The surge is remembered only when `/scale` really carries it (written now, or already there): a failed
-        // write must not make the next round take a replica off a count that never had it.
-        let surge_in_force = matches!(applied, Applied::Scaled) || replicas == current;
-        if let Some((ok, reason, message)) = moving.condition(had, surge_in_force) {
-            status::set_condition(
-                &mut st.conditions,
-                super::consolidate::CONSOLIDATING,
-                ok,
-                reason,
-                &message,
-                generation,
-                &now_k8s,
-            );
-        }
-        if let Some((ok, reason, message)) = &in_sync {
-            status::set_condition(
-                &mut st.conditions,
-                super::rollout::ALLOCATION_IN_SYNC,
-                *ok,
-                reason,
-                message,
-                generation,
-                &now_k8s,
-            );
-        }
-        st
+    Ok(Gathered {
+        observed,
+        target_api,
+        target,
+        all_pods,
+        recommendations,
+        keys,
+        placed,
     })
-    .await
+}
+
+/// The round on the model's history (`ctx.states`, resumed from status when this process has none), the history
+/// after it, and the ledger copy for status. A poisoned lock only loses history, which restarts the windows: safe
+/// (see the module docs).
+fn take_round(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    policy: &scale::ScalePolicy,
+    observed: &Observed,
+    key: &str,
+    now: Timestamp,
+) -> (Round, ScaleState, Option<crd::ColdStartLedgerStatus>) {
+    let mut states = ctx.states.lock().ok();
+    let mut lost = ScaleState::default();
+    let state = match states.as_mut() {
+        Some(s) => s
+            .entry(key.to_owned())
+            .or_insert_with(|| resume_state(obj, policy, now)),
+        None => &mut lost,
+    };
+    let r = tessera_core::round::round(policy, observed, state, now);
+    let state = state.clone();
+    let ledger = ledger_status(obj, policy, &state, now);
+    if let Some(s) = &states {
+        let ns = obj.namespace().unwrap_or_default();
+        publish_budget_metrics(&ctx.metrics, s, &ns, r.joint.budget_group.as_ref());
+    }
+    (r, state, ledger)
 }
 
 /// What the model's compute share can do, for the joint policy: it can grow when the model shares GPUs with a
@@ -608,15 +607,11 @@ fn share_room(obj: &InferenceAutoscaler, docs: &[Option<SidecarStatus>]) -> scal
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.in_force)
         .map(|a| (a.compute_fraction, u64::try_from(a.gpu_memory_mib).unwrap_or(0)));
-    let gpu_bytes = docs
-        .iter()
-        .flatten()
-        .find_map(|d| d.gpu.as_ref().map(|g| g.total_bytes));
     scale::joint::ShareRoom::of(
         gpu.sharing == crd::Sharing::Fractional,
         gpu.compute_fraction.as_deref().is_none_or(|c| c == "auto"),
         in_force,
-        gpu_bytes,
+        scale::inputs::gpu_memory_bytes(docs),
     )
 }
 
@@ -704,29 +699,6 @@ async fn write_status(
     }
     // The loop returns on every path of its last attempt.
     Ok(())
-}
-
-pub(super) async fn publish(
-    ctx: &Context,
-    obj: &InferenceAutoscaler,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: &str,
-) {
-    let reference: ObjectReference = obj.object_ref(&());
-    // Events are capped at 1 kB notes by the API server.
-    let note: String = note.chars().take(1000).collect();
-    let event = Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: action.to_owned(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-        warn!(error = %e, reason, "could not publish event");
-    }
 }
 
 /// The API resource for a scale target; plural by kube's English rules (deployments, statefulsets, ...).

@@ -480,7 +480,7 @@ pub async fn roll(req: RollRequest<'_>, rolling: &Rolling, cfg: &RolloutConfig) 
             "spec": { "template": { "metadata": { "annotations": { TEMPLATE_HASH_ANNOTATION: hash } } } }
         });
         let params = PatchParams {
-            field_manager: Some(super::reconcile::FIELD_MANAGER.to_owned()),
+            field_manager: Some(super::status::FIELD_MANAGER.to_owned()),
             ..PatchParams::default()
         };
         match req

@@ -6,7 +6,8 @@
 //! replayed through the controller's real `reconcile`: an API server answering the target's `/scale` and pods, the
 //! sidecars and the activator answering the recorded documents, the clock at the recorded time and the model's
 //! history loaded. The controller must write the replica count the simulator decided (or leave it), for the same
-//! reason, and end with the same history.
+//! reason, and end with the same history. Before the round, the controller's gathering ([`gather`]) must build the
+//! round's input (`core::round::Observed`) the simulator built: the two callers share every rule from there on.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -36,6 +37,7 @@ use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
 struct Recorded {
     sidecars: HashMap<String, SidecarStatus>,
     activator: Mutex<VecDeque<ActivatorStats>>,
+    latest_served: std::sync::atomic::AtomicBool,
 }
 
 impl SignalSource for Recorded {
@@ -48,8 +50,14 @@ impl SignalSource for Recorded {
     }
     fn activator_stats(&self, _base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>> {
         let mut docs = self.activator.lock().unwrap();
+        // The last document is served once as recorded (the round's own poll), then a moment later each time.
         let doc = if docs.len() > 1 {
             docs.pop_front()
+        } else if !self
+            .latest_served
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            docs.front().cloned()
         } else {
             docs.front_mut().map(|d| {
                 d.observed_at_unix_ms += 10;
@@ -246,7 +254,7 @@ async fn replay(
 ) -> (Seen, tessera_core::scale::ScaleState) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, NAMESPACE);
-    let mut status = status_for(rec.room, gpu_memory_bytes);
+    let mut status = status_for(rec.observed.room, gpu_memory_bytes);
     if rec.moving.surged {
         status["conditions"] = json!([surge_condition()]);
     }
@@ -255,7 +263,7 @@ async fn replay(
             "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
             "metadata": {"name": name, "namespace": NAMESPACE, "uid": "u-1", "resourceVersion": "5",
                          "generation": 1},
-            "spec": spec_for(name, &rec.policy, rec.room),
+            "spec": spec_for(name, &rec.policy, rec.observed.room),
             "status": status,
         }))
         .unwrap(),
@@ -266,10 +274,11 @@ async fn replay(
         "the spec must give the simulated policy"
     );
     let sidecars = rec
+        .observed
         .sidecars
         .iter()
         .enumerate()
-        .map(|(i, d)| (format!("http://10.0.0.{}:9090", i + 1), d.clone()))
+        .map(|(i, d)| (format!("http://10.0.0.{}:9090", i + 1), d.clone().unwrap()))
         .collect();
     let mut docs = VecDeque::new();
     docs.extend(rec.activator.previous.clone());
@@ -280,12 +289,13 @@ async fn replay(
         Arc::new(Recorded {
             sidecars,
             activator: Mutex::new(docs),
+            latest_served: Default::default(),
         }),
         ActivatorPoller::new(&["http://activator:8080".to_owned()]),
         UNIX_EPOCH + Duration::from_millis(clock_ms),
         // The model's history, and the claims its budget group's other members had published.
         std::iter::once((format!("{NAMESPACE}/{name}"), rec.state.clone()))
-            .chain(rec.group.iter().map(|c| {
+            .chain(rec.observed.peers.iter().map(|c| {
                 let peer = tessera_core::scale::ScaleState {
                     claim: Some(c.clone()),
                     ..Default::default()
@@ -318,6 +328,16 @@ async fn replay(
         serde_json::to_value(&*obj).unwrap(),
         seen.clone(),
     ));
+    // The round's input, as the controller gathers it: what the simulator observed.
+    let ias_api: kube::Api<InferenceAutoscaler> = kube::Api::namespaced(ctx.client.clone(), NAMESPACE);
+    let policy = obj.spec.to_policy().unwrap();
+    let now = UNIX_EPOCH + Duration::from_millis(clock_ms);
+    let gathered = gather(&ctx, &obj, &ias_api, &policy, now).await.unwrap();
+    assert_same_observed(
+        gathered.observed,
+        &rec.observed,
+        &format!("{name} at {clock_ms} ms"),
+    );
     reconcile(obj, ctx.clone()).await.unwrap();
     let state = ctx.states.lock().unwrap()[&format!("{NAMESPACE}/{name}")].clone();
     drop(ctx);
@@ -329,6 +349,42 @@ async fn replay(
         seen.unexpected
     );
     (seen, state)
+}
+
+/// The controller's `Observed` is the simulator's, but for what differs by design: the controller measures the
+/// cold start from its pods' timestamps (to the millisecond; the history check below bounds it) and starts every
+/// replica as a pod (one lead for both), where the simulator knows its scenario's; the order in which a budget
+/// group's claims are read (the controller's come from a map).
+fn assert_same_observed(
+    mut ours: tessera_core::round::Observed,
+    theirs: &tessera_core::round::Observed,
+    at: &str,
+) {
+    let sim = theirs.leads;
+    if let Some(measured) = ours.leads.from_zero {
+        let known = sim.from_zero.unwrap();
+        assert!(
+            measured.abs_diff(known) < Duration::from_secs(1),
+            "{at}: lead {measured:?} vs {known:?}"
+        );
+    }
+    assert_eq!(
+        ours.leads.scale_up, None,
+        "{at}: the controller starts every replica as a pod"
+    );
+    assert!(
+        sim.scale_up.is_none() || sim.scale_up == sim.from_zero,
+        "{at}: the simulator's leads {sim:?}"
+    );
+    ours.leads = sim;
+    let mut peers = theirs.peers.clone();
+    peers.sort_by(|a, b| a.member.cmp(&b.member));
+    ours.peers.sort_by(|a, b| a.member.cmp(&b.member));
+    let theirs = tessera_core::round::Observed {
+        peers,
+        ..theirs.clone()
+    };
+    assert_eq!(ours, theirs, "{at}: the round's input");
 }
 
 #[tokio::test]
@@ -450,7 +506,9 @@ async fn replay_the_hour(sc: &scenario::Scenario) -> Coverage {
         warm_floor: picked
             .iter()
             .any(|r| r.decision.message.contains("keeps one warm replica")),
-        share_can_grow: picked.iter().any(|r| matches!(r.room, ShareRoom::Auto { .. })),
+        share_can_grow: picked
+            .iter()
+            .any(|r| matches!(r.observed.room, ShareRoom::Auto { .. })),
     }
 }
 
@@ -642,7 +700,7 @@ async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
     assert!(
         picked
             .iter()
-            .any(|r| !r.group.is_empty() && r.decision.message.contains("budget group 'tools'")),
+            .any(|r| !r.observed.peers.is_empty() && r.decision.message.contains("budget group 'tools'")),
         "the replay must cover rounds decided on the budget group's claims"
     );
     // And rounds that kept the floor while the ledger was filling, with the ledger those rounds built.

@@ -18,6 +18,9 @@ use tessera_core::scale::{ScaleDecision, ScaleReason};
 
 use crate::crd::{InferenceAutoscalerStatus, RecommendationStatus, SignalStatus};
 
+/// The field manager written on every patch, so `kubectl get -o yaml --show-managed-fields` shows who set replicas.
+pub const FIELD_MANAGER: &str = "tessera-autoscaler";
+
 /// Condition types.
 pub const ABLE_TO_SCALE: &str = "AbleToScale";
 /// Condition types.

@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::config::{PoolSpec, PoolsConfig};
+pub use super::state::capacity_pod_name;
 use super::state::{Reservation, encode_reservations};
 use super::{
     ANNOTATION_RESERVATIONS, ANNOTATION_SHARING, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
@@ -27,14 +28,6 @@ use super::{
 
 /// The port the gpu-agent serves `/metrics`, `/v1/gpus`, `/live` and `/ready` on (its `--listen` default).
 pub const AGENT_PORT: i32 = 9091;
-
-/// The capacity pod name of slot `n` of `pool`. Names are slots, not random: two webhook replicas that both
-/// find no room create the *same* name, so one create wins and the other gets 409 AlreadyExists, re-reads,
-/// and books on the pod the winner made. That keeps a pool within `maxGpus` under any number of concurrent
-/// admissions, and a retried creation can never make a second GPU.
-pub fn capacity_pod_name(pool: &str, slot: usize) -> String {
-    format!("tessera-gpu-{pool}-{slot}")
-}
 
 /// Builds the capacity pod for `pool`, created already holding `reservations` (so the reservation that
 /// needed a new GPU is recorded in the same write that creates it).

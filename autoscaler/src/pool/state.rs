@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
-use tessera_core::pack::{GPU_COMPUTE_MILLI, GpuId, GpuShape, Packer, ReplicaRequest};
+use tessera_core::pack::{EmptyGpu, GPU_COMPUTE_MILLI, GpuId, GpuShape, Packer, ReplicaRequest, empty_gpu};
 
 use super::{
     ANNOTATION_CAPACITY_POD, ANNOTATION_DRAINING_SINCE, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID,
@@ -418,7 +418,7 @@ impl PoolIndex {
             return None;
         }
         (0..=self.capacity.len())
-            .map(|n| super::capacity::capacity_pod_name(&self.pool, n))
+            .map(|n| capacity_pod_name(&self.pool, n))
             .find(|name| !self.capacity.contains_key(name))
     }
 
@@ -455,18 +455,27 @@ impl PoolIndex {
     pub fn empty_gpus(&self, now: u64, grace_secs: u64) -> (Vec<String>, Vec<String>) {
         let mut mark = Vec::new();
         let mut delete = Vec::new();
+        let secs = std::time::Duration::from_secs;
         for g in self.capacity.values() {
-            match &g.reservations {
-                Ok(list) if list.is_empty() => match g.empty_since {
-                    None => mark.push(g.name.clone()),
-                    Some(t) if t.saturating_add(grace_secs) <= now => delete.push(g.name.clone()),
-                    Some(_) => {}
-                },
-                _ => {}
+            if g.reservations.as_ref().is_ok_and(|list| list.is_empty()) {
+                // The simulator gives its GPUs back by the same rule.
+                match empty_gpu(g.empty_since.map(secs), secs(now), secs(grace_secs)) {
+                    EmptyGpu::Mark => mark.push(g.name.clone()),
+                    EmptyGpu::Release => delete.push(g.name.clone()),
+                    EmptyGpu::Keep => {}
+                }
             }
         }
         (mark, delete)
     }
+}
+
+/// The capacity pod name of slot `n` of `pool`. Names are slots, not random: two webhook replicas that both
+/// find no room create the *same* name, so one create wins and the other gets 409 AlreadyExists, re-reads,
+/// and books on the pod the winner made. That keeps a pool within `maxGpus` under any number of concurrent
+/// admissions, and a retried creation can never make a second GPU.
+pub fn capacity_pod_name(pool: &str, slot: usize) -> String {
+    format!("tessera-gpu-{pool}-{slot}")
 }
 
 /// The merge patch that marks a capacity pod as draining since `since` (`Some`) or clears the mark (`None`), guarded

@@ -166,21 +166,30 @@ impl FakeApi {
     }
 }
 
+/// A request as the fakes read it: method, path, query and JSON body (`null` when empty).
+pub(super) async fn read_request(req: Request<Body>) -> (String, String, String, Value) {
+    let (parts, body) = req.into_parts();
+    let bytes = body.collect_bytes().await.unwrap();
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
+    let query = parts.uri.query().unwrap_or("").to_string();
+    (
+        parts.method.to_string(),
+        parts.uri.path().to_string(),
+        query,
+        body,
+    )
+}
+
 /// A client whose requests are answered by `api`, one at a time, like an API server with one writer.
 fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect_bytes().await.unwrap();
-            let body: Value = if bytes.is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_slice(&bytes).unwrap()
-            };
-            let method = parts.method.to_string();
-            let path = parts.uri.path().to_string();
-            let query = parts.uri.query().unwrap_or("").to_string();
+            let (method, path, query, body) = read_request(req).await;
             let (code, resp) = {
                 let mut a = api.lock().unwrap();
                 let (code, resp) = a.handle(&method, &path, &query, body.clone());
@@ -269,6 +278,17 @@ pub(super) fn seeded(pods: &[Pod]) -> Arc<Mutex<FakeApi>> {
     api
 }
 
+/// Two webhook replicas over `api`, each with its own view of the cluster, both rebuilt, the log cleared.
+async fn two_writers(api: &Arc<Mutex<FakeApi>>, cfg: &Arc<PoolsConfig>) -> (PoolManager, PoolManager) {
+    let c = client(api.clone());
+    let w1 = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
+    let w2 = PoolManager::new(c, cfg.clone(), "p").unwrap();
+    w1.rebuild().await.unwrap();
+    w2.rebuild().await.unwrap();
+    api.lock().unwrap().log.clear();
+    (w1, w2)
+}
+
 #[tokio::test]
 async fn two_concurrent_reservations_for_the_last_slot_never_double_book() {
     let cfg = config(3);
@@ -277,13 +297,7 @@ async fn two_concurrent_reservations_for_the_last_slot_never_double_book() {
         capacity(&cfg, "gpu-a", &[resv("old-a", 700, 0)], "node-1", "GPU-a"),
         capacity(&cfg, "gpu-b", &[resv("old-b", 500, 0)], "node-2", "GPU-b"),
     ]);
-    let c = client(api.clone());
-    // Two webhook replicas, each with its own view of the cluster.
-    let w1 = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
-    let w2 = PoolManager::new(c, cfg.clone(), "p").unwrap();
-    w1.rebuild().await.unwrap();
-    w2.rebuild().await.unwrap();
-    api.lock().unwrap().log.clear();
+    let (w1, w2) = two_writers(&api, &cfg).await;
 
     let (p1, p2) = tokio::join!(
         w1.reserve(request("r1", 300), 10),
@@ -350,12 +364,7 @@ async fn two_concurrent_reservations_for_the_last_slot_never_double_book() {
 async fn the_loser_creates_a_capacity_pod_when_no_gpu_has_room() {
     let cfg = config(3);
     let api = seeded(&[capacity(&cfg, "gpu-a", &[resv("old", 600, 0)], "node-1", "GPU-a")]);
-    let c = client(api.clone());
-    let w1 = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
-    let w2 = PoolManager::new(c, cfg.clone(), "p").unwrap();
-    w1.rebuild().await.unwrap();
-    w2.rebuild().await.unwrap();
-    api.lock().unwrap().log.clear();
+    let (w1, w2) = two_writers(&api, &cfg).await;
     let (p1, p2) = tokio::join!(
         w1.reserve(request("r1", 400), 10),
         w2.reserve(request("r2", 400), 10)

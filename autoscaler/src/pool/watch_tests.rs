@@ -24,8 +24,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::tests::{
-    FakeApi, Logged, capacity, config, matches_selector, percent_decode, reservations_on, resv, seeded,
-    tenant,
+    FakeApi, Logged, capacity, config, matches_selector, percent_decode, read_request, reservations_on, resv,
+    seeded, tenant,
 };
 use super::*;
 
@@ -91,16 +91,7 @@ fn client_with_watches(api: Arc<Mutex<FakeApi>>) -> (kube::Client, Arc<Mutex<Wat
     let w = watches.clone();
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
-            let (parts, body) = req.into_parts();
-            let bytes = body.collect_bytes().await.unwrap();
-            let body: Value = if bytes.is_empty() {
-                Value::Null
-            } else {
-                serde_json::from_slice(&bytes).unwrap()
-            };
-            let method = parts.method.to_string();
-            let path = parts.uri.path().to_string();
-            let query = parts.uri.query().unwrap_or("").to_string();
+            let (method, path, query, body) = read_request(req).await;
             if method == "GET" && query_param(&query, "watch").as_deref() == Some("true") {
                 let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
                 let namespace = match segs.as_slice() {

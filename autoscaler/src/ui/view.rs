@@ -351,14 +351,10 @@ pub struct View {
 
 const MIB: u64 = 1 << 20;
 
-/// The compute request of a replica with this recommendation, milli-GPUs (rounded up, 1..=1000).
+/// The compute request of a replica with this recommendation, milli-GPUs, as the webhook reserves it
+/// (`core::pack::compute_milli`); a fraction that is not a share is counted as the whole GPU.
 fn compute_milli(fraction: f64) -> u32 {
-    let m = (fraction * f64::from(GPU_COMPUTE_MILLI)).ceil();
-    if m.is_finite() {
-        (m as u32).clamp(1, GPU_COMPUTE_MILLI)
-    } else {
-        GPU_COMPUTE_MILLI
-    }
+    tessera_core::pack::compute_milli(fraction.min(1.0)).unwrap_or(GPU_COMPUTE_MILLI)
 }
 
 /// Memory per replica vLLM reserves now: the fixed KV size plus the non-KV memory where the server runs with a

@@ -74,13 +74,39 @@ pub struct Input<'a> {
     pub geometry: KvGeometry,
     /// What is known about memory.
     pub memory: MemoryFacts,
-    /// The previous recommendation for this replica, if any: the step bound (rule 5) is measured from it.
-    /// Pass the one that was *applied*; `None` bounds the step from what runs now (the current KV geometry),
-    /// which is what the sidecar does, since what runs is the applied one. The simulator passes its last one.
+    /// The reference the step bound (rule 5) is measured from; `None` bounds it from what runs now (the current
+    /// KV geometry and compute share). A replica's round always passes `None` ([`Input::of_replica`]); only a
+    /// search for the steady state (the simulator's calibration) iterates on its own last answer.
     pub previous: Option<&'a Recommendation>,
     /// What the compute-share rule needs besides the window: the share the replica runs with, its latency
     /// objectives and the window's observed latency. `ComputeFacts::default()` = whole GPU, no objective.
     pub compute: ComputeFacts,
+}
+
+impl<'a> Input<'a> {
+    /// One replica's input, as the sidecar builds it and the simulator builds it for each of its replicas: the
+    /// window, the KV geometry, what is known about memory and the compute facts, with the step bounded from
+    /// **what runs** (`previous: None`), never from the model's last recommendation.
+    ///
+    /// Why what runs: the window's latency and KV use were measured at the share and the cache the replica runs
+    /// with, so a step from there rests on evidence. A recommendation comes into force only after its stability
+    /// window and reaches only new pods, so a step from the last recommendation would compound growth (or
+    /// shrinkage) on evidence measured at another size, round after round, before any pod runs it. What runs is
+    /// also the one reference the sidecar always has: it keeps no model-wide recommendation across restarts.
+    pub fn of_replica(
+        window: &'a [Observation],
+        geometry: KvGeometry,
+        memory: MemoryFacts,
+        compute: ComputeFacts,
+    ) -> Self {
+        Input {
+            window,
+            geometry,
+            memory,
+            previous: None,
+            compute,
+        }
+    }
 }
 
 /// A latency percentile observed over the window, with how many observations it rests on.

@@ -123,6 +123,16 @@ pub fn scale_input(
     }
 }
 
+/// The GPU's memory as the model's sidecars report it (the first document that knows it): what prices another
+/// replica's memory in the joint policy (`joint::ShareRoom::of`). `None` when no sidecar was read, as at zero
+/// replicas: the controller then does not know the GPU, and the simulator reads it the same way.
+pub fn gpu_memory_bytes(sidecars: &[Option<SidecarStatus>]) -> Option<u64> {
+    sidecars
+        .iter()
+        .flatten()
+        .find_map(|d| d.gpu.as_ref().map(|g| g.total_bytes))
+}
+
 /// The model's first tokens in `fresh` replicas' short windows, their buckets added together, which its p95 and
 /// p99 are read from; `None` when a window has quantiles but no buckets (a sidecar older than the buckets), when
 /// bounds differ, or when no first token was seen in any window.

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use tessera_core::recommend::{NotYetCode, Outcome};
 use tessera_core::scale::inputs::{self, ActivatorSample};
-use tessera_core::scale::joint::ShareRoom;
 use tessera_core::scale::{ScaleDecision, ScalePolicy, ScaleState, SloPercentile};
 use tessera_core::wire::activator::{ActivatorStats, ModelStats};
 use tessera_core::wire::sidecar::{
@@ -34,16 +33,15 @@ pub struct DecisionRecord {
     pub model: usize,
     /// When (ms of virtual time).
     pub at_ms: u64,
-    /// Replicas starting or ready (the target's `/scale`).
+    /// The replica count the rule read (`/scale`'s, less a surge).
     pub current_replicas: u32,
-    /// One status per ready replica.
-    pub sidecars: Vec<SidecarStatus>,
+    /// What the round observed (`core::round::Observed`): what the controller's gathering of the same instant
+    /// must build.
+    pub observed: tessera_core::round::Observed,
     /// The activator's documents as the controller's poller holds them.
     pub activator: ActivatorSample,
     /// The policy as declared (before the joint rule).
     pub policy: ScalePolicy,
-    /// What the model's share could do, as the joint rule saw it.
-    pub room: ShareRoom,
     /// How long a start from zero takes, as the joint rule saw it.
     pub cold_start: Option<std::time::Duration>,
     /// The model's history before the round (before its demand was counted into the cold-start ledger).
@@ -52,8 +50,6 @@ pub struct DecisionRecord {
     /// kept its budget claim, before the decision was recorded: what the controller's own round from the same
     /// documents must give.
     pub counted: ScaleState,
-    /// The other models' claims the round read (empty outside a budget group).
-    pub group: Vec<tessera_core::scale::coldstart::BudgetClaim>,
     /// What was decided.
     pub decision: ScaleDecision,
     /// What held the count (`core::scale::constraint`): the controller's `status.constraint`.

@@ -43,8 +43,7 @@ pub const ANNOTATION_CONTAINER: &str = "tessera.dev/container";
 pub const ANNOTATION_VLLM_VERSION: &str = "tessera.dev/vllm-version";
 /// Pod annotation: the inter-token latency objective handed to the sidecar (`--itl-slo`), e.g. `100ms`.
 pub const ANNOTATION_ITL_SLO: &str = "tessera.dev/itl-slo";
-/// Pod label: the InferenceAutoscaler of this pod, where its owner chain does not lead to one.
-pub const LABEL_AUTOSCALER: &str = "tessera.dev/autoscaler";
+pub use crate::policy::LABEL_AUTOSCALER;
 /// The injected container's name.
 pub const SIDECAR_NAME: &str = "tessera-sidecar";
 /// The sidecar's named port.
@@ -348,10 +347,11 @@ fn deny(field: &str, value: &str, problem: impl Into<String>, fix: impl Into<Str
     }
 }
 
-/// Parses a compute fraction in (0, 1] into milli-GPUs (1..=1000).
+/// Parses a compute fraction in (0, 1] into milli-GPUs (1..=1000), rounded up as everything that reserves a
+/// share rounds it (`core::pack::compute_milli`).
 pub fn parse_fraction(s: &str) -> Option<u32> {
     let f: f64 = s.trim().parse().ok()?;
-    (f.is_finite() && f > 0.0 && f <= 1.0).then(|| ((f * 1000.0).round() as u32).clamp(1, 1000))
+    tessera_core::pack::compute_milli(f)
 }
 
 fn parse_mib(s: &str) -> Option<u64> {

@@ -1,14 +1,14 @@
 //! The autoscaler's side of a run: each model's replica round (the core rule's decision, consolidation's
 //! move step, the baselines' own rules), GPU draining, and Tessera's recommendation round.
 
-use tessera_core::rollout::Urgency;
-use tessera_core::scale::coldstart::BudgetClaim;
-use tessera_core::scale::constraint::Constraint;
+use tessera_core::round;
+use tessera_core::wire::sidecar::SidecarStatus;
 
 use super::*;
 
 impl World<'_> {
-    /// One autoscaler round for model `m`: observe, decide with the core rule, act.
+    /// One autoscaler round for model `m`: observe, decide with the core round (`core::round`, the controller's),
+    /// act.
     pub(super) fn scale_model(&mut self, m: usize) -> Result<(), SimError> {
         if self.models[m].concurrency.is_some() {
             return self.scale_on_in_flight(m);
@@ -16,60 +16,74 @@ impl World<'_> {
         let Some(declared) = self.models[m].policy.clone() else {
             return Ok(());
         };
-        // Tessera decides replicas and share jointly (`core::scale::joint`), as the controller does; the
-        // baselines decide on their declared policy.
-        let room = ShareRoom::of(
-            self.plan.kind == StrategyKind::Tessera,
-            self.sc.models[m].compute_fraction == ComputeFraction::Auto,
-            self.models[m]
-                .allocation
-                .in_force
-                .map(|a| (a.compute_fraction, a.memory_mib)),
-            Some(self.sc.gpu.memory_bytes),
-        );
-        // How long new capacity takes here: from zero a sleep-mode wake, or the pod's start and the weights' load;
-        // another replica beside a running one always the pod's start and the load. Only Tessera's policy knows its
-        // lead times (the baselines scale as declared).
+        let live = self.live(m);
+        let (observed, sample, leaving) = self.observe_model(m, &declared, &live);
+        let now = Timestamp::from_millis(secs_to_ms(self.now));
+        let before = self.decisions.is_some().then(|| self.models[m].state.clone());
+        let r = round::round(&declared, &observed, &mut self.models[m].state, now);
+        self.count_round(m, &r);
+        if let Some(before) = before {
+            let record = self.decision_record(m, observed, sample, declared, before, &r, &leaving);
+            self.decisions.get_or_insert_with(Vec::new).push(record);
+        }
+        self.models[m].state.record(&r.decision, now);
+        self.apply_move(m, r.decision.desired_replicas, r.step, &leaving, &live)?;
+        if self.plan.kind == StrategyKind::Tessera {
+            let live = self.live(m);
+            self.fold_allocation(m, r.urgency, &live, r.decision.desired_replicas);
+        }
+        Ok(())
+    }
+
+    /// What the controller would observe of model `m` now (`core::round::Observed`), the activator's documents it
+    /// was read from, and the live replicas on a draining GPU (or replaced by a roll), which leave first.
+    fn observe_model(
+        &self,
+        m: usize,
+        declared: &ScalePolicy,
+        live: &[usize],
+    ) -> (round::Observed, inputs::ActivatorSample, Vec<usize>) {
+        let tessera = self.plan.kind == StrategyKind::Tessera;
         let setup = &self.sc.models[m];
-        let leads = if self.plan.kind == StrategyKind::Tessera {
+        let settings = &self.sc.settings;
+        let rt = &self.models[m];
+        // How long new capacity takes here: from zero a sleep-mode wake, or the pod's start and the weights' load;
+        // another replica beside a running one always the pod's start and the load. The controller measures its
+        // own from its pods; only Tessera's policy knows its lead times (the baselines scale as declared).
+        let leads = if tessera {
             // A wake needs a sleeping pod: one the model has now, or the one its last replica leaves when it goes.
             let sleeping_pod =
                 setup.sleep_wake_secs.is_some() && (self.sleepers.contains_key(&m) || self.live_count(m) > 0);
             joint::LeadTimes::may_sleep(
-                Duration::from_secs_f64(setup.scale_up_secs(&self.sc.settings)),
+                Duration::from_secs_f64(setup.scale_up_secs(settings)),
                 setup.sleep_wake_secs.map(Duration::from_secs_f64),
                 sleeping_pod,
             )
         } else {
             joint::LeadTimes::default()
         };
-        let now_ts = Timestamp::from_millis((self.now * 1000.0).round() as u64);
-        let live = self.live(m);
-        let ready: Vec<usize> = live
+        // What the controller reads: each ready replica's sidecar status and the activator's last two documents.
+        let sidecars: Vec<Option<SidecarStatus>> = live
             .iter()
-            .copied()
-            .filter(|&r| self.replicas[r].phase == Phase::Ready)
-            .collect();
-        // What the controller reads: each ready replica's sidecar status and the activator's last two documents,
-        // turned into the decision's input by the controller's own functions (`core::scale::inputs`).
-        let settings = &self.sc.settings;
-        let docs: Vec<SidecarStatus> = ready
-            .iter()
+            .filter(|&&r| self.replicas[r].phase == Phase::Ready)
             .map(|&r| {
-                observe::sidecar_status(
+                Some(observe::sidecar_status(
                     self.replicas[r].scrapes.iter(),
                     self.sc.gpu.memory_bytes,
                     self.now,
                     settings.scrape_interval,
                     settings.ttft_window,
-                )
+                ))
             })
             .collect();
-        let read: Vec<Option<&SidecarStatus>> = docs.iter().map(Some).collect();
-        // What hurries a growth onto the pods, read as the controller reads it (`core::rollout::Urgency`).
-        let urgency = Urgency::of(&read, declared.ttft_slo, inputs::MAX_SIGNAL_AGE);
-        let in_flight = self.in_flight(m);
-        let rt = &self.models[m];
+        // Tessera decides replicas and share jointly (`core::scale::joint`), as the controller does, with the
+        // GPU's size as its sidecars report it; the baselines decide on their declared policy.
+        let room = ShareRoom::of(
+            tessera,
+            setup.compute_fraction == ComputeFraction::Auto,
+            rt.allocation.in_force.map(|a| (a.compute_fraction, a.memory_mib)),
+            inputs::gpu_memory_bytes(&sidecars),
+        );
         let poll = inputs::ACTIVATOR_POLL_INTERVAL;
         let since_poll = rt
             .recent
@@ -79,7 +93,7 @@ impl World<'_> {
             .count() as u64;
         let latest = observe::ActivatorCounts {
             requests_total: rt.arrived,
-            in_flight: in_flight as u64,
+            in_flight: self.in_flight(m) as u64,
             queued: rt.held.len() as u64,
             last_request_at_ms: rt.last_request_at.map(secs_to_ms),
         };
@@ -87,33 +101,27 @@ impl World<'_> {
             requests_total: rt.arrived - since_poll,
             ..latest
         };
-        let now_ms = now_ts.as_millis();
-        let key = model_key(observe::NAMESPACE, &self.sc.models[m].name);
+        let now_ms = secs_to_ms(self.now);
+        let key = model_key(observe::NAMESPACE, &setup.name);
         let sample = observe::activator_sample(&key, now_ms, poll, previous, latest);
-        let mut demand = inputs::demand_from(
+        let demand = inputs::demand_from(
             std::slice::from_ref(&sample),
             std::slice::from_ref(&key),
             now_ms,
             inputs::ACTIVATOR_MAX_AGE,
         );
-        if self.plan.kind != StrategyKind::Tessera {
-            // HPA's and AIBrix's rate is a Prometheus-style rate over `rate_window` (their external metric).
+        // HPA's and AIBrix's rate is a Prometheus-style rate over `rate_window` (their external metric).
+        let external_rate = (!tessera).then(|| {
             let window = settings.rate_window.as_secs_f64();
-            let horizon = self.now - window;
-            let recent = rt.recent.iter().filter(|&&t| t >= horizon).count();
-            demand.requests_per_second = Some(recent as f64 / window.min(self.now.max(1.0)));
-        }
-        // A surge (one replica over the decision, to move a pod off a draining GPU) is not a count the rule chose:
-        // the controller takes it off `/scale`'s count the same way.
-        let current = consolidate::count_before_surge(live.len() as u32, rt.surging);
-        let input = inputs::scale_input(current, &read, inputs::MAX_SIGNAL_AGE, demand);
-        let state_before = self.decisions.is_some().then(|| self.models[m].state.clone());
+            let recent = rt.recent.iter().filter(|&&t| t >= self.now - window).count();
+            recent as f64 / window.min(self.now.max(1.0))
+        });
         // A budget group's members read each other's last claims, as the controller reads them from its states.
-        let group: Vec<BudgetClaim> = if declared
+        let grouped = declared
             .scale_to_zero
             .as_ref()
-            .is_some_and(|z| z.cold_start_budget_group.is_some())
-        {
+            .is_some_and(|z| z.cold_start_budget_group.is_some());
+        let peers = if grouped {
             self.models
                 .iter()
                 .enumerate()
@@ -123,85 +131,89 @@ impl World<'_> {
         } else {
             Vec::new()
         };
-        // The controller's round (`joint::round`): the demand counted into the cold-start ledger, the start's length
-        // (which the simulator knows) resolved as the controller resolves what it measured, the joint policy, and
-        // the claim the model's group reads.
-        let joint = joint::round(
-            &declared,
+        let (placement, leaving) = self.move_placement(0, live);
+        let observed = round::Observed {
+            name: setup.name.clone(),
+            replicas: live.len() as u32,
+            // A surge (one replica over the decision, to move a pod off a draining GPU) is not a count the rule
+            // chose: the round takes it off, as the controller's takes it off `/scale`'s count.
+            surged: rt.surging,
+            sidecars,
+            demand,
+            external_rate,
             room,
             leads,
-            &input,
-            &mut self.models[m].state,
-            &joint::BudgetPeers {
-                name: &self.sc.models[m].name,
-                claims: &group,
-            },
-            now_ts,
-        );
-        if let Some(w) = joint.warm_floor {
-            self.models[m].warm_floor = Some(w);
+            peers,
+            placement,
+            max_signal_age: inputs::MAX_SIGNAL_AGE,
+        };
+        (observed, sample, leaving)
+    }
+
+    /// The report's counts of one round of model `m`.
+    fn count_round(&mut self, m: usize, r: &round::Round) {
+        let rt = &mut self.models[m];
+        if let Some(w) = r.joint.warm_floor {
+            rt.warm_floor = Some(w);
         }
-        if joint.zero_within_budget.is_some() {
-            self.models[m].rounds_zero_within_budget += 1;
-        }
-        if joint.latency == LatencyOwner::Share {
-            self.models[m].rounds_latency_on_share += 1;
-        }
-        self.models[m].rounds += 1;
-        let rt = &self.models[m];
-        let d = joint::decide(&input, &joint, &rt.state, now_ts);
-        let prefill_bound = joint::latency_without_queue(&input, &d);
-        let held = Constraint::of(&input, &joint, &d);
-        *self.models[m].held_by.entry(held).or_default() += 1;
-        self.models[m].next_unit = joint.next_unit;
-        let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
-        let step = consolidate::move_step(placement);
-        let rt = &self.models[m];
-        if let Some(log) = self.decisions.as_mut() {
-            log.push(observe::DecisionRecord {
-                model: m,
-                at_ms: now_ms,
-                current_replicas: input.current_replicas,
-                sidecars: docs,
-                activator: sample,
-                policy: declared,
-                room,
-                cold_start: rt.state.last_cold_start,
-                state: state_before.unwrap_or_default(),
-                counted: rt.state.clone(),
-                group,
-                decision: d.clone(),
-                constraint: held,
-                moving: observe::MoveRecord {
-                    surged: rt.surging,
-                    ready_on_draining: ready.iter().map(|r| leaving.contains(r)).collect(),
-                    starting_on_draining: leaving
-                        .iter()
-                        .filter(|&&r| self.replicas[r].phase == Phase::Starting)
-                        .count() as u32,
-                    step,
-                },
-            });
-        }
-        self.models[m].state.record(&d, now_ts);
-        if prefill_bound {
-            self.models[m].rounds_prefill_bound += 1;
-        }
+        rt.rounds_zero_within_budget += u32::from(r.joint.zero_within_budget.is_some());
+        rt.rounds_latency_on_share += u32::from(r.joint.latency == LatencyOwner::Share);
+        rt.rounds_prefill_bound += u32::from(joint::latency_without_queue(&r.input, &r.decision));
+        rt.rounds += 1;
+        *rt.held_by.entry(r.constraint).or_default() += 1;
+        rt.next_unit = r.joint.next_unit;
+        let d = &r.decision;
         if d.is_change() {
             let key = match d.leading_signal {
                 Some(sig) => format!("{}/{}", d.reason.label(), sig.label()),
                 None => d.reason.label().to_string(),
             };
-            *self.models[m].scale_changes.entry(key).or_default() += 1;
+            *rt.scale_changes.entry(key).or_default() += 1;
             tracing::trace!(model = %self.sc.models[m].name, at = self.now, from = d.current_replicas,
                 to = d.desired_replicas, reason = %d.reason, message = %d.message, "scale");
         }
-        self.apply_move(m, d.desired_replicas, step, &leaving, &live)?;
-        if self.plan.kind == StrategyKind::Tessera {
-            let live = self.live(m);
-            self.fold_allocation(m, urgency, &live, d.desired_replicas);
+    }
+
+    /// The parity test's record of one round of model `m`.
+    #[allow(clippy::too_many_arguments)]
+    fn decision_record(
+        &self,
+        m: usize,
+        observed: round::Observed,
+        activator: inputs::ActivatorSample,
+        policy: ScalePolicy,
+        state: ScaleState,
+        r: &round::Round,
+        leaving: &[usize],
+    ) -> observe::DecisionRecord {
+        let rt = &self.models[m];
+        let ready: Vec<usize> = self
+            .live(m)
+            .into_iter()
+            .filter(|&r| self.replicas[r].phase == Phase::Ready)
+            .collect();
+        observe::DecisionRecord {
+            model: m,
+            at_ms: secs_to_ms(self.now),
+            current_replicas: r.input.current_replicas,
+            activator,
+            policy,
+            cold_start: rt.state.last_cold_start,
+            state,
+            counted: rt.state.clone(),
+            decision: r.decision.clone(),
+            constraint: r.constraint,
+            moving: observe::MoveRecord {
+                surged: observed.surged,
+                ready_on_draining: ready.iter().map(|r| leaving.contains(r)).collect(),
+                starting_on_draining: leaving
+                    .iter()
+                    .filter(|&&r| self.replicas[r].phase == Phase::Starting)
+                    .count() as u32,
+                step: r.step,
+            },
+            observed,
         }
-        Ok(())
     }
 
     /// Requests model `m`'s replicas have accepted and not finished (what the activator counts as forwarded).
@@ -393,18 +405,18 @@ impl World<'_> {
                 // it started, when it is younger than the window), measured at the share it runs with.
                 let base = rep.scrapes.iter().rev().find(|s| s.at <= horizon);
                 let st = rep.engine.stats();
-                let input = recommend::Input {
-                    window: &rep.observations[start..],
-                    geometry: geometry(&rep.engine),
-                    memory: rep.memory,
-                    previous: self.models[m].rec.as_ref(),
-                    compute: compute_facts(
+                // The sidecar's input (`recommend::Input::of_replica`): the step bounded from what the replica runs.
+                let input = recommend::Input::of_replica(
+                    &rep.observations[start..],
+                    geometry(&rep.engine),
+                    rep.memory,
+                    compute_facts(
                         &self.sc.models[m],
                         rep.compute_fraction,
                         window_p95(&st.ttft, base.map(|s| &s.ttft)),
                         window_p95(&st.itl, base.map(|s| &s.itl)),
                     ),
-                };
+                );
                 if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
                     best = Some(match best {
                         None => rec,
@@ -485,18 +497,22 @@ pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Reco
             for h in histories.iter().filter(|h| h.model == m) {
                 let mut prev: Option<Recommendation> = None;
                 for _ in 0..200 {
+                    // The steady state: the replica's input, its step bounded from the last answer of this search
+                    // (what a replica would run once the answer before had rolled out).
                     let input = recommend::Input {
-                        window: &h.observations,
-                        geometry: h.geometry,
-                        memory: h.memory,
                         previous: prev.as_ref(),
                         // Latency over the whole baseline run, at the share the baseline ran with (whole GPU).
-                        compute: compute_facts(
-                            &sc.models[m],
-                            h.compute_fraction,
-                            window_p95(&h.ttft, None),
-                            window_p95(&h.itl, None),
-                        ),
+                        ..recommend::Input::of_replica(
+                            &h.observations,
+                            h.geometry,
+                            h.memory,
+                            compute_facts(
+                                &sc.models[m],
+                                h.compute_fraction,
+                                window_p95(&h.ttft, None),
+                                window_p95(&h.itl, None),
+                            ),
+                        )
                     };
                     match recommend::recommend(&input, &cfg) {
                         Outcome::Ready(r) => {

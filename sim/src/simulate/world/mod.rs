@@ -25,13 +25,15 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use tessera_core::pack::consolidate::{self, Candidate, ModelPlacement, MoveStep, PoolStep};
-use tessera_core::pack::{GpuId, GpuShape, PackError, Packer, ReplicaRequest};
+use tessera_core::pack::{
+    EmptyGpu, GpuId, GpuShape, PackError, Packer, ReplicaRequest, compute_milli, empty_gpu,
+};
 use tessera_core::recommend::{self, KvGeometry, MemoryFacts, Observation, Outcome, Recommendation};
 use tessera_core::scale::inputs;
 use tessera_core::scale::joint::{self, LatencyOwner, ShareRoom};
 use tessera_core::scale::{Behavior, ScalePolicy, ScaleState, ScaleToZero, ScalingRules, Targets, Timestamp};
 use tessera_core::wire::activator::model_key;
-use tessera_core::wire::sidecar::{SidecarStatus, SnapshotSummary};
+use tessera_core::wire::sidecar::SnapshotSummary;
 
 use super::observe::{self, Scrape};
 use super::peers::{
@@ -639,7 +641,8 @@ impl<'a> World<'a> {
             _ => engine.gpu_memory_used_bytes().div_ceil(1 << 20),
         };
         if let Some(packer) = self.packer.as_mut() {
-            let milli = ((fraction * 1000.0).ceil() as u32).clamp(1, 1000);
+            // Reserved as the webhook reserves it (`core::pack::compute_milli`).
+            let milli = compute_milli(fraction).unwrap_or(tessera_core::pack::GPU_COMPUTE_MILLI);
             let request = ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib);
             // Sleep mode: a model at zero left a sleeping pod whose weights sit in host memory. It wakes on its
             // own GPU, skipping the pod start and the load, if its share fits there again; otherwise the pod is
@@ -990,11 +993,13 @@ impl<'a> World<'a> {
         }
         self.consolidate();
         // Capacity pods give back GPUs that stayed empty for the grace period.
-        let grace = self.sc.settings.gpu_release_grace.as_secs_f64();
+        // The pool manager's rule (`core::pack::empty_gpu`).
+        let grace = self.sc.settings.gpu_release_grace;
+        let secs = Duration::from_secs_f64;
         let expired: Vec<GpuId> = self
             .gpu_empty_since
             .iter()
-            .filter(|&(_, &since)| now - since >= grace)
+            .filter(|&(_, &since)| empty_gpu(Some(secs(since)), secs(now), grace) == EmptyGpu::Release)
             .map(|(&g, _)| g)
             .collect();
         for g in expired {

@@ -1,0 +1,261 @@
+//! One decision round of one model: everything the controller (and the simulator) observed in, every decision
+//! out.
+//!
+//! The controller and the simulator used to string the same dozen rules together twice, in the same order, kept
+//! in step by a parity test. [`round`] is that sequence, written once:
+//!
+//! 1. the urgency of a growth (`rollout::Urgency::of`: preemptions, a replica over the TTFT objective);
+//! 2. the count the rule reads: `/scale`'s less a consolidation surge (`pack::consolidate::count_before_surge`);
+//! 3. the decision's input from the sidecars' documents and the activators' demand (`scale::inputs::scale_input`);
+//! 4. the joint round on the model's history (`scale::joint::round`: the cold-start ledger, the look-ahead's
+//!    trend, the warm floor, the budget group's claim) with the share's room and the lead times;
+//! 5. the replica decision (`scale::joint::decide`), what held it (`scale::constraint::Constraint::of`) and the
+//!    move off a draining GPU (`pack::consolidate::move_step`).
+//!
+//! The caller applies what it can and then records the decision it acted on with [`crate::scale::ScaleState::record`]
+//! (the controller does not record a scale it failed to write).
+//!
+//! Where the two callers differ by design, the difference is a field of [`Observed`], never code: the controller
+//! measures a cold start from its pods' timestamps, the simulator knows its scenario's ([`Observed::leads`]); a
+//! baseline of the simulator reads its rate from an external metric ([`Observed::external_rate`]).
+//!
+//! A decision to go to zero is taken on documents that may be a poll interval old. The controller then reads
+//! its activators again and asks the same rule once more ([`Round::redecide`]): a request that arrived since keeps
+//! the model up.
+
+use std::time::Duration;
+
+use crate::pack::consolidate::{self, ModelPlacement, MoveStep};
+use crate::rollout::Urgency;
+use crate::scale::coldstart::BudgetClaim;
+use crate::scale::constraint::Constraint;
+use crate::scale::joint::{self, BudgetPeers, JointPolicy, LeadTimes, ShareRoom};
+use crate::scale::{Demand, ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp, inputs};
+use crate::wire::sidecar::SidecarStatus;
+
+/// Everything one round observes about one model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    /// The model's name (the budget group reads it).
+    pub name: String,
+    /// The replica count in force: `/scale`'s `spec.replicas`, or the simulator's live replicas. It includes a
+    /// surge the last round asked for ([`Observed::surged`]).
+    pub replicas: u32,
+    /// The last round asked for one replica over its decision (a move off a draining GPU).
+    pub surged: bool,
+    /// Each ready replica's sidecar document; `None` when it could not be read (counted as missing, never idle).
+    pub sidecars: Vec<Option<SidecarStatus>>,
+    /// The model's demand at the activators (`scale::inputs::demand_from`).
+    pub demand: Demand,
+    /// A request rate from an external metric that replaces the activators' (the simulator's HPA and AIBrix
+    /// baselines read a Prometheus-style rate); `None` for Tessera.
+    pub external_rate: Option<f64>,
+    /// What the model's compute share can do.
+    pub room: ShareRoom,
+    /// How long new capacity takes: measured from the pods by the controller, the scenario's in the simulator.
+    pub leads: LeadTimes,
+    /// The claims the other models of its namespace last published (read when the policy is in a budget group).
+    pub peers: Vec<BudgetClaim>,
+    /// Where the model's pods are relative to a GPU being drained (`desired` is the round's to fill).
+    pub placement: ModelPlacement,
+    /// Oldest sidecar document still counted as fresh.
+    pub max_signal_age: Duration,
+}
+
+/// Everything one round decides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Round {
+    /// The replica decision's input.
+    pub input: ScaleInput,
+    /// What hurries a growth onto the pods (the allocation in force and the roll read it).
+    pub urgency: Urgency,
+    /// The joint policy decided with (who owns latency, the warm floor, the budget).
+    pub joint: JointPolicy,
+    /// The replica decision and its reason.
+    pub decision: ScaleDecision,
+    /// What held the count.
+    pub constraint: Constraint,
+    /// The move off a draining GPU: the count to apply is `step.replicas(decision.desired_replicas)`.
+    pub step: MoveStep,
+    /// The placement the move was decided on (its `desired` the decision's).
+    pub placement: ModelPlacement,
+}
+
+impl Round {
+    /// The replica count to apply: the decision, one over it during a surge.
+    pub fn replicas(&self) -> u32 {
+        self.step.replicas(self.decision.desired_replicas)
+    }
+
+    /// Whether the decision takes the model to zero from a running count: the documents may be a poll interval
+    /// old, so the caller should read the activators again and [`Round::redecide`].
+    pub fn goes_to_zero(&self) -> bool {
+        self.decision.desired_replicas == 0 && self.input.current_replicas > 0
+    }
+
+    /// The same rule once more on fresher `demand` (the activators read again right before a scale to zero),
+    /// with the round's joint policy: the history is not counted twice.
+    pub fn redecide(&mut self, demand: Demand, state: &ScaleState, now: Timestamp) {
+        self.input.demand = demand;
+        self.decide(state, now);
+    }
+
+    fn decide(&mut self, state: &ScaleState, now: Timestamp) {
+        self.decision = joint::decide(&self.input, &self.joint, state, now);
+        self.constraint = Constraint::of(&self.input, &self.joint, &self.decision);
+        self.placement.desired = self.decision.desired_replicas;
+        self.step = consolidate::move_step(self.placement);
+    }
+}
+
+/// One round for the model under `policy`, on its history `state`, at `now`: see the module docs.
+pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, now: Timestamp) -> Round {
+    let read: Vec<Option<&SidecarStatus>> = observed.sidecars.iter().map(Option::as_ref).collect();
+    let urgency = Urgency::of(&read, policy.ttft_slo, observed.max_signal_age);
+    let current = consolidate::count_before_surge(observed.replicas, observed.surged);
+    let mut demand = observed.demand;
+    if let Some(rate) = observed.external_rate {
+        demand.requests_per_second = Some(rate);
+    }
+    let input = inputs::scale_input(current, &read, observed.max_signal_age, demand);
+    let joint = joint::round(
+        policy,
+        observed.room,
+        observed.leads,
+        &input,
+        state,
+        &BudgetPeers {
+            name: &observed.name,
+            claims: &observed.peers,
+        },
+        now,
+    );
+    let decision = joint::decide(&input, &joint, state, now);
+    let constraint = Constraint::of(&input, &joint, &decision);
+    let placement = ModelPlacement {
+        desired: decision.desired_replicas,
+        ..observed.placement
+    };
+    Round {
+        urgency,
+        step: consolidate::move_step(placement),
+        placement,
+        input,
+        joint,
+        decision,
+        constraint,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::scale::{ScaleReason, ScaleToZero};
+
+    fn observed(replicas: u32, demand: Demand) -> Observed {
+        Observed {
+            name: "m".into(),
+            replicas,
+            surged: false,
+            sidecars: vec![Some(idle_sidecar()); replicas as usize],
+            demand,
+            external_rate: None,
+            room: ShareRoom::Fixed,
+            leads: LeadTimes::default(),
+            peers: Vec::new(),
+            placement: ModelPlacement {
+                off_ready: replicas,
+                ..ModelPlacement::default()
+            },
+            max_signal_age: Duration::from_secs(30),
+        }
+    }
+
+    /// A fresh replica with nothing running or waiting.
+    fn idle_sidecar() -> SidecarStatus {
+        serde_json::from_value(serde_json::json!({
+            "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
+            "ready": true, "stale": false,
+            "scrape": {"interval_secs": 5.0, "successes_total": 3},
+            "latest": {"at": 999.0, "kv_cache_usage_ratio": 0.0, "requests_running": 0.0, "requests_waiting": 0.0},
+            "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming up"}}
+        }))
+        .unwrap()
+    }
+
+    fn idle(now: Timestamp) -> Demand {
+        Demand {
+            requests_per_second: Some(0.0),
+            last_request_at: Some(Timestamp::from_millis(now.as_millis() - 3_600_000)),
+            requests_total: Some(10),
+            ..Demand::default()
+        }
+    }
+
+    fn to_zero_policy() -> ScalePolicy {
+        ScalePolicy {
+            min_replicas: 0,
+            max_replicas: 4,
+            scale_to_zero: Some(ScaleToZero::after(Duration::from_secs(60))),
+            ..ScalePolicy::default()
+        }
+    }
+
+    #[test]
+    fn an_idle_model_goes_to_zero_and_a_fresh_request_keeps_it_up() {
+        let now = Timestamp::from_millis(10_000_000);
+        let policy = to_zero_policy();
+        let mut state = ScaleState::default();
+        let mut r = round(&policy, &observed(1, idle(now)), &mut state, now);
+        assert!(r.goes_to_zero(), "{:?}", r.decision);
+        assert_eq!(r.decision.reason, ScaleReason::ScaleToZero);
+        assert_eq!(r.replicas(), 0);
+        // The activators read again: a request arrived a moment ago.
+        let fresh = Demand {
+            in_flight: 1,
+            last_request_at: Some(now),
+            ..idle(now)
+        };
+        r.redecide(fresh, &state, now);
+        assert!(r.decision.desired_replicas >= 1, "{:?}", r.decision);
+        assert_eq!(r.replicas(), r.decision.desired_replicas);
+    }
+
+    #[test]
+    fn a_surge_is_taken_off_the_count_and_a_pod_on_a_draining_gpu_moves() {
+        let now = Timestamp::from_millis(10_000_000);
+        let policy = ScalePolicy {
+            min_replicas: 2,
+            max_replicas: 4,
+            ..ScalePolicy::default()
+        };
+        let mut o = observed(3, idle(now));
+        o.surged = true;
+        // Two ready pods, one of them on the draining GPU, and the surge's copy starting elsewhere.
+        o.placement = ModelPlacement {
+            desired: 0,
+            on_draining: 1,
+            off_ready: 1,
+            off_starting: 1,
+        };
+        let r = round(&policy, &o, &mut ScaleState::default(), now);
+        assert_eq!(
+            r.input.current_replicas, 2,
+            "the surge is not a count the rule chose"
+        );
+        assert_eq!(r.decision.desired_replicas, 2);
+        assert_eq!(r.step, MoveStep::Surge);
+        assert_eq!(r.replicas(), 3);
+    }
+
+    #[test]
+    fn an_external_rate_replaces_the_activators() {
+        let now = Timestamp::from_millis(10_000_000);
+        let mut o = observed(1, idle(now));
+        o.external_rate = Some(5.0);
+        let r = round(&to_zero_policy(), &o, &mut ScaleState::default(), now);
+        assert_eq!(r.input.demand.requests_per_second, Some(5.0));
+        assert!(!r.goes_to_zero());
+    }
+}
