@@ -867,17 +867,15 @@ impl<'a> World<'a> {
     /// next is timed against them (the sharing model's contention).
     fn tell_neighbours(&mut self, r: usize) {
         let Some(g) = self.replicas[r].gpu else { return };
-        let mut n = Neighbours::default();
-        for &o in self.tenants.get(&g).map_or(&[][..], Vec::as_slice) {
-            if o != r
-                && let Some(l) = self.replicas[o].engine.load()
-            {
-                n.bandwidth += l.bandwidth;
-                n.busy += l.busy;
-                n.sm += l.sm;
-            }
-        }
-        self.replicas[r].engine.set_neighbours(n);
+        let n = self
+            .tenants
+            .get(&g)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter(|&&o| o != r)
+            .filter_map(|&o| self.replicas[o].engine.load())
+            .collect();
+        self.replicas[r].engine.set_neighbours(Neighbours(n));
     }
 
     fn on_ready(&mut self, r: usize) {
