@@ -116,8 +116,10 @@ fn hand_worked_one_model_five_requests() {
     // By hand, from the performance model's roofline (sim/src/model.rs, vLLM defaults on an A100-80GB): one
     // prefill step of 100 tokens reads the weights plus 100 tokens of KV,
     //   (14.96 GiB + 100 × 131072 B) / (2.039e12 B/s × 0.8) = 9.8555 ms,
-    // which beats the compute time 2 × 8.03e9 × 100 / (312e12 × 0.6) = 8.58 ms; plus 1 ms step overhead.
-    let by_hand = (14.96 * GIB as f64 + 100.0 * 131_072.0) / (2.039e12 * 0.8) + 0.001;
+    // which beats the compute time 2 × 8.03e9 × 100 / (312e12 × 0.6) = 8.58 ms; plus the host part for one
+    // sequence of an 8.03B model: 1 ms + 0.25 ms × 8.03 + 0.03 ms = 3.0375 ms (model::sharing::host_time_s).
+    let by_hand =
+        (14.96 * GIB as f64 + 100.0 * 131_072.0) / (2.039e12 * 0.8) + 0.001 + 0.000_25 * 8.03 + 0.000_03;
     for s in &r.strategies[..2] {
         let t = s.ttft_p50.unwrap();
         assert!((t - by_hand).abs() < 1e-6, "{}: {t} vs {by_hand}", s.strategy);
