@@ -154,6 +154,7 @@ impl World<'_> {
         let held = Constraint::of(&input, &joint, &d);
         *self.models[m].held_by.entry(held).or_default() += 1;
         self.models[m].next_unit = joint.next_unit;
+        self.isolation_round(m, &declared, &input, &live);
         let (placement, leaving) = self.move_placement(d.desired_replicas, &live);
         let step = consolidate::move_step(placement);
         let rt = &self.models[m];
