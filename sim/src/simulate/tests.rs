@@ -648,3 +648,49 @@ fn a_replica_over_the_ttft_objective_on_a_smaller_share_is_rolled_at_once() {
         initial_mode.models[0].slo_attainment
     );
 }
+
+/// At the ceiling, buy isolation (`scenarios/ceiling-bursty.yaml`): a bursty 14B model held at `max_replicas: 4`
+/// while sharing GPUs keeps at least the attainment of the same four replicas on whole GPUs (a static run holding
+/// every model at its `max_replicas`), because Tessera gives it whole GPUs once its TTFT is over the objective at
+/// its ceiling.
+#[test]
+fn at_the_ceiling_a_shared_model_buys_isolation() {
+    use super::world::{Plan, World};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/ceiling-bursty.yaml");
+    let sc = super::scenario::load(&super::scenario::Source::File(path), None, None).unwrap();
+    let r = simulate_strategies(&sc, &[StrategyKind::Tessera], Extras::NONE, &mut |_, _| {}).unwrap();
+    let whole = Plan {
+        kind: StrategyKind::Static,
+        static_replicas: sc.models.iter().map(|m| m.max_replicas).collect(),
+        initial_recommendations: Vec::new(),
+        only_models: Vec::new(),
+    };
+    let w = World::new(&sc, whole).unwrap().run(&mut |_| {}).unwrap();
+    let st = w.report.models.iter().find(|m| m.model == "burst-14b").unwrap();
+    let tessera = r.strategy("tessera").unwrap();
+    let t = tessera.models.iter().find(|m| m.model == "burst-14b").unwrap();
+    println!(
+        "burst-14b: four whole GPUs attainment {:.4} (p95 {:?}); tessera max {} replicas, attainment {:.4} (p95 {:?}), \
+         share {:.2}, isolated {:?}, cold starts {}, held by {:?}; tessera {:.2} GPU-hours vs {:.2} for every model at \
+         its maximum on whole GPUs",
+        st.slo_attainment,
+        st.ttft_p95,
+        t.replicas_max,
+        t.slo_attainment,
+        t.ttft_p95,
+        t.compute_fraction,
+        t.isolated,
+        t.cold_starts,
+        t.held_by,
+        tessera.gpu_hours,
+        w.report.gpu_hours
+    );
+    assert_eq!(st.replicas_max, 4);
+    assert!(t.replicas_max >= 4, "tessera reached its ceiling");
+    assert!(
+        t.slo_attainment >= st.slo_attainment,
+        "tessera {:.4} vs four whole GPUs {:.4}",
+        t.slo_attainment,
+        st.slo_attainment
+    );
+}
