@@ -3,5 +3,6 @@
 pub mod emulator;
 pub mod model;
 pub mod pack;
+pub mod sharing_calc;
 pub mod simulate;
 pub mod trace;

@@ -41,6 +41,8 @@ enum Command {
     Simulate(tessera_sim::simulate::Args),
     /// Pack a GPU-sharing pod trace onto GPUs and compare with the lower bound.
     Pack(tessera_sim::pack::Args),
+    /// What if N replicas share one GPU: step time, TPOT and throughput alone and shared, from the sharing physics.
+    Sharing(tessera_sim::sharing_calc::Args),
     /// Run an emulated vLLM server (OpenAI API and vLLM's /metrics) with a realistic performance model.
     VllmSim(tessera_sim::emulator::Args),
     /// Print the InferenceAutoscaler CustomResourceDefinition as YAML.
@@ -59,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Webhook(args) => tessera_webhook::run(args).await,
         Command::Simulate(args) => tessera_sim::simulate::run(args).await,
         Command::Pack(args) => tessera_sim::pack::run(args).await,
+        Command::Sharing(args) => tessera_sim::sharing_calc::run(args).await,
         Command::VllmSim(args) => tessera_sim::emulator::run(args).await,
         Command::Crdgen => {
             print!("{}", tessera_autoscaler::crd::crdgen()?);

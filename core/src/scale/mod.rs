@@ -45,6 +45,7 @@ mod behavior;
 pub mod coldstart;
 pub mod constraint;
 pub mod inputs;
+pub mod isolation;
 pub mod joint;
 pub mod lookahead;
 mod ratio;

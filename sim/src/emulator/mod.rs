@@ -112,7 +112,7 @@ pub struct Args {
     pub drain: tessera_runtime::DrainArgs,
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !c.is_ascii_digit() && c != '.')

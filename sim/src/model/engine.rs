@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use super::histogram::*;
-use super::sharing::{Neighbours, StepCost, StepTiming};
+use super::sharing::{GpuWork, Neighbour, Neighbours, StepCost, StepTiming, host_time_s};
 use super::spec::*;
 
 /// One request as the engine sees it (tokens only; the text stays with the server).
@@ -206,8 +206,8 @@ impl Seq {
 struct Step {
     end: f64,
     tokens: u64,
-    /// HBM bandwidth and GPU-busy shares of this step, what co-tenants contend with.
-    bandwidth: f64,
+    /// The step's GPU work and the share of it spent in its GPU part: what co-tenants contend with.
+    work: GpuWork,
     busy: f64,
 }
 
@@ -584,51 +584,69 @@ impl Engine {
             .filter(|s| s.scheduled > 0)
             .map(|s| s.computed + s.scheduled)
             .sum();
-        let timing = self.step_timing(tokens, kv_tokens_read);
+        let seqs = self.running.iter().filter(|s| s.scheduled > 0).count() as u64;
+        let (work, timing) = self.step_timing(tokens, kv_tokens_read, seqs);
         let dur = timing.duration_s;
         self.stats.steps += 1;
         self.stats.busy_time_s += dur;
         self.step = Some(Step {
             end: at + dur,
             tokens,
-            bandwidth: timing.bandwidth,
+            work,
             busy: timing.busy,
         });
     }
 
-    /// Step duration from the roofline: GPU time is the larger of the memory time (weights + KV read from HBM)
-    /// and the compute time (2 × params FLOPs per token), as the sharing model stretches them for the GPU share
-    /// and the co-tenants' activity; plus a fixed overhead.
-    pub fn step_time(&self, tokens: u64, kv_tokens_read: u64) -> f64 {
-        self.step_timing(tokens, kv_tokens_read).duration_s
+    /// Step duration from the roofline: the GPU part is the larger of the memory time (weights + KV read from
+    /// HBM) and the compute time (2 × params FLOPs per token), as the sharing model stretches it for the GPU share
+    /// and the co-tenants' steps; plus the host part for `seqs` scheduled sequences ([`host_time_s`]).
+    pub fn step_time(&self, tokens: u64, kv_tokens_read: u64, seqs: u64) -> f64 {
+        self.step_timing(tokens, kv_tokens_read, seqs).1.duration_s
     }
 
-    fn step_timing(&self, tokens: u64, kv_tokens_read: u64) -> StepTiming {
+    fn step_timing(&self, tokens: u64, kv_tokens_read: u64, seqs: u64) -> (GpuWork, StepTiming) {
         let bytes =
             self.model.weights_bytes as f64 + kv_tokens_read as f64 * self.model.bytes_per_kv_token as f64;
         let cost = StepCost {
             memory_s: bytes / (self.gpu.hbm_bandwidth_bytes_per_s * self.cfg.memory_efficiency),
             compute_s: 2.0 * self.model.params * tokens as f64
                 / (self.gpu.flops * self.cfg.compute_efficiency),
-            overhead_s: self.cfg.step_overhead_s,
+            overhead_s: self.host_time_s(seqs),
         };
-        self.cfg
+        let work = GpuWork {
+            memory_s: cost.memory_s,
+            compute_s: cost.compute_s,
+        };
+        let timing = self
+            .cfg
             .sharing
-            .step(cost, self.cfg.compute_fraction, self.neighbours)
+            .step(cost, self.cfg.compute_fraction, &self.neighbours);
+        (work, timing)
     }
 
-    /// Tells the engine what its GPU's co-tenants are doing now; steps that start from now on are timed with it.
+    /// The host part of a step with `seqs` scheduled sequences: the configured fixed part, plus what grows with
+    /// the model and the batch unless the configuration turns the scaling off.
+    fn host_time_s(&self, seqs: u64) -> f64 {
+        if self.cfg.host_scales_with_model {
+            host_time_s(self.cfg.step_overhead_s, self.model.params, seqs)
+        } else {
+            self.cfg.step_overhead_s
+        }
+    }
+
+    /// Tells the engine which co-tenants of its GPU are in a step now; steps that start from now on are timed
+    /// with them.
     pub fn set_neighbours(&mut self, n: Neighbours) {
         self.neighbours = n;
     }
 
-    /// The HBM bandwidth share and GPU-busy duty of the step in flight (`None` when idle): what this engine
-    /// imposes on its co-tenants right now.
-    pub fn load(&self) -> Option<Neighbours> {
-        self.step.map(|s| Neighbours {
-            bandwidth: s.bandwidth,
-            busy: s.busy,
-            sm: self.cfg.compute_fraction * s.busy,
+    /// The GPU work, SM cap and duty of the step in flight (`None` when idle): what this engine imposes on its
+    /// co-tenants right now.
+    pub fn load(&self) -> Option<Neighbour> {
+        self.step.map(|s| Neighbour {
+            work: s.work,
+            cap: self.cfg.compute_fraction,
+            duty: s.busy,
         })
     }
 
@@ -736,7 +754,8 @@ pub fn capped_max_tokens(max_model_len: u32, prompt_tokens: u32, asked: Option<u
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::model::SharingModel;
+    use crate::model::sharing::GpuWork;
+    use crate::model::{Neighbour, SharingModel};
     use proptest::prelude::*;
 
     fn engine_with(f: impl FnOnce(&mut EngineConfig)) -> Engine {
@@ -965,46 +984,55 @@ mod tests {
     fn half_the_compute_doubles_the_step_time_under_the_proportional_model() {
         let full = engine_with(|c| {
             c.step_overhead_s = 0.0;
+            c.host_scales_with_model = false;
             c.sharing = SharingModel::Proportional;
         });
         let half = engine_with(|c| {
             c.step_overhead_s = 0.0;
+            c.host_scales_with_model = false;
             c.compute_fraction = 0.5;
             c.sharing = SharingModel::Proportional;
         });
         for (tokens, kv) in [(1, 1000), (64, 64_000), (2048, 2048)] {
-            let r = half.step_time(tokens, kv) / full.step_time(tokens, kv);
+            let r = half.step_time(tokens, kv, 1) / full.step_time(tokens, kv, 1);
             assert!((r - 2.0).abs() < 1e-9, "ratio {r}");
         }
     }
 
     #[test]
     fn half_the_sms_cost_decode_nothing_alone_but_prefill_twice() {
-        let full = engine_with(|c| c.step_overhead_s = 0.0);
-        let mut half = engine_with(|c| {
+        let bare = |c: &mut EngineConfig| {
             c.step_overhead_s = 0.0;
+            c.host_scales_with_model = false;
+        };
+        let full = engine_with(bare);
+        let mut half = engine_with(|c| {
+            bare(c);
             c.compute_fraction = 0.5;
         });
         // Decode (one token per sequence, long contexts): bandwidth-bound, unchanged at half the SMs.
-        let r = half.step_time(64, 64_000) / full.step_time(64, 64_000);
+        let r = half.step_time(64, 64_000, 64) / full.step_time(64, 64_000, 64);
         assert!((r - 1.0).abs() < 1e-9, "decode ratio {r}");
         // Prefill (2,048 prompt tokens): compute-bound, twice as long.
-        let r = half.step_time(2048, 2048) / full.step_time(2048, 2048);
+        let r = half.step_time(2048, 2048, 1) / full.step_time(2048, 2048, 1);
         assert!((r - 2.0).abs() < 1e-9, "prefill ratio {r}");
-        // A busy neighbour reading HBM slows decode.
-        half.set_neighbours(Neighbours {
-            bandwidth: 0.9,
-            busy: 0.9,
-            sm: 0.45,
-        });
-        assert!(half.step_time(64, 64_000) > full.step_time(64, 64_000) * 1.1);
+        // A neighbour in a bandwidth-bound step most of the time slows decode: they share the bandwidth.
+        half.set_neighbours(Neighbours(vec![Neighbour {
+            work: GpuWork {
+                memory_s: 0.02,
+                compute_s: 0.0,
+            },
+            cap: 0.5,
+            duty: 0.9,
+        }]));
+        assert!(half.step_time(64, 64_000, 64) > full.step_time(64, 64_000, 64) * 1.1);
     }
 
     #[test]
     fn decode_step_time_grows_with_batch_and_prefill_with_prompt() {
         let e = engine_with(|_| {});
-        assert!(e.step_time(64, 64 * 2000) > e.step_time(1, 2000));
-        assert!(e.step_time(2048, 2048) > 2.0 * e.step_time(256, 256));
+        assert!(e.step_time(64, 64 * 2000, 64) > e.step_time(1, 2000, 1));
+        assert!(e.step_time(2048, 2048, 1) > 2.0 * e.step_time(256, 256, 1));
     }
 
     #[test]

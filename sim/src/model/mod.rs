@@ -33,5 +33,5 @@ pub use histogram::{
     Histogram, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, PARAMS_N_BUCKETS, REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS, buckets_1_2_5,
 };
-pub use sharing::{Neighbours, SharingModel};
+pub use sharing::{Neighbour, Neighbours, SharingModel};
 pub use spec::{EngineConfig, GIB, GpuSpec, MemorySetting, ModelError, ModelSpec, kv_bytes_per_token};

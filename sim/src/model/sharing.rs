@@ -1,28 +1,39 @@
-//! How sharing a GPU changes one engine's step time.
+//! How sharing a GPU changes one engine's step time, with the GPU's capacities conserved.
 //!
-//! A vLLM step reads the weights and the batch's KV cache from HBM (decode is bound by memory bandwidth) and
-//! does `2 × params` FLOPs per scheduled token (prefill is bound by the SMs). A GPU share acts on the two
-//! differently, and so does what the co-tenants are doing at that moment:
+//! A vLLM step has two parts. Its **GPU part** reads the weights and the batch's KV cache from HBM (decode is
+//! bound by memory bandwidth) and does `2 × params` FLOPs per scheduled token (prefill is bound by the SMs).
+//! Its **host part** (scheduling, input preparation, sampling, output processing, launches: [`host_time_s`]) runs
+//! on the CPU while the engine has no kernel on the GPU, so whatever share of the GPU it holds is free for the
+//! co-tenants then.
 //!
-//! - [`SharingModel::Mps`] (the default; Tessera's pools use MPS): the engine may use a fraction `s` of the SMs.
-//!   Compute-bound work stretches by `1/s`. Memory-bound work does not, as long as `s` is above the SM share
-//!   that already saturates HBM ([`MPS_BANDWIDTH_KNEE`]); below it, bandwidth falls with the SMs. Tenants that
-//!   read HBM *at the same moment* contend for it: the memory part stretches by `1 + κ × B`, where `B` is the
-//!   sum of the co-tenants' bandwidth use (a share of the GPU's peak) while this step starts and `κ` is
-//!   [`MPS_CONTENTION`]. An SM cap therefore costs a decode-bound engine little while its neighbours are idle,
-//!   and neighbours cost it only while they are busy. The cap is a limit, not a reservation, so a pool may
-//!   hand out caps adding up to more than the GPU (`computeOversubscription`): while the tenants in a step
-//!   at the same moment hold more SMs than there are (`share + Σ co-tenant cap × busy duty > 1`), each gets
-//!   its cap scaled down in proportion, for both the compute part and the bandwidth knee.
-//! - [`SharingModel::TimeSlicing`]: no SM cap (the share is ignored: a lone tenant gets the whole GPU); when
-//!   co-tenants are busy the driver round-robins whole-GPU time slices, so the GPU part stretches by
-//!   `1 + τ × D`, where `D` is the co-tenants' GPU-busy duty and `τ` is [`TIME_SLICE_INTERFERENCE`]
-//!   (context switches and lost overlap).
-//! - [`SharingModel::Proportional`]: the old, pessimistic bound: every step's GPU time stretches by `1/s`,
-//!   whatever the phase and whatever the neighbours do.
+//! HBM bandwidth and SMs are capacities of the GPU. At any instant the tenants that are in their GPU part share
+//! them ([`allocate`]), and no combination of them reads more bytes per second than the GPU delivers or uses
+//! more SMs than it has:
 //!
-//! The constants are calibrated on published measurements (sources, figures and the fit in
-//! `docs/simulator.md`, "Sharing physics"); the tests at the bottom reproduce each within its stated error.
+//! - [`SharingModel::Mps`] (the default; Tessera's pools use MPS): the tenants run concurrently. Each may use
+//!   the SM share its cap gives (caps are limits, not reservations: when the caps of the tenants in their GPU
+//!   part add up to more than the GPU they are scaled down in proportion). A share below
+//!   [`MPS_BANDWIDTH_KNEE`] cannot pull the whole bandwidth; above it a lone decode step reads HBM at full speed.
+//!   Each tenant asks for the bandwidth its step would use alone at its SM share; the bandwidth is split
+//!   max-min fairly among those asks (water-filling), so a tenant that asks little is not slowed and the rest
+//!   share what is left. Two decoders that each saturate HBM take twice as long *while their GPU parts
+//!   overlap*, never less.
+//! - [`SharingModel::TimeSlicing`]: no SM cap (a lone tenant has the whole GPU); tenants in their GPU part at
+//!   the same moment take exclusive turns with the whole GPU, and switching loses [`TIME_SLICE_SWITCH_LOSS`] of
+//!   the time: with `k` of them each progresses at `(1 − loss) / k` of its alone speed.
+//! - [`SharingModel::Proportional`]: the old, pessimistic bound: every step's GPU part stretches by `1/s`,
+//!   whatever the phase and whatever the neighbours do (a fixed partition: conserving, but never lending).
+//!
+//! How often the GPU parts overlap is what sets the cost of sharing. When a step starts, the engine knows which
+//! co-tenants are in a step and what share of their step is GPU time (their duty). Taking each co-tenant to be
+//! in its GPU part with probability equal to its duty, independently, the step's GPU part progresses at its
+//! alone speed times the expected rate over the combinations ([`SharingModel::step`]). For identical tenants
+//! this is exactly conserving in the steady state: N tenants' aggregate GPU work per second equals the chance
+//! that at least one of them is in its GPU part, never more than the GPU (see `docs/simulator.md`).
+//!
+//! The constants are calibrated on published measurements in their absolute figures (sources, figures and the
+//! fit in `docs/simulator.md`, "Sharing physics"); the tests in `sharing/tests.rs` reproduce each within its
+//! stated error, and a property test checks conservation for random tenants, shares and batches.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,26 +42,46 @@ use serde::{Deserialize, Serialize};
 /// finds decode latency flat beyond a saturation point; 40% of the SMs is where this model puts that knee.
 pub const MPS_BANDWIDTH_KNEE: f64 = 0.4;
 
-/// `κ`: how much the memory-bound part of a step stretches per unit of co-tenant HBM bandwidth in use at the
-/// same moment, under MPS. Fitted on the Pebble MPS case study (A100-80GB, two vLLM clients at 60% of the SMs,
-/// both loaded: TPOT +19.5%); see `docs/simulator.md`.
-pub const MPS_CONTENTION: f64 = 0.24;
+/// The share of the GPU's time lost to switching when time-sliced tenants take turns (context switches, caches
+/// refilled, kernels that cannot overlap across contexts). Fitted on the NVIDIA Run:ai / Nebius benchmark
+/// (H100 NVL, Llama-3.1-8B at 0.5 GPU, time-sliced): see `docs/simulator.md`.
+pub const TIME_SLICE_SWITCH_LOSS: f64 = 0.28;
 
-/// `τ`: how much a time-sliced step's GPU part stretches per unit of co-tenant GPU-busy duty. Fitted on the
-/// NVIDIA Run:ai / Nebius benchmark (H100 NVL, Llama-3.1-8B at 0.5 GPU, 77% of the full-GPU token throughput).
-pub const TIME_SLICE_INTERFERENCE: f64 = 0.38;
+/// Host time per step independent of model and batch (the engine loop, the scheduler's fixed work, one
+/// GPU→CPU sync), seconds. With [`HOST_PER_BILLION_PARAMS_S`] and [`HOST_PER_SEQ_S`] it reproduces the
+/// ~4 ms GPU bubble per decode step vLLM's multi-step RFC (#6854) profiles for an 8B model and the 24% GPU idle
+/// time Hugging Face measured for an 8B model at batch 32 with 8K-token contexts on an H200 (synchronous
+/// continuous batching). See `docs/simulator.md`.
+pub const HOST_BASE_S: f64 = 0.001;
+
+/// Host time per billion parameters, seconds: launches and per-layer bookkeeping grow with the layer count,
+/// which grows with the model (8B: 32 layers, 14B: 40, 70B: 80).
+pub const HOST_PER_BILLION_PARAMS_S: f64 = 0.000_25;
+
+/// Host time per sequence in the batch, seconds: scheduling, block tables, sampling and output processing are
+/// per request (the simllm study of vLLM's step loop finds the scheduler alone at ~13 µs per running request).
+pub const HOST_PER_SEQ_S: f64 = 0.000_03;
+
+/// The host part of one vLLM step for a model of `params` parameters with `seqs` sequences scheduled, plus a
+/// configured fixed part `base_s` (the engine's `step_overhead_s`).
+pub fn host_time_s(base_s: f64, params: f64, seqs: u64) -> f64 {
+    base_s + HOST_PER_BILLION_PARAMS_S * params.max(0.0) / 1e9 + HOST_PER_SEQ_S * seqs as f64
+}
+
+/// Co-tenants beyond this many (the busiest kept) are taken to be always in their GPU part: the expectation
+/// enumerates `2^n` combinations, and the pessimistic fold keeps it bounded without ever under-charging.
+const MAX_ENUMERATED: usize = 8;
 
 /// How co-tenants on one GPU affect each other.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SharingModel {
-    /// MPS with an SM cap: compute scales with the share, bandwidth saturates early, contention while
-    /// co-tenants read HBM at the same time. Calibrated on published measurements.
+    /// MPS with an SM cap: concurrent tenants split the SMs (by cap) and the bandwidth (water-filling).
     #[default]
     Mps,
-    /// The old model: every step stretches by `1 / share` (a pessimistic bound).
+    /// The old model: every step's GPU part stretches by `1 / share` (a pessimistic bound).
     Proportional,
-    /// Time-slicing: no SM cap; busy co-tenants take turns with whole-GPU time slices.
+    /// Time-slicing: no SM cap; tenants in their GPU part at once take exclusive turns with a switch cost.
     TimeSlicing,
 }
 
@@ -65,265 +96,325 @@ impl SharingModel {
     }
 }
 
-/// What the co-tenants of an engine's GPU are doing when its step starts.
+/// The GPU part of one step, seconds, for a lone engine with the whole GPU: the roofline's two parts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Neighbours {
-    /// Sum of their HBM bandwidth use, as a share of the GPU's peak (0 = idle or alone).
-    pub bandwidth: f64,
-    /// Sum of their GPU-busy duty: the share of their step time the GPU is running their kernels.
-    pub busy: f64,
-    /// Sum of the SMs they hold while in a step: each one's SM cap times its GPU-busy duty. Only MPS reads
-    /// it, and only when the caps add up to more than the GPU (an oversubscribed pool, see
-    /// [`SharingModel::Mps`]); caps that fit in the GPU never meet.
-    #[serde(default)]
-    pub sm: f64,
+pub struct GpuWork {
+    /// Bytes read from HBM over the achieved bandwidth.
+    pub memory_s: f64,
+    /// FLOPs over the achieved compute throughput.
+    pub compute_s: f64,
 }
 
-/// One step's roofline parts, seconds, for a lone engine with the whole GPU.
+/// One step's parts, seconds, for a lone engine with the whole GPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepCost {
     /// Bytes read from HBM over the achieved bandwidth.
     pub memory_s: f64,
     /// FLOPs over the achieved compute throughput.
     pub compute_s: f64,
-    /// Time outside the GPU kernels (scheduling, sampling, launches).
+    /// The host part: time outside the GPU kernels (scheduling, sampling, launches), see [`host_time_s`].
     pub overhead_s: f64,
 }
 
-/// A step's duration and how much of the GPU it uses while it runs (what its co-tenants see).
+impl StepCost {
+    fn gpu(&self) -> GpuWork {
+        GpuWork {
+            memory_s: self.memory_s.max(0.0),
+            compute_s: self.compute_s.max(0.0),
+        }
+    }
+}
+
+/// A tenant in its GPU part at some instant: its work and its SM cap (the compute share; time-slicing and
+/// proportional read it as their own rules say).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    /// Its step's GPU work.
+    pub work: GpuWork,
+    /// Its SM cap, 0 < cap ≤ 1.
+    pub cap: f64,
+}
+
+/// What [`allocate`] gives one tenant at an instant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    /// Share of the GPU's SMs (of its time, under time-slicing) the tenant uses.
+    pub sm: f64,
+    /// Share of the GPU's achieved HBM bandwidth granted.
+    pub bandwidth: f64,
+    /// Share of the bandwidth it actually reads at the speed it runs (≤ `bandwidth`).
+    pub bandwidth_used: f64,
+    /// Its progress speed relative to running its GPU part alone on the GPU (at its cap under MPS).
+    pub rate: f64,
+}
+
+/// A co-tenant as a step that starts sees it: what it runs while in its GPU part, and how often it is there.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Neighbour {
+    /// Its step's GPU work (whole-GPU roofline).
+    pub work: GpuWork,
+    /// Its SM cap.
+    pub cap: f64,
+    /// The share of its step in the GPU part (0 = idle, 1 = no host time).
+    pub duty: f64,
+}
+
+/// The co-tenants of an engine's GPU that are in a step when its step starts (idle ones are left out: they
+/// cost nothing).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Neighbours(pub Vec<Neighbour>);
+
+/// A step's duration and how much of it is GPU time (what its co-tenants see).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepTiming {
     /// Wall time of the step.
     pub duration_s: f64,
-    /// HBM bandwidth use over the step, as a share of the achieved peak.
-    pub bandwidth: f64,
-    /// Share of the step the GPU runs this engine's kernels.
+    /// Its GPU part, as stretched by the co-tenants.
+    pub gpu_s: f64,
+    /// Share of the step the GPU runs this engine's kernels: `gpu_s / duration_s`.
     pub busy: f64,
 }
 
+/// Max-min fair split of `capacity` among `asks`: nobody gets more than it asks, and what one leaves is shared
+/// by the rest.
+fn water_fill(asks: &[f64], capacity: f64) -> Vec<f64> {
+    let mut got = vec![0.0; asks.len()];
+    let mut order: Vec<usize> = (0..asks.len()).collect();
+    order.sort_by(|&a, &b| asks[a].total_cmp(&asks[b]));
+    let mut left = capacity.max(0.0);
+    let mut n = asks.len();
+    for &i in &order {
+        let fair = left / n as f64;
+        let g = asks[i].max(0.0).min(fair);
+        got[i] = g;
+        left -= g;
+        n -= 1;
+    }
+    got
+}
+
+/// The speed of a GPU part with `work` at SM share `sm` and bandwidth share `bw`: its duration.
+fn gpu_time(work: GpuWork, sm: f64, bw: f64) -> f64 {
+    let mem = if work.memory_s > 0.0 {
+        work.memory_s / bw.max(1e-12)
+    } else {
+        0.0
+    };
+    let cmp = if work.compute_s > 0.0 {
+        work.compute_s / sm.max(1e-12)
+    } else {
+        0.0
+    };
+    mem.max(cmp)
+}
+
+/// How the tenants in their GPU part at one instant share the GPU under `model`. The grants never add up to
+/// more SMs or bandwidth than the GPU has (the property test in `sharing/tests.rs`).
+pub fn allocate(model: SharingModel, tenants: &[Demand]) -> Vec<Grant> {
+    match model {
+        SharingModel::Mps => {
+            let caps: Vec<f64> = tenants.iter().map(|t| t.cap.clamp(1e-6, 1.0)).collect();
+            let scale = caps.iter().sum::<f64>().max(1.0);
+            let sms: Vec<f64> = caps.iter().map(|c| c / scale).collect();
+            // What each would read alone at its SM share: all the bandwidth its SMs can pull if memory-bound,
+            // less if its compute holds it back.
+            let asks: Vec<f64> = tenants
+                .iter()
+                .zip(&sms)
+                .map(|(t, &sm)| {
+                    let reach = (sm / MPS_BANDWIDTH_KNEE).min(1.0);
+                    let alone = gpu_time(t.work, sm, reach);
+                    if alone > 0.0 { t.work.memory_s / alone } else { 0.0 }
+                })
+                .collect();
+            let bws = water_fill(&asks, 1.0);
+            tenants
+                .iter()
+                .zip(caps.iter().zip(sms.iter().zip(&bws)))
+                .map(|(t, (&cap, (&sm, &bw)))| {
+                    let alone = gpu_time(t.work, cap, (cap / MPS_BANDWIDTH_KNEE).min(1.0));
+                    let now = gpu_time(t.work, sm, bw);
+                    Grant {
+                        sm,
+                        bandwidth: bw,
+                        bandwidth_used: if now > 0.0 { t.work.memory_s / now } else { 0.0 },
+                        rate: if now > 0.0 { alone / now } else { 1.0 },
+                    }
+                })
+                .collect()
+        }
+        SharingModel::TimeSlicing => {
+            let k = tenants.len().max(1) as f64;
+            let turn = if tenants.len() > 1 {
+                (1.0 - TIME_SLICE_SWITCH_LOSS) / k
+            } else {
+                1.0
+            };
+            tenants
+                .iter()
+                .map(|t| {
+                    let alone = gpu_time(t.work, 1.0, 1.0);
+                    Grant {
+                        sm: turn,
+                        bandwidth: turn,
+                        bandwidth_used: if alone > 0.0 {
+                            t.work.memory_s / alone * turn
+                        } else {
+                            0.0
+                        },
+                        rate: turn,
+                    }
+                })
+                .collect()
+        }
+        SharingModel::Proportional => {
+            // A fixed partition: each tenant has its share of everything, whoever else runs. Shares that add up
+            // to more than the GPU are scaled down like MPS caps (the model never hands out more than there is).
+            let caps: Vec<f64> = tenants.iter().map(|t| t.cap.clamp(1e-6, 1.0)).collect();
+            let scale = caps.iter().sum::<f64>().max(1.0);
+            tenants
+                .iter()
+                .zip(&caps)
+                .map(|(t, &cap)| {
+                    let s = cap / scale;
+                    let alone = gpu_time(t.work, cap, cap);
+                    let now = gpu_time(t.work, s, s);
+                    Grant {
+                        sm: s,
+                        bandwidth: s,
+                        bandwidth_used: if now > 0.0 { t.work.memory_s / now } else { 0.0 },
+                        rate: if now > 0.0 { alone / now } else { 1.0 },
+                    }
+                })
+                .collect()
+        }
+    }
+}
+
 impl SharingModel {
-    /// The step's timing at compute share `share` (0 < share ≤ 1) with these neighbours.
-    pub fn step(self, cost: StepCost, share: f64, n: Neighbours) -> StepTiming {
-        let share = share.clamp(1e-6, 1.0);
-        let (memory, compute) = match self {
-            SharingModel::Proportional => (cost.memory_s / share, cost.compute_s / share),
-            SharingModel::Mps => {
-                // An SM cap is a limit, not a reservation: when the caps of the tenants running kernels at
-                // this moment add up to more than the GPU, the SMs are split in proportion to the caps.
-                let share = share / (share + n.sm.max(0.0)).max(1.0);
-                let bandwidth_cap = (share / MPS_BANDWIDTH_KNEE).min(1.0);
-                let contention = 1.0 + MPS_CONTENTION * n.bandwidth.max(0.0);
-                (cost.memory_s / bandwidth_cap * contention, cost.compute_s / share)
-            }
-            SharingModel::TimeSlicing => {
-                let turns = 1.0 + TIME_SLICE_INTERFERENCE * n.busy.max(0.0);
-                (cost.memory_s * turns, cost.compute_s * turns)
-            }
+    /// The GPU part of `work` alone on the GPU with SM cap `cap`: what each model's rate is relative to.
+    pub fn alone_gpu_s(self, work: GpuWork, cap: f64) -> f64 {
+        let cap = cap.clamp(1e-6, 1.0);
+        match self {
+            SharingModel::Mps => gpu_time(work, cap, (cap / MPS_BANDWIDTH_KNEE).min(1.0)),
+            SharingModel::TimeSlicing => gpu_time(work, 1.0, 1.0),
+            SharingModel::Proportional => gpu_time(work, cap, cap),
+        }
+    }
+
+    /// The expected progress rate of a GPU part `me` (cap `cap`) while these co-tenants step: each is in its GPU
+    /// part with probability its duty, independently, and in each combination the GPU is shared as
+    /// [`allocate`] says.
+    pub fn expected_rate(self, me: Demand, neighbours: &[Neighbour]) -> f64 {
+        let mut busy: Vec<Neighbour> = neighbours.iter().filter(|n| n.duty > 0.0).copied().collect();
+        if busy.is_empty() {
+            return 1.0;
+        }
+        // Past MAX_ENUMERATED, the least busy are kept and the busiest rest folded in as always on: bounded work
+        // that can only overstate contention.
+        busy.sort_by(|a, b| b.duty.total_cmp(&a.duty));
+        let always: Vec<Neighbour> = if busy.len() > MAX_ENUMERATED {
+            busy.drain(..busy.len() - MAX_ENUMERATED).collect()
+        } else {
+            Vec::new()
         };
-        let gpu = memory.max(compute);
-        let duration_s = gpu + cost.overhead_s;
+        let mut expected = 0.0;
+        let mut tenants: Vec<Demand> = Vec::with_capacity(1 + always.len() + busy.len());
+        for mask in 0u32..(1u32 << busy.len()) {
+            let mut p = 1.0;
+            tenants.clear();
+            tenants.push(me);
+            tenants.extend(always.iter().map(|n| Demand {
+                work: n.work,
+                cap: n.cap,
+            }));
+            for (j, n) in busy.iter().enumerate() {
+                let d = n.duty.min(1.0);
+                if mask & (1 << j) != 0 {
+                    p *= d;
+                    tenants.push(Demand {
+                        work: n.work,
+                        cap: n.cap,
+                    });
+                } else {
+                    p *= 1.0 - d;
+                }
+            }
+            if p <= 0.0 {
+                continue;
+            }
+            expected += p * allocate(self, &tenants)[0].rate;
+        }
+        expected.clamp(1e-9, 1.0)
+    }
+
+    /// The step's timing at SM cap `share` (0 < share ≤ 1) with these co-tenants stepping: the host part as it
+    /// is, the GPU part at its alone speed over the expected rate.
+    pub fn step(self, cost: StepCost, share: f64, neighbours: &Neighbours) -> StepTiming {
+        let work = cost.gpu();
+        let alone = self.alone_gpu_s(work, share);
+        let rate = match self {
+            SharingModel::Proportional => 1.0,
+            _ => self.expected_rate(
+                Demand {
+                    work,
+                    cap: share.clamp(1e-6, 1.0),
+                },
+                &neighbours.0,
+            ),
+        };
+        let gpu_s = alone / rate;
+        let duration_s = gpu_s + cost.overhead_s.max(0.0);
         if duration_s <= 0.0 {
             return StepTiming {
                 duration_s: 0.0,
-                bandwidth: 0.0,
+                gpu_s: 0.0,
                 busy: 0.0,
             };
         }
         StepTiming {
             duration_s,
-            // What this step reads over its own duration: the same bytes whether stretched or not.
-            bandwidth: cost.memory_s / duration_s,
-            busy: gpu / duration_s,
+            gpu_s,
+            busy: gpu_s / duration_s,
         }
     }
+}
+
+/// N identical tenants, each stepping back to back: the steady state where each one's duty is what its own
+/// (stretched) steps give. The answer `tessera sharing` prints.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SteadyState {
+    /// One tenant's step alone on the GPU at the whole GPU (the dedicated replica).
+    pub alone: StepTiming,
+    /// One tenant's step with its `N − 1` co-tenants stepping.
+    pub shared: StepTiming,
+}
+
+/// The steady state of `tenants` identical tenants running `cost` back to back at SM cap `share`.
+pub fn steady_state(model: SharingModel, cost: StepCost, share: f64, tenants: u32) -> SteadyState {
+    let alone = model.step(cost, 1.0, &Neighbours::default());
+    let mut shared = model.step(cost, share, &Neighbours::default());
+    if tenants > 1 {
+        // The duty is a fixed point: more overlap stretches the GPU part, which raises the duty. The map is
+        // monotone and bounded, so damped iteration from the alone duty converges.
+        let mut duty = shared.busy;
+        for _ in 0..200 {
+            let n = Neighbour {
+                work: cost.gpu(),
+                cap: share,
+                duty,
+            };
+            let others = Neighbours(vec![n; (tenants - 1) as usize]);
+            shared = model.step(cost, share, &others);
+            let next = 0.5 * (duty + shared.busy);
+            if (next - duty).abs() < 1e-12 {
+                break;
+            }
+            duty = next;
+        }
+    }
+    SteadyState { alone, shared }
 }
 
 #[cfg(test)]
-mod tests {
-    //! Each published measurement the model is calibrated on, reproduced within its stated error. The
-    //! workloads are the engine's own roofline for the model and GPU of the measurement, at a decode batch
-    //! typical of a loaded server (64 sequences of ~1,000 tokens of context).
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use crate::model::{EngineConfig, GIB, GpuSpec, ModelSpec, kv_bytes_per_token};
-
-    /// A decode step of `batch` sequences with `context` tokens each, as the engine's roofline costs it.
-    fn decode_cost(model: &ModelSpec, gpu: &GpuSpec, batch: u64, context: u64) -> StepCost {
-        let cfg = EngineConfig::vllm_defaults(gpu);
-        let bytes = model.weights_bytes as f64 + (batch * context * model.bytes_per_kv_token) as f64;
-        StepCost {
-            memory_s: bytes / (gpu.hbm_bandwidth_bytes_per_s * cfg.memory_efficiency),
-            compute_s: 2.0 * model.params * batch as f64 / (gpu.flops * cfg.compute_efficiency),
-            overhead_s: cfg.step_overhead_s,
-        }
-    }
-
-    /// A prefill step of `tokens` prompt tokens.
-    fn prefill_cost(model: &ModelSpec, gpu: &GpuSpec, tokens: u64) -> StepCost {
-        let cfg = EngineConfig::vllm_defaults(gpu);
-        StepCost {
-            memory_s: model.weights_bytes as f64 / (gpu.hbm_bandwidth_bytes_per_s * cfg.memory_efficiency),
-            compute_s: 2.0 * model.params * tokens as f64 / (gpu.flops * cfg.compute_efficiency),
-            overhead_s: cfg.step_overhead_s,
-        }
-    }
-
-    /// Two identical tenants, both loaded: each step starts while the other is in its own step.
-    fn both_loaded(model: SharingModel, cost: StepCost, share: f64) -> f64 {
-        let alone = model.step(cost, 1.0, Neighbours::default());
-        let other = model.step(cost, share, Neighbours::default());
-        let shared = model.step(
-            cost,
-            share,
-            Neighbours {
-                bandwidth: other.bandwidth,
-                busy: other.busy,
-                sm: share * other.busy,
-            },
-        );
-        shared.duration_s / alone.duration_s
-    }
-
-    /// Qwen3-4B-FP8: 36 layers, 8 KV heads, head dim 128, fp8 weights (~4.4 GB).
-    fn qwen3_4b_fp8() -> ModelSpec {
-        ModelSpec {
-            name: "Qwen/Qwen3-4B-FP8".into(),
-            params: 4.0e9,
-            weights_bytes: (4.4e9) as u64,
-            bytes_per_kv_token: kv_bytes_per_token(36, 8, 128, 2),
-            max_model_len: 32_768,
-            overhead_bytes: GIB,
-        }
-    }
-
-    /// H100 NVL: 94 GB HBM3 at 3.9 TB/s, ~835 TFLOPS dense bf16.
-    fn h100_nvl() -> GpuSpec {
-        GpuSpec {
-            name: "h100-nvl".into(),
-            memory_bytes: 88 * GIB,
-            hbm_bandwidth_bytes_per_s: 3.9e12,
-            flops: 835e12,
-        }
-    }
-
-    /// Pebble, "NVIDIA MPS vs dedicated GPU allocation for LLM inference" (A100-80GB, Qwen3-4B-FP8, two vLLM
-    /// clients at 60% of the SMs each on one GPU vs one each on its own GPU), "Performance metrics" table:
-    /// median TPOT 52.3 → 62.5 ms (+19.5%). Stated error: within 5%.
-    #[test]
-    fn reproduces_pebble_mps_tpot() {
-        let gpu = GpuSpec::preset("a100-80gb").unwrap();
-        let cost = decode_cost(&qwen3_4b_fp8(), &gpu, 64, 1000);
-        let ratio = both_loaded(SharingModel::Mps, cost, 0.6);
-        let measured = 1.195;
-        assert!(
-            (ratio / measured - 1.0).abs() < 0.05,
-            "TPOT ratio {ratio:.3} vs {measured}"
-        );
-    }
-
-    /// NVIDIA Run:ai with Nebius, "Unlock massive token throughput with GPU fractioning in NVIDIA Run:ai"
-    /// (H100 NVL, Llama-3.1-8B, NIM): at 0.5 GPU each replica yields 77% of the full GPU's token throughput
-    /// (152,694 vs 198,680 tokens/s on 64 GPUs). Run:ai fractions time-slice by default. Stated error: 5%
-    /// for time-slicing (the point it is fitted on), 15% for MPS (a cross-check it was not fitted on).
-    #[test]
-    fn reproduces_runai_half_gpu_throughput() {
-        let model = ModelSpec::preset("llama-3.1-8b").unwrap();
-        let cost = decode_cost(&model, &h100_nvl(), 64, 1000);
-        let measured = 152_694.0 / 198_680.0;
-        let ts = 1.0 / both_loaded(SharingModel::TimeSlicing, cost, 0.5);
-        assert!(
-            (ts / measured - 1.0).abs() < 0.05,
-            "time-slicing throughput {ts:.3} vs {measured:.3}"
-        );
-        let mps = 1.0 / both_loaded(SharingModel::Mps, cost, 0.5);
-        assert!(
-            (mps / measured - 1.0).abs() < 0.15,
-            "MPS throughput {mps:.3} vs {measured:.3}"
-        );
-        // The old model is the pessimistic bound: about half the throughput (the step overhead is not stretched).
-        let old = 1.0 / both_loaded(SharingModel::Proportional, cost, 0.5);
-        assert!(old < 0.55 && old < mps && old < ts, "{old}");
-    }
-
-    /// MuxServe (ICML'24), Figure 3: a lone decode step hardly slows as its SM share falls (here: at 40% of
-    /// the SMs within 1% of the whole GPU), while prefill scales with the SMs (at 50%: twice as long, ±5%).
-    #[test]
-    fn reproduces_muxserve_decode_flat_prefill_linear() {
-        let gpu = GpuSpec::preset("a100-80gb").unwrap();
-        let model = ModelSpec::preset("llama-3.1-8b").unwrap();
-        let d = decode_cost(&model, &gpu, 32, 1000);
-        let full = SharingModel::Mps.step(d, 1.0, Neighbours::default()).duration_s;
-        let capped = SharingModel::Mps.step(d, 0.4, Neighbours::default()).duration_s;
-        assert!(capped / full < 1.01, "{capped} vs {full}");
-        let p = prefill_cost(&model, &gpu, 2048);
-        let full = SharingModel::Mps.step(p, 1.0, Neighbours::default()).duration_s;
-        let half = SharingModel::Mps.step(p, 0.5, Neighbours::default()).duration_s;
-        assert!((half / full / 2.0 - 1.0).abs() < 0.05, "{half} vs {full}");
-    }
-
-    #[test]
-    fn idle_neighbours_cost_nothing_and_busy_ones_do() {
-        let cost = StepCost {
-            memory_s: 0.010,
-            compute_s: 0.002,
-            overhead_s: 0.001,
-        };
-        for m in [SharingModel::Mps, SharingModel::TimeSlicing] {
-            let alone = m.step(cost, 0.5, Neighbours::default());
-            let busy = m.step(
-                cost,
-                0.5,
-                Neighbours {
-                    bandwidth: 0.8,
-                    busy: 0.9,
-                    sm: 0.45,
-                },
-            );
-            assert!(busy.duration_s > alone.duration_s, "{m:?}");
-            assert!(alone.bandwidth > 0.0 && alone.busy <= 1.0);
-        }
-        assert_eq!(
-            SharingModel::Proportional
-                .step(cost, 0.5, Neighbours::default())
-                .duration_s,
-            0.010 / 0.5 + 0.001
-        );
-    }
-
-    /// Caps that add up to more than the GPU cost nothing while the co-tenants are idle or decode-bound with
-    /// SMs to spare, and split the SMs in proportion once they run kernels at the same moment.
-    #[test]
-    fn oversubscribed_caps_split_the_sms_only_while_they_meet() {
-        let prefill = StepCost {
-            memory_s: 0.002,
-            compute_s: 0.020,
-            overhead_s: 0.0,
-        };
-        let m = SharingModel::Mps;
-        let alone = m.step(prefill, 0.6, Neighbours::default()).duration_s;
-        // A neighbour capped at 0.6 idle, or busy 40% of its time (0.24 of the SMs): 0.6 + 0.24 fits.
-        let light = Neighbours {
-            bandwidth: 0.0,
-            busy: 0.4,
-            sm: 0.24,
-        };
-        assert!((m.step(prefill, 0.6, light).duration_s - alone).abs() < 1e-12);
-        // The same neighbour in a compute-bound step the whole time: 0.6 + 0.6 of the SMs asked for, each gets
-        // half, so the compute part stretches by 0.6 / 0.5.
-        let heavy = Neighbours {
-            bandwidth: 0.0,
-            busy: 1.0,
-            sm: 0.6,
-        };
-        let met = m.step(prefill, 0.6, heavy).duration_s;
-        assert!((met / alone - 1.2).abs() < 1e-9, "{met} vs {alone}");
-        // Time-slicing and the proportional model have no caps to split.
-        for other in [SharingModel::Proportional, SharingModel::TimeSlicing] {
-            let busy_only = Neighbours { sm: 0.0, ..heavy };
-            assert_eq!(
-                other.step(prefill, 0.6, heavy),
-                other.step(prefill, 0.6, busy_only)
-            );
-        }
-    }
-}
+mod tests;

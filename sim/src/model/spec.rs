@@ -219,6 +219,10 @@ impl GpuSpec {
     }
 }
 
+fn default_true() -> bool {
+    true
+}
+
 /// How the KV cache is sized, as vLLM's two flags do.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub enum MemorySetting {
@@ -247,8 +251,14 @@ pub struct EngineConfig {
     pub memory_efficiency: f64,
     /// Achieved fraction of peak FLOPs in compute-bound (prefill) steps.
     pub compute_efficiency: f64,
-    /// Fixed time per step outside the GPU kernels' roofline (scheduling, sampling, launches), seconds.
+    /// Fixed part of each step's host time (outside the GPU kernels: the engine loop, scheduling, sampling,
+    /// launches), seconds. The host part grows with the model and the batch on top of it
+    /// ([`crate::model::sharing::host_time_s`]) unless `host_scales_with_model` is off.
     pub step_overhead_s: f64,
+    /// Whether the host part grows with the model's size and the batch (measured vLLM behaviour; on by
+    /// default). Off, every step's host part is `step_overhead_s` (tests that want the bare roofline).
+    #[serde(default = "default_true")]
+    pub host_scales_with_model: bool,
     /// How a GPU share and busy co-tenants stretch a step (see [`crate::model::sharing`]).
     #[serde(default)]
     pub sharing: crate::model::SharingModel,
@@ -269,7 +279,8 @@ impl EngineConfig {
             compute_fraction: 1.0,
             memory_efficiency: 0.8,
             compute_efficiency: 0.6,
-            step_overhead_s: 0.001,
+            step_overhead_s: crate::model::sharing::HOST_BASE_S,
+            host_scales_with_model: true,
             sharing: crate::model::SharingModel::default(),
         }
     }

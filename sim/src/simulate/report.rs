@@ -252,6 +252,10 @@ pub struct ModelReport {
     /// Tessera: why the model kept a warm replica instead of going to zero (`core::scale::joint::WarmFloor`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_floor: Option<String>,
+    /// Tessera: the share of replica decisions after which the model held whole GPUs at its ceiling
+    /// (`core::scale::isolation`), and how many times an isolation began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolated: Option<(f64, u32)>,
     /// The share of the model's replica decisions by what held the count (`core::scale::constraint` labels:
     /// `ttft_target`, `prefill`, `kv_cache`, `max_replicas`, `cold_start`, …), as `status.constraint` says each
     /// round; empty for strategies without an autoscaler.

@@ -22,6 +22,9 @@ impl World<'_> {
         let before = self.decisions.is_some().then(|| self.models[m].state.clone());
         let r = round::round(&declared, &observed, &mut self.models[m].state, now);
         self.count_round(m, &r);
+        // At the ceiling, over the objective while sharing: its shared replicas are replaced by ones placed alone
+        // (`core::scale::isolation`); they leave from the next round's placement on.
+        self.isolation_round(m, &declared, &r.input, &live);
         if let Some(before) = before {
             let record = self.decision_record(m, observed, sample, declared, before, &r, &leaving);
             self.decisions.get_or_insert_with(Vec::new).push(record);

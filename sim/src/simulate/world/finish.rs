@@ -122,6 +122,12 @@ impl World<'_> {
                     _ => None,
                 },
                 scale_changes: rt.scale_changes.clone(),
+                isolated: (rt.isolation.began > 0).then(|| {
+                    (
+                        f64::from(rt.isolation.rounds) / f64::from(rt.rounds.max(1)),
+                        rt.isolation.began,
+                    )
+                }),
                 next_unit: match self.plan.kind {
                     StrategyKind::Tessera => rt.next_unit.map(|n| n.to_string()),
                     _ => None,

@@ -17,6 +17,7 @@
 
 mod autoscale;
 mod finish;
+mod isolation;
 mod rollout;
 mod strategy;
 
@@ -242,6 +243,8 @@ struct ModelRt {
     surging: bool,
     /// Tessera: the allocation in force and the roll in progress (`core::rollout`).
     allocation: rollout::AllocationState,
+    /// Tessera: whether the model holds whole GPUs at its ceiling (`core::scale::isolation`).
+    isolation: isolation::IsolationState,
 }
 
 /// One strategy's world.
@@ -354,6 +357,7 @@ impl<'a> World<'a> {
                     _ => None,
                 },
                 surging: false,
+                isolation: isolation::IsolationState::default(),
                 allocation: rollout::AllocationState::starting(
                     plan.initial_recommendations.get(i).and_then(Option::as_ref),
                     m,
@@ -592,6 +596,8 @@ impl<'a> World<'a> {
             || rollout::fixed_of(setup).compute_fraction.unwrap_or(1.0),
             |a| a.compute_fraction,
         );
+        // Isolated at its ceiling: the whole GPU's SMs.
+        let fraction = if self.placed_alone(m) { 1.0 } else { fraction };
         cfg.compute_fraction = fraction;
         (cfg, fraction)
     }
@@ -638,6 +644,8 @@ impl<'a> World<'a> {
         // HAMi reserves the declared memory whatever vLLM uses of it.
         let mib = match self.plan.kind {
             StrategyKind::HamiStatic => self.hami_declared_mib(m),
+            // Isolated at its ceiling: the whole GPU, so nothing is placed beside it.
+            _ if self.placed_alone(m) => self.packer.as_ref().map_or(0, |p| p.shape().usable_memory_mib()),
             _ => engine.gpu_memory_used_bytes().div_ceil(1 << 20),
         };
         if let Some(packer) = self.packer.as_mut() {
@@ -870,17 +878,15 @@ impl<'a> World<'a> {
     /// next is timed against them (the sharing model's contention).
     fn tell_neighbours(&mut self, r: usize) {
         let Some(g) = self.replicas[r].gpu else { return };
-        let mut n = Neighbours::default();
-        for &o in self.tenants.get(&g).map_or(&[][..], Vec::as_slice) {
-            if o != r
-                && let Some(l) = self.replicas[o].engine.load()
-            {
-                n.bandwidth += l.bandwidth;
-                n.busy += l.busy;
-                n.sm += l.sm;
-            }
-        }
-        self.replicas[r].engine.set_neighbours(n);
+        let n = self
+            .tenants
+            .get(&g)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter(|&&o| o != r)
+            .filter_map(|&o| self.replicas[o].engine.load())
+            .collect();
+        self.replicas[r].engine.set_neighbours(Neighbours(n));
     }
 
     fn on_ready(&mut self, r: usize) {
