@@ -261,28 +261,8 @@ impl Exporter {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::state::Settings;
+    use crate::state::tests::settings;
     use tessera_core::metrics::snapshot::VllmSnapshot;
-
-    fn settings() -> Settings {
-        Settings {
-            vllm_url: "http://vllm:8000".into(),
-            interval_secs: 10.0,
-            window_secs: 600.0,
-            latency_window_secs: 60.0,
-            recommend: tessera_core::recommend::Config::default(),
-            bytes_per_kv_token: None,
-            non_kv_bytes: None,
-            max_model_len: None,
-            gpu_shared: false,
-            compute_share: 1.0,
-            ttft_slo_secs: None,
-            itl_slo_secs: None,
-            model_dir: None,
-            model_dtype: None,
-            tensor_parallel_size: 1,
-        }
-    }
 
     fn page(model: &str, preemptions: u32) -> VllmSnapshot {
         VllmSnapshot::from_text(&format!(

@@ -507,7 +507,7 @@ pub fn mib(m: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use tessera_core::recommend::{NotYetCode, ReasonCode, Source};
@@ -535,7 +535,8 @@ mod tests {
             .join("\n")
     }
 
-    fn settings() -> Settings {
+    /// Settings of a sidecar beside a Llama-3.1-8B server (also the exporter's tests').
+    pub(crate) fn settings() -> Settings {
         Settings {
             vllm_url: "http://vllm:8000".into(),
             interval_secs: 10.0,
