@@ -22,6 +22,7 @@
 
 pub mod body;
 pub mod kube_client;
+pub mod security;
 pub mod serve;
 
 use std::sync::Arc;

@@ -78,11 +78,15 @@ impl ConnArgs {
     }
 }
 
-/// A humantime duration that is not zero (a zero timeout would close every connection at once).
+/// A humantime duration that must be positive: a zero timeout would close every connection at once, a zero
+/// interval turn a probe or wake-up loop into a busy loop. Every role's duration flags of that kind use it.
 pub fn nonzero_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    let d =
+        humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 20ms or 5s: {e}"))?;
     if d.is_zero() {
-        return Err("must be more than zero".into());
+        return Err(format!(
+            "{s:?}: the interval must be greater than zero (e.g. 20ms)"
+        ));
     }
     Ok(d)
 }

@@ -209,7 +209,7 @@ impl Exporter {
             let gone: Vec<String> = self
                 .last_preemptions
                 .keys()
-                .filter(|m| !per_model.iter().any(|(model, _)| model == *m))
+                .filter(|m| !per_model.contains_key(*m))
                 .cloned()
                 .collect();
             for model in gone {

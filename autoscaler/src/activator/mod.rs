@@ -25,6 +25,8 @@
 //! keyed by `<namespace>/<model>`), `/metrics`, `/live`, `/ready` (fails from SIGTERM on; see
 //! [`tessera_runtime`]).
 
+use tessera_runtime::serve::nonzero_duration;
+
 pub mod discovery;
 pub mod kube;
 pub mod metrics;
@@ -193,18 +195,6 @@ pub struct Args {
     /// the end, requests still held are answered 503 + Retry-After.
     #[command(flatten)]
     pub drain: tessera_runtime::DrainArgs,
-}
-
-/// A humantime duration that must be positive: a zero interval would turn a probe or wake-up loop into a busy loop.
-fn nonzero_duration(s: &str) -> Result<Duration, String> {
-    let d =
-        humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 20ms or 5s: {e}"))?;
-    if d.is_zero() {
-        return Err(format!(
-            "{s:?}: the interval must be greater than zero (e.g. 20ms)"
-        ));
-    }
-    Ok(d)
 }
 
 /// Runs the activator until SIGTERM (and the drain after it) or Ctrl-C.

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod,
-    PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Pod, PodSpec, Probe,
+    ResourceRequirements, SecurityContext, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -104,19 +104,8 @@ pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations
         // Like every Tessera container (docs/install.md): non-root, read-only root, no capabilities, seccomp. NVML
         // lists a GPU's processes and /proc/<pid>/cgroup is world-readable, so hostPID is the only privilege.
         security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
             run_as_user: Some(65532),
-            read_only_root_filesystem: Some(true),
-            allow_privilege_escalation: Some(false),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Capabilities::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_string(),
-                ..SeccompProfile::default()
-            }),
-            ..SecurityContext::default()
+            ..tessera_runtime::security::restricted()
         }),
         resources: Some(ResourceRequirements {
             // Extended resources must have requests == limits; setting limits implies the request. The agent

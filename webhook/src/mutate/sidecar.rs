@@ -152,20 +152,7 @@ pub fn sidecar(
         startup_probe: Some(probe("/startup", 2, 900)),
         liveness_probe: Some(probe("/live", 10, 3)),
         volume_mounts: mounts,
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                ..Capabilities::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                ..SeccompProfile::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(tessera_runtime::security::restricted()),
         ..Container::default()
     }
 }
