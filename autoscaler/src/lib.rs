@@ -3,6 +3,7 @@
 pub mod activator;
 pub mod controller;
 pub mod crd;
+pub mod keda;
 pub use tessera_runtime::kube_client;
 pub mod leader;
 pub mod pool;

@@ -13,12 +13,15 @@
 //! - [`round`]: one model's decision round, observed state in, every decision out (the controller's and the
 //!   simulator's one sequence of the rules above).
 //! - [`rollout`]: which GPU allocation is in force for a model, and whether to roll its running pods onto it.
+//! - [`keda`]: what Tessera answers KEDA's external-scaler calls (the model a ScaledObject names, the metric,
+//!   whether the model is active).
 //! - [`gate`]: the per-GPU start-up gate (vLLM servers sharing a GPU start one at a time).
 //! - [`lease`]: the Lease rule shared by leader election and the start-up gate.
 //! - [`wire`]: the JSON documents one role serves and another reads (sidecar status, activator stats).
 //! - [`workload`]: a model's workload class (interactive, batch, bursty, idle), for people; it decides nothing.
 
 pub mod gate;
+pub mod keda;
 pub mod lease;
 pub mod metrics;
 pub mod pack;

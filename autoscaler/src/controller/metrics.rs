@@ -69,6 +69,8 @@ pub struct Metrics {
     budget: BudgetGauges,
     /// The pool manager's `tessera_pool_*` metrics, served on the same page.
     pub pool: crate::pool::PoolMetrics,
+    /// The KEDA scaler's `tessera_keda_*` metrics, served on the same page.
+    pub keda: tessera_keda::metrics::Metrics,
 }
 
 impl Default for Metrics {
@@ -82,6 +84,8 @@ impl Metrics {
     pub fn new() -> Self {
         let mut root = Registry::default();
         let pool = crate::pool::PoolMetrics::register(&mut root);
+        let keda = tessera_keda::metrics::Metrics::default();
+        keda.register(&mut root);
         let registry = root.sub_registry_with_prefix("tessera_autoscaler");
         let decisions = Family::<ReasonLabels, Counter>::default();
         registry.register(
@@ -145,6 +149,7 @@ impl Metrics {
             leader,
             budget,
             pool,
+            keda,
         }
     }
 

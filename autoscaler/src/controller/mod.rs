@@ -29,6 +29,7 @@ pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
 pub mod metrics;
+pub mod owners;
 pub mod reconcile;
 pub mod rollout;
 pub mod signals;
@@ -147,6 +148,9 @@ pub struct Args {
     /// The GPU workloads page (`/ui`) and its local mode.
     #[command(flatten)]
     pub ui: crate::ui::PageArgs,
+    /// KEDA's external scaler (`--keda-scaler-listen`).
+    #[command(flatten)]
+    pub keda: crate::keda::KedaArgs,
 }
 
 #[derive(Debug)]
@@ -176,6 +180,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.activator_poll_interval
         );
     }
+    args.keda.validate()?;
     // Read the pools first: a typo in the file should stop the process at once, not at the first election.
     let pools = match &args.pools_config {
         Some(path) => Some(Arc::new(
@@ -277,6 +282,30 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         SystemTime::now,
         shutdown_rx.clone(),
     ));
+
+    // KEDA's scaler, on every replica (not only the leader): KEDA round-robins over the Service, and each replica
+    // answers from its own watch of the leader's decisions and its own activator poll.
+    let keda_server = if args.keda.keda_scaler_listen.is_some() {
+        let keda_source = crate::keda::cluster::ClusterSource::start(
+            match &args.watch_namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            },
+            activators.clone(),
+            args.activator_max_age,
+            shutdown_rx.clone(),
+        );
+        crate::keda::serve(
+            &args.keda,
+            keda_source,
+            metrics.keda.clone(),
+            args.conn.limits(),
+            shutdown_rx.clone(),
+        )
+        .await?
+    } else {
+        None
+    };
 
     let (leader_tx, mut leader_rx) = watch::channel(!args.leader_elect);
     let election = if args.leader_elect {
@@ -442,6 +471,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), e).await;
     }
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    if let Some(k) = keda_server {
+        let _ = tokio::time::timeout(Duration::from_secs(5), k).await;
+    }
     Ok(())
 }
 

@@ -238,7 +238,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let moving = g.placed.decided(r.placement, r.step);
     let (replicas, applied) = apply_count(ctx, obj, &g, &moving, &r).await;
     let decision = &r.decision;
-    if !matches!(applied, Applied::Failed(_))
+    if !matches!(applied, Applied::Failed(_) | Applied::Conflict(_))
         && let Ok(mut states) = ctx.states.lock()
     {
         states.entry(key).or_default().record(decision, now);
@@ -345,6 +345,17 @@ async fn apply_count(
 ) -> (u32, Applied) {
     let current = g.observed.replicas;
     let mut replicas = r.replicas();
+    // One owner per /scale: KEDA's, or nobody's while two claim it (`core::keda::ownership`).
+    match tessera_core::keda::ownership(obj.spec.scaled_by.owner(), &g.target, g.others.as_deref()) {
+        tessera_core::keda::Ownership::Tessera => {}
+        tessera_core::keda::Ownership::Keda { scaled_object } => {
+            return (replicas, Applied::Published { scaled_object });
+        }
+        tessera_core::keda::Ownership::Conflict(message) => {
+            super::owners::warn_conflict(ctx, obj, &message).await;
+            return (current, Applied::Conflict(message));
+        }
+    }
     if !moving.to_retire().is_empty() {
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
         if let Err(e) = super::consolidate::mark_leaving(&pods, moving.to_retire()).await {
@@ -406,6 +417,8 @@ pub(super) struct Gathered {
     keys: Vec<String>,
     /// Where the pods are relative to a draining GPU (the move not decided yet).
     placed: super::consolidate::Move,
+    /// Other autoscalers (HPAs, KEDA's among them) on the same workload; `None` when they could not be listed.
+    others: Option<Vec<tessera_core::keda::OtherScaler>>,
 }
 
 /// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
@@ -563,6 +576,7 @@ pub(super) async fn gather(
         recommendations,
         keys,
         placed,
+        others: super::owners::other_scalers(&ctx.client, &ns, &spec.scale_target_ref).await,
     })
 }
 

@@ -73,6 +73,13 @@ pub enum Applied {
     Scaled,
     /// The `/scale` write failed (message).
     Failed(String),
+    /// `spec.scaledBy: KEDA`: the decision is served to KEDA, which owns `/scale` (the ScaledObject found, if any).
+    Published {
+        /// The ScaledObject whose HPA targets the workload.
+        scaled_object: Option<String>,
+    },
+    /// Another autoscaler claims the same `/scale`: nothing written (the message says what to change).
+    Conflict(String),
 }
 
 /// The status after a decision.
@@ -136,6 +143,40 @@ pub fn after_decision(
                     "scaled {} -> {}: {}",
                     decision.current_replicas, decision.desired_replicas, decision.message
                 ),
+                generation,
+                now,
+            );
+        }
+        Applied::Published { scaled_object } => {
+            st.replicas = clamp_i32(decision.current_replicas);
+            st.desired_replicas = clamp_i32(decision.desired_replicas);
+            let by = scaled_object.as_ref().map_or_else(
+                || "no ScaledObject scales it yet".to_owned(),
+                |so| format!("ScaledObject {so} scales it"),
+            );
+            set_condition(
+                &mut st.conditions,
+                ABLE_TO_SCALE,
+                true,
+                "ScaledByKEDA",
+                &format!(
+                    "spec.scaledBy: KEDA ({by}): Tessera serves its decision, {} replicas, through its external \
+                     scaler and does not write /scale: {}",
+                    decision.desired_replicas, decision.message
+                ),
+                generation,
+                now,
+            );
+        }
+        Applied::Conflict(message) => {
+            st.replicas = clamp_i32(decision.current_replicas);
+            st.desired_replicas = clamp_i32(decision.desired_replicas);
+            set_condition(
+                &mut st.conditions,
+                ABLE_TO_SCALE,
+                false,
+                "ScaleOwnerConflict",
+                message,
                 generation,
                 now,
             );

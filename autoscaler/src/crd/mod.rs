@@ -186,6 +186,36 @@ pub struct InferenceAutoscalerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub model_names: Vec<String>,
+    /// Who writes the target's `/scale`: `Tessera` (default), or `KEDA` — a ScaledObject whose trigger is
+    /// Tessera's external scaler scales the workload on Tessera's decision, and Tessera decides, reports and
+    /// serves that decision but never writes `/scale` (docs/autoscaling.md, "With KEDA").
+    #[serde(default, skip_serializing_if = "ScaledBy::is_tessera")]
+    pub scaled_by: ScaledBy,
+}
+
+/// Who writes an InferenceAutoscaler's target's `/scale` (one owner per `/scale`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ScaledBy {
+    /// Tessera's controller.
+    #[default]
+    Tessera,
+    /// KEDA, through a ScaledObject whose trigger is Tessera's external scaler.
+    #[serde(rename = "KEDA")]
+    Keda,
+}
+
+impl ScaledBy {
+    fn is_tessera(&self) -> bool {
+        *self == ScaledBy::Tessera
+    }
+
+    /// The core's name for it.
+    pub fn owner(self) -> tessera_core::keda::ScaleOwner {
+        match self {
+            ScaledBy::Tessera => tessera_core::keda::ScaleOwner::Tessera,
+            ScaledBy::Keda => tessera_core::keda::ScaleOwner::Keda,
+        }
+    }
 }
 
 fn default_min_replicas() -> i32 {

@@ -20,7 +20,7 @@ use super::view::Replicas;
 use super::{Store, now_ms};
 use crate::controller::Args;
 use crate::controller::metrics::Metrics;
-use crate::controller::signals::{HttpSignals, SignalSource};
+use crate::controller::signals::{ActivatorPoller, HttpSignals, SignalSource};
 
 /// Namespace shown for models in local mode.
 pub const LOCAL_NAMESPACE: &str = "local";
@@ -114,6 +114,41 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         info!("shutting down");
         shutdown_tx.send_replace(true);
     });
+    // With --keda-scaler-listen this process also decides for each model and serves KEDA (`crate::keda::local`).
+    let keda_server = if args.keda.keda_scaler_listen.is_some() {
+        let activators = ActivatorPoller::new(&args.activator_urls);
+        let signals: Arc<dyn SignalSource> = Arc::new(source.clone());
+        tokio::spawn(activators.clone().run(
+            signals.clone(),
+            metrics.clone(),
+            args.activator_poll_interval,
+            args.activator_max_age,
+            std::time::SystemTime::now,
+            shutdown_rx.clone(),
+        ));
+        let spec = crate::keda::local::policy_spec(args.keda.policy.as_deref())?;
+        let decided = crate::keda::local::start(
+            &groups,
+            &spec,
+            signals,
+            activators,
+            metrics.clone(),
+            args.sync_period,
+            args.max_signal_age,
+            args.activator_max_age,
+            shutdown_rx.clone(),
+        )?;
+        crate::keda::serve(
+            &args.keda,
+            decided,
+            metrics.keda.clone(),
+            args.conn.limits(),
+            shutdown_rx.clone(),
+        )
+        .await?
+    } else {
+        None
+    };
     tokio::spawn(
         store
             .clone()
@@ -141,5 +176,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = server_shutdown.wait_for(|s| *s).await;
     })
     .await;
+    if let Some(k) = keda_server {
+        let _ = tokio::time::timeout(Duration::from_secs(5), k).await;
+    }
     Ok(())
 }

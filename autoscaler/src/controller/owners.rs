@@ -1,0 +1,126 @@
+//! Who else scales an InferenceAutoscaler's workload: the HorizontalPodAutoscalers that target it, KEDA's among
+//! them (KEDA makes one HPA per ScaledObject and labels it). The rule that reads them is
+//! [`tessera_core::keda::ownership`]: one owner per `/scale`.
+
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use kube::api::{Api, ListParams};
+use kube::runtime::events::EventType;
+use tessera_core::keda::OtherScaler;
+use tracing::debug;
+
+use super::context::{Context, publish};
+use super::status;
+use crate::crd::{InferenceAutoscaler, ScaleTargetRef};
+
+/// The label KEDA puts on the HPA it makes for a ScaledObject, naming it.
+pub const KEDA_SCALED_OBJECT_LABEL: &str = "scaledobject.keda.sh/name";
+
+/// The HPAs in `namespace` whose `scaleTargetRef` is `target`. `None` when they cannot be listed (RBAC of an
+/// older chart, an API error): the spec's `scaledBy` is then taken at its word, as before this check existed.
+pub async fn other_scalers(
+    client: &kube::Client,
+    namespace: &str,
+    target: &ScaleTargetRef,
+) -> Option<Vec<OtherScaler>> {
+    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), namespace);
+    let list = match api.list(&ListParams::default()).await {
+        Ok(l) => l,
+        Err(e) => {
+            debug!(error = %e, "cannot list HorizontalPodAutoscalers: the scale owner check is skipped");
+            return None;
+        }
+    };
+    Some(targeting(&list.items, target))
+}
+
+/// The HPAs of `hpas` that scale `target`.
+pub fn targeting(hpas: &[HorizontalPodAutoscaler], target: &ScaleTargetRef) -> Vec<OtherScaler> {
+    let group = |api_version: &str| api_version.split_once('/').map_or("", |(g, _)| g).to_owned();
+    hpas.iter()
+        .filter(|h| {
+            h.spec.as_ref().is_some_and(|s| {
+                let r = &s.scale_target_ref;
+                r.kind == target.kind
+                    && r.name == target.name
+                    && group(r.api_version.as_deref().unwrap_or_default()) == group(&target.api_version)
+            })
+        })
+        .map(|h| OtherScaler {
+            hpa: h.metadata.name.clone().unwrap_or_default(),
+            scaled_object: h
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(KEDA_SCALED_OBJECT_LABEL).cloned()),
+        })
+        .collect()
+}
+
+/// A Warning Event the first time a conflict is seen (or its message changes), like an invalid spec.
+pub async fn warn_conflict(ctx: &Context, obj: &InferenceAutoscaler, message: &str) {
+    let known = obj.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == status::ABLE_TO_SCALE && c.reason == "ScaleOwnerConflict" && c.message == message
+        })
+    });
+    if !known {
+        publish(
+            ctx,
+            obj,
+            EventType::Warning,
+            "ScaleOwnerConflict",
+            "Scale",
+            message,
+        )
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::autoscaling::v2::{CrossVersionObjectReference, HorizontalPodAutoscalerSpec};
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn hpa(name: &str, kind: &str, target: &str, keda: Option<&str>) -> HorizontalPodAutoscaler {
+        HorizontalPodAutoscaler {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: keda.map(|so| [(KEDA_SCALED_OBJECT_LABEL.to_owned(), so.to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(HorizontalPodAutoscalerSpec {
+                scale_target_ref: CrossVersionObjectReference {
+                    api_version: Some("apps/v1".into()),
+                    kind: kind.into(),
+                    name: target.into(),
+                },
+                max_replicas: 3,
+                ..HorizontalPodAutoscalerSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn only_the_hpas_on_the_same_workload_count() {
+        let target = ScaleTargetRef {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            name: "chat".into(),
+        };
+        let hpas = [
+            hpa("keda-hpa-chat", "Deployment", "chat", Some("chat")),
+            hpa("other", "Deployment", "code", None),
+            hpa("sts", "StatefulSet", "chat", None),
+        ];
+        assert_eq!(
+            targeting(&hpas, &target),
+            vec![OtherScaler {
+                hpa: "keda-hpa-chat".into(),
+                scaled_object: Some("chat".into())
+            }]
+        );
+    }
+}
