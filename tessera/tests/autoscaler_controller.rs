@@ -761,3 +761,154 @@ fn a_bad_pools_config_fails_fast_and_says_where() {
         "{stderr}"
     );
 }
+
+/// `spec.scaledBy: KEDA`: the controller decides and reports but never writes `/scale`, and every autoscaler
+/// replica's KEDA scaler answers that decision from the status it watches. A second owner on the same workload (an
+/// HPA next to a Tessera-scaled model) is a `ScaleOwnerConflict`, with a Warning Event and nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaled_by_keda_is_decided_and_served_but_never_written() {
+    use tessera_keda::pb;
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias: ias(json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+            "minReplicas": 1, "maxReplicas": 6,
+            "targets": {"kvCacheUtilization": 0.5},
+            "behavior": {"panic": {"enabled": false}},
+            "scaledBy": "KEDA",
+            "modelNames": ["llama"]
+        })),
+        replicas: 2,
+        kv: 0.9,
+        running: 3.0,
+        last_request_ms: now_ms(),
+        ..Cluster::default()
+    }));
+    let sidecar = serve(sidecar_app(state.clone())).await;
+    let api_server = honest_api(state.clone(), sidecar.port()).await;
+    // KEDA's HPA for ScaledObject `llama`.
+    let hpas = "autoscaling/v2/horizontalpodautoscalers";
+    api_server.put(
+        hpas,
+        "models",
+        json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+               "metadata": {"name": "keda-hpa-llama", "labels": {"scaledobject.keda.sh/name": "llama"}},
+               "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+                        "maxReplicas": 6}}),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let keda_port = free_port();
+    let _child = start_autoscaler(
+        &dir,
+        api_server.addr,
+        free_port(),
+        &["--keda-scaler-listen", &format!("127.0.0.1:{keda_port}")],
+    );
+    // Two replicas at 90% KV against 50%: 4, decided and reported, not written.
+    wait_for(
+        &state,
+        "a status handing 4 to KEDA",
+        Duration::from_secs(30),
+        |c| {
+            c.status_patches.iter().any(|p| {
+                let st = &p["status"];
+                st["desiredReplicas"] == 4
+                    && st["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c["type"] == "AbleToScale"
+                                && c["reason"] == "ScaledByKEDA"
+                                && c["message"]
+                                    .as_str()
+                                    .is_some_and(|m| m.contains("ScaledObject llama"))
+                        })
+                    })
+            })
+        },
+    )
+    .await;
+    // The scaler answers the leader's decision from the status it watches.
+    let mut client = loop {
+        if let Ok(c) =
+            pb::external_scaler_client::ExternalScalerClient::connect(format!("http://127.0.0.1:{keda_port}"))
+                .await
+        {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let so = pb::ScaledObjectRef {
+        name: "llama".into(),
+        namespace: "models".into(),
+        scaler_metadata: [("model".to_owned(), "llama".to_owned())].into(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let value = loop {
+        if let Ok(r) = client
+            .get_metrics(pb::GetMetricsRequest {
+                scaled_object_ref: Some(so.clone()),
+                metric_name: "s0-tessera-desired-replicas".into(),
+            })
+            .await
+        {
+            break r.into_inner().metric_values[0].metric_value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the scaler never answered from the status"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(value, 4);
+    assert!(
+        client
+            .is_active(so.clone())
+            .await
+            .expect("IsActive")
+            .into_inner()
+            .result
+    );
+    assert!(
+        state.lock().expect("lock").scale_patches.is_empty(),
+        "KEDA owns /scale: nothing written"
+    );
+
+    // The team switches the model back to Tessera but leaves the ScaledObject: two owners, nobody writes.
+    let mut obj = api_server.get(IAS, "models", "llama").expect("the object");
+    obj["spec"]["scaledBy"] = json!("Tessera");
+    api_server.put(IAS, "models", obj);
+    wait_for(
+        &state,
+        "a ScaleOwnerConflict and its Event",
+        Duration::from_secs(30),
+        |c| {
+            let conflict = c.status_patches.last().is_some_and(|p| {
+                p["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["type"] == "AbleToScale"
+                            && c["status"] == "False"
+                            && c["reason"] == "ScaleOwnerConflict"
+                            && c["message"]
+                                .as_str()
+                                .is_some_and(|m| m.contains("ScaledObject llama (HPA keda-hpa-llama)"))
+                    })
+                })
+            });
+            conflict
+                && c.events
+                    .iter()
+                    .any(|e| e["reason"] == "ScaleOwnerConflict" && e["type"] == "Warning")
+        },
+    )
+    .await;
+    assert!(
+        state.lock().expect("lock").scale_patches.is_empty(),
+        "a conflict writes nothing"
+    );
+    let refused = client
+        .get_metrics(pb::GetMetricsRequest {
+            scaled_object_ref: Some(so),
+            metric_name: String::new(),
+        })
+        .await
+        .expect_err("a Tessera-scaled model is not handed to KEDA");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+}
