@@ -2,7 +2,8 @@
 # A real Kubernetes control plane on loopback, built from upstream source, for the control-plane tier of the tests
 # (tessera/tests/control_plane.rs) and by hand:
 #
-#   scripts/control-plane.sh build           build the pinned binaries when missing (cold: see docs/performance.md)
+#   scripts/control-plane.sh build           build the pinned binaries when missing (cold: see docs/performance.md),
+#                                            the KEDA operator and its CRDs included
 #   scripts/control-plane.sh up [DIR]        start etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
 #                                            kwok (fake GPU nodes) in DIR (default: a new temp dir); print DIR=,
 #                                            KUBECONFIG=, SERVER= lines. A component that fails to start fails this
@@ -32,6 +33,9 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 KUBERNETES_VERSION=1.34.4
 ETCD_VERSION=3.6.16
 KWOK_VERSION=0.8.0
+# The KEDA operator, for the story where KEDA scales a Deployment from Tessera's external scaler. Built after the
+# control plane with a stamp of its own, so adding or moving it never rebuilds Kubernetes.
+KEDA_VERSION=2.21.0
 
 cache="${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/control-plane"
 bin="$cache/bin"
@@ -64,10 +68,37 @@ gobuild() { # wrapper-dir output package [ldflags...]
 }
 
 build() {
+  build_control_plane
+  build_keda
+  link_into_clone
+}
+
+# keda-operator from github.com/kedacore/keda/v2 (wrapper scripts/control-plane/keda), and KEDA's CRDs from the same
+# module (the module zip carries config/crd/bases) into bin/keda-crds.
+build_keda() {
+  local keda_stamp="$bin/.tessera-built-keda-$KEDA_VERSION"
+  if [ -f "$keda_stamp" ] && [ -x "$bin/keda-operator" ] && [ -d "$bin/keda-crds" ]; then return 0; fi
+  command -v go >/dev/null || die "go is not installed: the KEDA operator is built from source with the Go toolchain"
+  local started=$SECONDS
+  mkdir -p "$bin" "$cache/go/mod" "$cache/go/build"
+  rm -f "$bin"/.tessera-built-keda-*
+  gobuild keda "$bin/keda-operator" github.com/kedacore/keda/v2/cmd/operator
+  "$bin/keda-operator" --help >/dev/null 2>&1 || die "the built keda-operator does not run"
+  local src="$cache/go/mod/github.com/kedacore/keda/v2@v$KEDA_VERSION/config/crd/bases"
+  [ -d "$src" ] || die "KEDA's CRDs are not in the module cache at $src"
+  rm -rf "$bin/keda-crds"
+  mkdir -p "$bin/keda-crds"
+  cp "$src"/keda.sh_*.yaml "$bin/keda-crds/"
+  chmod u+w "$bin/keda-crds"/*.yaml
+  touch "$keda_stamp"
+  log "KEDA $KEDA_VERSION operator built in $((SECONDS - started)) s"
+}
+
+build_control_plane() {
   if [ -f "$stamp" ]; then
     local c missing=0
     for c in "${components[@]}"; do [ -x "$bin/$c" ] || missing=1; done
-    if [ "$missing" = 0 ]; then link_into_clone; return 0; fi
+    if [ "$missing" = 0 ]; then return 0; fi
   fi
   command -v go >/dev/null || die "go is not installed: the control plane is built from source with the Go toolchain"
   local started=$SECONDS
@@ -92,7 +123,6 @@ build() {
     "$bin/$c" --version >&2 || die "the built $c does not run"
   done
   touch "$stamp"
-  link_into_clone
   log "control plane built in $((SECONDS - started)) s; $(du -sh "$bin" | cut -f1) of binaries"
 }
 

@@ -341,6 +341,32 @@ pub fn answer(
     }
 }
 
+/// The target for `GetMetricSpec`: it needs no decision (KEDA asks once, when it builds its HPA, possibly before
+/// Tessera's first round), only a model KEDA may scale — and for a raw signal, the target the decision carries.
+pub fn spec_target(
+    model: &ModelRef,
+    signal: KedaSignal,
+    published: Option<&Published>,
+) -> Result<f64, Refusal> {
+    let p = published.ok_or_else(|| Refusal::NotFound(model.clone()))?;
+    if p.owner == ScaleOwner::Tessera {
+        return Err(Refusal::ScaledByTessera(model.clone()));
+    }
+    match signal {
+        KedaSignal::DesiredReplicas => Ok(1.0),
+        KedaSignal::Raw(s) => {
+            p.signals
+                .iter()
+                .find(|x| x.signal == s)
+                .map(|x| x.target)
+                .ok_or(Refusal::NoSignal {
+                    model: model.clone(),
+                    signal: s.field(),
+                })
+        }
+    }
+}
+
 /// The two fields KEDA reads a value from: the integer (rounded up, so a fraction of a replica asks for one)
 /// and the float. Both are filled: KEDA ignores a float of exactly 0.0 and falls back to the integer.
 pub fn wire_value(value: f64) -> (i64, f64) {
@@ -456,6 +482,24 @@ mod tests {
         p.signals[0].current = None;
         let e = answer(&model(), KedaSignal::Raw(Signal::KvCacheUtilization), Some(&p)).unwrap_err();
         assert_eq!(e.label(), "no_signal");
+    }
+
+    #[test]
+    fn the_spec_needs_no_decision() {
+        assert_eq!(
+            spec_target(&model(), KedaSignal::DesiredReplicas, Some(&published(None, 0))),
+            Ok(1.0)
+        );
+        let e = spec_target(&model(), KedaSignal::DesiredReplicas, None).unwrap_err();
+        assert_eq!(e.label(), "not_found");
+        assert_eq!(
+            spec_target(
+                &model(),
+                KedaSignal::Raw(Signal::KvCacheUtilization),
+                Some(&published(None, 0))
+            ),
+            Ok(0.5)
+        );
     }
 
     #[test]

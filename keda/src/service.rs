@@ -71,6 +71,12 @@ impl<S: Source> Scaler<S> {
     }
 
     fn answer(&self, r: &pb::ScaledObjectRef) -> Result<(ModelRef, KedaSignal, Answer), Refusal> {
+        let (model, signal, published) = self.read(r)?;
+        let answer = keda::answer(&model, signal, published.as_ref())?;
+        Ok((model, signal, answer))
+    }
+
+    fn read(&self, r: &pb::ScaledObjectRef) -> Result<(ModelRef, KedaSignal, Option<Published>), Refusal> {
         let metadata: BTreeMap<String, String> = r
             .scaler_metadata
             .iter()
@@ -78,8 +84,7 @@ impl<S: Source> Scaler<S> {
             .collect();
         let (model, signal) = keda::parse_ref(&r.namespace, &metadata)?;
         let published = self.source.published(&model);
-        let answer = keda::answer(&model, signal, published.as_ref())?;
-        Ok((model, signal, answer))
+        Ok((model, signal, published))
     }
 
     /// Runs `f` on the call's answer, counting the call and turning a refusal into its gRPC status.
@@ -89,8 +94,19 @@ impl<S: Source> Scaler<S> {
         r: &pb::ScaledObjectRef,
         f: impl FnOnce(KedaSignal, Answer) -> T,
     ) -> Result<Response<T>, Status> {
+        self.counted(method, r, || self.answer(r), f)
+    }
+
+    /// Counts one call of `method` answered by `answer`, turning a refusal into its gRPC status.
+    fn counted<T>(
+        &self,
+        method: &'static str,
+        r: &pb::ScaledObjectRef,
+        answer: impl FnOnce() -> Result<(ModelRef, KedaSignal, Answer), Refusal>,
+        f: impl FnOnce(KedaSignal, Answer) -> T,
+    ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let result = self.answer(r);
+        let result = answer();
         let outcome = result.as_ref().map_or_else(Refusal::label, |_| "ok");
         self.metrics
             .call(method, outcome, started.elapsed().as_secs_f64());
@@ -158,7 +174,22 @@ impl<S: Source> ExternalScaler for Scaler<S> {
         &self,
         request: Request<pb::ScaledObjectRef>,
     ) -> Result<Response<pb::GetMetricSpecResponse>, Status> {
-        self.call("GetMetricSpec", request.get_ref(), |signal, a| {
+        let r = request.get_ref();
+        // The spec needs no decision: KEDA asks for it when it builds its HPA, perhaps before the first round.
+        let spec = || {
+            let (model, signal, published) = self.read(r)?;
+            let target = keda::spec_target(&model, signal, published.as_ref())?;
+            Ok((
+                model,
+                signal,
+                Answer {
+                    value: 0.0,
+                    target,
+                    active: false,
+                },
+            ))
+        };
+        self.counted("GetMetricSpec", r, spec, |signal, a| {
             let (size, size_float) = keda::wire_value(a.target);
             pb::GetMetricSpecResponse {
                 metric_specs: vec![pb::MetricSpec {
