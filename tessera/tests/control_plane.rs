@@ -15,7 +15,9 @@
 //!    leader resumed steps down without writing (the API server's audit log says who wrote what);
 //! e. RBAC: each role with its own ServiceAccount's token does its job; the writes it must not make are refused;
 //! f. the pool manager's capacity pods are bound by the real scheduler to GPU nodes;
-//! g. the activator finds its backends through EndpointSlices written by the real controller-manager.
+//! g. the activator finds its backends through EndpointSlices written by the real controller-manager;
+//! h. the KEDA operator (built from its published module) scales a real Deployment to zero and back from Tessera's
+//!    external scaler over TLS with client certificates, and the autoscaler never writes `/scale` (issue 43).
 //!
 //! Processes talk over loopback only. `TESSERA_TEST_LOGS=1` shows the children's logs; `TESSERA_CONTROL_PLANE_KEEP=1`
 //! keeps a failed test's control plane (its DIR is printed) for inspection.
@@ -1756,6 +1758,374 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
         eprintln!(
             "pools: capacity pod {cap_name} on {node} deleted {:.1} s after its last tenant left (TTL 10 s, grace 30 s)",
             emptied.elapsed().as_secs_f64()
+        );
+    });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// h. the KEDA operator scales a real Deployment from Tessera's external scaler
+// ---------------------------------------------------------------------------------------------------------------
+
+/// The KEDA operator built by `scripts/control-plane.sh build` (and its CRDs), run as a process against the control
+/// plane with the admin kubeconfig (KEDA's own RBAC is not what this story tests). Its log goes to the control
+/// plane's dir.
+fn keda_operator(cp: &ControlPlane, cert_dir: &Path) -> Killed {
+    let bin = repo().join(".tools/control-plane/bin/keda-operator");
+    assert!(
+        bin.exists(),
+        "{} is missing: scripts/control-plane.sh build builds it",
+        bin.display()
+    );
+    let log = std::fs::File::create(cp.dir.join("keda-operator.log")).expect("the operator's log file");
+    let child = Command::new(bin)
+        .args([
+            &format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
+            &format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
+            &format!("--metrics-service-bind-address=127.0.0.1:{}", free_port()),
+            &format!("--cert-dir={}", cert_dir.display()),
+            "--leader-elect=false",
+            "--enable-webhook-patching=false",
+            "--enable-apiservice-patching=false",
+        ])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .env("WATCH_NAMESPACE", "")
+        .env("KEDA_CLUSTER_OBJECT_NAMESPACE", "keda")
+        .env("POD_NAMESPACE", "keda")
+        .env("POD_NAME", "keda-operator-0")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup the log"))
+        .stderr(log)
+        .spawn()
+        .expect("start keda-operator");
+    Killed(child)
+}
+
+/// KEDA's CRDs (from its module, copied by the build), applied and Established.
+async fn keda_crds(client: &kube::Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let dir = repo().join(".tools/control-plane/bin/keda-crds");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("a CRD");
+        names.push(crd.metadata.name.clone().unwrap());
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("create a KEDA CRD");
+    }
+    for name in names {
+        eventually(
+            &format!("CRD {name} to be Established"),
+            Duration::from_secs(30),
+            || async {
+                let c = crds.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// A CA, the scaler's serving certificate for 127.0.0.1 and KEDA's client certificate, as PEM files in `dir`:
+/// (ca, cert, key, client cert, client key).
+fn scaler_pki(dir: &Path) -> [PathBuf; 5] {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+        ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    };
+    let named = |cn: &str| {
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, cn);
+        dn
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name = named("tessera keda scaler CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let mut server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    server.distinguished_name = named("tessera-autoscaler");
+    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let server_key = KeyPair::generate().unwrap();
+    let server_cert = server.signed_by(&server_key, &ca).unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client.distinguished_name = named("keda-operator");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_key = KeyPair::generate().unwrap();
+    let client_cert = client.signed_by(&client_key, &ca).unwrap();
+    let write = |name: &str, pem: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, pem).unwrap();
+        p
+    };
+    [
+        write("ca.crt", ca.pem()),
+        write("tls.crt", server_cert.pem()),
+        write("tls.key", server_key.serialize_pem()),
+        write("client.crt", client_cert.pem()),
+        write("client.key", client_key.serialize_pem()),
+    ]
+}
+
+#[test]
+#[ignore = "needs the control plane: scripts/control-plane.sh build (scripts/test.sh runs it)"]
+fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_scaler() {
+    story(|cp| async move {
+        let client = cp.client().await;
+        namespace(&client, "keda", json!({})).await;
+        cp.helm_install(&["webhook.enabled=false"]);
+        namespace(&client, "models", json!({})).await;
+        keda_crds(&client).await;
+
+        // The scaler's TLS: served by Tessera, trusted and authenticated by KEDA through a ClusterTriggerAuthentication.
+        let pki_dir = cp.dir.join("keda-scaler-pki");
+        std::fs::create_dir_all(&pki_dir).unwrap();
+        let [ca, cert, key, client_cert, client_key] = scaler_pki(&pki_dir);
+        let secret: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tessera-keda-client"},
+            "stringData": {"ca.crt": std::fs::read_to_string(&ca).unwrap(),
+                           "tls.crt": std::fs::read_to_string(&client_cert).unwrap(),
+                           "tls.key": std::fs::read_to_string(&client_key).unwrap()}
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(client.clone(), "keda")
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        // KEDA's own gRPC metrics service wants a certificate too (its --cert-dir); the same PKI serves.
+        let operator_certs = cp.dir.join("keda-operator-certs");
+        std::fs::create_dir_all(&operator_certs).unwrap();
+        for (from, to) in [(&ca, "ca.crt"), (&cert, "tls.crt"), (&key, "tls.key")] {
+            std::fs::copy(from, operator_certs.join(to)).unwrap();
+        }
+        let _keda = keda_operator(&cp, &operator_certs);
+
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), "models");
+        deployments
+            .create(
+                &PostParams::default(),
+                &model_deployment("llama", 1, json!({}), json!({"nvidia.com/gpu.present": "true"})),
+            )
+            .await
+            .unwrap();
+        ias_api(&client, "models")
+            .create(
+                &PostParams::default(),
+                &ias(
+                    "llama",
+                    json!({
+                        "scaledBy": "KEDA",
+                        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+                        "minReplicas": 0, "maxReplicas": 3, "modelNames": ["llama"],
+                        "scaleToZero": {"idleAfter": "8s"}
+                    }),
+                ),
+            )
+            .await
+            .unwrap();
+        let pods = eventually("the model pod to run", Duration::from_secs(60), || async {
+            let p = running_pods(&client, "models", "llama").await;
+            (p.len() == 1).then_some(p)
+        })
+        .await;
+        let sidecar_port = free_port();
+        let model = model_processes(&pod_ip(&pods[0]), sidecar_port);
+
+        // The activator and the autoscaler with their own ServiceAccounts' tokens; the autoscaler serves the scaler
+        // over TLS with client certificates required.
+        let act_kubeconfig = cp.token_kubeconfig(
+            "activator",
+            &sa_token(&client, "tessera-system", "tessera-activator").await,
+        );
+        let activator = support::Tessera::start_with_env(
+            &["activator", "--listen", "127.0.0.1:0", "--hold-timeout", "90s"],
+            &[("KUBECONFIG", act_kubeconfig.to_str().unwrap())],
+        );
+        let ctl_kubeconfig = cp.token_kubeconfig(
+            "autoscaler",
+            &sa_token(&client, "tessera-system", "tessera-autoscaler").await,
+        );
+        let keda_port = free_port();
+        let _controller = tessera(
+            &[
+                "autoscaler",
+                "--metrics-listen",
+                &format!("127.0.0.1:{}", free_port()),
+                "--sync-period",
+                "1s",
+                "--leader-elect=false",
+                "--sidecar-port",
+                &sidecar_port.to_string(),
+                "--activator-url",
+                &activator.base(),
+                "--activator-poll-interval",
+                "300ms",
+                "--keda-scaler-listen",
+                &format!("127.0.0.1:{keda_port}"),
+                "--keda-tls-cert",
+                cert.to_str().unwrap(),
+                "--keda-tls-key",
+                key.to_str().unwrap(),
+                "--keda-client-ca",
+                ca.to_str().unwrap(),
+            ],
+            &ctl_kubeconfig,
+            &[],
+        );
+
+        // The ScaledObject and its ClusterTriggerAuthentication, as in deploy/examples/keda-scaledobject.yaml.
+        let cta = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("keda.sh", "v1alpha1", "ClusterTriggerAuthentication"),
+            "clustertriggerauthentications",
+        );
+        Api::<DynamicObject>::all_with(client.clone(), &cta)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "keda.sh/v1alpha1", "kind": "ClusterTriggerAuthentication",
+                    "metadata": {"name": "tessera-scaler"},
+                    "spec": {"secretTargetRef": [
+                        {"parameter": "caCert", "name": "tessera-keda-client", "key": "ca.crt"},
+                        {"parameter": "tlsClientCert", "name": "tessera-keda-client", "key": "tls.crt"},
+                        {"parameter": "tlsClientKey", "name": "tessera-keda-client", "key": "tls.key"}]}
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+        let so = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("keda.sh", "v1alpha1", "ScaledObject"),
+            "scaledobjects",
+        );
+        let started = Instant::now();
+        Api::<DynamicObject>::namespaced_with(client.clone(), "models", &so)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+                    "metadata": {"name": "llama"},
+                    "spec": {
+                        "scaleTargetRef": {"name": "llama"},
+                        "minReplicaCount": 0, "maxReplicaCount": 3,
+                        "pollingInterval": 2, "cooldownPeriod": 5,
+                        "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}}},
+                        "triggers": [{
+                            "type": "external-push",
+                            "metadata": {"scalerAddress": format!("127.0.0.1:{keda_port}"), "model": "llama"},
+                            "authenticationRef": {"kind": "ClusterTriggerAuthentication", "name": "tessera-scaler"}
+                        }]
+                    }
+                }))
+                .unwrap(),
+            )
+            .await
+            .unwrap();
+
+        // KEDA made its HPA; Tessera's status names the ScaledObject as the owner of /scale.
+        eventually(
+            "KEDA's HPA for the ScaledObject",
+            Duration::from_secs(60),
+            || async {
+                let hpas: Api<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler> =
+                    Api::namespaced(client.clone(), "models");
+                hpas.get_opt("keda-hpa-llama").await.ok().flatten().map(|_| ())
+            },
+        )
+        .await;
+        eventually(
+            "status AbleToScale: ScaledByKEDA",
+            Duration::from_secs(30),
+            || async {
+                let o = ias_api(&client, "models").get("llama").await.ok()?;
+                o.data["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| {
+                        c["type"] == "AbleToScale"
+                            && c["reason"] == "ScaledByKEDA"
+                            && c["message"]
+                                .as_str()
+                                .is_some_and(|m| m.contains("ScaledObject llama"))
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
+
+        // Idle: Tessera decides zero, IsActive turns false, KEDA's operator scales the Deployment to zero.
+        eventually(
+            "KEDA to scale the Deployment to zero on Tessera's decision",
+            Duration::from_secs(120),
+            || async { (replicas(&deployments, "llama").await.0 == 0).then_some(()) },
+        )
+        .await;
+        let to_zero = started.elapsed();
+        drop(model);
+
+        // A request at zero: held by the activator, pushed to KEDA on StreamIsActive, KEDA scales to one.
+        let url = activator.url("/namespaces/models/v1/chat/completions");
+        let held = tokio::spawn(async move {
+            http_client(Duration::from_secs(120))
+                .post(url)
+                .json(&json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        });
+        activator
+            .wait_activator_stats("the request held", Duration::from_secs(30), |s| {
+                s["models"]["models/llama"]["queued"] == 1
+            })
+            .await;
+        let woke = Instant::now();
+        eventually(
+            "KEDA to scale back to one on the push",
+            Duration::from_secs(60),
+            || async { (replicas(&deployments, "llama").await.0 == 1).then_some(()) },
+        )
+        .await;
+        let back = woke.elapsed();
+        held.abort();
+        eprintln!(
+            "KEDA: to zero {:.1} s after the ScaledObject (idleAfter 8 s, cooldownPeriod 5 s), back to one {:.1} s \
+             after the request was held (pollingInterval 2 s)",
+            to_zero.as_secs_f64(),
+            back.as_secs_f64()
+        );
+        // Who wrote /scale: KEDA (the admin kubeconfig it runs with), never Tessera's autoscaler.
+        let scale_writes = |user: &str| {
+            cp.audit()
+                .into_iter()
+                .filter(|e| {
+                    e["objectRef"]["subresource"] == "scale"
+                        && e["objectRef"]["name"] == "llama"
+                        && e["user"]["username"] == user
+                        && e["responseStatus"]["code"] == 200
+                })
+                .count()
+        };
+        assert_eq!(
+            scale_writes("system:serviceaccount:tessera-system:tessera-autoscaler"),
+            0,
+            "spec.scaledBy: KEDA: the autoscaler must never write /scale"
+        );
+        let keda_writes = cp
+            .audit()
+            .into_iter()
+            .filter(|e| {
+                e["objectRef"]["resource"] == "deployments"
+                    && e["objectRef"]["name"] == "llama"
+                    && e["user"]["username"] == "tessera-test-admin"
+                    && matches!(e["verb"].as_str(), Some("update" | "patch"))
+            })
+            .count();
+        assert!(
+            keda_writes >= 2,
+            "{keda_writes} Deployment writes by KEDA in the audit log"
         );
     });
 }
