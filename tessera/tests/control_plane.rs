@@ -1235,6 +1235,72 @@ async fn admin_free_name(rs: &Api<ReplicaSet>) -> String {
 // ---------------------------------------------------------------------------------------------------------------
 
 /// The emulator and the sidecar for one model pod, the sidecar at the pod's address (kwok gave it a loopback one).
+/// The activator and the autoscaler, each with its own ServiceAccount's token from the chart, the autoscaler
+/// deciding every second for sidecars on `sidecar_port` and reading the activator's demand; `extra` adds flags.
+async fn activator_and_controller(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    sidecar_port: u16,
+    extra: &[&str],
+) -> (support::Tessera, Killed) {
+    let act_kubeconfig = cp.token_kubeconfig(
+        "activator",
+        &sa_token(client, "tessera-system", "tessera-activator").await,
+    );
+    let activator = support::Tessera::start_with_env(
+        &["activator", "--listen", "127.0.0.1:0", "--hold-timeout", "90s"],
+        &[("KUBECONFIG", act_kubeconfig.to_str().unwrap())],
+    );
+    let ctl_kubeconfig = cp.token_kubeconfig(
+        "autoscaler",
+        &sa_token(client, "tessera-system", "tessera-autoscaler").await,
+    );
+    let (metrics, sidecar_port, activator_url) = (
+        format!("127.0.0.1:{}", free_port()),
+        sidecar_port.to_string(),
+        activator.base(),
+    );
+    let mut args = vec![
+        "autoscaler",
+        "--metrics-listen",
+        &metrics,
+        "--sync-period",
+        "1s",
+        "--leader-elect=false",
+        "--sidecar-port",
+        &sidecar_port,
+        "--activator-url",
+        &activator_url,
+        "--activator-poll-interval",
+        "300ms",
+    ];
+    args.extend_from_slice(extra);
+    let controller = tessera(&args, &ctl_kubeconfig, &[]);
+    (activator, controller)
+}
+
+/// A chat request for `llama` in `models` through the activator, sent in the background; returns once the
+/// activator holds it (the model is at zero).
+async fn held_request(activator: &support::Tessera) -> tokio::task::JoinHandle<Result<u16, reqwest::Error>> {
+    let url = activator.url("/namespaces/models/v1/chat/completions");
+    let held = tokio::spawn(async move {
+        http_client(Duration::from_secs(120))
+            .post(url)
+            .json(
+                &json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+            )
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    activator
+        .wait_activator_stats("the request held", Duration::from_secs(30), |s| {
+            s["models"]["models/llama"]["queued"] == 1
+        })
+        .await;
+    held
+}
+
 fn model_processes(pod_ip: &str, sidecar_port: u16) -> (support::Tessera, support::Tessera) {
     let sim = support::Tessera::vllm_sim(&[
         "--model-preset",
@@ -1305,37 +1371,7 @@ fn c_the_controller_scales_a_real_deployment_to_zero_when_idle_and_back_for_a_he
         let model = model_processes(&ip, sidecar_port);
 
         // The activator and the controller, each with its own ServiceAccount's token from the chart.
-        let act_kubeconfig = cp.token_kubeconfig(
-            "activator",
-            &sa_token(&client, "tessera-system", "tessera-activator").await,
-        );
-        let activator = support::Tessera::start_with_env(
-            &["activator", "--listen", "127.0.0.1:0", "--hold-timeout", "90s"],
-            &[("KUBECONFIG", act_kubeconfig.to_str().unwrap())],
-        );
-        let ctl_kubeconfig = cp.token_kubeconfig(
-            "autoscaler",
-            &sa_token(&client, "tessera-system", "tessera-autoscaler").await,
-        );
-        let metrics_port = free_port();
-        let _controller = tessera(
-            &[
-                "autoscaler",
-                "--metrics-listen",
-                &format!("127.0.0.1:{metrics_port}"),
-                "--sync-period",
-                "1s",
-                "--leader-elect=false",
-                "--sidecar-port",
-                &sidecar_port.to_string(),
-                "--activator-url",
-                &activator.base(),
-                "--activator-poll-interval",
-                "300ms",
-            ],
-            &ctl_kubeconfig,
-            &[],
-        );
+        let (activator, _controller) = activator_and_controller(&cp, &client, sidecar_port, &[]).await;
 
         // Idle (no request through the activator for idleAfter): to zero through /scale; the ReplicaSet and its
         // pod follow.
@@ -1369,20 +1405,7 @@ fn c_the_controller_scales_a_real_deployment_to_zero_when_idle_and_back_for_a_he
 
         // A request at zero: the activator holds it, the controller reads the held request from the activator's
         // stats and scales back to one; the ReplicaSet creates a pod, the scheduler binds it, kwok runs it.
-        let url = activator.url("/namespaces/models/v1/chat/completions");
-        let held = tokio::spawn(async move {
-            http_client(Duration::from_secs(120))
-                .post(url)
-                .json(&json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        });
-        activator
-            .wait_activator_stats("the request held", Duration::from_secs(30), |s| {
-                s["models"]["models/llama"]["queued"] == 1
-            })
-            .await;
+        let held = held_request(&activator).await;
         let woke = Instant::now();
         eventually(
             "the controller to scale back to one",
@@ -1831,46 +1854,6 @@ async fn keda_crds(client: &kube::Client) {
     }
 }
 
-/// A CA, the scaler's serving certificate for 127.0.0.1 and KEDA's client certificate, as PEM files in `dir`:
-/// (ca, cert, key, client cert, client key).
-fn scaler_pki(dir: &Path) -> [PathBuf; 5] {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-        ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    };
-    let named = |cn: &str| {
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, cn);
-        dn
-    };
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.distinguished_name = named("tessera keda scaler CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
-    let mut server = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-    server.distinguished_name = named("tessera-autoscaler");
-    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server_key = KeyPair::generate().unwrap();
-    let server_cert = server.signed_by(&server_key, &ca).unwrap();
-    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
-    client.distinguished_name = named("keda-operator");
-    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = KeyPair::generate().unwrap();
-    let client_cert = client.signed_by(&client_key, &ca).unwrap();
-    let write = |name: &str, pem: String| {
-        let p = dir.join(name);
-        std::fs::write(&p, pem).unwrap();
-        p
-    };
-    [
-        write("ca.crt", ca.pem()),
-        write("tls.crt", server_cert.pem()),
-        write("tls.key", server_key.serialize_pem()),
-        write("client.crt", client_cert.pem()),
-        write("client.key", client_key.serialize_pem()),
-    ]
-}
-
 #[test]
 #[ignore = "needs the control plane: scripts/control-plane.sh build (scripts/test.sh runs it)"]
 fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_scaler() {
@@ -1884,7 +1867,13 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
         // The scaler's TLS: served by Tessera, trusted and authenticated by KEDA through a ClusterTriggerAuthentication.
         let pki_dir = cp.dir.join("keda-scaler-pki");
         std::fs::create_dir_all(&pki_dir).unwrap();
-        let [ca, cert, key, client_cert, client_key] = scaler_pki(&pki_dir);
+        let support::pki::Pki {
+            ca,
+            server_cert: cert,
+            server_key: key,
+            client_cert,
+            client_key,
+        } = support::pki::pki(&pki_dir, &["127.0.0.1", "localhost"]);
         let secret: Secret = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "tessera-keda-client"},
             "stringData": {"ca.crt": std::fs::read_to_string(&ca).unwrap(),
@@ -1937,35 +1926,15 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
 
         // The activator and the autoscaler with their own ServiceAccounts' tokens; the autoscaler serves the scaler
         // over TLS with client certificates required.
-        let act_kubeconfig = cp.token_kubeconfig(
-            "activator",
-            &sa_token(&client, "tessera-system", "tessera-activator").await,
-        );
-        let activator = support::Tessera::start_with_env(
-            &["activator", "--listen", "127.0.0.1:0", "--hold-timeout", "90s"],
-            &[("KUBECONFIG", act_kubeconfig.to_str().unwrap())],
-        );
-        let ctl_kubeconfig = cp.token_kubeconfig(
-            "autoscaler",
-            &sa_token(&client, "tessera-system", "tessera-autoscaler").await,
-        );
         let keda_port = free_port();
-        let _controller = tessera(
+        let keda_listen = format!("127.0.0.1:{keda_port}");
+        let (activator, _controller) = activator_and_controller(
+            &cp,
+            &client,
+            sidecar_port,
             &[
-                "autoscaler",
-                "--metrics-listen",
-                &format!("127.0.0.1:{}", free_port()),
-                "--sync-period",
-                "1s",
-                "--leader-elect=false",
-                "--sidecar-port",
-                &sidecar_port.to_string(),
-                "--activator-url",
-                &activator.base(),
-                "--activator-poll-interval",
-                "300ms",
                 "--keda-scaler-listen",
-                &format!("127.0.0.1:{keda_port}"),
+                &keda_listen,
                 "--keda-tls-cert",
                 cert.to_str().unwrap(),
                 "--keda-tls-key",
@@ -1973,9 +1942,8 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
                 "--keda-client-ca",
                 ca.to_str().unwrap(),
             ],
-            &ctl_kubeconfig,
-            &[],
-        );
+        )
+        .await;
 
         // The ScaledObject and its ClusterTriggerAuthentication, as in deploy/examples/keda-scaledobject.yaml.
         let cta = ApiResource::from_gvk_with_plural(
@@ -2067,20 +2035,7 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
         drop(model);
 
         // A request at zero: held by the activator, pushed to KEDA on StreamIsActive, KEDA scales to one.
-        let url = activator.url("/namespaces/models/v1/chat/completions");
-        let held = tokio::spawn(async move {
-            http_client(Duration::from_secs(120))
-                .post(url)
-                .json(&json!({"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-                .send()
-                .await
-                .map(|r| r.status().as_u16())
-        });
-        activator
-            .wait_activator_stats("the request held", Duration::from_secs(30), |s| {
-                s["models"]["models/llama"]["queued"] == 1
-            })
-            .await;
+        let held = held_request(&activator).await;
         let woke = Instant::now();
         eventually(
             "KEDA to scale back to one on the push",

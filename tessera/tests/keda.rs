@@ -455,49 +455,6 @@ fn plaintext_grpc_is_refused_off_loopback() {
     assert!(err.contains("--keda-tls-cert"), "{err}");
 }
 
-/// A CA, a server certificate for localhost and a client certificate, as a TriggerAuthentication carries them.
-struct Pki {
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-}
-
-fn pki(dir: &Path) -> Pki {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-        ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    };
-    // Each its own subject: a certificate whose subject equals its issuer's reads as self-signed to OpenSSL.
-    let named = |cn: &str| {
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, cn);
-        dn
-    };
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.distinguished_name = named("tessera test CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let mut server = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-    server.distinguished_name = named("localhost");
-    server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let server_key = KeyPair::generate().unwrap();
-    let server_cert = server.signed_by(&server_key, &ca).unwrap();
-    let mut client = CertificateParams::new(vec!["keda-operator".to_owned()]).unwrap();
-    client.distinguished_name = named("keda-operator");
-    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = KeyPair::generate().unwrap();
-    let client_cert = client.signed_by(&client_key, &ca).unwrap();
-    Pki {
-        ca: write(dir, "ca.crt", &ca.pem()),
-        server_cert: write(dir, "tls.crt", &server_cert.pem()),
-        server_key: write(dir, "tls.key", &server_key.serialize_pem()),
-        client_cert: write(dir, "client.crt", &client_cert.pem()),
-        client_key: write(dir, "client.key", &client_key.serialize_pem()),
-    }
-}
-
 #[tokio::test]
 async fn with_a_client_ca_only_a_client_with_a_certificate_is_answered() {
     if std::env::var("TESSERA_SKIP_GRPC_PYTHON").as_deref() == Ok("1") {
@@ -505,7 +462,7 @@ async fn with_a_client_ca_only_a_client_with_a_certificate_is_answered() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let p = pki(dir.path());
+    let p = support::pki::pki(dir.path(), &["localhost"]);
     let policy = write(dir.path(), "policy.yaml", POLICY);
     let keda_port = free_port();
     let listen = format!("127.0.0.1:{keda_port}");

@@ -9,6 +9,8 @@
 pub mod admission;
 /// The in-memory Kubernetes API server (watch streams, selectors, resourceVersion, 409s).
 pub mod apiserver;
+/// A CA with a server and a client certificate, for TLS with client certificates.
+pub mod pki;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
