@@ -866,6 +866,20 @@ async fn scaled_by_keda_is_decided_and_served_but_never_written() {
             .into_inner()
             .result
     );
+    wait_for(
+        &state,
+        "a DecidedForKEDA event saying why",
+        Duration::from_secs(10),
+        |c| {
+            c.events.iter().any(|e| {
+                e["reason"] == "DecidedForKEDA"
+                    && e["note"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("Desired: 4 (KEDA scales)"))
+            })
+        },
+    )
+    .await;
     assert!(
         state.lock().expect("lock").scale_patches.is_empty(),
         "KEDA owns /scale: nothing written"

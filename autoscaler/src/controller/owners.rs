@@ -76,6 +76,30 @@ pub async fn warn_conflict(ctx: &Context, obj: &InferenceAutoscaler, message: &s
     }
 }
 
+/// With `scaledBy: KEDA`, a new decision is an Event as a scale is (`DecidedForKEDA`, action `DecideN`): KEDA
+/// applies it, and `kubectl describe` should still say what Tessera decided and why.
+pub async fn announce_decision(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    decision: &tessera_core::scale::ScaleDecision,
+) {
+    let published = obj.status.as_ref().map(|s| s.desired_replicas);
+    let desired = i32::try_from(decision.desired_replicas).unwrap_or(i32::MAX);
+    if published == Some(desired) {
+        return;
+    }
+    let note = format!("Desired: {desired} (KEDA scales); reason: {}", decision.message);
+    publish(
+        ctx,
+        obj,
+        EventType::Normal,
+        "DecidedForKEDA",
+        &format!("Decide{desired}"),
+        &note,
+    )
+    .await;
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::autoscaling::v2::{CrossVersionObjectReference, HorizontalPodAutoscalerSpec};
