@@ -506,3 +506,57 @@ async fn with_a_client_ca_only_a_client_with_a_certificate_is_answered() {
         "a client without a certificate must not be answered: {without}"
     );
 }
+
+/// KEDA keeps an `external-push` stream open and reconnects when it drops: a scaler that stops ends its streams
+/// (so connections drain), and the first value on a new stream is the model's state then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_stream_ends_when_the_scaler_stops_and_a_reconnect_gets_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = write(dir.path(), "policy.yaml", POLICY);
+    let act = Tessera::activator(&["--backend", &format!("chat=http://127.0.0.1:{}", free_port())]);
+    let keda_port = free_port();
+    let listen = format!("127.0.0.1:{keda_port}");
+    let sidecar_port = free_port();
+    let mut scaler = autoscaler(sidecar_port, &act.base(), &listen, &policy, &[]);
+    let mut client = connect(keda_port).await;
+    let so = scaled_object("chat", "default");
+    // Wait for the first decision (idle at zero: inactive).
+    let deadline = Instant::now() + WAIT;
+    while client
+        .is_active(so.clone())
+        .await
+        .map(|r| r.into_inner().result)
+        .ok()
+        != Some(false)
+    {
+        assert!(Instant::now() < deadline, "no decision");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut stream = client.stream_is_active(so.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        stream.message().await.unwrap().map(|m| m.result),
+        Some(false),
+        "the state at once"
+    );
+    // SIGTERM: the stream ends instead of hanging the client.
+    support::sigterm(&scaler.child);
+    let ended = tokio::time::timeout(Duration::from_secs(10), stream.message()).await;
+    assert!(
+        matches!(ended, Ok(Ok(None)) | Ok(Err(_))),
+        "the stream must end when the scaler stops: {ended:?}"
+    );
+    let _ = support::terminate(&mut scaler.child, Duration::from_secs(10)).await;
+    drop(scaler);
+    // A new scaler on the same address; KEDA's reconnect gets the state again.
+    let _scaler = autoscaler(sidecar_port, &act.base(), &listen, &policy, &[]);
+    let mut client = connect(keda_port).await;
+    let deadline = Instant::now() + WAIT;
+    let first = loop {
+        if let Ok(s) = client.stream_is_active(so.clone()).await {
+            break s.into_inner().message().await.unwrap().map(|m| m.result);
+        }
+        assert!(Instant::now() < deadline, "no stream after the restart");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(first, Some(false));
+}
