@@ -69,6 +69,8 @@ pub struct Context {
     /// budget group's members this process has not decided for yet are read from their status through it
     /// (`coldstart::namespace_claims`). `None` before the first term starts.
     pub objects: std::sync::RwLock<Option<kube::runtime::reflector::Store<InferenceAutoscaler>>>,
+    /// The HorizontalPodAutoscalers (KEDA's among them), for the one-owner-per-`/scale` check.
+    pub scalers: super::owners::HpaCache,
 }
 
 impl Context {

@@ -360,6 +360,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         consolidation: crate::pool::ConsolidationLink::default(),
         ui,
         objects: std::sync::RwLock::new(None),
+        scalers: owners::HpaCache::start(
+            match &args.watch_namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            },
+            shutdown_rx.clone(),
+        ),
     });
 
     let mut shutdown = shutdown_rx.clone();

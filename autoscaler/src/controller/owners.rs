@@ -2,9 +2,12 @@
 //! them (KEDA makes one HPA per ScaledObject and labels it). The rule that reads them is
 //! [`tessera_core::keda::ownership`]: one owner per `/scale`.
 
+use futures::StreamExt;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use tessera_core::keda::OtherScaler;
 use tracing::debug;
 
@@ -15,22 +18,59 @@ use crate::crd::{InferenceAutoscaler, ScaleTargetRef};
 /// The label KEDA puts on the HPA it makes for a ScaledObject, naming it.
 pub const KEDA_SCALED_OBJECT_LABEL: &str = "scaledobject.keda.sh/name";
 
-/// The HPAs in `namespace` whose `scaleTargetRef` is `target`. `None` when they cannot be listed (RBAC of an
-/// older chart, an API error): the spec's `scaledBy` is then taken at its word, as before this check existed.
-pub async fn other_scalers(
-    client: &kube::Client,
-    namespace: &str,
-    target: &ScaleTargetRef,
-) -> Option<Vec<OtherScaler>> {
-    let api: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), namespace);
-    let list = match api.list(&ListParams::default()).await {
-        Ok(l) => l,
-        Err(e) => {
-            debug!(error = %e, "cannot list HorizontalPodAutoscalers: the scale owner check is skipped");
-            return None;
-        }
-    };
-    Some(targeting(&list.items, target))
+/// Every HorizontalPodAutoscaler the controller may see, watched (one watch, not a list per reconcile); `None`
+/// until the first list arrived or where no watch runs.
+#[derive(Debug, Clone, Default)]
+pub struct HpaCache {
+    store: std::sync::Arc<std::sync::RwLock<Option<Store<HorizontalPodAutoscaler>>>>,
+}
+
+impl HpaCache {
+    /// Starts watching `api`; the cache answers once the first list is in. A watch that cannot start (RBAC of an
+    /// older chart) leaves it unanswered: the spec's `scaledBy` is then taken at its word.
+    pub fn start(api: Api<HorizontalPodAutoscaler>, mut stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        let cache = Self::default();
+        let (reader, writer) = reflector::store();
+        let stream = watcher(api, crate::kube_client::watcher_config())
+            .default_backoff()
+            .reflect(writer)
+            .applied_objects();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            loop {
+                tokio::select! {
+                    next = stream.next() => match next {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => debug!(error = %e, "watching HorizontalPodAutoscalers failed; retrying"),
+                        None => return,
+                    },
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        });
+        let published = cache.store.clone();
+        tokio::spawn(async move {
+            if reader.wait_until_ready().await.is_ok()
+                && let Ok(mut s) = published.write()
+            {
+                *s = Some(reader);
+            }
+        });
+        cache
+    }
+
+    /// The HPAs in `namespace` whose `scaleTargetRef` is `target`; `None` while the cache has no list.
+    pub fn other_scalers(&self, namespace: &str, target: &ScaleTargetRef) -> Option<Vec<OtherScaler>> {
+        let guard = self.store.read().ok()?;
+        let store = guard.as_ref()?;
+        let hpas: Vec<HorizontalPodAutoscaler> = store
+            .state()
+            .iter()
+            .filter(|h| h.metadata.namespace.as_deref() == Some(namespace))
+            .map(|h| (**h).clone())
+            .collect();
+        Some(targeting(&hpas, target))
+    }
 }
 
 /// The HPAs of `hpas` that scale `target`.

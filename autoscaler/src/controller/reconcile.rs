@@ -577,7 +577,7 @@ pub(super) async fn gather(
         recommendations,
         keys,
         placed,
-        others: super::owners::other_scalers(&ctx.client, &ns, &spec.scale_target_ref).await,
+        others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
     })
 }
 

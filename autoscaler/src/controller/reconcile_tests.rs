@@ -137,6 +137,7 @@ pub(super) fn test_context(
             Duration::from_secs(600),
         )),
         objects: std::sync::RwLock::new(None),
+        scalers: crate::controller::owners::HpaCache::default(),
     })
 }
 
