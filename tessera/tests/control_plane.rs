@@ -16,7 +16,7 @@
 //! e. RBAC: each role with its own ServiceAccount's token does its job; the writes it must not make are refused;
 //! f. the pool manager's capacity pods are bound by the real scheduler to GPU nodes;
 //! g. the activator finds its backends through EndpointSlices written by the real controller-manager;
-//! h. the KEDA operator (built from its published module) scales a real Deployment to zero and back from Tessera's
+//! h. the KEDA operator (built from its published module) scales a real Deployment 1 → 0 → 1 → 0 from Tessera's
 //!    external scaler over TLS with client certificates, and the autoscaler never writes `/scale` (issue 43).
 //!
 //! Processes talk over loopback only. `TESSERA_TEST_LOGS=1` shows the children's logs; `TESSERA_CONTROL_PLANE_KEEP=1`
@@ -2044,12 +2044,29 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
         )
         .await;
         let back = woke.elapsed();
+        // The new pod runs its model processes; the client gives up on the held request (no pod network here to
+        // answer it: e2e/README.md), the model goes idle, and KEDA takes it to zero once more.
+        let pods = eventually("the new model pod to run", Duration::from_secs(60), || async {
+            let p = running_pods(&client, "models", "llama").await;
+            (p.len() == 1).then_some(p)
+        })
+        .await;
+        let _model = model_processes(&pod_ip(&pods[0]), sidecar_port);
         held.abort();
+        let idle = Instant::now();
+        eventually(
+            "KEDA to scale the Deployment to zero again",
+            Duration::from_secs(120),
+            || async { (replicas(&deployments, "llama").await.0 == 0).then_some(()) },
+        )
+        .await;
+        let again = idle.elapsed();
         eprintln!(
             "KEDA: to zero {:.1} s after the ScaledObject (idleAfter 8 s, cooldownPeriod 5 s), back to one {:.1} s \
-             after the request was held (pollingInterval 2 s)",
+             after the request was held (pollingInterval 2 s), to zero again {:.1} s after the client left",
             to_zero.as_secs_f64(),
-            back.as_secs_f64()
+            back.as_secs_f64(),
+            again.as_secs_f64()
         );
         // Who wrote /scale: KEDA (the admin kubeconfig it runs with), never Tessera's autoscaler.
         let scale_writes = |user: &str| {
