@@ -48,10 +48,12 @@ impl Series {
     }
 }
 
+type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+
 /// The client.
 #[derive(Debug, Clone)]
 pub struct PromClient {
-    http: reqwest::Client,
+    http: hyper_util::client::legacy::Client<Https, http_body_util::Empty<bytes::Bytes>>,
     base: String,
     token: Option<String>,
     timeout: Duration,
@@ -102,31 +104,53 @@ impl PromClient {
                 "--prometheus {base:?} must be an http:// or https:// URL (e.g. http://prometheus.monitoring:9090)"
             )));
         }
-        // reqwest is built without a crypto provider of its own: the ring provider the other roles use.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = reqwest::Client::builder()
-            .timeout(cfg.timeout)
-            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)));
-        if let Some(path) = &cfg.ca_file {
-            let pem = std::fs::read(path).map_err(|source| PromError::File {
-                what: "--ca-file",
-                path: path.clone(),
-                source,
-            })?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-                PromError::Config(format!(
-                    "--ca-file {}: not a PEM certificate bundle: {e}",
-                    path.display()
-                ))
-            })?;
-            if certs.is_empty() {
-                return Err(PromError::Config(format!(
-                    "--ca-file {}: holds no PEM certificate",
-                    path.display()
-                )));
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let builder = match &cfg.ca_file {
+            // A private CA: trust exactly the bundle given, as `curl --cacert` does.
+            Some(path) => {
+                use rustls::pki_types::pem::PemObject;
+                let pem = std::fs::read(path).map_err(|source| PromError::File {
+                    what: "--ca-file",
+                    path: path.clone(),
+                    source,
+                })?;
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                    let cert = cert.map_err(|e| {
+                        PromError::Config(format!(
+                            "--ca-file {}: not a PEM certificate bundle: {e}",
+                            path.display()
+                        ))
+                    })?;
+                    roots.add(cert).map_err(|e| {
+                        PromError::Config(format!(
+                            "--ca-file {}: a certificate is unusable: {e}",
+                            path.display()
+                        ))
+                    })?;
+                }
+                if roots.is_empty() {
+                    return Err(PromError::Config(format!(
+                        "--ca-file {}: holds no PEM certificate",
+                        path.display()
+                    )));
+                }
+                let tls = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| PromError::Config(format!("TLS: {e}")))?
+                    .with_root_certificates(roots)
+                    .with_no_client_auth();
+                builder.with_tls_config(tls)
             }
-            builder = builder.tls_certs_merge(certs);
-        }
+            None => builder.with_provider_and_native_roots(provider).map_err(|e| {
+                PromError::Config(format!("cannot load the system's certificate authorities: {e}"))
+            })?,
+        };
+        let connector = builder.https_or_http().enable_http1().build();
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
         let token = match &cfg.bearer_token_file {
             Some(path) => Some(
                 std::fs::read_to_string(path)
@@ -140,9 +164,6 @@ impl PromClient {
             ),
             None => None,
         };
-        let http = builder
-            .build()
-            .map_err(|e| PromError::Config(format!("cannot build the HTTP client: {e}")))?;
         Ok(PromClient {
             http,
             base,
@@ -158,39 +179,15 @@ impl PromClient {
     }
 
     async fn get(&self, path: &str, params: &[(&str, String)], query: &str) -> Result<Data, PromError> {
-        let mut url = reqwest::Url::parse(&format!("{}{path}", self.base))
-            .map_err(|e| PromError::Config(format!("--prometheus {}: {e}", self.base)))?;
-        url.query_pairs_mut()
-            .extend_pairs(params.iter().map(|(k, v)| (*k, v.as_str())));
-        let mut req = self.http.get(url);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let transport = |e: reqwest::Error| {
-            if e.is_timeout() {
-                PromError::Timeout {
-                    url: self.base.clone(),
-                    after: self.timeout,
-                    query: query.to_string(),
-                }
-            } else {
-                PromError::Unreachable {
-                    url: self.base.clone(),
-                    reason: error_chain(&e),
-                }
-            }
+        let timeout = || PromError::Timeout {
+            url: self.base.clone(),
+            after: self.timeout,
+            query: query.to_string(),
         };
-        let resp = req.send().await.map_err(transport)?;
-        let status = resp.status();
-        let body = tessera_runtime::body::read_capped(resp, self.max_body)
+        // One deadline for the connection, the headers and the whole body.
+        let (status, body) = tokio::time::timeout(self.timeout, self.fetch(path, params, query))
             .await
-            .map_err(|e| match e {
-                tessera_runtime::body::BodyError::TooLarge { limit, .. } => PromError::TooLarge {
-                    query: query.to_string(),
-                    limit,
-                },
-                tessera_runtime::body::BodyError::Transport(e) => transport(e),
-            })?;
+            .map_err(|_| timeout())??;
         // Prometheus answers its own errors (400 bad_data, 422 execution, 503 timeout) as JSON: read those first.
         let env: Result<Envelope, _> = serde_json::from_slice(&body);
         match env {
@@ -236,6 +233,61 @@ impl PromClient {
                 reason: e.to_string(),
             }),
         }
+    }
+
+    async fn fetch(
+        &self,
+        path: &str,
+        params: &[(&str, String)],
+        query: &str,
+    ) -> Result<(http::StatusCode, bytes::Bytes), PromError> {
+        use http_body_util::BodyExt;
+        let encoded: String = params
+            .iter()
+            .map(|(k, v)| format!("{k}={}", percent_encode(v)))
+            .collect::<Vec<_>>()
+            .join("&");
+        let uri: http::Uri = format!("{}{path}?{encoded}", self.base)
+            .parse()
+            .map_err(|e| PromError::Config(format!("--prometheus {}: {e}", self.base)))?;
+        let mut req = http::Request::get(uri).header(http::header::ACCEPT, "application/json");
+        if let Some(t) = &self.token {
+            req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
+            .body(http_body_util::Empty::new())
+            .map_err(|e| PromError::Config(format!("cannot build the request: {e}")))?;
+        let unreachable = |e: &dyn std::error::Error| PromError::Unreachable {
+            url: self.base.clone(),
+            reason: error_chain(e),
+        };
+        let resp = self.http.request(req).await.map_err(|e| unreachable(&e))?;
+        let status = resp.status();
+        let too_large = || PromError::TooLarge {
+            query: query.to_string(),
+            limit: self.max_body,
+        };
+        if resp
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .is_some_and(|n| n > self.max_body as u64)
+        {
+            return Err(too_large());
+        }
+        // Streamed under the cap: at most the cap plus one frame is ever held.
+        let body = http_body_util::Limited::new(resp.into_body(), self.max_body)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    too_large()
+                } else {
+                    unreachable(e.as_ref())
+                }
+            })?
+            .to_bytes();
+        Ok((status, body))
     }
 
     /// An instant query at `at` (unix seconds): one point per series.
@@ -312,11 +364,24 @@ impl PromClient {
     }
 }
 
+/// Percent-encoding for a query parameter (PromQL is full of braces, quotes and brackets).
+fn percent_encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len() * 3);
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn fmt_ts(t: f64) -> String {
     format!("{t:.3}")
 }
 
-/// The error and its sources on one line ("connection refused" sits a few sources down in reqwest's errors).
+/// The error and its sources on one line ("connection refused" sits a few sources down in hyper's errors).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();

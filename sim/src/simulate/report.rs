@@ -647,7 +647,7 @@ impl Report {
                 o.sleep_wakes, o.sleepers_lost
             );
         }
-        note.push_str(" (docs/simulator.md, \"What sleep mode is worth\").");
+        note.push_str(" (docs/simulator-experiments.md, \"What sleep mode is worth\").");
         Some(note)
     }
 

@@ -150,7 +150,11 @@ impl TokenHistogram {
         if !(self.mean.is_finite() && self.mean > 0.0) {
             return Err(format!("mean must be above 0, got {}", self.mean));
         }
-        if self.buckets.iter().any(|b| b.le.is_nan() || b.count.is_nan() || b.count < 0.0) {
+        if self
+            .buckets
+            .iter()
+            .any(|b| b.le.is_nan() || b.count.is_nan() || b.count < 0.0)
+        {
             return Err("every bucket needs a bound and a count of 0 or more".into());
         }
         Ok(())
