@@ -463,8 +463,11 @@ fn run_blocking(args: &Args, assumptions: &[String]) -> anyhow::Result<()> {
         let jp = dir.join("report.json");
         std::fs::write(&jp, json).with_context(|| format!("cannot write {}", jp.display()))?;
         let hp = dir.join("report.html");
-        std::fs::write(&hp, html::render(&report))
-            .with_context(|| format!("cannot write {}", hp.display()))?;
+        std::fs::write(
+            &hp,
+            html::render_priced(&report, &summary::Price::for_report(&report, args.gpu_hour_price)),
+        )
+        .with_context(|| format!("cannot write {}", hp.display()))?;
         tracing::info!(json = %jp.display(), html = %hp.display(), "report written");
     }
     let price = summary::Price::for_report(&report, args.gpu_hour_price);
