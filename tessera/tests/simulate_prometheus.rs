@@ -308,6 +308,87 @@ async fn a_complete_history_becomes_a_scenario_file_and_the_first_screen() {
     assert_eq!(gpu_hours(&stdout(&again)), gpu_hours(&screen));
 }
 
+/// Over https with a private CA (`--ca-file`) and a bearer token (`--bearer-token-file`): the stand-in only answers
+/// a request carrying the token, and the client trusts only the given CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_private_ca_and_a_bearer_token() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pair = support::admission::pair();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &pair.cert_pem).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let route = |path: &'static str| {
+        get(
+            move |headers: axum::http::HeaderMap, Query(q): Query<HashMap<String, String>>| async move {
+                if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some("Bearer s3cret") {
+                    return (axum::http::StatusCode::FORBIDDEN, axum::Json(json!({}))).into_response();
+                }
+                axum::Json(answer(Holds::Everything, path, &q)).into_response()
+            },
+        )
+    };
+    use axum::response::IntoResponse;
+    let app = axum::Router::new()
+        .route("/api/v1/query", route("query"))
+        .route("/api/v1/query_range", route("query_range"));
+    let cert = rustls::pki_types::CertificateDer::from(pair.der.to_vec());
+    let key = rustls::pki_types::PrivateKeyDer::try_from(
+        rustls::pki_types::pem::PemObject::from_pem_slice(pair.key_pem.as_bytes())
+            .map(|k: rustls::pki_types::PrivatePkcs8KeyDer<'static>| k.secret_pkcs8_der().to_vec())
+            .unwrap(),
+    )
+    .unwrap();
+    let config = std::sync::Arc::new(
+        rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .unwrap(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(tessera_runtime::serve::serve_tls(
+        listener,
+        app,
+        tessera_runtime::serve::ConnLimits::default(),
+        move || config.clone(),
+        std::future::pending(),
+    ));
+    let url = format!("https://localhost:{port}");
+    let (ca_s, token_s) = (ca.display().to_string(), token.display().to_string());
+    // With the CA and the token: a report.
+    let (out, _d) = simulate_prometheus(
+        url.clone(),
+        &[
+            "--ca-file",
+            &ca_s,
+            "--bearer-token-file",
+            &token_s,
+            "--strategies",
+            "static,tessera",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("tessera "), "{}", stdout(&out));
+    // Without the token: the 403 is named with the flag to pass.
+    let (out, _d) = simulate_prometheus(url.clone(), &["--ca-file", &ca_s]).await;
+    assert!(
+        stderr(&out).contains("HTTP 403") && stderr(&out).contains("--bearer-token-file"),
+        "{}",
+        stderr(&out)
+    );
+    // Without the CA: the certificate is not trusted, and the error says the connection failed.
+    let (out, _d) = simulate_prometheus(url, &["--bearer-token-file", &token_s]).await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cannot reach Prometheus") && stderr(&out).contains("pass --ca-file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The real thing: Debian's Prometheus scraping emulators that replay a known trace.
 // ---------------------------------------------------------------------------------------------------------------

@@ -257,9 +257,16 @@ impl PromClient {
         let req = req
             .body(http_body_util::Empty::new())
             .map_err(|e| PromError::Config(format!("cannot build the request: {e}")))?;
-        let unreachable = |e: &dyn std::error::Error| PromError::Unreachable {
-            url: self.base.clone(),
-            reason: error_chain(e),
+        let unreachable = |e: &dyn std::error::Error| {
+            let mut reason = error_chain(e);
+            if reason.contains("certificate") {
+                reason
+                    .push_str(" (the server's certificate is not trusted here: pass --ca-file with its CA)");
+            }
+            PromError::Unreachable {
+                url: self.base.clone(),
+                reason,
+            }
         };
         let resp = self.http.request(req).await.map_err(|e| unreachable(&e))?;
         let status = resp.status();
