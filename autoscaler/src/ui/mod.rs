@@ -379,6 +379,51 @@ mod tests {
         assert_eq!(names, ["b"], "a was last seen 66 s ago, over the 60 s horizon");
     }
 
+    #[tokio::test]
+    async fn the_savings_page_is_served_from_the_pages_own_history() {
+        use tower::ServiceExt;
+        async fn get(store: &Arc<Store>, path: &'static str) -> (axum::http::StatusCode, String) {
+            let r = router(store.clone())
+                .oneshot(
+                    axum::http::Request::get(path)
+                        .body(axum::body::Body::empty())
+                        .expect("request"),
+                )
+                .await
+                .expect("answer");
+            let status = r.status();
+            let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.expect("body");
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+        let empty = Arc::new(Store::new(Settings::default(), true, 0, Duration::from_secs(600)));
+        let (status, page) = get(&empty, "/ui/savings").await;
+        assert_eq!(status, axum::http::StatusCode::OK);
+        assert!(page.contains("No history yet"), "{page}");
+        // Three minutes observed: the day so far becomes the scenario `simulate` runs.
+        let store = Arc::new(Store::new(Settings::default(), true, 0, Duration::from_secs(600)));
+        let minute = now_ms() / 60_000 * 60_000;
+        for back in [3, 2, 1] {
+            let mut o = obs("chat", None);
+            o.replicas.current = 1;
+            o.signals.requests_per_second = Some(1.0);
+            let at = minute - back * 60_000;
+            store.observe_model(o, at);
+            store.record(at);
+        }
+        let (status, page) = get(&store, "/ui/savings").await;
+        assert_eq!(status, axum::http::StatusCode::OK);
+        assert!(
+            page.contains("What Tessera would save") && page.contains("ml/chat"),
+            "{page}"
+        );
+        let (status, yaml) = get(&store, "/ui/savings.yaml").await;
+        assert_eq!(status, axum::http::StatusCode::OK);
+        assert!(
+            yaml.contains("trace: observed") && yaml.contains("name: ml/chat"),
+            "{yaml}"
+        );
+    }
+
     #[test]
     fn the_page_says_where_history_starts_and_lists_every_model() {
         let store = Store::new(
