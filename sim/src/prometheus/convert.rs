@@ -315,7 +315,9 @@ pub fn scenario(
                 observed: Some(ObservedTraffic {
                     step,
                     requests: StepCounts(requests),
-                    finish_to_arrival: secs(o.e2e_mean).unwrap_or_default(),
+                    // Milliseconds are all this shift can claim (a mean over the window), and all a reader needs.
+                    finish_to_arrival: secs(o.e2e_mean.map(|x| (x * 1000.0).round() / 1000.0))
+                        .unwrap_or_default(),
                     prompt_tokens,
                     output_tokens,
                 }),
