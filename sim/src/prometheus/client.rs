@@ -402,3 +402,65 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A range longer than Prometheus's per-query limit is asked in chunks and joined into one series per label
+    /// set, every step once; an answer over the cap is refused.
+    #[tokio::test]
+    async fn long_ranges_are_chunked_and_joined_and_large_answers_refused() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = calls.clone();
+        let app = axum::Router::new().route(
+            "/api/v1/query_range",
+            axum::routing::get(
+                move |axum::extract::Query(q): axum::extract::Query<BTreeMap<String, String>>| {
+                    let seen = seen.clone();
+                    async move {
+                        seen.fetch_add(1, Ordering::Relaxed);
+                        let n = |k: &str| q[k].parse::<f64>().unwrap();
+                        let (start, end, step) = (n("start"), n("end"), n("step"));
+                        let mut values = Vec::new();
+                        let mut t = start;
+                        while t <= end + 1e-9 {
+                            values.push(serde_json::json!([t, format!("{t}")]));
+                            t += step;
+                        }
+                        axum::Json(
+                            serde_json::json!({"status": "success", "data": {"resultType": "matrix",
+                            "result": [{"metric": {"model_name": "m"}, "values": values}]}}),
+                        )
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let cfg = |max_body_bytes| ClientConfig {
+            url: url.clone(),
+            bearer_token_file: None,
+            ca_file: None,
+            timeout: Duration::from_secs(10),
+            max_body_bytes,
+        };
+        let c = PromClient::new(&cfg(DEFAULT_MAX_BODY_BYTES)).unwrap();
+        let steps = 25_000;
+        let s = c
+            .query_range("x", 1000.0, 1000.0 + steps as f64, 1.0)
+            .await
+            .unwrap();
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].points.len(), steps + 1);
+        assert!(s[0].points.windows(2).all(|w| w[1].0 - w[0].0 == 1.0));
+        let small = PromClient::new(&cfg(10_000)).unwrap();
+        let err = small.query_range("x", 0.0, 5000.0, 1.0).await.unwrap_err();
+        assert!(matches!(err, PromError::TooLarge { .. }), "{err}");
+    }
+}

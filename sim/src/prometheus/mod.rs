@@ -216,10 +216,25 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         "reading Prometheus"
     );
 
-    // Requests finished per step: the raw counters, one series per pod, differenced here.
-    let counters = client
-        .query_range(&sel(finished_metric), grid.start, end, grid.step)
-        .await?;
+    // Requests finished per step: the raw counters, one series per pod, differenced here. Asked model by model, so
+    // one answer holds one model's pods, not the cluster's (each answer is capped).
+    let mut counters = Vec::new();
+    for name in &names {
+        let m = format!(
+            "model_name=\"{}\"{}",
+            name.replace('\\', "\\\\").replace('"', "\\\""),
+            if f.is_empty() {
+                String::new()
+            } else {
+                format!(",{f}")
+            }
+        );
+        counters.extend(
+            client
+                .query_range(&format!("{finished_metric}{{{m}}}"), grid.start, end, grid.step)
+                .await?,
+        );
+    }
     // Replicas: pods exporting vLLM's running gauge.
     let replicas = client
         .query_range(
