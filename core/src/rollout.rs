@@ -9,7 +9,7 @@
 //!   ([`Urgency`]): more memory while vLLM preempts (preemptions recompute work and hurt latency now), or a bigger
 //!   compute share while a replica's TTFT p95 is over the objective (a replica started on a smaller share stays
 //!   on it until replaced, and each sync it breaches the SLO guard adds a replica instead — measured on the
-//!   simulator's default scenario, `docs/simulator.md`, "The allocation in force, and urgent compute growth").
+//!   simulator's default scenario, `docs/simulator-experiments.md`, "The allocation in force, and urgent compute growth").
 //!   Values fixed in the policy (`gpu.memory: 10240`, `gpu.computeFraction: "0.25"`) always win over the
 //!   recommendation.
 //!
@@ -545,7 +545,7 @@ pub fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
         Drift::Grow if urgent => RollReason::UrgentGrowth,
         Drift::Grow if lasted => RollReason::Grow,
         // A shrink is worth a restart only to give memory back (measured: compute-only shrink rolls cost
-        // functions-day 1.3% more GPU-hours and 0.3 point of attainment, docs/simulator.md).
+        // functions-day 1.3% more GPU-hours and 0.3 point of attainment, docs/simulator-experiments.md).
         Drift::Shrink if lasted && shrinks_memory(&target, &input.pods, cfg.drift_threshold) => {
             RollReason::Shrink
         }

@@ -3,6 +3,7 @@
 pub mod emulator;
 pub mod model;
 pub mod pack;
+pub mod prometheus;
 pub mod sharing_calc;
 pub mod simulate;
 pub mod trace;

@@ -89,13 +89,31 @@ fn summary_of(stdout: &str, strategies: &[&str]) -> BTreeMap<String, f64> {
 
 #[test]
 fn default_scenario_runs_with_no_arguments_and_prints_the_table() {
-    let out = simulate(&[], Duration::from_secs(300));
+    let out = simulate(&["--explain"], Duration::from_secs(300));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The first screen: one short table (today = static on a scenario file) and a line of advice per model, before
+    // anything explained.
+    let (first, explained) = stdout
+        .split_once("──── explained ────")
+        .expect("--explain adds the long report after the first screen");
+    assert!(
+        first.contains("saved vs today") && first.contains("static=today") && first.contains("per GPU-hour"),
+        "{first}"
+    );
+    assert!(
+        first.contains("What to do (from Tessera's run):") && first.contains("  support-chat: "),
+        "{first}"
+    );
+    assert!(
+        first.lines().count() < 30,
+        "the first screen fits a screen:\n{first}"
+    );
+    assert!(explained.contains("× lower bound"), "{explained}");
     for row in [
         "GPU-hours",
         "TTFT p95",
@@ -268,6 +286,40 @@ fn hand_worked_tiny_scenario_from_files() {
             assert!((st["gpu_hours"].as_f64().unwrap() - hour).abs() < 1e-9, "{st}");
         }
     }
+}
+
+/// A peer whose declared share cannot hold a model's max_model_len cannot run it: that strategy is reported unable,
+/// with vLLM's reason, and every other strategy finishes.
+#[test]
+fn one_strategys_failure_is_not_the_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("long.yaml");
+    std::fs::write(
+        &path,
+        "name: long\nduration: 5m\ngpu: a100-80gb\nmodels:\n  - name: chat\n    preset: llama-3.1-8b\n    slo_ttft: 2s\n    \
+         max_replicas: 2\n    hpa_requests_per_second_per_replica: 4\n    traffic: { trace: azure_llm, rate: 0.1 }\n  \
+         - name: long-context\n    preset: llama-3.1-8b\n    max_model_len: 131072\n    slo_ttft: 2s\n    \
+         max_replicas: 2\n    hpa_requests_per_second_per_replica: 4\n    hami: { cores: 0.5, memory_fraction: 0.3 }\n    \
+         traffic: { trace: azure_llm, rate: 0.05 }\n",
+    )
+    .unwrap();
+    let o = simulate(&[&path.display().to_string()], Duration::from_secs(120));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        stdout.contains("hami-static      unable  cannot run long-context: The model's max seq len (131072) is larger than \
+                         the maximum number of tokens that can be stored in KV cache"),
+        "{stdout}"
+    );
+    let s = summary_of(
+        &stdout,
+        &["static", "hpa", "kubeai", "aibrix", "keda_http", "tessera"],
+    );
+    assert!(s["gpu_hours_tessera"] > 0.0, "{s:?}");
 }
 
 #[test]

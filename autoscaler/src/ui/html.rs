@@ -523,7 +523,7 @@ pub fn render(view: &View, history: &History) -> String {
     };
     let _ = write!(
         out,
-        r#"<span class="badge">{mode}</span><span class="meta">updated {} · history since {} (kept in memory: a restart starts it afresh)</span></header><main>"#,
+        r#"<span class="badge">{mode}</span><span class="meta">updated {} · history since {} (kept in memory: a restart starts it afresh) · <a href="/ui/savings">what Tessera would save over the last day</a></span></header><main>"#,
         time(view.at_ms),
         time(view.history_since_ms)
     );

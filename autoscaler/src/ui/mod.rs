@@ -7,10 +7,12 @@
 //! - [`history`]: 24 h at one point a minute, in memory, bounded.
 //! - [`html`]: the HTML, inline SVG and a few lines of sorting script.
 //! - [`local`]: `tessera autoscaler --no-kube --sidecar NAME=URL`, the page on one machine with no cluster.
+//! - [`day_savings`]: `/ui/savings`, what Tessera would save over the last day, through the simulator.
 //!
 //! The controller publishes into a [`Store`] after each reconcile ([`Store::observe_model`]); the page reads a
 //! snapshot of it. Nothing here can change what the controller decides.
 
+pub mod day_savings;
 pub mod history;
 pub mod html;
 pub mod local;
@@ -113,6 +115,7 @@ pub struct Store {
     /// A model not observed for this long is gone (deleted, or this replica lost the lead).
     forget_after: Duration,
     inner: Mutex<Inner>,
+    savings: day_savings::Cache,
 }
 
 /// Unix ms now.
@@ -129,6 +132,7 @@ impl Store {
             started_ms,
             forget_after,
             inner: Mutex::new(Inner::default()),
+            savings: day_savings::Cache::default(),
         }
     }
 
@@ -224,6 +228,39 @@ impl Store {
         html::render(&v, &inner.history)
     }
 
+    /// `/ui/savings`: the last day's history through the simulator (cached for [`day_savings::REFRESH`]).
+    pub fn savings(&self, at_ms: u64) -> day_savings::Answer {
+        let minute = u32::try_from(at_ms / 60_000).unwrap_or(u32::MAX);
+        self.savings.get(minute, || {
+            let (models, gpu) = match self.inner.lock() {
+                Ok(mut inner) => {
+                    let snap = self.snapshot_locked(&mut inner, at_ms);
+                    let gpu = day_savings::gpu_for_memory(snap.models.iter().find_map(|m| m.gpu_memory_mib));
+                    let models = inner
+                        .history
+                        .models
+                        .iter()
+                        .map(|(key, series)| day_savings::DayModel {
+                            name: key.clone(),
+                            minutes: series
+                                .points()
+                                .map(|(m, p)| (*m, p.requests_per_second, p.replicas))
+                                .collect(),
+                            mean_output_tokens: snap.models.iter().find(|m| &m.key() == key).and_then(|m| {
+                                let rps = m.signals.requests_per_second.filter(|r| *r > 0.0)?;
+                                Some(m.signals.generation_tokens_per_second? / rps)
+                            }),
+                        })
+                        .collect::<Vec<_>>();
+                    (models, gpu)
+                }
+                Err(_) => (Vec::new(), "a100-80gb"),
+            };
+            // The history lock is released before simulating: the page and the recorder go on meanwhile.
+            day_savings::compute(&models, minute, gpu, Some(self.settings.price_per_gpu_hour))
+        })
+    }
+
     /// Records the history every `every` until shutdown, so charts fill in whether or not anyone looks.
     pub async fn run_recorder(self: Arc<Self>, every: Duration, mut shutdown: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(every);
@@ -252,10 +289,35 @@ async fn serve_ui(State(store): State<Arc<Store>>) -> impl IntoResponse {
     }
 }
 
+async fn serve_savings(State(store): State<Arc<Store>>) -> impl IntoResponse {
+    // A day's simulation is seconds of CPU: off the async workers.
+    match tokio::task::spawn_blocking(move || store.savings(now_ms())).await {
+        Ok(a) => Html(a.html).into_response(),
+        Err(_) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "simulating the day failed",
+        )
+            .into_response(),
+    }
+}
+
+async fn serve_savings_yaml(State(store): State<Arc<Store>>) -> impl IntoResponse {
+    match tokio::task::spawn_blocking(move || store.savings(now_ms())).await {
+        Ok(a) => ([(axum::http::header::CONTENT_TYPE, "application/yaml")], a.yaml).into_response(),
+        Err(_) => (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "simulating the day failed",
+        )
+            .into_response(),
+    }
+}
+
 /// `/ui` (and `/` redirecting to it) over `store`.
 pub fn router(store: Arc<Store>) -> Router {
     Router::new()
         .route("/ui", get(serve_ui))
+        .route("/ui/savings", get(serve_savings))
+        .route("/ui/savings.yaml", get(serve_savings_yaml))
         .route("/", get(|| async { Redirect::temporary("/ui") }))
         .with_state(store)
 }
@@ -315,6 +377,51 @@ mod tests {
             .map(|m| m.name.clone())
             .collect();
         assert_eq!(names, ["b"], "a was last seen 66 s ago, over the 60 s horizon");
+    }
+
+    #[tokio::test]
+    async fn the_savings_page_is_served_from_the_pages_own_history() {
+        use tower::ServiceExt;
+        async fn get(store: &Arc<Store>, path: &'static str) -> (axum::http::StatusCode, String) {
+            let r = router(store.clone())
+                .oneshot(
+                    axum::http::Request::get(path)
+                        .body(axum::body::Body::empty())
+                        .expect("request"),
+                )
+                .await
+                .expect("answer");
+            let status = r.status();
+            let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.expect("body");
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+        let empty = Arc::new(Store::new(Settings::default(), true, 0, Duration::from_secs(600)));
+        let (status, page) = get(&empty, "/ui/savings").await;
+        assert_eq!(status, axum::http::StatusCode::OK);
+        assert!(page.contains("No history yet"), "{page}");
+        // Three minutes observed: the day so far becomes the scenario `simulate` runs.
+        let store = Arc::new(Store::new(Settings::default(), true, 0, Duration::from_secs(600)));
+        let minute = now_ms() / 60_000 * 60_000;
+        for back in [3, 2, 1] {
+            let mut o = obs("chat", None);
+            o.replicas.current = 1;
+            o.signals.requests_per_second = Some(1.0);
+            let at = minute - back * 60_000;
+            store.observe_model(o, at);
+            store.record(at);
+        }
+        let (status, page) = get(&store, "/ui/savings").await;
+        assert_eq!(status, axum::http::StatusCode::OK);
+        assert!(
+            page.contains("What Tessera would save") && page.contains("ml/chat"),
+            "{page}"
+        );
+        let (status, yaml) = get(&store, "/ui/savings.yaml").await;
+        assert_eq!(status, axum::http::StatusCode::OK);
+        assert!(
+            yaml.contains("trace: observed") && yaml.contains("name: ml/chat"),
+            "{yaml}"
+        );
     }
 
     #[test]

@@ -53,7 +53,7 @@ impl ConsolidationConfig {
 
     /// A pool's rule (the pool manager's config, the simulator's scenario): `settle` unset settles for the pool's
     /// `empty_grace` — a GPU that has stayed emptiable as long as an empty GPU is kept is worth emptying
-    /// (measured in the simulator: `docs/simulator.md`, "Consolidation").
+    /// (measured in the simulator: `docs/simulator-experiments.md`, "Consolidation").
     pub fn for_pool(
         enabled: bool,
         max_moves: usize,
@@ -73,7 +73,7 @@ impl ConsolidationConfig {
 impl Default for ConsolidationConfig {
     /// On, two moves per GPU, ten minutes of settling, thirty minutes to finish. The pool and the simulator settle
     /// for their empty grace instead (ten minutes by default): a GPU that has stayed emptiable as long as an empty
-    /// GPU is kept is worth emptying. Measured in the simulator (`docs/simulator.md`, "Consolidation").
+    /// GPU is kept is worth emptying. Measured in the simulator (`docs/simulator-experiments.md`, "Consolidation").
     fn default() -> Self {
         Self {
             enabled: true,

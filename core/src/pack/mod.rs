@@ -36,7 +36,7 @@ pub const MAX_COMPUTE_OVERSUBSCRIPTION_MILLI: u32 = 4 * GPU_COMPUTE_MILLI;
 /// How many GPUs' worth of compute shares an MPS pool hands out per GPU unless told otherwise. An MPS share
 /// caps a client's SMs and reserves nothing, and a fractional replica is busy only part of the time, so caps
 /// adding up to twice the GPU meet rarely; when they do, each tenant gets SMs in proportion to its cap and
-/// the SLO guard adds capacity. Measured in the simulator (`docs/simulator.md`, "Oversubscribed MPS caps"):
+/// the SLO guard adds capacity. Measured in the simulator (`docs/simulator-experiments.md`, "Oversubscribed MPS caps"):
 /// against 1.0 it holds 10% fewer GPU-hours on the default scenario and 17% fewer on the quiet mix, at the
 /// same attainment; beyond 2.0 it gains little. Time-slicing and unshared pools have no caps: 1.0.
 pub const DEFAULT_MPS_COMPUTE_OVERSUBSCRIPTION: f64 = 2.0;

@@ -1,5 +1,5 @@
 //! Placing a replica beside sleeping pods (vLLM sleep mode), the rule the simulator's sleep-mode run models and the
-//! webhook will follow once the controller can put a pod to sleep (`docs/simulator.md`, "What sleep mode is
+//! webhook will follow once the controller can put a pod to sleep (`docs/simulator-experiments.md`, "What sleep mode is
 //! worth").
 //!
 //! A sleeping pod's weights sit in host memory, but its CUDA context does not move: it can wake only on the GPU it

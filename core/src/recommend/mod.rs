@@ -22,7 +22,7 @@
 //! 4. At least one `max_model_len` sequence (vLLM refuses to start with less), and at least one block; when the
 //!    replica count scales on KV utilization (`kv_target_utilization`, the policy's `targets.kvCacheUtilization`),
 //!    that sequence *below* the target: `max_model_len / target` tokens. A smaller cache lets one request ask for
-//!    another replica, whose weights cost many times the cache it relieves (measured: docs/simulator.md, "The KV
+//!    another replica, whose weights cost many times the cache it relieves (measured: docs/simulator-experiments.md, "The KV
 //!    floor below the replica count's target").
 //! 5. Bounded step relative to the previous recommendation (or the current size when there is none): at most
 //!    `max_step_up ×` up and `max_step_down_ratio` down per update. The floor of rule 2 still wins over the step

@@ -75,7 +75,7 @@ pub fn window_start<T>(
 /// the window ([`pooled_ttft`]), when every sidecar reports its window's buckets. A mean of per-replica p95s
 /// is biased upward, and more so the more replicas share the traffic: each sees fewer requests, and the p95 of
 /// a small sample is close to its maximum, so adding replicas would raise the signal that asked for them
-/// (measured in the simulator: `docs/simulator.md`, "The model's TTFT p95"). With a sidecar too old to report
+/// (measured in the simulator: `docs/simulator-experiments.md`, "The model's TTFT p95"). With a sidecar too old to report
 /// buckets, every replica keeps its own p95.
 pub fn scale_input(
     current_replicas: u32,

@@ -5,7 +5,7 @@
 //! target) or another replica ([`super::decide`]). When both chase the same TTFT target, every excursion while
 //! the share is still settling adds a replica, and a model ends up with three replicas at 0.4 of a GPU where one
 //! at 0.8 would do — paying its weights' memory three times (measured: the default scenario's chat models at
-//! 3.2 replicas each, `docs/simulator.md`).
+//! 3.2 replicas each, `docs/simulator-experiments.md`).
 //!
 //! The rule, applied to the replica policy before [`super::decide`]:
 //! - **While the share can still grow** (fractional sharing, the share managed by Tessera, below the whole GPU),
@@ -514,7 +514,7 @@ pub fn decide(input: &ScaleInput, joint: &JointPolicy, state: &ScaleState, now: 
 /// Whether the TTFT target led a recommendation above the current count while no request waited: every fresh
 /// replica reported an empty queue and the activator held nothing. Then the latency is prefill, not queueing: a
 /// replica adds its weights' memory and takes only the bursts it splits off (measured on the default scenario,
-/// docs/simulator.md, "Why the chat models sit at four replicas"). The decision is not changed — the target is
+/// docs/simulator-experiments.md, "Why the chat models sit at four replicas"). The decision is not changed — the target is
 /// the headroom the SLO guard needs — but the status and the simulator's report say which constraint bound it.
 /// Missing queue data (no fresh replica, or one without a queue reading) never counts as "nothing waits".
 pub fn latency_without_queue(input: &ScaleInput, d: &ScaleDecision) -> bool {

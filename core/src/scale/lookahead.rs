@@ -13,7 +13,7 @@
 //! request, and a slope read off it is noise. Ungated, the look-ahead added 10% GPU-hours on the quiet mix, each
 //! false alarm holding a replica for the 5-minute scale-down window. Gated at 50 first tokens, over 96 seeds of the
 //! default scenario the median per-seed GPU-hour ratio is ×1.000 (the mean +1%) and the one seed under 99% comes
-//! over it; the quiet mix and the 24-hour tools scenario do not move (`docs/simulator.md`, "A TTFT guard that looks
+//! over it; the quiet mix and the 24-hour tools scenario do not move (`docs/simulator-experiments.md`, "A TTFT guard that looks
 //! ahead by the lead time").
 //!
 //! Fails safe: a round without fresh data, or with too few first tokens, adds no sample, so a gap never creates a

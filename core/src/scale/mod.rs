@@ -164,7 +164,7 @@ pub const P99_MIN_FIRST_TOKENS: f64 = lookahead::MIN_FIRST_TOKENS;
 /// within the SLO": a p95 can sit under the objective while the slowest 1% miss it, and the guard never sees them.
 /// Measured in the simulator over seeds 1–48 of the default scenario: GPU-hours ×1.018 (median of the per-seed
 /// ratios), attainment +0.11 points (median), worst seed 99.12% instead of 99.01%; the quiet mix and the day of
-/// tools do not move (`docs/simulator.md`, "A guard on the p99").
+/// tools do not move (`docs/simulator-experiments.md`, "A guard on the p99").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SloPercentile {
     /// The 95th percentile.

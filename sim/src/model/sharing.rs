@@ -29,10 +29,10 @@
 //! in its GPU part with probability equal to its duty, independently, the step's GPU part progresses at its
 //! alone speed times the expected rate over the combinations ([`SharingModel::step`]). For identical tenants
 //! this is exactly conserving in the steady state: N tenants' aggregate GPU work per second equals the chance
-//! that at least one of them is in its GPU part, never more than the GPU (see `docs/simulator.md`).
+//! that at least one of them is in its GPU part, never more than the GPU (see `docs/simulator-experiments.md`).
 //!
 //! The constants are calibrated on published measurements in their absolute figures (sources, figures and the
-//! fit in `docs/simulator.md`, "Sharing physics"); the tests in `sharing/tests.rs` reproduce each within its
+//! fit in `docs/simulator-experiments.md`, "Sharing physics"); the tests in `sharing/tests.rs` reproduce each within its
 //! stated error, and a property test checks conservation for random tenants, shares and batches.
 
 use serde::{Deserialize, Serialize};
@@ -44,14 +44,14 @@ pub const MPS_BANDWIDTH_KNEE: f64 = 0.4;
 
 /// The share of the GPU's time lost to switching when time-sliced tenants take turns (context switches, caches
 /// refilled, kernels that cannot overlap across contexts). Fitted on the NVIDIA Run:ai / Nebius benchmark
-/// (H100 NVL, Llama-3.1-8B at 0.5 GPU, time-sliced): see `docs/simulator.md`.
+/// (H100 NVL, Llama-3.1-8B at 0.5 GPU, time-sliced): see `docs/simulator-experiments.md`.
 pub const TIME_SLICE_SWITCH_LOSS: f64 = 0.28;
 
 /// Host time per step independent of model and batch (the engine loop, the scheduler's fixed work, one
 /// GPU→CPU sync), seconds. With [`HOST_PER_BILLION_PARAMS_S`] and [`HOST_PER_SEQ_S`] it reproduces the
 /// ~4 ms GPU bubble per decode step vLLM's multi-step RFC (#6854) profiles for an 8B model and the 24% GPU idle
 /// time Hugging Face measured for an 8B model at batch 32 with 8K-token contexts on an H200 (synchronous
-/// continuous batching). See `docs/simulator.md`.
+/// continuous batching). See `docs/simulator-experiments.md`.
 pub const HOST_BASE_S: f64 = 0.001;
 
 /// Host time per billion parameters, seconds: launches and per-layer bookkeeping grow with the layer count,

@@ -178,6 +178,12 @@ fn opt_secs(v: Option<f64>) -> String {
 
 /// Renders the report as one HTML page.
 pub fn render(r: &Report) -> String {
+    render_priced(r, &super::summary::Price::for_report(r, None))
+}
+
+/// [`render`] with the price the run was given (`--gpu-hour-price`): the page opens with the first screen's table,
+/// the cost against today's setup, and the advice per model, then the charts and the details.
+pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
@@ -210,6 +216,7 @@ pub fn render(r: &Report) -> String {
     if let Some(note) = r.sleep_mode_note() {
         let _ = write!(s, "<p><b>Not yet in the controller:</b> {}</p>", esc(&note));
     }
+    at_a_glance(&mut s, r, price);
     s.push_str("<h2>Summary</h2><table><tr><th></th>");
     for st in &r.strategies {
         let _ = write!(s, "<th>{}</th>", esc(&st.strategy));
@@ -373,6 +380,70 @@ pub fn render(r: &Report) -> String {
         esc(&r.summary_line())
     );
     s
+}
+
+/// The first screen of the terminal output as HTML: per strategy GPU-hours, cost, saved vs today, TTFT
+/// attainment; strategies that could not run, with vLLM's reason; what to do per model.
+fn at_a_glance(s: &mut String, r: &Report, price: &super::summary::Price) {
+    let today = super::summary::today(r);
+    let usd = |h: f64| h * price.usd_per_gpu_hour;
+    s.push_str(
+        "<h2>At a glance</h2><table><tr><th>strategy</th><th>GPU-hours</th><th>cost</th><th>saved vs today</th>\
+         <th>TTFT within SLO</th></tr>",
+    );
+    if let Some((h, "observed")) = today {
+        let _ = write!(
+            s,
+            "<tr><td>today (observed)</td><td>{h:.2}</td><td>${:.2}</td><td>—</td><td>—</td></tr>",
+            usd(h)
+        );
+    }
+    for st in &r.strategies {
+        let saved = match today {
+            Some((h, _)) if h > 0.0 => format!(
+                "${:.2} ({:.0}%)",
+                usd(h - st.gpu_hours),
+                (1.0 - st.gpu_hours / h) * 100.0
+            ),
+            _ => "—".to_string(),
+        };
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td>{:.2}</td><td>${:.2}</td><td>{saved}</td><td>{:.1}%</td></tr>",
+            esc(&st.strategy),
+            st.gpu_hours,
+            usd(st.gpu_hours),
+            st.slo_attainment * 100.0
+        );
+    }
+    for f in &r.failures {
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td colspan=\"4\" style=\"text-align:left\">unable: {}</td></tr>",
+            esc(&f.strategy),
+            esc(&f.line())
+        );
+    }
+    let _ = write!(
+        s,
+        "</table><p>${:.2} per GPU-hour ({}). Today: {}.</p>",
+        price.usd_per_gpu_hour,
+        esc(&price.source),
+        match today {
+            Some((_, "observed")) => "the replicas the metrics showed, one whole GPU each",
+            Some(_) => "the static strategy, a whole GPU per replica fixed for the peak",
+            None => "not known",
+        }
+    );
+    if let Some(t) = r.strategy("tessera") {
+        s.push_str("<h3>What to do</h3><ul>");
+        for i in 0..t.models.len() {
+            if let Some(line) = super::summary::advice(r, t, i) {
+                let _ = write!(s, "<li>{}</li>", esc(&line));
+            }
+        }
+        s.push_str("</ul>");
+    }
 }
 
 #[cfg(test)]

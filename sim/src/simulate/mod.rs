@@ -19,7 +19,9 @@ pub mod observe;
 pub mod peers;
 pub mod report;
 pub mod scenario;
+pub mod summary;
 pub mod sweep;
+pub mod today;
 pub mod world;
 
 use std::io::IsTerminal;
@@ -40,10 +42,24 @@ use world::World;
 /// `tessera simulate` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Scenario file (YAML; see docs/simulator.md). Without it, the bundled default scenario runs: nine models
-    /// on A100-80GB replaying the Azure LLM 2023 and Azure Functions 2019 traces.
+    /// Scenario file (YAML; see docs/simulator.md), the same as --scenario.
+    #[arg(conflicts_with = "scenario", value_name = "SCENARIO")]
+    pub file: Option<PathBuf>,
+    /// Scenario file (YAML; see docs/simulator.md). Without it (and without --prometheus), the bundled default
+    /// scenario runs: nine models on A100-80GB replaying the Azure LLM 2023 and Azure Functions 2019 traces.
     #[arg(long, env = "TESSERA_SIMULATE_SCENARIO")]
     pub scenario: Option<PathBuf>,
+    /// Reading the scenario from a Prometheus server instead.
+    #[command(flatten)]
+    pub prom: crate::prometheus::PromArgs,
+    /// After the short table and the advice, print every number and every reason (bounds, utilization, what
+    /// held each model's replica count, the assumptions made).
+    #[arg(long, env = "TESSERA_SIMULATE_EXPLAIN")]
+    pub explain: bool,
+    /// Price of one GPU-hour in dollars, for the cost columns (default: the GPU's on-demand list price, see
+    /// docs/simulator.md "What a GPU-hour costs").
+    #[arg(long, env = "TESSERA_SIMULATE_GPU_HOUR_PRICE", value_parser = parse_price)]
+    pub gpu_hour_price: Option<f64>,
     /// Seed for every random draw; overrides the scenario's.
     #[arg(long, env = "TESSERA_SIMULATE_SEED", conflicts_with = "seeds")]
     pub seed: Option<u64>,
@@ -74,6 +90,13 @@ pub struct Args {
 /// The seeds of a sweep (`--seeds`), parsed by [`sweep::parse_seeds`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seeds(pub Vec<u64>);
+
+fn parse_price(s: &str) -> Result<f64, String> {
+    match s.trim_start_matches('$').parse::<f64>() {
+        Ok(p) if p.is_finite() && p >= 0.0 => Ok(p),
+        _ => Err(format!("{s:?} is not a price in dollars per GPU-hour (e.g. 2.5)")),
+    }
+}
 
 fn parse_seeds_arg(spec: &str) -> Result<Seeds, sweep::SeedsError> {
     sweep::parse_seeds(spec).map(Seeds)
@@ -149,10 +172,23 @@ pub fn simulate_strategies(
         .iter()
         .any(|k| matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
     let mut sizing = Vec::new();
+    let mut failures: Vec<report::StrategyFailure> = Vec::new();
     if needs_sizing {
-        sizing = par_map(&(0..n).collect::<Vec<_>>(), |&m| size_static(sc, m, &tell))
+        match par_map(&(0..n).collect::<Vec<_>>(), |&m| size_static(sc, m, &tell))
             .into_iter()
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(s) => sizing = s,
+            // A model no whole GPU can run fails both strategies sized this way; the others still run.
+            Err(e) => {
+                for k in [StrategyKind::Static, StrategyKind::HamiStatic] {
+                    if kinds.contains(&k) {
+                        failures.push(report::StrategyFailure::of(k, &e));
+                    }
+                }
+                kinds.retain(|k| !matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
+            }
+        }
     }
     let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
     // `shown`: the run tells `progress` how far it got (an extra run beside it does not, so the bar does not jump).
@@ -192,7 +228,16 @@ pub fn simulate_strategies(
     let mut hpa_histories = None;
     let mut with_sleep = None;
     for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
-        let r = r?;
+        // One strategy's failure (a declared share vLLM would refuse to start in) is reported, not the run's.
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                if !(hpa_only_for_calibration && *kind == StrategyKind::Hpa) {
+                    failures.push(report::StrategyFailure::of(*kind, &e));
+                }
+                continue;
+            }
+        };
         if *kind == StrategyKind::Hpa {
             hpa_histories = Some(r.histories);
             if hpa_only_for_calibration {
@@ -216,11 +261,13 @@ pub fn simulate_strategies(
             run_on(w, StrategyKind::Tessera, initial.clone(), shown)
         })
         .into_iter();
-        if let Some(r) = runs.next() {
-            reports.push(r?.report);
+        match runs.next() {
+            Some(Ok(r)) => reports.push(r.report),
+            Some(Err(e)) => failures.push(report::StrategyFailure::of(StrategyKind::Tessera, &e)),
+            None => {}
         }
-        if let Some(r) = runs.next() {
-            let r = r?.report;
+        if let Some(Ok(r)) = runs.next() {
+            let r = r.report;
             with_sleep = Some(report::Outcome {
                 gpu_hours: r.gpu_hours,
                 slo_attainment: r.slo_attainment,
@@ -250,6 +297,18 @@ pub fn simulate_strategies(
         tessera_with_sleep: with_sleep,
         static_sizing: sizing,
         strategies: reports,
+        failures,
+        today: sc.models.iter().map(|m| m.today.clone()).collect(),
+        scale_to_zero_after_secs: sc
+            .models
+            .iter()
+            .map(|m| {
+                (m.min_replicas == 0)
+                    .then(|| m.scale_to_zero_after.map(|d| d.as_secs_f64()))
+                    .flatten()
+            })
+            .collect(),
+        slo_ttft_secs: sc.models.iter().map(|m| m.slo_ttft).collect(),
     })
 }
 
@@ -334,14 +393,33 @@ fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
 }
 
 /// Runs `tessera simulate`.
-pub async fn run(args: Args) -> anyhow::Result<()> {
+pub async fn run(mut args: Args) -> anyhow::Result<()> {
+    if let Some(f) = args.file.take() {
+        args.scenario = Some(f);
+    }
+    let mut assumptions = Vec::new();
+    if let Some(url) = args.prom.prometheus.clone() {
+        // Read, write, then simulate the file as written: the numbers are exactly what `tessera simulate FILE`
+        // gives, before or after an edit.
+        let fetched = crate::prometheus::fetch(&url, &args.prom).await?;
+        let path = args.prom.write_scenario.clone();
+        std::fs::write(&path, &fetched.yaml)
+            .with_context(|| format!("cannot write the scenario to {}", path.display()))?;
+        tracing::info!(scenario = %path.display(), models = fetched.file.models.len(), "scenario written");
+        eprintln!(
+            "Wrote the traffic Prometheus saw to {p}: edit it and run `tessera simulate {p}` again.",
+            p = path.display()
+        );
+        assumptions = fetched.assumptions;
+        args.scenario = Some(path);
+    }
     // The simulation is CPU-bound and synchronous: keep it off the async runtime's worker threads.
-    tokio::task::spawn_blocking(move || run_blocking(&args))
+    tokio::task::spawn_blocking(move || run_blocking(&args, &assumptions))
         .await
         .context("the simulation thread panicked")?
 }
 
-fn run_blocking(args: &Args) -> anyhow::Result<()> {
+fn run_blocking(args: &Args, assumptions: &[String]) -> anyhow::Result<()> {
     let started = Instant::now();
     let source = match &args.scenario {
         Some(p) => Source::File(p.clone()),
@@ -366,6 +444,11 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
         bar.set_position(t as u64);
     })?;
     bar.finish_and_clear();
+    if report.strategies.is_empty() && !report.failures.is_empty() {
+        // Nothing ran: there is no report to read, only the reasons.
+        let lines: Vec<String> = report.failures.iter().map(|f| f.line()).collect();
+        anyhow::bail!("no strategy could run the scenario:\n  {}", lines.join("\n  "));
+    }
     for z in &report.static_sizing {
         tracing::info!(model = %z.model, replicas = z.replicas, reason = %z.reason, "static sizing");
     }
@@ -380,15 +463,35 @@ fn run_blocking(args: &Args) -> anyhow::Result<()> {
         let jp = dir.join("report.json");
         std::fs::write(&jp, json).with_context(|| format!("cannot write {}", jp.display()))?;
         let hp = dir.join("report.html");
-        std::fs::write(&hp, html::render(&report))
-            .with_context(|| format!("cannot write {}", hp.display()))?;
+        std::fs::write(
+            &hp,
+            html::render_priced(&report, &summary::Price::for_report(&report, args.gpu_hour_price)),
+        )
+        .with_context(|| format!("cannot write {}", hp.display()))?;
         tracing::info!(json = %jp.display(), html = %hp.display(), "report written");
     }
+    let price = summary::Price::for_report(&report, args.gpu_hour_price);
     print_result(
         args,
         || report.markdown(),
         || report.summary_line(),
-        || report.table(),
+        || {
+            let mut o = summary::first_screen(&report, &price, assumptions);
+            if args.explain {
+                o.push_str("\n──── explained ────\n");
+                if !report.description.is_empty() {
+                    o.push_str(&format!("{}\n", report.description));
+                }
+                for a in assumptions {
+                    o.push_str(&format!("assumed: {a}\n"));
+                }
+                o.push_str(&report.table());
+            } else {
+                o.push_str(&report.summary_line());
+                o.push('\n');
+            }
+            o
+        },
     );
     Ok(())
 }

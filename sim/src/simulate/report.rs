@@ -62,6 +62,55 @@ pub struct Report {
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
     pub strategies: Vec<StrategyReport>,
+    /// Strategies that could not run the scenario (vLLM would refuse a replica), with the reason; the others ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<StrategyFailure>,
+    /// Per model, what it held and met where it was observed (`simulate --prometheus`); empty or `None` without.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub today: Vec<Option<super::today::TodayFile>>,
+    /// Per model, after how long idle Tessera may take it to zero (`None`: it keeps a replica).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scale_to_zero_after_secs: Vec<Option<f64>>,
+    /// Per model, the TTFT objective, seconds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slo_ttft_secs: Vec<f64>,
+}
+
+/// A strategy that could not run: which model stopped it, and the reason as vLLM (or the packer) gives it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StrategyFailure {
+    /// The strategy.
+    pub strategy: String,
+    /// The model it cannot run (empty when the failure is not one model's).
+    pub model: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl StrategyFailure {
+    /// From the error that stopped a strategy's run.
+    pub fn of(kind: super::StrategyKind, e: &super::SimError) -> StrategyFailure {
+        use super::SimError;
+        let (model, reason) = match e {
+            SimError::Engine { model, source } => (model.clone(), source.to_string()),
+            SimError::Pack { model, source } => (model.clone(), source.to_string()),
+            SimError::GpuShape(e) => (String::new(), e.to_string()),
+        };
+        StrategyFailure {
+            strategy: kind.name().to_string(),
+            model,
+            reason,
+        }
+    }
+
+    /// One line: "hami-static cannot run support-chat: …".
+    pub fn line(&self) -> String {
+        if self.model.is_empty() {
+            format!("{} could not run: {}", self.strategy, self.reason)
+        } else {
+            format!("{} cannot run {}: {}", self.strategy, self.model, self.reason)
+        }
+    }
 }
 
 /// What one run held and met.
@@ -556,6 +605,9 @@ impl Report {
                 );
             }
         }
+        for f in &self.failures {
+            let _ = writeln!(o, "{}", f.line());
+        }
         let _ = writeln!(o, "{}", self.summary_line());
         o
     }
@@ -595,7 +647,7 @@ impl Report {
                 o.sleep_wakes, o.sleepers_lost
             );
         }
-        note.push_str(" (docs/simulator.md, \"What sleep mode is worth\").");
+        note.push_str(" (docs/simulator-experiments.md, \"What sleep mode is worth\").");
         Some(note)
     }
 

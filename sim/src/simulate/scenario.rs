@@ -15,8 +15,10 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use tessera_core::scale::{SloPercentile, coldstart};
 
+use super::today::TodayFile;
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::formats::{self, Format};
+use crate::trace::observed::{ObservedTraffic, observed_arrivals};
 use crate::trace::transform::{Transform, function_arrivals, llm_arrivals};
 use crate::trace::{Arrival, FunctionsTrace, LlmTrace, TraceError};
 
@@ -332,6 +334,10 @@ pub struct ModelFile {
     /// The `hami-static` peer: the share and memory a user declares for this model.
     #[serde(default)]
     pub hami: HamiFile,
+    /// What the model held and met in the cluster it was observed in (`simulate --prometheus` fills it): the
+    /// report's "today" column. Absent, today is the static strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub today: Option<TodayFile>,
 }
 
 /// What a HAMi user declares per model (`nvidia.com/gpucores`, `nvidia.com/gpumem-percentage`).
@@ -454,6 +460,9 @@ pub enum TraceKind {
     Mooncake,
     /// The Azure Functions 2019 per-minute format.
     AzureFunctions,
+    /// Counts per step and token histograms read from Prometheus (`simulate --prometheus` writes it inline as
+    /// `traffic.observed`).
+    Observed,
 }
 
 /// One model's traffic.
@@ -487,6 +496,9 @@ pub struct TrafficFile {
     /// Length of the window; absent = to the end of the trace.
     #[serde(default, with = "humantime_serde")]
     pub window: Option<Duration>,
+    /// `trace: observed`: the counts per step and the token histograms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<ObservedTraffic>,
 }
 
 fn rate_one() -> f64 {
@@ -690,7 +702,26 @@ impl ScenarioFile {
                 TraceKind::AzureLlm | TraceKind::Mooncake if t.model.is_some() => p.push(format!(
                     "{at}.traffic.model applies to csv and burstgpt files (this format holds one model)"
                 )),
+                TraceKind::Observed => match &t.observed {
+                    None => p.push(format!(
+                        "{at}.traffic.observed is required for trace: observed (step, requests, prompt_tokens, \
+                         output_tokens; `tessera simulate --prometheus` writes it)"
+                    )),
+                    Some(o) => {
+                        if let Err(e) = o.check() {
+                            p.push(format!("{at}.traffic.observed: {e}"));
+                        }
+                        if t.file.is_some() || t.model.is_some() || t.function.is_some() || t.tokens_from.is_some() {
+                            p.push(format!(
+                                "{at}.traffic: file, model, function and tokens_from do not apply to trace: observed"
+                            ));
+                        }
+                    }
+                },
                 _ => {}
+            }
+            if t.observed.is_some() && t.trace != TraceKind::Observed {
+                p.push(format!("{at}.traffic.observed only applies to trace: observed"));
             }
         }
         p
@@ -734,6 +765,8 @@ pub struct ModelSetup {
     pub compute_fraction: ComputeFraction,
     /// The `hami-static` declaration.
     pub hami: HamiFile,
+    /// What it held and met where it was observed.
+    pub today: Option<TodayFile>,
 }
 
 impl ModelSetup {
@@ -901,6 +934,13 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
                 })?;
                 function_arrivals(row, &transform, duration, &tokens, &mut rng).map_err(traffic_err)?
             }
+            TraceKind::Observed => {
+                let o = t
+                    .observed
+                    .as_ref()
+                    .ok_or_else(|| traffic_err("trace: observed needs traffic.observed".into()))?;
+                observed_arrivals(o, &transform, duration, &mut rng).map_err(traffic_err)?
+            }
         };
         models.push(ModelSetup {
             name: m.name.clone(),
@@ -924,6 +964,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             sleep_wake_secs: m.cold_start.sleep_wake.map(|d| d.as_secs_f64()),
             compute_fraction: m.compute_fraction,
             hami: m.hami,
+            today: m.today.clone(),
         });
         arrivals.push(a);
     }

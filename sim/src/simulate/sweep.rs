@@ -4,7 +4,7 @@
 //! output lengths, the spread of a trace's per-minute counts). Autoscaling is chaotic on top of it: a request
 //! that lands a second earlier starts a replica a sync earlier, and the hour goes another way. Measured on the
 //! default scenario, Tessera's GPU-hours move by ±8% between seeds for the same policy, so a change that moves
-//! the own seed by 2% says nothing until it holds over many (`docs/simulator.md`, "Seed sweeps"). A platform
+//! the own seed by 2% says nothing until it holds over many (`docs/simulator.md`, "Over many seeds"). A platform
 //! team deciding whether to install wants the same thing: the worst seed as well as the typical one.
 //!
 //! [`SeedResult::of`] keeps what the sweep needs of one run (the run's series are dropped at once, so a sweep's

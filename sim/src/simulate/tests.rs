@@ -36,6 +36,7 @@ fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
         sleep_wake_secs: None,
         compute_fraction: ComputeFraction::Auto,
         hami: HamiFile::default(),
+        today: None,
     }
 }
 

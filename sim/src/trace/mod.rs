@@ -13,6 +13,7 @@
 pub mod azure_functions;
 pub mod azure_llm;
 pub mod formats;
+pub mod observed;
 pub mod transform;
 
 use std::io::Read;

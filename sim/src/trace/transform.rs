@@ -163,39 +163,60 @@ pub fn function_arrivals(
     tokens: &[(u32, u32)],
     rng: &mut impl rand::Rng,
 ) -> Result<Vec<Arrival>, String> {
-    t.check()?;
     if tokens.is_empty() {
         return Err("the token distribution is empty".into());
     }
-    let minutes_total = row.per_minute.len();
-    let first = (t.window_start / 60.0).floor() as usize;
-    if first >= minutes_total {
+    step_arrivals(&row.per_minute, 60.0, t, duration, rng, |rng| {
+        tokens[rng.random_range(0..tokens.len())]
+    })
+}
+
+/// Arrivals over `[0, duration)` from request counts per step of `step` seconds (a per-minute trace, or what
+/// Prometheus counted per query step): each step's count (times `rate`, rounded at random so the expectation is
+/// exact) placed uniformly at random within its step — a Poisson process conditioned on the count, which is all
+/// a count says about when within the step requests came — each with the (prompt, output) pair `draw` gives.
+/// The window is whole steps. One path for both sources, so the same seed draws the same way for both.
+pub fn step_arrivals<R: rand::Rng, C: Copy + Into<f64>>(
+    per_step: &[C],
+    step: f64,
+    t: &Transform,
+    duration: f64,
+    rng: &mut R,
+    mut draw: impl FnMut(&mut R) -> (u32, u32),
+) -> Result<Vec<Arrival>, String> {
+    t.check()?;
+    if !(step.is_finite() && step > 0.0) {
+        return Err(format!("step must be above 0, got {step}s"));
+    }
+    let steps_total = per_step.len();
+    let first = (t.window_start / step).floor() as usize;
+    if first >= steps_total {
         return Err(format!(
-            "window starts at minute {} but the function has only {minutes_total} minutes",
+            "window starts at step {} but the trace has only {steps_total} steps of {step}s",
             first + 1
         ));
     }
-    let minutes = match t.window_len {
-        Some(len) => ((len / 60.0).ceil() as usize).max(1),
-        None => minutes_total - first,
+    let steps = match t.window_len {
+        Some(len) => ((len / step).ceil() as usize).max(1),
+        None => steps_total - first,
     };
-    if first + minutes > minutes_total {
+    if first + steps > steps_total {
         return Err(format!(
-            "window of {minutes} minutes from minute {} runs past the end of the trace ({minutes_total} minutes)",
+            "window of {steps} steps from step {} runs past the end of the trace ({steps_total} steps of {step}s)",
             first + 1
         ));
     }
-    let period = minutes as f64 * 60.0;
+    let period = steps as f64 * step;
     let mut one_period = Vec::new();
-    for (i, &count) in row.per_minute[first..first + minutes].iter().enumerate() {
-        let expected = f64::from(count) * t.rate;
+    for (i, &count) in per_step[first..first + steps].iter().enumerate() {
+        let expected = count.into() * t.rate;
         let mut n = expected.floor() as u64;
         if rng.random::<f64>() < expected - expected.floor() {
             n += 1;
         }
         for _ in 0..n {
-            let at = (i as f64 + rng.random::<f64>()) * 60.0;
-            let (prompt_tokens, output_tokens) = tokens[rng.random_range(0..tokens.len())];
+            let at = (i as f64 + rng.random::<f64>()) * step;
+            let (prompt_tokens, output_tokens) = draw(rng);
             one_period.push(Arrival {
                 at,
                 prompt_tokens,

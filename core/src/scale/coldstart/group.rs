@@ -5,7 +5,7 @@
 //! Why a group: a budget per model cannot spend a team's error budget where it is cheapest. On the 24-hour tools
 //! scenario, report-summarizer's 15 cold starts a day would miss 31 of its own 490 requests (6.3%), far over a
 //! 0.5% budget of its own, though the tools' 1% of 9,341 requests has room for them, and its warm floor is held
-//! for 22 idle hours (`docs/simulator.md`, "Warm floors against a miss budget").
+//! for 22 idle hours (`docs/simulator-experiments.md`, "Warm floors against a miss budget").
 //!
 //! How the members agree without talking: each model's own round publishes a [`BudgetClaim`] (its evidence from
 //! its [`super::ColdStartLedger`], and whether its cold start is over its objective),

@@ -6,7 +6,7 @@
 //! costly for one that is idle for hours between bursts: on the 24-hour tools scenario the two tools kept warm
 //! all day would have paid 10 and 15 cold starts, about 51 requests over their objective out of 9,341, well
 //! inside a 99% attainment goal, and holding them warm cost about a quarter of the run's GPU-hours
-//! (`docs/simulator.md`, "Warm floors against a miss budget").
+//! (`docs/simulator-experiments.md`, "Warm floors against a miss budget").
 //!
 //! The ledger counts, per controller sync, from the activator's demand alone (so it reads the same whether the
 //! model is at zero, warm or serving):
@@ -17,7 +17,7 @@
 //!   start itself, but then queue behind the burst the start releases at once onto one fresh replica: on the
 //!   24-hour tools scenario, counting only the requests for which the start alone runs past the objective gave
 //!   27 misses for report-summarizer's day where the simulated run missed 35; counting the whole start gives 35
-//!   (`docs/simulator.md`, "Warm floors against a miss budget"). Counting from the sync rather than from the
+//!   (`docs/simulator-experiments.md`, "Warm floors against a miss budget"). Counting from the sync rather than from the
 //!   first request errs towards more misses.
 //!
 //! It is counterfactual on purpose: what it counts does not depend on whether the floor was kept, so dropping a

@@ -1,0 +1,291 @@
+//! The first screen of `tessera simulate`: one short table and what to do per model.
+//!
+//! A person deciding whether Tessera is worth installing needs three numbers per strategy (GPU-hours, what they
+//! cost against today's setup, and whether latency held) and, per model, the allocation that would do. Everything
+//! else (bounds, utilization, reasons) is behind `--explain` and in `report.html`.
+
+use std::fmt::Write as _;
+
+use super::report::{ModelReport, Report, StrategyReport};
+use crate::model::{GIB, GpuSpec};
+
+/// What a GPU-hour costs in this report, and where that number comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Price {
+    /// Dollars per GPU-hour.
+    pub usd_per_gpu_hour: f64,
+    /// Its source (`--gpu-hour-price`, or the list price's).
+    pub source: String,
+}
+
+impl Price {
+    /// The user's price, else the GPU's list price.
+    pub fn for_report(r: &Report, user: Option<f64>) -> Price {
+        let (usd_per_gpu_hour, source) = super::today::price_for(&r.gpu, user);
+        Price {
+            usd_per_gpu_hour,
+            source,
+        }
+    }
+}
+
+/// Today's GPU-hours and what they are: the observed replicas when every model has them, else the static
+/// strategy (a whole GPU per replica, sized for the peak: how vLLM runs before Tessera).
+pub fn today(r: &Report) -> Option<(f64, &'static str)> {
+    let observed: Option<Vec<f64>> = r.today.iter().map(|t| t.as_ref().map(|t| t.gpu_hours)).collect();
+    match observed {
+        Some(v) if !v.is_empty() && v.len() == r.models.len() => Some((v.iter().sum(), "observed")),
+        _ => r.strategy("static").map(|s| (s.gpu_hours, "static")),
+    }
+}
+
+/// The model's GPU share per replica: the larger of its compute share and its memory over the GPU's.
+fn gpu_share(m: &ModelReport, gpu_memory: u64) -> f64 {
+    let memory = m.gpu_memory_mib as f64 * 1024.0 * 1024.0 / gpu_memory.max(1) as f64;
+    m.compute_fraction.max(memory).min(1.0)
+}
+
+/// One "what to do" line for model `i` from Tessera's run.
+pub fn advice(r: &Report, t: &StrategyReport, i: usize) -> Option<String> {
+    let m = t.models.get(i)?;
+    let gpu_memory = GpuSpec::preset(&r.gpu)
+        .map(|g| g.memory_bytes)
+        .unwrap_or(80 * GIB);
+    let mut line = format!(
+        "{}: {:.2} GPU per replica ({:.2} compute, {:.1} GiB memory with {:.1} GiB KV) would do",
+        m.model,
+        gpu_share(m, gpu_memory),
+        m.compute_fraction,
+        m.gpu_memory_mib as f64 / 1024.0,
+        m.kv_cache_gib
+    );
+    let _ = write!(
+        line,
+        "; {:.1} replicas on average, {} at most",
+        m.replicas_mean, m.replicas_max
+    );
+    if let Some(Some(today)) = r.today.get(i) {
+        let _ = write!(
+            line,
+            " (today {:.1} whole GPUs{})",
+            today.replicas_mean * today.gpus_per_replica,
+            today
+                .kv_cache_usage_max
+                .map(|k| format!(", KV at most {:.0}% used", k * 100.0))
+                .unwrap_or_default()
+        );
+    }
+    match (
+        r.scale_to_zero_after_secs.get(i).copied().flatten(),
+        &m.warm_floor,
+    ) {
+        (Some(_), Some(_)) => {
+            line.push_str("; keep one replica warm (a cold start would miss the TTFT objective)")
+        }
+        (Some(after), None) => {
+            let _ = write!(
+                line,
+                "; scale to zero after {}",
+                humantime::format_duration(std::time::Duration::from_secs(after.round() as u64))
+            );
+        }
+        (None, _) => {}
+    }
+    if m.slo_attainment < r.attainment_goal {
+        let _ = write!(
+            line,
+            " — but only {:.1}% of its requests met the TTFT objective{}",
+            m.slo_attainment * 100.0,
+            r.slo_ttft_secs
+                .get(i)
+                .map(|s| format!(" of {s:.1}s"))
+                .unwrap_or_default()
+        );
+    }
+    line.push('.');
+    Some(line)
+}
+
+/// The first screen.
+pub fn first_screen(r: &Report, price: &Price, assumptions: &[String]) -> String {
+    let mut o = String::new();
+    let total: u64 = r.requests_per_model.iter().sum();
+    let _ = writeln!(
+        o,
+        "{}: {} models on {}, {} simulated, {} requests",
+        r.scenario,
+        r.models.len(),
+        r.gpu,
+        humantime::format_duration(std::time::Duration::from_secs(r.duration_secs.round() as u64)),
+        total
+    );
+    let today = today(r);
+    let cost = |h: f64| {
+        let usd = h * price.usd_per_gpu_hour;
+        if usd < 0.0 {
+            format!("-${:.2}", -usd)
+        } else {
+            format!("${usd:.2}")
+        }
+    };
+    let _ = writeln!(
+        o,
+        "\n{:<12} {:>10} {:>10} {:>16} {:>14}",
+        "strategy", "GPU-hours", "cost", "saved vs today", "TTFT within SLO"
+    );
+    if let Some((h, "observed")) = today {
+        let _ = writeln!(
+            o,
+            "{:<12} {:>10.2} {:>10} {:>16} {:>14}",
+            "today",
+            h,
+            cost(h),
+            "—",
+            "—"
+        );
+    }
+    for s in &r.strategies {
+        let saved = match today {
+            Some((h, _)) if h > 0.0 => format!(
+                "{} ({:.0}%)",
+                cost(h - s.gpu_hours),
+                (1.0 - s.gpu_hours / h) * 100.0
+            ),
+            _ => "—".to_string(),
+        };
+        let name = match today {
+            Some((_, "static")) if s.strategy == "static" => "static=today".to_string(),
+            _ => s.strategy.clone(),
+        };
+        let _ = writeln!(
+            o,
+            "{:<12} {:>10.2} {:>10} {:>16} {:>13.1}%",
+            name,
+            s.gpu_hours,
+            cost(s.gpu_hours),
+            saved,
+            s.slo_attainment * 100.0
+        );
+    }
+    for f in &r.failures {
+        let _ = writeln!(
+            o,
+            "{:<12} {:>10}  cannot run {}: {}",
+            f.strategy,
+            "unable",
+            if f.model.is_empty() {
+                "the scenario"
+            } else {
+                f.model.as_str()
+            },
+            f.reason
+        );
+    }
+    let _ = writeln!(
+        o,
+        "(${:.2} per GPU-hour: {}. Today = {}.)",
+        price.usd_per_gpu_hour,
+        price.source,
+        match today {
+            Some((_, "observed")) => "what Prometheus saw the replicas hold, one whole GPU each",
+            Some(_) => "static: a whole GPU per replica, replicas fixed for the peak",
+            None => "not known (no static run)",
+        }
+    );
+    if let Some(t) = r.strategy("tessera") {
+        let _ = writeln!(o, "\nWhat to do (from Tessera's run):");
+        for i in 0..t.models.len() {
+            if let Some(line) = advice(r, t, i) {
+                let _ = writeln!(o, "  {line}");
+            }
+        }
+    }
+    if !assumptions.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nMetrics cannot say everything; {} assumptions were made (--explain lists them; so does the scenario \
+             file's header).",
+            assumptions.len()
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nWhy, per model and per strategy: --explain. Charts: --out DIR (report.html). Docs: docs/simulator.md."
+    );
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn advice_names_the_share_the_kv_and_scale_to_zero() {
+        let m = ModelReport {
+            model: "support-chat".into(),
+            requests: 10,
+            failed: 0,
+            ttft_p95: Some(0.5),
+            slo_attainment: 1.0,
+            replicas_max: 2,
+            replicas_mean: 1.2,
+            memory_gpu_hours: 0.0,
+            cold_starts: 0,
+            preemptions: 0,
+            kv_cache_gib: 6.0,
+            compute_fraction: 0.4,
+            compute_fraction_min: 0.4,
+            gpu_memory_mib: 21 * 1024,
+            recommendation_reasons: vec![],
+            initial_recommendation: None,
+            scale_changes: Default::default(),
+            latency_on_share: None,
+            prefill_bound: None,
+            behind_while_urgent: None,
+            warm_floor: None,
+            isolated: None,
+            held_by: Default::default(),
+            next_unit: None,
+        };
+        let t = StrategyReport {
+            strategy: "tessera".into(),
+            models: vec![m],
+            ..serde_json::from_str::<StrategyReport>(&serde_json::to_string(&empty_strategy()).unwrap())
+                .unwrap()
+        };
+        let r = Report {
+            scale_to_zero_after_secs: vec![Some(600.0)],
+            slo_ttft_secs: vec![2.0],
+            ..empty_report()
+        };
+        let line = advice(&r, &t, 0).unwrap();
+        assert!(line.starts_with("support-chat: 0.40 GPU per replica"), "{line}");
+        assert!(
+            line.contains("6.0 GiB KV") && line.contains("scale to zero after 10m"),
+            "{line}"
+        );
+    }
+
+    fn empty_strategy() -> StrategyReport {
+        serde_json::from_value(serde_json::json!({
+            "strategy": "x", "description": "", "gpu_hours": 1.0, "gpus_peak": 1, "gpus_mean": 1.0,
+            "memory_used_ratio": 0.0, "memory_reserved_ratio": 0.0, "compute_ratio": 0.0, "requests": 0,
+            "completed": 0, "failed": 0, "ttft_p50": null, "ttft_p95": null, "ttft_p99": null,
+            "slo_attainment": 1.0, "cold_starts": 0, "starts_from_zero": 0, "held_requests": 0,
+            "held_mean_secs": 0.0, "held_max_secs": 0.0, "preemptions": 0, "arrival_digest": "",
+            "arrivals_processed": 0, "models": [],
+            "series": {"t": [], "gpus": [], "replicas": [], "ttft_t": [], "ttft_p95": []}
+        }))
+        .unwrap()
+    }
+
+    fn empty_report() -> Report {
+        serde_json::from_value(serde_json::json!({
+            "scenario": "s", "description": "", "seed": 1, "duration_secs": 60.0, "gpu": "a100-80gb",
+            "models": ["support-chat"], "requests_per_model": [10], "lower_bound_gpu_hours": 0.0,
+            "sharing_model": "mps", "static_sizing": [], "strategies": []
+        }))
+        .unwrap()
+    }
+}

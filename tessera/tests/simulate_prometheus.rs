@@ -1,0 +1,681 @@
+//! `tessera simulate --prometheus` end to end.
+//!
+//! - Against a tiny Prometheus stand-in on loopback (axum): an unreachable, slow, partial, refusing or
+//!   vLLM-less server gets an error naming what is missing and how to get it, never a report; a complete one gives
+//!   a scenario file and the first screen.
+//! - Against a REAL Prometheus (Debian's `prometheus` package, `#[ignore]`d, run by `scripts/test.sh`): it scrapes
+//!   two `tessera vllm-sim` emulators every second while the test replays a known trace into them; then
+//!   `simulate --prometheus` on that history and `simulate` on the trace itself must agree on every strategy's
+//!   GPU-hours within [`TOLERANCE`].
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::Query;
+use axum::routing::get;
+use serde_json::{Value, json};
+
+mod support;
+use support::{Killed, Tessera, free_port, serve};
+
+/// How far the two runs' GPU-hours may differ, per strategy (relative to the trace's).
+const TOLERANCE: f64 = 0.10;
+
+/// Runs `tessera simulate <args>` in `dir` (at most `limit`), returns its output.
+fn simulate_in(dir: &Path, args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .arg("simulate")
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tessera");
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("tessera simulate {args:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The last line's `gpu_hours_<strategy>` values.
+fn gpu_hours(out: &str) -> BTreeMap<String, f64> {
+    let last = out.lines().last().unwrap_or_default();
+    last.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| k.starts_with("gpu_hours_") && !k.starts_with("gpu_hours_lower_bound"))
+        .map(|(k, v)| (k.trim_start_matches("gpu_hours_").to_string(), v.parse().unwrap()))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// A Prometheus stand-in: answers `query` and `query_range` from a function of the PromQL text.
+// ---------------------------------------------------------------------------------------------------------------
+
+/// What the stand-in holds.
+#[derive(Clone, Copy, PartialEq)]
+enum Holds {
+    /// Nothing at all.
+    Nothing,
+    /// vLLM series, but only over the second half of any range asked.
+    SecondHalf,
+    /// Counters and replicas, but no token histograms.
+    NoHistograms,
+    /// Everything (one model, `chat`, one replica, one request a second).
+    Everything,
+    /// Everything, with a warning that the answer is partial.
+    Warning,
+}
+
+fn vector(result: Vec<Value>) -> Value {
+    json!({"status": "success", "data": {"resultType": "vector", "result": result}})
+}
+
+fn answer(holds: Holds, path: &str, q: &HashMap<String, String>) -> Value {
+    let query = q.get("query").cloned().unwrap_or_default();
+    let num = |k: &str| q.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let model = json!({"model_name": "chat"});
+    if holds == Holds::Nothing {
+        return if path.ends_with("query_range") {
+            json!({"status": "success", "data": {"resultType": "matrix", "result": []}})
+        } else {
+            vector(vec![json!({"metric": {}, "value": [num("time"), "0"]})])
+        };
+    }
+    if path.ends_with("query_range") {
+        let (start, end, step) = (num("start"), num("end"), num("step"));
+        let from = if holds == Holds::SecondHalf {
+            (start + end) / 2.0
+        } else {
+            start
+        };
+        let mut values = Vec::new();
+        let mut t = start;
+        while t <= end + 1e-9 {
+            if t >= from {
+                // A counter at one request per second; a gauge at 1 replica.
+                let v = if query.contains("count by") {
+                    1.0
+                } else {
+                    t - start
+                };
+                values.push(json!([t, v.to_string()]));
+            }
+            t += step;
+        }
+        let mut labels = json!({"model_name": "chat", "instance": "10.0.0.1:8000"});
+        if query.contains("count by") {
+            labels = model.clone();
+        }
+        let mut out = json!({"status": "success", "data": {"resultType": "matrix", "result": [
+            {"metric": labels, "values": values}
+        ]}});
+        if holds == Holds::Warning {
+            out["warnings"] = json!(["remote read from store-eu failed: context deadline exceeded"]);
+        }
+        return out;
+    }
+    let at = num("time");
+    let one = |v: f64| vector(vec![json!({"metric": model, "value": [at, v.to_string()]})]);
+    if query.contains("_bucket") && !query.contains("histogram_quantile") {
+        if holds == Holds::NoHistograms {
+            return vector(vec![]);
+        }
+        let buckets = [("100", 10.0), ("500", 60.0), ("1000", 100.0), ("+Inf", 100.0)];
+        return vector(
+            buckets
+                .iter()
+                .map(|(le, c)| json!({"metric": {"model_name": "chat", "le": le}, "value": [at, c.to_string()]}))
+                .collect(),
+        );
+    }
+    if query.contains("_sum") {
+        return one(if query.contains("e2e") { 2.0 } else { 300.0 });
+    }
+    if query.contains("histogram_quantile") {
+        return one(0.2);
+    }
+    if query.contains("DCGM") {
+        return vector(vec![]);
+    }
+    one(1.0)
+}
+
+/// Serves the stand-in; returns its base URL.
+async fn stand_in(holds: Holds) -> String {
+    let route = |path: &'static str| {
+        get(
+            move |Query(q): Query<HashMap<String, String>>| async move { axum::Json(answer(holds, path, &q)) },
+        )
+    };
+    let app = axum::Router::new()
+        .route("/api/v1/query", route("query"))
+        .route("/api/v1/query_range", route("query_range"));
+    format!("http://{}", serve(app).await)
+}
+
+/// `simulate --prometheus URL <extra>` in a fresh folder, off the async runtime.
+async fn simulate_prometheus(url: String, extra: &[&str]) -> (Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let mut args: Vec<String> = ["--prometheus", &url, "--since", "1h", "--step", "1m"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        simulate_in(&path, &a, Duration::from_secs(120))
+    })
+    .await
+    .unwrap();
+    (out, dir)
+}
+
+async fn fails_with(holds: Holds, extra: &[&str], says: &[&str]) {
+    let url = stand_in(holds).await;
+    let (out, dir) = simulate_prometheus(url, extra).await;
+    let err = stderr(&out);
+    assert!(!out.status.success(), "must fail:\n{}\n{err}", stdout(&out));
+    for s in says {
+        assert!(err.contains(s), "missing {s:?} in:\n{err}");
+    }
+    assert!(stdout(&out).is_empty(), "no report on failure:\n{}", stdout(&out));
+    assert!(
+        !dir.path().join("tessera-observed.yaml").exists(),
+        "no scenario on failure"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prometheus_without_vllm_metrics_gets_the_scrape_config_to_add() {
+    fails_with(
+        Holds::Nothing,
+        &[],
+        &["holds no vLLM metrics", "scrape_configs", "job_name: vllm"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_shorter_than_asked_is_refused_with_a_since_that_fits() {
+    fails_with(
+        Holds::SecondHalf,
+        &[],
+        &["only from", "50% into the window", "--since 30m"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_without_token_histograms_is_named_with_the_metric() {
+    fails_with(
+        Holds::NoHistograms,
+        &[],
+        &["model chat", "vllm:request_prompt_tokens"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_answer_with_warnings_is_not_used() {
+    fails_with(Holds::Warning, &[], &["data may be partial", "store-eu"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_or_slow_or_refusing_prometheus_is_named() {
+    // Nothing listens on a port just released.
+    let port = free_port();
+    let (out, _dir) = simulate_prometheus(format!("http://127.0.0.1:{port}"), &[]).await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cannot reach Prometheus at http://127.0.0.1:"),
+        "{}",
+        stderr(&out)
+    );
+    // A server that never answers, under a one-second deadline.
+    let slow = axum::Router::new().fallback(|| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        "late"
+    });
+    let url = format!("http://{}", serve(slow).await);
+    let started = Instant::now();
+    let (out, _dir) = simulate_prometheus(url, &["--prometheus-timeout", "1s"]).await;
+    assert!(!out.status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("did not answer within 1s") && err.contains("--prometheus-timeout"),
+        "{err}"
+    );
+    // An auth proxy in front.
+    let refusing =
+        axum::Router::new().fallback(|| async { (axum::http::StatusCode::UNAUTHORIZED, "no token") });
+    let url = format!("http://{}", serve(refusing).await);
+    let (out, _dir) = simulate_prometheus(url, &[]).await;
+    let err = stderr(&out);
+    assert!(
+        err.contains("HTTP 401") && err.contains("--bearer-token-file"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_history_becomes_a_scenario_file_and_the_first_screen() {
+    let url = stand_in(Holds::Everything).await;
+    let (out, dir) = simulate_prometheus(url, &["--model-preset", "chat=qwen2-7b"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let screen = stdout(&out);
+    // The first screen: the short table (today observed) and the advice, then the summary line.
+    let first: Vec<&str> = screen.lines().take(20).collect();
+    assert!(first.iter().any(|l| l.starts_with("today ")), "{screen}");
+    assert!(first.iter().any(|l| l.starts_with("tessera ")), "{screen}");
+    assert!(
+        first.iter().any(|l| l.trim_start().starts_with("chat: ")),
+        "{screen}"
+    );
+    assert!(screen.contains("assumptions were made"), "{screen}");
+    let file = dir.path().join("tessera-observed.yaml");
+    let yaml = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        yaml.contains("trace: observed") && yaml.contains("preset: qwen2-7b"),
+        "{yaml}"
+    );
+    assert!(yaml.contains("# What metrics cannot say"), "{yaml}");
+    // The file runs again on its own and gives the same numbers.
+    let again = simulate_in(dir.path(), &["tessera-observed.yaml"], Duration::from_secs(120));
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(gpu_hours(&stdout(&again)), gpu_hours(&screen));
+}
+
+/// Over https with a private CA (`--ca-file`) and a bearer token (`--bearer-token-file`): the stand-in only answers
+/// a request carrying the token, and the client trusts only the given CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_with_a_private_ca_and_a_bearer_token() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let pair = support::admission::pair();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &pair.cert_pem).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let route = |path: &'static str| {
+        get(
+            move |headers: axum::http::HeaderMap, Query(q): Query<HashMap<String, String>>| async move {
+                if headers.get("authorization").and_then(|v| v.to_str().ok()) != Some("Bearer s3cret") {
+                    return (axum::http::StatusCode::FORBIDDEN, axum::Json(json!({}))).into_response();
+                }
+                axum::Json(answer(Holds::Everything, path, &q)).into_response()
+            },
+        )
+    };
+    use axum::response::IntoResponse;
+    let app = axum::Router::new()
+        .route("/api/v1/query", route("query"))
+        .route("/api/v1/query_range", route("query_range"));
+    let cert = rustls::pki_types::CertificateDer::from(pair.der.to_vec());
+    let key = rustls::pki_types::PrivateKeyDer::try_from(
+        rustls::pki_types::pem::PemObject::from_pem_slice(pair.key_pem.as_bytes())
+            .map(|k: rustls::pki_types::PrivatePkcs8KeyDer<'static>| k.secret_pkcs8_der().to_vec())
+            .unwrap(),
+    )
+    .unwrap();
+    let config = std::sync::Arc::new(
+        rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .unwrap(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(tessera_runtime::serve::serve_tls(
+        listener,
+        app,
+        tessera_runtime::serve::ConnLimits::default(),
+        move || config.clone(),
+        std::future::pending(),
+    ));
+    let url = format!("https://localhost:{port}");
+    let (ca_s, token_s) = (ca.display().to_string(), token.display().to_string());
+    // With the CA and the token: a report.
+    let (out, _d) = simulate_prometheus(
+        url.clone(),
+        &[
+            "--ca-file",
+            &ca_s,
+            "--bearer-token-file",
+            &token_s,
+            "--strategies",
+            "static,tessera",
+        ],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("tessera "), "{}", stdout(&out));
+    // Without the token: the 403 is named with the flag to pass.
+    let (out, _d) = simulate_prometheus(url.clone(), &["--ca-file", &ca_s]).await;
+    assert!(
+        stderr(&out).contains("HTTP 403") && stderr(&out).contains("--bearer-token-file"),
+        "{}",
+        stderr(&out)
+    );
+    // Without the CA: the certificate is not trusted, and the error says the connection failed.
+    let (out, _d) = simulate_prometheus(url, &["--bearer-token-file", &token_s]).await;
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("cannot reach Prometheus") && stderr(&out).contains("pass --ca-file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The real thing: Debian's Prometheus scraping emulators that replay a known trace.
+// ---------------------------------------------------------------------------------------------------------------
+
+/// The Prometheus binary: `TESSERA_PROMETHEUS_BIN`, else `prometheus` on the PATH (Debian's package).
+fn prometheus_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("TESSERA_PROMETHEUS_BIN") {
+        return PathBuf::from(p);
+    }
+    for dir in std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        let p = dir.join("prometheus");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "no prometheus binary: install Debian's package (apt-get install prometheus) or set TESSERA_PROMETHEUS_BIN"
+    );
+}
+
+/// One request of the replayed trace.
+#[derive(Clone, Copy)]
+struct Req {
+    at: f64,
+    prompt: u32,
+    output: u32,
+}
+
+/// A known trace per model: a window of the bundled Azure LLM 2023 conversation trace, thinned to `keep` of its
+/// requests (every n-th), with lengths capped so the emulated A100 keeps up in real time, and an idle gap.
+fn trace(skip_from: f64, skip_to: f64, keep_every: usize, offset: usize, span: f64) -> Vec<Req> {
+    let csv = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
+    )
+    .unwrap();
+    let mut rows = csv.lines().skip(1).filter_map(|l| {
+        let f: Vec<&str> = l.split(',').collect();
+        Some((
+            f.first()?.to_string(),
+            f.get(1)?.parse::<u32>().ok()?,
+            f.get(2)?.parse::<u32>().ok()?,
+        ))
+    });
+    let first = rows.next().unwrap();
+    let t0 = parse_ts(&first.0);
+    let mut out = Vec::new();
+    for (i, (ts, p, o)) in std::iter::once(first).chain(rows).enumerate() {
+        let at = parse_ts(&ts) - t0;
+        if at >= span {
+            break;
+        }
+        if i % keep_every != offset || (at >= skip_from && at < skip_to) {
+            continue;
+        }
+        out.push(Req {
+            at,
+            prompt: p.clamp(1, 4000),
+            output: o.clamp(1, 400),
+        });
+    }
+    out
+}
+
+/// Seconds of an Azure trace timestamp (`2023-11-16 18:15:46.6805900`) within its day.
+fn parse_ts(ts: &str) -> f64 {
+    let time = ts.split_whitespace().nth(1).unwrap_or("0:0:0");
+    time.split(':')
+        .fold(0.0, |acc, x| acc * 60.0 + x.parse::<f64>().unwrap_or(0.0))
+}
+
+/// Polls `url` until it answers 200 with a body containing `needle`, or panics after `limit`.
+async fn wait_for(c: &reqwest::Client, url: &str, needle: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(r) = c.get(url).send().await
+            && r.status().is_success()
+            && r.text().await.unwrap_or_default().contains(needle)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{url} never showed {needle:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "starts Debian's prometheus and replays a trace for about two and a half minutes: scripts/test.sh runs it"]
+async fn real_prometheus_history_agrees_with_the_trace() {
+    const SPAN: f64 = 120.0; // seconds of trace replayed
+    const STEP: u64 = 10; // seconds per query step
+    const TAIL: f64 = 10.0; // after the last arrival, for the last requests to finish and be scraped
+    let bin = prometheus_bin();
+    let dir = tempfile::tempdir().unwrap();
+    // Two models on their own emulators: chat is steady, tools is bursty with an idle minute.
+    let models: [(&str, &str, Vec<Req>); 2] = [
+        ("chat", "qwen2-7b", trace(f64::MAX, f64::MAX, 6, 0, SPAN)),
+        ("tools", "llama-3.1-8b", trace(30.0, 90.0, 11, 1, SPAN)),
+    ];
+    let emulators: Vec<Tessera> = models
+        .iter()
+        .map(|(name, preset, _)| {
+            Tessera::vllm_sim(&[
+                "--served-model-name",
+                name,
+                "--model-preset",
+                preset,
+                "--seed",
+                "1",
+            ])
+        })
+        .collect();
+    let targets: Vec<String> = emulators.iter().map(|e| format!("\"{}\"", e.addr)).collect();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: vllm\n    \
+             static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let prom = Killed(
+        Command::new(&bin)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("TESSERA_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display())),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let c = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    wait_for(&c, &format!("{base}/-/ready"), "", Duration::from_secs(60)).await;
+    // Both targets scraped at least once before the window opens.
+    wait_for(
+        &c,
+        &format!("{base}/api/v1/query?query=count(up%3D%3D1)"),
+        "\"2\"",
+        Duration::from_secs(30),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let start = Instant::now() + Duration::from_secs(1);
+    let start_unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+        + 1.0;
+    // Replay: every request at its time, as a client would send it (lengths exact: tessera_prompt_tokens and
+    // ignore_eos with max_tokens).
+    let mut tasks = Vec::new();
+    for ((name, _, reqs), emu) in models.iter().zip(&emulators) {
+        for r in reqs.iter().copied() {
+            let c = c.clone();
+            let url = emu.url("/v1/completions");
+            let name = name.to_string();
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep_until((start + Duration::from_secs_f64(r.at)).into()).await;
+                let body = json!({"model": name, "prompt": "x", "tessera_prompt_tokens": r.prompt,
+                    "max_tokens": r.output, "ignore_eos": true});
+                let resp = c.post(url).json(&body).send().await.unwrap();
+                assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap_or_default());
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let until = start_unix + SPAN + TAIL;
+    let wait = until
+        - SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+        + 2.0;
+    if wait > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+    }
+    let path = dir.path().to_path_buf();
+    let since = format!("{}s", (SPAN + TAIL) as u64);
+    let until_s =
+        humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs_f64(until.floor())).to_string();
+    let observed = tokio::task::spawn_blocking({
+        let path = path.clone();
+        let base = base.clone();
+        move || {
+            simulate_in(
+                &path,
+                &[
+                    "--prometheus",
+                    &base,
+                    "--since",
+                    &since,
+                    "--until",
+                    &until_s,
+                    "--step",
+                    &format!("{STEP}s"),
+                    "--write-scenario",
+                    "observed.yaml",
+                    "--out",
+                    "observed-report",
+                    "--model-preset",
+                    "chat=qwen2-7b,tools=llama-3.1-8b",
+                ],
+                Duration::from_secs(300),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert!(observed.status.success(), "{}", stderr(&observed));
+    let first_screen = stdout(&observed);
+    eprintln!("--- simulate --prometheus ---\n{first_screen}");
+    let yaml = std::fs::read_to_string(path.join("observed.yaml")).unwrap();
+    let mut sc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+    for m in sc["models"].as_sequence_mut().unwrap() {
+        let name = m["name"].as_str().unwrap().to_string();
+        let reqs = &models.iter().find(|(n, _, _)| *n == name).unwrap().2;
+        // The same models and settings as the observed scenario, the traffic from the trace itself. The CSV reader
+        // starts a trace at its first request: a shift by that request's offset puts every request back at its time.
+        let file = format!("{name}.csv");
+        let mut rows = String::from("timestamp,prompt_tokens,output_tokens\n");
+        for r in reqs {
+            rows.push_str(&format!("{:.3},{},{}\n", r.at, r.prompt, r.output));
+        }
+        std::fs::write(path.join(&file), rows).unwrap();
+        let first = reqs.first().map_or(0.0, |r| r.at);
+        m["traffic"] = serde_yaml::to_value(json!({
+            "trace": "csv", "file": file, "shift": format!("{}ms", (first * 1000.0).round() as u64),
+            "window": format!("{}s", (SPAN + TAIL) as u64),
+        }))
+        .unwrap();
+    }
+    sc["name"] = "trace".into();
+    std::fs::write(path.join("trace.yaml"), serde_yaml::to_string(&sc).unwrap()).unwrap();
+    let replayed = simulate_in(&path, &["trace.yaml"], Duration::from_secs(300));
+    assert!(replayed.status.success(), "{}", stderr(&replayed));
+    let from_prometheus = gpu_hours(&first_screen);
+    let from_trace = gpu_hours(&stdout(&replayed));
+    assert_eq!(
+        from_prometheus.keys().collect::<Vec<_>>(),
+        from_trace.keys().collect::<Vec<_>>()
+    );
+    let mut table = String::from(
+        "| strategy | GPU-hours, trace | GPU-hours, Prometheus | difference |\n|---|---:|---:|---:|\n",
+    );
+    let mut worst: f64 = 0.0;
+    for (k, t) in &from_trace {
+        let p = from_prometheus[k];
+        let d = (p - t) / t;
+        worst = worst.max(d.abs());
+        table.push_str(&format!("| {k} | {t:.4} | {p:.4} | {:+.1}% |\n", d * 100.0));
+    }
+    let requests = |o: &str| o.lines().next().unwrap_or_default().to_string();
+    eprintln!(
+        "{table}\nworst {:.1}% (tolerance {:.0}%)\nprometheus: {}\ntrace: {}",
+        worst * 100.0,
+        TOLERANCE * 100.0,
+        requests(&first_screen),
+        requests(&stdout(&replayed))
+    );
+    drop(prom);
+    if worst > TOLERANCE || std::env::var_os("TESSERA_KEEP_TEST_DIR").is_some() {
+        // Keep the two scenario files and the history's scenario for a look (`tessera simulate FILE --explain`).
+        eprintln!("kept {}", dir.keep().display());
+    }
+    assert!(
+        worst <= TOLERANCE,
+        "GPU-hours differ by {:.1}% > {:.0}%:\n{table}",
+        worst * 100.0,
+        TOLERANCE * 100.0
+    );
+}
