@@ -987,12 +987,12 @@ async fn a_class_change_changes_the_policy_within_one_sync_with_an_event() {
         },
     )
     .await;
-    // 2. The traffic changes: 95% of its requests now ask for the flex tier. One sync later (1 s here) the class
+    // 2. The traffic changes: 98% of its requests now ask for the flex tier. One sync later (1 s here) the class
     // is batch, its policy spends cold starts, and an Event says from what to what and why.
     let changed_at = Instant::now();
     {
         let mut c = state.lock().expect("lock");
-        c.flex = 190;
+        c.flex = 196;
         c.requests_total = 200;
     }
     wait_for(&state, "the change to batch", Duration::from_secs(10), |c| {

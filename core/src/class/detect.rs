@@ -18,7 +18,7 @@
 //!    - diurnal or flat traffic → real-time.
 //! 5. **Default**: real-time, until the traffic shows otherwise.
 //!
-//! Hysteresis: the observed thresholds are harder to cross away from the class the model has now
+//! Hysteresis: the tier shares and the observed thresholds are harder to cross away from the class the model has now
 //! ([`Bars::leaving`]), so a model near a threshold does not alternate; [`super::stable`] adds the dwell.
 
 use std::fmt::Write as _;
@@ -157,6 +157,8 @@ pub struct Bars {
     streamed_min_share: f64,
     templated_max_cv: f64,
     on_off_max_active: f64,
+    priority_min_share: f64,
+    flex_min_share: f64,
 }
 
 impl Bars {
@@ -166,20 +168,28 @@ impl Bars {
             streamed_min_share: STREAMED_MIN_SHARE,
             templated_max_cv: shape::TEMPLATED_MAX_CV,
             on_off_max_active: shape::ON_OFF_MAX_ACTIVE,
+            priority_min_share: PRIORITY_MIN_SHARE,
+            flex_min_share: FLEX_MIN_SHARE,
         };
         match current {
             // Leaving real-time takes clearer evidence: fewer streamed requests, tighter templating, sparser
             // traffic.
+            // The tiers' declarations apply at once, so their bars move too: a share hovering at a threshold
+            // must not switch the class every round.
             Some(WorkloadClass::Realtime) => Bars {
                 streamed_min_share: 0.3,
                 templated_max_cv: 0.05,
                 on_off_max_active: 0.4,
+                priority_min_share: 0.02,
+                flex_min_share: 0.95,
             },
             // Back to real-time from the others also needs a clear change.
             Some(WorkloadClass::NearRealtime | WorkloadClass::Batch) => Bars {
                 streamed_min_share: 0.7,
                 templated_max_cv: 0.15,
                 on_off_max_active: 0.6,
+                priority_min_share: 0.1,
+                flex_min_share: 0.8,
             },
             None => plain,
         }
@@ -189,6 +199,7 @@ impl Bars {
 /// The class of one model (see the module docs for the rule); `current` is the class it has now, for the
 /// hysteresis.
 pub fn detect(declared: &Declared, observed: &ObservedTraffic, current: Option<WorkloadClass>) -> Detection {
+    let bars = Bars::leaving(current);
     if let Some(class) = declared.pinned {
         return found(
             class,
@@ -200,7 +211,7 @@ pub fn detect(declared: &Declared, observed: &ObservedTraffic, current: Option<W
     let total = tiers.total();
     if total >= MIN_TIER_REQUESTS {
         let share = |n: u64| n as f64 / total as f64;
-        if share(tiers.priority) >= PRIORITY_MIN_SHARE {
+        if share(tiers.priority) >= bars.priority_min_share {
             return found(
                 WorkloadClass::Realtime,
                 Source::Declared,
@@ -229,7 +240,7 @@ pub fn detect(declared: &Declared, observed: &ObservedTraffic, current: Option<W
             format!("submitted to Kueue queue {queue:?}: queued as a batch job"),
         );
     }
-    if total >= MIN_TIER_REQUESTS && tiers.flex as f64 / total as f64 >= FLEX_MIN_SHARE {
+    if total >= MIN_TIER_REQUESTS && tiers.flex as f64 / total as f64 >= bars.flex_min_share {
         return found(
             WorkloadClass::Batch,
             Source::Declared,
@@ -239,7 +250,7 @@ pub fn detect(declared: &Declared, observed: &ObservedTraffic, current: Option<W
             ),
         );
     }
-    observed_class(observed, Bars::leaving(current))
+    observed_class(observed, bars)
 }
 
 fn found(class: WorkloadClass, source: Source, reason: String) -> Detection {

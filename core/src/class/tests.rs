@@ -359,6 +359,45 @@ fn hysteresis_keeps_a_model_near_a_threshold_where_it_is() {
     );
 }
 
+#[test]
+fn a_tier_share_hovering_at_its_threshold_does_not_switch_the_class() {
+    let tiers = |flex: u64| Declared {
+        tiers: TierCounts {
+            flex,
+            default: 100 - flex,
+            priority: 0,
+        },
+        ..auto()
+    };
+    let o = ObservedTraffic::default();
+    // 92% flex enters batch from nothing, but not from real-time (95% there); once batch, 85% keeps it.
+    assert_eq!(detect(&tiers(92), &o, None).class, WorkloadClass::Batch);
+    assert_eq!(
+        detect(&tiers(92), &o, Some(WorkloadClass::Realtime)).class,
+        WorkloadClass::Realtime
+    );
+    assert_eq!(
+        detect(&tiers(96), &o, Some(WorkloadClass::Realtime)).class,
+        WorkloadClass::Batch
+    );
+    assert_eq!(
+        detect(&tiers(85), &o, Some(WorkloadClass::Batch)).class,
+        WorkloadClass::Batch
+    );
+    assert_eq!(
+        detect(&tiers(75), &o, Some(WorkloadClass::Batch)).class,
+        WorkloadClass::Realtime
+    );
+    let mut state = ClassState::default();
+    let mut changes = 0;
+    for m in 0..200 {
+        let flex = if m % 2 == 0 { 91 } else { 89 };
+        let d = detect(&tiers(flex), &o, state.class);
+        changes += usize::from(state.hold(d, at(m)).changed_from.is_some());
+    }
+    assert!(changes <= 1, "{changes} changes");
+}
+
 fn at(minutes: u64) -> Timestamp {
     Timestamp::from_millis(1_000_000_000 + minutes * 60_000)
 }
