@@ -83,8 +83,6 @@ fn model(i: usize, at_ms: u64) -> ModelObservation {
         },
         update_mode: Some("Off".into()),
         workload_class: Some(classify(&ClassInput {
-            replicas,
-            requests_per_second: Some(1.5 * i as f64),
             active_ratio: Some(if i.is_multiple_of(3) { 0.2 } else { 0.9 }),
             ttft_objective_secs: Some(0.5),
             itl_objective_secs: None,

@@ -15,13 +15,17 @@
 //! - [`rollout`]: which GPU allocation is in force for a model, and whether to roll its running pods onto it.
 //! - [`keda`]: what Tessera answers KEDA's external-scaler calls (the model a ScaledObject names, the metric,
 //!   whether the model is active).
+//! - [`lanes`]: whether a flex-lane request may go to a backend now (the activator's priority lanes).
 //! - [`gate`]: the per-GPU start-up gate (vLLM servers sharing a GPU start one at a time).
 //! - [`lease`]: the Lease rule shared by leader election and the start-up gate.
 //! - [`wire`]: the JSON documents one role serves and another reads (sidecar status, activator stats).
-//! - [`workload`]: a model's workload class (interactive, batch, bursty, idle), for people; it decides nothing.
+//! - [`class`]: a model's workload class (real-time, near-real-time, batch) and the policy defaults it supplies.
+//! - [`workload`]: the class as the GPU workloads page shows it.
 
+pub mod class;
 pub mod gate;
 pub mod keda;
+pub mod lanes;
 pub mod lease;
 pub mod metrics;
 pub mod pack;

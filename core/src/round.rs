@@ -4,6 +4,8 @@
 //! The controller and the simulator used to string the same dozen rules together twice, in the same order, kept
 //! in step by a parity test. [`round`] is that sequence, written once:
 //!
+//! 0. the workload class (`class::step`: declared signals, then the traffic; held against flapping) and its
+//!    defaults applied to the policy the rest of the round decides with, where the spec left them;
 //! 1. the urgency of a growth (`rollout::Urgency::of`: preemptions, a replica over the TTFT objective);
 //! 2. the count the rule reads: `/scale`'s less a consolidation surge (`pack::consolidate::count_before_surge`);
 //! 3. the decision's input from the sidecars' documents and the activators' demand (`scale::inputs::scale_input`);
@@ -25,6 +27,7 @@
 
 use std::time::Duration;
 
+use crate::class::{self, ClassRound, ClassSignals};
 use crate::pack::consolidate::{self, ModelPlacement, MoveStep};
 use crate::rollout::Urgency;
 use crate::scale::coldstart::BudgetClaim;
@@ -60,6 +63,9 @@ pub struct Observed {
     pub placement: ModelPlacement,
     /// Oldest sidecar document still counted as fresh.
     pub max_signal_age: Duration,
+    /// What the class rule reads; `None` decides on the policy as written, with no class (the simulator's
+    /// baselines, which scale as their products do).
+    pub class: Option<ClassSignals>,
 }
 
 /// Everything one round decides.
@@ -79,6 +85,10 @@ pub struct Round {
     pub step: MoveStep,
     /// The placement the move was decided on (its `desired` the decision's).
     pub placement: ModelPlacement,
+    /// The workload class and the defaults it supplied; `None` when [`Observed::class`] was.
+    pub class: Option<ClassRound>,
+    /// The policy the round decided with: the one given, with the class's defaults where the spec left them.
+    pub policy: ScalePolicy,
 }
 
 impl Round {
@@ -111,6 +121,19 @@ impl Round {
 /// One round for the model under `policy`, on its history `state`, at `now`: see the module docs.
 pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, now: Timestamp) -> Round {
     let read: Vec<Option<&SidecarStatus>> = observed.sidecars.iter().map(Option::as_ref).collect();
+    let mut effective = policy.clone();
+    let class = observed.class.as_ref().map(|signals| {
+        class::step::step(
+            signals,
+            &mut effective,
+            &read,
+            observed.demand.requests_total,
+            &mut state.class,
+            &mut state.minutes,
+            now,
+        )
+    });
+    let policy = &effective;
     let urgency = Urgency::of(&read, policy.ttft_slo, observed.max_signal_age);
     let current = consolidate::count_before_surge(observed.replicas, observed.surged);
     let mut demand = observed.demand;
@@ -144,6 +167,8 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
         joint,
         decision,
         constraint,
+        class,
+        policy: effective,
     }
 }
 
@@ -169,6 +194,7 @@ mod tests {
                 ..ModelPlacement::default()
             },
             max_signal_age: Duration::from_secs(30),
+            class: None,
         }
     }
 
@@ -257,5 +283,42 @@ mod tests {
         let r = round(&to_zero_policy(), &o, &mut ScaleState::default(), now);
         assert_eq!(r.input.demand.requests_per_second, Some(5.0));
         assert!(!r.goes_to_zero());
+    }
+
+    #[test]
+    fn the_class_sets_the_policy_the_round_decides_with() {
+        use crate::class::{ClassSignals, Declared, WorkloadClass};
+        let now = Timestamp::from_millis(10_000_000);
+        let policy = to_zero_policy();
+        let mut state = ScaleState::default();
+        // No class signals: the policy as written, no class.
+        let r = round(&policy, &observed(1, idle(now)), &mut state, now);
+        assert!(r.class.is_none());
+        assert_eq!(r.policy, policy);
+        // Auto with nothing observed: real-time, whose defaults are the policy as written.
+        let mut o = observed(1, idle(now));
+        o.class = Some(ClassSignals::default());
+        let r = round(&policy, &o, &mut state, now);
+        let c = r.class.as_ref().unwrap();
+        assert_eq!(c.held.class, WorkloadClass::Realtime);
+        assert_eq!(r.policy, policy);
+        // Owned by a Job: batch at once, and its cold-start budget is in the policy the round used.
+        o.class = Some(ClassSignals {
+            declared: Declared {
+                owner_kind: Some("Job".into()),
+                ..Declared::default()
+            },
+            ..ClassSignals::default()
+        });
+        let later = Timestamp::from_millis(now.as_millis() + 15_000);
+        let r = round(&policy, &o, &mut state, later);
+        let c = r.class.as_ref().unwrap();
+        assert_eq!(c.held.class, WorkloadClass::Batch);
+        assert_eq!(c.held.changed_from, Some(WorkloadClass::Realtime));
+        assert_eq!(
+            r.policy.scale_to_zero.as_ref().unwrap().cold_start_miss_budget,
+            Some(0.5)
+        );
+        assert_eq!(state.class.class, Some(WorkloadClass::Batch));
     }
 }

@@ -37,6 +37,9 @@ struct Cluster {
     queued: u64,
     last_request_ms: u64,
     requests_total: u64,
+    /// Requests the fake activator counted in the flex lane and in the default one.
+    flex: u64,
+    default_lane: u64,
 }
 
 type Shared = Arc<Mutex<Cluster>>;
@@ -167,7 +170,9 @@ fn sidecar_app(state: Shared) -> Router {
                     "observedAtUnixMs": now_ms(),
                     "models": {"models/llama": {"requestsTotal": c.requests_total, "rejectedTotal": 0, "inFlight": 0,
                                          "queued": c.queued, "readyBackends": c.replicas,
-                                         "lastRequestAtUnixMs": c.last_request_ms}}
+                                         "lastRequestAtUnixMs": c.last_request_ms,
+                                         "mix": {"tiers": {"priority": 0, "default": c.default_lane,
+                                                           "flex": c.flex}}}}
                 }))
             }),
         )
@@ -925,4 +930,107 @@ async fn scaled_by_keda_is_decided_and_served_but_never_written() {
         .await
         .expect_err("a Tessera-scaled model is not handed to KEDA");
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+}
+
+/// The workload class sets the policy, and a change of class — from the traffic's declared tier, then from a pin
+/// in the spec — changes it within one sync, with an Event saying from what to what and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_change_changes_the_policy_within_one_sync_with_an_event() {
+    let state: Shared = Arc::new(Mutex::new(Cluster {
+        ias: ias(json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+            "minReplicas": 1, "maxReplicas": 4,
+            "targets": {"kvCacheUtilization": 0.7},
+            "scaleToZero": {"idleAfter": "10m"},
+            "behavior": {"panic": {"enabled": false}},
+            "modelNames": ["llama"]
+        })),
+        replicas: 1,
+        kv: 0.5,
+        running: 1.0,
+        last_request_ms: now_ms(),
+        requests_total: 10,
+        default_lane: 10,
+        ..Cluster::default()
+    }));
+    let sidecar = serve(sidecar_app(state.clone())).await;
+    let api_server = honest_api(state.clone(), sidecar.port()).await;
+    activator_slice(&api_server, sidecar.port());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _child = start_autoscaler(
+        &dir,
+        api_server.addr,
+        free_port(),
+        &["--activator-service", "tessera/tessera-activator"],
+    );
+    let class_of = |c: &Cluster| {
+        c.status_patches
+            .last()
+            .map(|p| p["status"].clone())
+            .unwrap_or_default()
+    };
+    // 1. Nothing declared, too little traffic: real-time, whose defaults are Tessera's own.
+    wait_for(
+        &state,
+        "a real-time class in status",
+        Duration::from_secs(30),
+        |c| {
+            let st = class_of(c);
+            st["workloadClass"] == "realtime"
+                && st["workloadClassSource"] == "default"
+                && st["classPolicy"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("warm replica kept"))
+                && st["policyFromClass"]
+                    .as_array()
+                    .is_some_and(|f| f.iter().any(|f| f == "scaleToZero.coldStartMissBudget"))
+        },
+    )
+    .await;
+    // 2. The traffic changes: 98% of its requests now ask for the flex tier. One sync later (1 s here) the class
+    // is batch, its policy spends cold starts, and an Event says from what to what and why.
+    let changed_at = Instant::now();
+    {
+        let mut c = state.lock().expect("lock");
+        c.flex = 196;
+        c.requests_total = 200;
+    }
+    wait_for(&state, "the change to batch", Duration::from_secs(10), |c| {
+        let st = class_of(c);
+        st["workloadClass"] == "batch"
+            && st["workloadClassSource"] == "declared"
+            && st["classPolicy"]
+                .as_str()
+                .is_some_and(|p| p.contains("cold-start budget 50.0%"))
+            && c.events.iter().any(|e| {
+                e["reason"] == "WorkloadClassChanged"
+                    && e["note"].as_str().is_some_and(|n| {
+                        n.contains("from realtime to batch") && n.contains("service_tier flex")
+                    })
+            })
+    })
+    .await;
+    // Within one sync period (1 s) and the activator poll (300 ms), with room for a loaded machine.
+    assert!(
+        changed_at.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        changed_at.elapsed()
+    );
+    // 3. A pin in the spec wins over the traffic at once.
+    let mut obj = api_server.get(IAS, "models", "llama").expect("the object");
+    obj["spec"]["workloadClass"] = json!("realtime");
+    obj["metadata"]["generation"] = json!(2);
+    api_server.put(IAS, "models", obj);
+    wait_for(&state, "the pin to real-time", Duration::from_secs(10), |c| {
+        let st = class_of(c);
+        st["workloadClass"] == "realtime"
+            && st["workloadClassSource"] == "pinned"
+            && c.events.iter().any(|e| {
+                e["reason"] == "WorkloadClassChanged"
+                    && e["note"].as_str().is_some_and(|n| {
+                        n.contains("from batch to realtime") && n.contains("pinned by spec.workloadClass")
+                    })
+            })
+    })
+    .await;
 }

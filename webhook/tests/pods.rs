@@ -308,6 +308,39 @@ fn real_pods_whole_mode() {
     }
 }
 
+/// The workload class's recommendation knobs reach the sidecar at admission; real-time's are the sidecar's
+/// defaults, so a real-time model's pods are unchanged.
+#[test]
+fn the_workload_class_sets_the_sidecars_recommendation_knobs() {
+    let cfg = config();
+    let raw = load("production-stack-llama3.yaml");
+    let sidecar_args = |class: Option<&str>| {
+        let mut p = policy("whole", "Off");
+        if let Some(c) = class {
+            p.status.as_mut().unwrap().workload_class = Some(c.into());
+        }
+        let ctx = Context {
+            config: &cfg,
+            policy: Some(&p),
+            placement: None,
+        };
+        let (out, _) = run(&raw, &ctx);
+        containers(&out, "initContainers").pop().unwrap().args.unwrap()
+    };
+    let plain = sidecar_args(None);
+    assert_eq!(sidecar_args(Some("realtime")), plain);
+    assert_eq!(flag(&plain, "--window"), None);
+    let batch = sidecar_args(Some("batch"));
+    assert_eq!(flag(&batch, "--window").as_deref(), Some("1800s"));
+    assert_eq!(flag(&batch, "--percentile").as_deref(), Some("0.9"));
+    assert_eq!(flag(&batch, "--headroom").as_deref(), Some("0.05"));
+    let near = sidecar_args(Some("nearRealtime"));
+    assert_eq!(flag(&near, "--window").as_deref(), Some("300s"));
+    assert_eq!(flag(&near, "--headroom").as_deref(), Some("0.1"));
+    // A name from an older release classifies nothing.
+    assert_eq!(sidecar_args(Some("bursty")), plain);
+}
+
 #[test]
 fn real_pods_fractional_mode() {
     let cfg = config();

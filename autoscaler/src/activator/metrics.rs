@@ -11,6 +11,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use tessera_core::class::Lane;
+
 use super::discovery::Collision;
 use super::router::Router;
 
@@ -45,6 +47,28 @@ pub struct RejectLabels {
     pub reason: &'static str,
 }
 
+/// `{namespace, model, lane}`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LaneLabels {
+    /// The model's namespace.
+    pub namespace: String,
+    /// The model name.
+    pub model: String,
+    /// `priority`, `default` or `flex`.
+    pub lane: &'static str,
+}
+
+/// `{namespace, model, reason}` for a flex request that found no room on a look.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NoRoomLabels {
+    /// The model's namespace.
+    pub namespace: String,
+    /// The model name.
+    pub model: String,
+    /// `kv_full`, `queue` or `throttled` (`tessera_core::lanes::NoRoom::label`).
+    pub reason: &'static str,
+}
+
 /// The activator's metric families.
 #[derive(Debug)]
 pub struct Metrics {
@@ -61,6 +85,10 @@ pub struct Metrics {
     collisions: Family<ModelLabels, Gauge>,
     admitted: Gauge,
     held: Gauge,
+    lane_admitted: Family<LaneLabels, Counter>,
+    lane_rejected: Family<LaneLabels, Counter>,
+    lane_no_room: Family<NoRoomLabels, Counter>,
+    lane_queued: Family<LaneLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -130,8 +158,36 @@ impl Metrics {
             "Requests held for a model with no ready backend, all models (bounded by --max-held)",
             held.clone(),
         );
+        let lane_admitted = Family::<LaneLabels, Counter>::default();
+        registry.register(
+            "lane_admitted",
+            "Requests sent to a backend, by lane (priority, default, flex)",
+            lane_admitted.clone(),
+        );
+        let lane_rejected = Family::<LaneLabels, Counter>::default();
+        registry.register(
+            "lane_rejected",
+            "Requests answered 429 + Retry-After because their lane had no room within --lane-hold-timeout",
+            lane_rejected.clone(),
+        );
+        let lane_no_room = Family::<NoRoomLabels, Counter>::default();
+        registry.register(
+            "lane_no_room",
+            "Looks of a waiting flex request that found no backend with room, by what stopped it",
+            lane_no_room.clone(),
+        );
+        let lane_queued = Family::<LaneLabels, Gauge>::default();
+        registry.register(
+            "lane_queued_requests",
+            "Requests waiting for room in their lane (only the flex lane ever waits for room)",
+            lane_queued.clone(),
+        );
         Self {
             registry,
+            lane_admitted,
+            lane_rejected,
+            lane_no_room,
+            lane_queued,
             requests,
             rejected,
             hold_seconds,
@@ -142,6 +198,27 @@ impl Metrics {
             admitted,
             held,
         }
+    }
+
+    /// Counts a request of `lane` sent to a backend.
+    pub fn lane_admitted(&self, model: &ModelLabels, lane: Lane) {
+        self.lane_admitted.get_or_create(&lane_labels(model, lane)).inc();
+    }
+
+    /// Counts a request of `lane` answered 429 for want of room.
+    pub fn lane_rejected(&self, model: &ModelLabels, lane: Lane) {
+        self.lane_rejected.get_or_create(&lane_labels(model, lane)).inc();
+    }
+
+    /// Counts a look that found no room, by what stopped it.
+    pub fn lane_no_room(&self, model: &ModelLabels, reason: &'static str) {
+        self.lane_no_room
+            .get_or_create(&NoRoomLabels {
+                namespace: model.namespace.clone(),
+                model: model.model.clone(),
+                reason,
+            })
+            .inc();
     }
 
     /// The text exposition, with the gauges refreshed from `router` and discovery's current `collisions`.
@@ -160,6 +237,13 @@ impl Metrics {
             self.ready_backends
                 .get_or_create(&l)
                 .set(i64::try_from(e.ready_count()).unwrap_or(i64::MAX));
+            self.lane_queued
+                .get_or_create(&LaneLabels {
+                    namespace: l.namespace.clone(),
+                    model: l.model.clone(),
+                    lane: Lane::Flex.label(),
+                })
+                .set(i64::try_from(e.flex_waiting()).unwrap_or(i64::MAX));
         }
         // Cleared first, so that a collision that was resolved drops out instead of keeping its last value.
         self.collisions.clear();
@@ -179,5 +263,13 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+fn lane_labels(model: &ModelLabels, lane: Lane) -> LaneLabels {
+    LaneLabels {
+        namespace: model.namespace.clone(),
+        model: model.model.clone(),
+        lane: lane.label(),
     }
 }

@@ -18,7 +18,15 @@
 //! - [`discovery`]: the [`discovery::Discovery`] trait and static backends with demand-driven health probes.
 //! - [`kube`]: Kubernetes discovery (EndpointSlices + InferenceAutoscalers, per namespace) and collision Events.
 //! - [`serve`]: the accept loop (header-read timeout, graceful stop).
+//! - [`lanes`]: the flex lane's view of each backend (its KV-cache and queue gauges), read while flex traffic
+//!   flows; the gate itself is `tessera_core::lanes`.
 //! - [`metrics`]: Prometheus families.
+//!
+//! **Priority lanes.** A request's lane is its `service_tier` (`priority`, `flex`) or vLLM `priority` (below 0,
+//! above 0); anything else is the default lane. Priority and default requests are never gated. A flex request
+//! goes only to a backend with room (`--lane-admit-below`, `--lane-stop-at`, `--lane-max-waiting`); it waits
+//! for room at most `--lane-hold-timeout`, outside every queue a real-time request waits in, and is then
+//! answered `429` with `Retry-After`.
 //!
 //! Admin endpoints: `GET /v1/models` and `GET /namespaces/<ns>/v1/models` (the models of one namespace),
 //! `GET` [`STATS_PATH`] (the [`tessera_core::wire::activator::ActivatorStats`] document the controller reads,
@@ -29,6 +37,7 @@ use tessera_runtime::serve::nonzero_duration;
 
 pub mod discovery;
 pub mod kube;
+pub mod lanes;
 pub mod metrics;
 pub mod proxy;
 pub mod router;
@@ -44,6 +53,7 @@ use axum::routing::{get, post};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioTimer;
+use tessera_core::lanes::LaneLimits;
 use tessera_core::wire::activator::STATS_PATH;
 use tessera_runtime::Graceful;
 use tracing::info;
@@ -75,6 +85,9 @@ pub enum ActivatorError {
     /// A Kubernetes API call failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] ::kube::Error),
+    /// The flex lane's thresholds are inconsistent.
+    #[error("{0}")]
+    Lanes(String),
 }
 
 impl ActivatorError {
@@ -85,6 +98,7 @@ impl ActivatorError {
             Self::Serve(_) => "serve",
             Self::KubeConfig(_) => "kube_config",
             Self::Kube(_) => "kube",
+            Self::Lanes(_) => "lanes",
         }
     }
 }
@@ -191,6 +205,48 @@ pub struct Args {
     #[arg(long, env = "TESSERA_INSTANCE")]
     pub instance: Option<String>,
 
+    /// Flex lane (`service_tier: flex`, a vLLM `priority` above 0): admitted freely while the backend's KV-cache
+    /// usage is under this fraction.
+    #[arg(long, env = "TESSERA_LANE_ADMIT_BELOW", default_value_t = 0.5)]
+    pub lane_admit_below: f64,
+
+    /// Flex lane: no flex request goes to a backend at or above this KV-cache usage; between
+    /// `--lane-admit-below` and this, at most `--lane-throttle-in-flight` are in flight per backend.
+    #[arg(long, env = "TESSERA_LANE_STOP_AT", default_value_t = 0.6)]
+    pub lane_stop_at: f64,
+
+    /// Flex lane: no flex request goes to a backend with more requests than this waiting in its own queue.
+    #[arg(long, env = "TESSERA_LANE_MAX_WAITING", default_value_t = 0.0)]
+    pub lane_max_waiting: f64,
+
+    /// Flex lane: flex requests in flight per backend in the throttled band (and while its gauges are unknown).
+    #[arg(long, env = "TESSERA_LANE_THROTTLE_IN_FLIGHT", default_value_t = 1)]
+    pub lane_throttle_in_flight: u64,
+
+    /// Flex lane: flex requests in flight per backend below `--lane-admit-below`.
+    #[arg(long, env = "TESSERA_LANE_MAX_IN_FLIGHT", default_value_t = 64)]
+    pub lane_max_in_flight: u64,
+
+    /// Flex lane: longest a flex request waits for a backend with room before a 429 with Retry-After (never a
+    /// timeout at the client).
+    #[arg(long, env = "TESSERA_LANE_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub lane_hold_timeout: Duration,
+
+    /// Flex lane: how often backends' gauges are read (only for models with flex traffic) and a waiting flex
+    /// request looks for room again.
+    #[arg(long, env = "TESSERA_LANE_POLL_INTERVAL", value_parser = nonzero_duration, default_value = "200ms")]
+    pub lane_poll_interval: Duration,
+
+    /// Flex lane: `Retry-After` on its 429 (rounded to whole seconds, at least 1).
+    #[arg(long, env = "TESSERA_LANE_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub lane_retry_after: Duration,
+
+    /// Set each request's vLLM `priority` from its lane where the body has none (flex 10, priority tier -1,
+    /// default untouched). Only for servers started with `--scheduling-policy priority`: vLLM refuses a
+    /// non-zero priority otherwise.
+    #[arg(long, env = "TESSERA_LANE_PRIORITY")]
+    pub lane_priority: bool,
+
     /// Graceful shutdown (`--drain-period`): after SIGTERM `/ready` fails while requests are still served; at
     /// the end, requests still held are answered 503 + Retry-After.
     #[command(flatten)]
@@ -242,6 +298,21 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ))
     };
     let discovery_task = tokio::spawn(discovery.clone().run(router.clone()));
+    let lanes = LaneLimits {
+        admit_below: args.lane_admit_below,
+        stop_at: args.lane_stop_at,
+        max_waiting: args.lane_max_waiting,
+        throttle_in_flight: args.lane_throttle_in_flight,
+        max_in_flight: args.lane_max_in_flight,
+        // Gauges older than a few reads say nothing about the room now.
+        max_age: (args.lane_poll_interval * 5).max(Duration::from_secs(1)),
+    };
+    lanes.validate().map_err(ActivatorError::Lanes)?;
+    let lanes_task = tokio::spawn(lanes::run(
+        router.clone(),
+        backend_client(args.upstream_idle_timeout),
+        args.lane_poll_interval,
+    ));
 
     // Semaphore permits are counted in usize but acquired in u32 chunks; a budget beyond Tokio's maximum is capped.
     let budget = args
@@ -259,6 +330,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             body_read_timeout: args.body_read_timeout,
             response_header_timeout: args.response_header_timeout,
             stream_idle_timeout: args.upstream_stream_timeout,
+            lanes,
+            lane_hold_timeout: args.lane_hold_timeout,
+            lane_poll_interval: args.lane_poll_interval,
+            lane_retry_after: args.lane_retry_after,
+            lane_priority: args.lane_priority,
         },
         body_budget: Arc::new(tokio::sync::Semaphore::new(budget)),
         graceful: graceful.clone(),
@@ -290,6 +366,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    lanes_task.abort();
     info!("activator stopped");
     Ok(())
 }

@@ -29,6 +29,8 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Deserialize;
+use tessera_core::class::{ClassPolicy, Lane, WorkloadClass};
+use tessera_core::lanes::LaneLimits;
 use tessera_runtime::Graceful;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -53,6 +55,17 @@ pub struct Limits {
     pub response_header_timeout: Duration,
     /// Longest a backend may go without sending anything of a response body it has started (a stalled stream).
     pub stream_idle_timeout: Duration,
+    /// The flex lane's gate (`tessera_core::lanes`).
+    pub lanes: LaneLimits,
+    /// Longest a flex-lane request waits for room before its 429.
+    pub lane_hold_timeout: Duration,
+    /// How often a waiting flex-lane request looks for room again.
+    pub lane_poll_interval: Duration,
+    /// `Retry-After` on a flex-lane 429.
+    pub lane_retry_after: Duration,
+    /// Set each request's vLLM `priority` from its lane where the body has none (only for servers started
+    /// with `--scheduling-policy priority`, which refuse a non-zero priority otherwise).
+    pub lane_priority: bool,
 }
 
 /// What the request path needs, shared by every connection.
@@ -157,6 +170,17 @@ pub enum RequestError {
         /// The timeout, humantime.
         waited: String,
     },
+    /// A flex-lane request found no backend with room within `--lane-hold-timeout`: the real-time lanes have
+    /// the servers.
+    #[error(
+        "model `{model}` has no room for flex-tier work now ({why}); real-time requests come first, retry later"
+    )]
+    LaneFull {
+        /// The model.
+        model: String,
+        /// What the last look found.
+        why: String,
+    },
 }
 
 fn shed_reason(s: Shed) -> &'static str {
@@ -174,7 +198,7 @@ impl RequestError {
             Self::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::UnknownModel { .. } => StatusCode::NOT_FOUND,
-            Self::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::Overloaded(_) | Self::LaneFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::QueueFull(_) | Self::HoldTimeout { .. } | Self::ShuttingDown(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -199,6 +223,7 @@ impl RequestError {
             Self::ShuttingDown(_) => "shutting_down",
             Self::Upstream { .. } => "upstream_error",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
+            Self::LaneFull { .. } => "lane_full",
         }
     }
 
@@ -210,7 +235,7 @@ impl RequestError {
             | Self::BodyTimeout(_)
             | Self::UnknownModel { .. } => "invalid_request_error",
             // What OpenAI's own API answers when a client must slow down.
-            Self::Overloaded(_) => "rate_limit_error",
+            Self::Overloaded(_) | Self::LaneFull { .. } => "rate_limit_error",
             Self::QueueFull(_)
             | Self::HoldTimeout { .. }
             | Self::ShuttingDown(_)
@@ -238,21 +263,142 @@ impl RequestError {
     }
 }
 
-/// Only the field the router needs; serde skips the rest of the body without allocating for it.
+/// The fields the activator reads: the `model` it routes by, and for the lanes and the class rule the tier asked
+/// for, the vLLM priority, whether to stream and how long the prompt is. serde skips the rest of the body
+/// without allocating for it, and the prompt is measured, never copied ([`TextLen`]).
 #[derive(Deserialize)]
-struct ModelField<'a> {
+struct RequestFields<'a> {
     #[serde(borrow)]
     model: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default, borrow)]
+    service_tier: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    priority: Option<i64>,
+    #[serde(default)]
+    prompt: Option<TextLen>,
+    #[serde(default)]
+    messages: Option<TextLen>,
+    #[serde(default)]
+    input: Option<TextLen>,
+}
+
+/// The bytes of text in a JSON value (strings, in arrays and objects at any depth; keys and numbers not
+/// counted): a prompt's length without holding a copy of it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TextLen(pub usize);
+
+impl<'de> Deserialize<'de> for TextLen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = TextLen;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<TextLen, E> {
+                Ok(TextLen(v.len()))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_unit<E>(self) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_none<E>(self) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TextLen, A::Error> {
+                let mut n = 0usize;
+                while let Some(TextLen(k)) = seq.next_element()? {
+                    n = n.saturating_add(k);
+                }
+                Ok(TextLen(n))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TextLen, A::Error> {
+                let mut n = 0usize;
+                while let Some((serde::de::IgnoredAny, TextLen(k))) = map.next_entry()? {
+                    n = n.saturating_add(k);
+                }
+                Ok(TextLen(n))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// What the activator reads of one request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// The OpenAI `model`.
+    pub model: String,
+    /// The lane: `service_tier` and vLLM `priority` (`tessera_core::class::Lane::of`).
+    pub lane: Lane,
+    /// `stream`, when the body says.
+    pub stream: Option<bool>,
+    /// Bytes of text in `prompt`, `messages` or `input`, when the body has one.
+    pub prompt_bytes: Option<usize>,
+    /// The vLLM `priority` the body gives, if any.
+    pub priority: Option<i64>,
+}
+
+/// The vLLM `priority` a lane's requests carry where the server schedules by priority (lower runs first):
+/// flex the batch class's, the priority tier ahead of the default lane's 0; the default lane is left alone.
+pub fn lane_priority(lane: Lane) -> Option<i64> {
+    match lane {
+        Lane::Flex => Some(i64::from(ClassPolicy::of(WorkloadClass::Batch).vllm_priority)),
+        Lane::Priority => Some(-1),
+        Lane::Default => None,
+    }
+}
+
+/// The body with `"priority": p` added; the body as it was when it is not a JSON object (it was parsed once
+/// already, so this does not happen).
+fn with_priority(body: Bytes, p: i64) -> Bytes {
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body) {
+        Ok(mut map) => {
+            map.insert("priority".to_owned(), serde_json::Value::from(p));
+            serde_json::to_vec(&map).map(Bytes::from).unwrap_or(body)
+        }
+        Err(_) => body,
+    }
+}
+
+/// What the activator reads of an OpenAI request body.
+pub fn request_info(body: &[u8]) -> Result<RequestInfo, RequestError> {
+    let parsed: RequestFields<'_> =
+        serde_json::from_slice(body).map_err(|e| RequestError::BadRequest(e.to_string()))?;
+    let model = match parsed.model {
+        Some(m) if !m.is_empty() => m.into_owned(),
+        _ => return Err(RequestError::BadRequest("\"model\" is missing or empty".into())),
+    };
+    let prompt_bytes = [parsed.prompt, parsed.messages, parsed.input]
+        .into_iter()
+        .flatten()
+        .map(|t| t.0)
+        .reduce(usize::saturating_add);
+    Ok(RequestInfo {
+        model,
+        lane: Lane::of(parsed.service_tier.as_deref(), parsed.priority),
+        stream: parsed.stream,
+        prompt_bytes,
+        priority: parsed.priority,
+    })
 }
 
 /// The `model` of an OpenAI request body.
 pub fn model_of(body: &[u8]) -> Result<String, RequestError> {
-    let parsed: ModelField<'_> =
-        serde_json::from_slice(body).map_err(|e| RequestError::BadRequest(e.to_string()))?;
-    match parsed.model {
-        Some(m) if !m.is_empty() => Ok(m.into_owned()),
-        _ => Err(RequestError::BadRequest("\"model\" is missing or empty".into())),
-    }
+    request_info(body).map(|i| i.model)
 }
 
 /// Whether `path` holds a segment a server would resolve away: `.` or `..`, literally or percent-encoded
@@ -298,10 +444,11 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => return reject(&app, None, e),
     };
-    let model = match model_of(&body) {
-        Ok(m) => m,
+    let info = match request_info(&body) {
+        Ok(i) => i,
         Err(e) => return reject(&app, None, e),
     };
+    let model = info.model.clone();
     let full = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
     let (namespace, path) = namespace_and_path(&full, &app.default_namespace);
     let Some(entry) = app.router.get(namespace, &model) else {
@@ -319,6 +466,14 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     };
     let span =
         info_span!("request", namespace = %entry.namespace(), model = %model, path = %parts.uri.path());
+    entry.record_mix(info.lane, info.stream, info.prompt_bytes);
+    if info.lane == Lane::Flex {
+        entry.want_gauges();
+    }
+    let body = match (app.limits.lane_priority, info.priority, lane_priority(info.lane)) {
+        (true, None, Some(p)) => with_priority(body, p),
+        _ => body,
+    };
     let request = Forward {
         parts,
         path: path.to_string(),
@@ -326,6 +481,7 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         budget,
         arrived,
         admitted,
+        lane: info.lane,
     };
     forward(app, entry, request).instrument(span).await
 }
@@ -415,7 +571,12 @@ fn reject(app: &App, entry: Option<&ModelEntry>, err: RequestError) -> Response 
     if let Some(e) = entry {
         e.record_rejection();
     }
-    err.into_response(app.limits.retry_after)
+    let retry_after = if matches!(err, RequestError::LaneFull { .. }) {
+        app.limits.lane_retry_after
+    } else {
+        app.limits.retry_after
+    };
+    err.into_response(retry_after)
 }
 
 /// One request on its way to a backend.
@@ -428,6 +589,8 @@ struct Forward {
     budget: Option<OwnedSemaphorePermit>,
     arrived: Instant,
     admitted: Admitted,
+    /// The request's lane: a flex request goes only to a backend with room.
+    lane: Lane,
 }
 
 async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Response {
@@ -438,6 +601,7 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         budget,
         arrived,
         admitted,
+        lane,
     } = req;
     entry.record_arrival(crate::unix_ms(SystemTime::now()));
     let labels = ModelLabels {
@@ -450,9 +614,37 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
     // the hold histogram counts it once even if a refused connection sends it back to the queue.
     let mut slot = None;
     let mut held = false;
+    // A flex request waiting for room (the gauge of its wait), outside every queue a real-time request waits in.
+    let mut flex_wait = None;
     loop {
-        if let Some(lease) = entry.pick() {
+        let picked = if lane == Lane::Flex {
+            match entry.pick_flex(&app.limits.lanes, Instant::now()) {
+                Ok(lease) => Some(lease),
+                // No backend ready: held for a scale from zero like any request.
+                Err(None) => None,
+                Err(Some(no_room)) => {
+                    drop(slot.take());
+                    app.metrics.lane_no_room(&labels, no_room.label());
+                    let lane_deadline = arrived + app.limits.lane_hold_timeout;
+                    if Instant::now() + app.limits.lane_poll_interval > lane_deadline
+                        || app.graceful.is_stopping()
+                    {
+                        app.metrics.lane_rejected(&labels, lane);
+                        let why = no_room.to_string();
+                        return reject(&app, Some(&entry), RequestError::LaneFull { model, why });
+                    }
+                    flex_wait.get_or_insert_with(|| entry.flex_wait());
+                    tokio::time::sleep(app.limits.lane_poll_interval).await;
+                    continue;
+                }
+            }
+        } else {
+            entry.pick()
+        };
+        if let Some(lease) = picked {
             drop(slot.take());
+            drop(flex_wait.take());
+            app.metrics.lane_admitted(&labels, lane);
             let in_flight = entry.start_in_flight();
             let sent = tokio::time::timeout(
                 app.limits.response_header_timeout,

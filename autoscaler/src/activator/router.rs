@@ -10,10 +10,12 @@
 //! is forwarded the moment a backend turns ready instead of on the next tick of a poll loop.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use http::Uri;
+use tessera_core::class::{Lane, RequestMix};
+use tessera_core::lanes::{BackendRoom, LaneLimits, NoRoom, admit_flex};
 use tessera_core::wire::activator::{ActivatorStats, ModelStats, model_key};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -24,6 +26,20 @@ pub struct Backend {
     /// Base URL, e.g. `http://10.0.0.7:8000` (no trailing slash); request paths are appended to it.
     pub base: String,
     outstanding: AtomicU64,
+    /// Flex-lane requests among `outstanding`.
+    flex: AtomicU64,
+    /// Flex-lane requests sent since the gauges were last read.
+    flex_unseen: AtomicU64,
+    /// The backend's last gauges (KV-cache usage, requests waiting) and when they were read (`super::lanes`).
+    gauges: Mutex<Option<Gauges>>,
+}
+
+/// A backend's gauges as last read from its `/metrics`.
+#[derive(Debug, Clone, Copy)]
+struct Gauges {
+    at: Instant,
+    kv: Option<f64>,
+    waiting: Option<f64>,
 }
 
 impl Backend {
@@ -31,6 +47,27 @@ impl Backend {
         Self {
             base: base.trim_end_matches('/').to_string(),
             outstanding: AtomicU64::new(0),
+            flex: AtomicU64::new(0),
+            flex_unseen: AtomicU64::new(0),
+            gauges: Mutex::new(None),
+        }
+    }
+
+    /// Records the backend's gauges read at `at` (KV-cache usage 0–1, requests waiting).
+    pub fn set_gauges(&self, at: Instant, kv: Option<f64>, waiting: Option<f64>) {
+        *lock(&self.gauges) = Some(Gauges { at, kv, waiting });
+        self.flex_unseen.store(0, Ordering::Relaxed);
+    }
+
+    /// What the flex lane's gate reads of this backend at `now`.
+    pub fn room(&self, now: Instant) -> BackendRoom {
+        let g = *lock(&self.gauges);
+        BackendRoom {
+            kv: g.and_then(|g| g.kv),
+            waiting: g.and_then(|g| g.waiting),
+            age: g.map(|g| now.saturating_duration_since(g.at)),
+            flex_in_flight: self.flex.load(Ordering::Relaxed),
+            flex_unseen: self.flex_unseen.load(Ordering::Relaxed),
         }
     }
 
@@ -50,6 +87,8 @@ impl Backend {
 #[derive(Debug)]
 pub struct Lease {
     backend: Arc<Backend>,
+    /// A flex-lane request: counted in the backend's flex in-flight too.
+    flex: bool,
 }
 
 impl Lease {
@@ -62,6 +101,21 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
+        if self.flex {
+            self.backend.flex.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Flex-lane requests waiting for room at a model; the gauge drops when the wait ends, however it ends.
+#[derive(Debug)]
+pub struct FlexWait<'a> {
+    entry: &'a ModelEntry,
+}
+
+impl Drop for FlexWait<'_> {
+    fn drop(&mut self) {
+        self.entry.flex_waiting.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -156,6 +210,13 @@ pub struct ModelEntry {
     queued: AtomicU64,
     /// Unix ms of the last arrival; 0 means none yet.
     last_request_ms: AtomicU64,
+    /// The lanes, streaming and prompt lengths of the requests counted, for the workload class rule.
+    mix: Mutex<RequestMix>,
+    /// Flex-lane requests waiting for room.
+    flex_waiting: AtomicU64,
+    /// A flex request arrived since the lanes' poller last looked.
+    wants_gauges: AtomicBool,
+
     /// Rotates the starting point of the least-outstanding scan so ties spread round-robin.
     rr: AtomicUsize,
 }
@@ -202,6 +263,10 @@ impl ModelEntry {
             in_flight: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             last_request_ms: AtomicU64::new(0),
+            mix: Mutex::new(RequestMix::default()),
+            flex_waiting: AtomicU64::new(0),
+            wants_gauges: AtomicBool::new(false),
+
             rr: AtomicUsize::new(0),
         }
     }
@@ -232,6 +297,13 @@ impl ModelEntry {
         // max, not store: concurrent arrivals may record out of order.
         self.last_request_ms
             .fetch_max(now_unix_ms.max(1), Ordering::Relaxed);
+    }
+
+    /// Counts an arriving request's lane, whether it streams and its prompt's length (the class rule's input).
+    pub fn record_mix(&self, lane: Lane, stream: Option<bool>, prompt_bytes: Option<usize>) {
+        if let Ok(mut m) = self.mix.lock() {
+            m.count(lane, stream, prompt_bytes);
+        }
     }
 
     /// Counts a request the activator answered itself with an error (overflow, timeout, no backend).
@@ -281,7 +353,66 @@ impl ModelEntry {
         let backend = pick_least_outstanding(&ready, self.rr.fetch_add(1, Ordering::Relaxed))?.clone();
         drop(ready);
         backend.outstanding.fetch_add(1, Ordering::Relaxed);
-        Some(Lease { backend })
+        Some(Lease { backend, flex: false })
+    }
+
+    /// Picks a backend for a flex-lane request: the least outstanding among the ready ones with room
+    /// (`tessera_core::lanes::admit_flex`). `Err(None)`: no backend is ready (the hold path applies);
+    /// `Err(Some(why))`: backends are ready but none has room.
+    pub fn pick_flex(&self, limits: &LaneLimits, now: Instant) -> Result<Lease, Option<NoRoom>> {
+        let ready = self.ready.borrow();
+        if ready.is_empty() {
+            return Err(None);
+        }
+        let mut why = None;
+        let mut best: Option<&Arc<Backend>> = None;
+        for b in ready.iter() {
+            match admit_flex(&b.room(now), limits) {
+                Ok(()) => {
+                    if best.is_none_or(|x| b.outstanding() < x.outstanding()) {
+                        best = Some(b);
+                    }
+                }
+                Err(e) => why = Some(e),
+            }
+        }
+        let Some(backend) = best.cloned() else {
+            return Err(why);
+        };
+        drop(ready);
+        backend.outstanding.fetch_add(1, Ordering::Relaxed);
+        backend.flex.fetch_add(1, Ordering::Relaxed);
+        backend.flex_unseen.fetch_add(1, Ordering::Relaxed);
+        Ok(Lease { backend, flex: true })
+    }
+
+    /// Counts a flex-lane request waiting for room until the guard drops.
+    pub fn flex_wait(&self) -> FlexWait<'_> {
+        self.flex_waiting.fetch_add(1, Ordering::Relaxed);
+        self.wants_gauges.store(true, Ordering::Relaxed);
+        FlexWait { entry: self }
+    }
+
+    /// Flex-lane requests waiting for room now.
+    pub fn flex_waiting(&self) -> u64 {
+        self.flex_waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether the lanes' poller should read this model's backends' gauges: a flex request has arrived since
+    /// the last call. Reading `/metrics` costs the server a page render, so models without flex traffic pay
+    /// nothing.
+    pub fn take_wants_gauges(&self) -> bool {
+        self.wants_gauges.swap(false, Ordering::Relaxed)
+    }
+
+    /// Marks that a flex request arrived: the poller reads this model's gauges from now on.
+    pub fn want_gauges(&self) {
+        self.wants_gauges.store(true, Ordering::Relaxed);
+    }
+
+    /// The ready backends now.
+    pub fn ready_backends(&self) -> Vec<Arc<Backend>> {
+        self.ready.borrow().iter().cloned().collect()
     }
 
     /// Waits until at least one backend is ready or `deadline` passes; true if one is ready.
@@ -350,6 +481,7 @@ impl ModelEntry {
             queued: self.queued(),
             ready_backends: u32::try_from(self.ready_count()).unwrap_or(u32::MAX),
             last_request_at_unix_ms: (last > 0).then_some(last),
+            mix: self.mix.lock().map(|m| *m).unwrap_or_default(),
         }
     }
 }

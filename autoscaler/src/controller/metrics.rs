@@ -6,6 +6,7 @@
 //! - `tessera_autoscaler_reconcile_errors_total{reason}`: failed reconciles, by error label.
 //! - `tessera_autoscaler_scrape_failures_total{source,reason}`: sidecar or activator documents that could not be read.
 //! - `tessera_autoscaler_leader`: 1 while this replica holds the lease.
+//! - `tessera_autoscaler_class_changes_total{from,to}`: workload class changes (three classes: at most six series).
 //! - `tessera_autoscaler_cold_start_budget_requests{namespace,group}`, `..._allowed_misses`, `..._spent_misses`: a
 //!   shared cold-start miss budget (`scaleToZero.coldStartBudgetGroup`) as its last member's reconcile allotted it:
 //!   the members' requests over the last day, the misses the budget allows, and the would-be misses of the
@@ -32,6 +33,12 @@ struct ReasonLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DirectionLabels {
     direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassChangeLabels {
+    from: String,
+    to: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -66,6 +73,7 @@ pub struct Metrics {
     reconcile_errors: Family<ReasonLabels, Counter>,
     scrape_failures: Family<ScrapeLabels, Counter>,
     leader: Gauge<i64, AtomicI64>,
+    class_changes: Family<ClassChangeLabels, Counter>,
     budget: BudgetGauges,
     /// The pool manager's `tessera_pool_*` metrics, served on the same page.
     pub pool: crate::pool::PoolMetrics,
@@ -123,6 +131,12 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let class_changes = Family::<ClassChangeLabels, Counter>::default();
+        registry.register(
+            "class_changes",
+            "Workload class changes, from and to",
+            class_changes.clone(),
+        );
         let budget = BudgetGauges::default();
         registry.register(
             "cold_start_budget_requests",
@@ -147,6 +161,7 @@ impl Metrics {
             reconcile_errors,
             scrape_failures,
             leader,
+            class_changes,
             budget,
             pool,
             keda,
@@ -158,6 +173,20 @@ impl Metrics {
         self.decisions
             .get_or_create(&ReasonLabels {
                 reason: reason.label().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a workload class change.
+    pub fn class_changed(
+        &self,
+        from: tessera_core::class::WorkloadClass,
+        to: tessera_core::class::WorkloadClass,
+    ) {
+        self.class_changes
+            .get_or_create(&ClassChangeLabels {
+                from: from.as_str().to_owned(),
+                to: to.as_str().to_owned(),
             })
             .inc();
     }

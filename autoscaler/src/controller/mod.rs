@@ -2,6 +2,8 @@
 //!
 //! - [`reconcile`]: one object per call — read `/scale`, read every ready replica's sidecar, add the activator's
 //!   demand, decide with [`tessera_core::scale::joint::round`] and [`tessera_core::scale::joint::decide`], scale through `/scale`, write status, emit Events.
+//! - [`class`]: what the round's workload-class step reads (pin, owner, Kueue queue, request mix), the class
+//!   resumed from status, and the Event when it changes.
 //! - [`signals`]: the sidecar and activator documents and their conversion into the core's input.
 //! - [`status`]: HPA-like conditions, built purely from a decision.
 //! - [`coldstart`]: what the cold-start rules carry between rounds and across processes — the measured cold start,
@@ -23,6 +25,7 @@
 //! every known activator pod gave a fresh document, and without them a model is never scaled to zero.
 
 pub mod allocation;
+pub mod class;
 pub mod coldstart;
 pub mod consolidate;
 pub mod context;

@@ -10,7 +10,8 @@
 //! 4. Add the activators' demand for the model's names (`"<namespace>/<model>"`, polled in the background), the
 //!    share's room, the cold start measured from the pods, the budget group's claims and where the pods sit
 //!    relative to a draining GPU: the round's [`Observed`] ([`gather`]).
-//! 5. The round: urgency, the decision and its reason, what held it, the move off a draining GPU. A decision to
+//! 5. The round: the workload class and the policy defaults it supplies (an Event when it changes), urgency, the
+//!    decision and its reason, what held it, the move off a draining GPU. A decision to
 //!    go to zero is asked again on activator documents fetched right then ([`Round::redecide`]): a request that
 //!    arrived since keeps the model up.
 //! 6. Mark pods leaving a draining GPU, apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`,
@@ -253,16 +254,18 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let ready = r.input.ready_replicas;
     let seen = crate::ui::observe::model_from_reconcile(
         obj,
-        &policy,
+        &r.policy,
         &docs,
         decision,
         r.constraint,
         ready,
+        r.class.as_ref(),
         now.as_millis(),
     );
-    // The class shown by `kubectl get ias -o wide` is the one the page shows.
-    let workload_class = seen.workload_class.clone();
     ctx.ui.observe_model(seen, now.as_millis());
+    if let Some(c) = &r.class {
+        super::class::announce(ctx, obj, c).await;
+    }
     let recommendation = status::largest_recommendation(&g.recommendations);
 
     // 7. The allocation in force, and under `updateMode: Recreate` a roll onto it.
@@ -302,7 +305,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         );
         st.allocation = Some(allocation.clone());
         st.cold_start_ledger = ledger_copy.clone();
-        status::set_workload_class(&mut st, workload_class.as_ref());
+        status::set_workload_class(&mut st, r.class.as_ref());
         let had = st
             .conditions
             .iter()
@@ -556,6 +559,16 @@ pub(super) async fn gather(
         Vec::new()
     };
     let placed = super::consolidate::placement(&all_pods, &ctx.consolidation.draining);
+    let class = super::class::signals(
+        obj,
+        &all_pods,
+        scale::inputs::mix_from(
+            &ctx.activators.samples(),
+            &keys,
+            now_ms,
+            ctx.settings.activator_max_age,
+        ),
+    );
     let observed = Observed {
         name,
         replicas: current,
@@ -568,6 +581,7 @@ pub(super) async fn gather(
         peers,
         placement: placed.placement,
         max_signal_age: ctx.settings.max_signal_age,
+        class: Some(class),
     };
     Ok(Gathered {
         observed,
@@ -595,14 +609,17 @@ fn take_round(
     let mut states = ctx.states.lock().ok();
     let mut lost = ScaleState::default();
     let state = match states.as_mut() {
-        Some(s) => s
-            .entry(key.to_owned())
-            .or_insert_with(|| resume_state(obj, policy, now)),
+        Some(s) => s.entry(key.to_owned()).or_insert_with(|| {
+            let mut state = resume_state(obj, policy, now);
+            state.class = super::class::resume(obj);
+            state
+        }),
         None => &mut lost,
     };
     let r = tessera_core::round::round(policy, observed, state, now);
     let state = state.clone();
-    let ledger = ledger_status(obj, policy, &state, now);
+    // The ledger is kept under the policy the round decided with: a class may have set its budget.
+    let ledger = ledger_status(obj, &r.policy, &state, now);
     if let Some(s) = &states {
         let ns = obj.namespace().unwrap_or_default();
         publish_budget_metrics(&ctx.metrics, s, &ns, r.joint.budget_group.as_ref());

@@ -377,6 +377,12 @@ fn assert_same_observed(
         "{at}: the simulator's leads {sim:?}"
     );
     ours.leads = sim;
+    // The workload class: the simulator's strategies run without one yet (`docs/policies.md`, "What reaches
+    // what today"); the controller's model declares nothing here, so its class is real-time, whose defaults are
+    // the policy as written: the rounds decide alike.
+    let class = ours.class.take().expect("the controller always classifies");
+    assert_eq!(class.declared, tessera_core::class::Declared::default(), "{at}");
+    assert_eq!(class.mix, tessera_core::class::RequestMix::default(), "{at}");
     let mut peers = theirs.peers.clone();
     peers.sort_by(|a, b| a.member.cmp(&b.member));
     ours.peers.sort_by(|a, b| a.member.cmp(&b.member));
@@ -567,6 +573,14 @@ async fn assert_replays_alike(sc: &scenario::Scenario, picked: &[&DecisionRecord
             rec.cold_start
         );
         expected.last_cold_start = measured;
+        // The class step's own history (the simulator runs without classes yet): real-time, the policy as written.
+        assert_eq!(
+            state.class.class,
+            Some(tessera_core::class::WorkloadClass::Realtime),
+            "{at}"
+        );
+        expected.class = state.class.clone();
+        expected.minutes = state.minutes.clone();
         expected.record(
             &rec.decision,
             tessera_core::scale::Timestamp::from_millis(rec.at_ms),

@@ -281,18 +281,24 @@ pub fn after_failure(
     st
 }
 
-/// Sets `status.workloadClass` and its reason from the class the page computed for this reconcile
-/// ([`crate::ui::observe::model_from_reconcile`] → `workload_class`), so `kubectl get ias -o wide` and `/ui`
-/// agree. `None` (nothing classified this round) keeps what the status had.
+/// Sets the class fields of the status from the round's class step (`status.workloadClass`, its reason and
+/// source, since when, the class's policy and the knobs that came from it), so `kubectl get ias -o wide` and `/ui`
+/// agree. `None` (no class this round) keeps what the status had.
 pub fn set_workload_class(
     st: &mut InferenceAutoscalerStatus,
-    class: Option<&tessera_core::workload::Classified>,
+    class: Option<&tessera_core::class::ClassRound>,
 ) {
-    if let Some(c) = class {
-        st.workload_class = Some(c.class.as_str().to_owned());
-        // Same bound as a condition's message: the API server limits the object's size, not us.
-        st.workload_class_reason = Some(c.reason.chars().take(1024).collect());
-    }
+    let Some(c) = class else { return };
+    st.workload_class = Some(c.held.class.as_str().to_owned());
+    // Same bound as a condition's message: the API server limits the object's size, not us.
+    st.workload_class_reason = Some(c.held.reason.chars().take(1024).collect());
+    st.workload_class_source = Some(c.held.source.as_str().to_owned());
+    let since = i64::try_from(c.held.since.as_millis()).unwrap_or(i64::MAX);
+    st.class_since = k8s_openapi::jiff::Timestamp::from_millisecond(since)
+        .ok()
+        .map(Time);
+    st.class_policy = Some(c.resolved.summary());
+    st.policy_from_class = c.resolved.from_class.iter().map(|f| (*f).to_owned()).collect();
 }
 
 /// The merge patch for a status: fields that are unset now are sent as `null` so stale values are removed, and the
@@ -309,11 +315,14 @@ pub fn merge_patch(status: &InferenceAutoscalerStatus, resource_version: Option<
             "recommendation",
             "workloadClass",
             "workloadClassReason",
+            "workloadClassSource",
+            "classSince",
+            "classPolicy",
             "coldStartLedger",
         ] {
             obj.entry(key).or_insert(serde_json::Value::Null);
         }
-        for key in ["currentMetrics", "conditions"] {
+        for key in ["currentMetrics", "conditions", "policyFromClass"] {
             obj.entry(key).or_insert(serde_json::json!([]));
         }
     }
@@ -474,17 +483,33 @@ mod tests {
 
     #[test]
     fn the_workload_class_is_set_kept_and_survives_a_decision() {
-        use tessera_core::workload::{Classified, WorkloadClass};
+        use tessera_core::class::{ClassRound, Explicit, Held, Source, WorkloadClass, policy};
+        use tessera_core::scale::{ScalePolicy, Timestamp};
         let mut st = InferenceAutoscalerStatus::default();
         set_workload_class(&mut st, None);
         assert_eq!(st.workload_class, None);
-        let bursty = Classified {
-            class: WorkloadClass::Bursty,
-            reason: "requests in 20% of the window's scrapes".into(),
+        let batch = ClassRound {
+            held: Held {
+                class: WorkloadClass::Batch,
+                source: Source::Declared,
+                reason: "owned by a Job: it runs to completion".into(),
+                since: Timestamp::from_millis(1_700_000_000_000),
+                changed_from: Some(WorkloadClass::Realtime),
+            },
+            resolved: policy::apply(
+                WorkloadClass::Batch,
+                &mut ScalePolicy::default(),
+                Explicit::default(),
+            ),
         };
-        set_workload_class(&mut st, Some(&bursty));
-        assert_eq!(st.workload_class.as_deref(), Some("bursty"));
-        assert_eq!(st.workload_class_reason.as_deref(), Some(bursty.reason.as_str()));
+        set_workload_class(&mut st, Some(&batch));
+        assert_eq!(st.workload_class.as_deref(), Some("batch"));
+        assert_eq!(st.workload_class_source.as_deref(), Some("declared"));
+        assert_eq!(
+            st.workload_class_reason.as_deref(),
+            Some(batch.held.reason.as_str())
+        );
+        assert!(st.policy_from_class.iter().any(|f| f == "requestPriority"));
         // A round with nothing classified keeps it; so does the next decision's status.
         set_workload_class(&mut st, None);
         let d = decision(2, 2, ScaleReason::WithinTolerance, false);
@@ -499,10 +524,12 @@ mod tests {
             None,
             &time(1),
         );
-        assert_eq!(next.workload_class.as_deref(), Some("bursty"));
+        assert_eq!(next.workload_class.as_deref(), Some("batch"));
         let json = serde_json::to_value(&next).unwrap();
-        assert_eq!(json["workloadClass"], "bursty");
-        assert!(json["workloadClassReason"].as_str().unwrap().contains("20%"));
+        assert_eq!(json["workloadClass"], "batch");
+        assert_eq!(json["classSince"], "2023-11-14T22:13:20Z");
+        assert!(json["workloadClassReason"].as_str().unwrap().contains("Job"));
+        assert!(json["classPolicy"].as_str().unwrap().contains("priority 10"));
     }
 
     #[test]

@@ -115,7 +115,14 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
         type_ = "string",
         json_path = ".status.workloadClass",
         priority = 1,
-        description = "Workload class: interactive, batch, bursty, idle or unknown (kubectl get -o wide)"
+        description = "Workload class: realtime, nearRealtime or batch, pinned or detected (kubectl get -o wide)"
+    ),
+    printcolumn(
+        name = "Class-Source",
+        type_ = "string",
+        json_path = ".status.workloadClassSource",
+        priority = 1,
+        description = "Where the class came from: pinned, declared, observed or default (kubectl get -o wide)"
     ),
     printcolumn(
         name = "Update",
@@ -191,6 +198,44 @@ pub struct InferenceAutoscalerSpec {
     /// serves that decision but never writes `/scale` (docs/autoscaling.md, "With KEDA").
     #[serde(default, skip_serializing_if = "ScaledBy::is_tessera")]
     pub scaled_by: ScaledBy,
+    /// The workload class whose defaults the policy takes where this spec leaves a knob unset: `auto` (default:
+    /// detected from what the workload declares — a Job owner, a Kueue queue, its requests' `service_tier` — and
+    /// then from its traffic; `realtime` when unsure), or `realtime`, `nearRealtime`, `batch` to pin it.
+    /// `status.policyFromClass` lists which values came from the class (docs/policies.md, "Workload classes").
+    #[serde(default, skip_serializing_if = "WorkloadClassSpec::is_auto")]
+    pub workload_class: WorkloadClassSpec,
+}
+
+/// `spec.workloadClass`: detected, or pinned to one class.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum WorkloadClassSpec {
+    /// Detected: declared signals first, observed second, real-time when unsure.
+    #[default]
+    Auto,
+    /// Someone waits on each token.
+    Realtime,
+    /// Someone waits on the answer; traffic in bursts.
+    NearRealtime,
+    /// Nobody waits on one request.
+    Batch,
+}
+
+impl WorkloadClassSpec {
+    fn is_auto(&self) -> bool {
+        *self == WorkloadClassSpec::Auto
+    }
+
+    /// The pinned class; `None` for `auto`.
+    pub fn pinned(self) -> Option<tessera_core::class::WorkloadClass> {
+        use tessera_core::class::WorkloadClass;
+        match self {
+            WorkloadClassSpec::Auto => None,
+            WorkloadClassSpec::Realtime => Some(WorkloadClass::Realtime),
+            WorkloadClassSpec::NearRealtime => Some(WorkloadClass::NearRealtime),
+            WorkloadClassSpec::Batch => Some(WorkloadClass::Batch),
+        }
+    }
 }
 
 /// Who writes an InferenceAutoscaler's target's `/scale` (one owner per `/scale`).

@@ -26,6 +26,17 @@ impl InferenceAutoscalerSpec {
         self.to_policy().map(|_| ())
     }
 
+    /// Which of the workload class's knobs this spec sets itself (those keep the spec's value).
+    pub fn class_explicit(&self) -> tessera_core::class::Explicit {
+        tessera_core::class::Explicit {
+            cold_start_miss_budget: self
+                .scale_to_zero
+                .as_ref()
+                .is_some_and(|z| z.cold_start_miss_budget.is_some()),
+            ttft_slo_percentile: self.ttft_slo_percentile.is_some(),
+        }
+    }
+
     /// The core policy this spec describes, or every problem found.
     pub fn to_policy(&self) -> Result<scale::ScalePolicy, Vec<String>> {
         let mut errors = Vec::new();

@@ -57,15 +57,26 @@ pub struct InferenceAutoscalerStatus {
     /// candidate settling towards it, and the last roll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<AllocationStatus>,
-    /// How the model is used, from what its sidecars observed over their window: `interactive` (steady traffic,
-    /// a latency objective), `batch` (steady, none), `bursty` (requests in under half of the window), `idle` (none,
-    /// or scaled to zero) or `unknown` (the CLASS column of `kubectl get ias -o wide`). For people: no decision
-    /// reads it.
+    /// The workload class in force: `realtime`, `nearRealtime` or `batch` (the CLASS column of `kubectl get ias
+    /// -o wide`). Its defaults fill the knobs the spec leaves unset (`policyFromClass`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_class: Option<String>,
-    /// Why the workload class is what it is.
+    /// Why the workload class is what it is, and what the traffic shows when it leans elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_class_reason: Option<String>,
+    /// Where the class came from: `pinned` (spec.workloadClass), `declared` (a Job owner, a Kueue queue, the
+    /// requests' tier), `observed` (the traffic) or `default` (nothing conclusive: real-time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_class_source: Option<String>,
+    /// When the class in force took effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_since: Option<Time>,
+    /// The class's policy in words (history, percentile, headroom, cold-start budget, guard, co-tenants, priority).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_policy: Option<String>,
+    /// The knobs whose values came from the class rather than the spec (e.g. `scaleToZero.coldStartMissBudget`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_from_class: Vec<String>,
     /// The controller's copy of the model's last day of demand, for `scaleToZero.coldStartMissBudget`: a
     /// restarted controller or a new leader resumes from it instead of keeping the warm floor for an hour. Written
     /// at most once a minute, and only when requests arrived or a cold start was measured. Not for people.

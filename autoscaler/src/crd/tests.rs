@@ -58,8 +58,21 @@ fn crd_has_names_columns_status_and_rules() {
     assert_eq!(
         cols,
         [
-            "Target", "Min", "Max", "Replicas", "Desired", "Signal", "Held-By", "GPU-MiB", "Compute",
-            "KV-Bytes", "Sharing", "Class", "Update", "Age"
+            "Target",
+            "Min",
+            "Max",
+            "Replicas",
+            "Desired",
+            "Signal",
+            "Held-By",
+            "GPU-MiB",
+            "Compute",
+            "KV-Bytes",
+            "Sharing",
+            "Class",
+            "Class-Source",
+            "Update",
+            "Age"
         ]
     );
     // The recommendation, the sharing mode and the workload class show with `kubectl get ias -o wide` only.
@@ -80,6 +93,7 @@ fn crd_has_names_columns_status_and_rules() {
             ".status.recommendation.kvCacheMemoryBytes",
             ".spec.gpu.sharing",
             ".status.workloadClass",
+            ".status.workloadClassSource",
             ".spec.gpu.updateMode"
         ]
     );

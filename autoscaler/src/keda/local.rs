@@ -225,6 +225,8 @@ async fn decide(
         peers: Vec::new(),
         placement: Default::default(),
         max_signal_age,
+        // The local scaler decides on the policy it was given: no spec, no owner, no class.
+        class: None,
     };
     let now = Timestamp::from_millis(now_ms);
     let r = round(&m.policy, &observed, &mut m.state, now);

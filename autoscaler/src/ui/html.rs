@@ -108,8 +108,8 @@ th .s{font-weight:400}
 .legend span{margin-right:12px;font-size:12px;color:var(--mute)}.legend i{display:inline-block;width:10px;height:3px;margin-right:4px;vertical-align:middle}
 svg text{font-size:10px;fill:#5f6b7a}
 .cls{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;background:#eef1f5}
-.cls-interactive{background:#e0ebff;color:#1a56db}.cls-batch{background:#efe7fb;color:#6b3fa0}
-.cls-bursty{background:#fff3d6;color:#8a5a00}.cls-idle{background:#eceff3;color:#5f6b7a}
+.cls-realtime{background:#e0ebff;color:#1a56db}.cls-batch{background:#efe7fb;color:#6b3fa0}
+.cls-nearRealtime{background:#fff3d6;color:#8a5a00}
 "#;
 
 const JS: &str = r#"
@@ -330,9 +330,10 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         Some(c) => {
             let _ = write!(
                 out,
-                r#"<td class="l class" data-v="{0}" title="{1}"><span class="cls cls-{0}">{0}</span></td>"#,
+                r#"<td class="l class" data-v="{0}" title="{1}"><span class="cls cls-{0}">{0}</span><span class="s">{2}</span></td>"#,
                 c.class.as_str(),
-                esc(&c.reason)
+                esc(&c.reason),
+                esc(&c.policy)
             );
         }
         None => out.push_str(r#"<td class="l class mute" data-v="">—</td>"#),
@@ -769,13 +770,17 @@ mod tests {
     #[test]
     fn model_rows_show_class_prefix_cache_prefill_and_decode() {
         use super::super::view::{ModelObservation, Settings, Snapshot, view};
-        use tessera_core::workload::{Classified, WorkloadClass};
+        use tessera_core::class::WorkloadClass;
+        use tessera_core::workload::Classified;
         let mut chat = ModelObservation {
             namespace: "ml".into(),
             name: "chat".into(),
             workload_class: Some(Classified {
-                class: WorkloadClass::Interactive,
-                reason: "requests in 90% of the window's scrapes, TTFT objective 2 s".into(),
+                class: WorkloadClass::Realtime,
+                reason: "90% of 400 requests streamed: someone reads the tokens as they come".into(),
+                policy:
+                    "history 10m p95 +20%, warm replica kept, TTFT guard p95, co-tenants notBatch, priority 0"
+                        .into(),
             }),
             ..ModelObservation::default()
         };
@@ -806,12 +811,16 @@ mod tests {
         };
         let chat = row("chat");
         assert!(
-            chat.contains(r#"<span class="cls cls-interactive">interactive</span>"#),
+            chat.contains(r#"<span class="cls cls-realtime">realtime</span>"#),
             "{chat}"
         );
         assert!(
-            chat.contains("TTFT objective 2 s"),
+            chat.contains("90% of 400 requests streamed"),
             "the reason is the tooltip: {chat}"
+        );
+        assert!(
+            chat.contains(r#"<span class="s">history 10m p95 +20%, warm replica kept"#),
+            "the policy the class chose is shown: {chat}"
         );
         assert!(
             chat.contains(r#"<td class="prefix" data-v="0.42""#) && chat.contains(">42%</td>"),

@@ -8,7 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tessera_core::recommend::{Outcome, largest_need};
 
 use tessera_core::wire::sidecar::{GpuAgentStatus, GpuDeviceUse, SidecarStatus};
-use tessera_core::workload::{ClassInput, classify};
+use tessera_core::workload::{ClassInput, Classified, classify};
 
 use super::view::{GpuObservation, ModelObservation, Replicas, RunningWith, Signals, TenantObservation};
 
@@ -112,17 +112,15 @@ pub fn model_from_sidecars(
         gpu_memory_mib: gpus().map(|g| g.total_bytes / MIB).max(),
         measured_memory_mib: (!measured.is_empty()).then(|| measured.iter().sum::<u64>() / MIB),
         measured_sm: mean(gpus().map(|g| g.sm_utilization)),
-        workload_class: Some(classify(&class_input(replicas.current, &signals, None))),
+        workload_class: Some(classify(&class_input(&signals, None))),
         ..ModelObservation::default()
     }
 }
 
-/// The workload class's input from a model's signals; `ttft_objective_secs` is the policy's when it has one (else
-/// the sidecars' `--ttft-slo`).
-fn class_input(replicas: u32, signals: &Signals, ttft_objective_secs: Option<f64>) -> ClassInput {
+/// The workload class's input from a model's signals where no round runs; `ttft_objective_secs` is the policy's
+/// when it has one (else the sidecars' `--ttft-slo`).
+fn class_input(signals: &Signals, ttft_objective_secs: Option<f64>) -> ClassInput {
     ClassInput {
-        replicas,
-        requests_per_second: signals.requests_per_second,
         active_ratio: signals.active_ratio,
         ttft_objective_secs: ttft_objective_secs.or(signals.ttft_slo),
         itl_objective_secs: signals.itl_slo,
@@ -130,6 +128,8 @@ fn class_input(replicas: u32, signals: &Signals, ttft_objective_secs: Option<f64
 }
 
 /// One model as a reconcile saw it: its sidecars' documents, the policy, and the decision just taken.
+// Each argument is one thing the reconcile already holds; a struct for them would only be built to be taken apart.
+#[allow(clippy::too_many_arguments)]
 pub fn model_from_reconcile(
     obj: &crate::crd::InferenceAutoscaler,
     policy: &tessera_core::scale::ScalePolicy,
@@ -137,6 +137,7 @@ pub fn model_from_reconcile(
     decision: &tessera_core::scale::ScaleDecision,
     constraint: tessera_core::scale::constraint::Constraint,
     ready: u32,
+    class: Option<&tessera_core::class::ClassRound>,
     at_ms: u64,
 ) -> ModelObservation {
     use kube::ResourceExt as _;
@@ -155,11 +156,11 @@ pub fn model_from_reconcile(
         .ttft_p95
         .or(policy.ttft_slo)
         .map(|d| d.as_secs_f64());
-    m.workload_class = Some(classify(&class_input(
-        decision.current_replicas,
-        &m.signals,
-        objective,
-    )));
+    // The round's class when it took one (the controller's always does); the objectives alone otherwise.
+    m.workload_class = Some(match class {
+        Some(c) => Classified::of_round(c),
+        None => classify(&class_input(&m.signals, objective)),
+    });
     let target = &obj.spec.scale_target_ref;
     m.target = format!("{}/{}", target.kind, target.name);
     m.leading_signal = decision.leading_signal.map(|s| s.field().to_owned());
@@ -438,8 +439,8 @@ mod tests {
     /// replica's; an older sidecar's missing fields count as unknown, never as zero.
     #[test]
     fn prefix_cache_prefill_decode_and_class_over_replicas() {
+        use tessera_core::class::WorkloadClass;
         use tessera_core::wire::sidecar::WindowStatus;
-        use tessera_core::workload::WorkloadClass;
         let new = |hit: f64, prefill: f64, decode: f64, active: f64| WindowStatus {
             requests_per_second: Some(2.0),
             prefix_cache_hit_ratio: Some(hit),
@@ -469,9 +470,11 @@ mod tests {
         assert_eq!(s.active_ratio, Some(0.9));
         assert_eq!(s.requests_per_second, Some(5.0));
         let c = m.workload_class.unwrap();
-        assert_eq!(c.class, WorkloadClass::Interactive, "{}", c.reason);
+        // Nothing declared, no history where no round runs: real-time, whatever the activity.
+        assert_eq!(c.class, WorkloadClass::Realtime, "{}", c.reason);
+        assert!(c.reason.contains("requests in 90%"), "{}", c.reason);
 
-        // Only older sidecars: every new figure unknown; the class still reads the request rate.
+        // Only older sidecars: every new figure unknown.
         let m = model_from_sidecars("ml", "chat", replicas, &[doc(Some(old), None)]);
         assert_eq!(
             (
@@ -481,19 +484,7 @@ mod tests {
             ),
             (None, None, None)
         );
-        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Batch);
-
-        // Activity in a fifth of the scrapes: bursty, objective or not.
-        let m = model_from_sidecars(
-            "ml",
-            "chat",
-            replicas,
-            &[doc(Some(new(0.0, 0.1, 1.0, 0.2)), Some(2.0))],
-        );
-        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Bursty);
-        // No window yet: unknown.
-        let m = model_from_sidecars("ml", "chat", replicas, &[doc(None, None)]);
-        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Unknown);
+        assert_eq!(m.workload_class.unwrap().class, WorkloadClass::Realtime);
     }
 
     #[test]

@@ -290,6 +290,23 @@ pub fn demand_from(samples: &[ActivatorSample], models: &[String], now_ms: u64, 
     demand
 }
 
+/// The request mix (lanes, streaming, prompt lengths) of the model's names over every fresh activator document,
+/// for the workload class rule. Stale documents are left out: a count that is missing only weakens the evidence,
+/// and too little evidence reads as real-time.
+pub fn mix_from(
+    samples: &[ActivatorSample],
+    models: &[String],
+    now_ms: u64,
+    max_age: Duration,
+) -> crate::class::RequestMix {
+    samples
+        .iter()
+        .filter(|s| s.is_fresh(now_ms, max_age))
+        .filter_map(|s| s.latest.as_ref())
+        .flat_map(|doc| models.iter().filter_map(|m| doc.models.get(m)))
+        .fold(crate::class::RequestMix::default(), |acc, st| acc.merge(&st.mix))
+}
+
 /// Model keys with `queued > 0` in any fresh document: a request is held right now, so the model's reconcile is
 /// woken at once (the wake-up from zero, contract 2).
 pub fn queued_models(samples: &[ActivatorSample], now_ms: u64, max_age: Duration) -> BTreeSet<String> {

@@ -50,6 +50,11 @@ pub struct ScaleState {
     /// The worst fresh TTFT p95 of the last minute's rounds, the trend the SLO guard's look-ahead reads
     /// ([`super::lookahead`]; fed by [`joint::round`]).
     pub ttft_seen: std::collections::VecDeque<(Timestamp, Duration)>,
+    /// The workload class in force and the traffic's pending one ([`crate::class::stable`]; fed by
+    /// [`crate::round::round`]).
+    pub class: crate::class::ClassState,
+    /// A day of per-minute request counts, for the class's traffic shape ([`crate::class::series`]).
+    pub minutes: crate::class::MinuteSeries,
 }
 
 /// A copy of the ledger is exact for cold starts at least this long, whatever was measured: a start that grows

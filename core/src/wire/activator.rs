@@ -57,7 +57,7 @@ pub struct ActivatorStats {
 }
 
 /// Request counts for one model at one activator.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ModelStats {
     /// Requests received for this model since the activator started, whatever their outcome.
@@ -73,6 +73,10 @@ pub struct ModelStats {
     pub ready_backends: u32,
     /// When the last request for this model arrived; `None` if none has since the activator started.
     pub last_request_at_unix_ms: Option<u64>,
+    /// The lanes, streaming and prompt lengths of the requests counted (the workload class rule reads them;
+    /// absent from older activators, which reads as nothing counted).
+    #[serde(default)]
+    pub mix: crate::class::RequestMix,
 }
 
 impl ModelStats {

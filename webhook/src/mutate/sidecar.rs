@@ -45,6 +45,31 @@ fn model_volume(c: &Container) -> Option<(String, VolumeMount)> {
     ))
 }
 
+/// The recommendation's knobs from the model's workload class (`status.workloadClass`; docs/policies.md,
+/// "Workload classes"): its history window, percentile and headroom. Real-time's are the sidecar's own
+/// defaults, so a real-time model (or one not classified yet) gets no flag and its pods are unchanged. Applied at
+/// admission: a class change reaches the pods created after it.
+pub fn class_flags(policy: Option<&InferenceAutoscaler>) -> Vec<String> {
+    use tessera_core::class::{ClassPolicy, WorkloadClass};
+    let class = policy
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.workload_class.as_deref())
+        .and_then(WorkloadClass::from_name)
+        .filter(|c| *c != WorkloadClass::Realtime);
+    let Some(class) = class else {
+        return Vec::new();
+    };
+    let b = ClassPolicy::of(class);
+    vec![
+        "--window".into(),
+        format!("{}s", b.history_window.as_secs()),
+        "--percentile".into(),
+        b.percentile.to_string(),
+        "--headroom".into(),
+        b.headroom.to_string(),
+    ]
+}
+
 /// The injected sidecar (see `docs/webhook.md`, "The injected container"), placed as the last init container.
 pub fn sidecar(
     pod: &Pod,
@@ -79,6 +104,7 @@ pub fn sidecar(
     {
         args.extend(["--kv-target-utilization".into(), u.to_string()]);
     }
+    args.extend(class_flags(ctx.policy));
     let mut env = vec![
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),

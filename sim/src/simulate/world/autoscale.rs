@@ -149,6 +149,7 @@ impl World<'_> {
             peers,
             placement,
             max_signal_age: inputs::MAX_SIGNAL_AGE,
+            class: None,
         };
         (observed, sample, leaving)
     }
