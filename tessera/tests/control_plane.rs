@@ -1301,6 +1301,37 @@ async fn held_request(activator: &support::Tessera) -> tokio::task::JoinHandle<R
     held
 }
 
+/// A Deployment `llama` of one pod on a GPU node and its InferenceAutoscaler (`minReplicas: 0`, `maxReplicas: 3`,
+/// to zero after 8 s idle, plus `extra` spec fields); returns the Deployments API and the running pod.
+async fn llama_on_a_gpu(client: &kube::Client, extra: Value) -> (Api<Deployment>, Vec<Pod>) {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "models");
+    deployments
+        .create(
+            &PostParams::default(),
+            &model_deployment("llama", 1, json!({}), json!({"nvidia.com/gpu.present": "true"})),
+        )
+        .await
+        .unwrap();
+    let mut spec = json!({
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+        "minReplicas": 0, "maxReplicas": 3, "modelNames": ["llama"],
+        "scaleToZero": {"idleAfter": "8s"}
+    });
+    if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+        s.extend(e.clone());
+    }
+    ias_api(client, "models")
+        .create(&PostParams::default(), &ias("llama", spec))
+        .await
+        .unwrap();
+    let pods = eventually("the model pod to run", Duration::from_secs(60), || async {
+        let p = running_pods(client, "models", "llama").await;
+        (p.len() == 1).then_some(p)
+    })
+    .await;
+    (deployments, pods)
+}
+
 fn model_processes(pod_ip: &str, sidecar_port: u16) -> (support::Tessera, support::Tessera) {
     let sim = support::Tessera::vllm_sim(&[
         "--model-preset",
@@ -1338,33 +1369,7 @@ fn c_the_controller_scales_a_real_deployment_to_zero_when_idle_and_back_for_a_he
         let client = cp.client().await;
         cp.helm_install(&["webhook.enabled=false"]);
         namespace(&client, "models", json!({})).await;
-        let deployments: Api<Deployment> = Api::namespaced(client.clone(), "models");
-        deployments
-            .create(
-                &PostParams::default(),
-                &model_deployment("llama", 1, json!({}), json!({"nvidia.com/gpu.present": "true"})),
-            )
-            .await
-            .unwrap();
-        ias_api(&client, "models")
-            .create(
-                &PostParams::default(),
-                &ias(
-                    "llama",
-                    json!({
-                        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
-                        "minReplicas": 0, "maxReplicas": 3, "modelNames": ["llama"],
-                        "scaleToZero": {"idleAfter": "8s"}
-                    }),
-                ),
-            )
-            .await
-            .unwrap();
-        let pods = eventually("the model pod to run", Duration::from_secs(60), || async {
-            let p = running_pods(&client, "models", "llama").await;
-            (p.len() == 1).then_some(p)
-        })
-        .await;
+        let (deployments, pods) = llama_on_a_gpu(&client, json!({})).await;
         let ip = pod_ip(&pods[0]);
         assert!(ip.starts_with("127.77."), "kwok gave the GPU node's pod {ip}");
         let sidecar_port = free_port();
@@ -1893,34 +1898,7 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
         }
         let _keda = keda_operator(&cp, &operator_certs);
 
-        let deployments: Api<Deployment> = Api::namespaced(client.clone(), "models");
-        deployments
-            .create(
-                &PostParams::default(),
-                &model_deployment("llama", 1, json!({}), json!({"nvidia.com/gpu.present": "true"})),
-            )
-            .await
-            .unwrap();
-        ias_api(&client, "models")
-            .create(
-                &PostParams::default(),
-                &ias(
-                    "llama",
-                    json!({
-                        "scaledBy": "KEDA",
-                        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
-                        "minReplicas": 0, "maxReplicas": 3, "modelNames": ["llama"],
-                        "scaleToZero": {"idleAfter": "8s"}
-                    }),
-                ),
-            )
-            .await
-            .unwrap();
-        let pods = eventually("the model pod to run", Duration::from_secs(60), || async {
-            let p = running_pods(&client, "models", "llama").await;
-            (p.len() == 1).then_some(p)
-        })
-        .await;
+        let (deployments, pods) = llama_on_a_gpu(&client, json!({"scaledBy": "KEDA"})).await;
         let sidecar_port = free_port();
         let model = model_processes(&pod_ip(&pods[0]), sidecar_port);
 

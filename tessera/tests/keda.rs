@@ -416,14 +416,7 @@ async fn keda_scales_a_deployment_from_zero_and_back_on_tesseras_decision() {
     );
 
     // The scaler's own metrics.
-    let page = http_client(WAIT)
-        .get(scaler.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = support::get_text(&http_client(WAIT), &scaler.url("/metrics")).await;
     for want in [
         "tessera_keda_calls_total{method=\"GetMetrics\",outcome=\"ok\"}",
         "tessera_keda_calls_total{method=\"GetMetrics\",outcome=\"not_found\"}",

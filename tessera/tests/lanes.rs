@@ -231,14 +231,7 @@ async fn measure(gate: &[&str]) -> Measured {
     let completed = counts.completed.load(Ordering::Relaxed);
     let refused = counts.refused.load(Ordering::Relaxed);
     let other = counts.other.load(Ordering::Relaxed);
-    let metrics = http_client(Duration::from_secs(5))
-        .get(act.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::get_text(&http_client(Duration::from_secs(5)), &act.url("/metrics")).await;
     let sample = |prefix: &str| -> f64 {
         metrics
             .lines()

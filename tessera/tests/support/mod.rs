@@ -222,6 +222,18 @@ pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value 
         .expect("a JSON body")
 }
 
+/// GETs `url` and returns the body as text (panics on any failure: a test helper), e.g. a `/metrics` page.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    client
+        .get(url)
+        .send()
+        .await
+        .expect("GET")
+        .text()
+        .await
+        .expect("a text body")
+}
+
 impl Tessera {
     /// Starts `tessera activator --listen 127.0.0.1:0 <extra>`.
     pub fn activator(extra: &[&str]) -> Tessera {
