@@ -82,6 +82,31 @@ pub enum Applied {
     Conflict(String),
 }
 
+/// `AbleToScale` when Tessera did not write `/scale`: KEDA owns it, two owners claim it, or the write failed.
+fn why_not_written(applied: &Applied, decision: &ScaleDecision) -> Option<(bool, &'static str, String)> {
+    match applied {
+        Applied::Published { scaled_object } => {
+            let by = scaled_object.as_ref().map_or_else(
+                || "no ScaledObject scales it yet".to_owned(),
+                |so| format!("ScaledObject {so} scales it"),
+            );
+            let message = format!(
+                "spec.scaledBy: KEDA ({by}): Tessera serves its decision, {} replicas, through its external scaler \
+                 and does not write /scale: {}",
+                decision.desired_replicas, decision.message
+            );
+            Some((true, "ScaledByKEDA", message))
+        }
+        Applied::Conflict(message) => Some((false, "ScaleOwnerConflict", message.clone())),
+        Applied::Failed(e) => Some((
+            false,
+            "FailedUpdateScale",
+            format!("could not scale to {}: {e}", decision.desired_replicas),
+        )),
+        Applied::Unchanged | Applied::Scaled => None,
+    }
+}
+
 /// The status after a decision.
 #[allow(clippy::too_many_arguments)]
 pub fn after_decision(
@@ -147,52 +172,21 @@ pub fn after_decision(
                 now,
             );
         }
-        Applied::Published { scaled_object } => {
+        // Nothing written by Tessera: the count stays what /scale said, the decision is reported.
+        not_written => {
             st.replicas = clamp_i32(decision.current_replicas);
             st.desired_replicas = clamp_i32(decision.desired_replicas);
-            let by = scaled_object.as_ref().map_or_else(
-                || "no ScaledObject scales it yet".to_owned(),
-                |so| format!("ScaledObject {so} scales it"),
-            );
-            set_condition(
-                &mut st.conditions,
-                ABLE_TO_SCALE,
-                true,
-                "ScaledByKEDA",
-                &format!(
-                    "spec.scaledBy: KEDA ({by}): Tessera serves its decision, {} replicas, through its external \
-                     scaler and does not write /scale: {}",
-                    decision.desired_replicas, decision.message
-                ),
-                generation,
-                now,
-            );
-        }
-        Applied::Conflict(message) => {
-            st.replicas = clamp_i32(decision.current_replicas);
-            st.desired_replicas = clamp_i32(decision.desired_replicas);
-            set_condition(
-                &mut st.conditions,
-                ABLE_TO_SCALE,
-                false,
-                "ScaleOwnerConflict",
-                message,
-                generation,
-                now,
-            );
-        }
-        Applied::Failed(e) => {
-            st.replicas = clamp_i32(decision.current_replicas);
-            st.desired_replicas = clamp_i32(decision.desired_replicas);
-            set_condition(
-                &mut st.conditions,
-                ABLE_TO_SCALE,
-                false,
-                "FailedUpdateScale",
-                &format!("could not scale to {}: {e}", decision.desired_replicas),
-                generation,
-                now,
-            );
+            if let Some((ok, reason, message)) = why_not_written(not_written, decision) {
+                set_condition(
+                    &mut st.conditions,
+                    ABLE_TO_SCALE,
+                    ok,
+                    reason,
+                    &message,
+                    generation,
+                    now,
+                );
+            }
         }
     }
     let (active, active_reason) = match decision.reason {
