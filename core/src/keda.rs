@@ -44,17 +44,10 @@ impl KedaSignal {
         let Some(v) = value else {
             return Ok(Self::DesiredReplicas);
         };
-        let raw = [
-            Signal::KvCacheUtilization,
-            Signal::WaitingRequestsPerReplica,
-            Signal::TtftP95,
-            Signal::RequestsPerSecondPerReplica,
-        ];
         if v == "desiredReplicas" {
             return Ok(Self::DesiredReplicas);
         }
-        raw.into_iter()
-            .find(|s| s.field() == v)
+        Signal::from_field(v)
             .map(Self::Raw)
             .ok_or_else(|| Refusal::Invalid(format!("signal {v:?} is not one of {}", Self::NAMES.join(", "))))
     }
@@ -292,16 +285,22 @@ pub struct Answer {
     pub active: bool,
 }
 
+/// What was published for `model`, when KEDA may scale it: it exists and `scaledBy: KEDA`.
+fn handed_to_keda<'a>(model: &ModelRef, published: Option<&'a Published>) -> Result<&'a Published, Refusal> {
+    let p = published.ok_or_else(|| Refusal::NotFound(model.clone()))?;
+    if p.owner == ScaleOwner::Tessera {
+        return Err(Refusal::ScaledByTessera(model.clone()));
+    }
+    Ok(p)
+}
+
 /// The answer for `model` on `signal`, from what was published (`None`: no such InferenceAutoscaler).
 pub fn answer(
     model: &ModelRef,
     signal: KedaSignal,
     published: Option<&Published>,
 ) -> Result<Answer, Refusal> {
-    let p = published.ok_or_else(|| Refusal::NotFound(model.clone()))?;
-    if p.owner == ScaleOwner::Tessera {
-        return Err(Refusal::ScaledByTessera(model.clone()));
-    }
+    let p = handed_to_keda(model, published)?;
     let held = p.held > 0;
     // A held request is demand even before the leader's next round: it must bring the model up now.
     let Some(desired) = p.desired_replicas else {
@@ -348,10 +347,7 @@ pub fn spec_target(
     signal: KedaSignal,
     published: Option<&Published>,
 ) -> Result<f64, Refusal> {
-    let p = published.ok_or_else(|| Refusal::NotFound(model.clone()))?;
-    if p.owner == ScaleOwner::Tessera {
-        return Err(Refusal::ScaledByTessera(model.clone()));
-    }
+    let p = handed_to_keda(model, published)?;
     match signal {
         KedaSignal::DesiredReplicas => Ok(1.0),
         KedaSignal::Raw(s) => {

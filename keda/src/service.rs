@@ -98,12 +98,12 @@ impl<S: Source> Scaler<S> {
     }
 
     /// Counts one call of `method` answered by `answer`, turning a refusal into its gRPC status.
-    fn counted<T>(
+    fn counted<A: std::fmt::Debug, T>(
         &self,
         method: &'static str,
         r: &pb::ScaledObjectRef,
-        answer: impl FnOnce() -> Result<(ModelRef, KedaSignal, Answer), Refusal>,
-        f: impl FnOnce(KedaSignal, Answer) -> T,
+        answer: impl FnOnce() -> Result<(ModelRef, KedaSignal, A), Refusal>,
+        f: impl FnOnce(KedaSignal, A) -> T,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
         let result = answer();
@@ -112,7 +112,7 @@ impl<S: Source> Scaler<S> {
             .call(method, outcome, started.elapsed().as_secs_f64());
         match result {
             Ok((model, signal, answer)) => {
-                debug!(%model, method, value = answer.value, active = answer.active, "answered KEDA");
+                debug!(%model, method, ?answer, "answered KEDA");
                 Ok(Response::new(f(signal, answer)))
             }
             Err(refusal) => {
@@ -179,18 +179,10 @@ impl<S: Source> ExternalScaler for Scaler<S> {
         let spec = || {
             let (model, signal, published) = self.read(r)?;
             let target = keda::spec_target(&model, signal, published.as_ref())?;
-            Ok((
-                model,
-                signal,
-                Answer {
-                    value: 0.0,
-                    target,
-                    active: false,
-                },
-            ))
+            Ok((model, signal, target))
         };
-        self.counted("GetMetricSpec", r, spec, |signal, a| {
-            let (size, size_float) = keda::wire_value(a.target);
+        self.counted("GetMetricSpec", r, spec, |signal, target| {
+            let (size, size_float) = keda::wire_value(target);
             pb::GetMetricSpecResponse {
                 metric_specs: vec![pb::MetricSpec {
                     metric_name: signal.metric_name(),

@@ -98,22 +98,12 @@ impl Deployment {
                         "--time-scale",
                         "20",
                     ]);
-                    let sidecar = Tessera::start(&[
-                        "sidecar",
-                        "--vllm-url",
+                    let sidecar = Tessera::quick_sidecar_at(
                         &format!("http://127.0.0.1:{emu}"),
-                        "--listen",
                         &format!("127.0.0.1:{side}"),
-                        "--scrape-interval",
-                        "100ms",
-                        "--window",
-                        "1m",
-                        "--min-samples",
-                        "5",
-                        "--min-window",
-                        "300ms",
-                        "--no-nvml",
-                    ]);
+                        &[],
+                        &[],
+                    );
                     (sim, sidecar)
                 })
                 .await

@@ -71,15 +71,15 @@ impl KedaArgs {
     }
 }
 
-/// Binds and serves the scaler over `source` until `stop` turns true, with the autoscaler's connection bounds.
-/// Returns `None` when `--keda-scaler-listen` is not set.
+/// Binds and serves the scaler over `source` until `stop` turns true, with the autoscaler's connection bounds and
+/// its `tessera_keda_*` metrics. Returns `None` when `--keda-scaler-listen` is not set.
 pub async fn serve<S: Source>(
-    args: &KedaArgs,
+    autoscaler: &crate::controller::Args,
     source: Arc<S>,
-    metrics: tessera_keda::metrics::Metrics,
-    limits: tessera_runtime::serve::ConnLimits,
+    metrics: &crate::controller::metrics::Metrics,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let (args, limits, metrics) = (&autoscaler.keda, autoscaler.conn.limits(), metrics.keda.clone());
     let Some(addr) = args.keda_scaler_listen else {
         return Ok(None);
     };

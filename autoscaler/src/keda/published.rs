@@ -18,7 +18,7 @@ pub fn published_of(ia: &InferenceAutoscaler, held: u32) -> Published {
             s.current_metrics
                 .iter()
                 .filter_map(|m| {
-                    let signal = signal_of(&m.name)?;
+                    let signal = Signal::from_field(&m.name)?;
                     Some(PublishedSignal {
                         signal,
                         current: m.current,
@@ -37,17 +37,6 @@ pub fn published_of(ia: &InferenceAutoscaler, held: u32) -> Published {
         signals,
         held,
     }
-}
-
-fn signal_of(field: &str) -> Option<Signal> {
-    [
-        Signal::KvCacheUtilization,
-        Signal::WaitingRequestsPerReplica,
-        Signal::TtftP95,
-        Signal::RequestsPerSecondPerReplica,
-    ]
-    .into_iter()
-    .find(|s| s.field() == field)
 }
 
 /// The activator keys of `ia`'s model names.

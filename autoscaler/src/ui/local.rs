@@ -138,14 +138,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.activator_max_age,
             shutdown_rx.clone(),
         )?;
-        crate::keda::serve(
-            &args.keda,
-            decided,
-            metrics.keda.clone(),
-            args.conn.limits(),
-            shutdown_rx.clone(),
-        )
-        .await?
+        crate::keda::serve(&args, decided, &metrics, shutdown_rx.clone()).await?
     } else {
         None
     };

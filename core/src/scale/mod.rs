@@ -482,6 +482,19 @@ pub enum Signal {
 }
 
 impl Signal {
+    /// Every signal, in the order the spec lists them.
+    pub const ALL: [Signal; 4] = [
+        Signal::KvCacheUtilization,
+        Signal::WaitingRequestsPerReplica,
+        Signal::TtftP95,
+        Signal::RequestsPerSecondPerReplica,
+    ];
+
+    /// The signal whose spec and status field name is `field` (`kvCacheUtilization`, ...).
+    pub fn from_field(field: &str) -> Option<Signal> {
+        Self::ALL.into_iter().find(|s| s.field() == field)
+    }
+
     /// Stable snake_case label, for metrics and logs.
     pub fn label(self) -> &'static str {
         match self {

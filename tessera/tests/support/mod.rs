@@ -66,12 +66,17 @@ impl Tessera {
     /// recommends within a second, without NVML; `extra` adds the memory facts and anything else, `env` the
     /// environment.
     pub fn quick_sidecar(vllm_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Tessera {
+        Self::quick_sidecar_at(vllm_url, "127.0.0.1:0", extra, env)
+    }
+
+    /// As [`Tessera::quick_sidecar`], listening on `listen` (a port a test names in advance).
+    pub fn quick_sidecar_at(vllm_url: &str, listen: &str, extra: &[&str], env: &[(&str, &str)]) -> Tessera {
         let mut args = vec![
             "sidecar",
             "--vllm-url",
             vllm_url,
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--scrape-interval",
             "100ms",
             "--window",
