@@ -20,6 +20,7 @@
 //! - [`lease`]: the Lease rule shared by leader election and the start-up gate.
 //! - [`wire`]: the JSON documents one role serves and another reads (sidecar status, activator stats).
 //! - [`class`]: a model's workload class (real-time, near-real-time, batch) and the policy defaults it supplies.
+//! - [`sleep`]: sleeping replicas (vLLM sleep mode): keep warm, sleep or go to zero, and the pod's instruction.
 //! - [`workload`]: the class as the GPU workloads page shows it.
 
 pub mod class;
@@ -33,5 +34,6 @@ pub mod recommend;
 pub mod rollout;
 pub mod round;
 pub mod scale;
+pub mod sleep;
 pub mod wire;
 pub mod workload;

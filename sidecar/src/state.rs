@@ -467,6 +467,8 @@ impl State {
                 itl_slo_secs: self.settings.itl_slo_secs,
             }),
             memory: self.memory_status(),
+            // Sleep mode is not performed by this sidecar yet.
+            rest: None,
         }
     }
 

@@ -423,6 +423,7 @@ mod tests {
                 itl_slo_secs: None,
             }),
             memory: None,
+            rest: None,
         }
     }
 

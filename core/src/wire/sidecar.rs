@@ -61,6 +61,63 @@ pub struct SidecarStatus {
     /// geometry. `null` from older sidecars, and before the first good scrape.
     #[serde(default)]
     pub memory: Option<MemoryStatus>,
+    /// Sleep mode: the replica's state (awake, asleep, between), what the last transition measured and why the
+    /// sidecar refuses to put it to sleep, if it does. `null` from older sidecars and where sleep mode is off.
+    #[serde(default)]
+    pub rest: Option<RestStatus>,
+}
+
+/// A replica's sleep state as its sidecar performed and checked it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestStatus {
+    /// Where the replica is.
+    pub state: RestState,
+    /// The level it sleeps at (while `falling_asleep`, `sleeping`, `waking`).
+    #[serde(default)]
+    pub level: Option<crate::sleep::command::SleepLevel>,
+    /// When it entered `state` (Unix seconds, sidecar clock).
+    #[serde(default)]
+    pub since: Option<f64>,
+    /// GPU memory the sleeping server still holds (its CUDA context, level 1's bookkeeping), bytes, as the
+    /// gpu-agent measured it for this pod after the sleep; `null` when not measured.
+    #[serde(default)]
+    pub residue_bytes: Option<u64>,
+    /// GPU memory the last sleep gave back, bytes, measured (before minus after); `null` when not measured.
+    #[serde(default)]
+    pub freed_bytes: Option<u64>,
+    /// How long the last sleep took, seconds (the `/sleep` call to the state metric reading asleep).
+    #[serde(default)]
+    pub last_sleep_secs: Option<f64>,
+    /// How long the last wake took, seconds (the `/wake_up` call to the canary answering right).
+    #[serde(default)]
+    pub last_wake_secs: Option<f64>,
+    /// Wakes performed since the sidecar started.
+    #[serde(default)]
+    pub wakes_total: u64,
+    /// Wakes whose canary answer differed from the one recorded before the sleep (each fails the pod's liveness).
+    #[serde(default)]
+    pub canary_failures_total: u64,
+    /// Why the sidecar will not put this replica to sleep (LoRA adapters, tensor parallel, a hybrid or
+    /// sliding-window model, a vLLM outside the tested range, sleep mode not enabled on the server), `null` when
+    /// it will.
+    #[serde(default)]
+    pub refused: Option<String>,
+}
+
+/// The states of [`RestStatus::state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestState {
+    /// Serving.
+    Awake,
+    /// `/sleep` sent, not yet confirmed by `vllm:engine_sleep_state`.
+    FallingAsleep,
+    /// Asleep and checked (state metric, memory freed).
+    Sleeping,
+    /// `/wake_up` sent, or the canary not yet answered.
+    Waking,
+    /// A transition failed its check (the state metric, memory not freed, the canary): the pod is being restarted.
+    Failed,
 }
 
 /// vLLM's memory mode as `cache_config_info` shows it, and the model as `--model-dir` shows it.

@@ -157,6 +157,7 @@ pub fn sidecar_status<'a>(
         },
         compute: None,
         memory: None,
+        rest: None,
     }
 }
 
