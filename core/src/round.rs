@@ -9,7 +9,9 @@
 //! 1. the urgency of a growth (`rollout::Urgency::of`: preemptions, a replica over the TTFT objective);
 //! 2. the count the rule reads: `/scale`'s less a consolidation surge (`pack::consolidate::count_before_surge`);
 //! 3. the decision's input from the sidecars' documents and the activators' demand (`scale::inputs::scale_input`);
-//! 4. the joint round on the model's history (`scale::joint::round`: the cold-start ledger, the look-ahead's
+//! 4. sleep or zero at rest (`sleep::rule::decide`: sleep mode, the wake measured against the cold start, the
+//!    GPU's sleeper room; where the model sleeps, the way back from zero is the wake, and the lead times say so),
+//!    then the joint round on the model's history (`scale::joint::round`: the cold-start ledger, the look-ahead's
 //!    trend, the warm floor, the budget group's claim) with the share's room and the lead times;
 //! 5. the replica decision (`scale::joint::decide`), what held it (`scale::constraint::Constraint::of`) and the
 //!    move off a draining GPU (`pack::consolidate::move_step`).
@@ -34,6 +36,7 @@ use crate::scale::coldstart::BudgetClaim;
 use crate::scale::constraint::Constraint;
 use crate::scale::joint::{self, BudgetPeers, JointPolicy, LeadTimes, ShareRoom};
 use crate::scale::{Demand, ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp, inputs};
+use crate::sleep::rule::{self as sleep_rule, Rest, SleepFacts, SleepPolicy};
 use crate::wire::sidecar::SidecarStatus;
 
 /// Everything one round observes about one model.
@@ -66,6 +69,9 @@ pub struct Observed {
     /// What the class rule reads; `None` decides on the policy as written, with no class (the simulator's
     /// baselines, which scale as their products do).
     pub class: Option<ClassSignals>,
+    /// Sleep mode: what the spec allows and what the replicas report; `None` where the model has none (it goes to
+    /// zero as it always did).
+    pub sleep: Option<(SleepPolicy, SleepFacts)>,
 }
 
 /// Everything one round decides.
@@ -89,12 +95,21 @@ pub struct Round {
     pub class: Option<ClassRound>,
     /// The policy the round decided with: the one given, with the class's defaults where the spec left them.
     pub policy: ScalePolicy,
+    /// Sleep or zero at rest, and why; `None` where [`Observed::sleep`] was.
+    pub rest: Option<Rest>,
 }
 
 impl Round {
     /// The replica count to apply: the decision, one over it during a surge.
     pub fn replicas(&self) -> u32 {
         self.step.replicas(self.decision.desired_replicas)
+    }
+
+    /// Whether the model's replicas at zero sleep rather than go: the decision is zero running replicas and the
+    /// rest rule chose sleep. The pod stays (the controller keeps `/scale` at one and writes the pod's
+    /// `tessera.dev/rest` instruction; the simulator keeps it on its GPU as a sleeper).
+    pub fn sleeps(&self) -> bool {
+        self.decision.desired_replicas == 0 && self.rest.as_ref().is_some_and(|r| r.sleep.is_some())
     }
 
     /// Whether the decision takes the model to zero from a running count: the documents may be a poll interval
@@ -141,10 +156,20 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
         demand.requests_per_second = Some(rate);
     }
     let input = inputs::scale_input(current, &read, observed.max_signal_age, demand);
+    let mut leads = observed.leads;
+    let rest = observed.sleep.as_ref().map(|(sleep_policy, facts)| {
+        let cold = observed.leads.scale_up.or(observed.leads.from_zero);
+        let rest = sleep_rule::decide(sleep_policy, facts, cold, policy.ttft_slo);
+        // A wake needs a pod to wake: one asleep now, or the one the last running replica will leave.
+        if let Some(cold) = cold {
+            leads = LeadTimes::may_sleep(cold, rest.wake, facts.asleep || current > 0);
+        }
+        rest
+    });
     let joint = joint::round(
         policy,
         observed.room,
-        observed.leads,
+        leads,
         &input,
         state,
         &BudgetPeers {
@@ -169,6 +194,7 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
         constraint,
         class,
         policy: effective,
+        rest,
     }
 }
 
@@ -195,6 +221,7 @@ mod tests {
             },
             max_signal_age: Duration::from_secs(30),
             class: None,
+            sleep: None,
         }
     }
 
@@ -320,5 +347,65 @@ mod tests {
             Some(0.5)
         );
         assert_eq!(state.class.class, Some(WorkloadClass::Batch));
+    }
+
+    /// A model whose cold start misses its objective keeps a warm replica; with sleep mode and a wake that meets
+    /// the objective, its last replica sleeps instead, and a request wakes it.
+    #[test]
+    fn sleep_mode_replaces_the_warm_floor_with_a_sleeping_replica() {
+        use crate::sleep::command::SleepLevel;
+        use crate::sleep::rule::RestReason;
+        let now = Timestamp::from_millis(10_000_000);
+        let policy = ScalePolicy {
+            ttft_slo: Some(Duration::from_secs(2)),
+            ..to_zero_policy()
+        };
+        let mut o = observed(1, idle(now));
+        o.leads = LeadTimes {
+            from_zero: Some(Duration::from_secs(60)),
+            scale_up: Some(Duration::from_secs(60)),
+        };
+        let warm = round(&policy, &o, &mut ScaleState::default(), now);
+        assert_eq!(
+            (warm.decision.desired_replicas, warm.sleeps()),
+            (1, false),
+            "{:?}",
+            warm.decision
+        );
+        o.sleep = Some((
+            SleepPolicy {
+                enabled: true,
+                ..SleepPolicy::default()
+            },
+            SleepFacts {
+                measured_wake: [Some(Duration::from_millis(800)), None],
+                weights_bytes: Some(8 << 30),
+                host_free_bytes: Some(64 << 30),
+                ..SleepFacts::default()
+            },
+        ));
+        let r = round(&policy, &o, &mut ScaleState::default(), now);
+        assert!(r.sleeps(), "{:?} {:?}", r.decision, r.rest);
+        let rest = r.rest.as_ref().unwrap();
+        assert_eq!(
+            (rest.sleep, rest.reason),
+            (Some(SleepLevel::One), RestReason::WakeShortensColdStart)
+        );
+        // Asleep, and a request is held: one replica, woken (the lead is the wake, not the pod's start).
+        let mut asleep = o.clone();
+        asleep.replicas = 0;
+        asleep.sidecars.clear();
+        asleep.placement.off_ready = 0;
+        if let Some((_, f)) = asleep.sleep.as_mut() {
+            f.asleep = true;
+        }
+        asleep.demand = Demand {
+            queued_at_activator: 1,
+            last_request_at: Some(now),
+            ..idle(now)
+        };
+        let r = round(&policy, &asleep, &mut ScaleState::default(), now);
+        assert_eq!((r.decision.desired_replicas, r.sleeps()), (1, false));
+        assert_eq!(r.joint.warm_floor, None);
     }
 }

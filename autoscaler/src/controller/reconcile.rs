@@ -582,6 +582,7 @@ pub(super) async fn gather(
         placement: placed.placement,
         max_signal_age: ctx.settings.max_signal_age,
         class: Some(class),
+        sleep: None,
     };
     Ok(Gathered {
         observed,

@@ -227,6 +227,8 @@ async fn decide(
         max_signal_age,
         // The local scaler decides on the policy it was given: no spec, no owner, no class.
         class: None,
+        // Sleep mode needs a pod to put to sleep: not on one machine's local scaler.
+        sleep: None,
     };
     let now = Timestamp::from_millis(now_ms);
     let r = round(&m.policy, &observed, &mut m.state, now);

@@ -18,7 +18,7 @@ mod bounds;
 pub mod consolidate;
 mod offline;
 pub mod release;
-mod sleeping;
+pub mod sleeping;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

@@ -38,6 +38,79 @@ impl Packer {
     }
 }
 
+/// A sleeping pod on a GPU, as the sleeper budget weighs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sleeper {
+    /// The sleeping pod (or, for a newcomer, the replica about to sleep).
+    pub id: String,
+    /// GPU memory it keeps while asleep (its measured residue), MiB.
+    pub residue_mib: u64,
+    /// What a wake saves over a cold start for its model (cold start − wake).
+    pub saved: std::time::Duration,
+    /// Its model's typical idle gap (how often it is woken); `None` when not yet seen.
+    pub typical_gap: Option<std::time::Duration>,
+}
+
+/// A GPU's room for sleepers: how many, and how much of its memory their residue may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SleeperBudget {
+    /// Most sleeping pods on one GPU.
+    pub max_sleepers: u32,
+    /// Most GPU memory all its sleepers' residue may take, MiB.
+    pub max_residue_mib: u64,
+}
+
+/// An unknown idle gap is valued as one wake an hour: neither the most nor the least worth keeping.
+const UNKNOWN_GAP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+impl Sleeper {
+    /// The expected cost of losing it: the waiting a wake saves, times how often it is woken (seconds of waiting
+    /// per hour). Keeping the most valuable sleepers is not keeping the newest: a tool woken every few minutes
+    /// that starts in 90 s is worth more than a model slept a minute ago that is woken once a day.
+    pub fn value(&self) -> f64 {
+        let gap = self.typical_gap.unwrap_or(UNKNOWN_GAP).as_secs_f64().max(1.0);
+        self.saved.as_secs_f64() * 3600.0 / gap
+    }
+}
+
+/// What the budget says to a newcomer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admit {
+    /// It fits beside the sleepers there.
+    Fits,
+    /// It fits once these sleepers (the least valuable) are evicted: each is worth less than the newcomer.
+    Evict(Vec<String>),
+    /// It is worth less than what it would displace (or alone exceeds the budget): it goes to zero instead.
+    Refuse,
+}
+
+/// Whether `newcomer` may sleep on a GPU whose sleepers are `present`, under `budget`: the least valuable are
+/// evicted first, and only ones worth less than the newcomer.
+pub fn admit(present: &[Sleeper], newcomer: &Sleeper, budget: SleeperBudget) -> Admit {
+    let fits = |kept: &[&Sleeper]| {
+        kept.len() < budget.max_sleepers as usize
+            && kept.iter().map(|s| s.residue_mib).sum::<u64>() + newcomer.residue_mib
+                <= budget.max_residue_mib
+    };
+    let mut kept: Vec<&Sleeper> = present.iter().collect();
+    if fits(&kept) {
+        return Admit::Fits;
+    }
+    // Cheapest first; ties by id, so the same state always evicts the same pod.
+    kept.sort_by(|a, b| a.value().total_cmp(&b.value()).then_with(|| a.id.cmp(&b.id)));
+    let mut evicted = Vec::new();
+    while !fits(&kept) {
+        match kept.first() {
+            Some(cheapest) if cheapest.value() < newcomer.value() => {
+                evicted.push(cheapest.id.clone());
+                kept.remove(0);
+            }
+            _ => return Admit::Refuse,
+        }
+    }
+    Admit::Evict(evicted)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -92,5 +165,50 @@ mod tests {
             .unwrap();
         assert_eq!(p.gpus().count(), 3);
         assert_eq!(p.gpu(g).unwrap().replicas_of("d"), 1);
+    }
+
+    fn sleeper(id: &str, saved: u64, gap: Option<u64>) -> Sleeper {
+        Sleeper {
+            id: id.into(),
+            residue_mib: 1_434,
+            saved: std::time::Duration::from_secs(saved),
+            typical_gap: gap.map(std::time::Duration::from_secs),
+        }
+    }
+
+    /// The budget keeps the sleepers worth most (saved waiting × wakes per hour), not the newest.
+    #[test]
+    fn a_full_budget_evicts_the_cheapest_sleeper_not_the_oldest() {
+        let budget = SleeperBudget {
+            max_sleepers: 2,
+            max_residue_mib: 10_000,
+        };
+        // Woken every 5 min, 90 s saved: 1,080 s/h. Woken once a day, 27 s saved: ~1.1 s/h.
+        let present = [
+            sleeper("often", 90, Some(300)),
+            sleeper("daily", 27, Some(86_400)),
+        ];
+        assert_eq!(
+            admit(&present[..1], &sleeper("new", 27, Some(600)), budget),
+            Admit::Fits
+        );
+        assert_eq!(
+            admit(&present, &sleeper("new", 27, Some(600)), budget),
+            Admit::Evict(vec!["daily".into()])
+        );
+        // A newcomer worth less than every sleeper there goes to zero instead.
+        assert_eq!(
+            admit(&present, &sleeper("rare", 10, Some(172_800)), budget),
+            Admit::Refuse
+        );
+        // Residue bounds it too.
+        let tight = SleeperBudget {
+            max_sleepers: 8,
+            max_residue_mib: 2_000,
+        };
+        assert_eq!(
+            admit(&present[..1], &sleeper("new", 90, Some(60)), tight),
+            Admit::Evict(vec!["often".into()])
+        );
     }
 }

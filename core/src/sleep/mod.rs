@@ -14,3 +14,4 @@
 //!   ([`crate::wire::sidecar::RestStatus`]); a wake is asked of the sidecar by the activator holding a request.
 
 pub mod command;
+pub mod rule;

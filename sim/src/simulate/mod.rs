@@ -120,16 +120,16 @@ pub fn simulate(sc: &Scenario, progress: &mut (dyn FnMut(Phase, f64) + Send)) ->
 /// Runs beside the strategies that only a single run's report shows (a sweep leaves them out).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extras {
-    /// Where the scenario gives models a sleep-mode wake, Tessera again with those models put to sleep at zero
-    /// ([`Report::tessera_with_sleep`]): what the sleep-mode actuation the controller lacks would be worth.
-    pub with_sleep: bool,
+    /// Where the scenario gives models a sleep-mode wake, Tessera again with sleep mode off
+    /// ([`Report::tessera_without_sleep`]): what putting those models to sleep saved.
+    pub without_sleep: bool,
 }
 
 impl Extras {
     /// Every extra run.
-    pub const ALL: Extras = Extras { with_sleep: true };
+    pub const ALL: Extras = Extras { without_sleep: true };
     /// None.
-    pub const NONE: Extras = Extras { with_sleep: false };
+    pub const NONE: Extras = Extras { without_sleep: false };
 }
 
 /// Runs the given strategies (in report order, each once) on the scenario and returns the report. Independent
@@ -141,17 +141,16 @@ pub fn simulate_strategies(
     extras: Extras,
     progress: &mut (dyn FnMut(Phase, f64) + Send),
 ) -> Result<Report, SimError> {
-    // Models the scenario gives a sleep-mode wake. The controller cannot put a pod to sleep yet, so every run of
-    // the table (and the bound) starts them cold, as an installed Tessera would; what sleep mode would be worth is
-    // an extra Tessera run on the scenario as written.
+    // Models the scenario gives a sleep-mode wake: Tessera's rounds decide whether their last replica sleeps at
+    // zero, as the controller's do; an extra run without sleep mode shows what it saved.
     let sleep_mode_models: Vec<String> = scenario
         .models
         .iter()
         .filter(|m| m.sleep_wake_secs.is_some())
         .map(|m| m.name.clone())
         .collect();
-    let deliverable = (!sleep_mode_models.is_empty()).then(|| scenario.without_sleep_mode());
-    let sc = deliverable.as_ref().unwrap_or(scenario);
+    let without_sleep = (!sleep_mode_models.is_empty()).then(|| scenario.without_sleep_mode());
+    let sc = scenario;
     let progress = Mutex::new(progress);
     let tell = |phase: Phase, t: f64| {
         if let Ok(mut p) = progress.lock() {
@@ -226,7 +225,7 @@ pub fn simulate_strategies(
     }
     let mut reports = Vec::new();
     let mut hpa_histories = None;
-    let mut with_sleep = None;
+    let mut no_sleep = None;
     for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
         // One strategy's failure (a declared share vLLM would refuse to start in) is reported, not the run's.
         let r = match r {
@@ -252,10 +251,14 @@ pub fn simulate_strategies(
             Some(h) if sc.settings.calibrate_from_baseline => world::calibrate(sc, &h),
             _ => vec![None; n],
         };
-        // What sleep mode would be worth: the scenario as written, its sleep-mode models put to sleep at zero.
-        // Beside the run itself, on its own thread.
+        // What sleep mode saved: the same run with sleep mode off, beside the run itself, on its own thread.
         let worlds: Vec<(&Scenario, bool)> = std::iter::once((sc, true))
-            .chain((extras.with_sleep && deliverable.is_some()).then_some((scenario, false)))
+            .chain(
+                without_sleep
+                    .as_ref()
+                    .filter(|_| extras.without_sleep)
+                    .map(|w| (w, false)),
+            )
             .collect();
         let mut runs = par_map(&worlds, |&(w, shown)| {
             run_on(w, StrategyKind::Tessera, initial.clone(), shown)
@@ -268,7 +271,7 @@ pub fn simulate_strategies(
         }
         if let Some(Ok(r)) = runs.next() {
             let r = r.report;
-            with_sleep = Some(report::Outcome {
+            no_sleep = Some(report::Outcome {
                 gpu_hours: r.gpu_hours,
                 slo_attainment: r.slo_attainment,
                 sleep_wakes: r.sleep_wakes,
@@ -294,7 +297,7 @@ pub fn simulate_strategies(
         attainment_goal: sc.settings.static_attainment_target,
         lower_bound_at_goal_gpu_hours: bounds.at_attainment,
         sleep_mode_models,
-        tessera_with_sleep: with_sleep,
+        tessera_without_sleep: no_sleep,
         static_sizing: sizing,
         strategies: reports,
         failures,

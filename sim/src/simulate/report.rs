@@ -50,14 +50,14 @@ pub struct Report {
     /// How Tessera's allocation in force reached pods (`initial` or `recreate`, the policy's `gpu.updateMode`).
     #[serde(default)]
     pub update_mode: UpdateMode,
-    /// Models the scenario gives a sleep-mode wake (`cold_start.sleep_wake`). The controller cannot put a pod to
-    /// sleep yet, so every run of the table starts them cold; the report says so.
+    /// Models the scenario gives a sleep-mode wake (`cold_start.sleep_wake`): Tessera's rounds decide whether
+    /// their last replica sleeps at zero (`core::sleep::rule`), as the controller's do.
     #[serde(default)]
     pub sleep_mode_models: Vec<String>,
-    /// Tessera's run again with those models put to sleep at zero: what the sleep-mode actuation would be worth.
-    /// Only with `sleep_mode_models` and in a single run's report.
+    /// Tessera's run again with sleep mode off: what putting those models to sleep saved. Only with
+    /// `sleep_mode_models` and in a single run's report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tessera_with_sleep: Option<Outcome>,
+    pub tessera_without_sleep: Option<Outcome>,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
@@ -612,42 +612,43 @@ impl Report {
         o
     }
 
-    /// What the scenario's sleep-mode models would change if the controller could put them to sleep; `None`
-    /// without such a model.
+    /// What sleep mode did for the scenario's sleep-mode models, against the same run without it; `None` without
+    /// such a model.
     pub fn sleep_mode_note(&self) -> Option<String> {
         if self.sleep_mode_models.is_empty() {
             return None;
         }
         let mut note = format!(
-            "Sleep mode ({}): the scenario gives these models a sleep-mode wake, but the controller cannot put a pod \
-             to sleep yet, so the table starts them cold from zero, as an installed Tessera would",
+            "Sleep mode ({}): at zero, Tessera puts a model's last replica to sleep where its wake meets the TTFT \
+             objective that a cold start would miss (core::sleep::rule); a sleeping pod keeps its residue on its \
+             GPU, lends the rest of its share only where the alternative is opening a GPU, and wakes there if its \
+             share fits again",
             self.sleep_mode_models.join(", ")
         );
-        if let Some(o) = self.tessera_with_sleep {
+        if let Some(t) = self.strategy("tessera") {
             let _ = write!(
                 note,
-                ". Put to sleep at zero (a sleeping pod stays on its GPU and lends its share to a replica that would \
-                 otherwise open a GPU; it wakes in the scenario's sleep_wake where its share fits there again, else \
-                 a new pod starts cold, and it goes with its GPU when that is given back; a model whose sleeping \
-                 pod is gone plans for a cold start), Tessera would hold {:.2} \
-                 GPU-hours and meet the TTFT SLO for {:.2}% of requests",
+                ": {} wake(s), {} sleeping pod(s) lost (a GPU given back, memory lent out, the \
+                                  sleeper budget)",
+                t.sleep_wakes, t.sleepers_lost
+            );
+        }
+        if let Some(o) = self.tessera_without_sleep {
+            let _ = write!(
+                note,
+                ". Without sleep mode Tessera would hold {:.2} GPU-hours and meet the TTFT SLO for {:.2}% of requests",
                 o.gpu_hours,
                 o.slo_attainment * 100.0
             );
-            if let Some(t) = self.strategy("tessera").filter(|t| t.gpu_hours > 0.0) {
+            if let Some(t) = self.strategy("tessera").filter(|_| o.gpu_hours > 0.0) {
                 let _ = write!(
                     note,
-                    " ({:+.1}% against the table's run)",
-                    (o.gpu_hours / t.gpu_hours - 1.0) * 100.0
+                    " (sleep mode: {:+.1}% GPU-hours)",
+                    (t.gpu_hours / o.gpu_hours - 1.0) * 100.0
                 );
             }
-            let _ = write!(
-                note,
-                "; {} wake(s), {} sleeping pod(s) lost to a GPU given back or memory lent out",
-                o.sleep_wakes, o.sleepers_lost
-            );
         }
-        note.push_str(" (docs/simulator-experiments.md, \"What sleep mode is worth\").");
+        note.push('.');
         Some(note)
     }
 

@@ -145,6 +145,13 @@ pub struct StrategySettings {
     pub gpu_release_grace: Duration,
     /// Tessera: MiB kept free on every GPU for CUDA contexts (the packer's headroom).
     pub gpu_headroom_mib: u64,
+    /// Tessera, sleep mode: GPU memory a sleeping pod keeps on its GPU (its CUDA context), MiB. 1.4 GiB is the
+    /// level-1 residue reported for vLLM on an H100 (issue 44); a PyTorch process alone kept 0.94 GiB on an H200
+    /// (`docs/performance.md`, "Sleep mode on a GPU").
+    pub sleep_residue_mib: u64,
+    /// Tessera, sleep mode: most sleeping pods on one GPU (the controller's `--max-sleepers-per-gpu`); their
+    /// residue together may also take at most a quarter of the GPU's memory.
+    pub max_sleepers_per_gpu: u32,
     /// Tessera: how often the memory/compute recommendation is recomputed from the replicas' windows.
     #[serde(with = "humantime_serde")]
     pub recommend_interval: Duration,
@@ -256,6 +263,8 @@ impl Default for StrategySettings {
             pod_start: Duration::from_secs(20),
             gpu_release_grace: Duration::from_secs(60),
             gpu_headroom_mib: 512,
+            sleep_residue_mib: 1_434,
+            max_sleepers_per_gpu: 4,
             recommend_interval: Duration::from_secs(300),
             recommend_window: Duration::from_secs(1800),
             request_timeout: Duration::from_secs(300),
@@ -389,9 +398,10 @@ pub struct TargetsFile {
 pub struct ColdStartFile {
     /// Weights load bandwidth, GB/s (10^9 bytes), from local NVMe or a model cache.
     pub load_bandwidth_gbps: f64,
-    /// The model can run with vLLM sleep mode: its level-1 wake-up time. The controller cannot put a pod to
-    /// sleep yet, so the report's table starts such a model cold like any other; only the extra "with sleep mode"
-    /// run of a single report uses it (`Report::tessera_with_sleep`). The baselines never sleep.
+    /// The model runs with vLLM sleep mode (`spec.sleep.enabled`): its level-1 wake-up time. Tessera's rounds
+    /// decide, as the controller's do (`core::sleep::rule`), whether its last replica sleeps at zero; a single
+    /// report's extra run without sleep mode shows what it saved (`Report::tessera_without_sleep`). The baselines
+    /// never sleep.
     #[serde(with = "humantime_serde")]
     pub sleep_wake: Option<Duration>,
 }

@@ -200,10 +200,11 @@ fn a_cold_start_over_the_objective_keeps_a_warm_replica() {
     assert!(floor.starts_with("cold start"), "{floor}");
 }
 
-/// A model with a sleep-mode wake: the table's run starts it cold, as the controller does today; the extra run
-/// puts it to sleep at zero, and the wake-up replaces the pod start and the load.
+/// A model with a sleep-mode wake: the table's run puts it to sleep at zero (the round's rest rule, as the
+/// controller's), and the wake replaces the pod start and the load; the extra run without sleep mode keeps a warm
+/// replica instead, because a cold start would miss the objective.
 #[test]
-fn sleep_mode_is_an_extra_run_the_table_does_not_count() {
+fn sleep_mode_is_the_tables_run_and_the_extra_run_goes_without() {
     // A second, always-busy model keeps the GPU, so the sleeping pod's GPU is not given back.
     let mut m = model("m", 0, 1);
     m.sleep_wake_secs = Some(0.5);
@@ -212,47 +213,38 @@ fn sleep_mode_is_an_extra_run_the_table_does_not_count() {
     let sc = scenario(vec![m, busy], vec![at(&[0.0, 400.0]), at(&busy_at)], 600.0);
     let r = run(&sc);
     assert_eq!(r.sleep_mode_models, ["m"]);
-    // The table: a cold start would miss the objective, so the model keeps a warm replica.
+    // The table: asleep at zero, woken once on its GPU.
     let t = r.strategy("tessera").unwrap().clone();
-    let floor = t.models[0].warm_floor.clone().unwrap_or_default();
-    assert!(floor.starts_with("cold start"), "{floor}");
-    assert_eq!((t.starts_from_zero, t.sleep_wakes, t.sleepers_lost), (0, 0, 0));
-    // Put to sleep: it goes to zero and wakes once on its GPU. The busy model holds that GPU all along, so the
-    // sleeping pod's lent memory saves nothing here: it saves only where it spares another GPU.
-    let slept = r.tessera_with_sleep.expect("a run with sleep mode");
-    assert_eq!((slept.sleep_wakes, slept.sleepers_lost), (1, 0));
-    assert!(
-        slept.gpu_hours <= t.gpu_hours,
-        "{slept:?} against {}",
-        t.gpu_hours
-    );
-    let said = "Sleep mode (m): the scenario gives these models a sleep-mode wake, but the controller cannot put a \
-                pod to sleep yet, so the table starts them cold from zero, as an installed Tessera would. Put to \
-                sleep at zero";
+    assert_eq!((t.sleep_wakes, t.sleepers_lost), (1, 0), "{t:?}");
+    assert!(t.models[0].warm_floor.is_none(), "{:?}", t.models[0].warm_floor);
+    // Without sleep mode: a cold start would miss the objective, so the model keeps a warm replica.
+    let plain = r.tessera_without_sleep.expect("a run without sleep mode");
+    assert_eq!((plain.sleep_wakes, plain.sleepers_lost), (0, 0));
+    assert!(t.gpu_hours <= plain.gpu_hours, "{t:?} against {plain:?}");
+    let said = "Sleep mode (m): at zero, Tessera puts a model's last replica to sleep";
     assert!(r.table().contains(said), "{}", r.table());
-    assert!(
-        r.table()
-            .contains(&format!("Tessera would hold {:.2} GPU-hours", slept.gpu_hours))
-    );
+    assert!(r.table().contains(&format!(
+        "Without sleep mode Tessera would hold {:.2} GPU-hours",
+        plain.gpu_hours
+    )));
     assert!(super::html::render(&r).contains(said));
     // Without one, nothing is said.
-    let plain = run(&scenario(vec![model("m", 0, 1)], vec![at(&[0.0])], 60.0));
-    assert!(plain.sleep_mode_models.is_empty() && plain.sleep_mode_note().is_none());
-    assert_eq!(plain.tessera_with_sleep, None);
+    let none = run(&scenario(vec![model("m", 0, 1)], vec![at(&[0.0])], 60.0));
+    assert!(none.sleep_mode_models.is_empty() && none.sleep_mode_note().is_none());
+    assert_eq!(none.tessera_without_sleep, None);
 }
 
-/// A sleeping pod is bound to its GPU: once the GPU is given back (nothing else kept it), the pod is lost and the
-/// model's next start from zero is a cold one, over its objective. The policy reads that lead (a wake only while a
-/// sleeping pod is there to wake), so the warm floor brings a replica back before the request 300 s in, which is
-/// met; read from the scenario's wake alone, the model stayed at zero and that request missed (50%).
+/// A replica alone on its GPU does not sleep there: asleep it would hold the GPU as a warm replica does, and be
+/// lost when the idle GPU is given back, after which the warm floor starts it cold again (a cycle of cold starts).
+/// It stays warm, and the request 300 s in is met.
 #[test]
-fn a_sleeping_pod_goes_with_its_gpu() {
+fn a_replica_alone_on_its_gpu_stays_warm_rather_than_sleep() {
     let mut m = model("m", 0, 1);
     m.sleep_wake_secs = Some(0.5);
     let sc = scenario(vec![m], vec![at(&[0.0, 300.0])], 600.0);
-    let slept = run(&sc).tessera_with_sleep.expect("a run with sleep mode");
-    assert!(slept.sleepers_lost >= 1, "{slept:?}");
-    assert_eq!(slept.slo_attainment, 1.0, "{slept:?}");
+    let t = run(&sc).strategy("tessera").unwrap().clone();
+    assert_eq!((t.sleep_wakes, t.sleepers_lost), (0, 0), "{t:?}");
+    assert_eq!(t.slo_attainment, 1.0, "{t:?}");
 }
 
 /// Two models scaling from zero onto one GPU load one after the other (the start-up lease): the second waits

@@ -30,6 +30,7 @@ impl World<'_> {
             self.decisions.get_or_insert_with(Vec::new).push(record);
         }
         self.models[m].state.record(&r.decision, now);
+        self.models[m].sleeps_at_zero = r.rest.as_ref().is_some_and(|rest| rest.sleep.is_some());
         self.apply_move(m, r.decision.desired_replicas, r.step, &leaving, &live)?;
         if self.plan.kind == StrategyKind::Tessera {
             let live = self.live(m);
@@ -50,18 +51,15 @@ impl World<'_> {
         let setup = &self.sc.models[m];
         let settings = &self.sc.settings;
         let rt = &self.models[m];
-        // How long new capacity takes here: from zero a sleep-mode wake, or the pod's start and the weights' load;
-        // another replica beside a running one always the pod's start and the load. The controller measures its
-        // own from its pods; only Tessera's policy knows its lead times (the baselines scale as declared).
+        // How long new capacity takes here: the pod's start and the weights' load (the round shortens the way
+        // back from zero to a wake where the model sleeps). The controller measures its own from its pods; only
+        // Tessera's policy knows its lead times (the baselines scale as declared).
         let leads = if tessera {
-            // A wake needs a sleeping pod: one the model has now, or the one its last replica leaves when it goes.
-            let sleeping_pod =
-                setup.sleep_wake_secs.is_some() && (self.sleepers.contains_key(&m) || self.live_count(m) > 0);
-            joint::LeadTimes::may_sleep(
-                Duration::from_secs_f64(setup.scale_up_secs(settings)),
-                setup.sleep_wake_secs.map(Duration::from_secs_f64),
-                sleeping_pod,
-            )
+            let pod = Some(Duration::from_secs_f64(setup.scale_up_secs(settings)));
+            joint::LeadTimes {
+                from_zero: pod,
+                scale_up: pod,
+            }
         } else {
             joint::LeadTimes::default()
         };
@@ -150,6 +148,8 @@ impl World<'_> {
             placement,
             max_signal_age: inputs::MAX_SIGNAL_AGE,
             class: None,
+            // Sleep mode is Tessera's: the baselines' products cannot put a pod to sleep.
+            sleep: if tessera { self.sleep_facts(m, live) } else { None },
         };
         (observed, sample, leaving)
     }

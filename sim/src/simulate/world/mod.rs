@@ -19,6 +19,7 @@ mod autoscale;
 mod finish;
 mod isolation;
 mod rollout;
+mod sleep;
 mod strategy;
 
 use std::cmp::Ordering;
@@ -226,6 +227,12 @@ struct ModelRt {
     /// memory lent out when a request came), whose model's next start is a cold one.
     sleep_wakes: u64,
     sleepers_lost: u64,
+    /// Sleep mode: the last round chose sleep at zero (`core::sleep::rule`), so the last replica to leave sleeps.
+    sleeps_at_zero: bool,
+    /// Sleep mode: when the model's last replica fell asleep, and the idle gaps it sat out (most recent last):
+    /// the sleeper budget weighs a sleeper by how often it is woken.
+    asleep_since: Option<f64>,
+    idle_gaps: Vec<f64>,
     replicas_max: u32,
     replica_seconds: f64,
     /// GPU memory its replicas reserved (what vLLM holds: weights, overhead, the KV cache), byte-seconds.
@@ -342,6 +349,9 @@ impl<'a> World<'a> {
                 starts_from_zero: 0,
                 sleep_wakes: 0,
                 sleepers_lost: 0,
+                sleeps_at_zero: false,
+                asleep_since: None,
+                idle_gaps: Vec::new(),
                 replicas_max: 0,
                 replica_seconds: 0.0,
                 memory_byte_seconds: 0.0,
@@ -648,20 +658,32 @@ impl<'a> World<'a> {
             _ if self.placed_alone(m) => self.packer.as_ref().map_or(0, |p| p.shape().usable_memory_mib()),
             _ => engine.gpu_memory_used_bytes().div_ceil(1 << 20),
         };
-        if let Some(packer) = self.packer.as_mut() {
+        if self.packer.is_some() {
+            if from_zero {
+                self.note_idle_gap(m);
+            }
+            let others_residue = self.residues(Some(m));
+            let all_residue = self.residues(None);
+            let residue = self.sc.settings.sleep_residue_mib;
+            let Some(packer) = self.packer.as_mut() else {
+                unreachable!("checked above")
+            };
             // Reserved as the webhook reserves it (`core::pack::compute_milli`).
             let milli = compute_milli(fraction).unwrap_or(tessera_core::pack::GPU_COMPUTE_MILLI);
             let request = ReplicaRequest::new(name.clone(), setup.name.clone(), milli, mib);
             // Sleep mode: a model at zero left a sleeping pod whose weights sit in host memory. It wakes on its
-            // own GPU, skipping the pod start and the load, if its share fits there again; otherwise the pod is
-            // replaced by a new one wherever the packer finds room, started cold.
+            // own GPU, skipping the pod start and the load, if its share fits there again (beside the other
+            // sleepers' residue); otherwise the pod is replaced by a new one wherever the packer finds room,
+            // started cold.
             let sleeper = match (from_zero, setup.sleep_wake_secs) {
                 (true, Some(wake)) => self.sleepers.remove(&m).map(|(g, _)| (g, wake)),
                 _ => None,
             };
             let woke = sleeper.and_then(|(g, wake)| {
-                let room = packer.gpu(g).is_some_and(|s| !s.is_draining());
-                (room && packer.assign(g, request.clone()).is_ok()).then_some((g, wake))
+                sleep::with_held(packer, others_residue, |packer| {
+                    let room = packer.gpu(g).is_some_and(|s| !s.is_draining());
+                    (room && packer.assign(g, request.clone()).is_ok()).then_some((g, wake))
+                })
             });
             match (sleeper, woke) {
                 (_, Some(_)) => self.models[m].sleep_wakes += 1,
@@ -670,19 +692,26 @@ impl<'a> World<'a> {
             }
             let g = match woke {
                 Some((g, _)) => g,
-                // A sleeping pod's room is lent only where the alternative is opening a GPU (`core::pack`).
+                // A sleeping pod's room beyond its residue is lent only where the alternative is opening a GPU
+                // (`core::pack`).
                 None => {
-                    let sleeping = self.sleepers.iter().map(|(m, (g, share))| {
-                        let mut share = share.clone();
-                        share.id = format!("asleep/{m}");
-                        (*g, share)
-                    });
-                    packer
-                        .place_beside_sleeping(request, sleeping)
-                        .map_err(|source| SimError::Pack {
-                            model: setup.name.clone(),
-                            source,
-                        })?
+                    let sleeping: Vec<(GpuId, ReplicaRequest)> = self
+                        .sleepers
+                        .iter()
+                        .map(|(m, (g, share))| {
+                            let mut share = share.clone();
+                            share.id = format!("asleep/{m}");
+                            share.memory_mib = share.memory_mib.saturating_sub(residue);
+                            (*g, share)
+                        })
+                        .collect();
+                    sleep::with_held(packer, all_residue, |packer| {
+                        packer.place_beside_sleeping(request, sleeping)
+                    })
+                    .map_err(|source| SimError::Pack {
+                        model: setup.name.clone(),
+                        source,
+                    })?
                 }
             };
             self.gpu_empty_since.remove(&g);
@@ -753,9 +782,10 @@ impl<'a> World<'a> {
                 if packer.gpu(g).is_some_and(|s| s.is_empty()) {
                     self.gpu_empty_since.insert(g, self.now);
                 }
-                // The model's last replica goes to sleep on its GPU rather than away (see `sleepers`).
-                if self.sc.models[m].sleep_wake_secs.is_some() && self.live_count(m) == 0 {
-                    self.sleepers.insert(m, (g, share));
+                // The model's last replica goes to sleep on its GPU rather than away, where its round said so
+                // and the GPU's sleeper budget admits it (`sleep.rs`).
+                if self.live_count(m) == 0 {
+                    self.fall_asleep(m, g, share);
                 }
             }
         } else {

@@ -1,0 +1,159 @@
+//! Sleep mode in a run, as the controller does it: the round decides (`core::sleep::rule`, through
+//! `core::round`), a model's last replica at zero stays on its GPU as a sleeper holding its residue, the GPU's
+//! sleeper budget admits or evicts (`core::pack::sleeping::admit`), and a wake goes to the sleeper's own GPU.
+//!
+//! A sleeper keeps its residue (`sleep_residue_mib`, its CUDA context) on its GPU: every placement is made with
+//! every sleeper's residue held ([`World::with_residue_held`]). The rest of its share it lends: a new replica takes
+//! that room only where the alternative is opening a GPU (`Packer::place_beside_sleeping`). A GPU that holds
+//! only sleepers is given back after the release grace like an empty one (a GPU costs far more than the cold
+//! starts its sleepers save), and its sleepers are lost.
+
+use std::time::Duration;
+
+use tessera_core::pack::sleeping::{self, Admit, Sleeper, SleeperBudget};
+use tessera_core::pack::{GpuId, Packer, ReplicaRequest};
+use tessera_core::sleep::command::SleepLevel;
+use tessera_core::sleep::rule::{SleepFacts, SleepPolicy};
+
+use super::World;
+
+/// Gaps a model's typical idle gap is the mean of (the most recent).
+const GAPS_KEPT: usize = 8;
+
+impl World<'_> {
+    /// What Tessera's round reads about model `m`'s sleep mode; `None` for a model without one.
+    pub(super) fn sleep_facts(&self, m: usize, live: &[usize]) -> Option<(SleepPolicy, SleepFacts)> {
+        let wake = self.sc.models[m].sleep_wake_secs?;
+        // The scenario's wake is a level-1 wake, and capacity nodes hold a copy of the weights in host memory.
+        let policy = SleepPolicy {
+            enabled: true,
+            level: Some(SleepLevel::One),
+            allow_risky: false,
+        };
+        let asleep = self.sleepers.contains_key(&m);
+        // The GPU its last running replica would sleep on, and whether the budget there takes it.
+        let no_room = !asleep
+            && match live {
+                [only] => self.replicas[*only]
+                    .gpu
+                    .is_some_and(|g| self.admit_sleeper(m, g) == Admit::Refuse),
+                _ => false,
+            };
+        let alone_on_gpu = match live {
+            [only] => self.replicas[*only]
+                .gpu
+                .is_some_and(|g| self.tenants.get(&g).is_none_or(|t| t.iter().all(|&r| r == *only))),
+            _ => false,
+        };
+        let facts = SleepFacts {
+            asleep,
+            alone_on_gpu,
+            measured_wake: [Some(Duration::from_secs_f64(wake)), None],
+            no_room,
+            ..SleepFacts::default()
+        };
+        Some((policy, facts))
+    }
+
+    /// The budget's answer to model `m` sleeping on GPU `g`.
+    fn admit_sleeper(&self, m: usize, g: GpuId) -> Admit {
+        let present: Vec<Sleeper> = self
+            .sleepers
+            .iter()
+            .filter(|&(&other, (on, _))| *on == g && other != m)
+            .map(|(&other, _)| self.sleeper(other))
+            .collect();
+        sleeping::admit(&present, &self.sleeper(m), self.sleeper_budget())
+    }
+
+    fn sleeper(&self, m: usize) -> Sleeper {
+        let setup = &self.sc.models[m];
+        let cold = setup.scale_up_secs(&self.sc.settings);
+        let gaps = &self.models[m].idle_gaps;
+        Sleeper {
+            id: setup.name.clone(),
+            residue_mib: self.sc.settings.sleep_residue_mib,
+            saved: Duration::from_secs_f64((cold - setup.sleep_wake_secs.unwrap_or(cold)).max(0.0)),
+            typical_gap: (!gaps.is_empty())
+                .then(|| Duration::from_secs_f64(gaps.iter().sum::<f64>() / gaps.len() as f64)),
+        }
+    }
+
+    fn sleeper_budget(&self) -> SleeperBudget {
+        let memory_mib = self.sc.gpu.memory_bytes >> 20;
+        SleeperBudget {
+            max_sleepers: self.sc.settings.max_sleepers_per_gpu,
+            max_residue_mib: memory_mib / 4,
+        }
+    }
+
+    /// Model `m`'s last replica left GPU `g` with `share`: it sleeps there if its last round said so and the
+    /// budget admits it (evicting cheaper sleepers), else it is gone.
+    pub(super) fn fall_asleep(&mut self, m: usize, g: GpuId, share: ReplicaRequest) {
+        if !self.models[m].sleeps_at_zero {
+            return;
+        }
+        match self.admit_sleeper(m, g) {
+            Admit::Refuse => return,
+            Admit::Fits => {}
+            Admit::Evict(ids) => {
+                let evicted: Vec<usize> = ids
+                    .iter()
+                    .filter_map(|id| self.sc.models.iter().position(|s| &s.name == id))
+                    .collect();
+                for e in evicted {
+                    self.sleepers.remove(&e);
+                    self.models[e].sleepers_lost += 1;
+                }
+            }
+        }
+        self.models[m].asleep_since = Some(self.now);
+        self.sleepers.insert(m, (g, share));
+    }
+
+    /// Model `m` wakes (or starts cold after losing its sleeper): the gap it sat out counts towards its typical one.
+    pub(super) fn note_idle_gap(&mut self, m: usize) {
+        if let Some(since) = self.models[m].asleep_since.take() {
+            let gaps = &mut self.models[m].idle_gaps;
+            if gaps.len() == GAPS_KEPT {
+                gaps.remove(0);
+            }
+            gaps.push(self.now - since);
+        }
+    }
+
+    /// Every sleeper's residue but `waking`'s (whose whole share is about to be placed), as packer requests on
+    /// their GPUs, for [`with_held`].
+    pub(super) fn residues(&self, waking: Option<usize>) -> Vec<(GpuId, ReplicaRequest)> {
+        let residue = self.sc.settings.sleep_residue_mib;
+        self.sleepers
+            .iter()
+            .filter(|&(&m, _)| Some(m) != waking)
+            .map(|(&m, (g, _))| {
+                let model = self.sc.models[m].name.clone();
+                (*g, ReplicaRequest::new(format!("residue/{m}"), model, 0, residue))
+            })
+            .collect()
+    }
+}
+
+/// Runs `f` on `packer` with `held` (the sleepers' residue, [`World::residues`]) assigned where it fits, then takes
+/// it off again: a placement never takes the memory a sleeping pod keeps.
+pub(super) fn with_held<T>(
+    packer: &mut Packer,
+    held: Vec<(GpuId, ReplicaRequest)>,
+    f: impl FnOnce(&mut Packer) -> T,
+) -> T {
+    let ids: Vec<String> = held
+        .into_iter()
+        .filter_map(|(g, r)| {
+            let id = r.id.clone();
+            packer.assign(g, r).is_ok().then_some(id)
+        })
+        .collect();
+    let out = f(packer);
+    for id in &ids {
+        packer.remove(id);
+    }
+    out
+}
