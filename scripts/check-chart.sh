@@ -269,7 +269,9 @@ print(f"  {len(names)} renderings: RBAC without wildcards or Secrets, secure pod
 PY
 
 log "RBAC follows the features: no rollout grants without autoscaler.podUpdates, no unused grants"
-"$helm" template tessera "$chart" --namespace tessera-system --set autoscaler.podUpdates=false >"$out/no-updates.yaml" \
+# Pods keep patch while sleep mode may annotate them: off here too, to see every pod grant go.
+"$helm" template tessera "$chart" --namespace tessera-system --set autoscaler.podUpdates=false \
+  --set autoscaler.sleepMode=false >"$out/no-updates.yaml" \
   || fail "helm template with autoscaler.podUpdates=false"
 "$py" - "$out" <<'PY'
 import sys, yaml

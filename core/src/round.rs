@@ -112,6 +112,15 @@ impl Round {
         self.decision.desired_replicas == 0 && self.rest.as_ref().is_some_and(|r| r.sleep.is_some())
     }
 
+    /// The pods the workload keeps (`/scale`'s count): the running replicas, and at zero the one asleep.
+    pub fn pods(&self) -> u32 {
+        if self.sleeps() {
+            self.replicas().max(1)
+        } else {
+            self.replicas()
+        }
+    }
+
     /// Whether the decision takes the model to zero from a running count: the documents may be a poll interval
     /// old, so the caller should read the activators again and [`Round::redecide`].
     pub fn goes_to_zero(&self) -> bool {

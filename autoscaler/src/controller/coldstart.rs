@@ -109,7 +109,15 @@ pub(super) fn publish_budget_metrics(
 /// that, so when it is over the TTFT objective a cold start cannot meet it (the joint rule's warm floor).
 /// `None` without a ready pod to measure (the policy then stays as declared).
 pub(super) fn observed_cold_start(pods: &[Pod]) -> Option<Duration> {
+    // A pod told to sleep turns not ready while asleep and ready again at its wake, which would read as a start
+    // hours long: only pods never told to sleep measure the start.
     pods.iter()
+        .filter(|p| {
+            !p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(tessera_core::sleep::command::ANNOTATION))
+        })
         .filter_map(|p| {
             let created = p.metadata.creation_timestamp.as_ref()?.0;
             let ready = p

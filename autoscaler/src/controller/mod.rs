@@ -36,6 +36,7 @@ pub mod owners;
 pub mod reconcile;
 pub mod rollout;
 pub mod signals;
+pub mod sleep;
 pub mod status;
 
 use std::collections::{HashMap, HashSet};

@@ -235,9 +235,14 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     ctx.metrics.decision(r.decision.reason);
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
-    let current = g.observed.replicas;
+    let current = g.observed.replicas + g.sleeping;
     let moving = g.placed.decided(r.placement, r.step);
     let (replicas, applied) = apply_count(ctx, obj, &g, &moving, &r).await;
+    // Sleep mode: the pod the count keeps at zero is told to sleep; a model that does not sleep now has every
+    // instruction taken off. Only where Tessera owns `/scale` (KEDA's zero deletes the pod).
+    if matches!(applied, Applied::Scaled | Applied::Unchanged) {
+        super::sleep::instruct(ctx, obj, &g.all_pods, &g.rest_docs, &r, now.as_millis()).await;
+    }
     let decision = &r.decision;
     if !matches!(applied, Applied::Failed(_) | Applied::Conflict(_))
         && let Ok(mut states) = ctx.states.lock()
@@ -305,6 +310,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         );
         st.allocation = Some(allocation.clone());
         st.cold_start_ledger = ledger_copy.clone();
+        st.rest = super::sleep::status(&r, g.sleeping);
         status::set_workload_class(&mut st, r.class.as_ref());
         let had = st
             .conditions
@@ -346,8 +352,9 @@ async fn apply_count(
     moving: &super::consolidate::Move,
     r: &Round,
 ) -> (u32, Applied) {
-    let current = g.observed.replicas;
-    let mut replicas = r.replicas();
+    // `/scale`'s count holds the sleeping replicas too, and so does the count written (`Round::pods`).
+    let current = g.observed.replicas + g.sleeping;
+    let mut replicas = r.pods();
     // One owner per /scale: KEDA's, or nobody's while two claim it (`core::keda::ownership`).
     match tessera_core::keda::ownership(obj.spec.scaled_by.owner(), &g.target, g.others.as_deref()) {
         tessera_core::keda::Ownership::Tessera => {}
@@ -423,6 +430,10 @@ pub(super) struct Gathered {
     placed: super::consolidate::Move,
     /// Other autoscalers (HPAs, KEDA's among them) on the same workload; `None` when they could not be listed.
     others: Option<Vec<tessera_core::keda::OtherScaler>>,
+    /// Sleep mode: every pod's sidecar document that could be read (asleep ones too), by pod name, and how many
+    /// replicas are asleep (counted in `/scale`, not in the round's running replicas).
+    rest_docs: Vec<(String, SidecarStatus)>,
+    sleeping: u32,
 }
 
 /// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
@@ -534,6 +545,35 @@ pub(super) async fn gather(
         }
     }
 
+    // Sleep mode: a sleeping replica is not ready, so its sidecar is read here too (the round reads what is asleep
+    // and the wakes measured; the instruction is written per pod).
+    let mut rest_docs: Vec<(String, SidecarStatus)> = ready_pods
+        .iter()
+        .map(|(pod, _)| pod.clone())
+        .zip(sidecars.iter())
+        .filter_map(|(pod, st)| st.clone().map(|st| (pod, st)))
+        .collect();
+    if spec.sleep.is_some() {
+        let asleep: Vec<(String, String)> = all_pods
+            .iter()
+            .filter(|p| !crate::pod_ready(p))
+            .filter_map(|p| pod_url(p, ctx.settings.sidecar_port))
+            .collect();
+        let read =
+            futures::future::join_all(asleep.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
+        for ((pod, _), result) in asleep.into_iter().zip(read) {
+            if let Ok(st) = result {
+                rest_docs.push((pod, st));
+            }
+        }
+    }
+    let (sleep_facts, sleeping) = super::sleep::facts(&rest_docs.iter().map(|(_, d)| d).collect::<Vec<_>>());
+    let sleeping = if spec.sleep.is_some() {
+        sleeping.min(current)
+    } else {
+        0
+    };
+
     // 4. Demand (the activators' documents, polled in the background), the share's room, the cold start measured
     // from the pods (every replica, the first included, starts as a pod here) and the budget group's claims.
     let keys: Vec<String> = spec.model_names.iter().map(|m| model_key(&ns, m)).collect();
@@ -571,7 +611,8 @@ pub(super) async fn gather(
     );
     let observed = Observed {
         name,
-        replicas: current,
+        // The round reads the running replicas: a sleeping one is `/scale`'s but not the rule's (`Round::pods`).
+        replicas: current - sleeping,
         surged: super::consolidate::surged(obj.status.as_ref()),
         room: share_room(obj, &sidecars),
         sidecars,
@@ -582,7 +623,7 @@ pub(super) async fn gather(
         placement: placed.placement,
         max_signal_age: ctx.settings.max_signal_age,
         class: Some(class),
-        sleep: None,
+        sleep: spec.sleep.as_ref().map(|s| (s.policy(), sleep_facts)),
     };
     Ok(Gathered {
         observed,
@@ -593,6 +634,8 @@ pub(super) async fn gather(
         keys,
         placed,
         others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
+        rest_docs,
+        sleeping,
     })
 }
 
@@ -745,10 +788,16 @@ pub fn target_resource(api_version: &str, kind: &str) -> Result<ApiResource, Err
 
 /// A pod's sidecar base URL if the pod is ready (Ready condition true, has an IP, not terminating).
 pub fn ready_pod_url(pod: &Pod, default_port: u16) -> Option<(String, String)> {
-    if pod.metadata.deletion_timestamp.is_some() {
+    if !crate::pod_ready(pod) {
         return None;
     }
-    if !crate::pod_ready(pod) {
+    pod_url(pod, default_port)
+}
+
+/// A pod's sidecar base URL, ready or not (a sleeping replica is not ready), if it has an IP and is not
+/// terminating.
+pub fn pod_url(pod: &Pod, default_port: u16) -> Option<(String, String)> {
+    if pod.metadata.deletion_timestamp.is_some() {
         return None;
     }
     let ip = pod.status.as_ref()?.pod_ip.as_ref().filter(|ip| !ip.is_empty())?;

@@ -21,12 +21,16 @@ use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
 
 #[path = "reconcile_coldstart_tests.rs"]
 mod coldstart;
+#[path = "reconcile_sleep_tests.rs"]
+mod sleep;
 
 /// Sidecars answer from a map of base URL → KV usage; a missing URL times out. Activators answer the documents
 /// queued in `activator`, one per call, repeating the last one; none: connection refused.
 struct FakeSignals {
     kv: HashMap<String, f64>,
     activator: Mutex<std::collections::VecDeque<ActivatorStats>>,
+    /// The `rest` field every sidecar document carries (sleep mode), if any.
+    rest: Option<Value>,
 }
 
 /// A replica's status with KV cache usage `kv`: four requests running, none when the cache is empty (an idle
@@ -47,7 +51,11 @@ impl SignalSource for FakeSignals {
         let r = self
             .kv
             .get(base)
-            .map(|kv| sidecar_status(*kv))
+            .map(|kv| {
+                let mut st = sidecar_status(*kv);
+                st.rest = self.rest.clone().map(|r| serde_json::from_value(r).unwrap());
+                st
+            })
             .ok_or(FetchError::Timeout {
                 url: base.to_owned(),
                 timeout: Duration::from_secs(2),
@@ -89,6 +97,7 @@ fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<Activato
         Arc::new(FakeSignals {
             kv: kv.iter().map(|(u, k)| ((*u).to_owned(), *k)).collect(),
             activator: Mutex::new(docs.into()),
+            rest: None,
         }),
         activators,
         UNIX_EPOCH + Duration::from_secs(NOW_S),

@@ -31,7 +31,7 @@ mod status;
 pub use policy::SpecError;
 pub use status::{
     AllocationStatus, AllocationValues, ColdStartLedgerStatus, InferenceAutoscalerStatus,
-    RecommendationStatus, SignalStatus,
+    RecommendationStatus, RestStatus, SignalStatus,
 };
 
 /// API group of every Tessera resource.
@@ -204,6 +204,47 @@ pub struct InferenceAutoscalerSpec {
     /// `status.policyFromClass` lists which values came from the class (docs/policies.md, "Workload classes").
     #[serde(default, skip_serializing_if = "WorkloadClassSpec::is_auto")]
     pub workload_class: WorkloadClassSpec,
+    /// vLLM sleep mode as the way back from zero: at zero, the last replica sleeps on its GPU (its weights in
+    /// host memory at level 1, dropped at level 2) instead of going away, where its wake meets the TTFT objective
+    /// that a cold start would miss. The server must run with `--enable-sleep-mode` (the webhook adds it and the
+    /// dev-mode environment the sleep endpoints need, reachable by the sidecar only). Off unless set
+    /// (docs/autoscaling.md, "Sleeping replicas").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep: Option<SleepSpec>,
+}
+
+/// `spec.sleep`: whether and how the model's replicas sleep at zero.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SleepSpec {
+    /// Sleep at zero rather than go (default false).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The sleep level: 1 (weights kept in host memory: a wake copies them back, about a second for a small
+    /// model; needs the vLLM container's memory limit to hold a copy of the weights) or 2 (weights dropped: a wake
+    /// reloads them from disk). Unset: 2 unless the node's free host memory is known to hold a copy (it is not
+    /// read today, so set 1 where the container's limit allows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2))]
+    pub level: Option<u8>,
+    /// Sleep even where a replica's sidecar finds a risky combination (LoRA adapters, tensor parallel, a hybrid
+    /// or sliding-window model, a vLLM outside the tested range): vLLM has returned wrong answers after a wake
+    /// there. The sidecar still checks every wake with a canary request and restarts the pod on a wrong answer.
+    #[serde(default)]
+    pub allow_risky: bool,
+}
+
+impl SleepSpec {
+    /// The core's policy.
+    pub fn policy(&self) -> tessera_core::sleep::rule::SleepPolicy {
+        tessera_core::sleep::rule::SleepPolicy {
+            enabled: self.enabled,
+            level: self
+                .level
+                .and_then(tessera_core::sleep::command::SleepLevel::from_u8),
+            allow_risky: self.allow_risky,
+        }
+    }
 }
 
 /// `spec.workloadClass`: detected, or pinned to one class.

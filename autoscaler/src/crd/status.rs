@@ -57,6 +57,9 @@ pub struct InferenceAutoscalerStatus {
     /// candidate settling towards it, and the last roll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<AllocationStatus>,
+    /// Sleep mode (`spec.sleep`): the replicas asleep now, and what the round chose at rest and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rest: Option<RestStatus>,
     /// The workload class in force: `realtime`, `nearRealtime` or `batch` (the CLASS column of `kubectl get ias
     /// -o wide`). Its defaults fill the knobs the spec leaves unset (`policyFromClass`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -265,4 +268,25 @@ pub struct RecommendationStatus {
     pub compute_fraction: Option<f64>,
     /// Why, in words.
     pub reason: String,
+}
+
+/// `status.rest`: sleep or zero at rest (`core::sleep::rule`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestStatus {
+    /// Replicas asleep now (as their sidecars report), counted in `/scale`'s replicas.
+    pub sleeping: u32,
+    /// At zero the last replica `sleep`s (at `level`) or goes to `zero`.
+    pub at_zero: String,
+    /// The sleep level, when it sleeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<u8>,
+    /// The wake the round counts on, seconds (measured by the sidecars, else estimated from the weights).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_seconds: Option<f64>,
+    /// A stable code: `sleep_mode_off`, `refused`, `cold_start_meets_objective`, `wake_no_faster`,
+    /// `no_sleeper_room`, `alone_on_gpu`, `wake_shortens_cold_start`.
+    pub reason: String,
+    /// The reason in words.
+    pub message: String,
 }

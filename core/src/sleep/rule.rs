@@ -73,7 +73,7 @@ pub enum RestReason {
     Refused,
     /// The cold start already meets the TTFT objective (or there is none): holding a residue buys nothing.
     ColdStartMeetsObjective,
-    /// The wake is no faster than a cold start.
+    /// The wake is no faster than a cold start, or unknown (never measured, no weights to estimate from).
     WakeNoFaster,
     /// The GPU's sleeper budget is full and this model is the cheapest sleeper to lose.
     NoSleeperRoom,
@@ -94,7 +94,10 @@ impl RestReason {
             RestReason::ColdStartMeetsObjective => {
                 "the cold start meets the TTFT objective: going to zero holds nothing on the GPU"
             }
-            RestReason::WakeNoFaster => "a wake is no faster than a cold start here: going to zero",
+            RestReason::WakeNoFaster => {
+                "a wake is no faster than a cold start here, or not known yet (no wake measured, no weights to \
+                 estimate one from): going to zero"
+            }
             RestReason::NoSleeperRoom => {
                 "the GPU's sleeper budget is full and this model is the cheapest sleeper to lose: going to zero"
             }
@@ -170,14 +173,16 @@ pub fn decide(
     if facts.refused.is_some() && !policy.allow_risky {
         return zero(RestReason::Refused);
     }
-    let (Some(slo), Some(cold)) = (ttft_slo, cold_start) else {
+    let Some(slo) = ttft_slo else {
         return zero(RestReason::ColdStartMeetsObjective);
     };
-    if cold <= slo {
+    if cold_start.is_some_and(|cold| cold <= slo) {
         return zero(RestReason::ColdStartMeetsObjective);
     }
+    // An unknown cold start (no pod measured one: the only pod is asleep, say) is no reason to drop a sleeper: a
+    // wake is never slower than a start.
     let lvl = level(policy, facts);
-    let Some(w) = wake(lvl, facts).filter(|w| *w < cold) else {
+    let Some(w) = wake(lvl, facts).filter(|w| cold_start.is_none_or(|cold| *w < cold)) else {
         return zero(RestReason::WakeNoFaster);
     };
     // A sleeper already asleep keeps its place; the budget decides only where a new one would go.

@@ -1,0 +1,198 @@
+//! Sleep mode in the controller (`spec.sleep`): what the round reads of the replicas' sleep, and the one write
+//! that puts a replica to sleep — the pod's `tessera.dev/rest` annotation (`core::sleep::command`), which its
+//! sidecar reads from its downward-API file and performs. The decision is the round's (`core::sleep::rule`).
+//!
+//! A sleeping pod stays a pod of the workload: `/scale` keeps counting it (`Round::pods`), while the round reads
+//! only the running replicas. It is not ready while asleep, so the activator holds a request for the model and
+//! asks the pod's sidecar for the wake at once.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use tessera_core::round::Round;
+use tessera_core::sleep::command::{ANNOTATION, RestCommand};
+use tessera_core::sleep::rule::SleepFacts;
+use tessera_core::wire::sidecar::{RestState, SidecarStatus};
+use tracing::warn;
+
+use super::context::{Context, publish};
+use crate::crd::{InferenceAutoscaler, RestStatus};
+
+/// What the round reads of the model's sleep from every replica's sidecar document (asleep ones included), and
+/// how many replicas are asleep.
+pub fn facts(docs: &[&SidecarStatus]) -> (SleepFacts, u32) {
+    let rests: Vec<_> = docs.iter().filter_map(|d| d.rest.as_ref()).collect();
+    let sleeping = rests
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.state,
+                RestState::FallingAsleep | RestState::Sleeping | RestState::Waking
+            )
+        })
+        .count();
+    // The longest wake measured at each level: the round plans for the slow one.
+    let mut measured_wake = [None, None];
+    for r in &rests {
+        if let (Some(level), Some(secs)) = (r.level, r.last_wake_secs)
+            && secs.is_finite()
+            && secs >= 0.0
+        {
+            let slot = &mut measured_wake[usize::from(level.as_u8() - 1)];
+            let w = Duration::from_secs_f64(secs);
+            *slot = Some(slot.map_or(w, |x: Duration| x.max(w)));
+        }
+    }
+    let facts = SleepFacts {
+        asleep: sleeping > 0,
+        refused: rests.iter().find_map(|r| r.refused.clone()),
+        measured_wake,
+        weights_bytes: docs
+            .iter()
+            .find_map(|d| d.memory.as_ref()?.model.as_ref()?.weights_bytes),
+        // Not read today: the level-1 copy counts against the vLLM container's memory limit, which the sidecar
+        // cannot see. Unknown chooses level 2 unless the spec pins level 1.
+        host_free_bytes: None,
+        // The pool manager keeps a sleeping pod's whole reservation (it does not lend it), so no budget applies
+        // yet in a cluster; the simulator's packer lends it and applies the budget (docs/fractional-gpus.md).
+        no_room: false,
+        alone_on_gpu: false,
+    };
+    (facts, u32::try_from(sleeping).unwrap_or(u32::MAX))
+}
+
+/// The pod's instruction now, if it has a valid one.
+fn instruction(pod: &Pod) -> Option<RestCommand> {
+    pod.annotations().get(ANNOTATION)?.parse().ok()
+}
+
+/// Writes or clears the pods' instruction after the round: where the model sleeps at zero, its running pods get
+/// `sleep level=N since=<now>` (a pod that was woken after its instruction gets a fresh one once idle again);
+/// otherwise every instruction is taken off, so that a woken pod serving rising traffic does not fall asleep.
+pub async fn instruct(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    pods: &[Pod],
+    docs: &[(String, SidecarStatus)],
+    r: &Round,
+    now_ms: u64,
+) {
+    let Some(rest) = r.rest.as_ref() else {
+        return;
+    };
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
+    let params = PatchParams::default();
+    for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        let name = pod.name_any();
+        let has = instruction(pod);
+        let woke_after = |c: &RestCommand| {
+            docs.iter().any(|(n, d)| {
+                n == &name
+                    && d.rest.as_ref().is_some_and(|x| {
+                        x.state == RestState::Awake
+                            && x.since.is_some_and(|s| s * 1000.0 > c.since_unix_ms as f64)
+                    })
+            })
+        };
+        let value = match (r.sleeps(), rest.sleep, has) {
+            (true, Some(level), None) => Some(
+                RestCommand {
+                    level,
+                    since_unix_ms: now_ms,
+                }
+                .to_string(),
+            ),
+            (true, Some(level), Some(c)) if c.level != level || woke_after(&c) => Some(
+                RestCommand {
+                    level,
+                    since_unix_ms: now_ms,
+                }
+                .to_string(),
+            ),
+            (false, _, Some(_)) => None,
+            _ => continue,
+        };
+        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
+        match api.patch(&name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                if let Some(v) = &value {
+                    let wake = rest
+                        .wake
+                        .map_or_else(|| "unknown".to_owned(), |w| format!("{:.1}s", w.as_secs_f64()));
+                    let note = format!(
+                        "{name}: {v}; at zero it sleeps instead of going (wake {wake}): {}",
+                        rest.reason.message()
+                    );
+                    publish(ctx, obj, EventType::Normal, "Sleeping", "Sleep", &note).await;
+                }
+            }
+            Err(e) => {
+                warn!(pod = %name, error = %e, "could not write the pod's sleep instruction");
+                publish(
+                    ctx,
+                    obj,
+                    EventType::Warning,
+                    "FailedSleep",
+                    "Sleep",
+                    &format!(
+                        "could not annotate {name} with {ANNOTATION}: {e} (the controller needs pods patch)"
+                    ),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+/// `status.rest` for the round; `None` without `spec.sleep`.
+pub fn status(r: &Round, sleeping: u32) -> Option<RestStatus> {
+    let rest = r.rest.as_ref()?;
+    let reason = serde_json::to_value(rest.reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Some(RestStatus {
+        sleeping,
+        at_zero: if rest.sleep.is_some() { "sleep" } else { "zero" }.to_owned(),
+        level: rest.sleep.map(|l| l.as_u8()),
+        wake_seconds: rest.wake.map(|w| (w.as_secs_f64() * 1000.0).round() / 1000.0),
+        reason,
+        message: rest.reason.message().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn doc(rest: serde_json::Value) -> SidecarStatus {
+        serde_json::from_value(serde_json::json!({
+            "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
+            "ready": true, "stale": false,
+            "scrape": {"interval_secs": 5.0, "successes_total": 3},
+            "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming up"}},
+            "rest": rest
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn facts_count_sleepers_and_keep_the_slowest_wake_per_level() {
+        let a = doc(serde_json::json!({"state": "sleeping", "level": "one", "last_wake_secs": 0.4}));
+        let b = doc(
+            serde_json::json!({"state": "awake", "level": "one", "last_wake_secs": 0.9, "refused": "LoRA adapters"}),
+        );
+        let c = doc(serde_json::json!({"state": "awake", "level": "two", "last_wake_secs": -1.0}));
+        let (f, sleeping) = facts(&[&a, &b, &c]);
+        assert_eq!(sleeping, 1);
+        assert!(f.asleep);
+        assert_eq!(f.measured_wake, [Some(Duration::from_millis(900)), None]);
+        assert_eq!(f.refused.as_deref(), Some("LoRA adapters"));
+        let (none, n) = facts(&[]);
+        assert_eq!((none.asleep, n), (false, 0));
+    }
+}
