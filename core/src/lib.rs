@@ -21,7 +21,10 @@
 //! - [`wire`]: the JSON documents one role serves and another reads (sidecar status, activator stats).
 //! - [`class`]: a model's workload class (real-time, near-real-time, batch) and the policy defaults it supplies.
 //! - [`workload`]: the class as the GPU workloads page shows it.
+//! - [`batch`]: the OpenAI Batch API's rules: the batch object's statuses, validating an input line, which lines
+//!   are answered, and pacing a batch to its deadline on the cheapest capacity.
 
+pub mod batch;
 pub mod class;
 pub mod gate;
 pub mod keda;
