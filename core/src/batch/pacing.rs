@@ -177,7 +177,7 @@ fn replicas_for(remaining: f64, spare: f64, per_replica: f64, startup_s: f64, us
         return Some(0);
     }
     let n = (rate / per_replica).ceil();
-    (n <= f64::from(u32::MAX)).then(|| n as u32)
+    (n <= f64::from(u32::MAX)).then_some(n as u32)
 }
 
 /// What keeps the batch on pace (see the module docs). `now` is in the input.

@@ -202,8 +202,9 @@ async fn upload(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) ->
     }
     .await;
     let cleanup = |b: Arc<Batches>, id: String| async move {
-        let _ = b.store.truncate_data(&id, 0).await;
-        let _ = b.store.delete_file(&id).await;
+        if let Err(e) = b.store.delete_file(&id).await {
+            warn!(file = %id, error = %e, "could not remove a refused upload");
+        }
     };
     if let Err(e) = result {
         if let Some((id, ..)) = stored {

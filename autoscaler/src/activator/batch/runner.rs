@@ -561,9 +561,9 @@ async fn send_all(
                     err.write_all(&a.bytes).await.map_err(io_err(&batch.error_data))?;
                     batch.request_counts.failed += 1;
                 }
-                // Flush whenever nothing else is waiting: each answer reaches the store within one loop turn,
-                // and a busy batch still writes in large pieces.
-                if rx.is_empty() {
+                // Flush whenever nothing else is waiting (each answer reaches the store within one loop turn, and
+                // a busy batch still writes in large pieces), and at least every progress interval.
+                if rx.is_empty() || last_save.elapsed() >= b.limits.progress_interval {
                     out.flush().await.map_err(io_err(&batch.output_data))?;
                     err.flush().await.map_err(io_err(&batch.error_data))?;
                     if last_save.elapsed() >= b.limits.progress_interval && held.load(Ordering::Relaxed) {

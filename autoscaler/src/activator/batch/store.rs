@@ -259,13 +259,14 @@ impl BatchStore for LocalStore {
 
     fn delete_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let doc = self.doc_path("files", id, "json")?;
-            tokio::fs::remove_file(&doc).await.map_err(io(&doc))?;
-            let data = self.data_path(id)?;
-            match tokio::fs::remove_file(&data).await {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&data)(e)),
-                _ => Ok(()),
+            // Either part may be missing (an upload refused before its document was written): remove what is there.
+            for path in [self.doc_path("files", id, "json")?, self.data_path(id)?] {
+                match tokio::fs::remove_file(&path).await {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path)(e)),
+                    _ => {}
+                }
             }
+            Ok(())
         })
     }
 
