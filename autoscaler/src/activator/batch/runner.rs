@@ -22,10 +22,12 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWrit
 use tokio::sync::{Semaphore, mpsc};
 use tracing::{debug, info, warn};
 
+use crate::activator::metrics::{BatchLabels, BatchLineLabels};
+
 use super::objects::{
     BatchErrorItem, BatchErrors, BatchObject, FileObject, Usage, result_index, result_line,
 };
-use super::store::{DataReader, StoreError};
+use super::store::{BatchStore, DataReader, StoreError};
 use super::{Batches, unix_s};
 
 /// The largest answer body kept for one line.
@@ -268,11 +270,16 @@ struct Recovered {
 
 /// Reads a result file back: marks its lines in the ledger, counts them, sums usage, and cuts a torn last line
 /// (a crash mid-write) off. A line answered twice is counted once.
-async fn recover_file(b: &Batches, id: &str, ok: bool, rec: &mut Recovered) -> Result<(), StoreError> {
-    if b.store.data_len(id).await? == 0 {
+async fn recover_file(
+    store: &dyn BatchStore,
+    id: &str,
+    ok: bool,
+    rec: &mut Recovered,
+) -> Result<(), StoreError> {
+    if store.data_len(id).await? == 0 {
         return Ok(());
     }
-    let mut r = BufReader::new(b.store.open_data(id).await?);
+    let mut r = BufReader::new(store.open_data(id).await?);
     let mut good_len = 0u64;
     let mut buf = Vec::new();
     loop {
@@ -295,13 +302,13 @@ async fn recover_file(b: &Batches, id: &str, ok: bool, rec: &mut Recovered) -> R
             }
         }
     }
-    if good_len < b.store.data_len(id).await? {
+    if good_len < store.data_len(id).await? {
         warn!(
             file = id,
             keep = good_len,
             "batch runner: cutting a torn last line left by a crash"
         );
-        b.store.truncate_data(id, good_len).await?;
+        store.truncate_data(id, good_len).await?;
     }
     Ok(())
 }
@@ -385,8 +392,8 @@ async fn run_batch(
         },
         usage: Usage::default(),
     };
-    recover_file(b, &batch.output_data, true, &mut rec).await?;
-    recover_file(b, &batch.error_data, false, &mut rec).await?;
+    recover_file(b.store.as_ref(), &batch.output_data, true, &mut rec).await?;
+    recover_file(b.store.as_ref(), &batch.error_data, false, &mut rec).await?;
     batch.request_counts = rec.counts;
     batch.usage = rec.usage;
     if rec.ledger.answered() > 0 {
@@ -439,6 +446,12 @@ async fn run_batch(
             step(&mut batch, BatchEvent::Finalized);
         }
     }
+    let labels = BatchLabels {
+        namespace: batch.namespace.clone(),
+        batch: batch.id.clone(),
+    };
+    b.app.metrics.batch_slack.remove(&labels);
+    b.app.metrics.batch_remaining.remove(&labels);
     info!(batch = %batch.id, status = batch.status.as_str(), completed = batch.request_counts.completed, failed = batch.request_counts.failed, "batch ended");
     save(b, &batch).await
 }
@@ -485,6 +498,7 @@ async fn fill_rest(
     let mut r = input_reader(b, batch).await?;
     let mut line = Vec::new();
     let mut index = 0u64;
+    let mut filled = 0u64;
     let max = b.app.limits.max_body_bytes + 4096;
     while read_line(&mut r, &mut line, max)
         .await
@@ -510,7 +524,21 @@ async fn fill_rest(
         .map_err(io_err(&batch.error_data))?;
         rec.ledger.mark(i);
         batch.request_counts.failed += 1;
+        filled += 1;
     }
+    let outcome = if code == "batch_cancelled" {
+        "cancelled"
+    } else {
+        "expired"
+    };
+    b.app
+        .metrics
+        .batch_lines
+        .get_or_create(&BatchLineLabels {
+            namespace: batch.namespace.clone(),
+            outcome,
+        })
+        .inc_by(filled);
     w.flush().await.map_err(io_err(&batch.error_data))?;
     Ok(())
 }
@@ -541,6 +569,8 @@ async fn send_all(
             let mut out = BufWriter::new(b.store.append_data(&batch.output_data).await?);
             let mut err = BufWriter::new(b.store.append_data(&batch.error_data).await?);
             let mut last_save = tokio::time::Instant::now();
+            let started = last_save;
+            let mut answered_here = 0u64;
             while let Some(a) = rx.recv().await {
                 if !held.load(Ordering::Relaxed) {
                     // Another runner may own the files now: write nothing more.
@@ -549,6 +579,15 @@ async fn send_all(
                 if !ledger.mark(a.index) {
                     continue;
                 }
+                answered_here += 1;
+                b.app
+                    .metrics
+                    .batch_lines
+                    .get_or_create(&BatchLineLabels {
+                        namespace: batch.namespace.clone(),
+                        outcome: if a.ok { "completed" } else { "failed" },
+                    })
+                    .inc();
                 if a.ok {
                     out.write_all(&a.bytes)
                         .await
@@ -567,6 +606,13 @@ async fn send_all(
                     out.flush().await.map_err(io_err(&batch.output_data))?;
                     err.flush().await.map_err(io_err(&batch.error_data))?;
                     if last_save.elapsed() >= b.limits.progress_interval && held.load(Ordering::Relaxed) {
+                        pace_gauges(
+                            &b,
+                            &batch,
+                            started.elapsed(),
+                            batch.request_counts.remaining(),
+                            answered_here,
+                        );
                         b.store.put_batch(&batch).await?;
                         last_save = tokio::time::Instant::now();
                     }
@@ -674,6 +720,33 @@ async fn send_all(
     Ok(stop)
 }
 
+/// Sets a running batch's pace gauges: lines left, and the slack to its deadline at the rate this runner has
+/// measured (`answered` lines in `elapsed`).
+fn pace_gauges(b: &Batches, batch: &BatchObject, elapsed: Duration, remaining: u64, answered: u64) {
+    let labels = BatchLabels {
+        namespace: batch.namespace.clone(),
+        batch: batch.id.clone(),
+    };
+    b.app
+        .metrics
+        .batch_remaining
+        .get_or_create(&labels)
+        .set(i64::try_from(remaining).unwrap_or(i64::MAX));
+    let rate = answered as f64 / elapsed.as_secs_f64().max(1e-3);
+    let to_deadline = batch
+        .expires_at
+        .map_or(f64::INFINITY, |e| e as f64 - now_ms() as f64 / 1000.0);
+    let needed = if rate > 0.0 {
+        remaining as f64 / rate
+    } else {
+        f64::INFINITY
+    };
+    let slack = to_deadline - needed;
+    if slack.is_finite() {
+        b.app.metrics.batch_slack.get_or_create(&labels).set(slack);
+    }
+}
+
 /// Sends one line through the activator's request path in the flex lane; retries while the lane has no room
 /// (429) or no replica answers (503), with a doubling wait, until the batch stops. `None`: not answered (the
 /// batch is stopping; the line stays for the cancel/expiry fill or the next runner).
@@ -761,5 +834,56 @@ async fn send_line(
             ok,
             usage,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::activator::batch::store::LocalStore;
+
+    #[tokio::test]
+    async fn a_torn_last_line_is_cut_and_a_repeat_counted_once() {
+        let dir = std::env::temp_dir().join(format!("tessera-recover-{}", std::process::id()));
+        let store = LocalStore::open(&dir).unwrap();
+        let body = serde_json::json!({"usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        let mut data = Vec::new();
+        data.extend(result_line("batch_x", 0, "a", Some((200, body.clone())), None));
+        data.extend(result_line("batch_x", 2, "c", Some((200, body.clone())), None));
+        data.extend(result_line("batch_x", 0, "a", Some((200, body)), None));
+        let whole = data.len() as u64;
+        data.extend_from_slice(b"{\"id\":\"batch_req_batch_x_1\",\"custom_id\":\"b\",\"resp");
+        let mut w = store.create_data("out").await.unwrap();
+        w.write_all(&data).await.unwrap();
+        w.flush().await.unwrap();
+        let mut rec = Recovered {
+            ledger: Ledger::new(3),
+            counts: RequestCounts {
+                total: 3,
+                completed: 0,
+                failed: 0,
+            },
+            usage: Usage::default(),
+        };
+        recover_file(&store, "out", true, &mut rec).await.unwrap();
+        assert_eq!(
+            store.data_len("out").await.unwrap(),
+            whole,
+            "the torn line is cut"
+        );
+        assert_eq!(rec.counts.completed, 2, "line 0 twice counts once");
+        assert_eq!(rec.usage.total_tokens, 10);
+        assert!(rec.ledger.is_answered(0) && rec.ledger.is_answered(2) && !rec.ledger.is_answered(1));
+        let mut r = BufReader::new(&b"a\r\nbb\n\nccc"[..]);
+        let mut line = Vec::new();
+        let mut got = Vec::new();
+        while read_line(&mut r, &mut line, 3).await.unwrap() {
+            got.push(String::from_utf8(line.clone()).unwrap());
+        }
+        assert_eq!(got, ["a", "bb", "", "ccc"]);
+        let mut long = BufReader::new(&b"abcd\n"[..]);
+        assert!(read_line(&mut long, &mut line, 3).await.is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
