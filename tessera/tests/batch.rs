@@ -61,13 +61,18 @@ fn input_lines(n: usize) -> Vec<u8> {
 
 /// Uploads `data` as a batch input file (a hand-made multipart body: the test's reqwest has no multipart).
 async fn upload(http: &reqwest::Client, act: &Tessera, data: Vec<u8>) -> String {
+    upload_to(http, act, "", data).await
+}
+
+/// As [`upload`], under `prefix` (`/namespaces/<ns>` or nothing).
+async fn upload_to(http: &reqwest::Client, act: &Tessera, prefix: &str, data: Vec<u8>) -> String {
     let mut body = b"--BOUNDARY\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--BOUNDARY\r\n\
 Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n"
         .to_vec();
     body.extend_from_slice(&data);
     body.extend_from_slice(b"\r\n--BOUNDARY--\r\n");
     let resp = http
-        .post(act.url("/v1/files"))
+        .post(act.url(&format!("{prefix}/v1/files")))
         .header("content-type", "multipart/form-data; boundary=BOUNDARY")
         .body(body)
         .send()
@@ -80,9 +85,20 @@ Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\nContent-
 }
 
 async fn create(http: &reqwest::Client, act: &Tessera, file: &str) -> String {
+    create_with(http, act, "", file, "24h").await
+}
+
+/// As [`create`], under `prefix` and with a completion window.
+async fn create_with(
+    http: &reqwest::Client,
+    act: &Tessera,
+    prefix: &str,
+    file: &str,
+    window: &str,
+) -> String {
     let batch: Value = http
-        .post(act.url("/v1/batches"))
-        .json(&serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+        .post(act.url(&format!("{prefix}/v1/batches")))
+        .json(&serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": window}))
         .send()
         .await
         .expect("POST /v1/batches")
@@ -336,6 +352,124 @@ async fn a_cancel_at_half_with_a_killed_runner_still_answers_each_line_once() {
         "cancelled at half in {:?}: {done} answered, {cancelled} batch_cancelled",
         started.elapsed()
     );
+}
+
+#[tokio::test]
+async fn expiry_limits_and_namespaces() {
+    let sim = emulator();
+    let store = tempfile::tempdir().expect("a temp dir");
+    let backend = format!("m={}", sim.base());
+    let act = Tessera::activator(&[
+        "--backend",
+        &backend,
+        "--batch-store",
+        store.path().to_str().expect("a UTF-8 path"),
+        "--batch-max-file-bytes",
+        "2000000",
+        "--batch-max-requests",
+        "9000",
+        "--batch-max-in-flight",
+        "8",
+        "--batch-progress-interval",
+        "100ms",
+    ]);
+    let http = http_client(Duration::from_secs(60));
+
+    // A window shorter than the work: sending stops at the deadline, the rest is `batch_expired`, what finished
+    // is kept, and every line is still answered once.
+    let file = upload(&http, &act, input_lines(8_000)).await;
+    let id = create_with(&http, &act, "", &file, "2s").await;
+    let b = wait_batch(&http, &act, &id, Duration::from_secs(40), |b| {
+        b["status"] == "expired"
+    })
+    .await;
+    assert!(b["expired_at"].as_u64().is_some(), "{b}");
+    let all = check_exactly_once(&http, &act, &b, 8_000).await;
+    let expired = all
+        .values()
+        .filter(|r| r["error"]["code"] == "batch_expired")
+        .count();
+    assert!(
+        expired > 0 && expired < 8_000,
+        "expired {expired}: some lines finish, the rest expire"
+    );
+
+    // Over the file size limit: 413 naming the flag, and nothing is kept.
+    let files_before = std::fs::read_dir(store.path().join("files"))
+        .expect("files/")
+        .count();
+    let resp = http
+        .post(act.url("/v1/files"))
+        .header("content-type", "multipart/form-data; boundary=B")
+        .body(
+            [
+                &b"--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\n\r\n"[..],
+                &vec![b'x'; 2_100_000],
+                b"\r\n--B--\r\n",
+            ]
+            .concat(),
+        )
+        .send()
+        .await
+        .expect("POST /v1/files");
+    assert_eq!(resp.status(), 413);
+    let err: Value = resp.json().await.expect("an OpenAI error");
+    assert_eq!(err["error"]["code"], "file_too_large", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("--batch-max-file-bytes"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(store.path().join("files"))
+            .expect("files/")
+            .count(),
+        files_before
+    );
+
+    // Over the request limit: the batch fails validation, nothing sent.
+    let file = upload(&http, &act, input_lines(9_001)).await;
+    let id = create(&http, &act, &file).await;
+    let b = wait_batch(&http, &act, &id, Duration::from_secs(20), |b| {
+        b["status"] == "failed"
+    })
+    .await;
+    assert_eq!(b["errors"]["data"][0]["code"], "too_many_requests", "{b}");
+
+    // Namespaces are tenants: team-a's file is invisible from the default namespace, and team-a has no model `m`.
+    let file = upload_to(&http, &act, "/namespaces/team-a", input_lines(2)).await;
+    let other = http
+        .get(act.url(&format!("/v1/files/{file}")))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(other.status(), 404);
+    let own = http
+        .get(act.url(&format!("/namespaces/team-a/v1/files/{file}")))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(own.status(), 200);
+    let id = create_with(&http, &act, "/namespaces/team-a", &file, "24h").await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let b = loop {
+        let b: Value =
+            support::get_json(&http, &act.url(&format!("/namespaces/team-a/v1/batches/{id}"))).await;
+        if b["status"] == "failed" || Instant::now() > deadline {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(b["errors"]["data"][0]["code"], "model_not_found", "{b}");
+    assert_eq!(b["errors"]["data"][0]["line"], 1, "{b}");
+    let default_view = http
+        .get(act.url(&format!("/v1/batches/{id}")))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(default_view.status(), 404);
 }
 
 /// Peak RSS (`VmHWM`) of a process, KiB.
