@@ -472,6 +472,108 @@ async fn expiry_limits_and_namespaces() {
     assert_eq!(default_view.status(), 404);
 }
 
+/// Real-time requests per second beside the batch (the lanes test's load).
+const REALTIME_RATE: f64 = 3.0;
+/// Each phase's length.
+const PHASE: Duration = Duration::from_secs(30);
+
+/// A batch running on the model that also serves real-time traffic at its usual load: the real-time TTFT p95
+/// stays within 10% of the same load without the batch, and the batch still gets work done. The lanes test's
+/// set-up and load (`support::realtime`), with the batch runner in place of flex clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_batch_leaves_real_time_ttft_within_ten_percent() {
+    use support::realtime::{ms, one_realtime, p95, realtime_load};
+    let sim = Tessera::vllm_sim(&[
+        "--served-model-name",
+        "llama",
+        "--model-preset",
+        "llama-3.1-8b",
+        "--kv-cache-memory-bytes",
+        "4Gi",
+        "--max-model-len",
+        "8192",
+        "--time-scale",
+        "1",
+    ]);
+    let store = tempfile::tempdir().expect("a temp dir");
+    let backend = format!("llama={}", sim.base());
+    let act = Tessera::activator(&[
+        "--backend",
+        &backend,
+        "--batch-store",
+        store.path().to_str().expect("a UTF-8 path"),
+        "--lane-hold-timeout",
+        "1s",
+        "--lane-poll-interval",
+        "100ms",
+    ]);
+    act.wait_activator_stats("the backend ready", Duration::from_secs(20), |s| {
+        s["models"]["default/llama"]["readyBackends"] == 1
+    })
+    .await;
+    let url = act.url("/v1/chat/completions");
+    let http = http_client(Duration::from_secs(60));
+    one_realtime(&http, &url, "llama").await;
+
+    let mut alone = realtime_load(url.clone(), "llama", REALTIME_RATE, PHASE).await;
+
+    // A batch job's decode-heavy lines, far more than fit in the phase.
+    let mut lines = Vec::new();
+    for i in 0..2_000 {
+        let line = serde_json::json!({"custom_id": format!("c-{i}"), "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "llama", "max_tokens": 512, "ignore_eos": true, "tessera_prompt_tokens": 512,
+                     "messages": [{"role": "user", "content": "Classify this support ticket."}]}});
+        lines.extend_from_slice(line.to_string().as_bytes());
+        lines.push(b'\n');
+    }
+    let file = upload(&http, &act, lines).await;
+    let id = create(&http, &act, &file).await;
+    wait_batch(&http, &act, &id, Duration::from_secs(20), |b| {
+        b["status"] == "in_progress"
+    })
+    .await;
+    // The batch runs first, as a job already running when people come in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut with = realtime_load(url.clone(), "llama", REALTIME_RATE, PHASE).await;
+    let during = get_batch(&http, &act, &id).await;
+    http.post(act.url(&format!("/v1/batches/{id}/cancel")))
+        .send()
+        .await
+        .expect("cancel");
+    let b = wait_batch(&http, &act, &id, Duration::from_secs(60), |b| {
+        b["status"] == "cancelled"
+    })
+    .await;
+    check_exactly_once_ids(&http, &act, &b, 2_000).await;
+
+    let (p_alone, p_with) = (p95(&mut alone), p95(&mut with));
+    let done = during["request_counts"]["completed"].as_u64().unwrap_or(0);
+    println!(
+        "batch beside real-time: TTFT p95 alone {:.1} ms ({} requests), with the batch running {:.1} ms ({}), ratio \
+         {:.3}; batch lines completed during the phase {done}",
+        ms(p_alone),
+        alone.len(),
+        ms(p_with),
+        with.len(),
+        p_with.as_secs_f64() / p_alone.as_secs_f64()
+    );
+    assert!(
+        done > 0,
+        "the batch gets work done beside the real-time load: {during}"
+    );
+    assert!(
+        p_with.as_secs_f64() <= p_alone.as_secs_f64() * 1.10,
+        "real-time TTFT p95 {:.1} ms with the batch vs {:.1} ms alone: more than 10% worse",
+        ms(p_with),
+        ms(p_alone)
+    );
+}
+
+/// Every `c-<i>` of `total` exactly once across the two files (counts add up).
+async fn check_exactly_once_ids(http: &reqwest::Client, act: &Tessera, b: &Value, total: usize) {
+    check_exactly_once(http, act, b, total).await;
+}
+
 /// Peak RSS (`VmHWM`) of a process, KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");

@@ -74,6 +74,11 @@ fn now_ms() -> u64 {
 
 /// Runs the lease and the batches forever.
 pub async fn run(b: Arc<Batches>) {
+    // Validation checks each line's model against the routing table: before discovery has synced it is
+    // incomplete, and a valid batch would fail with model_not_found.
+    while !b.app.discovery.synced() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut seen: Option<LeaseObservation> = None;
     loop {
         match acquire(&b, &mut seen).await {
