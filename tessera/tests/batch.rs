@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::{Tessera, http_client};
 
+/// The timing test measures latency on a 2-core machine: it runs alone (the write side), the others beside each
+/// other (the read side). Tests of one binary run on threads at once; the lock works across their runtimes.
+static TIMING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// The emulator, fast (a hundred times a real GPU) so a 20,000-line batch takes seconds.
 fn emulator() -> Tessera {
     Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"])
@@ -178,6 +182,7 @@ async fn check_exactly_once(
 
 #[tokio::test]
 async fn the_openai_python_client_runs_and_cancels_a_batch() {
+    let _shared = TIMING.read().await;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace");
@@ -263,6 +268,7 @@ const CRASH_LINES: usize = 20_000;
 
 #[tokio::test]
 async fn a_runner_killed_twice_loses_nothing_and_answers_nothing_twice() {
+    let _shared = TIMING.read().await;
     let sim = emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let http = http_client(Duration::from_secs(60));
@@ -300,6 +306,7 @@ async fn a_runner_killed_twice_loses_nothing_and_answers_nothing_twice() {
 
 #[tokio::test]
 async fn a_cancel_at_half_with_a_killed_runner_still_answers_each_line_once() {
+    let _shared = TIMING.read().await;
     let sim = emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let http = http_client(Duration::from_secs(60));
@@ -356,6 +363,7 @@ async fn a_cancel_at_half_with_a_killed_runner_still_answers_each_line_once() {
 
 #[tokio::test]
 async fn expiry_limits_and_namespaces() {
+    let _shared = TIMING.read().await;
     let sim = emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let backend = format!("m={}", sim.base());
@@ -482,6 +490,7 @@ const PHASE: Duration = Duration::from_secs(30);
 /// set-up and load (`support::realtime`), with the batch runner in place of flex clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_batch_leaves_real_time_ttft_within_ten_percent() {
+    let _alone = TIMING.write().await;
     use support::realtime::{ms, one_realtime, p95, realtime_load};
     let sim = Tessera::vllm_sim(&[
         "--served-model-name",
@@ -589,6 +598,7 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[tokio::test]
 #[ignore = "a 200 MB upload and 50,000 lines: minutes on a small machine; run by hand for docs/performance.md"]
 async fn memory_with_a_200_mb_input() {
+    let _shared = TIMING.read().await;
     let sim = emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let act = activator(&sim, store.path());
