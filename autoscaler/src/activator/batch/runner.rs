@@ -72,6 +72,50 @@ fn now_ms() -> u64 {
     crate::unix_ms(std::time::SystemTime::now())
 }
 
+/// Whether this runner still holds the lease, as the writer asks before every answer it appends.
+///
+/// Not only "no renewal has failed": also "the last renewal is recent". A taker waits a whole lease duration
+/// without seeing a renewal before it takes over, so a runner whose last renewal is younger than three quarters of
+/// that cannot have been replaced; one that was paused (stopped, swapped out, a stalled store) longer than that
+/// stops writing the moment it wakes, before its renewal task has even run.
+#[derive(Debug)]
+struct Held {
+    ok: AtomicBool,
+    base: tokio::time::Instant,
+    renewed_ms: std::sync::atomic::AtomicU64,
+    max_age: Duration,
+}
+
+impl Held {
+    fn new(lease: Duration) -> Held {
+        Held {
+            ok: AtomicBool::new(true),
+            base: tokio::time::Instant::now(),
+            renewed_ms: std::sync::atomic::AtomicU64::new(0),
+            max_age: lease * 3 / 4,
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn renewed(&self) {
+        self.renewed_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    fn lost(&self) {
+        self.ok.store(false, Ordering::Relaxed);
+    }
+
+    fn is_held(&self) -> bool {
+        let age = self
+            .elapsed_ms()
+            .saturating_sub(self.renewed_ms.load(Ordering::Relaxed));
+        self.ok.load(Ordering::Relaxed) && u128::from(age) < self.max_age.as_millis()
+    }
+}
+
 /// Runs the lease and the batches forever.
 pub async fn run(b: Arc<Batches>) {
     // Validation checks each line's model against the routing table: before discovery has synced it is
@@ -84,9 +128,9 @@ pub async fn run(b: Arc<Batches>) {
         match acquire(&b, &mut seen).await {
             Ok(true) => {
                 info!(instance = %b.instance, "batch runner: holding the lease");
-                let held = Arc::new(AtomicBool::new(true));
+                let held = Arc::new(Held::new(b.limits.lease_duration));
                 let renew = tokio::spawn(renew(b.clone(), held.clone()));
-                while held.load(Ordering::Relaxed) {
+                while held.is_held() {
                     match run_pending(&b, &held).await {
                         Ok(true) => {}
                         Ok(false) => {
@@ -109,8 +153,8 @@ pub async fn run(b: Arc<Batches>) {
 }
 
 /// Takes the lease when it is free or its holder stopped renewing it (judged on this process's clock:
-/// `tessera_core::lease`). Of two takers writing at once the later rename wins; both read it back after a
-/// moment and only the one named goes on.
+/// `tessera_core::lease`). Every write claims its version exclusively first (`claim_lease_version`): of two
+/// takers, or a taker and a holder that stalled and woke, exactly one gets the next version.
 async fn acquire(b: &Batches, seen: &mut Option<LeaseObservation>) -> Result<bool, StoreError> {
     let lease = b.store.get_lease().await?;
     let now = now_ms();
@@ -138,16 +182,22 @@ async fn acquire(b: &Batches, seen: &mut Option<LeaseObservation>) -> Result<boo
                 version: lease.map_or(0, |l| l.version) + 1,
                 duration_ms: u64::try_from(b.limits.lease_duration.as_millis()).unwrap_or(u64::MAX),
             };
+            if !b.store.claim_lease_version(doc.version, &b.instance).await? {
+                debug!(
+                    version = doc.version,
+                    "batch runner: another runner claimed this lease version first"
+                );
+                return Ok(false);
+            }
             b.store.put_lease(&doc).await?;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Ok(b.store.get_lease().await?.is_some_and(|l| l.holder == b.instance))
+            Ok(true)
         }
     }
 }
 
 /// Renews the lease every quarter duration; clears `held` when another holder is found or renewals failed for
 /// a whole duration (another runner may have taken over by then).
-async fn renew(b: Arc<Batches>, held: Arc<AtomicBool>) {
+async fn renew(b: Arc<Batches>, held: Arc<Held>) {
     let every = b.limits.lease_duration / 4;
     let mut last_ok = tokio::time::Instant::now();
     loop {
@@ -160,21 +210,29 @@ async fn renew(b: Arc<Batches>, held: Arc<AtomicBool>) {
                         version: l.version + 1,
                         ..l
                     };
+                    // A taker that judged this lease expired claims the same next version: whoever claims it
+                    // first holds the lease, the other stops.
+                    if !b.store.claim_lease_version(next.version, &b.instance).await? {
+                        return Ok(false);
+                    }
                     b.store.put_lease(&next).await.map(|()| true)
                 }
                 _ => Ok(false),
             }
         };
         match step.await {
-            Ok(true) => last_ok = tokio::time::Instant::now(),
+            Ok(true) => {
+                last_ok = tokio::time::Instant::now();
+                held.renewed();
+            }
             Ok(false) => {
-                held.store(false, Ordering::Relaxed);
+                held.lost();
                 return;
             }
             Err(e) => {
                 warn!(error = %e, "batch runner: cannot renew the lease");
                 if last_ok.elapsed() >= b.limits.lease_duration {
-                    held.store(false, Ordering::Relaxed);
+                    held.lost();
                     return;
                 }
             }
@@ -183,7 +241,7 @@ async fn renew(b: Arc<Batches>, held: Arc<AtomicBool>) {
 }
 
 /// Runs every batch not yet final, earliest deadline first; false when there was none.
-async fn run_pending(b: &Arc<Batches>, held: &Arc<AtomicBool>) -> Result<bool, StoreError> {
+async fn run_pending(b: &Arc<Batches>, held: &Arc<Held>) -> Result<bool, StoreError> {
     let mut pending: Vec<BatchObject> = b
         .store
         .list_batches()
@@ -196,7 +254,7 @@ async fn run_pending(b: &Arc<Batches>, held: &Arc<AtomicBool>) -> Result<bool, S
     }
     pending.sort_by_key(|x| (x.expires_at.unwrap_or(u64::MAX), x.created_at));
     for batch in pending {
-        if !held.load(Ordering::Relaxed) {
+        if !held.is_held() {
             break;
         }
         run_batch(b, batch, held).await?;
@@ -361,11 +419,7 @@ fn step(batch: &mut BatchObject, event: BatchEvent) {
     }
 }
 
-async fn run_batch(
-    b: &Arc<Batches>,
-    mut batch: BatchObject,
-    held: &Arc<AtomicBool>,
-) -> Result<(), StoreError> {
+async fn run_batch(b: &Arc<Batches>, mut batch: BatchObject, held: &Arc<Held>) -> Result<(), StoreError> {
     if batch.status == BatchStatus::Validating {
         match validate(b, &batch).await? {
             Ok(total) => {
@@ -383,7 +437,7 @@ async fn run_batch(
                 return save(b, &batch).await;
             }
         }
-        if !held.load(Ordering::Relaxed) {
+        if !held.is_held() {
             return Ok(());
         }
         save(b, &batch).await?;
@@ -411,7 +465,7 @@ async fn run_batch(
     } else if batch.status == BatchStatus::Cancelling {
         stop = Some(Stop::Cancel);
     }
-    if stop == Some(Stop::LostLease) || !held.load(Ordering::Relaxed) {
+    if stop == Some(Stop::LostLease) || !held.is_held() {
         return Ok(());
     }
     if stop == Some(Stop::Incomplete) {
@@ -421,26 +475,34 @@ async fn run_batch(
         Some(Stop::Cancel) => {
             step(&mut batch, BatchEvent::CancelRequested);
             save(b, &batch).await?;
-            fill_rest(
+            let filled = fill_rest(
                 b,
                 &mut batch,
                 &mut rec,
                 "batch_cancelled",
                 "the batch was cancelled before this request was sent",
+                held,
             )
             .await?;
+            if !filled {
+                return Ok(());
+            }
             finalize_files(b, &mut batch).await?;
             step(&mut batch, BatchEvent::CancelDone);
         }
         Some(Stop::Expire) => {
-            fill_rest(
+            let filled = fill_rest(
                 b,
                 &mut batch,
                 &mut rec,
                 "batch_expired",
                 "the batch's completion window ended before this request was sent",
+                held,
             )
             .await?;
+            if !filled {
+                return Ok(());
+            }
             finalize_files(b, &mut batch).await?;
             step(&mut batch, BatchEvent::DeadlinePassed);
         }
@@ -498,7 +560,8 @@ async fn fill_rest(
     rec: &mut Recovered,
     code: &str,
     message: &str,
-) -> Result<(), StoreError> {
+    held: &Held,
+) -> Result<bool, StoreError> {
     let mut w = BufWriter::new(b.store.append_data(&batch.error_data).await?);
     let mut r = input_reader(b, batch).await?;
     let mut line = Vec::new();
@@ -516,6 +579,10 @@ async fn fill_rest(
         index += 1;
         if rec.ledger.is_answered(i) {
             continue;
+        }
+        if !held.is_held() {
+            // Another runner may be filling the same lines now: stop, and drop what is buffered unwritten.
+            return Ok(false);
         }
         let custom_id = custom_id_of(&line);
         w.write_all(&result_line(
@@ -544,8 +611,11 @@ async fn fill_rest(
             outcome,
         })
         .inc_by(filled);
+    if !held.is_held() {
+        return Ok(false);
+    }
     w.flush().await.map_err(io_err(&batch.error_data))?;
-    Ok(())
+    Ok(true)
 }
 
 fn custom_id_of(line: &[u8]) -> String {
@@ -560,7 +630,7 @@ async fn send_all(
     b: &Arc<Batches>,
     batch: &mut BatchObject,
     rec: &mut Recovered,
-    held: &Arc<AtomicBool>,
+    held: &Arc<Held>,
 ) -> Result<Option<Stop>, StoreError> {
     let stopping = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::channel::<Answer>(b.limits.max_in_flight);
@@ -577,7 +647,7 @@ async fn send_all(
             let started = last_save;
             let mut answered_here = 0u64;
             while let Some(a) = rx.recv().await {
-                if !held.load(Ordering::Relaxed) {
+                if !held.is_held() {
                     // Another runner may own the files now: write nothing more.
                     continue;
                 }
@@ -608,9 +678,14 @@ async fn send_all(
                 // Flush whenever nothing else is waiting (each answer reaches the store within one loop turn, and
                 // a busy batch still writes in large pieces), and at least every progress interval.
                 if rx.is_empty() || last_save.elapsed() >= b.limits.progress_interval {
+                    // Answers buffered by a runner that lost the lease meanwhile (paused past it) are the new
+                    // runner's to give: they are dropped, never flushed.
+                    if !held.is_held() {
+                        continue;
+                    }
                     out.flush().await.map_err(io_err(&batch.output_data))?;
                     err.flush().await.map_err(io_err(&batch.error_data))?;
-                    if last_save.elapsed() >= b.limits.progress_interval && held.load(Ordering::Relaxed) {
+                    if last_save.elapsed() >= b.limits.progress_interval && held.is_held() {
                         pace_gauges(
                             &b,
                             &batch,
@@ -623,8 +698,10 @@ async fn send_all(
                     }
                 }
             }
-            out.flush().await.map_err(io_err(&batch.output_data))?;
-            err.flush().await.map_err(io_err(&batch.error_data))?;
+            if held.is_held() {
+                out.flush().await.map_err(io_err(&batch.output_data))?;
+                err.flush().await.map_err(io_err(&batch.error_data))?;
+            }
             Ok::<_, StoreError>((ledger, batch.request_counts, batch.usage))
         })
     };
@@ -645,7 +722,7 @@ async fn send_all(
                     stopping.store(true, Ordering::Relaxed);
                     return Stop::Expire;
                 }
-                if !held.load(Ordering::Relaxed) {
+                if !held.is_held() {
                     stopping.store(true, Ordering::Relaxed);
                     return Stop::LostLease;
                 }

@@ -9,7 +9,8 @@
 //! - a small document per batch and per file, replaced whole (written to a temporary name and renamed, so a reader
 //!   never sees half of one);
 //! - a cancel marker the API writes and the runner reads, so the runner stays the batch record's only writer;
-//! - the runner's lease document.
+//! - the runner's lease document, and an exclusive claim of each of its versions (so two runners never both hold
+//!   it).
 //!
 //! An S3-compatible store fits the same calls except append: it would write each flush of results as its own
 //! object under the result file's prefix and read them back in order. Not implemented yet.
@@ -111,6 +112,14 @@ pub trait BatchStore: Send + Sync + std::fmt::Debug {
     fn get_lease(&self) -> BoxFuture<'_, Result<Option<LeaseDoc>, StoreError>>;
     /// Writes the runner's lease.
     fn put_lease<'a>(&'a self, lease: &'a LeaseDoc) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Claims lease `version` for `holder`, exclusively: of any number of writers claiming one version, exactly one
+    /// gets `true`. Every lease write (take, renew) claims its version first, so two runners can never both
+    /// believe they hold the lease: a taker and a stalled holder that wakes up race for the same version.
+    fn claim_lease_version<'a>(
+        &'a self,
+        version: u64,
+        holder: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 /// Refuses an id that could name a path outside the store (ids are ours, `file-…` and `batch_…`, but they come
@@ -316,6 +325,36 @@ impl BatchStore for LocalStore {
     fn put_lease<'a>(&'a self, lease: &'a LeaseDoc) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Self::write_doc(self.root.join("lease.json"), lease))
     }
+
+    fn claim_lease_version<'a>(
+        &'a self,
+        version: u64,
+        holder: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let dir = self.root.join("lease-claims");
+            tokio::fs::create_dir_all(&dir).await.map_err(io(&dir))?;
+            let path = dir.join(version.to_string());
+            // create_new is O_CREAT|O_EXCL: atomic on a local file system and on NFS v3 and later.
+            match tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .await
+            {
+                Ok(mut f) => {
+                    f.write_all(holder.as_bytes()).await.map_err(io(&path))?;
+                    // Old claims say nothing any more: keep the last few.
+                    if let Some(old) = version.checked_sub(8) {
+                        let _ = tokio::fs::remove_file(dir.join(old.to_string())).await;
+                    }
+                    Ok(true)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(io(&path)(e)),
+            }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -347,6 +386,12 @@ mod tests {
         assert!(!store.cancel_requested("batch_x").await.unwrap());
         store.request_cancel("batch_x").await.unwrap();
         assert!(store.cancel_requested("batch_x").await.unwrap());
+        assert!(store.claim_lease_version(1, "a").await.unwrap());
+        assert!(
+            !store.claim_lease_version(1, "b").await.unwrap(),
+            "one version, one holder"
+        );
+        assert!(store.claim_lease_version(2, "b").await.unwrap());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
