@@ -365,7 +365,11 @@ mod tests {
 
     #[tokio::test]
     async fn data_appends_and_truncates_and_ids_stay_inside() {
-        let dir = std::env::temp_dir().join(format!("tessera-store-{}", std::process::id()));
+        // A name no other process (nor a later run with the same pid) shares.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("tessera-store-{}-{nanos}", std::process::id()));
         let store = LocalStore::open(&dir).unwrap();
         let mut w = store.append_data("out-1").await.unwrap();
         w.write_all(b"a\nb").await.unwrap();
