@@ -218,6 +218,26 @@ mod tests {
         out
     }
 
+    proptest::proptest! {
+        /// Any file content without the delimiter in it, cut into chunks of any size, reads back byte for byte
+        /// (near-delimiters such as "\r\n--Xy" included).
+        #[test]
+        fn any_content_any_split(
+            content in proptest::collection::vec(proptest::sample::select(b"\r\n-XyZab".to_vec()), 0..300),
+            chunk in 1usize..40,
+        ) {
+            proptest::prop_assume!(memchr::memmem::find(&content, b"\r\n--XyZ").is_none());
+            let mut body = b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"f\"\r\n\r\n".to_vec();
+            body.extend_from_slice(&content);
+            body.extend_from_slice(b"\r\n--XyZ--\r\n");
+            let body: &'static [u8] = Box::leak(body.into_boxed_slice());
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let got = rt.block_on(parts(body, chunk));
+            proptest::prop_assert_eq!(got.len(), 1);
+            proptest::prop_assert_eq!(&got[0].1, &content);
+        }
+    }
+
     #[tokio::test]
     async fn parts_split_anywhere_read_the_same() {
         let body: &'static [u8] = b"preamble\r\n--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\nContent-Type: application/octet-stream\r\n\r\n{\"a\":1}\r\n--Xy\n{\"b\":2}\n\r\n--XyZ--\r\n";
