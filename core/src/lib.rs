@@ -22,7 +22,10 @@
 //! - [`class`]: a model's workload class (real-time, near-real-time, batch) and the policy defaults it supplies.
 //! - [`sleep`]: sleeping replicas (vLLM sleep mode): keep warm, sleep or go to zero, and the pod's instruction.
 //! - [`workload`]: the class as the GPU workloads page shows it.
+//! - [`batch`]: the OpenAI Batch API's rules: the batch object's statuses, validating an input line, which lines
+//!   are answered, and pacing a batch to its deadline on the cheapest capacity.
 
+pub mod batch;
 pub mod class;
 pub mod gate;
 pub mod keda;

@@ -13,101 +13,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod support;
+use support::realtime::{ms, one_realtime, p95, realtime_load};
 use support::{Tessera, http_client};
 
-/// Real-time requests per second, arriving on a seeded Poisson schedule that both phases replay exactly (an open
-/// loop: a closed loop's clients drift in and out of step with each other, which moves the p95 by a third from
-/// one run to the next on its own).
+/// Real-time requests per second, arriving on a seeded Poisson schedule that both phases replay exactly
+/// (`support::realtime`).
 const REALTIME_RATE: f64 = 3.0;
 /// Flex clients: more than the server has room for, so the gate has to say no.
 const FLEX_CLIENTS: usize = 24;
 /// Each phase's length.
 const PHASE: Duration = Duration::from_secs(30);
 
-/// A real-time request: a long prompt (a chat with its history), a short streamed answer.
-fn realtime_body() -> serde_json::Value {
-    serde_json::json!({ "model": "llama", "stream": true, "max_tokens": 16, "ignore_eos": true,
-        "tessera_prompt_tokens": 2000,
-        "messages": [{ "role": "user", "content": "Summarise our conversation so far." }] })
-}
-
 /// A flex request: one of a batch job's near-identical requests, decode-heavy.
 fn flex_body() -> serde_json::Value {
     serde_json::json!({ "model": "llama", "service_tier": "flex", "max_tokens": 512, "ignore_eos": true,
         "tessera_prompt_tokens": 512,
         "messages": [{ "role": "user", "content": "Classify this support ticket." }] })
-}
-
-/// Streams one real-time request; its time to the first token: the first SSE event whose delta carries text
-/// (vLLM, like the emulator, sends the assistant role in an empty event first).
-async fn one_realtime(client: &reqwest::Client, url: &str) -> Duration {
-    let start = Instant::now();
-    let mut resp = client.post(url).json(&realtime_body()).send().await.unwrap();
-    assert_eq!(resp.status(), 200, "a real-time request is never refused");
-    let mut ttft = None;
-    let mut pending = String::new();
-    while let Some(chunk) = resp.chunk().await.unwrap() {
-        if ttft.is_some() {
-            continue;
-        }
-        pending.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = pending.find("\n\n") {
-            let event: String = pending.drain(..end + 2).collect();
-            let Some(json) = event.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(json) else {
-                continue;
-            };
-            if v["choices"][0]["delta"]["content"]
-                .as_str()
-                .is_some_and(|c| !c.is_empty())
-            {
-                ttft.get_or_insert(start.elapsed());
-            }
-        }
-    }
-    ttft.expect("a token was streamed")
-}
-
-/// The real-time arrivals of one phase, as offsets from its start: exponential gaps at [`REALTIME_RATE`], from a
-/// fixed seed.
-fn schedule() -> Vec<Duration> {
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut at = 0.0;
-    let mut out = Vec::new();
-    loop {
-        seed = seed
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        let u = ((seed >> 11) as f64 + 1.0) / ((1u64 << 53) as f64 + 1.0);
-        at += -u.ln() / REALTIME_RATE;
-        if at >= PHASE.as_secs_f64() {
-            return out;
-        }
-        out.push(Duration::from_secs_f64(at));
-    }
-}
-
-/// Sends the phase's real-time requests on schedule; their TTFTs.
-async fn realtime_load(url: String) -> Vec<Duration> {
-    let client = http_client(Duration::from_secs(60));
-    let start = tokio::time::Instant::now();
-    let tasks: Vec<_> = schedule()
-        .into_iter()
-        .map(|offset| {
-            let (client, url) = (client.clone(), url.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep_until(start + offset).await;
-                one_realtime(&client, &url).await
-            })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
 }
 
 #[derive(Default)]
@@ -150,17 +71,6 @@ async fn flex_load(url: String, until: Instant, counts: Arc<FlexCounts>) {
             }
         }
     }
-}
-
-fn p95(v: &mut [Duration]) -> Duration {
-    v.sort();
-    v[((v.len() as f64 * 0.95).ceil() as usize)
-        .saturating_sub(1)
-        .min(v.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// What one run measured.
@@ -209,10 +119,10 @@ async fn measure(gate: &[&str]) -> Measured {
     let url = act.url("/v1/chat/completions");
     // Warm up the connections and the emulator.
     let warm = http_client(Duration::from_secs(30));
-    one_realtime(&warm, &url).await;
+    one_realtime(&warm, &url, "llama").await;
 
     // 1. Real-time alone.
-    let mut alone = realtime_load(url.clone()).await;
+    let mut alone = realtime_load(url.clone(), "llama", REALTIME_RATE, PHASE).await;
 
     // 2. The same real-time arrivals beside a flex lane offering far more than the room left.
     let counts = Arc::new(FlexCounts::default());
@@ -222,7 +132,7 @@ async fn measure(gate: &[&str]) -> Measured {
         .collect();
     // The flex lane starts first, as a batch job already running when people come in.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut with = realtime_load(url.clone()).await;
+    let mut with = realtime_load(url.clone(), "llama", REALTIME_RATE, PHASE).await;
     for f in flex {
         f.await.unwrap();
     }

@@ -69,6 +69,24 @@ pub struct NoRoomLabels {
     pub reason: &'static str,
 }
 
+/// `{namespace, outcome}` for a batch line's answer.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BatchLineLabels {
+    /// The batch's namespace.
+    pub namespace: String,
+    /// `completed` (2xx from the model), `failed` (another answer), `cancelled`, `expired`.
+    pub outcome: &'static str,
+}
+
+/// `{namespace, batch}` for a running batch.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BatchLabels {
+    /// The batch's namespace.
+    pub namespace: String,
+    /// The batch id (only running batches have series; a batch's series go when it ends).
+    pub batch: String,
+}
+
 /// The activator's metric families.
 #[derive(Debug)]
 pub struct Metrics {
@@ -89,6 +107,13 @@ pub struct Metrics {
     lane_rejected: Family<LaneLabels, Counter>,
     lane_no_room: Family<NoRoomLabels, Counter>,
     lane_queued: Family<LaneLabels, Gauge>,
+    /// `tessera_activator_batch_lines_total{namespace,outcome}`: batch lines answered, by outcome.
+    pub batch_lines: Family<BatchLineLabels, Counter>,
+    /// `tessera_activator_batch_deadline_slack_seconds{namespace,batch}`: time to the deadline less the time the
+    /// lines left take at the rate measured since the runner took the batch (below 0: behind pace).
+    pub batch_slack: Family<BatchLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// `tessera_activator_batch_lines_remaining{namespace,batch}`.
+    pub batch_remaining: Family<BatchLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -182,8 +207,29 @@ impl Metrics {
             "Requests waiting for room in their lane (only the flex lane ever waits for room)",
             lane_queued.clone(),
         );
+        let batch_lines = Family::<BatchLineLabels, Counter>::default();
+        registry.register(
+            "batch_lines",
+            "Batch lines answered (in the output or the error file), by outcome",
+            batch_lines.clone(),
+        );
+        let batch_slack = Family::<BatchLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "batch_deadline_slack_seconds",
+            "Seconds to a running batch's deadline less the time its lines left take at the measured rate (below 0: behind)",
+            batch_slack.clone(),
+        );
+        let batch_remaining = Family::<BatchLabels, Gauge>::default();
+        registry.register(
+            "batch_lines_remaining",
+            "Lines of a running batch not answered yet",
+            batch_remaining.clone(),
+        );
         Self {
             registry,
+            batch_lines,
+            batch_slack,
+            batch_remaining,
             lane_admitted,
             lane_rejected,
             lane_no_room,

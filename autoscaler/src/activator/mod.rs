@@ -35,6 +35,7 @@
 
 use tessera_runtime::serve::nonzero_duration;
 
+pub mod batch;
 pub mod discovery;
 pub mod kube;
 pub mod lanes;
@@ -88,6 +89,9 @@ pub enum ActivatorError {
     /// The flex lane's thresholds are inconsistent.
     #[error("{0}")]
     Lanes(String),
+    /// The batch store could not be opened.
+    #[error("--batch-store: {0}")]
+    BatchStore(batch::store::StoreError),
 }
 
 impl ActivatorError {
@@ -99,6 +103,7 @@ impl ActivatorError {
             Self::KubeConfig(_) => "kube_config",
             Self::Kube(_) => "kube",
             Self::Lanes(_) => "lanes",
+            Self::BatchStore(_) => "batch_store",
         }
     }
 }
@@ -251,6 +256,10 @@ pub struct Args {
     /// the end, requests still held are answered 503 + Retry-After.
     #[command(flatten)]
     pub drain: tessera_runtime::DrainArgs,
+
+    /// The OpenAI Files and Batches API (`--batch-store` and its bounds).
+    #[command(flatten)]
+    pub batch: batch::BatchArgs,
 }
 
 /// Runs the activator until SIGTERM (and the drain after it) or Ctrl-C.
@@ -265,6 +274,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let local = listener.local_addr().map_err(ActivatorError::Serve)?;
     let started = SystemTime::now();
     let instance = args.instance.clone().unwrap_or_else(|| local.to_string());
+    // The runner's lease names the process: a restarted activator with the same name must not take its dead
+    // predecessor's lease as its own before it expires (the results it left are rebuilt first either way).
+    let batch_instance = format!("{instance}-{}", std::process::id());
     let default_namespace = args
         .default_namespace
         .clone()
@@ -340,6 +352,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         graceful: graceful.clone(),
         default_namespace,
     });
+    let batches = match &args.batch.batch_store {
+        Some(dir) => {
+            let store = batch::store::LocalStore::open(dir).map_err(ActivatorError::BatchStore)?;
+            Some(batch::Batches::new(
+                Arc::new(store),
+                args.batch.limits(),
+                app.clone(),
+                batch_instance,
+            ))
+        }
+        None => None,
+    };
+    let runner_task = batches.clone().map(|b| tokio::spawn(batch::runner::run(b)));
     let service = graceful.ready_gate(
         axum::Router::new()
             .route("/v1/models", get(list_default_models))
@@ -353,7 +378,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .route("/v1/{*rest}", post(proxy::handle))
             .route("/namespaces/{namespace}/v1/{*rest}", post(proxy::handle))
             .fallback(not_found)
-            .with_state(app),
+            .with_state(app)
+            .merge(batch::api::routes(batches)),
     );
     info!(listen = %local, "activator listening");
     tokio::select! {
@@ -367,6 +393,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     lanes_task.abort();
+    if let Some(t) = runner_task {
+        t.abort();
+    }
     info!("activator stopped");
     Ok(())
 }

@@ -89,6 +89,11 @@ pub struct App {
     pub default_namespace: String,
 }
 
+/// Marks a request the batch runner sends: it takes the flex lane (the lowest priority) whatever its body says.
+/// A request extension, so no client can set it from outside.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLane;
+
 /// Which gateway-wide bound shed a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shed {
@@ -466,11 +471,16 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     };
     let span =
         info_span!("request", namespace = %entry.namespace(), model = %model, path = %parts.uri.path());
-    entry.record_mix(info.lane, info.stream, info.prompt_bytes);
-    if info.lane == Lane::Flex {
+    let lane = if parts.extensions.get::<BatchLane>().is_some() {
+        Lane::Flex
+    } else {
+        info.lane
+    };
+    entry.record_mix(lane, info.stream, info.prompt_bytes);
+    if lane == Lane::Flex {
         entry.want_gauges();
     }
-    let body = match (app.limits.lane_priority, info.priority, lane_priority(info.lane)) {
+    let body = match (app.limits.lane_priority, info.priority, lane_priority(lane)) {
         (true, None, Some(p)) => with_priority(body, p),
         _ => body,
     };
@@ -481,7 +491,7 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         budget,
         arrived,
         admitted,
-        lane: info.lane,
+        lane,
     };
     forward(app, entry, request).instrument(span).await
 }

@@ -11,6 +11,8 @@ pub mod admission;
 pub mod apiserver;
 /// A CA with a server and a client certificate, for TLS with client certificates.
 pub mod pki;
+/// Real-time streaming load and its TTFT percentiles (the lanes and batch tests).
+pub mod realtime;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

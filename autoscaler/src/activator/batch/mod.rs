@@ -1,0 +1,158 @@
+//! The OpenAI Batch API, served by the activator for every model it routes: upload a JSONL file of requests,
+//! create a batch, and a runner answers each line through the activator's own request path at the lowest
+//! priority (the flex lane: only into the spare room of the model's replicas, refused before it slows a
+//! real-time request), appending each answer to the batch's output or error file as it completes.
+//!
+//! ```text
+//!  POST /v1/files (multipart) ──stream──▶ BatchStore (files/<id>.data)        one runner per store, by lease
+//!  POST /v1/batches ──▶ batch record (validating) ──▶ runner: validate all ──▶ in_progress ──▶ each line:
+//!       proxy::handle (flex lane) ──▶ model ──▶ append to output/error file (line index in the record id)
+//!  POST /v1/batches/{id}/cancel ──▶ cancel marker ──▶ runner: rest of the lines → batch_cancelled
+//! ```
+//!
+//! - [`objects`]: the OpenAI `file` and `batch` objects and result lines.
+//! - [`store`]: the [`store::BatchStore`] interface and the local-directory store.
+//! - [`multipart`]: the streaming upload reader.
+//! - [`api`]: the HTTP handlers.
+//! - [`runner`]: the lease and the runner (validate, send, append, cancel, expire, take over after a crash).
+//!
+//! Nothing lost, nothing twice: every answer is appended with its input line's index before the next status is
+//! written; a runner that takes over rebuilds which lines are answered from the result files
+//! (`tessera_core::batch::Ledger`) and sends only the others, so every `custom_id` is in the output or the error
+//! file exactly once.
+
+pub mod api;
+pub mod multipart;
+pub mod objects;
+pub mod runner;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use self::store::BatchStore;
+use super::proxy::App;
+
+/// `tessera activator` flags for the batch API.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BatchArgs {
+    /// Serve the OpenAI Files and Batches API, keeping files, batches, results and the runner's lease in this
+    /// directory (a volume shared by every activator that may take over a batch). Without it the batch routes
+    /// answer 404.
+    #[arg(long, env = "TESSERA_BATCH_STORE")]
+    pub batch_store: Option<PathBuf>,
+
+    /// Most requests (lines) in one batch.
+    #[arg(long, env = "TESSERA_BATCH_MAX_REQUESTS", default_value_t = 50_000)]
+    pub batch_max_requests: u64,
+
+    /// Largest file accepted by `POST /v1/files`, in bytes (200 MB, as OpenAI).
+    #[arg(long, env = "TESSERA_BATCH_MAX_FILE_BYTES", default_value_t = 200 * 1024 * 1024)]
+    pub batch_max_file_bytes: u64,
+
+    /// Lines of one batch in flight at once (each also passes the flex lane's gate). More lines waiting at the
+    /// gate buy no throughput (the gate lets one go per gauge reading) but keep more decode work on the server
+    /// whenever it has room, which a real-time prompt then waits behind: measured, 64 took the real-time TTFT
+    /// p95 19% over its value alone for the same batch throughput, 16 kept it within 6% (docs/performance.md).
+    #[arg(long, env = "TESSERA_BATCH_MAX_IN_FLIGHT", default_value_t = 16)]
+    pub batch_max_in_flight: usize,
+
+    /// How long the runner's lease lasts without a renewal: a second activator on the same store takes the
+    /// batches over this long after the runner died.
+    #[arg(long, env = "TESSERA_BATCH_LEASE_DURATION", value_parser = humantime::parse_duration, default_value = "15s")]
+    pub batch_lease_duration: Duration,
+
+    /// Longest wait before a line refused by the flex lane (429) or unanswered (503) is tried again; the wait
+    /// doubles from 50ms up to this.
+    #[arg(long, env = "TESSERA_BATCH_RETRY_MAX", value_parser = humantime::parse_duration, default_value = "2s")]
+    pub batch_retry_max: Duration,
+
+    /// How often a running batch's `request_counts` are written to the store (and a cancel looked for).
+    #[arg(long, env = "TESSERA_BATCH_PROGRESS_INTERVAL", value_parser = humantime::parse_duration, default_value = "500ms")]
+    pub batch_progress_interval: Duration,
+}
+
+/// The batch API's bounds.
+#[derive(Debug, Clone)]
+pub struct BatchLimits {
+    /// `--batch-max-requests`.
+    pub max_requests: u64,
+    /// `--batch-max-file-bytes`.
+    pub max_file_bytes: u64,
+    /// `--batch-max-in-flight`.
+    pub max_in_flight: usize,
+    /// `--batch-lease-duration`.
+    pub lease_duration: Duration,
+    /// `--batch-retry-max`.
+    pub retry_max: Duration,
+    /// `--batch-progress-interval`.
+    pub progress_interval: Duration,
+}
+
+impl BatchArgs {
+    /// The bounds from the flags.
+    pub fn limits(&self) -> BatchLimits {
+        BatchLimits {
+            max_requests: self.batch_max_requests,
+            max_file_bytes: self.batch_max_file_bytes,
+            max_in_flight: self.batch_max_in_flight.max(1),
+            lease_duration: self.batch_lease_duration.max(Duration::from_millis(300)),
+            retry_max: self.batch_retry_max.max(Duration::from_millis(50)),
+            progress_interval: self.batch_progress_interval.max(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// What the batch API and its runner share.
+#[derive(Debug)]
+pub struct Batches {
+    /// Where everything is kept.
+    pub store: Arc<dyn BatchStore>,
+    /// Bounds.
+    pub limits: BatchLimits,
+    /// The activator's request path (lines go through it) and its routing (the models a line may name).
+    pub app: Arc<App>,
+    /// This process's name in the lease.
+    pub instance: String,
+    /// Wakes the runner when a batch is created.
+    pub wake: Notify,
+    ids: AtomicU64,
+}
+
+impl Batches {
+    /// The batch service over `store`.
+    pub fn new(
+        store: Arc<dyn BatchStore>,
+        limits: BatchLimits,
+        app: Arc<App>,
+        instance: String,
+    ) -> Arc<Batches> {
+        Arc::new(Batches {
+            store,
+            limits,
+            app,
+            instance,
+            wake: Notify::new(),
+            ids: AtomicU64::new(0),
+        })
+    }
+
+    /// A new id with `prefix` (`file`, `batch`): unique across processes sharing a store (time, process id and
+    /// a counter), and only characters a store path can hold.
+    pub fn new_id(&self, prefix: &str, sep: char) -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let n = self.ids.fetch_add(1, Ordering::Relaxed);
+        format!("{prefix}{sep}{nanos:x}{:x}{n:x}", std::process::id())
+    }
+}
+
+/// Unix seconds now.
+pub(crate) fn unix_s() -> u64 {
+    crate::unix_ms(std::time::SystemTime::now()) / 1000
+}

@@ -1,0 +1,975 @@
+//! The batch runner: one per store, chosen by a lease kept in the store, so a second activator on the same store
+//! takes the batches over when the first dies.
+//!
+//! For each batch not yet final, earliest deadline first: validate the whole input (all or nothing), then
+//! rebuild which lines are answered from the result files, then stream the input and send every other line
+//! through the activator's own request path in the flex lane, at most `--batch-max-in-flight` at once. One
+//! writer appends each answer with its line index and drops a second answer to the same line, so the files
+//! hold each `custom_id` once. A cancel (a marker the API leaves) or the deadline stops the sending; the lines
+//! in flight finish, and every line left goes to the error file as `batch_cancelled` / `batch_expired`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use tessera_core::batch::{BatchEvent, BatchStatus, Endpoint, Ledger, LineValidator, RequestCounts};
+use tessera_core::lease::{LeaseDecision, LeaseObservation, decide};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::{Semaphore, mpsc};
+use tracing::{debug, info, warn};
+
+use crate::activator::metrics::{BatchLabels, BatchLineLabels};
+
+use super::objects::{
+    BatchErrorItem, BatchErrors, BatchObject, FileObject, Usage, result_index, result_line,
+};
+use super::store::{BatchStore, DataReader, StoreError};
+use super::{Batches, unix_s};
+
+/// The largest answer body kept for one line.
+const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
+
+/// Reads the next line (without its newline) into `buf`, at most `max` bytes; `Ok(false)` at the end. A longer
+/// line is an error: a line is one request, and one request is bounded like any the activator reads.
+pub async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<bool> {
+    buf.clear();
+    loop {
+        let avail = r.fill_buf().await?;
+        if avail.is_empty() {
+            return Ok(!buf.is_empty());
+        }
+        let (take, done) = match memchr::memchr(b'\n', avail) {
+            Some(i) => (i + 1, true),
+            None => (avail.len(), false),
+        };
+        if buf.len() + take > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a line is longer than {max} bytes"),
+            ));
+        }
+        buf.extend_from_slice(&avail[..take]);
+        r.consume(take);
+        if done {
+            buf.pop();
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
+            }
+            return Ok(true);
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    crate::unix_ms(std::time::SystemTime::now())
+}
+
+/// Whether this runner still holds the lease, as the writer asks before every answer it appends.
+///
+/// Not only "no renewal has failed": also "the last renewal is recent". A taker waits a whole lease duration
+/// without seeing a renewal before it takes over, so a runner whose last renewal is younger than three quarters of
+/// that cannot have been replaced; one that was paused (stopped, swapped out, a stalled store) longer than that
+/// stops writing the moment it wakes, before its renewal task has even run.
+#[derive(Debug)]
+struct Held {
+    ok: AtomicBool,
+    base: tokio::time::Instant,
+    renewed_ms: std::sync::atomic::AtomicU64,
+    max_age: Duration,
+}
+
+impl Held {
+    fn new(lease: Duration) -> Held {
+        Held {
+            ok: AtomicBool::new(true),
+            base: tokio::time::Instant::now(),
+            renewed_ms: std::sync::atomic::AtomicU64::new(0),
+            max_age: lease * 3 / 4,
+        }
+    }
+
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn renewed(&self) {
+        self.renewed_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    fn lost(&self) {
+        self.ok.store(false, Ordering::Relaxed);
+    }
+
+    fn is_held(&self) -> bool {
+        let age = self
+            .elapsed_ms()
+            .saturating_sub(self.renewed_ms.load(Ordering::Relaxed));
+        self.ok.load(Ordering::Relaxed) && u128::from(age) < self.max_age.as_millis()
+    }
+}
+
+/// Runs the lease and the batches forever.
+pub async fn run(b: Arc<Batches>) {
+    // Validation checks each line's model against the routing table: before discovery has synced it is
+    // incomplete, and a valid batch would fail with model_not_found.
+    while !b.app.discovery.synced() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut seen: Option<LeaseObservation> = None;
+    loop {
+        match acquire(&b, &mut seen).await {
+            Ok(true) => {
+                info!(instance = %b.instance, "batch runner: holding the lease");
+                let held = Arc::new(Held::new(b.limits.lease_duration));
+                let renew = tokio::spawn(renew(b.clone(), held.clone()));
+                while held.is_held() {
+                    match run_pending(&b, &held).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            let _ = tokio::time::timeout(Duration::from_millis(500), b.wake.notified()).await;
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "batch runner: store error; trying again");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+                renew.abort();
+                warn!(instance = %b.instance, "batch runner: lost the lease");
+            }
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "batch runner: cannot read the lease"),
+        }
+        tokio::time::sleep(b.limits.lease_duration / 4).await;
+    }
+}
+
+/// Takes the lease when it is free or its holder stopped renewing it (judged on this process's clock:
+/// `tessera_core::lease`). Every write claims its version exclusively first (`claim_lease_version`): of two
+/// takers, or a taker and a holder that stalled and woke, exactly one gets the next version.
+async fn acquire(b: &Batches, seen: &mut Option<LeaseObservation>) -> Result<bool, StoreError> {
+    let lease = b.store.get_lease().await?;
+    let now = now_ms();
+    let obs = lease.as_ref().map(|l| {
+        LeaseObservation::observe(
+            seen.as_ref(),
+            Some(l.holder.clone()),
+            Duration::from_millis(l.duration_ms),
+            l.version.to_string(),
+            now,
+        )
+    });
+    *seen = obs.clone();
+    match decide(obs.as_ref(), &b.instance, now) {
+        LeaseDecision::Follow {
+            holder,
+            expires_in_ms,
+        } => {
+            debug!(%holder, expires_in_ms, "batch runner: following");
+            Ok(false)
+        }
+        _ => {
+            let doc = super::store::LeaseDoc {
+                holder: b.instance.clone(),
+                version: lease.map_or(0, |l| l.version) + 1,
+                duration_ms: u64::try_from(b.limits.lease_duration.as_millis()).unwrap_or(u64::MAX),
+            };
+            if !b.store.claim_lease_version(doc.version, &b.instance).await? {
+                debug!(
+                    version = doc.version,
+                    "batch runner: another runner claimed this lease version first"
+                );
+                return Ok(false);
+            }
+            b.store.put_lease(&doc).await?;
+            Ok(true)
+        }
+    }
+}
+
+/// Renews the lease every quarter duration; clears `held` when another holder is found or renewals failed for
+/// a whole duration (another runner may have taken over by then).
+async fn renew(b: Arc<Batches>, held: Arc<Held>) {
+    let every = b.limits.lease_duration / 4;
+    let mut last_ok = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        let step = async {
+            let lease = b.store.get_lease().await?;
+            match lease {
+                Some(l) if l.holder == b.instance => {
+                    let next = super::store::LeaseDoc {
+                        version: l.version + 1,
+                        ..l
+                    };
+                    // A taker that judged this lease expired claims the same next version: whoever claims it
+                    // first holds the lease, the other stops.
+                    if !b.store.claim_lease_version(next.version, &b.instance).await? {
+                        return Ok(false);
+                    }
+                    b.store.put_lease(&next).await.map(|()| true)
+                }
+                _ => Ok(false),
+            }
+        };
+        match step.await {
+            Ok(true) => {
+                last_ok = tokio::time::Instant::now();
+                held.renewed();
+            }
+            Ok(false) => {
+                held.lost();
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "batch runner: cannot renew the lease");
+                if last_ok.elapsed() >= b.limits.lease_duration {
+                    held.lost();
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Runs every batch not yet final, earliest deadline first; false when there was none.
+async fn run_pending(b: &Arc<Batches>, held: &Arc<Held>) -> Result<bool, StoreError> {
+    let mut pending: Vec<BatchObject> = b
+        .store
+        .list_batches()
+        .await?
+        .into_iter()
+        .filter(|x| !x.status.is_final())
+        .collect();
+    if pending.is_empty() {
+        return Ok(false);
+    }
+    pending.sort_by_key(|x| (x.expires_at.unwrap_or(u64::MAX), x.created_at));
+    for batch in pending {
+        if !held.is_held() {
+            break;
+        }
+        run_batch(b, batch, held).await?;
+    }
+    Ok(true)
+}
+
+async fn input_reader(b: &Batches, batch: &BatchObject) -> Result<BufReader<DataReader>, StoreError> {
+    Ok(BufReader::with_capacity(
+        64 * 1024,
+        b.store.open_data(&batch.input_file_id).await?,
+    ))
+}
+
+fn io_err(path: &str) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Validates the input file whole: the number of requests, or the first bad line.
+async fn validate(b: &Batches, batch: &BatchObject) -> Result<Result<u64, BatchErrorItem>, StoreError> {
+    let Ok(endpoint) = Endpoint::parse(&batch.endpoint) else {
+        return Ok(Err(BatchErrorItem {
+            code: "invalid_endpoint".into(),
+            message: format!("endpoint {:?} is not supported", batch.endpoint),
+            param: Some("endpoint".into()),
+            line: None,
+        }));
+    };
+    let models = b.app.router.model_names(&batch.namespace);
+    let mut v = LineValidator::new(endpoint, models, b.limits.max_requests);
+    let mut r = input_reader(b, batch).await?;
+    let mut line = Vec::new();
+    let max = b.app.limits.max_body_bytes + 4096;
+    loop {
+        match read_line(&mut r, &mut line, max).await {
+            Ok(true) => {
+                if let Err(e) = v.check(&line) {
+                    return Ok(Err(BatchErrorItem {
+                        code: e.code().into(),
+                        message: e.to_string(),
+                        param: None,
+                        line: e.line(),
+                    }));
+                }
+            }
+            Ok(false) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                return Ok(Err(BatchErrorItem {
+                    code: "line_too_long".into(),
+                    message: format!("{e}; a line is one request (raise --max-body-size)"),
+                    param: None,
+                    line: None,
+                }));
+            }
+            Err(e) => return Err(io_err(&batch.input_file_id)(e)),
+        }
+    }
+    Ok(v.finish().map_err(|e| BatchErrorItem {
+        code: e.code().into(),
+        message: e.to_string(),
+        param: None,
+        line: e.line(),
+    }))
+}
+
+/// What the result files already hold.
+#[derive(Debug)]
+struct Recovered {
+    ledger: Ledger,
+    counts: RequestCounts,
+    usage: Usage,
+}
+
+/// Reads a result file back: marks its lines in the ledger, counts them, sums usage, and cuts a torn last line
+/// (a crash mid-write) off. A line answered twice is counted once.
+async fn recover_file(
+    store: &dyn BatchStore,
+    id: &str,
+    ok: bool,
+    rec: &mut Recovered,
+) -> Result<(), StoreError> {
+    if store.data_len(id).await? == 0 {
+        return Ok(());
+    }
+    let mut r = BufReader::new(store.open_data(id).await?);
+    let mut good_len = 0u64;
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        let n = r.read_until(b'\n', &mut buf).await.map_err(io_err(id))?;
+        if n == 0 || buf.last() != Some(&b'\n') {
+            break;
+        }
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) else {
+            break;
+        };
+        let Some(index) = result_index(&v) else { break };
+        good_len += n as u64;
+        if rec.ledger.mark(index) {
+            if ok {
+                rec.counts.completed += 1;
+                rec.usage.add_body(&v["response"]["body"]);
+            } else {
+                rec.counts.failed += 1;
+            }
+        }
+    }
+    if good_len < store.data_len(id).await? {
+        warn!(
+            file = id,
+            keep = good_len,
+            "batch runner: cutting a torn last line left by a crash"
+        );
+        store.truncate_data(id, good_len).await?;
+    }
+    Ok(())
+}
+
+/// One line's answer, for the writer.
+struct Answer {
+    index: u64,
+    bytes: Vec<u8>,
+    ok: bool,
+    usage: Usage,
+}
+
+/// Why the sending stopped before the end of the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Cancel,
+    Expire,
+    LostLease,
+    /// The input ended with lines unanswered (a stop raced the end): the next pass sends them.
+    Incomplete,
+}
+
+async fn save(b: &Batches, batch: &BatchObject) -> Result<(), StoreError> {
+    b.store.put_batch(batch).await
+}
+
+/// Moves `batch` by `event` (the status table in `tessera_core::batch`), stamping the time.
+fn step(batch: &mut BatchObject, event: BatchEvent) {
+    match batch.status.on(event) {
+        Ok(next) => {
+            let now = Some(unix_s());
+            match next {
+                BatchStatus::InProgress => batch.in_progress_at = now,
+                BatchStatus::Failed => batch.failed_at = now,
+                BatchStatus::Finalizing => batch.finalizing_at = now,
+                BatchStatus::Completed => batch.completed_at = now,
+                BatchStatus::Expired => batch.expired_at = now,
+                BatchStatus::Cancelling => batch.cancelling_at = batch.cancelling_at.or(now),
+                BatchStatus::Cancelled => batch.cancelled_at = now,
+                BatchStatus::Validating => {}
+            }
+            batch.status = next;
+        }
+        Err(e) => warn!(batch = %batch.id, error = %e, "batch runner: ignored"),
+    }
+}
+
+async fn run_batch(b: &Arc<Batches>, mut batch: BatchObject, held: &Arc<Held>) -> Result<(), StoreError> {
+    if batch.status == BatchStatus::Validating {
+        match validate(b, &batch).await? {
+            Ok(total) => {
+                batch.request_counts.total = total;
+                step(&mut batch, BatchEvent::Validated);
+                info!(batch = %batch.id, total, "batch valid; running");
+            }
+            Err(item) => {
+                info!(batch = %batch.id, error = %item.message, "batch failed validation");
+                batch.errors = Some(BatchErrors {
+                    object: "list".into(),
+                    data: vec![item],
+                });
+                step(&mut batch, BatchEvent::ValidationFailed);
+                return save(b, &batch).await;
+            }
+        }
+        if !held.is_held() {
+            return Ok(());
+        }
+        save(b, &batch).await?;
+    }
+    let mut rec = Recovered {
+        ledger: Ledger::new(batch.request_counts.total),
+        counts: RequestCounts {
+            total: batch.request_counts.total,
+            completed: 0,
+            failed: 0,
+        },
+        usage: Usage::default(),
+    };
+    recover_file(b.store.as_ref(), &batch.output_data, true, &mut rec).await?;
+    recover_file(b.store.as_ref(), &batch.error_data, false, &mut rec).await?;
+    batch.request_counts = rec.counts;
+    batch.usage = rec.usage;
+    if rec.ledger.answered() > 0 {
+        info!(batch = %batch.id, answered = rec.ledger.answered(), total = rec.counts.total, "batch runner: taking over; skipping answered lines");
+    }
+
+    let mut stop = None;
+    if batch.status == BatchStatus::InProgress {
+        stop = send_all(b, &mut batch, &mut rec, held).await?;
+    } else if batch.status == BatchStatus::Cancelling {
+        stop = Some(Stop::Cancel);
+    }
+    if stop == Some(Stop::LostLease) || !held.is_held() {
+        return Ok(());
+    }
+    if stop == Some(Stop::Incomplete) {
+        return save(b, &batch).await;
+    }
+    match stop {
+        Some(Stop::Cancel) => {
+            step(&mut batch, BatchEvent::CancelRequested);
+            save(b, &batch).await?;
+            let filled = fill_rest(
+                b,
+                &mut batch,
+                &mut rec,
+                "batch_cancelled",
+                "the batch was cancelled before this request was sent",
+                held,
+            )
+            .await?;
+            if !filled {
+                return Ok(());
+            }
+            finalize_files(b, &mut batch).await?;
+            step(&mut batch, BatchEvent::CancelDone);
+        }
+        Some(Stop::Expire) => {
+            let filled = fill_rest(
+                b,
+                &mut batch,
+                &mut rec,
+                "batch_expired",
+                "the batch's completion window ended before this request was sent",
+                held,
+            )
+            .await?;
+            if !filled {
+                return Ok(());
+            }
+            finalize_files(b, &mut batch).await?;
+            step(&mut batch, BatchEvent::DeadlinePassed);
+        }
+        _ => {
+            step(&mut batch, BatchEvent::AllAnswered);
+            save(b, &batch).await?;
+            finalize_files(b, &mut batch).await?;
+            step(&mut batch, BatchEvent::Finalized);
+        }
+    }
+    let labels = BatchLabels {
+        namespace: batch.namespace.clone(),
+        batch: batch.id.clone(),
+    };
+    b.app.metrics.batch_slack.remove(&labels);
+    b.app.metrics.batch_remaining.remove(&labels);
+    info!(batch = %batch.id, status = batch.status.as_str(), completed = batch.request_counts.completed, failed = batch.request_counts.failed, "batch ended");
+    save(b, &batch).await
+}
+
+/// Registers the result files as files (`purpose: batch_output`) and names them on the batch.
+async fn finalize_files(b: &Batches, batch: &mut BatchObject) -> Result<(), StoreError> {
+    for (data, ok) in [
+        (batch.output_data.clone(), true),
+        (batch.error_data.clone(), false),
+    ] {
+        let bytes = b.store.data_len(&data).await?;
+        if bytes == 0 {
+            continue;
+        }
+        let file = FileObject {
+            id: data.clone(),
+            object: "file".into(),
+            bytes,
+            created_at: unix_s(),
+            filename: format!("{}_{}.jsonl", batch.id, if ok { "output" } else { "error" }),
+            purpose: "batch_output".into(),
+            status: "processed".into(),
+            namespace: batch.namespace.clone(),
+        };
+        b.store.put_file(&file).await?;
+        if ok {
+            batch.output_file_id = Some(data);
+        } else {
+            batch.error_file_id = Some(data);
+        }
+    }
+    Ok(())
+}
+
+/// Writes `code` to the error file for every line not answered yet.
+async fn fill_rest(
+    b: &Batches,
+    batch: &mut BatchObject,
+    rec: &mut Recovered,
+    code: &str,
+    message: &str,
+    held: &Held,
+) -> Result<bool, StoreError> {
+    let mut w = BufWriter::new(b.store.append_data(&batch.error_data).await?);
+    let mut r = input_reader(b, batch).await?;
+    let mut line = Vec::new();
+    let mut index = 0u64;
+    let mut filled = 0u64;
+    let max = b.app.limits.max_body_bytes + 4096;
+    while read_line(&mut r, &mut line, max)
+        .await
+        .map_err(io_err(&batch.input_file_id))?
+    {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let i = index;
+        index += 1;
+        if rec.ledger.is_answered(i) {
+            continue;
+        }
+        if !held.is_held() {
+            // Another runner may be filling the same lines now: stop, and drop what is buffered unwritten.
+            return Ok(false);
+        }
+        let custom_id = custom_id_of(&line);
+        w.write_all(&result_line(
+            &batch.id,
+            i,
+            &custom_id,
+            None,
+            Some((code, message.to_owned())),
+        ))
+        .await
+        .map_err(io_err(&batch.error_data))?;
+        rec.ledger.mark(i);
+        batch.request_counts.failed += 1;
+        filled += 1;
+    }
+    let outcome = if code == "batch_cancelled" {
+        "cancelled"
+    } else {
+        "expired"
+    };
+    b.app
+        .metrics
+        .batch_lines
+        .get_or_create(&BatchLineLabels {
+            namespace: batch.namespace.clone(),
+            outcome,
+        })
+        .inc_by(filled);
+    if !held.is_held() {
+        return Ok(false);
+    }
+    w.flush().await.map_err(io_err(&batch.error_data))?;
+    Ok(true)
+}
+
+fn custom_id_of(line: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(line)
+        .ok()
+        .and_then(|v| v["custom_id"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Sends every unanswered line; returns why it stopped early, if it did.
+async fn send_all(
+    b: &Arc<Batches>,
+    batch: &mut BatchObject,
+    rec: &mut Recovered,
+    held: &Arc<Held>,
+) -> Result<Option<Stop>, StoreError> {
+    let stopping = Arc::new(AtomicBool::new(false));
+    let (tx, mut rx) = mpsc::channel::<Answer>(b.limits.max_in_flight);
+    // The writer: the only one appending to this batch's result files.
+    let writer = {
+        let b = b.clone();
+        let mut batch = batch.clone();
+        let mut ledger = rec.ledger.clone();
+        let held = held.clone();
+        tokio::spawn(async move {
+            let mut out = BufWriter::new(b.store.append_data(&batch.output_data).await?);
+            let mut err = BufWriter::new(b.store.append_data(&batch.error_data).await?);
+            let mut last_save = tokio::time::Instant::now();
+            let started = last_save;
+            let mut answered_here = 0u64;
+            while let Some(a) = rx.recv().await {
+                if !held.is_held() {
+                    // Another runner may own the files now: write nothing more.
+                    continue;
+                }
+                if !ledger.mark(a.index) {
+                    continue;
+                }
+                answered_here += 1;
+                b.app
+                    .metrics
+                    .batch_lines
+                    .get_or_create(&BatchLineLabels {
+                        namespace: batch.namespace.clone(),
+                        outcome: if a.ok { "completed" } else { "failed" },
+                    })
+                    .inc();
+                if a.ok {
+                    out.write_all(&a.bytes)
+                        .await
+                        .map_err(io_err(&batch.output_data))?;
+                    batch.request_counts.completed += 1;
+                    batch.usage.input_tokens += a.usage.input_tokens;
+                    batch.usage.output_tokens += a.usage.output_tokens;
+                    batch.usage.total_tokens += a.usage.total_tokens;
+                } else {
+                    err.write_all(&a.bytes).await.map_err(io_err(&batch.error_data))?;
+                    batch.request_counts.failed += 1;
+                }
+                // Flush whenever nothing else is waiting (each answer reaches the store within one loop turn, and
+                // a busy batch still writes in large pieces), and at least every progress interval.
+                if rx.is_empty() || last_save.elapsed() >= b.limits.progress_interval {
+                    // Answers buffered by a runner that lost the lease meanwhile (paused past it) are the new
+                    // runner's to give: they are dropped, never flushed.
+                    if !held.is_held() {
+                        continue;
+                    }
+                    out.flush().await.map_err(io_err(&batch.output_data))?;
+                    err.flush().await.map_err(io_err(&batch.error_data))?;
+                    if last_save.elapsed() >= b.limits.progress_interval && held.is_held() {
+                        pace_gauges(
+                            &b,
+                            &batch,
+                            started.elapsed(),
+                            batch.request_counts.remaining(),
+                            answered_here,
+                        );
+                        b.store.put_batch(&batch).await?;
+                        last_save = tokio::time::Instant::now();
+                    }
+                }
+            }
+            if held.is_held() {
+                out.flush().await.map_err(io_err(&batch.output_data))?;
+                err.flush().await.map_err(io_err(&batch.error_data))?;
+            }
+            Ok::<_, StoreError>((ledger, batch.request_counts, batch.usage))
+        })
+    };
+    let deadline_ms = batch.expires_at.map_or(u64::MAX, |s| s.saturating_mul(1000));
+    // Looks for a cancel and the deadline while lines are sent.
+    let watcher = {
+        let b = b.clone();
+        let id = batch.id.clone();
+        let stopping = stopping.clone();
+        let held = held.clone();
+        tokio::spawn(async move {
+            loop {
+                if b.store.cancel_requested(&id).await.unwrap_or(false) {
+                    stopping.store(true, Ordering::Relaxed);
+                    return Stop::Cancel;
+                }
+                if now_ms() >= deadline_ms {
+                    stopping.store(true, Ordering::Relaxed);
+                    return Stop::Expire;
+                }
+                if !held.is_held() {
+                    stopping.store(true, Ordering::Relaxed);
+                    return Stop::LostLease;
+                }
+                tokio::time::sleep(b.limits.progress_interval.min(Duration::from_millis(200))).await;
+            }
+        })
+    };
+    let slots = Arc::new(Semaphore::new(b.limits.max_in_flight));
+    let mut r = input_reader(b, batch).await?;
+    let mut line = Vec::new();
+    let mut index = 0u64;
+    let max = b.app.limits.max_body_bytes + 4096;
+    let path = format!("/namespaces/{}{}", batch.namespace, batch.endpoint);
+    let mut tasks = tokio::task::JoinSet::new();
+    while !stopping.load(Ordering::Relaxed) {
+        if !read_line(&mut r, &mut line, max)
+            .await
+            .map_err(io_err(&batch.input_file_id))?
+        {
+            break;
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let i = index;
+        index += 1;
+        if rec.ledger.is_answered(i) {
+            continue;
+        }
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            break;
+        };
+        // Reap finished sends so the set stays as small as what is in flight.
+        while tasks.try_join_next().is_some() {}
+        let (b2, tx, stopping, path, batch_id, raw) = (
+            b.clone(),
+            tx.clone(),
+            stopping.clone(),
+            path.clone(),
+            batch.id.clone(),
+            line.clone(),
+        );
+        tasks.spawn(async move {
+            let _permit = permit;
+            if let Some(answer) = send_line(&b2, &path, &batch_id, i, &raw, &stopping).await {
+                let _ = tx.send(answer).await;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    drop(tx);
+    let stop = if stopping.load(Ordering::Relaxed) {
+        watcher.await.ok()
+    } else {
+        watcher.abort();
+        None
+    };
+    match writer.await {
+        Ok(Ok((ledger, counts, usage))) => {
+            rec.ledger = ledger;
+            batch.request_counts = counts;
+            batch.usage = usage;
+        }
+        Ok(Err(e)) => return Err(e),
+        Err(e) => {
+            return Err(StoreError::Io {
+                path: batch.id.clone(),
+                source: std::io::Error::other(e.to_string()),
+            });
+        }
+    }
+    // Lines the input ran out of while a stop was being noticed are handled by the caller (cancel/expire fill).
+    if stop.is_none() && rec.ledger.answered() < batch.request_counts.total {
+        // Lines given up on (a stop raced the end of the input): send them on the next pass, never finalize.
+        return Ok(Some(Stop::Incomplete));
+    }
+    Ok(stop)
+}
+
+/// Sets a running batch's pace gauges: lines left, and the slack to its deadline at the rate this runner has
+/// measured (`answered` lines in `elapsed`).
+fn pace_gauges(b: &Batches, batch: &BatchObject, elapsed: Duration, remaining: u64, answered: u64) {
+    let labels = BatchLabels {
+        namespace: batch.namespace.clone(),
+        batch: batch.id.clone(),
+    };
+    b.app
+        .metrics
+        .batch_remaining
+        .get_or_create(&labels)
+        .set(i64::try_from(remaining).unwrap_or(i64::MAX));
+    let rate = answered as f64 / elapsed.as_secs_f64().max(1e-3);
+    let to_deadline = batch
+        .expires_at
+        .map_or(f64::INFINITY, |e| e as f64 - now_ms() as f64 / 1000.0);
+    let needed = if rate > 0.0 {
+        remaining as f64 / rate
+    } else {
+        f64::INFINITY
+    };
+    let slack = to_deadline - needed;
+    if slack.is_finite() {
+        b.app.metrics.batch_slack.get_or_create(&labels).set(slack);
+    }
+}
+
+/// Sends one line through the activator's request path in the flex lane; retries while the lane has no room
+/// (429) or no replica answers (503), with a doubling wait, until the batch stops. `None`: not answered (the
+/// batch is stopping; the line stays for the cancel/expiry fill or the next runner).
+async fn send_line(
+    b: &Batches,
+    path: &str,
+    batch_id: &str,
+    index: u64,
+    raw: &[u8],
+    stopping: &AtomicBool,
+) -> Option<Answer> {
+    // The line passed validation, so it parses; were the file changed under the batch, the line is answered
+    // with an error rather than left to be retried for ever.
+    let parsed: serde_json::Value = serde_json::from_slice(raw).unwrap_or_default();
+    let custom_id = parsed["custom_id"].as_str().unwrap_or_default().to_owned();
+    let Some(body) = parsed.get("body").and_then(|v| serde_json::to_vec(v).ok()) else {
+        let line = result_line(
+            batch_id,
+            index,
+            &custom_id,
+            None,
+            Some(("invalid_line", "the line is no longer valid JSON".into())),
+        );
+        return Some(Answer {
+            index,
+            bytes: line,
+            ok: false,
+            usage: Usage::default(),
+        });
+    };
+    let mut wait = Duration::from_millis(50);
+    loop {
+        if stopping.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut req = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Body::from(Bytes::from(body.clone())))
+            .ok()?;
+        req.extensions_mut().insert(crate::activator::proxy::BatchLane);
+        let resp = crate::activator::proxy::handle(State(b.app.clone()), req).await;
+        let status = resp.status();
+        if status == http::StatusCode::TOO_MANY_REQUESTS || status == http::StatusCode::SERVICE_UNAVAILABLE {
+            debug!(
+                batch = batch_id,
+                index,
+                status = status.as_u16(),
+                "batch line refused; retrying"
+            );
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(b.limits.retry_max);
+            continue;
+        }
+        let bytes = match Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) => {
+                let line = result_line(
+                    batch_id,
+                    index,
+                    &custom_id,
+                    None,
+                    Some(("response_unreadable", e.to_string())),
+                );
+                return Some(Answer {
+                    index,
+                    bytes: line,
+                    ok: false,
+                    usage: Usage::default(),
+                });
+            }
+        };
+        let body: serde_json::Value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        let ok = status.is_success();
+        let mut usage = Usage::default();
+        if ok {
+            usage.add_body(&body);
+        }
+        let line = result_line(batch_id, index, &custom_id, Some((status.as_u16(), body)), None);
+        return Some(Answer {
+            index,
+            bytes: line,
+            ok,
+            usage,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::activator::batch::store::LocalStore;
+
+    #[tokio::test]
+    async fn a_torn_last_line_is_cut_and_a_repeat_counted_once() {
+        // A name no other process (nor a later run with the same pid) shares.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("tessera-recover-{}-{nanos}", std::process::id()));
+        let store = LocalStore::open(&dir).unwrap();
+        let body = serde_json::json!({"usage": {"prompt_tokens": 3, "completion_tokens": 2}});
+        let mut data = Vec::new();
+        data.extend(result_line("batch_x", 0, "a", Some((200, body.clone())), None));
+        data.extend(result_line("batch_x", 2, "c", Some((200, body.clone())), None));
+        data.extend(result_line("batch_x", 0, "a", Some((200, body)), None));
+        let whole = data.len() as u64;
+        data.extend_from_slice(b"{\"id\":\"batch_req_batch_x_1\",\"custom_id\":\"b\",\"resp");
+        let mut w = store.create_data("out").await.unwrap();
+        w.write_all(&data).await.unwrap();
+        w.flush().await.unwrap();
+        let mut rec = Recovered {
+            ledger: Ledger::new(3),
+            counts: RequestCounts {
+                total: 3,
+                completed: 0,
+                failed: 0,
+            },
+            usage: Usage::default(),
+        };
+        recover_file(&store, "out", true, &mut rec).await.unwrap();
+        assert_eq!(
+            store.data_len("out").await.unwrap(),
+            whole,
+            "the torn line is cut"
+        );
+        assert_eq!(rec.counts.completed, 2, "line 0 twice counts once");
+        assert_eq!(rec.usage.total_tokens, 10);
+        assert!(rec.ledger.is_answered(0) && rec.ledger.is_answered(2) && !rec.ledger.is_answered(1));
+        let mut r = BufReader::new(&b"a\r\nbb\n\nccc"[..]);
+        let mut line = Vec::new();
+        let mut got = Vec::new();
+        while read_line(&mut r, &mut line, 3).await.unwrap() {
+            got.push(String::from_utf8(line.clone()).unwrap());
+        }
+        assert_eq!(got, ["a", "bb", "", "ccc"]);
+        let mut long = BufReader::new(&b"abcd\n"[..]);
+        assert!(read_line(&mut long, &mut line, 3).await.is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

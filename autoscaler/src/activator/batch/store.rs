@@ -1,0 +1,401 @@
+//! Where batch files, batch records, result files and the runner's lease live: one interface, [`BatchStore`], so
+//! a local volume (the default, a PVC in a cluster) and an object store can stand behind the same API and runner.
+//!
+//! What the runner needs of a store, and why:
+//! - file data written as a stream ([`BatchStore::create_data`]) and read as a stream ([`BatchStore::open_data`]):
+//!   a 200 MB upload is never held in memory;
+//! - append to a result file ([`BatchStore::append_data`]) and cut a torn last line ([`BatchStore::truncate_data`]):
+//!   results are kept as they complete, and a crash mid-write leaves at most one partial line to drop;
+//! - a small document per batch and per file, replaced whole (written to a temporary name and renamed, so a reader
+//!   never sees half of one);
+//! - a cancel marker the API writes and the runner reads, so the runner stays the batch record's only writer;
+//! - the runner's lease document, and an exclusive claim of each of its versions (so two runners never both hold
+//!   it).
+//!
+//! An S3-compatible store fits the same calls except append: it would write each flush of results as its own
+//! object under the result file's prefix and read them back in order. Not implemented yet.
+
+use std::path::{Path, PathBuf};
+
+use futures::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use super::objects::{BatchObject, FileObject};
+
+/// A store's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An I/O error on the store.
+    #[error("batch store {path}: {source}")]
+    Io {
+        /// What was being read or written.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A stored document is not what this version writes.
+    #[error("batch store {path}: unreadable document: {source}")]
+    Corrupt {
+        /// The document.
+        path: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+    /// An id with characters a store path cannot hold.
+    #[error("invalid id {0:?}: ids are letters, digits, '-' and '_'")]
+    BadId(String),
+}
+
+impl StoreError {
+    /// A fixed label per variant, for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StoreError::Io { .. } => "io",
+            StoreError::Corrupt { .. } => "corrupt",
+            StoreError::BadId(_) => "bad_id",
+        }
+    }
+
+    /// Whether the thing asked for does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StoreError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+/// The runner's lease as stored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseDoc {
+    /// Who runs the batches.
+    pub holder: String,
+    /// Bumped on every write: a reader that sees the same version for a lease duration knows the holder is gone.
+    pub version: u64,
+    /// How long a holder that stops renewing keeps it, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// A stream of bytes being written to a store.
+pub type DataWriter = Box<dyn AsyncWrite + Send + Unpin>;
+/// A stream of bytes being read from a store.
+pub type DataReader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// The batch store (see the module docs). Every id is checked with [`check_id`] first.
+pub trait BatchStore: Send + Sync + std::fmt::Debug {
+    /// Starts writing the data of `id` (replacing any).
+    fn create_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<DataWriter, StoreError>>;
+    /// Opens the data of `id` for appending (created when missing).
+    fn append_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<DataWriter, StoreError>>;
+    /// Reads the data of `id`.
+    fn open_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<DataReader, StoreError>>;
+    /// The data's length (0 when missing).
+    fn data_len<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
+    /// Cuts the data of `id` to `len` bytes.
+    fn truncate_data<'a>(&'a self, id: &'a str, len: u64) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Removes a file: its document and its data.
+    fn delete_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Writes a file's document.
+    fn put_file<'a>(&'a self, file: &'a FileObject) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// A file's document.
+    fn get_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<FileObject>, StoreError>>;
+    /// Every file's document.
+    fn list_files(&self) -> BoxFuture<'_, Result<Vec<FileObject>, StoreError>>;
+    /// Writes a batch's document.
+    fn put_batch<'a>(&'a self, batch: &'a BatchObject) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// A batch's document.
+    fn get_batch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<BatchObject>, StoreError>>;
+    /// Every batch's document.
+    fn list_batches(&self) -> BoxFuture<'_, Result<Vec<BatchObject>, StoreError>>;
+    /// Records that a client asked to cancel batch `id`.
+    fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Whether a cancel of batch `id` was asked for.
+    fn cancel_requested<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// The runner's lease, if any.
+    fn get_lease(&self) -> BoxFuture<'_, Result<Option<LeaseDoc>, StoreError>>;
+    /// Writes the runner's lease.
+    fn put_lease<'a>(&'a self, lease: &'a LeaseDoc) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Claims lease `version` for `holder`, exclusively: of any number of writers claiming one version, exactly one
+    /// gets `true`. Every lease write (take, renew) claims its version first, so two runners can never both
+    /// believe they hold the lease: a taker and a stalled holder that wakes up race for the same version.
+    fn claim_lease_version<'a>(
+        &'a self,
+        version: u64,
+        holder: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
+}
+
+/// Refuses an id that could name a path outside the store (ids are ours, `file-…` and `batch_…`, but they come
+/// back in URLs).
+pub fn check_id(id: &str) -> Result<(), StoreError> {
+    if id.is_empty()
+        || id.len() > 128
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(StoreError::BadId(id.to_owned()));
+    }
+    Ok(())
+}
+
+/// A store in a local directory: `files/<id>.json` and `files/<id>.data`, `batches/<id>.json`,
+/// `batches/<id>.cancel`, `lease.json`.
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+impl LocalStore {
+    /// The store under `root`, its folders created when missing.
+    pub fn open(root: &Path) -> Result<LocalStore, StoreError> {
+        for sub in ["files", "batches"] {
+            let p = root.join(sub);
+            std::fs::create_dir_all(&p).map_err(io(&p))?;
+        }
+        Ok(LocalStore {
+            root: root.to_owned(),
+        })
+    }
+
+    fn data_path(&self, id: &str) -> Result<PathBuf, StoreError> {
+        check_id(id)?;
+        Ok(self.root.join("files").join(format!("{id}.data")))
+    }
+
+    fn doc_path(&self, dir: &str, id: &str, ext: &str) -> Result<PathBuf, StoreError> {
+        check_id(id)?;
+        Ok(self.root.join(dir).join(format!("{id}.{ext}")))
+    }
+
+    /// Writes a document whole: a temporary file renamed over the old one, so a reader (or a crash) never
+    /// leaves half of it.
+    async fn write_doc<T: serde::Serialize + Sync>(path: PathBuf, doc: &T) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec_pretty(doc).map_err(|source| StoreError::Corrupt {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        tokio::fs::write(&tmp, bytes).await.map_err(io(&tmp))?;
+        tokio::fs::rename(&tmp, &path).await.map_err(io(&path))
+    }
+
+    async fn read_doc<T: serde::de::DeserializeOwned>(path: PathBuf) -> Result<Option<T>, StoreError> {
+        match tokio::fs::read(&path).await {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| StoreError::Corrupt {
+                    path: path.display().to_string(),
+                    source,
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
+        }
+    }
+
+    async fn list_docs<T: serde::de::DeserializeOwned>(&self, dir: &str) -> Result<Vec<T>, StoreError> {
+        let path = self.root.join(dir);
+        let mut rd = tokio::fs::read_dir(&path).await.map_err(io(&path))?;
+        let mut out = Vec::new();
+        while let Some(e) = rd.next_entry().await.map_err(io(&path))? {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "json")
+                && let Some(doc) = Self::read_doc(p).await?
+            {
+                out.push(doc);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl BatchStore for LocalStore {
+    fn create_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<DataWriter, StoreError>> {
+        Box::pin(async move {
+            let p = self.data_path(id)?;
+            let f = tokio::fs::File::create(&p).await.map_err(io(&p))?;
+            Ok(Box::new(f) as DataWriter)
+        })
+    }
+
+    fn append_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<DataWriter, StoreError>> {
+        Box::pin(async move {
+            let p = self.data_path(id)?;
+            let f = tokio::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&p)
+                .await
+                .map_err(io(&p))?;
+            Ok(Box::new(f) as DataWriter)
+        })
+    }
+
+    fn open_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<DataReader, StoreError>> {
+        Box::pin(async move {
+            let p = self.data_path(id)?;
+            let f = tokio::fs::File::open(&p).await.map_err(io(&p))?;
+            Ok(Box::new(f) as DataReader)
+        })
+    }
+
+    fn data_len<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let p = self.data_path(id)?;
+            match tokio::fs::metadata(&p).await {
+                Ok(m) => Ok(m.len()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+                Err(e) => Err(io(&p)(e)),
+            }
+        })
+    }
+
+    fn truncate_data<'a>(&'a self, id: &'a str, len: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let p = self.data_path(id)?;
+            let f = tokio::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .await
+                .map_err(io(&p))?;
+            f.set_len(len).await.map_err(io(&p))
+        })
+    }
+
+    fn delete_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            // Either part may be missing (an upload refused before its document was written): remove what is there.
+            for path in [self.doc_path("files", id, "json")?, self.data_path(id)?] {
+                match tokio::fs::remove_file(&path).await {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path)(e)),
+                    _ => {}
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn put_file<'a>(&'a self, file: &'a FileObject) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { Self::write_doc(self.doc_path("files", &file.id, "json")?, file).await })
+    }
+
+    fn get_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<FileObject>, StoreError>> {
+        Box::pin(async move { Self::read_doc(self.doc_path("files", id, "json")?).await })
+    }
+
+    fn list_files(&self) -> BoxFuture<'_, Result<Vec<FileObject>, StoreError>> {
+        Box::pin(self.list_docs("files"))
+    }
+
+    fn put_batch<'a>(&'a self, batch: &'a BatchObject) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { Self::write_doc(self.doc_path("batches", &batch.id, "json")?, batch).await })
+    }
+
+    fn get_batch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<BatchObject>, StoreError>> {
+        Box::pin(async move { Self::read_doc(self.doc_path("batches", id, "json")?).await })
+    }
+
+    fn list_batches(&self) -> BoxFuture<'_, Result<Vec<BatchObject>, StoreError>> {
+        Box::pin(self.list_docs("batches"))
+    }
+
+    fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let p = self.doc_path("batches", id, "cancel")?;
+            let mut f = tokio::fs::File::create(&p).await.map_err(io(&p))?;
+            f.flush().await.map_err(io(&p))
+        })
+    }
+
+    fn cancel_requested<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let p = self.doc_path("batches", id, "cancel")?;
+            tokio::fs::try_exists(&p).await.map_err(io(&p))
+        })
+    }
+
+    fn get_lease(&self) -> BoxFuture<'_, Result<Option<LeaseDoc>, StoreError>> {
+        Box::pin(Self::read_doc(self.root.join("lease.json")))
+    }
+
+    fn put_lease<'a>(&'a self, lease: &'a LeaseDoc) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Self::write_doc(self.root.join("lease.json"), lease))
+    }
+
+    fn claim_lease_version<'a>(
+        &'a self,
+        version: u64,
+        holder: &'a str,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let dir = self.root.join("lease-claims");
+            tokio::fs::create_dir_all(&dir).await.map_err(io(&dir))?;
+            let path = dir.join(version.to_string());
+            // create_new is O_CREAT|O_EXCL: atomic on a local file system and on NFS v3 and later.
+            match tokio::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .await
+            {
+                Ok(mut f) => {
+                    f.write_all(holder.as_bytes()).await.map_err(io(&path))?;
+                    // Old claims say nothing any more: keep the last few.
+                    if let Some(old) = version.checked_sub(8) {
+                        let _ = tokio::fs::remove_file(dir.join(old.to_string())).await;
+                    }
+                    Ok(true)
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(io(&path)(e)),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn data_appends_and_truncates_and_ids_stay_inside() {
+        // A name no other process (nor a later run with the same pid) shares.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("tessera-store-{}-{nanos}", std::process::id()));
+        let store = LocalStore::open(&dir).unwrap();
+        let mut w = store.append_data("out-1").await.unwrap();
+        w.write_all(b"a\nb").await.unwrap();
+        w.flush().await.unwrap();
+        assert_eq!(store.data_len("out-1").await.unwrap(), 3);
+        store.truncate_data("out-1", 2).await.unwrap();
+        let mut s = String::new();
+        store
+            .open_data("out-1")
+            .await
+            .unwrap()
+            .read_to_string(&mut s)
+            .await
+            .unwrap();
+        assert_eq!(s, "a\n");
+        assert!(matches!(store.get_file("../x").await, Err(StoreError::BadId(_))));
+        assert!(store.get_batch("batch_none").await.unwrap().is_none());
+        assert!(!store.cancel_requested("batch_x").await.unwrap());
+        store.request_cancel("batch_x").await.unwrap();
+        assert!(store.cancel_requested("batch_x").await.unwrap());
+        assert!(store.claim_lease_version(1, "a").await.unwrap());
+        assert!(
+            !store.claim_lease_version(1, "b").await.unwrap(),
+            "one version, one holder"
+        );
+        assert!(store.claim_lease_version(2, "b").await.unwrap());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
