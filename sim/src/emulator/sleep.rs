@@ -126,9 +126,9 @@ impl SleepSurface {
     pub fn answer_salt(&self) -> u64 {
         let p = self.parts();
         if p.weights_discarded {
-            0x5EED_0F_D15C
+            0x005E_ED0F_D15C
         } else if self.args.fault_wake_wrong_answer && p.woken {
-            0xBAD_A11_5EED
+            0x00BA_DA11_5EED
         } else {
             0
         }
