@@ -11,6 +11,10 @@ use tessera_core::sleep::command::SleepLevel;
 /// Largest answer read from any of these calls (a metrics page is the largest, tens of KiB).
 const MAX_BODY: usize = 8 * 1024 * 1024;
 
+/// Added to a transition's bound for each of its calls, so the transition's own bound (and its clearer message)
+/// ends a hung call, not the HTTP client's.
+const CALL_SLACK: Duration = Duration::from_secs(1);
+
 /// The prompt of the canary: short, fixed; with a fixed seed and temperature 0 its answer repeats exactly while
 /// the weights are the same.
 pub const CANARY_PROMPT: &str = "Tessera canary: the quick brown fox";
@@ -194,6 +198,7 @@ impl VllmClient {
     /// parameter with a 4xx other than 404 (an older vLLM) is asked again without it; 404 means the server has no
     /// sleep endpoints at all.
     pub async fn sleep(&self, level: SleepLevel, limit: Duration) -> Result<(), VllmCallError> {
+        let limit = limit + CALL_SLACK;
         let n = level.as_u8();
         let with_mode = format!("{}/sleep?level={n}&mode=wait", self.base);
         match self
@@ -218,6 +223,7 @@ impl VllmClient {
     /// `collective_rpc reload_weights`, then `wake_up?tags=kv_cache` and `reset_prefix_cache`, as vLLM documents
     /// for a level-2 wake that keeps the same model.
     pub async fn wake(&self, level: SleepLevel, limit: Duration) -> Result<(), VllmCallError> {
+        let limit = limit + CALL_SLACK;
         let post = |path: &str| {
             let url = format!("{}{path}", self.base);
             (self.client.post(&url).timeout(limit), format!("POST {url}"))
