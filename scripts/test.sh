@@ -24,6 +24,8 @@ want=()
 [ "${TESSERA_SKIP_KUBERNETES_VALIDATE:-}" = 1 ] || [ -x "$venv/bin/kubernetes-validate" ] || want+=(kubernetes-validate)
 # Python's gRPC client and protoc (grpcio-tools), for the second, independent client of the KEDA scaler.
 [ "${TESSERA_SKIP_GRPC_PYTHON:-}" = 1 ] || "$venv/bin/python" -c 'import grpc_tools' 2>/dev/null || want+=(grpcio-tools)
+# The official OpenAI Python client, which must parse a stream the activator kept alive (tessera/tests/sleep.rs).
+"$venv/bin/python" -c 'import openai' 2>/dev/null || want+=(openai)
 if [ "${#want[@]}" -gt 0 ]; then
   log "installing test tools into $venv (${want[*]})"
   python3 -m venv "$venv"

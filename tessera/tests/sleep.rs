@@ -95,7 +95,10 @@ async fn wait_rest(c: &reqwest::Client, sc: &Tessera, state: &str, within: Durat
         if r["state"] == state {
             return r;
         }
-        assert!(Instant::now() < deadline, "the sidecar never reported {state}: {r}");
+        assert!(
+            Instant::now() < deadline,
+            "the sidecar never reported {state}: {r}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -160,7 +163,10 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
     assert_eq!(asleep["level"], "one");
     assert_eq!(asleep["residue_bytes"], RESIDUE, "{asleep}");
     let freed = asleep["freed_bytes"].as_u64().unwrap();
-    assert!(freed > 200_000_000, "an opt-125m replica gives back its weights and KV cache: {asleep}");
+    assert!(
+        freed > 200_000_000,
+        "an opt-125m replica gives back its weights and KV cache: {asleep}"
+    );
     assert!(asleep["last_sleep_secs"].as_f64().unwrap() < 2.0, "{asleep}");
     let emu_says = get_json(&c, &emu.url("/is_sleeping")).await;
     assert_eq!(emu_says["is_sleeping"], true);
@@ -183,7 +189,10 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
         warm.as_secs_f64() * 1e3
     );
     assert!(ttft >= WAKE, "the request waited for the wake: {ttft:?}");
-    assert!(ttft <= WAKE + Duration::from_millis(50), "first token {ttft:?} > wake {WAKE:?} + 50 ms");
+    assert!(
+        ttft <= WAKE + Duration::from_millis(50),
+        "first token {ttft:?} > wake {WAKE:?} + 50 ms"
+    );
     assert_eq!(woke["state"], "awake", "{woke}");
     assert_eq!(woke["wakes_total"], 1);
     assert_eq!(woke["canary_failures_total"], 0);
@@ -210,7 +219,11 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
     assert_eq!(failed["state"], "failed", "{failed}");
     assert_eq!(failed["canary_failures_total"], 1);
     assert!(failed["refused"].as_str().unwrap().contains("canary"), "{failed}");
-    assert_eq!(status_of(&c, sc.url("/tessera/v1/live")).await, 503, "the kubelet restarts vLLM");
+    assert_eq!(
+        status_of(&c, sc.url("/tessera/v1/live")).await,
+        503,
+        "the kubelet restarts vLLM"
+    );
     assert_eq!(status_of(&c, sc.url("/ready")).await, 503);
 
     let hung = sleepy_sim(&["--fault-wake-hang"]);
@@ -222,10 +235,16 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
     assert_eq!(r.status(), 503);
     let failed: Value = r.json().await.unwrap();
     assert!(
-        failed["refused"].as_str().unwrap().contains("did not complete within 1s"),
+        failed["refused"]
+            .as_str()
+            .unwrap()
+            .contains("did not complete within 1s"),
         "{failed}"
     );
-    assert!(waited < Duration::from_secs(3), "bounded by --rest-timeout: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(3),
+        "bounded by --rest-timeout: {waited:?}"
+    );
     assert_eq!(status_of(&c, sc.url("/tessera/v1/live")).await, 503);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -254,7 +273,13 @@ async fn the_activator_never_forwards_development_endpoints() {
         assert_eq!(r.status(), 404, "{path}");
         let body: Value = r.json().await.unwrap();
         assert_eq!(body["error"]["code"], "not_found", "{path}: {body}");
-        assert!(body["error"]["message"].as_str().unwrap().contains("development endpoint"), "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("development endpoint"),
+            "{body}"
+        );
     }
     assert_eq!(status_of(&c, act.url("/is_sleeping")).await, 404);
     let emu_says = get_json(&c, &emu.url("/is_sleeping")).await;
@@ -263,7 +288,10 @@ async fn the_activator_never_forwards_development_endpoints() {
 
 #[tokio::test]
 async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses() {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join(".tools/venv/bin/python");
+    let python = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join(".tools/venv/bin/python");
     assert!(
         python.exists(),
         "{} is missing: scripts/test.sh installs openai there",
@@ -278,33 +306,39 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
     let c = http_client(Duration::from_secs(120));
 
     // A raw streamed request: when each keep-alive comment arrives, then the stream.
-    let raw = {
-        let c = c.clone();
-        let url = url.clone();
-        tokio::spawn(async move {
-            let r = c
+    let raw =
+        {
+            let c = c.clone();
+            let url = url.clone();
+            tokio::spawn(async move {
+                let r = c
                 .post(&url)
                 .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                     "stream": true}))
                 .send()
                 .await
                 .unwrap();
-            let headers_at = t0.elapsed();
-            assert_eq!(r.status(), 200);
-            assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-            let mut comments = Vec::new();
-            let mut text = String::new();
-            let mut s = r.bytes_stream();
-            while let Some(chunk) = s.next().await {
-                let chunk = String::from_utf8_lossy(&chunk.unwrap()).into_owned();
-                for _ in chunk.matches(": tessera: waiting for a replica\n\n") {
-                    comments.push(t0.elapsed());
+                let headers_at = t0.elapsed();
+                assert_eq!(r.status(), 200);
+                assert!(
+                    r.headers()["content-type"]
+                        .to_str()
+                        .unwrap()
+                        .starts_with("text/event-stream")
+                );
+                let mut comments = Vec::new();
+                let mut text = String::new();
+                let mut s = r.bytes_stream();
+                while let Some(chunk) = s.next().await {
+                    let chunk = String::from_utf8_lossy(&chunk.unwrap()).into_owned();
+                    for _ in chunk.matches(": tessera: waiting for a replica\n\n") {
+                        comments.push(t0.elapsed());
+                    }
+                    text.push_str(&chunk);
                 }
-                text.push_str(&chunk);
-            }
-            (headers_at, comments, text)
-        })
-    };
+                (headers_at, comments, text)
+            })
+        };
     // A non-streamed request: nothing until its answer.
     let plain = {
         let c = c.clone();
@@ -312,7 +346,9 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
         tokio::spawn(async move {
             let r = c
                 .post(&url)
-                .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}))
+                .json(
+                    &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
+                )
                 .send()
                 .await
                 .unwrap();
@@ -363,14 +399,20 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
     assert!(comments.len() >= 6, "a comment every 5 s for 30 s: {comments:?}");
     for w in comments.windows(2) {
         let gap = w[1] - w[0];
-        assert!(gap > Duration::from_secs(4) && gap < Duration::from_secs(6), "{comments:?}");
+        assert!(
+            gap > Duration::from_secs(4) && gap < Duration::from_secs(6),
+            "{comments:?}"
+        );
     }
     assert!(text.contains("\"delta\":{\"content\":"), "{text}");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
 
     let (headers_at, status, body) = plain.await.unwrap();
     assert_eq!(status, 200, "{body}");
-    assert!(headers_at >= Duration::from_secs(30), "nothing before the answer: {headers_at:?}");
+    assert!(
+        headers_at >= Duration::from_secs(30),
+        "nothing before the answer: {headers_at:?}"
+    );
     assert_eq!(body["object"], "chat.completion");
 
     let out = py.await.unwrap();
