@@ -8,6 +8,7 @@
 //! - vLLM's development endpoints are never forwarded by the activator;
 //! - a streamed request held 30 s gets SSE keep-alive comments and then a stream the OpenAI Python client parses;
 //!   a non-streamed one gets nothing until its answer.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
