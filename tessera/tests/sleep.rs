@@ -34,7 +34,7 @@ fn sleepy_sim(extra: &[&str]) -> Tessera {
         "--model-preset",
         "opt-125m",
         "--time-scale",
-        "10",
+        "100",
         "--enable-sleep-mode",
         "--wake-up-delay",
         "300ms",
@@ -200,6 +200,22 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
     // Woken after the instruction: the sidecar waits for a newer one rather than falling asleep again.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(rest(&c, &sc).await["state"], "awake");
+
+    // A newer instruction; then a request that reaches the sleeping server directly (a router that had not seen it
+    // turn unready) is demand too: the sidecar sees it waiting in vLLM and wakes the replica.
+    instruct(&file, 1);
+    wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
+    let t0 = Instant::now();
+    let (_, text) = first_token(&c, &emu.url("/v1/completions")).await;
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "woken by the request itself: {:?}",
+        t0.elapsed()
+    );
+    // The request is answered as soon as the engine runs; the canary check completes the wake just after.
+    let woke = wait_rest(&c, &sc, "awake", Duration::from_secs(3)).await;
+    assert_eq!(woke["wakes_total"], 2, "{woke}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

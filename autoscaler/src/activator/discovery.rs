@@ -300,6 +300,7 @@ impl Discovery for StaticDiscovery {
             *req.uri_mut() = uri;
             let call = self.client.request(req);
             let (model, sidecar) = (entry.name().to_owned(), sidecar.clone());
+            let demand = entry.demand();
             let done = WakeDone {
                 waking: self.waking.clone(),
                 sidecar: sidecar.clone(),
@@ -307,7 +308,11 @@ impl Discovery for StaticDiscovery {
             tokio::spawn(async move {
                 info!(model = %model, sidecar = %sidecar, "a request is held: asking the replica to wake");
                 match tokio::time::timeout(WAKE_CALL_TIMEOUT, call).await {
-                    Ok(Ok(resp)) => debug!(sidecar = %sidecar, status = %resp.status(), "wake answered"),
+                    Ok(Ok(resp)) => {
+                        debug!(sidecar = %sidecar, status = %resp.status(), "wake answered");
+                        // Awake and checked: probe now rather than at the next held-probe tick.
+                        demand.notify_one();
+                    }
                     Ok(Err(e)) => debug!(sidecar = %sidecar, error = %e, "wake call failed"),
                     Err(_) => debug!(sidecar = %sidecar, "wake call timed out"),
                 }

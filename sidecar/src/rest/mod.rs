@@ -7,7 +7,8 @@
 //!    (nothing running or waiting) for `--rest-settle`, it records a canary answer (fixed seed, temperature 0,
 //!    a few tokens), sends `POST /sleep?level=N&mode=wait`, waits for `vllm:engine_sleep_state` to read asleep,
 //!    and measures the GPU memory freed and left (`null` where nothing measures it);
-//! 2. wakes on `POST /tessera/v1/wake` (the activator holding a request) or when the instruction is withdrawn:
+//! 2. wakes on `POST /tessera/v1/wake` (the activator holding a request), when a request reached the sleeping
+//!    server itself (vLLM shows it waiting), or when the instruction is withdrawn:
 //!    the wake sequence ([`vllm::VllmClient::wake`]), the state metric reading awake, then the canary again — a
 //!    different answer fails the replica (`failed`, `/tessera/v1/live` answers 503, the kubelet restarts vLLM).
 //!
@@ -243,9 +244,16 @@ pub async fn run(
             }
             RestState::Sleeping => {
                 let wanted = rest.wake_wanted.swap(false, Ordering::AcqRel);
-                if wanted || cmd.is_none() {
+                // A request that reached the server itself while it slept (a router that had not yet seen the
+                // replica turn unready) waits in vLLM's queue: it is demand, and nothing else would wake it.
+                let reached = !wanted
+                    && cmd.is_some()
+                    && matches!(client.page().await, Ok(p) if p.in_flight.is_some_and(|n| n > 0.0));
+                if wanted || reached || cmd.is_none() {
                     let why = if wanted {
                         "a request is waiting"
+                    } else if reached {
+                        "a request reached the sleeping server"
                     } else {
                         "the instruction was withdrawn"
                     };
