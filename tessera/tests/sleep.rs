@@ -19,6 +19,10 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use support::{Tessera, free_port, get_json, http_client};
 
+/// The tests take turns: the wake-to-first-token bound is a timing, and two cores shared with a second test's
+/// processes (or a Python interpreter starting) would measure the machine, not the wake.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The emulator's wake time in these tests.
 const WAKE: Duration = Duration::from_millis(300);
 /// Residue the emulator reports while asleep (about an H100's level-1 residue).
@@ -132,6 +136,7 @@ async fn first_token(c: &reqwest::Client, url: &str) -> (Duration, String) {
 
 #[tokio::test]
 async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
     let dir = rest_dir("wake");
     let file = dir.join("annotations");
@@ -221,6 +226,7 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
 
 #[tokio::test]
 async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
     let dir = rest_dir("faults");
     let file = dir.join("annotations");
@@ -268,6 +274,7 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
 
 #[tokio::test]
 async fn the_activator_never_forwards_development_endpoints() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
     let emu = sleepy_sim(&[]);
     let backend = format!("m={}", emu.base());
@@ -305,6 +312,7 @@ async fn the_activator_never_forwards_development_endpoints() {
 
 #[tokio::test]
 async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let python = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
