@@ -4,7 +4,9 @@
 //!
 //! - an idle replica told to sleep falls asleep; its status shows the residue and the memory freed; a request
 //!   through the activator wakes it and gets its first token within the emulator's wake time + 50 ms;
-//! - a wake whose canary answers differently fails the replica (liveness 503); a wake that hangs is bounded;
+//! - a wake whose canary answers differently fails the replica (liveness 503); a wake that hangs is bounded, and a
+//!   streamed request held for it through the activator gets keep-alives, then an OpenAI-shaped error event;
+//! - a request that reaches the sleeping server directly wakes it too;
 //! - vLLM's development endpoints are never forwarded by the activator;
 //! - a streamed request held 30 s gets SSE keep-alive comments and then a stream the OpenAI Python client parses;
 //!   a non-streamed one gets nothing until its answer.
@@ -252,21 +254,52 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
     let hung = sleepy_sim(&["--fault-wake-hang"]);
     let sc = sidecar(&hung, &file, "1s");
     wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
+    // Through the activator, a streamed request held for the hung wake: kept alive, then a clear error event.
+    let backend = format!("m={}", hung.base());
+    let side = format!("m={}", sc.base());
+    let act = Tessera::activator(&[
+        "--backend",
+        &backend,
+        "--sidecar",
+        &side,
+        "--hold-timeout",
+        "2s",
+        "--keepalive-interval",
+        "500ms",
+    ]);
+    act.wait_activator_stats("the model, not ready", Duration::from_secs(10), |s| {
+        s["models"]["default/m"]["readyBackends"] == 0
+    })
+    .await;
     let t0 = Instant::now();
+    let r = c
+        .post(act.url("/v1/completions"))
+        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 4, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "headers went out with the first keep-alive");
+    let text = r.text().await.unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "bounded by --hold-timeout: {:?}",
+        t0.elapsed()
+    );
+    assert!(text.starts_with(": tessera: waiting for a replica\n\n"), "{text}");
+    let last = text.trim_end().lines().last().unwrap();
+    let event: Value = serde_json::from_str(last.strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(event["error"]["code"], "hold_timeout", "{text}");
+    // The activator's wake call met the hang; the sidecar bounded it by --rest-timeout (1s) and failed the replica.
     let r = c.post(sc.url("/tessera/v1/wake")).send().await.unwrap();
-    let waited = t0.elapsed();
     assert_eq!(r.status(), 503);
     let failed: Value = r.json().await.unwrap();
+    assert_eq!(failed["state"], "failed", "{failed}");
     assert!(
         failed["refused"]
             .as_str()
             .unwrap()
             .contains("did not complete within 1s"),
         "{failed}"
-    );
-    assert!(
-        waited < Duration::from_secs(3),
-        "bounded by --rest-timeout: {waited:?}"
     );
     assert_eq!(status_of(&c, sc.url("/tessera/v1/live")).await, 503);
     let _ = std::fs::remove_dir_all(dir);
