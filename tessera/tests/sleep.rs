@@ -223,6 +223,21 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
     // The request is answered as soon as the engine runs; the canary check completes the wake just after.
     let woke = wait_rest(&c, &sc, "awake", Duration::from_secs(3)).await;
     assert_eq!(woke["wakes_total"], 2, "{woke}");
+
+    // The controller withdraws its instruction (the annotation is gone): the replica wakes, checked as ever.
+    instruct(&file, 2);
+    wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
+    std::fs::write(
+        &file,
+        "kubernetes.io/config.seen=\"2026-11-27T10:00:00.000000000Z\"\n",
+    )
+    .unwrap();
+    let woke = wait_rest(&c, &sc, "awake", Duration::from_secs(5)).await;
+    assert_eq!(woke["wakes_total"], 3, "{woke}");
+    assert_eq!(
+        woke["canary_failures_total"], 0,
+        "level 2's reload sequence restored the weights: {woke}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
