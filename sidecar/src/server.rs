@@ -86,7 +86,9 @@ async fn ready(State(shared): State<Arc<Shared>>) -> Response {
             format!("vLLM is not awake (sleep mode: {state:?})\n"),
         )
             .into_response()
-    } else if state.ready() {
+    } else if state.ready() && (shared.rest.status().is_none() || state.vllm_up()) {
+        // With sleep mode on, this is vLLM's own readiness probe (the webhook points it here): the last scrape
+        // must have succeeded, not only the first.
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (

@@ -160,9 +160,8 @@ pub struct StaticDiscovery {
     /// Backend URL → its sidecar's URL (`--sidecar`): readiness then also needs the sidecar's `/ready` (false while
     /// the replica sleeps or wakes), and a held request asks the sidecar to wake it.
     sidecars: std::collections::BTreeMap<String, String>,
-    /// Sidecar URLs with a wake call in flight: one call at a time per sidecar (the sidecar joins concurrent calls
-    /// into one wake anyway; this keeps a burst of held requests from opening a connection each).
-    waking: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// Wake calls to the sidecars.
+    waker: Waker,
 }
 
 /// How long a wake call may take (the sidecar answers when the replica is awake, within its own bound).
@@ -191,7 +190,7 @@ impl StaticDiscovery {
             client,
             synced: false.into(),
             sidecars: Default::default(),
-            waking: Default::default(),
+            waker: Waker::new(),
         }
     }
 
@@ -284,41 +283,74 @@ impl Discovery for StaticDiscovery {
             return;
         }
         for b in self.backends.iter().filter(|b| b.model == entry.name()) {
-            let Some(sidecar) = self.sidecars.get(&b.url) else {
-                continue;
-            };
-            if let Ok(mut w) = self.waking.lock()
-                && !w.insert(sidecar.clone())
-            {
-                continue;
+            if let Some(sidecar) = self.sidecars.get(&b.url) {
+                self.waker.wake(entry, sidecar);
             }
-            let Ok(uri) = format!("{sidecar}/tessera/v1/wake").parse::<http::Uri>() else {
-                continue;
-            };
-            let mut req = http::Request::new(Empty::<Bytes>::new());
-            *req.method_mut() = http::Method::POST;
-            *req.uri_mut() = uri;
-            let call = self.client.request(req);
-            let (model, sidecar) = (entry.name().to_owned(), sidecar.clone());
-            let demand = entry.demand();
-            let done = WakeDone {
-                waking: self.waking.clone(),
-                sidecar: sidecar.clone(),
-            };
-            tokio::spawn(async move {
-                info!(model = %model, sidecar = %sidecar, "a request is held: asking the replica to wake");
-                match tokio::time::timeout(WAKE_CALL_TIMEOUT, call).await {
-                    Ok(Ok(resp)) => {
-                        debug!(sidecar = %sidecar, status = %resp.status(), "wake answered");
-                        // Awake and checked: probe now rather than at the next held-probe tick.
-                        demand.notify_one();
-                    }
-                    Ok(Err(e)) => debug!(sidecar = %sidecar, error = %e, "wake call failed"),
-                    Err(_) => debug!(sidecar = %sidecar, "wake call timed out"),
-                }
-                drop(done);
-            });
         }
+    }
+}
+
+/// Asks sidecars to wake their replicas (`POST <sidecar>/tessera/v1/wake`), one call per sidecar at a time: the
+/// sidecar joins concurrent calls into one wake anyway, and this keeps a burst of held requests from opening a
+/// connection each.
+#[derive(Debug)]
+pub struct Waker {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    waking: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl Waker {
+    /// A waker with its own small client.
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        Self {
+            client: Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector),
+            waking: Default::default(),
+        }
+    }
+
+    /// Sends the wake to `sidecar` (base URL) for `entry` unless one is in flight; when it answers, `entry`'s
+    /// discovery is nudged so the replica is seen ready without waiting for the next probe or watch event.
+    pub fn wake(&self, entry: &ModelEntry, sidecar: &str) {
+        if let Ok(mut w) = self.waking.lock()
+            && !w.insert(sidecar.to_owned())
+        {
+            return;
+        }
+        let done = WakeDone {
+            waking: self.waking.clone(),
+            sidecar: sidecar.to_owned(),
+        };
+        let Ok(uri) = format!("{sidecar}/tessera/v1/wake").parse::<http::Uri>() else {
+            return;
+        };
+        let mut req = http::Request::new(Empty::<Bytes>::new());
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = uri;
+        let call = self.client.request(req);
+        let (model, sidecar) = (entry.name().to_owned(), sidecar.to_owned());
+        let demand = entry.demand();
+        tokio::spawn(async move {
+            info!(model = %model, sidecar = %sidecar, "a request is held: asking the replica to wake");
+            match tokio::time::timeout(WAKE_CALL_TIMEOUT, call).await {
+                Ok(Ok(resp)) => {
+                    debug!(sidecar = %sidecar, status = %resp.status(), "wake answered");
+                    // Awake and checked: look again now rather than at the next held-probe tick.
+                    demand.notify_one();
+                }
+                Ok(Err(e)) => debug!(sidecar = %sidecar, error = %e, "wake call failed"),
+                Err(_) => debug!(sidecar = %sidecar, "wake call timed out"),
+            }
+            drop(done);
+        });
+    }
+}
+
+impl Default for Waker {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -126,6 +126,13 @@ pub struct Args {
     #[arg(long = "sidecar", env = "TESSERA_SIDECARS", value_delimiter = ',')]
     pub sidecars: Vec<StaticSidecar>,
 
+    /// Kubernetes mode: the port of the replicas' sidecars (the webhook's `--sidecar-port`, 9090 by default). With it,
+    /// the first request held for a model asks the sidecar of each of its not-ready, not-terminating endpoints to
+    /// wake (`POST /tessera/v1/wake`): a sleeping replica is not ready, and wakes at once rather than when the
+    /// controller next withdraws its instruction. Without it, Kubernetes mode wakes nothing itself.
+    #[arg(long, env = "TESSERA_SIDECAR_PORT")]
+    pub sidecar_port: Option<u16>,
+
     /// A streamed request (`"stream": true`) held this long without a replica gets response headers (200,
     /// text/event-stream) and an SSE comment line, then one every interval until the stream starts, so clients
     /// and proxies with idle timeouts keep the connection. 0 turns it off. Non-streamed requests never get
@@ -297,10 +304,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     ));
 
     if args.backends.is_empty() && !args.sidecars.is_empty() {
-        // Kubernetes discovery keeps only ready endpoints and does not know the sidecar's port: it cannot wake.
         return Err(ActivatorError::Config(
-            "--sidecar pairs with --backend (static mode); in Kubernetes mode the activator does not wake sleeping \
-             replicas itself yet"
+            "--sidecar pairs with --backend (static mode); in Kubernetes mode give --sidecar-port instead"
                 .into(),
         )
         .into());
@@ -309,12 +314,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let client = tessera_runtime::kube_client::client()
             .await
             .map_err(|e| ActivatorError::KubeConfig(e.to_string()))?;
-        Arc::new(kube::KubeDiscovery::new(
-            client,
-            args.namespace.clone(),
-            args.port_name.clone(),
-            instance,
-        ))
+        Arc::new(
+            kube::KubeDiscovery::new(client, args.namespace.clone(), args.port_name.clone(), instance)
+                .with_sidecar_port(args.sidecar_port),
+        )
     } else {
         let sidecars =
             discovery::pair_sidecars(&args.backends, &args.sidecars).map_err(ActivatorError::Config)?;

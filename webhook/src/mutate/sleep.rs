@@ -3,7 +3,10 @@
 //! - a downward-API volume with the pod's annotations, which the sidecar reads (`--rest-file`): the controller's
 //!   instruction (`tessera.dev/rest`) reaches the pod only through its own annotations, never a network call;
 //! - vLLM's liveness probe on the sidecar's `/tessera/v1/live`, which fails once a sleep or a wake failed its check
-//!   (the state metric, the memory, the canary answer).
+//!   (the state metric, the memory, the canary answer);
+//! - vLLM's readiness probe on the sidecar's `/ready`, which fails while the replica falls asleep, sleeps or wakes
+//!   (vLLM's own `/health` answers 200 while asleep): the Service and the activator then treat a sleeper as not
+//!   ready, and the activator asks its sidecar to wake it (`--sidecar-port`).
 //!
 //! Not done here (stated in the docs): binding vLLM to 127.0.0.1 with the sidecar fronting the pod port, which
 //! would keep vLLM's development endpoints from other pods on the pod network. Until then they are reachable on
@@ -45,8 +48,9 @@ pub fn sidecar_parts() -> (Vec<String>, VolumeMount) {
     )
 }
 
-/// Adds the annotations volume and points the vLLM container's liveness probe at the sidecar (replacing the pod's
-/// own: a replica whose wake answered wrongly must restart, whatever else its probe checked).
+/// Adds the annotations volume and points the vLLM container's liveness and readiness probes at the sidecar
+/// (replacing the pod's own: a replica whose wake answered wrongly must restart, and a sleeping one must not be
+/// ready, whatever else its probes checked).
 pub fn apply(pod: &mut Pod, sidecar_port: u16) {
     let Some(vi) = vllm_container(pod) else {
         return;
@@ -70,16 +74,19 @@ pub fn apply(pod: &mut Pod, sidecar_port: u16) {
             ..Volume::default()
         });
     }
-    spec.containers[vi].liveness_probe = Some(Probe {
+    let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
-            path: Some("/tessera/v1/live".into()),
+            path: Some(path.into()),
             port: IntOrString::Int(i32::from(sidecar_port)),
             ..HTTPGetAction::default()
         }),
-        period_seconds: Some(5),
-        failure_threshold: Some(2),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
         ..Probe::default()
-    });
+    };
+    spec.containers[vi].liveness_probe = Some(probe("/tessera/v1/live", 5, 2));
+    // Every second, once: a woken replica turns ready within about a second of its canary passing.
+    spec.containers[vi].readiness_probe = Some(probe("/ready", 1, 1));
 }
 
 #[cfg(test)]
@@ -137,6 +144,8 @@ mod tests {
             (live.path.as_deref(), &live.port),
             (Some("/tessera/v1/live"), &IntOrString::Int(9090))
         );
+        let ready = spec.containers[0].readiness_probe.as_ref().unwrap();
+        assert_eq!(ready.http_get.as_ref().unwrap().path.as_deref(), Some("/ready"));
         let (flags, mount) = sidecar_parts();
         assert_eq!(flags, ["--rest-file", REST_FILE]);
         assert!(REST_FILE.starts_with(&mount.mount_path));
