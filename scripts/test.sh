@@ -24,8 +24,8 @@ want=()
 [ "${TESSERA_SKIP_KUBERNETES_VALIDATE:-}" = 1 ] || [ -x "$venv/bin/kubernetes-validate" ] || want+=(kubernetes-validate)
 # Python's gRPC client and protoc (grpcio-tools), for the second, independent client of the KEDA scaler.
 [ "${TESSERA_SKIP_GRPC_PYTHON:-}" = 1 ] || "$venv/bin/python" -c 'import grpc_tools' 2>/dev/null || want+=(grpcio-tools)
-# The official OpenAI Python client, for the Batch API test (tessera/tests/batch.rs runs batch_client.py). No
-# opt-out: the batch test needs it, and a failed install fails the run.
+# The official OpenAI Python client: the Batch API test (tessera/tests/batch.rs runs batch_client.py) and the
+# keep-alive stream it must parse (tessera/tests/sleep.rs). No opt-out: a failed install fails the run.
 "$venv/bin/python" -c 'import openai' 2>/dev/null || want+=(openai)
 if [ "${#want[@]}" -gt 0 ]; then
   log "installing test tools into $venv (${want[*]})"

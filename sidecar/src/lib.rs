@@ -17,6 +17,7 @@ pub mod exporter;
 pub mod gate;
 pub mod gpu;
 pub mod model;
+pub mod rest;
 pub mod scrape;
 pub mod server;
 pub mod state;
@@ -136,6 +137,9 @@ pub struct Args {
     /// The per-GPU start-up gate (fractional pods only).
     #[command(flatten)]
     pub gate: gate::GateArgs,
+    /// Sleep mode (`--rest-file`): the controller's instruction, performed and checked here.
+    #[command(flatten)]
+    pub rest: rest::RestArgs,
     /// Graceful shutdown (`--drain-period`).
     #[command(flatten)]
     pub drain: tessera_runtime::DrainArgs,
@@ -197,6 +201,11 @@ impl Args {
                 )));
             }
         }
+        if self.rest.rest_poll.is_zero() || self.rest.rest_timeout.is_zero() {
+            return Err(ConfigError::Duration(
+                "--rest-poll and --rest-timeout must be above 0".into(),
+            ));
+        }
         if self.tensor_parallel_size == 0 {
             return Err(ConfigError::Value(
                 "--tensor-parallel-size must be at least 1 (vLLM's --tensor-parallel-size)".into(),
@@ -233,6 +242,8 @@ pub struct Shared {
     pub exporter: Mutex<exporter::Exporter>,
     /// The start-up gate's status (`/startup`).
     pub gate: gate::SharedGate,
+    /// Sleep mode: the replica's state, readiness, liveness and the wake (`/tessera/v1/wake`).
+    pub rest: Arc<rest::Rest>,
 }
 
 fn unix_now() -> f64 {
@@ -278,6 +289,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         state: Mutex::new(state::State::new(settings)),
         exporter: Mutex::new(exporter::Exporter::new()),
         gate: gate::open_gate(),
+        rest: Arc::new(rest::Rest::new(args.rest.rest_file.is_some())),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -296,11 +308,37 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     let gate_task = start_gate(&args, shared.gate.clone(), shutdown.clone()).await;
+    let rest_task = if args.rest.rest_file.is_some() {
+        let client =
+            rest::vllm::VllmClient::new(&args.vllm_url, args.scrape_timeout.max(Duration::from_secs(5)))
+                .context("building the HTTP client for sleep mode")?;
+        // The device's used memory is this server's own only on a dedicated GPU; on a shared one it is unmeasured.
+        let own_gpu: Option<Box<dyn gpu::GpuProbe>> = if args.no_nvml || args.gpu_shared {
+            None
+        } else {
+            gpu::NvmlProbe::new(args.nvml_device_index)
+                .ok()
+                .map(|p| Box::new(p) as Box<dyn gpu::GpuProbe>)
+        };
+        tracing::info!(file = ?args.rest.rest_file, settle = ?args.rest.rest_settle, "sleep mode on");
+        Some(tokio::spawn(rest::run(
+            shared.rest.clone(),
+            args.rest.clone(),
+            client,
+            own_gpu,
+            shutdown.clone(),
+        )))
+    } else {
+        None
+    };
     server::serve(listener, shared, &graceful, args.conn.limits())
         .await
         .context("serving HTTP")?;
     shutdown.cancel();
     loop_task.await.context("scrape loop")?;
+    if let Some(t) = rest_task {
+        t.await.context("sleep-mode loop")?;
+    }
     if let Some(t) = gate_task {
         // The gate releases a held lease on shutdown; wait for it so the next pod on the GPU starts at once.
         let _ = t.await;

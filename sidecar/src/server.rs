@@ -1,12 +1,17 @@
-//! The sidecar's HTTP endpoints (axum): `/metrics`, `/v1/status`, `/live`, `/ready`, `/startup` (the start-up gate).
+//! The sidecar's HTTP endpoints (axum): `/metrics`, `/v1/status`, `/live`, `/ready`, `/startup` (the start-up gate),
+//! and sleep mode's `POST /tessera/v1/wake` and `GET /tessera/v1/live` (the vLLM container's liveness).
 
 use crate::Shared;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest `POST /tessera/v1/wake` waits for the wake before answering 202 (the wake goes on).
+pub const WAKE_WAIT: Duration = Duration::from_secs(30);
 
 /// The router, separate from [`serve`] so it can be exercised without a socket.
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -16,6 +21,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/live", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/startup", get(startup))
+        .route("/tessera/v1/wake", post(wake))
+        .route("/tessera/v1/live", get(vllm_live))
         .with_state(shared)
 }
 
@@ -62,14 +69,26 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
     let Ok(state) = shared.state.lock() else {
         return internal("state lock poisoned");
     };
-    axum::Json(state.status(crate::unix_now())).into_response()
+    let mut doc = state.status(crate::unix_now());
+    drop(state);
+    doc.rest = shared.rest.status();
+    axum::Json(doc).into_response()
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     let Ok(state) = shared.state.lock() else {
         return internal("state lock poisoned");
     };
-    if state.ready() {
+    if !shared.rest.ready() {
+        let state = shared.rest.status().map(|r| r.state);
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("vLLM is not awake (sleep mode: {state:?})\n"),
+        )
+            .into_response()
+    } else if state.ready() && (shared.rest.status().is_none() || state.vllm_up()) {
+        // With sleep mode on, this is vLLM's own readiness probe (the webhook points it here): the last scrape
+        // must have succeeded, not only the first.
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (
@@ -92,4 +111,32 @@ async fn startup(State(shared): State<Arc<Shared>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (code, axum::Json(gate.clone())).into_response()
+}
+
+/// `POST /tessera/v1/wake`: wakes a sleeping vLLM (what any request would cause, so harmless to expose; concurrent
+/// calls join one wake). 200 awake, 202 still waking after [`WAKE_WAIT`], 503 failed (the pod is restarting),
+/// 404 where sleep mode is off. The body is the replica's `rest` status.
+async fn wake(State(shared): State<Arc<Shared>>) -> Response {
+    use crate::rest::WakeOutcome;
+    match shared.rest.wake(WAKE_WAIT).await {
+        WakeOutcome::Off => (StatusCode::NOT_FOUND, "sleep mode is off (no --rest-file)\n").into_response(),
+        WakeOutcome::Awake(s) => (StatusCode::OK, axum::Json(s)).into_response(),
+        WakeOutcome::Pending(s) => (StatusCode::ACCEPTED, axum::Json(s)).into_response(),
+        WakeOutcome::Failed(s) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(s)).into_response(),
+    }
+}
+
+/// `GET /tessera/v1/live`: the vLLM container's liveness probe where sleep mode is on. 503 once a sleep or a
+/// wake failed its check (the state metric, the memory, the canary), so the kubelet restarts vLLM.
+async fn vllm_live(State(shared): State<Arc<Shared>>) -> Response {
+    if shared.rest.live() {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        let why = shared.rest.status().and_then(|r| r.refused).unwrap_or_default();
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("a sleep-mode check failed: {why}\n"),
+        )
+            .into_response()
+    }
 }

@@ -392,9 +392,66 @@ fn scopeguard(c: &mut Child) -> Guard<'_> {
     Guard(c)
 }
 
+/// The emulator with sleep mode served: `--enable-sleep-mode` and vLLM's `VLLM_SERVER_DEV_MODE=1`.
+fn sleepy_sim(extra: &[&str]) -> Tessera {
+    let mut args = vec![
+        "vllm-sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--served-model-name",
+        "m",
+        "--enable-sleep-mode",
+    ];
+    args.extend_from_slice(extra);
+    Tessera::start_with_env(&args, &[("VLLM_SERVER_DEV_MODE", "1")])
+}
+
+#[tokio::test]
+async fn sleep_endpoints_need_sleep_mode_and_dev_mode_as_in_vllm() {
+    let c = client();
+    for (flags, env) in [
+        (vec![], vec![]),
+        (vec!["--enable-sleep-mode"], vec![]),
+        (vec![], vec![("VLLM_SERVER_DEV_MODE", "1")]),
+    ] {
+        let mut args = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
+        args.extend(flags.iter().copied());
+        let emu = Tessera::start_with_env(&args, &env);
+        for (post, path) in [
+            (true, "/sleep?level=1"),
+            (true, "/wake_up"),
+            (false, "/is_sleeping"),
+        ] {
+            let req = if post {
+                c.post(emu.url(path))
+            } else {
+                c.get(emu.url(path))
+            };
+            assert_eq!(
+                req.send().await.unwrap().status(),
+                404,
+                "{path} with {flags:?} {env:?}"
+            );
+        }
+        assert!(
+            !metrics_text(&c, &emu)
+                .await
+                .contains("tessera_emulator_gpu_memory_used_bytes")
+        );
+    }
+}
+
+fn gpu_used(text: &str) -> f64 {
+    let page = parse_text(text);
+    page.family("tessera_emulator_gpu_memory_used_bytes")
+        .unwrap()
+        .samples[0]
+        .value
+}
+
 #[tokio::test]
 async fn sleep_pauses_the_engine_and_wake_up_resumes() {
-    let emu = Tessera::vllm_sim(&["--served-model-name", "m", "--wake-up-delay", "200ms"]);
+    let emu = sleepy_sim(&["--wake-up-delay", "200ms", "--fault-sleep-residue-bytes", "1Gi"]);
     let c = client();
     let asleep = |v: Value| v["is_sleeping"].as_bool().unwrap();
     let get = |p: &'static str| {
@@ -403,26 +460,54 @@ async fn sleep_pauses_the_engine_and_wake_up_resumes() {
         async move { c.get(u).send().await.unwrap().json::<Value>().await.unwrap() }
     };
     assert!(!asleep(get("/is_sleeping").await));
+    let awake_bytes = gpu_used(&metrics_text(&c, &emu).await);
+    assert!(
+        awake_bytes > 4e9,
+        "weights + KV of an emulated 7B model: {awake_bytes}"
+    );
     assert_eq!(
-        c.post(emu.url("/sleep?level=1")).send().await.unwrap().status(),
+        c.post(emu.url("/sleep?level=1&mode=keep"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
         200
     );
     assert!(asleep(get("/is_sleeping").await));
     let text = metrics_text(&c, &emu).await;
     assert!(text.contains("sleep_state=\"weights_offloaded\"} 1.0"), "{text}");
-    // A request sent while asleep waits, and completes after wake-up.
+    assert_eq!(gpu_used(&text), 1024.0 * 1024.0 * 1024.0, "the residue flag");
+    // mode=keep: a request sent while asleep waits, and completes after wake-up.
     let url = emu.url("/v1/completions");
     let c2 = c.clone();
     let pending = tokio::spawn(async move { stream_one(&c2, &url, "m", 50, 5).await });
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!pending.is_finished(), "no tokens while asleep");
+    // The KV cache alone wakes at once and leaves the engine paused; the weights take --wake-up-delay.
+    assert_eq!(
+        c.post(emu.url("/wake_up?tags=kv_cache"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert!(asleep(get("/is_sleeping").await), "weights still asleep");
     let t = Instant::now();
-    assert_eq!(c.post(emu.url("/wake_up")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.post(emu.url("/wake_up?tags=weights"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert!(
         t.elapsed() >= Duration::from_millis(200),
         "wake-up takes --wake-up-delay"
     );
     assert!(!asleep(get("/is_sleeping").await));
+    assert_eq!(gpu_used(&metrics_text(&c, &emu).await), awake_bytes);
     assert_eq!(
         tokio::time::timeout(Duration::from_secs(10), pending)
             .await
@@ -430,10 +515,148 @@ async fn sleep_pauses_the_engine_and_wake_up_resumes() {
             .unwrap(),
         5
     );
+    for bad in ["/sleep?level=3", "/sleep?mode=later", "/wake_up?tags=lora"] {
+        assert_eq!(c.post(emu.url(bad)).send().await.unwrap().status(), 400, "{bad}");
+    }
+}
+
+/// A seeded completion's text (the sidecar's canary).
+async fn seeded_text(c: &reqwest::Client, emu: &Tessera) -> String {
+    let v: Value = c
+        .post(emu.url("/v1/completions"))
+        .json(
+            &json!({"model": "m", "prompt": "canary", "max_tokens": 8, "temperature": 0, "seed": 7,
+            "ignore_eos": true}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
+    let emu = sleepy_sim(&["--wake-up-delay", "10ms", "--time-scale", "20"]);
+    let c = client();
+    let before = seeded_text(&c, &emu).await;
     assert_eq!(
-        c.post(emu.url("/sleep?level=3")).send().await.unwrap().status(),
-        400
+        seeded_text(&c, &emu).await,
+        before,
+        "the same seed, the same text"
     );
+    // mode=abort ends the request in flight.
+    let r = c
+        .post(emu.url("/v1/completions"))
+        .json(&json!({"model": "m", "prompt": "x", "max_tokens": 30_000, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let long = tokio::spawn(async move {
+        let mut s = r.bytes_stream();
+        let mut text = Vec::new();
+        while let Some(Ok(chunk)) = s.next().await {
+            text.extend_from_slice(&chunk);
+        }
+        String::from_utf8(text)
+            .unwrap()
+            .matches("\"finish_reason\":null")
+            .count()
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        c.post(emu.url("/sleep?level=2&mode=abort"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let got = tokio::time::timeout(Duration::from_secs(5), long)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got < 30_000, "aborted after {got} tokens");
+    // Level 2 discarded the weights: after a wake without reload_weights the answer is wrong; after it, right.
+    assert_eq!(
+        c.post(emu.url("/wake_up?tags=weights"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.post(emu.url("/wake_up?tags=kv_cache"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_ne!(seeded_text(&c, &emu).await, before, "no reload: wrong weights");
+    let r = c
+        .post(emu.url("/collective_rpc"))
+        .json(&json!({"method": "reload_weights"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        c.post(emu.url("/reset_prefix_cache"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(seeded_text(&c, &emu).await, before);
+    // mode=wait answers only once the request in flight has finished.
+    let url = emu.url("/v1/completions");
+    let c2 = c.clone();
+    let short = tokio::spawn(async move { stream_one(&c2, &url, "m", 50, 300).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        c.post(emu.url("/sleep?level=1&mode=wait"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert!(
+        short.is_finished()
+            || tokio::time::timeout(Duration::from_millis(100), short)
+                .await
+                .is_ok()
+    );
+
+    let faulty = sleepy_sim(&["--wake-up-delay", "10ms", "--fault-wake-wrong-answer"]);
+    let before = seeded_text(&c, &faulty).await;
+    assert_eq!(
+        c.post(faulty.url("/sleep?level=1"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(c.post(faulty.url("/wake_up")).send().await.unwrap().status(), 200);
+    assert_ne!(
+        seeded_text(&c, &faulty).await,
+        before,
+        "--fault-wake-wrong-answer"
+    );
+
+    let hang = sleepy_sim(&["--fault-wake-hang"]);
+    assert_eq!(
+        c.post(hang.url("/sleep?level=1")).send().await.unwrap().status(),
+        200
+    );
+    let woke = tokio::time::timeout(Duration::from_secs(2), c.post(hang.url("/wake_up")).send()).await;
+    assert!(woke.is_err(), "--fault-wake-hang: the wake never answers");
 }
 
 /// Load at one concurrency level for `dur`; returns the mean KV usage and waiting count seen, and the TTFT

@@ -136,6 +136,9 @@ pub struct SliceBackends {
     pub service: Option<String>,
     /// `http://addr:port` for each ready endpoint address.
     pub urls: Vec<String>,
+    /// The host (`10.0.0.7`, `[fd00::7]`) of each endpoint that is not ready and not terminating: a replica
+    /// starting, or one asleep, which a held request may ask to wake (`--sidecar-port`).
+    pub not_ready: Vec<String>,
 }
 
 impl SliceBackends {
@@ -150,6 +153,17 @@ impl SliceBackends {
             chosen.and_then(|p| p.port)
         });
         let ipv6 = slice.address_type == "IPv6";
+        let host = |a: &String| if ipv6 { format!("[{a}]") } else { a.clone() };
+        let not_ready = slice
+            .endpoints
+            .iter()
+            .filter(|e| {
+                let c = e.conditions.as_ref();
+                !c.and_then(|c| c.ready).unwrap_or(true) && !c.and_then(|c| c.terminating).unwrap_or(false)
+            })
+            .flat_map(|e| e.addresses.first())
+            .map(host)
+            .collect();
         let urls = match port {
             // A slice with no usable port has no backends (e.g. the Service has no matching port yet).
             None => Vec::new(),
@@ -172,6 +186,7 @@ impl SliceBackends {
         Self {
             service: labels.get(SERVICE_NAME_LABEL).cloned(),
             urls,
+            not_ready,
         }
     }
 }
@@ -191,6 +206,8 @@ pub struct Routes {
     pub backends: BTreeMap<String, Vec<String>>,
     /// Model names claimed more than once within a namespace.
     pub collisions: Vec<Collision>,
+    /// Hosts of not-ready, not-terminating endpoints per [`model_key`] (see [`SliceBackends::not_ready`]).
+    pub not_ready: BTreeMap<String, Vec<String>>,
 }
 
 impl Index {
@@ -235,12 +252,17 @@ impl Index {
         // One pass over the slices grouped by (namespace, Service), then one lookup per autoscaler: linear in the
         // number of objects, since this runs on every watch event in clusters with thousands of slices.
         let mut by_service: BTreeMap<(&str, &str), Vec<&String>> = BTreeMap::new();
+        let mut waiting: BTreeMap<(&str, &str), Vec<&String>> = BTreeMap::new();
         for (k, slice) in &self.slices {
             if let Some(svc) = &slice.service {
                 by_service
                     .entry((&k.namespace, svc))
                     .or_default()
                     .extend(&slice.urls);
+                waiting
+                    .entry((&k.namespace, svc))
+                    .or_default()
+                    .extend(&slice.not_ready);
             }
         }
         // Claims per (namespace, model), oldest first.
@@ -284,6 +306,18 @@ impl Index {
                 .flatten()
                 .map(|u| (*u).clone())
                 .collect();
+            let hosts: BTreeSet<String> = route
+                .service
+                .as_deref()
+                .and_then(|svc| waiting.get(&(namespace, svc)))
+                .into_iter()
+                .flatten()
+                .map(|h| (*h).clone())
+                .collect();
+            if !hosts.is_empty() {
+                out.not_ready
+                    .insert(model_key(namespace, model), hosts.into_iter().collect());
+            }
             out.backends
                 .insert(model_key(namespace, model), urls.into_iter().collect());
         }
@@ -358,6 +392,11 @@ pub struct KubeDiscovery {
     events_rx: Mutex<Option<mpsc::Receiver<PendingEvent>>>,
     autoscalers_synced: AtomicBool,
     slices_synced: AtomicBool,
+    /// The sidecars' port (`--sidecar-port`): with it, a held request asks each not-ready replica's sidecar to wake.
+    sidecar_port: Option<u16>,
+    /// Not-ready hosts per model key, as of the last publish.
+    not_ready: Mutex<BTreeMap<String, Vec<String>>>,
+    waker: super::discovery::Waker,
 }
 
 impl std::fmt::Debug for KubeDiscovery {
@@ -397,7 +436,16 @@ impl KubeDiscovery {
             events_rx: Mutex::new(Some(events_rx)),
             autoscalers_synced: AtomicBool::new(false),
             slices_synced: AtomicBool::new(false),
+            sidecar_port: None,
+            not_ready: Mutex::new(BTreeMap::new()),
+            waker: super::discovery::Waker::new(),
         }
+    }
+
+    /// Wakes sleeping replicas through their sidecars on this port (the webhook's `--sidecar-port`).
+    pub fn with_sidecar_port(mut self, port: Option<u16>) -> Self {
+        self.sidecar_port = port;
+        self
     }
 
     fn index(&self) -> std::sync::MutexGuard<'_, Index> {
@@ -430,6 +478,7 @@ impl KubeDiscovery {
                 router.ensure(namespace, model).replace_ready(urls);
             }
         }
+        *self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) = routes.not_ready.clone();
         for gone in router
             .keys()
             .into_iter()
@@ -568,6 +617,24 @@ impl Discovery for KubeDiscovery {
         self.autoscalers_synced.load(Ordering::Relaxed) && self.slices_synced.load(Ordering::Relaxed)
     }
 
+    fn wake(&self, entry: &ModelEntry) {
+        let Some(port) = self.sidecar_port else {
+            return;
+        };
+        let key = model_key(entry.namespace(), entry.name());
+        let hosts = self
+            .not_ready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned()
+            .unwrap_or_default();
+        // A replica still starting answers too (404 without sleep mode, or at once while awake): harmless.
+        for host in hosts {
+            self.waker.wake(entry, &format!("http://{host}:{port}"));
+        }
+    }
+
     fn collisions(&self) -> Vec<Collision> {
         self.collisions.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
@@ -625,6 +692,7 @@ mod tests {
         SliceBackends {
             service: Some(service.into()),
             urls: urls.iter().map(|u| u.to_string()).collect(),
+            not_ready: Vec::new(),
         }
     }
 
@@ -678,6 +746,25 @@ mod tests {
             "http://10.0.0.1:9090"
         );
         assert!(SliceBackends::from_slice(&s, Some("grpc")).urls.is_empty());
+        // Not ready and not terminating (starting, or asleep): a held request may ask it to wake.
+        let s = slice(
+            "ml",
+            "llama-abc",
+            "llama-vllm",
+            serde_json::json!([
+                { "addresses": ["10.0.0.4"], "conditions": { "ready": false } },
+                { "addresses": ["10.0.0.2"], "conditions": { "ready": false, "terminating": true } }
+            ]),
+        );
+        let b = SliceBackends::from_slice(&s, Some("http"));
+        assert_eq!(b.not_ready, vec!["10.0.0.4"]);
+        let mut idx = Index::default();
+        idx.apply_autoscaler(key("ml", "a"), route(&["m"], "llama-vllm", "t1"));
+        idx.apply_slice(key("ml", "s"), b);
+        assert_eq!(
+            idx.routes().not_ready.get("ml/m"),
+            Some(&vec!["10.0.0.4".to_string()])
+        );
     }
 
     #[test]
@@ -794,6 +881,7 @@ mod tests {
             let slice_for = |i: usize, n: u8| SliceBackends {
                 service: Some(if i == 3 { "other".into() } else { "svc".into() }),
                 urls: (0..n).map(|j| format!("http://10.0.{i}.{j}:8000")).collect(),
+                not_ready: Vec::new(),
             };
             let mut incremental = Index::default();
             incremental.apply_autoscaler(key("ml", "a"), route(&["m"], "svc", "t"));

@@ -37,6 +37,7 @@ use tessera_runtime::serve::nonzero_duration;
 
 pub mod batch;
 pub mod discovery;
+pub mod keepalive;
 pub mod kube;
 pub mod lanes;
 pub mod metrics;
@@ -59,7 +60,7 @@ use tessera_core::wire::activator::STATS_PATH;
 use tessera_runtime::Graceful;
 use tracing::info;
 
-use self::discovery::{Discovery, StaticBackend, StaticDiscovery};
+use self::discovery::{Discovery, StaticBackend, StaticDiscovery, StaticSidecar};
 use self::proxy::{App, Limits};
 use self::router::{Admission, Router};
 
@@ -92,6 +93,9 @@ pub enum ActivatorError {
     /// The batch store could not be opened.
     #[error("--batch-store: {0}")]
     BatchStore(batch::store::StoreError),
+    /// Flags that do not fit together (the message names them).
+    #[error("{0}")]
+    Config(String),
 }
 
 impl ActivatorError {
@@ -104,6 +108,7 @@ impl ActivatorError {
             Self::Kube(_) => "kube",
             Self::Lanes(_) => "lanes",
             Self::BatchStore(_) => "batch_store",
+            Self::Config(_) => "config",
         }
     }
 }
@@ -119,6 +124,26 @@ pub struct Args {
     /// none, backends come from Kubernetes EndpointSlices and InferenceAutoscalers.
     #[arg(long = "backend", env = "TESSERA_BACKENDS", value_delimiter = ',')]
     pub backends: Vec<StaticBackend>,
+
+    /// The sidecar of a static backend, `<model>=<url>` (repeatable; the n-th `--sidecar` of a model belongs to
+    /// its n-th `--backend`). The backend is then ready only while its sidecar's `/ready` is (a sleeping replica is
+    /// not), and the first request held for the model asks the sidecar to wake it (`POST /tessera/v1/wake`).
+    #[arg(long = "sidecar", env = "TESSERA_SIDECARS", value_delimiter = ',')]
+    pub sidecars: Vec<StaticSidecar>,
+
+    /// Kubernetes mode: the port of the replicas' sidecars (the webhook's `--sidecar-port`, 9090 by default). With it,
+    /// the first request held for a model asks the sidecar of each of its not-ready, not-terminating endpoints to
+    /// wake (`POST /tessera/v1/wake`): a sleeping replica is not ready, and wakes at once rather than when the
+    /// controller next withdraws its instruction. Without it, Kubernetes mode wakes nothing itself.
+    #[arg(long, env = "TESSERA_SIDECAR_PORT")]
+    pub sidecar_port: Option<u16>,
+
+    /// A streamed request (`"stream": true`) held this long without a replica gets response headers (200,
+    /// text/event-stream) and an SSE comment line, then one every interval until the stream starts, so clients
+    /// and proxies with idle timeouts keep the connection. 0 turns it off. Non-streamed requests never get
+    /// anything early.
+    #[arg(long, env = "TESSERA_KEEPALIVE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub keepalive_interval: Duration,
 
     /// Namespace of requests that name none (`/v1/...` rather than `/namespaces/<ns>/v1/...`) and of every
     /// `--backend`. Default: `--namespace` when set, else `default`.
@@ -290,24 +315,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         crate::unix_ms(started),
     ));
 
+    if args.backends.is_empty() && !args.sidecars.is_empty() {
+        return Err(ActivatorError::Config(
+            "--sidecar pairs with --backend (static mode); in Kubernetes mode give --sidecar-port instead"
+                .into(),
+        )
+        .into());
+    }
     let discovery: Arc<dyn Discovery> = if args.backends.is_empty() {
         let client = tessera_runtime::kube_client::client()
             .await
             .map_err(|e| ActivatorError::KubeConfig(e.to_string()))?;
-        Arc::new(kube::KubeDiscovery::new(
-            client,
-            args.namespace.clone(),
-            args.port_name.clone(),
-            instance,
-        ))
+        Arc::new(
+            kube::KubeDiscovery::new(client, args.namespace.clone(), args.port_name.clone(), instance)
+                .with_sidecar_port(args.sidecar_port),
+        )
     } else {
-        Arc::new(StaticDiscovery::new(
-            args.backends.clone(),
-            default_namespace.clone(),
-            args.health_path.clone(),
-            args.probe_interval_held,
-            args.probe_interval,
-        ))
+        let sidecars =
+            discovery::pair_sidecars(&args.backends, &args.sidecars).map_err(ActivatorError::Config)?;
+        Arc::new(
+            StaticDiscovery::new(
+                args.backends.clone(),
+                default_namespace.clone(),
+                args.health_path.clone(),
+                args.probe_interval_held,
+                args.probe_interval,
+            )
+            .with_sidecars(sidecars),
+        )
     };
     let discovery_task = tokio::spawn(discovery.clone().run(router.clone()));
     let lanes = LaneLimits {
@@ -347,6 +382,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             lane_poll_interval: args.lane_poll_interval,
             lane_retry_after: args.lane_retry_after,
             lane_priority: args.lane_priority,
+            keepalive_interval: args.keepalive_interval,
         },
         body_budget: Arc::new(tokio::sync::Semaphore::new(budget)),
         graceful: graceful.clone(),
@@ -500,7 +536,10 @@ async fn ready(State(app): State<Arc<App>>) -> Response {
     }
 }
 
-async fn not_found() -> Response {
+async fn not_found(uri: http::Uri) -> Response {
+    if let Some(dev) = proxy::dev_endpoint(uri.path()) {
+        return proxy::refuse_dev_endpoint(dev);
+    }
     let body = serde_json::json!({ "error": {
         "message": "no such route; the gateway serves POST /v1/... and /namespaces/<namespace>/v1/... (OpenAI API) \
             and GET /v1/models",

@@ -66,6 +66,48 @@ pub struct Limits {
     /// Set each request's vLLM `priority` from its lane where the body has none (only for servers started
     /// with `--scheduling-policy priority`, which refuse a non-zero priority otherwise).
     pub lane_priority: bool,
+    /// A streamed request held this long gets headers and an SSE comment, then one per interval (0: never).
+    pub keepalive_interval: Duration,
+}
+
+/// vLLM's development and admin endpoints (`VLLM_SERVER_DEV_MODE`, runtime LoRA loading): whoever reaches them can
+/// put a replica to sleep, run code on its workers or swap its adapters. Only the replica's own sidecar calls them;
+/// the gateway refuses them whatever the namespace prefix.
+pub const DEV_ENDPOINTS: &[&str] = &[
+    "/sleep",
+    "/wake_up",
+    "/is_sleeping",
+    "/collective_rpc",
+    "/reset_prefix_cache",
+    "/reset_mm_cache",
+    "/server_info",
+    "/pause",
+    "/resume",
+    "/is_paused",
+    "/scale_elastic_ep",
+    "/is_scaling_elastic_ep",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+];
+
+/// The development endpoint `path` names (namespace prefix, query and trailing slash ignored), if any.
+pub fn dev_endpoint(path: &str) -> Option<&'static str> {
+    let path = path.split('?').next().unwrap_or(path);
+    let (_, path) = namespace_and_path(path, "");
+    let path = path.trim_end_matches('/');
+    DEV_ENDPOINTS
+        .iter()
+        .copied()
+        .find(|d| d.eq_ignore_ascii_case(path))
+}
+
+/// The 404 for a development endpoint, in OpenAI's error shape.
+pub fn refuse_dev_endpoint(endpoint: &str) -> Response {
+    let body = serde_json::json!({ "error": {
+        "message": format!("`{endpoint}` is a model-server development endpoint; the gateway never forwards it (only \
+            the replica's sidecar reaches it)"),
+        "type": "invalid_request_error", "param": null, "code": "not_found" } });
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
 /// What the request path needs, shared by every connection.
@@ -437,6 +479,9 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let arrived = Instant::now();
     // Admission first: a shed request costs no body read, no parse and no memory.
     let raw_path = req.uri().path();
+    if let Some(dev) = dev_endpoint(raw_path) {
+        return refuse_dev_endpoint(dev);
+    }
     if has_dot_segment(raw_path) {
         let err = RequestError::BadPath(raw_path.to_string());
         return reject(&app, None, err);
@@ -493,7 +538,12 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         admitted,
         lane,
     };
-    forward(app, entry, request).instrument(span).await
+    let keepalive = app.limits.keepalive_interval;
+    let reply = forward(app, entry, request).instrument(span);
+    if info.stream == Some(true) && !keepalive.is_zero() {
+        return super::keepalive::respond(reply, keepalive).await;
+    }
+    reply.await
 }
 
 /// Reads the body within `--max-body-size`, `--body-read-timeout` and the shared `--max-buffered-body-bytes`
@@ -710,6 +760,8 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
                 Ok(s) => {
                     slot = Some(s);
                     held = true;
+                    // The first held request asks a sleeping replica to wake now, not at the next probe or sync.
+                    app.discovery.wake(&entry);
                 }
                 Err(HoldRefused::ModelQueueFull) => {
                     return reject(&app, Some(&entry), RequestError::QueueFull(model));
@@ -721,6 +773,7 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         } else {
             // Woken, but the backend left again before this request could take it: ask discovery once more.
             entry.demand().notify_one();
+            app.discovery.wake(&entry);
         }
         let ready = tokio::select! {
             ready = entry.wait_ready(deadline) => ready,
@@ -870,6 +923,19 @@ impl hyper::body::Body for GuardedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dev_endpoints_are_named_whatever_the_prefix() {
+        assert_eq!(dev_endpoint("/sleep"), Some("/sleep"));
+        assert_eq!(dev_endpoint("/namespaces/ml/wake_up?x=1"), Some("/wake_up"));
+        assert_eq!(
+            dev_endpoint("/v1/load_lora_adapter/"),
+            Some("/v1/load_lora_adapter")
+        );
+        assert_eq!(dev_endpoint("/COLLECTIVE_RPC"), Some("/collective_rpc"));
+        assert_eq!(dev_endpoint("/v1/chat/completions"), None);
+        assert_eq!(dev_endpoint("/v1/sleep"), None);
+    }
 
     #[test]
     fn dot_segments_are_refused_plain_or_encoded() {

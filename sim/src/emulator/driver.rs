@@ -50,6 +50,8 @@ pub enum Cmd {
     Sleep(SleepState, oneshot::Sender<()>),
     /// Resume it.
     WakeUp(oneshot::Sender<()>),
+    /// Abort every request in the engine (`/sleep?mode=abort`); replies with how many were aborted.
+    AbortAll(oneshot::Sender<usize>),
 }
 
 /// A cheap, cloneable handle to the driver task.
@@ -100,6 +102,13 @@ impl EngineHandle {
             .send(Cmd::Sleep(level, reply))
             .await
             .map_err(|_| EngineGone)?;
+        rx.await.map_err(|_| EngineGone)
+    }
+
+    /// Aborts every request in the engine (their streams end); returns how many.
+    pub async fn abort_all(&self) -> Result<usize, EngineGone> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Cmd::AbortAll(reply)).await.map_err(|_| EngineGone)?;
         rx.await.map_err(|_| EngineGone)
     }
 
@@ -207,6 +216,17 @@ async fn drive(mut engine: Engine, mut rx: mpsc::Receiver<Cmd>, time_scale: f64)
                 }
                 sleep = SleepState::Awake;
                 let _ = reply.send(());
+            }
+            Cmd::AbortAll(reply) => {
+                let now = clock.now();
+                if sleep == SleepState::Awake {
+                    engine.advance(now, &mut |ev| dispatch(ev, &mut streams, &mut gone));
+                }
+                // Dropping each stream's sender ends the client's response, as vLLM's abort does.
+                let ids: Vec<u64> = streams.drain().map(|(id, _)| id).collect();
+                let aborted = ids.into_iter().filter(|id| engine.abort(*id, now)).count();
+                info!(aborted, "aborted every request in flight");
+                let _ = reply.send(aborted);
             }
         }
     }

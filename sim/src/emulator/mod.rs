@@ -8,10 +8,12 @@
 //! - [`driver`]: the task that owns the engine.
 //! - [`openai`]: the completion endpoints.
 //! - [`metrics`]: the `/metrics` page.
+//! - [`sleep`]: sleep mode (`--enable-sleep-mode` with `VLLM_SERVER_DEV_MODE=1`) and its faults.
 
 pub mod driver;
 pub mod metrics;
 pub mod openai;
+pub mod sleep;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,11 +23,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use tokio::sync::Mutex;
 use tracing::info;
 
@@ -35,7 +36,7 @@ use driver::EngineHandle;
 
 /// vLLM's default KV block size on GPUs (the CPU backend uses 128).
 const DEFAULT_BLOCK_SIZE: u32 = 16;
-use metrics::{MetricsVersion, PageInfo, SleepState};
+use metrics::{MetricsVersion, PageInfo};
 use openai::{ApiError, Endpoint};
 
 /// How the server behaves during `--startup-delay`.
@@ -107,6 +108,9 @@ pub struct Args {
     /// stay in the model's seconds.
     #[arg(long, env = "TESSERA_TIME_SCALE", default_value_t = 1.0)]
     pub time_scale: f64,
+    /// Sleep mode and its faults.
+    #[command(flatten)]
+    pub sleep: sleep::SleepArgs,
     /// Graceful shutdown (`--drain-period`).
     #[command(flatten)]
     pub drain: tessera_runtime::DrainArgs,
@@ -150,6 +154,8 @@ pub struct AppState {
     created_unix: f64,
     /// Last scrape's (time, prompt tokens, generation tokens), for V0's average-throughput gauges.
     last_scrape: Mutex<(Instant, u64, u64)>,
+    /// Sleep mode: what is asleep, the faults, the GPU memory held.
+    sleep: sleep::SleepSurface,
 }
 
 impl AppState {
@@ -231,9 +237,15 @@ pub fn router(args: &Args, engine: Engine) -> Router {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64()),
         last_scrape: Mutex::new((Instant::now(), 0, 0)),
+        sleep: sleep::SleepSurface::new(
+            args.sleep.clone(),
+            engine.gpu_memory_used_bytes(),
+            engine.model().weights_bytes,
+        ),
         engine: EngineHandle::spawn(engine, args.time_scale),
     });
-    Router::new()
+    let served = state.sleep.served();
+    let r = Router::new()
         .route(
             "/v1/chat/completions",
             post(|State(s): State<Arc<AppState>>, body: Bytes| openai::complete(s, Endpoint::Chat, body)),
@@ -251,11 +263,10 @@ pub fn router(args: &Args, engine: Engine) -> Router {
             "/version",
             get(|| async { axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")})) }),
         )
-        .route("/metrics", get(metrics_page))
-        .route("/sleep", post(sleep))
-        .route("/wake_up", post(wake_up))
-        .route("/is_sleeping", get(is_sleeping))
-        .with_state(state)
+        .route("/metrics", get(metrics_page));
+    // vLLM registers its development endpoints only with sleep mode and VLLM_SERVER_DEV_MODE=1; otherwise 404.
+    let r = if served { sleep::routes(r) } else { r };
+    r.with_state(state)
 }
 
 /// `vllm:cache_config_info` labels of older vLLM (the V0 pages).
@@ -367,55 +378,15 @@ async fn metrics_page(State(s): State<Arc<AppState>>) -> Response {
         avg_generation_throughput: gen_tps,
         sleep,
     };
-    let body = metrics::render(&stats, &info, s.metrics_version);
+    let mut body = metrics::render(&stats, &info, s.metrics_version);
+    if s.sleep.served() {
+        body.push_str(&s.sleep.metrics_text());
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,
     )
         .into_response()
-}
-
-#[derive(Debug, Deserialize)]
-struct SleepQuery {
-    level: Option<u8>,
-}
-
-async fn sleep(State(s): State<Arc<AppState>>, Query(q): Query<SleepQuery>) -> Response {
-    let level = match q.level.unwrap_or(1) {
-        1 => SleepState::Level1,
-        2 => SleepState::Level2,
-        l => {
-            return ApiError::bad_request(format!("sleep level must be 1 or 2, got {l}"), Some("level"))
-                .into_response();
-        }
-    };
-    match s.engine.sleep(level).await {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => ApiError::unavailable(e.to_string()).into_response(),
-    }
-}
-
-async fn wake_up(State(s): State<Arc<AppState>>) -> Response {
-    let Ok((_, state)) = s.engine.stats().await else {
-        return ApiError::unavailable("the engine has stopped").into_response();
-    };
-    if state != SleepState::Awake {
-        // Reloading weights takes time; the engine stays paused meanwhile.
-        tokio::time::sleep(s.wake_up_delay).await;
-    }
-    match s.engine.wake_up().await {
-        Ok(()) => StatusCode::OK.into_response(),
-        Err(e) => ApiError::unavailable(e.to_string()).into_response(),
-    }
-}
-
-async fn is_sleeping(State(s): State<Arc<AppState>>) -> Response {
-    match s.engine.stats().await {
-        Ok((_, state)) => {
-            axum::Json(serde_json::json!({"is_sleeping": state != SleepState::Awake})).into_response()
-        }
-        Err(e) => ApiError::unavailable(e.to_string()).into_response(),
-    }
 }
 
 /// Runs `tessera vllm-sim`.

@@ -137,6 +137,8 @@ struct Parsed {
     stream: bool,
     include_usage: bool,
     ignore_eos: bool,
+    /// OpenAI's `seed`: the same seed gives the same text (as vLLM at temperature 0 does).
+    seed: Option<u64>,
 }
 
 fn get_u32(body: &Value, key: &'static str) -> Result<Option<u32>, ApiError> {
@@ -297,6 +299,12 @@ fn parse(endpoint: Endpoint, raw: &[u8]) -> Result<Parsed, ApiError> {
         stream: get_bool(&body, "stream")?,
         include_usage,
         ignore_eos: get_bool(&body, "ignore_eos")?,
+        seed: match body.get("seed") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_i64().map(|n| n as u64).ok_or_else(|| {
+                ApiError::bad_request(format!("seed must be an integer, got {v}"), Some("seed"))
+            })?),
+        },
     })
 }
 
@@ -330,7 +338,13 @@ async fn complete_inner(state: Arc<AppState>, endpoint: Endpoint, raw: Bytes) ->
         return Err(ApiError::model_not_found(&p.model));
     }
     let seq = state.next_id();
-    let mut rng = ChaCha8Rng::seed_from_u64(state.seed ^ seq.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    // A seeded request's text depends on its seed alone (and on the weights being right: the sleep surface's salt
+    // is non-zero after a wake that went wrong), so a canary sent before and after a sleep can be compared.
+    let stream_seed = match p.seed {
+        Some(seed) => seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ state.sleep.answer_salt(),
+        None => seq.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(state.seed ^ stream_seed);
     let max_model_len = state.max_model_len;
     // vLLM 0.32 caps max_tokens at what is left of the context (its default, too) instead of refusing.
     let Some(max_tokens) = crate::model::capped_max_tokens(max_model_len, p.prompt_tokens, p.max_tokens)

@@ -25,6 +25,7 @@ use tessera_autoscaler::pool::{
 use crate::vllm;
 
 mod sidecar;
+mod sleep;
 
 use sidecar::inject_sidecar;
 pub use sidecar::sidecar;

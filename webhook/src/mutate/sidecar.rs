@@ -132,10 +132,16 @@ pub fn sidecar(
             value_from: None,
         });
     }
-    let mut mounts = None;
+    let mut mounts: Option<Vec<VolumeMount>> = None;
     if let Some((dir, mount)) = vllm_c.and_then(model_volume) {
         args.extend(["--model-dir".into(), dir]);
         mounts = Some(vec![mount]);
+    }
+    // Sleep mode: the controller's instruction arrives in the pod's annotations (docs/webhook.md, "Sleep mode").
+    if vllm_c.is_some_and(super::sleep::sleep_mode) {
+        let (flags, mount) = super::sleep::sidecar_parts();
+        args.extend(flags);
+        mounts.get_or_insert_with(Vec::new).push(mount);
     }
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
@@ -190,6 +196,10 @@ pub(super) fn inject_sidecar(
     fractional: Option<(&FractionalNeed, &Placement, &str)>,
 ) {
     let container = sidecar(pod, ctx, fractional);
+    let sleeps = vllm_container(pod).is_some_and(|i| super::sleep::sleep_mode(&pod_spec(pod).containers[i]));
+    if sleeps {
+        super::sleep::apply(pod, ctx.config.sidecar_port);
+    }
     let inits = pod_spec_mut(pod).init_containers.get_or_insert_with(Vec::new);
     inits.retain(|c| c.name != SIDECAR_NAME);
     inits.push(container);
