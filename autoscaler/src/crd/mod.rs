@@ -206,9 +206,9 @@ pub struct InferenceAutoscalerSpec {
     pub workload_class: WorkloadClassSpec,
     /// vLLM sleep mode as the way back from zero: at zero, the last replica sleeps on its GPU (its weights in
     /// host memory at level 1, dropped at level 2) instead of going away, where its wake meets the TTFT objective
-    /// that a cold start would miss. The server must run with `--enable-sleep-mode` (the webhook adds it and the
-    /// dev-mode environment the sleep endpoints need, reachable by the sidecar only). Off unless set
-    /// (docs/autoscaling.md, "Sleeping replicas").
+    /// that a cold start would miss. The server must run with `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`;
+    /// the webhook then gives the sidecar the pod's instruction and points the probes at it (docs/webhook.md,
+    /// "Sleep mode"). Off unless set (docs/autoscaling.md, "Sleeping replicas").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sleep: Option<SleepSpec>,
 }
