@@ -232,6 +232,11 @@ pub struct SleepSpec {
     /// there. The sidecar still checks every wake with a canary request and restarts the pod on a wrong answer.
     #[serde(default)]
     pub allow_risky: bool,
+    /// The wake to plan for until the replicas measured one, e.g. `1s` (without it and without the model's weights
+    /// in the sidecar's `--model-dir` to estimate from, a model never sleeps a first time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub expected_wake: Option<String>,
 }
 
 impl SleepSpec {
@@ -243,6 +248,11 @@ impl SleepSpec {
                 .level
                 .and_then(tessera_core::sleep::command::SleepLevel::from_u8),
             allow_risky: self.allow_risky,
+            // The pattern above admits only what humantime reads.
+            expected_wake: self
+                .expected_wake
+                .as_deref()
+                .and_then(|w| humantime::parse_duration(w).ok()),
         }
     }
 }

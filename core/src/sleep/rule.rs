@@ -28,6 +28,9 @@ pub struct SleepPolicy {
     /// Sleep even where the sidecar found a risky combination (LoRA adapters, tensor parallel, a hybrid or
     /// sliding-window model, a vLLM outside the tested range): vLLM has shipped wrong answers after a wake there.
     pub allow_risky: bool,
+    /// The wake the spec states, used until the replicas measured one (before the first sleep, where the sidecar
+    /// cannot read the model's weights to estimate it).
+    pub expected_wake: Option<Duration>,
 }
 
 /// What the round observed about the model's sleep (from its sidecars' `rest` documents, or the scenario).
@@ -96,7 +99,7 @@ impl RestReason {
             }
             RestReason::WakeNoFaster => {
                 "a wake is no faster than a cold start here, or not known yet (no wake measured, no weights to \
-                 estimate one from): going to zero"
+                 estimate one from: set spec.sleep.expectedWake, or give the sidecar --model-dir): going to zero"
             }
             RestReason::NoSleeperRoom => {
                 "the GPU's sleeper budget is full and this model is the cheapest sleeper to lose: going to zero"
@@ -137,10 +140,11 @@ pub fn level(policy: &SleepPolicy, facts: &SleepFacts) -> SleepLevel {
     }
 }
 
-/// The wake at `level`: the longest measured, else estimated from the weights, else `None` (unknown).
-pub fn wake(level: SleepLevel, facts: &SleepFacts) -> Option<Duration> {
+/// The wake at `level`: the longest measured, else the spec's expected wake, else estimated from the weights, else
+/// `None` (unknown).
+pub fn wake(level: SleepLevel, policy: &SleepPolicy, facts: &SleepFacts) -> Option<Duration> {
     let measured = facts.measured_wake[usize::from(level.as_u8() - 1)];
-    measured.or_else(|| {
+    measured.or(policy.expected_wake).or_else(|| {
         let rate = match level {
             SleepLevel::One => ESTIMATE_H2D_BYTES_PER_SEC,
             SleepLevel::Two => ESTIMATE_RELOAD_BYTES_PER_SEC,
@@ -182,7 +186,7 @@ pub fn decide(
     // An unknown cold start (no pod measured one: the only pod is asleep, say) is no reason to drop a sleeper: a
     // wake is never slower than a start.
     let lvl = level(policy, facts);
-    let Some(w) = wake(lvl, facts).filter(|w| cold_start.is_none_or(|cold| *w < cold)) else {
+    let Some(w) = wake(lvl, policy, facts).filter(|w| cold_start.is_none_or(|cold| *w < cold)) else {
         return zero(RestReason::WakeNoFaster);
     };
     // A sleeper already asleep keeps its place; the budget decides only where a new one would go.

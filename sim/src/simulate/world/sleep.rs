@@ -29,6 +29,7 @@ impl World<'_> {
             enabled: true,
             level: Some(SleepLevel::One),
             allow_risky: false,
+            expected_wake: None,
         };
         let asleep = self.sleepers.contains_key(&m);
         // The GPU its last running replica would sleep on, and whether the budget there takes it.

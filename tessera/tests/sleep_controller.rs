@@ -1,0 +1,252 @@
+//! Sleep mode end to end through the real processes: `tessera autoscaler` against the in-memory API server
+//! (`support/apiserver.rs`), a real sidecar in front of the emulator with sleep mode, and a real activator. The
+//! test plays the kubelet and the Deployment controller: it keeps one pod per replica, copies the pod's
+//! annotations into the sidecar's downward-API file, and sets the pod's Ready condition from the sidecar's
+//! `/ready` (the readiness probe the webhook points at it).
+//!
+//! An idle model whose 28 s cold start misses its 2 s objective is kept as a sleeping pod (`/scale` stays 1, the
+//! pod annotated, `status.rest` says why), a request through the activator wakes it, and once idle again it is
+//! told to sleep anew with a later instruction.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+mod support;
+use support::apiserver::ApiServer;
+use support::{Killed, Tessera, free_port, get_json, http_client};
+
+const PODS: &str = "v1/pods";
+const DEPLOYMENTS: &str = "apps/v1/deployments";
+const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
+
+/// The kubelet's downward-API file: every annotation, Go-quoted (`key="value"` per line).
+fn write_annotations(file: &Path, pod: &Value) {
+    let mut text = String::new();
+    if let Some(a) = pod["metadata"]["annotations"].as_object() {
+        for (k, v) in a {
+            text.push_str(&format!(
+                "{k}={}\n",
+                serde_json::to_string(v.as_str().unwrap_or_default()).unwrap()
+            ));
+        }
+    }
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, file).unwrap();
+}
+
+fn pod(name: &str, sidecar_port: u16, ready: bool) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "labels": {"app": "llama"}, "creationTimestamp": "2026-01-01T00:00:00Z",
+                        "annotations": {"tessera.dev/sidecar-port": sidecar_port.to_string()}},
+           "status": {"podIP": "127.0.0.1", "phase": "Running",
+                      "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+                                      "lastTransitionTime": "2026-01-01T00:00:28Z"}]}})
+}
+
+#[tokio::test]
+async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
+    let c = http_client(Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("annotations");
+    std::fs::write(&file, "").unwrap();
+    let emu = Tessera::start_with_env(
+        &[
+            "vllm-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--served-model-name",
+            "m",
+            "--model-preset",
+            "opt-125m",
+            "--time-scale",
+            "100",
+            "--enable-sleep-mode",
+            "--wake-up-delay",
+            "300ms",
+            "--fault-sleep-residue-bytes",
+            "1503238553",
+        ],
+        &[("VLLM_SERVER_DEV_MODE", "1")],
+    );
+    let sc = Tessera::quick_sidecar(
+        &emu.base(),
+        &[
+            "--rest-file",
+            file.to_str().unwrap(),
+            "--rest-poll",
+            "50ms",
+            "--rest-settle",
+            "200ms",
+        ],
+        &[],
+    );
+    let sidecar_port: u16 = sc.base().rsplit(':').next().unwrap().parse().unwrap();
+    let act = Tessera::activator(&[
+        "--backend",
+        &format!("m={}", emu.base()),
+        "--sidecar",
+        &format!("m={}", sc.base()),
+        "--probe-interval",
+        "50ms",
+        "--hold-timeout",
+        "20s",
+    ]);
+
+    let api = ApiServer::start().await;
+    api.put(
+        IAS,
+        "default",
+        json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+               "metadata": {"name": "llama", "uid": "u-1", "generation": 1},
+               "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 0,
+                        "maxReplicas": 2, "scaleToZero": {"idleAfter": "2s"}, "modelNames": ["m"],
+                        "ttftSlo": "2s", "sleep": {"enabled": true, "level": 1, "expectedWake": "500ms"}}}),
+    );
+    api.put(
+        DEPLOYMENTS,
+        "default",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"},
+               "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "llama"}}}}),
+    );
+    api.put(PODS, "default", pod("llama-0", sidecar_port, true));
+
+    // The kubelet and the Deployment controller.
+    let kube = api.clone();
+    let (kfile, kc, ready_url) = (file.clone(), c.clone(), sc.url("/ready"));
+    let kubelet = tokio::spawn(async move {
+        let mut seen = String::new();
+        loop {
+            let want = kube
+                .get(DEPLOYMENTS, "default", "llama")
+                .and_then(|d| d["spec"]["replicas"].as_i64())
+                .unwrap_or(0);
+            if want == 0 {
+                kube.delete_object(PODS, "default", "llama-0");
+            }
+            if let Some(mut p) = kube.get(PODS, "default", "llama-0") {
+                let annotations = p["metadata"]["annotations"].to_string();
+                if annotations != seen {
+                    write_annotations(&kfile, &p);
+                    seen = annotations;
+                }
+                let ready = kc
+                    .get(&ready_url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                let now = if ready { "True" } else { "False" };
+                if p["status"]["conditions"][0]["status"] != now {
+                    p["status"]["conditions"][0]["status"] = json!(now);
+                    kube.put(PODS, "default", p);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+
+    let metrics_port = free_port();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let _autoscaler = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "autoscaler",
+                "--sync-period",
+                "1s",
+                "--activator-poll-interval",
+                "300ms",
+                "--retry-period",
+                "500ms",
+            ])
+            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+            .args(["--lease-namespace", "default", "--identity", "test-0"])
+            .args(["--activator-url", &act.base()])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start tessera autoscaler"),
+    );
+
+    // A first request, then nothing: once idle the controller keeps the pod and tells it to sleep.
+    let r = c
+        .post(act.url("/v1/completions"))
+        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let first = loop {
+        let rest = get_json(&c, &sc.url("/v1/status")).await["rest"].clone();
+        let status = api
+            .get(IAS, "default", "llama")
+            .map(|o| o["status"].clone())
+            .unwrap_or_default();
+        if rest["state"] == "sleeping" && status["rest"]["sleeping"] == 1 {
+            assert_eq!(status["rest"]["atZero"], "sleep", "{status}");
+            assert_eq!(status["rest"]["reason"], "wake_shortens_cold_start", "{status}");
+            break api.get(PODS, "default", "llama-0").unwrap()["metadata"]["annotations"]["tessera.dev/rest"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never slept: sidecar {rest}, status {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(first.starts_with("sleep level=1 since="), "{first}");
+    let replicas =
+        |api: &ApiServer| api.get(DEPLOYMENTS, "default", "llama").unwrap()["spec"]["replicas"].as_i64();
+    assert_eq!(replicas(&api), Some(1), "the sleeping pod is kept");
+    assert!(
+        api.list("events.k8s.io/v1/events")
+            .iter()
+            .any(|e| e["reason"] == "Sleeping"),
+        "a Sleeping event"
+    );
+
+    // A request through the activator wakes it.
+    let t0 = Instant::now();
+    let r = c
+        .post(act.url("/v1/completions"))
+        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    println!(
+        "a request through the activator to the sleeping replica was answered in {:.0} ms",
+        waited.as_secs_f64() * 1e3
+    );
+
+    // Idle again: a later instruction, and asleep once more; the pod was never deleted.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let rest = get_json(&c, &sc.url("/v1/status")).await["rest"].clone();
+        let now = api.get(PODS, "default", "llama-0").unwrap()["metadata"]["annotations"]["tessera.dev/rest"]
+            .clone();
+        if rest["state"] == "sleeping" && rest["wakes_total"] == 1 && now.as_str().is_some_and(|n| n != first)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never slept again: sidecar {rest}, instruction {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(replicas(&api), Some(1));
+    kubelet.abort();
+}
