@@ -289,7 +289,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         state: Mutex::new(state::State::new(settings)),
         exporter: Mutex::new(exporter::Exporter::new()),
         gate: gate::open_gate(),
-        rest: Arc::new(rest::Rest::new(args.rest.rest_file.is_some())),
+        rest: Arc::new(rest::Rest::new(
+            args.rest.rest_file.is_some(),
+            args.rest.sleep_risks.clone(),
+        )),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -417,6 +420,9 @@ async fn scrape_loop(
                         Ok(files) => {
                             tracing::info!(dir = %dir.display(), geometry = ?files.geometry,
                                 "read the model's config.json");
+                            if let Some(risk) = &files.sleep_risk {
+                                shared.rest.add_risk(risk.clone());
+                            }
                             if let Err(e) = &files.weights {
                                 tracing::warn!(error = %e, "the model's weight bytes are unknown");
                             }

@@ -75,6 +75,8 @@ pub struct ModelFiles {
     /// Weight bytes on disk (`None` when the model has no safetensors files, e.g. `.bin` checkpoints), or why
     /// they could not be read; the geometry is still used then.
     pub weights: Result<Option<TensorBytes>, ModelDirError>,
+    /// What makes sleep mode risky for this model (a hybrid or sliding-window one, `core::sleep::risk`).
+    pub sleep_risk: Option<String>,
 }
 
 impl ModelFiles {
@@ -204,7 +206,14 @@ pub fn read_model_dir(dir: &Path) -> Result<ModelFiles, ModelDirError> {
         source,
     })?;
     let weights = read_weights(dir, &geometry);
-    Ok(ModelFiles { geometry, weights })
+    let sleep_risk = serde_json::from_str(&text)
+        .ok()
+        .and_then(|v| tessera_core::sleep::risk::from_model_config(&v));
+    Ok(ModelFiles {
+        geometry,
+        weights,
+        sleep_risk,
+    })
 }
 
 #[cfg(test)]

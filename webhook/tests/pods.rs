@@ -341,6 +341,54 @@ fn the_workload_class_sets_the_sidecars_recommendation_knobs() {
     assert_eq!(sidecar_args(Some("bursty")), plain);
 }
 
+/// Sleep mode: a vLLM started with `--enable-sleep-mode` gets the annotations file on its sidecar, and what makes
+/// sleep risky on it (`core::sleep::risk`) reaches the sidecar as `--sleep-risk`, which reports it for the
+/// controller to weigh against `spec.sleep.allowRisky`.
+#[test]
+fn sleep_mode_hands_the_sidecar_its_instruction_file_and_the_servers_risks() {
+    let cfg = config();
+    let p = policy("whole", "Off");
+    let ctx = Context {
+        config: &cfg,
+        policy: Some(&p),
+        placement: None,
+    };
+    let mut raw = load("production-stack-llama3.yaml");
+    raw["spec"]["containers"][0]["image"] = json!("vllm/vllm-openai:v0.11.0");
+    let cmd = raw["spec"]["containers"][0]["command"].as_array_mut().unwrap();
+    cmd.push(json!("--enable-sleep-mode"));
+    let (plain, _) = run(&raw, &ctx);
+    let args = containers(&plain, "initContainers").pop().unwrap().args.unwrap();
+    assert_eq!(
+        flag(&args, "--rest-file").as_deref(),
+        Some("/etc/tessera/podinfo/annotations")
+    );
+    assert_eq!(
+        flag(&args, "--sleep-risk"),
+        None,
+        "a plain server in the range: no risk"
+    );
+    let cmd = raw["spec"]["containers"][0]["command"].as_array_mut().unwrap();
+    cmd.extend([
+        json!("--enable-lora"),
+        json!("--tensor-parallel-size"),
+        json!("2"),
+    ]);
+    let (risky, _) = run(&raw, &ctx);
+    let args = containers(&risky, "initContainers").pop().unwrap().args.unwrap();
+    let risks: Vec<&String> = args
+        .iter()
+        .zip(args.iter().skip(1))
+        .filter(|(f, _)| *f == "--sleep-risk")
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(risks.len(), 2, "{args:?}");
+    assert!(
+        risks[0].starts_with("LoRA") && risks[1].starts_with("tensor parallel (2 GPUs)"),
+        "{risks:?}"
+    );
+}
+
 #[test]
 fn real_pods_fractional_mode() {
     let cfg = config();

@@ -48,7 +48,14 @@ pub fn facts(docs: &[&SidecarStatus]) -> (SleepFacts, u32) {
     }
     let facts = SleepFacts {
         asleep: sleeping > 0,
-        refused: rests.iter().find_map(|r| r.refused.clone()),
+        // The server's risky set-ups (the rule sleeps such a model only with `spec.sleep.allowRisky`), or a
+        // sidecar that would not carry out an instruction (a server without /sleep, no canary answer): safe,
+        // since the model then keeps a warm replica wherever its floor asks for one.
+        refused: rests
+            .iter()
+            .find(|r| !r.risks.is_empty())
+            .map(|r| r.risks.join("; "))
+            .or_else(|| rests.iter().find_map(|r| r.refused.clone())),
         measured_wake,
         weights_bytes: docs
             .iter()
@@ -192,6 +199,11 @@ mod tests {
         assert!(f.asleep);
         assert_eq!(f.measured_wake, [Some(Duration::from_millis(900)), None]);
         assert_eq!(f.refused.as_deref(), Some("LoRA adapters"));
+        let risky = doc(serde_json::json!({"state": "awake", "risks": ["tensor parallel (2 GPUs)", "LoRA"]}));
+        assert_eq!(
+            facts(&[&b, &risky]).0.refused.as_deref(),
+            Some("tensor parallel (2 GPUs); LoRA")
+        );
         let (none, n) = facts(&[]);
         assert_eq!((none.asleep, n), (false, 0));
     }

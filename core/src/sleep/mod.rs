@@ -14,4 +14,5 @@
 //!   ([`crate::wire::sidecar::RestStatus`]); a wake is asked of the sidecar by the activator holding a request.
 
 pub mod command;
+pub mod risk;
 pub mod rule;

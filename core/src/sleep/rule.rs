@@ -92,7 +92,9 @@ impl RestReason {
         match self {
             RestReason::SleepModeOff => "sleep mode is off (spec.sleep.enabled): an idle model goes to zero",
             RestReason::Refused => {
-                "a replica refuses to sleep (see its sidecar's rest.refused); set spec.sleep.allowRisky to sleep anyway"
+                "a replica's server is risky to sleep (its sidecar's rest.risks: LoRA, tensor parallel, an untested vLLM, a \
+                 hybrid model) or its sidecar would not sleep it (rest.refused); set spec.sleep.allowRisky to sleep a \
+                 risky one anyway"
             }
             RestReason::ColdStartMeetsObjective => {
                 "the cold start meets the TTFT objective: going to zero holds nothing on the GPU"

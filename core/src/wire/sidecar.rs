@@ -102,6 +102,10 @@ pub struct RestStatus {
     /// it will.
     #[serde(default)]
     pub refused: Option<String>,
+    /// Risky set-ups found in the server's command line, image and model (`core::sleep::risk`): the controller
+    /// does not put the replica to sleep unless the spec opts in (`spec.sleep.allowRisky`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub risks: Vec<String>,
 }
 
 /// The states of [`RestStatus::state`].

@@ -58,6 +58,11 @@ pub struct RestArgs {
     /// the replica's liveness.
     #[arg(long, env = "TESSERA_REST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub rest_timeout: Duration,
+    /// A risky set-up of this server for sleep mode (repeatable; the webhook passes what `core::sleep::risk` finds
+    /// in vLLM's command line and image). Reported as `rest.risks`; the controller decides whether to sleep anyway
+    /// (`spec.sleep.allowRisky`).
+    #[arg(long = "sleep-risk")]
+    pub sleep_risks: Vec<String>,
 }
 
 /// What the HTTP server shares with the loop.
@@ -84,14 +89,27 @@ pub enum WakeOutcome {
 }
 
 impl Rest {
-    /// Sleep mode on when `enabled`.
-    pub fn new(enabled: bool) -> Self {
+    /// Sleep mode on when `enabled`, with the server's `risks` (reported, not acted on here).
+    pub fn new(enabled: bool, risks: Vec<String>) -> Self {
+        let mut tracker = Tracker::new();
+        tracker.set_risks(risks);
         Self {
             enabled,
-            tracker: Mutex::new(Tracker::new()),
+            tracker: Mutex::new(tracker),
             wake_wanted: AtomicBool::new(false),
             kick: Notify::new(),
             changed: watch::Sender::new(0),
+        }
+    }
+
+    /// A risk found later (the model directory's config, read once it is there); added once.
+    pub fn add_risk(&self, risk: String) {
+        if let Ok(mut t) = self.tracker.lock() {
+            let mut risks = t.status().risks.clone();
+            if !risks.contains(&risk) {
+                risks.push(risk);
+                t.set_risks(risks);
+            }
         }
     }
 

@@ -38,11 +38,17 @@ impl Tracker {
                 wakes_total: 0,
                 canary_failures_total: 0,
                 refused: None,
+                risks: Vec::new(),
             },
             last_wake_ms: None,
             given_up_on: None,
             idle_since_ms: None,
         }
+    }
+
+    /// The risks of this server for sleep mode, as found outside the sidecar and from its model directory.
+    pub fn set_risks(&mut self, risks: Vec<String>) {
+        self.status.risks = risks;
     }
 
     /// The status document's `rest`.

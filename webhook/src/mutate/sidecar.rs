@@ -138,9 +138,14 @@ pub fn sidecar(
         mounts = Some(vec![mount]);
     }
     // Sleep mode: the controller's instruction arrives in the pod's annotations (docs/webhook.md, "Sleep mode").
-    if vllm_c.is_some_and(super::sleep::sleep_mode) {
+    if let Some(c) = vllm_c.filter(|c| super::sleep::sleep_mode(c)) {
         let (flags, mount) = super::sleep::sidecar_parts();
         args.extend(flags);
+        // What makes sleep risky on this server (LoRA, tensor parallel, an untested vLLM): the sidecar reports
+        // it and the controller sleeps it only with spec.sleep.allowRisky.
+        for risk in tessera_core::sleep::risk::from_command(&crate::vllm::words(c), c.image.as_deref()) {
+            args.extend(["--sleep-risk".into(), risk]);
+        }
         mounts.get_or_insert_with(Vec::new).push(mount);
     }
     let probe = |path: &str, period: i32, failures: i32| Probe {
