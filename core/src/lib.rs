@@ -20,7 +20,8 @@
 //! - [`lease`]: the Lease rule shared by leader election and the start-up gate.
 //! - [`wire`]: the JSON documents one role serves and another reads (sidecar status, activator stats).
 //! - [`class`]: a model's workload class (real-time, near-real-time, batch) and the policy defaults it supplies.
-//! - [`sleep`]: sleeping replicas (vLLM sleep mode): keep warm, sleep or go to zero, and the pod's instruction.
+//! - [`sleep`]: sleeping replicas (vLLM sleep mode): sleep or go to zero at rest (`sleep::rule`), the pod's
+//!   instruction (`sleep::command`), risky set-ups (`sleep::risk`); the sleeper budget is `pack::sleeping`.
 //! - [`workload`]: the class as the GPU workloads page shows it.
 //! - [`batch`]: the OpenAI Batch API's rules: the batch object's statuses, validating an input line, which lines
 //!   are answered, and pacing a batch to its deadline on the cheapest capacity.

@@ -47,7 +47,7 @@ pub struct SleepFacts {
     /// Host memory free on the node for a pinned copy of the weights (level 1); `None` when unknown.
     pub host_free_bytes: Option<u64>,
     /// The pool cannot keep another sleeper where this model's replica runs: its GPU's sleeper budget is full and
-    /// this model is the cheapest sleeper to lose there ([`crate::pack::sleeping::evict`]).
+    /// this model is the cheapest sleeper to lose there ([`crate::pack::sleeping::admit`]).
     pub no_room: bool,
     /// The GPU the model's last running replica is on holds no other running replica. A sleeper there would be
     /// all that keeps the GPU: it saves nothing a warm replica does not, and it is lost when the idle GPU is given
