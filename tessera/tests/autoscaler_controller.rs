@@ -8,7 +8,7 @@
 //! zero when a request is held at the activator. Everything is bounded by timeouts and the child is killed on drop.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -215,26 +215,7 @@ fn start_autoscaler_as(
         ),
     )
     .expect("write kubeconfig");
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "autoscaler",
-            "--sync-period",
-            "1s",
-            "--activator-poll-interval",
-            "300ms",
-            "--retry-period",
-            "500ms",
-        ])
-        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-        .args(["--lease-namespace", "default", "--identity", identity])
-        .args(extra)
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "info,kube=warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start tessera autoscaler");
-    Killed(child)
+    support::start_autoscaler(identity, &kubeconfig, metrics_port, extra)
 }
 
 /// Waits until `ready_url` answers 200 (at most 20 s).

@@ -30,27 +30,6 @@ const WAKE: Duration = Duration::from_millis(300);
 /// Residue the emulator reports while asleep (about an H100's level-1 residue).
 const RESIDUE: u64 = 1_503_238_553; // 1.4 GiB
 
-fn sleepy_sim(extra: &[&str]) -> Tessera {
-    let mut args = vec![
-        "vllm-sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--served-model-name",
-        "m",
-        "--model-preset",
-        "opt-125m",
-        "--time-scale",
-        "100",
-        "--enable-sleep-mode",
-        "--wake-up-delay",
-        "300ms",
-        "--fault-sleep-residue-bytes",
-        "1503238553",
-    ];
-    args.extend_from_slice(extra);
-    Tessera::start_with_env(&args, &[("VLLM_SERVER_DEV_MODE", "1")])
-}
-
 /// A fresh directory for one test's annotations file.
 fn rest_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tessera-sleep-{name}-{}", std::process::id()));
@@ -142,7 +121,7 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
     let c = http_client(Duration::from_secs(30));
     let dir = rest_dir("wake");
     let file = dir.join("annotations");
-    let emu = sleepy_sim(&[]);
+    let emu = Tessera::sleepy_sim(&[]);
     let sc = sidecar(&emu, &file, "5s");
     let backend = format!("m={}", emu.base());
     let side = format!("m={}", sc.base());
@@ -266,7 +245,7 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
     let dir = rest_dir("faults");
     let file = dir.join("annotations");
     instruct(&file, 2);
-    let wrong = sleepy_sim(&["--fault-wake-wrong-answer"]);
+    let wrong = Tessera::sleepy_sim(&["--fault-wake-wrong-answer"]);
     let sc = sidecar(&wrong, &file, "5s");
     assert_eq!(status_of(&c, sc.url("/tessera/v1/live")).await, 200);
     let asleep = wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
@@ -284,7 +263,7 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
     );
     assert_eq!(status_of(&c, sc.url("/ready")).await, 503);
 
-    let hung = sleepy_sim(&["--fault-wake-hang"]);
+    let hung = Tessera::sleepy_sim(&["--fault-wake-hang"]);
     let sc = sidecar(&hung, &file, "1s");
     wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
     // Through the activator, a streamed request held for the hung wake: kept alive, then a clear error event.
@@ -342,7 +321,7 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
 async fn the_activator_never_forwards_development_endpoints() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
-    let emu = sleepy_sim(&[]);
+    let emu = Tessera::sleepy_sim(&[]);
     let backend = format!("m={}", emu.base());
     let act = Tessera::activator(&["--backend", &backend]);
     for path in [

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::ApiServer;
-use support::{Killed, Tessera, free_port, get_json, http_client};
+use support::{Tessera, free_port, get_json, http_client};
 
 const PODS: &str = "v1/pods";
 const DEPLOYMENTS: &str = "apps/v1/deployments";
@@ -54,25 +54,7 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("annotations");
     std::fs::write(&file, "").unwrap();
-    let emu = Tessera::start_with_env(
-        &[
-            "vllm-sim",
-            "--listen",
-            "127.0.0.1:0",
-            "--served-model-name",
-            "m",
-            "--model-preset",
-            "opt-125m",
-            "--time-scale",
-            "100",
-            "--enable-sleep-mode",
-            "--wake-up-delay",
-            "300ms",
-            "--fault-sleep-residue-bytes",
-            "1503238553",
-        ],
-        &[("VLLM_SERVER_DEV_MODE", "1")],
-    );
+    let emu = Tessera::sleepy_sim(&[]);
     let sc = Tessera::quick_sidecar(
         &emu.base(),
         &[
@@ -151,25 +133,11 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
 
     let metrics_port = free_port();
     let kubeconfig = api.kubeconfig(dir.path());
-    let _autoscaler = Killed(
-        std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args([
-                "autoscaler",
-                "--sync-period",
-                "1s",
-                "--activator-poll-interval",
-                "300ms",
-                "--retry-period",
-                "500ms",
-            ])
-            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-            .args(["--lease-namespace", "default", "--identity", "test-0"])
-            .args(["--activator-url", &act.base()])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .expect("start tessera autoscaler"),
+    let _autoscaler = support::start_autoscaler(
+        "test-0",
+        &kubeconfig,
+        metrics_port,
+        &["--activator-url", &act.base()],
     );
 
     // A first request, then nothing: once idle the controller keeps the pod and tells it to sleep.

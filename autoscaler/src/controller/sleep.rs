@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tessera_core::round::Round;
-use tessera_core::sleep::command::{ANNOTATION, RestCommand};
+use tessera_core::sleep::command::{self, ANNOTATION, Instruct, RestCommand};
 use tessera_core::sleep::rule::SleepFacts;
 use tessera_core::wire::sidecar::{RestState, SidecarStatus};
 use tracing::warn;
@@ -94,33 +94,19 @@ pub async fn instruct(
     let params = PatchParams::default();
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
         let name = pod.name_any();
-        let has = instruction(pod);
-        let woke_after = |c: &RestCommand| {
-            docs.iter().any(|(n, d)| {
-                n == &name
-                    && d.rest.as_ref().is_some_and(|x| {
-                        x.state == RestState::Awake
-                            && x.since.is_some_and(|s| s * 1000.0 > c.since_unix_ms as f64)
-                    })
-            })
-        };
-        let value = match (r.sleeps(), rest.sleep, has) {
-            (true, Some(level), None) => Some(
-                RestCommand {
-                    level,
-                    since_unix_ms: now_ms,
-                }
-                .to_string(),
-            ),
-            (true, Some(level), Some(c)) if c.level != level || woke_after(&c) => Some(
-                RestCommand {
-                    level,
-                    since_unix_ms: now_ms,
-                }
-                .to_string(),
-            ),
-            (false, _, Some(_)) => None,
-            _ => continue,
+        // When its sidecar last turned awake: a pod woken after its instruction (demand came) gets a fresh one.
+        let awake_since_ms = docs
+            .iter()
+            .filter(|(n, _)| n == &name)
+            .filter_map(|(_, d)| d.rest.as_ref())
+            .find(|x| x.state == RestState::Awake)
+            .and_then(|x| x.since)
+            .map(|s| s * 1000.0);
+        let sleep = rest.sleep.filter(|_| r.sleeps());
+        let value = match command::instruct(sleep, instruction(pod), awake_since_ms, now_ms) {
+            Instruct::Keep => continue,
+            Instruct::Write(c) => Some(c.to_string()),
+            Instruct::Clear => None,
         };
         let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
         match api.patch(&name, &params, &Patch::Merge(&patch)).await {

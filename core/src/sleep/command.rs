@@ -111,9 +111,82 @@ impl FromStr for RestCommand {
     }
 }
 
+/// What to do with one pod's instruction after a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Instruct {
+    /// Leave the annotation as it is.
+    Keep,
+    /// Write this instruction.
+    Write(RestCommand),
+    /// Take the annotation off: the model does not sleep now, and a woken pod serving rising traffic must not fall
+    /// asleep on an old instruction.
+    Clear,
+}
+
+/// The pod's instruction after a round that chose `sleep` (the level the model sleeps at zero, `None` when it does
+/// not sleep now), given the pod's `current` instruction and when its sidecar last turned awake (`awake_since_ms`,
+/// Unix ms): a pod with none, one at another level, or one woken after its instruction (demand came) gets a fresh
+/// one dated `now_ms`.
+pub fn instruct(
+    sleep: Option<SleepLevel>,
+    current: Option<RestCommand>,
+    awake_since_ms: Option<f64>,
+    now_ms: u64,
+) -> Instruct {
+    let fresh = |level| {
+        Instruct::Write(RestCommand {
+            level,
+            since_unix_ms: now_ms,
+        })
+    };
+    match (sleep, current) {
+        (Some(level), None) => fresh(level),
+        (Some(level), Some(c))
+            if c.level != level || awake_since_ms.is_some_and(|t| t > c.since_unix_ms as f64) =>
+        {
+            fresh(level)
+        }
+        (None, Some(_)) => Instruct::Clear,
+        _ => Instruct::Keep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_gets_a_fresh_instruction_only_when_it_has_none_or_woke_since() {
+        let c = RestCommand {
+            level: SleepLevel::One,
+            since_unix_ms: 1_000,
+        };
+        let one = Some(SleepLevel::One);
+        assert_eq!(
+            instruct(one, None, None, 5_000),
+            Instruct::Write(RestCommand {
+                since_unix_ms: 5_000,
+                ..c
+            })
+        );
+        assert_eq!(instruct(one, Some(c), Some(500.0), 5_000), Instruct::Keep);
+        assert_eq!(
+            instruct(one, Some(c), Some(2_000.0), 5_000),
+            Instruct::Write(RestCommand {
+                since_unix_ms: 5_000,
+                ..c
+            })
+        );
+        assert_eq!(
+            instruct(Some(SleepLevel::Two), Some(c), None, 5_000),
+            Instruct::Write(RestCommand {
+                level: SleepLevel::Two,
+                since_unix_ms: 5_000
+            })
+        );
+        assert_eq!(instruct(None, Some(c), None, 5_000), Instruct::Clear);
+        assert_eq!(instruct(None, None, None, 5_000), Instruct::Keep);
+    }
 
     #[test]
     fn round_trips_and_names_what_is_wrong() {

@@ -93,6 +93,29 @@ impl Tessera {
         Self::start_with_env(&args, env)
     }
 
+    /// The emulator with vLLM's sleep mode on (`--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`), serving `m`
+    /// (opt-125m at 100× speed), waking in 300 ms and keeping 1.4 GiB (an H100's level-1 residue) while asleep.
+    pub fn sleepy_sim(extra: &[&str]) -> Tessera {
+        let mut args = vec![
+            "vllm-sim",
+            "--listen",
+            "127.0.0.1:0",
+            "--served-model-name",
+            "m",
+            "--model-preset",
+            "opt-125m",
+            "--time-scale",
+            "100",
+            "--enable-sleep-mode",
+            "--wake-up-delay",
+            "300ms",
+            "--fault-sleep-residue-bytes",
+            "1503238553",
+        ];
+        args.extend_from_slice(extra);
+        Tessera::start_with_env(&args, &[("VLLM_SERVER_DEV_MODE", "1")])
+    }
+
     /// As [`Tessera::start`], with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Tessera {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
@@ -279,4 +302,34 @@ impl Tessera {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// `tessera autoscaler` as `identity`, against the API in `kubeconfig`, deciding every second and reading the
+/// activators every 300 ms, with its metrics on `metrics_port`; killed on drop.
+pub fn start_autoscaler(
+    identity: &str,
+    kubeconfig: &std::path::Path,
+    metrics_port: u16,
+    extra: &[&str],
+) -> Killed {
+    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "autoscaler",
+            "--sync-period",
+            "1s",
+            "--activator-poll-interval",
+            "300ms",
+            "--retry-period",
+            "500ms",
+        ])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
+        .args(["--lease-namespace", "default", "--identity", identity])
+        .args(extra)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,kube=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start tessera autoscaler");
+    Killed(child)
 }
