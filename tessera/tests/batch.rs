@@ -537,18 +537,7 @@ const PHASE: Duration = Duration::from_secs(30);
 async fn a_running_batch_leaves_real_time_ttft_within_ten_percent() {
     let _alone = TIMING.write().await;
     use support::realtime::{ms, one_realtime, p95, realtime_load};
-    let sim = Tessera::vllm_sim(&[
-        "--served-model-name",
-        "llama",
-        "--model-preset",
-        "llama-3.1-8b",
-        "--kv-cache-memory-bytes",
-        "4Gi",
-        "--max-model-len",
-        "8192",
-        "--time-scale",
-        "1",
-    ]);
+    let sim = support::realtime::llama_emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let backend = format!("llama={}", sim.base());
     let act = Tessera::activator(&[

@@ -87,18 +87,7 @@ struct Measured {
 /// Both phases against a fresh emulator and activator (`gate` adds activator flags).
 async fn measure(gate: &[&str]) -> Measured {
     // llama-3.1-8b on an A100 with a 4 GiB KV cache: four real-time requests hold about a quarter of it.
-    let sim = Tessera::vllm_sim(&[
-        "--served-model-name",
-        "llama",
-        "--model-preset",
-        "llama-3.1-8b",
-        "--kv-cache-memory-bytes",
-        "4Gi",
-        "--max-model-len",
-        "8192",
-        "--time-scale",
-        "1",
-    ]);
+    let sim = support::realtime::llama_emulator();
     let backend = format!("llama={}", sim.base());
     let mut args = vec![
         "--backend",

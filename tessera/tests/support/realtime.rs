@@ -5,7 +5,24 @@
 
 use std::time::{Duration, Instant};
 
-use super::http_client;
+use super::{Tessera, http_client};
+
+/// The emulator both tests load: `llama`, llama-3.1-8b on an A100 with a 4 GiB KV cache (four real-time requests
+/// hold about a quarter of it), in real time.
+pub fn llama_emulator() -> Tessera {
+    Tessera::vllm_sim(&[
+        "--served-model-name",
+        "llama",
+        "--model-preset",
+        "llama-3.1-8b",
+        "--kv-cache-memory-bytes",
+        "4Gi",
+        "--max-model-len",
+        "8192",
+        "--time-scale",
+        "1",
+    ])
+}
 
 /// A real-time request to `model`: a long prompt (a chat with its history), a short streamed answer.
 pub fn realtime_body(model: &str) -> serde_json::Value {
