@@ -125,6 +125,19 @@ fn answered(b: &Value) -> u64 {
         + b["request_counts"]["failed"].as_u64().unwrap_or(0)
 }
 
+/// Leaves what a runner killed mid-renewal leaves: a claim on the lease's next version, never written to the
+/// lease itself (the store's layout: `lease.json`, `lease-claims/<version>` holding the claimer's name).
+fn plant_a_dead_claim(store: &Path) {
+    let lease: Value = serde_json::from_slice(&std::fs::read(store.join("lease.json")).expect("the lease"))
+        .expect("the lease as JSON");
+    let next = lease["version"].as_u64().expect("a lease version") + 1;
+    let claim = store.join("lease-claims").join(next.to_string());
+    // The killed runner may have claimed it for real already; either way the claim is there and never written.
+    if !claim.exists() {
+        std::fs::write(&claim, lease["holder"].as_str().expect("a holder")).expect("a claim");
+    }
+}
+
 /// Polls until `pred` holds (panics after `within`).
 async fn wait_batch(
     http: &reqwest::Client,
@@ -381,6 +394,9 @@ async fn a_cancel_at_half_with_a_killed_runner_still_answers_each_line_once() {
     // The runner dies while cancelling; the next one finishes the cancel.
     act.child.kill().expect("SIGKILL the runner");
     let _ = act.child.wait();
+    // And it died, as a renewal may, between claiming the next lease version and writing the lease: the next
+    // runner must not wait for that version forever (CI once saw exactly this).
+    plant_a_dead_claim(store.path());
     act = activator(&sim, store.path());
     let b = wait_batch(&http, &act, &id, Duration::from_secs(60), |b| {
         b["status"] == "cancelled"

@@ -100,8 +100,10 @@ impl Held {
         u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn renewed(&self) {
-        self.renewed_ms.store(self.elapsed_ms(), Ordering::Relaxed);
+    /// Records a renewal that *started* at `started_ms` (from [`Held::elapsed_ms`]): a renewal that stalled
+    /// past a lease duration between its claim and its write must not count as fresh when it finally returns.
+    fn renewed(&self, started_ms: u64) {
+        self.renewed_ms.fetch_max(started_ms, Ordering::Relaxed);
     }
 
     fn lost(&self) {
@@ -157,16 +159,13 @@ pub async fn run(b: Arc<Batches>) {
 /// takers, or a taker and a holder that stalled and woke, exactly one gets the next version.
 async fn acquire(b: &Batches, seen: &mut Option<LeaseObservation>) -> Result<bool, StoreError> {
     let lease = b.store.get_lease().await?;
+    let claim = b.store.latest_lease_claim().await?;
     let now = now_ms();
-    let obs = lease.as_ref().map(|l| {
-        LeaseObservation::observe(
-            seen.as_ref(),
-            Some(l.holder.clone()),
-            Duration::from_millis(l.duration_ms),
-            l.version.to_string(),
-            now,
-        )
-    });
+    let obs = newest_lease(lease.as_ref(), claim.as_ref(), b.limits.lease_duration).map(
+        |(holder, version, duration)| {
+            LeaseObservation::observe(seen.as_ref(), Some(holder), duration, version.to_string(), now)
+        },
+    );
     *seen = obs.clone();
     match decide(obs.as_ref(), &b.instance, now) {
         LeaseDecision::Follow {
@@ -177,21 +176,55 @@ async fn acquire(b: &Batches, seen: &mut Option<LeaseObservation>) -> Result<boo
             Ok(false)
         }
         _ => {
-            let doc = super::store::LeaseDoc {
-                holder: b.instance.clone(),
-                version: lease.map_or(0, |l| l.version) + 1,
-                duration_ms: u64::try_from(b.limits.lease_duration.as_millis()).unwrap_or(u64::MAX),
-            };
-            if !b.store.claim_lease_version(doc.version, &b.instance).await? {
+            let version = obs
+                .as_ref()
+                .and_then(|o| o.resource_version.parse::<u64>().ok())
+                .unwrap_or(0)
+                + 1;
+            if !b.store.claim_lease_version(version, &b.instance).await? {
                 debug!(
-                    version = doc.version,
+                    version,
                     "batch runner: another runner claimed this lease version first"
                 );
                 return Ok(false);
             }
+            let doc = super::store::LeaseDoc {
+                holder: b.instance.clone(),
+                version,
+                duration_ms: u64::try_from(b.limits.lease_duration.as_millis()).unwrap_or(u64::MAX),
+            };
             b.store.put_lease(&doc).await?;
             Ok(true)
         }
+    }
+}
+
+/// The lease as a taker must judge it: the lease document, or a claim newer than it (holder, version, duration).
+///
+/// Every lease write claims its version before writing the document, so a holder killed between the two leaves a
+/// claim one version ahead of the document. Judging the document alone, every taker would wait it out and then
+/// claim that same dead version forever. Judging the newest claim, the takers wait a whole duration without a
+/// newer one and claim the next: still exactly one of them wins it. A claim whose claimer is unknown (it died
+/// before writing its name) is followed like any holder, never taken at once.
+fn newest_lease(
+    lease: Option<&super::store::LeaseDoc>,
+    claim: Option<&super::store::LeaseClaim>,
+    ours: Duration,
+) -> Option<(String, u64, Duration)> {
+    let newer_claim = claim.filter(|c| lease.is_none_or(|l| c.version > l.version));
+    match (lease, newer_claim) {
+        (_, Some(c)) => {
+            let holder = if c.holder.is_empty() {
+                "(a claimer that left no name)".to_owned()
+            } else {
+                c.holder.clone()
+            };
+            // The claimer's duration is not written yet: the document's, or this runner's own.
+            let duration = lease.map_or(ours, |l| Duration::from_millis(l.duration_ms));
+            Some((holder, c.version, duration))
+        }
+        (Some(l), None) => Some((l.holder.clone(), l.version, Duration::from_millis(l.duration_ms))),
+        (None, None) => None,
     }
 }
 
@@ -202,6 +235,7 @@ async fn renew(b: Arc<Batches>, held: Arc<Held>) {
     let mut last_ok = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(every).await;
+        let started = held.elapsed_ms();
         let step = async {
             let lease = b.store.get_lease().await?;
             match lease {
@@ -223,7 +257,7 @@ async fn renew(b: Arc<Batches>, held: Arc<Held>) {
         match step.await {
             Ok(true) => {
                 last_ok = tokio::time::Instant::now();
-                held.renewed();
+                held.renewed(started);
             }
             Ok(false) => {
                 held.lost();
@@ -923,7 +957,50 @@ async fn send_line(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::activator::batch::store::LocalStore;
+    use crate::activator::batch::store::{LeaseClaim, LeaseDoc, LocalStore};
+
+    #[test]
+    fn a_claim_newer_than_the_lease_is_what_a_taker_waits_out() {
+        let ours = Duration::from_secs(15);
+        let doc = LeaseDoc {
+            holder: "a".into(),
+            version: 7,
+            duration_ms: 1_000,
+        };
+        let claim = |version, holder: &str| LeaseClaim {
+            version,
+            holder: holder.into(),
+        };
+        // The usual case: the document is as new as the newest claim.
+        assert_eq!(
+            newest_lease(Some(&doc), Some(&claim(7, "a")), ours),
+            Some(("a".into(), 7, Duration::from_secs(1)))
+        );
+        // The holder was killed between claiming 8 and writing it: the taker judges 8 and will claim 9.
+        assert_eq!(
+            newest_lease(Some(&doc), Some(&claim(8, "a")), ours),
+            Some(("a".into(), 8, Duration::from_secs(1)))
+        );
+        // A claimer that died before writing its name is followed, never taken at once.
+        let (holder, version, _) = newest_lease(None, Some(&claim(1, "")), ours).unwrap();
+        assert!(!holder.is_empty());
+        assert_eq!(version, 1);
+        assert!(matches!(
+            decide(
+                Some(&LeaseObservation::observe(
+                    None,
+                    Some(holder),
+                    ours,
+                    "1".into(),
+                    0
+                )),
+                "b",
+                0
+            ),
+            LeaseDecision::Follow { .. }
+        ));
+        assert_eq!(newest_lease(None, None, ours), None);
+    }
 
     #[tokio::test]
     async fn a_torn_last_line_is_cut_and_a_repeat_counted_once() {

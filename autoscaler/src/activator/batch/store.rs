@@ -120,6 +120,19 @@ pub trait BatchStore: Send + Sync + std::fmt::Debug {
         version: u64,
         holder: &'a str,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// The highest lease version claimed so far and who claimed it (`None` when nothing was). A holder killed
+    /// between its claim and its lease write leaves a claim newer than the lease: a taker must judge that claim,
+    /// not the lease document, or it would claim the dead holder's version forever.
+    fn latest_lease_claim(&self) -> BoxFuture<'_, Result<Option<LeaseClaim>, StoreError>>;
+}
+
+/// A claimed lease version, as [`BatchStore::latest_lease_claim`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseClaim {
+    /// The version claimed.
+    pub version: u64,
+    /// Who claimed it (empty when the claimer died before writing its name).
+    pub holder: String,
 }
 
 /// Refuses an id that could name a path outside the store (ids are ours, `file-…` and `batch_…`, but they come
@@ -355,6 +368,35 @@ impl BatchStore for LocalStore {
             }
         })
     }
+
+    fn latest_lease_claim(&self) -> BoxFuture<'_, Result<Option<LeaseClaim>, StoreError>> {
+        Box::pin(async move {
+            let dir = self.root.join("lease-claims");
+            let mut entries = match tokio::fs::read_dir(&dir).await {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                Err(e) => return Err(io(&dir)(e)),
+            };
+            let mut latest: Option<u64> = None;
+            // Claims are pruned to the last eight, so this listing stays short.
+            while let Some(entry) = entries.next_entry().await.map_err(io(&dir))? {
+                if let Some(v) = entry.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+                    latest = latest.max(Some(v));
+                }
+            }
+            let Some(version) = latest else {
+                return Ok(None);
+            };
+            let path = dir.join(version.to_string());
+            let holder = match tokio::fs::read_to_string(&path).await {
+                Ok(h) => h,
+                // Pruned between the listing and the read: a newer claim exists, which the next look sees.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+                Err(e) => return Err(io(&path)(e)),
+            };
+            Ok(Some(LeaseClaim { version, holder }))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -396,6 +438,13 @@ mod tests {
             "one version, one holder"
         );
         assert!(store.claim_lease_version(2, "b").await.unwrap());
+        assert_eq!(
+            store.latest_lease_claim().await.unwrap(),
+            Some(LeaseClaim {
+                version: 2,
+                holder: "b".into()
+            })
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
