@@ -24,6 +24,7 @@ fn main() -> anyhow::Result<()> {
         static_replicas: Vec::new(),
         initial_recommendations,
         only_models: Vec::new(),
+        batch: None,
     };
     let hpa = world::World::new(&sc, plan(StrategyKind::Hpa, Vec::new()))?.run(&mut |_| {})?;
     let initial = world::calibrate(&sc, &hpa.histories);

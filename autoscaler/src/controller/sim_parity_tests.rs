@@ -133,6 +133,7 @@ fn plan(kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recomme
         static_replicas: Vec::new(),
         initial_recommendations: initial,
         only_models: Vec::new(),
+        batch: None,
     }
 }
 

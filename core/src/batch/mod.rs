@@ -19,5 +19,5 @@ pub mod status;
 
 pub use ledger::Ledger;
 pub use line::{Endpoint, LineError, LineValidator, ValidLine};
-pub use pacing::{CapacityOffer, PaceAction, PaceDecision, PaceInput, PaceReason, pace};
+pub use pacing::{CapacityOffer, MEASURE_SPARE, PaceAction, PaceDecision, PaceInput, PaceReason, pace};
 pub use status::{BadTransition, BatchEvent, BatchStatus, RequestCounts};

@@ -18,6 +18,9 @@
 
 use std::time::Duration;
 
+/// How long the spare room's rate is measured before it is trusted (see [`PaceInput::spare_measured_for`]).
+pub const MEASURE_SPARE: Duration = Duration::from_secs(120);
+
 /// A capacity type the pool offers for batch replicas.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CapacityOffer {
@@ -25,8 +28,10 @@ pub struct CapacityOffer {
     pub name: String,
     /// List price of one replica's GPU share, per hour.
     pub price_per_hour: f64,
-    /// Replicas of this type that can be placed now.
+    /// Replicas of this type that can be placed now, besides those already serving the batch.
     pub available: u32,
+    /// Replicas of this type already serving the batch (warm: they need no cold start to keep going).
+    pub ready: u32,
     /// The provider may take it back at short notice (spot, preemptible).
     pub interruptible: bool,
 }
@@ -46,6 +51,9 @@ pub struct PaceInput {
     pub remaining: u64,
     /// Lines per second the batch gets now from the spare room of the shared replicas (measured).
     pub spare_lines_per_s: f64,
+    /// How long the spare rate has been measured for: a rate measured for less than [`MEASURE_SPARE`] says
+    /// little, so the rule fills spare room for that long before it pays for replicas, while the deadline allows.
+    pub spare_measured_for: Duration,
     /// Lines per second one replica of its own answers (measured, or the model's estimate).
     pub per_replica_lines_per_s: f64,
     /// Time from asking for a replica to its first answer.
@@ -77,6 +85,11 @@ pub enum PaceAction {
 pub enum PaceReason {
     /// Every line is answered.
     Finished,
+    /// The spare room's rate is still being measured, and waiting for it leaves time to add replicas after.
+    Measuring {
+        /// Seconds it has been measured for.
+        measured_s: f64,
+    },
     /// The spare room alone finishes in time.
     SpareSuffices {
         /// Seconds to finish on spare room at the measured rate.
@@ -115,6 +128,11 @@ impl std::fmt::Display for PaceReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PaceReason::Finished => write!(f, "every line is answered"),
+            PaceReason::Measuring { measured_s } => write!(
+                f,
+                "measuring the spare room's rate ({measured_s:.0}s of {}s) before paying for replicas",
+                MEASURE_SPARE.as_secs()
+            ),
             PaceReason::SpareSuffices {
                 finish_in_s,
                 left_s,
@@ -164,19 +182,35 @@ pub struct PaceDecision {
     pub reason: PaceReason,
 }
 
-/// Replicas of `per_replica` lines/s that, with `spare` lines/s beside them from the start, finish `remaining`
-/// lines within `usable_s` seconds after `startup_s` seconds of starting (spare room keeps working meanwhile).
-fn replicas_for(remaining: f64, spare: f64, per_replica: f64, startup_s: f64, usable_s: f64) -> Option<u32> {
-    let run_s = usable_s - startup_s;
-    if run_s <= 0.0 || per_replica <= 0.0 {
+/// Replicas of `per_replica` lines/s that, with `spare` lines/s beside them, finish `remaining` lines within
+/// `usable_s` seconds, `ready` of them already serving. Shrinking to at most `ready` needs no start; growing past it
+/// waits `startup_s` for the new ones (while the spare room and the ready ones keep working).
+fn replicas_for(
+    remaining: f64,
+    spare: f64,
+    per_replica: f64,
+    startup_s: f64,
+    usable_s: f64,
+    ready: u32,
+) -> Option<u32> {
+    if per_replica <= 0.0 || usable_s <= 0.0 {
         return None;
     }
-    let after_start = (remaining - spare * startup_s).max(0.0);
+    let warm = ((remaining / usable_s - spare) / per_replica).ceil().max(0.0);
+    if warm <= f64::from(ready) {
+        return Some(warm as u32);
+    }
+    let run_s = usable_s - startup_s;
+    if run_s <= 0.0 {
+        return None;
+    }
+    let during_start = (spare + f64::from(ready) * per_replica) * startup_s;
+    let after_start = (remaining - during_start).max(0.0);
     let rate = after_start / run_s - spare;
     if rate <= 0.0 {
-        return Some(0);
+        return Some(ready);
     }
-    let n = (rate / per_replica).ceil();
+    let n = (rate / per_replica).ceil().max(f64::from(ready));
     (n <= f64::from(u32::MAX)).then_some(n as u32)
 }
 
@@ -204,6 +238,21 @@ pub fn pace(input: &PaceInput) -> PaceDecision {
         0.1
     };
     let usable_s = left_s * (1.0 - margin);
+    let cold_s = input.cold_start.as_secs_f64();
+    let measure_left = MEASURE_SPARE
+        .saturating_sub(input.spare_measured_for)
+        .as_secs_f64();
+    let serving: u32 = input.offers.iter().map(|o| o.ready).sum();
+    // Keep measuring while nothing of its own serves yet and the wait still leaves time for two cold starts (a
+    // spot replica and its replacement) after it.
+    if measure_left > 0.0 && serving == 0 && usable_s - measure_left > 2.0 * cold_s {
+        return decide(
+            PaceAction::FillSpare,
+            PaceReason::Measuring {
+                measured_s: input.spare_measured_for.as_secs_f64(),
+            },
+        );
+    }
     if finish_on_spare_s <= usable_s {
         let window = input.deadline_ms.saturating_sub(input.started_ms).max(1) as f64;
         let elapsed = input.now_ms.saturating_sub(input.started_ms) as f64;
@@ -218,8 +267,7 @@ pub fn pace(input: &PaceInput) -> PaceDecision {
             },
         );
     }
-    let cold_s = input.cold_start.as_secs_f64();
-    if left_s <= cold_s {
+    if left_s <= cold_s && serving == 0 {
         return decide(
             PaceAction::FillSpare,
             PaceReason::TooLate {
@@ -239,12 +287,18 @@ pub fn pace(input: &PaceInput) -> PaceDecision {
         .iter()
         .map(|o| {
             let starts = if o.interruptible { 2.0 } else { 1.0 };
-            (o, replicas_for(remaining, spare, per, cold_s * starts, usable_s))
+            (
+                o,
+                replicas_for(remaining, spare, per, cold_s * starts, usable_s, o.ready),
+            )
         })
         .collect();
     let best = sized
         .iter()
-        .filter_map(|(o, n)| n.filter(|n| *n <= o.available).map(|n| (*o, n)))
+        .filter_map(|(o, n)| {
+            n.filter(|n| n.saturating_sub(o.ready) <= o.available)
+                .map(|n| (*o, n))
+        })
         .min_by(|a, b| {
             (a.0.price_per_hour * f64::from(a.1)).total_cmp(&(b.0.price_per_hour * f64::from(b.1)))
         });
@@ -266,13 +320,13 @@ pub fn pace(input: &PaceInput) -> PaceDecision {
     let fallback = sized
         .iter()
         .filter_map(|(o, n)| n.map(|n| (*o, n)))
-        .filter(|(o, _)| o.available > 0)
-        .max_by_key(|(o, _)| (!o.interruptible, o.available));
+        .filter(|(o, _)| o.available + o.ready > 0)
+        .max_by_key(|(o, _)| (!o.interruptible, o.available + o.ready));
     match fallback {
         Some((offer, needed)) => decide(
             PaceAction::Add {
                 offer: offer.name.clone(),
-                replicas: offer.available,
+                replicas: offer.available + offer.ready,
             },
             PaceReason::Short { needed },
         ),
@@ -292,12 +346,14 @@ mod tests {
                 name: "on-demand".into(),
                 price_per_hour: 4.0,
                 available: od_avail,
+                ready: 0,
                 interruptible: false,
             },
             CapacityOffer {
                 name: "spot".into(),
                 price_per_hour: 1.2,
                 available: spot_avail,
+                ready: 0,
                 interruptible: true,
             },
         ]
@@ -313,6 +369,7 @@ mod tests {
             done: 1_000,
             remaining,
             spare_lines_per_s: spare,
+            spare_measured_for: MEASURE_SPARE,
             per_replica_lines_per_s: 10.0,
             cold_start: Duration::from_secs(120),
             margin: 0.1,
@@ -362,6 +419,40 @@ mod tests {
     }
 
     #[test]
+    fn it_measures_the_spare_room_first_and_counts_warm_replicas_without_a_start() {
+        // Just submitted, spare rate unmeasured: fill spare for the measuring time, the deadline allows it.
+        let mut i = input(10.0, 1_000_000, 0.0);
+        i.spare_measured_for = Duration::from_secs(30);
+        assert!(matches!(pace(&i).reason, PaceReason::Measuring { .. }));
+        // With 5 minutes left there is no time to measure: it decides at once.
+        let mut i = input(5.0 / 60.0, 3_000, 0.0);
+        i.spare_measured_for = Duration::ZERO;
+        i.offers = offers(100, 100);
+        assert!(matches!(pace(&i).action, PaceAction::Add { .. }));
+        // Three spot replicas serve already: 1 h left, 100,000 lines, 5 lines/s spare needs 3 without a start,
+        // where from nothing it needs the same 3 only because the start is short; at 10 minutes left, warm ones
+        // keep the count where new ones would need more.
+        let mut warm = input(10.0 / 60.0, 5_000, 0.0);
+        warm.offers = offers(10, 10);
+        let cold = pace(&warm);
+        warm.offers[1].ready = 1;
+        warm.offers[1].available = 9;
+        let d = pace(&warm);
+        assert_eq!(
+            d.action,
+            PaceAction::Add {
+                offer: "spot".into(),
+                replicas: 1
+            },
+            "{d:?} (from nothing: {cold:?})"
+        );
+        assert!(
+            matches!(cold.action, PaceAction::Add { ref offer, replicas } if offer != "spot" || replicas > 1),
+            "{cold:?}"
+        );
+    }
+
+    #[test]
     fn short_of_capacity_takes_all_there_is_of_the_reliable_kind() {
         let mut i = input(1.0, 1_000_000, 0.0);
         i.offers = offers(3, 4);
@@ -406,7 +497,7 @@ mod tests {
                     prop_assert!(lines + 1e-6 >= remaining as f64, "{lines} < {remaining}");
                     // Never the dearer offer when the cheaper one has room for what it needs.
                     if !o.interruptible {
-                        let spot_n = replicas_for(remaining as f64, spare, per, start * 2.0, left * 0.9);
+                        let spot_n = replicas_for(remaining as f64, spare, per, start * 2.0, left * 0.9, 0);
                         prop_assert!(spot_n.is_none_or(|n| n > spot || 1.2 * f64::from(n) > 4.0 * f64::from(*replicas)));
                     }
                 }

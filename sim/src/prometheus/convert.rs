@@ -348,6 +348,7 @@ pub fn scenario(
         gpu: opts.gpu.clone(),
         strategies: StrategySettings::default(),
         models,
+        batch: None,
     };
     Ok((file, assumptions))
 }

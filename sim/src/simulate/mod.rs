@@ -13,6 +13,8 @@
 //! simulation itself ([`simulate`]) is pure and deterministic for a seed; [`run`] adds the files, the progress
 //! bar and the output. See `docs/simulator.md`.
 
+pub mod batch;
+pub mod batch_jobs;
 pub mod bound;
 pub mod html;
 pub mod observe;
@@ -194,7 +196,8 @@ pub fn simulate_strategies(
     let run_on = |sc: &Scenario,
                   kind: StrategyKind,
                   initial: Vec<Option<tessera_core::recommend::Recommendation>>,
-                  shown: bool| {
+                  shown: bool,
+                  batch: Option<world::BatchPlan>| {
         World::new(
             sc,
             Plan {
@@ -202,6 +205,7 @@ pub fn simulate_strategies(
                 static_replicas: static_replicas.clone(),
                 initial_recommendations: initial,
                 only_models: Vec::new(),
+                batch,
             },
         )?
         .run(&mut |t| {
@@ -210,7 +214,7 @@ pub fn simulate_strategies(
             }
         })
     };
-    let run = |kind, initial| run_on(sc, kind, initial, true);
+    let run = |kind, initial| run_on(sc, kind, initial, true, None);
     let tessera = kinds.contains(&StrategyKind::Tessera);
     // Everything but Tessera at once; the HPA baseline also when only Tessera needs it (for calibration).
     let mut first: Vec<StrategyKind> = kinds
@@ -226,6 +230,7 @@ pub fn simulate_strategies(
     let mut reports = Vec::new();
     let mut hpa_histories = None;
     let mut no_sleep = None;
+    let mut batch_comparison = None;
     for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
         // One strategy's failure (a declared share vLLM would refuse to start in) is reported, not the run's.
         let r = match r {
@@ -251,25 +256,37 @@ pub fn simulate_strategies(
             Some(h) if sc.settings.calibrate_from_baseline => world::calibrate(sc, &h),
             _ => vec![None; n],
         };
-        // What sleep mode saved: the same run with sleep mode off, beside the run itself, on its own thread.
-        let worlds: Vec<(&Scenario, bool)> = std::iter::once((sc, true))
+        // What sleep mode saved: the same run with sleep mode off, beside the run itself, on its own thread; and
+        // with batch jobs in the scenario, Tessera's run with them paced into its spare room (`batch.rs`).
+        let paced = sc.batch.as_ref().map(|_| world::BatchPlan {
+            mode: world::BatchMode::Paced,
+            interactive: true,
+        });
+        let worlds: Vec<(&Scenario, bool, Option<world::BatchPlan>)> = std::iter::once((sc, true, None))
             .chain(
                 without_sleep
                     .as_ref()
                     .filter(|_| extras.without_sleep)
-                    .map(|w| (w, false)),
+                    .map(|w| (w, false, None)),
             )
+            .chain(paced.map(|p| (sc, false, Some(p))))
             .collect();
-        let mut runs = par_map(&worlds, |&(w, shown)| {
-            run_on(w, StrategyKind::Tessera, initial.clone(), shown)
+        let mut runs = par_map(&worlds, |&(w, shown, batch)| {
+            run_on(w, StrategyKind::Tessera, initial.clone(), shown, batch)
         })
         .into_iter();
-        match runs.next() {
-            Some(Ok(r)) => reports.push(r.report),
-            Some(Err(e)) => failures.push(report::StrategyFailure::of(StrategyKind::Tessera, &e)),
-            None => {}
-        }
-        if let Some(Ok(r)) = runs.next() {
+        let alone = match runs.next() {
+            Some(Ok(r)) => Some(r.report),
+            Some(Err(e)) => {
+                failures.push(report::StrategyFailure::of(StrategyKind::Tessera, &e));
+                None
+            }
+            None => None,
+        };
+        if without_sleep.is_some()
+            && extras.without_sleep
+            && let Some(Ok(r)) = runs.next()
+        {
             let r = r.report;
             no_sleep = Some(report::Outcome {
                 gpu_hours: r.gpu_hours,
@@ -277,6 +294,14 @@ pub fn simulate_strategies(
                 sleep_wakes: r.sleep_wakes,
                 sleepers_lost: r.sleepers_lost,
             });
+        }
+        if let (Some(alone), Some(paced)) = (&alone, runs.next()) {
+            let only =
+                |p: world::BatchPlan| run_on(sc, StrategyKind::Tessera, initial.clone(), false, Some(p));
+            batch_comparison = batch::compare(sc, alone, paced?, &only)?;
+        }
+        if let Some(r) = alone {
+            reports.push(r);
         }
     }
     let bounds = bound::lower_bounds(sc, sc.settings.static_attainment_target);
@@ -298,6 +323,7 @@ pub fn simulate_strategies(
         lower_bound_at_goal_gpu_hours: bounds.at_attainment,
         sleep_mode_models,
         tessera_without_sleep: no_sleep,
+        batch: batch_comparison,
         static_sizing: sizing,
         strategies: reports,
         failures,
@@ -333,6 +359,7 @@ fn size_static(
             static_replicas: replicas,
             initial_recommendations: Vec::new(),
             only_models: vec![m],
+            batch: None,
         };
         let r = World::new(sc, plan)?.run(&mut |t| tell(Phase::StaticSizing, t))?;
         last_attainment = r.report.slo_attainment;

@@ -58,6 +58,9 @@ pub struct Report {
     /// `sleep_mode_models` and in a single run's report.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tessera_without_sleep: Option<Outcome>,
+    /// The scenario's batch jobs run four ways beside the interactive day (`super::batch`), when it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none", skip_deserializing)]
+    pub batch: Option<super::batch::BatchComparison>,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.
@@ -702,6 +705,17 @@ impl Report {
                 s.slo_attainment
             );
         }
+        for b in self.batch.iter().flat_map(|b| &b.rows) {
+            let way = b.way.replace('-', "_");
+            let _ = write!(
+                out,
+                " batch_cost_{way}={:.2} batch_total_gpu_hours_{way}={:.3} batch_misses_{way}={} batch_attainment_{way}={:.4}",
+                b.cost,
+                b.gpu_hours(),
+                b.deadline_misses,
+                b.interactive_attainment
+            );
+        }
         out
     }
 
@@ -786,6 +800,9 @@ impl Report {
                 |c| format!("{} ({}), {}", c.drains, c.drained, c.moves),
             )
         });
+        if let Some(b) = &self.batch {
+            let _ = write!(o, "\n```text\n{}```\n", b.table());
+        }
         o
     }
 }

@@ -15,6 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use tessera_core::scale::{SloPercentile, coldstart};
 
+use super::batch_jobs::{BatchFile, BatchSetup};
 use super::today::TodayFile;
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::formats::{self, Format};
@@ -111,6 +112,10 @@ pub struct ScenarioFile {
     pub strategies: StrategySettings,
     /// The models served.
     pub models: Vec<ModelFile>,
+    /// Batch jobs beside the models' traffic, and the capacity types they may run on
+    /// ([`super::batch_jobs`]); `tessera simulate` then prices the ways of running them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchFile>,
 }
 
 fn default_seed() -> u64 {
@@ -734,6 +739,10 @@ impl ScenarioFile {
                 p.push(format!("{at}.traffic.observed only applies to trace: observed"));
             }
         }
+        if let Some(b) = &self.batch {
+            let names: Vec<String> = self.models.iter().map(|m| m.name.clone()).collect();
+            p.extend(b.validate(&names, self.duration));
+        }
         p
     }
 }
@@ -813,6 +822,8 @@ pub struct Scenario {
     pub models: Vec<ModelSetup>,
     /// Each model's arrivals, sorted, in the same order as `models`.
     pub arrivals: Vec<Vec<Arrival>>,
+    /// The batch jobs, if the scenario has any.
+    pub batch: Option<BatchSetup>,
 }
 
 impl Scenario {
@@ -885,6 +896,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
     };
     let gpu = GpuSpec::preset(&file.gpu).map_err(|e| invalid(format!("gpu: {e}")))?;
     let duration = file.duration.as_secs_f64();
+    let names: Vec<String> = file.models.iter().map(|m| m.name.clone()).collect();
     let mut traces = TraceCache::default();
     let mut models = Vec::with_capacity(file.models.len());
     let mut arrivals = Vec::with_capacity(file.models.len());
@@ -985,6 +997,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
         duration,
         gpu,
         settings: file.strategies.clone(),
+        batch: file.batch.as_ref().map(|b| b.resolve(&names)),
         models,
         arrivals,
     })

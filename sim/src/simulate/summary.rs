@@ -192,6 +192,9 @@ pub fn first_screen(r: &Report, price: &Price, assumptions: &[String]) -> String
             None => "not known (no static run)",
         }
     );
+    if let Some(b) = &r.batch {
+        let _ = write!(o, "\n{}", b.table());
+    }
     if let Some(t) = r.strategy("tessera") {
         let _ = writeln!(o, "\nWhat to do (from Tessera's run):");
         for i in 0..t.models.len() {

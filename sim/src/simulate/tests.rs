@@ -50,6 +50,7 @@ fn scenario(models: Vec<ModelSetup>, arrivals: Vec<Vec<Arrival>>, duration: f64)
         settings: StrategySettings::default(),
         models,
         arrivals,
+        batch: None,
     }
 }
 
@@ -140,6 +141,7 @@ fn static_gpu_hours_are_replicas_times_duration() {
         static_replicas: vec![3, 2],
         initial_recommendations: Vec::new(),
         only_models: Vec::new(),
+        batch: None,
     };
     let r = world::World::new(&sc, plan).unwrap().run(&mut |_| {}).unwrap();
     assert!(
@@ -591,6 +593,7 @@ fn a_replica_over_the_ttft_objective_on_a_smaller_share_is_rolled_at_once() {
         static_replicas: Vec::new(),
         initial_recommendations,
         only_models: Vec::new(),
+        batch: None,
     };
     let hpa = World::new(&sc, plan(StrategyKind::Hpa, Vec::new()))
         .unwrap()
@@ -657,6 +660,7 @@ fn at_the_ceiling_a_shared_model_buys_isolation() {
         static_replicas: sc.models.iter().map(|m| m.max_replicas).collect(),
         initial_recommendations: Vec::new(),
         only_models: Vec::new(),
+        batch: None,
     };
     let w = World::new(&sc, whole).unwrap().run(&mut |_| {}).unwrap();
     let st = w.report.models.iter().find(|m| m.model == "burst-14b").unwrap();
@@ -718,6 +722,7 @@ fn isolation_fires_at_the_ceiling_and_recovers_whole_gpu_attainment() {
         static_replicas: vec![2, 1],
         initial_recommendations: Vec::new(),
         only_models: Vec::new(),
+        batch: None,
     };
     let w = World::new(&sc, whole).unwrap().run(&mut |_| {}).unwrap();
     let st = &w.report.models[0];
@@ -738,4 +743,84 @@ fn isolation_fires_at_the_ceiling_and_recovers_whole_gpu_attainment() {
         t.slo_attainment,
         st.slo_attainment
     );
+}
+
+/// Batch jobs, every way: every line is answered once and the job meets its deadline; the paced way answers
+/// lines in the interactive replica's spare room; a spot reclaim sends its lines in flight again and still loses
+/// none; the dedicated pool is billed all day.
+#[test]
+fn batch_jobs_every_way_answer_every_line_by_the_deadline() {
+    use super::batch_jobs::{BatchFile, CapacityFile, JobFile};
+    use super::world::{BatchMode, BatchPlan};
+    let mut sc = scenario(
+        vec![model("chat", 1, 2)],
+        vec![at(&(0..600).map(|i| f64::from(i) * 2.0).collect::<Vec<_>>())],
+        1800.0,
+    );
+    let file = BatchFile {
+        capacity: vec![
+            CapacityFile {
+                name: "spot".into(),
+                price_per_gpu_hour: 2.0,
+                interruptible: true,
+                available: 2,
+                reclaims_per_hour: 60.0,
+                back_after: Duration::from_secs(60),
+            },
+            CapacityFile {
+                name: "on-demand".into(),
+                price_per_gpu_hour: 5.0,
+                interruptible: false,
+                available: 4,
+                reclaims_per_hour: 0.0,
+                back_after: Duration::from_secs(60),
+            },
+        ],
+        jobs: vec![JobFile {
+            name: "eval".into(),
+            model: "chat".into(),
+            submit_at: Duration::from_secs(60),
+            lines: 8_000,
+            prompt_tokens: 500,
+            output_tokens: 100,
+            completion_window: Duration::from_secs(1_200),
+        }],
+        margin: 0.1,
+    };
+    let names = vec!["chat".to_owned()];
+    assert_eq!(
+        file.validate(&names, Duration::from_secs(1800)),
+        Vec::<String>::new()
+    );
+    sc.batch = Some(file.resolve(&names));
+    let run = |mode, interactive| {
+        let plan = Plan {
+            kind: StrategyKind::Tessera,
+            static_replicas: Vec::new(),
+            initial_recommendations: Vec::new(),
+            only_models: Vec::new(),
+            batch: Some(BatchPlan { mode, interactive }),
+        };
+        world::World::new(&sc, plan).unwrap().run(&mut |_| {}).unwrap()
+    };
+    let paced = run(BatchMode::Paced, true);
+    let b = paced.batch.as_ref().unwrap();
+    let j = &b.jobs[0];
+    assert_eq!((j.done, j.on_spare + j.on_own), (8_000, 8_000), "{b:?}");
+    assert!(j.met() && j.on_spare > 0, "{b:?}");
+    // Batch lines never count as interactive requests.
+    assert_eq!(paced.report.requests, 600);
+    let spot = run(BatchMode::GreedySpot, false).batch.unwrap();
+    assert!(spot.reclaims > 0 && spot.jobs[0].resent > 0, "{spot:?}");
+    assert_eq!(spot.jobs[0].on_spare, 0);
+    assert_eq!(spot.jobs[0].done, 8_000, "{spot:?}");
+    assert!(spot.own.iter().all(|o| o.0 == "spot"), "{spot:?}");
+    let submit = run(BatchMode::AtSubmit, false).batch.unwrap();
+    assert!(
+        submit.jobs[0].met() && submit.own.iter().all(|o| o.0 == "on-demand"),
+        "{submit:?}"
+    );
+    let pool = run(BatchMode::Dedicated(2), false).batch.unwrap();
+    assert!(pool.jobs[0].met(), "{pool:?}");
+    assert!((pool.gpu_hours() - 2.0 * 0.5).abs() < 1e-9, "{pool:?}");
 }

@@ -16,6 +16,7 @@
 //! (the run's report).
 
 mod autoscale;
+mod batch;
 mod finish;
 mod isolation;
 mod rollout;
@@ -53,6 +54,7 @@ use crate::model::{
 
 pub use autoscale::calibrate;
 use autoscale::geometry;
+pub use batch::{BATCH_BIT, BatchMode, BatchOutcome, BatchPlan, JobOutcome};
 pub use strategy::StrategyKind;
 use strategy::policy_for;
 
@@ -67,6 +69,8 @@ pub struct Plan {
     pub initial_recommendations: Vec<Option<Recommendation>>,
     /// Run only these models (indices); empty = all. Used by the static sizing rule.
     pub only_models: Vec<usize>,
+    /// Run the scenario's batch jobs this way (`None`: leave them out, as the strategy tables do).
+    pub batch: Option<BatchPlan>,
 }
 
 /// Why a run could not complete.
@@ -122,6 +126,8 @@ pub struct RunResult {
     /// Every replica-count decision with what it was decided on, when asked for
     /// ([`World::recording_decisions`]).
     pub decisions: Vec<observe::DecisionRecord>,
+    /// The batch jobs' outcome, when the plan ran them.
+    pub batch: Option<BatchOutcome>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -132,6 +138,10 @@ enum Ev {
     Scrape,
     Sync,
     Recommend,
+    BatchTick,
+    BatchStep { own: usize, generation: u64 },
+    BatchReady { own: usize },
+    BatchReclaim { own: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -298,6 +308,8 @@ pub struct World<'a> {
     candidate: Option<Candidate>,
     consolidation: ConsolidationReport,
     rollouts: RolloutReport,
+    /// The batch jobs' side, when the plan runs them (`batch.rs`).
+    batch: Option<batch::BatchRt>,
 }
 
 const CHART_POINTS: f64 = 720.0;
@@ -307,9 +319,14 @@ impl<'a> World<'a> {
     /// A world for `plan` over `sc`, with the replicas each strategy starts with already warm at time 0.
     pub fn new(sc: &'a Scenario, plan: Plan) -> Result<World<'a>, SimError> {
         let n = sc.models.len();
+        let interactive = plan.batch.is_none_or(|b| b.interactive);
         let active: Vec<bool> = (0..n)
-            .map(|i| plan.only_models.is_empty() || plan.only_models.contains(&i))
+            .map(|i| interactive && (plan.only_models.is_empty() || plan.only_models.contains(&i)))
             .collect();
+        let batch = match (plan.batch, &sc.batch) {
+            (Some(p), Some(setup)) => Some(batch::BatchRt::new(sc, setup, p.mode)),
+            _ => None,
+        };
         let packer = match plan.kind {
             k if k.packs() => {
                 let mut shape = GpuShape::new(sc.gpu.memory_bytes / (1 << 20), sc.settings.gpu_headroom_mib)
@@ -410,7 +427,9 @@ impl<'a> World<'a> {
             candidate: None,
             consolidation: ConsolidationReport::default(),
             rollouts: RolloutReport::default(),
+            batch,
         };
+        w.start_batch()?;
         for m in 0..n {
             if !w.active[m] {
                 continue;
@@ -490,11 +509,16 @@ impl<'a> World<'a> {
                             self.scale_model(m)?;
                         }
                     }
+                    self.batch_round()?;
                     let next = self.now + self.sc.settings.sync_period.as_secs_f64();
                     if next <= duration {
                         self.push(next, Ev::Sync);
                     }
                 }
+                Ev::BatchTick => self.on_batch_tick()?,
+                Ev::BatchStep { own, generation } => self.on_batch_step(own, generation),
+                Ev::BatchReady { own } => self.on_batch_ready(own),
+                Ev::BatchReclaim { own } => self.on_batch_reclaim(own),
                 Ev::Recommend => {
                     self.on_recommend();
                     let next = self.now + self.sc.settings.recommend_interval.as_secs_f64();
@@ -879,6 +903,10 @@ impl<'a> World<'a> {
         let m = self.replicas[r].model;
         for e in &events {
             match *e {
+                EngineEvent::Finished { id, .. } if id & BATCH_BIT != 0 => {
+                    self.batch_line_done_on_spare(r, id)
+                }
+                EngineEvent::FirstToken { id, .. } if id & BATCH_BIT != 0 => {}
                 EngineEvent::FirstToken { id, at, .. } => {
                     let i = (id & 0xffff_ffff) as usize;
                     // What the client sees counts from its arrival at the gateway (activator hold included);
