@@ -10,6 +10,13 @@
 //! [`LaneLimits::throttle_in_flight`] flex requests go between two readings of the gauges, so a burst cannot land
 //! before the gauges show the first of it. Gauges missing or stale count as the throttled band: room
 //! unknown is neither full (batch would starve on a metrics outage) nor empty (it could flood a busy server).
+//!
+//! The KV in use is read **with what the flex requests in flight are promised**: each counts at its whole
+//! footprint (prompt plus `max_tokens`, [`footprint_tokens`]) over the cache's size in tokens, on top of the
+//! gauge. A flex request admitted at 30% grows as it decodes; counted only as the gauge shows it, dozens of them
+//! fill the cache past the autoscaler's KV target a few seconds later, and the interactive model scales up for
+//! batch work (measured in the simulator: 0.64 GPU-hours on `scenarios/batch-beside-chat.yaml`, `docs/batch.md`).
+//! A request's part already in the cache is counted twice, so the gate errs towards less batch work.
 
 use std::time::Duration;
 
@@ -77,6 +84,10 @@ pub struct BackendRoom {
     pub flex_in_flight: u64,
     /// Flex requests sent to the backend since its gauges were read: their load is not in `kv` yet.
     pub flex_unseen: u64,
+    /// The footprints (tokens) of the flex requests in flight on this backend ([`footprint_tokens`]).
+    pub flex_tokens: u64,
+    /// The KV cache's size in tokens (vLLM's `cache_config_info`: `num_gpu_blocks × block_size`), if known.
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 /// Why a flex request may not go to a backend now.
@@ -91,6 +102,11 @@ pub enum NoRoom {
         stop_at: f64,
     },
     /// Requests are waiting in the backend's queue.
+    #[error(
+        "KV cache {:.0}% in use and {:.0}% promised to flex requests (flex stops at {:.0}%)",
+        .kv * 100.0, .promised * 100.0, .stop_at * 100.0
+    )]
+    KvPromised { kv: f64, promised: f64, stop_at: f64 },
     #[error("{waiting} requests waiting in the server's queue")]
     Queue {
         /// How many.
@@ -111,6 +127,7 @@ impl NoRoom {
     pub fn label(&self) -> &'static str {
         match self {
             NoRoom::KvFull { .. } => "kv_full",
+            NoRoom::KvPromised { .. } => "kv_promised",
             NoRoom::Queue { .. } => "queue",
             NoRoom::Throttled { .. } => "throttled",
         }
@@ -118,7 +135,7 @@ impl NoRoom {
 }
 
 /// Whether a flex request may go to the backend whose room is `room` (see the module docs).
-pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits) -> Result<(), NoRoom> {
+pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits, request_tokens: u64) -> Result<(), NoRoom> {
     let fresh = room.age.is_some_and(|a| a <= limits.max_age);
     let kv = room.kv.filter(|k| fresh && k.is_finite());
     let waiting = room.waiting.filter(|w| fresh && w.is_finite());
@@ -130,6 +147,24 @@ pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits) -> Result<(), NoRoom>
             stop_at: limits.stop_at,
         });
     }
+    // What the flex requests in flight, and this one, may still grow to.
+    let promised = room
+        .kv_capacity_tokens
+        .filter(|c| *c > 0)
+        .map(|c| room.flex_tokens.saturating_add(request_tokens) as f64 / c as f64);
+    let kv = match (kv, promised) {
+        (Some(kv), Some(p)) => {
+            if kv + p >= limits.stop_at {
+                return Err(NoRoom::KvPromised {
+                    kv,
+                    promised: p,
+                    stop_at: limits.stop_at,
+                });
+            }
+            Some(kv + p)
+        }
+        (kv, _) => kv,
+    };
     if let Some(w) = waiting
         && w > limits.max_waiting
     {
@@ -156,10 +191,72 @@ pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits) -> Result<(), NoRoom>
     Ok(())
 }
 
+/// `max_tokens` assumed for a request that gives none: vLLM would let it run to the model's length, which the
+/// activator does not know; 1,024 is a long answer for a chat or batch line.
+pub const DEFAULT_MAX_TOKENS: u64 = 1_024;
+
+/// How many KV tokens a request body may grow to: its prompt (estimated as a token per 4 bytes of the body,
+/// which over-counts JSON's quoting and keys: the safe side) plus `max_tokens` (or `max_completion_tokens`;
+/// [`DEFAULT_MAX_TOKENS`] when it gives neither or the body is not JSON).
+pub fn footprint_tokens(body: &[u8]) -> u64 {
+    let prompt = (body.len() as u64).div_ceil(4);
+    let max = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.get("max_completion_tokens")
+                .or_else(|| v.get("max_tokens"))
+                .and_then(serde_json::Value::as_u64)
+        })
+        .unwrap_or(DEFAULT_MAX_TOKENS);
+    prompt.saturating_add(max)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn admit_flex_test(room: &BackendRoom, l: &LaneLimits) -> Result<(), NoRoom> {
+        admit_flex(room, l, 0)
+    }
+
+    #[test]
+    fn flex_requests_in_flight_count_at_what_they_will_grow_to() {
+        let l = LaneLimits::default();
+        // 30% in use; 20 flex requests of 1,000 tokens promised in a 100,000-token cache: 50% would be in use.
+        let mut r = room(0.3, 0.0, 20);
+        r.flex_tokens = 20_000;
+        r.kv_capacity_tokens = Some(100_000);
+        // Between admit-below and stop-at: throttled to one in flight, and 20 are.
+        assert!(matches!(
+            admit_flex(&r, &l, 1_000),
+            Err(NoRoom::Throttled { limit: 1, .. })
+        ));
+        // 25 promised: at stop-at, refused with both figures.
+        r.flex_tokens = 29_000;
+        let e = admit_flex(&r, &l, 1_000).unwrap_err();
+        assert_eq!(e.label(), "kv_promised");
+        assert_eq!(
+            e.to_string(),
+            "KV cache 30% in use and 30% promised to flex requests (flex stops at 60%)"
+        );
+        // Unknown capacity: the gauge alone, as before.
+        r.kv_capacity_tokens = None;
+        assert_eq!(admit_flex(&r, &l, 1_000), Ok(()));
+        // A small promise under admit-below admits up to max-in-flight.
+        r.kv_capacity_tokens = Some(1_000_000);
+        r.flex_tokens = 10_000;
+        assert_eq!(admit_flex(&r, &l, 1_000), Ok(()));
+    }
+
+    #[test]
+    fn a_footprint_is_the_prompt_estimate_plus_max_tokens() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":100}"#;
+        assert_eq!(footprint_tokens(body), (body.len() as u64).div_ceil(4) + 100);
+        let body = br#"{"model":"m","prompt":"x","max_completion_tokens":7}"#;
+        assert_eq!(footprint_tokens(body), (body.len() as u64).div_ceil(4) + 7);
+        assert_eq!(footprint_tokens(b"not json"), 2 + DEFAULT_MAX_TOKENS);
+    }
 
     fn room(kv: f64, waiting: f64, flex: u64) -> BackendRoom {
         BackendRoom {
@@ -168,27 +265,29 @@ mod tests {
             age: Some(Duration::from_millis(100)),
             flex_in_flight: flex,
             flex_unseen: 0,
+            flex_tokens: 0,
+            kv_capacity_tokens: None,
         }
     }
 
     #[test]
     fn admit_under_half_throttle_to_sixty_stop_above() {
         let l = LaneLimits::default();
-        assert_eq!(admit_flex(&room(0.3, 0.0, 10), &l), Ok(()));
+        assert_eq!(admit_flex_test(&room(0.3, 0.0, 10), &l), Ok(()));
         assert!(matches!(
-            admit_flex(&room(0.3, 0.0, 64), &l),
+            admit_flex_test(&room(0.3, 0.0, 64), &l),
             Err(NoRoom::Throttled { limit: 64, .. })
         ));
-        assert_eq!(admit_flex(&room(0.55, 0.0, 0), &l), Ok(()));
+        assert_eq!(admit_flex_test(&room(0.55, 0.0, 0), &l), Ok(()));
         assert!(matches!(
-            admit_flex(&room(0.55, 0.0, 1), &l),
+            admit_flex_test(&room(0.55, 0.0, 1), &l),
             Err(NoRoom::Throttled { limit: 1, .. })
         ));
-        let full = admit_flex(&room(0.6, 0.0, 0), &l).unwrap_err();
+        let full = admit_flex_test(&room(0.6, 0.0, 0), &l).unwrap_err();
         assert_eq!(full.label(), "kv_full");
         assert_eq!(full.to_string(), "KV cache 60% in use (flex stops at 60%)");
         assert!(matches!(
-            admit_flex(&room(0.1, 1.0, 0), &l),
+            admit_flex_test(&room(0.1, 1.0, 0), &l),
             Err(NoRoom::Queue { .. })
         ));
     }
@@ -197,18 +296,18 @@ mod tests {
     fn unknown_or_stale_room_is_the_throttled_band() {
         let l = LaneLimits::default();
         let never = BackendRoom::default();
-        assert_eq!(admit_flex(&never, &l), Ok(()));
+        assert_eq!(admit_flex(&never, &l, 0), Ok(()));
         let busy = BackendRoom {
             flex_in_flight: 1,
             ..never
         };
-        assert!(admit_flex(&busy, &l).is_err());
+        assert!(admit_flex(&busy, &l, 0).is_err());
         // Stale gauges saying "full" are not believed either way.
         let stale = BackendRoom {
             age: Some(Duration::from_secs(60)),
             ..room(0.95, 3.0, 0)
         };
-        assert_eq!(admit_flex(&stale, &l), Ok(()));
+        assert_eq!(admit_flex(&stale, &l, 0), Ok(()));
     }
 
     #[test]

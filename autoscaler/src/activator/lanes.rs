@@ -73,7 +73,18 @@ async fn read(client: &Client<HttpConnector, Full<Bytes>>, backend: &Arc<Backend
     };
     match tokio::time::timeout(timeout, fetch).await {
         Ok(Ok(page)) => match VllmSnapshot::from_text(&page) {
-            Ok(snap) => backend.set_gauges(Instant::now(), snap.kv_cache_usage, snap.requests_waiting),
+            Ok(snap) => {
+                let capacity = snap
+                    .num_gpu_blocks()
+                    .zip(snap.block_size())
+                    .map(|(blocks, size)| blocks.saturating_mul(size));
+                backend.set_gauges(
+                    Instant::now(),
+                    snap.kv_cache_usage,
+                    snap.requests_waiting,
+                    capacity,
+                )
+            }
             Err(e) => debug!(backend = %backend.base, error = %e, "lanes: unreadable /metrics"),
         },
         Ok(Err(e)) => debug!(backend = %backend.base, error = %e, "lanes: /metrics failed"),

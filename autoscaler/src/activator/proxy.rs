@@ -676,9 +676,11 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
     let mut held = false;
     // A flex request waiting for room (the gauge of its wait), outside every queue a real-time request waits in.
     let mut flex_wait = None;
+    // What a flex request may grow to in a backend's KV cache: the gate counts it with those in flight.
+    let footprint = (lane == Lane::Flex).then(|| tessera_core::lanes::footprint_tokens(&body));
     loop {
-        let picked = if lane == Lane::Flex {
-            match entry.pick_flex(&app.limits.lanes, Instant::now()) {
+        let picked = if let Some(tokens) = footprint {
+            match entry.pick_flex(&app.limits.lanes, Instant::now(), tokens) {
                 Ok(lease) => Some(lease),
                 // No backend ready: held for a scale from zero like any request.
                 Err(None) => None,

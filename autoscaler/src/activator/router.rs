@@ -30,6 +30,8 @@ pub struct Backend {
     flex: AtomicU64,
     /// Flex-lane requests sent since the gauges were last read.
     flex_unseen: AtomicU64,
+    /// What the flex-lane requests in flight may grow to in the KV cache, tokens (`tessera_core::lanes`).
+    flex_tokens: AtomicU64,
     /// The backend's last gauges (KV-cache usage, requests waiting) and when they were read (`super::lanes`).
     gauges: Mutex<Option<Gauges>>,
 }
@@ -40,6 +42,8 @@ struct Gauges {
     at: Instant,
     kv: Option<f64>,
     waiting: Option<f64>,
+    /// The KV cache's size in tokens (`num_gpu_blocks × block_size`).
+    kv_capacity_tokens: Option<u64>,
 }
 
 impl Backend {
@@ -49,13 +53,26 @@ impl Backend {
             outstanding: AtomicU64::new(0),
             flex: AtomicU64::new(0),
             flex_unseen: AtomicU64::new(0),
+            flex_tokens: AtomicU64::new(0),
             gauges: Mutex::new(None),
         }
     }
 
-    /// Records the backend's gauges read at `at` (KV-cache usage 0–1, requests waiting).
-    pub fn set_gauges(&self, at: Instant, kv: Option<f64>, waiting: Option<f64>) {
-        *lock(&self.gauges) = Some(Gauges { at, kv, waiting });
+    /// Records the backend's gauges read at `at` (KV-cache usage 0–1, requests waiting, the cache's size in
+    /// tokens).
+    pub fn set_gauges(
+        &self,
+        at: Instant,
+        kv: Option<f64>,
+        waiting: Option<f64>,
+        kv_capacity_tokens: Option<u64>,
+    ) {
+        *lock(&self.gauges) = Some(Gauges {
+            at,
+            kv,
+            waiting,
+            kv_capacity_tokens,
+        });
         self.flex_unseen.store(0, Ordering::Relaxed);
     }
 
@@ -68,6 +85,8 @@ impl Backend {
             age: g.map(|g| now.saturating_duration_since(g.at)),
             flex_in_flight: self.flex.load(Ordering::Relaxed),
             flex_unseen: self.flex_unseen.load(Ordering::Relaxed),
+            flex_tokens: self.flex_tokens.load(Ordering::Relaxed),
+            kv_capacity_tokens: g.and_then(|g| g.kv_capacity_tokens),
         }
     }
 
@@ -87,8 +106,8 @@ impl Backend {
 #[derive(Debug)]
 pub struct Lease {
     backend: Arc<Backend>,
-    /// A flex-lane request: counted in the backend's flex in-flight too.
-    flex: bool,
+    /// A flex-lane request: counted in the backend's flex in-flight too, with its footprint in tokens.
+    flex: Option<u64>,
 }
 
 impl Lease {
@@ -101,8 +120,9 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
-        if self.flex {
+        if let Some(tokens) = self.flex {
             self.backend.flex.fetch_sub(1, Ordering::Relaxed);
+            self.backend.flex_tokens.fetch_sub(tokens, Ordering::Relaxed);
         }
     }
 }
@@ -353,13 +373,14 @@ impl ModelEntry {
         let backend = pick_least_outstanding(&ready, self.rr.fetch_add(1, Ordering::Relaxed))?.clone();
         drop(ready);
         backend.outstanding.fetch_add(1, Ordering::Relaxed);
-        Some(Lease { backend, flex: false })
+        Some(Lease { backend, flex: None })
     }
 
-    /// Picks a backend for a flex-lane request: the least outstanding among the ready ones with room
+    /// Picks a backend for a flex-lane request that may grow to `tokens` in the KV cache
+    /// (`tessera_core::lanes::footprint_tokens`): the least outstanding among the ready ones with room
     /// (`tessera_core::lanes::admit_flex`). `Err(None)`: no backend is ready (the hold path applies);
     /// `Err(Some(why))`: backends are ready but none has room.
-    pub fn pick_flex(&self, limits: &LaneLimits, now: Instant) -> Result<Lease, Option<NoRoom>> {
+    pub fn pick_flex(&self, limits: &LaneLimits, now: Instant, tokens: u64) -> Result<Lease, Option<NoRoom>> {
         let ready = self.ready.borrow();
         if ready.is_empty() {
             return Err(None);
@@ -367,7 +388,7 @@ impl ModelEntry {
         let mut why = None;
         let mut best: Option<&Arc<Backend>> = None;
         for b in ready.iter() {
-            match admit_flex(&b.room(now), limits) {
+            match admit_flex(&b.room(now), limits, tokens) {
                 Ok(()) => {
                     if best.is_none_or(|x| b.outstanding() < x.outstanding()) {
                         best = Some(b);
@@ -383,7 +404,11 @@ impl ModelEntry {
         backend.outstanding.fetch_add(1, Ordering::Relaxed);
         backend.flex.fetch_add(1, Ordering::Relaxed);
         backend.flex_unseen.fetch_add(1, Ordering::Relaxed);
-        Ok(Lease { backend, flex: true })
+        backend.flex_tokens.fetch_add(tokens, Ordering::Relaxed);
+        Ok(Lease {
+            backend,
+            flex: Some(tokens),
+        })
     }
 
     /// Counts a flex-lane request waiting for room until the guard drops.
@@ -628,6 +653,28 @@ mod tests {
 
     fn entry(queue: u64, max_held: u64) -> ModelEntry {
         ModelEntry::new("ns", "m", queue, Admission::new(1_000, max_held))
+    }
+
+    #[test]
+    fn a_flex_lease_promises_its_footprint_until_it_ends() {
+        let e = entry(10, 10);
+        e.set_ready("http://b:8000", true);
+        let b = e.ready_backends()[0].clone();
+        let limits = LaneLimits {
+            throttle_in_flight: 100,
+            ..LaneLimits::default()
+        };
+        // 10% in use of a 10,000-token cache: two requests of 2,000 tokens fit under 60%, a third does not.
+        b.set_gauges(Instant::now(), Some(0.1), Some(0.0), Some(10_000));
+        let first = e.pick_flex(&limits, Instant::now(), 2_000).unwrap();
+        let _second = e.pick_flex(&limits, Instant::now(), 2_000).unwrap();
+        assert_eq!(b.room(Instant::now()).flex_tokens, 4_000);
+        let refused = e.pick_flex(&limits, Instant::now(), 2_000).unwrap_err().unwrap();
+        assert_eq!(refused.label(), "kv_promised");
+        // The first ends: its promise goes with it.
+        drop(first);
+        assert_eq!(b.room(Instant::now()).flex_tokens, 2_000);
+        assert!(e.pick_flex(&limits, Instant::now(), 2_000).is_ok());
     }
 
     #[test]

@@ -263,6 +263,12 @@ impl BatchRt {
         })
     }
 
+    /// A line of job `j`'s KV footprint: its prompt and its `max_tokens`.
+    fn footprint(&self, j: usize) -> u64 {
+        let job = &self.setup.jobs[j];
+        u64::from(job.prompt_tokens) + u64::from(job.output_tokens)
+    }
+
     fn request(&self, j: usize, line: u64) -> Request {
         let job = &self.setup.jobs[j];
         Request::new(line_id(j, line), job.prompt_tokens, job.output_tokens)
@@ -628,15 +634,26 @@ impl World<'_> {
                 if !b.has_unsent(j) {
                     break;
                 }
-                let st = self.replicas[r].engine.stats();
+                let eng = &self.replicas[r].engine;
+                let st = eng.stats();
+                let job = &b.setup.jobs[j];
+                // The line's footprint is exact here (its prompt and max_tokens); the activator estimates it
+                // from the body (`tessera_core::lanes::footprint_tokens`).
+                let footprint = u64::from(job.prompt_tokens) + u64::from(job.output_tokens);
+                let in_flight = b.spare.get(&r).map_or(0, |v| v.len() as u64);
                 let room = BackendRoom {
                     kv: Some(st.kv_usage),
                     waiting: Some(st.waiting as f64),
                     age: Some(Duration::ZERO),
-                    flex_in_flight: b.spare.get(&r).map_or(0, |v| v.len() as u64),
+                    flex_in_flight: in_flight,
                     flex_unseen: 0,
+                    flex_tokens: b
+                        .spare
+                        .get(&r)
+                        .map_or(0, |v| v.iter().map(|&id| b.footprint(job_of(id))).sum()),
+                    kv_capacity_tokens: Some(eng.kv_blocks_total() * u64::from(eng.config().block_size)),
                 };
-                if admit_flex(&room, &b.lanes).is_err() {
+                if admit_flex(&room, &b.lanes, footprint).is_err() {
                     continue;
                 }
                 self.tell_neighbours(r);
