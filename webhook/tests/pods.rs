@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{Value, json};
-use tessera_autoscaler::crd::InferenceAutoscaler;
-use tessera_autoscaler::pool::{Placement, PoolsConfig};
+use tessera_api::crd::InferenceAutoscaler;
+use tessera_pool::{Placement, PoolsConfig};
 use tessera_webhook::mutate::{self, Config, Context, Mutation, SIDECAR_NAME, Unchanged};
 
 fn root() -> PathBuf {
