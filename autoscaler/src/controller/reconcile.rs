@@ -359,11 +359,11 @@ async fn apply_count(
     match tessera_core::keda::ownership(obj.spec.scaled_by.owner(), &g.target, g.others.as_deref()) {
         tessera_core::keda::Ownership::Tessera => {}
         tessera_core::keda::Ownership::Keda { scaled_object } => {
-            super::owners::announce_decision(ctx, obj, &r.decision).await;
+            super::owner_events::announce_decision(ctx, obj, &r.decision).await;
             return (replicas, Applied::Published { scaled_object });
         }
         tessera_core::keda::Ownership::Conflict(message) => {
-            super::owners::warn_conflict(ctx, obj, &message).await;
+            super::owner_events::warn_conflict(ctx, obj, &message).await;
             return (current, Applied::Conflict(message));
         }
     }
