@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 mod policy;
 mod status;
 
-pub use policy::SpecError;
+pub use policy::{SpecError, invalid_spec_message};
 pub use status::{
     AllocationStatus, AllocationValues, ColdStartLedgerStatus, InferenceAutoscalerStatus,
     RecommendationStatus, RestStatus, SignalStatus,

@@ -19,6 +19,13 @@ pub enum SpecError {
     Invalid(Vec<String>),
 }
 
+/// The one message for an invalid spec, from [`InferenceAutoscalerSpec::to_policy`]'s problems: what the
+/// controller writes in the `Valid` condition and its Warning Event, and what the simulator says of a scenario
+/// model carrying the same spec, so both read alike.
+pub fn invalid_spec_message(errors: &[String]) -> String {
+    errors.join("; ")
+}
+
 impl InferenceAutoscalerSpec {
     /// Checks everything the schema checks (for API servers without CEL) and what only Rust can check (durations
     /// parse, the policy makes sense). Each message names the field and how to fix it.

@@ -204,7 +204,10 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     // 1. The spec.
     let policy = match obj.spec.to_policy() {
         Ok(p) => p,
-        Err(errors) => return invalid_spec(ctx, obj, &ias_api, &errors.join("; "), &now_k8s).await,
+        Err(errors) => {
+            let message = crate::crd::invalid_spec_message(&errors);
+            return invalid_spec(ctx, obj, &ias_api, &message, &now_k8s).await;
+        }
     };
     // 2-4. What the round observes.
     let g = gather(ctx, obj, &ias_api, &policy, now_sys).await?;

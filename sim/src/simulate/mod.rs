@@ -14,6 +14,7 @@
 //! bar and the output. See `docs/simulator.md`.
 
 pub mod bound;
+pub mod crd_model;
 pub mod html;
 pub mod observe;
 pub mod peers;
