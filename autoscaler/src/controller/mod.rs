@@ -32,6 +32,7 @@ pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
 pub mod metrics;
+mod objective;
 pub mod owner_events;
 pub mod owners;
 pub mod reconcile;

@@ -13,7 +13,8 @@
 //! 5. The round: the workload class and the policy defaults it supplies (an Event when it changes), urgency, the
 //!    decision and its reason, what held it, the move off a draining GPU. A decision to
 //!    go to zero is asked again on activator documents fetched right then ([`Round::redecide`]): a request that
-//!    arrived since keeps the model up.
+//!    arrived since keeps the model up. Every sidecar that reports another latency objective than the round's
+//!    policy is handed it (`super::objective`), so an SLO edit reaches the share rule within this sync.
 //! 6. Mark pods leaving a draining GPU, apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`,
 //!    and emit an Event on every scale.
 //! 7. Fold the recommendation into the allocation in force, roll under `updateMode: Recreate`
@@ -236,6 +237,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         }
     }
     ctx.metrics.decision(r.decision.reason);
+    super::objective::hand_over(ctx, &r.policy, &g.sidecar_urls, &g.observed.sidecars).await;
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
     let current = g.observed.replicas + g.sleeping;
@@ -437,6 +439,8 @@ pub(super) struct Gathered {
     /// replicas are asleep (counted in `/scale`, not in the round's running replicas).
     rest_docs: Vec<(String, SidecarStatus)>,
     sleeping: u32,
+    /// Each ready replica's sidecar, in `observed.sidecars`' order (where the objective is handed over).
+    sidecar_urls: Vec<String>,
 }
 
 /// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
@@ -639,6 +643,7 @@ pub(super) async fn gather(
         others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
         rest_docs,
         sleeping,
+        sidecar_urls: ready_pods.into_iter().map(|(_, url)| url).collect(),
     })
 }
 

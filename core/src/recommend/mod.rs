@@ -71,6 +71,7 @@ mod config;
 pub mod geometry;
 mod memory;
 mod mode;
+mod objective;
 mod outcome;
 #[cfg(test)]
 mod tests;
@@ -83,6 +84,7 @@ pub use compute::{ComputeDecision, recommend_compute};
 pub use config::{Config, ConfigError};
 pub use geometry::{CacheDtype, Dtype, ModelFacts, ModelGeometry};
 pub use mode::MemoryMode;
+pub use objective::Objective;
 pub use outcome::*;
 pub use types::*;
 
