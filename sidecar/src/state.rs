@@ -324,10 +324,11 @@ impl State {
         // compute-share rule weighs against the objectives. No window (fewer than two scrapes) = unknown.
         let summary = self.window_summary().map(|(_, _, w)| w);
         // The observation is the objective's percentile: the TTFT's p99 when the objective holds the p99
-        // (`ttftSloPercentile: 99`), as the scale guard does; the inter-token objective is a p95.
+        // (`ttftSloPercentile: 99`), read as the scale guard reads it (the p95 over too few first tokens for a
+        // p99, `SloPercentile::for_window`); the inter-token objective is a p95.
         let latency = |q: Option<tessera_core::metrics::Quantiles>, p: SloPercentile| {
             q.map(|q| LatencyObservation {
-                p95_secs: match p {
+                p95_secs: match p.for_window(Some(q.count)) {
                     SloPercentile::P95 => q.p95,
                     SloPercentile::P99 => q.p99,
                 },

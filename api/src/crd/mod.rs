@@ -143,6 +143,8 @@ const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
     .message("targets.requestsPerSecondPerReplica needs modelNames: the activator counts requests by model name"))]
 #[x_kube(validation = Rule::new("!has(self.ttftSlo) || duration(self.ttftSlo) > duration('0s')")
     .message("ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request"))]
+#[x_kube(validation = Rule::new("!has(self.itlSlo) || duration(self.itlSlo) > duration('0s')")
+    .message("itlSlo must be more than 0 (e.g. 100ms), or left out for no inter-token objective"))]
 #[x_kube(validation = Rule::new("!has(self.ttftSloPercentile) || self.ttftSloPercentile in [95, 99]")
     .message("ttftSloPercentile must be 95 or 99 (the percentiles the sidecar reports)"))]
 #[x_kube(validation = Rule::new("!has(self.ttftSloPercentile) || has(self.ttftSlo)")
@@ -178,6 +180,12 @@ pub struct InferenceAutoscalerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 95, max = 99))]
     pub ttft_slo_percentile: Option<u32>,
+    /// Inter-token latency objective (p95), e.g. `100ms`: each replica's compute share keeps streaming at least this
+    /// fast (with `ttftSlo`, the objective needing the larger share wins). Handed to the running sidecars, so an
+    /// edit takes effect within one sync; unset, a replica keeps its `tessera.dev/itl-slo` annotation's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub itl_slo: Option<String>,
     /// How fast to scale: stabilization windows and rate limits (as HPA's `behavior`), and panic mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub behavior: Option<Behavior>,

@@ -1,6 +1,8 @@
-//! Handing the InferenceAutoscaler's latency objective to each replica's sidecar, so an edit of `ttftSlo` or
-//! `ttftSloPercentile` reaches the compute-share rule within one sync, with no pod recreated. Which sidecars need
+//! Handing the InferenceAutoscaler's latency objective to each replica's sidecar, so an edit of `ttftSlo`,
+//! `ttftSloPercentile` or `itlSlo` reaches the compute-share rule within one sync, with no pod recreated. Which sidecars need
 //! it is [`tessera_core::recommend::Objective::handover`]; this only sends it.
+
+use std::time::Duration;
 
 use futures::future::join_all;
 use tessera_core::recommend::Objective;
@@ -13,14 +15,15 @@ use super::context::Context;
 /// Hands `policy`'s objective (the round's, workload-class defaults included, so the share rule and the scale
 /// guard hold the same percentile) to every replica at `urls` whose document in `docs` (same order; `None`:
 /// unread, tried next sync) reports another one. A failure is counted and tried again next sync.
+/// `itl_slo` is the spec's `itlSlo`; without one each replica keeps the inter-token objective it was admitted with.
 pub(super) async fn hand_over(
     ctx: &Context,
     policy: &ScalePolicy,
+    itl_slo: Option<Duration>,
     urls: &[String],
     docs: &[Option<SidecarStatus>],
 ) {
-    // The spec has no inter-token objective of its own yet: each replica keeps the one it was admitted with.
-    let want = Objective::of(policy, None);
+    let want = Objective::of(policy, itl_slo);
     let due: Vec<(&String, Objective)> = urls
         .iter()
         .zip(docs)

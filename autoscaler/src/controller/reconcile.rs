@@ -237,7 +237,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         }
     }
     ctx.metrics.decision(r.decision.reason);
-    super::objective::hand_over(ctx, &r.policy, &g.sidecar_urls, &g.observed.sidecars).await;
+    let itl_slo = obj.spec.itl_slo();
+    super::objective::hand_over(ctx, &r.policy, itl_slo, &g.sidecar_urls, &g.observed.sidecars).await;
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
     let current = g.observed.replicas + g.sleeping;

@@ -1,4 +1,4 @@
-//! An SLO edit on a running model reaches the share rule within one sync: the reconcile that reads the edited
+//! An SLO edit (`ttftSlo`, `ttftSloPercentile`, `itlSlo`) on a running model reaches the share rule within one sync: the reconcile that reads the edited
 //! spec hands the sidecars the new objective (no pod recreated), and hands nothing while they hold it.
 
 use tessera_core::recommend::Objective;
@@ -95,4 +95,15 @@ async fn an_slo_edit_reaches_the_share_rule_within_one_sync() {
 
     // The sidecar now reports it: the sync after hands nothing.
     assert_eq!(sync(&ctx, &signals, spec("1s", Some(99))).await, []);
+
+    // The inter-token objective written in the spec (`itlSlo`) replaces the annotation's, the same way.
+    let mut with_itl = spec("1s", Some(99));
+    with_itl["itlSlo"] = json!("50ms");
+    let handed = sync(&ctx, &signals, with_itl.clone()).await;
+    let want = Objective {
+        itl_slo_secs: Some(0.05),
+        ..want
+    };
+    assert_eq!(handed, [(SIDECAR.to_owned(), want)]);
+    assert_eq!(sync(&ctx, &signals, with_itl).await, []);
 }

@@ -18,7 +18,7 @@
 //! ```
 //!
 //! Before the file is read into [`super::scenario::ScenarioFile`], each such spec is read into the core's
-//! [`ScalePolicy`] and the model's Tessera fields (`min_replicas`, `max_replicas`, `targets`, `slo_ttft`, …) are
+//! [`ScalePolicy`] and the model's Tessera fields (`min_replicas`, `max_replicas`, `targets`, `slo_ttft`, `slo_itl`, …) are
 //! written from that policy, so the rest of the simulator sees one kind of model. A spec the controller would
 //! refuse is refused here with the controller's message (its `Valid` condition), prefixed by where it is.
 
@@ -32,11 +32,12 @@ use super::scenario::ScenarioError;
 pub const KEY: &str = "inference_autoscaler";
 
 /// The scenario's model fields a spec sets: written once, in the spec, or in the scenario's own names.
-const OWNED: [(&str, &str); 9] = [
+const OWNED: [(&str, &str); 10] = [
     ("min_replicas", "minReplicas"),
     ("max_replicas", "maxReplicas"),
     ("targets", "targets"),
     ("slo_ttft", "ttftSlo"),
+    ("slo_itl", "itlSlo"),
     ("ttft_slo_percentile", "ttftSloPercentile"),
     ("scale_to_zero_after", "scaleToZero.idleAfter"),
     ("cold_start_miss_budget", "scaleToZero.coldStartMissBudget"),
@@ -109,6 +110,9 @@ fn fields(spec: &InferenceAutoscalerSpec, policy: &ScalePolicy) -> Result<Mappin
     out.insert("min_replicas".into(), policy.min_replicas.into());
     out.insert("max_replicas".into(), policy.max_replicas.into());
     out.insert("slo_ttft".into(), secs(slo));
+    if let Some(itl) = spec.itl_slo() {
+        out.insert("slo_itl".into(), secs(itl));
+    }
     if let Some(n) = spec.ttft_slo_percentile {
         out.insert("ttft_slo_percentile".into(), n.into());
     }
@@ -188,6 +192,7 @@ models:
         assert_eq!((chat.min_replicas, chat.max_replicas, chat.slo_ttft), (1, 4, 2.0));
         assert_eq!(chat.ttft_slo_percentile, tessera_core::scale::SloPercentile::P99);
         assert_eq!(chat.targets.kv_cache_utilization, Some(0.7));
+        assert_eq!(chat.slo_itl, Some(0.1));
         let policy = chat.policy.as_ref().expect("the spec's policy");
         assert_eq!(
             policy.behavior.scale_down.stabilization_window,
