@@ -2,8 +2,6 @@
 //! `ttftSloPercentile` or `itlSlo` reaches the compute-share rule within one sync, with no pod recreated. Which sidecars need
 //! it is [`tessera_core::recommend::Objective::handover`]; this only sends it.
 
-use std::time::Duration;
-
 use futures::future::join_all;
 use tessera_core::recommend::Objective;
 use tessera_core::scale::ScalePolicy;
@@ -11,19 +9,20 @@ use tessera_core::wire::sidecar::SidecarStatus;
 use tracing::{debug, info};
 
 use super::context::Context;
+use crate::crd::InferenceAutoscalerSpec;
 
 /// Hands `policy`'s objective (the round's, workload-class defaults included, so the share rule and the scale
 /// guard hold the same percentile) to every replica at `urls` whose document in `docs` (same order; `None`:
 /// unread, tried next sync) reports another one. A failure is counted and tried again next sync.
-/// `itl_slo` is the spec's `itlSlo`; without one each replica keeps the inter-token objective it was admitted with.
+/// The inter-token objective is the spec's `itlSlo`; without one each replica keeps the one it was admitted with.
 pub(super) async fn hand_over(
     ctx: &Context,
+    spec: &InferenceAutoscalerSpec,
     policy: &ScalePolicy,
-    itl_slo: Option<Duration>,
     urls: &[String],
     docs: &[Option<SidecarStatus>],
 ) {
-    let want = Objective::of(policy, itl_slo);
+    let want = Objective::of(policy, spec.itl_slo());
     let due: Vec<(&String, Objective)> = urls
         .iter()
         .zip(docs)

@@ -205,10 +205,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     // 1. The spec.
     let policy = match obj.spec.to_policy() {
         Ok(p) => p,
-        Err(errors) => {
-            let message = crate::crd::invalid_spec_message(&errors);
-            return invalid_spec(ctx, obj, &ias_api, &message, &now_k8s).await;
-        }
+        Err(errors) => return invalid_spec(ctx, obj, &ias_api, &errors, &now_k8s).await,
     };
     // 2-4. What the round observes.
     let g = gather(ctx, obj, &ias_api, &policy, now_sys).await?;
@@ -237,8 +234,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         }
     }
     ctx.metrics.decision(r.decision.reason);
-    let itl_slo = obj.spec.itl_slo();
-    super::objective::hand_over(ctx, &r.policy, itl_slo, &g.sidecar_urls, &g.observed.sidecars).await;
+    super::objective::hand_over(ctx, &obj.spec, &r.policy, &g.sidecar_urls, &g.observed.sidecars).await;
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
     let current = g.observed.replicas + g.sleeping;
@@ -394,9 +390,12 @@ async fn invalid_spec(
     ctx: &Context,
     obj: &InferenceAutoscaler,
     ias_api: &Api<InferenceAutoscaler>,
-    message: &str,
+    errors: &[String],
     now_k8s: &Time,
 ) -> Result<(), Error> {
+    // The simulator says the same of a scenario carrying this spec (`tessera_sim::simulate::crd_model`).
+    let message = crate::crd::invalid_spec_message(errors);
+    let message = message.as_str();
     let was_invalid = obj.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
