@@ -15,6 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use tessera_core::scale::{SloPercentile, coldstart};
 
+use super::crd_model::SpecModelError;
 use super::today::TodayFile;
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::formats::{self, Format};
@@ -528,7 +529,17 @@ impl ScenarioFile {
         };
         // Models written with an InferenceAutoscaler spec are read by the controller's reader first
         // (`crd_model`); a file without one is read as it is.
-        match super::crd_model::expand(yaml, path)? {
+        let expanded = super::crd_model::expand(yaml).map_err(|e| match e {
+            SpecModelError::Yaml(message) => ScenarioError::Yaml {
+                path: path.to_string(),
+                message,
+            },
+            SpecModelError::Invalid(problems) => ScenarioError::Invalid {
+                path: path.to_string(),
+                problems,
+            },
+        })?;
+        match expanded {
             Some(expanded) => serde_yaml::from_value(expanded).map_err(yaml_err),
             None => serde_yaml::from_str(yaml).map_err(yaml_err),
         }
