@@ -7,21 +7,18 @@ use std::time::Duration;
 use super::super::scenario::{ComputeFraction, ScenarioError, ScenarioFile, Source, load, resolve};
 use super::*;
 
+/// A one-model scenario in YAML's flow style, the model's own fields `model` (`inference_autoscaler: SPEC`, or
+/// the scenario's names).
+fn scenario_with(model: &str) -> String {
+    format!(
+        "{{name: t, duration: 10m, gpu: a100-80gb, models: [{{name: chat, preset: llama-3.1-8b, \
+         hpa_requests_per_second_per_replica: 4, traffic: {{trace: azure_llm, rate: 0.1}}, {model}}}]}}"
+    )
+}
+
 /// A model with `spec` (YAML flow, as in a manifest) under `inference_autoscaler`.
 fn scenario(spec: &str) -> String {
-    format!(
-        "
-name: t
-duration: 10m
-gpu: a100-80gb
-models:
-  - name: chat
-    preset: llama-3.1-8b
-    hpa_requests_per_second_per_replica: 4
-    traffic: {{ trace: azure_llm, rate: 0.1 }}
-    inference_autoscaler: {spec}
-"
-    )
+    scenario_with(&format!("inference_autoscaler: {spec}"))
 }
 
 fn problems(yaml: &str) -> Vec<String> {
@@ -82,10 +79,7 @@ fn a_wrong_field_gets_the_controllers_message() {
 #[test]
 fn a_field_written_twice_or_a_missing_slo_is_named() {
     let spec = "{scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: chat}, maxReplicas: 2}";
-    let twice = scenario(spec).replace(
-        "    inference_autoscaler",
-        "    max_replicas: 3\n    inference_autoscaler",
-    );
+    let twice = scenario_with(&format!("max_replicas: 3, inference_autoscaler: {spec}"));
     let p = problems(&twice);
     assert!(
         p.iter().any(|m| m.contains(
@@ -101,10 +95,7 @@ fn a_field_written_twice_or_a_missing_slo_is_named() {
 
 #[test]
 fn a_scenario_without_a_spec_is_read_as_before() {
-    let yaml = scenario("x").replace(
-        "    inference_autoscaler: x\n",
-        "    slo_ttft: 2s\n    max_replicas: 2\n",
-    );
+    let yaml = scenario_with("slo_ttft: 2s, max_replicas: 2");
     assert!(expand(&yaml).unwrap().is_none());
     let f = ScenarioFile::parse(&yaml, "m.yaml").unwrap();
     assert!(resolve(&f, "m.yaml", None).unwrap().models[0].policy.is_none());
