@@ -2,13 +2,16 @@
 
 pub mod activator;
 pub mod controller;
-pub mod crd;
+/// The CRD's types live in `tessera-api` (shared with the webhook and the simulator); re-exported so the
+/// controller's paths (`crate::crd::…`) stay as they were.
+pub use tessera_api::crd;
 pub mod keda;
 pub use tessera_runtime::kube_client;
 pub mod leader;
-pub mod pool;
+/// The pool manager lives in `tessera-pool` (the webhook reserves through it without depending on the
+/// controller); re-exported so the controller's paths (`crate::pool::…`) stay as they were.
+pub use tessera_pool as pool;
 pub mod ui;
-mod watch;
 
 /// The `autoscaler` role: the controller, or with `--no-kube` the `/ui` page alone, read from the sidecars given on
 /// the command line (`ui::local`). Dispatched here so the controller and the local page do not import each other.
@@ -26,10 +29,5 @@ pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Whether a pod's `Ready` condition is `True` (the kubelet's verdict: its containers run and pass readiness).
-pub(crate) fn pod_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
+/// Whether a pod's `Ready` condition is `True` (one reading, shared with the pool manager).
+pub(crate) use tessera_runtime::pod::ready as pod_ready;

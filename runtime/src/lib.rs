@@ -22,8 +22,10 @@
 
 pub mod body;
 pub mod kube_client;
+pub mod pod;
 pub mod security;
 pub mod serve;
+pub mod watch_events;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -18,6 +18,7 @@ use tessera_core::recommend::{
     self, ComputeFacts, Dtype, KvGeometry, LatencyObservation, MemoryFacts, MemoryMode, ModelFacts,
     Observation, Outcome,
 };
+use tessera_core::scale::SloPercentile;
 use tessera_core::wire::sidecar::{
     ComputeStatus, GpuStatus, MemoryStatus, ModelStatus, Quantiles, RecentLatency, RecommendationStatus,
     SCHEMA_VERSION, ScrapeStatus, SidecarStatus, SnapshotSummary, WindowStatus,
@@ -80,6 +81,8 @@ struct Sample {
 #[derive(Debug)]
 pub struct State {
     settings: Settings,
+    /// The percentile the TTFT objective holds (p95 until the controller hands over `ttftSloPercentile`).
+    ttft_percentile: SloPercentile,
     window: VecDeque<Sample>,
     latest: Option<(f64, VllmSnapshot)>,
     gpu: Option<(&'static str, GpuReading)>,
@@ -98,6 +101,7 @@ impl State {
         };
         Self {
             settings,
+            ttft_percentile: SloPercentile::P95,
             window: VecDeque::new(),
             latest: None,
             gpu: None,
@@ -112,6 +116,21 @@ impl State {
                 },
             },
         }
+    }
+
+    /// Takes the objective the controller hands over (the InferenceAutoscaler's, edited or not): the share rule
+    /// sizes to it from the next recommendation on, and `/v1/status` reports it, with no restart (the flags were
+    /// only the objective at admission). Returns whether it changed anything.
+    pub fn set_objective(&mut self, o: &recommend::Objective) -> bool {
+        let changed = (
+            self.settings.ttft_slo_secs,
+            self.settings.itl_slo_secs,
+            self.ttft_percentile,
+        ) != (o.ttft_slo_secs, o.itl_slo_secs, o.percentile());
+        self.settings.ttft_slo_secs = o.ttft_slo_secs;
+        self.settings.itl_slo_secs = o.itl_slo_secs;
+        self.ttft_percentile = o.percentile();
+        changed
     }
 
     /// Records the latest GPU reading (`None` when the probe failed or there is none).
@@ -304,9 +323,15 @@ impl State {
         // The window's latency, from the difference of its first and last cumulative histograms: what the
         // compute-share rule weighs against the objectives. No window (fewer than two scrapes) = unknown.
         let summary = self.window_summary().map(|(_, _, w)| w);
-        let latency = |q: Option<tessera_core::metrics::Quantiles>| {
+        // The observation is the objective's percentile: the TTFT's p99 when the objective holds the p99
+        // (`ttftSloPercentile: 99`), read as the scale guard reads it (the p95 over too few first tokens for a
+        // p99, `SloPercentile::for_window`); the inter-token objective is a p95.
+        let latency = |q: Option<tessera_core::metrics::Quantiles>, p: SloPercentile| {
             q.map(|q| LatencyObservation {
-                p95_secs: q.p95,
+                p95_secs: match p.for_window(Some(q.count)) {
+                    SloPercentile::P95 => q.p95,
+                    SloPercentile::P99 => q.p99,
+                },
                 samples: q.count,
             })
         };
@@ -314,8 +339,11 @@ impl State {
             current_share: Some(self.settings.compute_share),
             ttft_slo_secs: self.settings.ttft_slo_secs,
             itl_slo_secs: self.settings.itl_slo_secs,
-            ttft: latency(summary.as_ref().and_then(|w| w.ttft)),
-            itl: latency(summary.as_ref().and_then(|w| w.inter_token_latency)),
+            ttft: latency(summary.as_ref().and_then(|w| w.ttft), self.ttft_percentile),
+            itl: latency(
+                summary.as_ref().and_then(|w| w.inter_token_latency),
+                SloPercentile::P95,
+            ),
         };
         // The step is bounded from what runs (`recommend::Input::of_replica`, the simulator's input too).
         let input = recommend::Input::of_replica(&window, geometry, self.memory_facts(latest), compute);
@@ -464,6 +492,7 @@ impl State {
             compute: Some(ComputeStatus {
                 current_share: self.settings.compute_share,
                 ttft_slo_secs: self.settings.ttft_slo_secs,
+                ttft_slo_percentile: Some(self.ttft_percentile.number()),
                 itl_slo_secs: self.settings.itl_slo_secs,
             }),
             memory: self.memory_status(),
@@ -622,6 +651,49 @@ pub(crate) mod tests {
         assert_eq!(pm[MODEL].requests_waiting, Some(0.0));
         assert_eq!(pm["other/OTHER"].requests_waiting, Some(3.0));
         assert_eq!(pm["other/OTHER"].kv_cache_usage, None);
+    }
+
+    /// An objective handed over at run time replaces the admission flags' at once: the status the controller
+    /// reads next reports it, and the next recommendation sizes to it (no restart).
+    #[test]
+    fn an_objective_handed_over_replaces_the_flags() {
+        let mut st = State::new(Settings {
+            compute_share: 0.5,
+            ttft_slo_secs: Some(2.0),
+            ..settings()
+        });
+        let held = |st: &State| st.status(0.0).compute.unwrap();
+        assert_eq!(
+            (
+                held(&st).ttft_slo_secs,
+                held(&st).ttft_slo_percentile,
+                held(&st).itl_slo_secs
+            ),
+            (Some(2.0), Some(95), None)
+        );
+        let edited = recommend::Objective {
+            ttft_slo_secs: Some(1.0),
+            ttft_slo_percentile: 99,
+            itl_slo_secs: Some(0.05),
+        };
+        assert!(st.set_objective(&edited));
+        assert!(
+            !st.set_objective(&edited),
+            "the same objective again changes nothing"
+        );
+        assert_eq!(
+            (
+                held(&st).ttft_slo_secs,
+                held(&st).ttft_slo_percentile,
+                held(&st).itl_slo_secs
+            ),
+            (Some(1.0), Some(99), Some(0.05))
+        );
+        assert_eq!(
+            edited.handover(Some(&held(&st))),
+            None,
+            "the controller sees its objective held"
+        );
     }
 
     #[test]

@@ -485,6 +485,59 @@ async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
     server.abort();
 }
 
+/// The objective the controller hands over (`PUT /v1/objective`, an InferenceAutoscaler edit) replaces the
+/// `--ttft-slo` the sidecar started with, without a restart: the same window that shrank the share under 2 s grows
+/// it under 50 ms (the p95 ≈ 0.06 s is over half of that), and `/v1/status` reports the objective held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_objective_handed_over_moves_the_share_rule_without_a_restart() {
+    let (vllm_url, server) = serve_the_real_page().await;
+    let sidecar = quick_sidecar(
+        &vllm_url,
+        &["--gpu-memory-mib", "23034", "--max-model-len", "8192"],
+        &[
+            ("TESSERA_TTFT_SLO", "2s"),
+            ("TESSERA_GPU_COMPUTE_FRACTION", "0.5"),
+        ],
+    );
+    let c = Client {
+        http: reqwest::Client::new(),
+        base: sidecar.base(),
+    };
+    let shrunk = c
+        .wait_for("a share from latency under the 2 s objective", 20, |s| {
+            s.recommendation().is_some_and(|r| r.compute_fraction < 0.5)
+        })
+        .await;
+    assert_eq!(shrunk.compute.unwrap().ttft_slo_percentile, Some(95));
+    let put = c
+        .http
+        .put(format!("{}/v1/objective", c.base))
+        .json(&serde_json::json!({"ttftSloSecs": 0.05, "ttftSloPercentile": 95}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status().as_u16(), 204);
+    let compute = c.status().await.compute.unwrap();
+    assert_eq!(compute.ttft_slo_secs, Some(0.05));
+    use tessera_core::recommend::ReasonCode;
+    let grown = c
+        .wait_for("a share from latency over the 50 ms objective", 20, |s| {
+            s.recommendation().is_some_and(|r| {
+                r.compute_fraction > 0.5
+                    && r.reasons
+                        .iter()
+                        .any(|r| r.code == ReasonCode::LatencyOverObjective)
+            })
+        })
+        .await;
+    assert_eq!(
+        grown.compute.unwrap().current_share,
+        0.5,
+        "the share it runs with is the pod's"
+    );
+    server.abort();
+}
+
 /// Each bad flag stops the sidecar at start, and the error names it (and, where it helps, the valid range).
 #[test]
 fn bad_flags_are_named() {

@@ -21,8 +21,8 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
-use tessera_autoscaler::crd::InferenceAutoscaler;
-use tessera_autoscaler::pool::{PoolError, PoolManager, ReserveRequest};
+use tessera_api::crd::InferenceAutoscaler;
+use tessera_pool::{PoolError, PoolManager, ReserveRequest};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 

@@ -1,6 +1,6 @@
 //! `tessera webhook`: the mutating admission webhook for pods. Every managed model pod arrives with the Tessera
 //! sidecar, vLLM's memory flags from its InferenceAutoscaler's recommendation, and, in fractional mode, its
-//! share of a GPU (reserved through the pool manager, [`tessera_autoscaler::pool::PoolManager::reserve`]).
+//! share of a GPU (reserved through the pool manager, [`tessera_pool::PoolManager::reserve`]).
 //!
 //! Layers: [`mutate`] (the pure decision: `mutate(&Pod, &Context) -> Result<Mutation, Deny>`), [`vllm`] (pure
 //! command-line editing), [`policy`] (pure policy matching), [`admit`] (the handler: cache, reservation,
@@ -23,8 +23,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use tessera_autoscaler::crd::InferenceAutoscaler;
-use tessera_autoscaler::pool::{LABEL_CAPACITY_POD, LABEL_POOL, PoolManager, PoolMetrics, PoolsConfig};
+use tessera_api::crd::InferenceAutoscaler;
+use tessera_pool::{LABEL_CAPACITY_POD, LABEL_POOL, PoolManager, PoolMetrics, PoolsConfig};
 use tracing::{info, warn};
 
 /// `tessera webhook` flags.

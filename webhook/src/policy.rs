@@ -7,7 +7,7 @@
 //! that owner. Where no owner leads to a policy, the pod label `tessera.dev/autoscaler: <name>` names one.
 
 use k8s_openapi::api::core::v1::Pod;
-use tessera_autoscaler::crd::InferenceAutoscaler;
+use tessera_api::crd::InferenceAutoscaler;
 
 /// Pod label: the InferenceAutoscaler of this pod, where its owner chain does not lead to one.
 pub const LABEL_AUTOSCALER: &str = "tessera.dev/autoscaler";

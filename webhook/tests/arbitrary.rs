@@ -7,8 +7,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
-use tessera_autoscaler::crd::InferenceAutoscaler;
-use tessera_autoscaler::pool::{Placement, PoolsConfig};
+use tessera_api::crd::InferenceAutoscaler;
+use tessera_pool::{Placement, PoolsConfig};
 use tessera_webhook::admit::Admitter;
 use tessera_webhook::mutate::{self, Config, Context, Mutation, Unchanged};
 

@@ -11,9 +11,9 @@ use http::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::Pod;
 use kube::client::Body;
 use serde_json::{Value, json};
-use tessera_autoscaler::pool::capacity::capacity_pod;
-use tessera_autoscaler::pool::state::{Reservation, decode_reservations};
-use tessera_autoscaler::pool::{ANNOTATION_GPU_UUID, ANNOTATION_RESERVATIONS, PoolManager, PoolsConfig};
+use tessera_pool::capacity::capacity_pod;
+use tessera_pool::state::{Reservation, decode_reservations};
+use tessera_pool::{ANNOTATION_GPU_UUID, ANNOTATION_RESERVATIONS, PoolManager, PoolsConfig};
 use tessera_webhook::admit::Admitter;
 use tessera_webhook::mutate::Config;
 
@@ -367,7 +367,7 @@ async fn a_reservation_whose_admission_failed_expires_by_ttl() {
 async fn the_policy_comes_from_the_reflector_cache() {
     use kube::runtime::{reflector, watcher};
     use std::sync::atomic::AtomicBool;
-    use tessera_autoscaler::crd::InferenceAutoscaler;
+    use tessera_api::crd::InferenceAutoscaler;
     use tessera_webhook::admit::Policies;
 
     let ias: InferenceAutoscaler = serde_json::from_value(json!({

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{Value, json};
-use tessera_autoscaler::crd::InferenceAutoscaler;
-use tessera_autoscaler::pool::{Placement, PoolsConfig};
+use tessera_api::crd::InferenceAutoscaler;
+use tessera_pool::{Placement, PoolsConfig};
 use tessera_webhook::mutate::{self, Config, Context, Mutation, SIDECAR_NAME, Unchanged};
 
 fn root() -> PathBuf {
@@ -306,6 +306,31 @@ fn real_pods_whole_mode() {
             Some("0.7")
         );
     }
+}
+
+/// The inter-token objective: the InferenceAutoscaler's `itlSlo` where it names one (the controller hands later
+/// edits to the running sidecar), else the pod's `tessera.dev/itl-slo` annotation.
+#[test]
+fn the_specs_inter_token_objective_comes_before_the_annotation() {
+    let cfg = config();
+    let mut raw = load("production-stack-llama3.yaml");
+    raw["metadata"]["annotations"]["tessera.dev/itl-slo"] = json!("200ms");
+    let itl = |spec_itl: Option<&str>| {
+        let mut p = policy("whole", "Off");
+        p.spec.itl_slo = spec_itl.map(str::to_owned);
+        let ctx = Context {
+            config: &cfg,
+            policy: Some(&p),
+            placement: None,
+        };
+        let (out, _) = run(&raw, &ctx);
+        flag(
+            &containers(&out, "initContainers").pop().unwrap().args.unwrap(),
+            "--itl-slo",
+        )
+    };
+    assert_eq!(itl(None).as_deref(), Some("200ms"));
+    assert_eq!(itl(Some("100ms")).as_deref(), Some("100ms"));
 }
 
 /// The workload class's recommendation knobs reach the sidecar at admission; real-time's are the sidecar's

@@ -39,7 +39,7 @@ use tracing::{debug, info, warn};
 use super::ActivatorError;
 use super::discovery::{Collision, Discovery};
 use super::router::{ModelEntry, Router};
-use crate::watch::{Change, fold_event};
+use tessera_runtime::watch_events::{Change, fold_event};
 
 /// The label Kubernetes puts on every EndpointSlice naming its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

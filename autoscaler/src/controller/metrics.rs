@@ -4,7 +4,8 @@
 //! - `tessera_autoscaler_scales_total{direction}`: replica changes actually applied (`up`, `down`).
 //! - `tessera_autoscaler_reconcile_duration_seconds`: reconcile latency histogram.
 //! - `tessera_autoscaler_reconcile_errors_total{reason}`: failed reconciles, by error label.
-//! - `tessera_autoscaler_scrape_failures_total{source,reason}`: sidecar or activator documents that could not be read.
+//! - `tessera_autoscaler_scrape_failures_total{source,reason}`: sidecar or activator documents that could not be read
+//!   (`source="sidecar_objective"`: a latency objective that could not be handed to a sidecar, tried next sync).
 //! - `tessera_autoscaler_leader`: 1 while this replica holds the lease.
 //! - `tessera_autoscaler_class_changes_total{from,to}`: workload class changes (three classes: at most six series).
 //! - `tessera_autoscaler_cold_start_budget_requests{namespace,group}`, `..._allowed_misses`, `..._spent_misses`: a

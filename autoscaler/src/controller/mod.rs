@@ -32,6 +32,8 @@ pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
 pub mod metrics;
+mod objective;
+pub mod owner_events;
 pub mod owners;
 pub mod reconcile;
 pub mod rollout;
@@ -299,7 +301,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.activator_max_age,
             shutdown_rx.clone(),
         );
-        crate::keda::serve(&args, keda_source, &metrics, shutdown_rx.clone()).await?
+        crate::keda::serve(
+            &args.keda,
+            args.conn.limits(),
+            keda_source,
+            metrics.keda.clone(),
+            shutdown_rx.clone(),
+        )
+        .await?
     } else {
         None
     };

@@ -5,15 +5,12 @@
 use futures::StreamExt;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::Api;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tessera_core::keda::OtherScaler;
 use tracing::debug;
 
-use super::context::{Context, publish};
-use super::status;
-use crate::crd::{InferenceAutoscaler, ScaleTargetRef};
+use crate::crd::ScaleTargetRef;
 
 /// The label KEDA puts on the HPA it makes for a ScaledObject, naming it.
 pub const KEDA_SCALED_OBJECT_LABEL: &str = "scaledobject.keda.sh/name";
@@ -94,50 +91,6 @@ pub fn targeting(hpas: &[HorizontalPodAutoscaler], target: &ScaleTargetRef) -> V
                 .and_then(|l| l.get(KEDA_SCALED_OBJECT_LABEL).cloned()),
         })
         .collect()
-}
-
-/// A Warning Event the first time a conflict is seen (or its message changes), like an invalid spec.
-pub async fn warn_conflict(ctx: &Context, obj: &InferenceAutoscaler, message: &str) {
-    let known = obj.status.as_ref().is_some_and(|s| {
-        s.conditions.iter().any(|c| {
-            c.type_ == status::ABLE_TO_SCALE && c.reason == "ScaleOwnerConflict" && c.message == message
-        })
-    });
-    if !known {
-        publish(
-            ctx,
-            obj,
-            EventType::Warning,
-            "ScaleOwnerConflict",
-            "Scale",
-            message,
-        )
-        .await;
-    }
-}
-
-/// With `scaledBy: KEDA`, a new decision is an Event as a scale is (`DecidedForKEDA`, action `DecideN`): KEDA
-/// applies it, and `kubectl describe` should still say what Tessera decided and why.
-pub async fn announce_decision(
-    ctx: &Context,
-    obj: &InferenceAutoscaler,
-    decision: &tessera_core::scale::ScaleDecision,
-) {
-    let published = obj.status.as_ref().map(|s| s.desired_replicas);
-    let desired = i32::try_from(decision.desired_replicas).unwrap_or(i32::MAX);
-    if published == Some(desired) {
-        return;
-    }
-    let note = format!("Desired: {desired} (KEDA scales); reason: {}", decision.message);
-    publish(
-        ctx,
-        obj,
-        EventType::Normal,
-        "DecidedForKEDA",
-        &format!("Decide{desired}"),
-        &note,
-    )
-    .await;
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@
 //! 5. The round: the workload class and the policy defaults it supplies (an Event when it changes), urgency, the
 //!    decision and its reason, what held it, the move off a draining GPU. A decision to
 //!    go to zero is asked again on activator documents fetched right then ([`Round::redecide`]): a request that
-//!    arrived since keeps the model up.
+//!    arrived since keeps the model up. Every sidecar that reports another latency objective than the round's
+//!    policy is handed it (`super::objective`), so an SLO edit reaches the share rule within this sync.
 //! 6. Mark pods leaving a draining GPU, apply a change with a merge patch `{"spec":{"replicas":N}}` on `/scale`,
 //!    and emit an Event on every scale.
 //! 7. Fold the recommendation into the allocation in force, roll under `updateMode: Recreate`
@@ -204,7 +205,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     // 1. The spec.
     let policy = match obj.spec.to_policy() {
         Ok(p) => p,
-        Err(errors) => return invalid_spec(ctx, obj, &ias_api, &errors.join("; "), &now_k8s).await,
+        Err(errors) => return invalid_spec(ctx, obj, &ias_api, &errors, &now_k8s).await,
     };
     // 2-4. What the round observes.
     let g = gather(ctx, obj, &ias_api, &policy, now_sys).await?;
@@ -233,6 +234,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         }
     }
     ctx.metrics.decision(r.decision.reason);
+    super::objective::hand_over(ctx, &obj.spec, &r.policy, &g.sidecar_urls, &g.observed.sidecars).await;
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
     let current = g.observed.replicas + g.sleeping;
@@ -359,11 +361,11 @@ async fn apply_count(
     match tessera_core::keda::ownership(obj.spec.scaled_by.owner(), &g.target, g.others.as_deref()) {
         tessera_core::keda::Ownership::Tessera => {}
         tessera_core::keda::Ownership::Keda { scaled_object } => {
-            super::owners::announce_decision(ctx, obj, &r.decision).await;
+            super::owner_events::announce_decision(ctx, obj, &r.decision).await;
             return (replicas, Applied::Published { scaled_object });
         }
         tessera_core::keda::Ownership::Conflict(message) => {
-            super::owners::warn_conflict(ctx, obj, &message).await;
+            super::owner_events::warn_conflict(ctx, obj, &message).await;
             return (current, Applied::Conflict(message));
         }
     }
@@ -388,9 +390,12 @@ async fn invalid_spec(
     ctx: &Context,
     obj: &InferenceAutoscaler,
     ias_api: &Api<InferenceAutoscaler>,
-    message: &str,
+    errors: &[String],
     now_k8s: &Time,
 ) -> Result<(), Error> {
+    // The simulator says the same of a scenario carrying this spec (`tessera_sim::simulate::crd_model`).
+    let message = crate::crd::invalid_spec_message(errors);
+    let message = message.as_str();
     let was_invalid = obj.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
@@ -434,6 +439,8 @@ pub(super) struct Gathered {
     /// replicas are asleep (counted in `/scale`, not in the round's running replicas).
     rest_docs: Vec<(String, SidecarStatus)>,
     sleeping: u32,
+    /// Each ready replica's sidecar, in `observed.sidecars`' order (where the objective is handed over).
+    sidecar_urls: Vec<String>,
 }
 
 /// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
@@ -636,6 +643,7 @@ pub(super) async fn gather(
         others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
         rest_docs,
         sleeping,
+        sidecar_urls: ready_pods.into_iter().map(|(_, url)| url).collect(),
     })
 }
 

@@ -34,6 +34,7 @@ async fn idle_context(client: Client, rest: Value) -> Arc<Context> {
             kv: [("http://10.0.0.1:9090".to_owned(), 0.0)].into(),
             activator: Mutex::new(vec![idle(ms - 1000), idle(ms), idle(ms + 100)].into()),
             rest: Some(rest),
+            ..FakeSignals::default()
         }),
         ActivatorPoller::new(&["http://act-0:8080".to_owned()]),
         UNIX_EPOCH + Duration::from_secs(NOW_S),

@@ -21,16 +21,23 @@ use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
 
 #[path = "reconcile_coldstart_tests.rs"]
 mod coldstart;
+#[path = "reconcile_objective_tests.rs"]
+mod objective;
 #[path = "reconcile_sleep_tests.rs"]
 mod sleep;
 
 /// Sidecars answer from a map of base URL → KV usage; a missing URL times out. Activators answer the documents
 /// queued in `activator`, one per call, repeating the last one; none: connection refused.
+#[derive(Default)]
 struct FakeSignals {
     kv: HashMap<String, f64>,
     activator: Mutex<std::collections::VecDeque<ActivatorStats>>,
     /// The `rest` field every sidecar document carries (sleep mode), if any.
     rest: Option<Value>,
+    /// The objective every sidecar reports holding (`compute`); a hand-over replaces it, as the sidecar does.
+    compute: Mutex<Option<tessera_core::wire::sidecar::ComputeStatus>>,
+    /// Every objective handed over, with the sidecar it went to.
+    handed: Mutex<Vec<(String, tessera_core::recommend::Objective)>>,
 }
 
 /// A replica's status with KV cache usage `kv`: four requests running, none when the cache is empty (an idle
@@ -54,6 +61,7 @@ impl SignalSource for FakeSignals {
             .map(|kv| {
                 let mut st = sidecar_status(*kv);
                 st.rest = self.rest.clone().map(|r| serde_json::from_value(r).unwrap());
+                st.compute = *self.compute.lock().unwrap();
                 st
             })
             .ok_or(FetchError::Timeout {
@@ -61,6 +69,19 @@ impl SignalSource for FakeSignals {
                 timeout: Duration::from_secs(2),
             });
         Box::pin(async move { r })
+    }
+    fn hand_objective(
+        &self,
+        base: &str,
+        objective: &tessera_core::recommend::Objective,
+    ) -> BoxFuture<'_, Result<(), FetchError>> {
+        self.handed.lock().unwrap().push((base.to_owned(), *objective));
+        if let Some(c) = self.compute.lock().unwrap().as_mut() {
+            c.ttft_slo_secs = objective.ttft_slo_secs;
+            c.ttft_slo_percentile = Some(objective.ttft_slo_percentile);
+            c.itl_slo_secs = objective.itl_slo_secs;
+        }
+        Box::pin(async { Ok(()) })
     }
     fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>> {
         let url = base.to_owned();
@@ -97,7 +118,7 @@ fn context_with_activator(client: Client, kv: &[(&str, f64)], docs: Vec<Activato
         Arc::new(FakeSignals {
             kv: kv.iter().map(|(u, k)| ((*u).to_owned(), *k)).collect(),
             activator: Mutex::new(docs.into()),
-            rest: None,
+            ..FakeSignals::default()
         }),
         activators,
         UNIX_EPOCH + Duration::from_secs(NOW_S),
@@ -583,10 +604,8 @@ async fn an_invalid_spec_is_reported_not_acted_on() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
     let ctx = context(client, &[]);
-    let obj = ias(
-        json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 5, "maxReplicas": 2}),
-        json!({}),
-    );
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 5, "maxReplicas": 2});
+    let obj = ias(spec.clone(), json!({}));
     let server = tokio::spawn(async move {
         let (event, send) = expect(&mut handle, Method::POST, EVENTS).await;
         assert_eq!(
@@ -603,10 +622,26 @@ async fn an_invalid_spec_is_reported_not_acted_on() {
                 .unwrap()
                 .contains("maxReplicas (2) must be >= minReplicas (5)")
         );
+        let message = valid["message"].as_str().unwrap().to_owned();
         respond(send, 200, &ias_json());
+        message
     });
     reconcile(obj, ctx).await.unwrap();
-    server.await.unwrap();
+    let message = server.await.unwrap();
+    // The simulator reads the same spec in a scenario model and refuses it with this very message.
+    let scenario = format!(
+        "{{name: t, duration: 10m, gpu: a100-80gb, models: [{{name: llama, preset: llama-3.1-8b, \
+         hpa_requests_per_second_per_replica: 4, traffic: {{trace: azure_llm}}, inference_autoscaler: {spec}}}]}}"
+    );
+    match tessera_sim::simulate::scenario::ScenarioFile::parse(&scenario, "s.yaml") {
+        Err(tessera_sim::simulate::scenario::ScenarioError::Invalid { problems, .. }) => {
+            assert_eq!(
+                problems,
+                [format!("models[0] (llama).inference_autoscaler: {message}")]
+            );
+        }
+        other => panic!("the simulator took the spec: {other:?}"),
+    }
 }
 
 #[test]

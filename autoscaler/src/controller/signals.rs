@@ -100,6 +100,16 @@ pub trait SignalSource: Send + Sync {
     fn sidecar_status(&self, base: &str) -> BoxFuture<'_, Result<SidecarStatus, FetchError>>;
     /// GET an activator's stats document at `base` (e.g. `http://tessera-activator:8080`).
     fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>>;
+    /// PUT the latency objective a sidecar's share rule sizes to (`/v1/objective`). Sources that only answer
+    /// documents (the `--no-kube` page, test fakes that do not look at hand-overs) take it and do nothing.
+    fn hand_objective(
+        &self,
+        base: &str,
+        objective: &tessera_core::recommend::Objective,
+    ) -> BoxFuture<'_, Result<(), FetchError>> {
+        let _ = (base, objective);
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The real [`SignalSource`]: reqwest with a per-request timeout and a bound on each document's size.
@@ -182,6 +192,33 @@ impl SignalSource for HttpSignals {
                 });
             }
             Ok(status)
+        })
+    }
+
+    fn hand_objective(
+        &self,
+        base: &str,
+        objective: &tessera_core::recommend::Objective,
+    ) -> BoxFuture<'_, Result<(), FetchError>> {
+        let url = format!("{}/v1/objective", base.trim_end_matches('/'));
+        let objective = *objective;
+        Box::pin(async move {
+            let resp = self
+                .client
+                .put(&url)
+                .json(&objective)
+                .send()
+                .await
+                .map_err(|e| self.classify(&url, e))?;
+            let status = resp.status();
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(FetchError::Status {
+                    url,
+                    status: status.as_u16(),
+                })
+            }
         })
     }
 

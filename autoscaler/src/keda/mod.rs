@@ -72,14 +72,16 @@ impl KedaArgs {
 }
 
 /// Binds and serves the scaler over `source` until `stop` turns true, with the autoscaler's connection bounds and
-/// its `tessera_keda_*` metrics. Returns `None` when `--keda-scaler-listen` is not set.
+/// its `tessera_keda_*` metrics. Returns `None` when `--keda-scaler-listen` is not set. Takes the scaler's own
+/// flags and metrics, not the controller's, so that the controller (which starts it) and this module do not
+/// import each other.
 pub async fn serve<S: Source>(
-    autoscaler: &crate::controller::Args,
+    args: &KedaArgs,
+    limits: tessera_runtime::serve::ConnLimits,
     source: Arc<S>,
-    metrics: &crate::controller::metrics::Metrics,
+    metrics: tessera_keda::metrics::Metrics,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
-    let (args, limits, metrics) = (&autoscaler.keda, autoscaler.conn.limits(), metrics.keda.clone());
     let Some(addr) = args.keda_scaler_listen else {
         return Ok(None);
     };

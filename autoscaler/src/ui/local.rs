@@ -138,7 +138,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.activator_max_age,
             shutdown_rx.clone(),
         )?;
-        crate::keda::serve(&args, decided, &metrics, shutdown_rx.clone()).await?
+        crate::keda::serve(
+            &args.keda,
+            args.conn.limits(),
+            decided,
+            metrics.keda.clone(),
+            shutdown_rx.clone(),
+        )
+        .await?
     } else {
         None
     };

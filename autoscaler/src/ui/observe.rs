@@ -420,6 +420,7 @@ mod tests {
             compute: Some(ComputeStatus {
                 current_share: 1.0,
                 ttft_slo_secs: ttft_slo,
+                ttft_slo_percentile: None,
                 itl_slo_secs: None,
             }),
             memory: None,

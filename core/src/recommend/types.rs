@@ -112,7 +112,8 @@ impl<'a> Input<'a> {
 /// A latency percentile observed over the window, with how many observations it rests on.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct LatencyObservation {
-    /// The 95th percentile over the window, seconds (from the difference of two cumulative histograms).
+    /// The 95th percentile over the window, seconds (from the difference of two cumulative histograms); for the
+    /// TTFT under `ttftSloPercentile: 99`, the sidecar puts the objective's p99 here.
     pub p95_secs: f64,
     /// Observations in the window (requests for TTFT, token intervals for inter-token latency).
     pub samples: f64,

@@ -175,6 +175,14 @@ pub enum SloPercentile {
 }
 
 impl SloPercentile {
+    /// The number a user writes for it (95 or 99).
+    pub fn number(self) -> u32 {
+        match self {
+            Self::P95 => 95,
+            Self::P99 => 99,
+        }
+    }
+
     /// From the number a user writes (95 or 99); `None` for any other, which the sidecar does not report.
     pub fn from_number(n: u32) -> Option<Self> {
         match n {

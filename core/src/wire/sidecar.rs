@@ -164,9 +164,12 @@ pub struct ComputeStatus {
     /// The compute share this replica runs with (`--gpu-compute-fraction`, from the
     /// `tessera.dev/gpu-compute-fraction` annotation), 0–1; 1 = whole GPU.
     pub current_share: f64,
-    /// The TTFT p95 objective, seconds (`--ttft-slo`), if set.
+    /// The TTFT objective, seconds (`--ttft-slo`, or the controller's latest hand-over), if set.
     #[serde(default)]
     pub ttft_slo_secs: Option<f64>,
+    /// The percentile the TTFT objective holds, 95 or 99; absent from sidecars older than the hand-over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_slo_percentile: Option<u32>,
     /// The inter-token latency p95 objective, seconds (`--itl-slo`), if set.
     #[serde(default)]
     pub itl_slo_secs: Option<f64>,

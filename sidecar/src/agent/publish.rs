@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use tokio_util::sync::CancellationToken;
 
-/// The annotation the pool manager reads (`tessera_autoscaler::pool::ANNOTATION_GPU_UUID`).
+/// The annotation the pool manager reads (`tessera_pool::ANNOTATION_GPU_UUID`).
 pub const ANNOTATION_GPU_UUID: &str = "tessera.dev/gpu-uuid";
 
 /// Why no UUID could be chosen from what NVML lists.

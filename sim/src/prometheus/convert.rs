@@ -334,6 +334,7 @@ pub fn scenario(
                 running_max: o.running_max.filter(|x| x.is_finite()),
                 waiting_max: o.waiting_max.filter(|x| x.is_finite()),
             }),
+            inference_autoscaler: None,
         });
     }
     let file = ScenarioFile {

@@ -16,6 +16,7 @@
 pub mod batch;
 pub mod batch_jobs;
 pub mod bound;
+pub mod crd_model;
 pub mod html;
 pub mod observe;
 pub mod peers;

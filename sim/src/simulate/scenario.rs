@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tessera_core::scale::{SloPercentile, coldstart};
 
 use super::batch_jobs::{BatchFile, BatchSetup};
+use super::crd_model::SpecModelError;
 use super::today::TodayFile;
 use crate::model::{GIB, GpuSpec, ModelSpec, SharingModel};
 use crate::trace::formats::{self, Format};
@@ -352,6 +353,10 @@ pub struct ModelFile {
     /// report's "today" column. Absent, today is the static strategy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub today: Option<TodayFile>,
+    /// Tessera's policy as an InferenceAutoscaler spec, written as in the manifest (camelCase, `behavior`
+    /// included): it sets the Tessera fields above (`crd_model`), which are then not written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference_autoscaler: Option<tessera_api::crd::InferenceAutoscalerSpec>,
 }
 
 /// What a HAMi user declares per model (`nvidia.com/gpucores`, `nvidia.com/gpumem-percentage`).
@@ -523,10 +528,26 @@ fn rate_one() -> f64 {
 impl ScenarioFile {
     /// Parses YAML; `path` names the source in errors.
     pub fn parse(yaml: &str, path: &str) -> Result<Self, ScenarioError> {
-        serde_yaml::from_str(yaml).map_err(|e| ScenarioError::Yaml {
+        let yaml_err = |e: serde_yaml::Error| ScenarioError::Yaml {
             path: path.to_string(),
             message: e.to_string(),
-        })
+        };
+        // Models written with an InferenceAutoscaler spec are read by the controller's reader first
+        // (`crd_model`); a file without one is read as it is.
+        let expanded = super::crd_model::expand(yaml).map_err(|e| match e {
+            SpecModelError::Yaml(message) => ScenarioError::Yaml {
+                path: path.to_string(),
+                message,
+            },
+            SpecModelError::Invalid(problems) => ScenarioError::Invalid {
+                path: path.to_string(),
+                problems,
+            },
+        })?;
+        match expanded {
+            Some(expanded) => serde_yaml::from_value(expanded).map_err(yaml_err),
+            None => serde_yaml::from_str(yaml).map_err(yaml_err),
+        }
     }
 
     /// Every problem with the values, each naming its field (empty = valid). Presets are resolved here too.
@@ -786,6 +807,9 @@ pub struct ModelSetup {
     pub hami: HamiFile,
     /// What it held and met where it was observed.
     pub today: Option<TodayFile>,
+    /// Tessera's whole policy when the model carries an InferenceAutoscaler spec, as the controller reads it
+    /// (`behavior`, tolerance and panic mode included, which the fields above do not hold).
+    pub policy: Option<tessera_core::scale::ScalePolicy>,
 }
 
 impl ModelSetup {
@@ -987,6 +1011,7 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             compute_fraction: m.compute_fraction,
             hami: m.hami,
             today: m.today.clone(),
+            policy: super::crd_model::policy(m.inference_autoscaler.as_ref()),
         });
         arrivals.push(a);
     }

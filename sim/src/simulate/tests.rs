@@ -37,6 +37,7 @@ fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
         compute_fraction: ComputeFraction::Auto,
         hami: HamiFile::default(),
         today: None,
+        policy: None,
     }
 }
 

@@ -16,8 +16,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tessera_autoscaler::crd::{InferenceAutoscaler, RecommendationStatus, Sharing, UpdateMode};
-use tessera_autoscaler::pool::{
+use tessera_api::crd::{InferenceAutoscaler, RecommendationStatus, Sharing, UpdateMode};
+use tessera_pool::{
     ANNOTATION_CAPACITY_POD, ANNOTATION_GPU_UUID, ANNOTATION_RESERVATION, LABEL_CAPACITY_POD, LABEL_POOL,
     Placement, PoolsConfig, SharingMode,
 };

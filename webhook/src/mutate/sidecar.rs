@@ -92,7 +92,10 @@ pub fn sidecar(
     if let Some(slo) = ctx.policy.and_then(|p| p.spec.ttft_slo.as_ref()) {
         args.extend(["--ttft-slo".into(), slo.clone()]);
     }
-    if let Some(slo) = annotations(pod).get(ANNOTATION_ITL_SLO) {
+    // The InferenceAutoscaler's `itlSlo` first (the controller hands later edits over at run time); the pod's
+    // annotation where the spec names none.
+    let itl_slo = ctx.policy.and_then(|p| p.spec.itl_slo.as_ref());
+    if let Some(slo) = itl_slo.or(annotations(pod).get(ANNOTATION_ITL_SLO)) {
         args.extend(["--itl-slo".into(), slo.clone()]);
     }
     // The replica count's KV target: the recommended cache holds one max_model_len sequence below it, so one

@@ -140,6 +140,9 @@ pub(super) fn policy_for(kind: StrategyKind, m: &ModelSetup) -> Option<ScalePoli
             ttft_slo: None,
             ..ScalePolicy::default()
         }),
+        // A model that carries its InferenceAutoscaler spec runs the policy the controller reads from it
+        // (`behavior`, tolerance and panic mode included); the others, the policy their fields give.
+        StrategyKind::Tessera if m.policy.is_some() => m.policy.clone(),
         StrategyKind::Tessera => Some(ScalePolicy {
             min_replicas: m.min_replicas,
             max_replicas: m.max_replicas,

@@ -194,7 +194,9 @@ impl Tenant {
             reservation: ann.get(ANNOTATION_RESERVATION)?.clone(),
             capacity_pod: ann.get(ANNOTATION_CAPACITY_POD)?.clone(),
             uid: pod.metadata.uid.clone(),
-            movable: replica_set && crate::pod_ready(pod) && pod.metadata.deletion_timestamp.is_none(),
+            movable: replica_set
+                && tessera_runtime::pod::ready(pod)
+                && pod.metadata.deletion_timestamp.is_none(),
         })
     }
 }

@@ -60,7 +60,7 @@ pub const ANNOTATION_SHARING: &str = "tessera.dev/sharing";
 pub const ANNOTATION_DRAINING_SINCE: &str = "tessera.dev/draining-since";
 /// Annotation the ReplicaSet controller reads to choose which pod goes first on a scale-down (lower first): the
 /// controller sets it on a pod leaving a draining GPU, and on one that runs another allocation than the one in
-/// force (`crate::controller::deletion_cost`).
+/// force (`tessera_autoscaler::controller::deletion_cost`).
 pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// Karpenter's annotation that keeps a node from voluntary disruption (consolidation) while it is set.
 pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";

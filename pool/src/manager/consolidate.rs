@@ -1,6 +1,6 @@
 //! The pool manager's half of consolidation: runs [`tessera_core::pack::consolidate::pool_step`] on the pool's
 //! index every reconcile and writes its answer, the `tessera.dev/draining-since` mark on a capacity pod. The
-//! controller's half (moving the pods) is `crate::controller::consolidate`.
+//! controller's half (moving the pods) is `tessera_autoscaler::controller::consolidate`.
 
 use std::collections::HashSet;
 
@@ -8,8 +8,8 @@ use tessera_core::pack::consolidate::{PoolStep, pool_step};
 use tracing::{debug, info, warn};
 
 use super::{PoolManager, is_status};
-use crate::pool::PoolError;
-use crate::pool::state::draining_patch;
+use crate::PoolError;
+use crate::state::draining_patch;
 
 impl PoolManager {
     /// One consolidation step (`tessera_core::pack::consolidate::pool_step`): marks a GPU whose replicas fit

@@ -19,11 +19,24 @@ pub enum SpecError {
     Invalid(Vec<String>),
 }
 
+/// The one message for an invalid spec, from [`InferenceAutoscalerSpec::to_policy`]'s problems: what the
+/// controller writes in the `Valid` condition and its Warning Event, and what the simulator says of a scenario
+/// model carrying the same spec, so both read alike.
+pub fn invalid_spec_message(errors: &[String]) -> String {
+    errors.join("; ")
+}
+
 impl InferenceAutoscalerSpec {
     /// Checks everything the schema checks (for API servers without CEL) and what only Rust can check (durations
     /// parse, the policy makes sense). Each message names the field and how to fix it.
     pub fn validate(&self) -> Result<(), Vec<String>> {
         self.to_policy().map(|_| ())
+    }
+
+    /// The inter-token latency objective (`itlSlo`); `None` when unset or unreadable (which
+    /// [`Self::to_policy`] reports).
+    pub fn itl_slo(&self) -> Option<Duration> {
+        parse_duration(self.itl_slo.as_deref()?).ok()
     }
 
     /// Which of the workload class's knobs this spec sets itself (those keep the spec's value).
@@ -72,6 +85,7 @@ impl InferenceAutoscalerSpec {
         };
         let ttft_target = duration("targets.ttftP95", &self.targets.ttft_p95);
         let ttft_slo = duration("ttftSlo", &self.ttft_slo);
+        let itl_slo = duration("itlSlo", &self.itl_slo);
         let idle_after = duration(
             "scaleToZero.idleAfter",
             &self.scale_to_zero.as_ref().map(|s| s.idle_after.clone()),
@@ -96,6 +110,12 @@ impl InferenceAutoscalerSpec {
                 })
             }
         };
+        if itl_slo.is_some_and(|d| d.is_zero()) {
+            errors.push(
+                "itlSlo must be more than 0 (e.g. 100ms), or left out for no inter-token objective"
+                    .to_owned(),
+            );
+        }
         if ttft_slo.is_some_and(|d| d.is_zero()) {
             errors.push(
                 "ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request"

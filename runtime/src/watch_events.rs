@@ -6,7 +6,7 @@ use kube::runtime::watcher::Event;
 
 /// One update for an index.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Change<K> {
+pub enum Change<K> {
     /// Added or modified.
     Apply(K),
     /// Deleted.
@@ -16,7 +16,7 @@ pub(crate) enum Change<K> {
 }
 
 /// Feeds `ev` to `update`, staging a relist in `staged` until it is complete.
-pub(crate) fn fold_event<K>(ev: Event<K>, staged: &mut Vec<K>, mut update: impl FnMut(Change<K>)) {
+pub fn fold_event<K>(ev: Event<K>, staged: &mut Vec<K>, mut update: impl FnMut(Change<K>)) {
     match ev {
         Event::Apply(o) => update(Change::Apply(o)),
         Event::Delete(o) => update(Change::Delete(o)),

@@ -396,7 +396,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    const EXAMPLE: &str = include_str!("../../../deploy/examples/gpu-pools.yaml");
+    const EXAMPLE: &str = include_str!("../../deploy/examples/gpu-pools.yaml");
 
     #[test]
     fn the_example_file_is_valid() {

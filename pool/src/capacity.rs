@@ -156,11 +156,11 @@ pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::pool::state::CapacityGpu;
+    use crate::state::CapacityGpu;
 
     #[test]
     fn the_pod_requests_one_gpu_and_is_labelled() {
-        let cfg = PoolsConfig::from_yaml(include_str!("../../../deploy/examples/gpu-pools.yaml")).unwrap();
+        let cfg = PoolsConfig::from_yaml(include_str!("../../deploy/examples/gpu-pools.yaml")).unwrap();
         let pool = &cfg.pools[0];
         let r = Reservation {
             id: "r1".into(),

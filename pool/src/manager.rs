@@ -16,7 +16,7 @@ use super::config::{PoolSpec, PoolsConfig};
 use super::metrics::PoolMetrics;
 use super::state::{Decision, PoolIndex, Reservation, pod_key, reservations_patch};
 use super::{ANNOTATION_DRAINING_SINCE, ConsolidationLink, LABEL_CAPACITY_POD, LABEL_POOL, PoolError};
-use crate::watch::{Change, fold_event};
+use tessera_runtime::watch_events::{Change, fold_event};
 
 // Consolidation's I/O (draining a GPU), in its own file; a child module so it reaches the manager's fields.
 mod consolidate;
@@ -466,12 +466,12 @@ impl PoolManager {
         // tight loop that floods the log and the API server.
         let caps = watcher(
             self.pods.clone(),
-            crate::kube_client::watcher_config().labels(&self.capacity_selector()),
+            tessera_runtime::kube_client::watcher_config().labels(&self.capacity_selector()),
         )
         .default_backoff();
         let tenants = watcher(
             self.all_pods.clone(),
-            crate::kube_client::watcher_config().labels(&self.tenant_selector()),
+            tessera_runtime::kube_client::watcher_config().labels(&self.tenant_selector()),
         )
         .default_backoff();
         let mut caps = std::pin::pin!(caps);

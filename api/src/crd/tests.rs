@@ -277,6 +277,14 @@ fn nonsense_is_rejected_with_clear_messages() {
             "ttftSlo must be more than 0",
         ),
         (
+            "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nitlSlo: 0ms",
+            "itlSlo must be more than 0",
+        ),
+        (
+            "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nitlSlo: fast",
+            "itlSlo \"fast\" is not a duration",
+        ),
+        (
             "scaleTargetRef: {kind: Deployment, name: a}\nmaxReplicas: 2\nttftSlo: 2s\nttftSloPercentile: 90",
             "ttftSloPercentile must be 95 or 99",
         ),
