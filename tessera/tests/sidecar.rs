@@ -437,10 +437,9 @@ async fn the_kv_floor_sits_one_sequence_below_the_replica_counts_target() {
     server.abort();
 }
 
-/// With a TTFT objective and a replica well inside it, the recommended compute share drops from the share it runs
-/// with — by one bounded step, not to what the ratio alone would give.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
+/// A sidecar on the real page's fake, running at half a GPU under a 2 s TTFT objective: the share rule's
+/// starting point for the two tests below.
+async fn half_share_under_two_seconds() -> (Tessera, Client, tokio::task::JoinHandle<std::io::Result<()>>) {
     let (vllm_url, server) = serve_the_real_page().await;
     let sidecar = quick_sidecar(
         &vllm_url,
@@ -454,6 +453,14 @@ async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
         http: reqwest::Client::new(),
         base: sidecar.base(),
     };
+    (sidecar, c, server)
+}
+
+/// With a TTFT objective and a replica well inside it, the recommended compute share drops from the share it runs
+/// with — by one bounded step, not to what the ratio alone would give.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
+    let (_sidecar, c, server) = half_share_under_two_seconds().await;
     // The fake adds 10 requests per scrape with TTFT in (0.04, 0.06] for ten scrapes: 20+ in the window.
     let s = c
         .wait_for("a compute share from latency", 20, |s| {
@@ -490,19 +497,7 @@ async fn fast_ttft_under_an_objective_shrinks_the_share_by_a_bounded_step() {
 /// it under 50 ms (the p95 ≈ 0.06 s is over half of that), and `/v1/status` reports the objective held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_objective_handed_over_moves_the_share_rule_without_a_restart() {
-    let (vllm_url, server) = serve_the_real_page().await;
-    let sidecar = quick_sidecar(
-        &vllm_url,
-        &["--gpu-memory-mib", "23034", "--max-model-len", "8192"],
-        &[
-            ("TESSERA_TTFT_SLO", "2s"),
-            ("TESSERA_GPU_COMPUTE_FRACTION", "0.5"),
-        ],
-    );
-    let c = Client {
-        http: reqwest::Client::new(),
-        base: sidecar.base(),
-    };
+    let (_sidecar, c, server) = half_share_under_two_seconds().await;
     let shrunk = c
         .wait_for("a share from latency under the 2 s objective", 20, |s| {
             s.recommendation().is_some_and(|r| r.compute_fraction < 0.5)

@@ -188,6 +188,33 @@ fn forget_deleted(runs: &mut HashMap<String, (SystemTime, u64)>, ctx: &Context, 
     }
 }
 
+/// The documents may be a poll interval old: a request that arrived since must not meet a model going to zero.
+/// Reads every activator again, now, and asks the same rule once more (`Round::redecide`).
+async fn repoll_before_zero(
+    ctx: &Context,
+    r: &mut Round,
+    keys: &[String],
+    state: &ScaleState,
+    now: Timestamp,
+) {
+    let now_ms = now.as_millis();
+    let age = ctx.settings.activator_max_age;
+    ctx.activators
+        .poll_once(ctx.signals.as_ref(), &ctx.metrics, now_ms, age)
+        .await;
+    r.redecide(
+        demand_from(&ctx.activators.samples(), keys, now_ms, age),
+        state,
+        now,
+    );
+    if !r.goes_to_zero() {
+        info!(
+            reason = r.decision.reason.label(),
+            "fresh activator data: not scaling to zero"
+        );
+    }
+}
+
 /// One reconcile: gather what the round observes, take the round in core (`tessera_core::round`), apply it.
 async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(), Error> {
     let ns = obj.namespace().ok_or(Error::NoNamespace)?;
@@ -214,24 +241,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     // history, the decision, what held it and the move off a draining GPU.
     let (mut r, state, ledger_copy) = take_round(ctx, obj, &policy, &g.observed, &key, now);
     if r.goes_to_zero() {
-        // The documents may be a poll interval old: a request that arrived since must not meet a model going to
-        // zero. Read every activator again, now, and ask the same rule once more.
-        let now_ms = now.as_millis();
-        let age = ctx.settings.activator_max_age;
-        ctx.activators
-            .poll_once(ctx.signals.as_ref(), &ctx.metrics, now_ms, age)
-            .await;
-        r.redecide(
-            demand_from(&ctx.activators.samples(), &g.keys, now_ms, age),
-            &state,
-            now,
-        );
-        if !r.goes_to_zero() {
-            info!(
-                reason = r.decision.reason.label(),
-                "fresh activator data: not scaling to zero"
-            );
-        }
+        repoll_before_zero(ctx, &mut r, &g.keys, &state, now).await;
     }
     ctx.metrics.decision(r.decision.reason);
     super::objective::hand_over(ctx, &obj.spec, &r.policy, &g.sidecar_urls, &g.observed.sidecars).await;

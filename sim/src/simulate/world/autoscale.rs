@@ -5,6 +5,7 @@ use tessera_core::round;
 use tessera_core::wire::sidecar::SidecarStatus;
 
 use super::*;
+use tessera_core::scale::SloPercentile;
 
 impl World<'_> {
     /// One autoscaler round for model `m`: observe, decide with the core round (`core::round`, the controller's),
@@ -417,8 +418,12 @@ impl World<'_> {
                     compute_facts(
                         &self.sc.models[m],
                         rep.compute_fraction,
-                        window_p95(&st.ttft, base.map(|s| &s.ttft)),
-                        window_p95(&st.itl, base.map(|s| &s.itl)),
+                        window_latency(
+                            &st.ttft,
+                            base.map(|s| &s.ttft),
+                            self.sc.models[m].ttft_slo_percentile,
+                        ),
+                        window_latency(&st.itl, base.map(|s| &s.itl), SloPercentile::P95),
                     ),
                 );
                 if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
@@ -445,19 +450,23 @@ pub(super) fn geometry(engine: &Engine) -> KvGeometry {
     }
 }
 
-/// p95 and count of what a cumulative histogram gained since `earlier` (`None`: since it started), as the
-/// sidecar computes a window's quantile from two scrapes; `None` when nothing was observed.
-pub(super) fn window_p95(
+/// The `percentile` (the objective's: `ttftSloPercentile`; a p95 for the inter-token objective) and count of what a
+/// cumulative histogram gained since `earlier` (`None`: since it started), as the sidecar computes a window's
+/// quantile from two scrapes, read as the scale guard reads it (`SloPercentile::for_window`: the p95 over too few
+/// samples for a p99); `None` when nothing was observed.
+pub(super) fn window_latency(
     later: &Histogram,
     earlier: Option<&Histogram>,
+    percentile: tessera_core::scale::SloPercentile,
 ) -> Option<recommend::LatencyObservation> {
     let later = later.to_cumulative();
     let d = match earlier {
         Some(e) => later.delta(&e.to_cumulative()),
         None => later,
     };
+    let q = percentile.for_window(Some(d.count)).quantile();
     Some(recommend::LatencyObservation {
-        p95_secs: d.quantile(0.95)?,
+        p95_secs: d.quantile(q)?,
         samples: d.count,
     })
 }
@@ -513,8 +522,8 @@ pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Reco
                             compute_facts(
                                 &sc.models[m],
                                 h.compute_fraction,
-                                window_p95(&h.ttft, None),
-                                window_p95(&h.itl, None),
+                                window_latency(&h.ttft, None, sc.models[m].ttft_slo_percentile),
+                                window_latency(&h.itl, None, SloPercentile::P95),
                             ),
                         )
                     };
