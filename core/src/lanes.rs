@@ -195,20 +195,14 @@ pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits, request_tokens: u64) 
 /// activator does not know; 1,024 is a long answer for a chat or batch line.
 pub const DEFAULT_MAX_TOKENS: u64 = 1_024;
 
-/// How many KV tokens a request body may grow to: its prompt (estimated as a token per 4 bytes of the body,
-/// which over-counts JSON's quoting and keys: the safe side) plus `max_tokens` (or `max_completion_tokens`;
-/// [`DEFAULT_MAX_TOKENS`] when it gives neither or the body is not JSON).
-pub fn footprint_tokens(body: &[u8]) -> u64 {
-    let prompt = (body.len() as u64).div_ceil(4);
-    let max = serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|v| {
-            v.get("max_completion_tokens")
-                .or_else(|| v.get("max_tokens"))
-                .and_then(serde_json::Value::as_u64)
-        })
-        .unwrap_or(DEFAULT_MAX_TOKENS);
-    prompt.saturating_add(max)
+/// How many KV tokens a request may grow to: its prompt (estimated as a token per 4 bytes of its text, which
+/// over-counts for most tokenizers: the safe side) plus its `max_tokens` ([`DEFAULT_MAX_TOKENS`] when it gives
+/// none). The activator passes what it already read of the body (the prompt's text bytes, `max_tokens` or
+/// `max_completion_tokens`), so nothing is parsed twice.
+pub fn footprint_tokens(prompt_bytes: usize, max_tokens: Option<u64>) -> u64 {
+    (prompt_bytes as u64)
+        .div_ceil(4)
+        .saturating_add(max_tokens.unwrap_or(DEFAULT_MAX_TOKENS))
 }
 
 #[cfg(test)]
@@ -251,11 +245,8 @@ mod tests {
 
     #[test]
     fn a_footprint_is_the_prompt_estimate_plus_max_tokens() {
-        let body = br#"{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":100}"#;
-        assert_eq!(footprint_tokens(body), (body.len() as u64).div_ceil(4) + 100);
-        let body = br#"{"model":"m","prompt":"x","max_completion_tokens":7}"#;
-        assert_eq!(footprint_tokens(body), (body.len() as u64).div_ceil(4) + 7);
-        assert_eq!(footprint_tokens(b"not json"), 2 + DEFAULT_MAX_TOKENS);
+        assert_eq!(footprint_tokens(401, Some(100)), 101 + 100);
+        assert_eq!(footprint_tokens(0, None), DEFAULT_MAX_TOKENS);
     }
 
     fn room(kv: f64, waiting: f64, flex: u64) -> BackendRoom {

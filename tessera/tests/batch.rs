@@ -282,16 +282,45 @@ async fn the_openai_python_client_runs_and_cancels_a_batch() {
 
 const CRASH_LINES: usize = 20_000;
 
-#[tokio::test]
-async fn a_runner_killed_twice_loses_nothing_and_answers_nothing_twice() {
-    let _shared = TIMING.read().await;
+/// A crash test's start: the emulator, a store, an activator on it, and a batch of [`CRASH_LINES`] created.
+struct CrashRun {
+    sim: Tessera,
+    store: tempfile::TempDir,
+    http: reqwest::Client,
+    started: Instant,
+    act: Tessera,
+    id: String,
+}
+
+async fn start_crash_batch() -> CrashRun {
     let sim = emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let http = http_client(Duration::from_secs(60));
     let started = Instant::now();
-    let mut act = activator(&sim, store.path());
+    let act = activator(&sim, store.path());
     let file = upload(&http, &act, input_lines(CRASH_LINES)).await;
     let id = create(&http, &act, &file).await;
+    CrashRun {
+        sim,
+        store,
+        http,
+        started,
+        act,
+        id,
+    }
+}
+
+#[tokio::test]
+async fn a_runner_killed_twice_loses_nothing_and_answers_nothing_twice() {
+    let _shared = TIMING.read().await;
+    let CrashRun {
+        sim,
+        store,
+        http,
+        started,
+        mut act,
+        id,
+    } = start_crash_batch().await;
     for third in [1, 2] {
         let at = (CRASH_LINES * third / 3) as u64;
         let b = wait_batch(&http, &act, &id, Duration::from_secs(60), |b| answered(b) >= at).await;
@@ -365,13 +394,14 @@ async fn a_paused_runner_that_wakes_after_a_takeover_writes_nothing_twice() {
 #[tokio::test]
 async fn a_cancel_at_half_with_a_killed_runner_still_answers_each_line_once() {
     let _shared = TIMING.read().await;
-    let sim = emulator();
-    let store = tempfile::tempdir().expect("a temp dir");
-    let http = http_client(Duration::from_secs(60));
-    let started = Instant::now();
-    let mut act = activator(&sim, store.path());
-    let file = upload(&http, &act, input_lines(CRASH_LINES)).await;
-    let id = create(&http, &act, &file).await;
+    let CrashRun {
+        sim,
+        store,
+        http,
+        started,
+        mut act,
+        id,
+    } = start_crash_batch().await;
     let third = (CRASH_LINES / 3) as u64;
     wait_batch(&http, &act, &id, Duration::from_secs(60), |b| {
         answered(b) >= third

@@ -324,6 +324,10 @@ struct RequestFields<'a> {
     #[serde(default)]
     priority: Option<i64>,
     #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
     prompt: Option<TextLen>,
     #[serde(default)]
     messages: Option<TextLen>,
@@ -397,6 +401,8 @@ pub struct RequestInfo {
     pub prompt_bytes: Option<usize>,
     /// The vLLM `priority` the body gives, if any.
     pub priority: Option<i64>,
+    /// `max_completion_tokens`, else `max_tokens`, when the body gives one.
+    pub max_tokens: Option<u64>,
 }
 
 /// The vLLM `priority` a lane's requests carry where the server schedules by priority (lower runs first):
@@ -440,6 +446,7 @@ pub fn request_info(body: &[u8]) -> Result<RequestInfo, RequestError> {
         stream: parsed.stream,
         prompt_bytes,
         priority: parsed.priority,
+        max_tokens: parsed.max_completion_tokens.or(parsed.max_tokens),
     })
 }
 
@@ -529,6 +536,12 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         (true, None, Some(p)) => with_priority(body, p),
         _ => body,
     };
+    // What a flex request may grow to in a backend's KV cache: the gate counts it with those in flight.
+    let footprint = if lane == Lane::Flex {
+        tessera_core::lanes::footprint_tokens(info.prompt_bytes.unwrap_or(body.len()), info.max_tokens)
+    } else {
+        0
+    };
     let request = Forward {
         parts,
         path: path.to_string(),
@@ -537,6 +550,7 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         arrived,
         admitted,
         lane,
+        footprint,
     };
     let keepalive = app.limits.keepalive_interval;
     let reply = forward(app, entry, request).instrument(span);
@@ -651,6 +665,8 @@ struct Forward {
     admitted: Admitted,
     /// The request's lane: a flex request goes only to a backend with room.
     lane: Lane,
+    /// A flex request's KV footprint in tokens (`tessera_core::lanes::footprint_tokens`; 0 in other lanes).
+    footprint: u64,
 }
 
 async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Response {
@@ -662,6 +678,7 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         arrived,
         admitted,
         lane,
+        footprint,
     } = req;
     entry.record_arrival(crate::unix_ms(SystemTime::now()));
     let labels = ModelLabels {
@@ -676,11 +693,9 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
     let mut held = false;
     // A flex request waiting for room (the gauge of its wait), outside every queue a real-time request waits in.
     let mut flex_wait = None;
-    // What a flex request may grow to in a backend's KV cache: the gate counts it with those in flight.
-    let footprint = (lane == Lane::Flex).then(|| tessera_core::lanes::footprint_tokens(&body));
     loop {
-        let picked = if let Some(tokens) = footprint {
-            match entry.pick_flex(&app.limits.lanes, Instant::now(), tokens) {
+        let picked = if lane == Lane::Flex {
+            match entry.pick_flex(&app.limits.lanes, Instant::now(), footprint) {
                 Ok(lease) => Some(lease),
                 // No backend ready: held for a scale from zero like any request.
                 Err(None) => None,

@@ -428,6 +428,44 @@ enum Stop {
     Incomplete,
 }
 
+/// What a batch stopped before its end writes for every line not sent, and the events around it.
+#[derive(Debug, Clone, Copy)]
+struct Unsent {
+    /// The error code each unsent line gets.
+    code: &'static str,
+    /// Its message.
+    message: &'static str,
+    /// The `batch_lines_total` outcome.
+    outcome: &'static str,
+    /// Recorded (and saved) before the lines are filled.
+    first: Option<BatchEvent>,
+    /// Ends the batch once they are.
+    ends: BatchEvent,
+}
+
+impl Stop {
+    /// The lines left to write for a stop that ends the batch (cancel, expiry); `None` for the others.
+    fn unsent(self) -> Option<Unsent> {
+        match self {
+            Stop::Cancel => Some(Unsent {
+                code: "batch_cancelled",
+                message: "the batch was cancelled before this request was sent",
+                outcome: "cancelled",
+                first: Some(BatchEvent::CancelRequested),
+                ends: BatchEvent::CancelDone,
+            }),
+            Stop::Expire => Some(Unsent {
+                code: "batch_expired",
+                message: "the batch's completion window ended before this request was sent",
+                outcome: "expired",
+                first: None,
+                ends: BatchEvent::DeadlinePassed,
+            }),
+            Stop::LostLease | Stop::Incomplete => None,
+        }
+    }
+}
+
 async fn save(b: &Batches, batch: &BatchObject) -> Result<(), StoreError> {
     b.store.put_batch(batch).await
 }
@@ -505,42 +543,19 @@ async fn run_batch(b: &Arc<Batches>, mut batch: BatchObject, held: &Arc<Held>) -
     if stop == Some(Stop::Incomplete) {
         return save(b, &batch).await;
     }
-    match stop {
-        Some(Stop::Cancel) => {
-            step(&mut batch, BatchEvent::CancelRequested);
-            save(b, &batch).await?;
-            let filled = fill_rest(
-                b,
-                &mut batch,
-                &mut rec,
-                "batch_cancelled",
-                "the batch was cancelled before this request was sent",
-                held,
-            )
-            .await?;
-            if !filled {
+    match stop.and_then(Stop::unsent) {
+        Some(unsent) => {
+            if let Some(first) = unsent.first {
+                step(&mut batch, first);
+                save(b, &batch).await?;
+            }
+            if !fill_rest(b, &mut batch, &mut rec, &unsent, held).await? {
                 return Ok(());
             }
             finalize_files(b, &mut batch).await?;
-            step(&mut batch, BatchEvent::CancelDone);
+            step(&mut batch, unsent.ends);
         }
-        Some(Stop::Expire) => {
-            let filled = fill_rest(
-                b,
-                &mut batch,
-                &mut rec,
-                "batch_expired",
-                "the batch's completion window ended before this request was sent",
-                held,
-            )
-            .await?;
-            if !filled {
-                return Ok(());
-            }
-            finalize_files(b, &mut batch).await?;
-            step(&mut batch, BatchEvent::DeadlinePassed);
-        }
-        _ => {
+        None => {
             step(&mut batch, BatchEvent::AllAnswered);
             save(b, &batch).await?;
             finalize_files(b, &mut batch).await?;
@@ -587,13 +602,12 @@ async fn finalize_files(b: &Batches, batch: &mut BatchObject) -> Result<(), Stor
     Ok(())
 }
 
-/// Writes `code` to the error file for every line not answered yet.
+/// Writes `unsent.code` to the error file for every line not answered yet.
 async fn fill_rest(
     b: &Batches,
     batch: &mut BatchObject,
     rec: &mut Recovered,
-    code: &str,
-    message: &str,
+    unsent: &Unsent,
     held: &Held,
 ) -> Result<bool, StoreError> {
     let mut w = BufWriter::new(b.store.append_data(&batch.error_data).await?);
@@ -624,7 +638,7 @@ async fn fill_rest(
             i,
             &custom_id,
             None,
-            Some((code, message.to_owned())),
+            Some((unsent.code, unsent.message.to_owned())),
         ))
         .await
         .map_err(io_err(&batch.error_data))?;
@@ -632,17 +646,12 @@ async fn fill_rest(
         batch.request_counts.failed += 1;
         filled += 1;
     }
-    let outcome = if code == "batch_cancelled" {
-        "cancelled"
-    } else {
-        "expired"
-    };
     b.app
         .metrics
         .batch_lines
         .get_or_create(&BatchLineLabels {
             namespace: batch.namespace.clone(),
-            outcome,
+            outcome: unsent.outcome,
         })
         .inc_by(filled);
     if !held.is_held() {

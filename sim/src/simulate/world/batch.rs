@@ -180,7 +180,6 @@ pub(super) struct BatchRt {
     per_replica: Vec<f64>,
     /// Lines in flight in each interactive replica's spare room.
     spare: BTreeMap<usize, Vec<u64>>,
-    ticking: bool,
     reclaims: u64,
     paced_adds: u64,
 }
@@ -230,7 +229,6 @@ impl BatchRt {
             rng: ChaCha8Rng::seed_from_u64(sc.seed ^ 0xba7c_4000),
             lanes: LaneLimits::default(),
             spare: BTreeMap::new(),
-            ticking: false,
             reclaims: 0,
             paced_adds: 0,
         }
@@ -369,9 +367,6 @@ impl World<'_> {
         }
         if first.is_finite() {
             self.push(first, Ev::BatchTick);
-            if let Some(b) = self.batch.as_mut() {
-                b.ticking = true;
-            }
         }
         Ok(())
     }
@@ -523,7 +518,6 @@ impl World<'_> {
         let Some(b) = self.batch.as_mut() else {
             return Ok(());
         };
-        b.ticking = false;
         let mode = b.mode;
         let starting: Vec<usize> = (0..b.jobs.len())
             .filter(|&j| !b.jobs[j].started && b.setup.jobs[j].submit_at <= now + 1e-9)
@@ -558,7 +552,6 @@ impl World<'_> {
             .fold(f64::INFINITY, f64::min);
         let next = if busy { now + LANE_POLL_S } else { next_submit };
         if next.is_finite() && next <= self.sc.duration {
-            b.ticking = true;
             self.push(next, Ev::BatchTick);
         }
         Ok(())
