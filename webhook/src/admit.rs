@@ -147,6 +147,13 @@ pub struct Admitter {
 #[error("the body is not an admission.k8s.io/v1 AdmissionReview: {0}")]
 pub struct BadRequest(String);
 
+/// Whether `patch` applies to the object exactly as the API server sent it.
+fn applies_to(object: Option<&RawValue>, patch: &json_patch::Patch) -> Result<(), String> {
+    let raw = object.ok_or("no object")?;
+    let mut doc: serde_json::Value = serde_json::from_str(raw.get()).map_err(|e| e.to_string())?;
+    json_patch::patch(&mut doc, patch).map_err(|e| e.to_string())
+}
+
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -369,7 +376,7 @@ impl Admitter {
                     // Re-invocation: the pod already carries its placement; reserving again could book twice.
                     placement = p;
                     ctx.placement = Some(&placement);
-                    return self.finish(base, req, &pod, &namespace, &ctx, &plan);
+                    return self.finish(base, req, object, &pod, &namespace, &ctx, &plan);
                 }
                 let Some(manager) = self.pools.get(&need.pool) else {
                     let u = Unchanged::NoPool(format!(
@@ -413,13 +420,15 @@ impl Admitter {
                 ctx.placement = Some(&placement);
             }
         }
-        self.finish(base, req, &pod, &namespace, &ctx, &plan)
+        self.finish(base, req, object, &pod, &namespace, &ctx, &plan)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         base: AdmissionResponse,
         req: &AdmissionRequest<DynamicObject>,
+        object: Option<&RawValue>,
         pod: &Pod,
         namespace: &str,
         ctx: &Context<'_>,
@@ -429,6 +438,11 @@ impl Admitter {
             Mutation::Unchanged(u) => self.unchanged(base, req, Some((pod, namespace)), u),
             Mutation::Patch { patch, label, notes } => {
                 debug!(uid = %req.uid, %namespace, label, ops = patch.0.len(), ?notes, "mutated");
+                // The patch was computed from the typed pod, which fills in fields the sent pod may lack; the API
+                // server applies it to what was sent, and fails the whole request if it does not apply.
+                if let Err(why) = applies_to(object, &patch) {
+                    return self.unchanged(base, req, Some((pod, namespace)), Unchanged::Unpatchable(why));
+                }
                 match base.clone().with_patch(patch) {
                     Ok(mut r) => {
                         self.metrics.admission("mutated", label);

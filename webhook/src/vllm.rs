@@ -126,14 +126,22 @@ fn spellings(flag: &str) -> [String; 2] {
     [flag.to_string(), flag.replace('-', "_").replacen("__", "--", 1)]
 }
 
-/// The value of `flag` in `words` (last occurrence wins, as in argparse).
+/// The value of `flag` in `words` (last occurrence wins, as in argparse). A flag written without a value (the
+/// last word, or followed by another `--flag`, which argparse will not take as its value) gives `Some("")`: the
+/// flag is there and vLLM would refuse to start, which is not the same as the flag being absent.
 pub fn flag_value(words: &[String], flag: &str) -> Option<String> {
     let names = spellings(flag);
     let mut found = None;
     for (i, w) in words.iter().enumerate() {
         for n in &names {
             if w == n {
-                found = words.get(i + 1).cloned();
+                found = Some(
+                    words
+                        .get(i + 1)
+                        .filter(|v| !v.starts_with("--"))
+                        .cloned()
+                        .unwrap_or_default(),
+                );
             } else if let Some(v) = w.strip_prefix(n.as_str()).and_then(|r| r.strip_prefix('=')) {
                 found = Some(v.to_string());
             }
@@ -149,6 +157,11 @@ pub fn port(c: &Container) -> Result<u16, String> {
     let Some(value) = flag_value(&words(c), "--port") else {
         return Ok(DEFAULT_PORT);
     };
+    if value.is_empty() {
+        // Reading the default here would be wrong twice: vLLM refuses to start on a bare --port, and once
+        // Tessera appends its own flags the next reading would take one of them as the port.
+        return Err("vLLM's --port has no value (vLLM would refuse to start): write --port 8000".into());
+    }
     let literal = match env_ref(&value) {
         None => value.clone(),
         Some(name) => {
@@ -180,7 +193,7 @@ pub fn port(c: &Container) -> Result<u16, String> {
 /// The model vLLM serves: `--model`, else the word after `serve`.
 pub fn model(c: &Container) -> Option<String> {
     let w = words(c);
-    if let Some(m) = flag_value(&w, "--model") {
+    if let Some(m) = flag_value(&w, "--model").filter(|m| !m.is_empty()) {
         return Some(m);
     }
     let i = w.iter().position(|t| t == "serve")?;
@@ -545,5 +558,22 @@ mod tests {
         let c = exec(&["vllm", "serve", "m"], &["--port", "http"]);
         assert!(port(&c).expect_err("not a number").contains("not a port number"));
         assert_eq!(port(&exec(&["vllm", "serve", "m"], &[])), Ok(DEFAULT_PORT));
+    }
+
+    /// Found by the property test in CI: a bare `--port` read as "the default" at admission, and after Tessera
+    /// appended `--gpu-memory-utilization=0.3` the second reading took that flag as the port.
+    #[test]
+    fn a_port_flag_without_a_value_is_refused_before_and_after_flags_are_appended() {
+        for args in [&["--port"][..], &["--port", "--gpu-memory-utilization=0.3"]] {
+            let err = port(&exec(&["vllm", "serve", "m"], args)).expect_err("no value");
+            assert!(
+                err.contains("no value") && err.contains("--port 8000"),
+                "{args:?}: {err}"
+            );
+        }
+        assert_eq!(
+            model(&exec(&["vllm", "serve", "m"], &["--model"])).as_deref(),
+            Some("m")
+        );
     }
 }

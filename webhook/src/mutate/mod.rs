@@ -167,6 +167,10 @@ pub enum Unchanged {
     GpuPending(String),
     /// The pod already is as Tessera wants it.
     UpToDate,
+    /// The patch, computed from the typed pod, does not apply to the pod as the API server sent it: the pod lacks
+    /// a field its schema requires (an env entry without `name`), which the typed reading fills in. Answering the
+    /// patch would fail the whole request at the API server; answering nothing lets its validation name the fault.
+    Unpatchable(String),
     /// A bug: the patch could not be computed.
     Internal(String),
 }
@@ -192,6 +196,7 @@ impl Unchanged {
             Self::Reservation { label, .. } => label,
             Self::GpuPending(_) => "gpu_pending",
             Self::UpToDate => "up_to_date",
+            Self::Unpatchable(_) => "unpatchable",
             Self::Internal(_) => "internal",
         }
     }
@@ -239,6 +244,11 @@ impl std::fmt::Display for Unchanged {
             Self::DryRun => write!(f, "dry run: fractional placement would reserve GPU room"),
             Self::Reservation { message, .. } => write!(f, "GPU reservation failed: {message}"),
             Self::UpToDate => write!(f, "the pod already carries Tessera's sidecar and settings"),
+            Self::Unpatchable(m) => write!(
+                f,
+                "Tessera's patch does not apply to the pod as sent ({m}); a field Kubernetes requires is probably \
+                 missing (an env entry's name, a port's containerPort): fix the pod template"
+            ),
             Self::Internal(m) => write!(f, "internal error: {m}"),
         }
     }
