@@ -36,6 +36,9 @@ pub struct LaneLimits {
     pub max_in_flight: u64,
     /// Oldest gauges still read as the backend's room.
     pub max_age: Duration,
+    /// The TTFT pressure ([`ttft_pressure`]) of another model's pod on the backend's GPU at or above which no flex
+    /// request goes to that backend (0.8: a neighbour at 80% of its TTFT objective).
+    pub neighbour_stop_at: f64,
 }
 
 impl Default for LaneLimits {
@@ -47,6 +50,7 @@ impl Default for LaneLimits {
             throttle_in_flight: 1,
             max_in_flight: 64,
             max_age: Duration::from_secs(2),
+            neighbour_stop_at: 0.8,
         }
     }
 }
@@ -63,6 +67,12 @@ impl LaneLimits {
         }
         if !self.max_waiting.is_finite() || self.max_waiting < 0.0 {
             return Err(format!("lane max-waiting must be >= 0, got {}", self.max_waiting));
+        }
+        if !self.neighbour_stop_at.is_finite() || self.neighbour_stop_at <= 0.0 {
+            return Err(format!(
+                "lane neighbour-stop-at must be > 0 (a share of the co-tenants' TTFT target), got {}",
+                self.neighbour_stop_at
+            ));
         }
         if self.max_in_flight == 0 {
             return Err("lane max-in-flight must be at least 1".to_owned());
@@ -88,6 +98,9 @@ pub struct BackendRoom {
     pub flex_tokens: u64,
     /// The KV cache's size in tokens (vLLM's `cache_config_info`: `num_gpu_blocks × block_size`), if known.
     pub kv_capacity_tokens: Option<u64>,
+    /// The highest TTFT pressure among the other models' pods sharing the backend's GPU
+    /// ([`neighbour_pressures`]), as the controller's last round saw it; `None` on a GPU of its own or unknown.
+    pub neighbours: Option<f64>,
 }
 
 /// Why a flex request may not go to a backend now.
@@ -107,6 +120,18 @@ pub enum NoRoom {
         .kv * 100.0, .promised * 100.0, .stop_at * 100.0
     )]
     KvPromised { kv: f64, promised: f64, stop_at: f64 },
+    /// Another model on the backend's GPU is close to its TTFT objective: batch work stepping beside it would
+    /// slow its steps and cost it a bigger share or a replica.
+    #[error(
+        "a model sharing the GPU is at {:.0}% of its TTFT objective (flex stops at {:.0}%)",
+        .pressure * 100.0, .stop_at * 100.0
+    )]
+    Neighbour {
+        /// The neighbour's pressure.
+        pressure: f64,
+        /// The threshold.
+        stop_at: f64,
+    },
     #[error("{waiting} requests waiting in the server's queue")]
     Queue {
         /// How many.
@@ -129,6 +154,7 @@ impl NoRoom {
             NoRoom::KvFull { .. } => "kv_full",
             NoRoom::KvPromised { .. } => "kv_promised",
             NoRoom::Queue { .. } => "queue",
+            NoRoom::Neighbour { .. } => "neighbour",
             NoRoom::Throttled { .. } => "throttled",
         }
     }
@@ -136,6 +162,14 @@ impl NoRoom {
 
 /// Whether a flex request may go to the backend whose room is `room` (see the module docs).
 pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits, request_tokens: u64) -> Result<(), NoRoom> {
+    if let Some(p) = room.neighbours.filter(|p| p.is_finite())
+        && p >= limits.neighbour_stop_at
+    {
+        return Err(NoRoom::Neighbour {
+            pressure: p,
+            stop_at: limits.neighbour_stop_at,
+        });
+    }
     let fresh = room.age.is_some_and(|a| a <= limits.max_age);
     let kv = room.kv.filter(|k| fresh && k.is_finite());
     let waiting = room.waiting.filter(|w| fresh && w.is_finite());
@@ -191,6 +225,55 @@ pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits, request_tokens: u64) 
     Ok(())
 }
 
+/// A replica's TTFT pressure: its sidecar's TTFT p95 over the last window (`recent.ttftSeconds.p95`) as a share of
+/// its model's TTFT objective (`ttftSlo`). `None` when either is unknown.
+pub fn ttft_pressure(recent_p95_secs: Option<f64>, slo_secs: Option<f64>) -> Option<f64> {
+    let slo = slo_secs.filter(|s| s.is_finite() && *s > 0.0)?;
+    recent_p95_secs
+        .filter(|p| p.is_finite() && *p >= 0.0)
+        .map(|p| p / slo)
+}
+
+/// One pod as the controller's round saw it, for the flex gate of the other pods on its GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tenant<P, M, G> {
+    /// The pod (a name, an address: whatever the caller keys pods by).
+    pub pod: P,
+    /// Its model.
+    pub model: M,
+    /// The GPU it runs on (its capacity pod); `None` on a GPU of its own.
+    pub gpu: Option<G>,
+    /// Its [`ttft_pressure`].
+    pub pressure: Option<f64>,
+}
+
+/// For each pod on a shared GPU, the highest [`ttft_pressure`] among the pods of *other* models on that GPU (the
+/// figure [`BackendRoom::neighbours`] carries to the gate). Pods of one model are left out of each other's figure:
+/// a model's own latency is guarded by its own gauges (KV, queue). Pods with no known neighbour are absent.
+///
+/// Why: a GPU's tenants share its bandwidth (`sim/src/model/sharing.rs`), so batch lines stepping on one tenant
+/// lengthen the others' steps; a neighbour already near its objective answers with a bigger share or another
+/// replica, which costs more than the batch saves (measured: `docs/batch.md`, "What it costs").
+pub fn neighbour_pressures<P, M, G>(tenants: &[Tenant<P, M, G>]) -> Vec<(P, f64)>
+where
+    P: Clone,
+    M: PartialEq,
+    G: PartialEq,
+{
+    tenants
+        .iter()
+        .filter_map(|t| {
+            let gpu = t.gpu.as_ref()?;
+            let worst = tenants
+                .iter()
+                .filter(|o| o.model != t.model && o.gpu.as_ref() == Some(gpu))
+                .filter_map(|o| o.pressure)
+                .reduce(f64::max)?;
+            Some((t.pod.clone(), worst))
+        })
+        .collect()
+}
+
 /// `max_tokens` assumed for a request that gives none: vLLM would let it run to the model's length, which the
 /// activator does not know; 1,024 is a long answer for a chat or batch line.
 pub const DEFAULT_MAX_TOKENS: u64 = 1_024;
@@ -244,6 +327,40 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_reads_the_worst_other_model_on_its_gpu() {
+        let t = |pod: &'static str, model: &'static str, gpu: Option<&'static str>, p: Option<f64>| Tenant {
+            pod,
+            model,
+            gpu,
+            pressure: p,
+        };
+        let tenants = [
+            t("chat-0", "chat", Some("gpu-a"), Some(0.9)),
+            t("chat-1", "chat", Some("gpu-b"), Some(0.2)),
+            t("eval-0", "eval", Some("gpu-a"), Some(0.1)),
+            t("code-0", "code", Some("gpu-a"), None),
+            t("solo-0", "solo", None, Some(5.0)),
+        ];
+        let got = neighbour_pressures(&tenants);
+        // eval-0 sits beside chat-0 (0.9) and code-0 (unknown): 0.9. chat-0 beside eval-0 (0.1). chat-1 has no
+        // other model on gpu-b, solo-0 no GPU to share: absent.
+        assert_eq!(got, vec![("chat-0", 0.1), ("eval-0", 0.9), ("code-0", 0.9)]);
+        let mut room = room(0.1, 0.0, 0);
+        room.neighbours = Some(0.9);
+        let e = admit_flex(&room, &LaneLimits::default(), 0).unwrap_err();
+        assert_eq!(e.label(), "neighbour");
+        assert_eq!(
+            e.to_string(),
+            "a model sharing the GPU is at 90% of its TTFT objective (flex stops at 80%)"
+        );
+        room.neighbours = Some(0.5);
+        assert_eq!(admit_flex(&room, &LaneLimits::default(), 0), Ok(()));
+        assert_eq!(ttft_pressure(Some(1.5), Some(2.0)), Some(0.75));
+        assert_eq!(ttft_pressure(Some(1.5), Some(0.0)), None);
+        assert_eq!(ttft_pressure(None, Some(2.0)), None);
+    }
+
+    #[test]
     fn a_footprint_is_the_prompt_estimate_plus_max_tokens() {
         assert_eq!(footprint_tokens(401, Some(100)), 101 + 100);
         assert_eq!(footprint_tokens(0, None), DEFAULT_MAX_TOKENS);
@@ -258,6 +375,7 @@ mod tests {
             flex_unseen: 0,
             flex_tokens: 0,
             kv_capacity_tokens: None,
+            neighbours: None,
         }
     }
 

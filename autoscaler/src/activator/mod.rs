@@ -245,6 +245,12 @@ pub struct Args {
     #[arg(long, env = "TESSERA_LANE_STOP_AT", default_value_t = 0.6)]
     pub lane_stop_at: f64,
 
+    /// Flex lane: no flex request goes to a backend while another model on its GPU is at or above this share of
+    /// the TTFT p95 its replica count scales up at (the controller publishes it in the InferenceAutoscaler's
+    /// status, `flexPaused`).
+    #[arg(long, env = "TESSERA_LANE_NEIGHBOUR_STOP_AT", default_value_t = 0.8)]
+    pub lane_neighbour_stop_at: f64,
+
     /// Flex lane: no flex request goes to a backend with more requests than this waiting in its own queue.
     #[arg(long, env = "TESSERA_LANE_MAX_WAITING", default_value_t = 0.0)]
     pub lane_max_waiting: f64,
@@ -353,6 +359,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         max_in_flight: args.lane_max_in_flight,
         // Gauges older than a few reads say nothing about the room now.
         max_age: (args.lane_poll_interval * 5).max(Duration::from_secs(1)),
+        neighbour_stop_at: args.lane_neighbour_stop_at,
     };
     lanes.validate().map_err(ActivatorError::Lanes)?;
     let lanes_task = tokio::spawn(lanes::run(

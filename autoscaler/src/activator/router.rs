@@ -87,6 +87,7 @@ impl Backend {
             flex_unseen: self.flex_unseen.load(Ordering::Relaxed),
             flex_tokens: self.flex_tokens.load(Ordering::Relaxed),
             kv_capacity_tokens: g.and_then(|g| g.kv_capacity_tokens),
+            neighbours: None,
         }
     }
 

@@ -23,7 +23,7 @@ use std::time::Duration;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_core::batch::{CapacityOffer, MEASURE_SPARE, PaceAction, PaceInput, pace};
-use tessera_core::lanes::{BackendRoom, LaneLimits, admit_flex};
+use tessera_core::lanes::{BackendRoom, LaneLimits, Tenant, admit_flex, neighbour_pressures, ttft_pressure};
 
 use super::super::batch_jobs::{BatchSetup, Job};
 use super::*;
@@ -180,6 +180,8 @@ pub(super) struct BatchRt {
     per_replica: Vec<f64>,
     /// Lines in flight in each interactive replica's spare room.
     spare: BTreeMap<usize, Vec<u64>>,
+    /// Each interactive replica's neighbours' TTFT pressure, refreshed each sync (`refresh_neighbours`).
+    neighbours: BTreeMap<usize, f64>,
     reclaims: u64,
     paced_adds: u64,
 }
@@ -229,6 +231,7 @@ impl BatchRt {
             rng: ChaCha8Rng::seed_from_u64(sc.seed ^ 0xba7c_4000),
             lanes: LaneLimits::default(),
             spare: BTreeMap::new(),
+            neighbours: BTreeMap::new(),
             reclaims: 0,
             paced_adds: 0,
         }
@@ -645,6 +648,7 @@ impl World<'_> {
                         .get(&r)
                         .map_or(0, |v| v.iter().map(|&id| b.footprint(job_of(id))).sum()),
                     kv_capacity_tokens: Some(eng.kv_blocks_total() * u64::from(eng.config().block_size)),
+                    neighbours: b.neighbours.get(&r).copied(),
                 };
                 if admit_flex(&room, &b.lanes, footprint).is_err() {
                     continue;
@@ -665,6 +669,36 @@ impl World<'_> {
                     self.schedule_step(r);
                 }
             }
+        }
+    }
+
+    /// Each interactive replica's flex-gate figure for its GPU's other models (`lanes::neighbour_pressures`), from
+    /// every ready replica's sidecar window (its TTFT p95 over its model's objective), as the controller computes
+    /// it once per sync and publishes it to the activator.
+    fn refresh_neighbours(&mut self) {
+        let settings = &self.sc.settings;
+        let tenants: Vec<Tenant<usize, usize, GpuId>> = (0..self.replicas.len())
+            .filter(|&r| self.replicas[r].phase == Phase::Ready && self.replicas[r].gpu.is_some())
+            .map(|r| {
+                let rep = &self.replicas[r];
+                let status = observe::sidecar_status(
+                    rep.scrapes.iter(),
+                    self.sc.gpu.memory_bytes,
+                    self.now,
+                    settings.scrape_interval,
+                    settings.ttft_window,
+                );
+                let p95 = status.recent.and_then(|w| w.ttft_seconds.p95);
+                Tenant {
+                    pod: r,
+                    model: rep.model,
+                    gpu: rep.gpu,
+                    pressure: ttft_pressure(p95, Some(self.sc.models[rep.model].slo_ttft)),
+                }
+            })
+            .collect();
+        if let Some(b) = self.batch.as_mut() {
+            b.neighbours = neighbour_pressures(&tenants).into_iter().collect();
         }
     }
 
@@ -704,6 +738,12 @@ impl World<'_> {
 
     /// Every sync: the pacing rule for each active job (Paced), or greedy spot taking back what returned.
     pub(super) fn batch_round(&mut self) -> Result<(), SimError> {
+        let Some(b) = self.batch.as_ref() else {
+            return Ok(());
+        };
+        if b.mode == BatchMode::Paced {
+            self.refresh_neighbours();
+        }
         let Some(b) = self.batch.as_ref() else {
             return Ok(());
         };
