@@ -85,6 +85,39 @@ pub struct InferenceAutoscalerStatus {
     /// at most once a minute, and only when requests arrived or a cold start was measured. Not for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_start_ledger: Option<ColdStartLedgerStatus>,
+    /// For the activator's flex lane: this model's pods that share a GPU with other models, each with the worst
+    /// TTFT pressure among those neighbours (`tessera_core::lanes::neighbour_pressures`). The activator sends no
+    /// batch (flex-tier) request to a pod whose figure is at or above `--lane-neighbour-stop-at`. Absent when no
+    /// pod shares a GPU with a model whose pressure is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flex_neighbours: Option<FlexNeighboursStatus>,
+}
+
+/// `status.flexNeighbours`: what the flex lane's gate reads of each pod's GPU neighbours.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlexNeighboursStatus {
+    /// When the controller read the neighbours' sidecars. The activator ignores figures older than two minutes
+    /// (a controller that stopped writing must not close the lane for ever, nor keep it open on old news).
+    pub observed_at: Time,
+    /// One entry per pod on a shared GPU.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub pods: Vec<FlexNeighbour>,
+}
+
+/// One pod's GPU neighbours, as the flex lane reads them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FlexNeighbour {
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's IP, which is how the activator knows its backends (EndpointSlice addresses).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "podIP")]
+    pub pod_ip: Option<String>,
+    /// The worst TTFT p95 over its objective among the other models' pods on the same GPU (1 = at the objective).
+    #[schemars(range(min = 0))]
+    pub pressure: f64,
 }
 
 /// A compact copy of a model's cold-start ledger (`tessera_core::scale::coldstart::checkpoint`): the syncs a cold

@@ -83,7 +83,7 @@ impl ObjectKey {
 }
 
 /// What one InferenceAutoscaler contributes to routing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AutoscalerRoute {
     /// OpenAI model names (`spec.modelNames`).
     pub models: Vec<String>,
@@ -93,6 +93,26 @@ pub struct AutoscalerRoute {
     pub created: Option<String>,
     /// `metadata.uid`, for the Event's `regarding`.
     pub uid: Option<String>,
+    /// `status.flexNeighbours`: when the controller read them, and each pod's figure by pod IP.
+    pub neighbours: Option<Neighbours>,
+}
+
+/// The flex lane's neighbour figures of one model's pods: when the controller read them, and each pod's worst
+/// neighbour's TTFT pressure by pod IP.
+pub type Neighbours = (std::time::SystemTime, BTreeMap<String, f64>);
+
+/// Reads `status.flexNeighbours`; a malformed one is no figure (the lane then reads only the pod's own room).
+fn neighbours_of(obj: &DynamicObject) -> Option<Neighbours> {
+    let raw = obj.data.pointer("/status/flexNeighbours")?;
+    let st: crate::crd::FlexNeighboursStatus = serde_json::from_value(raw.clone()).ok()?;
+    let at = std::time::SystemTime::from(st.observed_at.0);
+    let by_ip = st
+        .pods
+        .into_iter()
+        .filter_map(|p| Some((p.pod_ip?, p.pressure)))
+        .filter(|(_, p)| p.is_finite())
+        .collect();
+    Some((at, by_ip))
 }
 
 impl AutoscalerRoute {
@@ -125,6 +145,7 @@ impl AutoscalerRoute {
             service: service.or(target),
             created: obj.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()),
             uid: obj.metadata.uid.clone(),
+            neighbours: neighbours_of(obj),
         }
     }
 }
@@ -192,14 +213,14 @@ impl SliceBackends {
 }
 
 /// Routing state fed by watch events; pure, so it is tested with `apply`/`delete`/`reset` alone.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Index {
     autoscalers: BTreeMap<ObjectKey, AutoscalerRoute>,
     slices: BTreeMap<ObjectKey, SliceBackends>,
 }
 
 /// What the index routes now.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Routes {
     /// Ready backend URLs per [`model_key`]; a model at zero replicas maps to an empty list, so the activator
     /// knows it and holds its requests instead of answering 404.
@@ -208,6 +229,8 @@ pub struct Routes {
     pub collisions: Vec<Collision>,
     /// Hosts of not-ready, not-terminating endpoints per [`model_key`] (see [`SliceBackends::not_ready`]).
     pub not_ready: BTreeMap<String, Vec<String>>,
+    /// The flex lane's neighbour figures per [`model_key`] (see [`AutoscalerRoute::neighbours`]).
+    pub neighbours: BTreeMap<String, Neighbours>,
 }
 
 impl Index {
@@ -317,6 +340,9 @@ impl Index {
             if !hosts.is_empty() {
                 out.not_ready
                     .insert(model_key(namespace, model), hosts.into_iter().collect());
+            }
+            if let Some(n) = &route.neighbours {
+                out.neighbours.insert(model_key(namespace, model), n.clone());
             }
             out.backends
                 .insert(model_key(namespace, model), urls.into_iter().collect());
@@ -475,7 +501,9 @@ impl KubeDiscovery {
         };
         for (key, urls) in &routes.backends {
             if let Some((namespace, model)) = tessera_core::wire::activator::split_model_key(key) {
-                router.ensure(namespace, model).replace_ready(urls);
+                let entry = router.ensure(namespace, model);
+                entry.replace_ready(urls);
+                entry.set_neighbours(routes.neighbours.get(key));
             }
         }
         *self.not_ready.lock().unwrap_or_else(|e| e.into_inner()) = routes.not_ready.clone();
@@ -685,6 +713,7 @@ mod tests {
             service: Some(service.into()),
             created: Some(created.into()),
             uid: None,
+            neighbours: None,
         }
     }
 
@@ -725,6 +754,57 @@ mod tests {
                 .models
                 .is_empty()
         );
+    }
+
+    /// The controller's `status.flexNeighbours` reaches the backend's room by pod IP, and stops counting once old.
+    #[test]
+    fn neighbour_figures_reach_the_backends_by_pod_ip() {
+        let spec = serde_json::json!({ "scaleTargetRef": { "name": "d" }, "modelNames": ["m"] });
+        let mut obj = ias("ml", "m", spec);
+        let written = |at: std::time::SystemTime| {
+            serde_json::json!({ "flexNeighbours": {
+                "observedAt": k8s_openapi::jiff::Timestamp::try_from(at).unwrap().to_string(),
+                "pods": [ { "pod": "d-1", "podIP": "10.0.0.1", "pressure": 0.93 }, { "pod": "d-2", "pressure": 0.5 } ]
+            }})
+        };
+        obj.data["status"] = written(std::time::SystemTime::now());
+        let r = AutoscalerRoute::from_object(&obj);
+        let (_, by_ip) = r.neighbours.clone().unwrap();
+        // A pod without an IP cannot be matched to an endpoint: left out.
+        assert_eq!(
+            by_ip.into_iter().collect::<Vec<_>>(),
+            vec![("10.0.0.1".to_owned(), 0.93)]
+        );
+        let mut index = Index::default();
+        index.apply_autoscaler(key("ml", "m"), r);
+        index.apply_slice(
+            key("ml", "s"),
+            ready("d", &["http://10.0.0.1:8000", "http://10.0.0.2:8000"]),
+        );
+        let routes = index.routes();
+        let router = Router::new(10, Admission::new(100, 100), "test".into(), 0);
+        let entry = router.ensure("ml", "m");
+        entry.replace_ready(&routes.backends["ml/m"]);
+        entry.set_neighbours(routes.neighbours.get("ml/m"));
+        let rooms: Vec<Option<f64>> = entry
+            .ready_backends()
+            .iter()
+            .map(|b| b.room(tokio::time::Instant::now()).neighbours)
+            .collect();
+        assert_eq!(rooms, vec![Some(0.93), None]);
+        // A figure older than the bound (the controller stopped writing) is not read.
+        obj.data["status"] = written(std::time::SystemTime::now() - std::time::Duration::from_secs(600));
+        let stale = AutoscalerRoute::from_object(&obj).neighbours;
+        entry.set_neighbours(stale.as_ref());
+        assert_eq!(
+            entry.ready_backends()[0]
+                .room(tokio::time::Instant::now())
+                .neighbours,
+            None
+        );
+        // A malformed status is no figure, not a failed watch.
+        obj.data["status"] = serde_json::json!({ "flexNeighbours": { "pods": "x" } });
+        assert_eq!(AutoscalerRoute::from_object(&obj).neighbours, None);
     }
 
     #[test]

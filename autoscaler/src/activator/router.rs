@@ -34,7 +34,13 @@ pub struct Backend {
     flex_tokens: AtomicU64,
     /// The backend's last gauges (KV-cache usage, requests waiting) and when they were read (`super::lanes`).
     gauges: Mutex<Option<Gauges>>,
+    /// The worst TTFT pressure among the other models on its GPU and when the controller read it
+    /// (`status.flexNeighbours`, `tessera_core::lanes::neighbour_pressures`).
+    neighbours: Mutex<Option<(std::time::SystemTime, f64)>>,
 }
+
+/// A neighbour figure older than this is not read: the controller that wrote it stopped writing.
+pub const NEIGHBOURS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// A backend's gauges as last read from its `/metrics`.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +61,21 @@ impl Backend {
             flex_unseen: AtomicU64::new(0),
             flex_tokens: AtomicU64::new(0),
             gauges: Mutex::new(None),
+            neighbours: Mutex::new(None),
+        }
+    }
+
+    /// Records the controller's neighbour figure for this backend (`None`: it has none).
+    pub fn set_neighbours(&self, figure: Option<(std::time::SystemTime, f64)>) {
+        *lock(&self.neighbours) = figure;
+    }
+
+    /// The host of the base URL (`10.0.0.7`, `[fd00::7]`), as EndpointSlices and pod IPs name it.
+    pub fn host(&self) -> &str {
+        let rest = self.base.split_once("://").map_or(self.base.as_str(), |(_, r)| r);
+        match rest.rsplit_once(':') {
+            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => rest,
         }
     }
 
@@ -87,7 +108,12 @@ impl Backend {
             flex_unseen: self.flex_unseen.load(Ordering::Relaxed),
             flex_tokens: self.flex_tokens.load(Ordering::Relaxed),
             kv_capacity_tokens: g.and_then(|g| g.kv_capacity_tokens),
-            neighbours: None,
+            neighbours: lock(&self.neighbours).and_then(|(at, p)| {
+                let age = std::time::SystemTime::now()
+                    .duration_since(at)
+                    .unwrap_or_default();
+                (age <= NEIGHBOURS_MAX_AGE).then_some(p)
+            }),
         }
     }
 
@@ -446,6 +472,18 @@ impl ModelEntry {
         let mut rx = self.ready.subscribe();
         let ready = async { rx.wait_for(|set| !set.is_empty()).await.is_ok() };
         tokio::time::timeout_at(deadline, ready).await.unwrap_or(false)
+    }
+
+    /// Sets the controller's neighbour figures (`at`, pressure by pod IP) on the backends listed; a backend whose
+    /// host is not listed gets none.
+    pub fn set_neighbours(&self, figures: Option<&(std::time::SystemTime, BTreeMap<String, f64>)>) {
+        for backend in lock(&self.known).values() {
+            let figure = figures.and_then(|(at, by_host)| {
+                let host = backend.host().trim_start_matches('[').trim_end_matches(']');
+                by_host.get(host).map(|p| (*at, *p))
+            });
+            backend.set_neighbours(figure);
+        }
     }
 
     /// Sets one backend's readiness (static discovery: one probe result).

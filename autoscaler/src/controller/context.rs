@@ -71,6 +71,8 @@ pub struct Context {
     pub objects: std::sync::RwLock<Option<kube::runtime::reflector::Store<InferenceAutoscaler>>>,
     /// The HorizontalPodAutoscalers (KEDA's among them), for the one-owner-per-`/scale` check.
     pub scalers: super::owners::HpaCache,
+    /// Every model's pods, their GPUs and TTFT pressure, for the flex lane's neighbour figures.
+    pub neighbours: super::neighbours::Book,
 }
 
 impl Context {

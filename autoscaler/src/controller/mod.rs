@@ -32,6 +32,7 @@ pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
 pub mod metrics;
+pub mod neighbours;
 mod objective;
 pub mod owner_events;
 pub mod owners;
@@ -366,6 +367,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         consolidation: crate::pool::ConsolidationLink::default(),
         ui,
         objects: std::sync::RwLock::new(None),
+        neighbours: neighbours::Book::default(),
         scalers: owners::HpaCache::start(
             match &args.watch_namespace {
                 Some(ns) => Api::namespaced(client.clone(), ns),

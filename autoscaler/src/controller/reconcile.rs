@@ -245,6 +245,9 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     }
     ctx.metrics.decision(r.decision.reason);
     super::objective::hand_over(ctx, &obj.spec, &r.policy, &g.sidecar_urls, &g.observed.sidecars).await;
+    let slo = tessera_core::recommend::Objective::of(&r.policy, None).ttft_slo_secs;
+    let seen = super::neighbours::pods_seen(&g.all_pods, &g.ready_names, &g.observed.sidecars, slo);
+    let flex_neighbours = ctx.neighbours.record(&key, seen, now_sys);
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
     let current = g.observed.replicas + g.sleeping;
@@ -323,6 +326,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         st.allocation = Some(allocation.clone());
         st.cold_start_ledger = ledger_copy.clone();
         st.rest = super::sleep::status(&r, g.sleeping);
+        st.flex_neighbours = flex_neighbours.clone();
         status::set_workload_class(&mut st, r.class.as_ref());
         let had = st
             .conditions
@@ -451,6 +455,8 @@ pub(super) struct Gathered {
     sleeping: u32,
     /// Each ready replica's sidecar, in `observed.sidecars`' order (where the objective is handed over).
     sidecar_urls: Vec<String>,
+    /// Each ready replica's pod name, in the same order.
+    ready_names: Vec<String>,
 }
 
 /// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
@@ -653,6 +659,7 @@ pub(super) async fn gather(
         others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
         rest_docs,
         sleeping,
+        ready_names: ready_pods.iter().map(|(name, _)| name.clone()).collect(),
         sidecar_urls: ready_pods.into_iter().map(|(_, url)| url).collect(),
     })
 }
@@ -839,7 +846,7 @@ fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp::from_millis(crate::unix_ms(t))
 }
 
-fn k8s_time(t: SystemTime) -> Time {
+pub(super) fn k8s_time(t: SystemTime) -> Time {
     Time(jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
 }
 

@@ -168,6 +168,7 @@ pub(super) fn test_context(
         )),
         objects: std::sync::RwLock::new(None),
         scalers: crate::controller::owners::HpaCache::default(),
+        neighbours: crate::controller::neighbours::Book::default(),
     })
 }
 

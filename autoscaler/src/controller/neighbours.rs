@@ -1,0 +1,168 @@
+//! The flex lane's view of each pod's GPU neighbours: every round records its model's pods (their GPU, their TTFT
+//! pressure from the sidecar it just read) in a book shared by all models' rounds, and publishes for its own pods
+//! on a shared GPU the worst pressure among the other models there (`status.flexNeighbours`). The activator reads
+//! that status and sends no batch request to a pod whose neighbour is near its objective.
+//!
+//! The rule is `tessera_core::lanes::neighbour_pressures`; this only gathers. Why the controller and not the
+//! activator: the controller already reads every pod's sidecar and knows which capacity pod (GPU) each pod is on;
+//! the activator knows neither. A model's entry older than [`FORGET_AFTER`] is not read (its controller round
+//! stopped: the model was deleted, or this process lost leadership and another writes).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::core::v1::Pod;
+use tessera_core::lanes::{Tenant, neighbour_pressures, ttft_pressure};
+use tessera_core::wire::sidecar::SidecarStatus;
+
+use crate::crd::{FlexNeighbour, FlexNeighboursStatus};
+use crate::pool::ANNOTATION_CAPACITY_POD;
+
+/// A model's entry older than this is left out of the others' figures.
+pub const FORGET_AFTER: Duration = Duration::from_secs(120);
+
+/// One pod as its model's last round saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodSeen {
+    /// Pod name.
+    pub name: String,
+    /// Pod IP.
+    pub ip: Option<String>,
+    /// Its capacity pod (the GPU it shares), `None` on a GPU of its own.
+    pub gpu: Option<String>,
+    /// Its TTFT p95 over the model's objective.
+    pub pressure: Option<f64>,
+}
+
+/// Every model's pods as its last round saw them, by `namespace/name` of the InferenceAutoscaler.
+#[derive(Debug, Default)]
+pub struct Book(Mutex<HashMap<String, (SystemTime, Vec<PodSeen>)>>);
+
+impl Book {
+    /// Records `key`'s pods seen at `now` and returns the figures for its pods on a shared GPU (`None`: no pod
+    /// of this model has a neighbour whose pressure is known).
+    pub fn record(&self, key: &str, pods: Vec<PodSeen>, now: SystemTime) -> Option<FlexNeighboursStatus> {
+        let mut book = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        book.retain(|_, (at, _)| now.duration_since(*at).unwrap_or_default() <= FORGET_AFTER);
+        book.insert(key.to_owned(), (now, pods));
+        let tenants: Vec<Tenant<(&str, &str), &str, &str>> = book
+            .iter()
+            .flat_map(|(model, (_, pods))| {
+                pods.iter().map(move |p| Tenant {
+                    pod: (model.as_str(), p.name.as_str()),
+                    model: model.as_str(),
+                    gpu: p.gpu.as_deref(),
+                    pressure: p.pressure,
+                })
+            })
+            .collect();
+        let own = &book.get(key)?.1;
+        let pods: Vec<FlexNeighbour> = neighbour_pressures(&tenants)
+            .into_iter()
+            .filter(|((model, _), _)| *model == key)
+            .filter_map(|((_, name), pressure)| {
+                let seen = own.iter().find(|p| p.name == name)?;
+                Some(FlexNeighbour {
+                    pod: name.to_owned(),
+                    pod_ip: seen.ip.clone(),
+                    pressure: (pressure * 1000.0).round() / 1000.0,
+                })
+            })
+            .collect();
+        (!pods.is_empty()).then(|| FlexNeighboursStatus {
+            observed_at: super::reconcile::k8s_time(now),
+            pods,
+        })
+    }
+}
+
+/// What a round saw of its pods: each ready pod (`ready`, in the order of `sidecars`) with its GPU from its
+/// annotations and its pressure from its sidecar's last window against `ttft_slo_secs` (the round's objective).
+pub fn pods_seen(
+    all_pods: &[Pod],
+    ready: &[String],
+    sidecars: &[Option<SidecarStatus>],
+    ttft_slo_secs: Option<f64>,
+) -> Vec<PodSeen> {
+    ready
+        .iter()
+        .zip(sidecars)
+        .filter_map(|(name, doc)| {
+            let pod = all_pods
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))?;
+            let p95 = doc
+                .as_ref()
+                .and_then(|d| d.recent.as_ref())
+                .and_then(|r| r.ttft_seconds.p95);
+            Some(PodSeen {
+                name: name.clone(),
+                ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
+                gpu: pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_CAPACITY_POD))
+                    .cloned(),
+                pressure: ttft_pressure(p95, ttft_slo_secs),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn seen(name: &str, gpu: Option<&str>, pressure: Option<f64>) -> PodSeen {
+        PodSeen {
+            name: name.into(),
+            ip: Some(format!("10.0.0.{}", name.len())),
+            gpu: gpu.map(str::to_owned),
+            pressure,
+        }
+    }
+
+    #[test]
+    fn each_model_reads_the_others_on_its_gpus_and_forgets_the_silent() {
+        let book = Book::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        // chat's round first: nobody else known yet.
+        assert_eq!(
+            book.record("team/chat", vec![seen("chat-0", Some("cap-a"), Some(0.9))], t0),
+            None
+        );
+        // eval shares cap-a with chat (0.9); its pod on cap-b is alone.
+        let st = book
+            .record(
+                "team/eval",
+                vec![
+                    seen("eval-0", Some("cap-a"), Some(0.1)),
+                    seen("eval-1", Some("cap-b"), None),
+                ],
+                t0 + Duration::from_secs(15),
+            )
+            .unwrap();
+        assert_eq!(st.pods.len(), 1);
+        assert_eq!(st.pods[0].pod, "eval-0");
+        assert_eq!(st.pods[0].pressure, 0.9);
+        assert_eq!(st.pods[0].pod_ip.as_deref(), Some("10.0.0.6"));
+        // chat's next round reads eval's 0.1.
+        let st = book
+            .record(
+                "team/chat",
+                vec![seen("chat-0", Some("cap-a"), Some(0.95))],
+                t0 + Duration::from_secs(30),
+            )
+            .unwrap();
+        assert_eq!(st.pods[0].pressure, 0.1);
+        // chat's rounds stop: after FORGET_AFTER eval reads nothing of it.
+        let later = t0 + Duration::from_secs(30) + FORGET_AFTER + Duration::from_secs(1);
+        assert_eq!(
+            book.record("team/eval", vec![seen("eval-0", Some("cap-a"), Some(0.1))], later),
+            None
+        );
+    }
+}
