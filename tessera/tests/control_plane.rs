@@ -1258,7 +1258,7 @@ async fn activator_and_controller(
     let (metrics, sidecar_port, activator_url) = (
         format!("127.0.0.1:{}", free_port()),
         sidecar_port.to_string(),
-        activator.base(),
+        activator.admin_base(),
     );
     let mut args = vec![
         "autoscaler",
