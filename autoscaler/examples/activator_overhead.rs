@@ -151,9 +151,16 @@ fn start_role(tessera: &str, args: &[String], log: &str) -> (Proc, SocketAddr) {
 
 /// Starts `tessera activator` and returns it with its address.
 fn start_activator(tessera: &str, extra: &[String]) -> (Proc, SocketAddr) {
-    let mut args: Vec<String> = ["activator", "--listen", "127.0.0.1:0"]
-        .map(String::from)
-        .to_vec();
+    // The admin listener (stats, metrics) on an ephemeral port too: its default 9090 may be taken.
+    let mut args: Vec<String> = [
+        "activator",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
     args.extend_from_slice(extra);
     start_role(tessera, &args, "warn,tessera_autoscaler::activator=info")
 }

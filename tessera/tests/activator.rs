@@ -162,7 +162,7 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
     assert!(s["models"]["default/m"]["lastRequestAtUnixMs"].as_u64().unwrap() > 0);
 
     let metrics = client()
-        .get(act.url("/metrics"))
+        .get(act.admin_url("/metrics"))
         .send()
         .await
         .unwrap()
@@ -467,7 +467,7 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
     );
     // Unknown names are counted under one label, so clients cannot blow up the metric's cardinality.
     let metrics = client()
-        .get(act.url("/metrics"))
+        .get(act.admin_url("/metrics"))
         .send()
         .await
         .unwrap()

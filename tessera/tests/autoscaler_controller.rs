@@ -179,15 +179,17 @@ fn sidecar_app(state: Shared) -> Router {
         .with_state(state)
 }
 
-/// The EndpointSlice of Service `tessera/tessera-activator`, one ready activator pod on loopback at `port`: how the
-/// controller finds activators in a cluster (contract 2).
+/// The EndpointSlice of the chart's admin Service `tessera/tessera-activator-admin`, one ready activator pod on
+/// loopback whose admin listener (the slice's port `admin`) is at `port`: how the controller finds activators in a
+/// cluster (contract 2).
 fn activator_slice(api: &ApiServer, port: u16) {
     api.put(
         "discovery.k8s.io/v1/endpointslices",
         "tessera",
         json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-               "metadata": {"name": "tessera-activator-x1", "labels": {"kubernetes.io/service-name": "tessera-activator"}},
-               "addressType": "IPv4", "ports": [{"name": "http", "port": port}],
+               "metadata": {"name": "tessera-activator-admin-x1",
+                            "labels": {"kubernetes.io/service-name": "tessera-activator-admin"}},
+               "addressType": "IPv4", "ports": [{"name": "admin", "port": port}],
                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true},
                               "targetRef": {"kind": "Pod", "name": "tessera-activator-0"}}]}),
     );
@@ -285,7 +287,7 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
         &dir,
         api,
         metrics_port,
-        &["--activator-service", "tessera/tessera-activator"],
+        &["--activator-service", "tessera/tessera-activator-admin"],
     );
 
     // 1. Two replicas at 90% KV with a 50% target: ceil(2 × 1.8) = 4.
@@ -596,7 +598,7 @@ async fn a_new_leader_resumes_the_cold_start_ledger_from_status() {
             &dir,
             api_server.addr,
             free_port(),
-            &["--activator-service", "tessera/tessera-activator"],
+            &["--activator-service", "tessera/tessera-activator-admin"],
         )
     };
     let message = |c: &Cluster| {
@@ -714,7 +716,7 @@ async fn a_group_member_not_decided_for_yet_counts_from_its_status() {
         &dir,
         api_server.addr,
         free_port(),
-        &["--activator-service", "tessera/tessera-activator"],
+        &["--activator-service", "tessera/tessera-activator-admin"],
     );
     let group = "budget group 'tools' (2 model(s), 408 requests over their last day) may miss 0 (0.10%), 0 of them \
                  spent on the floors idle longest per miss; this model's 4 do not fit what is left";
@@ -942,7 +944,7 @@ async fn a_class_change_changes_the_policy_within_one_sync_with_an_event() {
         &dir,
         api_server.addr,
         free_port(),
-        &["--activator-service", "tessera/tessera-activator"],
+        &["--activator-service", "tessera/tessera-activator-admin"],
     );
     let class_of = |c: &Cluster| {
         c.status_patches

@@ -234,7 +234,7 @@ async fn the_openai_python_client_runs_and_cancels_a_batch() {
     let http = http_client(Duration::from_secs(30));
     // The lines are counted by outcome: 299 completed and 1 refused by the model in the first batch, and the
     // cancelled batch's unsent lines.
-    let page = support::get_text(&http, &act.url("/metrics")).await;
+    let page = support::get_text(&http, &act.admin_url("/metrics")).await;
     let count = |outcome: &str| -> f64 {
         let key =
             format!("tessera_activator_batch_lines_total{{namespace=\"default\",outcome=\"{outcome}\"}} ");

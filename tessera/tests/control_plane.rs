@@ -1234,6 +1234,63 @@ async fn admin_free_name(rs: &Api<ReplicaSet>) -> String {
 // c. the controller scales a real Deployment through /scale
 // ---------------------------------------------------------------------------------------------------------------
 
+/// The chart's ValidatingAdmissionPolicy over the capacity namespace, enforced by the real API server: the
+/// gpu-agent's and the webhook's pod grants there (patch; the webhook's create) cannot re-image a capacity pod
+/// or start any pod but a capacity pod (either would run code of their choosing with hostPID). The webhook's own
+/// capacity pod creation and the agent's annotation are the story's happy path around this.
+async fn refused_outside_capacity_pods(cp: &ControlPlane, client: &kube::Client, agent: Api<Pod>, cap: &str) {
+    let hook = cp
+        .token_client(&cp.token_kubeconfig(
+            "webhook",
+            &sa_token(client, "tessera-system", "tessera-webhook").await,
+        ))
+        .await;
+    let hook: Api<Pod> = Api::namespaced(hook, "tessera-gpus");
+    let reimage =
+        json!({"spec": {"containers": [{"name": "gpu-agent", "image": "registry.example/evil:1"}]}});
+    let refused = |what: &str, r: Result<Pod, kube::Error>, want: &str| match r {
+        Err(kube::Error::Api(e)) => {
+            assert!(e.code == 403 || e.code == 422, "{what}: {e:?}");
+            assert!(e.message.contains(want), "{what}: {}", e.message);
+        }
+        other => panic!("{what} was not refused: {other:?}"),
+    };
+    for (who, api) in [("the gpu-agent", &agent), ("the webhook", &hook)] {
+        refused(
+            &format!("{who} re-imaging a capacity pod"),
+            api.patch(cap, &PatchParams::default(), &Patch::Strategic(&reimage))
+                .await,
+            "never change their spec",
+        );
+    }
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "not-a-capacity-pod", "labels": {"tessera.dev/capacity-pod": "true"}},
+        "spec": {"hostPID": true, "serviceAccountName": "tessera-gpu-agent",
+                 "containers": [{"name": "gpu-agent", "image": "registry.example/evil:1", "args": ["gpu-agent"]}]}
+    }))
+    .unwrap();
+    refused(
+        "the webhook creating a pod of another image",
+        hook.create(&PostParams::default(), &pod).await,
+        "capacity pods only",
+    );
+    pod.spec.as_mut().unwrap().containers[0].image = Some("ghcr.io/tessera-dev/tessera:0.1.0".into());
+    pod.spec.as_mut().unwrap().volumes = Some(vec![
+        serde_json::from_value(json!({"name": "root", "hostPath": {"path": "/"}})).unwrap(),
+    ]);
+    refused(
+        "the webhook creating a capacity pod that mounts the host",
+        hook.create(&PostParams::default(), &pod).await,
+        "capacity pods only",
+    );
+    refused(
+        "the gpu-agent creating a pod",
+        agent.create(&PostParams::default(), &pod).await,
+        // RBAC refuses it first (the agent has no create); either way it is not created.
+        "",
+    );
+}
+
 /// The emulator and the sidecar for one model pod, the sidecar at the pod's address (kwok gave it a loopback one).
 /// The activator and the autoscaler, each with its own ServiceAccount's token from the chart, the autoscaler
 /// deciding every second for sidecars on `sidecar_port` and reading the activator's demand; `extra` adds flags.
@@ -1258,7 +1315,7 @@ async fn activator_and_controller(
     let (metrics, sidecar_port, activator_url) = (
         format!("127.0.0.1:{}", free_port()),
         sidecar_port.to_string(),
-        activator.base(),
+        activator.admin_base(),
     );
     let mut args = vec![
         "autoscaler",
@@ -1691,7 +1748,8 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
                 &sa_token(&client, "tessera-gpus", "tessera-gpu-agent").await,
             ))
             .await;
-        Api::<Pod>::namespaced(agent, "tessera-gpus")
+        let agent_api = Api::<Pod>::namespaced(agent, "tessera-gpus");
+        agent_api
             .patch(
                 &cap_name,
                 &PatchParams::default(),
@@ -1701,6 +1759,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
             )
             .await
             .expect("the gpu-agent's token may annotate its capacity pod");
+        refused_outside_capacity_pods(&cp, &client, agent_api, &cap_name).await;
 
         // The next replica is placed on that GPU: it lands on the capacity pod's node, beside it.
         deployments

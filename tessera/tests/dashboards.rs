@@ -242,7 +242,10 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
         Some(200),
         "the held request was served once its backend came up"
     );
-    names(&get(&client, &activator.url("/metrics")).await, &mut emitted);
+    names(
+        &get(&client, &activator.admin_url("/metrics")).await,
+        &mut emitted,
+    );
 
     // The webhook without a cluster (a self-signed certificate made here), after one real admission over TLS: its
     // admission families have samples only once a pod was admitted.

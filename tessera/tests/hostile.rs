@@ -166,6 +166,10 @@ async fn every_server_closes_silent_half_open_and_idle_connections() {
     let ctl = Tessera::start(&ctl_args);
     for (role, addr) in [
         ("activator", activator.addr),
+        (
+            "activator's admin listener",
+            activator.admin.expect("the admin address"),
+        ),
         ("sidecar", sidecar.addr),
         ("autoscaler", ctl.addr),
     ] {
@@ -291,6 +295,68 @@ async fn the_activator_refuses_dot_segments_and_answers_a_model_lookup() {
     assert_eq!(missing.status(), 404);
     let err: serde_json::Value = missing.json().await.expect("json");
     assert_eq!(err["error"]["code"], "model_not_found");
+}
+
+/// A tenant reads the activator's stats and `/metrics` on the public port (the OpenAI API port every tenant
+/// reaches) to see every other namespace's models and load: both answer 404 there, naming the admin listener, and
+/// are served on `--admin-listen` only, which does not serve the API. Before, the public port served both.
+#[tokio::test]
+async fn a_tenant_cannot_read_every_namespaces_traffic_on_the_public_port() {
+    let vllm = Tessera::vllm_sim(&["--served-model-name", "m"]);
+    let backend = format!("m={}", vllm.base());
+    let activator = Tessera::activator(&["--backend", &backend]);
+    let client = http_client(Duration::from_secs(10));
+    let sent = client
+        .post(activator.url("/v1/completions"))
+        .json(&serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(sent.status(), 200, "a request through the public port");
+
+    for path in [
+        "/tessera/v1/stats",
+        "/tessera/v1/stats?schema=2",
+        "/metrics",
+        "/metrics/",
+    ] {
+        let got = client.get(activator.url(path)).send().await.expect("GET");
+        assert_eq!(got.status(), 404, "the public port served {path}");
+        let text = got.text().await.expect("body");
+        assert!(
+            text.contains("--admin-listen") && text.contains("not_found"),
+            "{path}: the refusal must name where it is served: {text}"
+        );
+        // Nothing of the traffic leaks into the refusal.
+        assert!(
+            !text.contains("requestsTotal") && !text.contains("tessera_activator_"),
+            "{path}: {text}"
+        );
+    }
+
+    // The admin listener serves both, with the request just made.
+    let stats = support::get_json(&client, &activator.admin_url("/tessera/v1/stats")).await;
+    assert_eq!(stats["models"]["default/m"]["requestsTotal"], 1, "{stats}");
+    let page = client
+        .get(activator.admin_url("/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.expect("body");
+    assert!(page.contains("tessera_activator_"), "{page}");
+    for probe in ["/live", "/ready"] {
+        let got = client.get(activator.admin_url(probe)).send().await.expect("GET");
+        assert_eq!(got.status(), 200, "admin {probe}");
+    }
+    // And the API is not on the admin listener: it is no second way in for a client.
+    let api = client
+        .post(activator.admin_url("/v1/completions"))
+        .json(&serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}))
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(api.status(), 404, "the admin listener served the API");
 }
 
 /// A backend starts a streamed answer and then sends nothing, keeping its connection open: the activator aborts the

@@ -237,7 +237,7 @@ async fn k6_scale_from_zero_through_the_activator_at_zero() {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let stats: serde_json::Value = support::get_json(&http, &act.url("/tessera/v1/stats")).await;
+        let stats: serde_json::Value = support::get_json(&http, &act.admin_url("/tessera/v1/stats")).await;
         if stats["models"]["default/zero-model"]["queued"] == BURST {
             break;
         }

@@ -304,7 +304,7 @@ async fn keda_scales_a_deployment_from_zero_and_back_on_tesseras_decision() {
         "60s",
     ]);
     let keda_listen = format!("127.0.0.1:{keda_port}");
-    let scaler = autoscaler(sidecar_port, &act.base(), &keda_listen, &policy, &[]);
+    let scaler = autoscaler(sidecar_port, &act.admin_base(), &keda_listen, &policy, &[]);
     let mut client = connect(keda_port).await;
 
     // At zero and idle: inactive, a metric of 0 in both fields, against a target of 1.
@@ -500,7 +500,7 @@ async fn a_push_stream_ends_when_the_scaler_stops_and_a_reconnect_gets_the_state
     let keda_port = free_port();
     let listen = format!("127.0.0.1:{keda_port}");
     let sidecar_port = free_port();
-    let mut scaler = autoscaler(sidecar_port, &act.base(), &listen, &policy, &[]);
+    let mut scaler = autoscaler(sidecar_port, &act.admin_base(), &listen, &policy, &[]);
     let mut client = connect(keda_port).await;
     let so = scaled_object("chat", "default");
     // Wait for the first decision (idle at zero: inactive).
@@ -531,7 +531,7 @@ async fn a_push_stream_ends_when_the_scaler_stops_and_a_reconnect_gets_the_state
     let _ = support::terminate(&mut scaler.child, Duration::from_secs(10)).await;
     drop(scaler);
     // A new scaler on the same address; KEDA's reconnect gets the state again.
-    let _scaler = autoscaler(sidecar_port, &act.base(), &listen, &policy, &[]);
+    let _scaler = autoscaler(sidecar_port, &act.admin_base(), &listen, &policy, &[]);
     let mut client = connect(keda_port).await;
     let deadline = Instant::now() + WAIT;
     let first = loop {

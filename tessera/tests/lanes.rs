@@ -130,7 +130,7 @@ async fn measure(gate: &[&str]) -> Measured {
     let completed = counts.completed.load(Ordering::Relaxed);
     let refused = counts.refused.load(Ordering::Relaxed);
     let other = counts.other.load(Ordering::Relaxed);
-    let metrics = support::get_text(&http_client(Duration::from_secs(5)), &act.url("/metrics")).await;
+    let metrics = support::get_text(&http_client(Duration::from_secs(5)), &act.admin_url("/metrics")).await;
     let sample = |prefix: &str| -> f64 {
         metrics
             .lines()

@@ -130,7 +130,7 @@ fn find_k6() -> Option<PathBuf> {
 
 /// The single model entry of the activator's stats, whatever key it is filed under.
 async fn activator_model_stats(http: &reqwest::Client, act: &Tessera) -> Value {
-    let s: Value = support::get_json(http, &act.url(tessera_core::wire::activator::STATS_PATH)).await;
+    let s: Value = support::get_json(http, &act.admin_url(tessera_core::wire::activator::STATS_PATH)).await;
     s["models"]
         .as_object()
         .and_then(|m| m.values().next().cloned())

@@ -137,7 +137,7 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
         "test-0",
         &kubeconfig,
         metrics_port,
-        &["--activator-url", &act.base()],
+        &["--activator-url", &act.admin_base()],
     );
 
     // A first request, then nothing: once idle the controller keeps the pod and tells it to sleep.

@@ -8,7 +8,7 @@
 //!                                         │ none ready?                                           ▼
 //!                                         ▼                                                      vLLM
 //!                  bounded hold queue ──demand──▶ discovery: probe now (static); the controller polls
-//!                         ▲                        /tessera/v1/stats and sees queued > 0 (Kubernetes)
+//!                         ▲                        /tessera/v1/stats on the admin listener and sees queued > 0
 //!                         └──── watch: first backend ready ◀── discovery pushes readiness
 //! ```
 //!
@@ -17,7 +17,7 @@
 //! - [`proxy`]: the request path; every request is forwarded once or answered with an explicit error.
 //! - [`discovery`]: the [`discovery::Discovery`] trait and static backends with demand-driven health probes.
 //! - [`kube`]: Kubernetes discovery (EndpointSlices + InferenceAutoscalers, per namespace) and collision Events.
-//! - [`serve`]: the accept loop (header-read timeout, graceful stop).
+//! - [`admin`]: the admin listener (stats, metrics) and the public port's refusal of its paths.
 //! - [`lanes`]: the flex lane's view of each backend (its KV-cache and queue gauges), read while flex traffic
 //!   flows; the gate itself is `tessera_core::lanes`.
 //! - [`metrics`]: Prometheus families.
@@ -28,13 +28,15 @@
 //! for room at most `--lane-hold-timeout`, outside every queue a real-time request waits in, and is then
 //! answered `429` with `Retry-After`.
 //!
-//! Admin endpoints: `GET /v1/models` and `GET /namespaces/<ns>/v1/models` (the models of one namespace),
-//! `GET` [`STATS_PATH`] (the [`tessera_core::wire::activator::ActivatorStats`] document the controller reads,
-//! keyed by `<namespace>/<model>`), `/metrics`, `/live`, `/ready` (fails from SIGTERM on; see
-//! [`tessera_runtime`]).
+//! On the public port (`--listen`), besides the API: `GET /v1/models` and `GET /namespaces/<ns>/v1/models` (the
+//! models of one namespace), `/live`, `/ready` (fails from SIGTERM on; see [`tessera_runtime`]).
+//! On the admin listener (`--admin-listen`, [`admin`]), which tenants must not reach: `GET /tessera/v1/stats`
+//! (the [`tessera_core::wire::activator::ActivatorStats`] document the controller reads, keyed by
+//! `<namespace>/<model>`) and `/metrics`, both of which describe every namespace's traffic.
 
 use tessera_runtime::serve::nonzero_duration;
 
+pub mod admin;
 pub mod batch;
 pub mod discovery;
 pub mod keepalive;
@@ -56,7 +58,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioTimer;
 use tessera_core::lanes::LaneLimits;
-use tessera_core::wire::activator::STATS_PATH;
 use tessera_runtime::Graceful;
 use tracing::info;
 
@@ -116,9 +117,16 @@ impl ActivatorError {
 /// `tessera activator` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Address to listen on (OpenAI API, /metrics, /live, /ready, /tessera/v1/stats).
+    /// Address of the public port: the OpenAI API every client reaches, /live and /ready.
     #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+
+    /// Address of the admin listener: /tessera/v1/stats (the demand the autoscaler reads, --activator-url or
+    /// --activator-service there), /metrics, /live and /ready. Both documents describe every namespace's traffic,
+    /// so they are not served on --listen; keep this port reachable only by the control plane and Prometheus
+    /// (the chart's NetworkPolicy does).
+    #[arg(long, env = "TESSERA_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    pub admin_listen: SocketAddr,
 
     /// A static backend, `<model>=<url>` (repeatable, or comma-separated in the environment variable). With
     /// none, backends come from Kubernetes EndpointSlices and InferenceAutoscalers.
@@ -296,13 +304,11 @@ pub struct Args {
 /// Runs the activator until SIGTERM (and the drain after it) or Ctrl-C.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let graceful = Graceful::on_signals(args.drain.drain_period);
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| ActivatorError::Bind {
-            addr: args.listen,
-            source,
-        })?;
+    admin::check_distinct(args.listen, args.admin_listen).map_err(ActivatorError::Config)?;
+    let listener = bind(args.listen).await?;
     let local = listener.local_addr().map_err(ActivatorError::Serve)?;
+    let admin_listener = bind(args.admin_listen).await?;
+    let admin_local = admin_listener.local_addr().map_err(ActivatorError::Serve)?;
     let started = SystemTime::now();
     let instance = args.instance.clone().unwrap_or_else(|| local.to_string());
     // The runner's lease names the process: a restarted activator with the same name must not take its dead
@@ -414,19 +420,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             .route("/namespaces/{namespace}/v1/models", get(list_models))
             .route("/v1/models/{*id}", get(get_default_model))
             .route("/namespaces/{namespace}/v1/models/{*id}", get(get_model))
-            .route(STATS_PATH, get(stats))
-            .route("/metrics", get(prometheus))
             .route("/live", get(|| async { "ok" }))
-            .route("/ready", get(ready))
+            .route("/ready", get(admin::ready))
             .route("/v1/{*rest}", post(proxy::handle))
             .route("/namespaces/{namespace}/v1/{*rest}", post(proxy::handle))
             .fallback(not_found)
-            .with_state(app)
+            .with_state(app.clone())
             .merge(batch::api::routes(batches)),
     );
-    info!(listen = %local, "activator listening");
+    let admin_service = graceful.ready_gate(admin::routes(app));
+    let limits = args.conn.limits();
+    info!(listen = %local, admin_listen = %admin_local, "activator listening");
     tokio::select! {
-        () = tessera_runtime::serve::serve(listener, service, args.conn.limits(), graceful.stopping()) => {}
+        // Both stop together at the end of the drain: the controller keeps reading held requests until then.
+        ((), ()) = async {
+            tokio::join!(
+                tessera_runtime::serve::serve(listener, service, limits, graceful.stopping()),
+                tessera_runtime::serve::serve(admin_listener, admin_service, limits, graceful.stopping()),
+            )
+        } => {}
         ended = discovery_task => {
             match ended {
                 Ok(Ok(())) => anyhow::bail!("backend discovery stopped unexpectedly"),
@@ -441,6 +453,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     info!("activator stopped");
     Ok(())
+}
+
+/// Binds `addr`, or says which address is taken.
+async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, ActivatorError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ActivatorError::Bind { addr, source })
 }
 
 /// The pooled keep-alive client to backends: TCP_NODELAY, idle connections kept (for `idle_timeout`, below the
@@ -507,45 +526,12 @@ fn models_of(app: &App, namespace: &str) -> Response {
     axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
 }
 
-async fn stats(State(app): State<Arc<App>>) -> Response {
-    axum::Json(app.router.stats(crate::unix_ms(SystemTime::now()))).into_response()
-}
-
-async fn prometheus(State(app): State<Arc<App>>) -> Response {
-    match app.metrics.encode(&app.router, &app.discovery.collisions()) {
-        Ok(text) => (
-            // prometheus-client writes OpenMetrics (`# EOF`, counter families without `_total`); Prometheus chooses
-            // its parser by this header, so it must say so, as the sidecar and the controller do.
-            [(
-                http::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding metrics failed: {e}"),
-        )
-            .into_response(),
-    }
-}
-
-async fn ready(State(app): State<Arc<App>>) -> Response {
-    if app.discovery.synced() {
-        (StatusCode::OK, "ok").into_response()
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "backend discovery has not synced yet",
-        )
-            .into_response()
-    }
-}
-
 async fn not_found(uri: http::Uri) -> Response {
     if let Some(dev) = proxy::dev_endpoint(uri.path()) {
         return proxy::refuse_dev_endpoint(dev);
+    }
+    if let Some(path) = admin::admin_only(uri.path()) {
+        return admin::refuse_on_public_port(path);
     }
     let body = serde_json::json!({ "error": {
         "message": "no such route; the gateway serves POST /v1/... and /namespaces/<namespace>/v1/... (OpenAI API) \

@@ -5,6 +5,11 @@
 //! controller therefore watches the Service's EndpointSlices (label `kubernetes.io/service-name`) and polls every
 //! serving endpoint directly. An endpoint that is not serving (starting, or draining after SIGTERM) gets no new
 //! requests and is left out.
+//!
+//! The stats are read on each pod's admin listener (the activator's `--admin-listen`), never on the public port
+//! the Service's clients use: the slice's port named `admin` (the chart's admin Service), else
+//! [`DEFAULT_ACTIVATOR_ADMIN_PORT`] on the endpoint's address. The public port does not serve the stats, so a
+//! slice's other ports are never a fallback.
 
 use std::collections::BTreeMap;
 
@@ -16,8 +21,12 @@ use tracing::{info, warn};
 
 use super::signals::ActivatorPoller;
 
-/// The port the activator serves its stats on when the slice names none (contract: activator on 8080).
-pub const DEFAULT_ACTIVATOR_PORT: i32 = 8080;
+/// The port the activator serves its stats on when the slice has no port named [`ADMIN_PORT_NAME`]: the
+/// activator's default `--admin-listen` port.
+pub const DEFAULT_ACTIVATOR_ADMIN_PORT: i32 = crate::activator::admin::DEFAULT_ADMIN_PORT as i32;
+
+/// The EndpointSlice port name of the activator's admin listener.
+pub const ADMIN_PORT_NAME: &str = "admin";
 
 /// Parses `NAMESPACE/NAME`.
 pub fn parse_service(s: &str) -> Result<(String, String), String> {
@@ -31,8 +40,8 @@ pub fn parse_service(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// Every serving endpoint of the slices: target name (the pod's name, else its address) → base URL. The port is
-/// the slice's port named `http`, else its only/first port, else [`DEFAULT_ACTIVATOR_PORT`].
+/// Every serving endpoint of the slices: target name (the pod's name, else its address) → base URL of its admin
+/// listener. The port is the slice's port named [`ADMIN_PORT_NAME`], else [`DEFAULT_ACTIVATOR_ADMIN_PORT`].
 pub fn targets_from_slices<'a>(
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
 ) -> BTreeMap<String, String> {
@@ -41,10 +50,9 @@ pub fn targets_from_slices<'a>(
         let ports = slice.ports.as_deref().unwrap_or_default();
         let port = ports
             .iter()
-            .find(|p| p.name.as_deref() == Some("http"))
-            .or_else(|| ports.first())
+            .find(|p| p.name.as_deref() == Some(ADMIN_PORT_NAME))
             .and_then(|p| p.port)
-            .unwrap_or(DEFAULT_ACTIVATOR_PORT);
+            .unwrap_or(DEFAULT_ACTIVATOR_ADMIN_PORT);
         for ep in &slice.endpoints {
             // Kubernetes: a nil condition means "unknown", which consumers should read as true.
             let conditions = ep.conditions.as_ref();
@@ -116,7 +124,7 @@ mod tests {
             "metadata": {"name": "act-abc", "namespace": "tessera",
                          "labels": {"kubernetes.io/service-name": "tessera-activator"}},
             "addressType": "IPv4",
-            "ports": [{"name": "metrics", "port": 9090}, {"name": "http", "port": 8080}],
+            "ports": [{"name": "http", "port": 8080}, {"name": "admin", "port": 9191}],
             "endpoints": [
                 {"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "targetRef": {"kind": "Pod", "name": "act-1"}},
                 {"addresses": ["10.0.0.2"], "conditions": {"ready": false, "serving": false}, "targetRef": {"kind": "Pod", "name": "act-2"}},
@@ -125,16 +133,17 @@ mod tests {
             ]
         }));
         let b = slice(json!({
-            "metadata": {"name": "act-v6"}, "addressType": "IPv6", "ports": [{"port": 8081}],
+            // The public port alone (a Service of the API only): the admin listener's default port, never 8080.
+            "metadata": {"name": "act-v6"}, "addressType": "IPv6", "ports": [{"name": "http", "port": 8080}],
             "endpoints": [{"addresses": ["fd00::4"], "conditions": {"ready": true}}]
         }));
         let t = targets_from_slices([&a, &b]);
         assert_eq!(
             t,
             BTreeMap::from([
-                ("act-1".to_owned(), "http://10.0.0.1:8080".to_owned()),
-                ("act-3".to_owned(), "http://10.0.0.3:8080".to_owned()),
-                ("fd00::4".to_owned(), "http://[fd00::4]:8081".to_owned()),
+                ("act-1".to_owned(), "http://10.0.0.1:9191".to_owned()),
+                ("act-3".to_owned(), "http://10.0.0.3:9191".to_owned()),
+                ("fd00::4".to_owned(), "http://[fd00::4]:9090".to_owned()),
             ])
         );
     }

@@ -99,13 +99,14 @@ pub struct Args {
     /// A sidecar snapshot older than this counts as missing data (never a reason to scale down).
     #[arg(long, env = "TESSERA_MAX_SIGNAL_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub max_signal_age: Duration,
-    /// The activator's Service as NAMESPACE/NAME: every activator pod is found through its EndpointSlices and
-    /// polled directly (behind a Service each pod sees only its share of the requests). The usual setting in a
-    /// cluster.
+    /// The activator's admin Service as NAMESPACE/NAME: every activator pod is found through its EndpointSlices
+    /// and its stats read directly on its admin listener (the slice's port named `admin`, else 9090), since
+    /// behind a Service each pod sees only its share of the requests. The usual setting in a cluster (the
+    /// chart's `<release>-activator-admin`).
     #[arg(long, env = "TESSERA_ACTIVATOR_SERVICE", value_parser = discovery::parse_service)]
     pub activator_service: Option<(String, String)>,
-    /// Base URL of an activator whose stats to read (repeatable, one per activator process), for static setups
-    /// without --activator-service. Neither: models are never scaled to zero and the request-rate signal has no
+    /// Base URL of an activator's admin listener (its `--admin-listen`, e.g. http://127.0.0.1:9090), whose
+    /// stats to read (repeatable, one per activator process), for static setups without --activator-service. Neither: models are never scaled to zero and the request-rate signal has no
     /// data.
     #[arg(long = "activator-url", env = "TESSERA_ACTIVATOR_URLS", value_delimiter = ',')]
     pub activator_urls: Vec<String>,

@@ -337,7 +337,13 @@ impl ActivatorPoller {
                         entry.last_error = None;
                     }
                     Err(e) => {
-                        warn!(%url, error = %e, "could not read activator stats; scale to zero is paused");
+                        // A 404 is what an activator's public port answers: the stats moved to its admin listener.
+                        let hint = matches!(e, FetchError::Status { status: 404, .. }).then_some(
+                            "the activator serves its stats on its admin listener only (--admin-listen, port 9090 \
+                             by default): give that address to --activator-url, or name it `admin` in the \
+                             --activator-service's ports",
+                        );
+                        warn!(%url, error = %e, hint, "could not read activator stats; scale to zero is paused");
                         metrics.scrape_failure("activator", e.label());
                         entry.last_error = Some(e.to_string());
                     }

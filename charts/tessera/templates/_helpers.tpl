@@ -56,6 +56,11 @@ run a pod as the autoscaler's ServiceAccount, and the gpu-agent change the contr
 {{- include "tessera.name" (dict "root" . "role" "activator") -}}
 {{- end -}}
 
+{{/* The activator's admin Service (headless): how the autoscaler finds every activator pod's admin port. */}}
+{{- define "tessera.activatorAdminService" -}}
+{{- include "tessera.name" (dict "root" . "role" "activator-admin") -}}
+{{- end -}}
+
 {{/* PodMonitors when asked, or in auto mode when the Prometheus operator's API is served. */}}
 {{- define "tessera.podMonitors" -}}
 {{- $m := .Values.monitoring.mode -}}

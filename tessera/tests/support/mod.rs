@@ -1,6 +1,10 @@
 //! The harness every binary test shares: start a `tessera` role as a real child process on an ephemeral port, learn
-//! the address it bound from its JSON log (every serving role logs it in the field `listen`), and kill it on drop
-//! so a failing test never leaves a server behind.
+//! the address it bound from its JSON log (every serving role logs it in the field `listen`; the activator its
+//! admin listener beside it, in `admin_listen`), and kill it on drop so a failing test never leaves a server behind.
+//!
+//! Every child gets `TESSERA_ADMIN_LISTEN=127.0.0.1:0`: the activator's admin listener then takes an ephemeral
+//! port too (its default, 9090, would collide between tests running at once). A test's own environment or an
+//! `--admin-listen` flag overrides it.
 //!
 //! Set `TESSERA_TEST_LOGS=1` to see the children's logs.
 #![allow(dead_code)] // each test crate uses a different part of it
@@ -27,6 +31,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Tessera {
     pub child: Child,
     pub addr: SocketAddr,
+    /// The admin listener's address, for a role that logs one (`admin_listen`: the activator's stats and metrics).
+    pub admin: Option<SocketAddr>,
 }
 
 impl Drop for Tessera {
@@ -122,6 +128,7 @@ impl Tessera {
             .args(["--log-format", "json"])
             .args(args)
             .env("RUST_LOG", "info")
+            .env("TESSERA_ADMIN_LISTEN", "127.0.0.1:0")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -139,7 +146,10 @@ impl Tessera {
                         .as_str()
                         .and_then(|a| a.parse::<SocketAddr>().ok())
                 {
-                    let _ = tx.send(addr);
+                    let admin = v["fields"]["admin_listen"]
+                        .as_str()
+                        .and_then(|a| a.parse::<SocketAddr>().ok());
+                    let _ = tx.send((addr, admin));
                     sent = true;
                 }
                 if std::env::var_os("TESSERA_TEST_LOGS").is_some() {
@@ -148,7 +158,7 @@ impl Tessera {
             }
         });
         match rx.recv_timeout(START_TIMEOUT) {
-            Ok(addr) => Tessera { child, addr },
+            Ok((addr, admin)) => Tessera { child, addr, admin },
             Err(_) => {
                 let _ = child.kill();
                 panic!("tessera {args:?} did not log its listen address within {START_TIMEOUT:?}");
@@ -171,6 +181,19 @@ impl Tessera {
     /// `http://<addr>`.
     pub fn base(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `http://<admin address><path>`: the activator's stats and `/metrics` (panics for a role without one).
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("{}{}", self.admin_base(), path)
+    }
+
+    /// `http://<admin address>`, what the autoscaler's `--activator-url` takes.
+    pub fn admin_base(&self) -> String {
+        let admin = self
+            .admin
+            .expect("this role logged no admin_listen address (only the activator has an admin listener)");
+        format!("http://{admin}")
     }
 }
 
@@ -272,11 +295,11 @@ impl Tessera {
         Tessera::start(&args)
     }
 
-    /// This activator's stats document (`/tessera/v1/stats`).
+    /// This activator's stats document (`/tessera/v1/stats` on its admin listener).
     pub async fn activator_stats(&self) -> serde_json::Value {
         get_json(
             &http_client(Duration::from_secs(60)),
-            &self.url("/tessera/v1/stats"),
+            &self.admin_url("/tessera/v1/stats"),
         )
         .await
     }
