@@ -22,6 +22,15 @@ use crate::pool::ANNOTATION_CAPACITY_POD;
 /// A model's entry older than this is left out of the others' figures.
 pub const FORGET_AFTER: Duration = Duration::from_secs(120);
 
+/// An unchanged figure is written again (a new `observedAt`) at most this often: often enough that the activator,
+/// which ignores figures older than two minutes, always has a fresh one, and seldom enough that a steady model's
+/// status is not rewritten every sync.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
+
+/// Pressures are published in steps of 1/20 (0.05), so noise in a window's p95 does not rewrite the status.
+/// (Dividing by 20 rather than multiplying by 0.05 gives 0.9, not 0.9000000000000001.)
+const STEPS_PER_UNIT: f64 = 20.0;
+
 /// One pod as its model's last round saw it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodSeen {
@@ -66,7 +75,7 @@ impl Book {
                 Some(FlexNeighbour {
                     pod: name.to_owned(),
                     pod_ip: seen.ip.clone(),
-                    pressure: (pressure * 1000.0).round() / 1000.0,
+                    pressure: (pressure * STEPS_PER_UNIT).round() / STEPS_PER_UNIT,
                 })
             })
             .collect();
@@ -74,6 +83,23 @@ impl Book {
             observed_at: super::reconcile::k8s_time(now),
             pods,
         })
+    }
+}
+
+/// The status to write: `next`, unless it says what `prev` says and `prev` is younger than [`REFRESH_EVERY`]
+/// (then `prev`, unchanged, and the round writes no status for it).
+pub fn carry(
+    prev: Option<FlexNeighboursStatus>,
+    next: Option<FlexNeighboursStatus>,
+    now: SystemTime,
+) -> Option<FlexNeighboursStatus> {
+    match (prev, next) {
+        (Some(p), Some(n)) if p.pods == n.pods => {
+            let at = SystemTime::from(p.observed_at.0);
+            let young = now.duration_since(at).is_ok_and(|age| age < REFRESH_EVERY);
+            Some(if young { p } else { n })
+        }
+        (_, next) => next,
     }
 }
 
@@ -147,7 +173,7 @@ mod tests {
             .unwrap();
         assert_eq!(st.pods.len(), 1);
         assert_eq!(st.pods[0].pod, "eval-0");
-        assert_eq!(st.pods[0].pressure, 0.9);
+        assert!((st.pods[0].pressure - 0.9).abs() < 1e-9);
         assert_eq!(st.pods[0].pod_ip.as_deref(), Some("10.0.0.6"));
         // chat's next round reads eval's 0.1.
         let st = book
@@ -157,9 +183,35 @@ mod tests {
                 t0 + Duration::from_secs(30),
             )
             .unwrap();
-        assert_eq!(st.pods[0].pressure, 0.1);
+        assert!((st.pods[0].pressure - 0.1).abs() < 1e-9);
+        // The same figure 20 s later keeps the old status (no write); a minute on it is written afresh.
+        let again = book.record(
+            "team/chat",
+            vec![seen("chat-0", Some("cap-a"), Some(0.9))],
+            t0 + Duration::from_secs(50),
+        );
+        let kept = carry(Some(st.clone()), again.clone(), t0 + Duration::from_secs(50));
+        assert_eq!(kept, Some(st.clone()));
+        let later = t0 + Duration::from_secs(30) + REFRESH_EVERY;
+        assert_eq!(carry(Some(st.clone()), again.clone(), later), again);
+        // eval's pressure rises to 0.7: chat's figure changes and is written at once; no figure clears it.
+        book.record(
+            "team/eval",
+            vec![seen("eval-0", Some("cap-a"), Some(0.7))],
+            t0 + Duration::from_secs(55),
+        );
+        let changed = book.record(
+            "team/chat",
+            vec![seen("chat-0", Some("cap-a"), Some(0.9))],
+            t0 + Duration::from_secs(56),
+        );
+        assert_ne!(
+            carry(Some(st.clone()), changed.clone(), t0 + Duration::from_secs(56)),
+            Some(st.clone())
+        );
+        assert_eq!(carry(Some(st), None, t0 + Duration::from_secs(57)), None);
         // chat's rounds stop: after FORGET_AFTER eval reads nothing of it.
-        let later = t0 + Duration::from_secs(30) + FORGET_AFTER + Duration::from_secs(1);
+        let later = t0 + Duration::from_secs(56) + FORGET_AFTER + Duration::from_secs(1);
         assert_eq!(
             book.record("team/eval", vec![seen("eval-0", Some("cap-a"), Some(0.1))], later),
             None

@@ -326,7 +326,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         st.allocation = Some(allocation.clone());
         st.cold_start_ledger = ledger_copy.clone();
         st.rest = super::sleep::status(&r, g.sleeping);
-        st.flex_neighbours = flex_neighbours.clone();
+        st.flex_neighbours =
+            super::neighbours::carry(st.flex_neighbours.take(), flex_neighbours.clone(), now_sys);
         status::set_workload_class(&mut st, r.class.as_ref());
         let had = st
             .conditions

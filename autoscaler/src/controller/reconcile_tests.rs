@@ -600,6 +600,48 @@ async fn an_unchanged_status_is_not_written() {
     );
 }
 
+/// A pod sharing a GPU with another model's pod near its objective: the status tells the activator
+/// (`status.flexNeighbours`, by pod IP) so that it sends that pod no batch work.
+#[tokio::test]
+async fn a_pod_beside_a_pressed_neighbour_is_published_for_the_flex_lane() {
+    use crate::controller::neighbours::PodSeen;
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(svc, "default"), &[("http://10.0.0.1:9090", 0.5)]);
+    // Another model's round saw its pod on capacity pod cap-0 at 90% of its TTFT objective.
+    let now = UNIX_EPOCH + Duration::from_secs(NOW_S);
+    let other = PodSeen {
+        name: "chat-0".into(),
+        ip: Some("10.0.9.9".into()),
+        gpu: Some("cap-0".into()),
+        pressure: Some(0.9),
+    };
+    ctx.neighbours.record("team/chat", vec![other], now);
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "maxReplicas": 3,
+                      "targets": {"kvCacheUtilization": 0.5}});
+    let mut on_cap = pod("a", "10.0.0.1", true);
+    on_cap["metadata"]["annotations"] = json!({"tessera.dev/capacity-pod": "cap-0"});
+    let server = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 1, vec![on_cap]).await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        respond(send, 200, &ias_json());
+        patch
+    });
+    reconcile(ias(spec, json!({})), ctx).await.unwrap();
+    let patch = server.await.unwrap();
+    let flex = &patch["status"]["flexNeighbours"];
+    assert_eq!(
+        flex["pods"],
+        json!([{"pod": "a", "podIP": "10.0.0.1", "pressure": 0.9}]),
+        "{flex}"
+    );
+    assert!(
+        flex["observedAt"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("2027-")),
+        "{flex}"
+    );
+}
+
 #[tokio::test]
 async fn an_invalid_spec_is_reported_not_acted_on() {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
