@@ -80,7 +80,7 @@ impl Book {
             })
             .collect();
         (!pods.is_empty()).then(|| FlexNeighboursStatus {
-            observed_at: super::reconcile::k8s_time(now),
+            observed_at: super::status::k8s_time(now),
             pods,
         })
     }

@@ -31,7 +31,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -225,7 +224,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         runs.insert(key.clone(), (now_sys, trigger_hash(obj)));
         forget_deleted(&mut runs, ctx, now_sys);
     }
-    let now_k8s = k8s_time(now_sys);
+    let now_k8s = status::k8s_time(now_sys);
     let now = timestamp(now_sys);
     let generation = obj.metadata.generation;
 
@@ -493,7 +492,7 @@ pub(super) async fn gather(
                 &message,
             )
             .await;
-            let now_k8s = k8s_time(now_sys);
+            let now_k8s = status::k8s_time(now_sys);
             write_status(ias_api, obj, |prev| {
                 let generation = obj.metadata.generation;
                 status::after_failure(
@@ -845,10 +844,6 @@ pub fn pod_url(pod: &Pod, default_port: u16) -> Option<(String, String)> {
 
 fn timestamp(t: SystemTime) -> Timestamp {
     Timestamp::from_millis(crate::unix_ms(t))
-}
-
-pub(super) fn k8s_time(t: SystemTime) -> Time {
-    Time(jiff::Timestamp::try_from(t).unwrap_or(jiff::Timestamp::UNIX_EPOCH))
 }
 
 #[cfg(test)]

@@ -18,6 +18,12 @@ use tessera_core::scale::{ScaleDecision, ScaleReason};
 
 use crate::crd::{InferenceAutoscalerStatus, RecommendationStatus, SignalStatus};
 
+/// A status timestamp; a clock before 1970 reads as the epoch.
+pub fn k8s_time(t: std::time::SystemTime) -> Time {
+    use k8s_openapi::jiff::Timestamp;
+    Time(Timestamp::try_from(t).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
 /// The field manager written on every patch, so `kubectl get -o yaml --show-managed-fields` shows who set replicas.
 pub const FIELD_MANAGER: &str = "tessera-autoscaler";
 

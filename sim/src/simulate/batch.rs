@@ -12,100 +12,24 @@
 //! batch jobs and their batch side runs alone (`BatchPlan::interactive` off). Costs: the interactive pool's
 //! GPU-hours at the cheapest reliable price, the batch's own at their capacity type's price.
 
-use serde::Serialize;
-
 use super::SimError;
-use super::report::StrategyReport;
+use super::batch_outcome::{BatchComparison, BatchMode, BatchOutcome, BatchPlan, BatchRow};
 use super::scenario::Scenario;
-use super::world::{BatchMode, BatchOutcome, BatchPlan, RunResult};
+use super::world::RunResult;
+
+/// What the comparison reads of a run's interactive side.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Interactive {
+    /// GPU-hours of the interactive pool.
+    pub gpu_hours: f64,
+    /// Interactive requests within their TTFT objective.
+    pub attainment: f64,
+}
 
 /// Most GPUs the dedicated pool is tried at before it is reported as missing deadlines anyway.
 const MAX_DEDICATED: u32 = 64;
 
-/// One way of running the batch jobs, with the day's totals.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BatchRow {
-    /// `tessera-paced`, `dedicated-pool`, `at-submit`, `greedy-spot`.
-    pub way: String,
-    /// GPU-hours of the interactive pool.
-    pub interactive_gpu_hours: f64,
-    /// GPU-hours of the batch's own replicas (or the dedicated pool).
-    pub batch_gpu_hours: f64,
-    /// Cost of both.
-    pub cost: f64,
-    /// Cost of the batch's own replicas.
-    pub batch_cost: f64,
-    /// Jobs finished after their deadline (or not at all).
-    pub deadline_misses: usize,
-    /// Interactive requests within their TTFT objective.
-    pub interactive_attainment: f64,
-    /// Batch lines answered in the interactive replicas' spare room, of all answered.
-    pub spare_share: f64,
-    /// What the batch side did, job by job.
-    pub outcome: BatchOutcome,
-}
-
-impl BatchRow {
-    /// GPU-hours of both.
-    pub fn gpu_hours(&self) -> f64 {
-        self.interactive_gpu_hours + self.batch_gpu_hours
-    }
-}
-
-/// The four ways side by side.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BatchComparison {
-    /// Price of a reliable GPU-hour (the interactive pool's and the dedicated pool's).
-    pub reliable_price: f64,
-    /// GPUs of the dedicated pool (the fewest that miss no deadline, or the most tried).
-    pub dedicated_gpus: u32,
-    /// The rows, in the order of the module table.
-    pub rows: Vec<BatchRow>,
-}
-
-impl BatchComparison {
-    /// The row of `way`.
-    pub fn row(&self, way: &str) -> Option<&BatchRow> {
-        self.rows.iter().find(|r| r.way == way)
-    }
-
-    /// The table the report prints.
-    pub fn table(&self) -> String {
-        let mut out = format!(
-            "Batch jobs ({} GPU-hour reliable price; dedicated pool of {} GPUs):\n",
-            self.reliable_price, self.dedicated_gpus
-        );
-        out.push_str(&format!(
-            "  {:<15} {:>9} {:>9} {:>9} {:>10} {:>10} {:>7} {:>10} {:>7}\n",
-            "way",
-            "inter GPUh",
-            "batch GPUh",
-            "total GPUh",
-            "batch cost",
-            "total cost",
-            "misses",
-            "TTFT ok",
-            "spare"
-        ));
-        for r in &self.rows {
-            out.push_str(&format!(
-                "  {:<15} {:>9.2} {:>9.2} {:>9.2} {:>10.2} {:>10.2} {:>7} {:>9.2}% {:>6.0}%\n",
-                r.way,
-                r.interactive_gpu_hours,
-                r.batch_gpu_hours,
-                r.gpu_hours(),
-                r.batch_cost,
-                r.cost,
-                r.deadline_misses,
-                r.interactive_attainment * 100.0,
-                r.spare_share * 100.0
-            ));
-        }
-        out
-    }
-}
-
-fn row(way: BatchMode, interactive: &StrategyReport, outcome: BatchOutcome, price: f64) -> BatchRow {
+fn row(way: BatchMode, interactive: Interactive, outcome: BatchOutcome, price: f64) -> BatchRow {
     let answered: u64 = outcome.jobs.iter().map(|j| j.on_spare + j.on_own).sum();
     let spare: u64 = outcome.jobs.iter().map(|j| j.on_spare).sum();
     BatchRow {
@@ -115,7 +39,7 @@ fn row(way: BatchMode, interactive: &StrategyReport, outcome: BatchOutcome, pric
         cost: interactive.gpu_hours * price + outcome.cost(),
         batch_cost: outcome.cost(),
         deadline_misses: outcome.misses(),
-        interactive_attainment: interactive.slo_attainment,
+        interactive_attainment: interactive.attainment,
         spare_share: if answered > 0 {
             spare as f64 / answered as f64
         } else {
@@ -129,7 +53,7 @@ fn row(way: BatchMode, interactive: &StrategyReport, outcome: BatchOutcome, pric
 /// (`BatchMode::Paced`); `run` runs the batch alone in a given way.
 pub fn compare(
     sc: &Scenario,
-    alone: &StrategyReport,
+    alone: Interactive,
     paced: RunResult,
     run: &(dyn Fn(BatchPlan) -> Result<RunResult, SimError> + Sync),
 ) -> Result<Option<BatchComparison>, SimError> {
@@ -147,7 +71,11 @@ pub fn compare(
     };
     let mut rows = Vec::new();
     if let Some(b) = paced.batch {
-        rows.push(row(BatchMode::Paced, &paced.report, b, price));
+        let with_batch = Interactive {
+            gpu_hours: paced.report.gpu_hours,
+            attainment: paced.report.slo_attainment,
+        };
+        rows.push(row(BatchMode::Paced, with_batch, b, price));
     }
     // The dedicated pool: the fewest reliable GPUs that miss nothing, found by doubling then bisecting.
     let cap = setup.offers[setup.reliable].available.min(MAX_DEDICATED);

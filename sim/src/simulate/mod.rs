@@ -15,6 +15,7 @@
 
 pub mod batch;
 pub mod batch_jobs;
+pub mod batch_outcome;
 pub mod bound;
 pub mod crd_model;
 pub mod html;
@@ -299,7 +300,11 @@ pub fn simulate_strategies(
         if let (Some(alone), Some(paced)) = (&alone, runs.next()) {
             let only =
                 |p: world::BatchPlan| run_on(sc, StrategyKind::Tessera, initial.clone(), false, Some(p));
-            batch_comparison = batch::compare(sc, alone, paced?, &only)?;
+            let alone_side = batch::Interactive {
+                gpu_hours: alone.gpu_hours,
+                attainment: alone.slo_attainment,
+            };
+            batch_comparison = batch::compare(sc, alone_side, paced?, &only)?;
         }
         if let Some(r) = alone {
             reports.push(r);

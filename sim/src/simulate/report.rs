@@ -60,7 +60,7 @@ pub struct Report {
     pub tessera_without_sleep: Option<Outcome>,
     /// The scenario's batch jobs run four ways beside the interactive day (`super::batch`), when it has any.
     #[serde(default, skip_serializing_if = "Option::is_none", skip_deserializing)]
-    pub batch: Option<super::batch::BatchComparison>,
+    pub batch: Option<super::batch_outcome::BatchComparison>,
     /// Static strategy: replicas per model from the sizing rule, with the reason for each.
     pub static_sizing: Vec<StaticSizing>,
     /// The strategies: static, hpa, tessera.

@@ -52,9 +52,10 @@ use crate::model::{
     capped_max_tokens,
 };
 
+pub use super::batch_outcome::{BatchMode, BatchOutcome, BatchPlan, JobOutcome};
 pub use autoscale::calibrate;
 use autoscale::geometry;
-pub use batch::{BATCH_BIT, BatchMode, BatchOutcome, BatchPlan, JobOutcome};
+pub use batch::BATCH_BIT;
 pub use strategy::StrategyKind;
 use strategy::policy_for;
 
