@@ -258,15 +258,22 @@ pub fn neighbour_pressures<P, M, G>(tenants: &[Tenant<P, M, G>]) -> Vec<(P, f64)
 where
     P: Clone,
     M: PartialEq,
-    G: PartialEq,
+    G: Ord,
 {
+    // Grouped by GPU first: a cluster's pods are compared only with the few on the same GPU, not with each other.
+    let mut by_gpu: std::collections::BTreeMap<&G, Vec<&Tenant<P, M, G>>> = std::collections::BTreeMap::new();
+    for t in tenants {
+        if let Some(g) = &t.gpu {
+            by_gpu.entry(g).or_default().push(t);
+        }
+    }
     tenants
         .iter()
         .filter_map(|t| {
-            let gpu = t.gpu.as_ref()?;
-            let worst = tenants
+            let worst = by_gpu
+                .get(t.gpu.as_ref()?)?
                 .iter()
-                .filter(|o| o.model != t.model && o.gpu.as_ref() == Some(gpu))
+                .filter(|o| o.model != t.model)
                 .filter_map(|o| o.pressure)
                 .reduce(f64::max)?;
             Some((t.pod.clone(), worst))

@@ -31,6 +31,10 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
 /// (Dividing by 20 rather than multiplying by 0.05 gives 0.9, not 0.9000000000000001.)
 const STEPS_PER_UNIT: f64 = 20.0;
 
+/// Most pods listed in `status.flexNeighbours` (the CRD's bound); a pod beyond it reads no figure, and the gate
+/// falls back to its own room.
+pub const MAX_PODS: usize = 1024;
+
 /// One pod as its model's last round saw it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodSeen {
@@ -78,6 +82,8 @@ impl Book {
                     pressure: (pressure * STEPS_PER_UNIT).round() / STEPS_PER_UNIT,
                 })
             })
+            // The CRD bounds the list (a status over the bound would be refused, and the round with it).
+            .take(MAX_PODS)
             .collect();
         (!pods.is_empty()).then(|| FlexNeighboursStatus {
             observed_at: super::status::k8s_time(now),
