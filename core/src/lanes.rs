@@ -101,7 +101,14 @@ pub struct BackendRoom {
     /// The highest TTFT pressure among the other models' pods sharing the backend's GPU
     /// ([`neighbour_pressures`]), as the controller's last round saw it; `None` on a GPU of its own or unknown.
     pub neighbours: Option<f64>,
+    /// How old that figure is (since the controller read the neighbours' sidecars).
+    pub neighbours_age: Option<Duration>,
 }
+
+/// A neighbour figure older than this is not read ([`admit_flex`]), and the controller forgets a model whose rounds
+/// have been silent this long: a controller that stopped writing must neither close the lane for ever nor keep it
+/// open on old news.
+pub const NEIGHBOURS_MAX_AGE: Duration = Duration::from_secs(120);
 
 /// Why a flex request may not go to a backend now.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
@@ -162,7 +169,8 @@ impl NoRoom {
 
 /// Whether a flex request may go to the backend whose room is `room` (see the module docs).
 pub fn admit_flex(room: &BackendRoom, limits: &LaneLimits, request_tokens: u64) -> Result<(), NoRoom> {
-    if let Some(p) = room.neighbours.filter(|p| p.is_finite())
+    let neighbours_fresh = room.neighbours_age.is_some_and(|a| a <= NEIGHBOURS_MAX_AGE);
+    if let Some(p) = room.neighbours.filter(|p| neighbours_fresh && p.is_finite())
         && p >= limits.neighbour_stop_at
     {
         return Err(NoRoom::Neighbour {
@@ -354,12 +362,17 @@ mod tests {
         assert_eq!(got, vec![("chat-0", 0.1), ("eval-0", 0.9), ("code-0", 0.9)]);
         let mut room = room(0.1, 0.0, 0);
         room.neighbours = Some(0.9);
+        room.neighbours_age = Some(Duration::from_secs(20));
         let e = admit_flex(&room, &LaneLimits::default(), 0).unwrap_err();
         assert_eq!(e.label(), "neighbour");
         assert_eq!(
             e.to_string(),
             "a model sharing the GPU is at 90% of its TTFT objective (flex stops at 80%)"
         );
+        // A figure older than the bound (the controller stopped writing) is not read.
+        room.neighbours_age = Some(NEIGHBOURS_MAX_AGE + Duration::from_secs(1));
+        assert_eq!(admit_flex(&room, &LaneLimits::default(), 0), Ok(()));
+        room.neighbours_age = Some(Duration::from_secs(20));
         room.neighbours = Some(0.5);
         assert_eq!(admit_flex(&room, &LaneLimits::default(), 0), Ok(()));
         assert_eq!(ttft_pressure(Some(1.5), Some(2.0)), Some(0.75));
@@ -383,6 +396,7 @@ mod tests {
             flex_tokens: 0,
             kv_capacity_tokens: None,
             neighbours: None,
+            neighbours_age: None,
         }
     }
 

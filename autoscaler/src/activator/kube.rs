@@ -792,16 +792,18 @@ mod tests {
             .map(|b| b.room(tokio::time::Instant::now()).neighbours)
             .collect();
         assert_eq!(rooms, vec![Some(0.93), None]);
-        // A figure older than the bound (the controller stopped writing) is not read.
+        // A figure's age goes with it (the gate does not read an old one: `tessera_core::lanes`' tests).
         obj.data["status"] = written(std::time::SystemTime::now() - std::time::Duration::from_secs(600));
         let stale = AutoscalerRoute::from_object(&obj).neighbours;
         entry.set_neighbours(stale.as_ref());
-        assert_eq!(
-            entry.ready_backends()[0]
-                .room(tokio::time::Instant::now())
-                .neighbours,
-            None
+        let room = entry.ready_backends()[0].room(tokio::time::Instant::now());
+        assert!(
+            room.neighbours_age
+                .is_some_and(|a| a > tessera_core::lanes::NEIGHBOURS_MAX_AGE),
+            "{room:?}"
         );
+        let limits = tessera_core::lanes::LaneLimits::default();
+        assert_eq!(tessera_core::lanes::admit_flex(&room, &limits, 0), Ok(()));
         // A malformed status is no figure, not a failed watch.
         obj.data["status"] = serde_json::json!({ "flexNeighbours": { "pods": "x" } });
         assert_eq!(AutoscalerRoute::from_object(&obj).neighbours, None);

@@ -39,9 +39,6 @@ pub struct Backend {
     neighbours: Mutex<Option<(std::time::SystemTime, f64)>>,
 }
 
-/// A neighbour figure older than this is not read: the controller that wrote it stopped writing.
-pub const NEIGHBOURS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(120);
-
 /// A backend's gauges as last read from its `/metrics`.
 #[derive(Debug, Clone, Copy)]
 struct Gauges {
@@ -70,13 +67,15 @@ impl Backend {
         *lock(&self.neighbours) = figure;
     }
 
-    /// The host of the base URL (`10.0.0.7`, `[fd00::7]`), as EndpointSlices and pod IPs name it.
-    pub fn host(&self) -> &str {
-        let rest = self.base.split_once("://").map_or(self.base.as_str(), |(_, r)| r);
-        match rest.rsplit_once(':') {
-            Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-            _ => rest,
-        }
+    /// The address of the base URL as EndpointSlices and pod IPs write it (`10.0.0.7`, `fd00::7`: no brackets).
+    pub fn address(&self) -> Option<String> {
+        let uri: Uri = self.base.parse().ok()?;
+        Some(
+            uri.host()?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+        )
     }
 
     /// Records the backend's gauges read at `at` (KV-cache usage 0–1, requests waiting, the cache's size in
@@ -100,6 +99,7 @@ impl Backend {
     /// What the flex lane's gate reads of this backend at `now`.
     pub fn room(&self, now: Instant) -> BackendRoom {
         let g = *lock(&self.gauges);
+        let neighbours = *lock(&self.neighbours);
         BackendRoom {
             kv: g.and_then(|g| g.kv),
             waiting: g.and_then(|g| g.waiting),
@@ -108,11 +108,12 @@ impl Backend {
             flex_unseen: self.flex_unseen.load(Ordering::Relaxed),
             flex_tokens: self.flex_tokens.load(Ordering::Relaxed),
             kv_capacity_tokens: g.and_then(|g| g.kv_capacity_tokens),
-            neighbours: lock(&self.neighbours).and_then(|(at, p)| {
-                let age = std::time::SystemTime::now()
+            neighbours: neighbours.map(|(_, p)| p),
+            // How old is for the gate to judge (`tessera_core::lanes::admit_flex`).
+            neighbours_age: neighbours.map(|(at, _)| {
+                std::time::SystemTime::now()
                     .duration_since(at)
-                    .unwrap_or_default();
-                (age <= NEIGHBOURS_MAX_AGE).then_some(p)
+                    .unwrap_or_default()
             }),
         }
     }
@@ -475,13 +476,11 @@ impl ModelEntry {
     }
 
     /// Sets the controller's neighbour figures (`at`, pressure by pod IP) on the backends listed; a backend whose
-    /// host is not listed gets none.
+    /// address is not listed gets none.
     pub fn set_neighbours(&self, figures: Option<&(std::time::SystemTime, BTreeMap<String, f64>)>) {
         for backend in lock(&self.known).values() {
-            let figure = figures.and_then(|(at, by_host)| {
-                let host = backend.host().trim_start_matches('[').trim_end_matches(']');
-                by_host.get(host).map(|p| (*at, *p))
-            });
+            let figure =
+                figures.and_then(|(at, by_address)| by_address.get(&backend.address()?).map(|p| (*at, *p)));
             backend.set_neighbours(figure);
         }
     }

@@ -19,8 +19,8 @@ use tessera_core::wire::sidecar::SidecarStatus;
 use crate::crd::{FlexNeighbour, FlexNeighboursStatus};
 use crate::pool::ANNOTATION_CAPACITY_POD;
 
-/// A model's entry older than this is left out of the others' figures.
-pub const FORGET_AFTER: Duration = Duration::from_secs(120);
+/// A model's entry older than this is left out of the others' figures (the bound the gate reads a figure within).
+pub const FORGET_AFTER: Duration = tessera_core::lanes::NEIGHBOURS_MAX_AGE;
 
 /// An unchanged figure is written again (a new `observedAt`) at most this often: often enough that the activator,
 /// which ignores figures older than two minutes, always has a fresh one, and seldom enough that a steady model's
@@ -109,18 +109,18 @@ pub fn carry(
     }
 }
 
-/// What a round saw of its pods: each ready pod (`ready`, in the order of `sidecars`) with its GPU from its
+/// What a round saw of its pods: each ready pod (`ready`: name and sidecar URL, in the order of `sidecars`) with its GPU from its
 /// annotations and its pressure from its sidecar's last window against `ttft_slo_secs` (the round's objective).
 pub fn pods_seen(
     all_pods: &[Pod],
-    ready: &[String],
+    ready: &[(String, String)],
     sidecars: &[Option<SidecarStatus>],
     ttft_slo_secs: Option<f64>,
 ) -> Vec<PodSeen> {
     ready
         .iter()
         .zip(sidecars)
-        .filter_map(|(name, doc)| {
+        .filter_map(|((name, _), doc)| {
             let pod = all_pods
                 .iter()
                 .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))?;

@@ -12,19 +12,20 @@ use super::context::Context;
 use crate::crd::InferenceAutoscalerSpec;
 
 /// Hands `policy`'s objective (the round's, workload-class defaults included, so the share rule and the scale
-/// guard hold the same percentile) to every replica at `urls` whose document in `docs` (same order; `None`:
-/// unread, tried next sync) reports another one. A failure is counted and tried again next sync.
+/// guard hold the same percentile) to every replica in `ready` (pod name, sidecar URL) whose document in `docs`
+/// (same order; `None`: unread, tried next sync) reports another one. A failure is counted and tried again next sync.
 /// The inter-token objective is the spec's `itlSlo`; without one each replica keeps the one it was admitted with.
 pub(super) async fn hand_over(
     ctx: &Context,
     spec: &InferenceAutoscalerSpec,
     policy: &ScalePolicy,
-    urls: &[String],
+    ready: &[(String, String)],
     docs: &[Option<SidecarStatus>],
 ) {
     let want = Objective::of(policy, spec.itl_slo());
-    let due: Vec<(&String, Objective)> = urls
+    let due: Vec<(&String, Objective)> = ready
         .iter()
+        .map(|(_, url)| url)
         .zip(docs)
         .filter_map(|(url, doc)| Some((url, want.handover(doc.as_ref()?.compute.as_ref())?)))
         .collect();

@@ -243,9 +243,9 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         repoll_before_zero(ctx, &mut r, &g.keys, &state, now).await;
     }
     ctx.metrics.decision(r.decision.reason);
-    super::objective::hand_over(ctx, &obj.spec, &r.policy, &g.sidecar_urls, &g.observed.sidecars).await;
+    super::objective::hand_over(ctx, &obj.spec, &r.policy, &g.ready_pods, &g.observed.sidecars).await;
     let slo = tessera_core::recommend::Objective::of(&r.policy, None).ttft_slo_secs;
-    let seen = super::neighbours::pods_seen(&g.all_pods, &g.ready_names, &g.observed.sidecars, slo);
+    let seen = super::neighbours::pods_seen(&g.all_pods, &g.ready_pods, &g.observed.sidecars, slo);
     let flex_neighbours = ctx.neighbours.record(&key, seen, now_sys);
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
@@ -453,10 +453,9 @@ pub(super) struct Gathered {
     /// replicas are asleep (counted in `/scale`, not in the round's running replicas).
     rest_docs: Vec<(String, SidecarStatus)>,
     sleeping: u32,
-    /// Each ready replica's sidecar, in `observed.sidecars`' order (where the objective is handed over).
-    sidecar_urls: Vec<String>,
-    /// Each ready replica's pod name, in the same order.
-    ready_names: Vec<String>,
+    /// Each ready replica's pod name and sidecar URL, in `observed.sidecars`' order (where the objective is
+    /// handed over, and whose GPU neighbours the flex lane reads).
+    ready_pods: Vec<(String, String)>,
 }
 
 /// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
@@ -659,8 +658,7 @@ pub(super) async fn gather(
         others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
         rest_docs,
         sleeping,
-        ready_names: ready_pods.iter().map(|(name, _)| name.clone()).collect(),
-        sidecar_urls: ready_pods.into_iter().map(|(_, url)| url).collect(),
+        ready_pods,
     })
 }
 

@@ -86,8 +86,9 @@ pub(super) struct BatchRt {
     per_replica: Vec<f64>,
     /// Lines in flight in each interactive replica's spare room.
     spare: BTreeMap<usize, Vec<u64>>,
-    /// Each interactive replica's neighbours' TTFT pressure, refreshed each sync (`refresh_neighbours`).
+    /// Each interactive replica's neighbours' TTFT pressure, refreshed each sync (`refresh_neighbours`), and when.
     neighbours: BTreeMap<usize, f64>,
+    neighbours_at: f64,
     reclaims: u64,
     paced_adds: u64,
 }
@@ -138,6 +139,7 @@ impl BatchRt {
             lanes: LaneLimits::default(),
             spare: BTreeMap::new(),
             neighbours: BTreeMap::new(),
+            neighbours_at: 0.0,
             reclaims: 0,
             paced_adds: 0,
         }
@@ -555,6 +557,8 @@ impl World<'_> {
                         .map_or(0, |v| v.iter().map(|&id| b.footprint(job_of(id))).sum()),
                     kv_capacity_tokens: Some(eng.kv_blocks_total() * u64::from(eng.config().block_size)),
                     neighbours: b.neighbours.get(&r).copied(),
+                    // Refreshed each sync, as the controller writes them.
+                    neighbours_age: Some(Duration::from_secs_f64((now - b.neighbours_at).max(0.0))),
                 };
                 if admit_flex(&room, &b.lanes, footprint).is_err() {
                     continue;
@@ -605,6 +609,7 @@ impl World<'_> {
             .collect();
         if let Some(b) = self.batch.as_mut() {
             b.neighbours = neighbour_pressures(&tenants).into_iter().collect();
+            b.neighbours_at = self.now;
         }
     }
 
