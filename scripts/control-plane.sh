@@ -73,17 +73,29 @@ build() {
   link_into_clone
 }
 
-# keda-operator from github.com/kedacore/keda/v2 (wrapper scripts/control-plane/keda), and KEDA's CRDs from the same
-# module (the module zip carries config/crd/bases) into bin/keda-crds.
+# keda-operator and keda-adapter (KEDA's metrics API server, through which the HPA KEDA creates reads a trigger's
+# metric above one replica) from github.com/kedacore/keda/v2 (wrapper scripts/control-plane/keda), and KEDA's CRDs
+# from the same module (the module zip carries config/crd/bases) into bin/keda-crds. Each binary is built only when
+# missing, so a cache from before the adapter was added builds the adapter alone.
 build_keda() {
-  local keda_stamp="$bin/.tessera-built-keda-$KEDA_VERSION"
-  if [ -f "$keda_stamp" ] && [ -x "$bin/keda-operator" ] && [ -d "$bin/keda-crds" ]; then return 0; fi
+  local keda_stamp="$bin/.tessera-built-keda-$KEDA_VERSION-adapter"
+  if [ -f "$keda_stamp" ] && [ -x "$bin/keda-operator" ] && [ -x "$bin/keda-adapter" ] && [ -d "$bin/keda-crds" ]; then
+    return 0
+  fi
   command -v go >/dev/null || die "go is not installed: the KEDA operator is built from source with the Go toolchain"
   local started=$SECONDS
   mkdir -p "$bin" "$cache/go/mod" "$cache/go/build"
+  # A binary of another KEDA version is rebuilt; one of this version (its stamp names it) is kept.
+  if ! ls "$bin"/.tessera-built-keda-"$KEDA_VERSION"* >/dev/null 2>&1; then rm -f "$bin/keda-operator" "$bin/keda-adapter"; fi
   rm -f "$bin"/.tessera-built-keda-*
-  gobuild keda "$bin/keda-operator" github.com/kedacore/keda/v2/cmd/operator
+  if [ ! -x "$bin/keda-operator" ]; then
+    gobuild keda "$bin/keda-operator" github.com/kedacore/keda/v2/cmd/operator
+  fi
   "$bin/keda-operator" --help >/dev/null 2>&1 || die "the built keda-operator does not run"
+  if [ ! -x "$bin/keda-adapter" ]; then
+    gobuild keda "$bin/keda-adapter" github.com/kedacore/keda/v2/cmd/adapter
+  fi
+  "$bin/keda-adapter" --help >/dev/null 2>&1 || die "the built keda-adapter does not run"
   local src="$cache/go/mod/github.com/kedacore/keda/v2@v$KEDA_VERSION/config/crd/bases"
   [ -d "$src" ] || die "KEDA's CRDs are not in the module cache at $src"
   rm -rf "$bin/keda-crds"
@@ -91,7 +103,7 @@ build_keda() {
   cp "$src"/keda.sh_*.yaml "$bin/keda-crds/"
   chmod u+w "$bin/keda-crds"/*.yaml
   touch "$keda_stamp"
-  log "KEDA $KEDA_VERSION operator built in $((SECONDS - started)) s"
+  log "KEDA $KEDA_VERSION operator and metrics adapter built in $((SECONDS - started)) s"
 }
 
 build_control_plane() {
@@ -165,6 +177,9 @@ certs() { # dir
     # may do under the Node authorizer: it runs as a cluster admin. Tessera's own roles never do.
     sign kwok "/O=system:masters/CN=kwok"
     # The API server's client certificate towards webhooks is unused: webhooks here do not ask for one.
+    # Towards aggregated APIs (KEDA's metrics adapter) it is the front proxy: the adapter trusts the identity
+    # headers only from this name, signed by the CA named in --requestheader-client-ca-file.
+    sign front-proxy-client "/CN=front-proxy-client"
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
   ) || die "generating certificates with openssl failed"
@@ -285,6 +300,7 @@ EOF2
     --requestheader-client-ca-file "$d/ca.crt" --requestheader-allowed-names front-proxy-client \
     --requestheader-username-headers X-Remote-User --requestheader-group-headers X-Remote-Group \
     --requestheader-extra-headers-prefix X-Remote-Extra- \
+    --proxy-client-cert-file "$d/front-proxy-client.crt" --proxy-client-key-file "$d/front-proxy-client.key" \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$d/sa.pub" --service-account-signing-key-file "$d/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 \

@@ -16,8 +16,10 @@
 //! e. RBAC: each role with its own ServiceAccount's token does its job; the writes it must not make are refused;
 //! f. the pool manager's capacity pods are bound by the real scheduler to GPU nodes;
 //! g. the activator finds its backends through EndpointSlices written by the real controller-manager;
-//! h. the KEDA operator (built from its published module) scales a real Deployment 1 → 0 → 1 → 0 from Tessera's
-//!    external scaler over TLS with client certificates, and the autoscaler never writes `/scale` (issue 43).
+//! h. the KEDA operator and its metrics adapter (built from their published module) scale a real Deployment
+//!    1 → 0 → 1 → 3 → 0 from Tessera's external scaler over TLS with client certificates — above one through the
+//!    HPA KEDA creates, reading Tessera's metric through the external metrics API — and the autoscaler never writes
+//!    `/scale` (issue 43).
 //!
 //! Processes talk over loopback only. `TESSERA_TEST_LOGS=1` shows the children's logs; `TESSERA_CONTROL_PLANE_KEEP=1`
 //! keeps a failed test's control plane (its DIR is printed) for inspection.
@@ -1390,14 +1392,25 @@ async fn llama_on_a_gpu(client: &kube::Client, extra: Value) -> (Api<Deployment>
 }
 
 fn model_processes(pod_ip: &str, sidecar_port: u16) -> (support::Tessera, support::Tessera) {
-    let sim = support::Tessera::vllm_sim(&[
+    model_processes_with(pod_ip, sidecar_port, &[])
+}
+
+/// As [`model_processes`], with more of the emulator's flags (`--max-num-seqs 1`: a queue with little load).
+fn model_processes_with(
+    pod_ip: &str,
+    sidecar_port: u16,
+    emulator: &[&str],
+) -> (support::Tessera, support::Tessera) {
+    let mut args = vec![
         "--model-preset",
         "opt-125m",
         "--gpu",
         "l4",
         "--served-model-name",
         "llama",
-    ]);
+    ];
+    args.extend_from_slice(emulator);
+    let sim = support::Tessera::vllm_sim(&args);
     let sidecar = support::Tessera::start(&[
         "sidecar",
         "--vllm-url",
@@ -1856,7 +1869,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
 /// The KEDA operator built by `scripts/control-plane.sh build` (and its CRDs), run as a process against the control
 /// plane with the admin kubeconfig (KEDA's own RBAC is not what this story tests). Its log goes to the control
 /// plane's dir.
-fn keda_operator(cp: &ControlPlane, cert_dir: &Path) -> Killed {
+fn keda_operator(cp: &ControlPlane, cert_dir: &Path, metrics_service_port: u16) -> Killed {
     let bin = repo().join(".tools/control-plane/bin/keda-operator");
     assert!(
         bin.exists(),
@@ -1868,7 +1881,7 @@ fn keda_operator(cp: &ControlPlane, cert_dir: &Path) -> Killed {
         .args([
             &format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
             &format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
-            &format!("--metrics-service-bind-address=127.0.0.1:{}", free_port()),
+            &format!("--metrics-service-bind-address=127.0.0.1:{metrics_service_port}"),
             &format!("--cert-dir={}", cert_dir.display()),
             "--leader-elect=false",
             "--enable-webhook-patching=false",
@@ -1918,9 +1931,143 @@ async fn keda_crds(client: &kube::Client) {
     }
 }
 
+/// The address KEDA's metrics adapter serves at: the ClusterIP of its Service, in a loopback ServiceCIDR.
+const METRICS_API_IP: &str = "127.96.0.10";
+
+/// KEDA's metrics adapter (`keda-adapter`, built beside the operator), serving `external.metrics.k8s.io` — the API
+/// the HPA that KEDA creates reads a trigger's metric from, to go above one replica.
+///
+/// The kube-apiserver reaches an aggregated API at its Service's ClusterIP (it routes to endpoints only with
+/// `--enable-aggregator-routing`), and nothing stops a ClusterIP from being a loopback address when a ServiceCIDR
+/// holds it, while endpoint addresses may never be loopback. So: a ServiceCIDR `127.96.0.0/24`, the Service at
+/// [`METRICS_API_IP`] with the adapter listening there, and an EndpointSlice whose (never dialled) address only
+/// satisfies the aggregator's availability check, which wants a ready endpoint with the Service's port name. The
+/// API server authenticates to the adapter as the front proxy (`scripts/control-plane.sh`'s
+/// `--proxy-client-cert-file`); the adapter trusts that from `extension-apiserver-authentication`, as in a cluster.
+async fn keda_metrics_adapter(cp: &ControlPlane, client: &kube::Client, certs: &Path, operator_grpc: u16) -> Killed {
+    let bin = repo().join(".tools/control-plane/bin/keda-adapter");
+    assert!(
+        bin.exists(),
+        "{} is missing: scripts/control-plane.sh build builds it",
+        bin.display()
+    );
+    let port = free_port();
+    let dynamic = |group: &str, version: &str, kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    };
+    let create = |res: ApiResource, ns: Option<&'static str>, obj: Value| {
+        let client = client.clone();
+        async move {
+            let api = match ns {
+                Some(ns) => Api::<DynamicObject>::namespaced_with(client, ns, &res),
+                None => Api::<DynamicObject>::all_with(client, &res),
+            };
+            let what = format!("{} {}", res.kind, obj["metadata"]["name"]);
+            api.create(&PostParams::default(), &serde_json::from_value(obj).unwrap())
+                .await
+                .unwrap_or_else(|e| panic!("create {what}: {e}"));
+        }
+    };
+    create(
+        dynamic("networking.k8s.io", "v1", "ServiceCIDR", "servicecidrs"),
+        None,
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+               "metadata": {"name": "tessera-loopback"}, "spec": {"cidrs": ["127.96.0.0/24"]}}),
+    )
+    .await;
+    // A new ServiceCIDR is Ready for allocation a moment after it is created.
+    let cidrs = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &dynamic("networking.k8s.io", "v1", "ServiceCIDR", "servicecidrs"),
+    );
+    eventually("the loopback ServiceCIDR to be Ready", Duration::from_secs(30), || async {
+        let c = cidrs.get("tessera-loopback").await.ok()?;
+        c.data["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            .then_some(())
+    })
+    .await;
+    create(
+        dynamic("", "v1", "Service", "services"),
+        Some("keda"),
+        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "keda-metrics-apiserver"},
+               "spec": {"clusterIP": METRICS_API_IP,
+                        "ports": [{"name": "https", "port": port, "targetPort": port}]}}),
+    )
+    .await;
+    create(
+        dynamic("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices"),
+        Some("keda"),
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "keda-metrics-apiserver-availability",
+                            "labels": {"kubernetes.io/service-name": "keda-metrics-apiserver"}},
+               "addressType": "IPv4",
+               "endpoints": [{"addresses": ["10.77.0.250"], "conditions": {"ready": true}}],
+               "ports": [{"name": "https", "port": port, "protocol": "TCP"}]}),
+    )
+    .await;
+    let ca = std::fs::read(certs.join("ca.crt")).unwrap();
+    let services = dynamic("apiregistration.k8s.io", "v1", "APIService", "apiservices");
+    create(
+        services.clone(),
+        None,
+        json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+               "metadata": {"name": "v1beta1.external.metrics.k8s.io"},
+               "spec": {"service": {"name": "keda-metrics-apiserver", "namespace": "keda", "port": port},
+                        "group": "external.metrics.k8s.io", "version": "v1beta1",
+                        "groupPriorityMinimum": 100, "versionPriority": 100,
+                        // ByteString serializes as base64, as the API's `format: byte` wants.
+                        "caBundle": serde_json::to_value(k8s_openapi::ByteString(ca)).unwrap()}}),
+    )
+    .await;
+    let log = std::fs::File::create(cp.dir.join("keda-adapter.log")).expect("the adapter's log file");
+    let kubeconfig = cp.kubeconfig.display().to_string();
+    let cert_dir = certs.display().to_string();
+    let child = Command::new(bin)
+        .args([
+            format!("--secure-port={port}"),
+            format!("--bind-address={METRICS_API_IP}"),
+            format!("--tls-cert-file={cert_dir}/tls.crt"),
+            format!("--tls-private-key-file={cert_dir}/tls.key"),
+            format!("--cert-dir={cert_dir}"),
+            format!("--lister-kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            format!("--metrics-service-address=127.0.0.1:{operator_grpc}"),
+            "--port=0".to_owned(),
+        ])
+        .env("KUBECONFIG", &cp.kubeconfig)
+        .env("WATCH_NAMESPACE", "")
+        .env("POD_NAMESPACE", "keda")
+        .env("KEDA_CLUSTER_OBJECT_NAMESPACE", "keda")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup the log"))
+        .stderr(log)
+        .spawn()
+        .expect("start keda-adapter");
+    let adapter = Killed(child);
+    let apis = Api::<DynamicObject>::all_with(client.clone(), &services);
+    eventually(
+        "the external metrics API (KEDA's adapter at a loopback ClusterIP) to be Available",
+        Duration::from_secs(60),
+        || async {
+            let a = apis.get("v1beta1.external.metrics.k8s.io").await.ok()?;
+            a.data["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Available" && c["status"] == "True")
+                .then_some(())
+        },
+    )
+    .await;
+    adapter
+}
+
 #[test]
 #[ignore = "needs the control plane: scripts/control-plane.sh build (scripts/test.sh runs it)"]
-fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_scaler() {
+fn h_the_keda_operator_and_its_hpa_scale_a_real_deployment_from_zero_to_three_and_back_on_tesseras_scaler() {
     story(|cp| async move {
         let client = cp.client().await;
         namespace(&client, "keda", json!({})).await;
@@ -1949,17 +2096,29 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
             .create(&PostParams::default(), &secret)
             .await
             .unwrap();
-        // KEDA's own gRPC metrics service wants a certificate too (its --cert-dir); the same PKI serves.
-        let operator_certs = cp.dir.join("keda-operator-certs");
-        std::fs::create_dir_all(&operator_certs).unwrap();
-        for (from, to) in [(&ca, "ca.crt"), (&cert, "tls.crt"), (&key, "tls.key")] {
-            std::fs::copy(from, operator_certs.join(to)).unwrap();
-        }
-        let _keda = keda_operator(&cp, &operator_certs);
+        // KEDA's own certificates (its --cert-dir): the operator's gRPC metrics service and the metrics adapter dial
+        // each other with the one certificate, and the API server checks the adapter's against the APIService's CA.
+        let keda_certs = cp.dir.join("keda-certs");
+        std::fs::create_dir_all(&keda_certs).unwrap();
+        support::pki::peer_pki(
+            &keda_certs,
+            &["127.0.0.1", "keda-metrics-apiserver.keda.svc", METRICS_API_IP],
+        );
+        let operator_grpc = free_port();
+        let _keda = keda_operator(&cp, &keda_certs, operator_grpc);
+        let _metrics_api = keda_metrics_adapter(&cp, &client, &keda_certs, operator_grpc).await;
 
-        let (deployments, pods) = llama_on_a_gpu(&client, json!({"scaledBy": "KEDA"})).await;
+        // One request running and the rest waiting (`--max-num-seqs 1`) is what asks for more replicas: Tessera's
+        // target is one waiting request per replica. Scale-down is not held back (this story's clock is short).
+        let (deployments, pods) = llama_on_a_gpu(
+            &client,
+            json!({"scaledBy": "KEDA", "targets": {"waitingRequestsPerReplica": 1},
+                   "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}}}),
+        )
+        .await;
         let sidecar_port = free_port();
-        let model = model_processes(&pod_ip(&pods[0]), sidecar_port);
+        const QUEUE: &[&str] = &["--max-num-seqs", "1"];
+        let model = model_processes_with(&pod_ip(&pods[0]), sidecar_port, QUEUE);
 
         // The activator and the autoscaler with their own ServiceAccounts' tokens; the autoscaler serves the scaler
         // over TLS with client certificates required.
@@ -2088,8 +2247,89 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
             (p.len() == 1).then_some(p)
         })
         .await;
-        let _model = model_processes(&pod_ip(&pods[0]), sidecar_port);
+        let mut running = std::collections::HashMap::new();
+        running.insert(
+            pod_ip(&pods[0]),
+            model_processes_with(&pod_ip(&pods[0]), sidecar_port, QUEUE),
+        );
         held.abort();
+
+        // Above one: four clients keep the first replica's queue at three (no pod network here, so they reach
+        // its emulator directly, as a Service would). Tessera decides three replicas; KEDA's HPA reads that
+        // through the external metrics API (adapter → operator → Tessera's scaler) and the real HPA controller
+        // scales the Deployment. Each new pod gets its model processes at its address, so every replica is seen.
+        let target = running[&pod_ip(&pods[0])].0.base();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load: Vec<_> = (0..4)
+            .map(|_| {
+                let (url, stop) = (format!("{target}/v1/completions"), stop.clone());
+                tokio::spawn(async move {
+                    let http = http_client(Duration::from_secs(60));
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = http
+                            .post(&url)
+                            .json(&json!({"model": "llama", "prompt": "hi", "max_tokens": 400,
+                                          "ignore_eos": true}))
+                            .send()
+                            .await;
+                    }
+                })
+            })
+            .collect();
+        let loaded = Instant::now();
+        let scaled_up = loop {
+            for p in running_pods(&client, "models", "llama").await {
+                running
+                    .entry(pod_ip(&p))
+                    .or_insert_with(|| model_processes_with(&pod_ip(&p), sidecar_port, QUEUE));
+            }
+            let (want, ready) = replicas(&deployments, "llama").await;
+            if want >= 3 && ready >= 3 {
+                break want;
+            }
+            assert!(
+                loaded.elapsed() < Duration::from_secs(120),
+                "timed out waiting for the HPA that KEDA made to scale the Deployment above one on Tessera's \
+                 decision ({want} wanted, {ready} ready); the adapter's log: {}",
+                std::fs::read_to_string(cp.dir.join("keda-adapter.log"))
+                    .unwrap_or_default()
+                    .lines()
+                    .rev()
+                    .take(5)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let up = loaded.elapsed();
+        let hpas: Api<k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler> =
+            Api::namespaced(client.clone(), "models");
+        let hpa = hpas.get("keda-hpa-llama").await.unwrap();
+        let reading = serde_json::to_value(&hpa.status).unwrap()["currentMetrics"][0]["external"].clone();
+        eprintln!("KEDA's HPA: {reading}");
+        assert!(
+            reading["metric"]["name"].as_str().is_some_and(|n| n.contains("tessera")),
+            "the HPA reads Tessera's metric through the external metrics API: {reading}"
+        );
+        // The real HPA controller wrote the Deployment's scale, with its own ServiceAccount (not KEDA's operator,
+        // which only takes a target from and to zero).
+        let hpa_writes = cp
+            .audit()
+            .into_iter()
+            .filter(|e| {
+                e["objectRef"]["name"] == "llama"
+                    && e["objectRef"]["subresource"] == "scale"
+                    && e["user"]["username"] == "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
+                    && e["responseStatus"]["code"] == 200
+            })
+            .count();
+        assert!(hpa_writes >= 1, "the HPA controller wrote /scale {hpa_writes} times");
+
+        // The load ends: Tessera decides zero; the HPA steps down and KEDA takes the Deployment to zero.
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for l in load {
+            l.abort();
+        }
         let idle = Instant::now();
         eventually(
             "KEDA to scale the Deployment to zero again",
@@ -2100,11 +2340,14 @@ fn h_the_keda_operator_scales_a_real_deployment_to_zero_and_back_from_tesseras_s
         let again = idle.elapsed();
         eprintln!(
             "KEDA: to zero {:.1} s after the ScaledObject (idleAfter 8 s, cooldownPeriod 5 s), back to one {:.1} s \
-             after the request was held (pollingInterval 2 s), to zero again {:.1} s after the client left",
+             after the request was held (pollingInterval 2 s), to {scaled_up} {:.1} s after the load began \
+             (through KEDA's HPA), to zero again {:.1} s after the load ended",
             to_zero.as_secs_f64(),
             back.as_secs_f64(),
+            up.as_secs_f64(),
             again.as_secs_f64()
         );
+        drop(running);
         // Who wrote /scale: KEDA (the admin kubeconfig it runs with), never Tessera's autoscaler.
         let scale_writes = |user: &str| {
             cp.audit()

@@ -1,6 +1,10 @@
 //go:build tools
 
-// The package built: KEDA's operator (its main package is github.com/kedacore/keda/v2/cmd/operator).
+// The packages built: KEDA's operator and its metrics adapter (their main packages are
+// github.com/kedacore/keda/v2/cmd/operator and .../cmd/adapter).
 package tools
 
-import _ "github.com/kedacore/keda/v2/cmd/operator"
+import (
+	_ "github.com/kedacore/keda/v2/cmd/adapter"
+	_ "github.com/kedacore/keda/v2/cmd/operator"
+)

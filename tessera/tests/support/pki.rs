@@ -22,6 +22,17 @@ pub struct Pki {
 /// Writes the CA, a server certificate for `server_names` (DNS names or IP addresses) and a client certificate
 /// into `dir`.
 pub fn pki(dir: &Path, server_names: &[&str]) -> Pki {
+    build(dir, server_names, false)
+}
+
+/// As [`pki`], but the server certificate is a client certificate too: for peers that dial each other with the one
+/// certificate in their `--cert-dir` (KEDA's operator and its metrics adapter).
+#[allow(dead_code)]
+pub fn peer_pki(dir: &Path, server_names: &[&str]) -> Pki {
+    build(dir, server_names, true)
+}
+
+fn build(dir: &Path, server_names: &[&str], server_is_client: bool) -> Pki {
     // Each its own subject: a certificate whose subject equals its issuer's reads as self-signed to OpenSSL.
     let named = |cn: &str| {
         let mut dn = DistinguishedName::new();
@@ -36,6 +47,9 @@ pub fn pki(dir: &Path, server_names: &[&str]) -> Pki {
     let mut server = CertificateParams::new(names).unwrap();
     server.distinguished_name = named(server_names.first().copied().unwrap_or("server"));
     server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    if server_is_client {
+        server.extended_key_usages.push(ExtendedKeyUsagePurpose::ClientAuth);
+    }
     let server_key = KeyPair::generate().unwrap();
     let server_cert = server.signed_by(&server_key, &ca).unwrap();
     let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
