@@ -8,7 +8,8 @@
 //! a. `helm install` of the chart (the API server validates every object; the CRD's CEL rules refuse a bad
 //!    InferenceAutoscaler with the documented message); `helm uninstall` leaves nothing but the kept CRD;
 //! b. the API server calls the webhook through the chart's MutatingWebhookConfiguration on a real pod creation;
-//!    with the webhook down, the pod is still admitted (fail open);
+//!    with the webhook down, the pod is still admitted (fail open) and the InferenceAutoscaler's status names it
+//!    (`SidecarsInjected=False`) until it is replaced;
 //! c. the controller scales a real Deployment through `/scale`: to zero when idle, back when the activator holds
 //!    a request; the ReplicaSet and pods follow;
 //! d. two controllers on a real Lease: the leader is SIGSTOPped, the follower leads within the lease time, the old
@@ -865,6 +866,76 @@ fn b_the_api_server_calls_the_webhook_on_pod_creation_and_admits_pods_when_it_is
         })
         .await;
         assert_eq!(pods.iter().filter(|p| has_sidecar(p)).count(), 2);
+
+        // The status says so: the controller, with the chart's token, names the pod admitted bare and what to do
+        // (a count pinned at 3, so only the condition is under test); deleting that pod, as the message says, gets
+        // an injected replacement and the condition turns True.
+        let bare = pods
+            .iter()
+            .find(|p| !has_sidecar(p))
+            .and_then(|p| p.metadata.name.clone())
+            .unwrap();
+        ias_api(&client, "models")
+            .create(
+                &PostParams::default(),
+                &ias(
+                    "llama",
+                    json!({"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+                           "minReplicas": 3, "maxReplicas": 3}),
+                ),
+            )
+            .await
+            .unwrap();
+        let token = sa_token(&client, "tessera-system", "tessera-autoscaler").await;
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let _controller = tessera(
+            &[
+                "autoscaler",
+                "--metrics-listen",
+                &metrics,
+                "--sync-period",
+                "1s",
+                "--leader-elect=false",
+            ],
+            &cp.token_kubeconfig("autoscaler", &token),
+            &[],
+        );
+        let injected = |want: &'static str| {
+            let client = client.clone();
+            move || {
+                let client = client.clone();
+                async move {
+                    let o = ias_api(&client, "models").get("llama").await.ok()?;
+                    o.data["status"]["conditions"]
+                        .as_array()?
+                        .iter()
+                        .find(|c| c["type"] == "SidecarsInjected" && c["status"] == want)
+                        .and_then(|c| c["message"].as_str().map(str::to_owned))
+                }
+            }
+        };
+        let message = eventually(
+            "status SidecarsInjected=False naming the pod admitted without the webhook",
+            Duration::from_secs(60),
+            injected("False"),
+        )
+        .await;
+        assert!(
+            message.starts_with(&format!("1 of 3 pods run without tessera-sidecar ({bare})")),
+            "{message}"
+        );
+        eprintln!("status: {message}");
+        Api::<Pod>::namespaced(client.clone(), "models")
+            .delete(&bare, &DeleteParams::default())
+            .await
+            .unwrap();
+        let message = eventually(
+            "status SidecarsInjected=True once the bare pod is replaced",
+            Duration::from_secs(90),
+            injected("True"),
+        )
+        .await;
+        eprintln!("status after the bare pod was deleted: {message}");
     });
 }
 
@@ -1944,7 +2015,12 @@ const METRICS_API_IP: &str = "127.96.0.10";
 /// satisfies the aggregator's availability check, which wants a ready endpoint with the Service's port name. The
 /// API server authenticates to the adapter as the front proxy (`scripts/control-plane.sh`'s
 /// `--proxy-client-cert-file`); the adapter trusts that from `extension-apiserver-authentication`, as in a cluster.
-async fn keda_metrics_adapter(cp: &ControlPlane, client: &kube::Client, certs: &Path, operator_grpc: u16) -> Killed {
+async fn keda_metrics_adapter(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    certs: &Path,
+    operator_grpc: u16,
+) -> Killed {
     let bin = repo().join(".tools/control-plane/bin/keda-adapter");
     assert!(
         bin.exists(),
@@ -1980,14 +2056,18 @@ async fn keda_metrics_adapter(cp: &ControlPlane, client: &kube::Client, certs: &
         client.clone(),
         &dynamic("networking.k8s.io", "v1", "ServiceCIDR", "servicecidrs"),
     );
-    eventually("the loopback ServiceCIDR to be Ready", Duration::from_secs(30), || async {
-        let c = cidrs.get("tessera-loopback").await.ok()?;
-        c.data["status"]["conditions"]
-            .as_array()?
-            .iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            .then_some(())
-    })
+    eventually(
+        "the loopback ServiceCIDR to be Ready",
+        Duration::from_secs(30),
+        || async {
+            let c = cidrs.get("tessera-loopback").await.ok()?;
+            c.data["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                .then_some(())
+        },
+    )
     .await;
     create(
         dynamic("", "v1", "Service", "services"),
@@ -2308,7 +2388,9 @@ fn h_the_keda_operator_and_its_hpa_scale_a_real_deployment_from_zero_to_three_an
         let reading = serde_json::to_value(&hpa.status).unwrap()["currentMetrics"][0]["external"].clone();
         eprintln!("KEDA's HPA: {reading}");
         assert!(
-            reading["metric"]["name"].as_str().is_some_and(|n| n.contains("tessera")),
+            reading["metric"]["name"]
+                .as_str()
+                .is_some_and(|n| n.contains("tessera")),
             "the HPA reads Tessera's metric through the external metrics API: {reading}"
         );
         // The real HPA controller wrote the Deployment's scale, with its own ServiceAccount (not KEDA's operator,
@@ -2323,7 +2405,10 @@ fn h_the_keda_operator_and_its_hpa_scale_a_real_deployment_from_zero_to_three_an
                     && e["responseStatus"]["code"] == 200
             })
             .count();
-        assert!(hpa_writes >= 1, "the HPA controller wrote /scale {hpa_writes} times");
+        assert!(
+            hpa_writes >= 1,
+            "the HPA controller wrote /scale {hpa_writes} times"
+        );
 
         // The load ends: Tessera decides zero; the HPA steps down and KEDA takes the Deployment to zero.
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

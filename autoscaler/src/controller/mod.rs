@@ -31,6 +31,7 @@ pub mod consolidate;
 pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
+pub mod injection;
 pub mod metrics;
 pub mod neighbours;
 mod objective;

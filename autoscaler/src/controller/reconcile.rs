@@ -307,6 +307,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         now_k8s: &now_k8s,
     };
     let (allocation, in_sync) = allocation_and_roll(ctx, obj, round).await;
+    let injected = super::injection::announce(ctx, obj, &g.all_pods).await;
     // The surge is remembered only when `/scale` really carries it (written now, or already there): a failed
     // write must not make the next round take a replica off a count that never had it.
     let surge_in_force = matches!(applied, Applied::Scaled) || replicas == current;
@@ -341,6 +342,12 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
             in_sync
                 .clone()
                 .map(|(ok, reason, message)| (super::rollout::ALLOCATION_IN_SYNC, ok, reason, message)),
+            Some((
+                super::injection::SIDECARS_INJECTED,
+                injected.0,
+                injected.1.to_owned(),
+                injected.2.clone(),
+            )),
         ];
         for (type_, ok, reason, message) in conditions.into_iter().flatten() {
             status::set_condition(

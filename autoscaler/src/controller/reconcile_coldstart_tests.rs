@@ -187,6 +187,7 @@ async fn idle_since(client: Client, total: u64, last: u64) -> Arc<Context> {
 /// Its one pod, started in 28 s.
 fn pod_started_in_28s() -> Value {
     json!({"metadata": {"name": "a", "namespace": "models", "creationTimestamp": "2027-01-15T07:00:00Z"},
+           "spec": crate::controller::injection::injected_spec(),
            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True",
                       "lastTransitionTime": "2027-01-15T07:00:28Z"}]}})
 }

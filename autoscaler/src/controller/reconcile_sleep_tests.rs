@@ -7,6 +7,7 @@ use super::*;
 /// The model's one pod, started in 60 s (the cold start the controller measures), ready or asleep (not ready).
 fn pod_started_in_60s(ready: bool, annotation: Option<&str>) -> Value {
     let mut p = json!({"metadata": {"name": "a", "namespace": "models", "creationTimestamp": "2027-01-15T07:00:00Z"},
+           "spec": crate::controller::injection::injected_spec(),
            "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
                       "lastTransitionTime": "2027-01-15T07:01:00Z"}]}});
     if let Some(a) = annotation {

@@ -225,7 +225,7 @@ fn scale_json(replicas: i32) -> Value {
 }
 
 fn pod(name: &str, ip: &str, ready: bool) -> Value {
-    json!({"metadata": {"name": name, "namespace": "models"},
+    json!({"metadata": {"name": name, "namespace": "models"}, "spec": crate::controller::injection::injected_spec(),
            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
 }
 

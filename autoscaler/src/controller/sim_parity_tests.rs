@@ -213,6 +213,7 @@ async fn api_server(
                     json!({"metadata": {"name": format!("{name}-{i}"), "namespace": NAMESPACE,
                                         "creationTimestamp": stamp(created),
                                         "annotations": {crate::pool::ANNOTATION_CAPACITY_POD: gpu}},
+                           "spec": crate::controller::injection::injected_spec(),
                            "status": {"podIP": format!("10.0.0.{}", i + 1), "conditions": [ready_condition]}})
                 })
                 .collect();

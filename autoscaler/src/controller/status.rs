@@ -8,6 +8,8 @@
 //! - `ScalingLimited`: the count was cut by min/max or a rate limit (`TooManyReplicas`, `TooFewReplicas`,
 //!   `RateLimited`) or not (`DesiredWithinRange`).
 //! - `Valid`: the spec passed validation (`SpecValid`) or not (`InvalidSpec`, with every problem in the message).
+//! - Tessera's own: `Consolidating` (`consolidate.rs`), `AllocationInSync` (`rollout.rs`), `SidecarsInjected`
+//!   (`injection.rs`).
 //!
 //! `lastTransitionTime` only moves when a condition's status flips, as the Kubernetes API conventions require.
 

@@ -16,6 +16,10 @@ use std::collections::BTreeMap;
 /// Version of this document's shape. Bumped only for a breaking change.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// The sidecar's container name in a model's pod: what the webhook injects (or finds, when a pod brings its own)
+/// and what the controller looks for to tell an injected pod from one admitted without it.
+pub const CONTAINER_NAME: &str = "tessera-sidecar";
+
 /// The whole `/v1/status` document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SidecarStatus {

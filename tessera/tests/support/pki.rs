@@ -48,7 +48,9 @@ fn build(dir: &Path, server_names: &[&str], server_is_client: bool) -> Pki {
     server.distinguished_name = named(server_names.first().copied().unwrap_or("server"));
     server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     if server_is_client {
-        server.extended_key_usages.push(ExtendedKeyUsagePurpose::ClientAuth);
+        server
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ClientAuth);
     }
     let server_key = KeyPair::generate().unwrap();
     let server_cert = server.signed_by(&server_key, &ca).unwrap();

@@ -45,7 +45,7 @@ pub const ANNOTATION_VLLM_VERSION: &str = "tessera.dev/vllm-version";
 pub const ANNOTATION_ITL_SLO: &str = "tessera.dev/itl-slo";
 pub use crate::policy::LABEL_AUTOSCALER;
 /// The injected container's name.
-pub const SIDECAR_NAME: &str = "tessera-sidecar";
+pub const SIDECAR_NAME: &str = tessera_core::wire::sidecar::CONTAINER_NAME;
 /// The sidecar's named port.
 pub const SIDECAR_PORT_NAME: &str = "tessera";
 /// Volume names the webhook adds for MPS.
