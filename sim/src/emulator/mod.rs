@@ -36,7 +36,7 @@ use driver::EngineHandle;
 
 /// vLLM's default KV block size on GPUs (the CPU backend uses 128).
 const DEFAULT_BLOCK_SIZE: u32 = 16;
-use metrics::{MetricsVersion, PageInfo};
+use metrics::{MetricsVersion, PageInfo, SleepState};
 use openai::{ApiError, Endpoint};
 
 /// How the server behaves during `--startup-delay`.
@@ -201,18 +201,12 @@ pub fn build_engine(args: &Args) -> anyhow::Result<Engine> {
 
 /// The router with every endpoint; used by [`run`] and by in-process tests.
 pub fn router(args: &Args, engine: Engine) -> Router {
-    let kv_bytes = match engine.config().memory {
-        MemorySetting::KvCacheBytes(b) => b.to_string(),
-        MemorySetting::GpuMemoryUtilization(_) => "None".into(),
-    };
-    let util = match engine.config().memory {
-        MemorySetting::GpuMemoryUtilization(u) => u,
-        MemorySetting::KvCacheBytes(_) => args.gpu_memory_utilization,
-    };
-    let cache_config = match args.metrics_version {
-        MetricsVersion::V1 => cache_config_v1(args, &engine, kv_bytes, util),
-        MetricsVersion::V0 => cache_config_v0(&engine, kv_bytes, util),
-    };
+    let cache_config = cache_config(
+        &engine,
+        args.metrics_version,
+        args.gpu_memory_utilization,
+        args.block_size,
+    );
     let names = if args.served_model_name.is_empty() {
         vec![engine.model().name.clone()]
     } else {
@@ -269,6 +263,43 @@ pub fn router(args: &Args, engine: Engine) -> Router {
     r.with_state(state)
 }
 
+/// `vllm:cache_config_info`'s labels for `engine` on a page of `version`; `default_util` is what vLLM reports for
+/// `gpu_memory_utilization` when the cache is sized in bytes instead (its flag's default, unused).
+fn cache_config(
+    engine: &Engine,
+    version: MetricsVersion,
+    default_util: f64,
+    block_size: u32,
+) -> Vec<(String, String)> {
+    let kv_bytes = match engine.config().memory {
+        MemorySetting::KvCacheBytes(b) => b.to_string(),
+        MemorySetting::GpuMemoryUtilization(_) => "None".into(),
+    };
+    let util = match engine.config().memory {
+        MemorySetting::GpuMemoryUtilization(u) => u,
+        MemorySetting::KvCacheBytes(_) => default_util,
+    };
+    match version {
+        MetricsVersion::V1 => cache_config_v1(block_size != DEFAULT_BLOCK_SIZE, engine, kv_bytes, util),
+        MetricsVersion::V0 => cache_config_v0(engine, kv_bytes, util),
+    }
+}
+
+/// The `/metrics` page a server running `engine` serves now, as `model_name` (V1 names, no throughput gauges):
+/// what a sidecar beside a simulated replica would scrape (the recommendation parity test replays these pages
+/// through the sidecar's own parser and state).
+pub fn page_of(engine: &Engine, model_name: &str) -> String {
+    let info = PageInfo {
+        model_name: model_name.to_owned(),
+        cache_config: cache_config(engine, MetricsVersion::V1, 0.9, engine.config().block_size),
+        created_unix: 0.0,
+        avg_prompt_throughput: 0.0,
+        avg_generation_throughput: 0.0,
+        sleep: SleepState::Awake,
+    };
+    metrics::render(engine.stats(), &info, MetricsVersion::V1)
+}
+
 /// `vllm:cache_config_info` labels of older vLLM (the V0 pages).
 fn cache_config_v0(engine: &Engine, kv_bytes: String, util: f64) -> Vec<(String, String)> {
     [
@@ -294,11 +325,10 @@ fn cache_config_v0(engine: &Engine, kv_bytes: String, util: f64) -> Vec<(String,
 
 /// `vllm:cache_config_info` labels exactly as vLLM 0.32 writes them (testdata/vllm/real/), values from the flags.
 /// `enable_prefix_caching` is "False": the model has no prefix cache (a real 0.32 server says "True").
-fn cache_config_v1(args: &Args, engine: &Engine, kv_bytes: String, util: f64) -> Vec<(String, String)> {
+fn cache_config_v1(user_block: bool, engine: &Engine, kv_bytes: String, util: f64) -> Vec<(String, String)> {
     let block = engine.config().block_size;
     let tokens = engine.kv_blocks_total() * u64::from(block);
     let concurrency = tokens as f64 / f64::from(engine.max_model_len().max(1));
-    let user_block = args.block_size != DEFAULT_BLOCK_SIZE;
     [
         ("_block_size_resolved", "True".to_string()),
         ("block_size", block.to_string()),

@@ -24,6 +24,65 @@ use crate::model::Histogram;
 /// The namespace the simulated models live in (the activator keys models by `"<namespace>/<model>"`).
 pub const NAMESPACE: &str = "default";
 
+/// One scrape of a replica's vLLM, as its sidecar would have taken it: the `/metrics` page and the GPU busy ratio
+/// NVML would give the sidecar (none on a shared GPU: the device's figure is not the replica's own).
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// When (virtual seconds).
+    pub at: f64,
+    /// vLLM's `/metrics` page (the emulator's rendering of the replica's engine).
+    pub text: String,
+    /// The GPU busy ratio over the last scrape interval.
+    pub busy: Option<f64>,
+}
+
+/// How the webhook would start a replica's sidecar, in the simulator's terms (flags and what NVML reads).
+#[derive(Debug, Clone)]
+pub struct SidecarSetup {
+    /// `--window`: the recommendation window, seconds.
+    pub window_secs: f64,
+    /// The recommendation's tunables (`--kv-target-utilization` among them).
+    pub config: tessera_core::recommend::Config,
+    /// `--gpu-compute-fraction`.
+    pub compute_share: f64,
+    /// `--ttft-slo`, seconds.
+    pub ttft_slo_secs: Option<f64>,
+    /// `--itl-slo`, seconds.
+    pub itl_slo_secs: Option<f64>,
+    /// The percentile the TTFT objective holds (`ttftSloPercentile`, handed over by the controller).
+    pub ttft_percentile: SloPercentile,
+    /// `--bytes-per-kv-token`.
+    pub bytes_per_kv_token: Option<u64>,
+    /// `--non-kv-memory-mib`, in bytes.
+    pub non_kv_bytes: Option<u64>,
+    /// `--max-model-len`.
+    pub max_model_len: Option<u64>,
+    /// `--gpu-shared`: a fractional replica on a shared GPU.
+    pub gpu_shared: bool,
+    /// The GPU's memory, as NVML (or `--gpu-memory-mib`) reads it.
+    pub gpu_total_bytes: u64,
+    /// The replica's own GPU memory as NVML reads it on a dedicated GPU.
+    pub process_gpu_bytes: Option<u64>,
+}
+
+/// One replica's recommendation in a run, with the scrapes it rests on ([`World::recording_recommendations`]):
+/// the sidecar's state, fed the same pages, must recommend the same.
+///
+/// [`World::recording_recommendations`]: crate::simulate::world::World::recording_recommendations
+#[derive(Debug, Clone)]
+pub struct RecommendationRecord {
+    /// The model (index into the scenario's models).
+    pub model: usize,
+    /// When (virtual seconds).
+    pub at: f64,
+    /// The replica's sidecar.
+    pub sidecar: SidecarSetup,
+    /// Every scrape the replica's sidecar would hold, oldest first (at least the recommendation window's).
+    pub pages: Vec<Page>,
+    /// What the simulator recommended for the replica.
+    pub outcome: Outcome,
+}
+
 /// One replica-count decision of a run and everything it was made from: what the controller would have fetched
 /// (the sidecar documents of the ready replicas, the activator's last two documents), the policy, the history
 /// before it, and the decision. The controller's reconcile, given the same documents, must decide the same.

@@ -396,7 +396,7 @@ impl World<'_> {
 
     /// Tessera's recommendation round: each model's recommendation from its ready replicas' windows.
     pub(super) fn on_recommend(&mut self) {
-        let horizon = self.now - self.sc.settings.recommend_window.as_secs_f64();
+        let window = self.sc.settings.recommend_window.as_secs_f64();
         for m in 0..self.models.len() {
             let cfg = sidecar_config(&self.sc.models[m]);
             let mut best: Option<Recommendation> = None;
@@ -405,28 +405,67 @@ impl World<'_> {
                 if rep.phase != Phase::Ready {
                     continue;
                 }
+                // What the replica's sidecar holds: its recommendation was computed at its last scrape, over the
+                // scrapes of the window before it (`sidecar/src/state.rs`; the recommendation parity test,
+                // `sidecar/tests/recommend_parity.rs`, replays these replicas through it).
+                let Some(last) = rep.scrapes.back() else {
+                    continue;
+                };
+                let horizon = last.at - window;
                 let start = rep.observations.partition_point(|o| o.at_secs < horizon);
-                // The window's latency: the replica's histograms now minus at the window's start (or since
-                // it started, when it is younger than the window), measured at the share it runs with.
-                let base = rep.scrapes.iter().rev().find(|s| s.at <= horizon);
-                let st = rep.engine.stats();
+                // The window's latency: the difference of its first and last scrapes' histograms, measured at the
+                // share it runs with; none with a single scrape in the window.
+                let first = rep
+                    .scrapes
+                    .iter()
+                    .find(|s| s.at >= horizon)
+                    .filter(|f| f.at < last.at);
                 // The sidecar's input (`recommend::Input::of_replica`): the step bounded from what the replica runs.
                 let input = recommend::Input::of_replica(
                     &rep.observations[start..],
                     geometry(&rep.engine),
-                    rep.memory,
+                    // `--gpu-shared`: the device's used memory is not the replica's own either.
+                    MemoryFacts {
+                        process_gpu_bytes: rep.memory.process_gpu_bytes.filter(|_| rep.gpu.is_none()),
+                        ..rep.memory
+                    },
                     compute_facts(
                         &self.sc.models[m],
                         rep.compute_fraction,
-                        window_latency(
-                            &st.ttft,
-                            base.map(|s| &s.ttft),
-                            self.sc.models[m].ttft_slo_percentile,
-                        ),
-                        window_latency(&st.itl, base.map(|s| &s.itl), SloPercentile::P95),
+                        first.and_then(|f| {
+                            window_latency(&last.ttft, Some(&f.ttft), self.sc.models[m].ttft_slo_percentile)
+                        }),
+                        first.and_then(|f| window_latency(&last.itl, Some(&f.itl), SloPercentile::P95)),
                     ),
                 );
-                if let Outcome::Ready(rec) = recommend::recommend(&input, &cfg) {
+                let outcome = recommend::recommend(&input, &cfg);
+                if let Some(records) = self
+                    .recommendations
+                    .as_mut()
+                    .filter(|r| r.len() < self.recommendations_limit)
+                {
+                    records.push(observe::RecommendationRecord {
+                        model: m,
+                        at: self.now,
+                        sidecar: observe::SidecarSetup {
+                            window_secs: self.sc.settings.recommend_window.as_secs_f64(),
+                            config: cfg.clone(),
+                            compute_share: rep.compute_fraction,
+                            ttft_slo_secs: Some(self.sc.models[m].slo_ttft),
+                            itl_slo_secs: self.sc.models[m].slo_itl,
+                            ttft_percentile: self.sc.models[m].ttft_slo_percentile,
+                            bytes_per_kv_token: rep.memory.bytes_per_kv_token,
+                            non_kv_bytes: rep.memory.non_kv_bytes,
+                            max_model_len: Some(u64::from(rep.engine.max_model_len())),
+                            gpu_shared: rep.gpu.is_some(),
+                            gpu_total_bytes: rep.memory.gpu_total_bytes.unwrap_or(self.sc.gpu.memory_bytes),
+                            process_gpu_bytes: rep.memory.process_gpu_bytes,
+                        },
+                        pages: rep.pages.iter().cloned().collect(),
+                        outcome: outcome.clone(),
+                    });
+                }
+                if let Outcome::Ready(rec) = outcome {
                     best = Some(match best {
                         None => rec,
                         Some(b) => b.covering(&rec),

@@ -228,6 +228,7 @@ impl World<'_> {
             report,
             histories,
             decisions: self.decisions.take().unwrap_or_default(),
+            recommendations: self.recommendations.take().unwrap_or_default(),
             batch: self.batch.as_ref().map(|b| b.outcome(duration)),
         }
     }

@@ -127,6 +127,9 @@ pub struct RunResult {
     /// Every replica-count decision with what it was decided on, when asked for
     /// ([`World::recording_decisions`]).
     pub decisions: Vec<observe::DecisionRecord>,
+    /// Replicas' recommendations with the pages they were made from, when asked for
+    /// ([`World::recording_recommendations`]).
+    pub recommendations: Vec<observe::RecommendationRecord>,
     /// The batch jobs' outcome, when the plan ran them.
     pub batch: Option<BatchOutcome>,
 }
@@ -192,6 +195,9 @@ struct Replica {
     /// the recommendation window and the latency window: a window's latency is the difference of two, as the
     /// sidecar computes it.
     scrapes: VecDeque<Scrape>,
+    /// While recording recommendations: each scrape's `/metrics` page and the GPU busy ratio the sidecar reads
+    /// (none on a shared GPU, where NVML's device figure is not the replica's own), as far back as `scrapes`.
+    pages: VecDeque<observe::Page>,
     memory: MemoryFacts,
     /// The shared GPU it is packed on (packing strategies).
     gpu: Option<GpuId>,
@@ -305,6 +311,9 @@ pub struct World<'a> {
     processed: u64,
     /// Set by [`World::recording_decisions`].
     decisions: Option<Vec<observe::DecisionRecord>>,
+    /// Set by [`World::recording_recommendations`].
+    recommendations: Option<Vec<observe::RecommendationRecord>>,
+    recommendations_limit: usize,
     /// Tessera: the pool's consolidation candidate (`core::pack::consolidate::pool_step`).
     candidate: Option<Candidate>,
     consolidation: ConsolidationReport,
@@ -425,6 +434,8 @@ impl<'a> World<'a> {
             processed_digest: 0xcbf2_9ce4_8422_2325,
             processed: 0,
             decisions: None,
+            recommendations: None,
+            recommendations_limit: 0,
             candidate: None,
             consolidation: ConsolidationReport::default(),
             rollouts: RolloutReport::default(),
@@ -473,6 +484,15 @@ impl<'a> World<'a> {
     /// test; costs memory on long runs).
     pub fn recording_decisions(mut self) -> Self {
         self.decisions = Some(Vec::new());
+        self
+    }
+
+    /// Keeps the first `limit` recommendations each ready replica's sidecar would make, with every `/metrics` page
+    /// it would have scraped (for the recommendation parity test: the sidecar's own state, fed those pages, must
+    /// recommend the same; costs a page per replica per scrape while recording).
+    pub fn recording_recommendations(mut self, limit: usize) -> Self {
+        self.recommendations = Some(Vec::with_capacity(limit));
+        self.recommendations_limit = limit;
         self
     }
 
@@ -764,6 +784,7 @@ impl<'a> World<'a> {
             observations: Vec::new(),
             last_busy: 0.0,
             scrapes: VecDeque::new(),
+            pages: VecDeque::new(),
             memory,
             gpu: placed,
             allocation: match self.plan.kind {
@@ -980,6 +1001,10 @@ impl<'a> World<'a> {
                 .max(self.sc.settings.ttft_window)
                 .as_secs_f64();
         let counting = now < self.sc.duration;
+        let recording = self
+            .recommendations
+            .as_ref()
+            .is_some_and(|r| r.len() < self.recommendations_limit);
         for rep in self.replicas.iter_mut().filter(|r| r.phase != Phase::Gone) {
             let st = rep.engine.stats();
             let spec = rep.engine.model();
@@ -1003,12 +1028,15 @@ impl<'a> World<'a> {
             rep.last_busy = st.busy_time_s;
             // The GPU capacity it occupied: busy time at its share.
             busy += sm * rep.compute_fraction;
+            // On a shared GPU the sidecar runs with `--gpu-shared`: NVML's device figures are not the replica's
+            // own, so its window has no busy ratio (as the real one: the recommendation parity test checks it).
+            let own_busy = rep.gpu.is_none().then_some(sm);
             rep.observations.push(Observation {
                 at_secs: now,
                 kv_usage: Some(st.kv_usage),
                 requests_waiting: Some(st.waiting as f64),
                 preemptions_total: Some(st.num_preemptions as f64),
-                sm_utilization: Some(sm),
+                sm_utilization: own_busy,
             });
             rep.scrapes.push_back(Scrape {
                 at: now,
@@ -1026,6 +1054,16 @@ impl<'a> World<'a> {
             // Keep one snapshot at or before the window's start, the base of the window's difference.
             while rep.scrapes.get(1).is_some_and(|s| s.at <= rec_horizon) {
                 rep.scrapes.pop_front();
+            }
+            if recording {
+                rep.pages.push_back(observe::Page {
+                    at: now,
+                    text: crate::emulator::page_of(&rep.engine, &self.sc.models[rep.model].name),
+                    busy: own_busy,
+                });
+                while rep.pages.get(1).is_some_and(|p| p.at <= rec_horizon) {
+                    rep.pages.pop_front();
+                }
             }
         }
         if now < self.sc.duration {
