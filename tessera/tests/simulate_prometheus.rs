@@ -29,14 +29,17 @@ const TOLERANCE: f64 = 0.10;
 /// hold lengths as two histograms, so the history's requests get lengths drawn from them. On the test's four
 /// minutes one scale-up is 8–15% of the GPU-hours: with the TRUE arrival times and lengths drawn from the TRUE
 /// histograms (no Prometheus at all), the median over 15 seeds was −12%, +6% and +12% from the trace at three loads,
-/// single seeds 0.069–0.246 GPU-h against 0.092. 10% cannot hold on a history this short; a day's history, with
-/// hundreds of decisions, averages it out.
+/// single seeds 0.069–0.246 GPU-h against 0.092; from the real histories the mean over seeds was −10% to +19%. 10%
+/// cannot hold on a history this short; a day's history, with hundreds of decisions, averages it out.
 const TESSERA_TOLERANCE: f64 = 0.25;
 
-/// Σ|sent − counted| over a model's 10 s steps, at most this share of its requests.
-const ARRIVALS_MISPLACED: f64 = 0.15;
+/// Σ|sent − counted| over the steps (both models), at most this share of the requests, per step length. Counted at
+/// the first token and moved back by each step's mean wait for it, it was 22–24% at 2 s steps and 24–41% at 1 s over
+/// three runs; counting the finishes instead (as before, moved back or not by the mean end-to-end latency) puts it
+/// at 39–43% and 67–70%. A 1 s scrape places a request within a second at best, so finer steps cannot do better.
+const ARRIVALS_OFF: [(u64, f64); 2] = [(2, 0.32), (1, 0.50)];
 
-/// The seeds both sides of the real-Prometheus comparison run (their medians are compared).
+/// The seeds both sides of the real-Prometheus comparison run (their means are compared).
 const SEEDS: &str = "1-15";
 
 /// Runs `tessera simulate <args>` in `dir` (at most `limit`), returns its output.
@@ -79,22 +82,26 @@ fn gpu_hours(out: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// Each strategy's GPU-hours over the seeds of `simulate FILE --seeds … --out DIR`: `(median, least, most)`, from
-/// the sweep it writes.
+/// Each strategy's GPU-hours over the seeds of `simulate FILE --seeds … --out DIR`: `(mean, least, most)`, from
+/// each seed's line of the sweep it writes. The mean, not the median: one scale-up is a step of 8–15% of the
+/// GPU-hours here, and a median lands on one step or the next.
 fn sweep_gpu_hours(dir: &Path) -> BTreeMap<String, (f64, f64, f64)> {
     let sweep: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
-    sweep["strategies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            let g = &s["gpu_hours"];
-            let f = |k: &str| g[k].as_f64().unwrap();
-            (
-                s["strategy"].as_str().unwrap().to_string(),
-                (f("median"), f("min"), f("max")),
-            )
+    let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for seed in sweep["seeds"].as_array().unwrap() {
+        for s in seed["strategies"].as_array().unwrap() {
+            per.entry(s["strategy"].as_str().unwrap().to_string())
+                .or_default()
+                .push(s["gpu_hours"].as_f64().unwrap());
+        }
+    }
+    per.into_iter()
+        .map(|(k, v)| {
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (k, (mean, lo, hi))
         })
         .collect()
 }
@@ -144,9 +151,11 @@ fn answer(holds: Holds, path: &str, q: &HashMap<String, String>) -> Value {
         let mut t = start;
         while t <= end + 1e-9 {
             if t >= from {
-                // A counter at one request per second; a gauge at 1 replica.
+                // A counter at one request per second; a gauge at 1 replica; a scrape at every point.
                 let v = if query.contains("count by") {
                     1.0
+                } else if query.starts_with("timestamp(") {
+                    t
                 } else {
                     t - start
                 };
@@ -706,6 +715,7 @@ async fn real_prometheus_history_agrees_with_the_trace() {
         let yaml = std::fs::read_to_string(path.join(format!("observed-{step}s.yaml"))).unwrap();
         let sc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
         // What the converter counted per step beside what really happened in it, model by model.
+        let (mut off, mut requests_sent) = (0, 0);
         for (m, (name, _, _)) in models.iter().enumerate() {
             let o = sc["models"]
                 .as_sequence()
@@ -740,20 +750,19 @@ async fn real_prometheus_history_agrees_with_the_trace() {
                 total,
                 "{name}: every request counted once"
             );
-            // At steps of 10 s and more a request's wait for its first token is well under a step: counted at the
-            // first token and moved back by its step's mean wait, Σ|sent − counted| was 4–5% (chat) and 3–13%
-            // (tools: a request at a burst's edge is 1% of 79) of the requests. Counted at the finish and moved back
-            // by the mean end-to-end latency it was 20% and 46%.
-            if step >= 10 {
-                assert!(
-                    f64::from(misplaced(&sent_per_step)) <= ARRIVALS_MISPLACED * f64::from(total),
-                    "{name}: Σ|sent − counted| over {step}s steps is {} of {total} requests",
-                    misplaced(&sent_per_step)
-                );
-            }
+            off += misplaced(&sent_per_step);
+            requests_sent += total;
+        }
+        // Where the requests were counted, against where they were sent (both models): see ARRIVALS_OFF.
+        if let Some(&(_, limit)) = ARRIVALS_OFF.iter().find(|(s, _)| *s == step) {
+            assert!(
+                f64::from(off) <= limit * f64::from(requests_sent),
+                "at {step}s steps Σ|sent − counted| is {off} of {requests_sent} requests, over {:.0}%",
+                limit * 100.0
+            );
         }
         // What a history cannot say (which request had which lengths, when within a step it came) is drawn: the
-        // median over seeds is the history's answer, as `--seeds` gives it to a user.
+        // mean over seeds is the history's answer (`--seeds` gives a user the spread).
         let report = format!("observed-{step}s-seeds");
         let seeds = simulate_in(
             &path,
@@ -809,7 +818,7 @@ async fn real_prometheus_history_agrees_with_the_trace() {
             from_trace.keys().collect::<Vec<_>>()
         );
         let mut table = format!(
-            "--step {step}s: {}\n| strategy | GPU-hours, trace | GPU-hours, Prometheus (median; least–most) | \
+            "--step {step}s: {}\n| strategy | GPU-hours, trace | GPU-hours, Prometheus (mean; least–most) | \
              difference |\n|---|---:|---:|---:|\n",
             requests(out)
         );
