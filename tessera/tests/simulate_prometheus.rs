@@ -29,13 +29,13 @@ const TOLERANCE: f64 = 0.10;
 /// hold lengths as two histograms, so the history's requests get lengths drawn from them. On the test's four
 /// minutes one scale-up is 8–15% of the GPU-hours: with the TRUE arrival times and lengths drawn from the TRUE
 /// histograms (no Prometheus at all), the median over 15 seeds was −12%, +6% and +12% from the trace at three loads,
-/// single seeds 0.069–0.246 GPU-h against 0.092; from the real histories the mean over seeds was −10% to +19%. 10%
+/// single seeds 0.069–0.246 GPU-h against 0.092; from the real histories the mean over seeds was −13% to +19%. 10%
 /// cannot hold on a history this short; a day's history, with hundreds of decisions, averages it out.
 const TESSERA_TOLERANCE: f64 = 0.25;
 
 /// Σ|sent − counted| over the steps (both models), at most this share of the requests, per step length. Counted at
-/// the first token and moved back by each step's mean wait for it, it was 22–24% at 2 s steps and 24–41% at 1 s over
-/// three runs; counting the finishes instead (as before, moved back or not by the mean end-to-end latency) puts it
+/// the first token and moved back by each step's mean wait for it, it was 17–24% at 2 s steps and 24–41% at 1 s over
+/// five runs; counting the finishes instead (as before, moved back or not by the mean end-to-end latency) puts it
 /// at 39–43% and 67–70%. A 1 s scrape places a request within a second at best, so finer steps cannot do better.
 const ARRIVALS_OFF: [(u64, f64); 2] = [(2, 0.32), (1, 0.50)];
 
