@@ -33,10 +33,11 @@ const TOLERANCE: f64 = 0.10;
 /// cannot hold on a history this short; a day's history, with hundreds of decisions, averages it out.
 const TESSERA_TOLERANCE: f64 = 0.25;
 
-/// Σ|sent − counted| over the steps (both models), at most this share of the requests, per step length. Counted at
-/// the first token and moved back by each step's mean wait for it, it was 17–24% at 2 s steps and 24–41% at 1 s over
-/// five runs; counting the finishes instead (as before, moved back or not by the mean end-to-end latency) puts it
-/// at 39–43% and 67–70%. A 1 s scrape places a request within a second at best, so finer steps cannot do better.
+/// Σ|sent − counted| over the steps (both models), at most this share of the requests, per step length.
+/// Counted at the first token and moved back by each step's mean wait for it, it was 17–24% at 2 s steps and
+/// 24–41% at 1 s over five runs; counting the finishes instead (as before, moved back or not by the mean
+/// end-to-end latency) puts it at 39–43% and 67–70%. A 1 s scrape places a request within a second at best, so
+/// finer steps cannot do better.
 const ARRIVALS_OFF: [(u64, f64); 2] = [(2, 0.32), (1, 0.50)];
 
 /// The seeds both sides of the real-Prometheus comparison run (their means are compared).
