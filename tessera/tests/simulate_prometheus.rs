@@ -6,7 +6,8 @@
 //! - Against a REAL Prometheus (Debian's `prometheus` package, `#[ignore]`d, run by `scripts/test.sh`): it scrapes
 //!   two `tessera vllm-sim` emulators every second while the test replays a known trace into them; then
 //!   `simulate --prometheus` on that history and `simulate` on the trace itself must agree on every strategy's
-//!   GPU-hours within [`TOLERANCE`].
+//!   GPU-hours within [`TOLERANCE`] ([`TESSERA_TOLERANCE`] for Tessera's own, which turns on which requests were
+//!   long), and its requests per step must be where they were sent.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -23,6 +24,24 @@ use support::{Killed, Tessera, free_port, serve};
 
 /// How far the two runs' GPU-hours may differ, per strategy (relative to the trace's).
 const TOLERANCE: f64 = 0.10;
+
+/// How far Tessera's GPU-hours may differ. Its scale-ups follow TTFT, which follows which requests were long; metrics
+/// hold lengths as two histograms, so the history's requests get lengths drawn from them. On the test's four
+/// minutes one scale-up is 8–15% of the GPU-hours: with the TRUE arrival times and lengths drawn from the TRUE
+/// histograms (no Prometheus at all), the median over 15 seeds was −12%, +6% and +12% from the trace at three loads,
+/// single seeds 0.069–0.246 GPU-h against 0.092; from the real histories the mean over seeds was −13% to +19%. 10%
+/// cannot hold on a history this short; a day's history, with hundreds of decisions, averages it out.
+const TESSERA_TOLERANCE: f64 = 0.25;
+
+/// Σ|sent − counted| over the steps (both models), at most this share of the requests, per step length.
+/// Counted at the first token and moved back by each step's mean wait for it, it was 17–24% at 2 s steps and
+/// 24–41% at 1 s over five runs; counting the finishes instead (as before, moved back or not by the mean
+/// end-to-end latency) puts it at 39–43% and 67–70%. A 1 s scrape places a request within a second at best, so
+/// finer steps cannot do better.
+const ARRIVALS_OFF: [(u64, f64); 2] = [(2, 0.32), (1, 0.50)];
+
+/// The seeds both sides of the real-Prometheus comparison run (their means are compared).
+const SEEDS: &str = "1-15";
 
 /// Runs `tessera simulate <args>` in `dir` (at most `limit`), returns its output.
 fn simulate_in(dir: &Path, args: &[&str], limit: Duration) -> Output {
@@ -61,6 +80,30 @@ fn gpu_hours(out: &str) -> BTreeMap<String, f64> {
         .filter_map(|kv| kv.split_once('='))
         .filter(|(k, _)| k.starts_with("gpu_hours_") && !k.starts_with("gpu_hours_lower_bound"))
         .map(|(k, v)| (k.trim_start_matches("gpu_hours_").to_string(), v.parse().unwrap()))
+        .collect()
+}
+
+/// Each strategy's GPU-hours over the seeds of `simulate FILE --seeds … --out DIR`: `(mean, least, most)`, from
+/// each seed's line of the sweep it writes. The mean, not the median: one scale-up is a step of 8–15% of the
+/// GPU-hours here, and a median lands on one step or the next.
+fn sweep_gpu_hours(dir: &Path) -> BTreeMap<String, (f64, f64, f64)> {
+    let sweep: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("sweep.json")).unwrap()).unwrap();
+    let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for seed in sweep["seeds"].as_array().unwrap() {
+        for s in seed["strategies"].as_array().unwrap() {
+            per.entry(s["strategy"].as_str().unwrap().to_string())
+                .or_default()
+                .push(s["gpu_hours"].as_f64().unwrap());
+        }
+    }
+    per.into_iter()
+        .map(|(k, v)| {
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (k, (mean, lo, hi))
+        })
         .collect()
 }
 
@@ -109,9 +152,11 @@ fn answer(holds: Holds, path: &str, q: &HashMap<String, String>) -> Value {
         let mut t = start;
         while t <= end + 1e-9 {
             if t >= from {
-                // A counter at one request per second; a gauge at 1 replica.
+                // A counter at one request per second; a gauge at 1 replica; a scrape at every point.
                 let v = if query.contains("count by") {
                     1.0
+                } else if query.starts_with("timestamp(") {
+                    t
                 } else {
                     t - start
                 };
@@ -420,9 +465,11 @@ struct Req {
     output: u32,
 }
 
-/// A known trace per model: a window of the bundled Azure LLM 2023 conversation trace, thinned to `keep` of its
-/// requests (every n-th), with lengths capped so the emulated A100 keeps up in real time, and an idle gap.
-fn trace(skip_from: f64, skip_to: f64, keep_every: usize, offset: usize, span: f64) -> Vec<Req> {
+/// A known trace per model: a window of the bundled Azure LLM 2023 conversation trace, thinned to every n-th
+/// request, with an idle gap, and every length scaled by `scale` so the emulated A100 keeps up in real time. Scaled,
+/// not capped: a cap that a quarter of the requests hit (400 output tokens did) is a point mass inside one histogram
+/// bucket, which no histogram shows (docs/simulator.md, "Agreement with the trace").
+fn trace(skip_from: f64, skip_to: f64, keep_every: usize, offset: usize, span: f64, scale: f64) -> Vec<Req> {
     let csv = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../testdata/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"),
@@ -449,8 +496,8 @@ fn trace(skip_from: f64, skip_to: f64, keep_every: usize, offset: usize, span: f
         }
         out.push(Req {
             at,
-            prompt: p.clamp(1, 4000),
-            output: o.clamp(1, 400),
+            prompt: ((f64::from(p) * scale).round() as u32).max(1),
+            output: ((f64::from(o) * scale).round() as u32).max(1),
         });
     }
     out
@@ -478,18 +525,57 @@ async fn wait_for(c: &reqwest::Client, url: &str, needle: &str, limit: Duration)
     }
 }
 
+/// `NAME=default` from the environment, for measuring the real-Prometheus test at other loads and steps.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Counts per step of `times` (seconds from the grid's start) over `steps` steps of `step` seconds; step `k` holds
+/// `(k·step, (k+1)·step]`, as the converter's grid does.
+fn per_step(times: &[f64], step: f64, steps: usize) -> Vec<u32> {
+    let mut out = vec![0; steps];
+    for &t in times {
+        let k = ((t / step).ceil() as i64 - 1).clamp(0, steps as i64 - 1) as usize;
+        out[k] += 1;
+    }
+    out
+}
+
+fn line(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "starts Debian's prometheus and replays a trace for about two and a half minutes: scripts/test.sh runs it"]
+#[ignore = "starts Debian's prometheus and replays a trace for a few minutes: scripts/test.sh runs it"]
 async fn real_prometheus_history_agrees_with_the_trace() {
-    const SPAN: f64 = 120.0; // seconds of trace replayed
-    const STEP: u64 = 10; // seconds per query step
+    let span: f64 = env_or("TESSERA_PROM_TEST_SPAN", 240.0); // seconds of trace replayed
+    let chat_every: usize = env_or("TESSERA_PROM_TEST_CHAT_EVERY", 3);
+    let tools_every: usize = env_or("TESSERA_PROM_TEST_TOOLS_EVERY", 7);
+    let scale: f64 = env_or("TESSERA_PROM_TEST_LENGTH_SCALE", 0.6);
+    // Every step is read from the same history: the finest ones are where a misplaced arrival shows.
+    let steps: Vec<u64> = std::env::var("TESSERA_PROM_TEST_STEPS")
+        .unwrap_or_else(|_| "10,5,2,1".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
     const TAIL: f64 = 10.0; // after the last arrival, for the last requests to finish and be scraped
     let bin = prometheus_bin();
     let dir = tempfile::tempdir().unwrap();
-    // Two models on their own emulators: chat is steady, tools is bursty with an idle minute.
+    // Two models on their own emulators: chat is steady, tools is bursty with an idle stretch.
     let models: [(&str, &str, Vec<Req>); 2] = [
-        ("chat", "qwen2-7b", trace(f64::MAX, f64::MAX, 6, 0, SPAN)),
-        ("tools", "llama-3.1-8b", trace(30.0, 90.0, 11, 1, SPAN)),
+        (
+            "chat",
+            "qwen2-7b",
+            trace(f64::MAX, f64::MAX, chat_every, 0, span, scale),
+        ),
+        (
+            "tools",
+            "llama-3.1-8b",
+            trace(span * 0.25, span * 0.75, tools_every, 1, span, scale),
+        ),
     ];
     let emulators: Vec<Tessera> = models
         .iter()
@@ -557,24 +643,31 @@ async fn real_prometheus_history_agrees_with_the_trace() {
     // Replay: every request at its time, as a client would send it (lengths exact: tessera_prompt_tokens and
     // ignore_eos with max_tokens).
     let mut tasks = Vec::new();
-    for ((name, _, reqs), emu) in models.iter().zip(&emulators) {
+    for (m, ((name, _, reqs), emu)) in models.iter().zip(&emulators).enumerate() {
         for r in reqs.iter().copied() {
             let c = c.clone();
             let url = emu.url("/v1/completions");
             let name = name.to_string();
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep_until((start + Duration::from_secs_f64(r.at)).into()).await;
+                let sent = start.elapsed().as_secs_f64();
                 let body = json!({"model": name, "prompt": "x", "tessera_prompt_tokens": r.prompt,
                     "max_tokens": r.output, "ignore_eos": true});
                 let resp = c.post(url).json(&body).send().await.unwrap();
                 assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap_or_default());
+                (m, sent, start.elapsed().as_secs_f64())
             }));
         }
     }
+    // When each request was really sent and answered, seconds from `start`.
+    let mut sent: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut done: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for t in tasks {
-        t.await.unwrap();
+        let (m, s, d) = t.await.unwrap();
+        sent[m].push(s);
+        done[m].push(d);
     }
-    let until = start_unix + SPAN + TAIL;
+    let until = start_unix + span + TAIL;
     let wait = until
         - SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -585,42 +678,109 @@ async fn real_prometheus_history_agrees_with_the_trace() {
         tokio::time::sleep(Duration::from_secs_f64(wait)).await;
     }
     let path = dir.path().to_path_buf();
-    let since = format!("{}s", (SPAN + TAIL) as u64);
+    let since = format!("{}s", (span + TAIL) as u64);
     let until_s =
         humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs_f64(until.floor())).to_string();
-    let observed = tokio::task::spawn_blocking({
-        let path = path.clone();
-        let base = base.clone();
-        move || {
-            simulate_in(
-                &path,
-                &[
-                    "--prometheus",
-                    &base,
-                    "--since",
-                    &since,
-                    "--until",
-                    &until_s,
-                    "--step",
-                    &format!("{STEP}s"),
-                    "--write-scenario",
-                    "observed.yaml",
-                    "--out",
-                    "observed-report",
-                    "--model-preset",
-                    "chat=qwen2-7b,tools=llama-3.1-8b",
-                ],
-                Duration::from_secs(300),
-            )
+    // The converter's grid starts `since` before the whole second `until`; `start` is this far into it.
+    let offset = start_unix - (until.floor() - (span + TAIL));
+    let mut observed = Vec::new();
+    for &step in &steps {
+        let out = tokio::task::spawn_blocking({
+            let (path, base, since, until_s) = (path.clone(), base.clone(), since.clone(), until_s.clone());
+            move || {
+                simulate_in(
+                    &path,
+                    &[
+                        "--prometheus",
+                        &base,
+                        "--since",
+                        &since,
+                        "--until",
+                        &until_s,
+                        "--step",
+                        &format!("{step}s"),
+                        "--write-scenario",
+                        &format!("observed-{step}s.yaml"),
+                        "--out",
+                        &format!("observed-{step}s-report"),
+                        "--model-preset",
+                        "chat=qwen2-7b,tools=llama-3.1-8b",
+                    ],
+                    Duration::from_secs(300),
+                )
+            }
+        })
+        .await
+        .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let yaml = std::fs::read_to_string(path.join(format!("observed-{step}s.yaml"))).unwrap();
+        let sc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+        // What the converter counted per step beside what really happened in it, model by model.
+        let (mut off, mut requests_sent) = (0, 0);
+        for (m, (name, _, _)) in models.iter().enumerate() {
+            let o = sc["models"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .find(|x| x["name"].as_str() == Some(name))
+                .unwrap();
+            let counted: Vec<u32> = o["traffic"]["observed"]["requests"]
+                .as_str()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(|w| w.parse().unwrap())
+                .collect();
+            let n = counted.len();
+            let s = step as f64;
+            let at = |v: &[f64]| per_step(&v.iter().map(|t| t + offset).collect::<Vec<_>>(), s, n);
+            let (sent_per_step, done_per_step) = (at(&sent[m]), at(&done[m]));
+            let misplaced = |v: &[u32]| -> u32 { v.iter().zip(&counted).map(|(a, b)| a.abs_diff(*b)).sum() };
+            let total: u32 = sent_per_step.iter().sum();
+            eprintln!(
+                "{name} per {step}s step (shift {:?}): {total} requests, Σ|sent − counted| over the steps {} (with \
+                 the finishes counted instead: {})\n  sent     {}\n  answered {}\n  counted  {}",
+                o["traffic"]["observed"]["finish_to_arrival"],
+                misplaced(&sent_per_step),
+                misplaced(&done_per_step),
+                line(&sent_per_step),
+                line(&done_per_step),
+                line(&counted)
+            );
+            assert_eq!(
+                counted.iter().sum::<u32>(),
+                total,
+                "{name}: every request counted once"
+            );
+            off += misplaced(&sent_per_step);
+            requests_sent += total;
         }
-    })
-    .await
-    .unwrap();
-    assert!(observed.status.success(), "{}", stderr(&observed));
-    let first_screen = stdout(&observed);
-    eprintln!("--- simulate --prometheus ---\n{first_screen}");
-    let yaml = std::fs::read_to_string(path.join("observed.yaml")).unwrap();
-    let mut sc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+        // Where the requests were counted, against where they were sent (both models): see ARRIVALS_OFF.
+        if let Some(&(_, limit)) = ARRIVALS_OFF.iter().find(|(s, _)| *s == step) {
+            assert!(
+                f64::from(off) <= limit * f64::from(requests_sent),
+                "at {step}s steps Σ|sent − counted| is {off} of {requests_sent} requests, over {:.0}%",
+                limit * 100.0
+            );
+        }
+        // What a history cannot say (which request had which lengths, when within a step it came) is drawn: the
+        // mean over seeds is the history's answer (`--seeds` gives a user the spread).
+        let report = format!("observed-{step}s-seeds");
+        let seeds = simulate_in(
+            &path,
+            &[
+                &format!("observed-{step}s.yaml"),
+                "--seeds",
+                SEEDS,
+                "--quiet",
+                "--out",
+                &report,
+            ],
+            Duration::from_secs(300),
+        );
+        assert!(seeds.status.success(), "{}", stderr(&seeds));
+        observed.push((step, sc, stdout(&out), sweep_gpu_hours(&path.join(report))));
+    }
+    let mut sc = observed[0].1.clone();
     for m in sc["models"].as_sequence_mut().unwrap() {
         let name = m["name"].as_str().unwrap().to_string();
         let reqs = &models.iter().find(|(n, _, _)| *n == name).unwrap().2;
@@ -635,47 +795,59 @@ async fn real_prometheus_history_agrees_with_the_trace() {
         let first = reqs.first().map_or(0.0, |r| r.at);
         m["traffic"] = serde_yaml::to_value(json!({
             "trace": "csv", "file": file, "shift": format!("{}ms", (first * 1000.0).round() as u64),
-            "window": format!("{}s", (SPAN + TAIL) as u64),
+            "window": format!("{}s", (span + TAIL) as u64),
         }))
         .unwrap();
     }
     sc["name"] = "trace".into();
     std::fs::write(path.join("trace.yaml"), serde_yaml::to_string(&sc).unwrap()).unwrap();
-    let replayed = simulate_in(&path, &["trace.yaml"], Duration::from_secs(300));
+    let replayed = simulate_in(
+        &path,
+        &["trace.yaml", "--seeds", SEEDS, "--quiet", "--out", "trace-seeds"],
+        Duration::from_secs(300),
+    );
     assert!(replayed.status.success(), "{}", stderr(&replayed));
-    let from_prometheus = gpu_hours(&first_screen);
-    let from_trace = gpu_hours(&stdout(&replayed));
-    assert_eq!(
-        from_prometheus.keys().collect::<Vec<_>>(),
-        from_trace.keys().collect::<Vec<_>>()
-    );
-    let mut table = String::from(
-        "| strategy | GPU-hours, trace | GPU-hours, Prometheus | difference |\n|---|---:|---:|---:|\n",
-    );
-    let mut worst: f64 = 0.0;
-    for (k, t) in &from_trace {
-        let p = from_prometheus[k];
-        let d = (p - t) / t;
-        worst = worst.max(d.abs());
-        table.push_str(&format!("| {k} | {t:.4} | {p:.4} | {:+.1}% |\n", d * 100.0));
-    }
-    let requests = |o: &str| o.lines().next().unwrap_or_default().to_string();
-    eprintln!(
-        "{table}\nworst {:.1}% (tolerance {:.0}%)\nprometheus: {}\ntrace: {}",
-        worst * 100.0,
-        TOLERANCE * 100.0,
-        requests(&first_screen),
-        requests(&stdout(&replayed))
-    );
+    let from_trace = sweep_gpu_hours(&path.join("trace-seeds"));
     drop(prom);
-    if worst > TOLERANCE || std::env::var_os("TESSERA_KEEP_TEST_DIR").is_some() {
-        // Keep the two scenario files and the history's scenario for a look (`tessera simulate FILE --explain`).
+    let requests = |o: &str| o.lines().next().unwrap_or_default().to_string();
+    // The worst difference relative to its tolerance (1 is at the tolerance).
+    let mut worst: f64 = 0.0;
+    let mut tables = String::new();
+    for (step, _, out, from_prometheus) in &observed {
+        assert_eq!(
+            from_prometheus.keys().collect::<Vec<_>>(),
+            from_trace.keys().collect::<Vec<_>>()
+        );
+        let mut table = format!(
+            "--step {step}s: {}\n| strategy | GPU-hours, trace | GPU-hours, Prometheus (mean; least–most) | \
+             difference |\n|---|---:|---:|---:|\n",
+            requests(out)
+        );
+        for (k, (t, _, _)) in &from_trace {
+            let (p, lo, hi) = from_prometheus[k];
+            let d = (p - t) / t;
+            let tolerance = if k == "tessera" {
+                TESSERA_TOLERANCE
+            } else {
+                TOLERANCE
+            };
+            worst = worst.max(d.abs() / tolerance);
+            table.push_str(&format!(
+                "| {k} | {t:.4} | {p:.4} ({lo:.4}–{hi:.4}) | {:+.1}% (±{:.0}%) |\n",
+                d * 100.0,
+                tolerance * 100.0
+            ));
+        }
+        tables.push_str(&table);
+    }
+    eprintln!("{tables}\nworst at {:.2} of its tolerance", worst);
+    if worst > 1.0 || std::env::var_os("TESSERA_KEEP_TEST_DIR").is_some() {
+        // Keep the scenario files and Prometheus's data for a look (`tessera simulate FILE --explain`, or
+        // `prometheus --storage.tsdb.path=DIR/data` to ask the history again).
         eprintln!("kept {}", dir.keep().display());
     }
     assert!(
-        worst <= TOLERANCE,
-        "GPU-hours differ by {:.1}% > {:.0}%:\n{table}",
-        worst * 100.0,
-        TOLERANCE * 100.0
+        worst <= 1.0,
+        "GPU-hours differ by more than the tolerance:\n{tables}"
     );
 }

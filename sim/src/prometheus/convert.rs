@@ -54,33 +54,139 @@ impl Grid {
     }
 }
 
-/// Requests finished per step from raw cumulative counters (any number of series of one model).
+/// Counts per step from raw cumulative counters (any number of series of one model), each counter's growth placed
+/// at the grid points it was read at. See [`counts_per_step_scraped`] for placing it at the scrapes themselves.
 pub fn counts_per_step(series: &[&Series], grid: &Grid) -> Vec<f64> {
+    counts_per_step_scraped(series, &[], grid)
+}
+
+/// The step a time falls in (step `k` holds `(t_k, t_k+1]`), clamped to the grid: before it is the first step,
+/// after it the last.
+fn step_of(grid: &Grid, t: f64) -> usize {
+    let k = ((t - grid.start) / grid.step).ceil() - 1.0;
+    k.clamp(0.0, (grid.steps - 1) as f64) as usize
+}
+
+/// Adds `amount` spread evenly over `(lo, hi]` to the steps it overlaps (all of it to `hi`'s step when empty).
+fn spread(counts: &mut [f64], grid: &Grid, lo: f64, hi: f64, amount: f64) {
+    if hi <= lo {
+        counts[step_of(grid, hi)] += amount;
+        return;
+    }
+    let (first, last) = (step_of(grid, lo), step_of(grid, hi));
+    for (k, c) in counts.iter_mut().enumerate().take(last + 1).skip(first) {
+        // What lies before the grid belongs to its first step, what lies after to its last.
+        let from = if k == first {
+            lo
+        } else {
+            grid.start + k as f64 * grid.step
+        };
+        let to = if k == last {
+            hi
+        } else {
+            grid.start + (k + 1) as f64 * grid.step
+        };
+        *c += amount * (to - from).max(0.0) / (hi - lo);
+    }
+}
+
+/// Counts per step from raw cumulative counters, each counter's growth placed between the scrapes that saw it.
+///
+/// `stamps` holds, for a counter series with the same labels (`__name__` aside), the time of the scrape each grid
+/// point read (PromQL `timestamp(…)`). A range query answers at each grid point with the last sample at or before
+/// it, up to a scrape interval old and with a phase of its own per target: without the scrape times a step of the
+/// order of the scrape interval puts a target's requests one step late (measured at 1 s steps on a 1 s scrape:
+/// one model's arrivals were one step late throughout). A series without stamps uses the grid points.
+///
+/// A counter that goes down restarted (a new process starts from 0); a series that appears inside the window is a
+/// new pod whose first value counts; a gap in the scrapes spreads its growth over the time it covers.
+pub fn counts_per_step_scraped(series: &[&Series], stamps: &[&Series], grid: &Grid) -> Vec<f64> {
     let mut counts = vec![0.0; grid.steps];
+    if grid.steps == 0 {
+        return counts;
+    }
+    let unnamed = |s: &Series| {
+        let mut l = s.labels.clone();
+        l.remove("__name__");
+        l
+    };
     for s in series {
-        let mut prev: Option<(usize, f64)> = None;
+        let own = unnamed(s);
+        let scraped: BTreeMap<usize, f64> = stamps
+            .iter()
+            .find(|st| unnamed(st) == own)
+            .map(|st| {
+                st.points
+                    .iter()
+                    .filter(|(_, v)| v.is_finite())
+                    .filter_map(|&(t, v)| Some((grid.index(t)?, v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut prev: Option<(usize, f64, f64)> = None;
         for &(t, v) in &s.points {
             let Some(k) = grid.index(t) else { continue };
             if !v.is_finite() || v < 0.0 {
                 continue;
             }
+            // When this value was read: its scrape, never after the grid point that returned it.
+            let at = scraped.get(&k).map_or(t, |&st| st.min(t));
             match prev {
                 // Born inside the window: a new process's counter started at 0 after the previous point.
-                None if k > 0 => counts[k - 1] += v,
+                None if k > 0 => counts[step_of(grid, at)] += v,
                 None => {}
-                Some((pk, pv)) if k > pk => {
+                // The same scrape read again (steps shorter than the scrape interval): nothing new.
+                Some((pk, pat, _)) if k > pk && at <= pat => continue,
+                Some((pk, pat, pv)) if k > pk => {
                     let delta = if v >= pv { v - pv } else { v };
-                    let n = (k - pk) as f64;
-                    for c in &mut counts[pk..k] {
-                        *c += delta / n;
-                    }
+                    spread(&mut counts, grid, pat, at, delta);
                 }
                 Some(_) => continue,
             }
-            prev = Some((k, v));
+            prev = Some((k, at, v));
         }
     }
     counts
+}
+
+/// Requests that arrived per step, from the first-token counter: `first_tokens[k]` requests got their first token
+/// in step `k` and waited `ttft_seconds[k]` for it in all (TTFT histogram's `_count` and `_sum`, differenced like
+/// [`counts_per_step`]). Each step's requests are spread evenly over it and moved earlier by that step's own mean
+/// TTFT, then split between the steps they land in; what lands before the window goes to its first step.
+///
+/// Why the first token and not the finish: vLLM observes TTFT when the first token comes out, a queue and one
+/// prefill after the arrival, while a request finishes only after its whole output. Moving finishes back by the
+/// mean end-to-end latency misplaces every request whose output is longer or shorter than the mean by the
+/// difference (seconds for a chat model), and a step's own mean TTFT also follows a queue that builds in a burst.
+pub fn arrivals_from_first_tokens(first_tokens: &[f64], ttft_seconds: &[f64], step: f64) -> Vec<f64> {
+    let n = first_tokens.len();
+    let mut out = vec![0.0; n];
+    if n == 0 || !(step.is_finite() && step > 0.0) {
+        return out;
+    }
+    for (k, &c) in first_tokens.iter().enumerate() {
+        if !(c.is_finite() && c > 0.0) {
+            continue;
+        }
+        let wait = ttft_seconds.get(k).map_or(0.0, |s| s / c);
+        // Never before the window's start: what waited longer arrived before it and is counted in its first step.
+        let wait = if wait.is_finite() {
+            wait.clamp(0.0, k as f64 * step)
+        } else {
+            0.0
+        };
+        let lo = k as f64 * step - wait;
+        let hi = lo + step;
+        let mut j = (lo / step).floor() as usize;
+        while j < n && (j as f64) * step < hi {
+            let overlap = hi.min((j + 1) as f64 * step) - lo.max(j as f64 * step);
+            if overlap > 0.0 {
+                out[j] += c * overlap / step;
+            }
+            j += 1;
+        }
+    }
+    out
 }
 
 /// Whole counts that keep the running total: each step gets what its share brings the rounded total to.
@@ -148,15 +254,20 @@ pub fn gpu_preset(dcgm_model: &str) -> Option<&'static str> {
 pub struct ModelObservation {
     /// `model_name`.
     pub name: String,
-    /// Requests finished per step.
+    /// Requests finished per step (`vllm:e2e_request_latency_seconds_count`); arrivals come from it only when
+    /// `first_tokens` is empty.
     pub finished: Vec<f64>,
+    /// Requests that got their first token per step (`vllm:time_to_first_token_seconds_count`), empty when unknown.
+    pub first_tokens: Vec<f64>,
+    /// Seconds those requests waited for their first token, summed per step (`…_sum`), beside `first_tokens`.
+    pub ttft_seconds: Vec<f64>,
     /// Replicas at each grid point (`0..=steps`).
     pub replicas: Vec<f64>,
     /// Prompt lengths.
     pub prompt_tokens: Option<TokenHistogram>,
     /// Output lengths.
     pub output_tokens: Option<TokenHistogram>,
-    /// Mean end-to-end latency, seconds.
+    /// Mean end-to-end latency, seconds (how far finishes are moved back when `first_tokens` is empty).
     pub e2e_mean: Option<f64>,
     /// TTFT p95, seconds.
     pub ttft_p95: Option<f64>,
@@ -206,9 +317,6 @@ pub fn scenario(
              (bursts shorter than a step are smoothed)",
             humantime::format_duration(step)
         ),
-        "arrival time: vLLM counts a request when it finishes; each is moved earlier by the model's mean \
-         end-to-end latency"
-            .to_string(),
         "token lengths: drawn from vLLM's prompt and generation histograms, uniform within a bucket, scaled to the \
          exact means; a request's prompt and output lengths are drawn independently"
             .to_string(),
@@ -223,9 +331,30 @@ pub fn scenario(
         ),
         format!("GPU: {} ({})", opts.gpu, opts.gpu_reason),
     ];
+    let by_first_token = obs.iter().any(|o| o.first_tokens.iter().sum::<f64>() > 0.0);
+    assumptions.insert(
+        1,
+        if by_first_token {
+            "arrival time: a request is counted when vLLM sends its first token (the TTFT histogram's count) and \
+             moved earlier by the mean TTFT of the requests counted in the same step"
+        } else {
+            "arrival time: vLLM counts a request when it finishes; each is moved earlier by the model's mean \
+             end-to-end latency"
+        }
+        .to_string(),
+    );
     let mut models = Vec::new();
     for o in obs {
-        let requests = whole_counts(&o.finished);
+        let from_first_tokens = o.first_tokens.iter().sum::<f64>() > 0.0;
+        let requests = if from_first_tokens {
+            whole_counts(&arrivals_from_first_tokens(
+                &o.first_tokens,
+                &o.ttft_seconds,
+                grid.step,
+            ))
+        } else {
+            whole_counts(&o.finished)
+        };
         let total: u64 = requests.iter().map(|&n| u64::from(n)).sum();
         let hist = |h: &Option<TokenHistogram>, metric: &str| -> Result<TokenHistogram, PromError> {
             match h {
@@ -315,9 +444,13 @@ pub fn scenario(
                 observed: Some(ObservedTraffic {
                     step,
                     requests: StepCounts(requests),
-                    // Milliseconds are all this shift can claim (a mean over the window), and all a reader needs.
-                    finish_to_arrival: secs(o.e2e_mean.map(|x| (x * 1000.0).round() / 1000.0))
-                        .unwrap_or_default(),
+                    // Counted at the first token, the counts are already arrivals. Counted at the finish, they move
+                    // back by the mean end-to-end latency: milliseconds are all a mean over the window can claim.
+                    finish_to_arrival: if from_first_tokens {
+                        Duration::ZERO
+                    } else {
+                        secs(o.e2e_mean.map(|x| (x * 1000.0).round() / 1000.0)).unwrap_or_default()
+                    },
                     prompt_tokens,
                     output_tokens,
                 }),
@@ -414,6 +547,91 @@ mod tests {
     }
 
     #[test]
+    fn scrape_times_place_a_counters_growth_where_it_happened() {
+        let grid = Grid {
+            start: 100.0,
+            step: 1.0,
+            steps: 4,
+        };
+        let labelled = |name: &str, points: &[(f64, f64)]| Series {
+            labels: BTreeMap::from([
+                ("__name__".to_string(), name.to_string()),
+                ("instance".to_string(), "a".to_string()),
+            ]),
+            points: points.to_vec(),
+        };
+        // Scraped 0.9 s before each grid point: the request seen by the point at 102 came in (100.1, 101.1].
+        let counter = labelled(
+            "c",
+            &[
+                (100.0, 0.0),
+                (101.0, 0.0),
+                (102.0, 1.0),
+                (103.0, 1.0),
+                (104.0, 1.0),
+            ],
+        );
+        let stamps = labelled(
+            "",
+            &[
+                (100.0, 99.1),
+                (101.0, 100.1),
+                (102.0, 101.1),
+                (103.0, 102.1),
+                (104.0, 103.1),
+            ],
+        );
+        let at_points = counts_per_step(&[&counter], &grid);
+        assert_eq!(
+            at_points,
+            vec![0.0, 1.0, 0.0, 0.0],
+            "read at the grid points: a step late"
+        );
+        let scraped = counts_per_step_scraped(&[&counter], &[&stamps], &grid);
+        assert!(
+            (scraped[0] - 0.9).abs() < 1e-9 && (scraped[1] - 0.1).abs() < 1e-9,
+            "{scraped:?}"
+        );
+        assert_eq!(whole_counts(&scraped), vec![1, 0, 0, 0]);
+        // Steps shorter than the scrape interval read one scrape twice: its growth spreads over the interval.
+        let slow = labelled(
+            "c",
+            &[
+                (100.0, 0.0),
+                (101.0, 0.0),
+                (102.0, 4.0),
+                (103.0, 4.0),
+                (104.0, 4.0),
+            ],
+        );
+        let slow_stamps = labelled(
+            "",
+            &[
+                (100.0, 100.0),
+                (101.0, 100.0),
+                (102.0, 102.0),
+                (103.0, 102.0),
+                (104.0, 104.0),
+            ],
+        );
+        assert_eq!(
+            counts_per_step_scraped(&[&slow], &[&slow_stamps], &grid),
+            vec![2.0, 2.0, 0.0, 0.0]
+        );
+    }
+
+    #[test]
+    fn first_tokens_move_back_by_their_own_steps_wait() {
+        // 4 first tokens in step 2 after 1 s each; 2 in step 3 after 0.25 s each; 3 in step 0 after 5 s each.
+        let a = arrivals_from_first_tokens(&[3.0, 0.0, 4.0, 2.0], &[15.0, 0.0, 4.0, 0.5], 2.0);
+        // Step 2 covers (4, 6]: arrivals in (3, 5], half in step 1, half in step 2. Step 3's in (5.75, 7.75].
+        // Step 0's would be before the window: they stay in its first step.
+        assert_eq!(a, vec![3.0, 2.0, 2.0 + 0.25, 1.75]);
+        assert!((a.iter().sum::<f64>() - 9.0).abs() < 1e-9);
+        assert_eq!(whole_counts(&a), vec![3, 2, 2, 2]);
+    }
+
+    #[test]
     fn names_become_presets_and_dcgm_names_gpus() {
         assert_eq!(guess_preset("Qwen/Qwen2-7B-Instruct"), Some("qwen2-7b"));
         assert_eq!(
@@ -486,7 +704,19 @@ mod tests {
             replicas: vec![1.0; 11],
             ..Default::default()
         };
-        let (file, assumptions) = scenario(&[o, idle], &grid, &opts()).unwrap();
+        let (file, assumptions) = scenario(&[o.clone(), idle.clone()], &grid, &opts()).unwrap();
+        let observed = |f: &ScenarioFile| f.models[0].traffic.observed.clone().unwrap();
+        assert_eq!(observed(&file).finish_to_arrival, Duration::from_secs(3));
+        // With the first-token counter, the counts are arrivals: nothing left to move.
+        let by_first_token = ModelObservation {
+            first_tokens: vec![0.0, 20.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0],
+            ttft_seconds: vec![0.0, 600.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0],
+            ..o.clone()
+        };
+        let (f2, a2) = scenario(&[by_first_token, idle], &grid, &opts()).unwrap();
+        assert_eq!(observed(&f2).finish_to_arrival, Duration::ZERO);
+        assert_eq!(observed(&f2).requests.0, vec![10, 10, 0, 0, 0, 0, 0, 0, 0, 10]);
+        assert!(a2[1].contains("first token"), "{a2:?}");
         let today = file.models[0].today.as_ref().unwrap();
         assert!((today.gpu_hours - 2.0 * 600.0 / 3600.0).abs() < 1e-9);
         assert_eq!(file.models[0].preset.as_deref(), Some("qwen2-7b"));

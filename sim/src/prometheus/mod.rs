@@ -1,8 +1,8 @@
 //! `tessera simulate --prometheus URL`: a cluster's own vLLM history, read from Prometheus, as a scenario.
 //!
-//! [`fetch`] asks Prometheus's HTTP API ([`client`]) for each model's finished-request counter (per step), its
-//! prompt and generation token histograms, TTFT and inter-token latency, running/waiting and KV usage, the
-//! replicas exporting them, and the GPU model from DCGM where it is scraped; [`convert`] turns those into a
+//! [`fetch`] asks Prometheus's HTTP API ([`client`]) for each model's first-token and finished-request counters
+//! (per step), its prompt and generation token histograms, TTFT and inter-token latency, running/waiting and KV
+//! usage, the replicas exporting them, and the GPU model from DCGM where it is scraped; [`convert`] turns those into a
 //! [`ScenarioFile`] with `trace: observed` traffic, which the caller writes out and simulates like any other.
 //! What metrics cannot say is listed with the assumption made ([`convert::scenario`]).
 
@@ -216,9 +216,16 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         "reading Prometheus"
     );
 
-    // Requests finished per step: the raw counters, one series per pod, differenced here. Asked model by model, so
-    // one answer holds one model's pods, not the cluster's (each answer is capped).
+    // Requests finished per step, and requests that got their first token per step with the seconds they waited
+    // for it (arrivals come from these: see convert::arrivals_from_first_tokens): the raw counters, one series per
+    // pod, differenced here. Asked model by model, so one answer holds one model's pods, not the cluster's (each
+    // answer is capped).
+    let first_token_metric = "vllm:time_to_first_token_seconds_count";
+    let first_token_wait_metric = "vllm:time_to_first_token_seconds_sum";
     let mut counters = Vec::new();
+    let mut first_tokens = Vec::new();
+    let mut first_token_waits = Vec::new();
+    let mut stamps = Vec::new();
     for name in &names {
         let m = format!(
             "model_name=\"{}\"{}",
@@ -232,6 +239,37 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         counters.extend(
             client
                 .query_range(&format!("{finished_metric}{{{m}}}"), grid.start, end, grid.step)
+                .await?,
+        );
+        first_tokens.extend(
+            client
+                .query_range(
+                    &format!("{first_token_metric}{{{m}}}"),
+                    grid.start,
+                    end,
+                    grid.step,
+                )
+                .await?,
+        );
+        // When each point was scraped: the three counters of a pod are read by the same scrape.
+        stamps.extend(
+            client
+                .query_range(
+                    &format!("timestamp({first_token_metric}{{{m}}})"),
+                    grid.start,
+                    end,
+                    grid.step,
+                )
+                .await?,
+        );
+        first_token_waits.extend(
+            client
+                .query_range(
+                    &format!("{first_token_wait_metric}{{{m}}}"),
+                    grid.start,
+                    end,
+                    grid.step,
+                )
                 .await?,
         );
     }
@@ -388,13 +426,24 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
     let replicas = by_model(&replicas);
     let mut obs = Vec::with_capacity(names.len());
     for name in &names {
-        let mine: Vec<&Series> = counters
-            .iter()
-            .filter(|s| s.label("model_name") == name)
-            .collect();
+        let stamps: Vec<&Series> = stamps.iter().filter(|s| s.label("model_name") == name).collect();
+        let mine = |list: &[Series]| -> Vec<f64> {
+            let series: Vec<&Series> = list.iter().filter(|s| s.label("model_name") == name).collect();
+            convert::counts_per_step_scraped(&series, &stamps, &grid)
+        };
+        let first = mine(&first_tokens);
+        let waits = mine(&first_token_waits);
+        tracing::debug!(
+            model = %name,
+            finished = mine(&counters).iter().sum::<f64>(),
+            first_tokens = first.iter().sum::<f64>(),
+            "requests counted"
+        );
         obs.push(ModelObservation {
             name: name.clone(),
-            finished: convert::counts_per_step(&mine, &grid),
+            finished: mine(&counters),
+            first_tokens: first,
+            ttft_seconds: waits,
             replicas: convert::on_grid(replicas.get(name), &grid),
             prompt_tokens: prompt.get(name).cloned(),
             output_tokens: output.get(name).cloned(),

@@ -8,8 +8,10 @@
 //! - **when within a step** each request came: counts are spread uniformly at random over their step (a Poisson
 //!   process conditioned on the count, [`super::transform::step_arrivals`]), so bursts shorter than the step are
 //!   smoothed;
-//! - **when a request arrived**: vLLM counts a request when it finishes, so every arrival is moved earlier by the
-//!   mean end-to-end latency Prometheus saw (`finish_to_arrival`);
+//! - **when a request arrived**: `tessera simulate --prometheus` counts a request when vLLM sends its first token
+//!   and moves it back by the mean TTFT of its step, so `requests` are arrivals and `finish_to_arrival` is 0; counts
+//!   taken at the finish (vLLM's finished-request counter) are moved earlier by `finish_to_arrival`, a mean
+//!   end-to-end latency;
 //! - **a request's own lengths**: prompt and output lengths are drawn independently from their histograms, uniform
 //!   within a bucket, scaled so their means equal the exact means (`_sum / _count`).
 
@@ -29,9 +31,11 @@ pub struct ObservedTraffic {
     /// The length of one step of `requests`.
     #[serde(with = "humantime_serde")]
     pub step: Duration,
-    /// Requests finished per step, space-separated, from the start of the window.
+    /// Requests per step, space-separated, from the start of the window: arrivals, or finishes when
+    /// `finish_to_arrival` is set.
     pub requests: StepCounts,
-    /// How much earlier than its finish a request arrived (the mean end-to-end latency seen).
+    /// How much earlier than its count a request arrived: 0 for arrivals, the mean end-to-end latency for counts
+    /// taken at the finish.
     #[serde(with = "humantime_serde", default)]
     pub finish_to_arrival: Duration,
     /// Prompt lengths, tokens.
