@@ -38,7 +38,7 @@ fn settings(s: &SidecarSetup) -> Settings {
         interval_secs: 1.0,
         window_secs: s.window_secs,
         latency_window_secs: 60.0,
-        recommend: s.config.clone(),
+        recommend: s.config,
         bytes_per_kv_token: s.bytes_per_kv_token,
         non_kv_bytes: s.non_kv_bytes,
         max_model_len: s.max_model_len,

@@ -449,7 +449,7 @@ impl World<'_> {
                         at: self.now,
                         sidecar: observe::SidecarSetup {
                             window_secs: self.sc.settings.recommend_window.as_secs_f64(),
-                            config: cfg.clone(),
+                            config: cfg,
                             compute_share: rep.compute_fraction,
                             ttft_slo_secs: Some(self.sc.models[m].slo_ttft),
                             itl_slo_secs: self.sc.models[m].slo_itl,
