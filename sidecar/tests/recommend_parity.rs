@@ -21,16 +21,6 @@ use tessera_sim::simulate::world::{Plan, StrategyKind, World, calibrate};
 /// How many recommendations to replay (each one's sidecar is fed its whole window of pages).
 const RECORDS: usize = 1_000;
 
-fn plan(kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>) -> Plan {
-    Plan {
-        kind,
-        static_replicas: Vec::new(),
-        initial_recommendations: initial,
-        only_models: Vec::new(),
-        batch: None,
-    }
-}
-
 /// The sidecar's settings for a replica, as the webhook writes its flags.
 fn settings(s: &SidecarSetup) -> Settings {
     Settings {
@@ -101,13 +91,16 @@ fn the_sidecar_recommends_what_the_simulator_recommended() {
         .unwrap()
         .without_sleep_mode();
     // Started as `tessera simulate` starts Tessera: from the HPA baseline's calibrated allocation.
-    let histories = World::new(&sc, plan(StrategyKind::Hpa, vec![None; sc.models.len()]))
-        .unwrap()
-        .run(&mut |_| {})
-        .unwrap()
-        .histories;
+    let histories = World::new(
+        &sc,
+        Plan::starting_from(StrategyKind::Hpa, vec![None; sc.models.len()]),
+    )
+    .unwrap()
+    .run(&mut |_| {})
+    .unwrap()
+    .histories;
     let initial = calibrate(&sc, &histories);
-    let run = World::new(&sc, plan(StrategyKind::Tessera, initial))
+    let run = World::new(&sc, Plan::starting_from(StrategyKind::Tessera, initial))
         .unwrap()
         .recording_recommendations(RECORDS)
         .run(&mut |_| {})

@@ -2002,6 +2002,15 @@ async fn keda_crds(client: &kube::Client) {
     }
 }
 
+/// `Some` when `obj`'s status has a condition of type `kind` that is True.
+fn condition_true(obj: &DynamicObject, kind: &str) -> Option<()> {
+    obj.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .any(|c| c["type"] == kind && c["status"] == "True")
+        .then_some(())
+}
+
 /// The address KEDA's metrics adapter serves at: the ClusterIP of its Service, in a loopback ServiceCIDR.
 const METRICS_API_IP: &str = "127.96.0.10";
 
@@ -2059,14 +2068,7 @@ async fn keda_metrics_adapter(
     eventually(
         "the loopback ServiceCIDR to be Ready",
         Duration::from_secs(30),
-        || async {
-            let c = cidrs.get("tessera-loopback").await.ok()?;
-            c.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                .then_some(())
-        },
+        || async { condition_true(&cidrs.get("tessera-loopback").await.ok()?, "Ready") },
     )
     .await;
     create(
@@ -2133,12 +2135,10 @@ async fn keda_metrics_adapter(
         "the external metrics API (KEDA's adapter at a loopback ClusterIP) to be Available",
         Duration::from_secs(60),
         || async {
-            let a = apis.get("v1beta1.external.metrics.k8s.io").await.ok()?;
-            a.data["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Available" && c["status"] == "True")
-                .then_some(())
+            condition_true(
+                &apis.get("v1beta1.external.metrics.k8s.io").await.ok()?,
+                "Available",
+            )
         },
     )
     .await;

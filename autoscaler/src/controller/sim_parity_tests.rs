@@ -126,17 +126,6 @@ fn status_for(room: ShareRoom, gpu_memory_bytes: u64) -> Value {
     }
 }
 
-/// A run of `kind` on every model, started from `initial` recommendations.
-fn plan(kind: StrategyKind, initial: Vec<Option<tessera_core::recommend::Recommendation>>) -> Plan {
-    Plan {
-        kind,
-        static_replicas: Vec::new(),
-        initial_recommendations: initial,
-        only_models: Vec::new(),
-        batch: None,
-    }
-}
-
 /// What the API server saw during one reconcile.
 #[derive(Default)]
 struct Seen {
@@ -465,13 +454,16 @@ async fn replay_the_hour(sc: &scenario::Scenario) -> Coverage {
     // Started as `tessera simulate` starts Tessera: from the allocation the HPA baseline's observations recommend
     // (a recommendation comes into force only after the 30-minute stability window, so one started without would
     // run at vLLM's defaults for most of the replay).
-    let histories = World::new(sc, plan(StrategyKind::Hpa, vec![None; sc.models.len()]))
-        .unwrap()
-        .run(&mut |_| {})
-        .unwrap()
-        .histories;
+    let histories = World::new(
+        sc,
+        Plan::starting_from(StrategyKind::Hpa, vec![None; sc.models.len()]),
+    )
+    .unwrap()
+    .run(&mut |_| {})
+    .unwrap()
+    .histories;
     let initial = tessera_sim::simulate::world::calibrate(sc, &histories);
-    let run = World::new(sc, plan(StrategyKind::Tessera, initial))
+    let run = World::new(sc, Plan::starting_from(StrategyKind::Tessera, initial))
         .unwrap()
         .recording_decisions()
         .run(&mut |_| {})
@@ -609,13 +601,13 @@ async fn the_controller_moves_pods_off_a_draining_gpu_as_the_simulator_did() {
     let day = scenario::load(&Source::File(path), None, None)
         .unwrap()
         .without_sleep_mode();
-    let baseline = plan(StrategyKind::Hpa, vec![None; sc.models.len()]);
+    let baseline = Plan::starting_from(StrategyKind::Hpa, vec![None; sc.models.len()]);
     let histories = World::new(&day, baseline)
         .unwrap()
         .run(&mut |_| {})
         .unwrap()
         .histories;
-    let tessera = plan(
+    let tessera = Plan::starting_from(
         StrategyKind::Tessera,
         tessera_sim::simulate::world::calibrate(&sc, &histories),
     );
@@ -658,11 +650,14 @@ async fn the_controller_guards_the_p99_as_the_simulator_did() {
     for m in &mut sc.models {
         m.ttft_slo_percentile = SloPercentile::P99;
     }
-    let run = World::new(&sc, plan(StrategyKind::Tessera, vec![None; sc.models.len()]))
-        .unwrap()
-        .recording_decisions()
-        .run(&mut |_| {})
-        .unwrap();
+    let run = World::new(
+        &sc,
+        Plan::starting_from(StrategyKind::Tessera, vec![None; sc.models.len()]),
+    )
+    .unwrap()
+    .recording_decisions()
+    .run(&mut |_| {})
+    .unwrap();
     let on_p99 = |r: &DecisionRecord| r.decision.message.contains("p99 time to first token");
     let picked: Vec<&DecisionRecord> = run
         .decisions
@@ -693,11 +688,14 @@ async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
         sc.models.iter().any(|m| m.cold_start_miss_budget.is_some()),
         "functions-day sets a cold-start miss budget"
     );
-    let run = World::new(&sc, plan(StrategyKind::Tessera, vec![None; sc.models.len()]))
-        .unwrap()
-        .recording_decisions()
-        .run(&mut |_| {})
-        .unwrap();
+    let run = World::new(
+        &sc,
+        Plan::starting_from(StrategyKind::Tessera, vec![None; sc.models.len()]),
+    )
+    .unwrap()
+    .recording_decisions()
+    .run(&mut |_| {})
+    .unwrap();
     let within = |r: &&DecisionRecord| r.decision.message.contains("may go to zero though a cold start");
     let mut picked: Vec<&DecisionRecord> = Vec::new();
     for (i, r) in run.decisions.iter().filter(within).enumerate() {

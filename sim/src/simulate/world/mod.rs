@@ -74,6 +74,20 @@ pub struct Plan {
     pub batch: Option<BatchPlan>,
 }
 
+impl Plan {
+    /// A plan for every model of the scenario with `kind`, Tessera starting from `initial_recommendations`, no
+    /// static counts and no batch jobs: what the parity tests replay.
+    pub fn starting_from(kind: StrategyKind, initial_recommendations: Vec<Option<Recommendation>>) -> Self {
+        Plan {
+            kind,
+            static_replicas: Vec::new(),
+            initial_recommendations,
+            only_models: Vec::new(),
+            batch: None,
+        }
+    }
+}
+
 /// Why a run could not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
