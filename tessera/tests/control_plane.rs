@@ -188,6 +188,19 @@ impl ControlPlane {
         lines[lines.len().saturating_sub(15)..].join("\n")
     }
 
+    /// Successful writes of `name`'s `/scale` by `user`, as the audit log recorded them.
+    fn scale_writes(&self, name: &str, user: &str) -> usize {
+        self.audit()
+            .into_iter()
+            .filter(|e| {
+                e["objectRef"]["subresource"] == "scale"
+                    && e["objectRef"]["name"] == name
+                    && e["user"]["username"] == user
+                    && e["responseStatus"]["code"] == 200
+            })
+            .count()
+    }
+
     /// The API server's audit log (scripts/control-plane.sh's policy: Lease and /scale writes with their bodies).
     fn audit(&self) -> Vec<Value> {
         std::fs::read_to_string(self.dir.join("audit.log"))
@@ -1574,16 +1587,8 @@ fn c_the_controller_scales_a_real_deployment_to_zero_when_idle_and_back_for_a_he
         // addresses; e2e/README.md says what only a cluster with a pod network proves).
         held.abort();
         // What the controller wrote, as the API server recorded it: /scale patches by its token.
-        let scale_writes = cp
-            .audit()
-            .into_iter()
-            .filter(|e| {
-                e["objectRef"]["subresource"] == "scale"
-                    && e["objectRef"]["name"] == "llama"
-                    && e["user"]["username"] == "system:serviceaccount:tessera-system:tessera-autoscaler"
-                    && e["responseStatus"]["code"] == 200
-            })
-            .count();
+        let scale_writes =
+            cp.scale_writes("llama", "system:serviceaccount:tessera-system:tessera-autoscaler");
         assert!(
             scale_writes >= 2,
             "{scale_writes} /scale writes by the controller in the audit log"
@@ -2395,16 +2400,10 @@ fn h_the_keda_operator_and_its_hpa_scale_a_real_deployment_from_zero_to_three_an
         );
         // The real HPA controller wrote the Deployment's scale, with its own ServiceAccount (not KEDA's operator,
         // which only takes a target from and to zero).
-        let hpa_writes = cp
-            .audit()
-            .into_iter()
-            .filter(|e| {
-                e["objectRef"]["name"] == "llama"
-                    && e["objectRef"]["subresource"] == "scale"
-                    && e["user"]["username"] == "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
-                    && e["responseStatus"]["code"] == 200
-            })
-            .count();
+        let hpa_writes = cp.scale_writes(
+            "llama",
+            "system:serviceaccount:kube-system:horizontal-pod-autoscaler",
+        );
         assert!(
             hpa_writes >= 1,
             "the HPA controller wrote /scale {hpa_writes} times"
@@ -2434,19 +2433,8 @@ fn h_the_keda_operator_and_its_hpa_scale_a_real_deployment_from_zero_to_three_an
         );
         drop(running);
         // Who wrote /scale: KEDA (the admin kubeconfig it runs with), never Tessera's autoscaler.
-        let scale_writes = |user: &str| {
-            cp.audit()
-                .into_iter()
-                .filter(|e| {
-                    e["objectRef"]["subresource"] == "scale"
-                        && e["objectRef"]["name"] == "llama"
-                        && e["user"]["username"] == user
-                        && e["responseStatus"]["code"] == 200
-                })
-                .count()
-        };
         assert_eq!(
-            scale_writes("system:serviceaccount:tessera-system:tessera-autoscaler"),
+            cp.scale_writes("llama", "system:serviceaccount:tessera-system:tessera-autoscaler"),
             0,
             "spec.scaledBy: KEDA: the autoscaler must never write /scale"
         );

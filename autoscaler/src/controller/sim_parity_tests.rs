@@ -635,6 +635,19 @@ async fn the_controller_moves_pods_off_a_draining_gpu_as_the_simulator_did() {
     );
 }
 
+/// Tessera over `sc` from no starting recommendation, every replica-count decision recorded.
+fn decisions_from_scratch(sc: &scenario::Scenario) -> Vec<DecisionRecord> {
+    World::new(
+        sc,
+        Plan::starting_from(StrategyKind::Tessera, vec![None; sc.models.len()]),
+    )
+    .unwrap()
+    .recording_decisions()
+    .run(&mut |_| {})
+    .unwrap()
+    .decisions
+}
+
 /// The cold-start miss budget alike (`core::scale::coldstart`): functions-day's first four hours, whose tools
 /// keep a warm replica until an hour of their traffic shows their would-be cold starts within
 /// the allowance of the budget the six tools share (`coldstart::group`), then go to zero. The controller counts the
@@ -650,17 +663,9 @@ async fn the_controller_guards_the_p99_as_the_simulator_did() {
     for m in &mut sc.models {
         m.ttft_slo_percentile = SloPercentile::P99;
     }
-    let run = World::new(
-        &sc,
-        Plan::starting_from(StrategyKind::Tessera, vec![None; sc.models.len()]),
-    )
-    .unwrap()
-    .recording_decisions()
-    .run(&mut |_| {})
-    .unwrap();
+    let decisions = decisions_from_scratch(&sc);
     let on_p99 = |r: &DecisionRecord| r.decision.message.contains("p99 time to first token");
-    let picked: Vec<&DecisionRecord> = run
-        .decisions
+    let picked: Vec<&DecisionRecord> = decisions
         .iter()
         .enumerate()
         .filter(|(i, r)| on_p99(r) || i % 40 == 0)
@@ -688,17 +693,10 @@ async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
         sc.models.iter().any(|m| m.cold_start_miss_budget.is_some()),
         "functions-day sets a cold-start miss budget"
     );
-    let run = World::new(
-        &sc,
-        Plan::starting_from(StrategyKind::Tessera, vec![None; sc.models.len()]),
-    )
-    .unwrap()
-    .recording_decisions()
-    .run(&mut |_| {})
-    .unwrap();
+    let decisions = decisions_from_scratch(&sc);
     let within = |r: &&DecisionRecord| r.decision.message.contains("may go to zero though a cold start");
     let mut picked: Vec<&DecisionRecord> = Vec::new();
-    for (i, r) in run.decisions.iter().filter(within).enumerate() {
+    for (i, r) in decisions.iter().filter(within).enumerate() {
         if r.decision.is_change() || i % 40 == 0 {
             picked.push(r);
         }
@@ -708,7 +706,7 @@ async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
             .iter()
             .any(|r| r.decision.desired_replicas == 0 && r.decision.is_change()),
         "the replay must cover a scale to zero the budget allowed ({} rounds within it)",
-        run.decisions.iter().filter(within).count()
+        decisions.iter().filter(within).count()
     );
     // The scenario's tools share one budget: the controller must read the group's claims as the simulator did.
     assert!(
@@ -719,7 +717,7 @@ async fn the_controller_spends_the_cold_start_budget_as_the_simulator_did() {
     );
     // And rounds that kept the floor while the ledger was filling, with the ledger those rounds built.
     picked.extend(
-        run.decisions
+        decisions
             .iter()
             .filter(|r| r.decision.message.contains("keeps one warm replica"))
             .step_by(60),

@@ -36,6 +36,8 @@ use driver::EngineHandle;
 
 /// vLLM's default KV block size on GPUs (the CPU backend uses 128).
 const DEFAULT_BLOCK_SIZE: u32 = 16;
+/// vLLM's default `--gpu-memory-utilization` (what `cache_config_info` reports when the cache is sized in bytes).
+const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
 use metrics::{MetricsVersion, PageInfo, SleepState};
 use openai::{ApiError, Endpoint};
 
@@ -80,7 +82,7 @@ pub struct Args {
     #[arg(long, env = "TESSERA_BLOCK_SIZE", default_value_t = DEFAULT_BLOCK_SIZE)]
     pub block_size: u32,
     /// vLLM's --gpu-memory-utilization: fraction of GPU memory for weights, activations and KV cache.
-    #[arg(long, env = "TESSERA_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
+    #[arg(long, env = "TESSERA_GPU_MEMORY_UTILIZATION", default_value_t = DEFAULT_GPU_MEMORY_UTILIZATION)]
     pub gpu_memory_utilization: f64,
     /// vLLM's --kv-cache-memory-bytes: the KV cache size itself (overrides --gpu-memory-utilization);
     /// a plain byte count or with a suffix (K, M, G, Ki, Mi, Gi).
@@ -291,7 +293,12 @@ fn cache_config(
 pub fn page_of(engine: &Engine, model_name: &str) -> String {
     let info = PageInfo {
         model_name: model_name.to_owned(),
-        cache_config: cache_config(engine, MetricsVersion::V1, 0.9, engine.config().block_size),
+        cache_config: cache_config(
+            engine,
+            MetricsVersion::V1,
+            DEFAULT_GPU_MEMORY_UTILIZATION,
+            engine.config().block_size,
+        ),
         created_unix: 0.0,
         avg_prompt_throughput: 0.0,
         avg_generation_throughput: 0.0,

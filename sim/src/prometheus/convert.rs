@@ -54,12 +54,6 @@ impl Grid {
     }
 }
 
-/// Counts per step from raw cumulative counters (any number of series of one model), each counter's growth placed
-/// at the grid points it was read at. See [`counts_per_step_scraped`] for placing it at the scrapes themselves.
-pub fn counts_per_step(series: &[&Series], grid: &Grid) -> Vec<f64> {
-    counts_per_step_scraped(series, &[], grid)
-}
-
 /// The step a time falls in (step `k` holds `(t_k, t_k+1]`), clamped to the grid: before it is the first step,
 /// after it the last.
 fn step_of(grid: &Grid, t: f64) -> usize {
@@ -100,7 +94,7 @@ fn spread(counts: &mut [f64], grid: &Grid, lo: f64, hi: f64, amount: f64) {
 ///
 /// A counter that goes down restarted (a new process starts from 0); a series that appears inside the window is a
 /// new pod whose first value counts; a gap in the scrapes spreads its growth over the time it covers.
-pub fn counts_per_step_scraped(series: &[&Series], stamps: &[&Series], grid: &Grid) -> Vec<f64> {
+pub fn counts_per_step(series: &[&Series], stamps: &[&Series], grid: &Grid) -> Vec<f64> {
     let mut counts = vec![0.0; grid.steps];
     if grid.steps == 0 {
         return counts;
@@ -541,7 +535,7 @@ mod tests {
         ]);
         // Born at 120 with 2 done; a gap over 130; 8 at 140.
         let b = series(&[(120.0, 2.0), (140.0, 8.0)]);
-        let c = counts_per_step(&[&a, &b], &grid);
+        let c = counts_per_step(&[&a, &b], &[], &grid);
         assert_eq!(c, vec![2.0, 3.0 + 2.0, 1.0 + 3.0, 0.0 + 3.0]);
         assert_eq!(whole_counts(&[0.4, 0.4, 0.4, 1.8]), vec![0, 1, 0, 2]);
     }
@@ -581,13 +575,13 @@ mod tests {
                 (104.0, 103.1),
             ],
         );
-        let at_points = counts_per_step(&[&counter], &grid);
+        let at_points = counts_per_step(&[&counter], &[], &grid);
         assert_eq!(
             at_points,
             vec![0.0, 1.0, 0.0, 0.0],
             "read at the grid points: a step late"
         );
-        let scraped = counts_per_step_scraped(&[&counter], &[&stamps], &grid);
+        let scraped = counts_per_step(&[&counter], &[&stamps], &grid);
         assert!(
             (scraped[0] - 0.9).abs() < 1e-9 && (scraped[1] - 0.1).abs() < 1e-9,
             "{scraped:?}"
@@ -615,7 +609,7 @@ mod tests {
             ],
         );
         assert_eq!(
-            counts_per_step_scraped(&[&slow], &[&slow_stamps], &grid),
+            counts_per_step(&[&slow], &[&slow_stamps], &grid),
             vec![2.0, 2.0, 0.0, 0.0]
         );
     }

@@ -222,10 +222,9 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
     // answer is capped).
     let first_token_metric = "vllm:time_to_first_token_seconds_count";
     let first_token_wait_metric = "vllm:time_to_first_token_seconds_sum";
-    let mut counters = Vec::new();
-    let mut first_tokens = Vec::new();
-    let mut first_token_waits = Vec::new();
-    let mut stamps = Vec::new();
+    // Per model: finished, first tokens, their summed wait, and when each point was scraped (a pod's counters are
+    // read by the same scrape, so the first-token counter's times serve all three).
+    let mut read: [Vec<Series>; 4] = Default::default();
     for name in &names {
         let m = format!(
             "model_name=\"{}\"{}",
@@ -236,43 +235,17 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
                 format!(",{f}")
             }
         );
-        counters.extend(
-            client
-                .query_range(&format!("{finished_metric}{{{m}}}"), grid.start, end, grid.step)
-                .await?,
-        );
-        first_tokens.extend(
-            client
-                .query_range(
-                    &format!("{first_token_metric}{{{m}}}"),
-                    grid.start,
-                    end,
-                    grid.step,
-                )
-                .await?,
-        );
-        // When each point was scraped: the three counters of a pod are read by the same scrape.
-        stamps.extend(
-            client
-                .query_range(
-                    &format!("timestamp({first_token_metric}{{{m}}})"),
-                    grid.start,
-                    end,
-                    grid.step,
-                )
-                .await?,
-        );
-        first_token_waits.extend(
-            client
-                .query_range(
-                    &format!("{first_token_wait_metric}{{{m}}}"),
-                    grid.start,
-                    end,
-                    grid.step,
-                )
-                .await?,
-        );
+        let queries = [
+            format!("{finished_metric}{{{m}}}"),
+            format!("{first_token_metric}{{{m}}}"),
+            format!("{first_token_wait_metric}{{{m}}}"),
+            format!("timestamp({first_token_metric}{{{m}}})"),
+        ];
+        for (query, into) in queries.iter().zip(read.iter_mut()) {
+            into.extend(client.query_range(query, grid.start, end, grid.step).await?);
+        }
     }
+    let [counters, first_tokens, first_token_waits, stamps] = read;
     // Replicas: pods exporting vLLM's running gauge.
     let replicas = client
         .query_range(
@@ -429,19 +402,18 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         let stamps: Vec<&Series> = stamps.iter().filter(|s| s.label("model_name") == name).collect();
         let mine = |list: &[Series]| -> Vec<f64> {
             let series: Vec<&Series> = list.iter().filter(|s| s.label("model_name") == name).collect();
-            convert::counts_per_step_scraped(&series, &stamps, &grid)
+            convert::counts_per_step(&series, &stamps, &grid)
         };
-        let first = mine(&first_tokens);
-        let waits = mine(&first_token_waits);
+        let (finished, first, waits) = (mine(&counters), mine(&first_tokens), mine(&first_token_waits));
         tracing::debug!(
             model = %name,
-            finished = mine(&counters).iter().sum::<f64>(),
+            finished = finished.iter().sum::<f64>(),
             first_tokens = first.iter().sum::<f64>(),
             "requests counted"
         );
         obs.push(ModelObservation {
             name: name.clone(),
-            finished: mine(&counters),
+            finished,
             first_tokens: first,
             ttft_seconds: waits,
             replicas: convert::on_grid(replicas.get(name), &grid),

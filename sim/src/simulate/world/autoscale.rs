@@ -424,11 +424,7 @@ impl World<'_> {
                 let input = recommend::Input::of_replica(
                     &rep.observations[start..],
                     geometry(&rep.engine),
-                    // `--gpu-shared`: the device's used memory is not the replica's own either.
-                    MemoryFacts {
-                        process_gpu_bytes: rep.memory.process_gpu_bytes.filter(|_| rep.gpu.is_none()),
-                        ..rep.memory
-                    },
+                    rep.memory,
                     compute_facts(
                         &self.sc.models[m],
                         rep.compute_fraction,
@@ -448,7 +444,7 @@ impl World<'_> {
                         model: m,
                         at: self.now,
                         sidecar: observe::SidecarSetup {
-                            window_secs: self.sc.settings.recommend_window.as_secs_f64(),
+                            window_secs: window,
                             config: cfg,
                             compute_share: rep.compute_fraction,
                             ttft_slo_secs: Some(self.sc.models[m].slo_ttft),
@@ -457,7 +453,7 @@ impl World<'_> {
                             bytes_per_kv_token: rep.memory.bytes_per_kv_token,
                             non_kv_bytes: rep.memory.non_kv_bytes,
                             max_model_len: Some(u64::from(rep.engine.max_model_len())),
-                            gpu_shared: rep.gpu.is_some(),
+                            gpu_shared: rep.gpu_shared(),
                             gpu_total_bytes: rep.memory.gpu_total_bytes.unwrap_or(self.sc.gpu.memory_bytes),
                             process_gpu_bytes: rep.memory.process_gpu_bytes,
                         },

@@ -209,14 +209,24 @@ struct Replica {
     /// the recommendation window and the latency window: a window's latency is the difference of two, as the
     /// sidecar computes it.
     scrapes: VecDeque<Scrape>,
-    /// While recording recommendations: each scrape's `/metrics` page and the GPU busy ratio the sidecar reads
-    /// (none on a shared GPU, where NVML's device figure is not the replica's own), as far back as `scrapes`.
+    /// While recording recommendations: each scrape's `/metrics` page and the GPU busy ratio its sidecar reads, as
+    /// far back as `scrapes`.
     pages: VecDeque<observe::Page>,
+    /// What its sidecar knows of its memory (on a shared GPU, not the device's used memory: [`Replica::gpu_shared`]).
     memory: MemoryFacts,
     /// The shared GPU it is packed on (packing strategies).
     gpu: Option<GpuId>,
     /// Tessera: the allocation it was started with (its pod's annotations); `None` when nothing was in force.
     allocation: Option<tessera_core::rollout::Allocation>,
+}
+
+impl Replica {
+    /// Packed on a shared GPU: its sidecar runs with `--gpu-shared`, because NVML's device figures (busy time,
+    /// used memory) are not one tenant's, so its window has neither (as the real one: the recommendation parity
+    /// test, `sidecar/tests/recommend_parity.rs`, checks it).
+    fn gpu_shared(&self) -> bool {
+        self.gpu.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -788,6 +798,11 @@ impl<'a> World<'a> {
             ready_at = self.now + pod_start + setup.load_secs;
         }
         self.gpus_peak = self.gpus_peak.max(self.gpus_held());
+        // On a shared GPU the sidecar has no reading of the replica's own memory ([`Replica::gpu_shared`]).
+        let memory = MemoryFacts {
+            process_gpu_bytes: memory.process_gpu_bytes.filter(|_| placed.is_none()),
+            ..memory
+        };
         self.replicas.push(Replica {
             model: m,
             name,
@@ -1042,9 +1057,7 @@ impl<'a> World<'a> {
             rep.last_busy = st.busy_time_s;
             // The GPU capacity it occupied: busy time at its share.
             busy += sm * rep.compute_fraction;
-            // On a shared GPU the sidecar runs with `--gpu-shared`: NVML's device figures are not the replica's
-            // own, so its window has no busy ratio (as the real one: the recommendation parity test checks it).
-            let own_busy = rep.gpu.is_none().then_some(sm);
+            let own_busy = (!rep.gpu_shared()).then_some(sm);
             rep.observations.push(Observation {
                 at_secs: now,
                 kv_usage: Some(st.kv_usage),
