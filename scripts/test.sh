@@ -83,7 +83,7 @@ fi
 log "Helm chart: lint, render and validate every example, CRD == crdgen, schema, RBAC (scripts/check-chart.sh)"
 ./scripts/check-chart.sh
 
-log "simulate --prometheus against a real Prometheus scraping emulators that replay a trace (about 5 minutes)"
+log "simulate --prometheus against a real Prometheus scraping emulators that replay a trace (about 6 minutes)"
 if [ "${TESSERA_SKIP_PROMETHEUS:-0}" = 1 ]; then
   echo "SKIPPED: TESSERA_SKIP_PROMETHEUS=1 (the real-Prometheus agreement test did not run)"
 else
