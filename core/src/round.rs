@@ -14,7 +14,10 @@
 //!    then the joint round on the model's history (`scale::joint::round`: the cold-start ledger, the look-ahead's
 //!    trend, the warm floor, the budget group's claim) with the share's room and the lead times;
 //! 5. the replica decision (`scale::joint::decide`), what held it (`scale::constraint::Constraint::of`) and the
-//!    move off a draining GPU (`pack::consolidate::move_step`).
+//!    move off a draining GPU (`pack::consolidate::move_step`);
+//! 6. at the ceiling, whole GPUs (`scale::isolation::isolation`): a model held at `max_replicas` whose TTFT is over
+//!    its objective while it shares GPUs gets GPUs to itself (its shared replicas leave from the next round's
+//!    placement on, as from a draining GPU).
 //!
 //! The caller applies what it can and then records the decision it acted on with [`crate::scale::ScaleState::record`]
 //! (the controller does not record a scale it failed to write).
@@ -34,6 +37,7 @@ use crate::pack::consolidate::{self, ModelPlacement, MoveStep};
 use crate::rollout::Urgency;
 use crate::scale::coldstart::BudgetClaim;
 use crate::scale::constraint::Constraint;
+use crate::scale::isolation::{self, Isolation, IsolationFacts};
 use crate::scale::joint::{self, BudgetPeers, JointPolicy, LeadTimes, ShareRoom};
 use crate::scale::{Demand, ScaleDecision, ScaleInput, ScalePolicy, ScaleState, Timestamp, inputs};
 use crate::sleep::rule::{self as sleep_rule, Rest, SleepFacts, SleepPolicy};
@@ -72,6 +76,9 @@ pub struct Observed {
     /// Sleep mode: what the spec allows and what the replicas report; `None` where the model has none (it goes to
     /// zero as it always did).
     pub sleep: Option<(SleepPolicy, SleepFacts)>,
+    /// Whether its replicas share GPUs and whether the last round isolated it; `None` where Tessera does not place
+    /// the model's replicas (the simulator's baselines, which hold whole GPUs as their products do).
+    pub isolation: Option<IsolationFacts>,
 }
 
 /// Everything one round decides.
@@ -97,6 +104,16 @@ pub struct Round {
     pub policy: ScalePolicy,
     /// Sleep or zero at rest, and why; `None` where [`Observed::sleep`] was.
     pub rest: Option<Rest>,
+    /// Whole GPUs or shared, and why; `None` where [`Observed::isolation`] was.
+    pub isolation: Option<Isolation>,
+}
+
+impl Round {
+    /// Whether the model's replicas hold whole GPUs from this round on: new ones are placed alone, and the ones
+    /// that share a GPU leave as from a draining GPU.
+    pub fn isolated(&self) -> bool {
+        matches!(self.isolation, Some(Isolation::Isolate(_)))
+    }
 }
 
 impl Round {
@@ -193,6 +210,9 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
         desired: decision.desired_replicas,
         ..observed.placement
     };
+    let isolation = observed
+        .isolation
+        .map(|facts| isolation::isolation(policy, &input, facts));
     Round {
         urgency,
         step: consolidate::move_step(placement),
@@ -204,6 +224,7 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
         class,
         policy: effective,
         rest,
+        isolation,
     }
 }
 
@@ -231,6 +252,7 @@ mod tests {
             max_signal_age: Duration::from_secs(30),
             class: None,
             sleep: None,
+            isolation: None,
         }
     }
 
@@ -309,6 +331,59 @@ mod tests {
         assert_eq!(r.decision.desired_replicas, 2);
         assert_eq!(r.step, MoveStep::Surge);
         assert_eq!(r.replicas(), 3);
+    }
+
+    /// At its ceiling, over its objective while its replicas share GPUs: the round isolates the model; once
+    /// isolated it stays so at the ceiling; where nothing is placed by Tessera, the rule is not asked.
+    #[test]
+    fn a_model_over_its_objective_at_the_ceiling_while_sharing_is_isolated() {
+        use crate::scale::isolation::IsolationReason;
+        let now = Timestamp::from_millis(10_000_000);
+        let policy = ScalePolicy {
+            min_replicas: 1,
+            max_replicas: 2,
+            ttft_slo: Some(Duration::from_secs(2)),
+            ..ScalePolicy::default()
+        };
+        let with_p95 = |p95: f64| -> SidecarStatus {
+            let mut st = serde_json::to_value(idle_sidecar()).unwrap();
+            st["recent"] = serde_json::json!({"window_secs": 30.0, "start": 970.0, "end": 999.0,
+                "ttft_seconds": {"p50": p95 / 3.0, "p95": p95, "p99": p95 * 1.2, "count": 40}});
+            serde_json::from_value(st).unwrap()
+        };
+        let slow = with_p95(3.0);
+        let mut o = observed(2, idle(now));
+        o.sidecars = vec![Some(slow.clone()), Some(slow)];
+        assert_eq!(
+            round(&policy, &o, &mut ScaleState::default(), now).isolation,
+            None
+        );
+        o.isolation = Some(IsolationFacts {
+            shares_gpu: true,
+            isolated: false,
+        });
+        let r = round(&policy, &o, &mut ScaleState::default(), now);
+        assert_eq!(
+            r.isolation,
+            Some(Isolation::Isolate(IsolationReason::CoTenantsAtCeiling))
+        );
+        assert!(r.isolated());
+        // On whole GPUs already and still at the ceiling: held, whatever the latency.
+        o.sidecars = vec![Some(idle_sidecar()); 2];
+        o.isolation = Some(IsolationFacts {
+            shares_gpu: false,
+            isolated: true,
+        });
+        let r = round(&policy, &o, &mut ScaleState::default(), now);
+        assert_eq!(r.isolation, Some(Isolation::Isolate(IsolationReason::Held)));
+        // Below the ceiling, its latency known: shares again (while it is unknown, it stays isolated).
+        let mut below = observed(1, idle(now));
+        below.isolation = o.isolation;
+        assert!(round(&policy, &below, &mut ScaleState::default(), now).isolated());
+        below.sidecars = vec![Some(with_p95(0.5))];
+        let r = round(&policy, &below, &mut ScaleState::default(), now);
+        assert_eq!(r.isolation, Some(Isolation::Share));
+        assert!(!r.isolated());
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub use manager::{
     Placement, PoolManager, PoolObserver, ReconcileReport, ReserveRequest, run_pools, run_pools_with_metrics,
 };
 pub use metrics::PoolMetrics;
-pub use shared::{ConsolidationLink, DrainingGpus, ManagedPods};
+pub use shared::{CapacityPodSet, ConsolidationLink, DrainingGpus, ManagedPods, SharedGpus};
 pub use state::{CapacityGpu, PoolIndex, Reservation, Tenant};
 
 /// Label on capacity pods and tenant pods: the pool's name.

@@ -10,18 +10,27 @@ use std::time::{Duration, Instant};
 /// Both directions of the link, as one handle: what a pool manager and the controller of one process share.
 #[derive(Debug, Clone, Default)]
 pub struct ConsolidationLink {
-    /// Pool managers → controller.
+    /// Pool managers → controller: the capacity pods being drained.
     pub draining: DrainingGpus,
+    /// Pool managers → controller: the capacity pods holding more than one tenant (a model isolated at its
+    /// ceiling moves its pods off them, `core::scale::isolation`).
+    pub shared: SharedGpus,
     /// Controller → pool managers.
     pub managed: ManagedPods,
 }
 
-/// The capacity pods being drained, by pool, as the pool managers last wrote them. Cheap to clone; clones share.
+/// A set of capacity pods, by pool, as the pool managers last published it. Cheap to clone; clones share.
 #[derive(Debug, Clone, Default)]
-pub struct DrainingGpus(Arc<RwLock<HashMap<String, Vec<String>>>>);
+pub struct CapacityPodSet(Arc<RwLock<HashMap<String, Vec<String>>>>);
 
-impl DrainingGpus {
-    /// Sets the capacity pods of `pool` being drained.
+/// The capacity pods being drained.
+pub type DrainingGpus = CapacityPodSet;
+
+/// The capacity pods that hold more than one reservation.
+pub type SharedGpus = CapacityPodSet;
+
+impl CapacityPodSet {
+    /// Sets the capacity pods of `pool` in the set.
     pub fn set(&self, pool: &str, capacity_pods: Vec<String>) {
         // A poisoned lock holds whole entries only: still usable.
         let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
@@ -32,7 +41,7 @@ impl DrainingGpus {
         }
     }
 
-    /// Whether capacity pod `name` (of any pool) is being drained.
+    /// Whether capacity pod `name` (of any pool) is in the set.
     pub fn contains(&self, name: &str) -> bool {
         let map = self.0.read().unwrap_or_else(|e| e.into_inner());
         map.values().any(|names| names.iter().any(|n| n == name))

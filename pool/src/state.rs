@@ -364,6 +364,13 @@ impl PoolIndex {
         self.capacity.values().filter(|g| g.draining_since.is_some())
     }
 
+    /// The capacity pods holding more than one reservation (tenants that share the GPU).
+    pub fn shared(&self) -> impl Iterator<Item = &CapacityGpu> {
+        self.capacity
+            .values()
+            .filter(|g| !g.gone && g.reservation_list().len() > 1)
+    }
+
     /// Decides where a new reservation goes. Pure: the caller writes the result with optimistic concurrency.
     pub fn decide(
         &self,

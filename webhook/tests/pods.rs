@@ -414,6 +414,48 @@ fn sleep_mode_hands_the_sidecar_its_instruction_file_and_the_servers_risks() {
     );
 }
 
+/// A model the controller isolated at its ceiling (condition `Isolated` True): its new pods keep their whole GPU,
+/// even where a share would be placed; once the condition turns False they share again.
+#[test]
+fn an_isolated_models_new_pods_keep_whole_gpus() {
+    let cfg = config();
+    let place = placement();
+    let raw = load("production-stack-llama3.yaml");
+    let with_isolated = |status: &str| {
+        let mut p = policy("fractional", "Off");
+        p.status.as_mut().unwrap().conditions = serde_json::from_value(json!([{
+            "type": "Isolated", "status": status, "reason": "CoTenantsAtCeiling",
+            "message": "at its ceiling (4 replicas) …", "lastTransitionTime": "2026-11-28T00:00:00Z"}]))
+        .unwrap();
+        p
+    };
+    let isolated = with_isolated("True");
+    let ctx = Context {
+        config: &cfg,
+        policy: Some(&isolated),
+        placement: Some(&place),
+    };
+    let (out, label) = run(&raw, &ctx);
+    assert_eq!(label, "whole_isolated");
+    let pod: Pod = serde_json::from_value(out).unwrap();
+    let vllm = &pod.spec.as_ref().unwrap().containers[mutate::vllm_container(&pod).unwrap()];
+    assert!(
+        vllm.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("nvidia.com/gpu"))
+            .is_some(),
+        "an isolated model's pod keeps its whole GPU"
+    );
+    let shared_again = with_isolated("False");
+    let ctx = Context {
+        config: &cfg,
+        policy: Some(&shared_again),
+        placement: Some(&place),
+    };
+    assert_eq!(run(&raw, &ctx).1, "fractional");
+}
+
 #[test]
 fn real_pods_fractional_mode() {
     let cfg = config();

@@ -30,8 +30,8 @@ mod status;
 
 pub use policy::{SpecError, invalid_spec_message};
 pub use status::{
-    AllocationStatus, AllocationValues, ColdStartLedgerStatus, FlexNeighbour, FlexNeighboursStatus,
-    InferenceAutoscalerStatus, RecommendationStatus, RestStatus, SignalStatus,
+    AllocationStatus, AllocationValues, CONDITION_ISOLATED, ColdStartLedgerStatus, FlexNeighbour,
+    FlexNeighboursStatus, InferenceAutoscalerStatus, RecommendationStatus, RestStatus, SignalStatus,
 };
 
 /// API group of every Tessera resource.

@@ -8,6 +8,11 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tessera_core::scale::{self, Timestamp, coldstart};
 
+/// The condition that says the model's replicas hold whole GPUs (`core::scale::isolation`, the round's last step):
+/// True while the round isolates it at its ceiling. The controller writes it; the webhook reads it and gives new
+/// pods of the model whole GPUs while it is True.
+pub const CONDITION_ISOLATED: &str = "Isolated";
+
 /// What the controller observed and decided.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -144,6 +149,15 @@ pub struct ColdStartLedgerStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1024))]
     pub samples: Vec<Vec<i64>>,
+}
+
+impl InferenceAutoscalerStatus {
+    /// The [`CONDITION_ISOLATED`] condition when it is True: the replicas hold whole GPUs.
+    pub fn isolated(&self) -> Option<&Condition> {
+        self.conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_ISOLATED && c.status == "True")
+    }
 }
 
 impl ColdStartLedgerStatus {

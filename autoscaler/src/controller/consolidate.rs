@@ -13,13 +13,16 @@
 //!
 //! Only pods of one ReplicaSet are picked this way (Deployments); the pool manager drains a GPU only when each
 //! pod on it is a ReplicaSet's and Ready.
+//!
+//! A model isolated at its ceiling (`super::isolation`) moves the same way off every GPU it shares: those pods
+//! leave as from a draining GPU, and the webhook gives their copies whole GPUs.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use tessera_core::pack::consolidate::{ModelPlacement, MoveStep, move_step};
 
 use crate::crd::InferenceAutoscalerStatus;
-use crate::pool::{ANNOTATION_CAPACITY_POD, DrainingGpus};
+use crate::pool::{ANNOTATION_CAPACITY_POD, DrainingGpus, SharedGpus};
 
 /// The condition type: a move off a draining GPU is under way (`Surge`, `Retire`) or not (`NotDraining`).
 pub const CONSOLIDATING: &str = "Consolidating";
@@ -52,6 +55,30 @@ pub struct Move {
     pub leaving: Vec<String>,
     /// The draining capacity pods they sit on.
     pub from: Vec<String>,
+    /// Some leave a GPU that is not draining but shared, because the model is isolated.
+    pub isolating: bool,
+}
+
+/// Which capacity pods a model's pods leave.
+#[derive(Debug, Clone, Copy)]
+pub struct Leaving<'a> {
+    /// The GPUs the pool managers drain.
+    pub draining: &'a DrainingGpus,
+    /// The GPUs holding another tenant, when the model is isolated (`super::isolation`); `None` otherwise.
+    pub shared: Option<&'a SharedGpus>,
+}
+
+impl Leaving<'_> {
+    /// Whether a pod on `capacity_pod` leaves it, and whether because the model is isolated.
+    fn leaves(&self, capacity_pod: &str) -> Option<bool> {
+        if self.draining.contains(capacity_pod) {
+            Some(false)
+        } else if self.shared.is_some_and(|s| s.contains(capacity_pod)) {
+            Some(true)
+        } else {
+            None
+        }
+    }
 }
 
 impl Move {
@@ -73,6 +100,11 @@ impl Move {
         surge_in_force: bool,
     ) -> Option<(bool, &'static str, String)> {
         let from = self.from.join(", ");
+        let gpu = if self.isolating {
+            "GPU shared while the model is isolated at its ceiling"
+        } else {
+            "GPU being drained"
+        };
         match self.step {
             MoveStep::Stay if had_condition => Some((
                 false,
@@ -88,8 +120,8 @@ impl Move {
                     "SurgePending"
                 },
                 format!(
-                    "{} pod(s) on GPU being drained ({from}): one replica over the decision of {} until its copy \
-                     elsewhere is ready ({} ready elsewhere, {} starting)",
+                    "{} pod(s) on {gpu} ({from}): one replica over the decision of {} until its copy elsewhere is \
+                     ready ({} ready elsewhere, {} starting)",
                     self.placement.on_draining,
                     self.placement.desired,
                     self.placement.off_ready,
@@ -100,7 +132,7 @@ impl Move {
                 true,
                 "Retire",
                 format!(
-                    "removing {} off GPU being drained ({from}); {} ready elsewhere for a decision of {}",
+                    "removing {} off {gpu} ({from}); {} ready elsewhere for a decision of {}",
                     self.to_retire().join(", "),
                     self.placement.off_ready,
                     self.placement.desired
@@ -113,7 +145,13 @@ impl Move {
 /// Reads where the model's pods are and asks the rule. Pods being deleted are not counted anywhere: they are
 /// already going.
 pub fn plan(pods: &[Pod], draining: &DrainingGpus, desired: u32) -> Move {
-    let placed = placement(pods, draining);
+    let placed = placement(
+        pods,
+        Leaving {
+            draining,
+            shared: None,
+        },
+    );
     let placement = ModelPlacement {
         desired,
         ..placed.placement
@@ -121,12 +159,13 @@ pub fn plan(pods: &[Pod], draining: &DrainingGpus, desired: u32) -> Move {
     placed.decided(placement, move_step(placement))
 }
 
-/// Where the model's pods are relative to a draining GPU, before the round decides (`desired` 0, step `Stay`):
-/// the round's `Observed::placement`. Pods being deleted are not counted anywhere: they are already going.
-pub fn placement(pods: &[Pod], draining: &DrainingGpus) -> Move {
+/// Where the model's pods are relative to the GPUs they leave, before the round decides (`desired` 0, step
+/// `Stay`): the round's `Observed::placement`. Pods being deleted are not counted anywhere: they are already going.
+pub fn placement(pods: &[Pod], leaves: Leaving<'_>) -> Move {
     let mut placement = ModelPlacement::default();
     let mut leaving: Vec<(bool, String)> = Vec::new();
     let mut from: Vec<String> = Vec::new();
+    let mut isolating = false;
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
         let ready = crate::pod_ready(pod);
         let capacity = pod
@@ -134,9 +173,10 @@ pub fn placement(pods: &[Pod], draining: &DrainingGpus) -> Move {
             .annotations
             .as_ref()
             .and_then(|a| a.get(ANNOTATION_CAPACITY_POD))
-            .filter(|c| draining.contains(c));
+            .and_then(|c| Some((c, leaves.leaves(c)?)));
         match capacity {
-            Some(c) => {
+            Some((c, shared)) => {
+                isolating |= shared;
                 placement.on_draining += 1;
                 leaving.push((ready, pod.metadata.name.clone().unwrap_or_default()));
                 if !from.contains(c) {
@@ -153,6 +193,7 @@ pub fn placement(pods: &[Pod], draining: &DrainingGpus) -> Move {
         step: MoveStep::Stay,
         leaving: leaving.into_iter().map(|(_, n)| n).collect(),
         from,
+        isolating,
     }
 }
 
@@ -164,6 +205,7 @@ impl Move {
             step,
             leaving: self.leaving.clone(),
             from: self.from.clone(),
+            isolating: self.isolating,
         }
     }
 }

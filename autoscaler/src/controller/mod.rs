@@ -32,6 +32,7 @@ pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
 pub mod injection;
+pub mod isolation;
 pub mod metrics;
 pub mod neighbours;
 mod objective;

@@ -348,6 +348,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
                 injected.1.to_owned(),
                 injected.2.clone(),
             )),
+            super::isolation::condition(obj.status.as_ref(), &r),
         ];
         for (type_, ok, reason, message) in conditions.into_iter().flatten() {
             status::set_condition(
@@ -627,7 +628,9 @@ pub(super) async fn gather(
     } else {
         Vec::new()
     };
-    let placed = super::consolidate::placement(&all_pods, &ctx.consolidation.draining);
+    let status = obj.status.as_ref();
+    let placed =
+        super::consolidate::placement(&all_pods, super::isolation::leaving(status, &ctx.consolidation));
     let class = super::class::signals(
         obj,
         &all_pods,
@@ -653,6 +656,7 @@ pub(super) async fn gather(
         max_signal_age: ctx.settings.max_signal_age,
         class: Some(class),
         sleep: spec.sleep.as_ref().map(|s| (s.policy(), sleep_facts)),
+        isolation: Some(super::isolation::facts(status, &all_pods, &ctx.consolidation)),
     };
     Ok(Gathered {
         observed,
@@ -738,7 +742,7 @@ async fn apply(
     // One over the decision: a surge to move a pod off a draining GPU (see `consolidate`).
     let why = if replicas > decision.desired_replicas {
         format!(
-            "{} (+1 while a pod moves off a GPU being drained)",
+            "{} (+1 while a pod moves off a GPU being drained, or shared while the model is isolated)",
             decision.message
         )
     } else {

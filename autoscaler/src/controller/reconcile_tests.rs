@@ -38,6 +38,8 @@ struct FakeSignals {
     compute: Mutex<Option<tessera_core::wire::sidecar::ComputeStatus>>,
     /// Every objective handed over, with the sidecar it went to.
     handed: Mutex<Vec<(String, tessera_core::recommend::Objective)>>,
+    /// The time to first token's p95 over the short window every sidecar reports, seconds, if any.
+    ttft_p95: Option<f64>,
 }
 
 /// A replica's status with KV cache usage `kv`: four requests running, none when the cache is empty (an idle
@@ -62,6 +64,11 @@ impl SignalSource for FakeSignals {
                 let mut st = sidecar_status(*kv);
                 st.rest = self.rest.clone().map(|r| serde_json::from_value(r).unwrap());
                 st.compute = *self.compute.lock().unwrap();
+                st.recent = self.ttft_p95.map(|p95| {
+                    serde_json::from_value(json!({"window_secs": 30.0, "start": 970.0, "end": 999.0,
+                        "ttft_seconds": {"p50": p95 / 3.0, "p95": p95, "p99": p95 * 1.2, "count": 40}}))
+                    .unwrap()
+                });
                 st
             })
             .ok_or(FetchError::Timeout {
@@ -872,6 +879,93 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
         respond(send, 200, &ias_json());
     });
     reconcile(Arc::new(obj), ctx).await.unwrap();
+    server.await.unwrap();
+}
+
+/// At its ceiling, over its TTFT objective while one of its pods shares a GPU (`core::scale::isolation`): the round
+/// says `Isolated` True; the next round reads it, and the pod on the shared GPU moves off it as from a draining
+/// one (a surge over the ceiling, the copy placed on a whole GPU by the webhook).
+#[tokio::test]
+async fn a_model_over_its_objective_at_the_ceiling_is_isolated_and_its_shared_pod_moves() {
+    let on_gpu = |name: &str, ip: &str, gpu: &str| {
+        let mut p = pod(name, ip, true);
+        p["metadata"]["annotations"] = json!({ crate::pool::ANNOTATION_CAPACITY_POD: gpu });
+        p
+    };
+    let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 1, "maxReplicas": 2,
+                      "ttftSlo": "2s", "targets": {"kvCacheUtilization": 0.5}});
+    let sidecars = [("http://10.0.0.1:9090", 0.3), ("http://10.0.0.2:9090", 0.3)];
+    let pods = vec![
+        on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-0"),
+        on_gpu("llama-1", "10.0.0.2", "tessera-gpu-a100-1"),
+    ];
+
+    let slow_context = |svc| {
+        let ctx = test_context(
+            Client::new(svc, "default"),
+            Arc::new(FakeSignals {
+                kv: sidecars.iter().map(|(u, k)| ((*u).to_owned(), *k)).collect(),
+                ttft_p95: Some(3.0),
+                ..FakeSignals::default()
+            }),
+            ActivatorPoller::new(&[]),
+            UNIX_EPOCH + Duration::from_secs(NOW_S),
+            HashMap::new(),
+        );
+        // The pool: llama-0's GPU holds another tenant too.
+        ctx.consolidation
+            .shared
+            .set("a100", vec!["tessera-gpu-a100-0".into()]);
+        ctx
+    };
+
+    // Round 1: at two of two, p95 3 s over 2 s, one pod sharing: isolated, nothing moves yet.
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let first = pods.clone();
+    let server = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 2, first).await;
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        let c = condition(&patch["status"], "Isolated");
+        assert_eq!(c["status"], "True", "{c}");
+        assert!(
+            c["message"]
+                .as_str()
+                .unwrap()
+                .contains("at its ceiling (2 replicas)"),
+            "{c}"
+        );
+        let mut answer = ias_json();
+        answer["status"] = patch["status"].clone();
+        respond(send, 200, &answer);
+        patch["status"].clone()
+    });
+    reconcile(ias(spec.clone(), json!({})), slow_context(svc))
+        .await
+        .unwrap();
+    let status = server.await.unwrap();
+
+    // Round 2: the condition holds; llama-0 leaves its shared GPU: one replica over the ceiling until its copy is
+    // ready.
+    let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let mut obj = (*ias(spec, json!({}))).clone();
+    obj.status = Some(serde_json::from_value(status).unwrap());
+    let server = tokio::spawn(async move {
+        answer_scale_and_pods(&mut handle, 2, pods).await;
+        let (event, send) = expect_rescale(&mut handle, 3).await;
+        respond(send, 201, &event);
+        let (patch, send) = expect(&mut handle, Method::PATCH, STATUS_PATCH).await;
+        let st = &patch["status"];
+        assert_eq!(condition(st, "Isolated")["status"], "True");
+        let c = condition(st, "Consolidating");
+        assert_eq!(c["reason"], "Surge", "{c}");
+        let message = c["message"].as_str().unwrap();
+        assert!(
+            message.contains("shared while the model is isolated") && message.contains("tessera-gpu-a100-0"),
+            "{c}"
+        );
+        respond(send, 200, &ias_json());
+    });
+    reconcile(Arc::new(obj), slow_context(svc)).await.unwrap();
     server.await.unwrap();
 }
 

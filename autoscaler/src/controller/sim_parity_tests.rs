@@ -249,6 +249,16 @@ async fn replay(
     if rec.moving.surged {
         status["conditions"] = json!([surge_condition()]);
     }
+    // The last round isolated the model (`core::scale::isolation`): its `Isolated` condition says so.
+    let isolation = rec.observed.isolation.unwrap_or_default();
+    if isolation.isolated {
+        let mut conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+        conditions.push(
+            json!({"type": tessera_api::crd::CONDITION_ISOLATED, "status": "True",
+            "reason": "CoTenantsAtCeiling", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+        );
+        status["conditions"] = Value::Array(conditions);
+    }
     let obj: Arc<InferenceAutoscaler> = Arc::new(
         serde_json::from_value(json!({
             "apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
@@ -298,6 +308,16 @@ async fn replay(
     ctx.consolidation
         .draining
         .set("sim", vec![DRAINING_GPU.to_owned()]);
+    // Where the simulator's replicas shared a GPU, the pool says so of theirs: of the leaving ones only while the
+    // model is isolated (its shared replicas are the ones leaving), of every one otherwise.
+    if isolation.shares_gpu {
+        let shared = if isolation.isolated {
+            vec![DRAINING_GPU.to_owned()]
+        } else {
+            vec![DRAINING_GPU.to_owned(), OTHER_GPU.to_owned()]
+        };
+        ctx.consolidation.shared.set("sim", shared);
+    }
     // The poller's two documents, fetched one poll apart as the controller's loop does.
     let poll_ms = tessera_core::scale::inputs::ACTIVATOR_POLL_INTERVAL.as_millis() as u64;
     let age = tessera_core::scale::inputs::ACTIVATOR_MAX_AGE;

@@ -229,6 +229,8 @@ async fn decide(
         class: None,
         // Sleep mode needs a pod to put to sleep: not on one machine's local scaler.
         sleep: None,
+        // Nor are its replicas placed on shared GPUs by Tessera here.
+        isolation: None,
     };
     let now = Timestamp::from_millis(now_ms);
     let r = round(&m.policy, &observed, &mut m.state, now);

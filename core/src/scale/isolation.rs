@@ -49,7 +49,7 @@ impl IsolationReason {
 }
 
 /// What the rule reads besides the round's own input and policy.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct IsolationFacts {
     /// Whether any of the model's replicas shares its GPU with another tenant (or holds an oversubscribed cap).
     pub shares_gpu: bool,

@@ -14,7 +14,8 @@ use crate::state::draining_patch;
 impl PoolManager {
     /// One consolidation step (`tessera_core::pack::consolidate::pool_step`): marks a GPU whose replicas fit
     /// elsewhere as draining once it has stayed so for the settle time, and clears the mark once it is empty or the
-    /// drain is called off. The marks are then published for the controller, which moves the pods.
+    /// drain is called off. The marks, and the GPUs that hold more than one tenant, are then published for the
+    /// controller, which moves the pods.
     pub(super) async fn consolidate(&self, now: u64) -> Result<Option<(String, &'static str)>, PoolError> {
         let cfg = self.pool.consolidation();
         let shape = self.pool.shape();
@@ -68,8 +69,14 @@ impl PoolManager {
             self.metrics.drain(&self.pool.name, label);
             result = Some((name, label));
         }
-        let draining: Vec<String> = self.index().draining().map(|g| g.name.clone()).collect();
+        let (draining, shared): (Vec<String>, Vec<String>) = {
+            let idx = self.index();
+            let draining = idx.draining().map(|g| g.name.clone()).collect();
+            let shared = idx.shared().map(|g| g.name.clone()).collect();
+            (draining, shared)
+        };
         self.link.draining.set(&self.pool.name, draining);
+        self.link.shared.set(&self.pool.name, shared);
         Ok(result)
     }
 

@@ -261,6 +261,9 @@ pub enum WholeReason {
     MultiGpu(u32),
     /// It asks for no GPU of the pool's resource.
     NoGpuRequest,
+    /// Its InferenceAutoscaler's `Isolated` condition is True (the message): the model holds whole GPUs at its
+    /// ceiling.
+    Isolated(String),
 }
 
 impl WholeReason {
@@ -269,6 +272,7 @@ impl WholeReason {
         match self {
             Self::MultiGpu(_) => "whole_multi_gpu",
             Self::NoGpuRequest => "whole_no_gpu_request",
+            Self::Isolated(_) => "whole_isolated",
         }
     }
 }
@@ -282,6 +286,10 @@ impl std::fmt::Display for WholeReason {
                  that talk over NVLink/PCIe, which a fraction of one GPU cannot be, so it keeps whole GPUs"
             ),
             Self::NoGpuRequest => write!(f, "the pod asks for no GPU, so there is nothing to share"),
+            Self::Isolated(why) => write!(
+                f,
+                "its InferenceAutoscaler is isolated (condition Isolated: {why}), so it keeps a whole GPU"
+            ),
         }
     }
 }
@@ -574,6 +582,11 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
     let placed = existing_placement(pod, None).is_some();
     match gpu_count(pod, &spec_pool.resource_name) {
         _ if placed => {}
+        // At its ceiling and over its objective while sharing, the controller isolated the model: a new pod
+        // gets a whole GPU (the controller moves the shared ones off theirs).
+        Some(1) if let Some(c) = ctx.policy.and_then(|p| p.status.as_ref()?.isolated()) => {
+            return Ok(Plan::Whole(Some(WholeReason::Isolated(c.message.clone()))));
+        }
         Some(1) => {}
         Some(0) => return Ok(Plan::Whole(Some(WholeReason::NoGpuRequest))),
         Some(n) => return Ok(Plan::Whole(Some(WholeReason::MultiGpu(n)))),

@@ -24,8 +24,8 @@ impl World<'_> {
         let r = round::round(&declared, &observed, &mut self.models[m].state, now);
         self.count_round(m, &r);
         // At the ceiling, over the objective while sharing: its shared replicas are replaced by ones placed alone
-        // (`core::scale::isolation`); they leave from the next round's placement on.
-        self.isolation_round(m, &declared, &r.input, &live);
+        // (`core::scale::isolation`, the round's step 6); they leave from the next round's placement on.
+        self.apply_isolation(m, &r, &live);
         if let Some(before) = before {
             let record = self.decision_record(m, observed, sample, declared, before, &r, &leaving);
             self.decisions.get_or_insert_with(Vec::new).push(record);
@@ -151,6 +151,7 @@ impl World<'_> {
             class: None,
             // Sleep mode is Tessera's: the baselines' products cannot put a pod to sleep.
             sleep: if tessera { self.sleep_facts(m, live) } else { None },
+            isolation: self.isolation_facts(m, live),
         };
         (observed, sample, leaving)
     }

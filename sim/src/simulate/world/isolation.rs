@@ -1,13 +1,12 @@
-//! Tessera's "at the ceiling, buy isolation" step (`core::scale::isolation`), applied each round after the
-//! replica decision: a model held at `max_replicas` whose TTFT is over its objective while it shares GPUs gets
-//! whole GPUs. The simulator applies it the way a roll leaves: each of its replicas that shares a GPU is
-//! replaced make-before-break (one surge, then the old pod once the new one is ready, `move_step`), and the new
-//! ones are placed alone — a full SM cap and a whole GPU's memory in the packer, so no co-tenant is placed beside
-//! them. The controller would move the co-tenants instead (the same end state, the model's own replicas never
-//! restarted); that wiring is not done yet (docs/fractional-gpus.md, "Limits").
+//! Tessera's "at the ceiling, buy isolation" step (`core::scale::isolation`, step 6 of `core::round`): a model held
+//! at `max_replicas` whose TTFT is over its objective while it shares GPUs gets whole GPUs. The simulator applies
+//! the round's answer as the controller does: each of its replicas that shares a GPU leaves as from a draining GPU
+//! (one surge, then the old pod once the new one is ready, `move_step`), and the new ones are placed alone — a
+//! full SM cap and a whole GPU's memory in the packer (the controller's webhook gives them whole GPUs), so no
+//! co-tenant is placed beside them.
 
-use tessera_core::scale::isolation::{Isolation, IsolationFacts, isolation};
-use tessera_core::scale::{ScaleInput, ScalePolicy};
+use tessera_core::round::Round;
+use tessera_core::scale::isolation::{Isolation, IsolationFacts};
 
 use super::*;
 
@@ -35,23 +34,21 @@ impl World<'_> {
         self.plan.kind == StrategyKind::Tessera && self.models[m].isolation.isolated
     }
 
-    /// The rule for model `m` this round, from the round's own policy and input; starts the moves it asks for.
-    pub(super) fn isolation_round(
-        &mut self,
-        m: usize,
-        policy: &ScalePolicy,
-        input: &ScaleInput,
-        live: &[usize],
-    ) {
-        if self.plan.kind != StrategyKind::Tessera || self.packer.is_none() {
-            return;
-        }
-        let shared: Vec<usize> = live.iter().copied().filter(|&r| self.shares_gpu(r)).collect();
-        let facts = IsolationFacts {
-            shares_gpu: !shared.is_empty(),
+    /// What the round's isolation rule reads of model `m`: whether any of its `live` replicas shares its GPU, and
+    /// what the last round decided. `None` for the baselines and without a packer (no shared GPUs to leave).
+    pub(super) fn isolation_facts(&self, m: usize, live: &[usize]) -> Option<IsolationFacts> {
+        (self.plan.kind == StrategyKind::Tessera && self.packer.is_some()).then(|| IsolationFacts {
+            shares_gpu: live.iter().any(|&r| self.shares_gpu(r)),
             isolated: self.models[m].isolation.isolated,
+        })
+    }
+
+    /// Applies the round's isolation to model `m`: records it and starts the moves it asks for.
+    pub(super) fn apply_isolation(&mut self, m: usize, r: &Round, live: &[usize]) {
+        let Some(decided) = r.isolation else {
+            return;
         };
-        let decided = isolation(policy, input, facts);
+        let shared: Vec<usize> = live.iter().copied().filter(|&r| self.shares_gpu(r)).collect();
         let st = &mut self.models[m].isolation;
         let now = matches!(decided, Isolation::Isolate(_));
         if now && !st.isolated {
