@@ -84,7 +84,11 @@ pub(super) async fn allocation_and_roll(
             }
             None => "no allocation in force yet: waiting for a stable recommendation".to_owned(),
         };
-        let condition = (allocation_in_force(&allocation), camel(&allocation.reason), msg);
+        let condition = (
+            allocation_in_force(&allocation),
+            super::status::camel(&allocation.reason),
+            msg,
+        );
         return (allocation, Some(condition));
     }
     let model_key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
@@ -179,19 +183,6 @@ async fn mark_drifted(
         }
     }
     ro::marked_count(in_force, pods, cfg)
-}
-
-/// `urgent_growth` → `UrgentGrowth` (condition reasons are CamelCase).
-fn camel(label: &str) -> String {
-    label
-        .split('_')
-        .map(|w| {
-            let mut c = w.chars();
-            c.next()
-                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
 }
 
 fn allocation_in_force(a: &crate::crd::AllocationStatus) -> bool {

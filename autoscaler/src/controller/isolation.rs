@@ -59,7 +59,7 @@ pub fn condition(
         Isolation::Isolate(why) => Some((
             CONDITION_ISOLATED,
             true,
-            camel(why.label()),
+            super::status::camel(why.label()),
             format!(
                 "at its ceiling ({} replicas) with time to first token over its objective while it shared GPUs \
                  ({}): new pods get whole GPUs and pods on shared GPUs move off them, one at a time, until the \
@@ -77,19 +77,6 @@ pub fn condition(
         )),
         Isolation::Share => None,
     }
-}
-
-/// `co_tenants_at_ceiling` → `CoTenantsAtCeiling` (condition reasons are CamelCase).
-fn camel(label: &str) -> String {
-    label
-        .split('_')
-        .map(|w| {
-            let mut c = w.chars();
-            c.next()
-                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
-                .unwrap_or_default()
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -148,7 +135,10 @@ mod tests {
 
     #[test]
     fn reasons_are_camel_case() {
-        assert_eq!(camel("co_tenants_at_ceiling"), "CoTenantsAtCeiling");
-        assert_eq!(camel("held"), "Held");
+        assert_eq!(
+            super::super::status::camel("co_tenants_at_ceiling"),
+            "CoTenantsAtCeiling"
+        );
+        assert_eq!(super::super::status::camel("held"), "Held");
     }
 }

@@ -231,6 +231,13 @@ fn scale_json(replicas: i32) -> Value {
            "spec": {"replicas": replicas}, "status": {"replicas": replicas, "selector": "app=llama"}})
 }
 
+/// A ready pod the webhook placed on capacity pod `gpu`.
+fn pod_on_gpu(name: &str, ip: &str, gpu: &str) -> Value {
+    let mut p = pod(name, ip, true);
+    p["metadata"]["annotations"] = json!({ crate::pool::ANNOTATION_CAPACITY_POD: gpu });
+    p
+}
+
 fn pod(name: &str, ip: &str, ready: bool) -> Value {
     json!({"metadata": {"name": name, "namespace": "models"}, "spec": crate::controller::injection::injected_spec(),
            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
@@ -789,11 +796,6 @@ async fn history_of_deleted_objects_is_forgotten() {
 /// lowest pod-deletion-cost, and goes back to one replica, so the ReplicaSet removes that pod.
 #[tokio::test]
 async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
-    let on_gpu = |name: &str, ip: &str, gpu: &str| {
-        let mut p = pod(name, ip, true);
-        p["metadata"]["annotations"] = json!({ crate::pool::ANNOTATION_CAPACITY_POD: gpu });
-        p
-    };
     let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 1, "maxReplicas": 4,
                       "targets": {"kvCacheUtilization": 0.5}});
 
@@ -804,7 +806,7 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
         .draining
         .set("a100", vec!["tessera-gpu-a100-1".into()]);
     let obj = ias(spec.clone(), json!({}));
-    let first = on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1");
+    let first = pod_on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1");
     let server = tokio::spawn(async move {
         answer_scale_and_pods(&mut handle, 1, vec![first]).await;
         let (event, send) = expect_rescale(&mut handle, 2).await;
@@ -850,8 +852,8 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
     let mut obj = (*ias(spec, json!({}))).clone();
     obj.status = Some(serde_json::from_value(status).unwrap());
     let pods = vec![
-        on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1"),
-        on_gpu("llama-1", "10.0.0.2", "tessera-gpu-a100-0"),
+        pod_on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-1"),
+        pod_on_gpu("llama-1", "10.0.0.2", "tessera-gpu-a100-0"),
     ];
     let server = tokio::spawn(async move {
         answer_scale_and_pods(&mut handle, 2, pods).await;
@@ -887,17 +889,12 @@ async fn a_pod_on_a_draining_gpu_is_surged_off_then_retired() {
 /// one (a surge over the ceiling, the copy placed on a whole GPU by the webhook).
 #[tokio::test]
 async fn a_model_over_its_objective_at_the_ceiling_is_isolated_and_its_shared_pod_moves() {
-    let on_gpu = |name: &str, ip: &str, gpu: &str| {
-        let mut p = pod(name, ip, true);
-        p["metadata"]["annotations"] = json!({ crate::pool::ANNOTATION_CAPACITY_POD: gpu });
-        p
-    };
     let spec = json!({"scaleTargetRef": {"kind": "Deployment", "name": "llama"}, "minReplicas": 1, "maxReplicas": 2,
                       "ttftSlo": "2s", "targets": {"kvCacheUtilization": 0.5}});
     let sidecars = [("http://10.0.0.1:9090", 0.3), ("http://10.0.0.2:9090", 0.3)];
     let pods = vec![
-        on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-0"),
-        on_gpu("llama-1", "10.0.0.2", "tessera-gpu-a100-1"),
+        pod_on_gpu("llama-0", "10.0.0.1", "tessera-gpu-a100-0"),
+        pod_on_gpu("llama-1", "10.0.0.2", "tessera-gpu-a100-1"),
     ];
 
     let slow_context = |svc| {

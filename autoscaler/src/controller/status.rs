@@ -352,6 +352,19 @@ fn clamp_i32(v: u32) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
 
+/// A stable snake_case label as a condition reason (`urgent_growth` → `UrgentGrowth`: reasons are CamelCase).
+pub fn camel(label: &str) -> String {
+    label
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
