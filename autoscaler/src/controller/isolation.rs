@@ -40,11 +40,17 @@ pub fn facts(
     }
 }
 
-/// The GPUs the model's pods leave: the draining ones, and the shared ones while it is isolated.
-pub fn leaving<'a>(status: Option<&InferenceAutoscalerStatus>, link: &'a ConsolidationLink) -> Leaving<'a> {
+/// The GPUs the model's pods leave: the draining ones, and the shared ones while it is isolated. `movable`: its
+/// workload honours the pod-deletion cost a retire sets (a Deployment's ReplicaSet); a StatefulSet removes its
+/// highest ordinal whatever the cost, so its pods stay where they are and only its new pods get whole GPUs.
+pub fn leaving<'a>(
+    status: Option<&InferenceAutoscalerStatus>,
+    link: &'a ConsolidationLink,
+    movable: bool,
+) -> Leaving<'a> {
     Leaving {
         draining: &link.draining,
-        shared: isolated_before(status).then_some(&link.shared),
+        shared: (movable && isolated_before(status)).then_some(&link.shared),
     }
 }
 
@@ -117,12 +123,12 @@ mod tests {
         assert!(f.shares_gpu && !f.isolated);
         assert!(!facts(None, &pods[..1], &link).shares_gpu);
         // Not isolated: only a draining GPU is left.
-        let moving = super::super::consolidate::placement(&pods, leaving(None, &link));
+        let moving = super::super::consolidate::placement(&pods, leaving(None, &link, true));
         assert_eq!(moving.placement.on_draining, 0);
         // Isolated: the pod on the shared GPU leaves it, and the condition says why.
         let st = status(true);
         assert!(facts(Some(&st), &pods, &link).isolated);
-        let moving = super::super::consolidate::placement(&pods, leaving(Some(&st), &link));
+        let moving = super::super::consolidate::placement(&pods, leaving(Some(&st), &link, true));
         assert_eq!(
             (moving.placement.on_draining, moving.placement.off_ready),
             (1, 0),
@@ -130,6 +136,9 @@ mod tests {
         );
         assert_eq!(moving.leaving, vec!["m-1".to_owned()]);
         assert!(moving.isolating);
+        // A StatefulSet's pods stay: a retire could not pick them.
+        let kept = super::super::consolidate::placement(&pods, leaving(Some(&st), &link, false));
+        assert_eq!(kept.placement.on_draining, 0);
         assert!(!isolated_before(Some(&status(false))));
     }
 

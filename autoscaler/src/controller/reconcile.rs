@@ -629,8 +629,11 @@ pub(super) async fn gather(
         Vec::new()
     };
     let status = obj.status.as_ref();
-    let placed =
-        super::consolidate::placement(&all_pods, super::isolation::leaving(status, &ctx.consolidation));
+    let movable = super::deletion_cost::honoured_by(&spec.scale_target_ref.kind);
+    let placed = super::consolidate::placement(
+        &all_pods,
+        super::isolation::leaving(status, &ctx.consolidation, movable),
+    );
     let class = super::class::signals(
         obj,
         &all_pods,
