@@ -327,12 +327,11 @@ async fn a_gpu_is_emptied_by_moving_its_replica_and_then_released() {
             seen.conditions
         );
     }
-    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = support::get_text(
+        &reqwest::Client::new(),
+        &format!("http://127.0.0.1:{metrics_port}/metrics"),
+    )
+    .await;
     for line in [
         "tessera_pool_drains_total{pool=\"p\",result=\"started\"} 1",
         "tessera_pool_drains_total{pool=\"p\",result=\"drained\"} 1",

@@ -42,17 +42,10 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 mod support;
-use support::{Killed, free_port, http_client};
+use support::{Killed, free_port, http_client, workspace};
 
 /// One control plane at a time: each is five processes, and the machine this runs on may have two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root")
-        .to_path_buf()
-}
 
 /// A control plane started by `scripts/control-plane.sh up`, stopped (`down`) on drop.
 struct ControlPlane {
@@ -64,7 +57,7 @@ struct ControlPlane {
 impl ControlPlane {
     fn up() -> ControlPlane {
         let started = Instant::now();
-        let out = Command::new(repo().join("scripts/control-plane.sh"))
+        let out = Command::new(workspace().join("scripts/control-plane.sh"))
             .arg("up")
             .stdin(Stdio::null())
             .output()
@@ -131,7 +124,7 @@ impl ControlPlane {
 
     /// Runs helm (installed by scripts/check-chart.sh into .tools/bin) against this control plane.
     fn helm(&self, args: &[&str]) -> Output {
-        let helm = repo().join(".tools/bin/helm");
+        let helm = workspace().join(".tools/bin/helm");
         assert!(
             helm.exists(),
             "{} is missing: scripts/check-chart.sh installs it (scripts/test.sh runs that first)",
@@ -141,7 +134,7 @@ impl ControlPlane {
             .args(args)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .current_dir(repo())
+            .current_dir(workspace())
             .stdin(Stdio::null())
             .output()
             .expect("run helm")
@@ -220,7 +213,7 @@ impl Drop for ControlPlane {
             );
             return;
         }
-        let _ = Command::new(repo().join("scripts/control-plane.sh"))
+        let _ = Command::new(workspace().join("scripts/control-plane.sh"))
             .arg("down")
             .arg(&self.dir)
             .stdin(Stdio::null())
@@ -1946,7 +1939,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
 /// plane with the admin kubeconfig (KEDA's own RBAC is not what this story tests). Its log goes to the control
 /// plane's dir.
 fn keda_operator(cp: &ControlPlane, cert_dir: &Path, metrics_service_port: u16) -> Killed {
-    let bin = repo().join(".tools/control-plane/bin/keda-operator");
+    let bin = workspace().join(".tools/control-plane/bin/keda-operator");
     assert!(
         bin.exists(),
         "{} is missing: scripts/control-plane.sh build builds it",
@@ -1980,7 +1973,7 @@ fn keda_operator(cp: &ControlPlane, cert_dir: &Path, metrics_service_port: u16) 
 async fn keda_crds(client: &kube::Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let dir = repo().join(".tools/control-plane/bin/keda-crds");
+    let dir = workspace().join(".tools/control-plane/bin/keda-crds");
     let mut names = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
@@ -2035,7 +2028,7 @@ async fn keda_metrics_adapter(
     certs: &Path,
     operator_grpc: u16,
 ) -> Killed {
-    let bin = repo().join(".tools/control-plane/bin/keda-adapter");
+    let bin = workspace().join(".tools/control-plane/bin/keda-adapter");
     assert!(
         bin.exists(),
         "{} is missing: scripts/control-plane.sh build builds it",

@@ -81,12 +81,8 @@ async fn openai_protocol_matches_vllm() {
     // Non-streaming chat: usage adds up and max_tokens is respected.
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there, emulator!"}],
                       "max_tokens": 12, "ignore_eos": true});
-    let r: Value = c
-        .post(emu.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
+    let r: Value = support::post_json(&c, &emu.url("/v1/chat/completions"), &body)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -103,12 +99,8 @@ async fn openai_protocol_matches_vllm() {
     // Streaming chat with include_usage: role chunk, one chunk per token, finish chunk, usage chunk, [DONE].
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                       "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
-    let text = c
-        .post(emu.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
+    let text = support::post_json(&c, &emu.url("/v1/chat/completions"), &body)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -124,12 +116,8 @@ async fn openai_protocol_matches_vllm() {
 
     // Completions with token ids count prompt tokens exactly.
     let body = json!({"model": "tiny", "prompt": [1, 2, 3, 4, 5, 6, 7], "max_tokens": 3});
-    let r: Value = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
+    let r: Value = support::post_json(&c, &emu.url("/v1/completions"), &body)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -137,12 +125,12 @@ async fn openai_protocol_matches_vllm() {
     assert_eq!(r["usage"]["prompt_tokens"], 7);
 
     // Errors in OpenAI's shape.
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&json!({"model": "nope", "prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        &c,
+        &emu.url("/v1/completions"),
+        &json!({"model": "nope", "prompt": "x"}),
+    )
+    .await;
     assert_eq!(r.status(), 404);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["type"], "NotFoundError");
@@ -159,12 +147,7 @@ async fn openai_protocol_matches_vllm() {
     assert_eq!(e["error"]["code"], 400);
     // A prompt that fills max_model_len (2048 for opt-125m) on its own: 400 with vLLM 0.32's message.
     let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2048, "max_tokens": 10});
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.unwrap();
     assert!(
@@ -178,12 +161,7 @@ async fn openai_protocol_matches_vllm() {
     // Prompt + max_tokens over the limit: vLLM 0.32 caps max_tokens at what is left (48 here), no error.
     let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2000, "max_tokens": 100,
         "ignore_eos": true});
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 48, "{v}");
@@ -196,12 +174,8 @@ async fn same_seed_same_text() {
     let mut outs = Vec::new();
     for seed in ["3", "3", "4"] {
         let emu = Tessera::vllm_sim(&["--served-model-name", "m", "--seed", seed]);
-        let r: Value = client()
-            .post(emu.url("/v1/completions"))
-            .json(&body)
-            .send()
+        let r: Value = support::post_json(&client(), &emu.url("/v1/completions"), &body)
             .await
-            .unwrap()
             .json()
             .await
             .unwrap();
@@ -392,20 +366,6 @@ fn scopeguard(c: &mut Child) -> Guard<'_> {
     Guard(c)
 }
 
-/// The emulator with sleep mode served: `--enable-sleep-mode` and vLLM's `VLLM_SERVER_DEV_MODE=1`.
-fn sleepy_sim(extra: &[&str]) -> Tessera {
-    let mut args = vec![
-        "vllm-sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--served-model-name",
-        "m",
-        "--enable-sleep-mode",
-    ];
-    args.extend_from_slice(extra);
-    Tessera::start_with_env(&args, &[("VLLM_SERVER_DEV_MODE", "1")])
-}
-
 #[tokio::test]
 async fn sleep_endpoints_need_sleep_mode_and_dev_mode_as_in_vllm() {
     let c = client();
@@ -451,7 +411,7 @@ fn gpu_used(text: &str) -> f64 {
 
 #[tokio::test]
 async fn sleep_pauses_the_engine_and_wake_up_resumes() {
-    let emu = sleepy_sim(&["--wake-up-delay", "200ms", "--fault-sleep-residue-bytes", "1Gi"]);
+    let emu = Tessera::sleep_mode_sim(&["--wake-up-delay", "200ms", "--fault-sleep-residue-bytes", "1Gi"]);
     let c = client();
     let asleep = |v: Value| v["is_sleeping"].as_bool().unwrap();
     let get = |p: &'static str| {
@@ -522,24 +482,22 @@ async fn sleep_pauses_the_engine_and_wake_up_resumes() {
 
 /// A seeded completion's text (the sidecar's canary).
 async fn seeded_text(c: &reqwest::Client, emu: &Tessera) -> String {
-    let v: Value = c
-        .post(emu.url("/v1/completions"))
-        .json(
-            &json!({"model": "m", "prompt": "canary", "max_tokens": 8, "temperature": 0, "seed": 7,
+    let v: Value = support::post_json(
+        c,
+        &emu.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "canary", "max_tokens": 8, "temperature": 0, "seed": 7,
             "ignore_eos": true}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
 #[tokio::test]
 async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
-    let emu = sleepy_sim(&["--wake-up-delay", "10ms", "--time-scale", "20"]);
+    let emu = Tessera::sleep_mode_sim(&["--wake-up-delay", "10ms", "--time-scale", "20"]);
     let c = client();
     let before = seeded_text(&c, &emu).await;
     assert_eq!(
@@ -548,12 +506,12 @@ async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
         "the same seed, the same text"
     );
     // mode=abort ends the request in flight.
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&json!({"model": "m", "prompt": "x", "max_tokens": 30_000, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        &c,
+        &emu.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x", "max_tokens": 30_000, "ignore_eos": true, "stream": true}),
+    )
+    .await;
     let long = tokio::spawn(async move {
         let mut s = r.bytes_stream();
         let mut text = Vec::new();
@@ -597,12 +555,12 @@ async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
         200
     );
     assert_ne!(seeded_text(&c, &emu).await, before, "no reload: wrong weights");
-    let r = c
-        .post(emu.url("/collective_rpc"))
-        .json(&json!({"method": "reload_weights"}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        &c,
+        &emu.url("/collective_rpc"),
+        &json!({"method": "reload_weights"}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         c.post(emu.url("/reset_prefix_cache"))
@@ -633,7 +591,7 @@ async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
                 .is_ok()
     );
 
-    let faulty = sleepy_sim(&["--wake-up-delay", "10ms", "--fault-wake-wrong-answer"]);
+    let faulty = Tessera::sleep_mode_sim(&["--wake-up-delay", "10ms", "--fault-wake-wrong-answer"]);
     let before = seeded_text(&c, &faulty).await;
     assert_eq!(
         c.post(faulty.url("/sleep?level=1"))
@@ -650,7 +608,7 @@ async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
         "--fault-wake-wrong-answer"
     );
 
-    let hang = sleepy_sim(&["--fault-wake-hang"]);
+    let hang = Tessera::sleep_mode_sim(&["--fault-wake-hang"]);
     assert_eq!(
         c.post(hang.url("/sleep?level=1")).send().await.unwrap().status(),
         200
@@ -1143,18 +1101,8 @@ async fn disconnected_clients_are_aborted_and_free_their_blocks() {
     let c = client();
     let body = json!({"model": "m", "prompt": "x", "tessera_prompt_tokens": 500, "max_tokens": 5000,
                       "ignore_eos": true, "stream": true});
-    let running = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let waiting = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let running = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
+    let waiting = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
     assert_eq!((running.status().as_u16(), waiting.status().as_u16()), (200, 200));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let s = snapshot(&c, &emu).await;

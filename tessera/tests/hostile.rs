@@ -64,14 +64,7 @@ async fn wait_metric(ctl: &Tessera, want: &str, within: Duration) -> String {
     let client = http_client(Duration::from_secs(5));
     let deadline = std::time::Instant::now() + within;
     loop {
-        let page = client
-            .get(ctl.url("/metrics"))
-            .send()
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics body");
+        let page = support::get_text(&client, &ctl.url("/metrics")).await;
         if page.contains(want) {
             return page;
         }
@@ -197,27 +190,14 @@ async fn every_server_closes_silent_half_open_and_idle_connections() {
 #[tokio::test]
 async fn the_webhook_closes_stalled_tls_connections() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pair = support::admission::pair();
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("write cert");
-    std::fs::write(&key, &pair.key_pem).expect("write key");
     let metrics_listen = format!("127.0.0.1:{}", free_port());
-    let hook = Tessera::start(&[
-        "webhook",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
+    let pair = support::admission::pair();
+    let hook = support::admission::start_webhook(
+        dir.path(),
+        &pair,
         &metrics_listen,
-        "--tls-cert",
-        cert.to_str().expect("path"),
-        "--tls-key",
-        key.to_str().expect("path"),
-        "--no-kube",
-        "--header-read-timeout",
-        "1s",
-        "--client-idle-timeout",
-        "1s",
-    ]);
+        &["--header-read-timeout", "1s", "--client-idle-timeout", "1s"],
+    );
     // Nothing at all: the handshake never starts.
     let mut raw = tokio::net::TcpStream::connect(hook.addr).await.expect("connect");
     assert!(
@@ -306,12 +286,12 @@ async fn a_tenant_cannot_read_every_namespaces_traffic_on_the_public_port() {
     let backend = format!("m={}", vllm.base());
     let activator = Tessera::activator(&["--backend", &backend]);
     let client = http_client(Duration::from_secs(10));
-    let sent = client
-        .post(activator.url("/v1/completions"))
-        .json(&serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}))
-        .send()
-        .await
-        .expect("POST");
+    let sent = support::post_json(
+        &client,
+        &activator.url("/v1/completions"),
+        &serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(sent.status(), 200, "a request through the public port");
 
     for path in [
@@ -350,12 +330,12 @@ async fn a_tenant_cannot_read_every_namespaces_traffic_on_the_public_port() {
         assert_eq!(got.status(), 200, "admin {probe}");
     }
     // And the API is not on the admin listener: it is no second way in for a client.
-    let api = client
-        .post(activator.admin_url("/v1/completions"))
-        .json(&serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}))
-        .send()
-        .await
-        .expect("POST");
+    let api = support::post_json(
+        &client,
+        &activator.admin_url("/v1/completions"),
+        &serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(api.status(), 404, "the admin listener served the API");
 }
 
@@ -391,7 +371,7 @@ async fn a_stalled_upstream_stream_is_cut_after_its_idle_bound() {
         }
     });
     let backend_flag = format!("m=http://{backend}");
-    let activator = Tessera::activator(&["--backend", &backend_flag, "--upstream-stream-timeout", "1s"]);
+    let activator = Tessera::activator_for(&backend_flag, &["--upstream-stream-timeout", "1s"]);
     let started = std::time::Instant::now();
     let resp = http_client(Duration::from_secs(30))
         .post(activator.url("/v1/chat/completions"))

@@ -131,13 +131,7 @@ async fn measure(gate: &[&str]) -> Measured {
     let refused = counts.refused.load(Ordering::Relaxed);
     let other = counts.other.load(Ordering::Relaxed);
     let metrics = support::get_text(&http_client(Duration::from_secs(5)), &act.admin_url("/metrics")).await;
-    let sample = |prefix: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let sample = |prefix: &str| -> f64 { support::metric_sum(&metrics, prefix) };
     let flex_admitted =
         sample("tessera_activator_lane_admitted_total{namespace=\"default\",model=\"llama\",lane=\"flex\"}");
     let flex_rejected =

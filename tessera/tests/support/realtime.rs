@@ -35,12 +35,7 @@ pub fn realtime_body(model: &str) -> serde_json::Value {
 /// (vLLM, like the emulator, sends the assistant role in an empty event first).
 pub async fn one_realtime(client: &reqwest::Client, url: &str, model: &str) -> Duration {
     let start = Instant::now();
-    let mut resp = client
-        .post(url)
-        .json(&realtime_body(model))
-        .send()
-        .await
-        .expect("POST");
+    let mut resp = super::post_json(client, url, &realtime_body(model)).await;
     assert_eq!(resp.status(), 200, "a real-time request is never refused");
     let mut ttft = None;
     let mut pending = String::new();
