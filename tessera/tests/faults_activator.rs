@@ -281,8 +281,9 @@ async fn backend_reset_after_connect_is_a_502_and_never_replayed() {
 async fn two_thousand_held_requests_at_zero() {
     const HELD: usize = 2000;
     let port = free_port();
-    let act = Tessera::activator_for(
-        &format!("m=http://127.0.0.1:{port}"),
+    let act = Tessera::activator_at_port(
+        "m",
+        port,
         &[
             "--queue-size",
             "5000",
@@ -373,8 +374,9 @@ async fn latencies(url: &str, n: usize) -> Vec<f64> {
 async fn slowloris_and_a_50_mib_body_are_rejected_without_slowing_others() {
     let (listener, port) = bind().await;
     start_counting(listener).await;
-    let act = Tessera::activator_for(
-        &format!("m=http://127.0.0.1:{port}"),
+    let act = Tessera::activator_at_port(
+        "m",
+        port,
         &[
             "--header-read-timeout",
             "1s",
@@ -516,8 +518,9 @@ async fn sigterm_drains_then_answers_held_requests() {
     let (listener, port) = bind().await;
     start_counting(listener).await;
     let zero_port = free_port();
-    let mut act = Tessera::activator_for(
-        &format!("up=http://127.0.0.1:{port}"),
+    let mut act = Tessera::activator_at_port(
+        "up",
+        port,
         &[
             "--backend",
             &format!("zero=http://127.0.0.1:{zero_port}"),

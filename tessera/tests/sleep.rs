@@ -30,12 +30,13 @@ const WAKE: Duration = Duration::from_millis(300);
 /// Residue the emulator reports while asleep (about an H100's level-1 residue).
 const RESIDUE: u64 = 1_503_238_553; // 1.4 GiB
 
-/// A fresh directory for one test's annotations file.
-fn rest_dir(name: &str) -> PathBuf {
+/// A fresh directory for one test, and the path of its annotations file in it.
+fn rest_dir(name: &str) -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!("tessera-sleep-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    let file = dir.join("annotations");
+    (dir, file)
 }
 
 /// Writes the annotations file as the kubelet does (Go-quoted values), with the instruction to sleep.
@@ -102,23 +103,10 @@ async fn first_token(c: &reqwest::Client, url: &str) -> (Duration, String) {
 async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
-    let dir = rest_dir("wake");
-    let file = dir.join("annotations");
+    let (dir, file) = rest_dir("wake");
     let emu = Tessera::sleepy_sim(&[]);
     let sc = Tessera::rest_sidecar(&emu, &file, &["--rest-timeout", "5s"]);
-    let backend = format!("m={}", emu.base());
-    let side = format!("m={}", sc.base());
-    let act = Tessera::activator_for(
-        &backend,
-        &[
-            "--sidecar",
-            &side,
-            "--probe-interval",
-            "50ms",
-            "--hold-timeout",
-            "10s",
-        ],
-    );
+    let act = Tessera::waking_activator(&emu, &sc, &["--probe-interval", "50ms", "--hold-timeout", "10s"]);
     let url = act.url("/v1/completions");
     act.wait_activator_stats("a ready backend", Duration::from_secs(10), |s| {
         s["models"]["default/m"]["readyBackends"] == 1
@@ -226,8 +214,7 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
 async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
-    let dir = rest_dir("faults");
-    let file = dir.join("annotations");
+    let (dir, file) = rest_dir("faults");
     instruct(&file, 2);
     let wrong = Tessera::sleepy_sim(&["--fault-wake-wrong-answer"]);
     let sc = Tessera::rest_sidecar(&wrong, &file, &["--rest-timeout", "5s"]);
@@ -251,18 +238,10 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
     let sc = Tessera::rest_sidecar(&hung, &file, &["--rest-timeout", "1s"]);
     wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
     // Through the activator, a streamed request held for the hung wake: kept alive, then a clear error event.
-    let backend = format!("m={}", hung.base());
-    let side = format!("m={}", sc.base());
-    let act = Tessera::activator_for(
-        &backend,
-        &[
-            "--sidecar",
-            &side,
-            "--hold-timeout",
-            "2s",
-            "--keepalive-interval",
-            "500ms",
-        ],
+    let act = Tessera::waking_activator(
+        &hung,
+        &sc,
+        &["--hold-timeout", "2s", "--keepalive-interval", "500ms"],
     );
     act.wait_activator_stats("the model, not ready", Duration::from_secs(10), |s| {
         s["models"]["default/m"]["readyBackends"] == 0
@@ -360,19 +339,22 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
     let t0 = Instant::now();
     let c = http_client(Duration::from_secs(120));
 
+    // POSTs `body` to the activator: when its answer's headers came, and the answer.
+    let post = |body: Value| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let r = support::post_json(&c, &url, &body).await;
+            (t0.elapsed(), r)
+        }
+    };
     // A raw streamed request: when each keep-alive comment arrives, then the stream.
     let raw = {
-        let c = c.clone();
-        let url = url.clone();
+        let sent = post(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+            "stream": true}),
+        );
         tokio::spawn(async move {
-            let r = support::post_json(
-                &c,
-                &url,
-                &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
-                    "stream": true}),
-            )
-            .await;
-            let headers_at = t0.elapsed();
+            let (headers_at, r) = sent.await;
             assert_eq!(r.status(), 200);
             assert!(
                 r.headers()["content-type"]
@@ -395,16 +377,10 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
     };
     // A non-streamed request: nothing until its answer.
     let plain = {
-        let c = c.clone();
-        let url = url.clone();
+        let sent =
+            post(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}));
         tokio::spawn(async move {
-            let r = support::post_json(
-                &c,
-                &url,
-                &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
-            )
-            .await;
-            let headers_at = t0.elapsed();
+            let (headers_at, r) = sent.await;
             let status = r.status();
             let body: Value = r.json().await.unwrap();
             (headers_at, status, body)

@@ -64,17 +64,7 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     let emu = Tessera::sleepy_sim(&[]);
     let sc = Tessera::rest_sidecar(&emu, &file, &[]);
     let sidecar_port: u16 = sc.base().rsplit(':').next().unwrap().parse().unwrap();
-    let act = Tessera::activator_for(
-        &format!("m={}", emu.base()),
-        &[
-            "--sidecar",
-            &format!("m={}", sc.base()),
-            "--probe-interval",
-            "50ms",
-            "--hold-timeout",
-            "20s",
-        ],
-    );
+    let act = Tessera::waking_activator(&emu, &sc, &["--probe-interval", "50ms", "--hold-timeout", "20s"]);
 
     let api = ApiServer::start().await;
     api.put(

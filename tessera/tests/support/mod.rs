@@ -324,6 +324,11 @@ pub fn http_client(timeout: Duration) -> reqwest::Client {
         .expect("a reqwest client")
 }
 
+/// GETs `url` (panics when no response comes: a test helper); the response, whatever its status.
+pub async fn get(client: &reqwest::Client, url: &str) -> reqwest::Response {
+    client.get(url).send().await.expect("GET")
+}
+
 /// GETs `url` and parses the body as JSON (panics on any failure: a test helper).
 pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
     client
@@ -376,6 +381,19 @@ impl Tessera {
         let mut args = vec!["--backend", backend];
         args.extend_from_slice(extra);
         Tessera::activator(&args)
+    }
+
+    /// [`Tessera::activator_for`] with `model`'s backend on the loopback `port`, where nothing may listen yet.
+    pub fn activator_at_port(model: &str, port: u16, extra: &[&str]) -> Tessera {
+        Tessera::activator_for(&format!("{model}=http://127.0.0.1:{port}"), extra)
+    }
+
+    /// [`Tessera::activator`] for the model `m` served by `emu`, waking it through its sidecar `sidecar`.
+    pub fn waking_activator(emu: &Tessera, sidecar: &Tessera, extra: &[&str]) -> Tessera {
+        let side = format!("m={}", sidecar.base());
+        let mut args = vec!["--sidecar", side.as_str()];
+        args.extend_from_slice(extra);
+        Tessera::activator_for(&format!("m={}", emu.base()), &args)
     }
 
     /// This activator's stats document (`/tessera/v1/stats` on its admin listener).
