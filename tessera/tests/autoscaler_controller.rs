@@ -18,7 +18,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 mod support;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, DEPLOYMENTS, EVENTS, IAS, LEASES, PODS};
 use support::{Killed, Tessera, free_port, serve};
 
 #[derive(Default)]
@@ -62,12 +62,6 @@ fn ias(spec: Value) -> Value {
     })
 }
 
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const PODS: &str = "v1/pods";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
-const LEASES: &str = "coordination.k8s.io/v1/leases";
-const EVENTS: &str = "events.k8s.io/v1/events";
-
 /// The in-memory API server (`support/apiserver.rs`: watch streams, selectors, resourceVersion, 409s) seeded with
 /// `state`'s InferenceAutoscaler and a Deployment at `state.replicas`, plus the part of a cluster the test plays:
 /// a Deployment controller that keeps one ready pod per replica (pointing at the fake sidecar on `sidecar_port`),
@@ -91,10 +85,7 @@ async fn honest_api(state: Shared, sidecar_port: u16) -> ApiServer {
         let mut replicas = replicas;
         let mut status_rv = String::new();
         loop {
-            let want = api
-                .get(DEPLOYMENTS, "models", "llama")
-                .and_then(|d| d["spec"]["replicas"].as_i64())
-                .unwrap_or(0);
+            let want = api.wanted_replicas("models", "llama");
             while pods < want {
                 api.put(
                     PODS,

@@ -584,7 +584,7 @@ const PHASE: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_batch_leaves_real_time_ttft_within_ten_percent() {
     let _alone = TIMING.write().await;
-    use support::realtime::{ms, one_realtime, p95, realtime_load};
+    use support::realtime::{ms, p95, realtime_load};
     let sim = support::realtime::llama_emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let backend = format!("llama={}", sim.base());
@@ -599,13 +599,8 @@ async fn a_running_batch_leaves_real_time_ttft_within_ten_percent() {
             "100ms",
         ],
     );
-    act.wait_activator_stats("the backend ready", Duration::from_secs(20), |s| {
-        s["models"]["default/llama"]["readyBackends"] == 1
-    })
-    .await;
-    let url = act.url("/v1/chat/completions");
+    let url = support::realtime::ready_and_warm(&act).await;
     let http = http_client(Duration::from_secs(60));
-    one_realtime(&http, &url, "llama").await;
 
     let mut alone = realtime_load(url.clone(), "llama", REALTIME_RATE, PHASE).await;
 

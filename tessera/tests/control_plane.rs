@@ -455,21 +455,6 @@ async fn wait_ok(url: &str, within: Duration) {
     .await;
 }
 
-/// One gauge or counter from a /metrics page (the first series of that name), if present.
-async fn metric(url: &str, name: &str) -> Option<f64> {
-    let text = http_client(Duration::from_secs(5))
-        .get(url)
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 fn kill(pid: u32, signal: &str) {
     let ok = Command::new("kill")
         .args([&format!("-{signal}"), &pid.to_string()])
@@ -816,7 +801,7 @@ fn b_the_api_server_calls_the_webhook_on_pod_creation_and_admits_pods_when_it_is
             "the API server's pod has no tessera-sidecar: {:?}",
             pod.spec
         );
-        let admitted = metric(
+        let admitted = support::first_sample(
             &format!("http://127.0.0.1:{metrics_port}/metrics"),
             "tessera_webhook_admission_duration_seconds_count",
         )
@@ -1005,7 +990,8 @@ fn d_two_controllers_on_a_real_lease_the_stopped_leader_is_replaced_and_steps_do
             "ctl-b to report itself a follower",
             Duration::from_secs(60),
             || async {
-                (metric(&metrics_urls[1], "tessera_autoscaler_leader").await == Some(0.0)).then_some(())
+                (support::first_sample(&metrics_urls[1], "tessera_autoscaler_leader").await == Some(0.0))
+                    .then_some(())
             },
         )
         .await;
@@ -1031,7 +1017,7 @@ fn d_two_controllers_on_a_real_lease_the_stopped_leader_is_replaced_and_steps_do
             "the follower took {took_over:?} to lead (lease {lease_s} s)"
         );
         assert_eq!(
-            metric(&metrics_urls[1], "tessera_autoscaler_leader").await,
+            support::first_sample(&metrics_urls[1], "tessera_autoscaler_leader").await,
             Some(1.0)
         );
 
@@ -1043,7 +1029,8 @@ fn d_two_controllers_on_a_real_lease_the_stopped_leader_is_replaced_and_steps_do
             "the resumed leader to step down",
             Duration::from_secs(30),
             || async {
-                (metric(&metrics_urls[0], "tessera_autoscaler_leader").await == Some(0.0)).then_some(())
+                (support::first_sample(&metrics_urls[0], "tessera_autoscaler_leader").await == Some(0.0))
+                    .then_some(())
             },
         )
         .await;

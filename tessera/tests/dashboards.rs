@@ -217,15 +217,10 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     assert_eq!(post("nope").await.ok(), Some(404));
     let held = tokio::spawn(post("later"));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let _later = Tessera::start(&[
-        "vllm-sim",
-        "--listen",
+    let _later = Tessera::vllm_sim_at(
         &format!("127.0.0.1:{later_port}"),
-        "--model-preset",
-        "opt-125m",
-        "--served-model-name",
-        "later",
-    ]);
+        &["--model-preset", "opt-125m", "--served-model-name", "later"],
+    );
     let status = tokio::time::timeout(Duration::from_secs(30), held)
         .await
         .expect("the held request was answered")

@@ -205,12 +205,7 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
 // The controller against the in-memory API server (support/apiserver.rs): restart mid scale-up, leader partition.
 
 use serde_json::{Value, json};
-use support::apiserver::ApiServer;
-
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const PODS: &str = "v1/pods";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
-const LEASES: &str = "coordination.k8s.io/v1/leases";
+use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, LEASES, PODS};
 
 /// A child process killed on drop.
 struct Proc(std::process::Child);
@@ -481,15 +476,10 @@ async fn proxy(to: SocketAddr) -> Partition {
 }
 
 async fn leading(metrics_port: u16) -> Option<bool> {
-    let body = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+    let url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    support::first_sample(&url, "tessera_autoscaler_leader")
         .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("tessera_autoscaler_leader "))
-        .map(|v| v.trim() == "1")
+        .map(|v| v == 1.0)
 }
 
 /// Partition the leader from the API: it must stop leading (renew deadline 2 s) before the follower can take over

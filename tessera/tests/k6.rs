@@ -228,15 +228,10 @@ async fn k6_scale_from_zero_through_the_activator_at_zero() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let listen = format!("127.0.0.1:{port}");
-    let emu = Tessera::start(&[
-        "vllm-sim",
-        "--listen",
+    let emu = Tessera::vllm_sim_at(
         &listen,
-        "--served-model-name",
-        "zero-model",
-        "--time-scale",
-        "10",
-    ]);
+        &["--served-model-name", "zero-model", "--time-scale", "10"],
+    );
     let (ok, out) = k6_task.await.unwrap();
     println!("{out}");
     assert!(ok, "scale-from-zero through the activator failed:\n{out}");

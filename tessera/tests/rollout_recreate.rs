@@ -12,12 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::Tessera;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, DEPLOYMENTS, EVENTS, IAS, PODS};
 
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const PODS: &str = "v1/pods";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
-const EVENTS: &str = "events.k8s.io/v1/events";
 const HASH: &str = "tessera.dev/allocation-hash";
 const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 

@@ -409,15 +409,10 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
     // The model server comes up 30 s later (a cold start).
     tokio::time::sleep(Duration::from_secs(30)).await;
     let listen = format!("127.0.0.1:{port}");
-    let _emu = Tessera::start(&[
-        "vllm-sim",
-        "--listen",
+    let _emu = Tessera::vllm_sim_at(
         &listen,
-        "--served-model-name",
-        "m",
-        "--model-preset",
-        "opt-125m",
-    ]);
+        &["--served-model-name", "m", "--model-preset", "opt-125m"],
+    );
 
     let (headers_at, comments, text) = raw.await.unwrap();
     assert!(

@@ -16,12 +16,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod support;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
 use support::{Tessera, free_port, get_json, http_client};
-
-const PODS: &str = "v1/pods";
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
 
 /// The kubelet's downward-API file: every annotation, Go-quoted (`key="value"` per line).
 fn write_annotations(file: &Path, pod: &Value) {
@@ -90,10 +86,7 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     let kubelet = tokio::spawn(async move {
         let mut seen = String::new();
         loop {
-            let want = kube
-                .get(DEPLOYMENTS, "default", "llama")
-                .and_then(|d| d["spec"]["replicas"].as_i64())
-                .unwrap_or(0);
+            let want = kube.wanted_replicas("default", "llama");
             if want == 0 {
                 kube.delete_object(PODS, "default", "llama-0");
             }

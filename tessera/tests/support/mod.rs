@@ -199,7 +199,12 @@ impl Tessera {
 
     /// Runs `tessera vllm-sim --listen 127.0.0.1:0 <args>`: the emulator, on an ephemeral port.
     pub fn vllm_sim(args: &[&str]) -> Tessera {
-        let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
+        Self::vllm_sim_at("127.0.0.1:0", args)
+    }
+
+    /// The emulator listening on `listen` (a port a test named in advance: a backend that comes up late).
+    pub fn vllm_sim_at(listen: &str, args: &[&str]) -> Tessera {
+        let mut all = vec!["vllm-sim", "--listen", listen];
         all.extend_from_slice(args);
         Self::start(&all)
     }
@@ -322,6 +327,22 @@ pub fn http_client(timeout: Duration) -> reqwest::Client {
         .timeout(timeout)
         .build()
         .expect("a reqwest client")
+}
+
+/// The first sample of `name` on the `/metrics` page at `url`; `None` when the page cannot be read (the server is
+/// not up, or went away) or has no such series.
+pub async fn first_sample(url: &str, name: &str) -> Option<f64> {
+    let text = http_client(Duration::from_secs(5))
+        .get(url)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// GETs `url` (panics when no response comes: a test helper); the response, whatever its status.

@@ -63,6 +63,18 @@ pub async fn one_realtime(client: &reqwest::Client, url: &str, model: &str) -> D
     ttft.expect("a token was streamed")
 }
 
+/// Waits until `act` has its `llama` backend ready, then warms the connections and the emulator with one real-time
+/// request; the chat completions URL.
+pub async fn ready_and_warm(act: &Tessera) -> String {
+    act.wait_activator_stats("the backend ready", Duration::from_secs(20), |s| {
+        s["models"]["default/llama"]["readyBackends"] == 1
+    })
+    .await;
+    let url = act.url("/v1/chat/completions");
+    one_realtime(&http_client(Duration::from_secs(60)), &url, "llama").await;
+    url
+}
+
 /// The real-time arrivals of one phase of length `phase`, as offsets from its start: exponential gaps at `rate`
 /// per second, from a fixed seed.
 pub fn schedule(rate: f64, phase: Duration) -> Vec<Duration> {
