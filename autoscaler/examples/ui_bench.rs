@@ -195,9 +195,8 @@ async fn main() {
     let client = reqwest::Client::new();
     for path in ["/ui", "/metrics"] {
         let url = format!("http://{addr}{path}");
-        let mut bytes = 0;
-        for _ in 0..20 {
-            bytes = client
+        let fetch = || async {
+            client
                 .get(&url)
                 .send()
                 .await
@@ -205,19 +204,15 @@ async fn main() {
                 .bytes()
                 .await
                 .expect("body")
-                .len();
+        };
+        let mut bytes = 0;
+        for _ in 0..20 {
+            bytes = fetch().await.len();
         }
         let mut took = Vec::with_capacity(REQUESTS);
         for _ in 0..REQUESTS {
             let t = Instant::now();
-            let body = client
-                .get(&url)
-                .send()
-                .await
-                .expect("GET")
-                .bytes()
-                .await
-                .expect("body");
+            let body = fetch().await;
             took.push(t.elapsed());
             assert!(!body.is_empty());
         }

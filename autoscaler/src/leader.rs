@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use tessera_runtime::kube_client::micro_time;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -77,20 +77,8 @@ impl LeaderElector {
         let duration_secs = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
         let result = match (&decision, current) {
             (LeaseDecision::Create, _) => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    spec: Some(LeaseSpec {
-                        holder_identity: Some(self.config.identity.clone()),
-                        lease_duration_seconds: Some(duration_secs),
-                        acquire_time: Some(now.clone()),
-                        renew_time: Some(now),
-                        lease_transitions: Some(0),
-                        ..LeaseSpec::default()
-                    }),
-                };
+                let lease =
+                    crate::kube_client::new_lease(&name, &self.config.identity, duration_secs, now_ms);
                 self.api.create(&PostParams::default(), &lease).await
             }
             (LeaseDecision::Renew, Some(mut lease)) => {
@@ -258,6 +246,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::test_support::respond;
 
     #[test]
     fn a_leader_steps_down_once_renewals_failed_for_the_renew_deadline() {
@@ -291,15 +280,6 @@ mod tests {
             "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": transitions,
                      "renewTime": "2026-01-01T00:00:00.000000Z", "acquireTime": "2026-01-01T00:00:00.000000Z"}
         })
-    }
-
-    fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: Value) {
-        send.send_response(
-            Response::builder()
-                .status(status)
-                .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                .unwrap(),
-        );
     }
 
     fn status_409() -> Value {
@@ -338,7 +318,7 @@ mod tests {
             respond(
                 send,
                 404,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
             );
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.method(), Method::POST);
@@ -350,17 +330,17 @@ mod tests {
             assert_eq!(body["spec"]["holderIdentity"], "pod-a");
             assert_eq!(body["spec"]["leaseDurationSeconds"], 15);
             assert_eq!(body["spec"]["leaseTransitions"], 0);
-            respond(send, 201, lease_json("pod-a", "1", 0));
+            respond(send, 201, &lease_json("pod-a", "1", 0));
             // Renewal: GET, then PUT with the resourceVersion that was read.
             let (_, send) = handle.next_request().await.unwrap();
-            respond(send, 200, lease_json("pod-a", "1", 0));
+            respond(send, 200, &lease_json("pod-a", "1", 0));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!((req.method(), req.uri().path()), (&Method::PUT, PATH));
             let body = body_json(req).await;
             assert_eq!(body["metadata"]["resourceVersion"], "1");
             assert_eq!(body["spec"]["holderIdentity"], "pod-a");
             assert_ne!(body["spec"]["renewTime"], "2026-01-01T00:00:00.000000Z");
-            respond(send, 200, lease_json("pod-a", "2", 0));
+            respond(send, 200, &lease_json("pod-a", "2", 0));
         });
         assert!(el.try_acquire_or_renew(1_000).await.unwrap());
         assert!(el.try_acquire_or_renew(3_000).await.unwrap());
@@ -375,18 +355,18 @@ mod tests {
             for _ in 0..2 {
                 let (req, send) = handle.next_request().await.unwrap();
                 assert_eq!(req.method(), Method::GET);
-                respond(send, 200, lease_json("pod-b", "7", 3));
+                respond(send, 200, &lease_json("pod-b", "7", 3));
             }
             // t=17s: 16 s since first seen > 15 s: take over with a PUT on version 7.
             let (_, send) = handle.next_request().await.unwrap();
-            respond(send, 200, lease_json("pod-b", "7", 3));
+            respond(send, 200, &lease_json("pod-b", "7", 3));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.method(), Method::PUT);
             let body = body_json(req).await;
             assert_eq!(body["metadata"]["resourceVersion"], "7");
             assert_eq!(body["spec"]["holderIdentity"], "pod-a");
             assert_eq!(body["spec"]["leaseTransitions"], 4);
-            respond(send, 200, lease_json("pod-a", "8", 4));
+            respond(send, 200, &lease_json("pod-a", "8", 4));
         });
         assert!(!el.try_acquire_or_renew(1_000).await.unwrap());
         assert!(!el.try_acquire_or_renew(10_000).await.unwrap());
@@ -399,17 +379,17 @@ mod tests {
         let (mut el, mut handle) = elector("pod-a");
         let server = tokio::spawn(async move {
             let (_, send) = handle.next_request().await.unwrap();
-            respond(send, 200, lease_json("pod-b", "7", 0));
+            respond(send, 200, &lease_json("pod-b", "7", 0));
             // The holder renewed (new version) at some point: expiry counts from when we saw version 8.
             let (_, send) = handle.next_request().await.unwrap();
-            respond(send, 200, lease_json("pod-b", "8", 0));
+            respond(send, 200, &lease_json("pod-b", "8", 0));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(
                 req.method(),
                 Method::GET,
                 "no takeover of a lease renewed 6 s ago"
             );
-            respond(send, 200, lease_json("pod-b", "8", 0));
+            respond(send, 200, &lease_json("pod-b", "8", 0));
         });
         assert!(!el.try_acquire_or_renew(0).await.unwrap());
         assert!(!el.try_acquire_or_renew(14_000).await.unwrap());
@@ -437,11 +417,11 @@ mod tests {
         respond(
             send,
             404,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}),
         );
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), Method::POST);
-        respond(send, 201, lease_json("pod-a", "1", 0));
+        respond(send, 201, &lease_json("pod-a", "1", 0));
         leader_rx.wait_for(|l| *l).await.unwrap();
         // t=2s: the renewal's GET hangs (the API server is unreachable); keep its responder so it never fails.
         let (req, _hung) = handle.next_request().await.unwrap();
@@ -472,28 +452,28 @@ mod tests {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let run = tokio::spawn(el.run(leader_tx, shutdown_rx, tokio_clock()));
         let (_, send) = handle.next_request().await.unwrap();
-        respond(send, 200, lease_json("", "4", 1));
+        respond(send, 200, &lease_json("", "4", 1));
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.method(), Method::PUT);
-        respond(send, 200, lease_json("pod-a", "5", 2));
+        respond(send, 200, &lease_json("pod-a", "5", 2));
         leader_rx.wait_for(|l| *l).await.unwrap();
         // Renewals every retry period keep it leading well past the renew deadline.
         for rv in 5..12 {
             let (_, send) = handle.next_request().await.unwrap();
-            respond(send, 200, lease_json("pod-a", &rv.to_string(), 2));
+            respond(send, 200, &lease_json("pod-a", &rv.to_string(), 2));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.method(), Method::PUT);
-            respond(send, 200, lease_json("pod-a", &(rv + 1).to_string(), 2));
+            respond(send, 200, &lease_json("pod-a", &(rv + 1).to_string(), 2));
         }
         assert!(*leader_rx.borrow());
         shutdown_tx.send_replace(true);
         // Release: GET, then PUT with no holder.
         let (_, send) = handle.next_request().await.unwrap();
-        respond(send, 200, lease_json("pod-a", "12", 2));
+        respond(send, 200, &lease_json("pod-a", "12", 2));
         let (req, send) = handle.next_request().await.unwrap();
         let body = body_json(req).await;
         assert_eq!(body["spec"]["holderIdentity"], Value::Null);
-        respond(send, 200, lease_json("", "13", 2));
+        respond(send, 200, &lease_json("", "13", 2));
         run.await.unwrap();
         assert!(!*leader_rx.borrow());
     }
@@ -511,10 +491,10 @@ mod tests {
         let (mut el, mut handle) = elector("pod-a");
         let server = tokio::spawn(async move {
             let (_, send) = handle.next_request().await.unwrap();
-            respond(send, 200, lease_json("", "7", 0));
+            respond(send, 200, &lease_json("", "7", 0));
             let (req, send) = handle.next_request().await.unwrap();
             assert_eq!(req.method(), Method::PUT);
-            respond(send, 409, status_409());
+            respond(send, 409, &status_409());
         });
         assert!(!el.try_acquire_or_renew(0).await.unwrap());
         server.await.unwrap();

@@ -8,6 +8,8 @@ pub use tessera_api::crd;
 pub mod keda;
 pub use tessera_runtime::kube_client;
 pub mod leader;
+#[cfg(test)]
+mod test_support;
 /// The pool manager lives in `tessera-pool` (the webhook reserves through it without depending on the
 /// controller); re-exported so the controller's paths (`crate::pool::…`) stay as they were.
 pub use tessera_pool as pool;

@@ -134,23 +134,14 @@ mod tests {
 
     #[test]
     fn a_renewed_lease_starts_ageing_again_on_our_clock() {
-        let first =
-            LeaseObservation::observe(None, Some("b".into()), Duration::from_secs(15), "1".into(), 1_000);
-        let same = LeaseObservation::observe(
-            Some(&first),
-            Some("b".into()),
-            Duration::from_secs(15),
-            "1".into(),
-            9_000,
-        );
+        // `b` holds the lease at version `rv`, seen at `now_ms`.
+        let observe = |prev: Option<&LeaseObservation>, rv: &str, now_ms| {
+            LeaseObservation::observe(prev, Some("b".into()), Duration::from_secs(15), rv.into(), now_ms)
+        };
+        let first = observe(None, "1", 1_000);
+        let same = observe(Some(&first), "1", 9_000);
         assert_eq!(same.first_seen_ms, 1_000);
-        let renewed = LeaseObservation::observe(
-            Some(&same),
-            Some("b".into()),
-            Duration::from_secs(15),
-            "2".into(),
-            12_000,
-        );
+        let renewed = observe(Some(&same), "2", 12_000);
         assert_eq!(renewed.first_seen_ms, 12_000);
     }
 

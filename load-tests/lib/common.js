@@ -265,6 +265,11 @@ export function setupCommon() {
   return { model, maxModelLen: resolveMaxModelLen(model, cards), before: scrape() };
 }
 
+/** The default function of the single-model tests: one streaming completion of the model setup() resolved. */
+export function completeOne(data) {
+  complete(data.model, undefined, data.maxModelLen);
+}
+
 /** teardown(): the "after" scrape; records the server-side quantiles as gauges (so thresholds apply). */
 export function teardownCommon(data) {
   const after = scrape();

@@ -29,6 +29,22 @@ use super::{
 /// The port the gpu-agent serves `/metrics`, `/v1/gpus`, `/live` and `/ready` on (its `--listen` default).
 pub const AGENT_PORT: i32 = 9091;
 
+/// An environment variable taken from the pod's own `field_path` (the downward API: `metadata.name`,
+/// `spec.nodeName`, …).
+pub fn field_env(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field_path.to_string(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
 /// Builds the capacity pod for `pool`, created already holding `reservations` (so the reservation that
 /// needed a new GPU is recorded in the same write that creates it).
 pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations: &[Reservation]) -> Pod {
@@ -52,17 +68,6 @@ pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations
         annotations.insert(KARPENTER_DO_NOT_DISRUPT.to_string(), "true".to_string());
     }
     let gpu = BTreeMap::from([(pool.resource_name.clone(), Quantity("1".to_string()))]);
-    let field_env = |name: &str, path: &str| EnvVar {
-        name: name.to_string(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.to_string(),
-                ..ObjectFieldSelector::default()
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    };
     let http_probe = |path: &str, period: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_string()),

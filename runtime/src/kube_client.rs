@@ -57,6 +57,32 @@ pub fn micro_time(unix_ms: u64) -> MicroTime {
     MicroTime(ts)
 }
 
+/// A new Lease `name` held by `holder` from `now_ms` for `duration_secs` (acquired and renewed now, no transitions
+/// yet): what a role creates when no lease exists.
+pub fn new_lease(
+    name: &str,
+    holder: &str,
+    duration_secs: i32,
+    now_ms: u64,
+) -> k8s_openapi::api::coordination::v1::Lease {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.to_owned()),
+            lease_duration_seconds: Some(duration_secs),
+            acquire_time: Some(micro_time(now_ms)),
+            renew_time: Some(micro_time(now_ms)),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
 /// The watcher config every watch on a [`client`] uses (server-side timeout below the read timeout).
 pub fn watcher_config() -> watcher::Config {
     watcher::Config::default().timeout(WATCH_TIMEOUT_SECS)

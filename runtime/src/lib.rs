@@ -38,6 +38,17 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+/// Parses a command line (`argv[0]` is the program name) into a role's flattened `Args`, as its subcommand
+/// would: for tests of its flags and defaults.
+pub fn try_parse_args<A: clap::Args>(argv: &[&str]) -> Result<A, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Cli<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    <Cli<A> as clap::Parser>::try_parse_from(argv).map(|cli| cli.args)
+}
+
 /// Where a role is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Phase {

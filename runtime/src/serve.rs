@@ -34,6 +34,16 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
+/// The `Content-Type` of what prometheus-client writes (OpenMetrics: `# EOF`, counter families without `_total`):
+/// Prometheus chooses its parser by this header, so every `/metrics` route must say so.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A `/metrics` answer: `page` (OpenMetrics text) with the [`OPENMETRICS`] content type.
+pub fn openmetrics(page: String) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    ([(http::header::CONTENT_TYPE, OPENMETRICS)], page).into_response()
+}
+
 /// Bounds on each client connection.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {

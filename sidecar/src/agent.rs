@@ -29,7 +29,7 @@ pub use probe::{DeviceReading, FakeProcessProbe, NvmlProcessProbe, ProcessProbe,
 use crate::error::GpuError;
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::encoding::text::encode;
@@ -277,14 +277,7 @@ fn agent_router(shared: Arc<AgentShared>) -> Router {
 async fn agent_metrics(State(s): State<Arc<AgentShared>>) -> Response {
     let mut out = String::new();
     match encode(&mut out, &s.metrics.registry) {
-        Ok(()) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            out,
-        )
-            .into_response(),
+        Ok(()) => tessera_runtime::serve::openmetrics(out),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
     }
 }

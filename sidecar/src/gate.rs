@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use serde::Serialize;
 use tessera_core::gate::{self, Action, OpenReason, Phase};
 use tessera_core::lease::LeaseObservation;
@@ -199,20 +199,7 @@ async fn write(
     let secs = i32::try_from(duration.as_secs().max(1)).unwrap_or(i32::MAX);
     let result = match (action, current) {
         (Action::Create, _) => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.to_owned()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(me.to_owned()),
-                    lease_duration_seconds: Some(secs),
-                    acquire_time: Some(micro_time(now)),
-                    renew_time: Some(micro_time(now)),
-                    lease_transitions: Some(0),
-                    ..LeaseSpec::default()
-                }),
-            };
+            let lease = tessera_runtime::kube_client::new_lease(name, me, secs, now);
             api.create(&PostParams::default(), &lease).await
         }
         (Action::Acquire | Action::Renew, Some(mut lease)) => {

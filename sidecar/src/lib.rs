@@ -511,18 +511,13 @@ async fn scrape_loop(
 
 #[cfg(test)]
 mod default_tests {
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: super::Args,
-    }
 
     /// The simulator computes a replica's `recent` TTFT p95 over this window: it must be the sidecar's default.
     #[test]
     fn the_simulated_sidecar_uses_the_shipped_latency_window() {
-        let a = Cli::parse_from(["sidecar", "--vllm-url", "http://127.0.0.1:8000"]).args;
+        let a: super::Args =
+            tessera_runtime::try_parse_args(&["sidecar", "--vllm-url", "http://127.0.0.1:8000"])
+                .expect("flags parse");
         assert_eq!(a.latency_window, tessera_core::scale::inputs::RECENT_WINDOW);
     }
 }

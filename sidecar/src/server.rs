@@ -4,7 +4,7 @@
 use crate::Shared;
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use std::sync::Arc;
@@ -54,14 +54,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         return internal("metrics registry lock poisoned");
     };
     match exporter.render() {
-        Ok(body) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
+        Ok(body) => tessera_runtime::serve::openmetrics(body),
         Err(_) => internal("cannot encode metrics"),
     }
 }

@@ -595,6 +595,22 @@ pub(crate) mod tests {
         }
     }
 
+    /// A fresh state with the default settings on an L4.
+    fn on_l4() -> State {
+        let mut st = State::new(settings());
+        st.set_gpu("fake", Some(l4()));
+        st
+    }
+
+    /// An 80 GiB GPU with no usage or busy reading.
+    fn gpu_80gib() -> GpuReading {
+        GpuReading {
+            total_bytes: 80 * GIB,
+            used_bytes: None,
+            busy_ratio: None,
+        }
+    }
+
     fn l4() -> GpuReading {
         // An NVIDIA L4 as nvidia-smi reports it: 23034 MiB.
         GpuReading {
@@ -607,8 +623,7 @@ pub(crate) mod tests {
     #[test]
     fn recommends_from_a_window_of_real_pages() {
         let base = REAL_PAGE;
-        let mut st = State::new(settings());
-        st.set_gpu("fake", Some(l4()));
+        let mut st = on_l4();
         for i in 0..20 {
             let kv = 0.2 + 0.01 * i as f64;
             st.record_success(
@@ -721,8 +736,7 @@ pub(crate) mod tests {
     #[test]
     fn failure_keeps_last_good_state_marked_stale() {
         let base = REAL_PAGE;
-        let mut st = State::new(settings());
-        st.set_gpu("fake", Some(l4()));
+        let mut st = on_l4();
         for i in 0..15 {
             st.record_success(
                 10.0 * i as f64,
@@ -757,8 +771,7 @@ pub(crate) mod tests {
     #[test]
     fn preemptions_on_real_pages_grow_the_cache() {
         let base = REAL_PAGE;
-        let mut st = State::new(settings());
-        st.set_gpu("fake", Some(l4()));
+        let mut st = on_l4();
         for i in 0..15 {
             let p = if i < 10 { 3.0 } else { 4.0 };
             st.record_success(
@@ -789,14 +802,7 @@ pub(crate) mod tests {
                 ..
             }
         ));
-        st.set_gpu(
-            "fake",
-            Some(GpuReading {
-                total_bytes: 80 * GIB,
-                used_bytes: None,
-                busy_ratio: None,
-            }),
-        );
+        st.set_gpu("fake", Some(gpu_80gib()));
         let restarted = base.replace("num_gpu_blocks=\"4574\"", "num_gpu_blocks=\"9000\"");
         st.record_success(200.0, VllmSnapshot::from_text(&restarted).unwrap());
         assert_eq!(st.window_len(), 1);
@@ -927,14 +933,7 @@ pub(crate) mod tests {
             bytes_per_kv_token: None,
             ..settings()
         });
-        st.set_gpu(
-            "fake",
-            Some(GpuReading {
-                total_bytes: 80 * GIB,
-                used_bytes: None,
-                busy_ratio: None,
-            }),
-        );
+        st.set_gpu("fake", Some(gpu_80gib()));
         scrape_20(&mut st, &fixed_kv_page(0.3));
         // No measurement, no configuration: not yet, naming what supplies non-KV memory.
         match st.outcome() {

@@ -19,16 +19,9 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .position(|m| m.name == name)
         .with_context(|| format!("no model {name:?} in the scenario"))?;
-    let plan = |kind, initial_recommendations| Plan {
-        kind,
-        static_replicas: Vec::new(),
-        initial_recommendations,
-        only_models: Vec::new(),
-        batch: None,
-    };
-    let hpa = world::World::new(&sc, plan(StrategyKind::Hpa, Vec::new()))?.run(&mut |_| {})?;
+    let hpa = world::World::new(&sc, Plan::starting_from(StrategyKind::Hpa, Vec::new()))?.run(&mut |_| {})?;
     let initial = world::calibrate(&sc, &hpa.histories);
-    let run = world::World::new(&sc, plan(StrategyKind::Tessera, initial))?
+    let run = world::World::new(&sc, Plan::starting_from(StrategyKind::Tessera, initial))?
         .recording_decisions()
         .run(&mut |_| {})?;
     let round = |v: f64| (v * 100.0).round() / 100.0;

@@ -328,18 +328,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: Args,
-    }
 
     fn args(a: &[&str]) -> Args {
-        Cli::try_parse_from(std::iter::once("sharing").chain(a.iter().copied()))
-            .unwrap()
-            .args
+        tessera_runtime::try_parse_args(&[&["sharing"], a].concat()).unwrap()
     }
 
     #[test]

@@ -94,29 +94,27 @@ fn chat(model: &str) -> serde_json::Value {
     serde_json::json!({ "model": model, "messages": [{ "role": "user", "content": "hello" }] })
 }
 
+/// The activator's stats for `model` (`namespace/name`) once nothing is in flight for it.
+async fn idle_model(act: &Tessera, model: &str) -> serde_json::Value {
+    let s = act
+        .wait_activator_stats("nothing in flight", WAIT, |s| s["models"][model]["inFlight"] == 0)
+        .await;
+    s["models"][model].clone()
+}
+
 fn client() -> reqwest::Client {
     http_client(WAIT)
 }
 
 /// POSTs `body` to the activator's chat completions endpoint.
 async fn post_chat(act: &Tessera, body: &serde_json::Value) -> reqwest::Response {
-    client()
-        .post(act.url("/v1/chat/completions"))
-        .json(body)
-        .send()
-        .await
-        .unwrap()
+    support::post_json(&client(), &act.url("/v1/chat/completions"), body).await
 }
 
 #[tokio::test]
 async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
     let port = free_port();
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("m=http://127.0.0.1:{port}"),
-        "--hold-timeout",
-        "15s",
-    ]);
+    let act = Tessera::activator_at_port("m", port, &["--hold-timeout", "15s"]);
     let url = act.url("/v1/chat/completions");
     let held = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
     let s = act
@@ -151,24 +149,13 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
         after_ready < Duration::from_secs(2),
         "took {after_ready:?} after the backend started"
     );
-    let s = act
-        .wait_activator_stats("the condition", WAIT, |s| {
-            s["models"]["default/m"]["inFlight"] == 0
-        })
-        .await;
-    assert_eq!(s["models"]["default/m"]["queued"], 0);
-    assert_eq!(s["models"]["default/m"]["requestsTotal"], 1);
-    assert_eq!(s["models"]["default/m"]["readyBackends"], 1);
+    let idle = idle_model(&act, "default/m").await;
+    assert_eq!(idle["queued"], 0);
+    assert_eq!(idle["requestsTotal"], 1);
+    assert_eq!(idle["readyBackends"], 1);
     assert!(s["models"]["default/m"]["lastRequestAtUnixMs"].as_u64().unwrap() > 0);
 
-    let metrics = client()
-        .get(act.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::get_text(&client(), &act.admin_url("/metrics")).await;
     assert!(
         metrics
             .contains("tessera_activator_requests_total{namespace=\"default\",model=\"m\",code=\"200\"} 1"),
@@ -183,16 +170,18 @@ async fn holds_while_the_backend_is_down_and_forwards_once_it_starts() {
 #[tokio::test]
 async fn overflow_answers_503_with_retry_after() {
     let port = free_port();
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("m=http://127.0.0.1:{port}"),
-        "--queue-size",
-        "1",
-        "--hold-timeout",
-        "10s",
-        "--retry-after",
-        "7s",
-    ]);
+    let act = Tessera::activator_at_port(
+        "m",
+        port,
+        &[
+            "--queue-size",
+            "1",
+            "--hold-timeout",
+            "10s",
+            "--retry-after",
+            "7s",
+        ],
+    );
     let url = act.url("/v1/chat/completions");
     let first = tokio::spawn(async move { client().post(url).json(&chat("m")).send().await.unwrap() });
     act.wait_activator_stats("the condition", WAIT, |s| s["models"]["default/m"]["queued"] == 1)
@@ -219,19 +208,9 @@ async fn overflow_answers_503_with_retry_after() {
 #[tokio::test]
 async fn hold_timeout_answers_503_with_an_openai_error() {
     let port = free_port();
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("m=http://127.0.0.1:{port}"),
-        "--hold-timeout",
-        "300ms",
-    ]);
+    let act = Tessera::activator_at_port("m", port, &["--hold-timeout", "300ms"]);
     let start = Instant::now();
-    let resp = client()
-        .post(act.url("/v1/completions"))
-        .json(&chat("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = support::post_json(&client(), &act.url("/v1/completions"), &chat("m")).await;
     let waited = start.elapsed();
     assert_eq!(resp.status(), 503);
     assert!(resp.headers().contains_key("retry-after"));
@@ -255,26 +234,10 @@ async fn backend_dying_mid_stream_is_an_error_not_a_hang() {
     let port = listener.local_addr().unwrap().port();
     let _server = tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
     let act = Tessera::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
-    let resp = client()
-        .post(act.url("/v1/stream-then-die"))
-        .json(&chat("m"))
-        .send()
-        .await
-        .unwrap();
+    let resp = support::post_json(&client(), &act.url("/v1/stream-then-die"), &chat("m")).await;
     assert_eq!(resp.status(), 200);
     let mut resp = resp;
-    let mut got = Vec::new();
-    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match resp.chunk().await {
-                Ok(Some(c)) => got.extend_from_slice(&c),
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(e),
-            }
-        }
-    })
-    .await
-    .expect("the client must not hang when the backend dies");
+    let (got, outcome) = read_to_end(&mut resp, "the backend").await;
     assert!(
         outcome.is_err(),
         "a broken stream must end in an error, not a clean end"
@@ -283,12 +246,8 @@ async fn backend_dying_mid_stream_is_an_error_not_a_hang() {
         String::from_utf8_lossy(&got).contains("\"n\":2"),
         "events before the failure arrive: {got:?}"
     );
-    let s = act
-        .wait_activator_stats("the condition", WAIT, |s| {
-            s["models"]["default/m"]["inFlight"] == 0
-        })
-        .await;
-    assert_eq!(s["models"]["default/m"]["requestsTotal"], 1);
+    let idle = idle_model(&act, "default/m").await;
+    assert_eq!(idle["requestsTotal"], 1);
 }
 
 #[tokio::test]
@@ -302,12 +261,7 @@ async fn streaming_passes_through_chunk_by_chunk() {
     let port = listener.local_addr().unwrap().port();
     let _server = tokio::spawn(serve_backend(listener, backend));
     let act = Tessera::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
-    let mut resp = client()
-        .post(act.url("/v1/stream-gated"))
-        .json(&chat("m"))
-        .send()
-        .await
-        .unwrap();
+    let mut resp = support::post_json(&client(), &act.url("/v1/stream-gated"), &chat("m")).await;
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     // The first event arrives while the backend is still blocked before its second: nothing is buffered.
     let first = next_chunk(&mut resp).await;
@@ -386,14 +340,16 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(serve_backend(listener, Arc::new(Backend::default())));
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("b-model=http://127.0.0.1:{port}"),
-        "--backend",
-        &format!("a-model=http://127.0.0.1:{port}"),
-        "--max-body-size",
-        "1000",
-    ]);
+    let act = Tessera::activator_at_port(
+        "b-model",
+        port,
+        &[
+            "--backend",
+            &format!("a-model=http://127.0.0.1:{port}"),
+            "--max-body-size",
+            "1000",
+        ],
+    );
     let resp = post_chat(&act, &chat("nope")).await;
     assert_eq!(resp.status(), 404);
     let err: serde_json::Value = resp.json().await.unwrap();
@@ -408,30 +364,25 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
-    let resp = client()
-        .post(act.url("/v1/embeddings"))
-        .json(&serde_json::json!({ "input": "x" }))
-        .send()
-        .await
-        .unwrap();
+    let resp = support::post_json(
+        &client(),
+        &act.url("/v1/embeddings"),
+        &serde_json::json!({ "input": "x" }),
+    )
+    .await;
     assert_eq!(resp.status(), 400);
     let big = serde_json::json!({ "model": "a-model", "prompt": "x".repeat(2000) });
-    let resp = client()
-        .post(act.url("/v1/completions"))
-        .json(&big)
-        .send()
-        .await
-        .unwrap();
+    let resp = support::post_json(&client(), &act.url("/v1/completions"), &big).await;
     assert_eq!(resp.status(), 413);
 
     // Tenants are namespaces: `--backend` routes live in the default namespace; the same name addressed in
     // another namespace is another (unknown) model, and the prefix is removed before forwarding.
-    let resp = client()
-        .post(act.url("/namespaces/team-b/v1/chat/completions"))
-        .json(&chat("a-model"))
-        .send()
-        .await
-        .unwrap();
+    // `a-model` addressed in the namespace `ns`.
+    let chat_in = |ns: &str| {
+        let url = act.url(&format!("/namespaces/{ns}/v1/chat/completions"));
+        async move { support::post_json(&client(), &url, &chat("a-model")).await }
+    };
+    let resp = chat_in("team-b").await;
     assert_eq!(resp.status(), 404);
     let err: serde_json::Value = resp.json().await.unwrap();
     assert!(
@@ -441,12 +392,7 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
             .contains("namespace `team-b`"),
         "{err}"
     );
-    let resp = client()
-        .post(act.url("/namespaces/default/v1/chat/completions"))
-        .json(&chat("a-model"))
-        .send()
-        .await
-        .unwrap();
+    let resp = chat_in("default").await;
     assert_eq!(resp.status(), 200);
     let listed: serde_json::Value =
         support::get_json(&client(), &act.url("/namespaces/team-b/v1/models")).await;
@@ -466,14 +412,7 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
         200
     );
     // Unknown names are counted under one label, so clients cannot blow up the metric's cardinality.
-    let metrics = client()
-        .get(act.admin_url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = support::get_text(&client(), &act.admin_url("/metrics")).await;
     assert!(
         metrics.contains(
             "tessera_activator_requests_total{namespace=\"unknown\",model=\"unknown\",code=\"404\"} 2"
@@ -528,6 +467,33 @@ fn gated_stream(gate: Arc<Semaphore>) -> impl futures::Stream<Item = Result<Byte
     })
 }
 
+/// A streamed chat completion of `max_tokens` (EOS ignored) for `qwen` through the activator, answered 200.
+async fn stream_qwen(act: &Tessera, max_tokens: u32, content: &str) -> reqwest::Response {
+    let body = serde_json::json!({ "model": "qwen", "max_tokens": max_tokens, "ignore_eos": true, "stream": true,
+        "messages": [{ "role": "user", "content": content }] });
+    let resp = post_chat(act, &body).await;
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+/// Reads `resp` to its end, failing the test if that takes 10 s (`what` hung); the bytes read, and whether the
+/// stream ended cleanly or with an error.
+async fn read_to_end(resp: &mut reqwest::Response, what: &str) -> (Vec<u8>, Result<(), reqwest::Error>) {
+    let mut got = Vec::new();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => got.extend_from_slice(&c),
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the client must not hang when {what} dies"));
+    (got, outcome)
+}
+
 async fn next_chunk(resp: &mut reqwest::Response) -> String {
     let chunk = tokio::time::timeout(Duration::from_secs(10), resp.chunk())
         .await
@@ -563,29 +529,14 @@ async fn qwen_behind_activator() -> (Tessera, Tessera) {
 
 /// Requests the emulator finished, from its own vLLM counter (summed over finish reasons).
 async fn finished_at(sim: &Tessera) -> f64 {
-    let page = client()
-        .get(sim.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    page.lines()
-        .filter(|l| l.starts_with("vllm:request_success_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let page = support::get_text(&client(), &sim.url("/metrics")).await;
+    support::metric_sum(&page, "vllm:request_success_total")
 }
 
 #[tokio::test]
 async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
     let port = free_port();
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("qwen=http://127.0.0.1:{port}"),
-        "--hold-timeout",
-        "30s",
-    ]);
+    let act = Tessera::activator_at_port("qwen", port, &["--hold-timeout", "30s"]);
     let url = act.url("/v1/chat/completions");
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 8,
         "messages": [{ "role": "user", "content": "Why is the sky blue?" }] });
@@ -624,10 +575,7 @@ async fn vllm_sim_starting_from_zero_gets_the_held_request_exactly_once() {
 #[tokio::test]
 async fn vllm_sim_stream_arrives_token_by_token() {
     let (_sim, act) = qwen_behind_activator().await;
-    let body = serde_json::json!({ "model": "qwen", "max_tokens": 40, "ignore_eos": true, "stream": true,
-        "messages": [{ "role": "user", "content": "Count to forty." }] });
-    let mut resp = post_chat(&act, &body).await;
-    assert_eq!(resp.status(), 200);
+    let mut resp = stream_qwen(&act, 40, "Count to forty.").await;
     let (mut reads, mut text) = (Vec::new(), String::new());
     while let Some(chunk) = tokio::time::timeout(WAIT, resp.chunk())
         .await
@@ -660,48 +608,32 @@ async fn vllm_sim_stream_arrives_token_by_token() {
 async fn vllm_sim_killed_mid_stream_ends_the_client_stream_with_an_error() {
     let (sim, act) = qwen_behind_activator().await;
     // Long enough (thousands of tokens) that only the kill can end it within the test's bounds.
-    let body = serde_json::json!({ "model": "qwen", "max_tokens": 4000, "ignore_eos": true, "stream": true,
-        "messages": [{ "role": "user", "content": "Write a long story." }] });
-    let mut resp = post_chat(&act, &body).await;
-    assert_eq!(resp.status(), 200);
+    let mut resp = stream_qwen(&act, 4000, "Write a long story.").await;
     assert!(next_chunk(&mut resp).await.contains("data: "));
     drop(sim); // SIGKILL: the model server dies with the response half written.
-    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match resp.chunk().await {
-                Ok(Some(_)) => {}
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(e),
-            }
-        }
-    })
-    .await
-    .expect("the client must not hang when the model server dies");
+    let (_, outcome) = read_to_end(&mut resp, "the model server").await;
     assert!(
         outcome.is_err(),
         "a stream cut by a dying server must end in an error, not a clean end"
     );
-    let s = act
-        .wait_activator_stats("the condition", WAIT, |s| {
-            s["models"]["default/qwen"]["inFlight"] == 0
-        })
-        .await;
-    assert_eq!(s["models"]["default/qwen"]["requestsTotal"], 1);
+    let idle = idle_model(&act, "default/qwen").await;
+    assert_eq!(idle["requestsTotal"], 1);
 }
 
 #[tokio::test]
 async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
     let a = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
     let b = vllm_sim("qwen", "127.0.0.1:0", &["--time-scale", "20"]).await;
-    let act = Tessera::activator(&[
-        "--backend",
+    let act = Tessera::activator_for(
         &format!("qwen=http://{}", a.addr),
-        "--backend",
-        &format!("qwen=http://{}", b.addr),
-        // Long enough that only a refused connection, not a probe, can take the dead replica out of rotation.
-        "--probe-interval",
-        "60s",
-    ]);
+        &[
+            "--backend",
+            &format!("qwen=http://{}", b.addr),
+            // Long enough that only a refused connection, not a probe, can take the dead replica out of rotation.
+            "--probe-interval",
+            "60s",
+        ],
+    );
     act.wait_activator_stats("the condition", WAIT, |s| {
         s["models"]["default/qwen"]["readyBackends"] == 2
     })

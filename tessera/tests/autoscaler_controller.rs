@@ -18,7 +18,7 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 mod support;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, DEPLOYMENTS, EVENTS, IAS, LEASES, PODS};
 use support::{Killed, Tessera, free_port, serve};
 
 #[derive(Default)]
@@ -62,12 +62,6 @@ fn ias(spec: Value) -> Value {
     })
 }
 
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const PODS: &str = "v1/pods";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
-const LEASES: &str = "coordination.k8s.io/v1/leases";
-const EVENTS: &str = "events.k8s.io/v1/events";
-
 /// The in-memory API server (`support/apiserver.rs`: watch streams, selectors, resourceVersion, 409s) seeded with
 /// `state`'s InferenceAutoscaler and a Deployment at `state.replicas`, plus the part of a cluster the test plays:
 /// a Deployment controller that keeps one ready pod per replica (pointing at the fake sidecar on `sidecar_port`),
@@ -91,10 +85,7 @@ async fn honest_api(state: Shared, sidecar_port: u16) -> ApiServer {
         let mut replicas = replicas;
         let mut status_rv = String::new();
         loop {
-            let want = api
-                .get(DEPLOYMENTS, "models", "llama")
-                .and_then(|d| d["spec"]["replicas"].as_i64())
-                .unwrap_or(0);
+            let want = api.wanted_replicas("models", "llama");
             while pods < want {
                 api.put(
                     PODS,
@@ -324,12 +315,11 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
         "the 409 was not followed by a re-read: {:?}",
         api_server.requests()
     );
-    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("metrics body");
+    let metrics = support::get_text(
+        &reqwest::Client::new(),
+        &format!("http://127.0.0.1:{metrics_port}/metrics"),
+    )
+    .await;
     assert!(
         metrics.contains("tessera_autoscaler_decisions_total{reason=\"scale_up\"}"),
         "{metrics}"
@@ -405,15 +395,7 @@ async fn the_binary_scales_up_to_zero_and_back_through_scale() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
     let vllm = Tessera::vllm_sim(&["--model-preset", "opt-125m", "--gpu", "l4"]);
-    let sidecar = Tessera::start(&[
-        "sidecar",
-        "--vllm-url",
-        &vllm.base(),
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "200ms",
-    ]);
+    let sidecar = Tessera::sidecar(&vllm.base(), &["--scrape-interval", "200ms"]);
     wait_ready(&sidecar.url("/ready")).await;
     let sidecar_port = sidecar.addr.port();
     let state: Shared = Arc::new(Mutex::new(Cluster {
@@ -467,12 +449,11 @@ async fn reads_a_real_sidecar_and_scales_down_an_idle_model() {
     )
     .await;
     // The reconcile published what it saw and decided to the /ui page on the metrics listener.
-    let page = reqwest::get(format!("http://127.0.0.1:{metrics_port}/ui"))
-        .await
-        .expect("GET /ui")
-        .text()
-        .await
-        .expect("the page");
+    let page = support::get_text(
+        &reqwest::Client::new(),
+        &format!("http://127.0.0.1:{metrics_port}/ui"),
+    )
+    .await;
     assert!(page.contains(r#"data-model="models/llama""#), "{page}");
     assert!(
         page.contains("too_few_replicas") && page.contains("cluster · read-only"),

@@ -35,24 +35,25 @@ fn emulator() -> Tessera {
 /// and a flex lane that reads the emulator's gauges often (the batch lines pass its gate).
 fn activator(sim: &Tessera, store: &Path) -> Tessera {
     let backend = format!("m={}", sim.base());
-    Tessera::activator(&[
-        "--backend",
+    Tessera::activator_for(
         &backend,
-        "--batch-store",
-        store.to_str().expect("a UTF-8 path"),
-        "--batch-lease-duration",
-        "1s",
-        "--batch-progress-interval",
-        "100ms",
-        "--batch-max-in-flight",
-        "64",
-        "--lane-throttle-in-flight",
-        "64",
-        // A gauge read per 50 ms admits up to 64 lines per read: above what the debug build answers, and a page
-        // render and parse fewer than every 20 ms on a loaded 2-core machine.
-        "--lane-poll-interval",
-        "50ms",
-    ])
+        &[
+            "--batch-store",
+            store.to_str().expect("a UTF-8 path"),
+            "--batch-lease-duration",
+            "1s",
+            "--batch-progress-interval",
+            "100ms",
+            "--batch-max-in-flight",
+            "64",
+            "--lane-throttle-in-flight",
+            "64",
+            // A gauge read per 50 ms admits up to 64 lines per read: above what the debug build answers, and a page
+            // render and parse fewer than every 20 ms on a loaded 2-core machine.
+            "--lane-poll-interval",
+            "50ms",
+        ],
+    )
 }
 
 fn input_lines(n: usize) -> Vec<u8> {
@@ -458,20 +459,21 @@ async fn expiry_limits_and_namespaces() {
     let sim = emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let backend = format!("m={}", sim.base());
-    let act = Tessera::activator(&[
-        "--backend",
+    let act = Tessera::activator_for(
         &backend,
-        "--batch-store",
-        store.path().to_str().expect("a UTF-8 path"),
-        "--batch-max-file-bytes",
-        "2000000",
-        "--batch-max-requests",
-        "9000",
-        "--batch-max-in-flight",
-        "8",
-        "--batch-progress-interval",
-        "100ms",
-    ]);
+        &[
+            "--batch-store",
+            store.path().to_str().expect("a UTF-8 path"),
+            "--batch-max-file-bytes",
+            "2000000",
+            "--batch-max-requests",
+            "9000",
+            "--batch-max-in-flight",
+            "8",
+            "--batch-progress-interval",
+            "100ms",
+        ],
+    );
     let http = http_client(Duration::from_secs(60));
 
     // A window shorter than the work: sending stops at the deadline, the rest is `batch_expired`, what finished
@@ -582,27 +584,23 @@ const PHASE: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_running_batch_leaves_real_time_ttft_within_ten_percent() {
     let _alone = TIMING.write().await;
-    use support::realtime::{ms, one_realtime, p95, realtime_load};
+    use support::realtime::{ms, p95, realtime_load};
     let sim = support::realtime::llama_emulator();
     let store = tempfile::tempdir().expect("a temp dir");
     let backend = format!("llama={}", sim.base());
-    let act = Tessera::activator(&[
-        "--backend",
+    let act = Tessera::activator_for(
         &backend,
-        "--batch-store",
-        store.path().to_str().expect("a UTF-8 path"),
-        "--lane-hold-timeout",
-        "1s",
-        "--lane-poll-interval",
-        "100ms",
-    ]);
-    act.wait_activator_stats("the backend ready", Duration::from_secs(20), |s| {
-        s["models"]["default/llama"]["readyBackends"] == 1
-    })
-    .await;
-    let url = act.url("/v1/chat/completions");
+        &[
+            "--batch-store",
+            store.path().to_str().expect("a UTF-8 path"),
+            "--lane-hold-timeout",
+            "1s",
+            "--lane-poll-interval",
+            "100ms",
+        ],
+    );
+    let url = support::realtime::ready_and_warm(&act).await;
     let http = http_client(Duration::from_secs(60));
-    one_realtime(&http, &url, "llama").await;
 
     let mut alone = realtime_load(url.clone(), "llama", REALTIME_RATE, PHASE).await;
 
@@ -665,12 +663,7 @@ async fn check_exactly_once_ids(http: &reqwest::Client, act: &Tessera, b: &Value
 
 /// Peak RSS (`VmHWM`) of a process, KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("VmHWM")
+    support::proc_status_kib(pid, "VmHWM").expect("VmHWM in /proc/<pid>/status")
 }
 
 /// The activator's memory with a 200 MB input: streamed in, streamed through the runner. Run by hand:

@@ -20,12 +20,9 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 mod support;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
 use support::{Killed, free_port, serve};
 
-const PODS: &str = "v1/pods";
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
 const POOL_NS: &str = "tessera-system";
 const DRAINING: &str = "tessera.dev/draining-since";
 const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
@@ -87,10 +84,7 @@ fn play_the_cluster(api: ApiServer, sidecar_port: u16, seen: Arc<Mutex<Seen>>) {
         let mut next = 1usize;
         loop {
             for model in ["a", "b"] {
-                let want = api
-                    .get(DEPLOYMENTS, "models", model)
-                    .and_then(|d| d["spec"]["replicas"].as_i64())
-                    .unwrap_or(0);
+                let want = api.wanted_replicas("models", model);
                 if replicas.get(model) != Some(&want) {
                     replicas.insert(model.to_owned(), want);
                     seen.lock().expect("lock").scales.push((model.to_owned(), want));
@@ -327,12 +321,11 @@ async fn a_gpu_is_emptied_by_moving_its_replica_and_then_released() {
             seen.conditions
         );
     }
-    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
+    let metrics = support::get_text(
+        &reqwest::Client::new(),
+        &format!("http://127.0.0.1:{metrics_port}/metrics"),
+    )
+    .await;
     for line in [
         "tessera_pool_drains_total{pool=\"p\",result=\"started\"} 1",
         "tessera_pool_drains_total{pool=\"p\",result=\"drained\"} 1",

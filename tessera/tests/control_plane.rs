@@ -42,17 +42,10 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 mod support;
-use support::{Killed, free_port, http_client};
+use support::{Killed, free_port, http_client, workspace};
 
 /// One control plane at a time: each is five processes, and the machine this runs on may have two cores.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root")
-        .to_path_buf()
-}
 
 /// A control plane started by `scripts/control-plane.sh up`, stopped (`down`) on drop.
 struct ControlPlane {
@@ -64,7 +57,7 @@ struct ControlPlane {
 impl ControlPlane {
     fn up() -> ControlPlane {
         let started = Instant::now();
-        let out = Command::new(repo().join("scripts/control-plane.sh"))
+        let out = Command::new(workspace().join("scripts/control-plane.sh"))
             .arg("up")
             .stdin(Stdio::null())
             .output()
@@ -131,7 +124,7 @@ impl ControlPlane {
 
     /// Runs helm (installed by scripts/check-chart.sh into .tools/bin) against this control plane.
     fn helm(&self, args: &[&str]) -> Output {
-        let helm = repo().join(".tools/bin/helm");
+        let helm = workspace().join(".tools/bin/helm");
         assert!(
             helm.exists(),
             "{} is missing: scripts/check-chart.sh installs it (scripts/test.sh runs that first)",
@@ -141,7 +134,7 @@ impl ControlPlane {
             .args(args)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
-            .current_dir(repo())
+            .current_dir(workspace())
             .stdin(Stdio::null())
             .output()
             .expect("run helm")
@@ -220,7 +213,7 @@ impl Drop for ControlPlane {
             );
             return;
         }
-        let _ = Command::new(repo().join("scripts/control-plane.sh"))
+        let _ = Command::new(workspace().join("scripts/control-plane.sh"))
             .arg("down")
             .arg(&self.dir)
             .stdin(Stdio::null())
@@ -460,21 +453,6 @@ async fn wait_ok(url: &str, within: Duration) {
         }
     })
     .await;
-}
-
-/// One gauge or counter from a /metrics page (the first series of that name), if present.
-async fn metric(url: &str, name: &str) -> Option<f64> {
-    let text = http_client(Duration::from_secs(5))
-        .get(url)
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 fn kill(pid: u32, signal: &str) {
@@ -823,7 +801,7 @@ fn b_the_api_server_calls_the_webhook_on_pod_creation_and_admits_pods_when_it_is
             "the API server's pod has no tessera-sidecar: {:?}",
             pod.spec
         );
-        let admitted = metric(
+        let admitted = support::first_sample(
             &format!("http://127.0.0.1:{metrics_port}/metrics"),
             "tessera_webhook_admission_duration_seconds_count",
         )
@@ -1012,7 +990,8 @@ fn d_two_controllers_on_a_real_lease_the_stopped_leader_is_replaced_and_steps_do
             "ctl-b to report itself a follower",
             Duration::from_secs(60),
             || async {
-                (metric(&metrics_urls[1], "tessera_autoscaler_leader").await == Some(0.0)).then_some(())
+                (support::first_sample(&metrics_urls[1], "tessera_autoscaler_leader").await == Some(0.0))
+                    .then_some(())
             },
         )
         .await;
@@ -1038,7 +1017,7 @@ fn d_two_controllers_on_a_real_lease_the_stopped_leader_is_replaced_and_steps_do
             "the follower took {took_over:?} to lead (lease {lease_s} s)"
         );
         assert_eq!(
-            metric(&metrics_urls[1], "tessera_autoscaler_leader").await,
+            support::first_sample(&metrics_urls[1], "tessera_autoscaler_leader").await,
             Some(1.0)
         );
 
@@ -1050,7 +1029,8 @@ fn d_two_controllers_on_a_real_lease_the_stopped_leader_is_replaced_and_steps_do
             "the resumed leader to step down",
             Duration::from_secs(30),
             || async {
-                (metric(&metrics_urls[0], "tessera_autoscaler_leader").await == Some(0.0)).then_some(())
+                (support::first_sample(&metrics_urls[0], "tessera_autoscaler_leader").await == Some(0.0))
+                    .then_some(())
             },
         )
         .await;
@@ -1946,7 +1926,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
 /// plane with the admin kubeconfig (KEDA's own RBAC is not what this story tests). Its log goes to the control
 /// plane's dir.
 fn keda_operator(cp: &ControlPlane, cert_dir: &Path, metrics_service_port: u16) -> Killed {
-    let bin = repo().join(".tools/control-plane/bin/keda-operator");
+    let bin = workspace().join(".tools/control-plane/bin/keda-operator");
     assert!(
         bin.exists(),
         "{} is missing: scripts/control-plane.sh build builds it",
@@ -1980,7 +1960,7 @@ fn keda_operator(cp: &ControlPlane, cert_dir: &Path, metrics_service_port: u16) 
 async fn keda_crds(client: &kube::Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let dir = repo().join(".tools/control-plane/bin/keda-crds");
+    let dir = workspace().join(".tools/control-plane/bin/keda-crds");
     let mut names = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
@@ -2035,7 +2015,7 @@ async fn keda_metrics_adapter(
     certs: &Path,
     operator_grpc: u16,
 ) -> Killed {
-    let bin = repo().join(".tools/control-plane/bin/keda-adapter");
+    let bin = workspace().join(".tools/control-plane/bin/keda-adapter");
     assert!(
         bin.exists(),
         "{} is missing: scripts/control-plane.sh build builds it",

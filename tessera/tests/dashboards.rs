@@ -157,30 +157,23 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     // vLLM (emulated) with traffic, and its sidecar.
     let vllm = Tessera::vllm_sim(&["--model-preset", "opt-125m", "--served-model-name", "chat"]);
     let body = serde_json::json!({"model": "chat", "prompt": "hello", "max_tokens": 5});
-    let r = client
-        .post(vllm.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("completion");
+    let r = support::post_json(&client, &vllm.url("/v1/completions"), &body).await;
     assert!(r.status().is_success());
-    let sidecar = Tessera::start(&[
-        "sidecar",
-        "--vllm-url",
+    let sidecar = Tessera::sidecar(
         &vllm.base(),
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "200ms",
-        "--min-window",
-        "1s",
-        "--min-samples",
-        "3",
-        "--gpu-memory-mib",
-        "81920",
-        "--bytes-per-kv-token",
-        "36864",
-    ]);
+        &[
+            "--scrape-interval",
+            "200ms",
+            "--min-window",
+            "1s",
+            "--min-samples",
+            "3",
+            "--gpu-memory-mib",
+            "81920",
+            "--bytes-per-kv-token",
+            "36864",
+        ],
+    );
     // Wait until the sidecar exports its recommendation gauges.
     let mut page = String::new();
     for _ in 0..100 {
@@ -224,15 +217,10 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     assert_eq!(post("nope").await.ok(), Some(404));
     let held = tokio::spawn(post("later"));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let _later = Tessera::start(&[
-        "vllm-sim",
-        "--listen",
+    let _later = Tessera::vllm_sim_at(
         &format!("127.0.0.1:{later_port}"),
-        "--model-preset",
-        "opt-125m",
-        "--served-model-name",
-        "later",
-    ]);
+        &["--model-preset", "opt-125m", "--served-model-name", "later"],
+    );
     let status = tokio::time::timeout(Duration::from_secs(30), held)
         .await
         .expect("the held request was answered")
@@ -251,22 +239,8 @@ async fn every_dashboard_metric_is_emitted_by_a_role() {
     // admission families have samples only once a pod was admitted.
     let tls = tempfile::tempdir().expect("tempdir");
     let pair = admission::pair();
-    let (cert, key) = (tls.path().join("tls.crt"), tls.path().join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("write the certificate");
-    std::fs::write(&key, &pair.key_pem).expect("write the key");
     let webhook_metrics = format!("127.0.0.1:{}", free_port());
-    let webhook = Tessera::start(&[
-        "webhook",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        &webhook_metrics,
-        "--tls-cert",
-        cert.to_str().expect("utf-8 path"),
-        "--tls-key",
-        key.to_str().expect("utf-8 path"),
-        "--no-kube",
-    ]);
+    let webhook = admission::start_webhook(tls.path(), &pair, &webhook_metrics, &[]);
     let mut stream = admission::connect(&admission::connector(&[&pair.der]), webhook.addr).await;
     let (status, answer) = admission::exchange(
         &mut stream,

@@ -33,6 +33,95 @@ async fn snapshot(c: &reqwest::Client, emu: &Tessera) -> VllmSnapshot {
     VllmSnapshot::from_text(&metrics_text(c, emu).await).expect("the emulator's page parses")
 }
 
+/// POSTs `body` to `url` and parses the answer as JSON.
+async fn post_value(c: &reqwest::Client, url: &str, body: &Value) -> Value {
+    support::post_json(c, url, body).await.json().await.unwrap()
+}
+
+/// POSTs nothing to `url` (the sleep-mode endpoints); the answer's status.
+async fn post_status(c: &reqwest::Client, url: &str) -> reqwest::StatusCode {
+    c.post(url).send().await.unwrap().status()
+}
+
+/// The families vLLM V1's page has after a request (the emulator's default page).
+const V1_FAMILIES: [&str; 27] = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:engine_sleep_state",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:request_success_total",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_params_n",
+    "vllm:request_params_max_tokens",
+    "vllm:request_max_num_generation_tokens",
+    "vllm:iteration_tokens_total",
+    "vllm:cache_config_info",
+    "vllm:prompt_tokens_created",
+    "vllm:time_to_first_token_seconds_created",
+];
+
+/// The families vLLM V0's page has after a request (`--metrics-version v0`).
+const V0_FAMILIES: [&str; 18] = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_swapped",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:cpu_cache_usage_perc",
+    "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_to_first_token_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_params_n",
+    "vllm:request_success_total",
+    "vllm:avg_prompt_throughput_toks_per_s",
+    "vllm:avg_generation_throughput_toks_per_s",
+    "vllm:cache_config_info",
+];
+
+/// `emu`'s metrics page: it parses without a malformed line and has each of `families` (`version` names the page
+/// in the message).
+async fn page_with_families(c: &reqwest::Client, emu: &Tessera, version: &str, families: &[&str]) -> String {
+    let text = metrics_text(c, emu).await;
+    let page = parse_text(&text);
+    assert!(page.errors.is_empty(), "malformed lines: {:?}", page.errors);
+    for name in families {
+        assert!(
+            page.family(name).is_some(),
+            "family {name} missing from the {version} page"
+        );
+    }
+    text
+}
+
+/// Tells the load `tasks` to stop and waits for each to end (at most a minute; `what` names them).
+async fn drain(stop: &AtomicBool, tasks: Vec<tokio::task::JoinHandle<()>>, what: &str) {
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .unwrap_or_else(|_| panic!("{what} drains"))
+            .unwrap();
+    }
+}
+
 /// Sends one streaming completion and reads it to the end; returns the number of content chunks.
 async fn stream_one(
     c: &reqwest::Client,
@@ -81,15 +170,7 @@ async fn openai_protocol_matches_vllm() {
     // Non-streaming chat: usage adds up and max_tokens is respected.
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there, emulator!"}],
                       "max_tokens": 12, "ignore_eos": true});
-    let r: Value = c
-        .post(emu.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_value(&c, &emu.url("/v1/chat/completions"), &body).await;
     assert_eq!(r["object"], "chat.completion");
     assert_eq!(r["choices"][0]["message"]["role"], "assistant");
     assert_eq!(r["choices"][0]["finish_reason"], "length");
@@ -103,12 +184,8 @@ async fn openai_protocol_matches_vllm() {
     // Streaming chat with include_usage: role chunk, one chunk per token, finish chunk, usage chunk, [DONE].
     let body = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                       "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
-    let text = c
-        .post(emu.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
+    let text = support::post_json(&c, &emu.url("/v1/chat/completions"), &body)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -124,25 +201,17 @@ async fn openai_protocol_matches_vllm() {
 
     // Completions with token ids count prompt tokens exactly.
     let body = json!({"model": "tiny", "prompt": [1, 2, 3, 4, 5, 6, 7], "max_tokens": 3});
-    let r: Value = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_value(&c, &emu.url("/v1/completions"), &body).await;
     assert_eq!(r["object"], "text_completion");
     assert_eq!(r["usage"]["prompt_tokens"], 7);
 
     // Errors in OpenAI's shape.
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&json!({"model": "nope", "prompt": "x"}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        &c,
+        &emu.url("/v1/completions"),
+        &json!({"model": "nope", "prompt": "x"}),
+    )
+    .await;
     assert_eq!(r.status(), 404);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["type"], "NotFoundError");
@@ -159,12 +228,7 @@ async fn openai_protocol_matches_vllm() {
     assert_eq!(e["error"]["code"], 400);
     // A prompt that fills max_model_len (2048 for opt-125m) on its own: 400 with vLLM 0.32's message.
     let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2048, "max_tokens": 10});
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.unwrap();
     assert!(
@@ -178,12 +242,7 @@ async fn openai_protocol_matches_vllm() {
     // Prompt + max_tokens over the limit: vLLM 0.32 caps max_tokens at what is left (48 here), no error.
     let body = json!({"model": "tiny", "prompt": "x", "tessera_prompt_tokens": 2000, "max_tokens": 100,
         "ignore_eos": true});
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 48, "{v}");
@@ -196,15 +255,7 @@ async fn same_seed_same_text() {
     let mut outs = Vec::new();
     for seed in ["3", "3", "4"] {
         let emu = Tessera::vllm_sim(&["--served-model-name", "m", "--seed", seed]);
-        let r: Value = client()
-            .post(emu.url("/v1/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r: Value = post_value(&client(), &emu.url("/v1/completions"), &body).await;
         outs.push(r["choices"][0]["text"].as_str().unwrap().to_owned());
     }
     assert_eq!(outs[0], outs[1]);
@@ -223,43 +274,7 @@ async fn metrics_page_has_every_vllm_family_and_parses() {
     ]);
     let c = client();
     stream_one(&c, &emu.url("/v1/completions"), "m", 300, 20).await;
-    let text = metrics_text(&c, &emu).await;
-    let page = parse_text(&text);
-    assert!(page.errors.is_empty(), "malformed lines: {:?}", page.errors);
-    for name in [
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:engine_sleep_state",
-        "vllm:num_preemptions_total",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-        "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total",
-        "vllm:request_success_total",
-        "vllm:time_to_first_token_seconds",
-        "vllm:inter_token_latency_seconds",
-        "vllm:request_time_per_output_token_seconds",
-        "vllm:e2e_request_latency_seconds",
-        "vllm:request_queue_time_seconds",
-        "vllm:request_inference_time_seconds",
-        "vllm:request_prefill_time_seconds",
-        "vllm:request_decode_time_seconds",
-        "vllm:request_prompt_tokens",
-        "vllm:request_generation_tokens",
-        "vllm:request_params_n",
-        "vllm:request_params_max_tokens",
-        "vllm:request_max_num_generation_tokens",
-        "vllm:iteration_tokens_total",
-        "vllm:cache_config_info",
-        "vllm:prompt_tokens_created",
-        "vllm:time_to_first_token_seconds_created",
-    ] {
-        assert!(
-            page.family(name).is_some(),
-            "family {name} missing from the V1 page"
-        );
-    }
+    let text = page_with_families(&c, &emu, "V1", &V1_FAMILIES).await;
     // vLLM's V1 TTFT buckets, read back from `le`.
     let snap = VllmSnapshot::from_text(&text).unwrap();
     let ttft = snap.ttft.as_ref().expect("ttft");
@@ -294,35 +309,8 @@ async fn metrics_page_has_every_vllm_family_and_parses() {
         "20",
     ]);
     stream_one(&c, &emu.url("/v1/completions"), "m", 100, 10).await;
-    let text = metrics_text(&c, &emu).await;
-    let page = parse_text(&text);
-    assert!(page.errors.is_empty(), "malformed lines: {:?}", page.errors);
-    for name in [
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:num_requests_swapped",
-        "vllm:gpu_cache_usage_perc",
-        "vllm:cpu_cache_usage_perc",
-        "vllm:num_preemptions_total",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-        "vllm:time_to_first_token_seconds",
-        "vllm:time_per_output_token_seconds",
-        "vllm:e2e_request_latency_seconds",
-        "vllm:request_prompt_tokens",
-        "vllm:request_generation_tokens",
-        "vllm:request_params_n",
-        "vllm:request_success_total",
-        "vllm:avg_prompt_throughput_toks_per_s",
-        "vllm:avg_generation_throughput_toks_per_s",
-        "vllm:cache_config_info",
-    ] {
-        assert!(
-            page.family(name).is_some(),
-            "family {name} missing from the V0 page"
-        );
-    }
-    assert!(page.family("vllm:kv_cache_usage_perc").is_none());
+    let text = page_with_families(&c, &emu, "V0", &V0_FAMILIES).await;
+    assert!(parse_text(&text).family("vllm:kv_cache_usage_perc").is_none());
     assert!(!text.contains("engine=\""), "V0 pages have no engine label");
     let snap = VllmSnapshot::from_text(&text).unwrap();
     assert_eq!(snap.generation_tokens_total, Some(10.0));
@@ -392,20 +380,6 @@ fn scopeguard(c: &mut Child) -> Guard<'_> {
     Guard(c)
 }
 
-/// The emulator with sleep mode served: `--enable-sleep-mode` and vLLM's `VLLM_SERVER_DEV_MODE=1`.
-fn sleepy_sim(extra: &[&str]) -> Tessera {
-    let mut args = vec![
-        "vllm-sim",
-        "--listen",
-        "127.0.0.1:0",
-        "--served-model-name",
-        "m",
-        "--enable-sleep-mode",
-    ];
-    args.extend_from_slice(extra);
-    Tessera::start_with_env(&args, &[("VLLM_SERVER_DEV_MODE", "1")])
-}
-
 #[tokio::test]
 async fn sleep_endpoints_need_sleep_mode_and_dev_mode_as_in_vllm() {
     let c = client();
@@ -451,7 +425,7 @@ fn gpu_used(text: &str) -> f64 {
 
 #[tokio::test]
 async fn sleep_pauses_the_engine_and_wake_up_resumes() {
-    let emu = sleepy_sim(&["--wake-up-delay", "200ms", "--fault-sleep-residue-bytes", "1Gi"]);
+    let emu = Tessera::sleep_mode_sim(&["--wake-up-delay", "200ms", "--fault-sleep-residue-bytes", "1Gi"]);
     let c = client();
     let asleep = |v: Value| v["is_sleeping"].as_bool().unwrap();
     let get = |p: &'static str| {
@@ -465,14 +439,7 @@ async fn sleep_pauses_the_engine_and_wake_up_resumes() {
         awake_bytes > 4e9,
         "weights + KV of an emulated 7B model: {awake_bytes}"
     );
-    assert_eq!(
-        c.post(emu.url("/sleep?level=1&mode=keep"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post_status(&c, &emu.url("/sleep?level=1&mode=keep")).await, 200);
     assert!(asleep(get("/is_sleeping").await));
     let text = metrics_text(&c, &emu).await;
     assert!(text.contains("sleep_state=\"weights_offloaded\"} 1.0"), "{text}");
@@ -484,24 +451,10 @@ async fn sleep_pauses_the_engine_and_wake_up_resumes() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(!pending.is_finished(), "no tokens while asleep");
     // The KV cache alone wakes at once and leaves the engine paused; the weights take --wake-up-delay.
-    assert_eq!(
-        c.post(emu.url("/wake_up?tags=kv_cache"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post_status(&c, &emu.url("/wake_up?tags=kv_cache")).await, 200);
     assert!(asleep(get("/is_sleeping").await), "weights still asleep");
     let t = Instant::now();
-    assert_eq!(
-        c.post(emu.url("/wake_up?tags=weights"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post_status(&c, &emu.url("/wake_up?tags=weights")).await, 200);
     assert!(
         t.elapsed() >= Duration::from_millis(200),
         "wake-up takes --wake-up-delay"
@@ -516,30 +469,25 @@ async fn sleep_pauses_the_engine_and_wake_up_resumes() {
         5
     );
     for bad in ["/sleep?level=3", "/sleep?mode=later", "/wake_up?tags=lora"] {
-        assert_eq!(c.post(emu.url(bad)).send().await.unwrap().status(), 400, "{bad}");
+        assert_eq!(post_status(&c, &emu.url(bad)).await, 400, "{bad}");
     }
 }
 
 /// A seeded completion's text (the sidecar's canary).
 async fn seeded_text(c: &reqwest::Client, emu: &Tessera) -> String {
-    let v: Value = c
-        .post(emu.url("/v1/completions"))
-        .json(
-            &json!({"model": "m", "prompt": "canary", "max_tokens": 8, "temperature": 0, "seed": 7,
+    let v: Value = post_value(
+        c,
+        &emu.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "canary", "max_tokens": 8, "temperature": 0, "seed": 7,
             "ignore_eos": true}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    )
+    .await;
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
 #[tokio::test]
 async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
-    let emu = sleepy_sim(&["--wake-up-delay", "10ms", "--time-scale", "20"]);
+    let emu = Tessera::sleep_mode_sim(&["--wake-up-delay", "10ms", "--time-scale", "20"]);
     let c = client();
     let before = seeded_text(&c, &emu).await;
     assert_eq!(
@@ -548,12 +496,12 @@ async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
         "the same seed, the same text"
     );
     // mode=abort ends the request in flight.
-    let r = c
-        .post(emu.url("/v1/completions"))
-        .json(&json!({"model": "m", "prompt": "x", "max_tokens": 30_000, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        &c,
+        &emu.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "x", "max_tokens": 30_000, "ignore_eos": true, "stream": true}),
+    )
+    .await;
     let long = tokio::spawn(async move {
         let mut s = r.bytes_stream();
         let mut text = Vec::new();
@@ -566,66 +514,31 @@ async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
             .count()
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        c.post(emu.url("/sleep?level=2&mode=abort"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post_status(&c, &emu.url("/sleep?level=2&mode=abort")).await, 200);
     let got = tokio::time::timeout(Duration::from_secs(5), long)
         .await
         .unwrap()
         .unwrap();
     assert!(got < 30_000, "aborted after {got} tokens");
     // Level 2 discarded the weights: after a wake without reload_weights the answer is wrong; after it, right.
-    assert_eq!(
-        c.post(emu.url("/wake_up?tags=weights"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        c.post(emu.url("/wake_up?tags=kv_cache"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post_status(&c, &emu.url("/wake_up?tags=weights")).await, 200);
+    assert_eq!(post_status(&c, &emu.url("/wake_up?tags=kv_cache")).await, 200);
     assert_ne!(seeded_text(&c, &emu).await, before, "no reload: wrong weights");
-    let r = c
-        .post(emu.url("/collective_rpc"))
-        .json(&json!({"method": "reload_weights"}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        &c,
+        &emu.url("/collective_rpc"),
+        &json!({"method": "reload_weights"}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
-    assert_eq!(
-        c.post(emu.url("/reset_prefix_cache"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post_status(&c, &emu.url("/reset_prefix_cache")).await, 200);
     assert_eq!(seeded_text(&c, &emu).await, before);
     // mode=wait answers only once the request in flight has finished.
     let url = emu.url("/v1/completions");
     let c2 = c.clone();
     let short = tokio::spawn(async move { stream_one(&c2, &url, "m", 50, 300).await });
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(
-        c.post(emu.url("/sleep?level=1&mode=wait"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post_status(&c, &emu.url("/sleep?level=1&mode=wait")).await, 200);
     assert!(
         short.is_finished()
             || tokio::time::timeout(Duration::from_millis(100), short)
@@ -633,28 +546,18 @@ async fn abort_and_wait_modes_level_two_reload_and_the_wrong_answer_fault() {
                 .is_ok()
     );
 
-    let faulty = sleepy_sim(&["--wake-up-delay", "10ms", "--fault-wake-wrong-answer"]);
+    let faulty = Tessera::sleep_mode_sim(&["--wake-up-delay", "10ms", "--fault-wake-wrong-answer"]);
     let before = seeded_text(&c, &faulty).await;
-    assert_eq!(
-        c.post(faulty.url("/sleep?level=1"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(c.post(faulty.url("/wake_up")).send().await.unwrap().status(), 200);
+    assert_eq!(post_status(&c, &faulty.url("/sleep?level=1")).await, 200);
+    assert_eq!(post_status(&c, &faulty.url("/wake_up")).await, 200);
     assert_ne!(
         seeded_text(&c, &faulty).await,
         before,
         "--fault-wake-wrong-answer"
     );
 
-    let hang = sleepy_sim(&["--fault-wake-hang"]);
-    assert_eq!(
-        c.post(hang.url("/sleep?level=1")).send().await.unwrap().status(),
-        200
-    );
+    let hang = Tessera::sleep_mode_sim(&["--fault-wake-hang"]);
+    assert_eq!(post_status(&c, &hang.url("/sleep?level=1")).await, 200);
     let woke = tokio::time::timeout(Duration::from_secs(2), c.post(hang.url("/wake_up")).send()).await;
     assert!(woke.is_err(), "--fault-wake-hang: the wake never answers");
 }
@@ -694,13 +597,7 @@ async fn run_stage(emu: &Tessera, concurrency: usize, dur: Duration, prompt: u32
         n += 1.0;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("stage drains")
-            .unwrap();
-    }
+    drain(&stop, tasks, "stage").await;
     let after = snapshot(&c, emu).await;
     let ttft = after.ttft.unwrap().delta(before.ttft.as_ref().unwrap());
     Stage {
@@ -859,13 +756,7 @@ async fn sidecar_readings_track_the_emulator_under_load() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(compared, 10);
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        tokio::time::timeout(Duration::from_secs(60), t)
-            .await
-            .expect("load drains")
-            .unwrap();
-    }
+    drain(&stop, tasks, "load").await;
 
     // Idle: once the sidecar has scraped again, its counters equal the emulator's exactly.
     let emu_snap = snapshot(&c, &emu).await;
@@ -1143,18 +1034,8 @@ async fn disconnected_clients_are_aborted_and_free_their_blocks() {
     let c = client();
     let body = json!({"model": "m", "prompt": "x", "tessera_prompt_tokens": 500, "max_tokens": 5000,
                       "ignore_eos": true, "stream": true});
-    let running = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let waiting = c
-        .post(emu.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let running = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
+    let waiting = support::post_json(&c, &emu.url("/v1/completions"), &body).await;
     assert_eq!((running.status().as_u16(), waiting.status().as_u16()), (200, 200));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let s = snapshot(&c, &emu).await;

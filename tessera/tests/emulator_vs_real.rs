@@ -74,21 +74,14 @@ async fn metrics_match_the_real_pages() {
     for (name, real, max_model_len) in REAL_PAGES {
         let emu = emulator(max_model_len);
         // One finished request, so every histogram has observations (the shape is the same either way).
-        let r = http
-            .post(emu.url("/v1/completions"))
-            .json(&json!({"model": "tiny-llama", "prompt": [11, 12, 13], "max_tokens": 4}))
-            .send()
-            .await
-            .unwrap();
+        let r = support::post_json(
+            &http,
+            &emu.url("/v1/completions"),
+            &json!({"model": "tiny-llama", "prompt": [11, 12, 13], "max_tokens": 4}),
+        )
+        .await;
         assert_eq!(r.status(), 200);
-        let sim = http
-            .get(emu.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let sim = support::get_text(&http, &emu.url("/metrics")).await;
         for d in diff_metrics(real, &sim, &[], &[]) {
             report.push(format!("[{name}] {d}"));
         }

@@ -32,12 +32,7 @@ fn chat(model: &str) -> serde_json::Value {
 
 /// Resident memory of a process, KiB, from `/proc/<pid>/status`.
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
+    support::proc_status_kib(pid, "VmRSS").expect("VmRSS in /proc/<pid>/status")
 }
 
 /// A fast OpenAI-ish backend in the test process that counts what it received.
@@ -72,61 +67,43 @@ async fn bind() -> (tokio::net::TcpListener, u16) {
 
 /// `vllm:prompt_tokens_total` of an emulator (0 when it never saw a request).
 async fn prompt_tokens(sim: &Tessera) -> f64 {
-    let page = client()
-        .get(sim.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    page.lines()
-        .filter(|l| l.starts_with("vllm:prompt_tokens_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let page = support::get_text(&client(), &sim.url("/metrics")).await;
+    support::metric_sum(&page, "vllm:prompt_tokens_total")
 }
 
 async fn running(sim: &Tessera) -> f64 {
-    let page = client()
-        .get(sim.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    page.lines()
-        .filter(|l| l.starts_with("vllm:num_requests_running"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let page = support::get_text(&client(), &sim.url("/metrics")).await;
+    support::metric_sum(&page, "vllm:num_requests_running")
+}
+
+/// Two emulators serving `qwen` at `time_scale` behind one activator probing every 100 ms, once both are ready.
+async fn two_backends(time_scale: &str) -> (Tessera, Tessera, Tessera) {
+    let a = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", time_scale]);
+    let b = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", time_scale]);
+    let act = Tessera::activator_for(
+        &format!("qwen={}", a.base()),
+        &[
+            "--backend",
+            &format!("qwen={}", b.base()),
+            "--probe-interval",
+            "100ms",
+        ],
+    );
+    act.wait_activator_stats("two ready backends", WAIT, |s| {
+        s["models"]["default/qwen"]["readyBackends"] == 2
+    })
+    .await;
+    (a, b, act)
 }
 
 /// SIGKILL a backend while it streams: the client's stream ends with an error (never a clean end), promptly, and
 /// the request is not sent again to the other backend after bytes had gone out.
 #[tokio::test]
 async fn kill_9_a_backend_mid_stream() {
-    let a = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "1"]);
-    let b = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "1"]);
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("qwen={}", a.base()),
-        "--backend",
-        &format!("qwen={}", b.base()),
-        "--probe-interval",
-        "100ms",
-    ]);
-    act.wait_activator_stats("two ready backends", WAIT, |s| {
-        s["models"]["default/qwen"]["readyBackends"] == 2
-    })
-    .await;
+    let (a, b, act) = two_backends("1").await;
     let body = serde_json::json!({ "model": "qwen", "max_tokens": 400, "stream": true, "ignore_eos": true,
         "messages": [{ "role": "user", "content": "Tell me a long story." }] });
-    let mut resp = client()
-        .post(act.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut resp = support::post_json(&client(), &act.url("/v1/chat/completions"), &body).await;
     assert_eq!(resp.status(), 200);
     let mut received = 0usize;
     while received < 3 {
@@ -173,21 +150,8 @@ async fn kill_9_a_backend_mid_stream() {
 /// milliseconds) fail; everything after is routed to the survivor.
 #[tokio::test]
 async fn kill_one_of_two_backends_under_load() {
-    let a = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "10"]);
-    let b = Tessera::vllm_sim(&["--served-model-name", "qwen", "--time-scale", "10"]);
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("qwen={}", a.base()),
-        "--backend",
-        &format!("qwen={}", b.base()),
-        "--probe-interval",
-        "100ms",
-    ]);
-    act.wait_activator_stats("two ready backends", WAIT, |s| {
-        s["models"]["default/qwen"]["readyBackends"] == 2
-    })
-    .await;
-    let mut a = a;
+    // `_b` is the survivor: it serves until the test ends.
+    let (mut a, _b, act) = two_backends("10").await;
     let start = Instant::now();
     let url = act.url("/v1/chat/completions");
     const WORKERS: usize = 16;
@@ -271,26 +235,22 @@ async fn backend_reset_after_connect_is_a_502_and_never_replayed() {
     });
     let (healthy, healthy_port) = bind().await;
     let good = start_counting(healthy).await;
-    let act = Tessera::activator(&[
-        "--backend",
+    let act = Tessera::activator_for(
         &format!("m=http://127.0.0.1:{reset_port}"),
-        "--backend",
-        &format!("m=http://127.0.0.1:{healthy_port}"),
-        "--probe-interval",
-        "100ms",
-    ]);
+        &[
+            "--backend",
+            &format!("m=http://127.0.0.1:{healthy_port}"),
+            "--probe-interval",
+            "100ms",
+        ],
+    );
     act.wait_activator_stats("two ready backends", WAIT, |s| {
         s["models"]["default/m"]["readyBackends"] == 2
     })
     .await;
     let (mut ok, mut bad) = (0, 0);
     for _ in 0..6 {
-        let resp = client()
-            .post(act.url("/v1/chat/completions"))
-            .json(&chat("m"))
-            .send()
-            .await
-            .unwrap();
+        let resp = support::post_json(&client(), &act.url("/v1/chat/completions"), &chat("m")).await;
         match resp.status().as_u16() {
             200 => ok += 1,
             502 => {
@@ -321,18 +281,20 @@ async fn backend_reset_after_connect_is_a_502_and_never_replayed() {
 async fn two_thousand_held_requests_at_zero() {
     const HELD: usize = 2000;
     let port = free_port();
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("m=http://127.0.0.1:{port}"),
-        "--queue-size",
-        "5000",
-        "--max-held",
-        &HELD.to_string(),
-        "--hold-timeout",
-        "120s",
-        "--probe-interval-held",
-        "50ms",
-    ]);
+    let act = Tessera::activator_at_port(
+        "m",
+        port,
+        &[
+            "--queue-size",
+            "5000",
+            "--max-held",
+            &HELD.to_string(),
+            "--hold-timeout",
+            "120s",
+            "--probe-interval-held",
+            "50ms",
+        ],
+    );
     let pid = act.child.id();
     let idle_rss = rss_kib(pid);
     let c = reqwest::Client::builder()
@@ -357,12 +319,7 @@ async fn two_thousand_held_requests_at_zero() {
     })
     .await;
     let held_rss = rss_kib(pid);
-    let extra = client()
-        .post(act.url("/v1/chat/completions"))
-        .json(&chat("m"))
-        .send()
-        .await
-        .unwrap();
+    let extra = support::post_json(&client(), &act.url("/v1/chat/completions"), &chat("m")).await;
     assert_eq!(extra.status(), 429, "over --max-held must be shed");
     assert!(extra.headers().contains_key("retry-after"));
     let err: serde_json::Value = extra.json().await.unwrap();
@@ -417,16 +374,18 @@ async fn latencies(url: &str, n: usize) -> Vec<f64> {
 async fn slowloris_and_a_50_mib_body_are_rejected_without_slowing_others() {
     let (listener, port) = bind().await;
     start_counting(listener).await;
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("m=http://127.0.0.1:{port}"),
-        "--header-read-timeout",
-        "1s",
-        "--body-read-timeout",
-        "1s",
-        "--max-body-size",
-        "1048576",
-    ]);
+    let act = Tessera::activator_at_port(
+        "m",
+        port,
+        &[
+            "--header-read-timeout",
+            "1s",
+            "--body-read-timeout",
+            "1s",
+            "--max-body-size",
+            "1048576",
+        ],
+    );
     let url = act.url("/v1/chat/completions");
     let baseline = latencies(&url, 50).await;
     let addr = act.addr;
@@ -559,16 +518,18 @@ async fn sigterm_drains_then_answers_held_requests() {
     let (listener, port) = bind().await;
     start_counting(listener).await;
     let zero_port = free_port();
-    let mut act = Tessera::activator(&[
-        "--backend",
-        &format!("up=http://127.0.0.1:{port}"),
-        "--backend",
-        &format!("zero=http://127.0.0.1:{zero_port}"),
-        "--drain-period",
-        "1500ms",
-        "--retry-after",
-        "3s",
-    ]);
+    let mut act = Tessera::activator_at_port(
+        "up",
+        port,
+        &[
+            "--backend",
+            &format!("zero=http://127.0.0.1:{zero_port}"),
+            "--drain-period",
+            "1500ms",
+            "--retry-after",
+            "3s",
+        ],
+    );
     act.wait_activator_stats("up ready", WAIT, |s| {
         s["models"]["default/up"]["readyBackends"] == 1
     })

@@ -90,24 +90,13 @@ fn bytes_of_lines(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Resident memory of a process, KiB (0 once it is gone).
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    support::proc_status_kib(pid, "VmRSS").unwrap_or(0)
 }
 
 async fn status(http: &reqwest::Client, base: &str) -> SidecarStatus {
-    let body = http
-        .get(format!("{base}/v1/status"))
-        .send()
-        .await
-        .expect("the sidecar answers /v1/status")
-        .text()
-        .await
-        .unwrap();
+    let body = support::get_text(http, &format!("{base}/v1/status")).await;
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("bad /v1/status ({e}): {body}"))
 }
 
@@ -138,22 +127,20 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
         .route("/metrics", get(metrics))
         .with_state(feed.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let sidecar = Tessera::start(&[
-        "sidecar",
-        "--vllm-url",
+    let sidecar = Tessera::sidecar(
         &format!("http://{vllm}"),
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "100ms",
-        "--scrape-timeout",
-        "1s",
-        "--no-nvml",
-        "--gpu-memory-mib",
-        "24000",
-        "--max-model-len",
-        "4096",
-    ]);
+        &[
+            "--scrape-interval",
+            "100ms",
+            "--scrape-timeout",
+            "1s",
+            "--no-nvml",
+            "--gpu-memory-mib",
+            "24000",
+            "--max-model-len",
+            "4096",
+        ],
+    );
     let base = sidecar.base();
     let pid = sidecar.child.id();
     let http = reqwest::Client::builder()
@@ -218,12 +205,7 @@ async fn a_sidecar_fed_bad_pages_stays_up_bounded_and_never_recommends_from_them
 // The controller against the in-memory API server (support/apiserver.rs): restart mid scale-up, leader partition.
 
 use serde_json::{Value, json};
-use support::apiserver::ApiServer;
-
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const PODS: &str = "v1/pods";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
-const LEASES: &str = "coordination.k8s.io/v1/leases";
+use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, LEASES, PODS};
 
 /// A child process killed on drop.
 struct Proc(std::process::Child);
@@ -494,15 +476,10 @@ async fn proxy(to: SocketAddr) -> Partition {
 }
 
 async fn leading(metrics_port: u16) -> Option<bool> {
-    let body = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+    let url = format!("http://127.0.0.1:{metrics_port}/metrics");
+    support::first_sample(&url, "tessera_autoscaler_leader")
         .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix("tessera_autoscaler_leader "))
-        .map(|v| v.trim() == "1")
+        .map(|v| v == 1.0)
 }
 
 /// Partition the leader from the API: it must stop leading (renew deadline 2 s) before the follower can take over

@@ -77,14 +77,7 @@ async fn without_nvml_the_agent_publishes_nothing_and_is_not_ready() {
         // A few more readings: still nothing sent to the API server.
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(hits.load(Ordering::SeqCst), 0, "published without a UUID");
-        let metrics = http
-            .get(agent.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = support::get_text(&http, &agent.url("/metrics")).await;
         assert!(
             metrics.contains("tessera_gpu_agent_uuid_published 0"),
             "{metrics}"

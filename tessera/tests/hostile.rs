@@ -12,51 +12,56 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// A "sidecar" that answers every request with `total` bytes of JSON-looking padding, as fast as loopback
 /// allows; with `declare`, a Content-Length says so up front, otherwise the body runs until the connection closes.
 async fn flooding_pod(total: usize, declare: bool) -> std::net::SocketAddr {
+    raw_server(move |mut s| async move {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        let head = if declare {
+            format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {total}\r\n\r\n")
+        } else {
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n".to_owned()
+        };
+        if s.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+        let chunk = [b' '; 256 * 1024];
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(chunk.len());
+            if s.write_all(&chunk[..n]).await.is_err() {
+                return; // the reader hung up: what a bounded reader does
+            }
+            left -= n;
+        }
+    })
+    .await
+}
+
+/// A raw TCP server on loopback that runs `answer` on each connection it accepts (a misbehaving peer); its address.
+async fn raw_server<F, Fut>(answer: F) -> std::net::SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let head = if declare {
-                    format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {total}\r\n\r\n"
-                    )
-                } else {
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n"
-                        .to_owned()
-                };
-                if s.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let chunk = [b' '; 256 * 1024];
-                let mut left = total;
-                while left > 0 {
-                    let n = left.min(chunk.len());
-                    if s.write_all(&chunk[..n]).await.is_err() {
-                        return; // the reader hung up: what a bounded reader does
-                    }
-                    left -= n;
-                }
-            });
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(answer(s));
         }
     });
     addr
 }
 
+/// The emulator serving `m` behind an activator.
+fn m_behind_activator() -> (Tessera, Tessera) {
+    let vllm = Tessera::vllm_sim(&["--served-model-name", "m"]);
+    let activator = Tessera::activator_for(&format!("m={}", vllm.base()), &[]);
+    (vllm, activator)
+}
+
 /// The peak resident memory of a process (`VmHWM`), in MiB.
 fn peak_rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/pid/status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        .expect("VmHWM in /proc/pid/status")
-        / 1024
+    support::proc_status_kib(pid, "VmHWM").expect("VmHWM in /proc/pid/status") / 1024
 }
 
 /// Waits until the autoscaler's /metrics shows `want`, returning the page.
@@ -64,14 +69,7 @@ async fn wait_metric(ctl: &Tessera, want: &str, within: Duration) -> String {
     let client = http_client(Duration::from_secs(5));
     let deadline = std::time::Instant::now() + within;
     loop {
-        let page = client
-            .get(ctl.url("/metrics"))
-            .send()
-            .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("metrics body");
+        let page = support::get_text(&client, &ctl.url("/metrics")).await;
         if page.contains(want) {
             return page;
         }
@@ -197,27 +195,14 @@ async fn every_server_closes_silent_half_open_and_idle_connections() {
 #[tokio::test]
 async fn the_webhook_closes_stalled_tls_connections() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let pair = support::admission::pair();
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("write cert");
-    std::fs::write(&key, &pair.key_pem).expect("write key");
     let metrics_listen = format!("127.0.0.1:{}", free_port());
-    let hook = Tessera::start(&[
-        "webhook",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
+    let pair = support::admission::pair();
+    let hook = support::admission::start_webhook(
+        dir.path(),
+        &pair,
         &metrics_listen,
-        "--tls-cert",
-        cert.to_str().expect("path"),
-        "--tls-key",
-        key.to_str().expect("path"),
-        "--no-kube",
-        "--header-read-timeout",
-        "1s",
-        "--client-idle-timeout",
-        "1s",
-    ]);
+        &["--header-read-timeout", "1s", "--client-idle-timeout", "1s"],
+    );
     // Nothing at all: the handshake never starts.
     let mut raw = tokio::net::TcpStream::connect(hook.addr).await.expect("connect");
     assert!(
@@ -250,9 +235,7 @@ async fn the_webhook_closes_stalled_tls_connections() {
 /// with 400 and the reason, never forwarded. And `GET /v1/models/{id}` answers as OpenAI's API does.
 #[tokio::test]
 async fn the_activator_refuses_dot_segments_and_answers_a_model_lookup() {
-    let vllm = Tessera::vllm_sim(&["--served-model-name", "m"]);
-    let backend = format!("m={}", vllm.base());
-    let activator = Tessera::activator(&["--backend", &backend]);
+    let (_vllm, activator) = m_behind_activator();
     let client = http_client(Duration::from_secs(10));
     for path in [
         "/v1/../../metrics",
@@ -278,20 +261,12 @@ async fn the_activator_refuses_dot_segments_and_answers_a_model_lookup() {
         assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
         assert!(answer.contains("bad_path"), "{path}: {answer}");
     }
-    let got = client
-        .get(activator.url("/v1/models/m"))
-        .send()
-        .await
-        .expect("GET");
+    let got = support::get(&client, &activator.url("/v1/models/m")).await;
     assert_eq!(got.status(), 200);
     let model: serde_json::Value = got.json().await.expect("json");
     assert_eq!(model["id"], "m");
     assert_eq!(model["object"], "model");
-    let missing = client
-        .get(activator.url("/v1/models/nope"))
-        .send()
-        .await
-        .expect("GET");
+    let missing = support::get(&client, &activator.url("/v1/models/nope")).await;
     assert_eq!(missing.status(), 404);
     let err: serde_json::Value = missing.json().await.expect("json");
     assert_eq!(err["error"]["code"], "model_not_found");
@@ -302,16 +277,10 @@ async fn the_activator_refuses_dot_segments_and_answers_a_model_lookup() {
 /// are served on `--admin-listen` only, which does not serve the API. Before, the public port served both.
 #[tokio::test]
 async fn a_tenant_cannot_read_every_namespaces_traffic_on_the_public_port() {
-    let vllm = Tessera::vllm_sim(&["--served-model-name", "m"]);
-    let backend = format!("m={}", vllm.base());
-    let activator = Tessera::activator(&["--backend", &backend]);
+    let (_vllm, activator) = m_behind_activator();
     let client = http_client(Duration::from_secs(10));
-    let sent = client
-        .post(activator.url("/v1/completions"))
-        .json(&serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}))
-        .send()
-        .await
-        .expect("POST");
+    let one_token = serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1});
+    let sent = support::post_json(&client, &activator.url("/v1/completions"), &one_token).await;
     assert_eq!(sent.status(), 200, "a request through the public port");
 
     for path in [
@@ -337,11 +306,7 @@ async fn a_tenant_cannot_read_every_namespaces_traffic_on_the_public_port() {
     // The admin listener serves both, with the request just made.
     let stats = support::get_json(&client, &activator.admin_url("/tessera/v1/stats")).await;
     assert_eq!(stats["models"]["default/m"]["requestsTotal"], 1, "{stats}");
-    let page = client
-        .get(activator.admin_url("/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics");
+    let page = support::get(&client, &activator.admin_url("/metrics")).await;
     assert_eq!(page.status(), 200);
     let page = page.text().await.expect("body");
     assert!(page.contains("tessera_activator_"), "{page}");
@@ -350,12 +315,7 @@ async fn a_tenant_cannot_read_every_namespaces_traffic_on_the_public_port() {
         assert_eq!(got.status(), 200, "admin {probe}");
     }
     // And the API is not on the admin listener: it is no second way in for a client.
-    let api = client
-        .post(activator.admin_url("/v1/completions"))
-        .json(&serde_json::json!({"model": "m", "prompt": "hi", "max_tokens": 1}))
-        .send()
-        .await
-        .expect("POST");
+    let api = support::post_json(&client, &activator.admin_url("/v1/completions"), &one_token).await;
     assert_eq!(api.status(), 404, "the admin listener served the API");
 }
 
@@ -363,35 +323,27 @@ async fn a_tenant_cannot_read_every_namespaces_traffic_on_the_public_port() {
 /// client's stream after `--upstream-stream-timeout` and releases the backend (before: held for ever).
 #[tokio::test]
 async fn a_stalled_upstream_stream_is_cut_after_its_idle_bound() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let backend = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let Ok(n) = s.read(&mut buf).await else { return };
-                let head = String::from_utf8_lossy(&buf[..n]).to_string();
-                if head.starts_with("GET") {
-                    // The health probe.
-                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
-                    return;
-                }
-                let _ = s
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
-                          13\r\ndata: {\"first\":1}\n\n\r\n",
-                    )
-                    .await;
-                // Then nothing, with the connection open.
-                tokio::time::sleep(Duration::from_secs(60)).await;
-            });
+    let backend = raw_server(|mut s| async move {
+        let mut buf = vec![0u8; 65536];
+        let Ok(n) = s.read(&mut buf).await else { return };
+        let head = String::from_utf8_lossy(&buf[..n]).to_string();
+        if head.starts_with("GET") {
+            // The health probe.
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+            return;
         }
-    });
+        let _ = s
+            .write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
+                          13\r\ndata: {\"first\":1}\n\n\r\n",
+            )
+            .await;
+        // Then nothing, with the connection open.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    })
+    .await;
     let backend_flag = format!("m=http://{backend}");
-    let activator = Tessera::activator(&["--backend", &backend_flag, "--upstream-stream-timeout", "1s"]);
+    let activator = Tessera::activator_for(&backend_flag, &["--upstream-stream-timeout", "1s"]);
     let started = std::time::Instant::now();
     let resp = http_client(Duration::from_secs(30))
         .post(activator.url("/v1/chat/completions"))

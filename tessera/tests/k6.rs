@@ -11,26 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::Tessera;
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
-
-fn find_k6() -> Option<PathBuf> {
-    let local = workspace().join(".tools/venv/bin/k6");
-    if local.is_file() {
-        return Some(local);
-    }
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join("k6"))
-        .find(|p| p.is_file())
-}
+use support::{Tessera, find_k6, workspace};
 
 /// k6, or `None` (after saying why) when the user opted out with `TESSERA_SKIP_K6=1`. Missing without the
 /// opt-out: the test fails.
@@ -96,23 +77,30 @@ fn k6_run(k6: &Path, script: &str, env: &[(&str, &str)], limit: Duration) -> (bo
     }
 }
 
-#[test]
-fn k6_smoke_passes_against_the_emulator() {
-    let Some(k6) = k6_or_skip() else { return };
-    let emu = Tessera::vllm_sim(&["--served-model-name", "smoke-model"]);
+/// Runs `load-tests/smoke.js` against `emu` (at most 3 minutes), prints its output and checks that it passed with
+/// all thresholds; returns the output.
+fn smoke(k6: &Path, emu: &Tessera) -> String {
     let (ok, out) = k6_run(
-        &k6,
+        k6,
         "load-tests/smoke.js",
         &[("BASE_URL", &emu.base())],
         Duration::from_secs(180),
     );
     println!("{out}");
-    assert!(ok, "k6 smoke failed:\n{out}");
+    assert!(ok, "k6 smoke failed against {}:\n{out}", emu.base());
+    assert!(out.contains("all thresholds passed"), "{out}");
+    out
+}
+
+#[test]
+fn k6_smoke_passes_against_the_emulator() {
+    let Some(k6) = k6_or_skip() else { return };
+    let emu = Tessera::vllm_sim(&["--served-model-name", "smoke-model"]);
+    let out = smoke(&k6, &emu);
     assert!(
         out.contains("model smoke-model"),
         "the model comes from /v1/models:\n{out}"
     );
-    assert!(out.contains("all thresholds passed"), "{out}");
     // The server-side TTFT was read from the emulator's histogram, not left empty.
     let line = out
         .lines()
@@ -131,19 +119,11 @@ fn k6_reads_max_model_len_from_the_server() {
     };
     // A short context: without MAX_MODEL_LEN, requests sized for the old 4,096-token default would get 400s.
     let emu = Tessera::vllm_sim(&["--served-model-name", "short-model", "--max-model-len", "300"]);
-    let (ok, out) = k6_run(
-        &k6,
-        "load-tests/smoke.js",
-        &[("BASE_URL", &emu.base())],
-        Duration::from_secs(180),
-    );
-    println!("{out}");
-    assert!(ok, "k6 smoke failed against a 300-token server:\n{out}");
+    let out = smoke(&k6, &emu);
     assert!(
         out.contains("max_model_len 300"),
         "max_model_len comes from /v1/models:\n{out}"
     );
-    assert!(out.contains("all thresholds passed"), "{out}");
 }
 
 #[test]
@@ -248,31 +228,15 @@ async fn k6_scale_from_zero_through_the_activator_at_zero() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let listen = format!("127.0.0.1:{port}");
-    let emu = Tessera::start(&[
-        "vllm-sim",
-        "--listen",
+    let emu = Tessera::vllm_sim_at(
         &listen,
-        "--served-model-name",
-        "zero-model",
-        "--time-scale",
-        "10",
-    ]);
+        &["--served-model-name", "zero-model", "--time-scale", "10"],
+    );
     let (ok, out) = k6_task.await.unwrap();
     println!("{out}");
     assert!(ok, "scale-from-zero through the activator failed:\n{out}");
     assert!(out.contains("all thresholds passed"), "{out}");
-    let page = http
-        .get(emu.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let served: f64 = page
-        .lines()
-        .filter(|l| l.starts_with("vllm:request_success_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let page = support::get_text(&http, &emu.url("/metrics")).await;
+    let served: f64 = support::metric_sum(&page, "vllm:request_success_total");
     assert_eq!(served, BURST as f64, "each held request served exactly once");
 }

@@ -297,12 +297,10 @@ async fn keda_scales_a_deployment_from_zero_and_back_on_tesseras_decision() {
     let dir = tempfile::tempdir().unwrap();
     let policy = write(dir.path(), "policy.yaml", POLICY);
     let (emulator_port, sidecar_port, keda_port) = (free_port(), free_port(), free_port());
-    let act = Tessera::activator(&[
-        "--backend",
+    let act = Tessera::activator_for(
         &format!("chat=http://127.0.0.1:{emulator_port}"),
-        "--hold-timeout",
-        "60s",
-    ]);
+        &["--hold-timeout", "60s"],
+    );
     let keda_listen = format!("127.0.0.1:{keda_port}");
     let scaler = autoscaler(sidecar_port, &act.admin_base(), &keda_listen, &policy, &[]);
     let mut client = connect(keda_port).await;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::realtime::{ms, one_realtime, p95, realtime_load};
+use support::realtime::{ms, p95, realtime_load};
 use support::{Tessera, http_client};
 
 /// Real-time requests per second, arriving on a seeded Poisson schedule that both phases replay exactly
@@ -101,14 +101,7 @@ async fn measure(gate: &[&str]) -> Measured {
     ];
     args.extend_from_slice(gate);
     let act = Tessera::activator(&args);
-    act.wait_activator_stats("the backend ready", Duration::from_secs(20), |s| {
-        s["models"]["default/llama"]["readyBackends"] == 1
-    })
-    .await;
-    let url = act.url("/v1/chat/completions");
-    // Warm up the connections and the emulator.
-    let warm = http_client(Duration::from_secs(30));
-    one_realtime(&warm, &url, "llama").await;
+    let url = support::realtime::ready_and_warm(&act).await;
 
     // 1. Real-time alone.
     let mut alone = realtime_load(url.clone(), "llama", REALTIME_RATE, PHASE).await;
@@ -131,13 +124,7 @@ async fn measure(gate: &[&str]) -> Measured {
     let refused = counts.refused.load(Ordering::Relaxed);
     let other = counts.other.load(Ordering::Relaxed);
     let metrics = support::get_text(&http_client(Duration::from_secs(5)), &act.admin_url("/metrics")).await;
-    let sample = |prefix: &str| -> f64 {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
+    let sample = |prefix: &str| -> f64 { support::metric_sum(&metrics, prefix) };
     let flex_admitted =
         sample("tessera_activator_lane_admitted_total{namespace=\"default\",model=\"llama\",lane=\"flex\"}");
     let flex_rejected =

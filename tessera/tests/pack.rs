@@ -53,6 +53,28 @@ fn pack(args: &[&str], limit: Duration) -> Output {
     }
 }
 
+/// `tessera pack --input <input> --assignments <dir>/assign.csv <extra>`, which must succeed; returns its output and
+/// the assignments file.
+fn pack_assigning(input: &Path, dir: &Path, extra: &[&str]) -> (Output, PathBuf) {
+    let out_csv = dir.join("assign.csv");
+    let args = [
+        "--input",
+        input.to_str().unwrap(),
+        "--assignments",
+        out_csv.to_str().unwrap(),
+    ];
+    let out = pack(&[&args[..], extra].concat(), LIMIT);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    (out, out_csv)
+}
+
+/// `tessera pack <args>` must exit 1 saying `why` on stderr.
+fn refused(args: &[&str], why: &str) {
+    let out = pack(args, LIMIT);
+    assert_eq!(out.code, Some(1));
+    assert!(out.stderr.contains(why), "{}", out.stderr);
+}
+
 /// The `key=value` pairs of the last stdout line.
 fn last_line(out: &Output) -> HashMap<String, String> {
     let line = out
@@ -121,17 +143,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 fn offline_beats_first_fit_decreasing_on_its_classic_trap() {
     let input = root().join("testdata/pack/pods.csv");
     let dir = tempfile::tempdir().unwrap();
-    let out_csv = dir.path().join("assign.csv");
-    let out = pack(
-        &[
-            "--input",
-            input.to_str().unwrap(),
-            "--assignments",
-            out_csv.to_str().unwrap(),
-        ],
-        LIMIT,
-    );
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (out, out_csv) = pack_assigning(&input, dir.path(), &[]);
     let kv = last_line(&out);
     assert_eq!(kv["gpus_used"], "3");
     assert_eq!(kv["lower_bound"], "3");
@@ -154,20 +166,11 @@ fn offline_beats_first_fit_decreasing_on_its_classic_trap() {
 fn offline_respects_the_memory_column() {
     let input = root().join("testdata/pack/pods_with_memory.csv");
     let dir = tempfile::tempdir().unwrap();
-    let out_csv = dir.path().join("assign.csv");
-    let args = [
-        "--input",
-        input.to_str().unwrap(),
-        "--gpu-memory-mib",
-        "81920",
-        "--headroom-mib",
-        "1024",
-    ];
-    let out = pack(
-        &[&args[..], &["--assignments", out_csv.to_str().unwrap()]].concat(),
-        LIMIT,
+    let (out, out_csv) = pack_assigning(
+        &input,
+        dir.path(),
+        &["--gpu-memory-mib", "81920", "--headroom-mib", "1024"],
     );
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert_eq!(
         last_line(&out)["gpus_used"],
         "2",
@@ -175,16 +178,9 @@ fn offline_respects_the_memory_column() {
     );
     assert_eq!(verify_assignments(&input, &out_csv, 81920 - 1024), 2);
     // A GPU too small for the largest pod is a clear error, not a panic.
-    let out = pack(
+    refused(
         &["--input", input.to_str().unwrap(), "--gpu-memory-mib", "16384"],
-        LIMIT,
-    );
-    assert_eq!(out.code, Some(1));
-    assert!(
-        out.stderr
-            .contains("asks for 30000 MiB of GPU memory but a GPU of this pool offers 16384 MiB"),
-        "{}",
-        out.stderr
+        "asks for 30000 MiB of GPU memory but a GPU of this pool offers 16384 MiB",
     );
 }
 
@@ -220,20 +216,14 @@ fn bad_input_names_the_line_and_the_fix() {
          b,1,1,1,half,,LS,Running,0,10,0\n",
     )
     .unwrap();
-    let out = pack(&["--input", bad.to_str().unwrap()], LIMIT);
-    assert_eq!(out.code, Some(1));
-    assert!(
-        out.stderr
-            .contains("bad.csv:3: gpu_milli = \"half\": expected an integer number of milli-GPUs"),
-        "{}",
-        out.stderr
+    refused(
+        &["--input", bad.to_str().unwrap()],
+        "bad.csv:3: gpu_milli = \"half\": expected an integer number of milli-GPUs",
     );
-    let out = pack(
+    refused(
         &["--input", dir.path().join("missing.csv").to_str().unwrap()],
-        LIMIT,
+        "cannot read",
     );
-    assert_eq!(out.code, Some(1));
-    assert!(out.stderr.contains("cannot read"), "{}", out.stderr);
 }
 
 #[test]
@@ -247,17 +237,7 @@ fn real_openb_trace_packs_optimally_and_beats_ffd() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let out_csv = dir.path().join("assign.csv");
-    let out = pack(
-        &[
-            "--input",
-            input.to_str().unwrap(),
-            "--assignments",
-            out_csv.to_str().unwrap(),
-        ],
-        LIMIT,
-    );
-    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let (out, out_csv) = pack_assigning(&input, dir.path(), &[]);
     let kv = last_line(&out);
     assert_eq!(kv["pods"], "3078");
     assert_eq!(kv["lower_bound"], "1922");

@@ -15,7 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use tessera_core::wire::sidecar::SidecarStatus;
 
 mod support;
 mod vllm_surface;
-use support::{Tessera, free_port};
+use support::{Tessera, find_k6, free_port, workspace};
 use vllm_surface::{Chunking, api_diff, diff_metrics, sse_events};
 
 const MODEL: &str = "tiny-llama";
@@ -34,13 +34,6 @@ const MAX_MODEL_LEN: &str = "768";
 /// The tiny model's KV bytes per token: 2 × 2 layers × 2 KV heads × 32 × 2 bytes. Passed to the sidecar because
 /// with --num-gpu-blocks-override, vLLM's `kv_cache_memory_bytes` label still says VLLM_CPU_KVCACHE_SPACE (1 GiB).
 const BYTES_PER_KV_TOKEN: &str = "512";
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
 
 /// A real vLLM server started by `scripts/real-vllm.sh start`; its process group is stopped on drop.
 struct RealVllm {
@@ -114,18 +107,6 @@ impl Drop for RealVllm {
         }
         let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
     }
-}
-
-fn find_k6() -> Option<PathBuf> {
-    let local = workspace().join(".tools/venv/bin/k6");
-    if local.is_file() {
-        return Some(local);
-    }
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join("k6"))
-        .find(|p| p.is_file())
 }
 
 /// The single model entry of the activator's stats, whatever key it is filed under.
@@ -204,17 +185,17 @@ async fn tessera_against_a_real_vllm() {
         let http = http.clone();
         let url = act.url("/v1/chat/completions");
         tokio::spawn(async move {
-            let r = http
-                .post(url)
-                .json(&json!({
+            let r = support::post_json(
+                &http,
+                &url,
+                &json!({
                     "model": MODEL,
                     "messages": [{"role": "user", "content": "Hello there"}],
                     "max_tokens": 8, "ignore_eos": true, "stream": true,
                     "stream_options": {"include_usage": true},
-                }))
-                .send()
-                .await
-                .unwrap();
+                }),
+            )
+            .await;
             let status = r.status().as_u16();
             let ctype = r
                 .headers()
@@ -349,33 +330,31 @@ async fn tessera_against_a_real_vllm() {
     });
 
     // 3. The sidecar on the live server: idle first, then loaded until the cache is full.
-    let sidecar = Tessera::start(&[
-        "sidecar",
-        "--vllm-url",
+    let sidecar = Tessera::sidecar(
         &vllm.url,
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "250ms",
-        "--scrape-timeout",
-        "2s",
-        "--window",
-        "5m",
-        "--min-samples",
-        "4",
-        "--min-window",
-        "1s",
-        "--no-nvml",
-        "--gpu-memory-mib",
-        "4096",
-        // The model's own geometry (issue 18): bytes per KV token from its config.json, not from the cache
-        // config labels (which the CPU build's num_gpu_blocks_override makes meaningless), and a configured
-        // non-KV figure (no NVML here to measure it).
-        "--model-dir",
-        &vllm.model_dir,
-        "--non-kv-memory-mib",
-        "256",
-    ]);
+        &[
+            "--scrape-interval",
+            "250ms",
+            "--scrape-timeout",
+            "2s",
+            "--window",
+            "5m",
+            "--min-samples",
+            "4",
+            "--min-window",
+            "1s",
+            "--no-nvml",
+            "--gpu-memory-mib",
+            "4096",
+            // The model's own geometry (issue 18): bytes per KV token from its config.json, not from the cache
+            // config labels (which the CPU build's num_gpu_blocks_override makes meaningless), and a configured
+            // non-KV figure (no NVML here to measure it).
+            "--model-dir",
+            &vllm.model_dir,
+            "--non-kv-memory-mib",
+            "256",
+        ],
+    );
     let idle = wait_sidecar(
         &http,
         &sidecar,

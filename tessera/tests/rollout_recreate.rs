@@ -12,12 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::Tessera;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, DEPLOYMENTS, EVENTS, IAS, PODS};
 
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const PODS: &str = "v1/pods";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
-const EVENTS: &str = "events.k8s.io/v1/events";
 const HASH: &str = "tessera.dev/allocation-hash";
 const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
@@ -33,25 +29,23 @@ fn pod(name: &str, sidecar_port: u16, memory_mib: i64, compute: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roll_recreate_through_the_real_binary_rolls_once_and_reports_in_sync() {
     let vllm = Tessera::vllm_sim(&["--served-model-name", "llama"]);
-    let sidecar = Tessera::start(&[
-        "sidecar",
-        "--vllm-url",
+    let sidecar = Tessera::sidecar(
         &vllm.base(),
-        "--listen",
-        "127.0.0.1:0",
-        "--no-nvml",
-        "--gpu-memory-mib",
-        "81920",
-        // The emulator's default model (Qwen2-7B's geometry: 57,344 B per KV token).
-        "--bytes-per-kv-token",
-        "57344",
-        "--scrape-interval",
-        "250ms",
-        "--min-window",
-        "2s",
-        "--min-samples",
-        "4",
-    ]);
+        &[
+            "--no-nvml",
+            "--gpu-memory-mib",
+            "81920",
+            // The emulator's default model (Qwen2-7B's geometry: 57,344 B per KV token).
+            "--bytes-per-kv-token",
+            "57344",
+            "--scrape-interval",
+            "250ms",
+            "--min-window",
+            "2s",
+            "--min-samples",
+            "4",
+        ],
+    );
     let port = sidecar.addr.port();
     let api = ApiServer::start().await;
     api.put(

@@ -31,27 +31,30 @@ fn last_line(stdout: &str) -> HashMap<String, f64> {
         .collect()
 }
 
+/// The worked example: two Qwen3 14B replicas on an A100 80GB, each decoding 8 sequences.
+const WORKED_EXAMPLE: [&str; 8] = [
+    "--gpu",
+    "a100-80gb",
+    "--model",
+    "qwen3-14b",
+    "--batch",
+    "8",
+    "--tenants",
+    "2",
+];
+
 /// Two 14B replicas on an A100, each decoding 8 sequences: the worked example. Each slows by well over
 /// ×1.2 (they share ~30 GB-a-step of bandwidth while their GPU parts overlap) and the two together serve less
 /// than 1.3 × one alone (one alone keeps the HBM busy ~79% of its step).
 #[test]
 fn two_14b_replicas_on_an_a100() {
-    let (ok, stdout, stderr) = sharing(&[
-        "--gpu",
-        "a100-80gb",
-        "--model",
-        "qwen3-14b",
-        "--batch",
-        "8",
-        "--context",
-        "1000",
-        "--tenants",
-        "2",
-        "--share",
-        "0.5",
-        "--mode",
-        "mps",
-    ]);
+    let (ok, stdout, stderr) = sharing(
+        &[
+            &WORKED_EXAMPLE[..],
+            &["--context", "1000", "--share", "0.5", "--mode", "mps"],
+        ]
+        .concat(),
+    );
     assert!(ok, "{stderr}");
     assert!(stdout.contains("fits"), "{stdout}");
     let kv = last_line(&stdout);
@@ -70,18 +73,7 @@ fn two_14b_replicas_on_an_a100() {
     assert!((kv["aggregate_ratio"] - 2.0 * kv["throughput_ratio"]).abs() < 1e-3);
     assert!(kv["aggregate_ratio"] < 1.3, "{stdout}");
     // Time-slicing on the same pair: turns with a switch cost serve no more than MPS does.
-    let (ok, ts, _) = sharing(&[
-        "--gpu",
-        "a100-80gb",
-        "--model",
-        "qwen3-14b",
-        "--batch",
-        "8",
-        "--tenants",
-        "2",
-        "--mode",
-        "time_slicing",
-    ]);
+    let (ok, ts, _) = sharing(&[&WORKED_EXAMPLE[..], &["--mode", "time_slicing"]].concat());
     assert!(ok);
     assert!(last_line(&ts)["aggregate_ratio"] <= kv["aggregate_ratio"]);
 }

@@ -158,14 +158,18 @@ impl Client {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sidecar_against_a_fake_vllm() {
+/// The real vLLM page (Llama 3.1 8B FP8 under KubeAI) from testdata.
+fn real_page() -> String {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt"
     );
-    let base = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{path}: {e} (testdata is part of the repo)"));
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e} (testdata is part of the repo)"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sidecar_against_a_fake_vllm() {
+    let base = real_page();
     let fake = Arc::new(Mutex::new(Fake {
         base,
         mode: Mode::Status(503),
@@ -369,12 +373,7 @@ async fn sidecar_against_a_fake_vllm() {
 /// The real vLLM page (Llama 3.1 8B FP8 under KubeAI: 4,574 blocks of 16 tokens) served as [`page_at`] moves
 /// it. Returns its URL and the server task.
 async fn serve_the_real_page() -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../testdata/vllm/v0-metrics-kubeai-llama31-8b-fp8.txt"
-    );
-    let base = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{path}: {e} (testdata is part of the repo)"));
+    let base = real_page();
     let fake = Arc::new(Mutex::new(Fake {
         base,
         mode: Mode::Page,

@@ -44,6 +44,13 @@ fn simulate(args: &[&str], limit: Duration) -> Output {
     guard.0.take().unwrap().wait_with_output().unwrap()
 }
 
+/// Writes the scenario `yaml` as `<dir>/<name>.yaml`; returns its path.
+fn scenario_file(dir: &Path, name: &str, yaml: &str) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    path.display().to_string()
+}
+
 /// Every strategy, in report order, as the last line names it.
 const STRATEGIES: [&str; 7] = [
     "static",
@@ -293,17 +300,16 @@ fn hand_worked_tiny_scenario_from_files() {
 #[test]
 fn one_strategys_failure_is_not_the_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("long.yaml");
-    std::fs::write(
-        &path,
+    let path = scenario_file(
+        dir.path(),
+        "long",
         "name: long\nduration: 5m\ngpu: a100-80gb\nmodels:\n  - name: chat\n    preset: llama-3.1-8b\n    slo_ttft: 2s\n    \
          max_replicas: 2\n    hpa_requests_per_second_per_replica: 4\n    traffic: { trace: azure_llm, rate: 0.1 }\n  \
          - name: long-context\n    preset: llama-3.1-8b\n    max_model_len: 131072\n    slo_ttft: 2s\n    \
          max_replicas: 2\n    hpa_requests_per_second_per_replica: 4\n    hami: { cores: 0.5, memory_fraction: 0.3 }\n    \
          traffic: { trace: azure_llm, rate: 0.05 }\n",
-    )
-    .unwrap();
-    let o = simulate(&[&path.display().to_string()], Duration::from_secs(120));
+    );
+    let o = simulate(&[&path], Duration::from_secs(120));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),
@@ -325,18 +331,14 @@ fn one_strategys_failure_is_not_the_runs() {
 #[test]
 fn bad_scenarios_fail_with_the_field_named() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad.yaml");
-    std::fs::write(
-        &path,
+    let path = scenario_file(
+        dir.path(),
+        "bad",
         "name: bad\nduration: 1h\ngpu: a100-80gb\nmodels:\n  - name: m\n    preset: llama-3.1-8b\n    slo_ttft: 1s\n    \
          min_replicas: 0\n    max_replicas: 1\n    hpa_requests_per_second_per_replica: 5\n    \
          traffic: { trace: azure_llm, rate: -1 }\n",
-    )
-    .unwrap();
-    let o = simulate(
-        &["--scenario", &path.display().to_string()],
-        Duration::from_secs(30),
     );
+    let o = simulate(&["--scenario", &path], Duration::from_secs(30));
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("traffic.rate must be above 0"), "{err}");

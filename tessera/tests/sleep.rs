@@ -30,12 +30,13 @@ const WAKE: Duration = Duration::from_millis(300);
 /// Residue the emulator reports while asleep (about an H100's level-1 residue).
 const RESIDUE: u64 = 1_503_238_553; // 1.4 GiB
 
-/// A fresh directory for one test's annotations file.
-fn rest_dir(name: &str) -> PathBuf {
+/// A fresh directory for one test, and the path of its annotations file in it.
+fn rest_dir(name: &str) -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!("tessera-sleep-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    let file = dir.join("annotations");
+    (dir, file)
 }
 
 /// Writes the annotations file as the kubelet does (Go-quoted values), with the instruction to sleep.
@@ -51,23 +52,6 @@ fn instruct(file: &Path, level: u8) {
     let tmp = file.with_extension("tmp");
     std::fs::write(&tmp, text).unwrap();
     std::fs::rename(tmp, file).unwrap();
-}
-
-fn sidecar(emu: &Tessera, file: &Path, timeout: &str) -> Tessera {
-    Tessera::quick_sidecar(
-        &emu.base(),
-        &[
-            "--rest-file",
-            file.to_str().unwrap(),
-            "--rest-poll",
-            "50ms",
-            "--rest-settle",
-            "200ms",
-            "--rest-timeout",
-            timeout,
-        ],
-        &[],
-    )
 }
 
 async fn rest(c: &reqwest::Client, sc: &Tessera) -> Value {
@@ -96,12 +80,12 @@ async fn status_of(c: &reqwest::Client, url: String) -> u16 {
 /// Sends a streamed completion; returns the time to its first content token and the whole text.
 async fn first_token(c: &reqwest::Client, url: &str) -> (Duration, String) {
     let t0 = Instant::now();
-    let r = c
-        .post(url)
-        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 4, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        c,
+        url,
+        &json!({"model": "m", "prompt": "hello", "max_tokens": 4, "stream": true}),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     let mut s = r.bytes_stream();
     let mut text = String::new();
@@ -119,22 +103,10 @@ async fn first_token(c: &reqwest::Client, url: &str) -> (Duration, String) {
 async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
-    let dir = rest_dir("wake");
-    let file = dir.join("annotations");
+    let (dir, file) = rest_dir("wake");
     let emu = Tessera::sleepy_sim(&[]);
-    let sc = sidecar(&emu, &file, "5s");
-    let backend = format!("m={}", emu.base());
-    let side = format!("m={}", sc.base());
-    let act = Tessera::activator(&[
-        "--backend",
-        &backend,
-        "--sidecar",
-        &side,
-        "--probe-interval",
-        "50ms",
-        "--hold-timeout",
-        "10s",
-    ]);
+    let sc = Tessera::rest_sidecar(&emu, &file, &["--rest-timeout", "5s"]);
+    let act = Tessera::waking_activator(&emu, &sc, &["--probe-interval", "50ms", "--hold-timeout", "10s"]);
     let url = act.url("/v1/completions");
     act.wait_activator_stats("a ready backend", Duration::from_secs(10), |s| {
         s["models"]["default/m"]["readyBackends"] == 1
@@ -242,11 +214,10 @@ async fn an_idle_replica_sleeps_and_a_request_through_the_activator_wakes_it() {
 async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let c = http_client(Duration::from_secs(30));
-    let dir = rest_dir("faults");
-    let file = dir.join("annotations");
+    let (dir, file) = rest_dir("faults");
     instruct(&file, 2);
     let wrong = Tessera::sleepy_sim(&["--fault-wake-wrong-answer"]);
-    let sc = sidecar(&wrong, &file, "5s");
+    let sc = Tessera::rest_sidecar(&wrong, &file, &["--rest-timeout", "5s"]);
     assert_eq!(status_of(&c, sc.url("/tessera/v1/live")).await, 200);
     let asleep = wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
     assert_eq!(asleep["level"], "two");
@@ -264,32 +235,25 @@ async fn a_wrong_answer_after_a_wake_fails_liveness_and_a_hung_wake_is_bounded()
     assert_eq!(status_of(&c, sc.url("/ready")).await, 503);
 
     let hung = Tessera::sleepy_sim(&["--fault-wake-hang"]);
-    let sc = sidecar(&hung, &file, "1s");
+    let sc = Tessera::rest_sidecar(&hung, &file, &["--rest-timeout", "1s"]);
     wait_rest(&c, &sc, "sleeping", Duration::from_secs(10)).await;
     // Through the activator, a streamed request held for the hung wake: kept alive, then a clear error event.
-    let backend = format!("m={}", hung.base());
-    let side = format!("m={}", sc.base());
-    let act = Tessera::activator(&[
-        "--backend",
-        &backend,
-        "--sidecar",
-        &side,
-        "--hold-timeout",
-        "2s",
-        "--keepalive-interval",
-        "500ms",
-    ]);
+    let act = Tessera::waking_activator(
+        &hung,
+        &sc,
+        &["--hold-timeout", "2s", "--keepalive-interval", "500ms"],
+    );
     act.wait_activator_stats("the model, not ready", Duration::from_secs(10), |s| {
         s["models"]["default/m"]["readyBackends"] == 0
     })
     .await;
     let t0 = Instant::now();
-    let r = c
-        .post(act.url("/v1/completions"))
-        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 4, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let r = support::post_json(
+        &c,
+        &act.url("/v1/completions"),
+        &json!({"model": "m", "prompt": "hello", "max_tokens": 4, "stream": true}),
+    )
+    .await;
     assert_eq!(r.status(), 200, "headers went out with the first keep-alive");
     let text = r.text().await.unwrap();
     assert!(
@@ -333,12 +297,12 @@ async fn the_activator_never_forwards_development_endpoints() {
         "/v1/load_lora_adapter",
         "/namespaces/default/v1/unload_lora_adapter",
     ] {
-        let r = c
-            .post(act.url(path))
-            .json(&json!({"model": "m", "method": "reload_weights"}))
-            .send()
-            .await
-            .unwrap();
+        let r = support::post_json(
+            &c,
+            &act.url(path),
+            &json!({"model": "m", "method": "reload_weights"}),
+        )
+        .await;
         assert_eq!(r.status(), 404, "{path}");
         let body: Value = r.json().await.unwrap();
         assert_eq!(body["error"]["code"], "not_found", "{path}: {body}");
@@ -370,59 +334,53 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     let backend = format!("m={base}");
-    let act = Tessera::activator(&["--backend", &backend, "--hold-timeout", "90s"]);
+    let act = Tessera::activator_for(&backend, &["--hold-timeout", "90s"]);
     let url = act.url("/v1/chat/completions");
     let t0 = Instant::now();
     let c = http_client(Duration::from_secs(120));
 
+    // POSTs `body` to the activator: when its answer's headers came, and the answer.
+    let post = |body: Value| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let r = support::post_json(&c, &url, &body).await;
+            (t0.elapsed(), r)
+        }
+    };
     // A raw streamed request: when each keep-alive comment arrives, then the stream.
-    let raw =
-        {
-            let c = c.clone();
-            let url = url.clone();
-            tokio::spawn(async move {
-                let r = c
-                .post(&url)
-                .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
-                    "stream": true}))
-                .send()
-                .await
-                .unwrap();
-                let headers_at = t0.elapsed();
-                assert_eq!(r.status(), 200);
-                assert!(
-                    r.headers()["content-type"]
-                        .to_str()
-                        .unwrap()
-                        .starts_with("text/event-stream")
-                );
-                let mut comments = Vec::new();
-                let mut text = String::new();
-                let mut s = r.bytes_stream();
-                while let Some(chunk) = s.next().await {
-                    let chunk = String::from_utf8_lossy(&chunk.unwrap()).into_owned();
-                    for _ in chunk.matches(": tessera: waiting for a replica\n\n") {
-                        comments.push(t0.elapsed());
-                    }
-                    text.push_str(&chunk);
+    let raw = {
+        let sent = post(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+            "stream": true}),
+        );
+        tokio::spawn(async move {
+            let (headers_at, r) = sent.await;
+            assert_eq!(r.status(), 200);
+            assert!(
+                r.headers()["content-type"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("text/event-stream")
+            );
+            let mut comments = Vec::new();
+            let mut text = String::new();
+            let mut s = r.bytes_stream();
+            while let Some(chunk) = s.next().await {
+                let chunk = String::from_utf8_lossy(&chunk.unwrap()).into_owned();
+                for _ in chunk.matches(": tessera: waiting for a replica\n\n") {
+                    comments.push(t0.elapsed());
                 }
-                (headers_at, comments, text)
-            })
-        };
+                text.push_str(&chunk);
+            }
+            (headers_at, comments, text)
+        })
+    };
     // A non-streamed request: nothing until its answer.
     let plain = {
-        let c = c.clone();
-        let url = url.clone();
+        let sent =
+            post(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}));
         tokio::spawn(async move {
-            let r = c
-                .post(&url)
-                .json(
-                    &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}),
-                )
-                .send()
-                .await
-                .unwrap();
-            let headers_at = t0.elapsed();
+            let (headers_at, r) = sent.await;
             let status = r.status();
             let body: Value = r.json().await.unwrap();
             (headers_at, status, body)
@@ -451,15 +409,10 @@ async fn a_streamed_request_held_through_a_cold_start_is_kept_alive_and_parses()
     // The model server comes up 30 s later (a cold start).
     tokio::time::sleep(Duration::from_secs(30)).await;
     let listen = format!("127.0.0.1:{port}");
-    let _emu = Tessera::start(&[
-        "vllm-sim",
-        "--listen",
+    let _emu = Tessera::vllm_sim_at(
         &listen,
-        "--served-model-name",
-        "m",
-        "--model-preset",
-        "opt-125m",
-    ]);
+        &["--served-model-name", "m", "--model-preset", "opt-125m"],
+    );
 
     let (headers_at, comments, text) = raw.await.unwrap();
     assert!(

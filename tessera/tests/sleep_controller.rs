@@ -16,12 +16,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod support;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
 use support::{Tessera, free_port, get_json, http_client};
-
-const PODS: &str = "v1/pods";
-const DEPLOYMENTS: &str = "apps/v1/deployments";
-const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
 
 /// The kubelet's downward-API file: every annotation, Go-quoted (`key="value"` per line).
 fn write_annotations(file: &Path, pod: &Value) {
@@ -48,6 +44,13 @@ fn pod(name: &str, sidecar_port: u16, ready: bool) -> Value {
                                       "lastTransitionTime": "2026-01-01T00:00:28Z"}]}})
 }
 
+/// One completion through the activator, answered 200.
+async fn complete(c: &reqwest::Client, act: &Tessera) {
+    let body = json!({"model": "m", "prompt": "hello", "max_tokens": 4});
+    let r = support::post_json(c, &act.url("/v1/completions"), &body).await;
+    assert_eq!(r.status(), 200);
+}
+
 #[tokio::test]
 async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     let c = http_client(Duration::from_secs(30));
@@ -55,29 +58,9 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     let file = dir.path().join("annotations");
     std::fs::write(&file, "").unwrap();
     let emu = Tessera::sleepy_sim(&[]);
-    let sc = Tessera::quick_sidecar(
-        &emu.base(),
-        &[
-            "--rest-file",
-            file.to_str().unwrap(),
-            "--rest-poll",
-            "50ms",
-            "--rest-settle",
-            "200ms",
-        ],
-        &[],
-    );
+    let sc = Tessera::rest_sidecar(&emu, &file, &[]);
     let sidecar_port: u16 = sc.base().rsplit(':').next().unwrap().parse().unwrap();
-    let act = Tessera::activator(&[
-        "--backend",
-        &format!("m={}", emu.base()),
-        "--sidecar",
-        &format!("m={}", sc.base()),
-        "--probe-interval",
-        "50ms",
-        "--hold-timeout",
-        "20s",
-    ]);
+    let act = Tessera::waking_activator(&emu, &sc, &["--probe-interval", "50ms", "--hold-timeout", "20s"]);
 
     let api = ApiServer::start().await;
     api.put(
@@ -103,10 +86,7 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     let kubelet = tokio::spawn(async move {
         let mut seen = String::new();
         loop {
-            let want = kube
-                .get(DEPLOYMENTS, "default", "llama")
-                .and_then(|d| d["spec"]["replicas"].as_i64())
-                .unwrap_or(0);
+            let want = kube.wanted_replicas("default", "llama");
             if want == 0 {
                 kube.delete_object(PODS, "default", "llama-0");
             }
@@ -141,13 +121,7 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     );
 
     // A first request, then nothing: once idle the controller keeps the pod and tells it to sleep.
-    let r = c
-        .post(act.url("/v1/completions"))
-        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    complete(&c, &act).await;
     let deadline = Instant::now() + Duration::from_secs(40);
     let first = loop {
         let rest = get_json(&c, &sc.url("/v1/status")).await["rest"].clone();
@@ -182,13 +156,7 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
 
     // A request through the activator wakes it.
     let t0 = Instant::now();
-    let r = c
-        .post(act.url("/v1/completions"))
-        .json(&json!({"model": "m", "prompt": "hello", "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    complete(&c, &act).await;
     let waited = t0.elapsed();
     assert!(
         waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),

@@ -9,9 +9,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::Tessera;
-use support::apiserver::ApiServer;
+use support::apiserver::{ApiServer, LEASES};
 
-const LEASES: &str = "coordination.k8s.io/v1/leases";
 const LEASE: &str = "tessera-startup-gpu-0000-shared";
 
 /// A model pod: its sidecar (running) and the port its vLLM will listen on once kubelet starts it.
@@ -73,15 +72,10 @@ async fn holder(api: &ApiServer) -> Option<String> {
 /// "kubelet": the startup probe passed, so the pod's vLLM starts (the emulator, 1 s of loading).
 fn start_vllm(p: &mut Pod) {
     let listen = format!("127.0.0.1:{}", p.vllm_port);
-    p.vllm = Some(Tessera::start(&[
-        "vllm-sim",
-        "--listen",
+    p.vllm = Some(Tessera::vllm_sim_at(
         &listen,
-        "--served-model-name",
-        "m",
-        "--startup-delay",
-        "1s",
-    ]));
+        &["--served-model-name", "m", "--startup-delay", "1s"],
+    ));
 }
 
 async fn until(what: &str, limit: Duration, mut f: impl AsyncFnMut() -> bool) -> Duration {

@@ -80,29 +80,27 @@ fn headless(browser: &Path, profile: &Path, extra: &[&str], url: &str) -> (Strin
 /// One replica: an emulated vLLM and its sidecar, sized like the preset's real model.
 fn replica(preset: &str, served: &str, bytes_per_kv_token: &str) -> (Tessera, Tessera) {
     let vllm = Tessera::vllm_sim(&["--model-preset", preset, "--served-model-name", served]);
-    let sidecar = Tessera::start(&[
-        "sidecar",
-        "--vllm-url",
+    let sidecar = Tessera::sidecar(
         &vllm.base(),
-        "--listen",
-        "127.0.0.1:0",
-        "--scrape-interval",
-        "300ms",
-        "--min-window",
-        "2s",
-        "--min-samples",
-        "3",
-        "--gpu-memory-mib",
-        "81920",
-        "--bytes-per-kv-token",
-        bytes_per_kv_token,
-        "--max-step-down",
-        "0.9",
-        "--ttft-slo",
-        "2s",
-        "--itl-slo",
-        "200ms",
-    ]);
+        &[
+            "--scrape-interval",
+            "300ms",
+            "--min-window",
+            "2s",
+            "--min-samples",
+            "3",
+            "--gpu-memory-mib",
+            "81920",
+            "--bytes-per-kv-token",
+            bytes_per_kv_token,
+            "--max-step-down",
+            "0.9",
+            "--ttft-slo",
+            "2s",
+            "--itl-slo",
+            "200ms",
+        ],
+    );
     (vllm, sidecar)
 }
 
@@ -163,14 +161,7 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
             load(&client, &chat[1].0, "chat", 4),
             load(&client, &embed.0, "embed", 2),
         );
-        let page = client
-            .get(ui.url("/ui"))
-            .send()
-            .await
-            .expect("GET /ui")
-            .text()
-            .await
-            .expect("the page");
+        let page = support::get_text(&client, &ui.url("/ui")).await;
         // Every model with a recommendation, and prefill/decode quantiles from a window with requests in it.
         if page.contains(r#"data-model="local/chat""#)
             && !page.contains("not yet")

@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod support;
-use support::Tessera;
-use support::admission::{connect, connector, exchange, pair, peer, real_pod, review};
+use support::admission::{connect, connector, exchange, pair, peer, real_pod, review, start_webhook};
 
 /// Replaces a file the way a kubelet secret update does: write beside it, then rename over it.
 fn replace(path: &Path, contents: &str) {
@@ -25,26 +24,19 @@ async fn admission_over_tls_and_certificate_rotation() {
     let dir = tempfile::tempdir().unwrap();
     let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     let first = pair();
-    std::fs::write(&cert_path, &first.cert_pem).unwrap();
-    std::fs::write(&key_path, &first.key_pem).unwrap();
     let metrics_port = support::free_port();
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
-    let hook = Tessera::start(&[
-        "webhook",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
+    let hook = start_webhook(
+        dir.path(),
+        &first,
         &metrics_listen,
-        "--tls-cert",
-        cert_path.to_str().unwrap(),
-        "--tls-key",
-        key_path.to_str().unwrap(),
-        "--tls-reload-interval",
-        "100ms",
-        "--no-kube",
-        "--sidecar-image",
-        "ghcr.io/tessera-dev/tessera:test",
-    ]);
+        &[
+            "--tls-reload-interval",
+            "100ms",
+            "--sidecar-image",
+            "ghcr.io/tessera-dev/tessera:test",
+        ],
+    );
     let second = pair();
     let tls = connector(&[&first.der, &second.der]);
     let mut conn = connect(&tls, hook.addr).await;
@@ -110,12 +102,11 @@ async fn admission_over_tls_and_certificate_rotation() {
     }
 
     // Metrics on the plain-HTTP port.
-    let page = reqwest::get(format!("http://{metrics_listen}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = support::get_text(
+        &reqwest::Client::new(),
+        &format!("http://{metrics_listen}/metrics"),
+    )
+    .await;
     assert!(
         page.contains(r#"tessera_webhook_admissions_total{outcome="mutated",reason="whole"} 1"#),
         "{page}"
@@ -144,12 +135,11 @@ async fn admission_over_tls_and_certificate_rotation() {
     assert_eq!(peer(&conn), first.der, "the open connection keeps its handshake");
     let (code, _) = exchange(&mut conn, "POST", "/mutate", &review("uid-after", pod)).await;
     assert_eq!(code, 200, "an open connection survives the rotation");
-    let page = reqwest::get(format!("http://{metrics_listen}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = support::get_text(
+        &reqwest::Client::new(),
+        &format!("http://{metrics_listen}/metrics"),
+    )
+    .await;
     assert!(
         page.contains(r#"tessera_webhook_tls_reloads_total{result="ok"}"#),
         "{page}"

@@ -144,14 +144,7 @@ async fn ready_route(State(s): State<AppState>) -> Response {
 async fn metrics_route(State(s): State<AppState>) -> Response {
     let mut out = String::new();
     match prometheus_client::encoding::text::encode(&mut out, &s.registry) {
-        Ok(()) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            out,
-        )
-            .into_response(),
+        Ok(()) => tessera_runtime::serve::openmetrics(out),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n").into_response(),
     }
 }

@@ -523,17 +523,7 @@ fn real_pods_fractional_mode() {
             "{}",
             row.file
         );
-        let terms = &spec
-            .affinity
-            .as_ref()
-            .unwrap()
-            .node_affinity
-            .as_ref()
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .as_ref()
-            .unwrap()
-            .node_selector_terms;
+        let terms = mutate::required_node_terms(spec).expect("a required node affinity");
         assert!(terms.iter().all(|t| {
             t.match_fields
                 .iter()

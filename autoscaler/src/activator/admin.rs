@@ -82,16 +82,7 @@ async fn stats(State(app): State<Arc<App>>) -> Response {
 
 async fn prometheus(State(app): State<Arc<App>>) -> Response {
     match app.metrics.encode(&app.router, &app.discovery.collisions()) {
-        Ok(text) => (
-            // prometheus-client writes OpenMetrics (`# EOF`, counter families without `_total`); Prometheus chooses
-            // its parser by this header, so it must say so, as the sidecar and the controller do.
-            [(
-                http::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
+        Ok(text) => tessera_runtime::serve::openmetrics(text),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("encoding metrics failed: {e}"),

@@ -535,13 +535,7 @@ fn controller_stream(
 }
 
 async fn serve_metrics(State(h): State<Arc<Health>>) -> impl IntoResponse {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        h.metrics.encode(),
-    )
+    tessera_runtime::serve::openmetrics(h.metrics.encode())
 }
 
 async fn serve_ready(State(h): State<Arc<Health>>) -> impl IntoResponse {
@@ -554,19 +548,12 @@ async fn serve_ready(State(h): State<Arc<Health>>) -> impl IntoResponse {
 
 #[cfg(test)]
 mod default_tests {
-    use clap::Parser;
     use tessera_core::scale::inputs;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: super::Args,
-    }
 
     /// The simulator feeds `core::scale::inputs` with these constants: they must be the controller's defaults.
     #[test]
     fn the_simulated_controller_runs_with_the_shipped_defaults() {
-        let a = Cli::parse_from(["autoscaler"]).args;
+        let a: super::Args = tessera_runtime::try_parse_args(&["autoscaler"]).expect("the defaults parse");
         assert_eq!(a.max_signal_age, inputs::MAX_SIGNAL_AGE);
         assert_eq!(a.activator_max_age, inputs::ACTIVATOR_MAX_AGE);
         assert_eq!(a.activator_poll_interval, inputs::ACTIVATOR_POLL_INTERVAL);

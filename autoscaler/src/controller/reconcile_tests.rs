@@ -18,6 +18,7 @@ use tessera_core::wire::sidecar::SidecarStatus;
 use super::*;
 use crate::controller::metrics::Metrics;
 use crate::controller::signals::{ActivatorPoller, FetchError, SignalSource};
+use crate::test_support::respond;
 
 #[path = "reconcile_coldstart_tests.rs"]
 mod coldstart;
@@ -289,15 +290,6 @@ async fn expect_rescale(
     assert_eq!(body, json!({"spec": {"replicas": replicas}}));
     respond(send, 200, &scale_json(replicas));
     expect(handle, Method::POST, EVENTS).await
-}
-
-fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: &Value) {
-    send.send_response(
-        Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(body).unwrap()))
-            .unwrap(),
-    );
 }
 
 const SCALE: &str = "/apis/apps/v1/namespaces/models/deployments/llama/scale";

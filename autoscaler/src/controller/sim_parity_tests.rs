@@ -227,12 +227,7 @@ async fn api_server(
             seen.lock().unwrap().unexpected.push(format!("{method} {path}"));
             (404, json!({"kind": "Status", "code": 404}))
         };
-        send.send_response(
-            Response::builder()
-                .status(status)
-                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                .unwrap(),
-        );
+        crate::test_support::respond(send, status, &answer);
     }
 }
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
-use axum::http::header::CONTENT_TYPE;
 use axum::routing::get;
 use tokio::sync::watch;
 use tracing::{debug, info};
@@ -91,15 +90,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "/metrics",
             get(move || {
                 let m = encode.clone();
-                async move {
-                    (
-                        [(
-                            CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
+                async move { tessera_runtime::serve::openmetrics(m.encode()) }
             }),
         )
         .route("/live", get(|| async { "ok" }))

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::extract::State;
-use axum::response::{Html, IntoResponse, Redirect};
+use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
 use tokio::sync::watch;
 
@@ -276,39 +276,45 @@ impl Store {
     }
 }
 
-async fn serve_ui(State(store): State<Arc<Store>>) -> impl IntoResponse {
-    // Rendering is CPU work on a snapshot under one lock: off the async workers, so a slow page never delays
-    // /metrics or a reconcile's I/O.
-    match tokio::task::spawn_blocking(move || store.page(now_ms())).await {
-        Ok(page) => Html(page).into_response(),
-        Err(_) => (
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "rendering the page failed",
-        )
-            .into_response(),
-    }
+async fn serve_ui(State(store): State<Arc<Store>>) -> Response {
+    off_the_workers(
+        move || store.page(now_ms()),
+        "rendering the page failed",
+        |page| Html(page).into_response(),
+    )
+    .await
 }
 
-async fn serve_savings(State(store): State<Arc<Store>>) -> impl IntoResponse {
-    // A day's simulation is seconds of CPU: off the async workers.
-    match tokio::task::spawn_blocking(move || store.savings(now_ms())).await {
-        Ok(a) => Html(a.html).into_response(),
-        Err(_) => (
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "simulating the day failed",
-        )
-            .into_response(),
-    }
+async fn serve_savings(State(store): State<Arc<Store>>) -> Response {
+    // A day's simulation is seconds of CPU.
+    off_the_workers(
+        move || store.savings(now_ms()),
+        "simulating the day failed",
+        |a| Html(a.html).into_response(),
+    )
+    .await
 }
 
-async fn serve_savings_yaml(State(store): State<Arc<Store>>) -> impl IntoResponse {
-    match tokio::task::spawn_blocking(move || store.savings(now_ms())).await {
-        Ok(a) => ([(axum::http::header::CONTENT_TYPE, "application/yaml")], a.yaml).into_response(),
-        Err(_) => (
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "simulating the day failed",
-        )
-            .into_response(),
+async fn serve_savings_yaml(State(store): State<Arc<Store>>) -> Response {
+    off_the_workers(
+        move || store.savings(now_ms()),
+        "simulating the day failed",
+        |a| ([(axum::http::header::CONTENT_TYPE, "application/yaml")], a.yaml).into_response(),
+    )
+    .await
+}
+
+/// Runs the CPU work `work` (rendering on a snapshot under one lock, or simulating a day) off the async workers, so
+/// a slow page never delays `/metrics` or a reconcile's I/O; `answer` turns its result into the response, or a 500
+/// says `failed`.
+async fn off_the_workers<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+    failed: &'static str,
+    answer: impl FnOnce(T) -> Response,
+) -> Response {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => answer(done),
+        Err(_) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, failed).into_response(),
     }
 }
 

@@ -104,8 +104,8 @@ pub fn pack_first_fit_decreasing(
     Ok(decreasing(items, shape, FitPolicy::FirstFit))
 }
 
-/// Sorts largest first and places each with the online packer's rule (which also spreads replicas of a model).
-fn decreasing(items: &[ReplicaRequest], shape: &GpuShape, policy: FitPolicy) -> OfflinePacking {
+/// The items' indices, largest weight first; ties by index for determinism.
+fn heaviest_first(items: &[ReplicaRequest], shape: &GpuShape) -> Vec<usize> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by(|&a, &b| {
         items[b]
@@ -113,6 +113,12 @@ fn decreasing(items: &[ReplicaRequest], shape: &GpuShape, policy: FitPolicy) -> 
             .total_cmp(&items[a].weight(shape))
             .then(a.cmp(&b))
     });
+    order
+}
+
+/// Sorts largest first and places each with the online packer's rule (which also spreads replicas of a model).
+fn decreasing(items: &[ReplicaRequest], shape: &GpuShape, policy: FitPolicy) -> OfflinePacking {
+    let order = heaviest_first(items, shape);
     let mut packer = Packer::with_policy(*shape, policy);
     let mut bins: Vec<Vec<usize>> = Vec::new();
     for i in order {
@@ -155,14 +161,7 @@ fn minimum_bin_slack(items: &[ReplicaRequest], shape: &GpuShape) -> OfflinePacki
     for g in &mut groups {
         g.sort_by_key(|&i| (items[i].memory_mib, i));
     }
-    // Largest first by weight; ties by index for determinism.
-    let mut by_weight: Vec<usize> = (0..items.len()).collect();
-    by_weight.sort_by(|&a, &b| {
-        items[b]
-            .weight(shape)
-            .total_cmp(&items[a].weight(shape))
-            .then(a.cmp(&b))
-    });
+    let by_weight = heaviest_first(items, shape);
     let mut placed = vec![false; items.len()];
     let mut next_largest = 0;
     let mut bins: Vec<Vec<usize>> = Vec::new();

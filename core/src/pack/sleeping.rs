@@ -19,22 +19,33 @@ impl Packer {
         request: ReplicaRequest,
         sleeping: impl IntoIterator<Item = (GpuId, ReplicaRequest)>,
     ) -> Result<GpuId, PackError> {
-        // A share that no longer fits (its room was lent earlier) holds nothing: that pod will start cold anyway.
-        let held: Vec<String> = sleeping
+        let placed = self.with_held(sleeping, |p| p.place(request.clone()));
+        match placed? {
+            Placement::Gpu { gpu, .. } => Ok(gpu),
+            Placement::NoRoom(_) => self.place_or_open(request).map(|(g, _)| g),
+        }
+    }
+
+    /// Runs `f` with `held` (shares that keep memory while their pods sleep) assigned where each still fits, then
+    /// takes them off again: what `f` places never takes the memory a sleeping pod keeps. A share that no longer
+    /// fits (its room was lent earlier) holds nothing: that pod will start cold anyway.
+    pub fn with_held<T>(
+        &mut self,
+        held: impl IntoIterator<Item = (GpuId, ReplicaRequest)>,
+        f: impl FnOnce(&mut Packer) -> T,
+    ) -> T {
+        let ids: Vec<String> = held
             .into_iter()
             .filter_map(|(g, share)| {
                 let id = share.id.clone();
                 self.assign(g, share).is_ok().then_some(id)
             })
             .collect();
-        let placed = self.place(request.clone());
-        for id in &held {
+        let out = f(self);
+        for id in &ids {
             self.remove(id);
         }
-        match placed? {
-            Placement::Gpu { gpu, .. } => Ok(gpu),
-            Placement::NoRoom(_) => self.place_or_open(request).map(|(g, _)| g),
-        }
+        out
     }
 }
 

@@ -252,13 +252,7 @@ impl VllmClient {
         let body = self
             .call(self.client.get(format!("{}/v1/models", self.base)), what.clone())
             .await?;
-        serde_json::from_slice::<Value>(&body)
-            .ok()
-            .and_then(|v| v["data"][0]["id"].as_str().map(str::to_owned))
-            .ok_or_else(|| VllmCallError::Shape {
-                what,
-                detail: "no model in data[0].id".into(),
-            })
+        string_at(&body, "/data/0/id", what, "no model in data[0].id")
     }
 
     /// The canary: a fixed-seed, temperature-0 completion of [`CANARY_TOKENS`] tokens; its text.
@@ -272,14 +266,20 @@ impl VllmClient {
         let answer = self
             .call(self.client.post(&url).json(&body), what.clone())
             .await?;
-        serde_json::from_slice::<Value>(&answer)
-            .ok()
-            .and_then(|v| v["choices"][0]["text"].as_str().map(str::to_owned))
-            .ok_or_else(|| VllmCallError::Shape {
-                what,
-                detail: "no choices[0].text".into(),
-            })
+        string_at(&answer, "/choices/0/text", what, "no choices[0].text")
     }
+}
+
+/// The string at `pointer` (a JSON pointer) in the JSON `body` that `what` answered, or a
+/// [`VllmCallError::Shape`] saying `detail`.
+fn string_at(body: &[u8], pointer: &str, what: String, detail: &str) -> Result<String, VllmCallError> {
+    serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.pointer(pointer)?.as_str().map(str::to_owned))
+        .ok_or_else(|| VllmCallError::Shape {
+            what,
+            detail: detail.into(),
+        })
 }
 
 #[cfg(test)]

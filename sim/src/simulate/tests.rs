@@ -589,14 +589,7 @@ fn a_replica_over_the_ttft_objective_on_a_smaller_share_is_rolled_at_once() {
         .collect();
     let mut sc = scenario(vec![m], vec![arrivals], 1800.0);
     sc.settings.update_mode = UpdateMode::Recreate;
-    let plan = |kind, initial_recommendations| Plan {
-        kind,
-        static_replicas: Vec::new(),
-        initial_recommendations,
-        only_models: Vec::new(),
-        batch: None,
-    };
-    let hpa = World::new(&sc, plan(StrategyKind::Hpa, Vec::new()))
+    let hpa = World::new(&sc, Plan::starting_from(StrategyKind::Hpa, Vec::new()))
         .unwrap()
         .run(&mut |_| {})
         .unwrap();
@@ -604,7 +597,7 @@ fn a_replica_over_the_ttft_objective_on_a_smaller_share_is_rolled_at_once() {
     // The share a quiet week would have recommended: a tenth of the GPU.
     initial[0].as_mut().expect("calibrated").compute_fraction = 0.1;
     let tessera = |sc: &Scenario| {
-        World::new(sc, plan(StrategyKind::Tessera, initial.clone()))
+        World::new(sc, Plan::starting_from(StrategyKind::Tessera, initial.clone()))
             .unwrap()
             .run(&mut |_| {})
             .unwrap()

@@ -29,6 +29,28 @@ pub fn pair() -> Pair {
     }
 }
 
+/// `tessera webhook --no-kube` serving TLS with `pair` (written into `dir` as `tls.crt` and `tls.key`) and its
+/// metrics on `metrics_listen`; `extra` adds flags.
+pub fn start_webhook(dir: &Path, pair: &Pair, metrics_listen: &str, extra: &[&str]) -> super::Tessera {
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).expect("write the certificate");
+    std::fs::write(&key, &pair.key_pem).expect("write the key");
+    let mut args = vec![
+        "webhook",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        metrics_listen,
+        "--tls-cert",
+        cert.to_str().expect("a UTF-8 path"),
+        "--tls-key",
+        key.to_str().expect("a UTF-8 path"),
+        "--no-kube",
+    ];
+    args.extend_from_slice(extra);
+    super::Tessera::start(&args)
+}
+
 /// A TLS client trusting only `trusted`.
 pub fn connector(trusted: &[&CertificateDer<'static>]) -> TlsConnector {
     let _ = rustls::crypto::ring::default_provider().install_default();

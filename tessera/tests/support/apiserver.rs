@@ -28,6 +28,13 @@ use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+/// The collections the tests keep objects in (the keys of [`ApiServer::get`] and [`ApiServer::put`]).
+pub const PODS: &str = "v1/pods";
+pub const DEPLOYMENTS: &str = "apps/v1/deployments";
+pub const IAS: &str = "tessera.dev/v1alpha1/inferenceautoscalers";
+pub const LEASES: &str = "coordination.k8s.io/v1/leases";
+pub const EVENTS: &str = "events.k8s.io/v1/events";
+
 /// One change, kept for watches.
 #[derive(Debug, Clone)]
 struct Change {
@@ -234,6 +241,13 @@ impl ApiServer {
         drop(st);
         self.notify.notify_waiters();
         obj
+    }
+
+    /// The Deployment `namespace/name`'s `spec.replicas`: what the controller asks for (0 while it has none).
+    pub fn wanted_replicas(&self, namespace: &str, name: &str) -> i64 {
+        self.get(DEPLOYMENTS, namespace, name)
+            .and_then(|d| d["spec"]["replicas"].as_i64())
+            .unwrap_or(0)
     }
 
     /// The object, if it exists.

@@ -70,6 +70,13 @@ impl Tessera {
         Self::start_with_env(args, &[])
     }
 
+    /// `tessera sidecar --vllm-url <vllm_url> --listen 127.0.0.1:0 <extra>`.
+    pub fn sidecar(vllm_url: &str, extra: &[&str]) -> Tessera {
+        let mut args = vec!["sidecar", "--vllm-url", vllm_url, "--listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
     /// The sidecar on `vllm_url`, scraping every 100 ms with a short window (1 m, 5 samples, 300 ms) so it
     /// recommends within a second, without NVML; `extra` adds the memory facts and anything else, `env` the
     /// environment.
@@ -99,27 +106,51 @@ impl Tessera {
         Self::start_with_env(&args, env)
     }
 
-    /// The emulator with vLLM's sleep mode on (`--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`), serving `m`
-    /// (opt-125m at 100× speed), waking in 300 ms and keeping 1.4 GiB (an H100's level-1 residue) while asleep.
-    pub fn sleepy_sim(extra: &[&str]) -> Tessera {
+    /// The emulator with vLLM's sleep mode served (`--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1`), serving
+    /// `m`; `extra` adds flags.
+    pub fn sleep_mode_sim(extra: &[&str]) -> Tessera {
         let mut args = vec![
             "vllm-sim",
             "--listen",
             "127.0.0.1:0",
             "--served-model-name",
             "m",
+            "--enable-sleep-mode",
+        ];
+        args.extend_from_slice(extra);
+        Tessera::start_with_env(&args, &[("VLLM_SERVER_DEV_MODE", "1")])
+    }
+
+    /// [`Tessera::sleep_mode_sim`] as opt-125m at 100× speed, waking in 300 ms and keeping 1.4 GiB (an H100's
+    /// level-1 residue) while asleep.
+    pub fn sleepy_sim(extra: &[&str]) -> Tessera {
+        let mut args = vec![
             "--model-preset",
             "opt-125m",
             "--time-scale",
             "100",
-            "--enable-sleep-mode",
             "--wake-up-delay",
             "300ms",
             "--fault-sleep-residue-bytes",
             "1503238553",
         ];
         args.extend_from_slice(extra);
-        Tessera::start_with_env(&args, &[("VLLM_SERVER_DEV_MODE", "1")])
+        Self::sleep_mode_sim(&args)
+    }
+
+    /// [`Tessera::quick_sidecar`] on `emu` taking its sleep instructions from the annotations file `file` (read every
+    /// 50 ms, settling 200 ms); `extra` adds flags.
+    pub fn rest_sidecar(emu: &Tessera, file: &std::path::Path, extra: &[&str]) -> Tessera {
+        let mut args = vec![
+            "--rest-file",
+            file.to_str().expect("a UTF-8 path"),
+            "--rest-poll",
+            "50ms",
+            "--rest-settle",
+            "200ms",
+        ];
+        args.extend_from_slice(extra);
+        Self::quick_sidecar(&emu.base(), &args, &[])
     }
 
     /// As [`Tessera::start`], with extra environment variables.
@@ -168,7 +199,12 @@ impl Tessera {
 
     /// Runs `tessera vllm-sim --listen 127.0.0.1:0 <args>`: the emulator, on an ephemeral port.
     pub fn vllm_sim(args: &[&str]) -> Tessera {
-        let mut all = vec!["vllm-sim", "--listen", "127.0.0.1:0"];
+        Self::vllm_sim_at("127.0.0.1:0", args)
+    }
+
+    /// The emulator listening on `listen` (a port a test named in advance: a backend that comes up late).
+    pub fn vllm_sim_at(listen: &str, args: &[&str]) -> Tessera {
+        let mut all = vec!["vllm-sim", "--listen", listen];
         all.extend_from_slice(args);
         Self::start(&all)
     }
@@ -195,6 +231,27 @@ impl Tessera {
             .expect("this role logged no admin_listen address (only the activator has an admin listener)");
         format!("http://{admin}")
     }
+}
+
+/// The workspace root (this crate's parent folder), where `scripts/`, `testdata/` and `.tools/` are.
+pub fn workspace() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The k6 binary: `scripts/test.sh` installs it under `.tools/venv/bin`, else the first on `PATH`.
+pub fn find_k6() -> Option<std::path::PathBuf> {
+    let local = workspace().join(".tools/venv/bin/k6");
+    if local.is_file() {
+        return Some(local);
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| std::path::Path::new(d).join("k6"))
+        .find(|p| p.is_file())
 }
 
 /// A port that is free now, for a server that must come up later on a known address. It is picked below the
@@ -227,6 +284,15 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free port between {FLOOR} and {ephemeral_low} on 127.0.0.1");
+}
+
+/// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`, …); `None` when the process or the field is gone.
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
 /// Sends SIGTERM to `child` (through `kill`, which every test machine has).
@@ -263,6 +329,27 @@ pub fn http_client(timeout: Duration) -> reqwest::Client {
         .expect("a reqwest client")
 }
 
+/// The first sample of `name` on the `/metrics` page at `url`; `None` when the page cannot be read (the server is
+/// not up, or went away) or has no such series.
+pub async fn first_sample(url: &str, name: &str) -> Option<f64> {
+    let text = http_client(Duration::from_secs(5))
+        .get(url)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// GETs `url` (panics when no response comes: a test helper); the response, whatever its status.
+pub async fn get(client: &reqwest::Client, url: &str) -> reqwest::Response {
+    client.get(url).send().await.expect("GET")
+}
+
 /// GETs `url` and parses the body as JSON (panics on any failure: a test helper).
 pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
     client
@@ -273,6 +360,21 @@ pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value 
         .json()
         .await
         .expect("a JSON body")
+}
+
+/// The sum of every sample of the series whose line starts with `name` on a Prometheus text page (0 when none
+/// does), e.g. `vllm:request_success_total` summed over finish reasons.
+pub fn metric_sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// POSTs `body` as JSON to `url` and returns the response, whatever its status (panics when no response comes: a
+/// test helper).
+pub async fn post_json(client: &reqwest::Client, url: &str, body: &serde_json::Value) -> reqwest::Response {
+    client.post(url).json(body).send().await.expect("POST")
 }
 
 /// GETs `url` and returns the body as text (panics on any failure: a test helper), e.g. a `/metrics` page.
@@ -293,6 +395,26 @@ impl Tessera {
         let mut args = vec!["activator", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
         Tessera::start(&args)
+    }
+
+    /// [`Tessera::activator`] with `backend` (`model=url`) as its first `--backend`.
+    pub fn activator_for(backend: &str, extra: &[&str]) -> Tessera {
+        let mut args = vec!["--backend", backend];
+        args.extend_from_slice(extra);
+        Tessera::activator(&args)
+    }
+
+    /// [`Tessera::activator_for`] with `model`'s backend on the loopback `port`, where nothing may listen yet.
+    pub fn activator_at_port(model: &str, port: u16, extra: &[&str]) -> Tessera {
+        Tessera::activator_for(&format!("{model}=http://127.0.0.1:{port}"), extra)
+    }
+
+    /// [`Tessera::activator`] for the model `m` served by `emu`, waking it through its sidecar `sidecar`.
+    pub fn waking_activator(emu: &Tessera, sidecar: &Tessera, extra: &[&str]) -> Tessera {
+        let side = format!("m={}", sidecar.base());
+        let mut args = vec!["--sidecar", side.as_str()];
+        args.extend_from_slice(extra);
+        Tessera::activator_for(&format!("m={}", emu.base()), &args)
     }
 
     /// This activator's stats document (`/tessera/v1/stats` on its admin listener).

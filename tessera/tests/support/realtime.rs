@@ -35,12 +35,7 @@ pub fn realtime_body(model: &str) -> serde_json::Value {
 /// (vLLM, like the emulator, sends the assistant role in an empty event first).
 pub async fn one_realtime(client: &reqwest::Client, url: &str, model: &str) -> Duration {
     let start = Instant::now();
-    let mut resp = client
-        .post(url)
-        .json(&realtime_body(model))
-        .send()
-        .await
-        .expect("POST");
+    let mut resp = super::post_json(client, url, &realtime_body(model)).await;
     assert_eq!(resp.status(), 200, "a real-time request is never refused");
     let mut ttft = None;
     let mut pending = String::new();
@@ -66,6 +61,18 @@ pub async fn one_realtime(client: &reqwest::Client, url: &str, model: &str) -> D
         }
     }
     ttft.expect("a token was streamed")
+}
+
+/// Waits until `act` has its `llama` backend ready, then warms the connections and the emulator with one real-time
+/// request; the chat completions URL.
+pub async fn ready_and_warm(act: &Tessera) -> String {
+    act.wait_activator_stats("the backend ready", Duration::from_secs(20), |s| {
+        s["models"]["default/llama"]["readyBackends"] == 1
+    })
+    .await;
+    let url = act.url("/v1/chat/completions");
+    one_realtime(&http_client(Duration::from_secs(60)), &url, "llama").await;
+    url
 }
 
 /// The real-time arrivals of one phase of length `phase`, as offsets from its start: exponential gaps at `rate`

@@ -269,14 +269,7 @@ pub async fn api_diff(base: &str, real: &Value, chunking: Chunking) -> Vec<Strin
             real["/health"]["status"], real["/health"]["body"]
         ));
     }
-    let models: Value = http
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = crate::support::get_json(&http, &format!("{base}/v1/models")).await;
     let real_models: Value = serde_json::from_str(real["/v1/models"]["body"].as_str().unwrap()).unwrap();
     out.extend(diff_json("/v1/models", &real_models, &models, &[]));
     let version = http.get(format!("{base}/version")).send().await.unwrap();
@@ -295,12 +288,7 @@ pub async fn api_diff(base: &str, real: &Value, chunking: Chunking) -> Vec<Strin
             let n: usize = rest.split(' ').next().unwrap().parse().unwrap();
             body["prompt"] = json!(vec![tok.parse::<u64>().unwrap(); n]);
         }
-        let r = http
-            .post(format!("{base}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = crate::support::post_json(&http, &format!("{base}{path}"), &body).await;
         let status = r.status().as_u16();
         let ctype = r
             .headers()

@@ -9,8 +9,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, HostPathVolumeSource,
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, Probe,
+    Affinity, Container, ContainerPort, EnvVar, HTTPGetAction, HostPathVolumeSource, NodeAffinity,
+    NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, Pod, Probe,
     ResourceRequirements, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -649,20 +649,23 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
     }))
 }
 
-/// The placement a pod already carries (Tessera placed it on an earlier invocation): its reservation, capacity
-/// pod, GPU UUID, pool label and node pin.
-pub fn existing_placement(pod: &Pod, pools_namespace: Option<&str>) -> Option<Placement> {
-    let ann = annotations(pod);
-    let node = pod
-        .spec
-        .as_ref()?
+/// The pod's required node-affinity terms (where [`pin_to_node`]'s node pin lives), if it has any.
+pub fn required_node_terms(spec: &k8s_openapi::api::core::v1::PodSpec) -> Option<&[NodeSelectorTerm]> {
+    let required = spec
         .affinity
         .as_ref()?
         .node_affinity
         .as_ref()?
         .required_during_scheduling_ignored_during_execution
-        .as_ref()?
-        .node_selector_terms
+        .as_ref()?;
+    Some(&required.node_selector_terms)
+}
+
+/// The placement a pod already carries (Tessera placed it on an earlier invocation): its reservation, capacity
+/// pod, GPU UUID, pool label and node pin.
+pub fn existing_placement(pod: &Pod, pools_namespace: Option<&str>) -> Option<Placement> {
+    let ann = annotations(pod);
+    let node = required_node_terms(pod.spec.as_ref()?)?
         .iter()
         .flat_map(|t| t.match_fields.iter().flatten())
         .find(|f| f.key == "metadata.name" && f.operator == "In")
@@ -1059,17 +1062,7 @@ mod tests {
         let mut spec = k8s_openapi::api::core::v1::PodSpec::default();
         pin_to_node(&mut spec, "n1");
         pin_to_node(&mut spec, "n1");
-        let terms = &spec
-            .affinity
-            .as_ref()
-            .unwrap()
-            .node_affinity
-            .as_ref()
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .as_ref()
-            .unwrap()
-            .node_selector_terms;
+        let terms = required_node_terms(&spec).unwrap();
         assert_eq!(terms.len(), 1);
         assert_eq!(terms[0].match_fields.as_ref().unwrap().len(), 1);
     }

@@ -3,19 +3,7 @@
 
 use super::*;
 
-fn field_env(name: &str, path: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.into(),
-                ..ObjectFieldSelector::default()
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    }
-}
+use tessera_pool::capacity::field_env;
 
 /// The model directory to hand the sidecar (`--model-dir`) and the vLLM volume mount it lives on.
 fn model_volume(c: &Container) -> Option<(String, VolumeMount)> {

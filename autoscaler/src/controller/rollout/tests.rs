@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::*;
 use crate::crd::Sharing;
+use crate::test_support::respond;
 
 const DEPLOY: &str = "/apis/apps/v1/namespaces/team-a/deployments/llama";
 const PDBS: &str = "/apis/policy/v1/namespaces/team-a/poddisruptionbudgets";
@@ -70,15 +71,6 @@ fn allocation(memory: i64, drift_since_ms: u64) -> AllocationStatus {
     }
 }
 
-fn respond(send: tower_test::mock::SendResponse<Response<Body>>, status: u16, body: Value) {
-    send.send_response(
-        Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap(),
-    );
-}
-
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
 fn apis() -> (Api<DynamicObject>, Api<PodDisruptionBudget>, Handle) {
@@ -129,13 +121,13 @@ async fn roll_recreate_patches_the_template_hash_with_the_resource_version() {
     let server = tokio::spawn(async move {
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!((req.method(), req.uri().path()), (&Method::GET, DEPLOY));
-        respond(send, 200, deployment("41", 2, 2));
+        respond(send, 200, &deployment("41", 2, 2));
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!((req.method(), req.uri().path()), (&Method::GET, PDBS));
         respond(
             send,
             200,
-            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
+            &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
         );
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!((req.method(), req.uri().path()), (&Method::PATCH, DEPLOY));
@@ -147,7 +139,7 @@ async fn roll_recreate_patches_the_template_hash_with_the_resource_version() {
             .as_str()
             .unwrap()
             .to_owned();
-        respond(send, 200, deployment("42", 2, 0));
+        respond(send, 200, &deployment("42", 2, 0));
         hash
     });
     let outcome = run_roll(&alloc, &pods, &rolling, &target, pdb).await;
@@ -176,12 +168,12 @@ async fn roll_a_conflict_is_retried_on_a_fresh_read() {
     let server = tokio::spawn(async move {
         for (rv, code) in [("41", 409), ("43", 200)] {
             let (_, send) = handle.next_request().await.unwrap();
-            respond(send, 200, deployment(rv, 2, 2));
+            respond(send, 200, &deployment(rv, 2, 2));
             let (_, send) = handle.next_request().await.unwrap();
             respond(
                 send,
                 200,
-                json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
+                &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
             );
             let (req, send) = handle.next_request().await.unwrap();
             let body: Value =
@@ -192,7 +184,7 @@ async fn roll_a_conflict_is_retried_on_a_fresh_read() {
             } else {
                 deployment("44", 2, 0)
             };
-            respond(send, code, answer);
+            respond(send, code, &answer);
         }
     });
     let outcome = run_roll(&alloc, &pods, &Rolling::default(), &target, pdb).await;
@@ -207,12 +199,12 @@ async fn roll_refused_while_the_deployment_is_mid_rollout() {
     let pods = vec![pod(40_000, 0.3), pod(40_000, 0.3)];
     let server = tokio::spawn(async move {
         let (_, send) = handle.next_request().await.unwrap();
-        respond(send, 200, deployment("41", 2, 1));
+        respond(send, 200, &deployment("41", 2, 1));
         let (_, send) = handle.next_request().await.unwrap();
         respond(
             send,
             200,
-            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
+            &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": []}),
         );
         // No PATCH may follow.
         assert!(
@@ -233,12 +225,12 @@ async fn roll_refused_by_a_pod_disruption_budget() {
     let pods = vec![pod(40_000, 0.3), pod(40_000, 0.3)];
     let server = tokio::spawn(async move {
         let (_, send) = handle.next_request().await.unwrap();
-        respond(send, 200, deployment("41", 2, 2));
+        respond(send, 200, &deployment("41", 2, 2));
         let (_, send) = handle.next_request().await.unwrap();
         respond(
             send,
             200,
-            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": [
+            &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList", "metadata": {}, "items": [
             {"metadata": {"name": "llama"}, "spec": {"selector": {"matchLabels": {"app": "llama"}}, "minAvailable": 2},
              "status": {"disruptionsAllowed": 0, "currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 2}}]}),
         );

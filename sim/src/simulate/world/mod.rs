@@ -495,6 +495,14 @@ impl<'a> World<'a> {
         Ok(w)
     }
 
+    /// Schedules the periodic `ev` again `every` from now, unless that is past the scenario's end.
+    fn again_within_run(&mut self, every: Duration, ev: Ev) {
+        let next = self.now + every.as_secs_f64();
+        if next <= self.sc.duration {
+            self.push(next, ev);
+        }
+    }
+
     fn push(&mut self, at: f64, ev: Ev) {
         self.seq += 1;
         self.heap.push(Queued {
@@ -543,10 +551,7 @@ impl<'a> World<'a> {
                 Ev::Ready { replica } => self.on_ready(replica),
                 Ev::Scrape => {
                     self.on_scrape();
-                    let next = self.now + self.sc.settings.scrape_interval.as_secs_f64();
-                    if next <= duration {
-                        self.push(next, Ev::Scrape);
-                    }
+                    self.again_within_run(self.sc.settings.scrape_interval, Ev::Scrape);
                 }
                 Ev::Sync => {
                     for m in 0..self.models.len() {
@@ -555,10 +560,7 @@ impl<'a> World<'a> {
                         }
                     }
                     self.batch_round()?;
-                    let next = self.now + self.sc.settings.sync_period.as_secs_f64();
-                    if next <= duration {
-                        self.push(next, Ev::Sync);
-                    }
+                    self.again_within_run(self.sc.settings.sync_period, Ev::Sync);
                 }
                 Ev::BatchTick => self.on_batch_tick()?,
                 Ev::BatchStep { own, generation } => self.on_batch_step(own, generation),
@@ -566,10 +568,7 @@ impl<'a> World<'a> {
                 Ev::BatchReclaim { own } => self.on_batch_reclaim(own),
                 Ev::Recommend => {
                     self.on_recommend();
-                    let next = self.now + self.sc.settings.recommend_interval.as_secs_f64();
-                    if next <= duration {
-                        self.push(next, Ev::Recommend);
-                    }
+                    self.again_within_run(self.sc.settings.recommend_interval, Ev::Recommend);
                 }
             }
         }
@@ -749,7 +748,7 @@ impl<'a> World<'a> {
                 _ => None,
             };
             let woke = sleeper.and_then(|(g, wake)| {
-                sleep::with_held(packer, others_residue, |packer| {
+                packer.with_held(others_residue, |packer| {
                     let room = packer.gpu(g).is_some_and(|s| !s.is_draining());
                     (room && packer.assign(g, request.clone()).is_ok()).then_some((g, wake))
                 })
@@ -774,13 +773,14 @@ impl<'a> World<'a> {
                             (*g, share)
                         })
                         .collect();
-                    sleep::with_held(packer, all_residue, |packer| {
-                        packer.place_beside_sleeping(request, sleeping)
-                    })
-                    .map_err(|source| SimError::Pack {
-                        model: setup.name.clone(),
-                        source,
-                    })?
+                    packer
+                        .with_held(all_residue, |packer| {
+                            packer.place_beside_sleeping(request, sleeping)
+                        })
+                        .map_err(|source| SimError::Pack {
+                            model: setup.name.clone(),
+                            source,
+                        })?
                 }
             };
             self.gpu_empty_since.remove(&g);

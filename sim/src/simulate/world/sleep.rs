@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use tessera_core::pack::sleeping::{self, Admit, Sleeper, SleeperBudget};
-use tessera_core::pack::{GpuId, Packer, ReplicaRequest};
+use tessera_core::pack::{GpuId, ReplicaRequest};
 use tessera_core::sleep::command::SleepLevel;
 use tessera_core::sleep::rule::{SleepFacts, SleepPolicy};
 
@@ -124,7 +124,7 @@ impl World<'_> {
     }
 
     /// Every sleeper's residue but `waking`'s (whose whole share is about to be placed), as packer requests on
-    /// their GPUs, for [`with_held`].
+    /// their GPUs, for [`tessera_core::pack::Packer::with_held`].
     pub(super) fn residues(&self, waking: Option<usize>) -> Vec<(GpuId, ReplicaRequest)> {
         let residue = self.sc.settings.sleep_residue_mib;
         self.sleepers
@@ -136,25 +136,4 @@ impl World<'_> {
             })
             .collect()
     }
-}
-
-/// Runs `f` on `packer` with `held` (the sleepers' residue, [`World::residues`]) assigned where it fits, then takes
-/// it off again: a placement never takes the memory a sleeping pod keeps.
-pub(super) fn with_held<T>(
-    packer: &mut Packer,
-    held: Vec<(GpuId, ReplicaRequest)>,
-    f: impl FnOnce(&mut Packer) -> T,
-) -> T {
-    let ids: Vec<String> = held
-        .into_iter()
-        .filter_map(|(g, r)| {
-            let id = r.id.clone();
-            packer.assign(g, r).is_ok().then_some(id)
-        })
-        .collect();
-    let out = f(packer);
-    for id in &ids {
-        packer.remove(id);
-    }
-    out
 }
