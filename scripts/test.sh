@@ -117,4 +117,15 @@ control_plane_tier() {
 }
 unless_skipped TESSERA_SKIP_CONTROL_PLANE "the control-plane tier" control_plane_tier
 
+log "GPU tier: two real vLLM replicas sharing one GPU (MPS, time-slicing), measured against the sharing model"
+# Only where this machine has an NVIDIA GPU (`nvidia-smi -L` lists one): scripts/sharing-real.sh installs vLLM for
+# CUDA into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/vllm-gpu-venv (a failed install fails the run), measures the
+# TPOT of one replica alone and of two sharing at a few batch sizes, and fails when `tessera sharing` is more than
+# 15% off. Without a GPU there is nothing to measure, and the run says so.
+if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  unless_skipped TESSERA_SKIP_GPU "the real-sharing measurement on this machine's GPU" scripts/sharing-real.sh --install
+else
+  echo "NOT RUN: no NVIDIA GPU on this machine, so two vLLM replicas sharing one were not measured (scripts/sharing-real.sh)"
+fi
+
 log "all tests passed"
