@@ -1,6 +1,12 @@
 """Writes a tiny Llama model directory that a real vLLM can serve with `--load-format dummy`.
 
-Usage: python scripts/real_vllm_model.py DIR   (run with the vLLM environment's python; see scripts/real-vllm.sh)
+Usage: python scripts/real_vllm_model.py DIR [--shape tiny|half-billion]
+(run with the vLLM environment's python; see scripts/real-vllm.sh)
+
+`half-billion` (for scripts/sharing-real.sh on a GPU) has Qwen2.5-0.5B's layer shapes on the Llama architecture:
+24 layers, hidden 896, MLP 4864, 14 heads, 2 KV heads of 64, so 12,288 bytes of KV cache per token in bf16 and
+about 0.36 B parameters with this tokenizer's small vocabulary. Step times on a GPU follow the shapes, not the
+weights' values, so nothing has to be downloaded to measure what sharing a GPU costs.
 
 Nothing is downloaded: the weights are vLLM's random "dummy" weights, and the tokenizer is a byte-level BPE
 trained here on a few lines of text, so any prompt tokenizes. The shapes are chosen to keep the CPU engine's
@@ -31,8 +37,31 @@ CHAT_TEMPLATE = (
 )
 
 
+SHAPES = {
+    "tiny": {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    },
+    "half-billion": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+    },
+}
+
+
 def main() -> None:
     out = Path(sys.argv[1])
+    shape = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--shape" else "tiny"
+    if shape not in SHAPES:
+        sys.exit(f"unknown --shape {shape!r}: one of {', '.join(SHAPES)}")
     out.mkdir(parents=True, exist_ok=True)
 
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -69,12 +98,7 @@ def main() -> None:
             {
                 "architectures": ["LlamaForCausalLM"],
                 "model_type": "llama",
-                "hidden_size": 128,
-                "intermediate_size": 256,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "head_dim": 32,
+                **SHAPES[shape],
                 "hidden_act": "silu",
                 "max_position_embeddings": 4096,
                 "rms_norm_eps": 1e-5,

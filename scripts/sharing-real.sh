@@ -2,14 +2,16 @@
 # Measures two real vLLM replicas sharing one GPU (MPS, and time-slicing where the GPU allows it) at a few batch
 # sizes, and prints the model's answer (`tessera sharing`) beside each measurement.
 #
-#   scripts/sharing-real.sh                  # Qwen/Qwen2.5-0.5B-Instruct, batches 1 8 32, both modes
-#   MODEL=... PRESET_ARGS="--model-params 4.94e8 --weights-bytes 0.99GB --kv-bytes-per-token 12288" \
-#   GPU_ARGS="--gpu h100-80gb" BATCHES="1 8 32" scripts/sharing-real.sh
+#   scripts/sharing-real.sh                  # a model with Qwen2.5-0.5B's shapes and random weights (written
+#                                            # here by scripts/real_vllm_model.py, nothing downloaded), batches
+#                                            # 1 8 32, both modes
+#   MODEL=Qwen/Qwen2.5-0.5B-Instruct PRESET_ARGS="--model-params 4.94e8 --weights-bytes 0.99GB \
+#     --kv-bytes-per-token 12288" GPU_ARGS="--gpu h100-80gb" BATCHES="1 8 32" scripts/sharing-real.sh
 #
-# Needs: an NVIDIA GPU (nvidia-smi, nvidia-cuda-mps-control), `vllm` on PATH with the model in its cache, and a
-# built `tessera` (TESSERA_BIN, else target/release/tessera). Loopback only. Each configuration decodes BATCH
-# concurrent requests of 512 random prompt tokens and 256 output tokens (`vllm bench serve --max-concurrency`),
-# first with one replica alone on the GPU, then with two replicas at once (each at 50% of the SMs under MPS).
+# Needs: an NVIDIA GPU (nvidia-smi, nvidia-cuda-mps-control), `vllm` on PATH, and a built `tessera` (TESSERA_BIN,
+# else target/release/tessera). Loopback only. Each configuration decodes BATCH concurrent requests of 512 random
+# prompt tokens and 256 output tokens (`vllm bench serve --max-concurrency`), first with one replica alone on the
+# GPU, then with two replicas at once (each at 50% of the SMs under MPS).
 # Output: one line per (mode, batch) with the measured median TPOT alone and shared and the model's, and the
 # ratio of each; the model is within its stated error when the ratios differ by less than 15%. Exits 1 when any
 # configuration is outside it (scripts/test.sh runs this where the test machine has an NVIDIA GPU).
@@ -33,8 +35,7 @@ if [[ "${1:-}" == --install ]]; then
   export PATH="$venv/bin:$PATH"
   [[ -x "${TESSERA_BIN:-target/release/tessera}" ]] || cargo build --release --locked -q -p tessera
 fi
-MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
-PRESET_ARGS=${PRESET_ARGS:---model-params 4.94e8 --weights-bytes 0.99GB --kv-bytes-per-token 12288}
+PRESET_ARGS=${PRESET_ARGS:---model-params 3.61e8 --weights-bytes 0.72GB --kv-bytes-per-token 12288}
 GPU_ARGS=${GPU_ARGS:---gpu h100-80gb}
 BATCHES=${BATCHES:-1 8 32}
 MODES=${MODES:-mps time_slicing}
@@ -43,6 +44,14 @@ OUT=${OUT:-$(mktemp -d)}
 for tool in nvidia-smi vllm "$TESSERA_BIN"; do
   command -v "$tool" >/dev/null || { echo "sharing-real: $tool not found (needs a GPU machine with vLLM)" >&2; exit 2; }
 done
+load_args=()
+if [[ -z "${MODEL:-}" ]]; then
+  # Random weights in the real shapes: vLLM's python has the tokenizer library the script needs.
+  MODEL=$OUT/model
+  "$(dirname "$(command -v vllm)")/python" scripts/real_vllm_model.py "$MODEL" --shape half-billion \
+    || { echo "sharing-real: writing the model into $MODEL failed" >&2; exit 1; }
+  load_args=(--load-format dummy)
+fi
 pids=()
 cleanup() {
   for p in "${pids[@]:-}"; do [[ -n "$p" ]] && kill "$p" 2>/dev/null || true; done
@@ -53,7 +62,7 @@ trap cleanup EXIT
 serve() { # port, log, extra env
   local port=$1 log=$2
   env "${@:3}" vllm serve "$MODEL" --host 127.0.0.1 --port "$port" --gpu-memory-utilization 0.4 \
-    --max-model-len 2048 >"$log" 2>&1 &
+    --max-model-len 2048 "${load_args[@]}" >"$log" 2>&1 &
   pids+=($!)
   for _ in $(seq 600); do
     curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
