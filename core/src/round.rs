@@ -114,9 +114,7 @@ impl Round {
     pub fn isolated(&self) -> bool {
         matches!(self.isolation, Some(Isolation::Isolate(_)))
     }
-}
 
-impl Round {
     /// The replica count to apply: the decision, one over it during a surge.
     pub fn replicas(&self) -> u32 {
         self.step.replicas(self.decision.desired_replicas)

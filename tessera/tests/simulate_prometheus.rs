@@ -116,6 +116,17 @@ fn sweep_gpu_hours(dir: &Path) -> BTreeMap<String, (f64, f64, f64)> {
         .collect()
 }
 
+/// Runs scenario `file` in `dir` over [`SEEDS`] (with `extra` arguments) and returns each strategy's GPU-hours as
+/// [`sweep_gpu_hours`] reads them from its `sweep.json`.
+fn sweep(dir: &Path, file: &str, extra: &[&str]) -> BTreeMap<String, (f64, f64, f64)> {
+    let out = format!("{}-seeds", file.trim_end_matches(".yaml"));
+    let mut args = vec![file, "--seeds", SEEDS, "--quiet", "--out", &out];
+    args.extend_from_slice(extra);
+    let run = simulate_in(dir, &args, Duration::from_secs(300));
+    assert!(run.status.success(), "{file}: {}", stderr(&run));
+    sweep_gpu_hours(&dir.join(out))
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // A Prometheus stand-in: answers `query` and `query_range` from a function of the PromQL text.
 // ---------------------------------------------------------------------------------------------------------------
@@ -861,44 +872,14 @@ async fn real_prometheus_history_agrees_with_the_trace() {
         }
         // What a history cannot say (which request had which lengths, when within a step it came) is drawn: the
         // mean over seeds is the history's answer (`--seeds` gives a user the spread).
-        let report = format!("observed-{step}s-seeds");
-        let seeds = simulate_in(
+        let from_prometheus = sweep(&path, &format!("observed-{step}s.yaml"), &[]);
+        let from_exact = sweep(
             &path,
-            &[
-                &format!("observed-{step}s.yaml"),
-                "--seeds",
-                SEEDS,
-                "--quiet",
-                "--out",
-                &report,
-            ],
-            Duration::from_secs(300),
-        );
-        assert!(seeds.status.success(), "{}", stderr(&seeds));
-        let report_exact = format!("exact-{step}s-seeds");
-        let exact_seeds = simulate_in(
-            &path,
-            &[
-                &format!("exact-{step}s.yaml"),
-                "--seeds",
-                SEEDS,
-                "--strategies",
-                "tessera",
-                "--quiet",
-                "--out",
-                &report_exact,
-            ],
-            Duration::from_secs(300),
-        );
-        assert!(exact_seeds.status.success(), "{}", stderr(&exact_seeds));
-        let from_exact = sweep_gpu_hours(&path.join(report_exact))["tessera"].0;
-        observed.push((
-            step,
-            sc,
-            stdout(&out),
-            sweep_gpu_hours(&path.join(report)),
-            from_exact,
-        ));
+            &format!("exact-{step}s.yaml"),
+            &["--strategies", "tessera"],
+        )["tessera"]
+            .0;
+        observed.push((step, sc, stdout(&out), from_prometheus, from_exact));
     }
     let mut sc = observed[0].1.clone();
     for m in sc["models"].as_sequence_mut().unwrap() {
@@ -921,13 +902,7 @@ async fn real_prometheus_history_agrees_with_the_trace() {
     }
     sc["name"] = "trace".into();
     std::fs::write(path.join("trace.yaml"), serde_yaml::to_string(&sc).unwrap()).unwrap();
-    let replayed = simulate_in(
-        &path,
-        &["trace.yaml", "--seeds", SEEDS, "--quiet", "--out", "trace-seeds"],
-        Duration::from_secs(300),
-    );
-    assert!(replayed.status.success(), "{}", stderr(&replayed));
-    let from_trace = sweep_gpu_hours(&path.join("trace-seeds"));
+    let from_trace = sweep(&path, "trace.yaml", &[]);
     drop(prom);
     let requests = |o: &str| o.lines().next().unwrap_or_default().to_string();
     // The worst difference relative to its tolerance (1 is at the tolerance).

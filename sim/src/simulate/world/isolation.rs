@@ -6,7 +6,7 @@
 //! co-tenant is placed beside them.
 
 use tessera_core::round::Round;
-use tessera_core::scale::isolation::{Isolation, IsolationFacts};
+use tessera_core::scale::isolation::IsolationFacts;
 
 use super::*;
 
@@ -45,15 +45,15 @@ impl World<'_> {
 
     /// Applies the round's isolation to model `m`: records it and starts the moves it asks for.
     pub(super) fn apply_isolation(&mut self, m: usize, r: &Round, live: &[usize]) {
-        let Some(decided) = r.isolation else {
+        if r.isolation.is_none() {
             return;
-        };
+        }
         let shared: Vec<usize> = live.iter().copied().filter(|&r| self.shares_gpu(r)).collect();
         let st = &mut self.models[m].isolation;
-        let now = matches!(decided, Isolation::Isolate(_));
+        let now = r.isolated();
         if now && !st.isolated {
             st.began += 1;
-            tracing::debug!(model = %self.sc.models[m].name, at = self.now, ?decided, "isolating at the ceiling");
+            tracing::debug!(model = %self.sc.models[m].name, at = self.now, decided = ?r.isolation, "isolating at the ceiling");
         }
         st.isolated = now;
         if now {
