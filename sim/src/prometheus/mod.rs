@@ -118,6 +118,19 @@ fn rfc3339(t: f64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs_f64(t.max(0.0))).to_string()
 }
 
+/// The matchers that select one model's series: its name, then the user's filter.
+fn model_matchers(name: &str, filter: &str) -> String {
+    format!(
+        "model_name=\"{}\"{}",
+        name.replace('\\', "\\\\").replace('"', "\\\""),
+        if filter.is_empty() {
+            String::new()
+        } else {
+            format!(",{filter}")
+        }
+    )
+}
+
 /// Reads the history and converts it. Async: only the HTTP waits; the conversion is pure.
 pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
     if a.step < Duration::from_secs(1) {
@@ -226,15 +239,7 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
     // read by the same scrape, so the first-token counter's times serve all three).
     let mut read: [Vec<Series>; 4] = Default::default();
     for name in &names {
-        let m = format!(
-            "model_name=\"{}\"{}",
-            name.replace('\\', "\\\\").replace('"', "\\\""),
-            if f.is_empty() {
-                String::new()
-            } else {
-                format!(",{f}")
-            }
-        );
+        let m = model_matchers(name, &f);
         let queries = [
             format!("{finished_metric}{{{m}}}"),
             format!("{first_token_metric}{{{m}}}"),
@@ -293,47 +298,24 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
             })
             .collect())
     };
+    // Token histograms: the raw bucket, sum and count series of each model's pods on a coarser grid, counted
+    // exactly (see convert::histogram_over); asked model by model like the request counters.
+    let hgrid = convert::histogram_grid(&grid);
     let histogram = async |base: &str| -> Result<BTreeMap<String, TokenHistogram>, PromError> {
-        let buckets = client
-            .query(
-                &format!(
-                    "sum by (model_name, le) (increase({}[{range}]))",
-                    sel(&format!("{base}_bucket"))
-                ),
-                end,
-            )
-            .await?;
-        let means = scalar(format!(
-            "sum by (model_name) (increase({}[{range}])) / sum by (model_name) (increase({}[{range}]))",
-            sel(&format!("{base}_sum")),
-            sel(&format!("{base}_count"))
-        ))
-        .await?;
-        let mut cumulative: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-        for s in buckets {
-            let le = s.label("le");
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse::<f64>().unwrap_or(f64::NAN)
-            };
-            if let Some(&(_, v)) = s.points.first()
-                && le.is_finite() | le.is_infinite()
-                && v.is_finite()
-            {
-                cumulative
-                    .entry(s.label("model_name").to_string())
-                    .or_default()
-                    .push((le, v));
+        let mut out = BTreeMap::new();
+        for name in &names {
+            let m = model_matchers(name, &f);
+            let mut read: [Vec<Series>; 3] = Default::default();
+            for (suffix, into) in ["_bucket", "_sum", "_count"].iter().zip(read.iter_mut()) {
+                *into = client
+                    .query_range(&format!("{base}{suffix}{{{m}}}"), hgrid.start, end, hgrid.step)
+                    .await?;
+            }
+            if let Some(h) = convert::histogram_over(&read[0], &read[1], &read[2], &hgrid) {
+                out.insert(name.clone(), h);
             }
         }
-        Ok(cumulative
-            .into_iter()
-            .filter_map(|(m, c)| {
-                let mean = *means.get(&m)?;
-                Some((m, TokenHistogram::from_cumulative(c, mean)))
-            })
-            .collect())
+        Ok(out)
     };
     let prompt = histogram("vllm:request_prompt_tokens").await?;
     let output = histogram("vllm:request_generation_tokens").await?;
