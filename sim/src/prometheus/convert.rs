@@ -175,7 +175,7 @@ pub fn histogram_over(
     let total = |series: &[&Series]| counts_per_step(series, &[], grid).iter().sum::<f64>();
     let all = |list: &[Series]| total(&list.iter().collect::<Vec<_>>());
     let observed = all(count);
-    if !(observed > 0.0) {
+    if observed.is_nan() || observed <= 0.0 {
         return None;
     }
     let mut by_le: BTreeMap<String, Vec<&Series>> = BTreeMap::new();
