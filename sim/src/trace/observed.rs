@@ -113,8 +113,9 @@ impl TokenHistogram {
         let buckets = cumulative
             .into_iter()
             .map(|(le, c)| {
-                // Counters summed over pods and extrapolated by increase() are not always monotone by a hair, nor
-                // whole: three decimals keep the shares and read well in the file.
+                // Bucket totals differenced per series are not always monotone across buckets (a restart between
+                // two points loses a different part of each), and a hand-written file need not hold whole
+                // counts: three decimals keep the shares and read well in the file.
                 let count = ((c - below).max(0.0) * 1000.0).round() / 1000.0;
                 below = below.max(c);
                 Bucket { le, count }
