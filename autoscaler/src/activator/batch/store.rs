@@ -23,7 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use super::objects::{BatchObject, FileObject};
 
 /// A store's errors.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum StoreError {
     /// An I/O error on the store.
     #[error("batch store {path}: {source}")]
@@ -49,11 +50,7 @@ pub enum StoreError {
 impl StoreError {
     /// A fixed label per variant, for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            StoreError::Io { .. } => "io",
-            StoreError::Corrupt { .. } => "corrupt",
-            StoreError::BadId(_) => "bad_id",
-        }
+        self.into()
     }
 
     /// Whether the thing asked for does not exist.
