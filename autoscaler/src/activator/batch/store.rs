@@ -396,6 +396,16 @@ impl BatchStore for LocalStore {
     }
 }
 
+/// A directory for a test's store, under the system temp dir, with a name no other process (nor a later run with
+/// the same pid) shares.
+#[cfg(test)]
+pub(crate) fn scratch_dir(what: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::env::temp_dir().join(format!("tessera-{what}-{}-{nanos}", std::process::id()))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -404,11 +414,7 @@ mod tests {
 
     #[tokio::test]
     async fn data_appends_and_truncates_and_ids_stay_inside() {
-        // A name no other process (nor a later run with the same pid) shares.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("tessera-store-{}-{nanos}", std::process::id()));
+        let dir = scratch_dir("store");
         let store = LocalStore::open(&dir).unwrap();
         let mut w = store.append_data("out-1").await.unwrap();
         w.write_all(b"a\nb").await.unwrap();
