@@ -257,6 +257,18 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+
+    /// A router that serves [`Metrics::encode`] on `/metrics`, as OpenMetrics.
+    pub fn router(self: &std::sync::Arc<Self>) -> axum::Router {
+        let metrics = self.clone();
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = metrics.clone();
+                async move { tessera_runtime::serve::openmetrics(m.encode()) }
+            }),
+        )
+    }
 }
 
 #[cfg(test)]
