@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::routing::get;
 use tessera_autoscaler::controller::metrics::Metrics;
 use tessera_autoscaler::ui::view::{
     DecisionNote, GpuObservation, ModelObservation, Replicas, RunningWith, Settings, Sharing, Signals,
@@ -178,15 +176,8 @@ async fn main() {
         }
     }
     metrics.reconcile_took(0.01);
-    let m = metrics.clone();
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = m.clone();
-                async move { m.encode() }
-            }),
-        )
+    let app = metrics
+        .router()
         .merge(tessera_autoscaler::ui::router(store.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

@@ -77,7 +77,8 @@ impl std::fmt::Display for ModelRef {
 }
 
 /// Why a call gets no metric. Each maps to one gRPC code; none of them is ever answered with a zero.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Refusal {
     /// The metadata is malformed (`INVALID_ARGUMENT`).
     #[error("{0}")]
@@ -121,14 +122,7 @@ pub enum Refusal {
 impl Refusal {
     /// A fixed label for metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::Invalid(_) => "invalid",
-            Self::OtherNamespace { .. } => "other_namespace",
-            Self::NotFound(_) => "not_found",
-            Self::ScaledByTessera(_) => "scaled_by_tessera",
-            Self::NoDecision(_) => "no_decision",
-            Self::NoSignal { .. } => "no_signal",
-        }
+        self.into()
     }
 }
 

@@ -111,7 +111,8 @@ pub struct BackendRoom {
 pub const NEIGHBOURS_MAX_AGE: Duration = Duration::from_secs(120);
 
 /// Why a flex request may not go to a backend now.
-#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum NoRoom {
     /// KV-cache usage at or above the stop threshold.
     #[error("KV cache {:.0}% in use (flex stops at {:.0}%)", .kv * 100.0, .stop_at * 100.0)]
@@ -157,13 +158,7 @@ pub enum NoRoom {
 impl NoRoom {
     /// The metric label.
     pub fn label(&self) -> &'static str {
-        match self {
-            NoRoom::KvFull { .. } => "kv_full",
-            NoRoom::KvPromised { .. } => "kv_promised",
-            NoRoom::Queue { .. } => "queue",
-            NoRoom::Neighbour { .. } => "neighbour",
-            NoRoom::Throttled { .. } => "throttled",
-        }
+        self.into()
     }
 }
 

@@ -66,7 +66,8 @@ pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost"
 pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 
 /// What the pool manager can fail with. [`PoolError::label`] is a fixed metric label per variant.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum PoolError {
     /// No GPU has room and the pool is at `maxGpus`.
     #[error(
@@ -90,6 +91,7 @@ pub enum PoolError {
     UnknownPool(String),
     /// Other writers kept winning; the caller should fail open.
     #[error("gave up after {attempts} conflicting writes to capacity pods of pool {pool:?}")]
+    #[strum(serialize = "conflicts")]
     TooManyConflicts {
         /// The pool.
         pool: String,
@@ -104,13 +106,7 @@ pub enum PoolError {
 impl PoolError {
     /// A fixed label for metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::NoRoom { .. } => "no_room",
-            Self::Invalid(_) => "invalid",
-            Self::UnknownPool(_) => "unknown_pool",
-            Self::TooManyConflicts { .. } => "conflicts",
-            Self::Kube(_) => "kube",
-        }
+        self.into()
     }
 }
 

@@ -16,6 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tessera_runtime::metrics::register;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
@@ -43,39 +44,27 @@ impl PoolMetrics {
     /// Creates the metrics and registers them under `tessera_pool_*` (pass the root registry; a prefixed
     /// sub-registry would add its prefix in front).
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
         let r = registry.sub_registry_with_prefix("tessera_pool");
-        r.register(
-            "reservations",
-            "Reservation calls, by outcome",
-            m.reservations.clone(),
-        );
-        r.register(
-            "conflicts",
-            "Capacity pod writes refused with 409 Conflict",
-            m.conflicts.clone(),
-        );
-        r.register(
-            "expired_reservations",
-            "Reservations dropped because their pod never appeared",
-            m.expired.clone(),
-        );
-        r.register(
-            "capacity_pods_deleted",
-            "Capacity pods deleted after the empty-GPU grace period",
-            m.deleted.clone(),
-        );
-        r.register(
-            "capacity_pods",
-            "Capacity pods held by the pool",
-            m.capacity_pods.clone(),
-        );
-        r.register(
-            "drains",
-            "Consolidation drains of a GPU, by step (started, drained, timed_out, disabled, ended_by_placement)",
-            m.drains.clone(),
-        );
-        m
+        Self {
+            reservations: register(r, "reservations", "Reservation calls, by outcome"),
+            conflicts: register(r, "conflicts", "Capacity pod writes refused with 409 Conflict"),
+            expired: register(
+                r,
+                "expired_reservations",
+                "Reservations dropped because their pod never appeared",
+            ),
+            deleted: register(
+                r,
+                "capacity_pods_deleted",
+                "Capacity pods deleted after the empty-GPU grace period",
+            ),
+            capacity_pods: register(r, "capacity_pods", "Capacity pods held by the pool"),
+            drains: register(
+                r,
+                "drains",
+                "Consolidation drains of a GPU, by step (started, drained, timed_out, disabled, ended_by_placement)",
+            ),
+        }
     }
 
     /// Counts one consolidation step of `pool` (`started`, `drained`, `timed_out`, ...).

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Config};
 
 /// Connect timeout: an API server that does not accept a TCP/TLS connection within this is down or partitioned.
@@ -86,6 +86,26 @@ pub fn new_lease(
 /// The watcher config every watch on a [`client`] uses (server-side timeout below the read timeout).
 pub fn watcher_config() -> watcher::Config {
     watcher::Config::default().timeout(WATCH_TIMEOUT_SECS)
+}
+
+/// A cache of `api`'s objects: the store, and the watch (on [`watcher_config`], retried with backoff) that fills
+/// it. The watch does nothing until its stream is polled; it yields each object applied, or the error of a try.
+pub fn reflect<K>(
+    api: kube::Api<K>,
+) -> (
+    reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher_config())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
+    (reader, stream)
 }
 
 #[cfg(test)]

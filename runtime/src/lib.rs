@@ -22,6 +22,7 @@
 
 pub mod body;
 pub mod kube_client;
+pub mod metrics;
 pub mod pod;
 pub mod security;
 pub mod serve;

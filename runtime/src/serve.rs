@@ -358,40 +358,37 @@ mod tests {
         idle_timeout: Duration::from_millis(400),
     };
 
-    #[tokio::test]
-    async fn a_silent_connection_is_closed_after_the_header_bound() {
+    /// A connection to a server with the [`SHORT`] bounds, once `first` (possibly nothing) is written on it.
+    async fn connected(first: &[u8]) -> TcpStream {
         let addr = start(SHORT).await;
         let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(first).await.expect("write");
+        s
+    }
+
+    #[tokio::test]
+    async fn a_silent_connection_is_closed_after_the_header_bound() {
+        let mut s = connected(b"").await;
         assert!(closed_within(&mut s, Duration::from_secs(3)).await);
     }
 
     #[tokio::test]
     async fn a_partial_http2_preface_is_closed_after_the_header_bound() {
-        let addr = start(SHORT).await;
-        let mut s = TcpStream::connect(addr).await.expect("connect");
-        s.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
+        let mut s = connected(b"PRI * HTTP/2.0\r\n").await;
         assert!(closed_within(&mut s, Duration::from_secs(3)).await);
     }
 
     #[tokio::test]
     async fn an_idle_http2_connection_is_closed_after_the_idle_bound() {
-        let addr = start(SHORT).await;
-        let mut s = TcpStream::connect(addr).await.expect("connect");
         // A complete preface and an empty SETTINGS frame, then nothing: hyper answers with its SETTINGS and waits.
-        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
-            .await
-            .expect("write");
+        let mut s = connected(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").await;
         assert!(closed_within(&mut s, Duration::from_secs(3)).await);
     }
 
     #[tokio::test]
     async fn a_keep_alive_connection_is_served_then_closed_when_idle_but_never_mid_request() {
-        let addr = start(SHORT).await;
-        let mut s = TcpStream::connect(addr).await.expect("connect");
         // A request slower than both bounds is still answered: in flight is never idle.
-        s.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .expect("write");
+        let mut s = connected(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n").await;
         let mut buf = vec![0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
             .await
@@ -406,8 +403,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_that_keeps_asking_is_never_closed() {
-        let addr = start(SHORT).await;
-        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut s = connected(b"").await;
         let mut buf = vec![0u8; 4096];
         for _ in 0..8 {
             s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")

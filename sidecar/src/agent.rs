@@ -42,6 +42,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tessera_core::wire::sidecar::{GpuAgentStatus, SCHEMA_VERSION};
+use tessera_runtime::metrics::register;
 use tokio_util::sync::CancellationToken;
 
 /// `tessera gpu-agent` flags.
@@ -99,43 +100,35 @@ struct AgentMetrics {
 impl AgentMetrics {
     fn new() -> Self {
         let mut registry = Registry::default();
-        let (nvml_up, uuid_published, total, used, pod_mem, pod_sm) = (
-            FGauge::default(),
-            FGauge::default(),
-            Family::default(),
-            Family::default(),
-            Family::default(),
-            Family::default(),
-        );
-        registry.register(
+        let nvml_up = register(
+            &mut registry,
             "tessera_gpu_agent_nvml_up",
             "1 when the last NVML reading succeeded",
-            nvml_up.clone(),
         );
-        registry.register(
+        let uuid_published = register(
+            &mut registry,
             "tessera_gpu_agent_uuid_published",
             "1 when this pod's GPU UUID is known and published on it (or known, where no pod identity was given)",
-            uuid_published.clone(),
         );
-        registry.register(
+        let total = register(
+            &mut registry,
             "tessera_gpu_memory_total_bytes",
             "GPU total memory",
-            total.clone(),
         );
-        registry.register(
+        let used = register(
+            &mut registry,
             "tessera_gpu_memory_used_bytes",
             "GPU used memory (whole device)",
-            used.clone(),
         );
-        registry.register(
+        let pod_mem = register(
+            &mut registry,
             "tessera_gpu_pod_memory_bytes",
             "GPU memory used by a pod's processes (pod_uid empty: host processes)",
-            pod_mem.clone(),
         );
-        registry.register(
+        let pod_sm = register(
+            &mut registry,
             "tessera_gpu_pod_sm_utilization_ratio",
             "SM utilization of a pod's processes over NVML's last sample period, 0-1",
-            pod_sm.clone(),
         );
         Self {
             registry,

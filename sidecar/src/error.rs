@@ -2,7 +2,8 @@
 //! `tessera_scrape_errors_total{reason=…}` and in `/v1/status`.
 
 /// Why one scrape of vLLM's `/metrics` failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ScrapeError {
     /// The server could not be reached (refused, reset, DNS).
     #[error("cannot connect to {url}: {detail}")]
@@ -49,13 +50,7 @@ pub enum ScrapeError {
 impl ScrapeError {
     /// The fixed label for this error (`reason` on `tessera_scrape_errors_total`).
     pub fn label(&self) -> &'static str {
-        match self {
-            ScrapeError::Connect { .. } => "connect",
-            ScrapeError::Timeout { .. } => "timeout",
-            ScrapeError::HttpStatus { .. } => "http_status",
-            ScrapeError::Body { .. } => "body",
-            ScrapeError::Parse { .. } => "parse",
-        }
+        self.into()
     }
 }
 

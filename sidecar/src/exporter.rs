@@ -12,6 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use tessera_runtime::metrics::register;
 
 type Labels = Vec<(&'static str, String)>;
 type FGauge = Gauge<f64, AtomicU64>;
@@ -49,95 +50,80 @@ impl Exporter {
     /// Registers every metric.
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let kv_usage = Family::<Labels, FGauge>::default();
-        let waiting = Family::<Labels, FGauge>::default();
-        let running = Family::<Labels, FGauge>::default();
-        let ttft = Family::<Labels, FGauge>::default();
-        let itl = Family::<Labels, FGauge>::default();
-        let compute_share = FGauge::default();
-        let preemptions = Family::<Labels, Counter<f64, AtomicU64>>::default();
-        let scrape_errors = Family::<Labels, Counter>::default();
-        let (rec_util, rec_kv, rec_mib, rec_compute) = (
-            Family::<Labels, FGauge>::default(),
-            Family::<Labels, FGauge>::default(),
-            Family::<Labels, FGauge>::default(),
-            Family::<Labels, FGauge>::default(),
-        );
-        let (vllm_up, stale, window_samples) = (FGauge::default(), FGauge::default(), FGauge::default());
-        registry.register(
+        let kv_usage = register(
+            &mut registry,
             "tessera_kv_cache_usage_ratio",
             "vLLM KV cache usage, 0-1 (the fullest engine of each model)",
-            kv_usage.clone(),
         );
-        registry.register(
+        let waiting = register(
+            &mut registry,
             "tessera_requests_waiting",
             "Requests waiting in vLLM",
-            waiting.clone(),
         );
-        registry.register(
+        let running = register(
+            &mut registry,
             "tessera_requests_running",
             "Requests running in vLLM",
-            running.clone(),
         );
-        registry.register(
+        let ttft = register(
+            &mut registry,
             "tessera_ttft_seconds",
             "Time to first token over the window, from the difference of vLLM's cumulative histograms",
-            ttft.clone(),
         );
-        registry.register(
+        let itl = register(
+            &mut registry,
             "tessera_inter_token_latency_seconds",
             "Inter-token latency over the window, from the difference of vLLM's cumulative histograms",
-            itl.clone(),
         );
-        registry.register(
+        let compute_share = register(
+            &mut registry,
             "tessera_gpu_compute_fraction",
             "The GPU compute share this server runs with (--gpu-compute-fraction), 0-1",
-            compute_share.clone(),
         );
-        registry.register(
+        let preemptions = register(
+            &mut registry,
             "tessera_preemptions",
             "vLLM preemptions seen by this sidecar",
-            preemptions.clone(),
         );
-        registry.register(
+        let rec_util = register(
+            &mut registry,
             "tessera_recommended_gpu_memory_utilization",
             "Recommended --gpu-memory-utilization",
-            rec_util.clone(),
         );
-        registry.register(
+        let rec_kv = register(
+            &mut registry,
             "tessera_recommended_kv_cache_memory_bytes",
             "Recommended --kv-cache-memory-bytes",
-            rec_kv.clone(),
         );
-        registry.register(
+        let rec_mib = register(
+            &mut registry,
             "tessera_recommended_gpu_memory_mib",
             "Recommended GPU memory for the pod (tessera.dev/gpu-memory), MiB",
-            rec_mib.clone(),
         );
-        registry.register(
+        let rec_compute = register(
+            &mut registry,
             "tessera_recommended_gpu_compute_fraction",
             "Recommended GPU compute fraction (tessera.dev/gpu-compute-fraction), 0-1",
-            rec_compute.clone(),
         );
-        registry.register(
+        let scrape_errors: Family<Labels, Counter> = register(
+            &mut registry,
             "tessera_scrape_errors",
             "Failed scrapes of vLLM /metrics, by reason",
-            scrape_errors.clone(),
         );
-        registry.register(
+        let vllm_up = register(
+            &mut registry,
             "tessera_vllm_up",
             "1 when the last scrape of vLLM /metrics succeeded, else 0",
-            vllm_up.clone(),
         );
-        registry.register(
+        let stale = register(
+            &mut registry,
             "tessera_stale",
             "1 when the values shown are from an earlier scrape than the last",
-            stale.clone(),
         );
-        registry.register(
+        let window_samples = register(
+            &mut registry,
             "tessera_window_samples",
             "Good scrapes in the recommendation window",
-            window_samples.clone(),
         );
         for reason in SCRAPE_ERROR_LABELS {
             let _ = scrape_errors.get_or_create(&vec![("reason", reason.to_string())]);

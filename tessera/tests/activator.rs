@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -423,27 +422,17 @@ async fn unknown_model_and_bad_bodies_get_openai_errors() {
 
 #[test]
 fn bad_flags_fail_with_a_clear_message() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["activator", "--listen", "127.0.0.1:0", "--backend", "no-url-here"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = support::refused(&["activator", "--listen", "127.0.0.1:0", "--backend", "no-url-here"]);
     assert!(stderr.contains("expected <model>=<url>"), "{stderr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "activator",
-            "--listen",
-            "127.0.0.1:0",
-            "--backend",
-            "m=http://h:1",
-            "--probe-interval-held",
-            "0s",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = support::refused(&[
+        "activator",
+        "--listen",
+        "127.0.0.1:0",
+        "--backend",
+        "m=http://h:1",
+        "--probe-interval-held",
+        "0s",
+    ]);
     assert!(stderr.contains("greater than zero"), "{stderr}");
 }
 

@@ -418,21 +418,16 @@ async fn keda_scales_a_deployment_from_zero_and_back_on_tesseras_decision() {
 
 #[test]
 fn plaintext_grpc_is_refused_off_loopback() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args([
-            "autoscaler",
-            "--no-kube",
-            "--sidecar",
-            "m=http://127.0.0.1:1",
-            "--keda-scaler-listen",
-            "0.0.0.0:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = support::refused(&[
+        "autoscaler",
+        "--no-kube",
+        "--sidecar",
+        "m=http://127.0.0.1:1",
+        "--keda-scaler-listen",
+        "0.0.0.0:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]);
     assert!(err.contains("--keda-tls-cert"), "{err}");
 }
 

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod support;
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -228,14 +230,10 @@ fn bad_input_names_the_line_and_the_fix() {
 
 #[test]
 fn real_openb_trace_packs_optimally_and_beats_ffd() {
-    let input = root().join("../shared/traces/alibaba_gpu_v2023_openb/openb_pod_list_default.csv");
-    if !input.exists() {
-        eprintln!(
-            "SKIP: {} is absent (the openb trace lives outside the project)",
-            input.display()
-        );
+    let Some(input) = support::shared_file("traces/alibaba_gpu_v2023_openb/openb_pod_list_default.csv")
+    else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let (out, out_csv) = pack_assigning(&input, dir.path(), &[]);
     let kv = last_line(&out);

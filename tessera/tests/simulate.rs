@@ -3,52 +3,22 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Output;
+use std::time::Duration;
 
-/// A child process that is killed if the test ends (or panics) before it exits.
-struct Guard(Option<Child>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+mod support;
 
 /// Runs `tessera simulate <args>` and waits at most `limit`.
 fn simulate(args: &[&str], limit: Duration) -> Output {
-    let child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .arg("simulate")
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tessera");
-    let mut guard = Guard(Some(child));
-    let deadline = Instant::now() + limit;
-    loop {
-        let child = guard.0.as_mut().unwrap();
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tessera simulate {args:?} did not finish within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    guard.0.take().unwrap().wait_with_output().unwrap()
+    support::simulate(None, args, limit)
 }
 
-/// Writes the scenario `yaml` as `<dir>/<name>.yaml`; returns its path.
-fn scenario_file(dir: &Path, name: &str, yaml: &str) -> String {
-    let path = dir.join(format!("{name}.yaml"));
+/// Writes the scenario `yaml` as `<name>.yaml` in a new temp dir; returns the dir (keep it) and the file's path.
+fn scenario_file(name: &str, yaml: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{name}.yaml"));
     std::fs::write(&path, yaml).unwrap();
-    path.display().to_string()
+    (dir, path.display().to_string())
 }
 
 /// Every strategy, in report order, as the last line names it.
@@ -299,9 +269,7 @@ fn hand_worked_tiny_scenario_from_files() {
 /// with vLLM's reason, and every other strategy finishes.
 #[test]
 fn one_strategys_failure_is_not_the_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = scenario_file(
-        dir.path(),
+    let (_dir, path) = scenario_file(
         "long",
         "name: long\nduration: 5m\ngpu: a100-80gb\nmodels:\n  - name: chat\n    preset: llama-3.1-8b\n    slo_ttft: 2s\n    \
          max_replicas: 2\n    hpa_requests_per_second_per_replica: 4\n    traffic: { trace: azure_llm, rate: 0.1 }\n  \
@@ -330,9 +298,7 @@ fn one_strategys_failure_is_not_the_runs() {
 
 #[test]
 fn bad_scenarios_fail_with_the_field_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = scenario_file(
-        dir.path(),
+    let (_dir, path) = scenario_file(
         "bad",
         "name: bad\nduration: 1h\ngpu: a100-80gb\nmodels:\n  - name: m\n    preset: llama-3.1-8b\n    slo_ttft: 1s\n    \
          min_replicas: 0\n    max_replicas: 1\n    hpa_requests_per_second_per_replica: 5\n    \
@@ -355,15 +321,9 @@ fn bad_scenarios_fail_with_the_field_named() {
 /// copy (they are the same bytes); skipped where `../shared` is absent.
 #[test]
 fn shared_trace_matches_the_bundled_copy() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let shared = root.join("../shared/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv");
-    if !shared.exists() {
-        eprintln!(
-            "skipping: {} is absent (only present in the shared workplace)",
-            shared.display()
-        );
+    let Some(shared) = support::shared_file("traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv") else {
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let yaml = |file: &str| {
         format!(

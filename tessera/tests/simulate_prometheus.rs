@@ -54,24 +54,7 @@ const SEEDS: &str = "1-30";
 
 /// Runs `tessera simulate <args>` in `dir` (at most `limit`), returns its output.
 fn simulate_in(dir: &Path, args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .arg("simulate")
-        .args(args)
-        .current_dir(dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn tessera");
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("tessera simulate {args:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
+    support::simulate(Some(dir), args, limit)
 }
 
 fn stderr(o: &Output) -> String {

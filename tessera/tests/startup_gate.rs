@@ -97,14 +97,26 @@ async fn cluster() -> (ApiServer, tempfile::TempDir, std::path::PathBuf, reqwest
     (api, dir, kc, reqwest::Client::new())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
-    let (api, _dir, kc, http) = cluster().await;
-    let mut a = pod(&kc, "a", Some("GPU-0000-shared"));
+/// [`cluster`] with pod `a` on the shared GPU, once `a` holds it (its sidecar passes `/startup`).
+async fn a_holds_the_gpu() -> (
+    ApiServer,
+    tempfile::TempDir,
+    std::path::PathBuf,
+    reqwest::Client,
+    Pod,
+) {
+    let (api, dir, kc, http) = cluster().await;
+    let a = pod(&kc, "a", Some("GPU-0000-shared"));
     until("a to take the GPU", Duration::from_secs(20), async || {
         passes(&http, &a).await
     })
     .await;
+    (api, dir, kc, http, a)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
+    let (api, _dir, kc, http, mut a) = a_holds_the_gpu().await;
     let mut b = pod(&kc, "b", Some("GPU-0000-shared"));
     // b waits while a's vLLM has not even started: the GPU's lease is a's.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -144,12 +156,7 @@ async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_gate_a_holder_killed_with_sigkill_loses_the_lease_after_its_duration() {
-    let (api, _dir, kc, http) = cluster().await;
-    let mut a = pod(&kc, "a", Some("GPU-0000-shared"));
-    until("a to take the GPU", Duration::from_secs(20), async || {
-        passes(&http, &a).await
-    })
-    .await;
+    let (api, _dir, kc, http, mut a) = a_holds_the_gpu().await;
     let b = pod(&kc, "b", Some("GPU-0000-shared"));
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(!passes(&http, &b).await);

@@ -23,6 +23,7 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 use tessera_api::crd::InferenceAutoscaler;
 use tessera_pool::{PoolError, PoolManager, ReserveRequest};
+use tessera_runtime::metrics::{register, register_with_unit};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -67,28 +68,30 @@ impl Metrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         let r = registry.sub_registry_with_prefix("tessera_webhook");
-        r.register(
-            "admissions",
-            "Pod admissions by outcome (mutated, unchanged, denied, invalid) and fixed reason",
-            m.admissions.clone(),
-        );
-        r.register_with_unit(
-            "admission_duration",
-            "Time to answer an admission review, including any GPU reservation",
-            prometheus_client::registry::Unit::Seconds,
-            m.duration.clone(),
-        );
-        r.register(
-            "events_dropped",
-            "Kubernetes Events not sent because the event queue was full",
-            m.events_dropped.clone(),
-        );
-        r.register(
-            "tls_reloads",
-            "Certificate reloads after the files changed, by result",
-            m.tls_reloads.clone(),
-        );
-        m
+        Self {
+            admissions: register(
+                r,
+                "admissions",
+                "Pod admissions by outcome (mutated, unchanged, denied, invalid) and fixed reason",
+            ),
+            duration: register_with_unit(
+                r,
+                "admission_duration",
+                "Time to answer an admission review, including any GPU reservation",
+                prometheus_client::registry::Unit::Seconds,
+                m.duration,
+            ),
+            events_dropped: register(
+                r,
+                "events_dropped",
+                "Kubernetes Events not sent because the event queue was full",
+            ),
+            tls_reloads: register(
+                r,
+                "tls_reloads",
+                "Certificate reloads after the files changed, by result",
+            ),
+        }
     }
 
     fn admission(&self, outcome: &'static str, reason: &'static str) {

@@ -230,11 +230,7 @@ pub fn watch_policies(
         Some(ns) => kube::Api::namespaced(client, ns),
         None => kube::Api::all(client),
     };
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, tessera_runtime::kube_client::watcher_config())
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects();
+    let (reader, stream) = tessera_runtime::kube_client::reflect(api);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(ev) = stream.next().await {

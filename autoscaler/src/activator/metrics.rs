@@ -10,6 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use tessera_runtime::metrics::{register, register_value};
 
 use tessera_core::class::Lane;
 
@@ -126,104 +127,85 @@ impl Metrics {
     /// Registers every family under the `tessera_activator` prefix.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("tessera_activator");
-        let requests = Family::<CodeLabels, Counter>::default();
-        registry.register(
+        let requests = register(
+            &mut registry,
             "requests",
             "Requests answered, by model and HTTP status",
-            requests.clone(),
         );
-        let rejected = Family::<RejectLabels, Counter>::default();
-        registry.register(
+        let rejected = register(
+            &mut registry,
             "rejected",
             "Requests the activator answered itself with an error, by reason",
-            rejected.clone(),
         );
         // 1 ms .. ~9 min: from a backend that was just starting to a cold start of a large model.
-        let hold_seconds = Family::<ModelLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.001, 2.0, 20))
-        });
-        registry.register(
+        let hold_seconds = register_value(
+            &mut registry,
             "hold_seconds",
             "Time a request was held waiting for a ready backend (only requests that had to wait)",
-            hold_seconds.clone(),
+            Family::<ModelLabels, Histogram>::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 20))
+            }),
         );
-        let in_flight = Family::<ModelLabels, Gauge>::default();
-        registry.register(
+        let in_flight = register(
+            &mut registry,
             "in_flight_requests",
             "Requests forwarded and not finished",
-            in_flight.clone(),
         );
-        let queued = Family::<ModelLabels, Gauge>::default();
-        registry.register(
+        let queued = register(
+            &mut registry,
             "queued_requests",
             "Requests held waiting for a ready backend",
-            queued.clone(),
         );
-        let ready_backends = Family::<ModelLabels, Gauge>::default();
-        registry.register(
-            "ready_backends",
-            "Ready backends per model",
-            ready_backends.clone(),
-        );
-        let collisions = Family::<ModelLabels, Gauge>::default();
-        registry.register(
+        let ready_backends = register(&mut registry, "ready_backends", "Ready backends per model");
+        let collisions = register(
+            &mut registry,
             "model_name_collisions",
             "InferenceAutoscalers refused for a model name another one in the namespace already claims",
-            collisions.clone(),
         );
-        let admitted = Gauge::default();
-        registry.register(
+        let admitted = register(
+            &mut registry,
             "admitted_requests",
             "Requests admitted and not finished, all models (bounded by --max-in-flight)",
-            admitted.clone(),
         );
-        let held = Gauge::default();
-        registry.register(
+        let held = register(
+            &mut registry,
             "held_requests",
             "Requests held for a model with no ready backend, all models (bounded by --max-held)",
-            held.clone(),
         );
-        let lane_admitted = Family::<LaneLabels, Counter>::default();
-        registry.register(
+        let lane_admitted = register(
+            &mut registry,
             "lane_admitted",
             "Requests sent to a backend, by lane (priority, default, flex)",
-            lane_admitted.clone(),
         );
-        let lane_rejected = Family::<LaneLabels, Counter>::default();
-        registry.register(
+        let lane_rejected = register(
+            &mut registry,
             "lane_rejected",
             "Requests answered 429 + Retry-After because their lane had no room within --lane-hold-timeout",
-            lane_rejected.clone(),
         );
-        let lane_no_room = Family::<NoRoomLabels, Counter>::default();
-        registry.register(
+        let lane_no_room = register(
+            &mut registry,
             "lane_no_room",
             "Looks of a waiting flex request that found no backend with room, by what stopped it",
-            lane_no_room.clone(),
         );
-        let lane_queued = Family::<LaneLabels, Gauge>::default();
-        registry.register(
+        let lane_queued = register(
+            &mut registry,
             "lane_queued_requests",
             "Requests waiting for room in their lane (only the flex lane ever waits for room)",
-            lane_queued.clone(),
         );
-        let batch_lines = Family::<BatchLineLabels, Counter>::default();
-        registry.register(
+        let batch_lines = register(
+            &mut registry,
             "batch_lines",
             "Batch lines answered (in the output or the error file), by outcome",
-            batch_lines.clone(),
         );
-        let batch_slack = Family::<BatchLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
+        let batch_slack = register(
+            &mut registry,
             "batch_deadline_slack_seconds",
             "Seconds to a running batch's deadline less the time its lines left take at the measured rate (below 0: behind)",
-            batch_slack.clone(),
         );
-        let batch_remaining = Family::<BatchLabels, Gauge>::default();
-        registry.register(
+        let batch_remaining = register(
+            &mut registry,
             "batch_lines_remaining",
             "Lines of a running batch not answered yet",
-            batch_remaining.clone(),
         );
         Self {
             registry,

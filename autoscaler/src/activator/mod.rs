@@ -66,7 +66,8 @@ use self::proxy::{App, Limits};
 use self::router::{Admission, Router};
 
 /// The activator's errors at start-up and in its background tasks.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ActivatorError {
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source} (is another process using the port?)")]
@@ -102,15 +103,7 @@ pub enum ActivatorError {
 impl ActivatorError {
     /// A fixed label per variant, for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::Bind { .. } => "bind",
-            Self::Serve(_) => "serve",
-            Self::KubeConfig(_) => "kube_config",
-            Self::Kube(_) => "kube",
-            Self::Lanes(_) => "lanes",
-            Self::BatchStore(_) => "batch_store",
-            Self::Config(_) => "config",
-        }
+        self.into()
     }
 }
 

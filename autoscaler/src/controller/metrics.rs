@@ -25,6 +25,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tessera_core::scale::ScaleReason;
+use tessera_runtime::metrics::{register, register_with_unit};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
@@ -95,65 +96,45 @@ impl Metrics {
         let pool = crate::pool::PoolMetrics::register(&mut root);
         let keda = tessera_keda::metrics::Metrics::default();
         keda.register(&mut root);
-        let registry = root.sub_registry_with_prefix("tessera_autoscaler");
-        let decisions = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "decisions",
-            "Replica decisions, by the rule that settled them",
-            decisions.clone(),
-        );
-        let scales = Family::<DirectionLabels, Counter>::default();
-        registry.register("scales", "Replica changes applied through /scale", scales.clone());
+        let r = root.sub_registry_with_prefix("tessera_autoscaler");
+        let decisions = register(r, "decisions", "Replica decisions, by the rule that settled them");
+        let scales = register(r, "scales", "Replica changes applied through /scale");
         // Reconciles are dominated by sidecar fetches (timeouts of seconds): buckets from 1 ms to ~16 s.
-        let reconcile_duration = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-            0.001, 2.0, 15,
-        ));
-        registry.register_with_unit(
+        let reconcile_duration = register_with_unit(
+            r,
             "reconcile_duration",
             "Time to reconcile one InferenceAutoscaler",
             prometheus_client::registry::Unit::Seconds,
-            reconcile_duration.clone(),
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.001, 2.0, 15,
+            )),
         );
-        let reconcile_errors = Family::<ReasonLabels, Counter>::default();
-        registry.register(
-            "reconcile_errors",
-            "Reconciles that failed, by error",
-            reconcile_errors.clone(),
-        );
-        let scrape_failures = Family::<ScrapeLabels, Counter>::default();
-        registry.register(
+        let reconcile_errors = register(r, "reconcile_errors", "Reconciles that failed, by error");
+        let scrape_failures = register(
+            r,
             "scrape_failures",
             "Sidecar /v1/status or activator stats documents that could not be read",
-            scrape_failures.clone(),
         );
-        let leader = Gauge::<i64, AtomicI64>::default();
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader lease",
-            leader.clone(),
-        );
-        let class_changes = Family::<ClassChangeLabels, Counter>::default();
-        registry.register(
-            "class_changes",
-            "Workload class changes, from and to",
-            class_changes.clone(),
-        );
-        let budget = BudgetGauges::default();
-        registry.register(
-            "cold_start_budget_requests",
-            "Requests over the last day of the models sharing a cold-start miss budget (members with an hour of history)",
-            budget.requests.clone(),
-        );
-        registry.register(
-            "cold_start_budget_allowed_misses",
-            "Requests a shared cold-start miss budget allows to miss the TTFT objective through cold starts",
-            budget.allowed.clone(),
-        );
-        registry.register(
-            "cold_start_budget_spent_misses",
-            "Would-be cold-start misses of the members a shared budget lets go to zero",
-            budget.spent.clone(),
-        );
+        let leader = register(r, "leader", "1 while this replica holds the leader lease");
+        let class_changes = register(r, "class_changes", "Workload class changes, from and to");
+        let budget = BudgetGauges {
+            requests: register(
+                r,
+                "cold_start_budget_requests",
+                "Requests over the last day of the models sharing a cold-start miss budget (members with an hour of history)",
+            ),
+            allowed: register(
+                r,
+                "cold_start_budget_allowed_misses",
+                "Requests a shared cold-start miss budget allows to miss the TTFT objective through cold starts",
+            ),
+            spent: register(
+                r,
+                "cold_start_budget_spent_misses",
+                "Would-be cold-start misses of the members a shared budget lets go to zero",
+            ),
+            set: Mutex::default(),
+        };
         Self {
             registry: root,
             decisions,
@@ -275,6 +256,18 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// A router that serves [`Metrics::encode`] on `/metrics`, as OpenMetrics.
+    pub fn router(self: &std::sync::Arc<Self>) -> axum::Router {
+        let metrics = self.clone();
+        axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let m = metrics.clone();
+                async move { tessera_runtime::serve::openmetrics(m.encode()) }
+            }),
+        )
     }
 }
 

@@ -5,8 +5,7 @@
 use futures::StreamExt;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use tessera_core::keda::OtherScaler;
 use tracing::debug;
 
@@ -27,11 +26,7 @@ impl HpaCache {
     /// older chart) leaves it unanswered: the spec's `scaledBy` is then taken at its word.
     pub fn start(api: Api<HorizontalPodAutoscaler>, mut stop: tokio::sync::watch::Receiver<bool>) -> Self {
         let cache = Self::default();
-        let (reader, writer) = reflector::store();
-        let stream = watcher(api, crate::kube_client::watcher_config())
-            .default_backoff()
-            .reflect(writer)
-            .applied_objects();
+        let (reader, stream) = crate::kube_client::reflect(api);
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             loop {

@@ -59,7 +59,8 @@ pub use super::status::FIELD_MANAGER;
 pub const SIDECAR_PORT_ANNOTATION: &str = "tessera.dev/sidecar-port";
 
 /// Why a reconcile failed. `label()` is the metric label.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Error {
     /// The object has no namespace (the CRD is namespaced, so this means a broken object).
     #[error("the InferenceAutoscaler has no namespace")]
@@ -93,13 +94,7 @@ pub enum Error {
 impl Error {
     /// Fixed metric label.
     pub fn label(&self) -> &'static str {
-        match self {
-            Error::NoNamespace => "no_namespace",
-            Error::BadApiVersion(_) => "bad_api_version",
-            Error::GetScale { .. } => "get_scale",
-            Error::ListPods { .. } => "list_pods",
-            Error::Status(_) => "status",
-        }
+        self.into()
     }
 }
 

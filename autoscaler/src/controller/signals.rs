@@ -23,7 +23,8 @@ use tracing::{debug, warn};
 use super::metrics::Metrics;
 
 /// Why a signal could not be fetched. `label()` is the `reason` label of `tessera_autoscaler_scrape_failures_total`.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum FetchError {
     /// Could not connect or the connection broke.
     #[error("connecting to {url}: {message}")]
@@ -43,6 +44,7 @@ pub enum FetchError {
     },
     /// A non-2xx answer.
     #[error("{url} answered HTTP {status}")]
+    #[strum(serialize = "http_status")]
     Status {
         /// The URL.
         url: String,
@@ -83,14 +85,7 @@ pub enum FetchError {
 impl FetchError {
     /// Fixed metric label.
     pub fn label(&self) -> &'static str {
-        match self {
-            FetchError::Connect { .. } => "connect",
-            FetchError::Timeout { .. } => "timeout",
-            FetchError::Status { .. } => "http_status",
-            FetchError::TooLarge { .. } => "too_large",
-            FetchError::Decode { .. } => "decode",
-            FetchError::Schema { .. } => "schema",
-        }
+        self.into()
     }
 }
 

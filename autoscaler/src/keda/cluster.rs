@@ -6,8 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use kube::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tessera_core::keda::{ModelRef, Published};
 use tessera_core::scale::inputs::demand_from;
 use tokio::sync::{broadcast, watch};
@@ -35,7 +34,7 @@ impl ClusterSource {
         activator_max_age: Duration,
         stop: watch::Receiver<bool>,
     ) -> Arc<Self> {
-        let (store, writer) = reflector::store();
+        let (store, stream) = crate::kube_client::reflect(api);
         let (changes, _) = broadcast::channel(1024);
         let source = Arc::new(Self {
             store,
@@ -47,10 +46,6 @@ impl ClusterSource {
         let mut stop_watch = stop.clone();
         let tx = changes.clone();
         tokio::spawn(async move {
-            let stream = watcher(api, crate::kube_client::watcher_config())
-                .default_backoff()
-                .reflect(writer)
-                .applied_objects();
             futures::pin_mut!(stream);
             loop {
                 tokio::select! {

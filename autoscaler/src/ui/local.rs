@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::Router;
 use axum::routing::get;
 use tokio::sync::watch;
 use tracing::{debug, info};
@@ -84,15 +83,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
     let addr = listener.local_addr()?;
     info!(listen = %addr, models = groups.len(), "local mode (no Kubernetes): serving /ui, /metrics, /live, /ready");
-    let encode = metrics.clone();
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = encode.clone();
-                async move { tessera_runtime::serve::openmetrics(m.encode()) }
-            }),
-        )
+    let app = metrics
+        .router()
         .route("/live", get(|| async { "ok" }))
         .route("/ready", get(|| async { "ready" }))
         .merge(super::router(store.clone()));

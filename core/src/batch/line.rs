@@ -59,10 +59,11 @@ pub struct ValidLine {
 }
 
 /// Why a line (or the file) is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
 pub enum LineError {
     /// Not JSON, or not the line's shape.
     #[error("line {line}: {why}")]
+    #[strum(serialize = "invalid_json_line")]
     Malformed {
         /// 1-based line number.
         line: u64,
@@ -73,6 +74,7 @@ pub enum LineError {
     #[error(
         "line {line}: custom_id {custom_id:?} is already used on line {first}; every line needs its own custom_id"
     )]
+    #[strum(serialize = "duplicate_custom_id")]
     DuplicateId {
         /// 1-based line number.
         line: u64,
@@ -83,6 +85,7 @@ pub enum LineError {
     },
     /// `method` other than POST.
     #[error("line {line}: method {method:?} is not supported; batch lines must use \"POST\"")]
+    #[strum(serialize = "invalid_method")]
     Method {
         /// 1-based line number.
         line: u64,
@@ -93,6 +96,7 @@ pub enum LineError {
     #[error(
         "line {line}: url {url:?} does not match the batch's endpoint {endpoint:?}; every line must target the endpoint the batch was created with"
     )]
+    #[strum(serialize = "mismatched_url")]
     Url {
         /// 1-based line number.
         line: u64,
@@ -105,6 +109,7 @@ pub enum LineError {
     #[error(
         "line {line}: model {model:?} is not served here; GET /v1/models lists the models this gateway serves"
     )]
+    #[strum(serialize = "model_not_found")]
     UnknownModel {
         /// 1-based line number.
         line: u64,
@@ -113,27 +118,21 @@ pub enum LineError {
     },
     /// More lines than the limit.
     #[error("the file has more than {max} requests (the limit for one batch); split it into several batches")]
+    #[strum(serialize = "too_many_requests")]
     TooMany {
         /// The limit.
         max: u64,
     },
     /// No line at all.
     #[error("the file has no requests; a batch needs at least one line")]
+    #[strum(serialize = "empty_file")]
     Empty,
 }
 
 impl LineError {
     /// The OpenAI-style error `code` (and metric label).
     pub fn code(&self) -> &'static str {
-        match self {
-            LineError::Malformed { .. } => "invalid_json_line",
-            LineError::DuplicateId { .. } => "duplicate_custom_id",
-            LineError::Method { .. } => "invalid_method",
-            LineError::Url { .. } => "mismatched_url",
-            LineError::UnknownModel { .. } => "model_not_found",
-            LineError::TooMany { .. } => "too_many_requests",
-            LineError::Empty => "empty_file",
-        }
+        self.into()
     }
 
     /// The 1-based line the error is about, if one.

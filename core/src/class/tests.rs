@@ -371,23 +371,20 @@ fn a_tier_share_hovering_at_its_threshold_does_not_switch_the_class() {
     };
     let o = ObservedTraffic::default();
     // 92% flex enters batch from nothing, but not from real-time (95% there); once batch, 85% keeps it.
-    assert_eq!(detect(&tiers(92), &o, None).class, WorkloadClass::Batch);
-    assert_eq!(
-        detect(&tiers(92), &o, Some(WorkloadClass::Realtime)).class,
-        WorkloadClass::Realtime
-    );
-    assert_eq!(
-        detect(&tiers(96), &o, Some(WorkloadClass::Realtime)).class,
-        WorkloadClass::Batch
-    );
-    assert_eq!(
-        detect(&tiers(85), &o, Some(WorkloadClass::Batch)).class,
-        WorkloadClass::Batch
-    );
-    assert_eq!(
-        detect(&tiers(75), &o, Some(WorkloadClass::Batch)).class,
-        WorkloadClass::Realtime
-    );
+    use WorkloadClass::{Batch, Realtime};
+    for (flex, from, want) in [
+        (92, None, Batch),
+        (92, Some(Realtime), Realtime),
+        (96, Some(Realtime), Batch),
+        (85, Some(Batch), Batch),
+        (75, Some(Batch), Realtime),
+    ] {
+        assert_eq!(
+            detect(&tiers(flex), &o, from).class,
+            want,
+            "{flex}% flex from {from:?}"
+        );
+    }
     let mut state = ClassState::default();
     let mut changes = 0;
     for m in 0..200 {

@@ -30,7 +30,8 @@ pub use window::{Quantiles, WindowSummary, counter_delta};
 /// Malformed *lines* are not errors of the page: they are skipped and listed in
 /// [`VllmSnapshot::line_errors`]. Only a page that carries no vLLM data at all is refused, because building
 /// an all-empty snapshot from it would look like "vLLM is idle" to the decisions downstream.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum MetricsError {
     /// Not one `vllm:*` sample was found on the page.
     #[error(
@@ -48,9 +49,7 @@ pub enum MetricsError {
 impl MetricsError {
     /// A fixed, low-cardinality name for this error, for a metric label such as `reason="no_vllm_families"`.
     pub fn label(&self) -> &'static str {
-        match self {
-            MetricsError::NoVllmFamilies { .. } => "no_vllm_families",
-        }
+        self.into()
     }
 }
 

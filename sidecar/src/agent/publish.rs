@@ -204,7 +204,8 @@ impl Backoff {
 }
 
 /// Why one publish attempt failed. [`PublishError::label`] is a fixed label per variant.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum PublishError {
     /// The pod named by `POD_NAME` / `--pod-name` does not exist in that namespace.
     #[error(
@@ -243,11 +244,7 @@ pub enum PublishError {
 impl PublishError {
     /// A fixed label for logs and metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::PodNotFound { .. } => "pod_not_found",
-            Self::Forbidden { .. } => "forbidden",
-            Self::Kube { .. } => "kube",
-        }
+        self.into()
     }
 }
 

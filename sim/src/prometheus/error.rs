@@ -21,7 +21,8 @@ add a scrape job for the vLLM pods' /metrics, for example:
 (or a PodMonitor selecting the vLLM pods, with the Prometheus Operator)";
 
 /// Why `simulate --prometheus` stopped.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum PromError {
     /// A flag's value cannot be used.
     #[error("{0}")]
@@ -169,19 +170,6 @@ pub enum PromError {
 impl PromError {
     /// A fixed label per variant, for logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            PromError::Config(_) => "config",
-            PromError::File { .. } => "file",
-            PromError::Unreachable { .. } => "unreachable",
-            PromError::Timeout { .. } => "timeout",
-            PromError::Http { .. } => "http",
-            PromError::Api { .. } => "api",
-            PromError::TooLarge { .. } => "too_large",
-            PromError::BadResponse { .. } => "bad_response",
-            PromError::Warnings { .. } => "warnings",
-            PromError::NoVllmMetrics { .. } => "no_vllm_metrics",
-            PromError::MissingMetric { .. } => "missing_metric",
-            PromError::Partial { .. } => "partial",
-        }
+        self.into()
     }
 }

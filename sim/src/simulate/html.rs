@@ -399,13 +399,9 @@ fn at_a_glance(s: &mut String, r: &Report, price: &super::summary::Price) {
         );
     }
     for st in &r.strategies {
-        let saved = match today {
-            Some((h, _)) if h > 0.0 => format!(
-                "${:.2} ({:.0}%)",
-                usd(h - st.gpu_hours),
-                (1.0 - st.gpu_hours / h) * 100.0
-            ),
-            _ => "—".to_string(),
+        let saved = match super::summary::saving(today, st.gpu_hours) {
+            Some((hours, percent)) => format!("${:.2} ({percent:.0}%)", usd(hours)),
+            None => "—".to_string(),
         };
         let _ = write!(
             s,

@@ -361,11 +361,8 @@ fn size_static(
         let mut replicas = vec![0; n];
         replicas[m] = count;
         let plan = Plan {
-            kind: StrategyKind::Static,
-            static_replicas: replicas,
-            initial_recommendations: Vec::new(),
             only_models: vec![m],
-            batch: None,
+            ..Plan::fixed(replicas)
         };
         let r = World::new(sc, plan)?.run(&mut |t| tell(Phase::StaticSizing, t))?;
         last_attainment = r.report.slo_attainment;

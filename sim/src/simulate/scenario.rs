@@ -34,7 +34,8 @@ const BUILTIN_AZURE_FUNCTIONS: &str =
     include_str!("../../../testdata/azure_functions_2019/functions_sample.csv");
 
 /// Why a scenario cannot be run. Each message names the field or file and what to change.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ScenarioError {
     /// The scenario file could not be read.
     #[error("cannot read scenario {path}: {source}")]
@@ -81,13 +82,7 @@ pub enum ScenarioError {
 impl ScenarioError {
     /// A fixed label per variant, for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            ScenarioError::Io { .. } => "io",
-            ScenarioError::Yaml { .. } => "yaml",
-            ScenarioError::Invalid { .. } => "invalid",
-            ScenarioError::Trace { .. } => "trace",
-            ScenarioError::Traffic { .. } => "traffic",
-        }
+        self.into()
     }
 }
 

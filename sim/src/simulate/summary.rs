@@ -39,6 +39,15 @@ pub fn today(r: &Report) -> Option<(f64, &'static str)> {
     }
 }
 
+/// What a strategy using `gpu_hours` saves against `today` (see [`today`]): the GPU-hours and the percentage saved,
+/// or `None` where there is no today to compare with.
+pub fn saving(today: Option<(f64, &str)>, gpu_hours: f64) -> Option<(f64, f64)> {
+    match today {
+        Some((h, _)) if h > 0.0 => Some((h - gpu_hours, (1.0 - gpu_hours / h) * 100.0)),
+        _ => None,
+    }
+}
+
 /// The model's GPU share per replica: the larger of its compute share and its memory over the GPU's.
 fn gpu_share(m: &ModelReport, gpu_memory: u64) -> f64 {
     let memory = m.gpu_memory_mib as f64 * 1024.0 * 1024.0 / gpu_memory.max(1) as f64;
@@ -145,13 +154,9 @@ pub fn first_screen(r: &Report, price: &Price, assumptions: &[String]) -> String
         );
     }
     for s in &r.strategies {
-        let saved = match today {
-            Some((h, _)) if h > 0.0 => format!(
-                "{} ({:.0}%)",
-                cost(h - s.gpu_hours),
-                (1.0 - s.gpu_hours / h) * 100.0
-            ),
-            _ => "—".to_string(),
+        let saved = match saving(today, s.gpu_hours) {
+            Some((hours, percent)) => format!("{} ({percent:.0}%)", cost(hours)),
+            None => "—".to_string(),
         };
         let name = match today {
             Some((_, "static")) if s.strategy == "static" => "static=today".to_string(),

@@ -137,13 +137,7 @@ fn static_gpu_hours_are_replicas_times_duration() {
         vec![at(&[1.0]), at(&[2.0])],
         1800.0,
     );
-    let plan = Plan {
-        kind: StrategyKind::Static,
-        static_replicas: vec![3, 2],
-        initial_recommendations: Vec::new(),
-        only_models: Vec::new(),
-        batch: None,
-    };
+    let plan = Plan::fixed(vec![3, 2]);
     let r = world::World::new(&sc, plan).unwrap().run(&mut |_| {}).unwrap();
     assert!(
         (r.report.gpu_hours - 5.0 * 0.5).abs() < 1e-12,
@@ -649,13 +643,7 @@ fn at_the_ceiling_a_shared_model_buys_isolation() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/ceiling-bursty.yaml");
     let sc = super::scenario::load(&super::scenario::Source::File(path), None, None).unwrap();
     let r = simulate_strategies(&sc, &[StrategyKind::Tessera], Extras::NONE, &mut |_, _| {}).unwrap();
-    let whole = Plan {
-        kind: StrategyKind::Static,
-        static_replicas: sc.models.iter().map(|m| m.max_replicas).collect(),
-        initial_recommendations: Vec::new(),
-        only_models: Vec::new(),
-        batch: None,
-    };
+    let whole = Plan::fixed(sc.models.iter().map(|m| m.max_replicas).collect());
     let w = World::new(&sc, whole).unwrap().run(&mut |_| {}).unwrap();
     let st = w.report.models.iter().find(|m| m.model == "burst-14b").unwrap();
     let tessera = r.strategy("tessera").unwrap();
@@ -711,13 +699,7 @@ fn isolation_fires_at_the_ceiling_and_recovers_whole_gpu_attainment() {
     let steady: Vec<Arrival> = (0..1800).map(|i| long(f64::from(i), 2000)).collect();
     let sc = scenario(vec![hot, busy], vec![bursts, steady], 1800.0);
     let r = simulate_strategies(&sc, &[StrategyKind::Tessera], Extras::NONE, &mut |_, _| {}).unwrap();
-    let whole = Plan {
-        kind: StrategyKind::Static,
-        static_replicas: vec![2, 1],
-        initial_recommendations: Vec::new(),
-        only_models: Vec::new(),
-        batch: None,
-    };
+    let whole = Plan::fixed(vec![2, 1]);
     let w = World::new(&sc, whole).unwrap().run(&mut |_| {}).unwrap();
     let st = &w.report.models[0];
     let t = &r.strategy("tessera").unwrap().models[0];

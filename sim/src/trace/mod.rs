@@ -35,7 +35,8 @@ pub struct Arrival {
 }
 
 /// Why a trace could not be read. Every variant names the file, and parse errors the line and column.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum TraceError {
     /// The file could not be opened or read.
     #[error("cannot read trace {path}: {source}")]
@@ -108,11 +109,6 @@ fn csv_with_header<R: Read>(
 impl TraceError {
     /// A fixed label per variant, for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            TraceError::Io { .. } => "io",
-            TraceError::Parse { .. } => "parse",
-            TraceError::Format { .. } => "format",
-            TraceError::Empty { .. } => "empty",
-        }
+        self.into()
     }
 }

@@ -53,6 +53,55 @@ impl Drop for Killed {
     }
 }
 
+/// Runs `tessera <args>`, which must refuse to start (a bad flag or configuration); returns its stderr.
+pub fn refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .expect("run tessera");
+    assert!(!out.status.success(), "tessera {args:?} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Runs `tessera simulate <args>` (in `dir`, where one is given) and waits at most `limit` for it to exit; one
+/// still running then is killed and the test fails.
+pub fn simulate(dir: Option<&std::path::Path>, args: &[&str], limit: Duration) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.arg("simulate")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(dir) = dir {
+        cmd.current_dir(dir);
+    }
+    let mut child = cmd.spawn().expect("spawn tessera");
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait().expect("wait for tessera simulate").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("tessera simulate {args:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().expect("tessera simulate's output")
+}
+
+/// The file at `relative` in the shared workplace (`../shared`, outside the project), or `None` with a SKIP line
+/// on stderr where it is absent.
+pub fn shared_file(relative: &str) -> Option<std::path::PathBuf> {
+    let path = workspace().join("../shared").join(relative);
+    if path.exists() {
+        return Some(path);
+    }
+    eprintln!(
+        "SKIP: {} is absent (the shared workplace's files live outside the project)",
+        path.display()
+    );
+    None
+}
+
 /// Serves `app` on an ephemeral loopback port for the rest of the test; returns the address.
 pub async fn serve(app: axum::Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

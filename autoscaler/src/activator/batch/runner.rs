@@ -1013,11 +1013,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_torn_last_line_is_cut_and_a_repeat_counted_once() {
-        // A name no other process (nor a later run with the same pid) shares.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("tessera-recover-{}-{nanos}", std::process::id()));
+        let dir = super::super::store::scratch_dir("recover");
         let store = LocalStore::open(&dir).unwrap();
         let body = serde_json::json!({"usage": {"prompt_tokens": 3, "completion_tokens": 2}});
         let mut data = Vec::new();

@@ -23,7 +23,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use super::objects::{BatchObject, FileObject};
 
 /// A store's errors.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum StoreError {
     /// An I/O error on the store.
     #[error("batch store {path}: {source}")]
@@ -49,11 +50,7 @@ pub enum StoreError {
 impl StoreError {
     /// A fixed label per variant, for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            StoreError::Io { .. } => "io",
-            StoreError::Corrupt { .. } => "corrupt",
-            StoreError::BadId(_) => "bad_id",
-        }
+        self.into()
     }
 
     /// Whether the thing asked for does not exist.
@@ -399,6 +396,16 @@ impl BatchStore for LocalStore {
     }
 }
 
+/// A directory for a test's store, under the system temp dir, with a name no other process (nor a later run with
+/// the same pid) shares.
+#[cfg(test)]
+pub(crate) fn scratch_dir(what: &str) -> std::path::PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::env::temp_dir().join(format!("tessera-{what}-{}-{nanos}", std::process::id()))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -407,11 +414,7 @@ mod tests {
 
     #[tokio::test]
     async fn data_appends_and_truncates_and_ids_stay_inside() {
-        // A name no other process (nor a later run with the same pid) shares.
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!("tessera-store-{}-{nanos}", std::process::id()));
+        let dir = scratch_dir("store");
         let store = LocalStore::open(&dir).unwrap();
         let mut w = store.append_data("out-1").await.unwrap();
         w.write_all(b"a\nb").await.unwrap();

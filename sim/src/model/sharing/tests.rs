@@ -5,6 +5,12 @@ use super::*;
 use crate::model::{EngineConfig, GIB, GpuSpec, ModelSpec, kv_bytes_per_token};
 use proptest::prelude::*;
 
+/// What MPS grants tenants given as `(work, cap)`.
+fn mps(tenants: &[(GpuWork, f64)]) -> Vec<Grant> {
+    let demands: Vec<Demand> = tenants.iter().map(|&(work, cap)| Demand { work, cap }).collect();
+    allocate(SharingModel::Mps, &demands)
+}
+
 /// A decode step of `batch` sequences with `context` tokens each, as the engine's roofline costs it, with the
 /// host part of [`host_time_s`].
 fn decode_cost(model: &ModelSpec, gpu: &GpuSpec, batch: u64, context: u64) -> StepCost {
@@ -220,10 +226,7 @@ fn saturated_decoders_share_the_bandwidth_they_need() {
     let model = ModelSpec::preset("qwen3-14b").unwrap();
     let cost = decode_cost(&model, &gpu, 8, 1000);
     let work = cost.gpu();
-    let both = allocate(
-        SharingModel::Mps,
-        &[Demand { work, cap: 0.5 }, Demand { work, cap: 0.5 }],
-    );
+    let both = mps(&[(work, 0.5), (work, 0.5)]);
     assert!(
         1.0 / both[0].rate >= 1.9,
         "overlap stretch {}",
@@ -281,31 +284,13 @@ fn oversubscribed_caps_split_the_sms_only_while_they_meet() {
         memory_s: 0.002,
         compute_s: 0.020,
     };
-    let g = allocate(
-        SharingModel::Mps,
-        &[
-            Demand {
-                work: prefill,
-                cap: 0.6,
-            },
-            Demand {
-                work: prefill,
-                cap: 0.6,
-            },
-        ],
-    );
+    let g = mps(&[(prefill, 0.6), (prefill, 0.6)]);
     // 0.6 + 0.6 of the SMs asked for: each gets half, so the compute part stretches by 0.6 / 0.5.
     assert!(
         (g[0].sm - 0.5).abs() < 1e-12 && (1.0 / g[0].rate - 1.2).abs() < 1e-9,
         "{g:?}"
     );
-    let alone = allocate(
-        SharingModel::Mps,
-        &[Demand {
-            work: prefill,
-            cap: 0.6,
-        }],
-    );
+    let alone = mps(&[(prefill, 0.6)]);
     assert_eq!(alone[0].rate, 1.0);
 }
 
@@ -320,19 +305,7 @@ fn water_filling_serves_small_asks_in_full() {
         memory_s: 0.010,
         compute_s: 0.0,
     };
-    let g = allocate(
-        SharingModel::Mps,
-        &[
-            Demand {
-                work: light,
-                cap: 0.5,
-            },
-            Demand {
-                work: heavy,
-                cap: 0.5,
-            },
-        ],
-    );
+    let g = mps(&[(light, 0.5), (heavy, 0.5)]);
     assert!((g[0].rate - 1.0).abs() < 1e-9, "{g:?}");
     assert!(g[1].rate < 1.0 && g[1].rate > 0.7, "{g:?}");
 }

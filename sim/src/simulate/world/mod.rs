@@ -86,6 +86,15 @@ impl Plan {
             batch: None,
         }
     }
+
+    /// Static with `replicas` per model (a zero leaves a model out of the GPU count), every model of the
+    /// scenario, no batch jobs.
+    pub fn fixed(replicas: Vec<u32>) -> Self {
+        Plan {
+            static_replicas: replicas,
+            ..Plan::starting_from(StrategyKind::Static, Vec::new())
+        }
+    }
 }
 
 /// Why a run could not complete.
