@@ -327,9 +327,12 @@ proptest! {
             prop_assert_eq!(s.completed + s.failed, s.requests, "{}", &s.strategy);
             prop_assert_eq!(&s.arrival_digest, digest);
             prop_assert!(s.slo_attainment >= 0.0 && s.slo_attainment <= 1.0);
-            // At most max_replicas per model, one GPU each at worst; the GPU count never exceeds that.
-            prop_assert!(s.gpus_peak <= 4, "{} peak {}", &s.strategy, s.gpus_peak);
-            prop_assert!(s.gpu_hours <= 4.0 * 300.0 / 3600.0 + 1e-9);
+            // At most max_replicas per model plus one surge (a make-before-break move: a roll, consolidation, or
+            // isolation at the ceiling, whose new replica goes to a GPU of its own), one GPU each at worst; the GPU
+            // count never exceeds that. (Found by this test: two isolated models at their ceiling of 2 held 5.)
+            let most: u32 = sc.models.iter().map(|m| m.max_replicas + 1).sum();
+            prop_assert!(s.gpus_peak <= most, "{} peak {} over {most}", &s.strategy, s.gpus_peak);
+            prop_assert!(s.gpu_hours <= f64::from(most) * 300.0 / 3600.0 + 1e-9);
         }
         let st = r.strategy("static").unwrap();
         let replicas: u32 = r.static_sizing.iter().map(|z| z.replicas).sum();
