@@ -177,6 +177,14 @@ fn changes_within(events: &[ScaleEvent], period: Duration, now: Timestamp) -> (u
         })
 }
 
+/// The replicas the model had when a policy's period began, as HPA counts them: the current count less what the
+/// period's events added, plus what they removed.
+fn replicas_at_period_start(events: &[ScaleEvent], period: Duration, current: u32, now: Timestamp) -> u32 {
+    let (added, removed) = changes_within(events, period, now);
+    let start = i64::from(current) - i64::from(added) + i64::from(removed);
+    u32::try_from(start.max(0)).unwrap_or(u32::MAX)
+}
+
 /// The most replicas the up rules allow now.
 pub(super) fn scale_up_limit(
     rules: &ScalingRules,
@@ -191,9 +199,7 @@ pub(super) fn scale_up_limit(
         return u32::MAX;
     }
     let proposals = rules.policies.iter().map(|p| {
-        let (added, removed) = changes_within(events, p.period, now);
-        let start = i64::from(current) - i64::from(added) + i64::from(removed);
-        let start = u32::try_from(start.max(0)).unwrap_or(u32::MAX);
+        let start = replicas_at_period_start(events, p.period, current, now);
         match p.kind {
             RatePolicyKind::Pods => start.saturating_add(p.value),
             RatePolicyKind::Percent => ceil_u32(f64::from(start) * (1.0 + f64::from(p.value) / 100.0)),
@@ -220,9 +226,7 @@ pub(super) fn scale_down_limit(
         return 0;
     }
     let proposals = rules.policies.iter().map(|p| {
-        let (added, removed) = changes_within(events, p.period, now);
-        let start = i64::from(current) - i64::from(added) + i64::from(removed);
-        let start = u32::try_from(start.max(0)).unwrap_or(u32::MAX);
+        let start = replicas_at_period_start(events, p.period, current, now);
         match p.kind {
             RatePolicyKind::Pods => start.saturating_sub(p.value),
             // HPA truncates here (int32 conversion), so a percent policy can always reach a lower whole count.
