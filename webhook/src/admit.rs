@@ -23,7 +23,7 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 use tessera_api::crd::InferenceAutoscaler;
 use tessera_pool::{PoolError, PoolManager, ReserveRequest};
-use tessera_runtime::metrics::{register, register_with_unit};
+use tessera_runtime::metrics::{register_value, register_with_unit};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -66,30 +66,34 @@ impl Default for Metrics {
 impl Metrics {
     /// Creates the metrics and registers them into `registry` (the root registry).
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
+        // The metrics as `Default` builds them (the histogram's buckets live there), each registered.
+        let fresh = Self::default();
         let r = registry.sub_registry_with_prefix("tessera_webhook");
         Self {
-            admissions: register(
+            admissions: register_value(
                 r,
                 "admissions",
                 "Pod admissions by outcome (mutated, unchanged, denied, invalid) and fixed reason",
+                fresh.admissions,
             ),
             duration: register_with_unit(
                 r,
                 "admission_duration",
                 "Time to answer an admission review, including any GPU reservation",
                 prometheus_client::registry::Unit::Seconds,
-                m.duration,
+                fresh.duration,
             ),
-            events_dropped: register(
+            events_dropped: register_value(
                 r,
                 "events_dropped",
                 "Kubernetes Events not sent because the event queue was full",
+                fresh.events_dropped,
             ),
-            tls_reloads: register(
+            tls_reloads: register_value(
                 r,
                 "tls_reloads",
                 "Certificate reloads after the files changed, by result",
+                fresh.tls_reloads,
             ),
         }
     }

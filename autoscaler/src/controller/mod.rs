@@ -237,10 +237,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     );
     let app = graceful.ready_gate(
         Router::new()
-            .route("/metrics", get(serve_metrics))
             .route("/live", get(|| async { "ok" }))
             .route("/ready", get(serve_ready))
             .with_state(health.clone())
+            .merge(health.metrics.router())
             .merge(crate::ui::router(ui.clone())),
     );
     let mut server_shutdown = shutdown_rx.clone();
@@ -532,10 +532,6 @@ fn controller_stream(
                 tracing::debug!(error = %e, "reconcile error");
             }
         })
-}
-
-async fn serve_metrics(State(h): State<Arc<Health>>) -> impl IntoResponse {
-    tessera_runtime::serve::openmetrics(h.metrics.encode())
 }
 
 async fn serve_ready(State(h): State<Arc<Health>>) -> impl IntoResponse {

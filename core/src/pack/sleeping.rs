@@ -1,6 +1,6 @@
-//! Placing a replica beside sleeping pods (vLLM sleep mode), the rule the simulator's sleep-mode run models and the
-//! webhook will follow once the controller can put a pod to sleep (`docs/simulator-experiments.md`, "What sleep mode is
-//! worth").
+//! Placing a replica beside sleeping pods (vLLM sleep mode): the rule the simulator's pool runs. The controller
+//! sleeps pods, but the pool manager does not lend a sleeper's share yet (it keeps the whole reservation,
+//! `docs/fractional-gpus.md`, "Limits"); this is the rule it is to follow when it does.
 //!
 //! A sleeping pod's weights sit in host memory, but its CUDA context does not move: it can wake only on the GPU it
 //! slept on. So the packer counts none of its memory or compute (it lends its room), yet a new replica takes that
