@@ -175,6 +175,7 @@ mod tests {
             priority: 0,
             created_at: 1,
             pod: None,
+            evicted_at: None,
         };
         let name = capacity_pod_name(&pool.name, 0);
         assert_eq!(name, "tessera-gpu-a100-80gb-0");

@@ -211,6 +211,12 @@ pub struct PoolsConfig {
     /// such a watch is refused and the pool manager would never start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_namespace: Option<String>,
+    /// Lend a sleeping pod's room (`spec.sleep`) to a new replica where the alternative is opening a GPU, as the
+    /// simulator's pool does: the sleeper's pod is deleted (its next start is cold) and the newcomer's vLLM starts
+    /// once it is gone. Off: a sleeping pod keeps its whole share. Needs `delete` on tenant pods and the start-up
+    /// Leases (the chart grants both only with `gpuPools.lendSleepers`).
+    #[serde(default)]
+    pub lend_sleepers: bool,
     /// The pools.
     pub pools: Vec<PoolSpec>,
 }

@@ -114,3 +114,5 @@ impl PoolError {
 mod tests;
 #[cfg(test)]
 mod watch_tests;
+#[cfg(test)]
+mod lend_tests;

@@ -21,6 +21,8 @@ use tessera_runtime::watch_events::{Change, fold_event};
 // Consolidation's I/O (draining a GPU), in its own file; a child module so it reaches the manager's fields.
 mod consolidate;
 use tessera_core::pack::consolidate::Candidate;
+// Lending a sleeping pod's room: the leader's eviction and its hold on the GPU's start-up Lease.
+mod lend;
 
 /// What the webhook asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +73,8 @@ pub struct ReconcileReport {
     /// Consolidation: the capacity pod whose drain started, ended or was called off, with the step
     /// (`started`, `drained`, `timed_out`, `disabled`).
     pub drain: Option<(String, &'static str)>,
+    /// Sleeping pods deleted because their room was lent (`lendSleepers`).
+    pub sleepers_evicted: usize,
 }
 
 /// The pool manager of one pool. Cheap to clone; clones share the index.
@@ -86,6 +90,9 @@ pub struct PoolManager {
     /// Consolidation's candidate GPU and since when (in memory: a restart only restarts the settle time).
     candidate: Arc<Mutex<Option<Candidate>>>,
     link: ConsolidationLink,
+    /// The GPUs' start-up Leases (in the capacity namespace), held while a lent sleeper is evicted.
+    leases: Api<k8s_openapi::api::coordination::v1::Lease>,
+    lending: Arc<Mutex<lend::Held>>,
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -102,6 +109,8 @@ impl PoolManager {
             .clone();
         Ok(Self {
             pods: Api::namespaced(client.clone(), &cfg.namespace),
+            leases: Api::namespaced(client.clone(), &cfg.namespace),
+            lending: Arc::new(Mutex::new(lend::Held::default())),
             // Tenants are watched where they may be: one namespace when the installation watches one (its Role
             // grants pods there only), every namespace otherwise.
             all_pods: match &cfg.tenant_namespace {
@@ -240,10 +249,11 @@ impl PoolManager {
             priority: request.priority,
             created_at: now,
             pod: request.pod,
+            evicted_at: None,
         };
         let shape = self.pool.shape();
         for attempt in 1..=self.max_attempts {
-            let decision = self.index().decide(&shape, &reservation)?;
+            let decision = self.index().decide(&shape, &reservation, self.cfg.lend_sleepers)?;
             match decision {
                 Decision::Existing { capacity_pod } => {
                     return Ok((
@@ -257,6 +267,7 @@ impl PoolManager {
                     reservations,
                     reason,
                     ends_drain,
+                    evicts,
                 } => {
                     let mut patch = reservations_patch(&reservations, resource_version.as_deref(), None, now);
                     if ends_drain {
@@ -268,6 +279,12 @@ impl PoolManager {
                             if ends_drain {
                                 self.metrics.drain(&self.pool.name, "ended_by_placement");
                                 info!(%capacity_pod, "no other GPU had room: placed on the GPU being drained, which ends its drain");
+                            }
+                            if !evicts.is_empty() {
+                                // The leader deletes the sleepers' pods and holds the GPU's start-up Lease until
+                                // they are gone (`evict_lent`); this replica only records the loan.
+                                info!(%capacity_pod, ?evicts, attempt, "reserved in sleeping pods' room rather than open a GPU");
+                                return Ok((self.placement(&capacity_pod, &reservation.id, reason), "lent_by_sleepers"));
                             }
                             info!(%capacity_pod, reason, attempt, "reserved");
                             return Ok((self.placement(&capacity_pod, &reservation.id, reason), "placed"));
@@ -388,6 +405,9 @@ impl PoolManager {
     #[instrument(skip(self), fields(pool = %self.pool.name))]
     pub async fn reconcile(&self, now: u64) -> Result<ReconcileReport, PoolError> {
         let mut report = ReconcileReport::default();
+        if self.cfg.lend_sleepers {
+            report.sleepers_evicted = self.evict_lent(now).await?;
+        }
         let expired = self.index().expired(now, self.cfg.reservation_ttl.as_secs());
         for (name, ids) in expired {
             let n = self.remove_reservations(&name, &ids, now).await?;
@@ -481,6 +501,7 @@ impl PoolManager {
         let mut cap_buf: Vec<Pod> = Vec::new();
         let mut ten_buf: Vec<Pod> = Vec::new();
         let clock = LoopClock::start();
+        let mut last_lent = Vec::new();
         loop {
             tokio::select! {
                 () = &mut shutdown => return,
@@ -514,6 +535,17 @@ impl PoolManager {
                     if let Err(e) = self.reconcile(clock.now()).await {
                         warn!(error = %e, kind = e.label(), "pool reconcile failed; retrying next tick");
                     }
+                }
+            }
+            // A loan recorded by any webhook replica is carried out at the event that shows it, not at the next
+            // tick: the newcomer's sidecar may ask for the GPU's start-up Lease within seconds.
+            if self.cfg.lend_sleepers {
+                let lent = self.index().lent();
+                if lent != last_lent {
+                    if let Err(e) = self.evict_lent(clock.now()).await {
+                        warn!(error = %e, kind = e.label(), "could not carry out a lent sleeper's eviction; retrying next tick");
+                    }
+                    last_lent = lent;
                 }
             }
         }

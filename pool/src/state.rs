@@ -38,6 +38,12 @@ pub struct Reservation {
     /// `namespace/name` of the pod, when known at admission (pods using generateName have no name yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// Lent (Unix seconds): its pod was asleep and a new reservation took its room rather than open a GPU
+    /// (`tessera_core::pack::sleeping`). It holds nothing in the packer; the leader's pool manager deletes its pod
+    /// and holds the GPU's start-up Lease until that pod is gone, so the newcomer's vLLM starts only then and the
+    /// sleeper never wakes into room that is no longer its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evicted_at: Option<u64>,
 }
 
 impl Reservation {
@@ -171,6 +177,11 @@ pub struct Tenant {
     /// Whether consolidation may move it: a ReplicaSet's pod (the controller can surge its Deployment and pick
     /// this pod to go with `pod-deletion-cost`), Ready, and not being deleted.
     pub movable: bool,
+    /// Asleep: the controller told it to sleep (`tessera.dev/rest`) and it is not Ready (a sleeping vLLM fails
+    /// its readiness), nor being deleted. Only such a pod's room may be lent ([`PoolIndex::decide`]).
+    pub asleep: bool,
+    /// Being deleted.
+    pub terminating: bool,
 }
 
 impl Tenant {
@@ -197,6 +208,12 @@ impl Tenant {
             movable: replica_set
                 && tessera_runtime::pod::ready(pod)
                 && pod.metadata.deletion_timestamp.is_none(),
+            asleep: ann
+                .get(tessera_core::sleep::command::ANNOTATION)
+                .is_some_and(|v| v.parse::<tessera_core::sleep::command::RestCommand>().is_ok())
+                && !tessera_runtime::pod::ready(pod)
+                && pod.metadata.deletion_timestamp.is_none(),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
         })
     }
 }
@@ -216,6 +233,22 @@ pub struct PoolIndex {
     pool: String,
     capacity: BTreeMap<String, CapacityGpu>,
     tenants: HashMap<String, Tenant>,
+}
+
+/// The packer reason of a placement that took sleeping pods' room.
+pub const LENT_BY_SLEEPERS: &str = "LentBySleepers";
+
+/// A lent reservation ([`Reservation::evicted_at`]) and what the leader must still do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lent {
+    /// The capacity pod it is on.
+    pub capacity_pod: String,
+    /// That GPU's UUID (names its start-up Lease), once published.
+    pub gpu_uuid: Option<String>,
+    /// The reservation id.
+    pub reservation: String,
+    /// Its pod (`namespace/name`, uid, being deleted) while it exists; `None` once gone: the reservation is dropped.
+    pub pod: Option<(String, Option<String>, bool)>,
 }
 
 /// The placement decision of [`PoolIndex::decide`].
@@ -238,6 +271,9 @@ pub enum Decision {
         reason: &'static str,
         /// It was being drained and nothing else had room: the write also ends the drain.
         ends_drain: bool,
+        /// Reservations of sleeping pods on this GPU whose room it takes (marked lent in `reservations`): the
+        /// alternative was opening a GPU. Empty for an ordinary placement.
+        evicts: Vec<String>,
     },
     /// No capacity pod has room.
     NoRoom {
@@ -322,10 +358,33 @@ impl PoolIndex {
     /// A packer holding every readable, live capacity pod and its reservations, plus the map from the
     /// packer's GPU ids to capacity pod names. Reservations that would overflow a GPU (which concurrency
     /// control should make impossible) are left out of the packer *and* the GPU is marked full, so an
-    /// inconsistency can never lead to more booking.
+    /// inconsistency can never lead to more booking. A lent reservation ([`Reservation::evicted_at`]) holds
+    /// nothing: its room went to the reservation that took it.
     pub fn packer(&self, shape: &GpuShape) -> (Packer, HashMap<GpuId, String>) {
+        let (packer, names, _) = self.packer_lending(shape, false);
+        (packer, names)
+    }
+
+    /// [`PoolIndex::packer`], and with `lend` the reservations of sleeping pods ([`Tenant::asleep`]) left out of
+    /// the packer and returned beside it, each with its GPU: the `sleeping` argument of
+    /// [`Packer::place_beside_sleeping`].
+    fn packer_lending(
+        &self,
+        shape: &GpuShape,
+        lend: bool,
+    ) -> (Packer, HashMap<GpuId, String>, Vec<(GpuId, ReplicaRequest)>) {
+        let asleep: std::collections::HashSet<&str> = if lend {
+            self.tenants
+                .values()
+                .filter(|t| t.asleep)
+                .map(|t| t.reservation.as_str())
+                .collect()
+        } else {
+            std::collections::HashSet::new()
+        };
         let mut packer = Packer::new(*shape);
         let mut names = HashMap::new();
+        let mut sleeping = Vec::new();
         for g in self.capacity.values() {
             let Ok(list) = &g.reservations else { continue };
             if g.gone || g.unidentified() {
@@ -335,8 +394,10 @@ impl PoolIndex {
             names.insert(id, g.name.clone());
             packer.set_draining(id, g.draining_since);
             let mut consistent = true;
-            for r in list {
-                if packer.assign(id, r.request()).is_err() {
+            for r in list.iter().filter(|r| r.evicted_at.is_none()) {
+                if asleep.contains(r.id.as_str()) {
+                    sleeping.push((id, r.request()));
+                } else if packer.assign(id, r.request()).is_err() {
                     consistent = false;
                 }
             }
@@ -354,9 +415,11 @@ impl PoolIndex {
                     free_m,
                 );
                 let _ = packer.assign(id, fill);
+                // Nothing on a GPU in that state is lent either.
+                sleeping.retain(|(g, _)| *g != id);
             }
         }
-        (packer, names)
+        (packer, names, sleeping)
     }
 
     /// Capacity pods being drained.
@@ -372,10 +435,16 @@ impl PoolIndex {
     }
 
     /// Decides where a new reservation goes. Pure: the caller writes the result with optimistic concurrency.
+    ///
+    /// With `lend_sleepers`, a reservation that fits nowhere beside the sleeping pods' shares may take a sleeping
+    /// pod's room rather than open a GPU — the simulator's rule, [`Packer::place_beside_sleeping`]: the
+    /// sleepers that no longer fit on that GPU are marked lent ([`Decision::Place::evicts`]), smallest shares
+    /// kept first so the fewest lose their place.
     pub fn decide(
         &self,
         shape: &GpuShape,
         new: &Reservation,
+        lend_sleepers: bool,
     ) -> Result<Decision, tessera_core::pack::PackError> {
         if let Some((g, _)) = self.find_reservation(&new.id) {
             return Ok(Decision::Existing {
@@ -400,9 +469,13 @@ impl PoolIndex {
                     reservations,
                     reason: reason.as_str(),
                     ends_drain: reason == tessera_core::pack::PlaceReason::Draining,
+                    evicts: Vec::new(),
                 })
             }
             tessera_core::pack::Placement::NoRoom(why) => {
+                if lend_sleepers && let Some(lent) = self.lend(shape, new) {
+                    return Ok(lent);
+                }
                 let unidentified = self.capacity.values().filter(|g| g.unidentified()).count();
                 let reason = if unidentified > 0 {
                     format!(
@@ -417,6 +490,68 @@ impl PoolIndex {
                 })
             }
         }
+    }
+
+    /// The placement that takes sleeping pods' room, or `None` where even their room does not hold `new` (a GPU
+    /// must open) or nothing sleeps.
+    fn lend(&self, shape: &GpuShape, new: &Reservation) -> Option<Decision> {
+        let (mut packer, names, sleeping) = self.packer_lending(shape, true);
+        if sleeping.is_empty() {
+            return None;
+        }
+        let gpu = packer.place_beside_sleeping(new.request(), sleeping.clone()).ok()?;
+        // A GPU the packer opened has no capacity pod: the caller creates one as without lending.
+        let name = names.get(&gpu)?;
+        let mut here: Vec<&ReplicaRequest> = sleeping.iter().filter(|(g, _)| *g == gpu).map(|(_, r)| r).collect();
+        here.sort_by(|a, b| a.memory_mib.cmp(&b.memory_mib).then_with(|| a.id.cmp(&b.id)));
+        let evicts: Vec<String> = here
+            .into_iter()
+            .filter(|r| packer.assign(gpu, (*r).clone()).is_err())
+            .map(|r| r.id.clone())
+            .collect();
+        if evicts.is_empty() {
+            // It fit with every sleeper held after all: an ordinary placement would have found it.
+            return None;
+        }
+        let cap = &self.capacity[name];
+        let mut reservations: Vec<Reservation> = cap
+            .reservation_list()
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                if evicts.contains(&r.id) {
+                    r.evicted_at = Some(new.created_at);
+                }
+                r
+            })
+            .collect();
+        reservations.push(new.clone());
+        Some(Decision::Place {
+            capacity_pod: name.clone(),
+            resource_version: cap.resource_version.clone(),
+            reservations,
+            reason: LENT_BY_SLEEPERS,
+            ends_drain: cap.draining_since.is_some(),
+            evicts,
+        })
+    }
+
+    /// Lent reservations still on a capacity pod: the leader deletes each one's pod (if it still has one) and
+    /// holds the GPU's start-up Lease meanwhile.
+    pub fn lent(&self) -> Vec<Lent> {
+        let mut out = Vec::new();
+        for g in self.capacity.values() {
+            for r in g.reservation_list().iter().filter(|r| r.evicted_at.is_some()) {
+                let tenant = self.tenants.values().find(|t| t.reservation == r.id);
+                out.push(Lent {
+                    capacity_pod: g.name.clone(),
+                    gpu_uuid: g.gpu_uuid.clone(),
+                    reservation: r.id.clone(),
+                    pod: tenant.map(|t| (t.key.clone(), t.uid.clone(), t.terminating)),
+                });
+            }
+        }
+        out
     }
 
     /// The name for a new capacity pod: the lowest slot whose name no pod of the pool uses (a terminating
@@ -544,6 +679,7 @@ mod tests {
             priority: 0,
             created_at: at,
             pod: None,
+            evicted_at: None,
         }
     }
 
@@ -598,15 +734,17 @@ mod tests {
             cap("a", &[resv("r1", 700, 0)], None),
             cap("b", &[resv("r2", 200, 0)], None),
         ]);
-        match idx.decide(&SHAPE, &resv("r3", 300, 5)).unwrap() {
+        match idx.decide(&SHAPE, &resv("r3", 300, 5), false).unwrap() {
             Decision::Place {
                 capacity_pod,
                 resource_version,
                 reservations,
                 reason,
                 ends_drain,
+                evicts,
             } => {
                 assert!(!ends_drain);
+                assert!(evicts.is_empty());
                 assert_eq!(capacity_pod, "a");
                 assert_eq!(resource_version.as_deref(), Some("7"));
                 assert_eq!(reservations.len(), 2);
@@ -615,13 +753,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            idx.decide(&SHAPE, &resv("r1", 300, 5)).unwrap(),
+            idx.decide(&SHAPE, &resv("r1", 300, 5), false).unwrap(),
             Decision::Existing {
                 capacity_pod: "a".into()
             }
         );
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r4", 900, 5)).unwrap(),
+            idx.decide(&SHAPE, &resv("r4", 900, 5), false).unwrap(),
             Decision::NoRoom { gpus: 2, .. }
         ));
     }
@@ -645,7 +783,7 @@ mod tests {
         idx.reset_capacity(&[bad, other]);
         assert_eq!(idx.capacity().count(), 1);
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r", 10, 0)).unwrap(),
+            idx.decide(&SHAPE, &resv("r", 10, 0), false).unwrap(),
             Decision::NoRoom { .. }
         ));
         // Nor deleted: what it holds is unknown.
@@ -672,7 +810,7 @@ mod tests {
         // Running, agent never published: skipped, and the reason says so.
         idx.reset_capacity(&[with_phase(cap("a", &[], None), "Running", None)]);
         assert!(idx.capacity_pod("a").unwrap().unidentified());
-        match idx.decide(&SHAPE, &resv("r", 100, 0)).unwrap() {
+        match idx.decide(&SHAPE, &resv("r", 100, 0), false).unwrap() {
             Decision::NoRoom { reason, gpus } => {
                 assert_eq!(gpus, 1);
                 assert!(reason.contains("no published GPU UUID"), "{reason}");
@@ -682,7 +820,7 @@ mod tests {
         // Once the agent publishes, it is placed on.
         idx.apply_capacity(&with_phase(cap("a", &[], None), "Running", Some("GPU-a")));
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r", 100, 0)).unwrap(),
+            idx.decide(&SHAPE, &resv("r", 100, 0), false).unwrap(),
             Decision::Place { capacity_pod, .. } if capacity_pod == "a"
         ));
         // A Pending capacity pod (a GPU on its way) is placed on before any UUID exists.
@@ -690,7 +828,7 @@ mod tests {
         idx.reset_capacity(&[with_phase(cap("b", &[], None), "Pending", None)]);
         assert!(!idx.capacity_pod("b").unwrap().unidentified());
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r", 100, 0)).unwrap(),
+            idx.decide(&SHAPE, &resv("r", 100, 0), false).unwrap(),
             Decision::Place { capacity_pod, .. } if capacity_pod == "b"
         ));
         // An unidentified GPU keeps its reservations and is never deleted for being "empty" of placements.
@@ -817,8 +955,8 @@ mod tests {
                         rs.retain(|r| r.id != id);
                     }
                 } else {
-                    let r = Reservation { id: format!("r{n}"), model: format!("m{model}"), compute_milli: c, memory_mib: m, priority: 0, created_at: 0, pod: None };
-                    match idx.decide(&SHAPE, &r).unwrap() {
+                    let r = Reservation { id: format!("r{n}"), model: format!("m{model}"), compute_milli: c, memory_mib: m, priority: 0, created_at: 0, pod: None, evicted_at: None };
+                    match idx.decide(&SHAPE, &r, false).unwrap() {
                         Decision::Place { capacity_pod, reservations, .. } => {
                             pods.insert(capacity_pod, reservations);
                             live.push(r.id);

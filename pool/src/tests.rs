@@ -28,6 +28,8 @@ pub(super) struct Logged {
 pub(super) struct FakeApi {
     /// (namespace, name) → pod JSON.
     pub(super) pods: BTreeMap<(String, String), Value>,
+    /// (namespace, name) → Lease JSON (the GPUs' start-up Leases).
+    pub(super) leases: BTreeMap<(String, String), Value>,
     pub(super) rv: u64,
     pub(super) log: Vec<Logged>,
 }
@@ -141,8 +143,45 @@ impl FakeApi {
                 {
                     return (409, status(409, "Conflict", "precondition failed"));
                 }
+                if let Some(want) = body["preconditions"]["uid"].as_str()
+                    && cur["metadata"]["uid"].as_str() != Some(want)
+                {
+                    return (409, status(409, "Conflict", "precondition failed: uid"));
+                }
                 let gone = self.pods.remove(&key).unwrap();
                 (200, gone)
+            }
+            ("GET", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name]) => {
+                match self.leases.get(&(ns.to_string(), name.to_string())) {
+                    Some(l) => (200, l.clone()),
+                    None => (404, status(404, "NotFound", "leases not found")),
+                }
+            }
+            ("POST", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"]) => {
+                let name = body["metadata"]["name"].as_str().unwrap().to_string();
+                let key = (ns.to_string(), name);
+                if self.leases.contains_key(&key) {
+                    return (409, status(409, "AlreadyExists", "already exists"));
+                }
+                let mut v = body;
+                self.rv += 1;
+                v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                self.leases.insert(key, v.clone());
+                (201, v)
+            }
+            ("PUT", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name]) => {
+                let key = (ns.to_string(), name.to_string());
+                let Some(cur) = self.leases.get(&key) else {
+                    return (404, status(404, "NotFound", "not found"));
+                };
+                if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"] {
+                    return (409, status(409, "Conflict", "the object has been modified"));
+                }
+                let mut v = body;
+                self.rv += 1;
+                v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+                self.leases.insert(key, v.clone());
+                (200, v)
             }
             _ => (
                 400,
@@ -185,7 +224,7 @@ pub(super) async fn read_request(req: Request<Body>) -> (String, String, String,
 }
 
 /// A client whose requests are answered by `api`, one at a time, like an API server with one writer.
-fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
+pub(super) fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
     let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         while let Some((req, send)) = handle.next_request().await {
@@ -231,6 +270,7 @@ pub(super) fn resv(id: &str, c: u32, at: u64) -> Reservation {
         priority: 0,
         created_at: at,
         pod: None,
+        evicted_at: None,
     }
 }
 
@@ -253,7 +293,7 @@ pub(super) fn tenant(ns: &str, name: &str, reservation: &str, cap: &str) -> Pod 
     .unwrap()
 }
 
-fn request(id: &str, c: u32) -> ReserveRequest {
+pub(super) fn request(id: &str, c: u32) -> ReserveRequest {
     ReserveRequest {
         id: id.into(),
         model: format!("model-{id}"),

@@ -147,6 +147,7 @@ fn resv(id: &str, milli: u32) -> Reservation {
             .as_secs()
             + 3600,
         pod: None,
+        evicted_at: None,
     }
 }
 

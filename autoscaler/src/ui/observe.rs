@@ -500,6 +500,7 @@ mod tests {
                 priority: 0,
                 created_at: 1,
                 pod: None,
+                evicted_at: None,
             },
             Reservation {
                 id: "r2".into(),
@@ -509,6 +510,7 @@ mod tests {
                 priority: 0,
                 created_at: 1,
                 pod: None,
+                evicted_at: None,
             },
         ]);
         let mut index = crate::pool::PoolIndex::new("a100");
