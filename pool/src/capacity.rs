@@ -176,6 +176,7 @@ mod tests {
             created_at: 1,
             pod: None,
             evicted_at: None,
+            asleep_since: None,
         };
         let name = capacity_pod_name(&pool.name, 0);
         assert_eq!(name, "tessera-gpu-a100-80gb-0");

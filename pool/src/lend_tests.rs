@@ -38,11 +38,14 @@ fn pod(name: &str, reservation: &str, cap: &str, ready: bool, told_to_sleep: boo
     p
 }
 
-/// gpu-a: an awake tenant (300) and a sleeping one (600); gpu-b: 800 taken. A newcomer of 500 fits on neither.
-fn pool(sleeper_ready: bool) -> Vec<Pod> {
+/// gpu-a: an awake tenant (300) and a sleeping one (600, its reservation marked asleep by the leader or not yet);
+/// gpu-b: 800 taken. A newcomer of 500 fits on neither.
+fn pool(sleeper_ready: bool, marked: bool) -> Vec<Pod> {
     let c = cfg(true);
+    let mut s = resv("s", 600, 0);
+    s.asleep_since = marked.then_some(3);
     vec![
-        capacity(&c, "gpu-a", &[resv("w", 300, 0), resv("s", 600, 0)], "node-1", "GPU-a"),
+        capacity(&c, "gpu-a", &[resv("w", 300, 0), s], "node-1", "GPU-a"),
         capacity(&c, "gpu-b", &[resv("o", 800, 0)], "node-2", "GPU-b"),
         pod("w", "w", "gpu-a", true, false),
         // Told to sleep and not Ready: asleep. Told to sleep but Ready again: woken by a request.
@@ -63,7 +66,7 @@ fn index(pods: &[Pod]) -> PoolIndex {
 #[test]
 fn a_newcomer_takes_a_sleepers_room_only_where_the_alternative_is_opening_a_gpu() {
     let shape = cfg(true).pools[0].shape();
-    let idx = index(&pool(false));
+    let idx = index(&pool(false, true));
     // Lending off: no room, a GPU opens.
     assert!(matches!(
         idx.decide(&shape, &resv("n", 500, 5), false).unwrap(),
@@ -98,10 +101,10 @@ fn a_newcomer_takes_a_sleepers_room_only_where_the_alternative_is_opening_a_gpu(
         } => assert_eq!((capacity_pod.as_str(), evicts.len()), ("gpu-b", 0)),
         other => panic!("expected gpu-b, got {other:?}"),
     }
-    // A sleeper that a request woke (Ready again) is never lent.
-    let woken = index(&pool(true));
+    // A reservation not marked asleep is never lent, whatever its pod looks like to this replica.
+    let unmarked = index(&pool(false, false));
     assert!(matches!(
-        woken.decide(&shape, &resv("n", 500, 5), true).unwrap(),
+        unmarked.decide(&shape, &resv("n", 500, 5), true).unwrap(),
         Decision::NoRoom { .. }
     ));
     // Once lent, its room is the newcomer's: the packer counts the lent reservation as nothing.
@@ -119,14 +122,42 @@ fn a_newcomer_takes_a_sleepers_room_only_where_the_alternative_is_opening_a_gpu(
     assert_eq!(packer.replica_count(), 2);
 }
 
+#[test]
+fn the_leader_marks_a_sleeping_pods_reservation_and_clears_the_mark_once_it_is_awake() {
+    // Told to sleep and not Ready: marked.
+    let marks = index(&pool(false, false)).sleep_marks(7);
+    assert_eq!(marks.len(), 1);
+    let (name, _, list) = &marks[0];
+    assert_eq!(name, "gpu-a");
+    let s = list.iter().find(|r| r.id == "s").unwrap();
+    assert_eq!(s.asleep_since, Some(7));
+    assert!(list.iter().filter(|r| r.id != "s").all(|r| r.asleep_since.is_none()));
+    // Already marked: nothing to write.
+    assert!(index(&pool(false, true)).sleep_marks(8).is_empty());
+    // Woken by a request (Ready again, the instruction still there): the mark goes.
+    let marks = index(&pool(true, true)).sleep_marks(9);
+    assert_eq!(marks.len(), 1);
+    assert!(marks[0].2.iter().all(|r| r.asleep_since.is_none()));
+    // A reservation whose pod is gone or not yet there is not asleep.
+    let c = cfg(true);
+    let mut orphan = resv("x", 100, 0);
+    orphan.asleep_since = Some(1);
+    let marks = index(&[capacity(&c, "gpu-c", &[orphan], "node-3", "GPU-c")]).sleep_marks(9);
+    assert!(marks[0].2[0].asleep_since.is_none());
+}
+
 #[tokio::test]
 async fn the_leader_evicts_the_lent_sleeper_behind_the_gpus_startup_lease_then_releases_it() {
-    let api = seeded(&pool(false));
+    let api = seeded(&pool(false, false));
     let kube = client(api.clone());
     let webhook = PoolManager::new(kube.clone(), cfg(true), "p").unwrap();
     let leader = PoolManager::new(kube, cfg(true), "p").unwrap();
-    webhook.rebuild().await.unwrap();
     leader.rebuild().await.unwrap();
+    // The leader marks the sleeper's reservation; the webhook, which reads capacity pods only, then sees it.
+    leader.reconcile(9).await.unwrap();
+    let s = reservations_on(&api, "gpu-a").into_iter().find(|r| r.id == "s").unwrap();
+    assert_eq!(s.asleep_since, Some(9));
+    webhook.rebuild().await.unwrap();
 
     let placed = webhook.reserve(request("n", 500), 10).await.unwrap();
     assert_eq!((placed.capacity_pod.as_str(), placed.reason.as_str()), ("gpu-a", LENT_BY_SLEEPERS));
@@ -164,7 +195,7 @@ async fn the_leader_evicts_the_lent_sleeper_behind_the_gpus_startup_lease_then_r
 
 #[tokio::test]
 async fn without_lending_a_sleepers_room_is_kept_and_a_gpu_opens() {
-    let api = seeded(&pool(false));
+    let api = seeded(&pool(false, true));
     let webhook = PoolManager::new(client(api.clone()), cfg(false), "p").unwrap();
     webhook.rebuild().await.unwrap();
     let placed = webhook.reserve(request("n", 500), 10).await.unwrap();

@@ -250,6 +250,7 @@ impl PoolManager {
             created_at: now,
             pod: request.pod,
             evicted_at: None,
+            asleep_since: None,
         };
         let shape = self.pool.shape();
         for attempt in 1..=self.max_attempts {
@@ -406,7 +407,7 @@ impl PoolManager {
     pub async fn reconcile(&self, now: u64) -> Result<ReconcileReport, PoolError> {
         let mut report = ReconcileReport::default();
         if self.cfg.lend_sleepers {
-            report.sleepers_evicted = self.evict_lent(now).await?;
+            report.sleepers_evicted = self.lending_pass(now).await?;
         }
         let expired = self.index().expired(now, self.cfg.reservation_ttl.as_secs());
         for (name, ids) in expired {
@@ -540,10 +541,13 @@ impl PoolManager {
             // A loan recorded by any webhook replica is carried out at the event that shows it, not at the next
             // tick: the newcomer's sidecar may ask for the GPU's start-up Lease within seconds.
             if self.cfg.lend_sleepers {
-                let lent = self.index().lent();
-                if lent != last_lent {
-                    if let Err(e) = self.evict_lent(clock.now()).await {
-                        warn!(error = %e, kind = e.label(), "could not carry out a lent sleeper's eviction; retrying next tick");
+                let (lent, marks) = {
+                    let idx = self.index();
+                    (idx.lent(), !idx.sleep_marks(clock.now()).is_empty())
+                };
+                if lent != last_lent || marks {
+                    if let Err(e) = self.lending_pass(clock.now()).await {
+                        warn!(error = %e, kind = e.label(), "could not mark sleepers or carry out a loan; retrying next tick");
                     }
                     last_lent = lent;
                 }

@@ -44,6 +44,11 @@ pub struct Reservation {
     /// sleeper never wakes into room that is no longer its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evicted_at: Option<u64>,
+    /// Asleep since (Unix seconds): the leader's pool manager marks it from its pod ([`Tenant::asleep`]) and
+    /// clears it once the pod is awake, so every webhook replica, which watches capacity pods only, knows whose
+    /// room may be lent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asleep_since: Option<u64>,
 }
 
 impl Reservation {
@@ -365,23 +370,14 @@ impl PoolIndex {
         (packer, names)
     }
 
-    /// [`PoolIndex::packer`], and with `lend` the reservations of sleeping pods ([`Tenant::asleep`]) left out of
-    /// the packer and returned beside it, each with its GPU: the `sleeping` argument of
+    /// [`PoolIndex::packer`], and with `lend` the reservations of sleeping pods ([`Reservation::asleep_since`])
+    /// left out of the packer and returned beside it, each with its GPU: the `sleeping` argument of
     /// [`Packer::place_beside_sleeping`].
     fn packer_lending(
         &self,
         shape: &GpuShape,
         lend: bool,
     ) -> (Packer, HashMap<GpuId, String>, Vec<(GpuId, ReplicaRequest)>) {
-        let asleep: std::collections::HashSet<&str> = if lend {
-            self.tenants
-                .values()
-                .filter(|t| t.asleep)
-                .map(|t| t.reservation.as_str())
-                .collect()
-        } else {
-            std::collections::HashSet::new()
-        };
         let mut packer = Packer::new(*shape);
         let mut names = HashMap::new();
         let mut sleeping = Vec::new();
@@ -395,7 +391,7 @@ impl PoolIndex {
             packer.set_draining(id, g.draining_since);
             let mut consistent = true;
             for r in list.iter().filter(|r| r.evicted_at.is_none()) {
-                if asleep.contains(r.id.as_str()) {
+                if lend && r.asleep_since.is_some() {
                     sleeping.push((id, r.request()));
                 } else if packer.assign(id, r.request()).is_err() {
                     consistent = false;
@@ -534,6 +530,38 @@ impl PoolIndex {
             ends_drain: cap.draining_since.is_some(),
             evicts,
         })
+    }
+
+    /// The capacity pods whose reservations' sleep marks ([`Reservation::asleep_since`]) differ from their pods
+    /// (asleep, or awake again), each with its resourceVersion and the list to write; the leader writes them.
+    pub fn sleep_marks(&self, now: u64) -> Vec<(String, Option<String>, Vec<Reservation>)> {
+        let asleep: HashMap<&str, bool> = self
+            .tenants
+            .values()
+            .map(|t| (t.reservation.as_str(), t.asleep))
+            .collect();
+        let mut out = Vec::new();
+        for g in self.capacity.values().filter(|g| !g.gone) {
+            let Ok(list) = &g.reservations else { continue };
+            let mut changed = false;
+            let next: Vec<Reservation> = list
+                .iter()
+                .map(|r| {
+                    let mut r = r.clone();
+                    // A reservation whose pod has not appeared yet (or is gone) is not asleep.
+                    let want = r.evicted_at.is_none() && asleep.get(r.id.as_str()).copied().unwrap_or(false);
+                    if want != r.asleep_since.is_some() {
+                        r.asleep_since = want.then_some(now);
+                        changed = true;
+                    }
+                    r
+                })
+                .collect();
+            if changed {
+                out.push((g.name.clone(), g.resource_version.clone(), next));
+            }
+        }
+        out
     }
 
     /// Lent reservations still on a capacity pod: the leader deletes each one's pod (if it still has one) and
@@ -680,6 +708,7 @@ mod tests {
             created_at: at,
             pod: None,
             evicted_at: None,
+            asleep_since: None,
         }
     }
 
@@ -955,7 +984,7 @@ mod tests {
                         rs.retain(|r| r.id != id);
                     }
                 } else {
-                    let r = Reservation { id: format!("r{n}"), model: format!("m{model}"), compute_milli: c, memory_mib: m, priority: 0, created_at: 0, pod: None, evicted_at: None };
+                    let r = Reservation { id: format!("r{n}"), model: format!("m{model}"), compute_milli: c, memory_mib: m, priority: 0, created_at: 0, pod: None, evicted_at: None, asleep_since: None };
                     match idx.decide(&SHAPE, &r, false).unwrap() {
                         Decision::Place { capacity_pod, reservations, .. } => {
                             pods.insert(capacity_pod, reservations);

@@ -271,6 +271,7 @@ pub(super) fn resv(id: &str, c: u32, at: u64) -> Reservation {
         created_at: at,
         pod: None,
         evicted_at: None,
+        asleep_since: None,
     }
 }
 

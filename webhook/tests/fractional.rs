@@ -148,6 +148,7 @@ fn resv(id: &str, milli: u32) -> Reservation {
             + 3600,
         pod: None,
         evicted_at: None,
+        asleep_since: None,
     }
 }
 

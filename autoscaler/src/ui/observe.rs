@@ -501,6 +501,7 @@ mod tests {
                 created_at: 1,
                 pod: None,
                 evicted_at: None,
+                asleep_since: None,
             },
             Reservation {
                 id: "r2".into(),
@@ -511,6 +512,7 @@ mod tests {
                 created_at: 1,
                 pod: None,
                 evicted_at: None,
+                asleep_since: None,
             },
         ]);
         let mut index = crate::pool::PoolIndex::new("a100");

@@ -1,6 +1,8 @@
-//! The leader's half of lending a sleeping pod's room (`lendSleepers`): a webhook replica records the loan on the
-//! capacity pod ([`crate::state::Reservation::evicted_at`], in the same resourceVersion-guarded write that adds
-//! the newcomer), and the leader carries it out here:
+//! The leader's half of lending a sleeping pod's room (`lendSleepers`). The leader watches tenant pods, so it marks
+//! each reservation whose pod is asleep on its capacity pod ([`crate::state::Reservation::asleep_since`]; cleared
+//! when the pod is awake again): that is what a webhook replica, which watches capacity pods only, lends from. A
+//! webhook replica records a loan on the capacity pod ([`crate::state::Reservation::evicted_at`], in the same
+//! resourceVersion-guarded write that adds the newcomer), and the leader carries it out here:
 //!
 //! 1. it takes the GPU's start-up Lease (`tessera-startup-<uuid>`, the one every tenant's sidecar takes before its
 //!    vLLM may start), so the newcomer's vLLM waits while the sleeper still holds memory there;
@@ -41,6 +43,28 @@ pub(super) struct Held {
 }
 
 impl PoolManager {
+    /// One lending pass: the sleep marks, then the loans. Returns how many sleeper pods it deleted.
+    pub(super) async fn lending_pass(&self, now: u64) -> Result<usize, PoolError> {
+        self.mark_sleepers(now).await?;
+        self.evict_lent(now).await
+    }
+
+    /// Writes the sleep marks that differ from the pods (`PoolIndex::sleep_marks`); a capacity pod written
+    /// meanwhile (409) is re-read and marked at the next pass.
+    async fn mark_sleepers(&self, now: u64) -> Result<(), PoolError> {
+        let marks = self.index().sleep_marks(now);
+        for (name, rv, list) in marks {
+            let empty_since = self.index().capacity_pod(&name).and_then(|g| g.empty_since);
+            let patch = crate::state::reservations_patch(&list, rv.as_deref(), empty_since, now);
+            match self.patch_capacity(&name, &patch).await {
+                Ok(()) => debug!(capacity_pod = %name, "sleep marks written"),
+                Err(e) if is_status(&e, 409) || is_status(&e, 404) => self.refresh(&name).await?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
     /// Carries out every loan the index records (see the module): returns how many sleeper pods it deleted.
     pub(super) async fn evict_lent(&self, now: u64) -> Result<usize, PoolError> {
         let lent = self.index().lent();
