@@ -278,6 +278,8 @@ log "RBAC follows the features: no rollout grants without autoscaler.podUpdates,
 "$helm" template tessera "$chart" --namespace tessera-system --set autoscaler.podUpdates=false \
   --set autoscaler.sleepMode=false >"$out/no-updates.yaml" \
   || fail "helm template with autoscaler.podUpdates=false"
+"$helm" template tessera "$chart" --namespace tessera-system -f "$chart/examples/fractional-mps.yaml" \
+  --set gpuPools.lendSleepers=true >"$out/lend.yaml" || fail "helm template with gpuPools.lendSleepers=true"
 "$py" - "$out" <<'PY'
 import sys, yaml
 out = sys.argv[1]
@@ -309,6 +311,22 @@ for d in docs:
     if (d["kind"] == "ClusterRole" and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook"
             and any("pods" in r["resources"] for r in d["rules"])):
         errors.append("the webhook may read pods cluster-wide; it watches capacity pods in their namespace only")
+# Lending a sleeper's room deletes its pod and holds the GPU's start-up Lease: those grants only with the feature.
+pools, lend = rules("example-fractional-mps", "autoscaler"), rules("lend", "autoscaler")
+for verb, resource in (("delete", "pods"), ("create", "leases"), ("update", "leases")):
+    if not grants(lend, resource, verb):
+        errors.append(f"gpuPools.lendSleepers=true does not grant the autoscaler {verb} on {resource}")
+pool_roles = [r for d in yaml.safe_load_all(open(f"{out}/example-fractional-mps.yaml")) if d
+              and d["kind"] == "Role" and d["metadata"]["name"].endswith("-pools") for r in d.get("rules", [])]
+if not pool_roles or grants(pool_roles, "leases", "create"):
+    errors.append("pools without lendSleepers still grant the autoscaler create on the pool namespace's leases")
+if any(d["kind"] == "ClusterRole" and "pods" in r["resources"] and "delete" in r["verbs"]
+       and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "autoscaler"
+       for d in (d for d in yaml.safe_load_all(open(f"{out}/example-fractional-mps.yaml")) if d)
+       for r in d.get("rules", [])):
+    errors.append("pools without lendSleepers still grant the autoscaler delete on tenant pods")
+if "lendSleepers: true" not in open(f"{out}/lend.yaml").read():
+    errors.append("gpuPools.lendSleepers=true does not reach the pool config")
 for d in (d for d in yaml.safe_load_all(open(f"{out}/default.yaml")) if d):
     if d["kind"] == "Deployment" and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook":
         for v in d["spec"]["template"]["spec"].get("volumes", []):
@@ -318,7 +336,8 @@ for d in (d for d in yaml.safe_load_all(open(f"{out}/default.yaml")) if d):
 if errors:
     print("\n".join(errors))
     sys.exit(1)
-print("  rollout grants only with autoscaler.podUpdates; no Services, ReplicaSets or cluster-wide pod reads unused;")
+print("  rollout grants only with autoscaler.podUpdates; lending grants only with gpuPools.lendSleepers;")
+print("  no Services, ReplicaSets or cluster-wide pod reads unused;")
 print("  the webhook mounts its serving pair only (not the CA key)")
 PY
 
