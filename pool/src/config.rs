@@ -4,6 +4,7 @@
 //! namespace: tessera-system          # where capacity pods live
 //! image: ghcr.io/tessera-dev/tessera:0.1.0
 //! reservationTtl: 2m                 # a reservation whose pod never appears is dropped after this
+//! lendSleepers: false                # lend a sleeping replica's room rather than open a GPU (docs/fractional-gpus.md)
 //! pools:
 //!   - name: a100-80gb
 //!     nodeSelector: { nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB }

@@ -131,7 +131,11 @@ fn the_leader_marks_a_sleeping_pods_reservation_and_clears_the_mark_once_it_is_a
     assert_eq!(name, "gpu-a");
     let s = list.iter().find(|r| r.id == "s").unwrap();
     assert_eq!(s.asleep_since, Some(7));
-    assert!(list.iter().filter(|r| r.id != "s").all(|r| r.asleep_since.is_none()));
+    assert!(
+        list.iter()
+            .filter(|r| r.id != "s")
+            .all(|r| r.asleep_since.is_none())
+    );
     // Already marked: nothing to write.
     assert!(index(&pool(false, true)).sleep_marks(8).is_empty());
     // Woken by a request (Ready again, the instruction still there): the mark goes.
@@ -155,12 +159,18 @@ async fn the_leader_evicts_the_lent_sleeper_behind_the_gpus_startup_lease_then_r
     leader.rebuild().await.unwrap();
     // The leader marks the sleeper's reservation; the webhook, which reads capacity pods only, then sees it.
     leader.reconcile(9).await.unwrap();
-    let s = reservations_on(&api, "gpu-a").into_iter().find(|r| r.id == "s").unwrap();
+    let s = reservations_on(&api, "gpu-a")
+        .into_iter()
+        .find(|r| r.id == "s")
+        .unwrap();
     assert_eq!(s.asleep_since, Some(9));
     webhook.rebuild().await.unwrap();
 
     let placed = webhook.reserve(request("n", 500), 10).await.unwrap();
-    assert_eq!((placed.capacity_pod.as_str(), placed.reason.as_str()), ("gpu-a", LENT_BY_SLEEPERS));
+    assert_eq!(
+        (placed.capacity_pod.as_str(), placed.reason.as_str()),
+        ("gpu-a", LENT_BY_SLEEPERS)
+    );
     assert_eq!(api.lock().unwrap().pods.len(), 5, "no capacity pod created");
 
     // The leader learns of the loan (its watch; here a re-read) and carries it out.
@@ -175,7 +185,10 @@ async fn the_leader_evicts_the_lent_sleeper_behind_the_gpus_startup_lease_then_r
             .iter()
             .find(|l| l.method == "DELETE" && l.path.ends_with("/namespaces/team/pods/s"))
             .unwrap();
-        assert_eq!(delete.body["preconditions"]["uid"], "uid-s", "only that pod, not one reusing its name");
+        assert_eq!(
+            delete.body["preconditions"]["uid"], "uid-s",
+            "only that pod, not one reusing its name"
+        );
         let lease = &a.leases[&("tessera-system".to_string(), "tessera-startup-gpu-a".to_string())];
         assert_eq!(lease["spec"]["holderIdentity"], "tessera-pool/evicting/team/s");
         assert!(a.pod("team", "w").is_some() && a.pod("team", "o").is_some());
@@ -200,7 +213,11 @@ async fn without_lending_a_sleepers_room_is_kept_and_a_gpu_opens() {
     webhook.rebuild().await.unwrap();
     let placed = webhook.reserve(request("n", 500), 10).await.unwrap();
     assert_eq!(placed.reason, "CreatedCapacityPod");
-    assert!(reservations_on(&api, "gpu-a").iter().all(|r| r.evicted_at.is_none()));
+    assert!(
+        reservations_on(&api, "gpu-a")
+            .iter()
+            .all(|r| r.evicted_at.is_none())
+    );
     let report = webhook.reconcile(11).await.unwrap();
     assert_eq!(report.sleepers_evicted, 0);
     assert!(api.lock().unwrap().pod("team", "s").is_some());

@@ -16,6 +16,10 @@
 //! also runs consolidation's pool half (`manager/consolidate.rs`: drain a GPU whose few replicas fit on the others; the
 //! controller moves the pods, sharing state through [`ConsolidationLink`]).
 //!
+//! With `lendSleepers`, a reservation whose pod sleeps (marked `asleepSince` by the leader) lends its room to a new
+//! one that would otherwise open a GPU; the leader deletes the sleeper behind the GPU's start-up Lease
+//! (`manager/lend.rs`; the decision is [`state::PoolIndex::decide`] through `tessera_core::pack::sleeping`).
+//!
 //! Labels and annotations (the contract with the webhook, the gpu-agent and the sidecar):
 //! - capacity pods: label [`LABEL_POOL`] = pool, label [`LABEL_CAPACITY_POD`] = `"true"`, annotations
 //!   [`ANNOTATION_RESERVATIONS`] (JSON, written here), [`ANNOTATION_GPU_UUID`] (written by the gpu-agent),
@@ -111,8 +115,8 @@ impl PoolError {
 }
 
 #[cfg(test)]
+mod lend_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod watch_tests;
-#[cfg(test)]
-mod lend_tests;

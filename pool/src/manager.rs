@@ -254,7 +254,9 @@ impl PoolManager {
         };
         let shape = self.pool.shape();
         for attempt in 1..=self.max_attempts {
-            let decision = self.index().decide(&shape, &reservation, self.cfg.lend_sleepers)?;
+            let decision = self
+                .index()
+                .decide(&shape, &reservation, self.cfg.lend_sleepers)?;
             match decision {
                 Decision::Existing { capacity_pod } => {
                     return Ok((
@@ -285,7 +287,10 @@ impl PoolManager {
                                 // The leader deletes the sleepers' pods and holds the GPU's start-up Lease until
                                 // they are gone (`evict_lent`); this replica only records the loan.
                                 info!(%capacity_pod, ?evicts, attempt, "reserved in sleeping pods' room rather than open a GPU");
-                                return Ok((self.placement(&capacity_pod, &reservation.id, reason), "lent_by_sleepers"));
+                                return Ok((
+                                    self.placement(&capacity_pod, &reservation.id, reason),
+                                    "lent_by_sleepers",
+                                ));
                             }
                             info!(%capacity_pod, reason, attempt, "reserved");
                             return Ok((self.placement(&capacity_pod, &reservation.id, reason), "placed"));

@@ -1,7 +1,8 @@
 //! The pool manager's Prometheus metrics (registered into the autoscaler's registry, or any other):
 //!
 //! - `tessera_pool_reservations_total{pool,result}`: reservation calls by outcome (`placed`, `existing`,
-//!   `created_capacity_pod`, and the [`PoolError::label`](super::PoolError::label) of failures).
+//!   `created_capacity_pod`, `lent_by_sleepers`, and the [`PoolError::label`](super::PoolError::label) of failures),
+//!   and `sleeper_evicted` each time the leader deletes a sleeping pod whose room was lent.
 //! - `tessera_pool_conflicts_total{pool}`: writes refused with 409 (lost optimistic-concurrency races).
 //! - `tessera_pool_expired_reservations_total{pool}`: reservations dropped because their pod never came.
 //! - `tessera_pool_capacity_pods_deleted_total{pool}`: capacity pods deleted after the grace period.

@@ -495,10 +495,16 @@ impl PoolIndex {
         if sleeping.is_empty() {
             return None;
         }
-        let gpu = packer.place_beside_sleeping(new.request(), sleeping.clone()).ok()?;
+        let gpu = packer
+            .place_beside_sleeping(new.request(), sleeping.clone())
+            .ok()?;
         // A GPU the packer opened has no capacity pod: the caller creates one as without lending.
         let name = names.get(&gpu)?;
-        let mut here: Vec<&ReplicaRequest> = sleeping.iter().filter(|(g, _)| *g == gpu).map(|(_, r)| r).collect();
+        let mut here: Vec<&ReplicaRequest> = sleeping
+            .iter()
+            .filter(|(g, _)| *g == gpu)
+            .map(|(_, r)| r)
+            .collect();
         here.sort_by(|a, b| a.memory_mib.cmp(&b.memory_mib).then_with(|| a.id.cmp(&b.id)));
         let evicts: Vec<String> = here
             .into_iter()

@@ -151,12 +151,21 @@ impl FakeApi {
                 let gone = self.pods.remove(&key).unwrap();
                 (200, gone)
             }
-            ("GET", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name]) => {
-                match self.leases.get(&(ns.to_string(), name.to_string())) {
-                    Some(l) => (200, l.clone()),
-                    None => (404, status(404, "NotFound", "leases not found")),
-                }
-            }
+            (
+                "GET",
+                [
+                    "apis",
+                    "coordination.k8s.io",
+                    "v1",
+                    "namespaces",
+                    ns,
+                    "leases",
+                    name,
+                ],
+            ) => match self.leases.get(&(ns.to_string(), name.to_string())) {
+                Some(l) => (200, l.clone()),
+                None => (404, status(404, "NotFound", "leases not found")),
+            },
             ("POST", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"]) => {
                 let name = body["metadata"]["name"].as_str().unwrap().to_string();
                 let key = (ns.to_string(), name);
@@ -169,7 +178,18 @@ impl FakeApi {
                 self.leases.insert(key, v.clone());
                 (201, v)
             }
-            ("PUT", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", name]) => {
+            (
+                "PUT",
+                [
+                    "apis",
+                    "coordination.k8s.io",
+                    "v1",
+                    "namespaces",
+                    ns,
+                    "leases",
+                    name,
+                ],
+            ) => {
                 let key = (ns.to_string(), name.to_string());
                 let Some(cur) = self.leases.get(&key) else {
                     return (404, status(404, "NotFound", "not found"));

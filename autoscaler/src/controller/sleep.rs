@@ -63,8 +63,9 @@ pub fn facts(docs: &[&SidecarStatus]) -> (SleepFacts, u32) {
         // Not read today: the level-1 copy counts against the vLLM container's memory limit, which the sidecar
         // cannot see. Unknown chooses level 2 unless the spec pins level 1.
         host_free_bytes: None,
-        // The pool manager keeps a sleeping pod's whole reservation (it does not lend it), so no budget applies
-        // yet in a cluster; the simulator's packer lends it and applies the budget (docs/fractional-gpus.md).
+        // No sleeper budget applies in a cluster yet: the pool manager keeps a sleeping pod's reservation (and lends
+        // it only with `lendSleepers`, evicting that pod), while the simulator's packer also applies the budget
+        // (docs/fractional-gpus.md).
         no_room: false,
         alone_on_gpu: false,
     };

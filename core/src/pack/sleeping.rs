@@ -1,6 +1,6 @@
-//! Placing a replica beside sleeping pods (vLLM sleep mode): the rule the simulator's pool runs. The controller
-//! sleeps pods, but the pool manager does not lend a sleeper's share yet (it keeps the whole reservation,
-//! `docs/fractional-gpus.md`, "Limits"); this is the rule it is to follow when it does.
+//! Placing a replica beside sleeping pods (vLLM sleep mode): the rule the simulator's pool runs, and the pool
+//! manager's with `lendSleepers` (`tessera_pool::PoolIndex::decide`; `docs/fractional-gpus.md`, "Lending a sleeping
+//! replica's room"). The sleeper budget ([`admit`]) runs in the simulator only so far.
 //!
 //! A sleeping pod's weights sit in host memory, but its CUDA context does not move: it can wake only on the GPU it
 //! slept on. So the packer counts none of its memory or compute (it lends its room), yet a new replica takes that

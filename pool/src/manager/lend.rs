@@ -84,7 +84,9 @@ impl PoolManager {
             if terminating {
                 continue;
             }
-            let Some((ns, name)) = key.split_once('/') else { continue };
+            let Some((ns, name)) = key.split_once('/') else {
+                continue;
+            };
             let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
                 kube::Api::namespaced(self.pods.clone().into_client(), ns);
             let dp = DeleteParams::default().preconditions(Preconditions {
@@ -128,7 +130,9 @@ impl PoolManager {
             LeaseObservation::observe(
                 previous.as_ref(),
                 spec.holder_identity,
-                std::time::Duration::from_secs(u64::try_from(spec.lease_duration_seconds.unwrap_or(1)).unwrap_or(1)),
+                std::time::Duration::from_secs(
+                    u64::try_from(spec.lease_duration_seconds.unwrap_or(1)).unwrap_or(1),
+                ),
                 l.metadata.resource_version.clone().unwrap_or_default(),
                 now_ms,
             )
@@ -151,7 +155,10 @@ impl PoolManager {
                 }
                 spec.renew_time = Some(micro_time(now_ms));
                 spec.lease_duration_seconds = Some(LEASE_SECS);
-                self.leases.replace(&name, &PostParams::default(), &lease).await.map(|_| ())
+                self.leases
+                    .replace(&name, &PostParams::default(), &lease)
+                    .await
+                    .map(|_| ())
             }
             (LeaseDecision::Follow { holder, .. }, _) => {
                 debug!(lease = %name, %holder, "a tenant is starting on the GPU; the eviction goes on without the Lease");
@@ -165,7 +172,9 @@ impl PoolManager {
             }
             // Someone wrote first: the next pass reads again.
             Err(e) if is_status(&e, 409) => {}
-            Err(e) => warn!(lease = %name, error = %e, "cannot hold the GPU's start-up Lease (the autoscaler needs get/create/update on leases in the pool namespace)"),
+            Err(e) => {
+                warn!(lease = %name, error = %e, "cannot hold the GPU's start-up Lease (the autoscaler needs get/create/update on leases in the pool namespace)")
+            }
         }
     }
 

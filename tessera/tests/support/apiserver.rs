@@ -10,7 +10,8 @@
 //! - watch (`?watch=true&resourceVersion=N`): chunked JSON lines `{"type":"ADDED|MODIFIED|DELETED","object":…}`
 //!   for every change after N, filtered by namespace and selector, ended after `timeoutSeconds`;
 //! - create (409 `AlreadyExists`), replace (409 `Conflict` on a stale `resourceVersion`), JSON merge patch (409 when
-//!   the patch carries a stale `metadata.resourceVersion`), delete (409 on a stale `preconditions`); the `status` subresource (patch changes only
+//!   the patch carries a stale `metadata.resourceVersion`), delete (409 on a stale `preconditions`; an object with
+//!   `metadata.finalizers` only gets a `deletionTimestamp` until they are gone); the `status` subresource (patch changes only
 //!   `status`), and the `scale` subresource of Deployments and StatefulSets (`spec.replicas`, `status.selector`);
 //! - every request is logged (method, path and query) for assertions;
 //! - [`ApiServer::partition`] makes it hang every request from then on (a network partition as the client sees
@@ -530,10 +531,33 @@ impl ApiServer {
 
     fn delete(&self, collection: &str, ns: &str, name: &str) -> Response {
         let mut st = self.store.lock().unwrap();
-        let Some(mut obj) = st
-            .objects
-            .remove(&(collection.to_string(), ns.to_string(), name.to_string()))
-        else {
+        let key = (collection.to_string(), ns.to_string(), name.to_string());
+        // An object with finalizers is only marked (deletionTimestamp, a MODIFIED event) until they are gone, as
+        // the real API server does: a test plays a kubelet's graceful termination this way.
+        if let Some(obj) = st.objects.get_mut(&key)
+            && obj["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        {
+            if obj["metadata"]["deletionTimestamp"].is_null() {
+                obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            let mut obj = obj.clone();
+            st.rv += 1;
+            let rv = st.rv;
+            obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+            st.objects.insert(key, obj.clone());
+            st.changes.push(Change {
+                rv,
+                collection: collection.to_string(),
+                kind: "MODIFIED",
+                object: obj.clone(),
+            });
+            drop(st);
+            self.notify.notify_waiters();
+            return axum::Json(obj).into_response();
+        }
+        let Some(mut obj) = st.objects.remove(&key) else {
             return status(404, "NotFound", name);
         };
         st.rv += 1;
