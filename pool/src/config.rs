@@ -12,6 +12,7 @@
 //!     resourceName: nvidia.com/gpu     # default
 //!     sharing: mps                     # mps | time-slicing | none
 //!     maxGpus: 16
+//!     spareCapacityPods: 1             # gated capacity pods ready to become GPUs (only the leader creates them)
 //!     emptyGpuGracePeriod: 10m
 //!     memoryHeadroomMiB: 1024
 //!     computeOversubscription: 2.0     # mps only (its default): the caps on one GPU may add up to 2 GPUs
@@ -63,6 +64,10 @@ fn default_ttl() -> Duration {
     Duration::from_secs(120)
 }
 
+fn default_spares() -> u32 {
+    1
+}
+
 fn default_headroom() -> u64 {
     1024
 }
@@ -94,6 +99,12 @@ pub struct PoolSpec {
     pub sharing: SharingMode,
     /// The most GPUs (capacity pods) this pool may hold.
     pub max_gpus: u32,
+    /// Gated capacity pods kept ready to become GPUs (`spec.schedulingGates`: no node, no GPU, ignored by the
+    /// cluster autoscaler). A replica that fits on no GPU books on one; the leader then lifts its gate (the GPU is
+    /// requested) and makes the next. Only the leader creates capacity pods: the webhook never does. 0: the pool
+    /// never grows.
+    #[serde(default = "default_spares")]
+    pub spare_capacity_pods: u32,
     /// How long an empty capacity pod is kept before it is deleted (so a burst does not pay a node start-up).
     #[serde(default = "default_grace", with = "humantime_serde")]
     pub empty_gpu_grace_period: Duration,

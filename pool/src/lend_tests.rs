@@ -9,13 +9,13 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
-use super::state::{Decision, LENT_BY_SLEEPERS, PoolIndex};
-use super::tests::{capacity, client, config, request, reservations_on, resv, seeded, tenant};
+use super::state::{self, Decision, LENT_BY_SLEEPERS, PoolIndex};
+use super::tests::{capacity, client, request, reservations_on, resv, seeded, tenant, with_spares};
 use super::*;
 
-/// The pool config of `tests.rs` (3 GPUs, each handed out once), lending on or off.
+/// The pool config of `tests.rs` (3 GPUs, each handed out once) with one spare capacity pod, lending on or off.
 fn cfg(lend: bool) -> Arc<PoolsConfig> {
-    let mut c = (*config(3)).clone();
+    let mut c = (*with_spares(3, 1)).clone();
     c.lend_sleepers = lend;
     Arc::new(c)
 }
@@ -69,11 +69,11 @@ fn a_newcomer_takes_a_sleepers_room_only_where_the_alternative_is_opening_a_gpu(
     let idx = index(&pool(false, true));
     // Lending off: no room, a GPU opens.
     assert!(matches!(
-        idx.decide(&shape, &resv("n", 500, 5), false).unwrap(),
+        idx.decide(&shape, &resv("n", 500, 5), false, 3).unwrap(),
         Decision::NoRoom { .. }
     ));
     // Lending on: the sleeper's room on gpu-a, the sleeper marked lent in the same write.
-    match idx.decide(&shape, &resv("n", 500, 5), true).unwrap() {
+    match idx.decide(&shape, &resv("n", 500, 5), true, 3).unwrap() {
         Decision::Place {
             capacity_pod,
             reservations,
@@ -91,11 +91,11 @@ fn a_newcomer_takes_a_sleepers_room_only_where_the_alternative_is_opening_a_gpu(
     }
     // Where even the sleeper's room is too small, a GPU opens and nobody is evicted.
     assert!(matches!(
-        idx.decide(&shape, &resv("big", 800, 5), true).unwrap(),
+        idx.decide(&shape, &resv("big", 800, 5), true, 3).unwrap(),
         Decision::NoRoom { .. }
     ));
     // A newcomer that fits beside the sleeper goes there without lending anything.
-    match idx.decide(&shape, &resv("small", 150, 5), true).unwrap() {
+    match idx.decide(&shape, &resv("small", 150, 5), true, 3).unwrap() {
         Decision::Place {
             capacity_pod, evicts, ..
         } => assert_eq!((capacity_pod.as_str(), evicts.len()), ("gpu-b", 0)),
@@ -104,7 +104,7 @@ fn a_newcomer_takes_a_sleepers_room_only_where_the_alternative_is_opening_a_gpu(
     // A reservation not marked asleep is never lent, whatever its pod looks like to this replica.
     let unmarked = index(&pool(false, false));
     assert!(matches!(
-        unmarked.decide(&shape, &resv("n", 500, 5), true).unwrap(),
+        unmarked.decide(&shape, &resv("n", 500, 5), true, 3).unwrap(),
         Decision::NoRoom { .. }
     ));
     // Once lent, its room is the newcomer's: the packer counts the lent reservation as nothing.
@@ -166,12 +166,15 @@ async fn the_leader_evicts_the_lent_sleeper_behind_the_gpus_startup_lease_then_r
     assert_eq!(s.asleep_since, Some(9));
     webhook.rebuild().await.unwrap();
 
+    // Lending comes before the spare: the spare is a GPU opened.
+    let pods_before = api.lock().unwrap().pods.len();
     let placed = webhook.reserve(request("n", 500), 10).await.unwrap();
     assert_eq!(
         (placed.capacity_pod.as_str(), placed.reason.as_str()),
         ("gpu-a", LENT_BY_SLEEPERS)
     );
-    assert_eq!(api.lock().unwrap().pods.len(), 5, "no capacity pod created");
+    assert_eq!(api.lock().unwrap().pods.len(), pods_before, "no capacity pod created");
+    assert!(reservations_on(&api, "tessera-gpu-p-0").is_empty(), "the spare is not booked");
 
     // The leader learns of the loan (its watch; here a re-read) and carries it out.
     leader.rebuild().await.unwrap();
@@ -209,16 +212,23 @@ async fn the_leader_evicts_the_lent_sleeper_behind_the_gpus_startup_lease_then_r
 #[tokio::test]
 async fn without_lending_a_sleepers_room_is_kept_and_a_gpu_opens() {
     let api = seeded(&pool(false, true));
+    let leader = PoolManager::new(client(api.clone()), cfg(false), "p").unwrap();
+    leader.rebuild().await.unwrap();
+    leader.reconcile(9).await.unwrap();
     let webhook = PoolManager::new(client(api.clone()), cfg(false), "p").unwrap();
     webhook.rebuild().await.unwrap();
     let placed = webhook.reserve(request("n", 500), 10).await.unwrap();
-    assert_eq!(placed.reason, "CreatedCapacityPod");
+    assert_eq!(
+        (placed.capacity_pod.as_str(), placed.reason.as_str()),
+        ("tessera-gpu-p-0", state::BOOKED_SPARE),
+        "the spare: a GPU opens"
+    );
     assert!(
         reservations_on(&api, "gpu-a")
             .iter()
             .all(|r| r.evicted_at.is_none())
     );
-    let report = webhook.reconcile(11).await.unwrap();
+    let report = leader.reconcile(11).await.unwrap();
     assert_eq!(report.sleepers_evicted, 0);
     assert!(api.lock().unwrap().pod("team", "s").is_some());
 }

@@ -66,6 +66,9 @@ pub const ANNOTATION_DRAINING_SINCE: &str = "tessera.dev/draining-since";
 /// controller sets it on a pod leaving a draining GPU, and on one that runs another allocation than the one in
 /// force (`tessera_autoscaler::controller::deletion_cost`).
 pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// The scheduling gate on a spare capacity pod (`spec.schedulingGates`): no node, no GPU, no cluster-autoscaler
+/// scale-up until the leader lifts it, which it does once a reservation is booked there.
+pub const SPARE_GATE: &str = "tessera.dev/spare";
 /// Karpenter's annotation that keeps a node from voluntary disruption (consolidation) while it is set.
 pub const KARPENTER_DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
 

@@ -7,11 +7,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info, instrument, warn};
 
-use super::capacity::capacity_pod;
 use super::config::{PoolSpec, PoolsConfig};
 use super::metrics::PoolMetrics;
 use super::state::{Decision, PoolIndex, Reservation, pod_key, reservations_patch};
@@ -23,6 +22,8 @@ mod consolidate;
 use tessera_core::pack::consolidate::Candidate;
 // Lending a sleeping pod's room: the leader's eviction and its hold on the GPU's start-up Lease.
 mod lend;
+// Spare capacity pods: the leader alone creates capacity pods; a booking on a spare opens it.
+mod spares;
 
 /// What the webhook asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +58,8 @@ pub struct Placement {
     pub gpu_uuid: Option<String>,
     /// The reservation id (write it to the tenant as `tessera.dev/reservation`).
     pub reservation_id: String,
-    /// Why here: the packer's reason, `Existing` for a retried request, or `CreatedCapacityPod`.
+    /// Why here: the packer's reason, `Existing` for a retried request, `BookedSpare` (no GPU had room: a spare
+    /// capacity pod, which the leader opens) or `LentBySleepers`.
     pub reason: String,
 }
 
@@ -75,6 +77,8 @@ pub struct ReconcileReport {
     pub drain: Option<(String, &'static str)>,
     /// Sleeping pods deleted because their room was lent (`lendSleepers`).
     pub sleepers_evicted: usize,
+    /// Spare capacity pods whose gate was lifted (a reservation was booked on them).
+    pub spares_opened: usize,
 }
 
 /// The pool manager of one pool. Cheap to clone; clones share the index.
@@ -256,7 +260,7 @@ impl PoolManager {
         for attempt in 1..=self.max_attempts {
             let decision = self
                 .index()
-                .decide(&shape, &reservation, self.cfg.lend_sleepers)?;
+                .decide(&shape, &reservation, self.cfg.lend_sleepers, self.pool.max_gpus as usize)?;
             match decision {
                 Decision::Existing { capacity_pod } => {
                     return Ok((
@@ -283,6 +287,11 @@ impl PoolManager {
                                 self.metrics.drain(&self.pool.name, "ended_by_placement");
                                 info!(%capacity_pod, "no other GPU had room: placed on the GPU being drained, which ends its drain");
                             }
+                            if reason == crate::state::BOOKED_SPARE {
+                                // The leader lifts the spare's gate at the event that shows this booking.
+                                info!(%capacity_pod, attempt, "no GPU had room: booked on a spare capacity pod");
+                                return Ok((self.placement(&capacity_pod, &reservation.id, reason), "booked_spare"));
+                            }
                             if !evicts.is_empty() {
                                 // The leader deletes the sleepers' pods and holds the GPU's start-up Lease until
                                 // they are gone (`evict_lent`); this replica only records the loan.
@@ -303,33 +312,21 @@ impl PoolManager {
                         Err(e) => return Err(e.into()),
                     }
                 }
+                // No GPU has room and no spare could take it: the webhook admits the pod with a whole GPU (fail
+                // open). Only the leader creates capacity pods (spares); this replica never does.
                 Decision::NoRoom { reason, gpus } => {
-                    let Some(name) = self.index().next_slot_name(self.pool.max_gpus as usize) else {
-                        return Err(PoolError::NoRoom {
-                            pool: self.pool.name.clone(),
-                            reason,
-                            gpus,
-                            max_gpus: self.pool.max_gpus,
-                        });
+                    let spares = self.index().capacity().filter(|g| g.spare && !g.gone).count();
+                    let reason = if gpus < self.pool.max_gpus as usize && spares == 0 {
+                        format!("{reason}; no spare capacity pod is ready (the leader makes one; spareCapacityPods)")
+                    } else {
+                        reason
                     };
-                    let pod = capacity_pod(&self.cfg, &self.pool, &name, std::slice::from_ref(&reservation));
-                    match self.pods.create(&PostParams::default(), &pod).await {
-                        Ok(pod) => {
-                            self.index().apply_capacity(&pod);
-                            info!(capacity_pod = %name, %reason, "no GPU had room: created a capacity pod");
-                            return Ok((
-                                self.placement(&name, &reservation.id, "CreatedCapacityPod"),
-                                "created_capacity_pod",
-                            ));
-                        }
-                        // Another replica created this slot first (or it is still terminating): learn it and
-                        // decide again; the next decision places on it or takes the next slot.
-                        Err(e) if is_status(&e, 409) => {
-                            self.metrics.conflict(&self.pool.name);
-                            self.refresh(&name).await?;
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
+                    return Err(PoolError::NoRoom {
+                        pool: self.pool.name.clone(),
+                        reason,
+                        gpus,
+                        max_gpus: self.pool.max_gpus,
+                    });
                 }
             }
         }
@@ -439,6 +436,7 @@ impl PoolManager {
                 Err(e) => return Err(e.into()),
             }
         }
+        report.spares_opened = self.tend_spares().await?;
         report.drain = self.consolidate(now).await?;
         let (mark, delete) = self
             .index()
@@ -512,11 +510,17 @@ impl PoolManager {
             tokio::select! {
                 () = &mut shutdown => return,
                 ev = caps.next() => match ev {
-                    Some(Ok(ev)) => fold_event(ev, &mut cap_buf, |e| match e {
-                        Change::Apply(p) => self.index().apply_capacity(&p),
-                        Change::Delete(p) => if let Some(n) = p.metadata.name.as_deref() { self.index().delete_capacity(n) },
-                        Change::Reset(list) => self.index().reset_capacity(&list),
-                    }),
+                    Some(Ok(ev)) => {
+                        fold_event(ev, &mut cap_buf, |e| match e {
+                            Change::Apply(p) => self.index().apply_capacity(&p),
+                            Change::Delete(p) => if let Some(n) = p.metadata.name.as_deref() { self.index().delete_capacity(n) },
+                            Change::Reset(list) => self.index().reset_capacity(&list),
+                        });
+                        // A booking on a spare opens it now, not at the next tick: the replica waits for its GPU.
+                        if self.spares_need_tending() && let Err(e) = self.tend_spares().await {
+                            warn!(error = %e, kind = e.label(), "could not tend the spare capacity pods; retrying next tick");
+                        }
+                    }
                     Some(Err(e)) => warn!(error = %e, "capacity pod watch failed; it retries"),
                     None => return,
                 },

@@ -13,7 +13,7 @@ use tessera_core::pack::{EmptyGpu, GPU_COMPUTE_MILLI, GpuId, GpuShape, Packer, R
 use super::{
     ANNOTATION_CAPACITY_POD, ANNOTATION_DRAINING_SINCE, ANNOTATION_EMPTY_SINCE, ANNOTATION_GPU_UUID,
     ANNOTATION_RESERVATION, ANNOTATION_RESERVATIONS, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD,
-    LABEL_POOL,
+    LABEL_POOL, SPARE_GATE,
 };
 
 /// One reservation: a share of a GPU promised to a pod being admitted.
@@ -122,6 +122,9 @@ pub struct CapacityGpu {
     pub running: bool,
     /// The pod's IP, once it has one: where its gpu-agent's `/v1/gpus` is read for the `/ui` page.
     pub pod_ip: Option<String>,
+    /// A spare: gated by [`SPARE_GATE`], it holds no GPU yet. Not a place for ordinary placements; a replica
+    /// that fits on no GPU books on it, and the leader lifts the gate.
+    pub spare: bool,
 }
 
 impl CapacityGpu {
@@ -149,6 +152,11 @@ impl CapacityGpu {
                 && matches!(phase.as_deref(), Some("Failed") | Some("Succeeded")),
             running: phase.as_deref() == Some("Running"),
             pod_ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
+            spare: pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| g.iter().any(|g| g.name == SPARE_GATE)),
         })
     }
 
@@ -242,6 +250,8 @@ pub struct PoolIndex {
 
 /// The packer reason of a placement that took sleeping pods' room.
 pub const LENT_BY_SLEEPERS: &str = "LentBySleepers";
+/// The reason of a placement on a spare capacity pod (no GPU had room; the leader opens it).
+pub const BOOKED_SPARE: &str = "BookedSpare";
 
 /// A lent reservation ([`Reservation::evicted_at`]) and what the leader must still do about it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -383,7 +393,7 @@ impl PoolIndex {
         let mut sleeping = Vec::new();
         for g in self.capacity.values() {
             let Ok(list) = &g.reservations else { continue };
-            if g.gone || g.unidentified() {
+            if g.gone || g.unidentified() || g.spare {
                 continue;
             }
             let id = packer.add_gpu();
@@ -441,6 +451,7 @@ impl PoolIndex {
         shape: &GpuShape,
         new: &Reservation,
         lend_sleepers: bool,
+        max_gpus: usize,
     ) -> Result<Decision, tessera_core::pack::PackError> {
         if let Some((g, _)) = self.find_reservation(&new.id) {
             return Ok(Decision::Existing {
@@ -472,6 +483,9 @@ impl PoolIndex {
                 if lend_sleepers && let Some(lent) = self.lend(shape, new) {
                     return Ok(lent);
                 }
+                if let Some(spare) = self.book_spare(shape, new, max_gpus) {
+                    return Ok(spare);
+                }
                 let unidentified = self.capacity.values().filter(|g| g.unidentified()).count();
                 let reason = if unidentified > 0 {
                     format!(
@@ -482,10 +496,70 @@ impl PoolIndex {
                 };
                 Ok(Decision::NoRoom {
                     reason,
-                    gpus: self.capacity.len(),
+                    gpus: self.gpus_held(),
                 })
             }
         }
+    }
+
+    /// Capacity pods that hold or will hold a GPU: every one not terminated and not a spare. `maxGpus` bounds this.
+    pub fn gpus_held(&self) -> usize {
+        self.capacity.values().filter(|g| !g.terminated && !g.spare).count()
+    }
+
+    /// The booking of `new` on a spare (the lowest-named one it fits on, beside what others booked there first),
+    /// where no GPU has room and the pool may grow; `None` otherwise.
+    fn book_spare(&self, shape: &GpuShape, new: &Reservation, max_gpus: usize) -> Option<Decision> {
+        if self.gpus_held() >= max_gpus {
+            return None;
+        }
+        self.capacity.values().filter(|g| g.spare && !g.gone).find_map(|g| {
+            let list = g.reservations.as_ref().ok()?;
+            let mut packer = Packer::new(*shape);
+            let id = packer.add_gpu();
+            for r in list {
+                packer.assign(id, r.request()).ok()?;
+            }
+            packer.assign(id, new.request()).ok()?;
+            let mut reservations = list.clone();
+            reservations.push(new.clone());
+            Some(Decision::Place {
+                capacity_pod: g.name.clone(),
+                resource_version: g.resource_version.clone(),
+                reservations,
+                reason: BOOKED_SPARE,
+                ends_drain: false,
+                evicts: Vec::new(),
+            })
+        })
+    }
+
+    /// Spares with a booking, whose gate the leader lifts (the pool stays within `max_gpus`: a booked spare past it
+    /// keeps its gate, and its booking lapses by the TTL).
+    pub fn spares_to_open(&self, max_gpus: usize) -> Vec<String> {
+        let room = max_gpus.saturating_sub(self.gpus_held());
+        self.capacity
+            .values()
+            .filter(|g| g.spare && !g.gone && !g.reservation_list().is_empty())
+            .take(room)
+            .map(|g| g.name.clone())
+            .collect()
+    }
+
+    /// Names for the spares to create so that `wanted` are ready, or as many as `max_gpus` leaves room for: the
+    /// lowest free slots (a terminating pod still holds its name).
+    pub fn spares_to_create(&self, max_gpus: usize, wanted: usize) -> Vec<String> {
+        let ready = self
+            .capacity
+            .values()
+            .filter(|g| g.spare && !g.gone && g.reservation_list().is_empty())
+            .count();
+        let want = wanted.min(max_gpus.saturating_sub(self.gpus_held()));
+        (0..)
+            .map(|n| capacity_pod_name(&self.pool, n))
+            .filter(|name| !self.capacity.contains_key(name))
+            .take(want.saturating_sub(ready))
+            .collect()
     }
 
     /// The placement that takes sleeping pods' room, or `None` where even their room does not hold `new` (a GPU
@@ -588,18 +662,6 @@ impl PoolIndex {
         out
     }
 
-    /// The name for a new capacity pod: the lowest slot whose name no pod of the pool uses (a terminating
-    /// pod still holds its name), or `None` when the pool already holds `max_gpus` pods.
-    pub fn next_slot_name(&self, max_gpus: usize) -> Option<String> {
-        // A Failed/Succeeded capacity pod holds no GPU: it keeps its name until deleted, but not a GPU slot.
-        if self.capacity.values().filter(|g| !g.terminated).count() >= max_gpus {
-            return None;
-        }
-        (0..=self.capacity.len())
-            .map(|n| capacity_pod_name(&self.pool, n))
-            .find(|name| !self.capacity.contains_key(name))
-    }
-
     /// Capacity pods that failed or completed (evicted, node lost) and are not being deleted yet: to delete.
     pub fn terminated(&self) -> Vec<String> {
         self.capacity
@@ -634,7 +696,8 @@ impl PoolIndex {
         let mut mark = Vec::new();
         let mut delete = Vec::new();
         let secs = std::time::Duration::from_secs;
-        for g in self.capacity.values() {
+        // A spare is empty by design: it holds no GPU, so there is nothing to give back.
+        for g in self.capacity.values().filter(|g| !g.spare) {
             if g.reservations.as_ref().is_ok_and(|list| list.is_empty()) {
                 // The simulator gives its GPUs back by the same rule.
                 match empty_gpu(g.empty_since.map(secs), secs(now), secs(grace_secs)) {
@@ -769,7 +832,7 @@ mod tests {
             cap("a", &[resv("r1", 700, 0)], None),
             cap("b", &[resv("r2", 200, 0)], None),
         ]);
-        match idx.decide(&SHAPE, &resv("r3", 300, 5), false).unwrap() {
+        match idx.decide(&SHAPE, &resv("r3", 300, 5), false, 16).unwrap() {
             Decision::Place {
                 capacity_pod,
                 resource_version,
@@ -788,13 +851,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            idx.decide(&SHAPE, &resv("r1", 300, 5), false).unwrap(),
+            idx.decide(&SHAPE, &resv("r1", 300, 5), false, 16).unwrap(),
             Decision::Existing {
                 capacity_pod: "a".into()
             }
         );
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r4", 900, 5), false).unwrap(),
+            idx.decide(&SHAPE, &resv("r4", 900, 5), false, 16).unwrap(),
             Decision::NoRoom { gpus: 2, .. }
         ));
     }
@@ -818,7 +881,7 @@ mod tests {
         idx.reset_capacity(&[bad, other]);
         assert_eq!(idx.capacity().count(), 1);
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r", 10, 0), false).unwrap(),
+            idx.decide(&SHAPE, &resv("r", 10, 0), false, 16).unwrap(),
             Decision::NoRoom { .. }
         ));
         // Nor deleted: what it holds is unknown.
@@ -845,7 +908,7 @@ mod tests {
         // Running, agent never published: skipped, and the reason says so.
         idx.reset_capacity(&[with_phase(cap("a", &[], None), "Running", None)]);
         assert!(idx.capacity_pod("a").unwrap().unidentified());
-        match idx.decide(&SHAPE, &resv("r", 100, 0), false).unwrap() {
+        match idx.decide(&SHAPE, &resv("r", 100, 0), false, 16).unwrap() {
             Decision::NoRoom { reason, gpus } => {
                 assert_eq!(gpus, 1);
                 assert!(reason.contains("no published GPU UUID"), "{reason}");
@@ -855,7 +918,7 @@ mod tests {
         // Once the agent publishes, it is placed on.
         idx.apply_capacity(&with_phase(cap("a", &[], None), "Running", Some("GPU-a")));
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r", 100, 0), false).unwrap(),
+            idx.decide(&SHAPE, &resv("r", 100, 0), false, 16).unwrap(),
             Decision::Place { capacity_pod, .. } if capacity_pod == "a"
         ));
         // A Pending capacity pod (a GPU on its way) is placed on before any UUID exists.
@@ -863,7 +926,7 @@ mod tests {
         idx.reset_capacity(&[with_phase(cap("b", &[], None), "Pending", None)]);
         assert!(!idx.capacity_pod("b").unwrap().unidentified());
         assert!(matches!(
-            idx.decide(&SHAPE, &resv("r", 100, 0), false).unwrap(),
+            idx.decide(&SHAPE, &resv("r", 100, 0), false, 16).unwrap(),
             Decision::Place { capacity_pod, .. } if capacity_pod == "b"
         ));
         // An unidentified GPU keeps its reservations and is never deleted for being "empty" of placements.
@@ -899,15 +962,39 @@ mod tests {
     }
 
     #[test]
-    fn new_capacity_pods_take_the_lowest_free_slot_within_max_gpus() {
+    fn spares_take_the_lowest_free_slots_within_max_gpus() {
         let mut idx = PoolIndex::new("p");
-        assert_eq!(idx.next_slot_name(2).as_deref(), Some("tessera-gpu-p-0"));
+        assert_eq!(idx.spares_to_create(2, 1), ["tessera-gpu-p-0"]);
+        assert_eq!(idx.spares_to_create(2, 3), ["tessera-gpu-p-0", "tessera-gpu-p-1"], "no more than maxGpus");
         idx.reset_capacity(&[cap("tessera-gpu-p-0", &[], None)]);
-        assert_eq!(idx.next_slot_name(2).as_deref(), Some("tessera-gpu-p-1"));
+        assert_eq!(idx.spares_to_create(2, 1), ["tessera-gpu-p-1"]);
         idx.reset_capacity(&[cap("tessera-gpu-p-1", &[], None)]);
-        assert_eq!(idx.next_slot_name(2).as_deref(), Some("tessera-gpu-p-0"));
+        assert_eq!(idx.spares_to_create(2, 1), ["tessera-gpu-p-0"]);
         idx.reset_capacity(&[cap("tessera-gpu-p-1", &[], None), cap("other", &[], None)]);
-        assert_eq!(idx.next_slot_name(2), None);
+        assert!(idx.spares_to_create(2, 1).is_empty(), "two GPUs held: no spare");
+        // A spare ready is enough; one booked is opened (and a new one made) while the pool has room.
+        let mut ready = cap("tessera-gpu-p-0", &[], None);
+        ready.spec.get_or_insert_default().scheduling_gates =
+            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: SPARE_GATE.into() }]);
+        idx.reset_capacity(&[ready.clone()]);
+        assert!(idx.spares_to_create(2, 1).is_empty());
+        assert!(idx.spares_to_open(2).is_empty());
+        assert_eq!(idx.gpus_held(), 0, "a spare holds no GPU");
+        let mut booked = ready;
+        booked.metadata.annotations.get_or_insert_default().insert(
+            ANNOTATION_RESERVATIONS.into(),
+            encode_reservations(&[resv("r", 300, 0)]),
+        );
+        idx.reset_capacity(&[booked]);
+        assert_eq!(idx.spares_to_open(2), ["tessera-gpu-p-0"]);
+        assert_eq!(idx.spares_to_create(2, 1), ["tessera-gpu-p-1"]);
+        assert!(idx.spares_to_open(0).is_empty(), "past maxGpus a booked spare keeps its gate");
+        // Never marked empty nor given back: it holds no GPU.
+        let mut empty_spare = cap("tessera-gpu-p-3", &[], None);
+        empty_spare.spec.get_or_insert_default().scheduling_gates =
+            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: SPARE_GATE.into() }]);
+        idx.reset_capacity(&[empty_spare]);
+        assert_eq!(idx.empty_gpus(10_000, 1), (vec![], vec![]));
     }
 
     /// Item 9: an evicted capacity pod used to keep its slot (counted toward maxGpus) and was never deleted.
@@ -931,11 +1018,11 @@ mod tests {
             "a terminating pod is being deleted already"
         );
         assert_eq!(
-            idx.next_slot_name(2).as_deref(),
-            Some("tessera-gpu-p-2"),
+            idx.spares_to_create(2, 1),
+            ["tessera-gpu-p-2"],
             "the evicted pod's GPU is free; its name is still taken until it is deleted"
         );
-        assert_eq!(idx.next_slot_name(1), None);
+        assert!(idx.spares_to_create(1, 1).is_empty(), "the terminating pod still holds its GPU");
     }
 
     #[test]
@@ -991,7 +1078,7 @@ mod tests {
                     }
                 } else {
                     let r = Reservation { id: format!("r{n}"), model: format!("m{model}"), compute_milli: c, memory_mib: m, priority: 0, created_at: 0, pod: None, evicted_at: None, asleep_since: None };
-                    match idx.decide(&SHAPE, &r, false).unwrap() {
+                    match idx.decide(&SHAPE, &r, false, 16).unwrap() {
                         Decision::Place { capacity_pod, reservations, .. } => {
                             pods.insert(capacity_pod, reservations);
                             live.push(r.id);
@@ -1002,7 +1089,7 @@ mod tests {
                                     && rs.iter().map(|x| x.memory_mib).sum::<u64>() + m <= SHAPE.usable_memory_mib()
                             });
                             prop_assert!(!fits, "NoRoom although a capacity pod had room");
-                            let name = idx.next_slot_name(usize::MAX).unwrap();
+                            let name = idx.spares_to_create(usize::MAX, 1).remove(0);
                             pods.insert(name, vec![r.clone()]);
                             live.push(r.id);
                         }

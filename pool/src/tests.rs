@@ -273,12 +273,19 @@ pub(super) fn client(api: Arc<Mutex<FakeApi>>) -> kube::Client {
 }
 
 const CONFIG: &str = "namespace: tessera-system\nimage: tessera:test\nreservationTtl: 2m\npools:\n\
-- name: p\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 3\n  emptyGpuGracePeriod: 10m\n  memoryHeadroomMiB: 1024\n  computeOversubscription: 1.0\n";
+- name: p\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 3\n  emptyGpuGracePeriod: 10m\n  memoryHeadroomMiB: 1024\n  computeOversubscription: 1.0\n  spareCapacityPods: 0\n";
 
 /// Each GPU handed out once, so "the last slot" is the GPU's last milli of compute; `pool::config`'s tests
-/// cover the MPS default of handing out twice.
+/// cover the MPS default of handing out twice. No spare capacity pods unless a test asks ([`with_spares`]).
 pub(super) fn config(max_gpus: u32) -> Arc<PoolsConfig> {
     Arc::new(PoolsConfig::from_yaml(&CONFIG.replace("maxGpus: 3", &format!("maxGpus: {max_gpus}"))).unwrap())
+}
+
+/// [`config`] with `n` spare capacity pods.
+pub(super) fn with_spares(max_gpus: u32, n: u32) -> Arc<PoolsConfig> {
+    let mut c = (*config(max_gpus)).clone();
+    c.pools[0].spare_capacity_pods = n;
+    Arc::new(c)
 }
 
 pub(super) fn resv(id: &str, c: u32, at: u64) -> Reservation {
@@ -422,38 +429,54 @@ async fn two_concurrent_reservations_for_the_last_slot_never_double_book() {
 }
 
 #[tokio::test]
-async fn the_loser_creates_a_capacity_pod_when_no_gpu_has_room() {
-    let cfg = config(3);
+async fn the_loser_books_a_spare_which_the_leader_opens_and_replaces() {
+    let cfg = with_spares(3, 1);
     let api = seeded(&[capacity(&cfg, "gpu-a", &[resv("old", 600, 0)], "node-1", "GPU-a")]);
+    // The leader makes the spare: a capacity pod gated so that it holds no GPU yet.
+    let leader = PoolManager::new(client(api.clone()), cfg.clone(), "p").unwrap();
+    leader.rebuild().await.unwrap();
+    leader.reconcile(5).await.unwrap();
+    let spare = api.lock().unwrap().pod("tessera-system", "tessera-gpu-p-0").unwrap();
+    let spec = spare.spec.unwrap();
+    assert_eq!(spec.scheduling_gates.unwrap()[0].name, SPARE_GATE);
+    assert_eq!(spec.containers[0].resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"].0, "1");
+
+    // Two webhook replicas race for gpu-a's last 400: one wins it, the other books the spare. Neither creates a pod.
     let (w1, w2) = two_writers(&api, &cfg).await;
     let (p1, p2) = tokio::join!(
         w1.reserve(request("r1", 400), 10),
         w2.reserve(request("r2", 400), 10)
     );
     let (p1, p2) = (p1.unwrap(), p2.unwrap());
-    let created = if p1.capacity_pod == "gpu-a" { p2 } else { p1 };
-    assert_eq!(created.reason, "CreatedCapacityPod");
-    assert_eq!(created.capacity_pod, "tessera-gpu-p-0");
-    assert_eq!(
-        created.node, None,
-        "a new capacity pod is Pending until a node has a free GPU"
-    );
+    let booked = if p1.capacity_pod == "gpu-a" { p2 } else { p1 };
+    assert_eq!(booked.reason, state::BOOKED_SPARE);
+    assert_eq!(booked.capacity_pod, "tessera-gpu-p-0");
+    assert_eq!(booked.node, None, "a spare has no node until its gate is lifted and a GPU is free");
     let log = api.lock().unwrap().log.clone();
-    let post = log.iter().find(|l| l.method == "POST").unwrap();
-    assert_eq!(post.path, "/api/v1/namespaces/tessera-system/pods");
-    assert_eq!(
-        post.body["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
-        "1"
-    );
-    assert_eq!(post.body["metadata"]["labels"][LABEL_CAPACITY_POD], "true");
-    assert_eq!(
-        post.body["metadata"]["annotations"][KARPENTER_DO_NOT_DISRUPT],
-        "true"
-    );
-    let on_new = reservations_on(&api, &created.capacity_pod);
-    assert_eq!(on_new.len(), 1);
-    assert_eq!(on_new[0].id, created.reservation_id);
+    assert!(log.iter().all(|l| l.method != "POST"), "webhook replicas never create pods: {log:?}");
     assert_eq!(log.iter().filter(|l| l.status == 409).count(), 1);
+    let on_spare = reservations_on(&api, &booked.capacity_pod);
+    assert_eq!(on_spare.len(), 1);
+    assert_eq!(on_spare[0].id, booked.reservation_id);
+
+    // The leader lifts the booked spare's gate and makes the next spare.
+    leader.rebuild().await.unwrap();
+    let report = leader.reconcile(11).await.unwrap();
+    assert_eq!(report.spares_opened, 1);
+    let opened = api.lock().unwrap().pod("tessera-system", "tessera-gpu-p-0").unwrap();
+    assert!(opened.spec.unwrap().scheduling_gates.is_none_or(|g| g.is_empty()));
+    assert_eq!(
+        annotation(&api, "tessera-gpu-p-0", KARPENTER_DO_NOT_DISRUPT).as_deref(),
+        Some("true")
+    );
+    let next = api.lock().unwrap().pod("tessera-system", "tessera-gpu-p-1").unwrap();
+    assert_eq!(next.spec.unwrap().scheduling_gates.unwrap()[0].name, SPARE_GATE);
+    // At maxGpus no spare is made, and a replica with no room fails open with the reason.
+    let full = with_spares(2, 1);
+    let at_max = PoolManager::new(client(api.clone()), full, "p").unwrap();
+    at_max.rebuild().await.unwrap();
+    let err = at_max.reserve(request("r3", 900), 12).await.unwrap_err();
+    assert!(matches!(err, PoolError::NoRoom { gpus: 2, max_gpus: 2, .. }), "{err}");
 }
 
 #[tokio::test]
@@ -615,9 +638,13 @@ async fn unknown_pools_and_bad_requests_are_clear_errors() {
 async fn many_webhook_replicas_racing_never_overbook() {
     // Eight replicas, each with its own stale view, reserve 300 milli at once on a pool of at most 3 GPUs:
     // 3 fit per GPU, so at most 9 fit; every write is guarded, so no GPU ever holds more than 1000.
-    let cfg = config(3);
+    let cfg = with_spares(3, 2);
     let api = seeded(&[capacity(&cfg, "gpu-a", &[], "node-1", "GPU-a")]);
     let c = client(api.clone());
+    // The leader's two spares: the only way the pool grows.
+    let leader = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
+    leader.rebuild().await.unwrap();
+    leader.reconcile(1).await.unwrap();
     let mut managers = Vec::new();
     for _ in 0..8 {
         let m = PoolManager::new(c.clone(), cfg.clone(), "p").unwrap();
@@ -653,8 +680,8 @@ async fn many_webhook_replicas_racing_never_overbook() {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), placed.len());
-    // Creators race on the same slot name, so the pool stays within maxGpus (gpu-a + two new slots).
-    assert!(pods.len() <= 3, "{pods:?}");
+    // gpu-a and the two spares: the pool stays within maxGpus, and no webhook replica created a pod.
+    assert_eq!(pods.len(), 3, "{pods:?}");
     assert_eq!(placed.len(), 8, "contention costs retries, not placements");
 }
 

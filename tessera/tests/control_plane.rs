@@ -1300,10 +1300,11 @@ async fn admin_free_name(rs: &Api<ReplicaSet>) -> String {
 // c. the controller scales a real Deployment through /scale
 // ---------------------------------------------------------------------------------------------------------------
 
-/// The chart's ValidatingAdmissionPolicy over the capacity namespace, enforced by the real API server: the
-/// gpu-agent's and the webhook's pod grants there (patch; the webhook's create) cannot re-image a capacity pod
-/// or start any pod but a capacity pod (either would run code of their choosing with hostPID). The webhook's own
-/// capacity pod creation and the agent's annotation are the story's happy path around this.
+/// The chart's grants and ValidatingAdmissionPolicy over the capacity namespace, enforced by the real API server:
+/// the gpu-agent's and the webhook's pod grants there (patch) cannot re-image a capacity pod (which would run code
+/// of their choosing with hostPID), and neither may create a pod at all — capacity pods are the autoscaler's pool
+/// manager's (spares it makes and opens). The agent's annotation and the webhook's booking are the story's happy
+/// path around this.
 async fn refused_outside_capacity_pods(cp: &ControlPlane, client: &kube::Client, agent: Api<Pod>, cap: &str) {
     let hook = cp
         .token_client(&cp.token_kubeconfig(
@@ -1329,32 +1330,20 @@ async fn refused_outside_capacity_pods(cp: &ControlPlane, client: &kube::Client,
             "never change their spec",
         );
     }
-    let mut pod: Pod = serde_json::from_value(json!({
+    // Even a pod shaped exactly like a capacity pod: RBAC grants neither of them create (issue 42).
+    let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "not-a-capacity-pod", "labels": {"tessera.dev/capacity-pod": "true"}},
         "spec": {"hostPID": true, "serviceAccountName": "tessera-gpu-agent",
-                 "containers": [{"name": "gpu-agent", "image": "registry.example/evil:1", "args": ["gpu-agent"]}]}
+                 "containers": [{"name": "gpu-agent", "image": "ghcr.io/tessera-dev/tessera:0.1.0", "args": ["gpu-agent"]}]}
     }))
     .unwrap();
-    refused(
-        "the webhook creating a pod of another image",
-        hook.create(&PostParams::default(), &pod).await,
-        "capacity pods only",
-    );
-    pod.spec.as_mut().unwrap().containers[0].image = Some("ghcr.io/tessera-dev/tessera:0.1.0".into());
-    pod.spec.as_mut().unwrap().volumes = Some(vec![
-        serde_json::from_value(json!({"name": "root", "hostPath": {"path": "/"}})).unwrap(),
-    ]);
-    refused(
-        "the webhook creating a capacity pod that mounts the host",
-        hook.create(&PostParams::default(), &pod).await,
-        "capacity pods only",
-    );
-    refused(
-        "the gpu-agent creating a pod",
-        agent.create(&PostParams::default(), &pod).await,
-        // RBAC refuses it first (the agent has no create); either way it is not created.
-        "",
-    );
+    for (who, api) in [("the webhook", &hook), ("the gpu-agent", &agent)] {
+        refused(
+            &format!("{who} creating a pod in the capacity namespace"),
+            api.create(&PostParams::default(), &pod).await,
+            "forbidden",
+        );
+    }
 }
 
 /// The emulator and the sidecar for one model pod, the sidecar at the pod's address (kwok gave it a loopback one).
@@ -1784,7 +1773,8 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
             .await
             .unwrap();
 
-        // The first fractional pod's admission creates a capacity pod; the real scheduler binds it to a GPU node.
+        // The first fractional pod's admission books on the leader's spare capacity pod (the webhook creates no pod);
+        // the leader lifts its gate and the real scheduler binds it to a GPU node.
         let capacity: Api<Pod> = Api::namespaced(client.clone(), "tessera-gpus");
         let cap = eventually(
             "a capacity pod bound to a GPU node",

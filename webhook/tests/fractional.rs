@@ -332,9 +332,18 @@ async fn a_full_pool_admits_unchanged_with_the_reason() {
 
 #[tokio::test]
 async fn a_reservation_whose_admission_failed_expires_by_ttl() {
-    // No running GPU has room, so the pool creates a capacity pod: it is Pending (no node), the admission
-    // cannot pin the tenant and admits it unchanged, and the reservation on the new GPU is left behind.
-    let (cfg, api, a) = one_gpu(2, vec![resv("x", 900)]).await;
+    // No running GPU has room, so the reservation is booked on the leader's spare capacity pod: it has no node,
+    // the admission cannot pin the tenant and admits it unchanged, and the reservation on the new GPU is left
+    // behind. The webhook creates no pod.
+    let (cfg, api, _) = one_gpu(2, vec![resv("x", 900)]).await;
+    let leader = PoolManager::new(client(api.clone()), cfg.clone(), "a100").unwrap();
+    leader.rebuild().await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    leader.reconcile(now).await.unwrap();
+    let a = admitter(cfg.clone(), api.clone()).await;
     let (_, body) = review("uid-7");
     let r = a.admit(&body).await.unwrap().response.unwrap();
     assert!(r.allowed && r.patch.is_none());
@@ -346,13 +355,13 @@ async fn a_reservation_whose_admission_failed_expires_by_ttl() {
         "the reservation was made"
     );
 
+    assert!(
+        api.lock().unwrap().log.iter().all(|l| l.0 != "POST"),
+        "the webhook created no pod"
+    );
+
     // The autoscaler's pool manager (the leader) drops it once the TTL passes without its pod appearing.
-    let leader = PoolManager::new(client(api.clone()), cfg.clone(), "a100").unwrap();
     leader.rebuild().await.unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
     let early = leader.reconcile(now + 60).await.unwrap();
     assert_eq!(early.expired, 0, "not before the TTL");
     let report = leader
