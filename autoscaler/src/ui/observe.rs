@@ -202,7 +202,8 @@ pub fn gpus_from_pool(
         index.tenants().map(|t| (t.reservation.as_str(), t)).collect();
     index
         .capacity()
-        .filter(|c| !c.gone)
+        // A spare (gated) holds no GPU: not a row until a booking opens it.
+        .filter(|c| !c.gone && !c.spare)
         .map(|c| {
             let device = agents
                 .get(&c.name)
