@@ -173,8 +173,15 @@ async fn the_leader_evicts_the_lent_sleeper_behind_the_gpus_startup_lease_then_r
         (placed.capacity_pod.as_str(), placed.reason.as_str()),
         ("gpu-a", LENT_BY_SLEEPERS)
     );
-    assert_eq!(api.lock().unwrap().pods.len(), pods_before, "no capacity pod created");
-    assert!(reservations_on(&api, "tessera-gpu-p-0").is_empty(), "the spare is not booked");
+    assert_eq!(
+        api.lock().unwrap().pods.len(),
+        pods_before,
+        "no capacity pod created"
+    );
+    assert!(
+        reservations_on(&api, "tessera-gpu-p-0").is_empty(),
+        "the spare is not booked"
+    );
 
     // The leader learns of the loan (its watch; here a re-read) and carries it out.
     leader.rebuild().await.unwrap();

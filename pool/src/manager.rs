@@ -258,9 +258,12 @@ impl PoolManager {
         };
         let shape = self.pool.shape();
         for attempt in 1..=self.max_attempts {
-            let decision = self
-                .index()
-                .decide(&shape, &reservation, self.cfg.lend_sleepers, self.pool.max_gpus as usize)?;
+            let decision = self.index().decide(
+                &shape,
+                &reservation,
+                self.cfg.lend_sleepers,
+                self.pool.max_gpus as usize,
+            )?;
             match decision {
                 Decision::Existing { capacity_pod } => {
                     return Ok((
@@ -290,7 +293,10 @@ impl PoolManager {
                             if reason == crate::state::BOOKED_SPARE {
                                 // The leader lifts the spare's gate at the event that shows this booking.
                                 info!(%capacity_pod, attempt, "no GPU had room: booked on a spare capacity pod");
-                                return Ok((self.placement(&capacity_pod, &reservation.id, reason), "booked_spare"));
+                                return Ok((
+                                    self.placement(&capacity_pod, &reservation.id, reason),
+                                    "booked_spare",
+                                ));
                             }
                             if !evicts.is_empty() {
                                 // The leader deletes the sleepers' pods and holds the GPU's start-up Lease until
@@ -317,7 +323,9 @@ impl PoolManager {
                 Decision::NoRoom { reason, gpus } => {
                     let spares = self.index().capacity().filter(|g| g.spare && !g.gone).count();
                     let reason = if gpus < self.pool.max_gpus as usize && spares == 0 {
-                        format!("{reason}; no spare capacity pod is ready (the leader makes one; spareCapacityPods)")
+                        format!(
+                            "{reason}; no spare capacity pod is ready (the leader makes one; spareCapacityPods)"
+                        )
                     } else {
                         reason
                     };

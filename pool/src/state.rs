@@ -504,7 +504,10 @@ impl PoolIndex {
 
     /// Capacity pods that hold or will hold a GPU: every one not terminated and not a spare. `maxGpus` bounds this.
     pub fn gpus_held(&self) -> usize {
-        self.capacity.values().filter(|g| !g.terminated && !g.spare).count()
+        self.capacity
+            .values()
+            .filter(|g| !g.terminated && !g.spare)
+            .count()
     }
 
     /// The booking of `new` on a spare (the lowest-named one it fits on, beside what others booked there first),
@@ -513,25 +516,28 @@ impl PoolIndex {
         if self.gpus_held() >= max_gpus {
             return None;
         }
-        self.capacity.values().filter(|g| g.spare && !g.gone).find_map(|g| {
-            let list = g.reservations.as_ref().ok()?;
-            let mut packer = Packer::new(*shape);
-            let id = packer.add_gpu();
-            for r in list {
-                packer.assign(id, r.request()).ok()?;
-            }
-            packer.assign(id, new.request()).ok()?;
-            let mut reservations = list.clone();
-            reservations.push(new.clone());
-            Some(Decision::Place {
-                capacity_pod: g.name.clone(),
-                resource_version: g.resource_version.clone(),
-                reservations,
-                reason: BOOKED_SPARE,
-                ends_drain: false,
-                evicts: Vec::new(),
+        self.capacity
+            .values()
+            .filter(|g| g.spare && !g.gone)
+            .find_map(|g| {
+                let list = g.reservations.as_ref().ok()?;
+                let mut packer = Packer::new(*shape);
+                let id = packer.add_gpu();
+                for r in list {
+                    packer.assign(id, r.request()).ok()?;
+                }
+                packer.assign(id, new.request()).ok()?;
+                let mut reservations = list.clone();
+                reservations.push(new.clone());
+                Some(Decision::Place {
+                    capacity_pod: g.name.clone(),
+                    resource_version: g.resource_version.clone(),
+                    reservations,
+                    reason: BOOKED_SPARE,
+                    ends_drain: false,
+                    evicts: Vec::new(),
+                })
             })
-        })
     }
 
     /// Spares with a booking, whose gate the leader lifts (the pool stays within `max_gpus`: a booked spare past it
@@ -965,7 +971,11 @@ mod tests {
     fn spares_take_the_lowest_free_slots_within_max_gpus() {
         let mut idx = PoolIndex::new("p");
         assert_eq!(idx.spares_to_create(2, 1), ["tessera-gpu-p-0"]);
-        assert_eq!(idx.spares_to_create(2, 3), ["tessera-gpu-p-0", "tessera-gpu-p-1"], "no more than maxGpus");
+        assert_eq!(
+            idx.spares_to_create(2, 3),
+            ["tessera-gpu-p-0", "tessera-gpu-p-1"],
+            "no more than maxGpus"
+        );
         idx.reset_capacity(&[cap("tessera-gpu-p-0", &[], None)]);
         assert_eq!(idx.spares_to_create(2, 1), ["tessera-gpu-p-1"]);
         idx.reset_capacity(&[cap("tessera-gpu-p-1", &[], None)]);
@@ -975,7 +985,9 @@ mod tests {
         // A spare ready is enough; one booked is opened (and a new one made) while the pool has room.
         let mut ready = cap("tessera-gpu-p-0", &[], None);
         ready.spec.get_or_insert_default().scheduling_gates =
-            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: SPARE_GATE.into() }]);
+            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+                name: SPARE_GATE.into(),
+            }]);
         idx.reset_capacity(&[ready.clone()]);
         assert!(idx.spares_to_create(2, 1).is_empty());
         assert!(idx.spares_to_open(2).is_empty());
@@ -988,11 +1000,16 @@ mod tests {
         idx.reset_capacity(&[booked]);
         assert_eq!(idx.spares_to_open(2), ["tessera-gpu-p-0"]);
         assert_eq!(idx.spares_to_create(2, 1), ["tessera-gpu-p-1"]);
-        assert!(idx.spares_to_open(0).is_empty(), "past maxGpus a booked spare keeps its gate");
+        assert!(
+            idx.spares_to_open(0).is_empty(),
+            "past maxGpus a booked spare keeps its gate"
+        );
         // Never marked empty nor given back: it holds no GPU.
         let mut empty_spare = cap("tessera-gpu-p-3", &[], None);
         empty_spare.spec.get_or_insert_default().scheduling_gates =
-            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate { name: SPARE_GATE.into() }]);
+            Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+                name: SPARE_GATE.into(),
+            }]);
         idx.reset_capacity(&[empty_spare]);
         assert_eq!(idx.empty_gpus(10_000, 1), (vec![], vec![]));
     }
@@ -1022,7 +1039,10 @@ mod tests {
             ["tessera-gpu-p-2"],
             "the evicted pod's GPU is free; its name is still taken until it is deleted"
         );
-        assert!(idx.spares_to_create(1, 1).is_empty(), "the terminating pod still holds its GPU");
+        assert!(
+            idx.spares_to_create(1, 1).is_empty(),
+            "the terminating pod still holds its GPU"
+        );
     }
 
     #[test]

@@ -436,10 +436,24 @@ async fn the_loser_books_a_spare_which_the_leader_opens_and_replaces() {
     let leader = PoolManager::new(client(api.clone()), cfg.clone(), "p").unwrap();
     leader.rebuild().await.unwrap();
     leader.reconcile(5).await.unwrap();
-    let spare = api.lock().unwrap().pod("tessera-system", "tessera-gpu-p-0").unwrap();
+    let spare = api
+        .lock()
+        .unwrap()
+        .pod("tessera-system", "tessera-gpu-p-0")
+        .unwrap();
     let spec = spare.spec.unwrap();
     assert_eq!(spec.scheduling_gates.unwrap()[0].name, SPARE_GATE);
-    assert_eq!(spec.containers[0].resources.as_ref().unwrap().limits.as_ref().unwrap()["nvidia.com/gpu"].0, "1");
+    assert_eq!(
+        spec.containers[0]
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()["nvidia.com/gpu"]
+            .0,
+        "1"
+    );
 
     // Two webhook replicas race for gpu-a's last 400: one wins it, the other books the spare. Neither creates a pod.
     let (w1, w2) = two_writers(&api, &cfg).await;
@@ -451,9 +465,15 @@ async fn the_loser_books_a_spare_which_the_leader_opens_and_replaces() {
     let booked = if p1.capacity_pod == "gpu-a" { p2 } else { p1 };
     assert_eq!(booked.reason, state::BOOKED_SPARE);
     assert_eq!(booked.capacity_pod, "tessera-gpu-p-0");
-    assert_eq!(booked.node, None, "a spare has no node until its gate is lifted and a GPU is free");
+    assert_eq!(
+        booked.node, None,
+        "a spare has no node until its gate is lifted and a GPU is free"
+    );
     let log = api.lock().unwrap().log.clone();
-    assert!(log.iter().all(|l| l.method != "POST"), "webhook replicas never create pods: {log:?}");
+    assert!(
+        log.iter().all(|l| l.method != "POST"),
+        "webhook replicas never create pods: {log:?}"
+    );
     assert_eq!(log.iter().filter(|l| l.status == 409).count(), 1);
     let on_spare = reservations_on(&api, &booked.capacity_pod);
     assert_eq!(on_spare.len(), 1);
@@ -463,20 +483,38 @@ async fn the_loser_books_a_spare_which_the_leader_opens_and_replaces() {
     leader.rebuild().await.unwrap();
     let report = leader.reconcile(11).await.unwrap();
     assert_eq!(report.spares_opened, 1);
-    let opened = api.lock().unwrap().pod("tessera-system", "tessera-gpu-p-0").unwrap();
+    let opened = api
+        .lock()
+        .unwrap()
+        .pod("tessera-system", "tessera-gpu-p-0")
+        .unwrap();
     assert!(opened.spec.unwrap().scheduling_gates.is_none_or(|g| g.is_empty()));
     assert_eq!(
         annotation(&api, "tessera-gpu-p-0", KARPENTER_DO_NOT_DISRUPT).as_deref(),
         Some("true")
     );
-    let next = api.lock().unwrap().pod("tessera-system", "tessera-gpu-p-1").unwrap();
+    let next = api
+        .lock()
+        .unwrap()
+        .pod("tessera-system", "tessera-gpu-p-1")
+        .unwrap();
     assert_eq!(next.spec.unwrap().scheduling_gates.unwrap()[0].name, SPARE_GATE);
     // At maxGpus no spare is made, and a replica with no room fails open with the reason.
     let full = with_spares(2, 1);
     let at_max = PoolManager::new(client(api.clone()), full, "p").unwrap();
     at_max.rebuild().await.unwrap();
     let err = at_max.reserve(request("r3", 900), 12).await.unwrap_err();
-    assert!(matches!(err, PoolError::NoRoom { gpus: 2, max_gpus: 2, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            PoolError::NoRoom {
+                gpus: 2,
+                max_gpus: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[tokio::test]

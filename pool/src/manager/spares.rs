@@ -25,7 +25,11 @@ impl PoolManager {
             // Removing a scheduling gate is the one change a pod's spec allows here (the API server refuses adding
             // one); the merge patch drops the list.
             let patch = serde_json::json!({"spec": {"schedulingGates": null}});
-            match self.pods.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            match self
+                .pods
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
                 Ok(pod) => {
                     self.index().apply_capacity(&pod);
                     opened += 1;
