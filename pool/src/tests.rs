@@ -71,6 +71,42 @@ pub(super) fn matches_selector(pod: &Value, selector: &str) -> bool {
     })
 }
 
+/// One object of `map`, or 404.
+fn get_one(map: &BTreeMap<(String, String), Value>, ns: &str, name: &str) -> (u16, Value) {
+    match map.get(&(ns.to_string(), name.to_string())) {
+        Some(o) => (200, o.clone()),
+        None => (404, status(404, "NotFound", &format!("{name} not found"))),
+    }
+}
+
+/// Stores `body` in `map` under a new resourceVersion: a create (409 if the name is taken) or, with `replace`, a
+/// replace (404 if absent, 409 on a stale resourceVersion).
+fn write_one(
+    map: &mut BTreeMap<(String, String), Value>,
+    rv: &mut u64,
+    ns: &str,
+    mut body: Value,
+    replace: bool,
+) -> (u16, Value) {
+    let key = (
+        ns.to_string(),
+        body["metadata"]["name"].as_str().unwrap().to_string(),
+    );
+    match (map.get(&key), replace) {
+        (Some(_), false) => return (409, status(409, "AlreadyExists", "already exists")),
+        (None, true) => return (404, status(404, "NotFound", "not found")),
+        (Some(cur), true) if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"] => {
+            return (409, status(409, "Conflict", "the object has been modified"));
+        }
+        _ => {}
+    }
+    *rv += 1;
+    body["metadata"]["resourceVersion"] = json!(rv.to_string());
+    body["metadata"]["namespace"] = json!(ns);
+    map.insert(key, body.clone());
+    (if replace { 200 } else { 201 }, body)
+}
+
 impl FakeApi {
     pub(super) fn insert(&mut self, pod: &Pod) {
         let mut v = serde_json::to_value(pod).unwrap();
@@ -100,12 +136,7 @@ impl FakeApi {
         match (method, segs.as_slice()) {
             ("GET", ["api", "v1", "pods"]) => (200, self.list(None, &selector)),
             ("GET", ["api", "v1", "namespaces", ns, "pods"]) => (200, self.list(Some(ns), &selector)),
-            ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => {
-                match self.pods.get(&(ns.to_string(), name.to_string())) {
-                    Some(p) => (200, p.clone()),
-                    None => (404, status(404, "NotFound", "pods not found")),
-                }
-            }
+            ("GET", ["api", "v1", "namespaces", ns, "pods", name]) => get_one(&self.pods, ns, name),
             ("PATCH", ["api", "v1", "namespaces", ns, "pods", name]) => {
                 let key = (ns.to_string(), name.to_string());
                 let Some(cur) = self.pods.get(&key) else {
@@ -124,14 +155,7 @@ impl FakeApi {
                 (200, next)
             }
             ("POST", ["api", "v1", "namespaces", ns, "pods"]) => {
-                let name = body["metadata"]["name"].as_str().unwrap().to_string();
-                if self.pods.contains_key(&(ns.to_string(), name)) {
-                    return (409, status(409, "AlreadyExists", "already exists"));
-                }
-                let pod: Pod = serde_json::from_value(body).unwrap();
-                self.insert(&pod);
-                let name = pod.metadata.name.unwrap();
-                (201, self.pods[&(ns.to_string(), name)].clone())
+                write_one(&mut self.pods, &mut self.rv, ns, body, false)
             }
             ("DELETE", ["api", "v1", "namespaces", ns, "pods", name]) => {
                 let key = (ns.to_string(), name.to_string());
@@ -162,46 +186,12 @@ impl FakeApi {
                     "leases",
                     name,
                 ],
-            ) => match self.leases.get(&(ns.to_string(), name.to_string())) {
-                Some(l) => (200, l.clone()),
-                None => (404, status(404, "NotFound", "leases not found")),
-            },
+            ) => get_one(&self.leases, ns, name),
             ("POST", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases"]) => {
-                let name = body["metadata"]["name"].as_str().unwrap().to_string();
-                let key = (ns.to_string(), name);
-                if self.leases.contains_key(&key) {
-                    return (409, status(409, "AlreadyExists", "already exists"));
-                }
-                let mut v = body;
-                self.rv += 1;
-                v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-                self.leases.insert(key, v.clone());
-                (201, v)
+                write_one(&mut self.leases, &mut self.rv, ns, body, false)
             }
-            (
-                "PUT",
-                [
-                    "apis",
-                    "coordination.k8s.io",
-                    "v1",
-                    "namespaces",
-                    ns,
-                    "leases",
-                    name,
-                ],
-            ) => {
-                let key = (ns.to_string(), name.to_string());
-                let Some(cur) = self.leases.get(&key) else {
-                    return (404, status(404, "NotFound", "not found"));
-                };
-                if body["metadata"]["resourceVersion"] != cur["metadata"]["resourceVersion"] {
-                    return (409, status(409, "Conflict", "the object has been modified"));
-                }
-                let mut v = body;
-                self.rv += 1;
-                v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-                self.leases.insert(key, v.clone());
-                (200, v)
+            ("PUT", ["apis", "coordination.k8s.io", "v1", "namespaces", ns, "leases", _]) => {
+                write_one(&mut self.leases, &mut self.rv, ns, body, true)
             }
             _ => (
                 400,

@@ -21,35 +21,11 @@ use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
+use support::pool::{POOL_NS, capacity_pod, reservation};
 use support::{Killed, free_port, serve};
 
-const POOL_NS: &str = "tessera-system";
 const DRAINING: &str = "tessera.dev/draining-since";
 const COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-
-fn now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs()
-}
-
-fn capacity_pod(slot: usize, reservations: &[Value]) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": format!("tessera-gpu-p-{slot}"),
-                        "labels": {"tessera.dev/pool": "p", "tessera.dev/capacity-pod": "true"},
-                        "annotations": {
-                            "tessera.dev/reservations": json!({"version": 1, "reservations": reservations}).to_string(),
-                            "tessera.dev/gpu-uuid": format!("GPU-{slot}"),
-                            "karpenter.sh/do-not-disrupt": "true"}},
-           "spec": {"nodeName": format!("node-{slot}"), "containers": []},
-           "status": {"phase": "Running", "podIP": "127.0.0.1"}})
-}
-
-fn reservation(id: &str, model: &str, milli: u32) -> Value {
-    json!({"id": id, "model": model, "computeMilli": milli, "memoryMiB": 20000, "priority": 0,
-           "createdAt": now_s()})
-}
 
 /// A model pod as the webhook leaves it: in the pool, booked on `capacity`, owned by its ReplicaSet, Ready.
 fn model_pod(model: &str, n: usize, capacity: &str, sidecar_port: u16) -> Value {

@@ -11,45 +11,20 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::{ApiServer, LEASES, PODS};
-use support::{Killed, Tessera, free_port};
+use support::pool::{POOL_NS, capacity_pod, now_s, reservation};
+use support::{Tessera, free_port};
 
-const POOL_NS: &str = "tessera-system";
 const CAPACITY: &str = "tessera-gpu-p-0";
 const LEASE: &str = "tessera-startup-gpu-0";
 /// The test's stand-in for the kubelet's graceful termination: a deleted pod lingers until it is removed.
 const KUBELET: &str = "test.tessera.dev/kubelet";
-
-fn now_s() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs()
-}
-
-fn reservation(id: &str, milli: u32) -> Value {
-    json!({"id": id, "model": format!("models/{id}"), "computeMilli": milli, "memoryMiB": 20000, "priority": 0,
-           "createdAt": now_s()})
-}
-
-fn capacity_pod(reservations: &[Value]) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": CAPACITY,
-                        "labels": {"tessera.dev/pool": "p", "tessera.dev/capacity-pod": "true"},
-                        "annotations": {
-                            "tessera.dev/reservations": json!({"version": 1, "reservations": reservations}).to_string(),
-                            "tessera.dev/gpu-uuid": "GPU-0",
-                            "karpenter.sh/do-not-disrupt": "true"}},
-           "spec": {"nodeName": "node-0", "containers": []},
-           "status": {"phase": "Running", "podIP": "127.0.0.1"}})
-}
 
 /// A model pod as the webhook leaves it (in the pool, booked on the capacity pod), Ready or not, and told to sleep
 /// (the controller's `tessera.dev/rest`) or not.
@@ -108,7 +83,13 @@ async fn a_new_replica_takes_a_sleepers_room_and_starts_once_the_sleeper_is_gone
     api.put(
         PODS,
         POOL_NS,
-        capacity_pod(&[reservation("w", 300), reservation("s", 600)]),
+        capacity_pod(
+            0,
+            &[
+                reservation("w", "models/w", 300),
+                reservation("s", "models/s", 600),
+            ],
+        ),
     );
     api.put(PODS, "models", model_pod("w-0", "w", true, false));
     // Told to sleep and not Ready: asleep.
@@ -121,23 +102,16 @@ async fn a_new_replica_takes_a_sleepers_room_and_starts_once_the_sleeper_is_gone
     std::fs::write(&pools, pools_yaml).unwrap();
     let kubeconfig = api.kubeconfig(dir.path());
     let metrics_port = free_port();
-    let _autoscaler = Killed(
-        Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(["autoscaler", "--sync-period", "1s", "--retry-period", "500ms"])
-            .args([
-                "--pools-config",
-                pools.to_str().unwrap(),
-                "--pool-interval",
-                "500ms",
-            ])
-            .args(["--metrics-listen", &format!("127.0.0.1:{metrics_port}")])
-            .args(["--lease-namespace", "default", "--identity", "test-0"])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start tessera autoscaler"),
+    let _autoscaler = support::start_autoscaler(
+        "test-0",
+        &kubeconfig,
+        metrics_port,
+        &[
+            "--pools-config",
+            pools.to_str().unwrap(),
+            "--pool-interval",
+            "500ms",
+        ],
     );
 
     // 1. The leader marks the sleeper's reservation (the webhook reads capacity pods only).
@@ -198,31 +172,8 @@ async fn a_new_replica_takes_a_sleepers_room_and_starts_once_the_sleeper_is_gone
 
     // 4. The new replica's sidecar waits on the Lease while the sleeper still holds its memory.
     let vllm_port = free_port();
-    let sidecar = Tessera::start_with_env(
-        &[
-            "sidecar",
-            "--vllm-url",
-            &format!("http://127.0.0.1:{vllm_port}"),
-            "--listen",
-            "127.0.0.1:0",
-            "--no-nvml",
-            "--gpu-uuid",
-            "GPU-0",
-            "--gate-namespace",
-            POOL_NS,
-            "--gate-lease-duration",
-            "2s",
-            "--gate-retry-period",
-            "200ms",
-            "--drain-period",
-            "0s",
-        ],
-        &[
-            ("KUBECONFIG", kubeconfig.to_str().unwrap()),
-            ("POD_NAME", "n-0"),
-            ("POD_NAMESPACE", "models"),
-        ],
-    );
+    let sidecar =
+        support::pool::gate_sidecar(&kubeconfig, POOL_NS, "models", "n-0", Some("GPU-0"), vllm_port);
     let c = reqwest::Client::new();
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(2) {

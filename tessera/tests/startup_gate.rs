@@ -21,34 +21,7 @@ struct Pod {
 }
 
 fn sidecar(kubeconfig: &std::path::Path, name: &str, uuid: Option<&str>, vllm_port: u16) -> Tessera {
-    let url = format!("http://127.0.0.1:{vllm_port}");
-    let mut args = vec![
-        "sidecar",
-        "--vllm-url",
-        &url,
-        "--listen",
-        "127.0.0.1:0",
-        "--no-nvml",
-        "--gate-namespace",
-        "pool",
-        "--gate-lease-duration",
-        "2s",
-        "--gate-retry-period",
-        "200ms",
-        "--drain-period",
-        "0s",
-    ];
-    if let Some(u) = uuid {
-        args.extend(["--gpu-uuid", u]);
-    }
-    Tessera::start_with_env(
-        &args,
-        &[
-            ("KUBECONFIG", kubeconfig.to_str().unwrap_or_default()),
-            ("POD_NAME", name),
-            ("POD_NAMESPACE", "team-a"),
-        ],
-    )
+    support::pool::gate_sidecar(kubeconfig, "pool", "team-a", name, uuid, vllm_port)
 }
 
 fn pod(kubeconfig: &std::path::Path, name: &str, uuid: Option<&str>) -> Pod {

@@ -15,6 +15,7 @@ pub mod admission;
 pub mod apiserver;
 /// A CA with a server and a client certificate, for TLS with client certificates.
 pub mod pki;
+pub mod pool;
 /// Real-time streaming load and its TTFT percentiles (the lanes and batch tests).
 pub mod realtime;
 
