@@ -1346,6 +1346,66 @@ async fn refused_outside_capacity_pods(cp: &ControlPlane, client: &kube::Client,
     }
 }
 
+/// `gpuPools.lendSleepers`: with the chart's grants, the autoscaler's own token may delete a model pod (the sleeper
+/// whose room was lent) and create a GPU's start-up Lease in the capacity namespace (held while that pod goes);
+/// the webhook's may do neither. Checked with server-side dry runs, so nothing is deleted or created.
+async fn lending_grants(cp: &ControlPlane, client: &kube::Client) {
+    let token = |sa: &'static str| async move {
+        cp.token_client(&cp.token_kubeconfig(
+            sa,
+            &sa_token(client, "tessera-system", &format!("tessera-{sa}")).await,
+        ))
+        .await
+    };
+    let (autoscaler, webhook) = (token("autoscaler").await, token("webhook").await);
+    let victim = running_pods(client, "models", "llama")
+        .await
+        .into_iter()
+        .next()
+        .expect("a llama pod");
+    let name = victim.metadata.name.clone().unwrap();
+    let dry = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(json!({
+        "metadata": {"name": "tessera-startup-gpu-dry-run"},
+        "spec": {"holderIdentity": "tessera-pool/evicting/models/x", "leaseDurationSeconds": 60}
+    }))
+    .unwrap();
+    let pp = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let mut results = Vec::new();
+    for (who, c) in [("autoscaler", &autoscaler), ("webhook", &webhook)] {
+        let deleted = Api::<Pod>::namespaced(c.clone(), "models")
+            .delete(&name, &dry)
+            .await;
+        let created = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(c.clone(), "tessera-gpus")
+            .create(&pp, &lease)
+            .await;
+        results.push((who, deleted.is_ok(), created.is_ok()));
+        for (what, e) in [("delete", deleted.err()), ("create lease", created.err())] {
+            if let Some(kube::Error::Api(e)) = e {
+                assert_eq!(e.code, 403, "{who} {what}: {e:?}");
+            }
+        }
+    }
+    assert_eq!(
+        results,
+        [("autoscaler", true, true), ("webhook", false, false)],
+        "lendSleepers grants the autoscaler (only) pod delete and the capacity namespace's Leases"
+    );
+    assert!(
+        running_pods(client, "models", "llama")
+            .await
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some(&name)),
+        "a dry run deletes nothing"
+    );
+}
+
 /// The emulator and the sidecar for one model pod, the sidecar at the pod's address (kwok gave it a loopback one).
 /// The activator and the autoscaler, each with its own ServiceAccount's token from the chart, the autoscaler
 /// deciding every second for sidecars on `sidecar_port` and reading the activator's demand; `extra` adds flags.
@@ -1701,7 +1761,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
         cp.helm_install_with(&[
             "--set", "gpuPools.namespace=tessera-gpus",
             "--set", "webhook.replicas=1", "--set", "autoscaler.replicas=1", "--set", "activator.enabled=false",
-            "--set", "gpuPools.enabled=true",
+            "--set", "gpuPools.enabled=true", "--set", "gpuPools.lendSleepers=true",
             // The first replica's reservation lands before its capacity pod has a node, so that replica is
             // admitted with its whole GPU and the reservation lapses by this TTL (a short one, for the test).
             "--set", "gpuPools.reservationTtl=10s",
@@ -1819,6 +1879,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
             .await
             .expect("the gpu-agent's token may annotate its capacity pod");
         refused_outside_capacity_pods(&cp, &client, agent_api, &cap_name).await;
+        lending_grants(&cp, &client).await;
 
         // The next replica is placed on that GPU: it lands on the capacity pod's node, beside it.
         deployments
