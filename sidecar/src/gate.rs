@@ -348,6 +348,8 @@ pub async fn run(
         }
         let holder = match &action {
             Action::Wait { holder, .. } | Action::Lost { holder } => Some(holder.clone()),
+            // Kept once open by the bound: `/v1/status` names who held the GPU too long (the controller's Event).
+            Action::Release(OpenReason::WaitTimeout) => observed.as_ref().and_then(|o| o.holder.clone()),
             _ => None,
         };
         if holder != last_holder {

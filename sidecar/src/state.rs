@@ -498,6 +498,7 @@ impl State {
             memory: self.memory_status(),
             // Sleep mode is not performed by this sidecar yet.
             rest: None,
+            startup_gate: None,
         }
     }
 

@@ -99,6 +99,10 @@ async fn startup_gate_two_sidecars_on_one_gpu_never_hold_the_lease_at_once() {
     );
     let body: serde_json::Value = support::get_json(&http, &b.sidecar.url("/startup")).await;
     assert_eq!(body["holder"], "team-a/a", "{body}");
+    // The same in the document the controller reads (an opening by the gate's bound becomes its Warning Event).
+    let status: serde_json::Value = support::get_json(&http, &b.sidecar.url("/v1/status")).await;
+    assert_eq!(status["startup_gate"]["state"], "waiting", "{status}");
+    assert_eq!(status["startup_gate"]["holder"], "team-a/a", "{status}");
     assert_eq!(holder(&api).await.as_deref(), Some("team-a/a"));
     // a's vLLM starts and loads; only when it answers /health does b get the GPU.
     start_vllm(&mut a);

@@ -58,6 +58,8 @@ pub struct Context {
     /// Objects (`namespace/name`) woken by a request held at an activator: their next reconcile runs in full
     /// even when it looks like the echo of a status write.
     pub woken: Mutex<HashSet<String>>,
+    /// Pods whose start-up gate opened by its bounded wait and already have their Warning Event.
+    pub gate_timeouts: super::gate_events::Reported,
     /// Models being rolled onto a new allocation, one per pool.
     pub rolling: super::rollout::Rolling,
     /// Consolidation: the capacity pods the pool managers drain (this controller moves pods off them), and the pods

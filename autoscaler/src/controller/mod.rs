@@ -31,6 +31,7 @@ pub mod consolidate;
 pub mod context;
 pub mod deletion_cost;
 pub mod discovery;
+pub mod gate_events;
 pub mod injection;
 pub mod isolation;
 pub mod metrics;
@@ -366,6 +367,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
+        gate_timeouts: Default::default(),
         rolling: rollout::Rolling::default(),
         consolidation: crate::pool::ConsolidationLink::default(),
         ui,

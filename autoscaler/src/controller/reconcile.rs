@@ -570,6 +570,14 @@ pub(super) async fn gather(
         }
     }
 
+    // A pod that started because its GPU's start-up Lease was held past the gate's bound: one Warning Event each.
+    let gate_docs: Vec<(String, &SidecarStatus)> = ready_pods
+        .iter()
+        .zip(sidecars.iter())
+        .filter_map(|((pod, _), st)| st.as_ref().map(|st| (format!("{ns}/{pod}"), st)))
+        .collect();
+    super::gate_events::publish_timeouts(ctx, obj, &gate_docs).await;
+
     // Sleep mode: a sleeping replica is not ready, so its sidecar is read here too (the round reads what is asleep
     // and the wakes measured; the instruction is written per pod).
     let mut rest_docs: Vec<(String, SidecarStatus)> = ready_pods

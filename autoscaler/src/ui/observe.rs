@@ -426,6 +426,7 @@ mod tests {
             }),
             memory: None,
             rest: None,
+            startup_gate: None,
         }
     }
 

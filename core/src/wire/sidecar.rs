@@ -69,6 +69,23 @@ pub struct SidecarStatus {
     /// sidecar refuses to put it to sleep, if it does. `null` from older sidecars and where sleep mode is off.
     #[serde(default)]
     pub rest: Option<RestStatus>,
+    /// The per-GPU start-up gate as this pod went through it (fractional pods); `null` for a whole GPU and from
+    /// older sidecars. The controller turns an opening by `wait_timeout` into a Warning Event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_gate: Option<StartupGateStatus>,
+}
+
+/// The start-up gate's state, as `/startup` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartupGateStatus {
+    /// `waiting`, `holding` or `open`.
+    pub state: String,
+    /// Why it is open (`vllm_ready`, `startup_timeout`, `lease_lost`, `api_unavailable`, `wait_timeout`, …).
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Who held the GPU's start-up Lease while this pod waited (kept when it opened by `wait_timeout`).
+    #[serde(default)]
+    pub holder: Option<String>,
 }
 
 /// A replica's sleep state as its sidecar performed and checked it.

@@ -327,6 +327,11 @@ async fn startup_gate_a_squatting_co_tenant_cannot_block_a_start_for_longer_than
     );
     assert_eq!(a.status.lock().unwrap().reason, Some("wait_timeout"));
     assert_eq!(
+        a.status.lock().unwrap().holder.as_deref(),
+        Some("other-team/squatter"),
+        "who held it too long stays named (the sidecar's /v1/status, the controller's Event)"
+    );
+    assert_eq!(
         state(&squatter),
         "holding",
         "the waiter wrote nothing over the holder"

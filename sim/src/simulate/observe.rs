@@ -217,6 +217,7 @@ pub fn sidecar_status<'a>(
         compute: None,
         memory: None,
         rest: None,
+        startup_gate: None,
     }
 }
 
