@@ -164,14 +164,7 @@ mod tests {
     use super::*;
 
     fn doc(rest: serde_json::Value) -> SidecarStatus {
-        serde_json::from_value(serde_json::json!({
-            "schema_version": 1, "generated_at": 1000.0, "vllm_url": "http://127.0.0.1:8000", "vllm_up": true,
-            "ready": true, "stale": false,
-            "scrape": {"interval_secs": 5.0, "successes_total": 3},
-            "recommendation": {"outcome": {"state": "not_yet", "code": "too_few_samples", "reason": "warming up"}},
-            "rest": rest
-        }))
-        .unwrap()
+        crate::test_support::sidecar_doc(serde_json::json!({ "rest": rest }))
     }
 
     #[test]
