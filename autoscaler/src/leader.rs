@@ -14,9 +14,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
-use tessera_runtime::kube_client::micro_time;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -73,7 +72,6 @@ impl LeaderElector {
         let current = self.api.get_opt(&name).await?;
         let observation = current.as_ref().map(|lease| self.observe(lease, now_ms));
         let decision = decide(observation.as_ref(), &self.config.identity, now_ms);
-        let now = micro_time(now_ms);
         let duration_secs = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
         let result = match (&decision, current) {
             (LeaseDecision::Create, _) => {
@@ -82,19 +80,12 @@ impl LeaderElector {
                 self.api.create(&PostParams::default(), &lease).await
             }
             (LeaseDecision::Renew, Some(mut lease)) => {
-                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-                spec.renew_time = Some(now);
-                spec.lease_duration_seconds = Some(duration_secs);
+                crate::kube_client::hold_lease(&mut lease, &self.config.identity, duration_secs, now_ms);
                 self.api.replace(&name, &PostParams::default(), &lease).await
             }
             (LeaseDecision::Acquire, Some(mut lease)) => {
-                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-                let previous = spec.holder_identity.clone();
-                spec.holder_identity = Some(self.config.identity.clone());
-                spec.lease_duration_seconds = Some(duration_secs);
-                spec.acquire_time = Some(now.clone());
-                spec.renew_time = Some(now);
-                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+                let previous = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                crate::kube_client::hold_lease(&mut lease, &self.config.identity, duration_secs, now_ms);
                 match previous.as_deref() {
                     None | Some("") => info!(lease = %name, "lease released: taking it"),
                     Some(p) => info!(lease = %name, previous = %p, "lease expired: taking over"),
@@ -133,12 +124,9 @@ impl LeaderElector {
         let Some(mut lease) = self.api.get_opt(&name).await? else {
             return Ok(());
         };
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+        if !crate::kube_client::give_up_lease(&mut lease, &self.config.identity) {
             return Ok(());
         }
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
         match self.api.replace(&name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
@@ -219,18 +207,8 @@ impl LeaderElector {
     }
 
     fn observe(&mut self, lease: &Lease, now_ms: u64) -> LeaseObservation {
-        let spec = lease.spec.clone().unwrap_or_default();
-        let obs = LeaseObservation::observe(
-            self.observed.as_ref(),
-            spec.holder_identity,
-            Duration::from_secs(
-                spec.lease_duration_seconds
-                    .and_then(|s| u64::try_from(s).ok())
-                    .unwrap_or(self.config.lease_duration.as_secs()),
-            ),
-            lease.metadata.resource_version.clone().unwrap_or_default(),
-            now_ms,
-        );
+        let (holder, duration, rv) = crate::kube_client::lease_facts(lease, self.config.lease_duration);
+        let obs = LeaseObservation::observe(self.observed.as_ref(), holder, duration, rv, now_ms);
         self.observed = Some(obs.clone());
         obs
     }

@@ -290,25 +290,15 @@ impl PoolManager {
                                 self.metrics.drain(&self.pool.name, "ended_by_placement");
                                 info!(%capacity_pod, "no other GPU had room: placed on the GPU being drained, which ends its drain");
                             }
-                            if reason == crate::state::BOOKED_SPARE {
-                                // The leader lifts the spare's gate at the event that shows this booking.
-                                info!(%capacity_pod, attempt, "no GPU had room: booked on a spare capacity pod");
-                                return Ok((
-                                    self.placement(&capacity_pod, &reservation.id, reason),
-                                    "booked_spare",
-                                ));
-                            }
-                            if !evicts.is_empty() {
-                                // The leader deletes the sleepers' pods and holds the GPU's start-up Lease until
-                                // they are gone (`evict_lent`); this replica only records the loan.
-                                info!(%capacity_pod, ?evicts, attempt, "reserved in sleeping pods' room rather than open a GPU");
-                                return Ok((
-                                    self.placement(&capacity_pod, &reservation.id, reason),
-                                    "lent_by_sleepers",
-                                ));
-                            }
-                            info!(%capacity_pod, reason, attempt, "reserved");
-                            return Ok((self.placement(&capacity_pod, &reservation.id, reason), "placed"));
+                            // A booked spare is opened by the leader at the event that shows it; a loan's sleepers
+                            // are evicted by the leader behind the GPU's start-up Lease (`manager/lend.rs`).
+                            let label = match reason {
+                                crate::state::BOOKED_SPARE => "booked_spare",
+                                crate::state::LENT_BY_SLEEPERS => "lent_by_sleepers",
+                                _ => "placed",
+                            };
+                            info!(%capacity_pod, reason, ?evicts, attempt, "reserved");
+                            return Ok((self.placement(&capacity_pod, &reservation.id, reason), label));
                         }
                         Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
                             self.metrics.conflict(&self.pool.name);
@@ -321,14 +311,6 @@ impl PoolManager {
                 // No GPU has room and no spare could take it: the webhook admits the pod with a whole GPU (fail
                 // open). Only the leader creates capacity pods (spares); this replica never does.
                 Decision::NoRoom { reason, gpus } => {
-                    let spares = self.index().capacity().filter(|g| g.spare && !g.gone).count();
-                    let reason = if gpus < self.pool.max_gpus as usize && spares == 0 {
-                        format!(
-                            "{reason}; no spare capacity pod is ready (the leader makes one; spareCapacityPods)"
-                        )
-                    } else {
-                        reason
-                    };
                     return Err(PoolError::NoRoom {
                         pool: self.pool.name.clone(),
                         reason,

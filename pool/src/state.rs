@@ -262,8 +262,8 @@ pub struct Lent {
     pub gpu_uuid: Option<String>,
     /// The reservation id.
     pub reservation: String,
-    /// Its pod (`namespace/name`, uid, being deleted) while it exists; `None` once gone: the reservation is dropped.
-    pub pod: Option<(String, Option<String>, bool)>,
+    /// Its pod while it exists; `None` once gone: the reservation is dropped.
+    pub pod: Option<Tenant>,
 }
 
 /// The placement decision of [`PoolIndex::decide`].
@@ -297,6 +297,30 @@ pub enum Decision {
         /// Capacity pods held (to compare with `maxGpus`).
         gpus: usize,
     },
+}
+
+impl Decision {
+    /// Add `new` to capacity pod `cap` (whose reservations are `kept`, as they are to be written): the write the
+    /// caller guards with `cap`'s resourceVersion.
+    fn place_on(
+        cap: &CapacityGpu,
+        kept: Vec<Reservation>,
+        new: &Reservation,
+        reason: &'static str,
+        ends_drain: bool,
+        evicts: Vec<String>,
+    ) -> Decision {
+        let mut reservations = kept;
+        reservations.push(new.clone());
+        Decision::Place {
+            capacity_pod: cap.name.clone(),
+            resource_version: cap.resource_version.clone(),
+            reservations,
+            reason,
+            ends_drain,
+            evicts,
+        }
+    }
 }
 
 impl PoolIndex {
@@ -468,16 +492,14 @@ impl PoolIndex {
                     });
                 };
                 let cap = &self.capacity[name];
-                let mut reservations = cap.reservation_list().to_vec();
-                reservations.push(new.clone());
-                Ok(Decision::Place {
-                    capacity_pod: name.clone(),
-                    resource_version: cap.resource_version.clone(),
-                    reservations,
-                    reason: reason.as_str(),
-                    ends_drain: reason == tessera_core::pack::PlaceReason::Draining,
-                    evicts: Vec::new(),
-                })
+                Ok(Decision::place_on(
+                    cap,
+                    cap.reservation_list().to_vec(),
+                    new,
+                    reason.as_str(),
+                    reason == tessera_core::pack::PlaceReason::Draining,
+                    Vec::new(),
+                ))
             }
             tessera_core::pack::Placement::NoRoom(why) => {
                 if lend_sleepers && let Some(lent) = self.lend(shape, new) {
@@ -487,13 +509,18 @@ impl PoolIndex {
                     return Ok(spare);
                 }
                 let unidentified = self.capacity.values().filter(|g| g.unidentified()).count();
-                let reason = if unidentified > 0 {
-                    format!(
-                        "{why}; {unidentified} running capacity pod(s) have no published GPU UUID and were skipped (see their gpu-agent's /ready)"
-                    )
-                } else {
-                    why.to_string()
-                };
+                let mut reason = why.to_string();
+                if unidentified > 0 {
+                    reason.push_str(&format!(
+                        "; {unidentified} running capacity pod(s) have no published GPU UUID and were skipped (see their gpu-agent's /ready)"
+                    ));
+                }
+                // Below maxGpus a spare would have taken it: none was ready (the leader makes them).
+                if self.gpus_held() < max_gpus && !self.capacity.values().any(|g| g.spare && !g.gone) {
+                    reason.push_str(
+                        "; no spare capacity pod is ready (the leader makes one; spareCapacityPods)",
+                    );
+                }
                 Ok(Decision::NoRoom {
                     reason,
                     gpus: self.gpus_held(),
@@ -527,16 +554,14 @@ impl PoolIndex {
                     packer.assign(id, r.request()).ok()?;
                 }
                 packer.assign(id, new.request()).ok()?;
-                let mut reservations = list.clone();
-                reservations.push(new.clone());
-                Some(Decision::Place {
-                    capacity_pod: g.name.clone(),
-                    resource_version: g.resource_version.clone(),
-                    reservations,
-                    reason: BOOKED_SPARE,
-                    ends_drain: false,
-                    evicts: Vec::new(),
-                })
+                Some(Decision::place_on(
+                    g,
+                    list.clone(),
+                    new,
+                    BOOKED_SPARE,
+                    false,
+                    Vec::new(),
+                ))
             })
     }
 
@@ -596,7 +621,7 @@ impl PoolIndex {
             return None;
         }
         let cap = &self.capacity[name];
-        let mut reservations: Vec<Reservation> = cap
+        let kept = cap
             .reservation_list()
             .iter()
             .map(|r| {
@@ -607,25 +632,20 @@ impl PoolIndex {
                 r
             })
             .collect();
-        reservations.push(new.clone());
-        Some(Decision::Place {
-            capacity_pod: name.clone(),
-            resource_version: cap.resource_version.clone(),
-            reservations,
-            reason: LENT_BY_SLEEPERS,
-            ends_drain: cap.draining_since.is_some(),
+        Some(Decision::place_on(
+            cap,
+            kept,
+            new,
+            LENT_BY_SLEEPERS,
+            cap.draining_since.is_some(),
             evicts,
-        })
+        ))
     }
 
     /// The capacity pods whose reservations' sleep marks ([`Reservation::asleep_since`]) differ from their pods
     /// (asleep, or awake again), each with its resourceVersion and the list to write; the leader writes them.
     pub fn sleep_marks(&self, now: u64) -> Vec<(String, Option<String>, Vec<Reservation>)> {
-        let asleep: HashMap<&str, bool> = self
-            .tenants
-            .values()
-            .map(|t| (t.reservation.as_str(), t.asleep))
-            .collect();
+        let tenant_of = self.tenant_by_reservation();
         let mut out = Vec::new();
         for g in self.capacity.values().filter(|g| !g.gone) {
             let Ok(list) = &g.reservations else { continue };
@@ -635,7 +655,8 @@ impl PoolIndex {
                 .map(|r| {
                     let mut r = r.clone();
                     // A reservation whose pod has not appeared yet (or is gone) is not asleep.
-                    let want = r.evicted_at.is_none() && asleep.get(r.id.as_str()).copied().unwrap_or(false);
+                    let want =
+                        r.evicted_at.is_none() && tenant_of.get(r.id.as_str()).is_some_and(|t| t.asleep);
                     if want != r.asleep_since.is_some() {
                         r.asleep_since = want.then_some(now);
                         changed = true;
@@ -653,19 +674,27 @@ impl PoolIndex {
     /// Lent reservations still on a capacity pod: the leader deletes each one's pod (if it still has one) and
     /// holds the GPU's start-up Lease meanwhile.
     pub fn lent(&self) -> Vec<Lent> {
+        let tenant_of = self.tenant_by_reservation();
         let mut out = Vec::new();
         for g in self.capacity.values() {
             for r in g.reservation_list().iter().filter(|r| r.evicted_at.is_some()) {
-                let tenant = self.tenants.values().find(|t| t.reservation == r.id);
                 out.push(Lent {
                     capacity_pod: g.name.clone(),
                     gpu_uuid: g.gpu_uuid.clone(),
                     reservation: r.id.clone(),
-                    pod: tenant.map(|t| (t.key.clone(), t.uid.clone(), t.terminating)),
+                    pod: tenant_of.get(r.id.as_str()).map(|t| (*t).clone()),
                 });
             }
         }
         out
+    }
+
+    /// Each tenant by its reservation id.
+    pub fn tenant_by_reservation(&self) -> HashMap<&str, &Tenant> {
+        self.tenants
+            .values()
+            .map(|t| (t.reservation.as_str(), t))
+            .collect()
     }
 
     /// Capacity pods that failed or completed (evicted, node lost) and are not being deleted yet: to delete.
@@ -679,14 +708,15 @@ impl PoolIndex {
 
     /// Reservations to drop: no tenant pod carries their id, and they are older than `ttl_secs`.
     pub fn expired(&self, now: u64, ttl_secs: u64) -> Vec<(String, Vec<String>)> {
-        let bound: std::collections::HashSet<&str> =
-            self.tenants.values().map(|t| t.reservation.as_str()).collect();
+        let bound = self.tenant_by_reservation();
         let mut out = Vec::new();
         for g in self.capacity.values() {
             let ids: Vec<String> = g
                 .reservation_list()
                 .iter()
-                .filter(|r| !bound.contains(r.id.as_str()) && r.created_at.saturating_add(ttl_secs) <= now)
+                .filter(|r| {
+                    !bound.contains_key(r.id.as_str()) && r.created_at.saturating_add(ttl_secs) <= now
+                })
                 .map(|r| r.id.clone())
                 .collect();
             if !ids.is_empty() {

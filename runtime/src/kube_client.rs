@@ -83,6 +83,56 @@ pub fn new_lease(
     }
 }
 
+/// What the Lease rule (`tessera_core::lease`) reads of `lease`: its holder, its duration (`default` when unset or
+/// out of range) and its resourceVersion — the arguments of `LeaseObservation::observe` after the previous one.
+pub fn lease_facts(
+    lease: &k8s_openapi::api::coordination::v1::Lease,
+    default: std::time::Duration,
+) -> (Option<String>, std::time::Duration, String) {
+    let spec = lease.spec.as_ref();
+    (
+        spec.and_then(|s| s.holder_identity.clone()),
+        spec.and_then(|s| s.lease_duration_seconds)
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(default, std::time::Duration::from_secs),
+        lease.metadata.resource_version.clone().unwrap_or_default(),
+    )
+}
+
+/// Marks `lease` held by `holder` at `now_ms` for `duration_secs`: a renewal when `holder` already holds it, an
+/// acquisition otherwise (holder, acquire time, one more transition). Returns whether it was an acquisition. What
+/// leader election, the start-up gate and the pool manager's eviction write before their guarded replace.
+pub fn hold_lease(
+    lease: &mut k8s_openapi::api::coordination::v1::Lease,
+    holder: &str,
+    duration_secs: i32,
+    now_ms: u64,
+) -> bool {
+    let spec = lease.spec.get_or_insert_default();
+    let acquired = spec.holder_identity.as_deref() != Some(holder);
+    if acquired {
+        spec.holder_identity = Some(holder.to_owned());
+        spec.acquire_time = Some(micro_time(now_ms));
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+    }
+    spec.renew_time = Some(micro_time(now_ms));
+    spec.lease_duration_seconds = Some(duration_secs);
+    acquired
+}
+
+/// Gives `lease` up if `holder` holds it: the holder cleared and a 1 s duration, so the next candidate takes it at
+/// its next read rather than after the full duration. Returns `false` (and changes nothing) when `holder` does not
+/// hold it.
+pub fn give_up_lease(lease: &mut k8s_openapi::api::coordination::v1::Lease, holder: &str) -> bool {
+    let spec = lease.spec.get_or_insert_default();
+    if spec.holder_identity.as_deref() != Some(holder) {
+        return false;
+    }
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    true
+}
+
 /// The watcher config every watch on a [`client`] uses (server-side timeout below the read timeout).
 pub fn watcher_config() -> watcher::Config {
     watcher::Config::default().timeout(WATCH_TIMEOUT_SECS)

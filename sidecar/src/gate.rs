@@ -20,12 +20,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, PostParams};
 use serde::Serialize;
 use tessera_core::gate::{self, Action, OpenReason, Phase};
 use tessera_core::lease::LeaseObservation;
-use tessera_runtime::kube_client::micro_time;
+use tessera_runtime::kube_client::{give_up_lease, hold_lease, lease_facts};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -129,6 +129,16 @@ impl GateStatus {
 }
 
 impl GateStatus {
+    /// As the sidecar's `/v1/status` carries it (`startup_gate`); `None` for a pod that shares no GPU.
+    pub fn wire(&self) -> Option<tessera_core::wire::sidecar::StartupGateStatus> {
+        self.lease.as_ref()?;
+        Some(tessera_core::wire::sidecar::StartupGateStatus {
+            state: self.state.to_owned(),
+            reason: self.reason.map(str::to_owned),
+            holder: self.holder.clone(),
+        })
+    }
+
     /// Waiting for `lease` (before the first read).
     pub fn waiting(lease: Option<String>) -> GateStatus {
         GateStatus::of(&Phase::Waiting { since_ms: now_ms() }, lease.as_deref(), None)
@@ -210,24 +220,15 @@ async fn write(
                     .get_or_insert_default()
                     .insert(WAITING_ANNOTATION.into(), w);
             }
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            if matches!(action, Action::Acquire) {
-                spec.holder_identity = Some(me.to_owned());
-                spec.acquire_time = Some(micro_time(now));
-                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
-            }
-            spec.renew_time = Some(micro_time(now));
-            spec.lease_duration_seconds = Some(secs);
+            // Acquire finds another holder (or none), Renew finds us: the helper tells them apart the same way.
+            hold_lease(&mut lease, me, secs, now);
             api.replace(name, &PostParams::default(), &lease).await
         }
         (Action::Release(_), Some(mut lease)) => {
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            if spec.holder_identity.as_deref() != Some(me) {
+            // Cleared holder + 1 s duration: the next pod takes it at its next read, not after the full duration.
+            if !give_up_lease(&mut lease, me) {
                 return Ok(true);
             }
-            // Cleared holder + 1 s duration: the next pod takes it at its next read, not after the full duration.
-            spec.holder_identity = None;
-            spec.lease_duration_seconds = Some(1);
             api.replace(name, &PostParams::default(), &lease).await
         }
         (Action::Wait { .. }, Some(mut lease)) => {
@@ -322,18 +323,8 @@ pub async fn run(
             }
         };
         observed = current.as_ref().map(|l| {
-            let spec = l.spec.clone().unwrap_or_default();
-            LeaseObservation::observe(
-                observed.as_ref(),
-                spec.holder_identity,
-                Duration::from_secs(
-                    spec.lease_duration_seconds
-                        .and_then(|s| u64::try_from(s).ok())
-                        .unwrap_or(args.gate_lease_duration.as_secs()),
-                ),
-                l.metadata.resource_version.clone().unwrap_or_default(),
-                now,
-            )
+            let (holder, duration, rv) = lease_facts(l, args.gate_lease_duration);
+            LeaseObservation::observe(observed.as_ref(), holder, duration, rv, now)
         });
         let ready = matches!(phase, Phase::Holding { .. }) && vllm_healthy(&http, &vllm_health_url).await;
         let limits = gate::Limits {

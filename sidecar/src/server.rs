@@ -66,15 +66,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
     let mut doc = state.status(crate::unix_now());
     drop(state);
     doc.rest = shared.rest.status();
-    doc.startup_gate = shared.gate.lock().ok().and_then(|g| {
-        g.lease
-            .as_ref()
-            .map(|_| tessera_core::wire::sidecar::StartupGateStatus {
-                state: g.state.to_owned(),
-                reason: g.reason.map(str::to_owned),
-                holder: g.holder.clone(),
-            })
-    });
+    doc.startup_gate = shared.gate.lock().ok().and_then(|g| g.wire());
     axum::Json(doc).into_response()
 }
 

@@ -198,8 +198,7 @@ pub fn gpus_from_pool(
     agents: &BTreeMap<String, GpuAgentStatus>,
     holders: &BTreeMap<String, String>,
 ) -> Vec<GpuObservation> {
-    let tenant_of: std::collections::HashMap<&str, &crate::pool::Tenant> =
-        index.tenants().map(|t| (t.reservation.as_str(), t)).collect();
+    let tenant_of = index.tenant_by_reservation();
     index
         .capacity()
         // A spare (gated) holds no GPU: not a row until a booking opens it.

@@ -16,10 +16,9 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::coordination::v1::LeaseSpec;
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use tessera_core::lease::{LeaseDecision, LeaseObservation, decide};
-use tessera_runtime::kube_client::{micro_time, new_lease};
+use tessera_runtime::kube_client::{give_up_lease, hold_lease, lease_facts, new_lease};
 use tracing::{debug, info, warn};
 
 use super::{PoolManager, is_status};
@@ -71,17 +70,18 @@ impl PoolManager {
         let mut deleted = 0;
         let mut still: HashMap<String, String> = HashMap::new();
         for l in lent {
-            let Some((key, uid, terminating)) = l.pod else {
+            let Some(tenant) = l.pod else {
                 // Its pod is gone: the room is the newcomer's alone.
                 self.remove_reservations(&l.capacity_pod, std::slice::from_ref(&l.reservation), now)
                     .await?;
                 continue;
             };
+            let key = &tenant.key;
             if let Some(uuid) = &l.gpu_uuid {
-                still.insert(uuid.clone(), holder(&key));
-                self.hold_lease(uuid, &holder(&key), now).await;
+                still.insert(uuid.clone(), holder(key));
+                self.hold_lease(uuid, &holder(key), now).await;
             }
-            if terminating {
+            if tenant.terminating {
                 continue;
             }
             let Some((ns, name)) = key.split_once('/') else {
@@ -90,7 +90,7 @@ impl PoolManager {
             let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
                 kube::Api::namespaced(self.pods.clone().into_client(), ns);
             let dp = DeleteParams::default().preconditions(Preconditions {
-                uid: uid.clone(),
+                uid: tenant.uid.clone(),
                 resource_version: None,
             });
             match api.delete(name, &dp).await {
@@ -108,7 +108,7 @@ impl PoolManager {
                 }
             }
         }
-        self.release_leases(&still, now).await;
+        self.release_leases(&still).await;
         Ok(deleted)
     }
 
@@ -125,17 +125,9 @@ impl PoolManager {
             }
         };
         let observed = current.as_ref().map(|l| {
-            let spec = l.spec.clone().unwrap_or_default();
+            let (holder, duration, rv) = lease_facts(l, std::time::Duration::from_secs(1));
             let previous = self.held().seen.get(uuid).cloned();
-            LeaseObservation::observe(
-                previous.as_ref(),
-                spec.holder_identity,
-                std::time::Duration::from_secs(
-                    u64::try_from(spec.lease_duration_seconds.unwrap_or(1)).unwrap_or(1),
-                ),
-                l.metadata.resource_version.clone().unwrap_or_default(),
-                now_ms,
-            )
+            LeaseObservation::observe(previous.as_ref(), holder, duration, rv, now_ms)
         });
         if let Some(o) = &observed {
             self.held().seen.insert(uuid.to_owned(), o.clone());
@@ -147,14 +139,7 @@ impl PoolManager {
                 .await
                 .map(|_| ()),
             (LeaseDecision::Acquire | LeaseDecision::Renew, Some(mut lease)) => {
-                let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-                if spec.holder_identity.as_deref() != Some(me) {
-                    spec.holder_identity = Some(me.to_owned());
-                    spec.acquire_time = Some(micro_time(now_ms));
-                    spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
-                }
-                spec.renew_time = Some(micro_time(now_ms));
-                spec.lease_duration_seconds = Some(LEASE_SECS);
+                hold_lease(&mut lease, me, LEASE_SECS, now_ms);
                 self.leases
                     .replace(&name, &PostParams::default(), &lease)
                     .await
@@ -179,7 +164,7 @@ impl PoolManager {
     }
 
     /// Releases every Lease held for an eviction that is over (the GPU is not in `still`, or another pod now).
-    async fn release_leases(&self, still: &HashMap<String, String>, now: u64) {
+    async fn release_leases(&self, still: &HashMap<String, String>) {
         let done: Vec<(String, String)> = self
             .held()
             .holding
@@ -191,12 +176,8 @@ impl PoolManager {
             let name = tessera_core::gate::lease_name(&uuid);
             match self.leases.get_opt(&name).await {
                 Ok(Some(mut lease)) => {
-                    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-                    if spec.holder_identity.as_deref() == Some(me.as_str()) {
-                        // Cleared holder + 1 s: the waiting sidecar takes it at its next read (as a sidecar releases).
-                        spec.holder_identity = None;
-                        spec.lease_duration_seconds = Some(1);
-                        spec.renew_time = Some(micro_time(now.saturating_mul(1000)));
+                    // Cleared holder + 1 s: the waiting sidecar takes it at its next read (as a sidecar releases).
+                    if give_up_lease(&mut lease, &me) {
                         if let Err(e) = self.leases.replace(&name, &PostParams::default(), &lease).await {
                             // Kept in `holding`: the next pass tries again; the Lease expires meanwhile anyway.
                             warn!(lease = %name, error = %e, "cannot release the GPU's start-up Lease");
