@@ -59,7 +59,7 @@ pub struct Context {
     /// even when it looks like the echo of a status write.
     pub woken: Mutex<HashSet<String>>,
     /// Pods whose start-up gate opened by its bounded wait and already have their Warning Event.
-    pub gate_timeouts: super::gate_events::Reported,
+    pub gate_timeouts: Mutex<HashSet<String>>,
     /// Models being rolled onto a new allocation, one per pool.
     pub rolling: super::rollout::Rolling,
     /// Consolidation: the capacity pods the pool managers drain (this controller moves pods off them), and the pods

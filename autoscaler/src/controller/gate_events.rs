@@ -16,19 +16,13 @@ use crate::crd::InferenceAutoscaler;
 /// Pods already reported, bounded: past this many the set starts over (a pod reported twice is the worst case).
 const MAX_REPORTED: usize = 10_000;
 
-/// The pods (`namespace/name`) whose gate timeout has an Event already.
-#[derive(Debug, Default)]
-pub struct Reported(Mutex<HashSet<String>>);
-
-impl Reported {
-    /// Whether `pod` is new to the set (and records it).
-    fn first(&self, pod: &str) -> bool {
-        let mut set = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if set.len() >= MAX_REPORTED {
-            set.clear();
-        }
-        set.insert(pod.to_owned())
+/// Whether `pod` is new to `reported` (the pods whose gate timeout has an Event already), recording it.
+fn first(reported: &Mutex<HashSet<String>>, pod: &str) -> bool {
+    let mut set = reported.lock().unwrap_or_else(|e| e.into_inner());
+    if set.len() >= MAX_REPORTED {
+        set.clear();
     }
+    set.insert(pod.to_owned())
 }
 
 /// The Event's note for a pod whose gate opened by `wait_timeout`, or `None` for any other document.
@@ -50,7 +44,7 @@ pub fn note(pod: &str, doc: &SidecarStatus) -> Option<String> {
 pub async fn publish_timeouts(ctx: &Context, obj: &InferenceAutoscaler, docs: &[(String, &SidecarStatus)]) {
     for (pod, doc) in docs {
         if let Some(note) = note(pod, doc)
-            && ctx.gate_timeouts.first(pod)
+            && first(&ctx.gate_timeouts, pod)
         {
             publish(
                 ctx,
@@ -90,9 +84,9 @@ mod tests {
         ] {
             assert!(note("team-a/llama-0", &fine).is_none());
         }
-        let seen = Reported::default();
-        assert!(seen.first("team-a/llama-0"));
-        assert!(!seen.first("team-a/llama-0"), "one Event per pod");
-        assert!(seen.first("team-a/llama-1"));
+        let seen = Mutex::new(HashSet::new());
+        assert!(first(&seen, "team-a/llama-0"));
+        assert!(!first(&seen, "team-a/llama-0"), "one Event per pod");
+        assert!(first(&seen, "team-a/llama-1"));
     }
 }

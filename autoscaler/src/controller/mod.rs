@@ -367,7 +367,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
-        gate_timeouts: Default::default(),
+        gate_timeouts: Mutex::new(HashSet::new()),
         rolling: rollout::Rolling::default(),
         consolidation: crate::pool::ConsolidationLink::default(),
         ui,

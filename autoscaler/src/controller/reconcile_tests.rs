@@ -166,7 +166,7 @@ pub(super) fn test_context(
         states: Mutex::new(states),
         last_runs: Mutex::new(HashMap::new()),
         woken: Mutex::new(HashSet::new()),
-        gate_timeouts: Default::default(),
+        gate_timeouts: Mutex::new(HashSet::new()),
         rolling: crate::controller::rollout::Rolling::default(),
         consolidation: crate::pool::ConsolidationLink::default(),
         ui: Arc::new(crate::ui::Store::new(
