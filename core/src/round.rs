@@ -104,6 +104,9 @@ pub struct Round {
     pub policy: ScalePolicy,
     /// Sleep or zero at rest, and why; `None` where [`Observed::sleep`] was.
     pub rest: Option<Rest>,
+    /// A pod is there to sleep: one asleep now, or a running replica that the last to leave will be. Without one
+    /// (its sleeper was evicted, say) a model at zero keeps no pod: a sleep needs a pod to sleep.
+    pub sleeper_pod: bool,
     /// Whole GPUs or shared, and why; `None` where [`Observed::isolation`] was.
     pub isolation: Option<Isolation>,
 }
@@ -124,7 +127,9 @@ impl Round {
     /// rest rule chose sleep. The pod stays (the controller keeps `/scale` at one and writes the pod's
     /// `tessera.dev/rest` instruction; the simulator keeps it on its GPU as a sleeper).
     pub fn sleeps(&self) -> bool {
-        self.decision.desired_replicas == 0 && self.rest.as_ref().is_some_and(|r| r.sleep.is_some())
+        self.decision.desired_replicas == 0
+            && self.sleeper_pod
+            && self.rest.as_ref().is_some_and(|r| r.sleep.is_some())
     }
 
     /// The pods the workload keeps (`/scale`'s count): the running replicas, and at zero the one asleep.
@@ -181,12 +186,13 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
     }
     let input = inputs::scale_input(current, &read, observed.max_signal_age, demand);
     let mut leads = observed.leads;
+    // A wake needs a pod to wake: one asleep now, or the one the last running replica will leave.
+    let sleeper_pod = current > 0 || observed.sleep.as_ref().is_some_and(|(_, f)| f.asleep);
     let rest = observed.sleep.as_ref().map(|(sleep_policy, facts)| {
         let cold = observed.leads.scale_up.or(observed.leads.from_zero);
         let rest = sleep_rule::decide(sleep_policy, facts, cold, policy.ttft_slo);
-        // A wake needs a pod to wake: one asleep now, or the one the last running replica will leave.
         if let Some(cold) = cold {
-            leads = LeadTimes::may_sleep(cold, rest.wake, facts.asleep || current > 0);
+            leads = LeadTimes::may_sleep(cold, rest.wake, sleeper_pod);
         }
         rest
     });
@@ -222,6 +228,7 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
         class,
         policy: effective,
         rest,
+        sleeper_pod,
         isolation,
     }
 }
@@ -489,5 +496,16 @@ mod tests {
         let r = round(&policy, &asleep, &mut ScaleState::default(), now);
         assert_eq!((r.decision.desired_replicas, r.sleeps()), (1, false));
         assert_eq!(r.joint.warm_floor, None);
+        // Its sleeper evicted (none asleep, none running): no pod to sleep, so the way back is a cold start and the
+        // warm floor asks for a replica, as the simulator starts one after losing a sleeper.
+        let mut lost = asleep.clone();
+        lost.demand = idle(now);
+        if let Some((_, f)) = lost.sleep.as_mut() {
+            f.asleep = false;
+        }
+        let r = round(&policy, &lost, &mut ScaleState::default(), now);
+        assert!(!r.sleeper_pod && !r.sleeps());
+        assert_eq!((r.decision.desired_replicas, r.pods()), (1, 1));
+        assert!(r.joint.warm_floor.is_some());
     }
 }

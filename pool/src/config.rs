@@ -16,6 +16,8 @@
 //!     emptyGpuGracePeriod: 10m
 //!     memoryHeadroomMiB: 1024
 //!     computeOversubscription: 2.0     # mps only (its default): the caps on one GPU may add up to 2 GPUs
+//!     maxSleepersPerGpu: 4             # sleep mode: the GPU's sleeper budget (residue also ≤ a quarter of memory)
+//!     sleepResidueMiB: 1434            # sleep mode: a sleeper's residue until measured
 //! ```
 //! Unknown keys are errors (a typo must not silently fall back to a default), and every check names the pool
 //! and the field.
@@ -72,6 +74,14 @@ fn default_headroom() -> u64 {
     1024
 }
 
+fn default_max_sleepers() -> u32 {
+    4
+}
+
+fn default_sleep_residue() -> u64 {
+    tessera_core::pack::sleeping::DEFAULT_RESIDUE_MIB
+}
+
 fn default_namespace() -> String {
     "tessera-system".to_string()
 }
@@ -124,6 +134,22 @@ pub struct PoolSpec {
     /// Emptying a GPU whose few replicas fit on the others (`tessera_core::pack::consolidate`).
     #[serde(default)]
     pub consolidation: ConsolidationSpec,
+    /// Sleep mode: most sleeping pods on one GPU (their residue together may also take at most a quarter of its
+    /// memory). A model whose last replica would sleep where the budget is full sleeps only if it is worth more
+    /// than a sleeper there, which is then let go (`tessera_core::pack::sleeping::admit`); else it goes to zero.
+    #[serde(default = "default_max_sleepers")]
+    pub max_sleepers_per_gpu: u32,
+    /// Sleep mode: GPU memory a sleeping pod is counted to keep (its CUDA context), MiB, until its sidecar measured
+    /// its residue. 1434 MiB is the level-1 residue reported for vLLM on an H100.
+    #[serde(rename = "sleepResidueMiB", default = "default_sleep_residue")]
+    pub sleep_residue_mib: u64,
+}
+
+impl PoolSpec {
+    /// The GPU's budget for sleeping pods (`tessera_core::pack::sleeping`).
+    pub fn sleeper_budget(&self) -> tessera_core::pack::sleeping::SleeperBudget {
+        tessera_core::pack::sleeping::SleeperBudget::of_gpu(self.gpu_memory_mib, self.max_sleepers_per_gpu)
+    }
 }
 
 /// A pool's `consolidation` block: when a GPU whose replicas fit elsewhere is drained. The defaults are
@@ -331,6 +357,17 @@ impl PoolsConfig {
                     format!(
                         "{} leaves nothing of gpuMemoryMiB {}; use a few hundred to a few thousand MiB",
                         p.memory_headroom_mib, p.gpu_memory_mib
+                    ),
+                ));
+            }
+            if p.max_sleepers_per_gpu > 0 && p.sleep_residue_mib > p.sleeper_budget().max_residue_mib {
+                return Err(bad(
+                    "sleepResidueMiB",
+                    format!(
+                        "{} MiB is over a quarter of gpuMemoryMiB {} (what sleepers may keep of a GPU), so no \
+                         sleeping pod would ever fit; give the measured residue (about 1434 for vLLM on an H100), or \
+                         set maxSleepersPerGpu: 0 to keep sleepers off this pool",
+                        p.sleep_residue_mib, p.gpu_memory_mib
                     ),
                 ));
             }

@@ -19,6 +19,8 @@
 //! With `lendSleepers`, a reservation whose pod sleeps (marked `asleepSince` by the leader) lends its room to a new
 //! one that would otherwise open a GPU; the leader deletes the sleeper behind the GPU's start-up Lease
 //! (`manager/lend.rs`; the decision is [`state::PoolIndex::decide`] through `tessera_core::pack::sleeping`).
+//! Whatever `lendSleepers` says, each reconcile publishes every GPU's sleepers and budget to the controller
+//! ([`sleepers::SleepLink`]), which applies the sleeper budget, and marks when a GPU has held only sleepers.
 //!
 //! Labels and annotations (the contract with the webhook, the gpu-agent and the sidecar):
 //! - capacity pods: label [`LABEL_POOL`] = pool, label [`LABEL_CAPACITY_POD`] = `"true"`, annotations
@@ -33,6 +35,7 @@ pub mod config;
 mod manager;
 pub mod metrics;
 mod shared;
+pub mod sleepers;
 pub mod state;
 
 pub use config::{ConsolidationSpec, PoolConfigError, PoolSpec, PoolsConfig, SharingMode};

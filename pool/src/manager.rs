@@ -2,6 +2,7 @@
 //! by [`PoolIndex`] and the core packer; this file only turns decisions into requests and answers into index
 //! updates.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use tessera_core::pack::consolidate::Candidate;
 // Lending a sleeping pod's room: the leader's eviction and its hold on the GPU's start-up Lease.
 mod lend;
 // Spare capacity pods: the leader alone creates capacity pods; a booking on a spare opens it.
+mod sleepers;
 mod spares;
 
 /// What the webhook asks for.
@@ -97,6 +99,8 @@ pub struct PoolManager {
     /// The GPUs' start-up Leases (in the capacity namespace), held while a lent sleeper is evicted.
     leases: Api<k8s_openapi::api::coordination::v1::Lease>,
     lending: Arc<Mutex<lend::Held>>,
+    /// Since when each capacity pod has held only sleeping pods (Unix seconds; `manager/sleepers.rs`).
+    sleepers_only: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
@@ -115,6 +119,7 @@ impl PoolManager {
             pods: Api::namespaced(client.clone(), &cfg.namespace),
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             lending: Arc::new(Mutex::new(lend::Held::default())),
+            sleepers_only: Arc::new(Mutex::new(HashMap::new())),
             // Tenants are watched where they may be: one namespace when the installation watches one (its Role
             // grants pods there only), every namespace otherwise.
             all_pods: match &cfg.tenant_namespace {
@@ -339,7 +344,9 @@ impl PoolManager {
                 let remaining: Vec<Reservation> =
                     list.iter().filter(|r| !ids.contains(&r.id)).cloned().collect();
                 let removed = list.len() - remaining.len();
-                (remaining, removed, gpu.resource_version.clone(), gpu.empty_since)
+                // A GPU that held only sleepers is empty since then (`manager/sleepers.rs`).
+                let empty_since = gpu.empty_since.or_else(|| self.sleepers_only_since(name));
+                (remaining, removed, gpu.resource_version.clone(), empty_since)
             };
             if removed == 0 {
                 return Ok(0);
@@ -428,6 +435,7 @@ impl PoolManager {
         }
         report.spares_opened = self.tend_spares().await?;
         report.drain = self.consolidate(now).await?;
+        self.publish_sleepers(now);
         let (mark, delete) = self
             .index()
             .empty_gpus(now, self.pool.empty_gpu_grace_period.as_secs());

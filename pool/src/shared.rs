@@ -17,6 +17,8 @@ pub struct ConsolidationLink {
     pub shared: SharedGpus,
     /// Controller → pool managers.
     pub managed: ManagedPods,
+    /// Both ways, for sleeping pods: each GPU's sleepers and budget, and what each sleeper is worth.
+    pub sleepers: crate::sleepers::SleepLink,
 }
 
 /// A set of capacity pods, by pool, as the pool managers last published it. Cheap to clone; clones share.

@@ -193,6 +193,8 @@ pub struct Tenant {
     /// Asleep: the controller told it to sleep (`tessera.dev/rest`) and it is not Ready (a sleeping vLLM fails
     /// its readiness), nor being deleted. Only such a pod's room may be lent ([`PoolIndex::decide`]).
     pub asleep: bool,
+    /// Asleep and let go by its model's controller (`tessera_core::sleep::evict`): its pod is on its way out.
+    pub evicted: bool,
     /// Being deleted.
     pub terminating: bool,
 }
@@ -207,6 +209,9 @@ impl Tenant {
             return None;
         }
         let ann = pod.metadata.annotations.as_ref()?;
+        let instruction = ann
+            .get(tessera_core::sleep::command::ANNOTATION)
+            .and_then(|v| v.parse::<tessera_core::sleep::command::RestCommand>().ok());
         let replica_set = pod
             .metadata
             .owner_references
@@ -221,11 +226,15 @@ impl Tenant {
             movable: replica_set
                 && tessera_runtime::pod::ready(pod)
                 && pod.metadata.deletion_timestamp.is_none(),
-            asleep: ann
-                .get(tessera_core::sleep::command::ANNOTATION)
-                .is_some_and(|v| v.parse::<tessera_core::sleep::command::RestCommand>().is_ok())
+            asleep: instruction.is_some()
                 && !tessera_runtime::pod::ready(pod)
                 && pod.metadata.deletion_timestamp.is_none(),
+            evicted: tessera_core::sleep::evict::let_go(
+                instruction.as_ref(),
+                ann.get(tessera_core::sleep::evict::ANNOTATION)
+                    .and_then(|v| v.parse().ok())
+                    .as_ref(),
+            ),
             terminating: pod.metadata.deletion_timestamp.is_some(),
         })
     }
@@ -687,6 +696,32 @@ impl PoolIndex {
             }
         }
         out
+    }
+
+    /// Each GPU's tenants for the sleeper budget, by capacity pod (spares, gone and unreadable ones left out): one
+    /// per reservation, a lent one (leaving) excepted; a reservation whose pod has not appeared counts as awake.
+    pub fn gpu_tenants(&self) -> Vec<(String, Vec<crate::sleepers::GpuTenant>)> {
+        let tenant_of = self.tenant_by_reservation();
+        self.capacity
+            .values()
+            .filter(|g| !g.gone && !g.spare)
+            .filter_map(|g| {
+                let list = g.reservations.as_ref().ok()?;
+                let tenants = list
+                    .iter()
+                    .filter(|r| r.evicted_at.is_none())
+                    .map(|r| {
+                        let t = tenant_of.get(r.id.as_str());
+                        crate::sleepers::GpuTenant {
+                            pod: t.map(|t| t.key.clone()),
+                            asleep: t.is_some_and(|t| t.asleep),
+                            evicted: t.is_some_and(|t| t.asleep && t.evicted),
+                        }
+                    })
+                    .collect();
+                Some((g.name.clone(), tenants))
+            })
+            .collect()
     }
 
     /// Each tenant by its reservation id.

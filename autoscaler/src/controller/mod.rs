@@ -43,6 +43,7 @@ pub mod reconcile;
 pub mod rollout;
 pub mod signals;
 pub mod sleep;
+pub mod sleep_room;
 pub mod status;
 
 use std::collections::{HashMap, HashSet};

@@ -244,13 +244,26 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let flex_neighbours = ctx.neighbours.record(&key, seen, now_sys);
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
-    let current = g.observed.replicas + g.sleeping;
+    let current = g.scale_count();
     let moving = g.placed.decided(r.placement, r.step);
     let (replicas, applied) = apply_count(ctx, obj, &g, &moving, &r).await;
     // Sleep mode: the pod the count keeps at zero is told to sleep; a model that does not sleep now has every
     // instruction taken off. Only where Tessera owns `/scale` (KEDA's zero deletes the pod).
     if matches!(applied, Applied::Scaled | Applied::Unchanged) {
-        super::sleep::instruct(ctx, obj, &g.all_pods, &g.rest_docs, &r, now.as_millis()).await;
+        let wrote = super::sleep::instruct(
+            ctx,
+            obj,
+            &g.all_pods,
+            &g.rest_docs,
+            &r,
+            &g.let_go,
+            now.as_millis(),
+        )
+        .await;
+        // The sleepers a new sleeper displaces are let go once it is told to sleep; this model's own on a GPU
+        // given back at once.
+        let displaced: &[String] = if wrote { &g.displaces } else { &[] };
+        super::sleep_room::mark(ctx, obj, displaced, &g.let_go, now.as_millis()).await;
     }
     let decision = &r.decision;
     if !matches!(applied, Applied::Failed(_) | Applied::Conflict(_))
@@ -372,7 +385,7 @@ async fn apply_count(
     r: &Round,
 ) -> (u32, Applied) {
     // `/scale`'s count holds the sleeping replicas too, and so does the count written (`Round::pods`).
-    let current = g.observed.replicas + g.sleeping;
+    let current = g.scale_count();
     let mut replicas = r.pods();
     // One owner per /scale: KEDA's, or nobody's while two claim it (`core::keda::ownership`).
     match tessera_core::keda::ownership(obj.spec.scaled_by.owner(), &g.target, g.others.as_deref()) {
@@ -456,9 +469,21 @@ pub(super) struct Gathered {
     /// replicas are asleep (counted in `/scale`, not in the round's running replicas).
     rest_docs: Vec<(String, SidecarStatus)>,
     sleeping: u32,
+    /// Sleepers let go (`super::sleep_room`): in `/scale`'s count, neither running nor asleep; and which.
+    leaving: u32,
+    let_go: Vec<super::sleep_room::LetGo>,
+    /// Other models' sleepers the budget lets go once this model's last replica falls asleep.
+    displaces: Vec<String>,
     /// Each ready replica's pod name and sidecar URL, in `observed.sidecars`' order (where the objective is
     /// handed over, and whose GPU neighbours the flex lane reads).
     ready_pods: Vec<(String, String)>,
+}
+
+impl Gathered {
+    /// `/scale`'s count as read: the running replicas, the sleeping ones and those let go.
+    fn scale_count(&self) -> u32 {
+        self.observed.replicas + self.sleeping + self.leaving
+    }
 }
 
 /// Steps 2-4 of a reconcile: the target's `/scale`, its pods and their sidecars, the activators' demand, the
@@ -600,11 +625,33 @@ pub(super) async fn gather(
             }
         }
     }
-    let (sleep_facts, sleeping) = super::sleep::facts(&rest_docs.iter().map(|(_, d)| d).collect::<Vec<_>>());
-    let sleeping = if spec.sleep.is_some() {
-        sleeping.min(current)
+    // Sleepers let go (the sleeper budget, their GPU given back) are leaving: neither running nor asleep.
+    let let_go = if spec.sleep.is_some() {
+        super::sleep_room::let_go(&all_pods, &ctx.consolidation.sleepers)
     } else {
-        0
+        Vec::new()
+    };
+    rest_docs.retain(|(pod, _)| !let_go.iter().any(|l| &l.pod == pod));
+    let (mut sleep_facts, sleeping) =
+        super::sleep::facts(&rest_docs.iter().map(|(_, d)| d).collect::<Vec<_>>());
+    let (sleeping, leaving) = if spec.sleep.is_some() {
+        let sleeping = sleeping.min(current);
+        let leaving = u32::try_from(let_go.len()).unwrap_or(u32::MAX);
+        (sleeping, leaving.min(current - sleeping))
+    } else {
+        (0, 0)
+    };
+    let cold_start = observed_cold_start(&all_pods);
+    let displaces = match &spec.sleep {
+        Some(s) => super::sleep_room::facts(
+            &ctx.consolidation.sleepers,
+            &s.policy(),
+            &mut sleep_facts,
+            &all_pods,
+            &rest_docs,
+            cold_start,
+        ),
+        None => Vec::new(),
     };
 
     // 4. Demand (the activators' documents, polled in the background), the share's room, the cold start measured
@@ -649,14 +696,15 @@ pub(super) async fn gather(
     );
     let observed = Observed {
         name,
-        // The round reads the running replicas: a sleeping one is `/scale`'s but not the rule's (`Round::pods`).
-        replicas: current - sleeping,
+        // The round reads the running replicas: a sleeping one (or one let go) is `/scale`'s but not the rule's
+        // (`Round::pods`).
+        replicas: current - sleeping - leaving,
         surged: super::consolidate::surged(obj.status.as_ref()),
         room: share_room(obj, &sidecars),
         sidecars,
         demand,
         external_rate: None,
-        leads: scale::joint::LeadTimes::one(observed_cold_start(&all_pods)),
+        leads: scale::joint::LeadTimes::one(cold_start),
         peers,
         placement: placed.placement,
         max_signal_age: ctx.settings.max_signal_age,
@@ -675,6 +723,9 @@ pub(super) async fn gather(
         others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
         rest_docs,
         sleeping,
+        leaving,
+        let_go,
+        displaces,
         ready_pods,
     })
 }

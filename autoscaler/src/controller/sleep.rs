@@ -63,9 +63,7 @@ pub fn facts(docs: &[&SidecarStatus]) -> (SleepFacts, u32) {
         // Not read today: the level-1 copy counts against the vLLM container's memory limit, which the sidecar
         // cannot see. Unknown chooses level 2 unless the spec pins level 1.
         host_free_bytes: None,
-        // No sleeper budget applies in a cluster yet: the pool manager keeps a sleeping pod's reservation (and lends
-        // it only with `lendSleepers`, evicting that pod), while the simulator's packer also applies the budget
-        // (docs/fractional-gpus.md).
+        // The GPU's room for a sleeper: read of the pool by `super::sleep_room::facts`.
         no_room: false,
         alone_on_gpu: false,
     };
@@ -79,22 +77,29 @@ fn instruction(pod: &Pod) -> Option<RestCommand> {
 
 /// Writes or clears the pods' instruction after the round: where the model sleeps at zero, its running pods get
 /// `sleep level=N since=<now>` (a pod that was woken after its instruction gets a fresh one once idle again);
-/// otherwise every instruction is taken off, so that a woken pod serving rising traffic does not fall asleep.
+/// otherwise every instruction is taken off, so that a woken pod serving rising traffic does not fall asleep. A
+/// sleeper `let_go` (`super::sleep_room`) keeps its instruction while the model is at zero (`/scale` drops it),
+/// and wakes as any other when the round wants a running replica. Returns whether a pod was told to sleep.
 pub async fn instruct(
     ctx: &Context,
     obj: &InferenceAutoscaler,
     pods: &[Pod],
     docs: &[(String, SidecarStatus)],
     r: &Round,
+    let_go: &[super::sleep_room::LetGo],
     now_ms: u64,
-) {
+) -> bool {
     let Some(rest) = r.rest.as_ref() else {
-        return;
+        return false;
     };
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
     let params = PatchParams::default();
+    let mut told = false;
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
         let name = pod.name_any();
+        if r.decision.desired_replicas == 0 && let_go.iter().any(|l| l.pod == name) {
+            continue;
+        }
         // When its sidecar last turned awake: a pod woken after its instruction (demand came) gets a fresh one.
         let awake_since_ms = docs
             .iter()
@@ -109,10 +114,16 @@ pub async fn instruct(
             Instruct::Write(c) => Some(c.to_string()),
             Instruct::Clear => None,
         };
-        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
+        // A fresh instruction makes an old eviction mark stale (`core::sleep::evict`): it goes with it.
+        let mut annotations = serde_json::json!({ ANNOTATION: value });
+        if value.is_some() {
+            annotations[tessera_core::sleep::evict::ANNOTATION] = serde_json::Value::Null;
+        }
+        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
         match api.patch(&name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
                 if let Some(v) = &value {
+                    told = true;
                     let wake = rest
                         .wake
                         .map_or_else(|| "unknown".to_owned(), |w| format!("{:.1}s", w.as_secs_f64()));
@@ -139,6 +150,7 @@ pub async fn instruct(
             }
         }
     }
+    told
 }
 
 /// `status.rest` for the round; `None` without `spec.sleep`.

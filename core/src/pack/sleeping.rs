@@ -1,6 +1,7 @@
 //! Placing a replica beside sleeping pods (vLLM sleep mode): the rule the simulator's pool runs, and the pool
 //! manager's with `lendSleepers` (`tessera_pool::PoolIndex::decide`; `docs/fractional-gpus.md`, "Lending a sleeping
-//! replica's room"). The sleeper budget ([`admit`]) runs in the simulator only so far.
+//! replica's room"); and the sleeper budget ([`admit`]), which the simulator and the controller apply when a
+//! model's last replica would fall asleep (`autoscaler::controller::sleep_room`).
 //!
 //! A sleeping pod's weights sit in host memory, but its CUDA context does not move: it can wake only on the GPU it
 //! slept on. So the packer counts none of its memory or compute (it lends its room), yet a new replica takes that
@@ -71,10 +72,60 @@ pub struct SleeperBudget {
     pub max_residue_mib: u64,
 }
 
+/// GPU memory a sleeping pod is counted to keep until its residue is measured, MiB: the level-1 residue reported
+/// for vLLM on an H100 (issue 44); a PyTorch process alone kept 0.94 GiB on an H200 (`docs/performance.md`).
+pub const DEFAULT_RESIDUE_MIB: u64 = 1_434;
+
+/// How many of a model's last idle gaps its typical gap is the mean of (the simulator's models and the sidecar's
+/// `rest.idle_gaps_secs` keep this many).
+pub const GAPS_KEPT: usize = 8;
+
 /// An unknown idle gap is valued as one wake an hour: neither the most nor the least worth keeping.
 const UNKNOWN_GAP: std::time::Duration = std::time::Duration::from_secs(3600);
 
+impl SleeperBudget {
+    /// A GPU of `memory_mib` holding at most `max_sleepers` sleeping pods, whose residue together takes at most a
+    /// quarter of its memory: the rest is for the replicas that serve.
+    pub fn of_gpu(memory_mib: u64, max_sleepers: u32) -> Self {
+        SleeperBudget {
+            max_sleepers,
+            max_residue_mib: memory_mib / 4,
+        }
+    }
+}
+
 impl Sleeper {
+    /// The sleeper of a model whose new pod takes `cold` and whose wake takes `wake`, having sat out `gaps` (its
+    /// last idle gaps; none yet leaves the gap unknown). The simulator and the controller value sleepers by this.
+    pub fn new(
+        id: impl Into<String>,
+        residue_mib: u64,
+        cold: std::time::Duration,
+        wake: std::time::Duration,
+        gaps: &[std::time::Duration],
+    ) -> Self {
+        Sleeper {
+            id: id.into(),
+            residue_mib,
+            saved: cold.saturating_sub(wake),
+            typical_gap: u32::try_from(gaps.len())
+                .ok()
+                .filter(|n| *n > 0)
+                .map(|n| gaps.iter().sum::<std::time::Duration>() / n),
+        }
+    }
+
+    /// A sleeper whose worth is not known (its controller has not said since this process started): valued above
+    /// any other, so missing facts never evict a sleeper; a newcomer that would need it gone goes to zero instead.
+    pub fn unknown(id: impl Into<String>, residue_mib: u64) -> Self {
+        Sleeper {
+            id: id.into(),
+            residue_mib,
+            saved: std::time::Duration::MAX,
+            typical_gap: None,
+        }
+    }
+
     /// The expected cost of losing it: the waiting a wake saves, times how often it is woken (seconds of waiting
     /// per hour). Keeping the most valuable sleepers is not keeping the newest: a tool woken every few minutes
     /// that starts in 90 s is worth more than a model slept a minute ago that is woken once a day.

@@ -10,9 +10,12 @@
 //! - [`command`]: the controller tells a pod to sleep through one annotation on the pod (never a network call a
 //!   tenant could forge: only what may patch the pod may put it to sleep), which the sidecar reads from its
 //!   downward-API file;
+//! - [`evict`]: a sleeper that loses its place on its GPU (the sleeper budget, the GPU given back) is marked on
+//!   its pod, and its own model's round lets it go;
 //! - the sidecar alone reaches vLLM's sleep endpoints and reports the state in its status document
 //!   ([`crate::wire::sidecar::RestStatus`]); a wake is asked of the sidecar by the activator holding a request.
 
 pub mod command;
+pub mod evict;
 pub mod risk;
 pub mod rule;

@@ -115,6 +115,10 @@ pub struct RestStatus {
     /// Wakes performed since the sidecar started.
     #[serde(default)]
     pub wakes_total: u64,
+    /// How long each of the last sleeps lasted before a wake was asked, seconds, oldest first (at most
+    /// `core::pack::sleeping::GAPS_KEPT`): how often the model is woken, which the sleeper budget weighs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idle_gaps_secs: Vec<f64>,
     /// Wakes whose canary answer differed from the one recorded before the sleep (each fails the pod's liveness).
     #[serde(default)]
     pub canary_failures_total: u64,

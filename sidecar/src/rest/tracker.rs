@@ -36,6 +36,7 @@ impl Tracker {
                 last_sleep_secs: None,
                 last_wake_secs: None,
                 wakes_total: 0,
+                idle_gaps_secs: Vec::new(),
                 canary_failures_total: 0,
                 refused: None,
                 risks: Vec::new(),
@@ -132,8 +133,17 @@ impl Tracker {
         self.enter(RestState::Sleeping, now);
     }
 
-    /// `/wake_up` is about to be sent.
+    /// `/wake_up` is about to be sent: the sleep that ends counts as one of the model's idle gaps.
     pub fn waking(&mut self, now: f64) {
+        if self.status.state == RestState::Sleeping
+            && let Some(since) = self.status.since
+        {
+            let gaps = &mut self.status.idle_gaps_secs;
+            if gaps.len() == tessera_core::pack::sleeping::GAPS_KEPT {
+                gaps.remove(0);
+            }
+            gaps.push((now - since).max(0.0));
+        }
         self.enter(RestState::Waking, now);
     }
 
@@ -184,6 +194,11 @@ mod tests {
         t.woke(0.5, 5.5);
         assert!(t.ready());
         assert_eq!(t.status().wakes_total, 1);
+        assert_eq!(
+            t.status().idle_gaps_secs,
+            [5.0 - 2.2],
+            "asleep at 2.2 s, woken at 5 s"
+        );
         assert!(
             !t.obeys(&cmd(1_000)),
             "woken at 5.5 s, after the instruction of 1 s"

@@ -264,7 +264,7 @@ impl Default for StrategySettings {
             pod_start: Duration::from_secs(20),
             gpu_release_grace: Duration::from_secs(60),
             gpu_headroom_mib: 512,
-            sleep_residue_mib: 1_434,
+            sleep_residue_mib: tessera_core::pack::sleeping::DEFAULT_RESIDUE_MIB,
             max_sleepers_per_gpu: 4,
             recommend_interval: Duration::from_secs(300),
             recommend_window: Duration::from_secs(1800),

@@ -10,15 +10,12 @@
 
 use std::time::Duration;
 
-use tessera_core::pack::sleeping::{self, Admit, Sleeper, SleeperBudget};
+use tessera_core::pack::sleeping::{self, Admit, GAPS_KEPT, Sleeper, SleeperBudget};
 use tessera_core::pack::{GpuId, ReplicaRequest};
 use tessera_core::sleep::command::SleepLevel;
 use tessera_core::sleep::rule::{SleepFacts, SleepPolicy};
 
 use super::World;
-
-/// Gaps a model's typical idle gap is the mean of (the most recent).
-const GAPS_KEPT: usize = 8;
 
 impl World<'_> {
     /// What Tessera's round reads about model `m`'s sleep mode; `None` for a model without one.
@@ -70,22 +67,25 @@ impl World<'_> {
     fn sleeper(&self, m: usize) -> Sleeper {
         let setup = &self.sc.models[m];
         let cold = setup.scale_up_secs(&self.sc.settings);
-        let gaps = &self.models[m].idle_gaps;
-        Sleeper {
-            id: setup.name.clone(),
-            residue_mib: self.sc.settings.sleep_residue_mib,
-            saved: Duration::from_secs_f64((cold - setup.sleep_wake_secs.unwrap_or(cold)).max(0.0)),
-            typical_gap: (!gaps.is_empty())
-                .then(|| Duration::from_secs_f64(gaps.iter().sum::<f64>() / gaps.len() as f64)),
-        }
+        let gaps: Vec<Duration> = self.models[m]
+            .idle_gaps
+            .iter()
+            .map(|g| Duration::from_secs_f64(g.max(0.0)))
+            .collect();
+        Sleeper::new(
+            setup.name.clone(),
+            self.sc.settings.sleep_residue_mib,
+            Duration::from_secs_f64(cold.max(0.0)),
+            Duration::from_secs_f64(setup.sleep_wake_secs.unwrap_or(cold).max(0.0)),
+            &gaps,
+        )
     }
 
     fn sleeper_budget(&self) -> SleeperBudget {
-        let memory_mib = self.sc.gpu.memory_bytes >> 20;
-        SleeperBudget {
-            max_sleepers: self.sc.settings.max_sleepers_per_gpu,
-            max_residue_mib: memory_mib / 4,
-        }
+        SleeperBudget::of_gpu(
+            self.sc.gpu.memory_bytes >> 20,
+            self.sc.settings.max_sleepers_per_gpu,
+        )
     }
 
     /// Model `m`'s last replica left GPU `g` with `share`: it sleeps there if its last round said so and the
