@@ -49,8 +49,9 @@ pub struct LetGo {
     pub mark: Option<EvictReason>,
 }
 
-/// The model's pods that are let go: asleep (not Ready, told to sleep) and marked after their instruction, or
-/// asleep on a GPU the pool gives back.
+/// The model's pods that are let go: asleep (not Ready, told to sleep) and marked after their instruction, asleep
+/// on a GPU the pool gives back, or the cheapest of more sleepers than their GPU's budget holds
+/// (`core::pack::sleeping::over_budget`: two fell asleep at once).
 pub fn let_go(pods: &[Pod], link: &SleepLink) -> Vec<LetGo> {
     pods.iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none() && !crate::pod_ready(p))
@@ -64,12 +65,28 @@ pub fn let_go(pods: &[Pod], link: &SleepLink) -> Vec<LetGo> {
                     mark: None,
                 });
             }
-            let given_back = capacity_pod(p)
-                .and_then(|c| link.gpu(c))
-                .is_some_and(|g| g.given_back);
-            given_back.then(|| LetGo {
+            let gpu = capacity_pod(p).and_then(|c| link.gpu(c))?;
+            let me = key(p);
+            let reason = if gpu.given_back {
+                EvictReason::GpuGivenBack
+            } else {
+                // Only on what every sleeper there is known to be worth: missing facts never let a sleeper go.
+                if gpu.sleepers_but(&me).any(|s| link.published(s).is_none()) {
+                    return None;
+                }
+                let all: Vec<Sleeper> = gpu
+                    .sleepers_but(&me)
+                    .chain([me.as_str()])
+                    .map(|s| link.worth(s, gpu.default_residue_mib))
+                    .collect();
+                if !sleeping::over_budget(&all, &me, gpu.budget) {
+                    return None;
+                }
+                EvictReason::Budget
+            };
+            Some(LetGo {
                 pod: p.name_any(),
-                mark: Some(EvictReason::GpuGivenBack),
+                mark: Some(reason),
             })
         })
         .collect()
@@ -346,10 +363,26 @@ mod tests {
         );
         let given_back = link(&[("team/p", true)], 4, true);
         assert_eq!(
-            let_go(&[asleep], &given_back),
+            let_go(std::slice::from_ref(&asleep), &given_back),
             [LetGo {
                 pod: "p".into(),
                 mark: Some(EvictReason::GpuGivenBack)
+            }]
+        );
+        // Two asleep under a budget of one (they fell asleep at once): the cheaper lets itself go, once both are
+        // known.
+        let two = link(&[("team/p", true), ("b/other", true)], 1, false);
+        two.set_worth("team/p", Sleeper::new("team/p", 1_434, s(28), s(1), &[]));
+        assert!(
+            let_go(std::slice::from_ref(&asleep), &two).is_empty(),
+            "the other's worth is unknown"
+        );
+        two.set_worth("b/other", Sleeper::new("b/other", 1_434, s(90), s(1), &[]));
+        assert_eq!(
+            let_go(std::slice::from_ref(&asleep), &two),
+            [LetGo {
+                pod: "p".into(),
+                mark: Some(EvictReason::Budget)
             }]
         );
     }

@@ -173,6 +173,23 @@ pub fn admit(present: &[Sleeper], newcomer: &Sleeper, budget: SleeperBudget) -> 
     Admit::Evict(evicted)
 }
 
+/// Whether sleeper `me`, among all the sleepers of a GPU (`me` included), is one to let go because together they
+/// exceed `budget`: the least valuable go first (ties by id), as [`admit`] would have chosen. Two models whose last
+/// replicas fell asleep at the same moment can both pass [`admit`]; each then asks this of itself, and only the
+/// cheapest goes, so the GPU comes back within its budget without two rounds evicting each other.
+pub fn over_budget(all: &[Sleeper], me: &str, budget: SleeperBudget) -> bool {
+    let mut kept: Vec<&Sleeper> = all.iter().collect();
+    kept.sort_by(|a, b| a.value().total_cmp(&b.value()).then_with(|| a.id.cmp(&b.id)));
+    while kept.len() > budget.max_sleepers as usize
+        || kept.iter().map(|s| s.residue_mib).sum::<u64>() > budget.max_residue_mib
+    {
+        if kept.remove(0).id == me {
+            return true;
+        }
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -271,6 +288,37 @@ mod tests {
         assert_eq!(
             admit(&present[..1], &sleeper("new", 90, Some(60)), tight),
             Admit::Evict(vec!["often".into()])
+        );
+    }
+
+    /// Three asleep under a budget of two (two fell asleep at once): only the cheapest lets itself go.
+    #[test]
+    fn over_budget_the_cheapest_lets_itself_go_and_no_other() {
+        let budget = SleeperBudget {
+            max_sleepers: 2,
+            max_residue_mib: 10_000,
+        };
+        let all = [
+            sleeper("often", 90, Some(300)),
+            sleeper("daily", 27, Some(86_400)),
+            sleeper("hourly", 27, Some(3_600)),
+        ];
+        let gone: Vec<&str> = all
+            .iter()
+            .filter(|s| over_budget(&all, &s.id, budget))
+            .map(|s| s.id.as_str())
+            .collect();
+        assert_eq!(gone, ["daily"]);
+        assert!(!over_budget(&all[..2], "daily", budget), "within the budget");
+        // Equal worth: the id decides, so exactly one goes.
+        let twins = [sleeper("b", 27, None), sleeper("a", 27, None)];
+        let one = SleeperBudget {
+            max_sleepers: 1,
+            ..budget
+        };
+        assert_eq!(
+            (over_budget(&twins, "a", one), over_budget(&twins, "b", one)),
+            (true, false)
         );
     }
 }
