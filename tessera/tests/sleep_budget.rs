@@ -1,0 +1,266 @@
+//! The GPU's sleeper budget through the real processes: `tessera autoscaler` (its controller and its leader's pool
+//! manager) against the in-memory API server, two models each with a real `tessera sidecar` in front of the
+//! emulator in sleep mode, and one real activator for both. The test plays the kubelet (annotations into each
+//! sidecar's downward-API file, Ready from each sidecar's `/ready`) and the ReplicaSets (a pod deleted at zero).
+//!
+//! One GPU of pool `p` (`maxSleepersPerGpu: 1`) holds an awake tenant and two models' replicas: `daily` (a
+//! 28 s cold start) and `often` (90 s). `daily` goes idle first and sleeps. Then `often` goes idle: the budget
+//! holds one sleeper, and `often` asleep saves more waiting (89.5 s per wake against 27.5 s), so `often` sleeps
+//! and `daily`'s sleeper is let go — by worth, not by age (`tessera_core::pack::sleeping::admit`): its pod is
+//! marked `tessera.dev/evicted` and its own round drops it from `/scale`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+mod support;
+use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
+use support::pool::{POOL_NS, capacity_pod, reservation};
+use support::{Tessera, free_port, get_json, http_client};
+
+/// The kubelet's downward-API file: every annotation, Go-quoted.
+fn write_annotations(file: &Path, pod: &Value) {
+    let mut text = String::new();
+    if let Some(a) = pod["metadata"]["annotations"].as_object() {
+        for (k, v) in a {
+            text.push_str(&format!(
+                "{k}={}\n",
+                serde_json::to_string(v.as_str().unwrap_or_default()).unwrap()
+            ));
+        }
+    }
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, file).unwrap();
+}
+
+/// A pod of the pool on `tessera-gpu-p-0`, Ready, created at midnight and Ready `cold_s` later (its measured cold
+/// start); `sidecar_port` where its sidecar listens (none for the plain tenant).
+fn pod(name: &str, reservation: &str, cold_s: u32, sidecar_port: Option<u16>) -> Value {
+    let mut annotations = json!({"tessera.dev/reservation": reservation,
+                                 "tessera.dev/capacity-pod": "tessera-gpu-p-0"});
+    if let Some(port) = sidecar_port {
+        annotations["tessera.dev/sidecar-port"] = json!(port.to_string());
+    }
+    let app = name.trim_end_matches("-0");
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "labels": {"app": app, "tessera.dev/pool": "p"},
+                        "creationTimestamp": "2026-01-01T00:00:00Z", "annotations": annotations},
+           "status": {"podIP": "127.0.0.1", "phase": "Running",
+                      "conditions": [{"type": "Ready", "status": "True",
+                                      "lastTransitionTime": format!("2026-01-01T00:{:02}:{:02}Z", cold_s / 60, cold_s % 60)}]}})
+}
+
+fn autoscaler(name: &str) -> Value {
+    json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "InferenceAutoscaler",
+           "metadata": {"name": name, "uid": format!("u-{name}"), "generation": 1},
+           "spec": {"scaleTargetRef": {"kind": "Deployment", "name": name}, "minReplicas": 0,
+                    "maxReplicas": 1, "scaleToZero": {"idleAfter": "2s"}, "modelNames": [name],
+                    "ttftSlo": "2s", "sleep": {"enabled": true, "level": 1, "expectedWake": "500ms"}}})
+}
+
+fn deployment(name: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}}})
+}
+
+/// One model's replica: its emulator, its sidecar and the annotations file the kubelet keeps for it.
+struct Replica {
+    name: &'static str,
+    file: std::path::PathBuf,
+    emu: Tessera,
+    sidecar: Tessera,
+}
+
+impl Replica {
+    fn start(dir: &Path, name: &'static str) -> Self {
+        let file = dir.join(format!("{name}.annotations"));
+        std::fs::write(&file, "").unwrap();
+        let emu = Tessera::sleepy_sim(&[]);
+        let sidecar = Tessera::rest_sidecar(&emu, &file, &[]);
+        Replica {
+            name,
+            file,
+            emu,
+            sidecar,
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.sidecar.base().rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    async fn rest(&self, c: &reqwest::Client) -> Value {
+        get_json(c, &self.sidecar.url("/v1/status")).await["rest"].clone()
+    }
+}
+
+async fn until(what: &str, within: Duration, mut f: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
+    let c = http_client(Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let daily = Replica::start(dir.path(), "daily");
+    let often = Replica::start(dir.path(), "often");
+    let backends = [
+        format!("daily={}", daily.emu.base()),
+        format!("often={}", often.emu.base()),
+        format!("daily={}", daily.sidecar.base()),
+        format!("often={}", often.sidecar.base()),
+    ];
+    let _act = Tessera::activator(&[
+        "--backend",
+        &backends[0],
+        "--backend",
+        &backends[1],
+        "--sidecar",
+        &backends[2],
+        "--sidecar",
+        &backends[3],
+        "--probe-interval",
+        "50ms",
+    ]);
+
+    let api = ApiServer::start().await;
+    api.put(
+        PODS,
+        POOL_NS,
+        capacity_pod(
+            0,
+            &[
+                reservation("w", "default/w", 300),
+                reservation("d", "default/daily", 300),
+                reservation("o", "default/often", 300),
+            ],
+        ),
+    );
+    // An awake tenant: neither model's replica is alone on the GPU.
+    api.put(PODS, "default", pod("w-0", "w", 30, None));
+    api.put(PODS, "default", pod("daily-0", "d", 28, Some(daily.port())));
+    api.put(PODS, "default", pod("often-0", "o", 90, Some(often.port())));
+    for name in ["daily", "often"] {
+        api.put(DEPLOYMENTS, "default", deployment(name));
+    }
+
+    // The kubelet and the ReplicaSets.
+    let kube = api.clone();
+    let kc = c.clone();
+    let replicas: Vec<(&'static str, std::path::PathBuf, String)> = [&daily, &often]
+        .iter()
+        .map(|r| (r.name, r.file.clone(), r.sidecar.url("/ready")))
+        .collect();
+    let kubelet = tokio::spawn(async move {
+        let mut seen = vec![String::new(); replicas.len()];
+        loop {
+            for (i, (name, file, ready_url)) in replicas.iter().enumerate() {
+                let pod_name = format!("{name}-0");
+                if kube.wanted_replicas("default", name) == 0 {
+                    kube.delete_object(PODS, "default", &pod_name);
+                }
+                let Some(mut p) = kube.get(PODS, "default", &pod_name) else {
+                    continue;
+                };
+                let annotations = p["metadata"]["annotations"].to_string();
+                if annotations != seen[i] {
+                    write_annotations(file, &p);
+                    seen[i] = annotations;
+                }
+                let ready = kc
+                    .get(ready_url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                let now = if ready { "True" } else { "False" };
+                if p["status"]["conditions"][0]["status"] != now {
+                    p["status"]["conditions"][0]["status"] = json!(now);
+                    kube.put(PODS, "default", p);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+
+    let pools = dir.path().join("pools.yaml");
+    std::fs::write(
+        &pools,
+        "namespace: tessera-system\nimage: tessera:test\npools:\n- name: p\n  gpuMemoryMiB: 81920\n  \
+         sharing: time-slicing\n  maxGpus: 1\n  spareCapacityPods: 0\n  emptyGpuGracePeriod: 10m\n  \
+         maxSleepersPerGpu: 1\n",
+    )
+    .unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let _autoscaler = support::start_autoscaler(
+        "test-0",
+        &kubeconfig,
+        free_port(),
+        &[
+            "--activator-url",
+            &_act.admin_base(),
+            "--pools-config",
+            pools.to_str().unwrap(),
+            "--pool-interval",
+            "500ms",
+        ],
+    );
+
+    // 1. Only `daily` is autoscaled yet: idle, it sleeps (the budget has room for one).
+    api.put(IAS, "default", autoscaler("daily"));
+    until("daily asleep", Duration::from_secs(40), async || {
+        daily.rest(&c).await["state"] == "sleeping"
+    })
+    .await;
+
+    // The pool publishes what it sees every pass (500 ms here), from the tenant watch: let it see `daily` asleep.
+    // (Without this wait both fall asleep before it does; then the cheaper one lets itself go,
+    // `core::pack::sleeping::over_budget`, with the same outcome and the Event on `daily`.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // 2. `often` goes idle on the same GPU: worth more asleep, it sleeps and `daily`'s sleeper is let go.
+    let t0 = Instant::now();
+    api.put(IAS, "default", autoscaler("often"));
+    until("often asleep", Duration::from_secs(40), async || {
+        often.rest(&c).await["state"] == "sleeping"
+    })
+    .await;
+    until(
+        "daily's pod marked and dropped from /scale",
+        Duration::from_secs(30),
+        async || api.wanted_replicas("default", "daily") == 0,
+    )
+    .await;
+    println!(
+        "often asleep and daily's sleeper let go {:.1} s after often's InferenceAutoscaler appeared",
+        t0.elapsed().as_secs_f64()
+    );
+    let events = api.list("events.k8s.io/v1/events");
+    for e in &events {
+        println!("event {} {}: {}", e["regarding"]["name"], e["reason"], e["note"]);
+    }
+    let let_go = events
+        .iter()
+        .find(|e| e["reason"] == "SleeperLetGo")
+        .unwrap_or_else(|| panic!("a SleeperLetGo event: {events:?}"));
+    let note = let_go["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("default/daily-0: let go (at=") && note.contains("reason=budget"),
+        "{note}"
+    );
+    assert_eq!(let_go["regarding"]["name"], "often", "{let_go}");
+    assert_eq!(api.wanted_replicas("default", "often"), 1, "often's sleeper is kept");
+    assert!(api.get(PODS, "default", "often-0").is_some());
+    assert!(
+        api.get(PODS, "default", "w-0").unwrap()["metadata"]["deletionTimestamp"].is_null(),
+        "the awake tenant is never touched"
+    );
+    kubelet.abort();
+}
