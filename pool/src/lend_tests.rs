@@ -239,3 +239,52 @@ async fn without_lending_a_sleepers_room_is_kept_and_a_gpu_opens() {
     assert_eq!(report.sleepers_evicted, 0);
     assert!(api.lock().unwrap().pod("team", "s").is_some());
 }
+
+/// What the pool publishes for the controller's sleeper budget (`PoolIndex::gpu_tenants`): each GPU's tenants,
+/// asleep or not, a let-go sleeper flagged, and a lent reservation (leaving) left out.
+#[test]
+fn gpu_tenants_show_sleepers_and_let_go_ones_and_leave_lent_ones_out() {
+    let mut pods = pool(false, true);
+    let idx = index(&pods);
+    let mut t = idx.gpu_tenants();
+    t.sort_by(|a, b| a.0.cmp(&b.0));
+    type View = Vec<(String, Vec<(Option<String>, bool, bool)>)>;
+    let view = |t: &[(String, Vec<crate::sleepers::GpuTenant>)]| -> View {
+        t.iter()
+            .map(|(g, list)| {
+                (
+                    g.clone(),
+                    list.iter()
+                        .map(|x| (x.pod.clone(), x.asleep, x.evicted))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    let key = |n: &str| Some(format!("team/{n}"));
+    assert_eq!(
+        view(&t),
+        [
+            (
+                "gpu-a".into(),
+                vec![(key("w"), false, false), (key("s"), true, false)]
+            ),
+            ("gpu-b".into(), vec![(key("o"), false, false)]),
+        ]
+    );
+    // Let go by its model's controller after its instruction: still asleep, no longer a sleeper the budget counts.
+    pods[3].metadata.annotations.as_mut().unwrap().insert(
+        tessera_core::sleep::evict::ANNOTATION.into(),
+        "at=2000 reason=budget".into(),
+    );
+    let t = index(&pods).gpu_tenants();
+    let a = &t.iter().find(|(g, _)| g == "gpu-a").unwrap().1;
+    assert_eq!((a[1].asleep, a[1].evicted), (true, true));
+    // Lent (evictedAt on the reservation): leaving, not a tenant.
+    let c = cfg(true);
+    let mut s = resv("s", 600, 0);
+    s.evicted_at = Some(5);
+    pods[0] = capacity(&c, "gpu-a", &[resv("w", 300, 0), s], "node-1", "GPU-a");
+    let t = index(&pods).gpu_tenants();
+    assert_eq!(t.iter().find(|(g, _)| g == "gpu-a").unwrap().1.len(), 1);
+}

@@ -256,7 +256,11 @@ async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
         "{note}"
     );
     assert_eq!(let_go["regarding"]["name"], "often", "{let_go}");
-    assert_eq!(api.wanted_replicas("default", "often"), 1, "often's sleeper is kept");
+    assert_eq!(
+        api.wanted_replicas("default", "often"),
+        1,
+        "often's sleeper is kept"
+    );
     assert!(api.get(PODS, "default", "often-0").is_some());
     assert!(
         api.get(PODS, "default", "w-0").unwrap()["metadata"]["deletionTimestamp"].is_null(),
