@@ -98,6 +98,75 @@ impl Replica {
     }
 }
 
+/// The kubelet and the ReplicaSets of `replicas`: each `<name>-0` pod deleted once its Deployment wants none, its
+/// annotations copied into its sidecar's file, its Ready condition set from its sidecar's `/ready`.
+fn kubelet(api: &ApiServer, c: &reqwest::Client, replicas: &[&Replica]) -> tokio::task::JoinHandle<()> {
+    let kube = api.clone();
+    let kc = c.clone();
+    let replicas: Vec<(&'static str, std::path::PathBuf, String)> = replicas
+        .iter()
+        .map(|r| (r.name, r.file.clone(), r.sidecar.url("/ready")))
+        .collect();
+    tokio::spawn(async move {
+        let mut seen = vec![String::new(); replicas.len()];
+        loop {
+            for (i, (name, file, ready_url)) in replicas.iter().enumerate() {
+                let pod_name = format!("{name}-0");
+                if kube.wanted_replicas("default", name) == 0 {
+                    kube.delete_object(PODS, "default", &pod_name);
+                }
+                let Some(mut p) = kube.get(PODS, "default", &pod_name) else {
+                    continue;
+                };
+                let annotations = p["metadata"]["annotations"].to_string();
+                if annotations != seen[i] {
+                    write_annotations(file, &p);
+                    seen[i] = annotations;
+                }
+                let ready = kc
+                    .get(ready_url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                let now = if ready { "True" } else { "False" };
+                if p["status"]["conditions"][0]["status"] != now {
+                    p["status"]["conditions"][0]["status"] = json!(now);
+                    kube.put(PODS, "default", p);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
+/// `tessera autoscaler` on `api` with pool `p` (one GPU, no spares; `pool_extra`: more of the pool's fields) and
+/// the activator `act`, its metrics on `metrics_port`.
+fn start(api: &ApiServer, dir: &Path, act: &Tessera, pool_extra: &str, metrics_port: u16) -> support::Killed {
+    let pools = dir.join("pools.yaml");
+    std::fs::write(
+        &pools,
+        format!(
+            "namespace: tessera-system\nimage: tessera:test\npools:\n- name: p\n  gpuMemoryMiB: 81920\n  \
+             sharing: time-slicing\n  maxGpus: 1\n  spareCapacityPods: 0\n  {pool_extra}"
+        ),
+    )
+    .unwrap();
+    let kubeconfig = api.kubeconfig(dir);
+    support::start_autoscaler(
+        "test-0",
+        &kubeconfig,
+        metrics_port,
+        &[
+            "--activator-url",
+            &act.admin_base(),
+            "--pools-config",
+            pools.to_str().unwrap(),
+            "--pool-interval",
+            "500ms",
+        ],
+    )
+}
+
 async fn until(what: &str, within: Duration, mut f: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !f().await {
@@ -118,7 +187,7 @@ async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
         format!("daily={}", daily.sidecar.base()),
         format!("often={}", often.sidecar.base()),
     ];
-    let _act = Tessera::activator(&[
+    let act = Tessera::activator(&[
         "--backend",
         &backends[0],
         "--backend",
@@ -152,65 +221,14 @@ async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
         api.put(DEPLOYMENTS, "default", deployment(name));
     }
 
-    // The kubelet and the ReplicaSets.
-    let kube = api.clone();
-    let kc = c.clone();
-    let replicas: Vec<(&'static str, std::path::PathBuf, String)> = [&daily, &often]
-        .iter()
-        .map(|r| (r.name, r.file.clone(), r.sidecar.url("/ready")))
-        .collect();
-    let kubelet = tokio::spawn(async move {
-        let mut seen = vec![String::new(); replicas.len()];
-        loop {
-            for (i, (name, file, ready_url)) in replicas.iter().enumerate() {
-                let pod_name = format!("{name}-0");
-                if kube.wanted_replicas("default", name) == 0 {
-                    kube.delete_object(PODS, "default", &pod_name);
-                }
-                let Some(mut p) = kube.get(PODS, "default", &pod_name) else {
-                    continue;
-                };
-                let annotations = p["metadata"]["annotations"].to_string();
-                if annotations != seen[i] {
-                    write_annotations(file, &p);
-                    seen[i] = annotations;
-                }
-                let ready = kc
-                    .get(ready_url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                let now = if ready { "True" } else { "False" };
-                if p["status"]["conditions"][0]["status"] != now {
-                    p["status"]["conditions"][0]["status"] = json!(now);
-                    kube.put(PODS, "default", p);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
-
-    let pools = dir.path().join("pools.yaml");
-    std::fs::write(
-        &pools,
-        "namespace: tessera-system\nimage: tessera:test\npools:\n- name: p\n  gpuMemoryMiB: 81920\n  \
-         sharing: time-slicing\n  maxGpus: 1\n  spareCapacityPods: 0\n  emptyGpuGracePeriod: 10m\n  \
-         maxSleepersPerGpu: 1\n",
-    )
-    .unwrap();
-    let kubeconfig = api.kubeconfig(dir.path());
-    let _autoscaler = support::start_autoscaler(
-        "test-0",
-        &kubeconfig,
-        free_port(),
-        &[
-            "--activator-url",
-            &_act.admin_base(),
-            "--pools-config",
-            pools.to_str().unwrap(),
-            "--pool-interval",
-            "500ms",
-        ],
+    let kubelet = kubelet(&api, &c, &[&daily, &often]);
+    let metrics_port = free_port();
+    let _autoscaler = start(
+        &api,
+        dir.path(),
+        &act,
+        "emptyGpuGracePeriod: 10m\n  maxSleepersPerGpu: 1\n",
+        metrics_port,
     );
 
     // 1. Only `daily` is autoscaled yet: idle, it sleeps (the budget has room for one).
@@ -261,10 +279,95 @@ async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
         1,
         "often's sleeper is kept"
     );
+    let metrics = support::get_text(&c, &format!("http://127.0.0.1:{metrics_port}/metrics")).await;
+    assert!(
+        metrics.contains("tessera_autoscaler_sleepers_let_go_total{reason=\"budget\"} 1"),
+        "{metrics}"
+    );
     assert!(api.get(PODS, "default", "often-0").is_some());
     assert!(
         api.get(PODS, "default", "w-0").unwrap()["metadata"]["deletionTimestamp"].is_null(),
         "the awake tenant is never touched"
+    );
+    kubelet.abort();
+}
+
+/// A GPU that holds only a sleeping pod is given back after the pool's grace, as the simulator gives it back: the
+/// awake tenant beside `daily`'s sleeper leaves, and once the GPU has held only the sleeper for
+/// `emptyGpuGracePeriod` (3 s here) the sleeper is let go (`reason=gpu-given-back`), `/scale` drops it, and the
+/// capacity pod, empty as of the moment it held only the sleeper, is released at the next pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_held_only_by_a_sleeper_is_given_back_after_the_grace() {
+    let c = http_client(Duration::from_secs(30));
+    let dir = tempfile::tempdir().unwrap();
+    let daily = Replica::start(dir.path(), "daily");
+    let backends = [
+        format!("daily={}", daily.emu.base()),
+        format!("daily={}", daily.sidecar.base()),
+    ];
+    let act = Tessera::activator(&[
+        "--backend",
+        &backends[0],
+        "--sidecar",
+        &backends[1],
+        "--probe-interval",
+        "50ms",
+    ]);
+    let api = ApiServer::start().await;
+    api.put(
+        PODS,
+        POOL_NS,
+        capacity_pod(
+            0,
+            &[
+                reservation("w", "default/w", 300),
+                reservation("d", "default/daily", 300),
+            ],
+        ),
+    );
+    api.put(PODS, "default", pod("w-0", "w", 30, None));
+    api.put(PODS, "default", pod("daily-0", "d", 28, Some(daily.port())));
+    api.put(DEPLOYMENTS, "default", deployment("daily"));
+    let kubelet = kubelet(&api, &c, &[&daily]);
+    let _autoscaler = start(
+        &api,
+        dir.path(),
+        &act,
+        "emptyGpuGracePeriod: 3s\n  maxSleepersPerGpu: 4\n",
+        free_port(),
+    );
+
+    // Beside an awake tenant, `daily` sleeps.
+    api.put(IAS, "default", autoscaler("daily"));
+    until("daily asleep", Duration::from_secs(40), async || {
+        daily.rest(&c).await["state"] == "sleeping"
+    })
+    .await;
+    // The awake tenant leaves: the GPU holds only the sleeper.
+    api.delete_object(PODS, "default", "w-0");
+    let t0 = Instant::now();
+    until(
+        "the sleeper let go and the GPU given back",
+        Duration::from_secs(30),
+        async || {
+            api.wanted_replicas("default", "daily") == 0
+                && api.get(PODS, POOL_NS, "tessera-gpu-p-0").is_none()
+        },
+    )
+    .await;
+    let took = t0.elapsed();
+    println!(
+        "the GPU held only by a sleeper was given back {:.1} s after its last awake tenant left (grace 3 s)",
+        took.as_secs_f64()
+    );
+    assert!(took >= Duration::from_secs(3), "not before the grace: {took:?}");
+    let events = api.list("events.k8s.io/v1/events");
+    assert!(
+        events.iter().any(|e| e["reason"] == "SleeperLetGo"
+            && e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("reason=gpu-given-back"))),
+        "{events:?}"
     );
     kubelet.abort();
 }

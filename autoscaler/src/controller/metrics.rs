@@ -76,6 +76,7 @@ pub struct Metrics {
     scrape_failures: Family<ScrapeLabels, Counter>,
     leader: Gauge<i64, AtomicI64>,
     class_changes: Family<ClassChangeLabels, Counter>,
+    sleepers_let_go: Family<ReasonLabels, Counter>,
     budget: BudgetGauges,
     /// The pool manager's `tessera_pool_*` metrics, served on the same page.
     pub pool: crate::pool::PoolMetrics,
@@ -117,6 +118,11 @@ impl Metrics {
         );
         let leader = register(r, "leader", "1 while this replica holds the leader lease");
         let class_changes = register(r, "class_changes", "Workload class changes, from and to");
+        let sleepers_let_go = register(
+            r,
+            "sleepers_let_go",
+            "Sleeping pods let go, by why: budget (a sleeper worth more took the GPU's room), gpu-given-back",
+        );
         let budget = BudgetGauges {
             requests: register(
                 r,
@@ -144,6 +150,7 @@ impl Metrics {
             scrape_failures,
             leader,
             class_changes,
+            sleepers_let_go,
             budget,
             pool,
             keda,
@@ -169,6 +176,15 @@ impl Metrics {
             .get_or_create(&ClassChangeLabels {
                 from: from.as_str().to_owned(),
                 to: to.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a sleeping pod let go (`core::sleep::evict`).
+    pub fn sleeper_let_go(&self, reason: tessera_core::sleep::evict::EvictReason) {
+        self.sleepers_let_go
+            .get_or_create(&ReasonLabels {
+                reason: reason.label().to_owned(),
             })
             .inc();
     }

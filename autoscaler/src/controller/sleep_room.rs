@@ -233,6 +233,7 @@ pub async fn mark(
             .await
         {
             Ok(_) => {
+                ctx.metrics.sleeper_let_go(reason);
                 info!(pod = %pod_key, reason = reason.message(), "sleeping pod let go");
                 let note = format!("{pod_key}: let go ({value}): {}", reason.message());
                 publish(ctx, obj, EventType::Normal, "SleeperLetGo", "Sleep", &note).await;

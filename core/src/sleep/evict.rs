@@ -24,7 +24,8 @@ pub enum EvictReason {
 }
 
 impl EvictReason {
-    fn as_str(self) -> &'static str {
+    /// The word in the mark, and the metric's label.
+    pub fn label(self) -> &'static str {
         match self {
             EvictReason::Budget => "budget",
             EvictReason::GpuGivenBack => "gpu-given-back",
@@ -55,7 +56,7 @@ pub struct Eviction {
 
 impl fmt::Display for Eviction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "at={} reason={}", self.at_unix_ms, self.reason.as_str())
+        write!(f, "at={} reason={}", self.at_unix_ms, self.reason.label())
     }
 }
 
