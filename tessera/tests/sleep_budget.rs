@@ -19,23 +19,7 @@ use serde_json::{Value, json};
 mod support;
 use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
 use support::pool::{POOL_NS, capacity_pod, reservation};
-use support::{Tessera, free_port, get_json, http_client};
-
-/// The kubelet's downward-API file: every annotation, Go-quoted.
-fn write_annotations(file: &Path, pod: &Value) {
-    let mut text = String::new();
-    if let Some(a) = pod["metadata"]["annotations"].as_object() {
-        for (k, v) in a {
-            text.push_str(&format!(
-                "{k}={}\n",
-                serde_json::to_string(v.as_str().unwrap_or_default()).unwrap()
-            ));
-        }
-    }
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(tmp, file).unwrap();
-}
+use support::{Tessera, free_port, get_json, http_client, write_annotations};
 
 /// A pod of the pool on `tessera-gpu-p-0`, Ready, created at midnight and Ready `cold_s` later (its measured cold
 /// start); `sidecar_port` where its sidecar listens (none for the plain tenant).
@@ -96,6 +80,17 @@ impl Replica {
     async fn rest(&self, c: &reqwest::Client) -> Value {
         get_json(c, &self.sidecar.url("/v1/status")).await["rest"].clone()
     }
+}
+
+/// One real activator for `replicas`: each model's emulator as its backend, woken through its sidecar.
+fn activator(replicas: &[&Replica]) -> Tessera {
+    let mut flags: Vec<String> = Vec::new();
+    for r in replicas {
+        flags.extend(["--backend".into(), format!("{}={}", r.name, r.emu.base())]);
+        flags.extend(["--sidecar".into(), format!("{}={}", r.name, r.sidecar.base())]);
+    }
+    flags.extend(["--probe-interval".into(), "50ms".into()]);
+    Tessera::activator(&flags.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// The kubelet and the ReplicaSets of `replicas`: each `<name>-0` pod deleted once its Deployment wants none, its
@@ -181,24 +176,7 @@ async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
     let dir = tempfile::tempdir().unwrap();
     let daily = Replica::start(dir.path(), "daily");
     let often = Replica::start(dir.path(), "often");
-    let backends = [
-        format!("daily={}", daily.emu.base()),
-        format!("often={}", often.emu.base()),
-        format!("daily={}", daily.sidecar.base()),
-        format!("often={}", often.sidecar.base()),
-    ];
-    let act = Tessera::activator(&[
-        "--backend",
-        &backends[0],
-        "--backend",
-        &backends[1],
-        "--sidecar",
-        &backends[2],
-        "--sidecar",
-        &backends[3],
-        "--probe-interval",
-        "50ms",
-    ]);
+    let act = activator(&[&daily, &often]);
 
     let api = ApiServer::start().await;
     api.put(
@@ -301,18 +279,7 @@ async fn a_gpu_held_only_by_a_sleeper_is_given_back_after_the_grace() {
     let c = http_client(Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
     let daily = Replica::start(dir.path(), "daily");
-    let backends = [
-        format!("daily={}", daily.emu.base()),
-        format!("daily={}", daily.sidecar.base()),
-    ];
-    let act = Tessera::activator(&[
-        "--backend",
-        &backends[0],
-        "--sidecar",
-        &backends[1],
-        "--probe-interval",
-        "50ms",
-    ]);
+    let act = activator(&[&daily]);
     let api = ApiServer::start().await;
     api.put(
         PODS,

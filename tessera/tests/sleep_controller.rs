@@ -10,30 +10,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
-use support::{Tessera, free_port, get_json, http_client};
-
-/// The kubelet's downward-API file: every annotation, Go-quoted (`key="value"` per line).
-fn write_annotations(file: &Path, pod: &Value) {
-    let mut text = String::new();
-    if let Some(a) = pod["metadata"]["annotations"].as_object() {
-        for (k, v) in a {
-            text.push_str(&format!(
-                "{k}={}\n",
-                serde_json::to_string(v.as_str().unwrap_or_default()).unwrap()
-            ));
-        }
-    }
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, text).unwrap();
-    std::fs::rename(tmp, file).unwrap();
-}
+use support::{Tessera, free_port, get_json, http_client, write_annotations};
 
 fn pod(name: &str, sidecar_port: u16, ready: bool) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",

@@ -528,3 +528,18 @@ pub fn start_autoscaler(
         .expect("start tessera autoscaler");
     Killed(child)
 }
+
+/// The kubelet's downward-API file for `pod` (a pod object as JSON): every annotation, Go-quoted (`key="value"` per
+/// line), written whole (a rename), as a sidecar's `--rest-file` reads it.
+pub fn write_annotations(file: &std::path::Path, pod: &serde_json::Value) {
+    let mut text = String::new();
+    if let Some(a) = pod["metadata"]["annotations"].as_object() {
+        for (k, v) in a {
+            let value = serde_json::to_string(v.as_str().unwrap_or_default()).expect("a string encodes");
+            text.push_str(&format!("{k}={value}\n"));
+        }
+    }
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write the annotations file");
+    std::fs::rename(tmp, file).expect("rename the annotations file");
+}
