@@ -248,7 +248,11 @@ async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
         .unwrap_or_else(|| panic!("a SleeperLetGo event: {events:?}"));
     let note = let_go["note"].as_str().unwrap_or_default();
     assert!(
-        note.starts_with("default/daily-0: let go (at=") && note.contains("reason=budget"),
+        note.starts_with("default/daily-0: let go (at=")
+            && note.contains("reason=budget")
+            && note.ends_with(
+                "(default/often-0 asleep saves 89.5 s of waiting per hour against default/daily-0's 27.5)"
+            ),
         "{note}"
     );
     assert_eq!(let_go["regarding"]["name"], "often", "{let_go}");

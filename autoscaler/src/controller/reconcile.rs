@@ -262,7 +262,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         .await;
         // The sleepers a new sleeper displaces are let go once it is told to sleep; this model's own on a GPU
         // given back at once.
-        let displaced: &[String] = if wrote { &g.displaces } else { &[] };
+        let displaced = wrote.then_some(&g.room);
         super::sleep_room::mark(ctx, obj, displaced, &g.let_go, now.as_millis()).await;
     }
     let decision = &r.decision;
@@ -472,8 +472,8 @@ pub(super) struct Gathered {
     /// Sleepers let go (`super::sleep_room`): in `/scale`'s count, neither running nor asleep; and which.
     leaving: u32,
     let_go: Vec<super::sleep_room::LetGo>,
-    /// Other models' sleepers the budget lets go once this model's last replica falls asleep.
-    displaces: Vec<String>,
+    /// Its last running replica's room on its GPU: the other models' sleepers the budget lets go once it falls asleep.
+    room: super::sleep_room::Room,
     /// Each ready replica's pod name and sidecar URL, in `observed.sidecars`' order (where the objective is
     /// handed over, and whose GPU neighbours the flex lane reads).
     ready_pods: Vec<(String, String)>,
@@ -642,7 +642,7 @@ pub(super) async fn gather(
         (0, 0)
     };
     let cold_start = observed_cold_start(&all_pods);
-    let displaces = match &spec.sleep {
+    let room = match &spec.sleep {
         Some(s) => super::sleep_room::facts(
             &ctx.consolidation.sleepers,
             &s.policy(),
@@ -651,7 +651,7 @@ pub(super) async fn gather(
             &rest_docs,
             cold_start,
         ),
-        None => Vec::new(),
+        None => super::sleep_room::Room::default(),
     };
 
     // 4. Demand (the activators' documents, polled in the background), the share's room, the cold start measured
@@ -725,7 +725,7 @@ pub(super) async fn gather(
         sleeping,
         leaving,
         let_go,
-        displaces,
+        room,
         ready_pods,
     })
 }

@@ -122,6 +122,9 @@ pub struct Room {
     pub no_room: bool,
     /// The sleepers (`namespace/name`) the budget lets go once this replica sleeps, cheapest first.
     pub displaces: Vec<String>,
+    /// What each is worth against this replica, for the Event: `worth 89.5 s of waiting saved per hour asleep
+    /// against default/daily-0's 27.5`.
+    pub why: String,
 }
 
 /// The room for `running` (the model's only running pod) to sleep on its GPU, valued as `own`; nothing is known
@@ -135,14 +138,25 @@ pub fn room(link: &SleepLink, running: &Pod, own: impl FnOnce(u64) -> Sleeper) -
         .sleepers_but(&me)
         .map(|p| link.worth(p, gpu.default_residue_mib))
         .collect();
-    let (no_room, displaces) = match sleeping::admit(&present, &own(gpu.default_residue_mib), gpu.budget) {
+    let newcomer = own(gpu.default_residue_mib);
+    let (no_room, displaces) = match sleeping::admit(&present, &newcomer, gpu.budget) {
         Admit::Fits => (false, Vec::new()),
         Admit::Evict(ids) => (false, ids),
         Admit::Refuse => (true, Vec::new()),
     };
+    let others: Vec<String> = present
+        .iter()
+        .filter(|s| displaces.contains(&s.id))
+        .map(|s| format!("{}'s {:.1}", s.id, s.value()))
+        .collect();
     Room {
         alone_on_gpu: gpu.alone(&me),
         no_room,
+        why: format!(
+            "{me} asleep saves {:.1} s of waiting per hour against {}",
+            newcomer.value(),
+            others.join(", ")
+        ),
         displaces,
     }
 }
@@ -150,7 +164,7 @@ pub fn room(link: &SleepLink, running: &Pod, own: impl FnOnce(u64) -> Sleeper) -
 /// The round's facts of the GPU room, for a model with sleep `policy` (its `facts` filled in
 /// place), its `pods` (those let go already left out of `docs`, each sidecar's document by pod name) and its
 /// measured `cold` start. Publishes what its pods are worth asleep, for the rounds of other models on their
-/// GPUs, and returns the sleepers its last replica's sleep would let go.
+/// GPUs, and returns its last running replica's room: the sleepers its sleep would let go, and why.
 pub fn facts(
     link: &SleepLink,
     policy: &SleepPolicy,
@@ -158,7 +172,7 @@ pub fn facts(
     pods: &[Pod],
     docs: &[(String, SidecarStatus)],
     cold: Option<Duration>,
-) -> Vec<String> {
+) -> Room {
     let mine: Vec<&Pod> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none() && docs.iter().any(|(n, _)| *n == p.name_any()))
@@ -192,7 +206,7 @@ pub fn facts(
     }
     let running: Vec<&&Pod> = mine.iter().filter(|p| crate::pod_ready(p)).collect();
     let [only] = running.as_slice() else {
-        return Vec::new();
+        return Room::default();
     };
     let r = room(link, only, |residue| Sleeper {
         id: key(only),
@@ -200,7 +214,7 @@ pub fn facts(
     });
     facts.alone_on_gpu = r.alone_on_gpu;
     facts.no_room = r.no_room;
-    r.displaces
+    r
 }
 
 /// Writes the eviction marks: on the sleepers `displaced` by this model's replica falling asleep (other models'
@@ -208,7 +222,7 @@ pub fn facts(
 pub async fn mark(
     ctx: &Context,
     obj: &InferenceAutoscaler,
-    displaced: &[String],
+    displaced: Option<&Room>,
     own: &[LetGo],
     now_ms: u64,
 ) {
@@ -216,7 +230,11 @@ pub async fn mark(
     let own = own
         .iter()
         .filter_map(|l| Some((format!("{ns}/{}", l.pod), l.mark?)));
-    let displaced = displaced.iter().map(|k| (k.clone(), EvictReason::Budget));
+    let why = displaced.map(|r| r.why.as_str()).unwrap_or_default();
+    let displaced = displaced
+        .into_iter()
+        .flat_map(|r| r.displaces.iter())
+        .map(|k| (k.clone(), EvictReason::Budget));
     for (pod_key, reason) in displaced.chain(own) {
         let Some((pod_ns, name)) = pod_key.split_once('/') else {
             continue;
@@ -235,7 +253,10 @@ pub async fn mark(
             Ok(_) => {
                 ctx.metrics.sleeper_let_go(reason);
                 info!(pod = %pod_key, reason = reason.message(), "sleeping pod let go");
-                let note = format!("{pod_key}: let go ({value}): {}", reason.message());
+                let mut note = format!("{pod_key}: let go ({value}): {}", reason.message());
+                if reason == EvictReason::Budget && !why.is_empty() {
+                    note.push_str(&format!(" ({why})"));
+                }
                 publish(ctx, obj, EventType::Normal, "SleeperLetGo", "Sleep", &note).await;
             }
             Err(e) => {
