@@ -18,8 +18,9 @@ use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
-use support::pool::{POOL_NS, capacity_pod, reservation};
-use support::{Tessera, free_port, get_json, http_client, write_annotations};
+use support::pool::{POOL_NS, put_one_gpu};
+use support::sleep::{Replica, kubelet};
+use support::{Tessera, free_port, http_client};
 
 /// A pod of the pool on `tessera-gpu-p-0`, Ready, created at midnight and Ready `cold_s` later (its measured cold
 /// start); `sidecar_port` where its sidecar listens (none for the plain tenant).
@@ -51,37 +52,6 @@ fn deployment(name: &str) -> Value {
            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}}}})
 }
 
-/// One model's replica: its emulator, its sidecar and the annotations file the kubelet keeps for it.
-struct Replica {
-    name: &'static str,
-    file: std::path::PathBuf,
-    emu: Tessera,
-    sidecar: Tessera,
-}
-
-impl Replica {
-    fn start(dir: &Path, name: &'static str) -> Self {
-        let file = dir.join(format!("{name}.annotations"));
-        std::fs::write(&file, "").unwrap();
-        let emu = Tessera::sleepy_sim(&[]);
-        let sidecar = Tessera::rest_sidecar(&emu, &file, &[]);
-        Replica {
-            name,
-            file,
-            emu,
-            sidecar,
-        }
-    }
-
-    fn port(&self) -> u16 {
-        self.sidecar.base().rsplit(':').next().unwrap().parse().unwrap()
-    }
-
-    async fn rest(&self, c: &reqwest::Client) -> Value {
-        get_json(c, &self.sidecar.url("/v1/status")).await["rest"].clone()
-    }
-}
-
 /// One real activator for `replicas`: each model's emulator as its backend, woken through its sidecar.
 fn activator(replicas: &[&Replica]) -> Tessera {
     let mut flags: Vec<String> = Vec::new();
@@ -91,47 +61,6 @@ fn activator(replicas: &[&Replica]) -> Tessera {
     }
     flags.extend(["--probe-interval".into(), "50ms".into()]);
     Tessera::activator(&flags.iter().map(String::as_str).collect::<Vec<_>>())
-}
-
-/// The kubelet and the ReplicaSets of `replicas`: each `<name>-0` pod deleted once its Deployment wants none, its
-/// annotations copied into its sidecar's file, its Ready condition set from its sidecar's `/ready`.
-fn kubelet(api: &ApiServer, c: &reqwest::Client, replicas: &[&Replica]) -> tokio::task::JoinHandle<()> {
-    let kube = api.clone();
-    let kc = c.clone();
-    let replicas: Vec<(&'static str, std::path::PathBuf, String)> = replicas
-        .iter()
-        .map(|r| (r.name, r.file.clone(), r.sidecar.url("/ready")))
-        .collect();
-    tokio::spawn(async move {
-        let mut seen = vec![String::new(); replicas.len()];
-        loop {
-            for (i, (name, file, ready_url)) in replicas.iter().enumerate() {
-                let pod_name = format!("{name}-0");
-                if kube.wanted_replicas("default", name) == 0 {
-                    kube.delete_object(PODS, "default", &pod_name);
-                }
-                let Some(mut p) = kube.get(PODS, "default", &pod_name) else {
-                    continue;
-                };
-                let annotations = p["metadata"]["annotations"].to_string();
-                if annotations != seen[i] {
-                    write_annotations(file, &p);
-                    seen[i] = annotations;
-                }
-                let ready = kc
-                    .get(ready_url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                let now = if ready { "True" } else { "False" };
-                if p["status"]["conditions"][0]["status"] != now {
-                    p["status"]["conditions"][0]["status"] = json!(now);
-                    kube.put(PODS, "default", p);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
 }
 
 /// `tessera autoscaler` on `api` with pool `p` (one GPU, no spares; `pool_extra`: more of the pool's fields) and
@@ -179,17 +108,13 @@ async fn a_full_sleeper_budget_lets_the_sleeper_worth_least_go() {
     let act = activator(&[&daily, &often]);
 
     let api = ApiServer::start().await;
-    api.put(
-        PODS,
-        POOL_NS,
-        capacity_pod(
-            0,
-            &[
-                reservation("w", "default/w", 300),
-                reservation("d", "default/daily", 300),
-                reservation("o", "default/often", 300),
-            ],
-        ),
+    put_one_gpu(
+        &api,
+        &[
+            ("w", "default/w", 300),
+            ("d", "default/daily", 300),
+            ("o", "default/often", 300),
+        ],
     );
     // An awake tenant: neither model's replica is alone on the GPU.
     api.put(PODS, "default", pod("w-0", "w", 30, None));
@@ -285,17 +210,7 @@ async fn a_gpu_held_only_by_a_sleeper_is_given_back_after_the_grace() {
     let daily = Replica::start(dir.path(), "daily");
     let act = activator(&[&daily]);
     let api = ApiServer::start().await;
-    api.put(
-        PODS,
-        POOL_NS,
-        capacity_pod(
-            0,
-            &[
-                reservation("w", "default/w", 300),
-                reservation("d", "default/daily", 300),
-            ],
-        ),
-    );
+    put_one_gpu(&api, &[("w", "default/w", 300), ("d", "default/daily", 300)]);
     api.put(PODS, "default", pod("w-0", "w", 30, None));
     api.put(PODS, "default", pod("daily-0", "d", 28, Some(daily.port())));
     api.put(DEPLOYMENTS, "default", deployment("daily"));

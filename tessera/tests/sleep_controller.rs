@@ -16,7 +16,8 @@ use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::{ApiServer, DEPLOYMENTS, IAS, PODS};
-use support::{Tessera, free_port, get_json, http_client, write_annotations};
+use support::sleep::{Replica, kubelet};
+use support::{Tessera, free_port, get_json, http_client};
 
 fn pod(name: &str, sidecar_port: u16, ready: bool) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
@@ -38,12 +39,13 @@ async fn complete(c: &reqwest::Client, act: &Tessera) {
 async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
     let c = http_client(Duration::from_secs(30));
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("annotations");
-    std::fs::write(&file, "").unwrap();
-    let emu = Tessera::sleepy_sim(&[]);
-    let sc = Tessera::rest_sidecar(&emu, &file, &[]);
-    let sidecar_port: u16 = sc.base().rsplit(':').next().unwrap().parse().unwrap();
-    let act = Tessera::waking_activator(&emu, &sc, &["--probe-interval", "50ms", "--hold-timeout", "20s"]);
+    let llama = Replica::start(dir.path(), "llama");
+    let sc = &llama.sidecar;
+    let act = Tessera::waking_activator(
+        &llama.emu,
+        sc,
+        &["--probe-interval", "50ms", "--hold-timeout", "20s"],
+    );
 
     let api = ApiServer::start().await;
     api.put(
@@ -61,38 +63,10 @@ async fn the_controller_puts_an_idle_model_to_sleep_and_a_request_wakes_it() {
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama"},
                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "llama"}}}}),
     );
-    api.put(PODS, "default", pod("llama-0", sidecar_port, true));
+    api.put(PODS, "default", pod("llama-0", llama.port(), true));
 
     // The kubelet and the Deployment controller.
-    let kube = api.clone();
-    let (kfile, kc, ready_url) = (file.clone(), c.clone(), sc.url("/ready"));
-    let kubelet = tokio::spawn(async move {
-        let mut seen = String::new();
-        loop {
-            let want = kube.wanted_replicas("default", "llama");
-            if want == 0 {
-                kube.delete_object(PODS, "default", "llama-0");
-            }
-            if let Some(mut p) = kube.get(PODS, "default", "llama-0") {
-                let annotations = p["metadata"]["annotations"].to_string();
-                if annotations != seen {
-                    write_annotations(&kfile, &p);
-                    seen = annotations;
-                }
-                let ready = kc
-                    .get(&ready_url)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                let now = if ready { "True" } else { "False" };
-                if p["status"]["conditions"][0]["status"] != now {
-                    p["status"]["conditions"][0]["status"] = json!(now);
-                    kube.put(PODS, "default", p);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
+    let kubelet = kubelet(&api, &c, &[&llama]);
 
     let metrics_port = free_port();
     let kubeconfig = api.kubeconfig(dir.path());

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 mod support;
 use support::apiserver::{ApiServer, LEASES, PODS};
-use support::pool::{POOL_NS, capacity_pod, now_s, reservation};
+use support::pool::{POOL_NS, now_s, put_one_gpu};
 use support::{Tessera, free_port};
 
 const CAPACITY: &str = "tessera-gpu-p-0";
@@ -80,17 +80,7 @@ async fn startup(c: &reqwest::Client, sidecar: &Tessera) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_replica_takes_a_sleepers_room_and_starts_once_the_sleeper_is_gone() {
     let api = ApiServer::start().await;
-    api.put(
-        PODS,
-        POOL_NS,
-        capacity_pod(
-            0,
-            &[
-                reservation("w", "models/w", 300),
-                reservation("s", "models/s", 600),
-            ],
-        ),
-    );
+    put_one_gpu(&api, &[("w", "models/w", 300), ("s", "models/s", 600)]);
     api.put(PODS, "models", model_pod("w-0", "w", true, false));
     // Told to sleep and not Ready: asleep.
     api.put(PODS, "models", model_pod("s-0", "s", false, true));

@@ -473,7 +473,7 @@ pub(super) struct Gathered {
     leaving: u32,
     let_go: Vec<super::sleep_room::LetGo>,
     /// Its last running replica's room on its GPU: the other models' sleepers the budget lets go once it falls asleep.
-    room: super::sleep_room::Room,
+    room: tessera_core::pack::sleeping::Room,
     /// Each ready replica's pod name and sidecar URL, in `observed.sidecars`' order (where the objective is
     /// handed over, and whose GPU neighbours the flex lane reads).
     ready_pods: Vec<(String, String)>,
@@ -651,7 +651,7 @@ pub(super) async fn gather(
             &rest_docs,
             cold_start,
         ),
-        None => super::sleep_room::Room::default(),
+        None => tessera_core::pack::sleeping::Room::default(),
     };
 
     // 4. Demand (the activators' documents, polled in the background), the share's room, the cold start measured

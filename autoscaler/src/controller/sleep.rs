@@ -97,9 +97,6 @@ pub async fn instruct(
     let mut told = false;
     for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
         let name = pod.name_any();
-        if r.decision.desired_replicas == 0 && let_go.iter().any(|l| l.pod == name) {
-            continue;
-        }
         // When its sidecar last turned awake: a pod woken after its instruction (demand came) gets a fresh one.
         let awake_since_ms = docs
             .iter()
@@ -109,11 +106,14 @@ pub async fn instruct(
             .and_then(|x| x.since)
             .map(|s| s * 1000.0);
         let sleep = rest.sleep.filter(|_| r.sleeps());
-        let value = match command::instruct(sleep, instruction(pod), awake_since_ms, now_ms) {
-            Instruct::Keep => continue,
-            Instruct::Write(c) => Some(c.to_string()),
-            Instruct::Clear => None,
-        };
+        let own = command::instruct(sleep, instruction(pod), awake_since_ms, now_ms);
+        let is_let_go = let_go.iter().any(|l| l.pod == name);
+        let value =
+            match tessera_core::sleep::evict::instruct(is_let_go, r.decision.desired_replicas == 0, own) {
+                Instruct::Keep => continue,
+                Instruct::Write(c) => Some(c.to_string()),
+                Instruct::Clear => None,
+            };
         // A fresh instruction makes an old eviction mark stale (`core::sleep::evict`): it goes with it.
         let mut annotations = serde_json::json!({ ANNOTATION: value });
         if value.is_some() {

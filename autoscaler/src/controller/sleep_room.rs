@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use tessera_core::pack::sleeping::{self, Admit, Sleeper};
+use tessera_core::pack::sleeping::{self, Room, Sleeper};
 use tessera_core::sleep::command::{self, RestCommand};
 use tessera_core::sleep::evict::{self, EvictReason, Eviction};
 use tessera_core::sleep::rule::{self, SleepFacts, SleepPolicy};
@@ -30,10 +30,11 @@ use super::context::{Context, publish};
 use crate::crd::InferenceAutoscaler;
 use crate::pool::ANNOTATION_CAPACITY_POD;
 use crate::pool::sleepers::SleepLink;
+use crate::pool::state::pod_key;
 
-/// `namespace/name`.
+/// `namespace/name`, as the pool keys its tenants.
 fn key(pod: &Pod) -> String {
-    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+    pod_key(pod).unwrap_or_default()
 }
 
 fn capacity_pod(pod: &Pod) -> Option<&String> {
@@ -67,23 +68,12 @@ pub fn let_go(pods: &[Pod], link: &SleepLink) -> Vec<LetGo> {
             }
             let gpu = capacity_pod(p).and_then(|c| link.gpu(c))?;
             let me = key(p);
-            let reason = if gpu.given_back {
-                EvictReason::GpuGivenBack
-            } else {
-                // Only on what every sleeper there is known to be worth: missing facts never let a sleeper go.
-                if gpu.sleepers_but(&me).any(|s| link.published(s).is_none()) {
-                    return None;
-                }
-                let all: Vec<Sleeper> = gpu
-                    .sleepers_but(&me)
-                    .chain([me.as_str()])
-                    .map(|s| link.worth(s, gpu.default_residue_mib))
-                    .collect();
-                if !sleeping::over_budget(&all, &me, gpu.budget) {
-                    return None;
-                }
-                EvictReason::Budget
-            };
+            let reason = evict::let_go_now(gpu.given_back, || {
+                let others: Option<Vec<Sleeper>> = gpu.sleepers_but(&me).map(|s| link.published(s)).collect();
+                let mut all = others?;
+                all.push(link.worth(&me, gpu.default_residue_mib));
+                Some(sleeping::over_budget(&all, &me, gpu.budget))
+            })?;
             Some(LetGo {
                 pod: p.name_any(),
                 mark: Some(reason),
@@ -112,24 +102,9 @@ pub fn worth(id: &str, docs: &[&SidecarStatus], default_residue_mib: u64, saved:
     Sleeper::new(id, residue, saved, Duration::ZERO, &gaps)
 }
 
-/// The round's facts about the GPU the model's last running replica is on, and the sleepers its sleep would let
-/// go.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Room {
-    /// `SleepFacts::alone_on_gpu`.
-    pub alone_on_gpu: bool,
-    /// `SleepFacts::no_room`.
-    pub no_room: bool,
-    /// The sleepers (`namespace/name`) the budget lets go once this replica sleeps, cheapest first.
-    pub displaces: Vec<String>,
-    /// What each is worth against this replica, for the Event: `worth 89.5 s of waiting saved per hour asleep
-    /// against default/daily-0's 27.5`.
-    pub why: String,
-}
-
 /// The room for `running` (the model's only running pod) to sleep on its GPU, valued as `own`; nothing is known
 /// (all false) for a pod the pool did not place or a GPU not published yet.
-pub fn room(link: &SleepLink, running: &Pod, own: impl FnOnce(u64) -> Sleeper) -> Room {
+pub fn room(link: &SleepLink, running: &Pod, own: impl FnOnce(&str, u64) -> Sleeper) -> Room {
     let Some(gpu) = capacity_pod(running).and_then(|c| link.gpu(c)) else {
         return Room::default();
     };
@@ -138,27 +113,12 @@ pub fn room(link: &SleepLink, running: &Pod, own: impl FnOnce(u64) -> Sleeper) -
         .sleepers_but(&me)
         .map(|p| link.worth(p, gpu.default_residue_mib))
         .collect();
-    let newcomer = own(gpu.default_residue_mib);
-    let (no_room, displaces) = match sleeping::admit(&present, &newcomer, gpu.budget) {
-        Admit::Fits => (false, Vec::new()),
-        Admit::Evict(ids) => (false, ids),
-        Admit::Refuse => (true, Vec::new()),
-    };
-    let others: Vec<String> = present
-        .iter()
-        .filter(|s| displaces.contains(&s.id))
-        .map(|s| format!("{}'s {:.1}", s.id, s.value()))
-        .collect();
-    Room {
-        alone_on_gpu: gpu.alone(&me),
-        no_room,
-        why: format!(
-            "{me} asleep saves {:.1} s of waiting per hour against {}",
-            newcomer.value(),
-            others.join(", ")
-        ),
-        displaces,
-    }
+    sleeping::room(
+        !gpu.alone(&me),
+        &present,
+        &own(&me, gpu.default_residue_mib),
+        gpu.budget,
+    )
 }
 
 /// The round's facts of the GPU room, for a model with sleep `policy` (its `facts` filled in
@@ -186,7 +146,7 @@ pub fn facts(
         _ => keys.iter().find_map(|k| link.published(k)).map(|s| s.saved),
     };
     let all: Vec<&SidecarStatus> = docs.iter().map(|(_, d)| d).collect();
-    let own = |residue| worth("", &all, residue, saved.unwrap_or_default());
+    let own = |id: &str, residue| worth(id, &all, residue, saved.unwrap_or_default());
     if saved.is_some() {
         for k in &keys {
             let residue = mine
@@ -195,23 +155,14 @@ pub fn facts(
                 .and_then(|p| capacity_pod(p))
                 .and_then(|c| link.gpu(c))
                 .map_or(sleeping::DEFAULT_RESIDUE_MIB, |g| g.default_residue_mib);
-            link.set_worth(
-                k,
-                Sleeper {
-                    id: k.clone(),
-                    ..own(residue)
-                },
-            );
+            link.set_worth(k, own(k, residue));
         }
     }
     let running: Vec<&&Pod> = mine.iter().filter(|p| crate::pod_ready(p)).collect();
     let [only] = running.as_slice() else {
         return Room::default();
     };
-    let r = room(link, only, |residue| Sleeper {
-        id: key(only),
-        ..own(residue)
-    });
+    let r = room(link, only, own);
     facts.alone_on_gpu = r.alone_on_gpu;
     facts.no_room = r.no_room;
     r
@@ -227,15 +178,20 @@ pub async fn mark(
     now_ms: u64,
 ) {
     let ns = obj.namespace().unwrap_or_default();
-    let own = own
-        .iter()
-        .filter_map(|l| Some((format!("{ns}/{}", l.pod), l.mark?)));
-    let why = displaced.map(|r| r.why.as_str()).unwrap_or_default();
-    let displaced = displaced
-        .into_iter()
-        .flat_map(|r| r.displaces.iter())
-        .map(|k| (k.clone(), EvictReason::Budget));
-    for (pod_key, reason) in displaced.chain(own) {
+    // Each with what to add to its Event: for a displaced sleeper, what both sides are worth.
+    let mut marks: Vec<(String, EvictReason, String)> = Vec::new();
+    if let Some(r) = displaced {
+        marks.extend(
+            r.displaces
+                .iter()
+                .map(|k| (k.clone(), EvictReason::Budget, r.why.clone())),
+        );
+    }
+    marks.extend(
+        own.iter()
+            .filter_map(|l| Some((format!("{ns}/{}", l.pod), l.mark?, String::new()))),
+    );
+    for (pod_key, reason, why) in marks {
         let Some((pod_ns, name)) = pod_key.split_once('/') else {
             continue;
         };
@@ -254,7 +210,7 @@ pub async fn mark(
                 ctx.metrics.sleeper_let_go(reason);
                 info!(pod = %pod_key, reason = reason.message(), "sleeping pod let go");
                 let mut note = format!("{pod_key}: let go ({value}): {}", reason.message());
-                if reason == EvictReason::Budget && !why.is_empty() {
+                if !why.is_empty() {
                     note.push_str(&format!(" ({why})"));
                 }
                 publish(ctx, obj, EventType::Normal, "SleeperLetGo", "Sleep", &note).await;
@@ -326,13 +282,13 @@ mod tests {
             Sleeper::new("b/daily", 1_434, s(28), s(1), &[s(86_400)]),
         );
         let running = pod("new", true, &[]);
-        let r = room(&l, &running, |res| {
-            Sleeper::new("team/new", res, s(28), s(1), &[s(600)])
+        let r = room(&l, &running, |id, res| {
+            Sleeper::new(id, res, s(28), s(1), &[s(600)])
         });
         assert_eq!(r.displaces, ["b/daily"]);
         assert!(!r.no_room && r.alone_on_gpu, "every other tenant is asleep");
-        let r = room(&l, &running, |res| {
-            Sleeper::new("team/new", res, s(11), s(1), &[s(172_800)])
+        let r = room(&l, &running, |id, res| {
+            Sleeper::new(id, res, s(11), s(1), &[s(172_800)])
         });
         assert!(r.no_room && r.displaces.is_empty());
         // A sleeper whose worth nobody published is never let go.
@@ -341,13 +297,13 @@ mod tests {
             2,
             false,
         );
-        let r = room(&l, &running, |res| {
-            Sleeper::new("team/new", res, s(90), s(1), &[s(60)])
+        let r = room(&l, &running, |id, res| {
+            Sleeper::new(id, res, s(90), s(1), &[s(60)])
         });
         assert!(r.no_room && !r.alone_on_gpu);
         // Off the pool (no GPU published): nothing known.
         assert_eq!(
-            room(&SleepLink::default(), &running, |_| unreachable!()),
+            room(&SleepLink::default(), &running, |_, _| unreachable!()),
             Room::default()
         );
     }

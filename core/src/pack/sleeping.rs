@@ -173,6 +173,51 @@ pub fn admit(present: &[Sleeper], newcomer: &Sleeper, budget: SleeperBudget) -> 
     Admit::Evict(evicted)
 }
 
+/// The room for a model's last running replica to sleep on its GPU: the round's `SleepFacts::{alone_on_gpu,
+/// no_room}` and the sleepers its sleep lets go. The simulator and the controller both read it here.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Room {
+    /// No other running replica there: a sleeper would be all that keeps the GPU.
+    pub alone_on_gpu: bool,
+    /// The budget is full and the replica is worth less than every sleeper there: it goes to zero instead.
+    pub no_room: bool,
+    /// The sleepers (their ids) the budget lets go once it sleeps, cheapest first.
+    pub displaces: Vec<String>,
+    /// What the newcomer and each displaced sleeper are worth ([`Sleeper::value`]), for the Event.
+    pub why: String,
+}
+
+/// The room for `newcomer` on a GPU where `others_awake` other replicas run and the sleepers `present` (but it)
+/// sleep, under `budget`.
+pub fn room(others_awake: bool, present: &[Sleeper], newcomer: &Sleeper, budget: SleeperBudget) -> Room {
+    let (no_room, displaces) = match admit(present, newcomer, budget) {
+        Admit::Fits => (false, Vec::new()),
+        Admit::Evict(ids) => (false, ids),
+        Admit::Refuse => (true, Vec::new()),
+    };
+    let why = if displaces.is_empty() {
+        String::new()
+    } else {
+        let others: Vec<String> = present
+            .iter()
+            .filter(|s| displaces.contains(&s.id))
+            .map(|s| format!("{}'s {:.1}", s.id, s.value()))
+            .collect();
+        format!(
+            "{} asleep saves {:.1} s of waiting per hour against {}",
+            newcomer.id,
+            newcomer.value(),
+            others.join(", ")
+        )
+    };
+    Room {
+        alone_on_gpu: !others_awake,
+        no_room,
+        displaces,
+        why,
+    }
+}
+
 /// Whether sleeper `me`, among all the sleepers of a GPU (`me` included), is one to let go because together they
 /// exceed `budget`: the least valuable go first (ties by id), as [`admit`] would have chosen. Two models whose last
 /// replicas fell asleep at the same moment can both pass [`admit`]; each then asks this of itself, and only the
@@ -289,6 +334,25 @@ mod tests {
             admit(&present[..1], &sleeper("new", 90, Some(60)), tight),
             Admit::Evict(vec!["often".into()])
         );
+    }
+
+    /// The room a replica would sleep in: alone where nothing else runs, the budget's answer, and why, in words.
+    #[test]
+    fn room_reads_the_budget_and_says_what_each_side_is_worth() {
+        let budget = SleeperBudget {
+            max_sleepers: 1,
+            max_residue_mib: 10_000,
+        };
+        let daily = [sleeper("daily", 27, Some(3_600))];
+        let r = room(false, &daily, &sleeper("often", 90, Some(3_600)), budget);
+        assert!(r.alone_on_gpu && !r.no_room);
+        assert_eq!(r.displaces, ["daily"]);
+        assert_eq!(
+            r.why,
+            "often asleep saves 90.0 s of waiting per hour against daily's 27.0"
+        );
+        let r = room(true, &daily, &sleeper("rare", 10, Some(3_600)), budget);
+        assert!(!r.alone_on_gpu && r.no_room && r.why.is_empty());
     }
 
     /// Three asleep under a budget of two (two fell asleep at once): only the cheapest lets itself go.

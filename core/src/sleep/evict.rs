@@ -9,7 +9,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::command::RestCommand;
+use super::command::{Instruct, RestCommand};
 
 /// The pod annotation.
 pub const ANNOTATION: &str = "tessera.dev/evicted";
@@ -89,6 +89,27 @@ pub fn let_go(instruction: Option<&RestCommand>, evicted: Option<&Eviction>) -> 
     matches!((instruction, evicted), (Some(i), Some(e)) if e.at_unix_ms >= i.since_unix_ms)
 }
 
+/// Why a sleeping pod not marked yet is let go now, if it is: its GPU is given back (held only by sleepers for
+/// the pool's grace), else it is the cheapest of more sleepers than the GPU's budget holds —
+/// `over_budget` answers that, `None` when a sleeper's worth there is not known (missing facts never let one go).
+pub fn let_go_now(given_back: bool, over_budget: impl FnOnce() -> Option<bool>) -> Option<EvictReason> {
+    if given_back {
+        return Some(EvictReason::GpuGivenBack);
+    }
+    over_budget().unwrap_or(false).then_some(EvictReason::Budget)
+}
+
+/// A pod's instruction after a round (`command::instruct`'s answer, `otherwise`), for a pod `let_go`: while the
+/// model is `at_zero` it keeps its instruction and stays asleep until `/scale` drops it (withdrawn, it would wake
+/// only to be deleted); when the round wants a running replica it is treated as any pod, and wakes.
+pub fn instruct(let_go: bool, at_zero: bool, otherwise: Instruct) -> Instruct {
+    if let_go && at_zero {
+        Instruct::Keep
+    } else {
+        otherwise
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -116,6 +137,13 @@ mod tests {
         let g = "at=7 reason=gpu-given-back".parse::<Eviction>().unwrap();
         assert_eq!(g.reason, EvictReason::GpuGivenBack);
         assert!("at=x reason=budget".parse::<Eviction>().is_err());
+        assert_eq!(let_go_now(true, || None), Some(EvictReason::GpuGivenBack));
+        assert_eq!(let_go_now(false, || Some(true)), Some(EvictReason::Budget));
+        assert_eq!(let_go_now(false, || None), None, "a sleeper's worth unknown");
+        assert_eq!(let_go_now(false, || Some(false)), None);
+        assert_eq!(instruct(true, true, Instruct::Clear), Instruct::Keep);
+        assert_eq!(instruct(true, false, Instruct::Clear), Instruct::Clear);
+        assert_eq!(instruct(false, true, Instruct::Clear), Instruct::Clear);
         assert!(
             "reason=budget"
                 .parse::<Eviction>()

@@ -18,6 +18,8 @@ pub mod pki;
 pub mod pool;
 /// Real-time streaming load and its TTFT percentiles (the lanes and batch tests).
 pub mod realtime;
+/// A replica in sleep mode and the kubelet the controller's sleep tests play.
+pub mod sleep;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

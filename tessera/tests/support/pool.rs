@@ -29,6 +29,15 @@ pub fn capacity_pod(slot: usize, reservations: &[Value]) -> Value {
            "status": {"phase": "Running", "podIP": "127.0.0.1"}})
 }
 
+/// Puts capacity pod `tessera-gpu-p-0` on `api` holding `reservations` (id, model, milli compute), made now.
+pub fn put_one_gpu(api: &super::apiserver::ApiServer, reservations: &[(&str, &str, u32)]) {
+    let list: Vec<Value> = reservations
+        .iter()
+        .map(|(id, model, milli)| reservation(id, model, *milli))
+        .collect();
+    api.put(super::apiserver::PODS, POOL_NS, capacity_pod(0, &list));
+}
+
 /// A reservation of `milli` compute and 20,000 MiB for `model`, made now.
 pub fn reservation(id: &str, model: &str, milli: u32) -> Value {
     json!({"id": id, "model": model, "computeMilli": milli, "memoryMiB": 20000, "priority": 0,

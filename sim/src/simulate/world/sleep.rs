@@ -29,39 +29,45 @@ impl World<'_> {
             expected_wake: None,
         };
         let asleep = self.sleepers.contains_key(&m);
-        // The GPU its last running replica would sleep on, and whether the budget there takes it.
-        let no_room = !asleep
-            && match live {
-                [only] => self.replicas[*only]
-                    .gpu
-                    .is_some_and(|g| self.admit_sleeper(m, g) == Admit::Refuse),
-                _ => false,
-            };
-        let alone_on_gpu = match live {
-            [only] => self.replicas[*only]
-                .gpu
-                .is_some_and(|g| self.tenants.get(&g).is_none_or(|t| t.iter().all(|&r| r == *only))),
-            _ => false,
-        };
+        // The GPU its last running replica would sleep on: the room there, by the rule the controller reads too.
+        let room = match live {
+            [only] => self.replicas[*only].gpu.map(|g| {
+                let others_awake = self
+                    .tenants
+                    .get(&g)
+                    .is_some_and(|t| t.iter().any(|&r| r != *only));
+                sleeping::room(
+                    others_awake,
+                    &self.sleepers_on(g, m),
+                    &self.sleeper(m),
+                    self.sleeper_budget(),
+                )
+            }),
+            _ => None,
+        }
+        .unwrap_or_default();
         let facts = SleepFacts {
             asleep,
-            alone_on_gpu,
+            alone_on_gpu: room.alone_on_gpu,
             measured_wake: [Some(Duration::from_secs_f64(wake)), None],
-            no_room,
+            no_room: !asleep && room.no_room,
             ..SleepFacts::default()
         };
         Some((policy, facts))
     }
 
-    /// The budget's answer to model `m` sleeping on GPU `g`.
-    fn admit_sleeper(&self, m: usize, g: GpuId) -> Admit {
-        let present: Vec<Sleeper> = self
-            .sleepers
+    /// The sleepers on GPU `g` but model `m`'s.
+    fn sleepers_on(&self, g: GpuId, m: usize) -> Vec<Sleeper> {
+        self.sleepers
             .iter()
             .filter(|&(&other, (on, _))| *on == g && other != m)
             .map(|(&other, _)| self.sleeper(other))
-            .collect();
-        sleeping::admit(&present, &self.sleeper(m), self.sleeper_budget())
+            .collect()
+    }
+
+    /// The budget's answer to model `m` sleeping on GPU `g`.
+    fn admit_sleeper(&self, m: usize, g: GpuId) -> Admit {
+        sleeping::admit(&self.sleepers_on(g, m), &self.sleeper(m), self.sleeper_budget())
     }
 
     fn sleeper(&self, m: usize) -> Sleeper {
