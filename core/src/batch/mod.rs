@@ -11,10 +11,12 @@
 //!   replicas of the cheapest capacity type that still meets the deadline.
 //! - [`ledger`]: which input lines are answered already (rebuilt from the result files after a crash), so a
 //!   runner that takes over answers each remaining line once.
+//! - [`schedule`]: which batches run now, by deadline and per model.
 
 pub mod ledger;
 pub mod line;
 pub mod pacing;
+pub mod schedule;
 pub mod status;
 
 pub use ledger::Ledger;

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use super::multipart::{Multipart, boundary};
 use super::objects::{BatchObject, FileObject, Usage};
-use super::store::{StoreError, check_id};
+use super::store::{Listed, StoreError, check_id};
 use super::{Batches, unix_s};
 
 /// An API refusal: status, OpenAI `type`, `code`, `param` and a message.
@@ -88,10 +88,97 @@ impl IntoResponse for ApiError {
 
 type Params = Path<HashMap<String, String>>;
 
-fn namespace(b: &Batches, p: &HashMap<String, String>) -> String {
-    p.get("namespace")
+/// The namespace a route addresses: `/namespaces/<ns>/…`, or the default one. It names a folder of the store's
+/// listings, so it is checked like an id.
+fn namespace(b: &Batches, p: &HashMap<String, String>) -> Result<String, ApiError> {
+    let ns = p
+        .get("namespace")
         .cloned()
-        .unwrap_or_else(|| b.app.default_namespace.clone())
+        .unwrap_or_else(|| b.app.default_namespace.clone());
+    check_id(&ns).map_err(|_| {
+        ApiError::bad(
+            "invalid_namespace",
+            None,
+            format!(
+                "namespace {:?} is not a Kubernetes namespace name (lowercase letters, digits and '-')",
+                truncated(&ns)
+            ),
+        )
+    })?;
+    Ok(ns)
+}
+
+/// At most 64 characters of what a client sent, for an error message.
+fn truncated(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// OpenAI's bounds on a batch's `metadata`: 16 pairs, keys of at most 64 characters, values of at most 512.
+const METADATA_PAIRS: usize = 16;
+const METADATA_KEY_CHARS: usize = 64;
+const METADATA_VALUE_CHARS: usize = 512;
+/// The longest completion window accepted: a week (OpenAI offers 24h). Longer would keep a batch's lines and
+/// files on the shared volume for that long, and a huge one would overflow the deadline.
+const MAX_COMPLETION_WINDOW: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+/// The largest `POST /v1/batches` body: its fields, with the metadata at OpenAI's bounds even if every character
+/// is escaped (16 × 576 characters × 6 bytes), and room to spare.
+const MAX_CREATE_BODY: usize = 128 * 1024;
+/// The most items one list page holds (OpenAI's bound).
+const MAX_PAGE: usize = 100;
+
+/// Checks a batch's `metadata` against OpenAI's bounds, naming the first pair at fault.
+fn check_metadata(
+    v: &serde_json::Value,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, ApiError> {
+    let bad = |msg: String| ApiError::bad("invalid_metadata", Some("metadata"), msg);
+    let m = match v {
+        serde_json::Value::Null => return Ok(None),
+        serde_json::Value::Object(m) => m,
+        _ => return Err(bad("metadata must be an object of string values".into())),
+    };
+    if m.len() > METADATA_PAIRS {
+        return Err(bad(format!(
+            "metadata has {} pairs; at most {METADATA_PAIRS} are kept",
+            m.len()
+        )));
+    }
+    for (k, val) in m {
+        if k.chars().count() > METADATA_KEY_CHARS {
+            return Err(bad(format!(
+                "metadata key {:?} is longer than {METADATA_KEY_CHARS} characters",
+                truncated(k)
+            )));
+        }
+        match val {
+            serde_json::Value::String(text) if text.chars().count() <= METADATA_VALUE_CHARS => {}
+            serde_json::Value::String(_) => {
+                return Err(bad(format!(
+                    "metadata value of {:?} is longer than {METADATA_VALUE_CHARS} characters",
+                    truncated(k)
+                )));
+            }
+            _ => {
+                return Err(bad(format!(
+                    "metadata value of {:?} must be a string",
+                    truncated(k)
+                )));
+            }
+        }
+    }
+    Ok(Some(m.clone()))
+}
+
+/// A namespace over one of its quotas: 429, naming the flag and what to do.
+fn over_quota(what: String) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "namespace_quota_exceeded",
+        None,
+        what,
+    )
 }
 
 fn id(p: &HashMap<String, String>) -> Result<String, ApiError> {
@@ -141,7 +228,24 @@ pub fn routes(batches: Option<Arc<Batches>>) -> axum::Router {
 
 /// `POST /v1/files`: the `file` part streams to the store, counted against `--batch-max-file-bytes`.
 async fn upload(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) -> Result<Response, ApiError> {
-    let ns = namespace(&b, &p);
+    let ns = namespace(&b, &p)?;
+    // The namespace's quotas, from its listing (sizes are kept in the entries, no document is read). Two uploads
+    // racing may each pass with the last room: the bound is overshot by at most one file per concurrent upload.
+    let listed = b.store.list_files(&ns).await?;
+    if listed.len() as u64 >= b.limits.max_files_per_namespace {
+        return Err(over_quota(format!(
+            "namespace {ns} holds {} files, the most it may (--batch-max-files-per-namespace); delete files it no longer needs (DELETE /v1/files/{{id}})",
+            listed.len()
+        )));
+    }
+    let used: u64 = listed.iter().map(|l| l.bytes).sum();
+    let room = b.limits.max_namespace_bytes.saturating_sub(used);
+    if room == 0 {
+        return Err(over_quota(format!(
+            "namespace {ns} holds {used} bytes of files, the most it may (--batch-max-namespace-bytes); delete files it no longer needs (DELETE /v1/files/{{id}})"
+        )));
+    }
+    let max_bytes = b.limits.max_file_bytes.min(room);
     let ct = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -177,16 +281,22 @@ async fn upload(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) ->
                     let mut n = 0u64;
                     while let Some(c) = form.chunk().await.map_err(|e| ApiError::bad("invalid_multipart", None, e.to_string()))? {
                         n += c.len() as u64;
-                        if n > b.limits.max_file_bytes {
-                            return Err(ApiError::new(
-                                StatusCode::PAYLOAD_TOO_LARGE,
-                                "file_too_large",
-                                Some("file"),
-                                format!(
-                                    "the file is larger than {} bytes (the limit, --batch-max-file-bytes); split it into several batches",
-                                    b.limits.max_file_bytes
-                                ),
-                            ));
+                        if n > max_bytes {
+                            return Err(if max_bytes < b.limits.max_file_bytes {
+                                over_quota(format!(
+                                    "the file is larger than the {max_bytes} bytes left to namespace {ns} (--batch-max-namespace-bytes); delete files it no longer needs"
+                                ))
+                            } else {
+                                ApiError::new(
+                                    StatusCode::PAYLOAD_TOO_LARGE,
+                                    "file_too_large",
+                                    Some("file"),
+                                    format!(
+                                        "the file is larger than {} bytes (the limit, --batch-max-file-bytes); split it into several batches",
+                                        b.limits.max_file_bytes
+                                    ),
+                                )
+                            });
                         }
                         w.write_all(&c).await.map_err(|e| StoreError::Io { path: id.clone(), source: e })?;
                     }
@@ -259,26 +369,45 @@ async fn owned_batch(b: &Batches, ns: &str, id: &str) -> Result<BatchObject, Api
     }
 }
 
-/// Newest first, then the page after `after` of at most `limit` (OpenAI's cursor pages).
-fn page(mut items: Vec<(u64, String, serde_json::Value)>, q: &HashMap<String, String>) -> Response {
-    items.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+/// OpenAI's cursor page over a listing (newest first): the items after `after`, at most `limit` (≤ 100), each
+/// loaded by `load` (`None`: not shown, e.g. another purpose). Only the page's documents are read, plus the ones a
+/// filter skips.
+async fn page<F, Fut>(
+    listed: Vec<Listed>,
+    q: &HashMap<String, String>,
+    mut load: F,
+) -> Result<Response, ApiError>
+where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<serde_json::Value>, ApiError>>,
+{
     let limit = q
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
         .unwrap_or(20)
-        .clamp(1, 10_000);
-    let start = q
-        .get("after")
-        .and_then(|after| items.iter().position(|i| &i.1 == after).map(|p| p + 1))
-        .unwrap_or(0);
-    let rest = items.len().saturating_sub(start);
-    let data: Vec<serde_json::Value> = items.into_iter().skip(start).take(limit).map(|i| i.2).collect();
+        .clamp(1, MAX_PAGE);
+    // Ids sort by creation (`store::newest_first`), so the cursor needs no document, and a deleted one still
+    // marks its place.
+    let after = q.get("after");
+    let mut data = Vec::with_capacity(limit);
+    let mut has_more = false;
+    for l in listed
+        .into_iter()
+        .filter(|l| after.is_none_or(|a| l.id.as_str() < a.as_str()))
+    {
+        let Some(item) = load(l.id).await? else { continue };
+        if data.len() == limit {
+            has_more = true;
+            break;
+        }
+        data.push(item);
+    }
     let first = data.first().and_then(|d| d["id"].as_str().map(str::to_owned));
     let last = data.last().and_then(|d| d["id"].as_str().map(str::to_owned));
-    axum::Json(serde_json::json!({
-        "object": "list", "data": data, "first_id": first, "last_id": last, "has_more": rest > limit,
+    Ok(axum::Json(serde_json::json!({
+        "object": "list", "data": data, "first_id": first, "last_id": last, "has_more": has_more,
     }))
-    .into_response()
+    .into_response())
 }
 
 async fn list_files(
@@ -286,24 +415,31 @@ async fn list_files(
     Path(p): Params,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let ns = namespace(&b, &p);
-    let files = b.store.list_files().await?;
-    let items = files
-        .into_iter()
-        .filter(|f| f.namespace == ns && q.get("purpose").is_none_or(|pp| *pp == f.purpose))
-        .map(|f| (f.created_at, f.id.clone(), f.answer()))
-        .collect();
-    Ok(page(items, &q))
+    let ns = namespace(&b, &p)?;
+    let listed = b.store.list_files(&ns).await?;
+    let purpose = q.get("purpose").cloned();
+    let (b, ns) = (&b, &ns);
+    page(listed, &q, |id| {
+        let purpose = purpose.clone();
+        async move {
+            Ok(b.store
+                .get_file(&id)
+                .await?
+                .filter(|f| f.namespace == *ns && purpose.as_ref().is_none_or(|pp| *pp == f.purpose))
+                .map(|f| f.answer()))
+        }
+    })
+    .await
 }
 
 async fn get_file(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<Response, ApiError> {
-    let f = owned_file(&b, &namespace(&b, &p), &id(&p)?).await?;
+    let f = owned_file(&b, &namespace(&b, &p)?, &id(&p)?).await?;
     Ok(axum::Json(f.answer()).into_response())
 }
 
 /// The file's bytes, streamed from the store 64 KiB at a time.
 async fn content(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<Response, ApiError> {
-    let f = owned_file(&b, &namespace(&b, &p), &id(&p)?).await?;
+    let f = owned_file(&b, &namespace(&b, &p)?, &id(&p)?).await?;
     let reader = b.store.open_data(&f.id).await?;
     let stream = futures::stream::unfold(reader, |mut r| async move {
         let mut buf = vec![0u8; 64 * 1024];
@@ -325,9 +461,13 @@ async fn content(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<Respo
 
 /// `DELETE /v1/files/{id}`: refused (409) while a batch that is not final reads it or writes it.
 async fn delete_file(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<Response, ApiError> {
-    let ns = namespace(&b, &p);
+    let ns = namespace(&b, &p)?;
     let f = owned_file(&b, &ns, &id(&p)?).await?;
-    for batch in b.store.list_batches().await? {
+    // Only a batch not final yet can be reading or writing it: the active ones, read one at a time.
+    for active in b.store.active_batches().await? {
+        let Some(batch) = b.store.get_batch(&active).await? else {
+            continue;
+        };
         if batch.status.is_running()
             && (batch.input_file_id == f.id || batch.output_data == f.id || batch.error_data == f.id)
         {
@@ -349,7 +489,17 @@ async fn delete_file(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<R
 
 /// `POST /v1/batches`.
 async fn create(State(b): State<Arc<Batches>>, Path(p): Params, body: Bytes) -> Result<Response, ApiError> {
-    let ns = namespace(&b, &p);
+    let ns = namespace(&b, &p)?;
+    if body.len() > MAX_CREATE_BODY {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            None,
+            format!(
+                "a batch request is at most {MAX_CREATE_BODY} bytes; the input goes in a file (POST /v1/files)"
+            ),
+        ));
+    }
     let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad(
             "invalid_json",
@@ -381,27 +531,35 @@ async fn create(State(b): State<Arc<Batches>>, Path(p): Params, body: Bytes) -> 
     let window_s = v["completion_window"].as_str().unwrap_or_default();
     let window = humantime::parse_duration(window_s)
         .ok()
-        .filter(|d| !d.is_zero())
+        .filter(|d| !d.is_zero() && *d <= MAX_COMPLETION_WINDOW)
         .ok_or_else(|| {
             ApiError::bad(
                 "invalid_completion_window",
                 Some("completion_window"),
-                format!("completion_window {window_s:?} is not a duration; use \"24h\""),
+                format!(
+                    "completion_window {:?} is not a duration between 1s and {}; use \"24h\"",
+                    truncated(window_s),
+                    humantime::format_duration(MAX_COMPLETION_WINDOW)
+                ),
             )
         })?;
-    let metadata = match &v["metadata"] {
-        serde_json::Value::Null => None,
-        serde_json::Value::Object(m) if m.len() <= 16 && m.values().all(serde_json::Value::is_string) => {
-            Some(m.clone())
+    let metadata = check_metadata(&v["metadata"])?;
+    // The namespace's bound on batches not final yet (each holds a share of the runner and of the volume).
+    let mut active = 0u64;
+    for id in b.store.active_batches().await? {
+        if b.store
+            .get_batch(&id)
+            .await?
+            .is_some_and(|x| x.namespace == ns && !x.status.is_final())
+        {
+            active += 1;
         }
-        _ => {
-            return Err(ApiError::bad(
-                "invalid_metadata",
-                Some("metadata"),
-                "metadata must be an object of at most 16 string values",
-            ));
-        }
-    };
+    }
+    if active >= b.limits.max_active_per_namespace {
+        return Err(over_quota(format!(
+            "namespace {ns} has {active} batches not finished, the most it may (--batch-max-active-per-namespace); wait for one to end or cancel one"
+        )));
+    }
     let id = b.new_id("batch", '_');
     let tail = id.trim_start_matches("batch_");
     let created = unix_s();
@@ -417,7 +575,7 @@ async fn create(State(b): State<Arc<Batches>>, Path(p): Params, body: Bytes) -> 
         error_file_id: None,
         created_at: created,
         in_progress_at: None,
-        expires_at: Some(created + window.as_secs().max(1)),
+        expires_at: Some(created.saturating_add(window.as_secs().max(1))),
         finalizing_at: None,
         completed_at: None,
         failed_at: None,
@@ -430,6 +588,7 @@ async fn create(State(b): State<Arc<Batches>>, Path(p): Params, body: Bytes) -> 
         namespace: ns,
         output_data: format!("file-{tail}-output"),
         error_data: format!("file-{tail}-errors"),
+        model: String::new(),
     };
     b.store.put_batch(&batch).await?;
     info!(batch = %batch.id, input = %batch.input_file_id, namespace = %batch.namespace, "batch created");
@@ -442,26 +601,28 @@ async fn list_batches(
     Path(p): Params,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let ns = namespace(&b, &p);
-    let mut items = Vec::new();
-    for x in b.store.list_batches().await? {
-        if x.namespace == ns {
-            let cancel = b.store.cancel_requested(&x.id).await?;
-            items.push((x.created_at, x.id.clone(), x.answer(cancel)));
-        }
-    }
-    Ok(page(items, &q))
+    let ns = namespace(&b, &p)?;
+    let listed = b.store.list_batches(&ns).await?;
+    let (b, ns) = (&b, &ns);
+    page(listed, &q, |id| async move {
+        let Some(x) = b.store.get_batch(&id).await?.filter(|x| x.namespace == *ns) else {
+            return Ok(None);
+        };
+        let cancel = b.store.cancel_requested(&x.id).await?;
+        Ok(Some(x.answer(cancel)))
+    })
+    .await
 }
 
 async fn get_batch(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<Response, ApiError> {
-    let x = owned_batch(&b, &namespace(&b, &p), &id(&p)?).await?;
+    let x = owned_batch(&b, &namespace(&b, &p)?, &id(&p)?).await?;
     let cancel = b.store.cancel_requested(&x.id).await?;
     Ok(axum::Json(x.answer(cancel)).into_response())
 }
 
 /// `POST /v1/batches/{id}/cancel`: leaves a marker the runner acts on (the runner alone writes the record).
 async fn cancel(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<Response, ApiError> {
-    let x = owned_batch(&b, &namespace(&b, &p), &id(&p)?).await?;
+    let x = owned_batch(&b, &namespace(&b, &p)?, &id(&p)?).await?;
     x.status
         .on(tessera_core::batch::BatchEvent::CancelRequested)
         .map_err(|e| {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 
 use self::store::BatchStore;
 use super::proxy::App;
@@ -71,6 +71,35 @@ pub struct BatchArgs {
     #[arg(long, env = "TESSERA_BATCH_RETRY_MAX", value_parser = humantime::parse_duration, default_value = "2s")]
     pub batch_retry_max: Duration,
 
+    /// Most files (uploads and results) one namespace may keep in the store; an upload beyond is refused with 429
+    /// until files are deleted.
+    #[arg(long, env = "TESSERA_BATCH_MAX_FILES_PER_NAMESPACE", default_value_t = 1000)]
+    pub batch_max_files_per_namespace: u64,
+
+    /// Most bytes of files (uploads and results) one namespace may keep in the store, so one tenant cannot fill
+    /// the volume every namespace shares (the chart's default claim is 20Gi).
+    #[arg(long, env = "TESSERA_BATCH_MAX_NAMESPACE_BYTES", default_value_t = 4 * 1024 * 1024 * 1024)]
+    pub batch_max_namespace_bytes: u64,
+
+    /// Most batches not finished yet one namespace may have; creating another is refused with 429.
+    #[arg(long, env = "TESSERA_BATCH_MAX_ACTIVE_PER_NAMESPACE", default_value_t = 100)]
+    pub batch_max_active_per_namespace: u64,
+
+    /// Most batches run at once. Per model only the batch with the earliest deadline runs (its lines share that
+    /// model's spare room), so this bounds batches of different models running side by side.
+    #[arg(long, env = "TESSERA_BATCH_MAX_RUNNING", default_value_t = 8)]
+    pub batch_max_running: usize,
+
+    /// Largest answer kept for one line, in bytes; a longer one is recorded in the error file as
+    /// `response_too_large`.
+    #[arg(long, env = "TESSERA_BATCH_MAX_ANSWER_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub batch_max_answer_bytes: u64,
+
+    /// Most bytes of answers the runner holds at once, over every line in flight of every batch (a line waits for
+    /// room before it is sent). At least `--batch-max-answer-bytes`.
+    #[arg(long, env = "TESSERA_BATCH_MAX_ANSWER_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
+    pub batch_max_answer_bytes_in_flight: u64,
+
     /// How often a running batch's `request_counts` are written to the store (and a cancel looked for).
     #[arg(long, env = "TESSERA_BATCH_PROGRESS_INTERVAL", value_parser = humantime::parse_duration, default_value = "500ms")]
     pub batch_progress_interval: Duration,
@@ -91,6 +120,18 @@ pub struct BatchLimits {
     pub retry_max: Duration,
     /// `--batch-progress-interval`.
     pub progress_interval: Duration,
+    /// `--batch-max-files-per-namespace`.
+    pub max_files_per_namespace: u64,
+    /// `--batch-max-namespace-bytes`.
+    pub max_namespace_bytes: u64,
+    /// `--batch-max-active-per-namespace`.
+    pub max_active_per_namespace: u64,
+    /// `--batch-max-running`.
+    pub max_running: usize,
+    /// `--batch-max-answer-bytes`.
+    pub max_answer_bytes: u32,
+    /// `--batch-max-answer-bytes-in-flight` (at least `max_answer_bytes`).
+    pub max_answer_bytes_in_flight: u32,
 }
 
 impl BatchArgs {
@@ -103,8 +144,22 @@ impl BatchArgs {
             lease_duration: self.batch_lease_duration.max(Duration::from_millis(300)),
             retry_max: self.batch_retry_max.max(Duration::from_millis(50)),
             progress_interval: self.batch_progress_interval.max(Duration::from_millis(10)),
+            max_files_per_namespace: self.batch_max_files_per_namespace.max(1),
+            max_namespace_bytes: self.batch_max_namespace_bytes.max(1),
+            max_active_per_namespace: self.batch_max_active_per_namespace.max(1),
+            max_running: self.batch_max_running.max(1),
+            // Held as semaphore permits (u32): up to 4 GiB, which no answer should approach.
+            max_answer_bytes: answer_bytes(self.batch_max_answer_bytes),
+            max_answer_bytes_in_flight: answer_bytes(
+                self.batch_max_answer_bytes_in_flight
+                    .max(self.batch_max_answer_bytes),
+            ),
         }
     }
+}
+
+fn answer_bytes(n: u64) -> u32 {
+    u32::try_from(n.max(1024)).unwrap_or(u32::MAX)
 }
 
 /// What the batch API and its runner share.
@@ -120,6 +175,8 @@ pub struct Batches {
     pub instance: String,
     /// Wakes the runner when a batch is created.
     pub wake: Notify,
+    /// Bytes of answers held by lines in flight (`--batch-max-answer-bytes-in-flight`).
+    pub answer_budget: Arc<Semaphore>,
     ids: AtomicU64,
 }
 
@@ -131,9 +188,11 @@ impl Batches {
         app: Arc<App>,
         instance: String,
     ) -> Arc<Batches> {
+        let answer_budget = Arc::new(Semaphore::new(limits.max_answer_bytes_in_flight as usize));
         Arc::new(Batches {
             store,
             limits,
+            answer_budget,
             app,
             instance,
             wake: Notify::new(),
@@ -142,13 +201,14 @@ impl Batches {
     }
 
     /// A new id with `prefix` (`file`, `batch`): unique across processes sharing a store (time, process id and
-    /// a counter), and only characters a store path can hold.
+    /// a counter), and only characters a store path can hold. It begins with the time as 16 hex digits, so ids
+    /// sort by creation (the store's listings rely on it).
     pub fn new_id(&self, prefix: &str, sep: char) -> String {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let n = self.ids.fetch_add(1, Ordering::Relaxed);
-        format!("{prefix}{sep}{nanos:x}{:x}{n:x}", std::process::id())
+        format!("{prefix}{sep}{nanos:016x}{:x}{n:x}", std::process::id())
     }
 }
 

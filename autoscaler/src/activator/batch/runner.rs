@@ -1,7 +1,9 @@
 //! The batch runner: one per store, chosen by a lease kept in the store, so a second activator on the same store
 //! takes the batches over when the first dies.
 //!
-//! For each batch not yet final, earliest deadline first: validate the whole input (all or nothing), then
+//! Which batches run is `tessera_core::batch::schedule`'s: per model the earliest deadline, batches of different
+//! models side by side (at most `--batch-max-running`), so a batch whose model never has room holds up nobody
+//! else. For each batch it runs: validate the whole input (all or nothing), then
 //! rebuild which lines are answered from the result files, then stream the input and send every other line
 //! through the activator's own request path in the flex lane, at most `--batch-max-in-flight` at once. One
 //! writer appends each answer with its line index and drops a second answer to the same line, so the files
@@ -16,7 +18,9 @@ use axum::body::Body;
 use axum::extract::State;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
-use tessera_core::batch::{BatchEvent, BatchStatus, Endpoint, Ledger, LineValidator, RequestCounts};
+use tessera_core::batch::{
+    BatchEvent, BatchStatus, Endpoint, Ledger, LineValidator, RequestCounts, schedule,
+};
 use tessera_core::lease::{LeaseDecision, LeaseObservation, decide};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{Semaphore, mpsc};
@@ -25,13 +29,10 @@ use tracing::{debug, info, warn};
 use crate::activator::metrics::{BatchLabels, BatchLineLabels};
 
 use super::objects::{
-    BatchErrorItem, BatchErrors, BatchObject, FileObject, Usage, result_index, result_line,
+    BatchErrorItem, BatchErrors, BatchObject, FileObject, Usage, answer_line, read_result, result_line,
 };
 use super::store::{BatchStore, DataReader, StoreError};
 use super::{Batches, unix_s};
-
-/// The largest answer body kept for one line.
-const MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 /// Reads the next line (without its newline) into `buf`, at most `max` bytes; `Ok(false)` at the end. A longer
 /// line is an error: a line is one request, and one request is bounded like any the activator reads.
@@ -132,18 +133,17 @@ pub async fn run(b: Arc<Batches>) {
                 info!(instance = %b.instance, "batch runner: holding the lease");
                 let held = Arc::new(Held::new(b.limits.lease_duration));
                 let renew = tokio::spawn(renew(b.clone(), held.clone()));
+                let mut running = Running::default();
                 while held.is_held() {
-                    match run_pending(&b, &held).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            let _ = tokio::time::timeout(Duration::from_millis(500), b.wake.notified()).await;
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "batch runner: store error; trying again");
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
+                    if let Err(e) = schedule_pass(&b, &held, &mut running).await {
+                        warn!(error = %e, "batch runner: store error; trying again");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
                     }
+                    // A created batch, a cancel or a batch that ended wakes the next pass at once.
+                    let _ = tokio::time::timeout(Duration::from_millis(500), b.wake.notified()).await;
                 }
+                // Every running batch sees the lost lease within a watcher turn and stops writing.
+                running.join_all().await;
                 renew.abort();
                 warn!(instance = %b.instance, "batch runner: lost the lease");
             }
@@ -152,6 +152,90 @@ pub async fn run(b: Arc<Batches>) {
         }
         tokio::time::sleep(b.limits.lease_duration / 4).await;
     }
+}
+
+/// The batches this runner is running: each its task and the flag that asks it to yield.
+#[derive(Debug, Default)]
+struct Running {
+    tasks: std::collections::HashMap<String, (tokio::task::JoinHandle<()>, Arc<AtomicBool>)>,
+}
+
+impl Running {
+    fn reap(&mut self) {
+        self.tasks.retain(|_, (task, _)| !task.is_finished());
+    }
+
+    async fn join_all(&mut self) {
+        for (_, (task, _)) in self.tasks.drain() {
+            let _ = task.await;
+        }
+    }
+}
+
+/// One pass: reads the active batches (only those: a final batch is never read again), asks core which to run
+/// and which to yield, and starts them.
+async fn schedule_pass(b: &Arc<Batches>, held: &Arc<Held>, running: &mut Running) -> Result<(), StoreError> {
+    running.reap();
+    let now_s = unix_s();
+    let mut queued = Vec::new();
+    for id in b.store.active_batches().await? {
+        let Some(batch) = b.store.get_batch(&id).await? else {
+            continue;
+        };
+        if batch.status.is_final() {
+            // Final but still listed active (a crash between the two writes): the write drops the entry.
+            b.store.put_batch(&batch).await?;
+            continue;
+        }
+        queued.push(queued_of(b, &batch, now_s).await?);
+    }
+    let ids: std::collections::HashSet<String> = running.tasks.keys().cloned().collect();
+    let plan = schedule::plan(&queued, &ids, b.limits.max_running);
+    for id in &plan.yield_now {
+        if let Some((_, flag)) = running.tasks.get(id) {
+            debug!(batch = %id, "batch runner: an earlier deadline of the same model waits; yielding");
+            flag.store(true, Ordering::Relaxed);
+        }
+    }
+    for id in plan.start {
+        let flag = Arc::new(AtomicBool::new(false));
+        let (b2, held2, flag2, id2) = (b.clone(), held.clone(), flag.clone(), id.clone());
+        let task = tokio::spawn(async move {
+            let result = match b2.store.get_batch(&id2).await {
+                Ok(Some(batch)) if !batch.status.is_final() => run_batch(&b2, batch, &held2, &flag2).await,
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = result {
+                warn!(batch = %id2, error = %e, "batch runner: store error; the batch is tried again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            // The next pass plans without waiting out its timer.
+            b2.wake.notify_one();
+        });
+        running.tasks.insert(id, (task, flag));
+    }
+    Ok(())
+}
+
+/// How core schedules `batch`: in its model's turn, or on its own when it only has files to write (validation,
+/// cancel, expiry) or spreads over several models.
+async fn queued_of(b: &Batches, batch: &BatchObject, now_s: u64) -> Result<schedule::Queued, StoreError> {
+    let deadline_s = batch.expires_at.unwrap_or(u64::MAX);
+    let alone = batch.status != BatchStatus::InProgress
+        || batch.model.is_empty()
+        || now_s >= deadline_s
+        || b.store.cancel_requested(&batch.id).await?;
+    Ok(schedule::Queued {
+        id: batch.id.clone(),
+        key: if alone {
+            schedule::RunKey::Alone
+        } else {
+            schedule::RunKey::Model(batch.model.clone())
+        },
+        deadline_s,
+        created_s: batch.created_at,
+    })
 }
 
 /// Takes the lease when it is free or its holder stopped renewing it (judged on this process's clock:
@@ -274,33 +358,22 @@ async fn renew(b: Arc<Batches>, held: Arc<Held>) {
     }
 }
 
-/// Runs every batch not yet final, earliest deadline first; false when there was none.
-async fn run_pending(b: &Arc<Batches>, held: &Arc<Held>) -> Result<bool, StoreError> {
-    let mut pending: Vec<BatchObject> = b
-        .store
-        .list_batches()
-        .await?
-        .into_iter()
-        .filter(|x| !x.status.is_final())
-        .collect();
-    if pending.is_empty() {
-        return Ok(false);
-    }
-    pending.sort_by_key(|x| (x.expires_at.unwrap_or(u64::MAX), x.created_at));
-    for batch in pending {
-        if !held.is_held() {
-            break;
-        }
-        run_batch(b, batch, held).await?;
-    }
-    Ok(true)
+/// The input file, past a UTF-8 byte order mark if it starts with one (editors on Windows write it): every
+/// pass (validation, sending, the cancel fill) reads the same lines.
+async fn input_reader(b: &Batches, batch: &BatchObject) -> Result<BufReader<DataReader>, StoreError> {
+    let mut r = BufReader::with_capacity(64 * 1024, b.store.open_data(&batch.input_file_id).await?);
+    skip_bom(&mut r).await.map_err(io_err(&batch.input_file_id))?;
+    Ok(r)
 }
 
-async fn input_reader(b: &Batches, batch: &BatchObject) -> Result<BufReader<DataReader>, StoreError> {
-    Ok(BufReader::with_capacity(
-        64 * 1024,
-        b.store.open_data(&batch.input_file_id).await?,
-    ))
+/// Consumes a leading UTF-8 byte order mark.
+async fn skip_bom<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<()> {
+    const BOM: &[u8] = b"\xEF\xBB\xBF";
+    // The first fill of a 64 KiB buffer holds the three bytes unless the file is shorter.
+    if r.fill_buf().await?.starts_with(BOM) {
+        r.consume(BOM.len());
+    }
+    Ok(())
 }
 
 fn io_err(path: &str) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -310,8 +383,12 @@ fn io_err(path: &str) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     }
 }
 
-/// Validates the input file whole: the number of requests, or the first bad line.
-async fn validate(b: &Batches, batch: &BatchObject) -> Result<Result<u64, BatchErrorItem>, StoreError> {
+/// Validates the input file whole: the number of requests and the one model every line names (empty when they
+/// name several), or the first bad line.
+async fn validate(
+    b: &Batches,
+    batch: &BatchObject,
+) -> Result<Result<(u64, String), BatchErrorItem>, StoreError> {
     let Ok(endpoint) = Endpoint::parse(&batch.endpoint) else {
         return Ok(Err(BatchErrorItem {
             code: "invalid_endpoint".into(),
@@ -325,10 +402,20 @@ async fn validate(b: &Batches, batch: &BatchObject) -> Result<Result<u64, BatchE
     let mut r = input_reader(b, batch).await?;
     let mut line = Vec::new();
     let max = b.app.limits.max_body_bytes + 4096;
+    // The model of the lines so far: `Some(m)` while they all name `m`, `Some("")` once two differ.
+    let mut model: Option<String> = None;
+    let mut number = 0u64;
     loop {
+        number += 1;
         match read_line(&mut r, &mut line, max).await {
-            Ok(true) => {
-                if let Err(e) = v.check(&line) {
+            Ok(true) => match v.check(&line) {
+                Ok(Some(valid)) => match &model {
+                    None => model = Some(valid.model),
+                    Some(m) if *m != valid.model => model = Some(String::new()),
+                    Some(_) => {}
+                },
+                Ok(None) => {}
+                Err(e) => {
                     return Ok(Err(BatchErrorItem {
                         code: e.code().into(),
                         message: e.to_string(),
@@ -336,25 +423,27 @@ async fn validate(b: &Batches, batch: &BatchObject) -> Result<Result<u64, BatchE
                         line: e.line(),
                     }));
                 }
-            }
+            },
             Ok(false) => break,
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                 return Ok(Err(BatchErrorItem {
                     code: "line_too_long".into(),
-                    message: format!("{e}; a line is one request (raise --max-body-size)"),
+                    message: format!("line {number}: {e}; a line is one request (raise --max-body-size)"),
                     param: None,
-                    line: None,
+                    line: Some(number),
                 }));
             }
             Err(e) => return Err(io_err(&batch.input_file_id)(e)),
         }
     }
-    Ok(v.finish().map_err(|e| BatchErrorItem {
-        code: e.code().into(),
-        message: e.to_string(),
-        param: None,
-        line: e.line(),
-    }))
+    Ok(v.finish()
+        .map(|total| (total, model.unwrap_or_default()))
+        .map_err(|e| BatchErrorItem {
+            code: e.code().into(),
+            message: e.to_string(),
+            param: None,
+            line: e.line(),
+        }))
 }
 
 /// What the result files already hold.
@@ -385,15 +474,17 @@ async fn recover_file(
         if n == 0 || buf.last() != Some(&b'\n') {
             break;
         }
-        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&buf) else {
+        // Read for its index and usage only: a line holding a large answer is never built into a tree.
+        let Some((index, usage)) = read_result(&buf) else {
             break;
         };
-        let Some(index) = result_index(&v) else { break };
         good_len += n as u64;
         if rec.ledger.mark(index) {
             if ok {
                 rec.counts.completed += 1;
-                rec.usage.add_body(&v["response"]["body"]);
+                rec.usage.input_tokens += usage.input_tokens;
+                rec.usage.output_tokens += usage.output_tokens;
+                rec.usage.total_tokens += usage.total_tokens;
             } else {
                 rec.counts.failed += 1;
             }
@@ -410,12 +501,33 @@ async fn recover_file(
     Ok(())
 }
 
-/// One line's answer, for the writer.
+/// One line's answer, for the writer: its result line in pieces (the model's body is one of them, as it came),
+/// and the share of `--batch-max-answer-bytes-in-flight` it holds until it is written.
 struct Answer {
     index: u64,
-    bytes: Vec<u8>,
+    parts: Vec<Bytes>,
     ok: bool,
     usage: Usage,
+    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Answer {
+    /// A failed line's answer (no body held).
+    fn error(batch_id: &str, index: u64, custom_id: &str, code: &str, message: String) -> Answer {
+        Answer {
+            index,
+            parts: vec![Bytes::from(result_line(
+                batch_id,
+                index,
+                custom_id,
+                None,
+                Some((code, message)),
+            ))],
+            ok: false,
+            usage: Usage::default(),
+            _budget: None,
+        }
+    }
 }
 
 /// Why the sending stopped before the end of the input.
@@ -426,6 +538,9 @@ enum Stop {
     LostLease,
     /// The input ended with lines unanswered (a stop raced the end): the next pass sends them.
     Incomplete,
+    /// An earlier deadline of the same model waits (`tessera_core::batch::schedule`): the rest is sent when this
+    /// batch's turn comes again.
+    Yield,
 }
 
 /// What a batch stopped before its end writes for every line not sent, and the events around it.
@@ -461,7 +576,7 @@ impl Stop {
                 first: None,
                 ends: BatchEvent::DeadlinePassed,
             }),
-            Stop::LostLease | Stop::Incomplete => None,
+            Stop::LostLease | Stop::Incomplete | Stop::Yield => None,
         }
     }
 }
@@ -491,13 +606,19 @@ fn step(batch: &mut BatchObject, event: BatchEvent) {
     }
 }
 
-async fn run_batch(b: &Arc<Batches>, mut batch: BatchObject, held: &Arc<Held>) -> Result<(), StoreError> {
+async fn run_batch(
+    b: &Arc<Batches>,
+    mut batch: BatchObject,
+    held: &Arc<Held>,
+    yield_now: &Arc<AtomicBool>,
+) -> Result<(), StoreError> {
     if batch.status == BatchStatus::Validating {
         match validate(b, &batch).await? {
-            Ok(total) => {
+            Ok((total, model)) => {
                 batch.request_counts.total = total;
+                batch.model = model;
                 step(&mut batch, BatchEvent::Validated);
-                info!(batch = %batch.id, total, "batch valid; running");
+                info!(batch = %batch.id, total, model = %batch.model, "batch valid; running");
             }
             Err(item) => {
                 info!(batch = %batch.id, error = %item.message, "batch failed validation");
@@ -512,7 +633,8 @@ async fn run_batch(b: &Arc<Batches>, mut batch: BatchObject, held: &Arc<Held>) -
         if !held.is_held() {
             return Ok(());
         }
-        save(b, &batch).await?;
+        // Saved, and left for the next pass to schedule in its model's turn.
+        return save(b, &batch).await;
     }
     let mut rec = Recovered {
         ledger: Ledger::new(batch.request_counts.total),
@@ -533,14 +655,14 @@ async fn run_batch(b: &Arc<Batches>, mut batch: BatchObject, held: &Arc<Held>) -
 
     let mut stop = None;
     if batch.status == BatchStatus::InProgress {
-        stop = send_all(b, &mut batch, &mut rec, held).await?;
+        stop = send_all(b, &mut batch, &mut rec, held, yield_now).await?;
     } else if batch.status == BatchStatus::Cancelling {
         stop = Some(Stop::Cancel);
     }
     if stop == Some(Stop::LostLease) || !held.is_held() {
         return Ok(());
     }
-    if stop == Some(Stop::Incomplete) {
+    if matches!(stop, Some(Stop::Incomplete | Stop::Yield)) {
         return save(b, &batch).await;
     }
     match stop.and_then(Stop::unsent) {
@@ -674,6 +796,7 @@ async fn send_all(
     batch: &mut BatchObject,
     rec: &mut Recovered,
     held: &Arc<Held>,
+    yield_now: &Arc<AtomicBool>,
 ) -> Result<Option<Stop>, StoreError> {
     let stopping = Arc::new(AtomicBool::new(false));
     let (tx, mut rx) = mpsc::channel::<Answer>(b.limits.max_in_flight);
@@ -707,15 +830,17 @@ async fn send_all(
                     })
                     .inc();
                 if a.ok {
-                    out.write_all(&a.bytes)
-                        .await
-                        .map_err(io_err(&batch.output_data))?;
+                    for part in &a.parts {
+                        out.write_all(part).await.map_err(io_err(&batch.output_data))?;
+                    }
                     batch.request_counts.completed += 1;
                     batch.usage.input_tokens += a.usage.input_tokens;
                     batch.usage.output_tokens += a.usage.output_tokens;
                     batch.usage.total_tokens += a.usage.total_tokens;
                 } else {
-                    err.write_all(&a.bytes).await.map_err(io_err(&batch.error_data))?;
+                    for part in &a.parts {
+                        err.write_all(part).await.map_err(io_err(&batch.error_data))?;
+                    }
                     batch.request_counts.failed += 1;
                 }
                 // Flush whenever nothing else is waiting (each answer reaches the store within one loop turn, and
@@ -755,8 +880,13 @@ async fn send_all(
         let id = batch.id.clone();
         let stopping = stopping.clone();
         let held = held.clone();
+        let yield_now = yield_now.clone();
         tokio::spawn(async move {
             loop {
+                if yield_now.load(Ordering::Relaxed) {
+                    stopping.store(true, Ordering::Relaxed);
+                    return Stop::Yield;
+                }
                 if b.store.cancel_requested(&id).await.unwrap_or(false) {
                     stopping.store(true, Ordering::Relaxed);
                     return Stop::Cancel;
@@ -888,20 +1018,16 @@ async fn send_line(
     let parsed: serde_json::Value = serde_json::from_slice(raw).unwrap_or_default();
     let custom_id = parsed["custom_id"].as_str().unwrap_or_default().to_owned();
     let Some(body) = parsed.get("body").and_then(|v| serde_json::to_vec(v).ok()) else {
-        let line = result_line(
+        return Some(Answer::error(
             batch_id,
             index,
             &custom_id,
-            None,
-            Some(("invalid_line", "the line is no longer valid JSON".into())),
-        );
-        return Some(Answer {
-            index,
-            bytes: line,
-            ok: false,
-            usage: Usage::default(),
-        });
+            "invalid_line",
+            "the line is no longer valid JSON".into(),
+        ));
     };
+    let body = Bytes::from(body);
+    let max = b.limits.max_answer_bytes;
     let mut wait = Duration::from_millis(50);
     loop {
         if stopping.load(Ordering::Relaxed) {
@@ -911,7 +1037,7 @@ async fn send_line(
             .method(http::Method::POST)
             .uri(path)
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(Bytes::from(body.clone())))
+            .body(Body::from(body.clone()))
             .ok()?;
         req.extensions_mut().insert(crate::activator::proxy::BatchLane);
         let resp = crate::activator::proxy::handle(State(b.app.clone()), req).await;
@@ -927,37 +1053,58 @@ async fn send_line(
             wait = (wait * 2).min(b.limits.retry_max);
             continue;
         }
-        let bytes = match Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await {
+        let too_large = || {
+            Answer::error(
+                batch_id,
+                index,
+                &custom_id,
+                "response_too_large",
+                format!(
+                    "the model answered {} with more than {max} bytes, the most kept for one line (--batch-max-answer-bytes)",
+                    status.as_u16()
+                ),
+            )
+        };
+        // What this answer may hold of the runner's budget: its declared length, or the per-line bound when it
+        // declares none (a stream). Taken before its body is read, released once the writer has written it.
+        let declared = resp
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > u64::from(max)) {
+            return Some(too_large());
+        }
+        let need = declared.map_or(max, |n| u32::try_from(n).unwrap_or(max)).max(1);
+        let Ok(permit) = b.answer_budget.clone().acquire_many_owned(need).await else {
+            return None;
+        };
+        let bytes = match Limited::new(resp.into_body(), need as usize).collect().await {
             Ok(c) => c.to_bytes(),
+            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                return Some(too_large());
+            }
             Err(e) => {
-                let line = result_line(
+                return Some(Answer::error(
                     batch_id,
                     index,
                     &custom_id,
-                    None,
-                    Some(("response_unreadable", e.to_string())),
-                );
-                return Some(Answer {
-                    index,
-                    bytes: line,
-                    ok: false,
-                    usage: Usage::default(),
-                });
+                    "response_unreadable",
+                    e.to_string(),
+                ));
             }
         };
-        let body: serde_json::Value = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned()));
         let ok = status.is_success();
         let mut usage = Usage::default();
         if ok {
-            usage.add_body(&body);
+            usage.add_raw(&bytes);
         }
-        let line = result_line(batch_id, index, &custom_id, Some((status.as_u16(), body)), None);
         return Some(Answer {
             index,
-            bytes: line,
+            parts: answer_line(batch_id, index, &custom_id, status.as_u16(), bytes).to_vec(),
             ok,
             usage,
+            _budget: Some(permit),
         });
     }
 }

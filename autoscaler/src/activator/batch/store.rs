@@ -87,20 +87,23 @@ pub trait BatchStore: Send + Sync + std::fmt::Debug {
     fn data_len<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// Cuts the data of `id` to `len` bytes.
     fn truncate_data<'a>(&'a self, id: &'a str, len: u64) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Removes a file: its document and its data.
+    /// Removes a file: its document, its data and its entry in its namespace's listing.
     fn delete_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
-    /// Writes a file's document.
+    /// Writes a file's document, and lists it under its namespace.
     fn put_file<'a>(&'a self, file: &'a FileObject) -> BoxFuture<'a, Result<(), StoreError>>;
     /// A file's document.
     fn get_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<FileObject>, StoreError>>;
-    /// Every file's document.
-    fn list_files(&self) -> BoxFuture<'_, Result<Vec<FileObject>, StoreError>>;
-    /// Writes a batch's document.
+    /// The files of `namespace`, newest first, without reading their documents (so a listing costs what its
+    /// page holds, and nothing for another namespace's files).
+    fn list_files<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<Listed>, StoreError>>;
+    /// Writes a batch's document; lists it under its namespace, and among the active batches until it is final.
     fn put_batch<'a>(&'a self, batch: &'a BatchObject) -> BoxFuture<'a, Result<(), StoreError>>;
     /// A batch's document.
     fn get_batch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<BatchObject>, StoreError>>;
-    /// Every batch's document.
-    fn list_batches(&self) -> BoxFuture<'_, Result<Vec<BatchObject>, StoreError>>;
+    /// The batches of `namespace`, newest first, without reading their documents.
+    fn list_batches<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<Listed>, StoreError>>;
+    /// The ids of every batch not final yet (what the runner looks at), without reading the others.
+    fn active_batches(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>>;
     /// Records that a client asked to cancel batch `id`.
     fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Whether a cancel of batch `id` was asked for.
@@ -121,6 +124,21 @@ pub trait BatchStore: Send + Sync + std::fmt::Debug {
     /// between its claim and its lease write leaves a claim newer than the lease: a taker must judge that claim,
     /// not the lease document, or it would claim the dead holder's version forever.
     fn latest_lease_claim(&self) -> BoxFuture<'_, Result<Option<LeaseClaim>, StoreError>>;
+}
+
+/// One entry of a namespace's listing: the id, and for a file its size (what the namespace's byte quota counts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The file or batch id.
+    pub id: String,
+    /// The file's bytes (0 for a batch).
+    pub bytes: u64,
+}
+
+/// Sorts a listing newest first. Ids begin with their creation time in nanoseconds as 16 hex digits (see
+/// `Batches::new_id`), so the order of ids is the order of creation, read without opening a document.
+pub fn newest_first(items: &mut [Listed]) {
+    items.sort_by(|a, b| b.id.cmp(&a.id));
 }
 
 /// A claimed lease version, as [`BatchStore::latest_lease_claim`] finds it.
@@ -147,7 +165,9 @@ pub fn check_id(id: &str) -> Result<(), StoreError> {
 }
 
 /// A store in a local directory: `files/<id>.json` and `files/<id>.data`, `batches/<id>.json`,
-/// `batches/<id>.cancel`, `lease.json`.
+/// `batches/<id>.cancel`, `lease.json`; and the listings, empty-bodied entries whose names are ids:
+/// `index/<namespace>/files/<id>` (holding the file's size), `index/<namespace>/batches/<id>`, `active/<id>` (a
+/// batch not final yet). A listing reads a directory of names, never the documents beside it.
 #[derive(Debug, Clone)]
 pub struct LocalStore {
     root: PathBuf,
@@ -160,16 +180,71 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     }
 }
 
+/// The listings' layout version: a store written before the listings existed gets them built once at open.
+const INDEX_BUILT: &str = "index/.built-v1";
+
+/// The index folder of a namespace. A document written before namespaces were recorded has none: `_`, which no
+/// Kubernetes namespace can be named.
+fn ns_dir(namespace: &str) -> Result<&str, StoreError> {
+    if namespace.is_empty() {
+        return Ok("_");
+    }
+    check_id(namespace)?;
+    Ok(namespace)
+}
+
 impl LocalStore {
-    /// The store under `root`, its folders created when missing.
+    /// The store under `root`, its folders created when missing, and its listings built if it predates them.
     pub fn open(root: &Path) -> Result<LocalStore, StoreError> {
-        for sub in ["files", "batches"] {
+        for sub in ["files", "batches", "index", "active"] {
             let p = root.join(sub);
             std::fs::create_dir_all(&p).map_err(io(&p))?;
         }
-        Ok(LocalStore {
+        let store = LocalStore {
             root: root.to_owned(),
-        })
+        };
+        if !root.join(INDEX_BUILT).exists() {
+            store.build_index()?;
+        }
+        Ok(store)
+    }
+
+    /// Lists every document already in the store under its namespace (and the unfinished batches as active),
+    /// reading one document at a time: a store of old, large documents is indexed in bounded memory.
+    fn build_index(&self) -> Result<(), StoreError> {
+        let read = |p: &Path| -> Result<Option<Vec<u8>>, StoreError> {
+            match std::fs::read(p) {
+                Ok(b) => Ok(Some(b)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(io(p)(e)),
+            }
+        };
+        for (dir, is_file) in [("files", true), ("batches", false)] {
+            let path = self.root.join(dir);
+            for entry in std::fs::read_dir(&path).map_err(io(&path))? {
+                let p = entry.map_err(io(&path))?.path();
+                if p.extension().is_none_or(|x| x != "json") {
+                    continue;
+                }
+                let Some(bytes) = read(&p)? else { continue };
+                let corrupt = |source| StoreError::Corrupt {
+                    path: p.display().to_string(),
+                    source,
+                };
+                if is_file {
+                    let f: FileObject = serde_json::from_slice(&bytes).map_err(corrupt)?;
+                    let entry = self.entry_path(&f.namespace, "files", &f.id)?;
+                    write_entry(&entry, f.bytes.to_string().as_bytes())?;
+                } else {
+                    let b: BatchObject = serde_json::from_slice(&bytes).map_err(corrupt)?;
+                    write_entry(&self.entry_path(&b.namespace, "batches", &b.id)?, b"")?;
+                    if !b.status.is_final() {
+                        write_entry(&self.active_path(&b.id)?, b"")?;
+                    }
+                }
+            }
+        }
+        write_entry(&self.root.join(INDEX_BUILT), b"")
     }
 
     fn data_path(&self, id: &str) -> Result<PathBuf, StoreError> {
@@ -180,6 +255,21 @@ impl LocalStore {
     fn doc_path(&self, dir: &str, id: &str, ext: &str) -> Result<PathBuf, StoreError> {
         check_id(id)?;
         Ok(self.root.join(dir).join(format!("{id}.{ext}")))
+    }
+
+    fn entry_path(&self, namespace: &str, kind: &str, id: &str) -> Result<PathBuf, StoreError> {
+        check_id(id)?;
+        Ok(self
+            .root
+            .join("index")
+            .join(ns_dir(namespace)?)
+            .join(kind)
+            .join(id))
+    }
+
+    fn active_path(&self, id: &str) -> Result<PathBuf, StoreError> {
+        check_id(id)?;
+        Ok(self.root.join("active").join(id))
     }
 
     /// Writes a document whole: a temporary file renamed over the old one, so a reader (or a crash) never
@@ -207,19 +297,57 @@ impl LocalStore {
         }
     }
 
-    async fn list_docs<T: serde::de::DeserializeOwned>(&self, dir: &str) -> Result<Vec<T>, StoreError> {
-        let path = self.root.join(dir);
-        let mut rd = tokio::fs::read_dir(&path).await.map_err(io(&path))?;
+    /// The names in `dir` (none when it does not exist yet), each with what its entry holds when `sizes`.
+    async fn names(dir: PathBuf, sizes: bool) -> Result<Vec<Listed>, StoreError> {
+        let mut rd = match tokio::fs::read_dir(&dir).await {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&dir)(e)),
+        };
         let mut out = Vec::new();
-        while let Some(e) = rd.next_entry().await.map_err(io(&path))? {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "json")
-                && let Some(doc) = Self::read_doc(p).await?
-            {
-                out.push(doc);
+        while let Some(e) = rd.next_entry().await.map_err(io(&dir))? {
+            let Some(id) = e.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if check_id(&id).is_err() {
+                continue;
             }
+            let bytes = if sizes {
+                // An entry holds a decimal size of a few bytes; anything else counts as nothing.
+                let raw = tokio::fs::read(e.path()).await.unwrap_or_default();
+                std::str::from_utf8(&raw)
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            out.push(Listed { id, bytes });
         }
+        newest_first(&mut out);
         Ok(out)
+    }
+}
+
+/// Writes a small listing entry (created with its folder when missing).
+fn write_entry(path: &Path, body: &[u8]) -> Result<(), StoreError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    std::fs::write(path, body).map_err(io(path))
+}
+
+async fn write_entry_async(path: PathBuf, body: Vec<u8>) -> Result<(), StoreError> {
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir).await.map_err(io(dir))?;
+    }
+    tokio::fs::write(&path, body).await.map_err(io(&path))
+}
+
+async fn remove_if_there(path: PathBuf) -> Result<(), StoreError> {
+    match tokio::fs::remove_file(&path).await {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&path)(e)),
+        _ => Ok(()),
     }
 }
 
@@ -278,39 +406,74 @@ impl BatchStore for LocalStore {
 
     fn delete_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            // Either part may be missing (an upload refused before its document was written): remove what is there.
+            // Any part may be missing (an upload refused before its document was written): remove what is there,
+            // the listing entry first, so a file is never listed without its document.
+            if let Some(f) = Self::read_doc::<FileObject>(self.doc_path("files", id, "json")?).await? {
+                remove_if_there(self.entry_path(&f.namespace, "files", id)?).await?;
+            }
             for path in [self.doc_path("files", id, "json")?, self.data_path(id)?] {
-                match tokio::fs::remove_file(&path).await {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&path)(e)),
-                    _ => {}
-                }
+                remove_if_there(path).await?;
             }
             Ok(())
         })
     }
 
     fn put_file<'a>(&'a self, file: &'a FileObject) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { Self::write_doc(self.doc_path("files", &file.id, "json")?, file).await })
+        Box::pin(async move {
+            Self::write_doc(self.doc_path("files", &file.id, "json")?, file).await?;
+            let entry = self.entry_path(&file.namespace, "files", &file.id)?;
+            write_entry_async(entry, file.bytes.to_string().into_bytes()).await
+        })
     }
 
     fn get_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<FileObject>, StoreError>> {
         Box::pin(async move { Self::read_doc(self.doc_path("files", id, "json")?).await })
     }
 
-    fn list_files(&self) -> BoxFuture<'_, Result<Vec<FileObject>, StoreError>> {
-        Box::pin(self.list_docs("files"))
+    fn list_files<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<Listed>, StoreError>> {
+        Box::pin(async move {
+            let dir = self.root.join("index").join(ns_dir(namespace)?).join("files");
+            Self::names(dir, true).await
+        })
     }
 
     fn put_batch<'a>(&'a self, batch: &'a BatchObject) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { Self::write_doc(self.doc_path("batches", &batch.id, "json")?, batch).await })
+        Box::pin(async move {
+            // Listed before written (a listing skips an entry whose document is not there yet), and active until
+            // the final document is on disk (a runner that finds an active entry of a final batch drops it).
+            write_entry_async(
+                self.entry_path(&batch.namespace, "batches", &batch.id)?,
+                Vec::new(),
+            )
+            .await?;
+            let final_ = batch.status.is_final();
+            if !final_ {
+                write_entry_async(self.active_path(&batch.id)?, Vec::new()).await?;
+            }
+            Self::write_doc(self.doc_path("batches", &batch.id, "json")?, batch).await?;
+            if final_ {
+                remove_if_there(self.active_path(&batch.id)?).await?;
+            }
+            Ok(())
+        })
     }
 
     fn get_batch<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<BatchObject>, StoreError>> {
         Box::pin(async move { Self::read_doc(self.doc_path("batches", id, "json")?).await })
     }
 
-    fn list_batches(&self) -> BoxFuture<'_, Result<Vec<BatchObject>, StoreError>> {
-        Box::pin(self.list_docs("batches"))
+    fn list_batches<'a>(&'a self, namespace: &'a str) -> BoxFuture<'a, Result<Vec<Listed>, StoreError>> {
+        Box::pin(async move {
+            let dir = self.root.join("index").join(ns_dir(namespace)?).join("batches");
+            Self::names(dir, false).await
+        })
+    }
+
+    fn active_batches(&self) -> BoxFuture<'_, Result<Vec<String>, StoreError>> {
+        Box::pin(async move {
+            let listed = Self::names(self.root.join("active"), false).await?;
+            Ok(listed.into_iter().map(|l| l.id).collect())
+        })
     }
 
     fn request_cancel<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
