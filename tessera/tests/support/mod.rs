@@ -13,6 +13,8 @@
 pub mod admission;
 /// The in-memory Kubernetes API server (watch streams, selectors, resourceVersion, 409s).
 pub mod apiserver;
+/// The Batch API's client side: upload, create, poll.
+pub mod batch;
 /// A CA with a server and a client certificate, for TLS with client certificates.
 pub mod pki;
 pub mod pool;
