@@ -82,6 +82,11 @@ fn default_sleep_residue() -> u64 {
     tessera_core::pack::sleeping::DEFAULT_RESIDUE_MIB
 }
 
+/// Namespaces the pools may not use: every tenant's sidecar may `update` Leases in the pool namespace, and in
+/// these Kubernetes keeps its own Leases (node heartbeats in `kube-node-lease`, the controller-manager's and the
+/// scheduler's leader Leases in `kube-system`) or every user's objects (`default`, `kube-public`).
+pub const RESERVED_NAMESPACES: [&str; 4] = ["kube-system", "kube-node-lease", "kube-public", "default"];
+
 fn default_namespace() -> String {
     "tessera-system".to_string()
 }
@@ -313,6 +318,18 @@ impl PoolsConfig {
                 format!("{:?} is not a namespace name (a DNS label)", self.namespace),
             ));
         }
+        if RESERVED_NAMESPACES.contains(&self.namespace.as_str()) {
+            return Err(top(
+                "namespace",
+                format!(
+                    "{:?} is a namespace Kubernetes itself uses: every tenant's sidecar gets `update` on the \
+                     Leases of the pool namespace (the GPU start-up gate), which there would include the node \
+                     heartbeats or the control plane's leader Leases; give the pools a namespace of their own \
+                     (e.g. tessera-gpus)",
+                    self.namespace
+                ),
+            ));
+        }
         if self.image.trim().is_empty() {
             return Err(top(
                 "image",
@@ -475,6 +492,26 @@ mod tests {
         assert_eq!(p.sharing, SharingMode::TimeSlicing);
         assert_eq!(cfg.reservation_ttl, Duration::from_secs(120));
         assert_eq!(cfg.namespace, "tessera-system");
+    }
+
+    /// Issue 53, N17: a pool namespace where Kubernetes keeps its own Leases would hand every tenant `update` on
+    /// them (the start-up gate's grant).
+    #[test]
+    fn kubernetes_own_namespaces_are_refused_as_the_pool_namespace() {
+        let base = "pools:\n- name: a\n  gpuMemoryMiB: 24576\n  sharing: mps\n  maxGpus: 2\n";
+        for ns in ["kube-system", "kube-node-lease", "kube-public", "default"] {
+            let e = PoolsConfig::from_yaml(&format!("namespace: {ns}\n{base}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "namespace: \"{ns}\" is a namespace Kubernetes itself uses"
+                )),
+                "{e}"
+            );
+            assert!(e.contains("a namespace of their own"), "{e}");
+        }
+        assert!(PoolsConfig::from_yaml(&format!("namespace: tessera-gpus\n{base}")).is_ok());
     }
 
     #[test]
