@@ -12,6 +12,7 @@
 //! is the `tessera-keda` crate.
 
 pub mod cluster;
+pub mod deadline;
 pub mod local;
 mod published;
 
@@ -49,6 +50,18 @@ pub struct KedaArgs {
     /// decision pushes at once).
     #[arg(long, env = "TESSERA_KEDA_PUSH_CHECK", default_value = "1s", value_parser = tessera_runtime::serve::nonzero_duration)]
     pub keda_push_check: Duration,
+    /// Longest a call's request message may take to arrive once its headers have; a slower one is cut off
+    /// (KEDA sends its few hundred bytes at once).
+    #[arg(long, env = "TESSERA_KEDA_REQUEST_TIMEOUT", default_value = "10s", value_parser = tessera_runtime::serve::nonzero_duration)]
+    pub keda_request_timeout: Duration,
+    /// The most `StreamIsActive` push streams open at once, all clients together (KEDA holds one per
+    /// `external-push` trigger); past it a new stream is refused with RESOURCE_EXHAUSTED and KEDA's polls go on.
+    #[arg(long, env = "TESSERA_KEDA_MAX_STREAMS", default_value_t = tessera_keda::service::DEFAULT_MAX_STREAMS)]
+    pub keda_max_streams: usize,
+    /// How long a push stream stays open before the scaler ends it; KEDA opens a new one, so a stream its client
+    /// left without closing is held at most this long.
+    #[arg(long, env = "TESSERA_KEDA_STREAM_MAX_AGE", default_value = "10m", value_parser = tessera_runtime::serve::nonzero_duration)]
+    pub keda_stream_max_age: Duration,
     /// With --no-kube: the InferenceAutoscaler spec (YAML, the `spec:` of an InferenceAutoscaler or the whole
     /// object) every --sidecar model is decided with. Default: `local::DEFAULT_POLICY`.
     #[arg(long, env = "TESSERA_POLICY")]
@@ -65,6 +78,12 @@ impl KedaArgs {
             anyhow::bail!(
                 "--keda-scaler-listen {addr}: plaintext gRPC is only served on a loopback address; give \
                  --keda-tls-cert and --keda-tls-key (the chart mounts its certificate), or listen on 127.0.0.1"
+            );
+        }
+        if self.keda_max_streams == 0 {
+            anyhow::bail!(
+                "--keda-max-streams 0 would refuse every push stream; give at least 1 (default {})",
+                tessera_keda::service::DEFAULT_MAX_STREAMS
             );
         }
         Ok(())
@@ -101,8 +120,13 @@ pub async fn serve<S: Source>(
         .await
         .with_context(|| format!("binding --keda-scaler-listen {addr}"))?;
     let bound = listener.local_addr()?;
-    let scaler = tessera_keda::Scaler::new(source, metrics, args.keda_push_check, stop.clone());
-    let app = tonic::service::Routes::new(scaler.into_server()).into_axum_router();
+    let scaler = tessera_keda::Scaler::new(source, metrics, args.keda_push_check, stop.clone())
+        .with_stream_bounds(args.keda_max_streams, args.keda_stream_max_age);
+    let app = tonic::service::Routes::new(scaler.into_server())
+        .into_axum_router()
+        .layer(axum::middleware::map_request(deadline::bound(
+            args.keda_request_timeout,
+        )));
     let mut until = stop.clone();
     let stopped = async move {
         let _ = until.wait_for(|s| *s).await;
