@@ -121,6 +121,11 @@ reject "pools on without a namespace of their own" "gpuPools.namespace" "gpuPool
   "    - {name: a, gpuMemoryMiB: 1, sharing: mps, maxGpus: 1}"
 reject "a pool namespace equal to the release namespace" "not the release namespace" "gpuPools:" "  enabled: true" \
   "  namespace: default" "  pools:" "    - {name: a, gpuMemoryMiB: 1, sharing: mps, maxGpus: 1}"
+# Issue 53, N17: tenants get `update` on the pool namespace's Leases, so never one of Kubernetes' own.
+for ns in kube-system kube-node-lease kube-public; do
+  reject "the pool namespace $ns" "gpuPools.namespace \"$ns\" is a namespace Kubernetes itself uses" "gpuPools:" \
+    "  enabled: true" "  namespace: $ns" "  pools:" "    - {name: a, gpuMemoryMiB: 1, sharing: mps, maxGpus: 1}"
+done
 reject "an unknown sharing mode" "/gpuPools/pools/0/sharing" "gpuPools:" "  enabled: true" "  pools:" \
   "    - {name: a, gpuMemoryMiB: 1, sharing: mig, maxGpus: 1}"
 
@@ -326,14 +331,26 @@ if any(d["kind"] == "ClusterRole" and "pods" in r["resources"] and "delete" in r
        for d in (d for d in yaml.safe_load_all(open(f"{out}/example-fractional-mps.yaml")) if d)
        for r in d.get("rules", [])):
     errors.append("pools without lendSleepers still grant the autoscaler delete on tenant pods")
+# Issue 53, M7: with watchNamespace, the autoscaler's patch on tenants' pods and workloads is a Role in that
+# namespace, never cluster-wide.
+for d in (d for d in yaml.safe_load_all(open(f"{out}/watch-namespace.yaml")) if d):
+    if d["kind"] not in ("Role", "ClusterRole") or d["metadata"].get("labels", {}).get("app.kubernetes.io/component") != "autoscaler":
+        continue
+    for r in d.get("rules", []):
+        for resource in ("pods", "deployments", "statefulsets", "deployments/scale", "statefulsets/scale"):
+            if resource in r["resources"] and "patch" in r["verbs"]:
+                where = d["metadata"].get("namespace")
+                if d["kind"] == "ClusterRole" or (where != "models" and resource != "pods"):
+                    errors.append(f"watchNamespace=models: the autoscaler may patch {resource} in {d['kind']} {d['metadata']['name']} ({where or 'cluster-wide'})")
 if "lendSleepers: true" not in open(f"{out}/lend.yaml").read():
     errors.append("gpuPools.lendSleepers=true does not reach the pool config")
 for d in (d for d in yaml.safe_load_all(open(f"{out}/default.yaml")) if d):
     if d["kind"] == "Deployment" and d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "webhook":
         for v in d["spec"]["template"]["spec"].get("volumes", []):
             items = [i["key"] for i in v.get("secret", {}).get("items", [])]
-            if "secret" in v and sorted(items) != ["tls.crt", "tls.key"]:
-                errors.append(f"the webhook mounts {v['secret']['secretName']} with {items or 'every key'}, not only tls.crt/tls.key")
+            want = ["key"] if v.get("secret", {}).get("secretName", "").endswith("-objective-key") else ["tls.crt", "tls.key"]
+            if "secret" in v and sorted(items) != want:
+                errors.append(f"the webhook mounts {v['secret']['secretName']} with {items or 'every key'}, not only {want}")
 if errors:
     print("\n".join(errors))
     sys.exit(1)
@@ -350,6 +367,9 @@ log "the activator's admin port: a listener, a Service and a NetworkPolicy of it
   || fail "helm template with two Prometheus namespaces"
 "$helm" template tessera "$chart" --namespace tessera-system --set-json 'networkPolicy.prometheusNamespaces=[]' \
   >"$out/netpol-none.yaml" || fail "helm template with no Prometheus namespace"
+"$helm" template tessera "$chart" --namespace tessera-system --set autoscaler.kedaScaler.enabled=true \
+  --set-json 'networkPolicy.autoscalerFrom=[{"podSelector":{"matchLabels":{"app":"grafana"}}}]' \
+  >"$out/netpol-ui.yaml" || fail "helm template with autoscalerFrom and the KEDA scaler"
 "$py" - "$out" <<'PY'
 import sys, yaml
 out = sys.argv[1]
@@ -391,7 +411,7 @@ for name in ("default", "podmonitors", "netpol-two", "netpol-none", "no-netpol")
     for m in one(docs, "PodMonitor", "activator"):
         if [e["port"] for e in m["spec"]["podMetricsEndpoints"]] != ["admin"]:
             errors.append(f"{name}: the activator's PodMonitor scrapes {m['spec']['podMetricsEndpoints']}, not admin")
-    pols = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    pols = [d for d in docs if d["kind"] == "NetworkPolicy" and component(d) == "activator"]
     if name == "no-netpol":
         if pols:
             errors.append(f"{name}: networkPolicy.enabled=false still renders {[p['metadata']['name'] for p in pols]}")
@@ -429,13 +449,93 @@ for name in ("default", "podmonitors", "netpol-two", "netpol-none", "no-netpol")
             errors.append(f"{name}: an ingress rule over ports {rule_ports or 'all'}: {rule}")
     if sorted(tuple(p["port"] for p in r.get("ports", [])) for r in spec["ingress"]) != [("admin",), ("http",)]:
         errors.append(f"{name}: want one rule for the API port and one for the admin port: {spec['ingress']}")
-if any(d["kind"] == "NetworkPolicy" for d in load("minimal")):
+if any(d["kind"] == "NetworkPolicy" and component(d) == "activator" for d in load("minimal")):
     errors.append("minimal: a NetworkPolicy without an activator")
+# Issue 53, N15: the autoscaler's /metrics and /ui (port 9090) are admitted only from Prometheus's namespaces and
+# networkPolicy.autoscalerFrom; the KEDA scaler's port only from networkPolicy.kedaNamespaces.
+def autoscaler_policy(docs):
+    return [d for d in docs if d["kind"] == "NetworkPolicy" and component(d) == "autoscaler"]
+def rules_by_port(pol):
+    return {tuple(p["port"] for p in r.get("ports", [])): r.get("from") for r in pol["spec"]["ingress"]}
+if autoscaler_policy(load("no-netpol")):
+    errors.append("no-netpol: networkPolicy.enabled=false still renders the autoscaler's NetworkPolicy")
+for name, want_ns, want_extra, keda in (("default", ["monitoring"], [], None), ("netpol-two", ["monitoring", "observability"], [], None),
+                                        ("netpol-none", [], [], None), ("netpol-ui", ["monitoring"], [{"podSelector": {"matchLabels": {"app": "grafana"}}}], ["keda"])):
+    docs = load(name)
+    auto_pod = one(docs, "Deployment", "autoscaler")[0]["spec"]["template"]
+    pols = autoscaler_policy(docs)
+    if len(pols) != 1:
+        errors.append(f"{name}: want one NetworkPolicy on the autoscaler, got {len(pols)}")
+        continue
+    spec = pols[0]["spec"]
+    if not spec["podSelector"]["matchLabels"].items() <= auto_pod["metadata"]["labels"].items():
+        errors.append(f"{name}: the autoscaler's NetworkPolicy does not select its pods")
+    if spec.get("policyTypes") != ["Ingress"]:
+        errors.append(f"{name}: the autoscaler's policyTypes {spec.get('policyTypes')}, want [Ingress]")
+    rules = rules_by_port(pols[0])
+    want_ports = ([("http-metrics",)] if want_ns or want_extra else []) + ([("grpc-keda",)] if keda else [])
+    if sorted(rules) != sorted(want_ports):
+        errors.append(f"{name}: the autoscaler's ingress covers ports {sorted(rules)}, want {want_ports}")
+        continue
+    if want_ports and want_ports[0] == ("http-metrics",):
+        peers = rules[("http-metrics",)] or []
+        got_ns = [v for p in peers if "namespaceSelector" in p for e in p["namespaceSelector"]["matchExpressions"] for v in e["values"]]
+        extra = [p for p in peers if "namespaceSelector" not in p]
+        if got_ns != want_ns or extra != want_extra:
+            errors.append(f"{name}: port 9090 admits {peers}; want namespaces {want_ns} and {want_extra}")
+    if keda:
+        peers = rules[("grpc-keda",)] or []
+        got_ns = [v for p in peers for e in p["namespaceSelector"]["matchExpressions"] for v in e["values"]]
+        if got_ns != keda or len(peers) != 1:
+            errors.append(f"{name}: the KEDA port admits {peers}; want namespaces {keda}")
 if errors:
     print("\n".join(errors))
     sys.exit(1)
 print("  the stats and /metrics on port admin (9090), off the public Service; the autoscaler polls the admin Service;")
 print("  the NetworkPolicy admits the API from anyone, the admin port from the autoscaler and Prometheus's namespaces")
+print("  the autoscaler's /metrics and /ui only from Prometheus's namespaces and autoscalerFrom, KEDA's port from kedaNamespaces")
+PY
+
+# Issue 53, N14 and N7: the autoscaler mounts of the KEDA TLS Secret only what it reads (never ca.key); the
+# objective key is mounted by the autoscaler and the webhook only, its key item alone.
+"$py" - "$out" <<'PY'
+import sys, yaml
+out = sys.argv[1]
+errors = []
+docs = [d for d in yaml.safe_load_all(open(f"{out}/netpol-ui.yaml")) if d]
+def comp(d):
+    return d["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+deps = {comp(d): d for d in docs if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet")}
+def secret_volumes(d):
+    return {v["secret"]["secretName"]: v["secret"].get("items") for v in d["spec"]["template"]["spec"].get("volumes", []) if "secret" in v}
+auto = secret_volumes(deps["autoscaler"])
+keda = auto.get("tessera-autoscaler-keda-tls")
+if keda is None:
+    errors.append(f"the autoscaler does not mount the KEDA TLS Secret: {auto}")
+elif not keda or sorted(i["key"] for i in keda) != ["ca.crt", "tls.crt", "tls.key"]:
+    errors.append(f"the autoscaler mounts the KEDA TLS Secret's items {keda}; want tls.crt, tls.key and ca.crt only (no ca.key)")
+args = deps["autoscaler"]["spec"]["template"]["spec"]["containers"][0]["args"]
+want = "--keda-client-ca=/etc/tessera-keda/ca.crt"
+if want not in args:
+    errors.append(f"the autoscaler is not given {want}: {args}")
+for role, d in deps.items():
+    mounts = secret_volumes(d)
+    key = mounts.get("tessera-objective-key")
+    if role in ("autoscaler", "webhook"):
+        if key != [{"key": "key", "path": "key"}]:
+            errors.append(f"the {role} mounts the objective key as {key}; want its `key` item")
+        a = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        if "--objective-key-file=/etc/tessera-objective-key/key" not in a:
+            errors.append(f"the {role} is not given --objective-key-file: {a}")
+    elif key is not None:
+        errors.append(f"the {role} mounts the objective key; only the autoscaler and the webhook may")
+secrets = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == "tessera-objective-key"]
+if len(secrets) != 1 or len(secrets[0]["data"]["key"]) < 64:
+    errors.append(f"want one generated objective key Secret of at least 48 bytes, got {secrets}")
+if errors:
+    print("\n".join(errors))
+    sys.exit(1)
+print("  the autoscaler mounts tls.crt, tls.key and ca.crt of the KEDA Secret (not ca.key); the objective key only in the autoscaler and webhook")
 PY
 
 log "the capacity namespace's admission policy: the webhook and the gpu-agent annotate pods, neither creates any"

@@ -94,7 +94,7 @@ fi
 log "Helm chart: lint, render and validate every example, CRD == crdgen, schema, RBAC (scripts/check-chart.sh)"
 ./scripts/check-chart.sh
 
-log "image: built from the repository as an OCI archive (twice: one digest), run under runc as uid 65532 on a read-only root"
+log "image: built from the repository as an OCI archive (twice: one digest), run under runc as uid 65532 on a read-only root, published with the chart to a local OCI registry"
 # scripts/image.sh installs Debian's skopeo and runc when missing (a failed install fails the run); the test packages
 # the debug build cargo test just made (the layout, the user and the runtime are checked, not the optimiser).
 # TESSERA_SKIP_IMAGE=1 skips it.
@@ -104,7 +104,12 @@ image_tier() {
   second=$(TESSERA_BIN=target/debug/tessera scripts/image.sh build | grep '^digest=')
   [ "$first" = "$second" ] || { echo "error: two builds of one commit gave two digests ($first, $second)" >&2; exit 1; }
   echo "reproducible: $first"
-  scripts/image.sh smoke "target/image/tessera-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1).oci.tar"
+  local archive
+  archive="target/image/tessera-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1).oci.tar"
+  scripts/image.sh smoke "$archive"
+  # A real OCI registry on loopback (built once into the tools cache, scripts/registry.sh): the image pushed and
+  # inspected back, the chart packaged, pushed and read back from oci:// as a user installs it.
+  scripts/registry.sh check "$archive"
 }
 unless_skipped TESSERA_SKIP_IMAGE "the image build and its runc smoke test" image_tier
 

@@ -43,11 +43,16 @@ Where capacity pods live (and so where the gpu-agent's, the pool manager's and t
 go). Never the release namespace: every tenant ServiceAccount may create and update Leases in the pool namespace
 (the per-GPU start-up gate), the webhook may create pods there and the gpu-agent may patch pods there; in the
 release namespace that would let a tenant take the autoscaler's leader Lease (and stop all scaling), the webhook
-run a pod as the autoscaler's ServiceAccount, and the gpu-agent change the control plane's images.
+run a pod as the autoscaler's ServiceAccount, and the gpu-agent change the control plane's images. Nor one of
+Kubernetes' own namespaces, where the Lease grant would reach node heartbeats and leader Leases (the pool
+config's parse refuses the same, tessera_pool::config::RESERVED_NAMESPACES).
 */}}
 {{- define "tessera.poolNamespace" -}}
 {{- if and .Values.gpuPools.enabled (or (not .Values.gpuPools.namespace) (eq .Values.gpuPools.namespace .Release.Namespace)) -}}
 {{- fail (printf "gpuPools.namespace must name a namespace of its own for the capacity pods, not the release namespace %q: tenants get Lease grants there, which in the release namespace would reach the autoscaler's leader Lease. Set e.g. --set gpuPools.namespace=tessera-gpus (label it pod-security.kubernetes.io/enforce=privileged, docs/install.md)." .Release.Namespace) -}}
+{{- end -}}
+{{- if and .Values.gpuPools.enabled (has .Values.gpuPools.namespace (list "kube-system" "kube-node-lease" "kube-public" "default")) -}}
+{{- fail (printf "gpuPools.namespace %q is a namespace Kubernetes itself uses: tenants get update on the Leases of the pool namespace (the GPU start-up gate), which there would include the node heartbeats (kube-node-lease) or the control plane's leader Leases (kube-system). Set e.g. --set gpuPools.namespace=tessera-gpus (label it pod-security.kubernetes.io/enforce=privileged, docs/install.md)." .Values.gpuPools.namespace) -}}
 {{- end -}}
 {{- default .Release.Namespace .Values.gpuPools.namespace -}}
 {{- end -}}
@@ -154,4 +159,9 @@ readinessProbe:
   periodSeconds: 2
   timeoutSeconds: 2
   failureThreshold: 3
+{{- end -}}
+
+{{/* The Secret holding the objective key (templates/objective-key.yaml), or the user's own. */}}
+{{- define "tessera.objectiveKeySecret" -}}
+{{- default (include "tessera.name" (dict "root" . "role" "objective-key")) .Values.objectiveKey.existingSecret -}}
 {{- end -}}
