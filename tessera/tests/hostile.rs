@@ -366,3 +366,136 @@ async fn a_stalled_upstream_stream_is_cut_after_its_idle_bound() {
         })
         .await;
 }
+
+/// A client spells vLLM's runtime-LoRA and sleep endpoints with percent-escapes, merged or doubled slashes and a
+/// namespace prefix (`/v1/load%5Flora%5Fadapter`, `/v1/%6Coad_lora_adapter`, ...): the model server decodes the
+/// path before routing, so each is the endpoint itself. All are refused with the development-endpoint 404 and
+/// none reaches the backend (issue 53 N3; before, the encoded spellings were forwarded).
+#[tokio::test]
+async fn the_activator_refuses_development_endpoints_however_they_are_spelled() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let reached = Arc::new(AtomicUsize::new(0));
+    let seen = reached.clone();
+    let backend = support::serve(
+        axum::Router::new()
+            .route("/health", axum::routing::get(|| async { "ok" }))
+            .fallback(move || {
+                let seen = seen.clone();
+                async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    "{}"
+                }
+            }),
+    )
+    .await;
+    let activator = Tessera::activator_for(&format!("m=http://{backend}"), &[]);
+    activator
+        .wait_activator_stats("a ready backend", Duration::from_secs(30), |s| {
+            s["models"]["default/m"]["readyBackends"] == 1
+        })
+        .await;
+    let body = r#"{"model":"m","lora_name":"x","lora_path":"/tmp/x"}"#;
+    for path in [
+        "/v1/load%5Flora%5Fadapter",
+        "/v1/%6Coad_lora_adapter",
+        "/v1/unload%5Flora%5Fadapter",
+        "/v1/load_lora%5fadapter",
+        "/namespaces/default/v1/load%5Flora%5Fadapter",
+        "/v1//load_lora_adapter",
+        "/v1%2Fload_lora_adapter",
+        "/v1/unload_lora_adapter%2F",
+        "/%73leep?level=1",
+        "/wake%5Fup",
+        "/namespaces/default/%77ake_up",
+    ] {
+        // Sent raw: an HTTP client library could re-encode or normalise the path before it leaves.
+        let mut s = tokio::net::TcpStream::connect(activator.addr)
+            .await
+            .expect("connect");
+        s.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut answer = String::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
+            .await
+            .expect("answered in time")
+            .expect("read");
+        assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
+        assert!(answer.contains("development endpoint"), "{path}: {answer}");
+    }
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        0,
+        "a development endpoint reached the backend"
+    );
+    // The API itself still goes through.
+    let ok = support::post_json(
+        &http_client(Duration::from_secs(10)),
+        &activator.url("/v1/chat/completions"),
+        &serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(ok.status(), 200);
+    assert_eq!(reached.load(Ordering::SeqCst), 1);
+}
+
+/// A client completes the TLS handshake and sends a whole `POST /mutate` head announcing a body, then no body
+/// (or a byte of it): the webhook answers 408 after `--body-read-timeout` and closes the connection (issue 53
+/// M2: before, such a connection was held 90 s and more, past every header timeout; 1,000 of them held 32 MB).
+/// A real admission is still answered.
+#[tokio::test]
+async fn the_webhook_bounds_the_time_an_admission_body_takes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics_listen = format!("127.0.0.1:{}", free_port());
+    let pair = support::admission::pair();
+    // The header and idle bounds long, so only the body bound can close these connections in time.
+    let hook = support::admission::start_webhook(
+        dir.path(),
+        &pair,
+        &metrics_listen,
+        &[
+            "--header-read-timeout",
+            "60s",
+            "--client-idle-timeout",
+            "60s",
+            "--body-read-timeout",
+            "1s",
+        ],
+    );
+    let tls = support::admission::connector(&[&pair.der]);
+    for sent in [&b""[..], &b"{"[..]] {
+        let mut stream = support::admission::connect(&tls, hook.addr).await;
+        let started = std::time::Instant::now();
+        stream
+            .write_all(
+                b"POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 4096\r\n\r\n",
+            )
+            .await
+            .expect("write the head");
+        stream.write_all(sent).await.expect("write");
+        stream.flush().await.expect("flush");
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(8), stream.read_to_end(&mut answer)).await;
+        let took = started.elapsed();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            read.is_ok(),
+            "a connection that sent {} body bytes of 4096 was kept past 8 s",
+            sent.len()
+        );
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("--body-read-timeout"), "{answer}");
+        assert!(took >= Duration::from_millis(900), "answered after {took:?}");
+    }
+    let mut stream = support::admission::connect(&tls, hook.addr).await;
+    let review = support::admission::review("uid-1", support::admission::real_pod());
+    let (status, body) = support::admission::exchange(&mut stream, "POST", "/mutate", &review).await;
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+}

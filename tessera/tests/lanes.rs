@@ -190,3 +190,133 @@ async fn ungated_flex_for_comparison() {
     ])
     .await;
 }
+
+/// Under `--lane-priority` a flex request and a batch line carry the batch class's vLLM priority (10) whatever
+/// their body says, so neither reaches a server that schedules by priority ahead of real time; real-time requests
+/// keep their own (issue 53 N18: before, a batch line's or flex request's `"priority": -100` was forwarded as is).
+#[tokio::test]
+async fn under_lane_priority_flex_and_batch_requests_never_keep_a_priority_ahead_of_real_time() {
+    use std::sync::Mutex;
+    // What reached the model server: each request's first message and the priority it carried.
+    let seen: Arc<Mutex<Vec<(String, serde_json::Value)>>> = Arc::default();
+    let record = seen.clone();
+    let backend = support::serve(
+        axum::Router::new()
+            .route("/health", axum::routing::get(|| async { "ok" }))
+            // An idle server's gauges: the gate lets flex requests through.
+            .route(
+                "/metrics",
+                axum::routing::get(|| async {
+                    "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.0\n\
+                     vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 0.0\n\
+                     vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0.0\n"
+                }),
+            )
+            .route(
+                "/v1/chat/completions",
+                axum::routing::post(move |body: axum::body::Bytes| {
+                    let record = record.clone();
+                    async move {
+                        let req: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        let what = req["messages"][0]["content"].as_str().unwrap().to_owned();
+                        record.lock().unwrap().push((what, req["priority"].clone()));
+                        axum::Json(serde_json::json!({ "object": "chat.completion", "model": "m",
+                            "choices": [{ "index": 0, "message": { "role": "assistant", "content": "ok" },
+                                "finish_reason": "stop" }] }))
+                    }
+                }),
+            ),
+    )
+    .await;
+    let store = tempfile::tempdir().unwrap();
+    let act = Tessera::activator_for(
+        &format!("m=http://{backend}"),
+        &[
+            "--lane-priority",
+            "--batch-store",
+            store.path().to_str().unwrap(),
+            "--batch-progress-interval",
+            "100ms",
+            "--lane-poll-interval",
+            "50ms",
+        ],
+    );
+    act.wait_activator_stats("a ready backend", Duration::from_secs(30), |s| {
+        s["models"]["default/m"]["readyBackends"] == 1
+    })
+    .await;
+    let http = http_client(Duration::from_secs(30));
+    let chat = |what: &str, extra: serde_json::Value| {
+        let mut body = serde_json::json!({ "model": "m", "max_tokens": 2,
+            "messages": [{ "role": "user", "content": what }] });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    for (what, extra) in [
+        (
+            "flex-ahead",
+            serde_json::json!({ "service_tier": "flex", "priority": -100 }),
+        ),
+        ("flex-plain", serde_json::json!({ "service_tier": "flex" })),
+        ("realtime-own", serde_json::json!({ "priority": -3 })),
+        ("realtime-plain", serde_json::json!({})),
+    ] {
+        let r = support::post_json(&http, &act.url("/v1/chat/completions"), &chat(what, extra)).await;
+        assert_eq!(r.status(), 200, "{what}");
+    }
+    // A batch whose line asks to run first.
+    let line = serde_json::json!({ "custom_id": "c-0", "method": "POST", "url": "/v1/chat/completions",
+        "body": chat("batch-ahead", serde_json::json!({ "priority": -100 })) });
+    let mut form = b"--BOUNDARY\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--BOUNDARY\r\n\
+Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n"
+        .to_vec();
+    form.extend_from_slice(format!("{line}\n").as_bytes());
+    form.extend_from_slice(b"\r\n--BOUNDARY--\r\n");
+    let file: serde_json::Value = http
+        .post(act.url("/v1/files"))
+        .header("content-type", "multipart/form-data; boundary=BOUNDARY")
+        .body(form)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let batch: serde_json::Value = http
+        .post(act.url("/v1/batches"))
+        .json(
+            &serde_json::json!({ "input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+            "completion_window": "24h" }),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = batch["id"].as_str().expect("a batch id").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let b = support::get_json(&http, &act.url(&format!("/v1/batches/{id}"))).await;
+        if b["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the batch never completed: {b}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    let priority_of = |what: &str| {
+        seen.iter()
+            .find(|(w, _)| w == what)
+            .unwrap_or_else(|| panic!("{what} never reached the server: {seen:?}"))
+            .1
+            .clone()
+    };
+    assert_eq!(priority_of("flex-ahead"), 10, "{seen:?}");
+    assert_eq!(priority_of("flex-plain"), 10, "{seen:?}");
+    assert_eq!(priority_of("batch-ahead"), 10, "{seen:?}");
+    assert_eq!(priority_of("realtime-own"), -3, "{seen:?}");
+    assert_eq!(priority_of("realtime-plain"), serde_json::Value::Null, "{seen:?}");
+}

@@ -48,6 +48,11 @@ pub struct Args {
     /// Connection bounds on both listeners (a stalled TLS handshake, silent or idle connections are closed).
     #[command(flatten)]
     pub conn: tessera_runtime::serve::ConnArgs,
+    /// Longest an admission request's body may take to arrive once its headers have (then 408 and the connection
+    /// is closed). The API server sends the whole AdmissionReview at once and gives up on the webhook after the
+    /// configuration's `timeoutSeconds` (10 s by default, 30 s at most), so a slower body is never the API server.
+    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT", value_parser = tessera_runtime::serve::nonzero_duration, default_value = "10s")]
+    pub body_read_timeout: Duration,
     /// Plain-HTTP address for /metrics, /live and /ready.
     #[arg(long, env = "TESSERA_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     pub metrics_listen: SocketAddr,
@@ -178,6 +183,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         admitter,
         serving: Arc::new(AtomicBool::new(true)),
         registry: Arc::new(registry),
+        body_read_timeout: args.body_read_timeout,
     };
     let https =
         std::net::TcpListener::bind(args.listen).with_context(|| format!("cannot bind {}", args.listen))?;

@@ -104,6 +104,7 @@ pub struct Metrics {
     collisions: Family<ModelLabels, Gauge>,
     admitted: Gauge,
     held: Gauge,
+    lane_held: Gauge,
     lane_admitted: Family<LaneLabels, Counter>,
     lane_rejected: Family<LaneLabels, Counter>,
     lane_no_room: Family<NoRoomLabels, Counter>,
@@ -165,12 +166,17 @@ impl Metrics {
         let admitted = register(
             &mut registry,
             "admitted_requests",
-            "Requests admitted and not finished, all models (bounded by --max-in-flight)",
+            "Requests admitted and not finished, all models (bounded by --max-in-flight; flex-lane requests count only while their body is read)",
         );
         let held = register(
             &mut registry,
             "held_requests",
             "Requests held for a model with no ready backend, all models (bounded by --max-held)",
+        );
+        let lane_held = register(
+            &mut registry,
+            "lane_held_requests",
+            "Flex-lane and batch requests waiting for room or for a replica, all models (bounded by --lane-max-held)",
         );
         let lane_admitted = register(
             &mut registry,
@@ -225,6 +231,7 @@ impl Metrics {
             collisions,
             admitted,
             held,
+            lane_held,
         }
     }
 
@@ -288,6 +295,8 @@ impl Metrics {
         self.admitted
             .set(i64::try_from(admission.in_flight()).unwrap_or(i64::MAX));
         self.held.set(i64::try_from(admission.held()).unwrap_or(i64::MAX));
+        self.lane_held
+            .set(i64::try_from(admission.lane_held()).unwrap_or(i64::MAX));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

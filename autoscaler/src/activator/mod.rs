@@ -25,8 +25,8 @@
 //! **Priority lanes.** A request's lane is its `service_tier` (`priority`, `flex`) or vLLM `priority` (below 0,
 //! above 0); anything else is the default lane. Priority and default requests are never gated. A flex request
 //! goes only to a backend with room (`--lane-admit-below`, `--lane-stop-at`, `--lane-max-waiting`); it waits
-//! for room at most `--lane-hold-timeout`, outside every queue a real-time request waits in, and is then
-//! answered `429` with `Retry-After`.
+//! for room at most `--lane-hold-timeout`, outside every queue and bound a real-time request waits in (its own
+//! `--lane-max-held`), and is then answered `429` with `Retry-After`.
 //!
 //! On the public port (`--listen`), besides the API: `GET /v1/models` and `GET /namespaces/<ns>/v1/models` (the
 //! models of one namespace), `/live`, `/ready` (fails from SIGTERM on; see [`tessera_runtime`]).
@@ -264,6 +264,15 @@ pub struct Args {
     #[arg(long, env = "TESSERA_LANE_MAX_IN_FLIGHT", default_value_t = 64)]
     pub lane_max_in_flight: u64,
 
+    /// Flex lane: most flex-tier requests and batch lines waiting at once, all models together (for a backend
+    /// with room, or for a replica of a model at zero); beyond it they are answered 429 `overloaded_lane_held`
+    /// with `--lane-retry-after`. A waiting flex request holds none of `--max-in-flight`, `--max-held` or
+    /// `--queue-size`, so no flood of them can shed a real-time request; it counts in `--max-in-flight` only
+    /// while its body is read, and once sent it is bounded by the gate's per-backend `--lane-max-in-flight`.
+    #[arg(long, env = "TESSERA_LANE_MAX_HELD", default_value_t = 512,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub lane_max_held: u64,
+
     /// Flex lane: longest a flex request waits for a backend with room before a 429 with Retry-After (never a
     /// timeout at the client).
     #[arg(long, env = "TESSERA_LANE_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
@@ -278,9 +287,10 @@ pub struct Args {
     #[arg(long, env = "TESSERA_LANE_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
     pub lane_retry_after: Duration,
 
-    /// Set each request's vLLM `priority` from its lane where the body has none (flex 10, priority tier -1,
-    /// default untouched). Only for servers started with `--scheduling-policy priority`: vLLM refuses a
-    /// non-zero priority otherwise.
+    /// Set each request's vLLM `priority` from its lane: flex-tier requests and batch lines always get the
+    /// batch class's 10, replacing any priority of their own (so none runs ahead of real time); a priority-tier
+    /// request without one gets -1; real-time requests keep theirs. Only for servers started with
+    /// `--scheduling-policy priority`: vLLM refuses a non-zero priority otherwise.
     #[arg(long, env = "TESSERA_LANE_PRIORITY")]
     pub lane_priority: bool,
 
@@ -312,7 +322,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         .clone()
         .or_else(|| args.namespace.clone())
         .unwrap_or_else(|| "default".to_string());
-    let admission = Admission::new(args.max_in_flight, args.max_held);
+    let admission = Admission::with_lane(args.max_in_flight, args.max_held, args.lane_max_held);
     let router = Arc::new(Router::new(
         args.queue_size,
         admission,

@@ -8,7 +8,8 @@
 //! after the request was written is a `502`, never a replay: a completion may already be running there.
 //!
 //! Bounds, each with its own answer: `--max-in-flight` admitted requests (429), `--max-held` held requests across
-//! all models and `--queue-size` per model (429 / 503), `--max-body-size` per body (413, checked against
+//! all models and `--queue-size` per model (429 / 503), `--lane-max-held` waiting flex-lane requests, which hold
+//! none of the other three (429 with `--lane-retry-after`), `--max-body-size` per body (413, checked against
 //! `Content-Length` before reading and again while streaming), `--max-buffered-body-bytes` over every buffered body
 //! (429), `--body-read-timeout` (408), `--hold-timeout` (503), `--response-header-timeout` (504). Every 429 and 503
 //! carries `Retry-After`.
@@ -38,7 +39,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use super::discovery::Discovery;
 use super::metrics::{CodeLabels, Metrics, ModelLabels, RejectLabels};
-use super::router::{Admitted, HoldRefused, InFlight, Lease, ModelEntry, Router};
+use super::router::{Admitted, HoldRefused, InFlight, LaneHeld, Lease, ModelEntry, Router};
 
 /// The request path's bounds and timeouts (see the module docs).
 #[derive(Debug, Clone)]
@@ -63,7 +64,7 @@ pub struct Limits {
     pub lane_poll_interval: Duration,
     /// `Retry-After` on a flex-lane 429.
     pub lane_retry_after: Duration,
-    /// Set each request's vLLM `priority` from its lane where the body has none (only for servers started
+    /// Set each request's vLLM `priority` from its lane ([`forwarded_priority`]; only for servers started
     /// with `--scheduling-policy priority`, which refuse a non-zero priority otherwise).
     pub lane_priority: bool,
     /// A streamed request held this long gets headers and an SSE comment, then one per interval (0: never).
@@ -90,15 +91,56 @@ pub const DEV_ENDPOINTS: &[&str] = &[
     "/v1/unload_lora_adapter",
 ];
 
-/// The development endpoint `path` names (namespace prefix, query and trailing slash ignored), if any.
+/// The development endpoint `path` names, if any: compared on the path the model server routes by, not on the
+/// bytes the client sent. The server percent-decodes the path before routing (`/v1/load%5Flora%5Fadapter` is
+/// `/v1/load_lora_adapter` to uvicorn), and a proxy in front of the gateway may merge slashes (nginx's default),
+/// so the path is decoded once, its slashes merged, its namespace prefix, query and trailing slash dropped, and
+/// compared without regard to case.
 pub fn dev_endpoint(path: &str) -> Option<&'static str> {
     let path = path.split('?').next().unwrap_or(path);
-    let (_, path) = namespace_and_path(path, "");
+    let decoded = routed_path(path);
+    let (_, path) = namespace_and_path(&decoded, "");
     let path = path.trim_end_matches('/');
     DEV_ENDPOINTS
         .iter()
         .copied()
         .find(|d| d.eq_ignore_ascii_case(path))
+}
+
+/// `path` as a server routes it: percent-escapes decoded once (as uvicorn does; a malformed escape stays as
+/// written) and runs of `/` merged into one.
+fn routed_path(path: &str) -> String {
+    fn hex(b: u8) -> Option<u8> {
+        match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            b'A'..=b'F' => Some(b - b'A' + 10),
+            _ => None,
+        }
+    }
+    let raw = path.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let escaped = match (raw[i], raw.get(i + 1), raw.get(i + 2)) {
+            (b'%', Some(&h), Some(&l)) => hex(h).zip(hex(l)).map(|(h, l)| (h << 4) | l),
+            _ => None,
+        };
+        let byte = match escaped {
+            Some(b) => {
+                i += 3;
+                b
+            }
+            None => {
+                i += 1;
+                raw[i - 1]
+            }
+        };
+        if !(byte == b'/' && out.last() == Some(&b'/')) {
+            out.push(byte);
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The 404 for a development endpoint, in OpenAI's error shape.
@@ -145,6 +187,8 @@ pub enum Shed {
     Held,
     /// `--max-buffered-body-bytes`.
     BodyBytes,
+    /// `--lane-max-held`: flex-lane requests waiting, all models together.
+    LaneHeld,
 }
 
 /// Why the activator answered a request itself.
@@ -235,6 +279,9 @@ fn shed_reason(s: Shed) -> &'static str {
         Shed::InFlight => "--max-in-flight requests are being served",
         Shed::Held => "--max-held requests are already waiting for models to scale up",
         Shed::BodyBytes => "--max-buffered-body-bytes of request bodies are buffered",
+        Shed::LaneHeld => {
+            "--lane-max-held flex-tier and batch requests are already waiting; real-time requests are not affected"
+        }
     }
 }
 
@@ -265,6 +312,7 @@ impl RequestError {
             Self::Overloaded(Shed::InFlight) => "overloaded_in_flight",
             Self::Overloaded(Shed::Held) => "overloaded_held",
             Self::Overloaded(Shed::BodyBytes) => "overloaded_body_bytes",
+            Self::Overloaded(Shed::LaneHeld) => "overloaded_lane_held",
             Self::QueueFull(_) => "queue_full",
             Self::HoldTimeout { .. } => "hold_timeout",
             Self::ShuttingDown(_) => "shutting_down",
@@ -415,6 +463,21 @@ pub fn lane_priority(lane: Lane) -> Option<i64> {
     }
 }
 
+/// The `priority` to write into a request's body under `--lane-priority`, given its lane and the priority the
+/// body itself gives (`None`: send the body as it is).
+///
+/// A flex-lane request (`service_tier: flex`, and every batch line) always carries the batch class's priority,
+/// whatever its body says: `docs/policies.md` promises that a batch request never runs ahead of a real-time one,
+/// and a body's own `"priority": -100` would otherwise put it first in vLLM's queue. The other lanes are real
+/// time: their own priority is kept, and the priority tier gets its lane's only where the body has none.
+pub fn forwarded_priority(lane: Lane, own: Option<i64>) -> Option<i64> {
+    match (lane, own) {
+        (Lane::Flex, own) => lane_priority(Lane::Flex).filter(|p| own != Some(*p)),
+        (_, Some(_)) => None,
+        (lane, None) => lane_priority(lane),
+    }
+}
+
 /// The body with `"priority": p` added; the body as it was when it is not a JSON object (it was parsed once
 /// already, so this does not happen).
 fn with_priority(body: Bytes, p: i64) -> Bytes {
@@ -532,8 +595,8 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     if lane == Lane::Flex {
         entry.want_gauges();
     }
-    let body = match (app.limits.lane_priority, info.priority, lane_priority(lane)) {
-        (true, None, Some(p)) => with_priority(body, p),
+    let body = match forwarded_priority(lane, info.priority) {
+        Some(p) if app.limits.lane_priority => with_priority(body, p),
         _ => body,
     };
     // What a flex request may grow to in a backend's KV cache: the gate counts it with those in flight.
@@ -645,7 +708,10 @@ fn reject(app: &App, entry: Option<&ModelEntry>, err: RequestError) -> Response 
     if let Some(e) = entry {
         e.record_rejection();
     }
-    let retry_after = if matches!(err, RequestError::LaneFull { .. }) {
+    let retry_after = if matches!(
+        err,
+        RequestError::LaneFull { .. } | RequestError::Overloaded(Shed::LaneHeld)
+    ) {
         app.limits.lane_retry_after
     } else {
         app.limits.retry_after
@@ -693,11 +759,16 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
     let mut held = false;
     // A flex request waiting for room (the gauge of its wait), outside every queue a real-time request waits in.
     let mut flex_wait = None;
+    // The request's place in `--max-in-flight`. A flex request gives it up as soon as it has to wait, for a
+    // place of `--lane-max-held` (`lane_place`), and never takes one again: waiting flex requests must not use
+    // real time's room (`router::Admission`).
+    let mut admitted = Some(admitted);
+    let mut lane_place = None;
     loop {
         let picked = if lane == Lane::Flex {
             match entry.pick_flex(&app.limits.lanes, Instant::now(), footprint) {
                 Ok(lease) => Some(lease),
-                // No backend ready: held for a scale from zero like any request.
+                // No backend ready: held for a scale from zero (in the lane's own bound, below).
                 Err(None) => None,
                 Err(Some(no_room)) => {
                     drop(slot.take());
@@ -710,6 +781,10 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
                         let why = no_room.to_string();
                         return reject(&app, Some(&entry), RequestError::LaneFull { model, why });
                     }
+                    if let Err(shed) = wait_in_lane(&app, &mut admitted, &mut lane_place) {
+                        app.metrics.lane_rejected(&labels, lane);
+                        return reject(&app, Some(&entry), shed);
+                    }
                     flex_wait.get_or_insert_with(|| entry.flex_wait());
                     tokio::time::sleep(app.limits.lane_poll_interval).await;
                     continue;
@@ -721,6 +796,11 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         if let Some(lease) = picked {
             drop(slot.take());
             drop(flex_wait.take());
+            drop(lane_place.take());
+            if lane == Lane::Flex {
+                // Sent, a flex request is bounded by the gate's per-backend bounds, not by real time's.
+                drop(admitted.take());
+            }
             app.metrics.lane_admitted(&labels, lane);
             let in_flight = entry.start_in_flight();
             let sent = tokio::time::timeout(
@@ -772,8 +852,19 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
             return reject(&app, Some(&entry), RequestError::ShuttingDown(model));
         }
         if slot.is_none() {
-            // try_enqueue also wakes discovery (probe now).
-            match entry.try_enqueue() {
+            let enqueued = if lane == Lane::Flex {
+                match wait_in_lane(&app, &mut admitted, &mut lane_place) {
+                    Ok(place) => Ok(entry.hold_flex(place)),
+                    Err(shed) => {
+                        app.metrics.lane_rejected(&labels, lane);
+                        return reject(&app, Some(&entry), shed);
+                    }
+                }
+            } else {
+                // try_enqueue also wakes discovery (probe now).
+                entry.try_enqueue()
+            };
+            match enqueued {
                 Ok(s) => {
                     slot = Some(s);
                     held = true;
@@ -811,6 +902,25 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
             return reject(&app, Some(&entry), RequestError::HoldTimeout { model, waited });
         }
     }
+}
+
+/// Moves a flex-lane request that has to wait from its `--max-in-flight` place to one of `--lane-max-held`
+/// (kept while it waits, however often it looks again); the place, or the 429 when the lane's bound is full.
+fn wait_in_lane<'p>(
+    app: &App,
+    admitted: &mut Option<Admitted>,
+    place: &'p mut Option<LaneHeld>,
+) -> Result<&'p LaneHeld, RequestError> {
+    if place.is_none() {
+        let held = app
+            .router
+            .admission()
+            .try_hold_lane()
+            .ok_or(RequestError::Overloaded(Shed::LaneHeld))?;
+        *place = Some(held);
+        drop(admitted.take());
+    }
+    place.as_ref().ok_or(RequestError::Overloaded(Shed::LaneHeld))
 }
 
 enum SendError {
@@ -871,7 +981,7 @@ fn stream_back(
     resp: http::Response<Incoming>,
     lease: Lease,
     in_flight: InFlight,
-    admitted: Admitted,
+    admitted: Option<Admitted>,
     idle: Duration,
 ) -> Response {
     let (mut parts, incoming) = resp.into_parts();
@@ -900,7 +1010,8 @@ struct GuardedBody {
     stall: Pin<Box<tokio::time::Sleep>>,
     _lease: Lease,
     _in_flight: InFlight,
-    _admitted: Admitted,
+    /// `None` for a flex-lane request, which holds no place of `--max-in-flight` once sent.
+    _admitted: Option<Admitted>,
 }
 
 impl hyper::body::Body for GuardedBody {
@@ -952,6 +1063,59 @@ mod tests {
         assert_eq!(dev_endpoint("/COLLECTIVE_RPC"), Some("/collective_rpc"));
         assert_eq!(dev_endpoint("/v1/chat/completions"), None);
         assert_eq!(dev_endpoint("/v1/sleep"), None);
+    }
+
+    /// Issue 53 N3: the server decodes the path before it routes, so an encoded spelling reaches the same route.
+    #[test]
+    fn dev_endpoints_are_named_however_the_path_is_encoded() {
+        for (path, want) in [
+            ("/v1/load%5Flora%5Fadapter", "/v1/load_lora_adapter"),
+            ("/v1/%6Coad_lora_adapter", "/v1/load_lora_adapter"),
+            ("/v1/unload%5flora%5fadapter", "/v1/unload_lora_adapter"),
+            ("/v1%2Fload_lora_adapter", "/v1/load_lora_adapter"),
+            ("/namespaces/ml/v1/load%5Flora%5Fadapter", "/v1/load_lora_adapter"),
+            (
+                "/namespaces%2Fml%2Fv1%2Fload_lora_adapter",
+                "/v1/load_lora_adapter",
+            ),
+            ("//v1//load_lora_adapter", "/v1/load_lora_adapter"),
+            (
+                "/namespaces/ml//v1/unload_lora_adapter%2F",
+                "/v1/unload_lora_adapter",
+            ),
+            ("/%73leep?level=1", "/sleep"),
+            ("/wake%5Fup", "/wake_up"),
+            ("/%77%61%6B%65%5F%75%70", "/wake_up"),
+        ] {
+            assert_eq!(dev_endpoint(path), Some(want), "{path}");
+        }
+        // Decoded once, as the server does: a doubly encoded name is not the route, and a stray `%` is kept.
+        assert_eq!(dev_endpoint("/v1/load%255Flora_adapter"), None);
+        assert_eq!(dev_endpoint("/v1/chat%2Fcompletions"), None);
+        assert_eq!(dev_endpoint("/v1/chat/completions%"), None);
+        assert_eq!(routed_path("/a%zz%4"), "/a%zz%4");
+        assert_eq!(routed_path("/a%C3%A9//b"), "/a\u{e9}/b");
+    }
+
+    /// Issue 53 N18: a flex request or batch line never keeps a priority that would put it ahead of real time.
+    #[test]
+    fn the_flex_lane_sets_its_priority_whatever_the_body_says() {
+        let batch = i64::from(ClassPolicy::of(WorkloadClass::Batch).vllm_priority);
+        for own in [None, Some(-100), Some(-1), Some(0), Some(3), Some(1_000)] {
+            assert_eq!(
+                forwarded_priority(Lane::Flex, own),
+                Some(batch),
+                "flex with {own:?}"
+            );
+        }
+        assert_eq!(forwarded_priority(Lane::Flex, Some(batch)), None, "already right");
+        assert_eq!(forwarded_priority(Lane::Priority, None), Some(-1));
+        assert_eq!(forwarded_priority(Lane::Priority, Some(-7)), None);
+        assert_eq!(forwarded_priority(Lane::Default, None), None);
+        assert_eq!(forwarded_priority(Lane::Default, Some(0)), None);
+        let body = with_priority(Bytes::from_static(br#"{"model":"m","priority":-100}"#), batch);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        assert_eq!(v["priority"], batch);
     }
 
     #[test]

@@ -170,13 +170,36 @@ impl Drop for FlexWait<'_> {
 type ReadySet = Arc<Vec<Arc<Backend>>>;
 
 /// Gateway-wide bounds, shared by every model: requests admitted (reading their body, held, forwarded or
-/// streaming back) and requests held. Each is a counter with a ceiling; a request over either is shed.
+/// streaming back) and requests held; and, apart from both, flex-lane requests waiting (`--lane-max-held`).
+/// Each is a counter with a ceiling; a request over one is shed.
+///
+/// Why the flex lane has its own: a flex request (or batch line) waits for room for up to
+/// `--lane-hold-timeout`, by design, while the lane is closed. Counted in `--max-in-flight` or `--max-held`,
+/// enough of them fill the gateway and real-time requests are shed (issue 53: 4,200 flex requests waiting on a
+/// closed lane filled `--max-in-flight 4096`). So a flex request counts in `--max-in-flight` only until its body
+/// is read and its lane known; from then on it waits in the lane's own bound and is sent under the flex gate's
+/// per-backend bounds, and real time keeps every place of its own.
 #[derive(Debug)]
 pub struct Admission {
     in_flight: AtomicU64,
     max_in_flight: u64,
     held: AtomicU64,
     max_held: u64,
+    lane_held: AtomicU64,
+    max_lane_held: u64,
+}
+
+/// A flex-lane request's place among the `--lane-max-held` waiting ones; released when dropped (when it is sent
+/// or answered).
+#[derive(Debug)]
+pub struct LaneHeld {
+    admission: Arc<Admission>,
+}
+
+impl Drop for LaneHeld {
+    fn drop(&mut self) {
+        self.admission.lane_held.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// One admitted request; releases its place when dropped (when its response body ends).
@@ -192,14 +215,35 @@ impl Drop for Admitted {
 }
 
 impl Admission {
-    /// At most `max_in_flight` requests admitted and `max_held` held at once.
+    /// At most `max_in_flight` requests admitted and `max_held` held at once, and as many flex-lane requests
+    /// waiting as `max_held`.
     pub fn new(max_in_flight: u64, max_held: u64) -> Arc<Self> {
+        Self::with_lane(max_in_flight, max_held, max_held)
+    }
+
+    /// As [`Admission::new`], with at most `max_lane_held` flex-lane requests waiting at once.
+    pub fn with_lane(max_in_flight: u64, max_held: u64, max_lane_held: u64) -> Arc<Self> {
         Arc::new(Self {
             in_flight: AtomicU64::new(0),
             max_in_flight,
             held: AtomicU64::new(0),
             max_held,
+            lane_held: AtomicU64::new(0),
+            max_lane_held,
         })
+    }
+
+    /// A place for one flex-lane request to wait (for room, or for a replica), or `None` when `--lane-max-held`
+    /// are already waiting.
+    pub fn try_hold_lane(self: &Arc<Self>) -> Option<LaneHeld> {
+        take(&self.lane_held, self.max_lane_held).then(|| LaneHeld {
+            admission: self.clone(),
+        })
+    }
+
+    /// Flex-lane requests waiting now, all models together.
+    pub fn lane_held(&self) -> u64 {
+        self.lane_held.load(Ordering::Relaxed)
     }
 
     /// Admits one request, or `None` when `max_in_flight` are already admitted.
@@ -262,6 +306,9 @@ pub struct ModelEntry {
     mix: Mutex<RequestMix>,
     /// Flex-lane requests waiting for room.
     flex_waiting: AtomicU64,
+    /// Flex-lane requests held for a replica (counted in `queued` for the controller, bounded by
+    /// `--lane-max-held` rather than `--queue-size` and `--max-held`).
+    flex_held: AtomicU64,
     /// A flex request arrived since the lanes' poller last looked.
     wants_gauges: AtomicBool,
 
@@ -273,12 +320,18 @@ pub struct ModelEntry {
 #[derive(Debug)]
 pub struct QueueSlot<'a> {
     entry: &'a ModelEntry,
+    /// A flex-lane request's hold, counted apart from the real-time bounds.
+    flex: bool,
 }
 
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
-        self.entry.queued.fetch_sub(1, Ordering::Relaxed);
-        self.entry.admission.held.fetch_sub(1, Ordering::Relaxed);
+        if self.flex {
+            self.entry.flex_held.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            self.entry.queued.fetch_sub(1, Ordering::Relaxed);
+            self.entry.admission.held.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -313,6 +366,7 @@ impl ModelEntry {
             last_request_ms: AtomicU64::new(0),
             mix: Mutex::new(RequestMix::default()),
             flex_waiting: AtomicU64::new(0),
+            flex_held: AtomicU64::new(0),
             wants_gauges: AtomicBool::new(false),
 
             rr: AtomicUsize::new(0),
@@ -376,12 +430,29 @@ impl ModelEntry {
         }
         // Tell discovery at once; Notify keeps a permit if nobody is waiting yet, so no wake-up is lost.
         self.demand.notify_one();
-        Ok(QueueSlot { entry: self })
+        Ok(QueueSlot {
+            entry: self,
+            flex: false,
+        })
     }
 
-    /// Requests currently held.
+    /// Holds a flex-lane request for a replica. It takes none of this model's `--queue-size` nor of the
+    /// gateway's `--max-held` (real time's room): the caller holds its [`LaneHeld`] place, which bounds it. It
+    /// is demand all the same: counted in [`ModelEntry::queued`], so a model at zero wakes for it.
+    pub fn hold_flex(&self, _place: &LaneHeld) -> QueueSlot<'_> {
+        self.flex_held.fetch_add(1, Ordering::Relaxed);
+        self.demand.notify_one();
+        QueueSlot {
+            entry: self,
+            flex: true,
+        }
+    }
+
+    /// Requests currently held, flex-lane ones included.
     pub fn queued(&self) -> u64 {
-        self.queued.load(Ordering::Relaxed)
+        self.queued
+            .load(Ordering::Relaxed)
+            .saturating_add(self.flex_held.load(Ordering::Relaxed))
     }
 
     /// Requests currently forwarded and unfinished.
@@ -741,6 +812,32 @@ mod tests {
         let stats = router.stats(5);
         assert_eq!(stats.schema_version, 2);
         assert!(stats.models.contains_key("team-b/m"));
+    }
+
+    /// Issue 53 N4: waiting flex requests fill their own bound, never the real-time ones.
+    #[test]
+    fn waiting_flex_requests_take_none_of_real_times_places() {
+        let admission = Admission::with_lane(4, 4, 2);
+        let router = Router::new(1, admission.clone(), "t".into(), 0);
+        let m = router.ensure("ns", "m");
+        let a = admission.try_hold_lane().unwrap();
+        let b = admission.try_hold_lane().unwrap();
+        assert!(admission.try_hold_lane().is_none(), "--lane-max-held");
+        // Held for a replica: demand for the controller, but no place of --queue-size (1) nor --max-held.
+        let ha = m.hold_flex(&a);
+        let hb = m.hold_flex(&b);
+        assert_eq!(m.queued(), 2);
+        assert_eq!(admission.held(), 0);
+        assert_eq!(admission.in_flight(), 0);
+        let realtime = m.try_enqueue().expect("real time's queue place is free");
+        assert_eq!(m.queued(), 3);
+        assert_eq!(m.try_enqueue().err(), Some(HoldRefused::ModelQueueFull));
+        assert!(admission.try_admit().is_some());
+        drop((ha, hb, realtime));
+        assert_eq!(m.queued(), 0);
+        drop(a);
+        assert_eq!(admission.lane_held(), 1);
+        assert!(admission.try_hold_lane().is_some());
     }
 
     #[test]
