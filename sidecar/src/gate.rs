@@ -57,8 +57,16 @@ pub struct GateArgs {
     /// Open the gate after waiting this long, whoever holds the lease: a co-tenant that keeps the GPU's lease
     /// (broken, or hostile: the name is derived from the GPU's UUID) cannot keep this pod's vLLM from starting.
     /// Keep it above --startup-timeout by the length of an honest queue of start-ups on one GPU.
+    /// The webhook passes its own (45m) and sizes the injected sidecar's startup probe to it plus a slack, so the
+    /// kubelet does not restart a sidecar inside its bound; set by hand, keep it below the startup probe's
+    /// failureThreshold × periodSeconds.
     #[arg(long, env = "TESSERA_GATE_MAX_WAIT", default_value = "45m", value_parser = humantime::parse_duration)]
     pub gate_max_wait: Duration,
+    /// A directory that outlives this container but not its pod (the webhook mounts an `emptyDir`): the time this
+    /// pod began to wait for the GPU is kept there, so a restart of the sidecar (the startup probe gives up after
+    /// its budget) goes on waiting from then, and --gate-max-wait bounds the pod's whole wait, not each try.
+    #[arg(long, env = "TESSERA_GATE_STATE_DIR")]
+    pub gate_state_dir: Option<std::path::PathBuf>,
     /// How long the lease lives without renewal: a holder killed with SIGKILL loses it after this long.
     #[arg(long, env = "TESSERA_GATE_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub gate_lease_duration: Duration,
@@ -285,7 +293,9 @@ pub async fn run(
         .timeout(Duration::from_secs(1))
         .build()
         .unwrap_or_default();
-    let mut phase = Phase::Waiting { since_ms: now_ms() };
+    let mut phase = Phase::Waiting {
+        since_ms: wait_started(args.gate_state_dir.as_deref(), now_ms()),
+    };
     let mut observed: Option<LeaseObservation> = None;
     let mut last_api_ok = now_ms();
     let mut last_holder: Option<String> = None;
@@ -370,12 +380,48 @@ pub async fn run(
         }
         set(&status, GateStatus::of(&phase, Some(&name), holder.as_deref()));
         if matches!(phase, Phase::Open(_)) {
+            // The start-up is over: a later restart of this sidecar waits afresh, as a new start-up would.
+            forget_wait(args.gate_state_dir.as_deref());
             return;
         }
         if sleep_or_stop(args.gate_retry_period, &shutdown).await {
             release_on_stop(&api, &name, &phase, &me, args.gate_lease_duration).await;
             return;
         }
+    }
+}
+
+/// The file in `--gate-state-dir` holding when this pod began to wait (Unix ms).
+const WAIT_FILE: &str = "waiting-since-ms";
+
+/// When this pod began to wait for its GPU: the time kept in `dir` by an earlier run of this sidecar in the
+/// same pod, or `now` (then kept there). A time in the future (a clock step back) or an unreadable file counts as
+/// none. Without `dir` (or where it cannot be written) each run waits from its own start, and says so.
+pub fn wait_started(dir: Option<&std::path::Path>, now: u64) -> u64 {
+    let Some(dir) = dir else { return now };
+    let path = dir.join(WAIT_FILE);
+    let kept = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .filter(|since| *since <= now);
+    if let Some(since) = kept {
+        info!(
+            waited_ms = now - since,
+            "start-up gate: resuming this pod's wait for the GPU (the sidecar restarted)"
+        );
+        return since;
+    }
+    if let Err(e) = std::fs::write(&path, now.to_string()) {
+        warn!(error = %e, path = %path.display(),
+            "start-up gate: cannot keep the wait's start; a restart of this sidecar would wait afresh");
+    }
+    now
+}
+
+/// Forgets the kept start of the wait (the gate is open).
+pub fn forget_wait(dir: Option<&std::path::Path>) {
+    if let Some(dir) = dir {
+        let _ = std::fs::remove_file(dir.join(WAIT_FILE));
     }
 }
 

@@ -17,6 +17,7 @@ pub mod exporter;
 pub mod gate;
 pub mod gpu;
 pub mod model;
+pub mod objective;
 pub mod rest;
 pub mod scrape;
 pub mod server;
@@ -140,6 +141,11 @@ pub struct Args {
     /// Sleep mode (`--rest-file`): the controller's instruction, performed and checked here.
     #[command(flatten)]
     pub rest: rest::RestArgs,
+    /// The token the controller must send to hand this sidecar a latency objective (`PUT /v1/objective`,
+    /// `Authorization: Bearer …`): this namespace's HMAC of the chart's objective key, injected by the webhook.
+    /// Without it the sidecar refuses every objective over HTTP and keeps --ttft-slo/--itl-slo.
+    #[arg(long, env = "TESSERA_OBJECTIVE_TOKEN", hide_env_values = true)]
+    pub objective_token: Option<String>,
     /// Graceful shutdown (`--drain-period`).
     #[command(flatten)]
     pub drain: tessera_runtime::DrainArgs,
@@ -244,6 +250,8 @@ pub struct Shared {
     pub gate: gate::SharedGate,
     /// Sleep mode: the replica's state, readiness, liveness and the wake (`/tessera/v1/wake`).
     pub rest: Arc<rest::Rest>,
+    /// The token `PUT /v1/objective` must carry; `None`: objectives are refused (see [`objective`]).
+    pub objective_token: Option<objective::Token>,
 }
 
 fn unix_now() -> f64 {
@@ -293,6 +301,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             args.rest.rest_file.is_some(),
             args.rest.sleep_risks.clone(),
         )),
+        objective_token: args
+            .objective_token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| objective::Token(t.to_owned())),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

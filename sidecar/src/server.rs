@@ -1,5 +1,5 @@
 //! The sidecar's HTTP endpoints (axum): `/metrics`, `/v1/status`, `PUT /v1/objective` (the controller hands over
-//! the InferenceAutoscaler's latency objective), `/live`, `/ready`, `/startup` (the start-up gate), and sleep mode's `POST /tessera/v1/wake` and `GET /tessera/v1/live` (the vLLM container's liveness).
+//! the InferenceAutoscaler's latency objective, token and ranges checked: [`crate::objective`]), `/live`, `/ready`, `/startup` (the start-up gate), and sleep mode's `POST /tessera/v1/wake` and `GET /tessera/v1/live` (the vLLM container's liveness).
 
 use crate::Shared;
 use axum::Router;
@@ -18,7 +18,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/v1/status", get(status))
-        .route("/v1/objective", put(objective))
+        .route("/v1/objective", put(crate::objective::put))
         .route("/live", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/startup", get(startup))
@@ -68,27 +68,6 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
     doc.rest = shared.rest.status();
     doc.startup_gate = shared.gate.lock().ok().and_then(|g| g.wire());
     axum::Json(doc).into_response()
-}
-
-/// `PUT /v1/objective`: the objective the compute-share rule sizes to from now on (`core::recommend::Objective`,
-/// sent by the controller each sync where the spec's differs from the one `/v1/status` reports). Like the flags it
-/// replaces, it only moves this replica's recommendation, which the controller reads and bounds; 204.
-async fn objective(
-    State(shared): State<Arc<Shared>>,
-    axum::Json(o): axum::Json<tessera_core::recommend::Objective>,
-) -> Response {
-    let Ok(mut state) = shared.state.lock() else {
-        return internal("state lock poisoned");
-    };
-    if state.set_objective(&o) {
-        tracing::info!(
-            ttft_slo_secs = o.ttft_slo_secs,
-            ttft_slo_percentile = o.ttft_slo_percentile,
-            itl_slo_secs = o.itl_slo_secs,
-            "latency objective handed over by the controller"
-        );
-    }
-    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn ready(State(shared): State<Arc<Shared>>) -> Response {

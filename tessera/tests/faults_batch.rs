@@ -470,3 +470,41 @@ Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
     );
     let _ = std::fs::remove_dir_all(&store);
 }
+
+#[tokio::test]
+async fn n9_a_batch_body_that_never_arrives_is_cut_at_the_body_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"]);
+    let store = store_dir("n9");
+    let act = activator(
+        &store,
+        &[format!("m={}", sim.base())],
+        &["--body-read-timeout", "2s"],
+    );
+    let mut answers = Vec::new();
+    for head in [
+        "POST /v1/batches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"input",
+        "POST /v1/files HTTP/1.1\r\nhost: x\r\ncontent-type: multipart/form-data; boundary=B\r\ncontent-length: 100000\r\n\r\n--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\n{\"custom_id\"",
+    ] {
+        let mut conn = tokio::net::TcpStream::connect(act.addr).await.expect("connect");
+        conn.write_all(head.as_bytes()).await.expect("send the head");
+        let started = Instant::now();
+        let mut answer = Vec::new();
+        // The client sends nothing more and keeps its connection open; the activator answers and closes.
+        let read = tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut answer)).await;
+        assert!(
+            read.is_ok(),
+            "the activator still holds the connection after 20 s"
+        );
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("body_read_timeout"), "{text}");
+        answers.push(started.elapsed().as_secs_f64());
+    }
+    println!(
+        "FAULT batch-stalled-body: create_cut_s={:.2} upload_cut_s={:.2}",
+        answers[0], answers[1]
+    );
+    assert!(answers.iter().all(|s| *s < 10.0), "{answers:?}");
+    let _ = std::fs::remove_dir_all(&store);
+}

@@ -436,6 +436,9 @@ async fn the_kv_floor_sits_one_sequence_below_the_replica_counts_target() {
     server.abort();
 }
 
+/// The namespace token the sidecars below are started with (what the webhook injects).
+const OBJECTIVE_TOKEN: &str = "5d41402abc4b2a76b9719d911017c5925d41402abc4b2a76b9719d911017c592";
+
 /// A sidecar on the real page's fake, running at half a GPU under a 2 s TTFT objective: the share rule's
 /// starting point for the two tests below.
 async fn half_share_under_two_seconds() -> (Tessera, Client, tokio::task::JoinHandle<std::io::Result<()>>) {
@@ -446,6 +449,7 @@ async fn half_share_under_two_seconds() -> (Tessera, Client, tokio::task::JoinHa
         &[
             ("TESSERA_TTFT_SLO", "2s"),
             ("TESSERA_GPU_COMPUTE_FRACTION", "0.5"),
+            ("TESSERA_OBJECTIVE_TOKEN", OBJECTIVE_TOKEN),
         ],
     );
     let c = Client {
@@ -503,14 +507,21 @@ async fn an_objective_handed_over_moves_the_share_rule_without_a_restart() {
         })
         .await;
     assert_eq!(shrunk.compute.unwrap().ttft_slo_percentile, Some(95));
-    let put = c
-        .http
-        .put(format!("{}/v1/objective", c.base))
-        .json(&serde_json::json!({"ttftSloSecs": 0.05, "ttftSloPercentile": 95}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(put.status().as_u16(), 204);
+    let put = |auth: Option<&str>| {
+        let mut r = c
+            .http
+            .put(format!("{}/v1/objective", c.base))
+            .json(&serde_json::json!({"ttftSloSecs": 0.05, "ttftSloPercentile": 95}));
+        if let Some(t) = auth {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    // Any pod can reach the port: without this namespace's token the objective is refused (issue 53, N7).
+    assert_eq!(put(None).await.unwrap().status().as_u16(), 401);
+    assert_eq!(put(Some("not-the-token")).await.unwrap().status().as_u16(), 401);
+    assert_eq!(c.status().await.compute.unwrap().ttft_slo_secs, Some(2.0));
+    assert_eq!(put(Some(OBJECTIVE_TOKEN)).await.unwrap().status().as_u16(), 204);
     let compute = c.status().await.compute.unwrap();
     assert_eq!(compute.ttft_slo_secs, Some(0.05));
     use tessera_core::recommend::ReasonCode;

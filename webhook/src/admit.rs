@@ -332,7 +332,7 @@ impl Admitter {
             return self.unchanged(base, req, None, Unchanged::NotCreate);
         }
         // Straight from the body's bytes into the typed pod: no intermediate JSON tree.
-        let pod: Pod = match object
+        let mut pod: Pod = match object
             .ok_or_else(|| "no object".to_string())
             .and_then(|v| serde_json::from_str(v.get()).map_err(|e| e.to_string()))
         {
@@ -344,6 +344,9 @@ impl Admitter {
             .clone()
             .or_else(|| pod.metadata.namespace.clone())
             .unwrap_or_else(|| "default".into());
+        // A pod created from a template arrives without its namespace; the mutation reads it from the pod (the
+        // sidecar's objective token is the namespace's). Set on both sides of the diff, it adds no patch op.
+        pod.metadata.namespace.get_or_insert_with(|| namespace.clone());
         let guard;
         let policy = match &self.policies {
             Policies::None => None,

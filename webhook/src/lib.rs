@@ -94,12 +94,18 @@ pub struct Args {
     /// or with hostIPC; `<root>/shm` for NVIDIA's device-plugin daemon); mounted at /dev/shm in MPS clients.
     #[arg(long, env = "TESSERA_MPS_SHM_DIR", default_value = "/dev/shm")]
     pub mps_shm_dir: String,
+    /// File holding the secret key (≥ 32 bytes) the injected sidecars' objective tokens derive from, the same the
+    /// autoscaler holds (the chart's `<release>-objective-key` Secret). Without it no sidecar gets a token and
+    /// none takes an objective over HTTP (the InferenceAutoscaler's edits reach pods only as they are recreated).
+    #[arg(long, env = "TESSERA_OBJECTIVE_KEY_FILE")]
+    pub objective_key_file: Option<PathBuf>,
 }
 
 impl Args {
-    /// The mutation's configuration.
+    /// The mutation's configuration (the objective key read by [`run`]).
     pub fn config(&self, pools: Option<Arc<PoolsConfig>>) -> mutate::Config {
         mutate::Config {
+            objective_key: None,
             sidecar_image: self.sidecar_image.clone(),
             sidecar_port: self.sidecar_port,
             sidecar_cpu: self.sidecar_cpu.clone(),
@@ -127,7 +133,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = admit::Metrics::register(&mut registry);
     let pool_metrics = PoolMetrics::register(&mut registry);
-    let mut admitter = admit::Admitter::without_kube(args.config(pools.clone()));
+    let mut config = args.config(pools.clone());
+    if let Some(path) = &args.objective_key_file {
+        config.objective_key = Some(Arc::new(tessera_runtime::token::ObjectiveKey::from_file(path)?));
+    }
+    let mut admitter = admit::Admitter::without_kube(config);
     admitter.reservation_timeout = args.reservation_timeout;
     admitter.metrics = metrics.clone();
     if !args.no_kube {

@@ -100,6 +100,12 @@ pub struct Args {
     /// a tenant's pod chooses what it answers and must not be able to run the autoscaler out of memory.
     #[arg(long, env = "TESSERA_MAX_DOCUMENT_SIZE", default_value_t = tessera_runtime::body::DEFAULT_MAX_DOCUMENT_BYTES)]
     pub max_document_size: usize,
+    /// File holding the secret key (≥ 32 bytes) the sidecars' objective tokens derive from, the same the webhook
+    /// holds (the chart's `<release>-objective-key` Secret). Each hand-over of an objective (`PUT /v1/objective`)
+    /// carries the pod namespace's token; without the key none does and sidecars refuse them (401), so spec edits
+    /// of `ttftSlo`/`itlSlo` reach pods only as they are recreated.
+    #[arg(long, env = "TESSERA_OBJECTIVE_KEY_FILE")]
+    pub objective_key_file: Option<std::path::PathBuf>,
     /// A sidecar snapshot older than this counts as missing data (never a reason to scale down).
     #[arg(long, env = "TESSERA_MAX_SIGNAL_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub max_signal_age: Duration,
@@ -256,9 +262,20 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Ok::<(), std::io::Error>(())
     });
 
+    let objective_key = match &args.objective_key_file {
+        Some(path) => Some(tessera_runtime::token::ObjectiveKey::from_file(path)?),
+        None => {
+            warn!(
+                "no --objective-key-file: latency objectives are not handed to running sidecars (they refuse a \
+                 hand-over without their namespace's token); spec edits reach pods as they are recreated"
+            );
+            None
+        }
+    };
     let source: Arc<dyn SignalSource> = Arc::new(
         HttpSignals::new(args.scrape_timeout, args.max_document_size)
-            .context("building the HTTP client for sidecars")?,
+            .context("building the HTTP client for sidecars")?
+            .with_objective_key(objective_key),
     );
     // The gpu-agents' /v1/gpus, for the page's per-GPU table (bounded like the sidecars' reads).
     let agent_client = reqwest::Client::builder()

@@ -11,12 +11,13 @@ use tracing::{debug, info};
 use super::context::Context;
 use crate::crd::InferenceAutoscalerSpec;
 
-/// Hands `policy`'s objective (the round's, workload-class defaults included, so the share rule and the scale
+/// Hands `policy`'s objective (as the controller of `namespace`, the InferenceAutoscaler's and its pods') (the round's, workload-class defaults included, so the share rule and the scale
 /// guard hold the same percentile) to every replica in `ready` (pod name, sidecar URL) whose document in `docs`
 /// (same order; `None`: unread, tried next sync) reports another one. A failure is counted and tried again next sync.
 /// The inter-token objective is the spec's `itlSlo`; without one each replica keeps the one it was admitted with.
 pub(super) async fn hand_over(
     ctx: &Context,
+    namespace: &str,
     spec: &InferenceAutoscalerSpec,
     policy: &ScalePolicy,
     ready: &[(String, String)],
@@ -29,7 +30,11 @@ pub(super) async fn hand_over(
         .zip(docs)
         .filter_map(|(url, doc)| Some((url, want.handover(doc.as_ref()?.compute.as_ref())?)))
         .collect();
-    let results = join_all(due.iter().map(|(url, o)| ctx.signals.hand_objective(url, o))).await;
+    let results = join_all(
+        due.iter()
+            .map(|(url, o)| ctx.signals.hand_objective(url, namespace, o)),
+    )
+    .await;
     for ((url, o), result) in due.iter().zip(results) {
         match result {
             Ok(()) => info!(

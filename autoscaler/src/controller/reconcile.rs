@@ -238,7 +238,15 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         repoll_before_zero(ctx, &mut r, &g.keys, &state, now).await;
     }
     ctx.metrics.decision(r.decision.reason);
-    super::objective::hand_over(ctx, &obj.spec, &r.policy, &g.ready_pods, &g.observed.sidecars).await;
+    super::objective::hand_over(
+        ctx,
+        &ns,
+        &obj.spec,
+        &r.policy,
+        &g.ready_pods,
+        &g.observed.sidecars,
+    )
+    .await;
     let slo = tessera_core::recommend::Objective::of(&r.policy, None).ttft_slo_secs;
     let seen = super::neighbours::pods_seen(&g.all_pods, &g.ready_pods, &g.observed.sidecars, slo);
     let flex_neighbours = ctx.neighbours.record(&key, seen, now_sys);

@@ -81,6 +81,7 @@ impl SignalSource for FakeSignals {
     fn hand_objective(
         &self,
         base: &str,
+        _namespace: &str,
         objective: &tessera_core::recommend::Objective,
     ) -> BoxFuture<'_, Result<(), FetchError>> {
         self.handed.lock().unwrap().push((base.to_owned(), *objective));

@@ -95,14 +95,16 @@ pub trait SignalSource: Send + Sync {
     fn sidecar_status(&self, base: &str) -> BoxFuture<'_, Result<SidecarStatus, FetchError>>;
     /// GET an activator's stats document at `base` (e.g. `http://tessera-activator:8080`).
     fn activator_stats(&self, base: &str) -> BoxFuture<'_, Result<ActivatorStats, FetchError>>;
-    /// PUT the latency objective a sidecar's share rule sizes to (`/v1/objective`). Sources that only answer
-    /// documents (the `--no-kube` page, test fakes that do not look at hand-overs) take it and do nothing.
+    /// PUT the latency objective a sidecar's share rule sizes to (`/v1/objective`), as the controller of the pod's
+    /// `namespace` (its token). Sources that only answer documents (the `--no-kube` page, test fakes that do not
+    /// look at hand-overs) take it and do nothing.
     fn hand_objective(
         &self,
         base: &str,
+        namespace: &str,
         objective: &tessera_core::recommend::Objective,
     ) -> BoxFuture<'_, Result<(), FetchError>> {
-        let _ = (base, objective);
+        let _ = (base, namespace, objective);
         Box::pin(async { Ok(()) })
     }
 }
@@ -113,6 +115,8 @@ pub struct HttpSignals {
     client: reqwest::Client,
     timeout: Duration,
     max_body: usize,
+    /// Signs each objective hand-over with the pod namespace's token (`tessera_runtime::token`).
+    objective_key: Option<tessera_runtime::token::ObjectiveKey>,
 }
 
 impl HttpSignals {
@@ -126,7 +130,14 @@ impl HttpSignals {
             client,
             timeout,
             max_body,
+            objective_key: None,
         })
+    }
+
+    /// Hands objectives over with `key`'s namespace tokens; `None`: without a token (sidecars refuse them).
+    pub fn with_objective_key(mut self, key: Option<tessera_runtime::token::ObjectiveKey>) -> Self {
+        self.objective_key = key;
+        self
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(&self, url: String) -> Result<T, FetchError> {
@@ -193,18 +204,18 @@ impl SignalSource for HttpSignals {
     fn hand_objective(
         &self,
         base: &str,
+        namespace: &str,
         objective: &tessera_core::recommend::Objective,
     ) -> BoxFuture<'_, Result<(), FetchError>> {
         let url = format!("{}/v1/objective", base.trim_end_matches('/'));
         let objective = *objective;
+        let token = self.objective_key.as_ref().map(|k| k.token_for(namespace));
         Box::pin(async move {
-            let resp = self
-                .client
-                .put(&url)
-                .json(&objective)
-                .send()
-                .await
-                .map_err(|e| self.classify(&url, e))?;
+            let mut req = self.client.put(&url).json(&objective);
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let resp = req.send().await.map_err(|e| self.classify(&url, e))?;
             let status = resp.status();
             if status.is_success() {
                 Ok(())
@@ -425,6 +436,42 @@ mod tests {
                 });
             Box::pin(async move { r })
         }
+    }
+
+    /// Each hand-over carries the token of the pod's namespace (what the webhook gave that pod's sidecar), and
+    /// none without a key (issue 53, N7).
+    #[tokio::test]
+    async fn an_objective_is_handed_over_with_the_pods_namespace_token() {
+        use axum::http::HeaderMap;
+        let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+        let s = seen.clone();
+        let app = axum::Router::new().route(
+            "/v1/objective",
+            axum::routing::put(move |h: HeaderMap| async move {
+                let auth = h.get("authorization").map(|v| v.to_str().unwrap().to_owned());
+                s.lock().unwrap().push(auth);
+                axum::http::StatusCode::NO_CONTENT
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let key = tessera_runtime::token::ObjectiveKey::from_bytes(&[b'c'; 32], "test").unwrap();
+        let o = tessera_core::recommend::Objective::default();
+        let plain = HttpSignals::new(Duration::from_secs(2), 1024).unwrap();
+        plain.hand_objective(&base, "team-a", &o).await.unwrap();
+        let keyed = plain.clone().with_objective_key(Some(key.clone()));
+        keyed.hand_objective(&base, "team-a", &o).await.unwrap();
+        keyed.hand_objective(&base, "team-b", &o).await.unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                None,
+                Some(format!("Bearer {}", key.token_for("team-a"))),
+                Some(format!("Bearer {}", key.token_for("team-b"))),
+            ]
+        );
+        server.abort();
     }
 
     #[tokio::test]

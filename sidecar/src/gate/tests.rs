@@ -119,6 +119,7 @@ fn args(pod: &str) -> GateArgs {
         pod_namespace: "team-a".into(),
         startup_timeout: Duration::from_secs(60),
         gate_max_wait: Duration::from_secs(120),
+        gate_state_dir: None,
         gate_lease_duration: Duration::from_secs(1),
         gate_retry_period: Duration::from_millis(50),
         gate_api_timeout: Duration::from_secs(60),
@@ -336,4 +337,67 @@ async fn startup_gate_a_squatting_co_tenant_cannot_block_a_start_for_longer_than
         "holding",
         "the waiter wrote nothing over the holder"
     );
+}
+
+/// Issue 53, M8: the bound holds across restarts of the sidecar. The startup probe restarts a sidecar that
+/// waits too long; the restarted one resumes the wait kept in its pod's emptyDir instead of waiting from zero,
+/// so a squatter cannot hold this pod off for ever by outlasting each try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wait_bound_holds_across_a_restart_of_the_sidecar() {
+    let store = SharedStore::default();
+    let mut squatter_args = args("squatter");
+    squatter_args.pod_namespace = "other-team".into();
+    let squatter = start_with(&store, squatter_args).await;
+    until("the squatter to hold", || state(&squatter) == "holding").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut waiter_args = args("a");
+    waiter_args.gate_max_wait = Duration::from_millis(2_000);
+    waiter_args.gate_state_dir = Some(dir.path().to_path_buf());
+    let started = std::time::Instant::now();
+    let first = start_with(&store, waiter_args.clone()).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    assert_eq!(state(&first), "waiting");
+    // The kubelet kills the container; its emptyDir stays.
+    first.task.abort();
+    let restarted_at = std::time::Instant::now();
+    let again = start_with(&store, waiter_args).await;
+    until("the restarted sidecar to give up waiting", || {
+        state(&again) == "open"
+    })
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(2_000),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        restarted_at.elapsed() < Duration::from_millis(1_600),
+        "resumed, not from zero: {:?} after the restart",
+        restarted_at.elapsed()
+    );
+    assert_eq!(again.status.lock().unwrap().reason, Some("wait_timeout"));
+    assert!(
+        !dir.path().join(WAIT_FILE).exists(),
+        "forgotten once the gate is open"
+    );
+}
+
+#[test]
+fn a_kept_wait_start_is_read_back_and_a_future_one_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(wait_started(Some(dir.path()), 1_000), 1_000);
+    assert_eq!(
+        wait_started(Some(dir.path()), 5_000),
+        1_000,
+        "the first start is kept"
+    );
+    std::fs::write(dir.path().join(WAIT_FILE), "9000").unwrap();
+    assert_eq!(
+        wait_started(Some(dir.path()), 6_000),
+        6_000,
+        "a start in the future is no start"
+    );
+    forget_wait(Some(dir.path()));
+    assert_eq!(wait_started(Some(dir.path()), 7_000), 7_000);
+    assert_eq!(wait_started(None, 8_000), 8_000);
 }

@@ -78,6 +78,9 @@ pub struct Config {
     pub mps_log_dir: String,
     /// The node directory that is the MPS control daemon's `/dev/shm`, mounted at `/dev/shm` in MPS clients.
     pub mps_shm_dir: String,
+    /// The key the injected sidecars' objective tokens derive from (`--objective-key-file`): each sidecar gets its
+    /// namespace's token ([`tessera_runtime::token`]). `None`: no token, and the sidecar refuses objectives over HTTP.
+    pub objective_key: Option<std::sync::Arc<tessera_runtime::token::ObjectiveKey>>,
 }
 
 impl Default for Config {
@@ -91,6 +94,7 @@ impl Default for Config {
             mps_pipe_dir: "/tmp/nvidia-mps".into(),
             mps_log_dir: "/var/log/nvidia-mps".into(),
             mps_shm_dir: "/dev/shm".into(),
+            objective_key: None,
         }
     }
 }

@@ -3,7 +3,32 @@
 
 use super::*;
 
+use k8s_openapi::api::core::v1::EmptyDirVolumeSource;
 use tessera_pool::capacity::field_env;
+
+/// The sidecar's variable holding its namespace's objective token (`tessera sidecar --objective-token`).
+pub const OBJECTIVE_TOKEN_ENV: &str = "TESSERA_OBJECTIVE_TOKEN";
+
+/// The longest a gated pod waits for its GPU's start-up lease before it starts anyway (the sidecar's
+/// `--gate-max-wait`, passed explicitly so that it and the startup probe below are one decision).
+pub const GATE_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(45 * 60);
+/// The startup probe's period, seconds.
+pub const STARTUP_PROBE_PERIOD_SECS: i32 = 2;
+/// How long past [`GATE_MAX_WAIT`] the startup probe still waits (lease reads and writes, a slow API server) before
+/// the kubelet restarts the sidecar.
+pub const STARTUP_PROBE_SLACK: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+/// The emptyDir where a gated sidecar keeps when its pod began to wait (`--gate-state-dir`): it outlives a restart
+/// of the sidecar, so the wait's bound holds across restarts.
+pub const GATE_STATE_VOLUME: &str = "tessera-gate";
+/// Where the sidecar mounts it.
+pub const GATE_STATE_DIR: &str = "/var/run/tessera-gate";
+
+/// The startup probe's failure threshold: the probe's budget covers the longest wait and its slack, so the kubelet
+/// never restarts a sidecar that is still inside its bound (issue 53, M8).
+pub fn startup_probe_failures() -> i32 {
+    let budget = (GATE_MAX_WAIT + STARTUP_PROBE_SLACK).as_secs();
+    i32::try_from(budget.div_ceil(STARTUP_PROBE_PERIOD_SECS.unsigned_abs().into())).unwrap_or(i32::MAX)
+}
 
 /// The model directory to hand the sidecar (`--model-dir`) and the vLLM volume mount it lives on.
 fn model_volume(c: &Container) -> Option<(String, VolumeMount)> {
@@ -102,6 +127,20 @@ pub fn sidecar(
         field_env("POD_UID", "metadata.uid"),
         field_env("NODE_NAME", "spec.nodeName"),
     ];
+    // The token the controller must send to hand this sidecar an objective: this namespace's only, so a tenant
+    // that reads it from its pod can steer nothing it could not already steer through its InferenceAutoscaler.
+    let namespace = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .or(ctx.policy.and_then(|p| p.metadata.namespace.as_deref()));
+    if let (Some(key), Some(ns)) = (cfg.objective_key.as_deref(), namespace) {
+        env.push(EnvVar {
+            name: OBJECTIVE_TOKEN_ENV.into(),
+            value: Some(key.token_for(ns)),
+            value_from: None,
+        });
+    }
     if let Some((need, placement, uuid)) = fractional {
         args.extend([
             "--gpu-compute-fraction".into(),
@@ -113,6 +152,10 @@ pub fn sidecar(
             uuid.to_string(),
             "--gate-namespace".into(),
             placement.namespace.clone(),
+            "--gate-max-wait".into(),
+            humantime::format_duration(GATE_MAX_WAIT).to_string(),
+            "--gate-state-dir".into(),
+            GATE_STATE_DIR.into(),
         ]);
         if let Some(pool) = cfg.pools.as_deref().and_then(|p| p.pool(&need.pool)) {
             args.extend(["--gpu-memory-mib".into(), pool.gpu_memory_mib.to_string()]);
@@ -127,6 +170,13 @@ pub fn sidecar(
     if let Some((dir, mount)) = vllm_c.and_then(model_volume) {
         args.extend(["--model-dir".into(), dir]);
         mounts = Some(vec![mount]);
+    }
+    if fractional.is_some() {
+        mounts.get_or_insert_with(Vec::new).push(VolumeMount {
+            name: GATE_STATE_VOLUME.into(),
+            mount_path: GATE_STATE_DIR.into(),
+            ..VolumeMount::default()
+        });
     }
     // Sleep mode: the controller's instruction arrives in the pod's annotations (docs/webhook.md, "Sleep mode").
     if let Some(c) = vllm_c.filter(|c| super::sleep::sleep_mode(c)) {
@@ -173,11 +223,14 @@ pub fn sidecar(
             )])),
             ..ResourceRequirements::default()
         }),
-        // The start-up gate: the app containers start once this passes (up to 10 minutes; the GPU start-up
-        // lease of the next issue makes it wait for neighbours that are loading).
-        // The start-up gate may make a pod wait for its GPU (other tenants loading first): 30 min before kubelet
-        // restarts the sidecar, which then waits on.
-        startup_probe: Some(probe("/startup", 2, 900)),
+        // The start-up gate: the app containers start once this passes, which may wait for the GPU (other
+        // tenants loading first) up to GATE_MAX_WAIT; the probe's budget covers that and its slack. A sidecar
+        // restarted all the same resumes its wait from the emptyDir (GATE_STATE_DIR), never from zero.
+        startup_probe: Some(probe(
+            "/startup",
+            STARTUP_PROBE_PERIOD_SECS,
+            startup_probe_failures(),
+        )),
         liveness_probe: Some(probe("/live", 10, 3)),
         volume_mounts: mounts,
         security_context: Some(tessera_runtime::security::restricted()),
@@ -196,7 +249,155 @@ pub(super) fn inject_sidecar(
     if sleeps {
         super::sleep::apply(pod, ctx.config.sidecar_port);
     }
+    if fractional.is_some() {
+        let volumes = pod_spec_mut(pod).volumes.get_or_insert_with(Vec::new);
+        if !volumes.iter().any(|v| v.name == GATE_STATE_VOLUME) {
+            volumes.push(Volume {
+                name: GATE_STATE_VOLUME.into(),
+                // A few bytes; in memory, so nothing of it reaches the node's disk.
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    size_limit: Some(Quantity("1Mi".into())),
+                }),
+                ..Volume::default()
+            });
+        }
+    }
     let inits = pod_spec_mut(pod).init_containers.get_or_insert_with(Vec::new);
     inits.retain(|c| c.name != SIDECAR_NAME);
     inits.push(container);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+    use std::sync::Arc;
+    use tessera_runtime::token::ObjectiveKey;
+
+    fn pod(namespace: Option<&str>) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                namespace: namespace.map(str::to_owned),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "vllm".into(),
+                    image: Some("vllm/vllm-openai:v0.11.0".into()),
+                    args: Some(vec!["--model".into(), "m".into()]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn token_env(c: &Container) -> Option<String> {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == OBJECTIVE_TOKEN_ENV)
+            .and_then(|e| e.value.clone())
+    }
+
+    #[test]
+    fn each_sidecar_gets_its_own_namespaces_objective_token() {
+        let key = Arc::new(ObjectiveKey::from_bytes(&[b'k'; 32], "test").unwrap());
+        let cfg = Config {
+            objective_key: Some(key.clone()),
+            ..Config::default()
+        };
+        let ctx = Context {
+            config: &cfg,
+            policy: None,
+            placement: None,
+        };
+        let a = token_env(&sidecar(&pod(Some("team-a")), &ctx, None)).unwrap();
+        assert_eq!(a, key.token_for("team-a"));
+        assert_ne!(a, key.token_for("team-b"));
+        assert_eq!(
+            token_env(&sidecar(&pod(None), &ctx, None)),
+            None,
+            "no namespace known: no token rather than another namespace's"
+        );
+        let plain = Config::default();
+        let ctx = Context {
+            config: &plain,
+            ..ctx
+        };
+        assert_eq!(
+            token_env(&sidecar(&pod(Some("team-a")), &ctx, None)),
+            None,
+            "no key, no token"
+        );
+    }
+
+    /// Issue 53, M8: a gated sidecar's wait is bounded across restarts (its start is kept in an emptyDir) and
+    /// inside the startup probe's budget (the probe used to restart it at 30 min, under the 45 min bound).
+    #[test]
+    fn a_gated_sidecar_waits_inside_its_probe_and_across_restarts() {
+        let need = FractionalNeed {
+            pool: "a100".into(),
+            compute_milli: 250,
+            memory_mib: 10_240,
+            model: "team-a/llama".into(),
+            priority: 0,
+            reservation: None,
+        };
+        let place = Placement {
+            pool: "a100".into(),
+            capacity_pod: "cap-0".into(),
+            namespace: "tessera-gpus".into(),
+            node: Some("n1".into()),
+            gpu_uuid: Some("GPU-1".into()),
+            reservation_id: "r".into(),
+            reason: "test".into(),
+        };
+        let cfg = Config::default();
+        let ctx = Context {
+            config: &cfg,
+            policy: None,
+            placement: Some(&place),
+        };
+        let mut p = pod(Some("team-a"));
+        inject_sidecar(&mut p, &ctx, Some((&need, &place, "GPU-1")));
+        inject_sidecar(&mut p, &ctx, Some((&need, &place, "GPU-1")));
+        let spec = p.spec.unwrap();
+        let c = spec.init_containers.unwrap().pop().unwrap();
+        let probe = c.startup_probe.unwrap();
+        let budget = i64::from(probe.period_seconds.unwrap()) * i64::from(probe.failure_threshold.unwrap());
+        let args = c.args.unwrap();
+        let flag = |f: &str| args.iter().position(|a| a == f).map(|i| args[i + 1].clone());
+        let max_wait = humantime::parse_duration(&flag("--gate-max-wait").unwrap()).unwrap();
+        assert!(
+            budget >= i64::try_from((max_wait + STARTUP_PROBE_SLACK).as_secs()).unwrap(),
+            "the probe's {budget} s must cover the {max_wait:?} wait"
+        );
+        assert_eq!(flag("--gate-state-dir").as_deref(), Some(GATE_STATE_DIR));
+        let mount = c
+            .volume_mounts
+            .unwrap()
+            .into_iter()
+            .find(|m| m.name == GATE_STATE_VOLUME)
+            .unwrap();
+        assert_eq!(mount.mount_path, GATE_STATE_DIR);
+        let vols: Vec<_> = spec
+            .volumes
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.name == GATE_STATE_VOLUME)
+            .collect();
+        assert_eq!(vols.len(), 1, "added once");
+        assert!(
+            vols[0].empty_dir.is_some(),
+            "outlives a container restart, not the pod"
+        );
+        // A whole-GPU pod has no gate: no state volume.
+        let mut whole = pod(Some("team-a"));
+        inject_sidecar(&mut whole, &ctx, None);
+        assert!(whole.spec.unwrap().volumes.is_none());
+    }
 }

@@ -227,6 +227,16 @@ pub fn routes(batches: Option<Arc<Batches>>) -> axum::Router {
 }
 
 /// `POST /v1/files`: the `file` part streams to the store, counted against `--batch-max-file-bytes`.
+/// A multipart read error as an API error: a stalled upload is `408`, as the proxy answers a stalled body.
+fn multipart_error(e: super::multipart::MultipartError) -> ApiError {
+    match e {
+        super::multipart::MultipartError::Stalled(_) => {
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_read_timeout", None, e.to_string())
+        }
+        _ => ApiError::bad("invalid_multipart", None, e.to_string()),
+    }
+}
+
 async fn upload(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) -> Result<Response, ApiError> {
     let ns = namespace(&b, &p)?;
     // The namespace's quotas, from its listing (sizes are kept in the entries, no document is read). Two uploads
@@ -258,15 +268,15 @@ async fn upload(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) ->
             super::multipart::MultipartError::NoBoundary.to_string(),
         ));
     };
-    let mut form = Multipart::new(req.into_body(), &bound);
+    let mut form = Multipart::new(req.into_body(), &bound, b.app.limits.body_read_timeout);
     let mut purpose = None;
     let mut stored: Option<(String, String, u64)> = None;
     let result = async {
-        while let Some(part) = form.next_part().await.map_err(|e| ApiError::bad("invalid_multipart", None, e.to_string()))? {
+        while let Some(part) = form.next_part().await.map_err(multipart_error)? {
             match (part.name.as_str(), part.filename) {
                 ("purpose", _) => {
                     let mut text = Vec::new();
-                    while let Some(c) = form.chunk().await.map_err(|e| ApiError::bad("invalid_multipart", None, e.to_string()))? {
+                    while let Some(c) = form.chunk().await.map_err(multipart_error)? {
                         if text.len() + c.len() > 64 {
                             return Err(ApiError::bad("invalid_purpose", Some("purpose"), "purpose must be \"batch\""));
                         }
@@ -279,7 +289,7 @@ async fn upload(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) ->
                     let mut w = b.store.create_data(&id).await?;
                     stored = Some((id.clone(), filename.unwrap_or_else(|| "upload.jsonl".into()), 0));
                     let mut n = 0u64;
-                    while let Some(c) = form.chunk().await.map_err(|e| ApiError::bad("invalid_multipart", None, e.to_string()))? {
+                    while let Some(c) = form.chunk().await.map_err(multipart_error)? {
                         n += c.len() as u64;
                         if n > max_bytes {
                             return Err(if max_bytes < b.limits.max_file_bytes {
@@ -305,7 +315,7 @@ async fn upload(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) ->
                         s.2 = n;
                     }
                 }
-                _ => while form.chunk().await.map_err(|e| ApiError::bad("invalid_multipart", None, e.to_string()))?.is_some() {},
+                _ => while form.chunk().await.map_err(multipart_error)?.is_some() {},
             }
         }
         Ok(())
@@ -487,19 +497,36 @@ async fn delete_file(State(b): State<Arc<Batches>>, Path(p): Params) -> Result<R
     Ok(axum::Json(serde_json::json!({ "id": f.id, "object": "file", "deleted": true })).into_response())
 }
 
-/// `POST /v1/batches`.
-async fn create(State(b): State<Arc<Batches>>, Path(p): Params, body: Bytes) -> Result<Response, ApiError> {
-    let ns = namespace(&b, &p)?;
-    if body.len() > MAX_CREATE_BODY {
-        return Err(ApiError::new(
+/// A small JSON body, read whole within `--body-read-timeout` and at most [`MAX_CREATE_BODY`] bytes.
+async fn read_small_body(b: &Batches, req: Request) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let too_large = || {
+        ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
             None,
-            format!(
-                "a batch request is at most {MAX_CREATE_BODY} bytes; the input goes in a file (POST /v1/files)"
-            ),
-        ));
+            format!("a batch request is at most {MAX_CREATE_BODY} bytes; the input goes in a file (POST /v1/files)"),
+        )
+    };
+    let limit = b.app.limits.body_read_timeout;
+    let read = http_body_util::Limited::new(req.into_body(), MAX_CREATE_BODY).collect();
+    match tokio::time::timeout(limit, read).await {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::bad("invalid_body", None, format!("could not read the body: {e}"))),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_read_timeout",
+            None,
+            format!("the body did not arrive within {limit:?} (--body-read-timeout)"),
+        )),
     }
+}
+
+/// `POST /v1/batches`.
+async fn create(State(b): State<Arc<Batches>>, Path(p): Params, req: Request) -> Result<Response, ApiError> {
+    let ns = namespace(&b, &p)?;
+    let body = read_small_body(&b, req).await?;
     let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad(
             "invalid_json",

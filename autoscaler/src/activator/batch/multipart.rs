@@ -23,6 +23,9 @@ pub enum MultipartError {
     /// The connection failed while reading.
     #[error("could not read the upload: {0}")]
     Read(String),
+    /// Nothing arrived for the idle bound (a client that opened an upload and stopped sending).
+    #[error("no bytes of the upload arrived for {0:?} (--body-read-timeout); send the file without pausing")]
+    Stalled(std::time::Duration),
 }
 
 /// One part's headers.
@@ -45,6 +48,8 @@ pub struct Multipart {
     in_part: bool,
     done: bool,
     eof: bool,
+    /// Longest wait for the next bytes of the body.
+    idle: std::time::Duration,
 }
 
 /// The `boundary` parameter of a `multipart/form-data` content type.
@@ -69,8 +74,9 @@ fn param(header: &str, key: &str) -> Option<String> {
 }
 
 impl Multipart {
-    /// A reader of `body` with parts separated by `boundary`.
-    pub fn new(body: Body, boundary: &str) -> Multipart {
+    /// A reader of `body` with parts separated by `boundary`, failing when no bytes arrive for `idle` (a 200 MB
+    /// upload may take long; a silent one may not).
+    pub fn new(body: Body, boundary: &str, idle: std::time::Duration) -> Multipart {
         // The first delimiter has no CRLF before it; starting the buffer with one lets one search find them all.
         let mut buf = BytesMut::new();
         buf.extend_from_slice(b"\r\n");
@@ -82,6 +88,7 @@ impl Multipart {
             in_part: false,
             done: false,
             eof: false,
+            idle,
         }
     }
 
@@ -89,7 +96,10 @@ impl Multipart {
         if self.eof {
             return Ok(false);
         }
-        match self.body.next().await {
+        let Ok(next) = tokio::time::timeout(self.idle, self.body.next()).await else {
+            return Err(MultipartError::Stalled(self.idle));
+        };
+        match next {
             Some(Ok(b)) => {
                 self.buf.extend_from_slice(&b);
                 Ok(true)
@@ -206,7 +216,7 @@ mod tests {
         let chunks: Vec<Result<Bytes, std::io::Error>> =
             body.chunks(chunk).map(|c| Ok(Bytes::from_static(c))).collect();
         let body = Body::from_stream(futures::stream::iter(chunks));
-        let mut m = Multipart::new(body, "XyZ");
+        let mut m = Multipart::new(body, "XyZ", std::time::Duration::from_secs(5));
         let mut out = Vec::new();
         while let Some(p) = m.next_part().await.unwrap() {
             let mut data = Vec::new();
@@ -231,7 +241,7 @@ mod tests {
             body.extend_from_slice(&content);
             body.extend_from_slice(b"\r\n--XyZ--\r\n");
             let body: &'static [u8] = Box::leak(body.into_boxed_slice());
-            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
             let got = rt.block_on(parts(body, chunk));
             proptest::prop_assert_eq!(got.len(), 1);
             proptest::prop_assert_eq!(&got[0].1, &content);
@@ -254,5 +264,27 @@ mod tests {
             Some("abc".into())
         );
         assert_eq!(boundary("application/json"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upload_that_stops_sending_fails_at_the_idle_bound() {
+        let head: Vec<Result<Bytes, std::io::Error>> = vec![Ok(Bytes::from_static(
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nsome",
+        ))];
+        // The client sent the start of a part and then nothing, its connection open.
+        let body = Body::from_stream(futures::stream::iter(head).chain(futures::stream::pending()));
+        let mut m = Multipart::new(body, "XyZ", std::time::Duration::from_secs(30));
+        assert!(m.next_part().await.unwrap().is_some());
+        let started = tokio::time::Instant::now();
+        let mut got = Vec::new();
+        let err = loop {
+            match m.chunk().await {
+                Ok(Some(c)) => got.extend_from_slice(&c),
+                Ok(None) => panic!("the body never ended"),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, MultipartError::Stalled(_)), "{err}");
+        assert_eq!(started.elapsed(), std::time::Duration::from_secs(30));
     }
 }
