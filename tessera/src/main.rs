@@ -2,6 +2,9 @@
 //!
 //! This file only parses arguments, sets up logging, and hands over to the role's crate.
 
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Debug, Parser)]
@@ -50,10 +53,22 @@ enum Command {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
-    match cli.command {
+    init_logging(cli.log_format, default_level(&cli.command));
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One report, whatever RUST_BACKTRACE says: a user error is not a crash, and its backtrace (anyhow
+            // captures one when the variable is set, as many Rust users have it) only buries the message.
+            eprintln!("{}", report(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Sidecar(args) => tessera_sidecar::run(args).await,
         Command::GpuAgent(args) => tessera_sidecar::agent::run(args).await,
         Command::Autoscaler(args) => tessera_autoscaler::run(args).await,
@@ -70,12 +85,38 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// `Error: <what>` and each cause below it once: a cause whose text the line above already says (an error
+/// that formats its source into its own message) is not printed again.
+fn report(e: &anyhow::Error) -> String {
+    let mut out = format!("Error: {e}");
+    let mut last = e.to_string();
+    for cause in e.chain().skip(1) {
+        let text = cause.to_string();
+        if !last.contains(&text) {
+            out.push_str(&format!("\n  caused by: {text}"));
+        }
+        last = text;
+    }
+    out
+}
+
+/// The roles log what they do (info); the commands a person runs at a terminal (simulate, pack, sharing,
+/// crdgen) print their answer on stdout and log only what went wrong, unless RUST_LOG says otherwise.
+fn default_level(command: &Command) -> &'static str {
+    match command {
+        Command::Simulate(_) | Command::Pack(_) | Command::Sharing(_) | Command::Crdgen => "warn",
+        _ => "info",
+    }
+}
+
+fn init_logging(format: LogFormat, default_level: &str) {
     use tracing_subscriber::EnvFilter;
     // Logs go to stderr so that commands whose stdout is data (crdgen, simulate, pack) stay pipeable.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour only for a terminal: a redirected log keeps no escape codes.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
