@@ -478,6 +478,16 @@ impl Engine {
         true
     }
 
+    /// The requests still without their first token (queued, or prefilling), oldest first within each list: the
+    /// ones a client waiting on a stream can still give up on.
+    pub fn awaiting_first_token(&self) -> impl Iterator<Item = u64> + '_ {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .filter(|s| s.first_token.is_none())
+            .map(|s| s.req.id)
+    }
+
     /// Counters, gauges and histograms now.
     pub fn stats(&self) -> &EngineStats {
         &self.stats

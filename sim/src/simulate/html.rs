@@ -351,7 +351,10 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
                 opt_secs(m.ttft_p95),
                 m.slo_attainment * 100.0,
                 m.replicas_mean,
-                m.replicas_max,
+                match m.surge_max {
+                    0 => m.replicas_max.to_string(),
+                    s => format!("{} (+{s} surging)", m.replicas_max),
+                },
                 m.cold_starts,
                 m.preemptions,
                 m.kv_cache_gib,

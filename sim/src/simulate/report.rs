@@ -257,8 +257,12 @@ pub struct ModelReport {
     pub ttft_p95: Option<f64>,
     /// Share meeting the SLO.
     pub slo_attainment: f64,
-    /// Most replicas at once.
+    /// Most replicas at once within the count the autoscaler decided (never over `max_replicas`).
     pub replicas_max: u32,
+    /// Most replicas at once over the decided count: make-before-break surges (a move off a draining GPU, a
+    /// roll, an isolation), each a new pod started before the one it replaces leaves.
+    #[serde(default)]
+    pub surge_max: u32,
     /// Mean replicas (time-weighted).
     pub replicas_mean: f64,
     /// The GPU memory its replicas reserved over the run (weights, overhead and KV cache, starting replicas
@@ -367,6 +371,16 @@ fn secs(v: Option<f64>) -> String {
 }
 
 impl ModelReport {
+    /// Replicas on average and at most as printed: `2.4/4`, and `2.4/4+1` when surges went one over the count.
+    pub fn replicas_mean_max(&self) -> String {
+        let surge = if self.surge_max > 0 {
+            format!("+{}", self.surge_max)
+        } else {
+            String::new()
+        };
+        format!("{:.1}/{}{surge}", self.replicas_mean, self.replicas_max)
+    }
+
     /// The compute share per replica as printed: the range when replicas were started with different shares.
     pub fn compute_shares(&self) -> String {
         if self.compute_fraction_min < self.compute_fraction - 1e-9 {
@@ -483,7 +497,7 @@ impl Report {
                     m.requests,
                     secs(m.ttft_p95),
                     m.slo_attainment * 100.0,
-                    format!("{:.1}/{}", m.replicas_mean, m.replicas_max),
+                    m.replicas_mean_max(),
                     m.cold_starts,
                     m.kv_cache_gib,
                     m.compute_shares(),

@@ -159,8 +159,9 @@ pub struct StrategySettings {
     /// Tessera: the observation window the recommendation looks at.
     #[serde(with = "humantime_serde")]
     pub recommend_window: Duration,
-    /// Held requests fail after waiting this long at the activator; unfinished requests fail this long after
-    /// the end of the run.
+    /// The client's timeout: a request with no first token this long after its arrival fails, its client gone,
+    /// wherever it waits (held at the activator, or queued and prefilling in a replica's vLLM, which aborts it);
+    /// unfinished requests fail this long after the end of the run.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     /// Tessera: start each model from the recommendation a sidecar would have made watching the HPA baseline

@@ -73,6 +73,13 @@ pub fn advice(r: &Report, t: &StrategyReport, i: usize) -> Option<String> {
         "; {:.1} replicas on average, {} at most",
         m.replicas_mean, m.replicas_max
     );
+    if m.surge_max > 0 {
+        let _ = write!(
+            line,
+            " (and {} more for a moment while a pod moved: started before the one it replaced left)",
+            m.surge_max
+        );
+    }
     if let Some(Some(today)) = r.today.get(i) {
         let _ = write!(
             line,
@@ -237,6 +244,7 @@ mod tests {
             ttft_p95: Some(0.5),
             slo_attainment: 1.0,
             replicas_max: 2,
+            surge_max: 0,
             replicas_mean: 1.2,
             memory_gpu_hours: 0.0,
             cold_starts: 0,

@@ -375,6 +375,34 @@ fn requests_longer_than_the_context_are_capped_not_refused() {
     assert_eq!((t.completed, t.failed), (1, 1));
 }
 
+/// A client gives up on a request that has waited `request_timeout` for its first token, wherever it waits: 300
+/// prompts of 2,000 tokens at once on one replica queue in its vLLM for about a minute, so with a 20 s client
+/// timeout the last of them fail (vLLM aborts them) instead of reporting a TTFT no client would have waited for.
+/// Before clients gave up, every one of them completed, the slowest with a TTFT near a minute.
+#[test]
+fn clients_give_up_on_a_first_token_after_the_request_timeout() {
+    let burst: Vec<Arrival> = (0..300)
+        .map(|i| Arrival {
+            at: 1.0 + f64::from(i) * 0.001,
+            prompt_tokens: 2_000,
+            output_tokens: 20,
+        })
+        .collect();
+    let mut sc = scenario(vec![model("m", 1, 1)], vec![burst], 300.0);
+    sc.settings.request_timeout = Duration::from_secs(20);
+    let r = simulate_strategies(&sc, &[StrategyKind::Static], Extras::NONE, &mut |_, _| {}).unwrap();
+    let t = r.strategy("static").unwrap();
+    assert_eq!(t.requests, 300);
+    assert!(t.failed > 50, "the burst's tail gives up: {} failed", t.failed);
+    assert_eq!(t.completed + t.failed, 300);
+    let p99 = t.ttft_p99.unwrap();
+    assert!(
+        p99 <= 20.0,
+        "no first token comes after its client left: p99 {p99}"
+    );
+    assert!(t.slo_attainment < 1.0 - t.failed as f64 / 300.0 + 1e-9);
+}
+
 /// The ideal latencies of the tests' 100-token prompts on the 8B model (A100-80GB, vLLM defaults), by hand from
 /// the bound's roofline: a weights read (14.96 GiB at 2.039e12 B/s × 0.8 = 9.85 ms) beats the prefill's compute
 /// (2 × 8.03e9 × 100 / (312e12 × 0.6) = 8.58 ms), so the prefill is one read, and each further output token
@@ -710,6 +738,11 @@ fn isolation_fires_at_the_ceiling_and_recovers_whole_gpu_attainment() {
         "hot: two whole GPUs {:.4} (p95 {:?}); tessera {:.4} (p95 {:?}), isolated {:?}, share {:.2}",
         st.slo_attainment, st.ttft_p95, t.slo_attainment, t.ttft_p95, t.isolated, t.compute_fraction
     );
+    // Its shared replicas were replaced make-before-break, each new pod started before the one it replaced left:
+    // that is a surge, counted apart, so "at most" stays within `max_replicas` (it read 3 for a ceiling of 2).
+    assert_eq!(t.replicas_max, 2, "at most its maxReplicas by decision");
+    assert!(t.surge_max >= 1, "the replacements surged: {}", t.surge_max);
+    assert!(t.replicas_mean_max().ends_with(&format!("/2+{}", t.surge_max)));
     let (share, began) = t.isolated.unwrap();
     assert!(
         began == 1 && share > 0.9,

@@ -272,6 +272,7 @@ impl World<'_> {
         live: &[usize],
     ) -> Result<(), SimError> {
         let was_surging = std::mem::replace(&mut self.models[m].surging, step == MoveStep::Surge);
+        self.models[m].decided = desired;
         match step {
             MoveStep::Stay => self.apply_count(m, desired as usize, live),
             MoveStep::Surge => {
@@ -379,6 +380,7 @@ impl World<'_> {
             };
             *self.models[m].scale_changes.entry(key.to_string()).or_default() += 1;
         }
+        self.models[m].decided = want;
         self.apply_count(m, want as usize, &live)
     }
 

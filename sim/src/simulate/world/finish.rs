@@ -94,6 +94,7 @@ impl World<'_> {
                     m_met as f64 / rt.requests.len() as f64
                 },
                 replicas_max: rt.replicas_max,
+                surge_max: rt.surge_max,
                 replicas_mean: rt.replica_seconds / duration,
                 memory_gpu_hours: rt.memory_byte_seconds / self.sc.gpu.memory_bytes as f64 / 3600.0,
                 cold_starts: rt.cold_starts,

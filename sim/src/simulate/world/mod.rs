@@ -283,7 +283,13 @@ struct ModelRt {
     /// the sleeper budget weighs a sleeper by how often it is woken.
     asleep_since: Option<f64>,
     idle_gaps: Vec<f64>,
+    /// The most replicas at once within the count decided, and the most over it at once: make-before-break
+    /// surges (a move off a draining GPU, a roll, an isolation), counted apart so that "at most" never passes
+    /// `max_replicas`.
     replicas_max: u32,
+    surge_max: u32,
+    /// The replica count the last decision applied (before a surge); the warm start's count before any.
+    decided: u32,
     replica_seconds: f64,
     /// GPU memory its replicas reserved (what vLLM holds: weights, overhead, the KV cache), byte-seconds.
     memory_byte_seconds: f64,
@@ -413,6 +419,8 @@ impl<'a> World<'a> {
                 asleep_since: None,
                 idle_gaps: Vec::new(),
                 replicas_max: 0,
+                surge_max: 0,
+                decided: 0,
                 replica_seconds: 0.0,
                 memory_byte_seconds: 0.0,
                 replica_count_since: 0.0,
@@ -836,7 +844,12 @@ impl<'a> World<'a> {
         self.models[m].replicas.push(idx);
         let live = self.live_count(m);
         let rt = &mut self.models[m];
-        rt.replicas_max = rt.replicas_max.max(live);
+        if warm {
+            rt.decided = rt.decided.max(live);
+        }
+        let counted = live.min(rt.decided);
+        rt.replicas_max = rt.replicas_max.max(counted);
+        rt.surge_max = rt.surge_max.max(live - counted);
         if !warm {
             rt.cold_starts += 1;
             if from_zero {
@@ -961,6 +974,7 @@ impl<'a> World<'a> {
             }
         });
         let m = self.replicas[r].model;
+        let mut gave_up = Vec::new();
         for e in &events {
             match *e {
                 EngineEvent::Finished { id, .. } if id & BATCH_BIT != 0 => {
@@ -972,7 +986,12 @@ impl<'a> World<'a> {
                     // What the client sees counts from its arrival at the gateway (activator hold included);
                     // the replica's own histogram, which its sidecar reports, counts from when vLLM got it.
                     let arrival = self.sc.arrivals[m][i].at;
-                    self.models[m].requests[i].ttft = Some(at - arrival);
+                    if at - arrival > self.client_timeout() {
+                        // Its client gave up before this token came (between two scrapes' checks).
+                        gave_up.push(id);
+                    } else {
+                        self.models[m].requests[i].ttft = Some(at - arrival);
+                    }
                 }
                 EngineEvent::Finished { id, .. } => {
                     let i = (id & 0xffff_ffff) as usize;
@@ -983,6 +1002,9 @@ impl<'a> World<'a> {
             }
         }
         self.events = events;
+        for id in gave_up {
+            self.give_up(r, id);
+        }
         // A draining replica whose engine has nothing left to step stops.
         if !self.schedule_step(r)
             && self.replicas[r].phase == Phase::Draining
@@ -1125,6 +1147,7 @@ impl<'a> World<'a> {
                 self.models[m].held.pop_front();
                 self.models[m].requests[i].failed = true;
             }
+            self.give_up_on_first_tokens(m);
             let horizon = now - self.sc.settings.rate_window.as_secs_f64();
             while self.models[m].recent.front().is_some_and(|&t| t < horizon) {
                 self.models[m].recent.pop_front();
@@ -1177,6 +1200,48 @@ impl<'a> World<'a> {
 }
 
 /// Virtual seconds as the milliseconds the activator's documents and the decision's timestamps carry.
+impl World<'_> {
+    /// How long a client waits for its first token before it gives up (`request_timeout`): a streaming client's
+    /// read timeout. It counts from the arrival at the gateway, wherever the request waits — held at the activator
+    /// or queued and prefilling in a replica's vLLM — so no request reports a TTFT longer than any client waits.
+    fn client_timeout(&self) -> f64 {
+        self.sc.settings.request_timeout.as_secs_f64()
+    }
+
+    /// The clients of model `m` whose requests sit in a replica's vLLM without a first token for the client
+    /// timeout give up: each disconnects, vLLM aborts its request (freeing its place and its KV blocks), and it
+    /// fails.
+    fn give_up_on_first_tokens(&mut self, m: usize) {
+        let (now, timeout) = (self.now, self.client_timeout());
+        let replicas: Vec<usize> = self.models[m]
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&r| matches!(self.replicas[r].phase, Phase::Ready | Phase::Draining))
+            .collect();
+        for r in replicas {
+            let late: Vec<u64> = self.replicas[r]
+                .engine
+                .awaiting_first_token()
+                .filter(|id| id & BATCH_BIT == 0)
+                .filter(|&id| now - self.sc.arrivals[m][(id & 0xffff_ffff) as usize].at >= timeout)
+                .collect();
+            for id in late {
+                self.give_up(r, id);
+            }
+        }
+    }
+
+    /// Request `id` on replica `r` fails: its client went away, and vLLM aborts it.
+    fn give_up(&mut self, r: usize, id: u64) {
+        let m = self.replicas[r].model;
+        self.replicas[r].engine.abort(id, self.now);
+        let st = &mut self.models[m].requests[(id & 0xffff_ffff) as usize];
+        st.failed = true;
+        st.ttft = None;
+    }
+}
+
 fn secs_to_ms(secs: f64) -> u64 {
     (secs * 1000.0).round().max(0.0) as u64
 }
