@@ -593,6 +593,33 @@ fn invalid_settings_are_denied_with_field_value_and_fix() {
     }
 }
 
+/// A pod that is no model server, in a namespace opted in as a whole, is what such a namespace holds (a job, a
+/// cache): left alone without a warning or an Event. The same pod asking for injection itself is a mistake, said.
+#[test]
+fn a_pod_without_vllm_is_a_failure_only_when_it_asked_for_injection() {
+    let cfg = config();
+    let ctx = Context {
+        config: &cfg,
+        policy: None,
+        placement: None,
+    };
+    let mut plain = load("production-stack-llama3.yaml");
+    plain["spec"]["containers"][0]["command"] = json!(["redis-server"]);
+    plain["spec"]["containers"][0]["image"] = json!("redis:7");
+    let mut asked = plain.clone();
+    asked["metadata"]["labels"]["tessera.dev/inject"] = json!("true");
+    for (v, failure) in [(plain, false), (asked, true)] {
+        let pod: Pod = serde_json::from_value(v).unwrap();
+        match mutate::mutate(&pod, &ctx).unwrap() {
+            Mutation::Unchanged(u) => {
+                assert_eq!(u.label(), "no_vllm_container");
+                assert_eq!(u.is_failure(), failure, "{u}");
+            }
+            other => panic!("expected no_vllm_container, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn reasons_to_leave_a_pod_alone() {
     let cfg = config();

@@ -136,8 +136,13 @@ pub enum Unchanged {
     OptedOut,
     /// A capacity pod (Tessera's own).
     CapacityPod,
-    /// No container runs vLLM.
-    NoVllmContainer,
+    /// No container runs vLLM. `asked`: the pod itself carries `tessera.dev/inject: "true"` (a mistake worth a
+    /// warning); otherwise it is only in an opted-in namespace, where pods that are not model servers (a job, a
+    /// cache, a proxy) are expected and are no failure.
+    NoVllmContainer {
+        /// Whether the pod asked for injection by its own label or annotation.
+        asked: bool,
+    },
     /// Another container already uses the sidecar's port.
     PortConflict(u16),
     /// A container of the pod is already named like the sidecar (the pod brings its own, as `e2e/model.yaml`
@@ -187,7 +192,7 @@ impl Unchanged {
             Self::NotCreate => "not_create",
             Self::OptedOut => "opted_out",
             Self::CapacityPod => "capacity_pod",
-            Self::NoVllmContainer => "no_vllm_container",
+            Self::NoVllmContainer { .. } => "no_vllm_container",
             Self::PortConflict(_) => "port_conflict",
             Self::OwnSidecar => "own_sidecar",
             Self::PortUnknown(_) => "port_unknown",
@@ -209,7 +214,12 @@ impl Unchanged {
     pub fn is_failure(&self) -> bool {
         !matches!(
             self,
-            Self::NotCreate | Self::OptedOut | Self::CapacityPod | Self::UpToDate | Self::DryRun
+            Self::NotCreate
+                | Self::OptedOut
+                | Self::CapacityPod
+                | Self::UpToDate
+                | Self::DryRun
+                | Self::NoVllmContainer { asked: false }
         )
     }
 }
@@ -221,7 +231,7 @@ impl std::fmt::Display for Unchanged {
             Self::NotCreate => write!(f, "only pod creation is mutated"),
             Self::OptedOut => write!(f, "the pod sets {INJECT}: \"false\""),
             Self::CapacityPod => write!(f, "capacity pods are Tessera's own and are never mutated"),
-            Self::NoVllmContainer => write!(
+            Self::NoVllmContainer { .. } => write!(
                 f,
                 "no container runs vLLM (`vllm serve` or vllm.entrypoints.openai.api_server); \
                  name it with the {ANNOTATION_CONTAINER} annotation"
@@ -536,7 +546,8 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
         return Ok(Plan::Unchanged(Unchanged::NotAPod("no spec".into())));
     };
     let Some(vi) = vllm_container(pod) else {
-        return Ok(Plan::Unchanged(Unchanged::NoVllmContainer));
+        let asked = setting(pod, INJECT) == Some("true");
+        return Ok(Plan::Unchanged(Unchanged::NoVllmContainer { asked }));
     };
     if spec.host_network == Some(true) {
         return Ok(Plan::Unchanged(Unchanged::HostNetwork));
@@ -886,7 +897,9 @@ fn apply_fractional(
         return Err(Unchanged::NoPool(format!("no pool named {:?}", need.pool)));
     };
     let Some(vi) = vllm_container(pod) else {
-        return Err(Unchanged::NoVllmContainer);
+        return Err(Unchanged::NoVllmContainer {
+            asked: setting(pod, INJECT) == Some("true"),
+        });
     };
     let kv_ok = kv_bytes_supported(pod, &pod_spec(pod).containers[vi]);
     let rec = in_force(ctx.policy);
