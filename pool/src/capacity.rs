@@ -26,6 +26,10 @@ use super::{
     ANNOTATION_RESERVATIONS, ANNOTATION_SHARING, KARPENTER_DO_NOT_DISRUPT, LABEL_CAPACITY_POD, LABEL_POOL,
 };
 
+/// The gpu-agent's user and group: not the image's 65532, which every injected sidecar runs as (see the capacity
+/// pod's security context).
+pub const GPU_AGENT_UID: i64 = 65533;
+
 /// The port the gpu-agent serves `/metrics`, `/v1/gpus`, `/live` and `/ready` on (its `--listen` default).
 pub const AGENT_PORT: i32 = 9091;
 
@@ -107,9 +111,12 @@ pub fn capacity_pod(cfg: &PoolsConfig, pool: &PoolSpec, name: &str, reservations
             },
         ]),
         // Like every Tessera container (docs/install.md): non-root, read-only root, no capabilities, seccomp. NVML
-        // lists a GPU's processes and /proc/<pid>/cgroup is world-readable, so hostPID is the only privilege.
+        // lists a GPU's processes and /proc/<pid>/cgroup is world-readable, so hostPID is the only privilege, and
+        // the agent runs as a user of its own: with hostPID it sees every process of the node, and under the
+        // image's user (65532, every injected sidecar's) it could read their /proc/<pid>/environ and signal them.
         security_context: Some(SecurityContext {
-            run_as_user: Some(65532),
+            run_as_user: Some(GPU_AGENT_UID),
+            run_as_group: Some(GPU_AGENT_UID),
             ..tessera_runtime::security::restricted()
         }),
         resources: Some(ResourceRequirements {
@@ -208,6 +215,8 @@ mod tests {
         );
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.run_as_non_root, Some(true));
+        // With hostPID, not the sidecars' user (the image's 65532): it cannot read their environment or signal them.
+        assert_eq!((sc.run_as_user, sc.run_as_group), (Some(65533), Some(65533)));
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         assert_eq!(
