@@ -10,6 +10,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Two commands: with `--example`, cargo builds only that example, not the `tessera` binary it runs.
 cargo build --release --locked -p tessera --bin tessera
-cargo build --release --locked -p tessera-autoscaler --example activator_overhead
+cargo build --release --locked -p tessera-activator --example activator_overhead
 echo "machine: $(nproc) cores, $(uname -m), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), rustc $(rustc --version | cut -d' ' -f2)"
 exec target/release/examples/activator_overhead run --tessera target/release/tessera "$@"

@@ -1,6 +1,6 @@
-//! The autoscaler role: the InferenceAutoscaler controller, the activator gateway, and the GPU pool manager.
+//! The autoscaler role: the InferenceAutoscaler controller, the GPU pool manager, the `/ui` page and the KEDA
+//! scaler's host. The activator gateway is a crate of its own (`tessera-activator`).
 
-pub mod activator;
 pub mod controller;
 /// The CRD's types live in `tessera-api` (shared with the webhook and the simulator); re-exported so the
 /// controller's paths (`crate::crd::…`) stay as they were.
@@ -25,11 +25,7 @@ pub async fn run(args: controller::Args) -> anyhow::Result<()> {
     }
 }
 
-/// Unix milliseconds of a clock reading (0 before the epoch), the unit of every time on the wire and in the core.
-pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
-    t.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub(crate) use tessera_runtime::unix_ms;
 
 /// Whether a pod's `Ready` condition is `True` (one reading, shared with the pool manager).
 pub(crate) use tessera_runtime::pod::ready as pod_ready;

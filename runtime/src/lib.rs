@@ -232,6 +232,12 @@ async fn wait_for_signal() {
     tokio::select! { () = ctrl_c => {}, () = term => {} }
 }
 
+/// Unix milliseconds of a clock reading (0 before the epoch), the unit of every time on the wire and in the core.
+pub fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

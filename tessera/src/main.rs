@@ -37,7 +37,7 @@ enum Command {
     /// Run the InferenceAutoscaler controller (the HPA replacement) and the GPU pool manager.
     Autoscaler(tessera_autoscaler::controller::Args),
     /// Run the OpenAI-API gateway that routes by model and holds requests while a model scales from zero.
-    Activator(tessera_autoscaler::activator::Args),
+    Activator(tessera_activator::Args),
     /// Run the mutating admission webhook: inject the sidecar, set vLLM's memory flags, place fractional pods.
     Webhook(tessera_webhook::Args),
     /// Replay real traffic through Tessera's decisions and compare it with whole-GPU baselines.
@@ -72,7 +72,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Sidecar(args) => tessera_sidecar::run(args).await,
         Command::GpuAgent(args) => tessera_sidecar::agent::run(args).await,
         Command::Autoscaler(args) => tessera_autoscaler::run(args).await,
-        Command::Activator(args) => tessera_autoscaler::activator::run(args).await,
+        Command::Activator(args) => tessera_activator::run(args).await,
         Command::Webhook(args) => tessera_webhook::run(args).await,
         Command::Simulate(args) => tessera_sim::simulate::run(args).await,
         Command::Pack(args) => tessera_sim::pack::run(args).await,

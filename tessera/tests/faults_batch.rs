@@ -203,15 +203,14 @@ async fn hostile_backend(sim: String, declared: usize, chunked: usize) -> std::n
         .fallback(move |req: axum::extract::Request| {
             let (client, sim) = (client.clone(), sim.clone());
             async move {
-                let text = client
+                client
                     .get(format!("{sim}{}", req.uri()))
                     .send()
                     .await
                     .expect("the emulator")
                     .text()
                     .await
-                    .unwrap_or_default();
-                text
+                    .unwrap_or_default()
             }
         });
     support::serve(app).await

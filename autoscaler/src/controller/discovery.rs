@@ -23,7 +23,7 @@ use super::signals::ActivatorPoller;
 
 /// The port the activator serves its stats on when the slice has no port named [`ADMIN_PORT_NAME`]: the
 /// activator's default `--admin-listen` port.
-pub const DEFAULT_ACTIVATOR_ADMIN_PORT: i32 = crate::activator::admin::DEFAULT_ADMIN_PORT as i32;
+pub const DEFAULT_ACTIVATOR_ADMIN_PORT: i32 = tessera_core::wire::activator::DEFAULT_ADMIN_PORT as i32;
 
 /// The EndpointSlice port name of the activator's admin listener.
 pub const ADMIN_PORT_NAME: &str = "admin";

@@ -20,6 +20,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// The activator's admin listener's default port (its stats document and `/metrics`; the port every Tessera role
+/// serves its metrics on in the chart). The controller dials it on the activator's pods.
+pub const DEFAULT_ADMIN_PORT: u16 = 9090;
+
 /// Where the activator serves [`ActivatorStats`] as JSON (`GET`).
 pub const STATS_PATH: &str = "/tessera/v1/stats";
 

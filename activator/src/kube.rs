@@ -104,7 +104,7 @@ pub type Neighbours = (std::time::SystemTime, BTreeMap<String, f64>);
 /// Reads `status.flexNeighbours`; a malformed one is no figure (the lane then reads only the pod's own room).
 fn neighbours_of(obj: &DynamicObject) -> Option<Neighbours> {
     let raw = obj.data.pointer("/status/flexNeighbours")?;
-    let st: crate::crd::FlexNeighboursStatus = serde_json::from_value(raw.clone()).ok()?;
+    let st: tessera_api::crd::FlexNeighboursStatus = serde_json::from_value(raw.clone()).ok()?;
     let at = std::time::SystemTime::from(st.observed_at.0);
     let by_ip = st
         .pods
@@ -605,10 +605,10 @@ impl Discovery for KubeDiscovery {
                 ),
             };
             // default_backoff: a failing watch retries with exponential backoff instead of ending the stream.
-            let ias = watcher::watcher(ias, crate::kube_client::watcher_config())
+            let ias = watcher::watcher(ias, tessera_runtime::kube_client::watcher_config())
                 .default_backoff()
                 .map(|e| e.map(Watched::Autoscaler));
-            let slices = watcher::watcher(slices, crate::kube_client::watcher_config())
+            let slices = watcher::watcher(slices, tessera_runtime::kube_client::watcher_config())
                 .default_backoff()
                 .map(|e| e.map(Watched::Slice));
             let mut events = std::pin::pin!(futures::stream::select(ias, slices));
@@ -675,7 +675,7 @@ mod tests {
     use http::{Method, Request, Response};
     use kube::client::Body;
 
-    use crate::activator::router::{Admission, Router};
+    use crate::router::{Admission, Router};
 
     fn key(ns: &str, name: &str) -> ObjectKey {
         ObjectKey {

@@ -214,5 +214,5 @@ impl Batches {
 
 /// Unix seconds now.
 pub(crate) fn unix_s() -> u64 {
-    crate::unix_ms(std::time::SystemTime::now()) / 1000
+    tessera_runtime::unix_ms(std::time::SystemTime::now()) / 1000
 }

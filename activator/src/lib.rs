@@ -21,6 +21,11 @@
 //! - [`lanes`]: the flex lane's view of each backend (its KV-cache and queue gauges), read while flex traffic
 //!   flows; the gate itself is `tessera_core::lanes`.
 //! - [`metrics`]: Prometheus families.
+//! - [`keepalive`]: the comments a held streamed request gets so proxies with idle timeouts keep its connection.
+//! - [`batch`]: the OpenAI Files and Batches API and its runner.
+//!
+//! A crate of its own (on `core`, `api` and `runtime`, nothing of the controller's): the gateway is the only role
+//! on the request path, and it shares with the controller only the wire documents in `tessera_core::wire`.
 //!
 //! **Priority lanes.** A request's lane is its `service_tier` (`priority`, `flex`) or vLLM `priority` (below 0,
 //! above 0); anything else is the default lane. Priority and default requests are never gated. A flex request
@@ -327,7 +332,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         args.queue_size,
         admission,
         instance.clone(),
-        crate::unix_ms(started),
+        tessera_runtime::unix_ms(started),
     ));
 
     if args.backends.is_empty() && !args.sidecars.is_empty() {

@@ -162,7 +162,7 @@ fn start_activator(tessera: &str, extra: &[String]) -> (Proc, SocketAddr) {
     .map(String::from)
     .to_vec();
     args.extend_from_slice(extra);
-    start_role(tessera, &args, "warn,tessera_autoscaler::activator=info")
+    start_role(tessera, &args, "warn,tessera_activator=info")
 }
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;

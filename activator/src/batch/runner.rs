@@ -26,7 +26,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader, BufWrit
 use tokio::sync::{Semaphore, mpsc};
 use tracing::{debug, info, warn};
 
-use crate::activator::metrics::{BatchLabels, BatchLineLabels};
+use crate::metrics::{BatchLabels, BatchLineLabels};
 
 use super::objects::{
     BatchErrorItem, BatchErrors, BatchObject, FileObject, Usage, answer_line, read_result, result_line,
@@ -70,7 +70,7 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
 }
 
 fn now_ms() -> u64 {
-    crate::unix_ms(std::time::SystemTime::now())
+    tessera_runtime::unix_ms(std::time::SystemTime::now())
 }
 
 /// Whether this runner still holds the lease, as the writer asks before every answer it appends.
@@ -1039,8 +1039,8 @@ async fn send_line(
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.clone()))
             .ok()?;
-        req.extensions_mut().insert(crate::activator::proxy::BatchLane);
-        let resp = crate::activator::proxy::handle(State(b.app.clone()), req).await;
+        req.extensions_mut().insert(crate::proxy::BatchLane);
+        let resp = crate::proxy::handle(State(b.app.clone()), req).await;
         let status = resp.status();
         if status == http::StatusCode::TOO_MANY_REQUESTS || status == http::StatusCode::SERVICE_UNAVAILABLE {
             debug!(
@@ -1113,7 +1113,7 @@ async fn send_line(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::activator::batch::store::{LeaseClaim, LeaseDoc, LocalStore};
+    use crate::batch::store::{LeaseClaim, LeaseDoc, LocalStore};
 
     #[test]
     fn a_claim_newer_than_the_lease_is_what_a_taker_waits_out() {

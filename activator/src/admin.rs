@@ -17,12 +17,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+pub use tessera_core::wire::activator::DEFAULT_ADMIN_PORT;
 use tessera_core::wire::activator::STATS_PATH;
 
 use super::proxy::App;
 
-/// The admin listener's default port: the port every Tessera role serves its metrics on in the chart.
-pub const DEFAULT_ADMIN_PORT: u16 = 9090;
 
 /// The paths served on the admin listener only.
 const ADMIN_ONLY: [&str; 2] = [STATS_PATH, "/metrics"];
@@ -77,7 +76,7 @@ pub fn check_distinct(listen: SocketAddr, admin: SocketAddr) -> Result<(), Strin
 }
 
 async fn stats(State(app): State<Arc<App>>) -> Response {
-    axum::Json(app.router.stats(crate::unix_ms(SystemTime::now()))).into_response()
+    axum::Json(app.router.stats(tessera_runtime::unix_ms(SystemTime::now()))).into_response()
 }
 
 async fn prometheus(State(app): State<Arc<App>>) -> Response {

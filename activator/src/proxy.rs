@@ -746,7 +746,7 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         lane,
         footprint,
     } = req;
-    entry.record_arrival(crate::unix_ms(SystemTime::now()));
+    entry.record_arrival(tessera_runtime::unix_ms(SystemTime::now()));
     let labels = ModelLabels {
         namespace: entry.namespace().to_string(),
         model: entry.name().to_string(),
