@@ -82,6 +82,7 @@ const CSS: &str = r#"
 *{box-sizing:border-box}body{margin:0;font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
 header{display:flex;align-items:baseline;gap:16px;padding:14px 24px;background:#111827;color:#fff;flex-wrap:wrap}
 header h1{font-size:18px;margin:0}header .meta{color:#c7ced9;font-size:13px}
+header a{color:#fff;text-decoration:underline;text-underline-offset:2px}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;background:#374151;color:#fff}
 main{padding:16px 24px;max-width:1920px}
 .cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(220px,1fr));gap:12px;margin-bottom:12px}
@@ -533,8 +534,10 @@ pub fn render(view: &View, history: &History) -> String {
     out.push_str(r#"<section class="cards" id="overview">"#);
     let _ = write!(
         out,
-        r#"<div class="card"><div class="label">GPUs held now</div><div class="big" id="gpus-held">{}</div><div class="sub">{} models · {} replicas</div></div>"#,
-        o.gpus_held, o.models, o.replicas
+        r#"<div class="card"><div class="label">GPUs held now</div><div class="big" id="gpus-held">{}</div><div class="sub">{} · {}</div></div>"#,
+        o.gpus_held,
+        count(o.models as u64, "model"),
+        count(o.replicas as u64, "replica")
     );
     let without = if o.replicas_without_recommendation > 0 {
         format!(
@@ -657,7 +660,7 @@ pub fn render(view: &View, history: &History) -> String {
         r#"<h2>Models <span class="mute">({})</span></h2>"#,
         view.models.len()
     );
-    out.push_str(r#"<p class="note">Memory and compute read <i>now → recommended</i> per replica. Latencies are the worst replica's p95 over the sidecar's window; prefix-cache hit rate is the replicas' mean over it. Class: <i>interactive</i> (steady traffic, a latency objective), <i>batch</i> (steady, none), <i>bursty</i> (requests in under half of the window), <i>idle</i> (none, or scaled to zero); hover for why. — means not reported (older sidecars). Click a column to sort.</p>"#);
+    out.push_str(r#"<p class="note">Memory and compute read <i>now → recommended</i> per replica. Latencies are the worst replica's p95 over the sidecar's window; prefix-cache hit rate is the replicas' mean over it. Class: the workload class, whose defaults the policy's unset fields take (below it, where they came from): <i>realtime</i> (someone waits on each token: latency first; the class when unsure), <i>nearRealtime</i> (someone waits on the answer, traffic in bursts: a short wait or a cold start within the objective), <i>batch</i> (nobody waits on one request: throughput first); hover for why. — means not reported (older sidecars). Click a column to sort.</p>"#);
     out.push_str(r#"<div class="scroll"><table class="sortable" id="models"><thead><tr><th class="l">Model</th><th class="l">Class</th><th>Replicas</th><th>GPUs held</th><th>GPU memory / replica<span class="s">now → recommended</span></th><th>Compute share<span class="s">now → recommended</span></th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>Prefix cache<span class="s">hit rate</span></th><th>TTFT p95</th><th>ITL p95</th><th>Prefill · decode<span class="s">p95</span></th><th class="l">Leading signal</th><th class="l">Why / last decisions</th></tr></thead><tbody>"#);
     for row in &view.models {
         model_row(&mut out, row, history, now_minute);
@@ -746,6 +749,15 @@ pub fn render(view: &View, history: &History) -> String {
     out.push_str(JS);
     out.push_str("</script></body></html>");
     out
+}
+
+/// `1 model`, `2 models`: a count with its noun (the page said "1 models · 1 replicas").
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }
 
 #[cfg(test)]
@@ -842,6 +854,15 @@ mod tests {
             "{old}"
         );
         assert!(old.contains("— · —<span class=\"s\">p50 — · —</span>"), "{old}");
+        // The legend names the classes the badges show, not another set.
+        for class in ["<i>realtime</i>", "<i>nearRealtime</i>", "<i>batch</i>"] {
+            assert!(page.contains(class), "the legend lacks {class}");
+        }
+        assert!(!page.contains("<i>interactive</i>") && !page.contains("<i>bursty</i>"));
+        // Counts agree with their nouns; the header's link is white on the dark header (17:1), not the accent blue.
+        assert!(page.contains("2 models · 0 replicas"), "plurals");
+        assert_eq!(count(1, "replica"), "1 replica");
+        assert!(page.contains("header a{color:#fff"));
         // Header and cells agree: as many headers as cells in a row.
         let headers = page.matches("<th>").count() + page.matches("<th ").count();
         assert_eq!(headers, 15);
