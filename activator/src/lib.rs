@@ -278,6 +278,13 @@ pub struct Args {
         value_parser = clap::value_parser!(u64).range(1..))]
     pub lane_max_held: u64,
 
+    /// Flex lane: most bytes of request bodies held by waiting flex-tier requests and batch lines, all together.
+    /// A flex request that starts waiting moves its body out of `--max-buffered-body-bytes` into this budget (or
+    /// is answered 429 `overloaded_lane_held` when it is full), so waiting flex bodies never take real time's.
+    #[arg(long, env = "TESSERA_LANE_MAX_HELD_BODY_BYTES", default_value_t = 64 * 1024 * 1024,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub lane_max_held_body_bytes: u64,
+
     /// Flex lane: longest a flex request waits for a backend with room before a 429 with Retry-After (never a
     /// timeout at the client).
     #[arg(long, env = "TESSERA_LANE_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
@@ -406,6 +413,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             keepalive_interval: args.keepalive_interval,
         },
         body_budget: Arc::new(tokio::sync::Semaphore::new(budget)),
+        lane_body_budget: Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(args.lane_max_held_body_bytes)
+                .unwrap_or(usize::MAX)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+        )),
         graceful: graceful.clone(),
         default_namespace,
     });

@@ -167,6 +167,8 @@ pub struct App {
     pub limits: Limits,
     /// Bytes of request bodies buffered at once, all requests together (`--max-buffered-body-bytes`).
     pub body_budget: Arc<Semaphore>,
+    /// Bytes of bodies held by waiting flex requests (`--lane-max-held-body-bytes`), apart from `body_budget`.
+    pub lane_body_budget: Arc<Semaphore>,
     /// Shutdown: once stopping, held requests are answered 503 instead of waiting on.
     pub graceful: Graceful,
     /// The namespace of requests that name none (`/v1/...` rather than `/namespaces/<ns>/v1/...`).
@@ -280,7 +282,7 @@ fn shed_reason(s: Shed) -> &'static str {
         Shed::Held => "--max-held requests are already waiting for models to scale up",
         Shed::BodyBytes => "--max-buffered-body-bytes of request bodies are buffered",
         Shed::LaneHeld => {
-            "--lane-max-held flex-tier and batch requests are already waiting; real-time requests are not affected"
+            "--lane-max-held flex-tier and batch requests (or --lane-max-held-body-bytes of their bodies) are already waiting; real-time requests are not affected"
         }
     }
 }
@@ -740,7 +742,7 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         parts,
         path,
         body,
-        budget,
+        mut budget,
         arrived,
         admitted,
         lane,
@@ -781,7 +783,9 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
                         let why = no_room.to_string();
                         return reject(&app, Some(&entry), RequestError::LaneFull { model, why });
                     }
-                    if let Err(shed) = wait_in_lane(&app, &mut admitted, &mut lane_place) {
+                    if let Err(shed) =
+                        wait_in_lane(&app, &mut admitted, &mut lane_place, &mut budget, body.len())
+                    {
                         app.metrics.lane_rejected(&labels, lane);
                         return reject(&app, Some(&entry), shed);
                     }
@@ -853,7 +857,7 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         }
         if slot.is_none() {
             let enqueued = if lane == Lane::Flex {
-                match wait_in_lane(&app, &mut admitted, &mut lane_place) {
+                match wait_in_lane(&app, &mut admitted, &mut lane_place, &mut budget, body.len()) {
                     Ok(place) => Ok(entry.hold_flex(place)),
                     Err(shed) => {
                         app.metrics.lane_rejected(&labels, lane);
@@ -910,6 +914,8 @@ fn wait_in_lane<'p>(
     app: &App,
     admitted: &mut Option<Admitted>,
     place: &'p mut Option<LaneHeld>,
+    budget: &mut Option<OwnedSemaphorePermit>,
+    body_len: usize,
 ) -> Result<&'p LaneHeld, RequestError> {
     if place.is_none() {
         let held = app
@@ -917,6 +923,19 @@ fn wait_in_lane<'p>(
             .admission()
             .try_hold_lane()
             .ok_or(RequestError::Overloaded(Shed::LaneHeld))?;
+        // The body moves to the lane's own budget: real time's `--max-buffered-body-bytes` is not waited in.
+        let bytes = u32::try_from(body_len).map_err(|_| RequestError::Overloaded(Shed::LaneHeld))?;
+        let lane_bytes = if bytes == 0 {
+            None
+        } else {
+            Some(
+                app.lane_body_budget
+                    .clone()
+                    .try_acquire_many_owned(bytes)
+                    .map_err(|_| RequestError::Overloaded(Shed::LaneHeld))?,
+            )
+        };
+        *budget = lane_bytes;
         *place = Some(held);
         drop(admitted.take());
     }

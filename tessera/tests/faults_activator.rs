@@ -727,3 +727,107 @@ async fn a_flex_flood_on_a_closed_lane_never_sheds_real_time() {
         f.abort();
     }
 }
+
+/// Waiting flex requests with large bodies keep them in the lane's own budget (`--lane-max-held-body-bytes`), so
+/// real-time requests with bodies as large are still read within `--max-buffered-body-bytes` (before: 40 waiting
+/// 400 KB flex bodies held 16 MB of a 4 MiB shared budget and real time got `429 overloaded_body_bytes`).
+#[tokio::test]
+async fn waiting_flex_bodies_never_take_real_times_body_budget() {
+    let (listener, port) = bind().await;
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/v1/chat/completions",
+            post(|body: Bytes| async move {
+                let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                if req["service_tier"] == "flex" {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
+                axum::Json(serde_json::json!({ "object": "chat.completion", "model": "m",
+                    "choices": [{ "index": 0, "message": { "role": "assistant", "content": "hi" }, "finish_reason": "stop" }] }))
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let act = Tessera::activator_at_port(
+        "m",
+        port,
+        &[
+            "--max-buffered-body-bytes",
+            "4194304",
+            "--lane-max-held-body-bytes",
+            "2097152",
+            "--lane-max-held",
+            "100",
+            "--lane-hold-timeout",
+            "60s",
+        ],
+    );
+    act.wait_activator_stats("a ready backend", WAIT, |s| {
+        s["models"]["default/m"]["readyBackends"] == 1
+    })
+    .await;
+    let url = act.url("/v1/chat/completions");
+    let big = |tier: Option<&str>| {
+        let mut b = chat("m");
+        b["messages"][0]["content"] = "x".repeat(400 * 1024).into();
+        if let Some(t) = tier {
+            b["service_tier"] = t.into();
+        }
+        b
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..40 {
+        let (url, body, tx) = (url.clone(), big(Some("flex")), tx.clone());
+        tokio::spawn(async move {
+            let r = client().post(&url).json(&body).send().await.unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap_or_default();
+            let _ = tx.send((status, body));
+        });
+    }
+    // The lane's budget holds four or five of them; the rest are refused by it, or, in a burst this large, while
+    // their bodies are still read within the shared budget (as for --max-in-flight).
+    let started = Instant::now();
+    let mut refused = Vec::new();
+    while refused.len() < 30 && started.elapsed() < WAIT {
+        if let Ok(Some(r)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+            refused.push(r);
+        }
+    }
+    let mut by_lane = 0;
+    for (status, body) in &refused {
+        assert_eq!(*status, 429, "{body}");
+        let code = body["error"]["code"].as_str().unwrap_or_default();
+        assert!(
+            code == "overloaded_lane_held" || code == "overloaded_body_bytes",
+            "{body}"
+        );
+        if code == "overloaded_lane_held" {
+            by_lane += 1;
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("--lane-max-held-body-bytes")
+            );
+        }
+    }
+    let mut codes = Vec::new();
+    for _ in 0..10 {
+        codes.push(
+            support::post_json(&client(), &url, &big(None))
+                .await
+                .status()
+                .as_u16(),
+        );
+    }
+    println!(
+        "FAULT flex_bodies: 40 flex of 400 KB waiting, refused_by_lane={} real_time={codes:?}",
+        refused.len()
+    );
+    assert!(
+        codes.iter().all(|c| *c == 200),
+        "real time beside waiting flex bodies: {codes:?}"
+    );
+    assert!(by_lane > 0, "none refused by the lane's own body budget");
+}
