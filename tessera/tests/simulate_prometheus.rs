@@ -638,6 +638,33 @@ fn line(v: &[u32]) -> String {
     v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
 }
 
+/// What a server sends reaches the terminal only made printable (issue 53 N12): a 500 page's escape codes, an
+/// API error's and a label value's, and an HTML error page is named rather than pasted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_server_sends_is_printed_without_its_control_characters() {
+    for body in [
+        "\u{1b}]0;pwned\u{7}\u{1b}[31mboom\u{1b}[0m",
+        "<!DOCTYPE html><html><body><h1>502 Bad Gateway</h1></body></html>",
+    ] {
+        let failing = axum::Router::new()
+            .fallback(move || async move { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, body) });
+        let url = format!("http://{}", serve(failing).await);
+        let (out, _dir) = simulate_prometheus(url, &[]).await;
+        let err = stderr(&out);
+        assert!(!out.status.success());
+        assert!(err.contains("HTTP 500"), "{err}");
+        assert!(
+            !err.contains('\u{1b}') && !err.contains('\u{7}'),
+            "raw control characters: {err:?}"
+        );
+        if body.starts_with('<') {
+            assert!(err.contains("an HTML page") && !err.contains("<h1>"), "{err}");
+        } else {
+            assert!(err.contains("\\u{1b}]0;pwned"), "shown escaped: {err}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "starts Debian's prometheus and replays a trace for a few minutes: scripts/test.sh runs it"]
 async fn real_prometheus_history_agrees_with_the_trace() {

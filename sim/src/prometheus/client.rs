@@ -10,12 +10,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::error::PromError;
+use super::error::{PromError, body_preview, printable};
 
 /// Steps per `query_range` call: Prometheus refuses more than 11,000 points per series.
 pub const MAX_POINTS_PER_QUERY: usize = 10_000;
 /// The default cap on one answer's body.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// The default cap on all answers of one run together: the history of a day of a few dozen models at a minute's
+/// step is a few MB; a run that reads more is asking for more than a scenario needs (narrow it, or step longer).
+pub const DEFAULT_MAX_TOTAL_BYTES: usize = 512 * 1024 * 1024;
 
 /// How to reach the server.
 #[derive(Debug, Clone)]
@@ -30,6 +33,8 @@ pub struct ClientConfig {
     pub timeout: Duration,
     /// Cap on each answer's body.
     pub max_body_bytes: usize,
+    /// Cap on every answer's body of the run together (the client's clones share the count).
+    pub max_total_bytes: usize,
 }
 
 /// One series: its labels and its `(unix seconds, value)` points in time order.
@@ -58,6 +63,9 @@ pub struct PromClient {
     token: Option<String>,
     timeout: Duration,
     max_body: usize,
+    /// Bytes of answers read so far by this client and its clones, against `max_total`.
+    read_total: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    max_total: usize,
 }
 
 #[derive(Deserialize)]
@@ -85,9 +93,38 @@ struct RawSeries {
     #[serde(default)]
     metric: BTreeMap<String, String>,
     #[serde(default)]
-    value: Option<(f64, String)>,
+    value: Option<Point>,
     #[serde(default)]
-    values: Vec<(f64, String)>,
+    values: Vec<Point>,
+}
+
+/// One `[unix seconds, "value"]` pair, its value parsed as it is read: a long answer becomes 16 bytes a point,
+/// never a string a point on the way.
+#[derive(Debug, Clone, Copy)]
+struct Point(f64, f64);
+
+impl<'de> Deserialize<'de> for Point {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Point, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Point;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a [time, \"value\"] pair")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Point, A::Error> {
+                use serde::de::Error;
+                let t: f64 = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                let v: std::borrow::Cow<'de, str> = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Point(t, parse_value(&v)))
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
 fn parse_value(v: &str) -> f64 {
@@ -170,6 +207,8 @@ impl PromClient {
             token,
             timeout: cfg.timeout,
             max_body: cfg.max_body_bytes,
+            read_total: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            max_total: cfg.max_total_bytes,
         })
     }
 
@@ -193,14 +232,14 @@ impl PromClient {
         match env {
             Ok(env) if env.status == "error" => Err(PromError::Api {
                 query: query.to_string(),
-                error_type: env.error_type.unwrap_or_default(),
-                error: env.error.unwrap_or_default(),
+                error_type: printable(&env.error_type.unwrap_or_default()),
+                error: printable(&env.error.unwrap_or_default()),
             }),
             Ok(env) if status.is_success() && env.status == "success" => {
                 if !env.warnings.is_empty() {
                     return Err(PromError::Warnings {
                         query: query.to_string(),
-                        warnings: env.warnings.join("; "),
+                        warnings: printable(&env.warnings.join("; ")),
                     });
                 }
                 env.data.ok_or_else(|| PromError::BadResponse {
@@ -209,9 +248,7 @@ impl PromClient {
                 })
             }
             _ if !status.is_success() => {
-                let text = String::from_utf8_lossy(&body[..body.len().min(300)])
-                    .trim()
-                    .to_string();
+                let text = body_preview(&body);
                 Err(PromError::Http {
                     url: self.base.clone(),
                     status: status.as_u16(),
@@ -294,6 +331,18 @@ impl PromClient {
                 }
             })?
             .to_bytes();
+        // The run's answers together are bounded too: each is parsed and reduced to its points before the next is
+        // asked, but a run of many long answers would otherwise hold them all.
+        let total = self
+            .read_total
+            .fetch_add(body.len(), std::sync::atomic::Ordering::Relaxed)
+            + body.len();
+        if total > self.max_total {
+            return Err(PromError::TooLargeTotal {
+                query: query.to_string(),
+                limit: self.max_total,
+            });
+        }
         Ok((status, body))
     }
 
@@ -317,10 +366,7 @@ impl PromClient {
             .into_iter()
             .map(|r| Series {
                 labels: r.metric,
-                points: r
-                    .value
-                    .map(|(t, v)| vec![(t, parse_value(&v))])
-                    .unwrap_or_default(),
+                points: r.value.map(|Point(t, v)| vec![(t, v)]).unwrap_or_default(),
             })
             .collect())
     }
@@ -360,7 +406,7 @@ impl PromClient {
                 joined
                     .entry(r.metric)
                     .or_default()
-                    .extend(r.values.iter().map(|(t, v)| (*t, parse_value(v))));
+                    .extend(r.values.iter().map(|Point(t, v)| (*t, *v)));
             }
             from = to + step;
         }
@@ -448,6 +494,7 @@ mod tests {
             ca_file: None,
             timeout: Duration::from_secs(10),
             max_body_bytes,
+            max_total_bytes: DEFAULT_MAX_TOTAL_BYTES,
         };
         let c = PromClient::new(&cfg(DEFAULT_MAX_BODY_BYTES)).unwrap();
         let steps = 25_000;
@@ -462,5 +509,17 @@ mod tests {
         let small = PromClient::new(&cfg(10_000)).unwrap();
         let err = small.query_range("x", 0.0, 5000.0, 1.0).await.unwrap_err();
         assert!(matches!(err, PromError::TooLarge { .. }), "{err}");
+        // Each answer under its cap, but the run's answers together over theirs (issue 53 N8: 63 MB answers, one
+        // after another, took a run to 6.19 GB): refused naming what to narrow, the client's clones counting alike.
+        let bounded = PromClient::new(&ClientConfig {
+            max_total_bytes: 500_000,
+            ..cfg(DEFAULT_MAX_BODY_BYTES)
+        })
+        .unwrap();
+        let clone = bounded.clone();
+        bounded.query_range("x", 0.0, 9_000.0, 1.0).await.unwrap();
+        let err = clone.query_range("x", 0.0, 30_000.0, 1.0).await.unwrap_err();
+        assert!(matches!(err, PromError::TooLargeTotal { .. }), "{err}");
+        assert!(err.to_string().contains("--since"), "{err}");
     }
 }

@@ -414,7 +414,7 @@ pub fn scenario(
                     }],
                 }),
                 _ => Err(PromError::MissingMetric {
-                    model: o.name.clone(),
+                    model: super::error::printable(&o.name),
                     metric: metric.to_string(),
                     why: "the prompt and output lengths of its requests cannot be known".to_string(),
                     extra: String::new(),
@@ -456,7 +456,8 @@ pub fn scenario(
         };
         let slo = opts.slo_ttft;
         models.push(ModelFile {
-            name: o.name.clone(),
+            // The label as the scenario, the report and the terminal show it (a label value is anyone's text).
+            name: super::error::printable(&o.name),
             preset: Some(preset),
             spec: None,
             max_model_len: opts.max_model_len,

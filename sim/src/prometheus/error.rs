@@ -5,6 +5,40 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// The scrape job that gives Tessera what it reads, for the messages that need one.
+/// What a server sent, made safe to print: control characters (an escape sequence can retitle or recolour the
+/// terminal) and the Unicode bidirectional overrides (which reorder what is shown) become visible `\u{..}` escapes,
+/// line breaks a space. Label values (`model_name`), error bodies and warnings all pass through here before they
+/// reach a message, a report or the scenario file.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' | '\r' | '\t' => out.push(' '),
+            c if c.is_control()
+                || ('\u{202a}'..='\u{202e}').contains(&c)
+                || ('\u{2066}'..='\u{2069}').contains(&c) =>
+            {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// An error body as a message can show it: the start of its text, printable; an HTML page (a proxy's or a
+/// server's error page, not Prometheus's API) is named rather than pasted.
+pub fn body_preview(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(300)])
+        .trim()
+        .to_string();
+    let lower = text.to_ascii_lowercase();
+    if lower.starts_with("<!doctype html") || lower.starts_with("<html") || lower.contains("<body") {
+        return "(an HTML page, not Prometheus's JSON API)".to_owned();
+    }
+    printable(&text)
+}
+
 pub const SCRAPE_CONFIG_HINT: &str = "\
 add a scrape job for the vLLM pods' /metrics, for example:
   scrape_configs:
@@ -98,6 +132,11 @@ pub enum PromError {
     },
     /// The answer is not Prometheus's JSON.
     #[error(
+        "Prometheus's answers so far, {query} included, are larger than {limit} bytes together: ask for less \
+         history (a shorter --since, a longer --step) or fewer models (--namespace/--selector)"
+    )]
+    TooLargeTotal { query: String, limit: usize },
+    #[error(
         "the answer to {query} is not Prometheus's HTTP API JSON ({reason}); is --prometheus the server's base URL?"
     )]
     BadResponse {
@@ -171,5 +210,26 @@ impl PromError {
     /// A fixed label per variant, for logs.
     pub fn label(&self) -> &'static str {
         self.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_shows_control_characters_and_bidi_overrides_escaped() {
+        assert_eq!(printable("chat\u{1b}]0;x\u{7}"), "chat\\u{1b}]0;x\\u{7}");
+        assert_eq!(printable("a\u{202e}b"), "a\\u{202e}b");
+        assert_eq!(printable("line\none\ttab"), "line one tab");
+        assert_eq!(
+            printable("Qwen/Qwen2.5-7B-Instruct é"),
+            "Qwen/Qwen2.5-7B-Instruct é"
+        );
+        assert_eq!(
+            body_preview(b"<html><body>nope</body></html>"),
+            "(an HTML page, not Prometheus's JSON API)"
+        );
+        assert_eq!(body_preview(b"  no token \x1b[0m "), "no token \\u{1b}[0m");
     }
 }

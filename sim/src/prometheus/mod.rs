@@ -156,6 +156,7 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         ca_file: a.ca_file.clone(),
         timeout: a.prometheus_timeout,
         max_body_bytes: client::DEFAULT_MAX_BODY_BYTES,
+        max_total_bytes: client::DEFAULT_MAX_TOTAL_BYTES,
     })?;
     let until = a
         .until
@@ -410,7 +411,7 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         });
         if !replicas.contains_key(name) {
             return Err(PromError::MissingMetric {
-                model: name.clone(),
+                model: error::printable(name),
                 metric: "vllm:num_requests_running".into(),
                 why: "how many replicas served it today cannot be known".into(),
                 extra: String::new(),
