@@ -22,7 +22,6 @@ use tessera_core::wire::activator::STATS_PATH;
 
 use super::proxy::App;
 
-
 /// The paths served on the admin listener only.
 const ADMIN_ONLY: [&str; 2] = [STATS_PATH, "/metrics"];
 

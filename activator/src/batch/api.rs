@@ -230,9 +230,12 @@ pub fn routes(batches: Option<Arc<Batches>>) -> axum::Router {
 /// A multipart read error as an API error: a stalled upload is `408`, as the proxy answers a stalled body.
 fn multipart_error(e: super::multipart::MultipartError) -> ApiError {
     match e {
-        super::multipart::MultipartError::Stalled(_) => {
-            ApiError::new(StatusCode::REQUEST_TIMEOUT, "body_read_timeout", None, e.to_string())
-        }
+        super::multipart::MultipartError::Stalled(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_read_timeout",
+            None,
+            e.to_string(),
+        ),
         _ => ApiError::bad("invalid_multipart", None, e.to_string()),
     }
 }
@@ -505,7 +508,9 @@ async fn read_small_body(b: &Batches, req: Request) -> Result<Bytes, ApiError> {
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
             None,
-            format!("a batch request is at most {MAX_CREATE_BODY} bytes; the input goes in a file (POST /v1/files)"),
+            format!(
+                "a batch request is at most {MAX_CREATE_BODY} bytes; the input goes in a file (POST /v1/files)"
+            ),
         )
     };
     let limit = b.app.limits.body_read_timeout;
@@ -513,7 +518,11 @@ async fn read_small_body(b: &Batches, req: Request) -> Result<Bytes, ApiError> {
     match tokio::time::timeout(limit, read).await {
         Ok(Ok(c)) => Ok(c.to_bytes()),
         Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large()),
-        Ok(Err(e)) => Err(ApiError::bad("invalid_body", None, format!("could not read the body: {e}"))),
+        Ok(Err(e)) => Err(ApiError::bad(
+            "invalid_body",
+            None,
+            format!("could not read the body: {e}"),
+        )),
         Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "body_read_timeout",
