@@ -18,7 +18,9 @@ use crate::model::{EngineConfig, GIB, GpuSpec, ModelSpec, SharingModel};
 pub enum Mode {
     /// MPS with an SM cap of `--share` each (Tessera's pools).
     Mps,
-    /// Time-slicing: no cap; tenants take turns while more than one is on the GPU.
+    /// Time-slicing: no cap; tenants take turns while more than one is on the GPU. `time-slicing` (the chart's
+    /// spelling) is accepted too.
+    #[value(alias = "time-slicing")]
     TimeSlicing,
     /// The pessimistic bound: each tenant always gets exactly `--share` of everything.
     Proportional,
@@ -265,15 +267,14 @@ pub fn render(args: &Args, a: &Answer) -> String {
         SharingModel::from(args.mode).name(),
         args.share
     ));
-    if a.gpu.memory_bytes > 0 {
-        let need = a.bytes_per_tenant as f64 * f64::from(a.tenants);
+    if let Some((ok, need, have)) = fits(a) {
         out.push_str(&format!(
             "memory: {} × {:.1} GiB (weights, activations, this batch's KV) = {:.1} GiB of {:.1} GiB: {}\n",
             a.tenants,
             gib(a.bytes_per_tenant as f64),
             gib(need),
-            gib(a.gpu.memory_bytes as f64),
-            if need <= a.gpu.memory_bytes as f64 {
+            gib(have),
+            if ok {
                 "fits"
             } else {
                 "DOES NOT FIT (the figures below assume it did)"
@@ -307,20 +308,42 @@ pub fn render(args: &Args, a: &Answer) -> String {
     let throughput_ratio = a.throughput_shared() / a.throughput_alone();
     let aggregate_ratio = throughput_ratio * f64::from(a.tenants);
     out.push_str(&format!(
-        "tpot_alone_ms={:.3} tpot_shared_ms={:.3} tpot_ratio={:.4} throughput_ratio={:.4} aggregate_ratio={:.4}\n",
+        "tpot_alone_ms={:.3} tpot_shared_ms={:.3} tpot_ratio={:.4} throughput_ratio={:.4} aggregate_ratio={:.4} fits={}\n",
         a.tpot_alone_ms(),
         a.tpot_shared_ms(),
         tpot_ratio,
         throughput_ratio,
-        aggregate_ratio
+        aggregate_ratio,
+        fits(a).map_or("unknown", |(ok, ..)| if ok { "true" } else { "false" })
     ));
     out
 }
 
-/// Runs `tessera sharing`.
+/// Whether the tenants' memory fits the GPU's (`None` when the GPU's memory is not known: explicit bandwidth and
+/// flops without `--gpu-memory`).
+fn fits(a: &Answer) -> Option<(bool, f64, f64)> {
+    (a.gpu.memory_bytes > 0).then(|| {
+        let need = a.bytes_per_tenant as f64 * f64::from(a.tenants);
+        let have = a.gpu.memory_bytes as f64;
+        (need <= have, need, have)
+    })
+}
+
+/// Runs `tessera sharing`. Tenants that do not fit are an answer too: the figures are printed (marked) with
+/// `fits=false` on the script line, and the command fails, so a script never takes tokens/s of a GPU that cannot
+/// hold them for a yes.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let a = answer(&args)?;
     print!("{}", render(&args, &a));
+    if let Some((false, need, have)) = fits(&a) {
+        anyhow::bail!(
+            "{} tenants need {:.1} GiB of GPU memory and the GPU has {:.1} GiB: fewer --tenants, a smaller --batch or \
+             --context, or a GPU with more memory",
+            a.tenants,
+            need / GIB as f64,
+            have / GIB as f64
+        );
+    }
     Ok(())
 }
 

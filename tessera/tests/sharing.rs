@@ -18,6 +18,7 @@ fn sharing(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The script line's numbers (`fits` read as 1 or 0).
 fn last_line(stdout: &str) -> HashMap<String, f64> {
     stdout
         .lines()
@@ -26,7 +27,12 @@ fn last_line(stdout: &str) -> HashMap<String, f64> {
         .split_whitespace()
         .map(|kv| {
             let (k, v) = kv.split_once('=').unwrap();
-            (k.to_string(), v.parse().unwrap())
+            let v = match v {
+                "true" => 1.0,
+                "false" => 0.0,
+                v => v.parse().unwrap(),
+            };
+            (k.to_string(), v)
         })
         .collect()
 }
@@ -64,9 +70,11 @@ fn two_14b_replicas_on_an_a100() {
         "tpot_ratio",
         "throughput_ratio",
         "aggregate_ratio",
+        "fits",
     ] {
         assert!(kv.contains_key(key), "{key} missing: {stdout}");
     }
+    assert_eq!(kv["fits"], 1.0, "{stdout}");
     let (alone, shared) = (kv["tpot_alone_ms"], kv["tpot_shared_ms"]);
     assert!((kv["tpot_ratio"] - shared / alone).abs() < 1e-3);
     assert!(kv["tpot_ratio"] > 1.4, "{stdout}");
@@ -76,6 +84,10 @@ fn two_14b_replicas_on_an_a100() {
     let (ok, ts, _) = sharing(&[&WORKED_EXAMPLE[..], &["--mode", "time_slicing"]].concat());
     assert!(ok);
     assert!(last_line(&ts)["aggregate_ratio"] <= kv["aggregate_ratio"]);
+    // The chart's spelling (gpuPools' sharing: time-slicing) names the same mode.
+    let (ok, chart_spelling, stderr) = sharing(&[&WORKED_EXAMPLE[..], &["--mode", "time-slicing"]].concat());
+    assert!(ok, "{stderr}");
+    assert_eq!(chart_spelling, ts);
 }
 
 /// Explicit numbers instead of presets, with units, and a memory that does not fit.
@@ -99,9 +111,15 @@ fn explicit_gpu_and_model_numbers() {
         "--tenants",
         "2",
     ]);
-    assert!(ok, "{stderr}");
+    // The figures are still shown, marked; the script line says fits=false and the command fails with the fix.
+    assert!(!ok, "tenants that do not fit must not exit 0");
     assert!(stdout.contains("DOES NOT FIT"), "{stdout}");
+    assert!(stdout.lines().last().unwrap().ends_with("fits=false"), "{stdout}");
     assert!(last_line(&stdout)["tpot_alone_ms"] > 0.0);
+    assert!(
+        stderr.starts_with("Error: 2 tenants need") && stderr.contains("--tenants"),
+        "{stderr}"
+    );
 }
 
 #[test]
