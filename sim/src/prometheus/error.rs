@@ -203,6 +203,8 @@ pub enum PromError {
         to: String,
         /// A --since that fits the history.
         suggest: String,
+        /// The seconds of history held, whole steps (what `fetch` reads instead).
+        covered_s: f64,
     },
 }
 

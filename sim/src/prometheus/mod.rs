@@ -131,8 +131,42 @@ fn model_matchers(name: &str, filter: &str) -> String {
     )
 }
 
-/// Reads the history and converts it. Async: only the HTTP waits; the conversion is pure.
+/// Reads the history and converts it. Async: only the HTTP waits; the conversion is pure. A server that holds less
+/// history than `--since` asks is read for the part it holds (the window starting where its vLLM series start,
+/// ending where it would have), with one line on stderr saying how much that was.
 pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
+    let until = a.until.unwrap_or_else(SystemTime::now);
+    let pinned = PromArgs {
+        until: Some(until),
+        ..a.clone()
+    };
+    match fetch_window(url, &pinned).await {
+        Err(PromError::Partial {
+            first_seen,
+            percent,
+            covered_s,
+            ..
+        }) if covered_s >= a.step.as_secs_f64() => {
+            let covered = Duration::from_secs_f64(covered_s);
+            eprintln!(
+                "Prometheus holds vLLM metrics only from {first_seen}, {percent:.0}% into the --since window: reading \
+                 the {} it has (raise the server's retention for more).",
+                humantime::format_duration(covered)
+            );
+            fetch_window(
+                url,
+                &PromArgs {
+                    since: covered,
+                    ..pinned
+                },
+            )
+            .await
+        }
+        other => other,
+    }
+}
+
+async fn fetch_window(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
     if a.step < Duration::from_secs(1) {
         return Err(PromError::Config("--step must be at least 1s".into()));
     }
@@ -280,6 +314,7 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
             from: rfc3339(grid.start),
             to: rfc3339(end),
             suggest: humantime::format_duration(Duration::from_secs_f64(covered.max(grid.step))).to_string(),
+            covered_s: covered,
         });
     }
 
