@@ -724,6 +724,47 @@ async fn finalize_files(b: &Batches, batch: &mut BatchObject) -> Result<(), Stor
     Ok(())
 }
 
+/// The input's lines not answered yet, in order, with their indexes (blank lines are no requests and get none):
+/// what the sending and the cancel/expiry fill both walk.
+struct Unanswered {
+    r: BufReader<DataReader>,
+    /// The line [`Unanswered::next`] returned the index of, without its newline.
+    line: Vec<u8>,
+    index: u64,
+    max: usize,
+    input: String,
+}
+
+impl Unanswered {
+    async fn open(b: &Batches, batch: &BatchObject) -> Result<Unanswered, StoreError> {
+        Ok(Unanswered {
+            r: input_reader(b, batch).await?,
+            line: Vec::new(),
+            index: 0,
+            max: b.app.limits.max_body_bytes + 4096,
+            input: batch.input_file_id.clone(),
+        })
+    }
+
+    /// The next line `ledger` does not hold an answer to (in `self.line`), or `None` at the end of the input.
+    async fn next(&mut self, ledger: &Ledger) -> Result<Option<u64>, StoreError> {
+        while read_line(&mut self.r, &mut self.line, self.max)
+            .await
+            .map_err(io_err(&self.input))?
+        {
+            if self.line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let i = self.index;
+            self.index += 1;
+            if !ledger.is_answered(i) {
+                return Ok(Some(i));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// Writes `unsent.code` to the error file for every line not answered yet.
 async fn fill_rest(
     b: &Batches,
@@ -733,28 +774,14 @@ async fn fill_rest(
     held: &Held,
 ) -> Result<bool, StoreError> {
     let mut w = BufWriter::new(b.store.append_data(&batch.error_data).await?);
-    let mut r = input_reader(b, batch).await?;
-    let mut line = Vec::new();
-    let mut index = 0u64;
+    let mut lines = Unanswered::open(b, batch).await?;
     let mut filled = 0u64;
-    let max = b.app.limits.max_body_bytes + 4096;
-    while read_line(&mut r, &mut line, max)
-        .await
-        .map_err(io_err(&batch.input_file_id))?
-    {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let i = index;
-        index += 1;
-        if rec.ledger.is_answered(i) {
-            continue;
-        }
+    while let Some(i) = lines.next(&rec.ledger).await? {
         if !held.is_held() {
             // Another runner may be filling the same lines now: stop, and drop what is buffered unwritten.
             return Ok(false);
         }
-        let custom_id = custom_id_of(&line);
+        let custom_id = custom_id_of(&lines.line);
         w.write_all(&result_line(
             &batch.id,
             i,
@@ -904,27 +931,13 @@ async fn send_all(
         })
     };
     let slots = Arc::new(Semaphore::new(b.limits.max_in_flight));
-    let mut r = input_reader(b, batch).await?;
-    let mut line = Vec::new();
-    let mut index = 0u64;
-    let max = b.app.limits.max_body_bytes + 4096;
+    let mut lines = Unanswered::open(b, batch).await?;
     let path = format!("/namespaces/{}{}", batch.namespace, batch.endpoint);
     let mut tasks = tokio::task::JoinSet::new();
     while !stopping.load(Ordering::Relaxed) {
-        if !read_line(&mut r, &mut line, max)
-            .await
-            .map_err(io_err(&batch.input_file_id))?
-        {
+        let Some(i) = lines.next(&rec.ledger).await? else {
             break;
-        }
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let i = index;
-        index += 1;
-        if rec.ledger.is_answered(i) {
-            continue;
-        }
+        };
         let Ok(permit) = slots.clone().acquire_owned().await else {
             break;
         };
@@ -936,7 +949,7 @@ async fn send_all(
             stopping.clone(),
             path.clone(),
             batch.id.clone(),
-            line.clone(),
+            lines.line.clone(),
         );
         tasks.spawn(async move {
             let _permit = permit;
