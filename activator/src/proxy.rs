@@ -30,7 +30,7 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde::Deserialize;
-use tessera_core::class::{ClassPolicy, Lane, WorkloadClass};
+use tessera_core::class::Lane;
 use tessera_core::lanes::LaneLimits;
 use tessera_runtime::Graceful;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -455,31 +455,6 @@ pub struct RequestInfo {
     pub max_tokens: Option<u64>,
 }
 
-/// The vLLM `priority` a lane's requests carry where the server schedules by priority (lower runs first):
-/// flex the batch class's, the priority tier ahead of the default lane's 0; the default lane is left alone.
-pub fn lane_priority(lane: Lane) -> Option<i64> {
-    match lane {
-        Lane::Flex => Some(i64::from(ClassPolicy::of(WorkloadClass::Batch).vllm_priority)),
-        Lane::Priority => Some(-1),
-        Lane::Default => None,
-    }
-}
-
-/// The `priority` to write into a request's body under `--lane-priority`, given its lane and the priority the
-/// body itself gives (`None`: send the body as it is).
-///
-/// A flex-lane request (`service_tier: flex`, and every batch line) always carries the batch class's priority,
-/// whatever its body says: `docs/policies.md` promises that a batch request never runs ahead of a real-time one,
-/// and a body's own `"priority": -100` would otherwise put it first in vLLM's queue. The other lanes are real
-/// time: their own priority is kept, and the priority tier gets its lane's only where the body has none.
-pub fn forwarded_priority(lane: Lane, own: Option<i64>) -> Option<i64> {
-    match (lane, own) {
-        (Lane::Flex, own) => lane_priority(Lane::Flex).filter(|p| own != Some(*p)),
-        (_, Some(_)) => None,
-        (lane, None) => lane_priority(lane),
-    }
-}
-
 /// The body with `"priority": p` added; the body as it was when it is not a JSON object (it was parsed once
 /// already, so this does not happen).
 fn with_priority(body: Bytes, p: i64) -> Bytes {
@@ -597,7 +572,7 @@ pub async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     if lane == Lane::Flex {
         entry.want_gauges();
     }
-    let body = match forwarded_priority(lane, info.priority) {
+    let body = match lane.priority_to_send(info.priority) {
         Some(p) if app.limits.lane_priority => with_priority(body, p),
         _ => body,
     };
@@ -1116,22 +1091,10 @@ mod tests {
         assert_eq!(routed_path("/a%C3%A9//b"), "/a\u{e9}/b");
     }
 
-    /// Issue 53 N18: a flex request or batch line never keeps a priority that would put it ahead of real time.
+    /// The priority the lane decides (`Lane::priority_to_send`, core) is written into the body.
     #[test]
     fn the_flex_lane_sets_its_priority_whatever_the_body_says() {
-        let batch = i64::from(ClassPolicy::of(WorkloadClass::Batch).vllm_priority);
-        for own in [None, Some(-100), Some(-1), Some(0), Some(3), Some(1_000)] {
-            assert_eq!(
-                forwarded_priority(Lane::Flex, own),
-                Some(batch),
-                "flex with {own:?}"
-            );
-        }
-        assert_eq!(forwarded_priority(Lane::Flex, Some(batch)), None, "already right");
-        assert_eq!(forwarded_priority(Lane::Priority, None), Some(-1));
-        assert_eq!(forwarded_priority(Lane::Priority, Some(-7)), None);
-        assert_eq!(forwarded_priority(Lane::Default, None), None);
-        assert_eq!(forwarded_priority(Lane::Default, Some(0)), None);
+        let batch = Lane::Flex.vllm_priority().unwrap_or_default();
         let body = with_priority(Bytes::from_static(br#"{"model":"m","priority":-100}"#), batch);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         assert_eq!(v["priority"], batch);

@@ -143,6 +143,14 @@ pub fn parse_ref(
                 .to_owned(),
         ));
     };
+    // Tenants are namespaces: a reference that names no namespace of its own reads no model, whichever it
+    // names (KEDA always sends the ScaledObject's; only a hand-made client leaves it out).
+    if scaled_object_namespace.is_empty() {
+        return Err(Refusal::OtherNamespace {
+            model: model.to_owned(),
+            scaled_object_namespace: "none given".to_owned(),
+        });
+    }
     let (namespace, name) = match model.split_once('/') {
         Some((ns, name)) => (ns, name),
         None => (scaled_object_namespace, model),
@@ -152,7 +160,7 @@ pub fn parse_ref(
             "model {model:?} is not <namespace>/<name> or <name>"
         )));
     }
-    if !scaled_object_namespace.is_empty() && namespace != scaled_object_namespace {
+    if namespace != scaled_object_namespace {
         return Err(Refusal::OtherNamespace {
             model: model.to_owned(),
             scaled_object_namespace: scaled_object_namespace.to_owned(),
@@ -415,6 +423,11 @@ mod tests {
         let e = parse_ref("team-b", &meta(&[("model", "team-a/chat")])).unwrap_err();
         assert_eq!(e.label(), "other_namespace");
         assert!(e.to_string().contains("team-a/chat"), "{e}");
+        // A reference without a namespace (issue 53 N11) reads no model, not even by naming one's namespace.
+        for model in ["team-b/llama", "llama"] {
+            let e = parse_ref("", &meta(&[("model", model)])).unwrap_err();
+            assert_eq!(e.label(), "other_namespace", "{model}");
+        }
     }
 
     #[test]

@@ -220,17 +220,7 @@ fn check_ref(r: &pb::ScaledObjectRef) -> Result<(), Refusal> {
             )));
         }
     }
-    if r.namespace.is_empty() {
-        let model = r
-            .scaler_metadata
-            .get(keda::MODEL_KEY)
-            .map(String::as_str)
-            .unwrap_or("");
-        return Err(Refusal::OtherNamespace {
-            model: preview(model),
-            scaled_object_namespace: "none given".into(),
-        });
-    }
+    // A reference without a namespace is refused by `keda::parse_ref` (tenants are namespaces).
     Ok(())
 }
 

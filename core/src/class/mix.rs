@@ -20,6 +20,34 @@ pub enum Lane {
 }
 
 impl Lane {
+    /// The vLLM `priority` this lane's requests carry where the server schedules by priority (lower runs first):
+    /// flex the batch class's, the priority tier ahead of the default lane's 0; the default lane is left alone.
+    pub fn vllm_priority(self) -> Option<i64> {
+        match self {
+            Lane::Flex => Some(i64::from(
+                super::ClassPolicy::of(super::WorkloadClass::Batch).vllm_priority,
+            )),
+            Lane::Priority => Some(-1),
+            Lane::Default => None,
+        }
+    }
+
+    /// The `priority` to write into a request's body under `--lane-priority`, given the priority the body itself
+    /// gives (`None`: send the body as it is).
+    ///
+    /// A flex-lane request (`service_tier: flex`, and every batch line) always carries the batch class's
+    /// priority, whatever its body says: `docs/policies.md` promises that a batch request never runs ahead of a
+    /// real-time one, and a body's own `"priority": -100` would otherwise put it first in vLLM's queue. The other
+    /// lanes are real time: their own priority is kept, and the priority tier gets its lane's only where the body
+    /// has none.
+    pub fn priority_to_send(self, own: Option<i64>) -> Option<i64> {
+        match (self, own) {
+            (Lane::Flex, own) => Lane::Flex.vllm_priority().filter(|p| own != Some(*p)),
+            (_, Some(_)) => None,
+            (lane, None) => lane.vllm_priority(),
+        }
+    }
+
     /// The lane of one request from its body's `service_tier` and vLLM `priority`. An explicit tier wins over the
     /// priority number; anything unrecognised is the default lane (a typo never demotes a request).
     pub fn of(service_tier: Option<&str>, priority: Option<i64>) -> Lane {
@@ -100,6 +128,22 @@ impl RequestMix {
 
 #[cfg(test)]
 mod tests {
+
+    /// Issue 53 N18: a flex request or batch line never keeps a priority that would put it ahead of real time.
+    #[test]
+    fn the_flex_lane_sets_its_priority_whatever_the_body_says() {
+        let batch =
+            i64::from(super::super::ClassPolicy::of(super::super::WorkloadClass::Batch).vllm_priority);
+        for own in [None, Some(-100), Some(-1), Some(0), Some(3), Some(1_000)] {
+            assert_eq!(Lane::Flex.priority_to_send(own), Some(batch), "flex with {own:?}");
+        }
+        assert_eq!(Lane::Flex.priority_to_send(Some(batch)), None, "already right");
+        assert_eq!(Lane::Priority.priority_to_send(None), Some(-1));
+        assert_eq!(Lane::Priority.priority_to_send(Some(-7)), None);
+        assert_eq!(Lane::Default.priority_to_send(None), None);
+        assert_eq!(Lane::Default.priority_to_send(Some(0)), None);
+    }
+
     use super::*;
 
     #[test]
