@@ -15,8 +15,37 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::batch::{create, create_with, get_batch, input_lines, upload, upload_to, wait_batch};
+use support::batch::{create, create_with, get_batch, input_lines, post_file, upload, upload_to, wait_batch};
 use support::{Tessera, http_client};
+
+/// A test's batch store, removed when dropped (after the processes declared before it, which may still write).
+struct StoreDir(PathBuf);
+
+impl Drop for StoreDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The fast emulator serving `m` and an activator in front of it on a fresh store, with `extra` flags.
+struct Gateway {
+    act: Tessera,
+    _sim: Tessera,
+    _store: StoreDir,
+}
+
+impl Gateway {
+    fn start(what: &str, extra: &[&str]) -> Gateway {
+        let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"]);
+        let store = StoreDir(store_dir(what));
+        let act = activator(&store.0, &[format!("m={}", sim.base())], extra);
+        Gateway {
+            act,
+            _sim: sim,
+            _store: store,
+        }
+    }
+}
 
 fn store_dir(what: &str) -> PathBuf {
     let nanos = std::time::SystemTime::now()
@@ -63,7 +92,8 @@ async fn create_raw(http: &reqwest::Client, act: &Tessera, body: &Value) -> (u16
 async fn n1_metadata_is_bounded_and_a_list_reads_only_its_page() {
     let http = http_client(Duration::from_secs(60));
     let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"]);
-    let store = store_dir("n1");
+    let store_guard = StoreDir(store_dir("n1"));
+    let store = store_guard.0.clone();
     let backends = [format!("m={}", sim.base())];
     let act = activator(&store, &backends, &[]);
     let file = upload(&http, &act, input_lines(2)).await;
@@ -154,7 +184,6 @@ async fn n1_metadata_is_bounded_and_a_list_reads_only_its_page() {
     );
     // Before the bound and the listings: every list and every runner pass read all 120 MB (861 MB seen with 100).
     assert!(hwm < 160 * 1024, "the activator peaked at {hwm} KiB");
-    let _ = std::fs::remove_dir_all(&store);
 }
 
 /// A backend that answers every completion with a JSON array of zeros: `declared` bytes with a length, or (for the
@@ -222,7 +251,8 @@ async fn n2_huge_answers_stay_within_the_answer_budget() {
     let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"]);
     let mib = 1024 * 1024;
     let backend = hostile_backend(sim.base(), 3 * mib, 5 * mib).await;
-    let store = store_dir("n2");
+    let store_guard = StoreDir(store_dir("n2"));
+    let store = store_guard.0.clone();
     let act = activator(
         &store,
         &[format!("m=http://{backend}")],
@@ -288,7 +318,6 @@ async fn n2_huge_answers_stay_within_the_answer_budget() {
     println!("FAULT batch-huge-answers: lines={lines} answer_mib=3 over_limit_mib=5 peak_kib={hwm}");
     // Before: each answer parsed into a serde_json::Value, 16 at once (1.21 GB seen with 16 MiB answers).
     assert!(hwm < 200 * 1024, "the activator peaked at {hwm} KiB");
-    let _ = std::fs::remove_dir_all(&store);
 }
 
 #[tokio::test]
@@ -297,7 +326,8 @@ async fn n5_a_stuck_model_blocks_no_other_batch_and_an_earlier_deadline_goes_fir
     // Slow enough that a 3,000-line batch takes far longer than the test's window for the others.
     let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "5"]);
     let dead = support::free_port();
-    let store = store_dir("n5");
+    let store_guard = StoreDir(store_dir("n5"));
+    let store = store_guard.0.clone();
     let act = activator(
         &store,
         &[
@@ -351,23 +381,17 @@ async fn n5_a_stuck_model_blocks_no_other_batch_and_an_earlier_deadline_goes_fir
         "the long batch yielded and resumes after: {l}"
     );
     assert!(l["request_counts"]["completed"].as_u64() < Some(3000));
-    let _ = std::fs::remove_dir_all(&store);
 }
 
 #[tokio::test]
 async fn n13_window_bounded_long_line_numbered_and_a_bom_read() {
     let http = http_client(Duration::from_secs(60));
-    let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"]);
-    let store = store_dir("n13");
-    let act = activator(
-        &store,
-        &[format!("m={}", sim.base())],
-        &["--max-body-size", "2048"],
-    );
-    let file = upload(&http, &act, input_lines(2)).await;
+    let gw = Gateway::start("n13", &["--max-body-size", "2048"]);
+    let act = &gw.act;
+    let file = upload(&http, act, input_lines(2)).await;
     let (status, answer) = create_raw(
         &http,
-        &act,
+        act,
         &json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "18446744073709551615s"}),
     )
     .await;
@@ -378,8 +402,8 @@ async fn n13_window_bounded_long_line_numbered_and_a_bom_read() {
     let big = json!({"custom_id": "c-2", "method": "POST", "url": "/v1/chat/completions",
         "body": {"model": "m", "messages": [{"role": "user", "content": "x".repeat(8000)}]}});
     long.extend_from_slice(format!("{big}\n").as_bytes());
-    let id = create(&http, &act, &upload(&http, &act, long).await).await;
-    let b = wait_batch(&http, &act, &id, Duration::from_secs(30), |b| {
+    let id = create(&http, act, &upload(&http, act, long).await).await;
+    let b = wait_batch(&http, act, &id, Duration::from_secs(30), |b| {
         b["status"] == "failed"
     })
     .await;
@@ -395,8 +419,8 @@ async fn n13_window_bounded_long_line_numbered_and_a_bom_read() {
 
     let mut bom = b"\xEF\xBB\xBF".to_vec();
     bom.extend(input_lines(3));
-    let id = create(&http, &act, &upload(&http, &act, bom).await).await;
-    let b = wait_batch(&http, &act, &id, Duration::from_secs(30), |b| {
+    let id = create(&http, act, &upload(&http, act, bom).await).await;
+    let b = wait_batch(&http, act, &id, Duration::from_secs(30), |b| {
         b["status"]
             .as_str()
             .is_some_and(|s| s == "completed" || s == "failed")
@@ -407,17 +431,13 @@ async fn n13_window_bounded_long_line_numbered_and_a_bom_read() {
         "a file saved with a byte order mark runs: {b}"
     );
     assert_eq!(b["request_counts"]["completed"], 3);
-    let _ = std::fs::remove_dir_all(&store);
 }
 
 #[tokio::test]
 async fn n16_namespace_quotas_on_files_and_bytes() {
     let http = http_client(Duration::from_secs(60));
-    let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"]);
-    let store = store_dir("n16");
-    let act = activator(
-        &store,
-        &[format!("m={}", sim.base())],
+    let gw = Gateway::start(
+        "n16",
         &[
             "--batch-max-files-per-namespace",
             "3",
@@ -425,21 +445,11 @@ async fn n16_namespace_quotas_on_files_and_bytes() {
             "20000",
         ],
     );
-    let post = |prefix: &'static str, data: Vec<u8>| {
-        let mut body = b"--B\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--B\r\n\
-Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
-            .to_vec();
-        body.extend(data);
-        body.extend_from_slice(b"\r\n--B--\r\n");
-        http.post(act.url(&format!("{prefix}/v1/files")))
-            .header("content-type", "multipart/form-data; boundary=B")
-            .body(body)
-            .send()
-    };
+    let act = &gw.act;
     for _ in 0..3 {
-        upload(&http, &act, input_lines(1)).await;
+        upload(&http, act, input_lines(1)).await;
     }
-    let refused = post("", input_lines(1)).await.expect("POST");
+    let refused = post_file(&http, act, "", input_lines(1)).await;
     assert_eq!(refused.status(), 429);
     let e: Value = refused.json().await.expect("an OpenAI error");
     assert_eq!(e["error"]["code"], "namespace_quota_exceeded");
@@ -451,8 +461,8 @@ Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
         "{e}"
     );
     // Another namespace has its own room; its bytes are bounded too.
-    upload_to(&http, &act, "/namespaces/team-b", vec![b'x'; 15_000]).await;
-    let refused = post("/namespaces/team-b", vec![b'x'; 6_000]).await.expect("POST");
+    upload_to(&http, act, "/namespaces/team-b", vec![b'x'; 15_000]).await;
+    let refused = post_file(&http, act, "/namespaces/team-b", vec![b'x'; 6_000]).await;
     assert_eq!(refused.status(), 429);
     let e: Value = refused.json().await.expect("an OpenAI error");
     assert!(
@@ -467,19 +477,13 @@ Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\r\n"
         bad.status().is_client_error(),
         "a namespace that is no name is refused"
     );
-    let _ = std::fs::remove_dir_all(&store);
 }
 
 #[tokio::test]
 async fn n9_a_batch_body_that_never_arrives_is_cut_at_the_body_read_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let sim = Tessera::vllm_sim(&["--served-model-name", "m", "--time-scale", "100"]);
-    let store = store_dir("n9");
-    let act = activator(
-        &store,
-        &[format!("m={}", sim.base())],
-        &["--body-read-timeout", "2s"],
-    );
+    let gw = Gateway::start("n9", &["--body-read-timeout", "2s"]);
+    let act = &gw.act;
     let mut answers = Vec::new();
     for head in [
         "POST /v1/batches HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"input",
@@ -505,5 +509,4 @@ async fn n9_a_batch_body_that_never_arrives_is_cut_at_the_body_read_timeout() {
         answers[0], answers[1]
     );
     assert!(answers.iter().all(|s| *s < 10.0), "{answers:?}");
-    let _ = std::fs::remove_dir_all(&store);
 }

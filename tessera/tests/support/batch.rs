@@ -26,22 +26,32 @@ pub async fn upload(http: &reqwest::Client, act: &Tessera, data: Vec<u8>) -> Str
 
 /// As [`upload`], under `prefix` (`/namespaces/<ns>` or nothing).
 pub async fn upload_to(http: &reqwest::Client, act: &Tessera, prefix: &str, data: Vec<u8>) -> String {
+    let len = data.len();
+    let resp = post_file(http, act, prefix, data).await;
+    assert_eq!(resp.status(), 200);
+    let file: Value = resp.json().await.expect("a file object");
+    assert_eq!(file["bytes"].as_u64(), Some(len as u64));
+    file["id"].as_str().expect("an id").to_owned()
+}
+
+/// `POST <prefix>/v1/files` of `data` with purpose batch, whatever the answer (a test of a refusal reads it).
+pub async fn post_file(
+    http: &reqwest::Client,
+    act: &Tessera,
+    prefix: &str,
+    data: Vec<u8>,
+) -> reqwest::Response {
     let mut body = b"--BOUNDARY\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--BOUNDARY\r\n\
 Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n"
         .to_vec();
     body.extend_from_slice(&data);
     body.extend_from_slice(b"\r\n--BOUNDARY--\r\n");
-    let resp = http
-        .post(act.url(&format!("{prefix}/v1/files")))
+    http.post(act.url(&format!("{prefix}/v1/files")))
         .header("content-type", "multipart/form-data; boundary=BOUNDARY")
         .body(body)
         .send()
         .await
-        .expect("POST /v1/files");
-    assert_eq!(resp.status(), 200);
-    let file: Value = resp.json().await.expect("a file object");
-    assert_eq!(file["bytes"].as_u64(), Some(data.len() as u64));
-    file["id"].as_str().expect("an id").to_owned()
+        .expect("POST /v1/files")
 }
 
 /// Creates a 24h chat batch of `file`; its id.
