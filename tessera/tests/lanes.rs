@@ -269,43 +269,12 @@ async fn under_lane_priority_flex_and_batch_requests_never_keep_a_priority_ahead
     // A batch whose line asks to run first.
     let line = serde_json::json!({ "custom_id": "c-0", "method": "POST", "url": "/v1/chat/completions",
         "body": chat("batch-ahead", serde_json::json!({ "priority": -100 })) });
-    let mut form = b"--BOUNDARY\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--BOUNDARY\r\n\
-Content-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\nContent-Type: application/jsonl\r\n\r\n"
-        .to_vec();
-    form.extend_from_slice(format!("{line}\n").as_bytes());
-    form.extend_from_slice(b"\r\n--BOUNDARY--\r\n");
-    let file: serde_json::Value = http
-        .post(act.url("/v1/files"))
-        .header("content-type", "multipart/form-data; boundary=BOUNDARY")
-        .body(form)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let batch: serde_json::Value = http
-        .post(act.url("/v1/batches"))
-        .json(
-            &serde_json::json!({ "input_file_id": file["id"], "endpoint": "/v1/chat/completions",
-            "completion_window": "24h" }),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = batch["id"].as_str().expect("a batch id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let b = support::get_json(&http, &act.url(&format!("/v1/batches/{id}"))).await;
-        if b["status"] == "completed" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the batch never completed: {b}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let file = support::batch::upload(&http, &act, format!("{line}\n").into_bytes()).await;
+    let id = support::batch::create(&http, &act, &file).await;
+    support::batch::wait_batch(&http, &act, &id, Duration::from_secs(30), |b| {
+        b["status"] == "completed"
+    })
+    .await;
     let seen = seen.lock().unwrap().clone();
     let priority_of = |what: &str| {
         seen.iter()
