@@ -84,6 +84,27 @@ async fn wait_metric(ctl: &Tessera, want: &str, within: Duration) -> String {
 /// A tenant pod answers its `/v1/status` with 300 MB (the reported attack took the autoscaler to 619 MB, over the
 /// chart's 512Mi limit, and both replicas crash-looped). The autoscaler must refuse the document at its bound,
 /// count the refusal, and stay small; the model reads as having no data (which never scales it down).
+/// `POST path` with a JSON `body` written byte for byte on a new connection (no client library normalises the
+/// path), and the whole answer read, within 10 s.
+async fn raw_post(addr: std::net::SocketAddr, path: &str, body: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
+        .await
+        .expect("answered in time")
+        .expect("read");
+    answer
+}
+
 #[tokio::test]
 async fn a_pod_answering_300_mb_cannot_run_the_autoscaler_out_of_memory() {
     const BIG: usize = 300 * 1024 * 1024;
@@ -243,21 +264,12 @@ async fn the_activator_refuses_dot_segments_and_answers_a_model_lookup() {
         "/namespaces/default/v1/./../x",
     ] {
         // Sent raw: an HTTP client library would normalise the path before it leaves.
-        let mut s = tokio::net::TcpStream::connect(activator.addr)
-            .await
-            .expect("connect");
-        let body = r#"{"model":"m","prompt":"hi","max_tokens":1}"#;
-        s.write_all(
-            format!(
-                "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
+        let answer = raw_post(
+            activator.addr,
+            path,
+            r#"{"model":"m","prompt":"hi","max_tokens":1}"#,
         )
-        .await
-        .expect("write");
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).await.expect("read");
+        .await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
         assert!(answer.contains("bad_path"), "{path}: {answer}");
     }
@@ -410,23 +422,7 @@ async fn the_activator_refuses_development_endpoints_however_they_are_spelled() 
         "/namespaces/default/%77ake_up",
     ] {
         // Sent raw: an HTTP client library could re-encode or normalise the path before it leaves.
-        let mut s = tokio::net::TcpStream::connect(activator.addr)
-            .await
-            .expect("connect");
-        s.write_all(
-            format!(
-                "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        )
-        .await
-        .expect("write");
-        let mut answer = String::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut answer))
-            .await
-            .expect("answered in time")
-            .expect("read");
+        let answer = raw_post(activator.addr, path, body).await;
         assert!(answer.starts_with("HTTP/1.1 404"), "{path}: {answer}");
         assert!(answer.contains("development endpoint"), "{path}: {answer}");
     }
