@@ -218,21 +218,19 @@ async fn schedule_pass(b: &Arc<Batches>, held: &Arc<Held>, running: &mut Running
     Ok(())
 }
 
-/// How core schedules `batch`: in its model's turn, or on its own when it only has files to write (validation,
-/// cancel, expiry) or spreads over several models.
+/// What core schedules `batch` by (its turn: `RunKey::of`), read from its document and its cancel marker.
 async fn queued_of(b: &Batches, batch: &BatchObject, now_s: u64) -> Result<schedule::Queued, StoreError> {
     let deadline_s = batch.expires_at.unwrap_or(u64::MAX);
-    let alone = batch.status != BatchStatus::InProgress
-        || batch.model.is_empty()
-        || now_s >= deadline_s
-        || b.store.cancel_requested(&batch.id).await?;
+    let cancel = b.store.cancel_requested(&batch.id).await?;
     Ok(schedule::Queued {
         id: batch.id.clone(),
-        key: if alone {
-            schedule::RunKey::Alone
-        } else {
-            schedule::RunKey::Model(batch.model.clone())
-        },
+        key: schedule::RunKey::of(
+            batch.status == BatchStatus::InProgress,
+            &batch.model,
+            cancel,
+            deadline_s,
+            now_s,
+        ),
         deadline_s,
         created_s: batch.created_at,
     })

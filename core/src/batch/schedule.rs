@@ -23,6 +23,19 @@ pub enum RunKey {
     Alone,
 }
 
+impl RunKey {
+    /// A batch's turn: in its model's while it is in progress and every line names that `model`; on its own
+    /// when it only has files to write (validating, a cancel asked for, past its deadline) or names several
+    /// models (`model` empty).
+    pub fn of(in_progress: bool, model: &str, cancel_requested: bool, deadline_s: u64, now_s: u64) -> RunKey {
+        if !in_progress || model.is_empty() || cancel_requested || now_s >= deadline_s {
+            RunKey::Alone
+        } else {
+            RunKey::Model(model.to_owned())
+        }
+    }
+}
+
 /// A batch not yet final, as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queued {
@@ -149,6 +162,23 @@ mod tests {
         assert!(p.start.is_empty(), "no slot left");
         let p = plan(&queued, &set(&["a1"]), 3);
         assert_eq!(p.start, ["cancel", "b1"]);
+    }
+
+    #[test]
+    fn a_batch_with_only_files_to_write_runs_on_its_own() {
+        assert_eq!(RunKey::of(true, "m", false, 100, 50), RunKey::Model("m".into()));
+        assert_eq!(
+            RunKey::of(false, "m", false, 100, 50),
+            RunKey::Alone,
+            "validating"
+        );
+        assert_eq!(RunKey::of(true, "m", true, 100, 50), RunKey::Alone, "cancelling");
+        assert_eq!(RunKey::of(true, "m", false, 100, 100), RunKey::Alone, "expired");
+        assert_eq!(
+            RunKey::of(true, "", false, 100, 50),
+            RunKey::Alone,
+            "several models"
+        );
     }
 
     #[test]
