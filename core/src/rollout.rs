@@ -5,7 +5,7 @@
 //! - the **candidate**: the latest recommendation and since when it has stayed within a tolerance of itself;
 //! - the allocation **in force**: what new pods get (`updateMode: Initial` and `Recreate`). A candidate becomes
 //!   in force once it has been stable for the stability window; a shrink that keeps shrinking counts as stable,
-//!   and the largest recommendation of its window comes into force ([`track`]). An *urgent growth* becomes in force at once
+//!   and the largest recommendation of its window comes into force (`track`). An *urgent growth* becomes in force at once
 //!   ([`Urgency`]): more memory while vLLM preempts (preemptions recompute work and hurt latency now), or a bigger
 //!   compute share while a replica's TTFT p95 is over the objective (a replica started on a smaller share stays
 //!   on it until replaced, and each sync it breaches the SLO guard adds a replica instead — measured on the
@@ -13,13 +13,19 @@
 //!   Values fixed in the policy (`gpu.memory: 10240`, `gpu.computeFraction: "0.25"`) always win over the
 //!   recommendation.
 //!
-//! With `updateMode: Recreate`, [`decide_roll`] says whether to roll the running pods now. A roll is a
+//! With `updateMode: Recreate`, the roll rule (`decide_roll`) says whether to roll the running pods now. A roll is a
 //! make-before-break: the controller bumps a hash annotation on the workload's pod template and the Deployment or
 //! StatefulSet controller replaces pods with its own strategy (surge first where it allows). The rule never rolls
 //! below `minReplicas` ready, never while the model is scaling or a previous roll is in progress, never two models
 //! of one pool at once, never against a PodDisruptionBudget, and never shrinks on missing data. A shrink rolls only
 //! to give GPU memory back: pods that hold a larger compute share but no more memory keep it until they are
 //! replaced for another reason (a restart costs a cold start and frees nothing while MPS caps are limits).
+//!
+//! The controller and the simulator take this half of the round through one call, [`fold`]: what was kept from
+//! the last round, the recommendation, the pods' allocations and the workload's state in; the candidate, the
+//! allocation in force, since when pods drift, which pods drifted, how many an urgency leaves behind, and the roll
+//! decision out. Its steps are private so that neither caller can sequence them on its own (they did, twice, and
+//! drifted apart); only [`drifted`] stays public, as the pod-deletion-cost order a ReplicaSet follows.
 
 use std::time::Duration;
 
@@ -198,7 +204,7 @@ impl Default for RolloutConfig {
 /// asked for. A recommendation that grows past the candidate restarts the clock as before.
 /// `None` (no recommendation this round: not yet, or stale) keeps the candidate as it was — missing data never
 /// moves anything.
-pub fn track(
+fn track(
     previous: Option<&Candidate>,
     recommended: Option<Allocation>,
     in_force: Option<&Allocation>,
@@ -252,7 +258,7 @@ impl InForceReason {
 
 /// The allocation in force now, and why. `previous` is what was in force before; `urgency` what the model's
 /// replicas show this round.
-pub fn in_force(
+fn in_force(
     fixed: &Fixed,
     candidate: Option<&Candidate>,
     previous: Option<Allocation>,
@@ -332,7 +338,7 @@ pub fn drifted(target: &Allocation, pod: &Allocation, threshold: f64) -> bool {
 /// How many pods run below `target` (by more than `threshold`) in a dimension `urgency` hurries: less memory
 /// while vLLM preempts, less compute while a replica is over the TTFT objective. Under `Recreate` any makes the
 /// roll an [`RollReason::UrgentGrowth`]; under `Initial` the status names them (they keep what they have).
-pub fn urgently_below(
+fn urgently_below(
     target: &Allocation,
     pods: &[Option<Allocation>],
     threshold: f64,
@@ -355,7 +361,7 @@ fn shrinks_memory(target: &Allocation, pods: &[Option<Allocation>], threshold: f
 }
 
 /// Compares the pods' allocations (`None`: unknown, e.g. a pod admitted before Tessera) with `target`.
-pub fn drift(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> Drift {
+fn drift(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -> Drift {
     let known: Vec<&Allocation> = pods.iter().flatten().collect();
     if known.is_empty() {
         return Drift::Unknown;
@@ -374,7 +380,7 @@ pub fn drift(target: &Allocation, pods: &[Option<Allocation>], threshold: f64) -
 }
 
 /// When the current drift began: kept while the pods stay drifted, cleared when they are in sync.
-pub fn drift_since(previous: Option<u64>, drift: Drift, now_ms: u64) -> Option<u64> {
+fn drift_since(previous: Option<u64>, drift: Drift, now_ms: u64) -> Option<u64> {
     match drift {
         Drift::Grow | Drift::Shrink => Some(previous.unwrap_or(now_ms)),
         Drift::None | Drift::Unknown => None,
@@ -383,14 +389,14 @@ pub fn drift_since(previous: Option<u64>, drift: Drift, now_ms: u64) -> Option<u
 
 /// Everything the roll rule needs about one model, as observed this round.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RollInput {
+struct RollInput {
     /// `gpu.updateMode`.
     pub mode: UpdateMode,
-    /// The allocation in force (see [`in_force`]).
+    /// The allocation in force (see `in_force`).
     pub in_force: Option<Allocation>,
     /// Each running pod's allocation (from its `tessera.dev/gpu-memory` and `tessera.dev/gpu-compute-fraction`).
     pub pods: Vec<Option<Allocation>>,
-    /// When the current drift began ([`drift_since`]).
+    /// When the current drift began (`drift_since`).
     pub drift_since_ms: Option<u64>,
     /// What the model's replicas show this round ([`Urgency::of`]).
     pub urgency: Urgency,
@@ -501,7 +507,7 @@ impl HoldReason {
 }
 
 /// Whether to roll the model's running pods now. See the module documentation for the rules.
-pub fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
+fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
     use HoldReason as H;
     if input.mode != UpdateMode::Recreate {
         return RollDecision::Hold(H::ModeNotRecreate);
@@ -556,6 +562,166 @@ pub fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
         return RollDecision::Hold(H::RolloutInProgress);
     }
     RollDecision::Roll(reason)
+}
+
+/// What the allocation half keeps for a model from one round to the next: the controller in `status.allocation`
+/// (so a restart or a new leader loses no clock), the simulator in its model state.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Kept {
+    /// The latest recommendation and since when it has held within the tolerance.
+    pub candidate: Option<Candidate>,
+    /// What new pods get.
+    pub in_force: Option<Allocation>,
+    /// Since when (Unix ms) running pods have drifted from the allocation in force.
+    pub drift_since_ms: Option<u64>,
+}
+
+/// What the roll rule reads of the workload this round. Only `updateMode: Recreate` reads it: under another mode
+/// a caller may leave it at its default (the controller reads the workload only to roll it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Workload {
+    /// The workload's replicas (spec).
+    pub replicas: i32,
+    /// Replicas ready now.
+    pub ready_replicas: i32,
+    /// The replicas the autoscaler wants; differs from `replicas` while scaling.
+    pub desired_replicas: i32,
+    /// The policy's floor.
+    pub min_replicas: i32,
+    /// How many ready pods the workload's strategy may take down at once during a roll (`maxUnavailable`
+    /// resolved; 0 for a surge-only strategy).
+    pub max_unavailable: i32,
+    /// The workload is still rolling out a previous template.
+    pub rollout_in_progress: bool,
+    /// Another model of the same pool is being rolled now.
+    pub pool_busy: bool,
+    /// A PodDisruptionBudget covering the pods allows no disruption now.
+    pub disruption_blocked: bool,
+}
+
+/// Everything the allocation half of a round reads, as each caller gathered it.
+pub struct FoldInput<'a> {
+    /// `gpu.updateMode`.
+    pub mode: UpdateMode,
+    /// The values the policy fixes.
+    pub fixed: Fixed,
+    /// What the last round kept.
+    pub kept: Kept,
+    /// This round's recommendation as an allocation; `None` when there is no fresh one (nothing moves on missing
+    /// data).
+    pub recommended: Option<Allocation>,
+    /// What the model's replicas show this round ([`Urgency::of`]).
+    pub urgency: Urgency,
+    /// Each running pod's allocation (`None`: unknown, e.g. a pod admitted before Tessera).
+    pub pods: &'a [Option<Allocation>],
+    /// The workload's state, for the roll rule.
+    pub workload: Workload,
+    /// Whether the workload's pod template already carries an allocation (a roll to it was made, its pods are just
+    /// not replaced yet). A predicate rather than a value: the controller knows only the hash its template
+    /// annotation carries, the simulator the allocation it rolled to, and which allocation is asked about is
+    /// decided here.
+    pub template_carries: &'a dyn Fn(&Allocation) -> bool,
+    /// Now (Unix ms).
+    pub now_ms: u64,
+}
+
+impl std::fmt::Debug for FoldInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FoldInput")
+            .field("mode", &self.mode)
+            .field("fixed", &self.fixed)
+            .field("kept", &self.kept)
+            .field("recommended", &self.recommended)
+            .field("urgency", &self.urgency)
+            .field("pods", &self.pods)
+            .field("workload", &self.workload)
+            .field("now_ms", &self.now_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The allocation half of a round, decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fold {
+    /// What to keep for the next round: the candidate, the allocation in force, since when pods drift.
+    pub kept: Kept,
+    /// Why the allocation in force is what it is.
+    pub reason: InForceReason,
+    /// How the pods compare with it.
+    pub drift: Drift,
+    /// For each pod of the input, in its order: whether it drifted from the allocation in force (a scale-down
+    /// takes it first). `false` for an unknown allocation, and for every pod while nothing is in force.
+    pub drifted: Vec<bool>,
+    /// How many pods run below the allocation in force in a dimension this round's urgency hurries: what
+    /// `Recreate` rolls at once, named in the status under `Initial`.
+    pub behind: usize,
+    /// Whether to roll the pods now (`Hold(ModeNotRecreate)` under another mode).
+    pub roll: RollDecision,
+}
+
+/// The allocation half of a round, in the order both callers need: the recommendation folded into the candidate,
+/// the allocation in force, how the pods drift from it and since when, who an urgency leaves behind, then the roll
+/// decision on the workload's state. Pure: time comes in as `now_ms`.
+pub fn fold(input: &FoldInput<'_>, cfg: &RolloutConfig) -> Fold {
+    let now_ms = input.now_ms;
+    let prev = input.kept;
+    let candidate = track(
+        prev.candidate.as_ref(),
+        input.recommended,
+        prev.in_force.as_ref(),
+        now_ms,
+        cfg,
+    );
+    let (force, reason) = in_force(
+        &input.fixed,
+        candidate.as_ref(),
+        prev.in_force,
+        input.urgency,
+        now_ms,
+        cfg,
+    );
+    let threshold = cfg.drift_threshold;
+    let drift_now = force.map_or(Drift::Unknown, |f| drift(&f, input.pods, threshold));
+    let drift_since_ms = drift_since(prev.drift_since_ms, drift_now, now_ms);
+    let drifted = input
+        .pods
+        .iter()
+        .map(|p| force.zip(*p).is_some_and(|(f, a)| drifted(&f, &a, threshold)))
+        .collect();
+    let behind = force.map_or(0, |f| urgently_below(&f, input.pods, threshold, input.urgency));
+    let w = input.workload;
+    let roll = decide_roll(
+        &RollInput {
+            mode: input.mode,
+            in_force: force,
+            pods: input.pods.to_vec(),
+            drift_since_ms,
+            urgency: input.urgency,
+            replicas: w.replicas,
+            ready_replicas: w.ready_replicas,
+            desired_replicas: w.desired_replicas,
+            min_replicas: w.min_replicas,
+            max_unavailable: w.max_unavailable,
+            rollout_in_progress: w.rollout_in_progress,
+            pool_busy: w.pool_busy,
+            disruption_blocked: w.disruption_blocked,
+            template_at_in_force: force.is_some_and(|f| (input.template_carries)(&f)),
+            now_ms,
+        },
+        cfg,
+    );
+    Fold {
+        kept: Kept {
+            candidate,
+            in_force: force,
+            drift_since_ms,
+        },
+        reason,
+        drift: drift_now,
+        drifted,
+        behind,
+        roll,
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
-//! Step 6 of a reconcile: the allocation in force (`status.allocation`, folded from the replicas' recommendations
-//! by `super::rollout` and `core::rollout`), the `AllocationInSync` condition, and under `updateMode: Recreate` the
-//! roll of pods that run another allocation (an Event per roll).
+//! Step 7 of a reconcile: the allocation in force (`status.allocation`, folded from the replicas' recommendations
+//! by `core::rollout::fold`, gathered and applied in `super::rollout`), the `AllocationInSync` condition, and under
+//! `updateMode: Recreate` the roll of pods that run another allocation (an Event per roll).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -36,83 +36,101 @@ fn urgency_text(u: tessera_core::rollout::Urgency) -> &'static str {
 }
 
 /// Folds the recommendation into `status.allocation` and, under `Recreate`, rolls drifted pods (an Event per
-/// roll). Returns the allocation status and the `AllocationInSync` condition to set (none under `Off`).
+/// roll): gathers, takes the allocation half of the round in core (`super::rollout::fold_and_roll`, on
+/// [`tessera_core::rollout::fold`]) and applies it. Returns the allocation status and the `AllocationInSync`
+/// condition to set (none under `Off`).
 pub(super) async fn allocation_and_roll(
     ctx: &Context,
     obj: &InferenceAutoscaler,
     round: AllocationRound<'_>,
 ) -> (crate::crd::AllocationStatus, Option<(bool, String, String)>) {
-    use super::rollout::{self as ro, RollOutcome};
-    use tessera_core::rollout::{HoldReason, UpdateMode};
+    use super::rollout as ro;
+    use tessera_core::rollout::UpdateMode;
     let cfg = &ctx.settings.rollout;
     let previous = obj.status.as_ref().and_then(|s| s.allocation.as_ref());
-    let mut allocation = ro::next_allocation(
-        previous,
-        round.recommendation,
-        round.gpu,
-        round.urgency,
-        round.now_ms,
-        cfg,
-    );
-    allocation.drift_since = ro::next_drift_since(&allocation, round.all_pods, round.now_ms, cfg);
-    let mode = ro::mode(round.gpu);
-    if mode == UpdateMode::Off {
-        return (allocation, None);
-    }
-    let drifted = mark_drifted(ctx, obj, allocation.in_force.as_ref(), round.all_pods).await;
-    if mode == UpdateMode::Initial {
-        let msg = match &allocation.in_force {
-            Some(a) => {
-                let mut msg = format!(
-                    "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
-                    a.gpu_memory_mib, a.compute_fraction, allocation.reason
-                );
-                if drifted > 0 {
-                    msg.push_str(&format!(
-                        "; {drifted} running pod(s) run another allocation and go first when the model scales down"
-                    ));
-                }
-                // Name the running pods an urgent growth leaves behind: what Recreate would roll now.
-                let behind = ro::urgently_behind(a, round.all_pods, round.urgency, cfg);
-                if behind > 0 {
-                    msg.push_str(&format!(
-                        "; {behind} running pod(s) hold less than this while {} (updateMode: Recreate would roll them now)",
-                        urgency_text(round.urgency)
-                    ));
-                }
-                msg
-            }
-            None => "no allocation in force yet: waiting for a stable recommendation".to_owned(),
-        };
-        let condition = (
-            allocation_in_force(&allocation),
-            super::status::camel(&allocation.reason),
-            msg,
-        );
-        return (allocation, Some(condition));
-    }
     let model_key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
     let ns = obj.namespace().unwrap_or_default();
     let kind = obj.spec.scale_target_ref.kind.clone();
-    let outcome = ro::roll(
-        ro::RollRequest {
-            target_api: round.target_api,
-            pdb_api: Api::namespaced(ctx.client.clone(), &ns),
-            kind: &kind,
-            name: &obj.spec.scale_target_ref.name,
+    let request = ro::RollRequest {
+        target_api: round.target_api,
+        pdb_api: Api::namespaced(ctx.client.clone(), &ns),
+        kind: &kind,
+        name: &obj.spec.scale_target_ref.name,
+        model_key: &model_key,
+        facts: ro::AllocationFacts {
             pods: round.all_pods,
-            allocation: &allocation,
+            previous,
+            recommendation: round.recommendation,
             gpu: round.gpu,
-            model_key: &model_key,
             replicas: round.replicas,
             urgency: round.urgency,
             now_ms: round.now_ms,
         },
-        &ctx.rolling,
-        cfg,
+    };
+    let (fold, outcome) = ro::fold_and_roll(request, &ctx.rolling, cfg).await;
+    let mut allocation = ro::status_of(previous, &fold);
+    let mode = ro::mode(round.gpu);
+    if mode == UpdateMode::Off {
+        return (allocation, None);
+    }
+    let drifted = mark_drifted(ctx, obj, &fold.drifted, round.all_pods).await;
+    let condition = if mode == UpdateMode::Initial {
+        initial_condition(&allocation, drifted, fold.behind, round.urgency)
+    } else {
+        roll_condition(ctx, obj, &mut allocation, outcome, &round).await
+    };
+    (allocation, Some(condition))
+}
+
+/// The `AllocationInSync` condition under `updateMode: Initial`: what new pods get, how many running pods run
+/// another allocation (they go first on a scale-down), and how many an urgent growth leaves behind.
+fn initial_condition(
+    allocation: &crate::crd::AllocationStatus,
+    drifted: usize,
+    behind: usize,
+    urgency: tessera_core::rollout::Urgency,
+) -> (bool, String, String) {
+    let msg = match &allocation.in_force {
+        Some(a) => {
+            let mut msg = format!(
+                "new pods get {} MiB and a {:.2} compute share ({}); running pods are not replaced (updateMode: Initial)",
+                a.gpu_memory_mib, a.compute_fraction, allocation.reason
+            );
+            if drifted > 0 {
+                msg.push_str(&format!(
+                    "; {drifted} running pod(s) run another allocation and go first when the model scales down"
+                ));
+            }
+            // Name the running pods an urgent growth leaves behind: what Recreate would roll now.
+            if behind > 0 {
+                msg.push_str(&format!(
+                    "; {behind} running pod(s) hold less than this while {} (updateMode: Recreate would roll them now)",
+                    urgency_text(urgency)
+                ));
+            }
+            msg
+        }
+        None => "no allocation in force yet: waiting for a stable recommendation".to_owned(),
+    };
+    (
+        allocation_in_force(allocation),
+        super::status::camel(&allocation.reason),
+        msg,
     )
-    .await;
-    let condition = match outcome {
+}
+
+/// Applies a roll's outcome under `updateMode: Recreate`: the roll's fields in `allocation`, an Event for a roll
+/// or a failed one, and the `AllocationInSync` condition.
+async fn roll_condition(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    allocation: &mut crate::crd::AllocationStatus,
+    outcome: super::rollout::RollOutcome,
+    round: &AllocationRound<'_>,
+) -> (bool, String, String) {
+    use super::rollout::RollOutcome;
+    use tessera_core::rollout::HoldReason;
+    match outcome {
         RollOutcome::Rolled {
             reason,
             hash,
@@ -153,26 +171,20 @@ pub(super) async fn allocation_and_roll(
             .await;
             (false, "RollFailed".to_owned(), message)
         }
-    };
-    (allocation, Some(condition))
+    }
 }
 
 /// Marks the pods that drifted from the allocation in force to go first on a scale-down, and takes the mark off
-/// those that no longer have (`super::rollout::deletion_cost_changes`). Only a ReplicaSet honours the cost, so
-/// only a Deployment's pods are marked. A failed write is logged and retried next round: the mark only orders a
-/// scale-down. Returns how many pods carry the mark (marked now or before).
-async fn mark_drifted(
-    ctx: &Context,
-    obj: &InferenceAutoscaler,
-    in_force: Option<&crate::crd::AllocationValues>,
-    pods: &[Pod],
-) -> usize {
+/// those that no longer have (`super::rollout::deletion_cost_changes`), as the fold judged them (`drifted`, one per
+/// pod). Only a ReplicaSet honours the cost, so only a Deployment's pods are marked. A failed write is logged and
+/// retried next round: the mark only orders a scale-down. Returns how many pods carry the mark (marked now or
+/// before).
+async fn mark_drifted(ctx: &Context, obj: &InferenceAutoscaler, drifted: &[bool], pods: &[Pod]) -> usize {
     use super::rollout as ro;
     if !super::deletion_cost::honoured_by(&obj.spec.scale_target_ref.kind) {
         return 0;
     }
-    let cfg = &ctx.settings.rollout;
-    let changes = ro::deletion_cost_changes(in_force, pods, cfg);
+    let changes = ro::deletion_cost_changes(pods, drifted);
     if !changes.is_empty() {
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
         match super::deletion_cost::write(&api, &changes).await {
@@ -182,7 +194,7 @@ async fn mark_drifted(
             }
         }
     }
-    ro::marked_count(in_force, pods, cfg)
+    ro::marked_count(pods, drifted)
 }
 
 fn allocation_in_force(a: &crate::crd::AllocationStatus) -> bool {

@@ -927,3 +927,7 @@ mod tests;
 #[cfg(test)]
 #[path = "sim_parity_tests.rs"]
 mod sim_parity_tests;
+
+#[cfg(test)]
+#[path = "allocation_parity_tests.rs"]
+mod allocation_parity_tests;

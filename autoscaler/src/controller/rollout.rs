@@ -1,8 +1,8 @@
 //! `gpu.updateMode` in the controller: which allocation is in force (status.allocation, read by the webhook at pod
 //! creation), and, under `Recreate`, rolling running pods onto it.
 //!
-//! The rules are pure and live in [`tessera_core::rollout`]; this module gathers their inputs from the cluster and
-//! applies the answer:
+//! The rules are pure and live in [`tessera_core::rollout`], taken in one call ([`tessera_core::rollout::fold`], the
+//! simulator's too); this module gathers their inputs from the cluster and applies the answer:
 //! - **in force**: folded every reconcile from the fresh recommendation and the previous status (so a restart or a
 //!   new leader loses nothing: the candidate's clock is in status);
 //! - **roll**: a merge patch of [`TEMPLATE_HASH_ANNOTATION`] on the workload's pod template, carrying the
@@ -27,8 +27,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::Value;
 use tessera_core::rollout::{
-    self, Allocation, Candidate, Fixed, HoldReason, RollDecision, RollInput, RolloutConfig, UpdateMode,
-    Urgency,
+    self, Allocation, Candidate, Fixed, Fold, FoldInput, HoldReason, Kept, RollDecision, RolloutConfig,
+    UpdateMode, Urgency, Workload,
 };
 use tracing::{debug, info, warn};
 
@@ -138,28 +138,18 @@ fn ours_to_mark(pod: &Pod) -> Option<bool> {
     }
 }
 
-fn is_drifted(target: Option<&Allocation>, pod: &Pod, cfg: &RolloutConfig) -> bool {
-    target
-        .zip(pod_allocation(pod))
-        .is_some_and(|(t, a)| rollout::drifted(t, &a, cfg.drift_threshold))
-}
-
 /// What to change on the pods' `pod-deletion-cost` this round (pure): `(pod, Some(DRIFTED_COST))` for a pod that
-/// has drifted from `in_force` and is not marked yet, `(pod, None)` to take the mark off one that no longer has
-/// (the allocation in force moved back, or there is none). A pod whose cost someone else set (a user, or
-/// consolidation marking it to leave) is never touched, nor one being deleted, nor one whose allocation is unknown
-/// (missing annotations are never judged).
-pub fn deletion_cost_changes(
-    in_force: Option<&AllocationValues>,
-    pods: &[Pod],
-    cfg: &RolloutConfig,
-) -> Vec<(String, Option<i32>)> {
-    let target = in_force.map(from_values);
+/// has drifted from the allocation in force (`drifted`, one per pod as [`tessera_core::rollout::fold`] judged them)
+/// and is not marked yet, `(pod, None)` to take the mark off one that no longer has (the allocation in force moved
+/// back, or there is none). A pod whose cost someone else set (a user, or consolidation marking it to leave) is
+/// never touched, nor one being deleted, nor one whose allocation is unknown (missing annotations are never judged).
+pub fn deletion_cost_changes(pods: &[Pod], drifted: &[bool]) -> Vec<(String, Option<i32>)> {
     pods.iter()
-        .filter_map(|p| {
+        .zip(drifted)
+        .filter_map(|(p, &drifted)| {
             let ours = ours_to_mark(p)?;
             let name = p.metadata.name.clone()?;
-            match (is_drifted(target.as_ref(), p, cfg), ours) {
+            match (drifted, ours) {
                 (true, false) => Some((name, Some(DRIFTED_COST))),
                 (false, true) => Some((name, None)),
                 _ => None,
@@ -168,25 +158,13 @@ pub fn deletion_cost_changes(
         .collect()
 }
 
-/// How many of `pods` this rule marks to go first on a scale-down: drifted from `in_force`, and not ranked by
-/// someone else (what the status counts).
-pub fn marked_count(in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &RolloutConfig) -> usize {
-    let target = in_force.map(from_values);
+/// How many of `pods` this rule marks to go first on a scale-down: drifted (`drifted`, one per pod), and not ranked
+/// by someone else (what the status counts).
+pub fn marked_count(pods: &[Pod], drifted: &[bool]) -> usize {
     pods.iter()
-        .filter(|p| ours_to_mark(p).is_some() && is_drifted(target.as_ref(), p, cfg))
+        .zip(drifted)
+        .filter(|(p, d)| **d && ours_to_mark(p).is_some())
         .count()
-}
-
-/// How many of `pods` run below `in_force` in a dimension `urgency` hurries (`core::rollout::urgently_below`):
-/// what `Recreate` would roll at once, named in the status under `Initial`.
-pub fn urgently_behind(
-    in_force: &AllocationValues,
-    pods: &[Pod],
-    urgency: Urgency,
-    cfg: &RolloutConfig,
-) -> usize {
-    let pods: Vec<Option<Allocation>> = pods.iter().map(pod_allocation).collect();
-    rollout::urgently_below(&from_values(in_force), &pods, cfg.drift_threshold, urgency)
 }
 
 fn from_values(v: &AllocationValues) -> Allocation {
@@ -220,48 +198,98 @@ fn ms_time(ms: u64) -> Option<Time> {
         .map(Time)
 }
 
-/// Folds this reconcile's recommendation into the allocation status (pure; see [`tessera_core::rollout`]).
-/// `recommendation` must be `None` when no fresh one exists: missing data keeps everything as it was.
-pub fn next_allocation(
-    previous: Option<&AllocationStatus>,
-    recommendation: Option<&RecommendationStatus>,
-    gpu: &GpuSpec,
-    urgency: Urgency,
-    now_ms: u64,
-    cfg: &RolloutConfig,
-) -> AllocationStatus {
-    let prev_candidate = previous.and_then(|p| {
-        Some(Candidate {
-            alloc: from_values(p.candidate.as_ref()?),
-            since_ms: time_ms(p.candidate_since.as_ref()?),
-        })
-    });
-    let prev_in_force = previous.and_then(|p| p.in_force.as_ref()).map(from_values);
-    let candidate = rollout::track(
-        prev_candidate.as_ref(),
-        recommended(recommendation),
-        prev_in_force.as_ref(),
-        now_ms,
-        cfg,
-    );
-    let (force, why) = rollout::in_force(
-        &fixed(gpu),
-        candidate.as_ref(),
-        prev_in_force,
-        urgency,
-        now_ms,
-        cfg,
-    );
+/// What the last round kept, read back from `status.allocation` (so a restart or a new leader loses no clock).
+fn kept(previous: Option<&AllocationStatus>) -> Kept {
+    Kept {
+        candidate: previous.and_then(|p| {
+            Some(Candidate {
+                alloc: from_values(p.candidate.as_ref()?),
+                since_ms: time_ms(p.candidate_since.as_ref()?),
+            })
+        }),
+        in_force: previous.and_then(|p| p.in_force.as_ref()).map(from_values),
+        drift_since_ms: previous.and_then(|p| p.drift_since.as_ref()).map(time_ms),
+    }
+}
+
+/// The allocation status after this round's fold; the roll's own fields (template hash, last roll, its reason) are
+/// carried from `previous` until the roll is applied.
+pub fn status_of(previous: Option<&AllocationStatus>, fold: &Fold) -> AllocationStatus {
+    let kept = &fold.kept;
     AllocationStatus {
-        in_force: force.as_ref().map(to_values),
-        reason: why.label().to_owned(),
-        candidate: candidate.as_ref().map(|c| to_values(&c.alloc)),
-        candidate_since: candidate.and_then(|c| ms_time(c.since_ms)),
-        drift_since: previous.and_then(|p| p.drift_since.clone()),
+        in_force: kept.in_force.as_ref().map(to_values),
+        reason: fold.reason.label().to_owned(),
+        candidate: kept.candidate.as_ref().map(|c| to_values(&c.alloc)),
+        candidate_since: kept.candidate.and_then(|c| ms_time(c.since_ms)),
+        drift_since: kept.drift_since_ms.and_then(ms_time),
         template_hash: previous.and_then(|p| p.template_hash.clone()),
         last_roll_time: previous.and_then(|p| p.last_roll_time.clone()),
         roll_reason: previous.and_then(|p| p.roll_reason.clone()),
     }
+}
+
+/// What the allocation half reads of the model this round, as the reconcile gathered it.
+#[derive(Debug, Clone, Copy)]
+pub struct AllocationFacts<'a> {
+    /// The model's pods (all of them, ready or not).
+    pub pods: &'a [Pod],
+    /// The allocation status the last round left.
+    pub previous: Option<&'a AllocationStatus>,
+    /// This round's recommendation; `None` when no fresh one exists (missing data keeps everything as it was).
+    pub recommendation: Option<&'a RecommendationStatus>,
+    /// The policy's GPU settings.
+    pub gpu: &'a GpuSpec,
+    /// Replica counts (spec, ready, desired) and the policy floor.
+    pub replicas: (i32, i32, i32, i32),
+    /// What hurries a growth this round (preemptions, a replica over the TTFT objective).
+    pub urgency: Urgency,
+    /// Now.
+    pub now_ms: u64,
+}
+
+/// What the roll rule reads of the workload, gathered under `updateMode: Recreate` only.
+#[derive(Debug, Clone, Copy)]
+pub struct RollFacts<'a> {
+    /// The workload object's state and strategy.
+    pub workload: &'a WorkloadFacts,
+    /// A PodDisruptionBudget over the pods allows no disruption now.
+    pub disruption_blocked: bool,
+    /// Another model of the pool is rolling.
+    pub pool_busy: bool,
+}
+
+/// The allocation half of the round on what the reconcile gathered (pure): [`tessera_core::rollout::fold`], the
+/// simulator's call too. `roll: None` (not `Recreate`, or the workload could not be read): no workload facts, and
+/// the roll decision is not one to apply.
+pub fn fold_round(facts: &AllocationFacts<'_>, roll: Option<RollFacts<'_>>, cfg: &RolloutConfig) -> Fold {
+    let pods: Vec<Option<Allocation>> = facts.pods.iter().map(pod_allocation).collect();
+    let (replicas, ready, desired, min) = facts.replicas;
+    let workload = roll.map_or_else(Workload::default, |r| Workload {
+        replicas,
+        ready_replicas: ready,
+        desired_replicas: desired,
+        min_replicas: min,
+        max_unavailable: r.workload.max_unavailable,
+        rollout_in_progress: r.workload.rollout_in_progress,
+        pool_busy: r.pool_busy,
+        disruption_blocked: r.disruption_blocked,
+    });
+    let template_hash = roll.and_then(|r| r.workload.template_hash.as_deref());
+    let carries = |a: &Allocation| template_hash == Some(allocation_hash(&to_values(a)).as_str());
+    rollout::fold(
+        &FoldInput {
+            mode: mode(facts.gpu),
+            fixed: fixed(facts.gpu),
+            kept: kept(facts.previous),
+            recommended: recommended(facts.recommendation),
+            urgency: facts.urgency,
+            pods: &pods,
+            workload,
+            template_carries: &carries,
+            now_ms: facts.now_ms,
+        },
+        cfg,
+    )
 }
 
 /// A pod's allocation from the annotations the webhook wrote; `None` when either is missing or unreadable.
@@ -396,7 +424,7 @@ pub enum RollOutcome {
     Failed(String),
 }
 
-/// Everything [`roll`] needs about the model this round.
+/// Everything [`fold_and_roll`] needs about the model this round.
 #[derive(Debug)]
 pub struct RollRequest<'a> {
     /// The workload's API (the scale target's kind).
@@ -407,139 +435,128 @@ pub struct RollRequest<'a> {
     pub kind: &'a str,
     /// Name of the workload.
     pub name: &'a str,
-    /// The model's pods (all of them, ready or not).
-    pub pods: &'a [Pod],
-    /// The allocation status just computed.
-    pub allocation: &'a AllocationStatus,
-    /// The policy's GPU settings.
-    pub gpu: &'a GpuSpec,
     /// `namespace/name` of the InferenceAutoscaler.
     pub model_key: &'a str,
-    /// Replica counts (spec, ready, desired) and the policy floor.
-    pub replicas: (i32, i32, i32, i32),
-    /// What hurries a growth this round (preemptions, a replica over the TTFT objective).
-    pub urgency: Urgency,
-    /// Now.
-    pub now_ms: u64,
+    /// What the fold reads of the model.
+    pub facts: AllocationFacts<'a>,
 }
 
-/// Decides and, when the rule says so, rolls. Reads the workload (and PDBs) only under `Recreate`.
-pub async fn roll(req: RollRequest<'_>, rolling: &Rolling, cfg: &RolloutConfig) -> RollOutcome {
-    let mode = mode(req.gpu);
-    if mode != UpdateMode::Recreate {
-        return RollOutcome::Held(HoldReason::ModeNotRecreate);
+/// The workload as read for a roll: the object (its `resourceVersion` guards the patch), its facts, and whether a
+/// PodDisruptionBudget blocks a disruption.
+async fn read_workload(req: &RollRequest<'_>) -> Result<(DynamicObject, WorkloadFacts, bool), String> {
+    let workload = req
+        .target_api
+        .get(req.name)
+        .await
+        .map_err(|e| format!("reading {}/{}: {e}", req.kind, req.name))?;
+    let facts = workload_facts(&workload, req.kind);
+    let pdbs = match req.pdb_api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        // Unknown budgets: never roll blind.
+        Err(e) => return Err(format!("listing PodDisruptionBudgets: {e}")),
+    };
+    let blocked = disruption_blocked(&pdbs, &facts.template_labels);
+    Ok((workload, facts, blocked))
+}
+
+/// Folds the allocation (`fold_round`) and, under `Recreate`, rolls when the fold says so: gathers the workload
+/// and its budgets first, and on a 409 Conflict re-reads and folds again. Returns the fold (the status and the
+/// pods' marks follow from it) and what the roll did.
+pub async fn fold_and_roll(
+    req: RollRequest<'_>,
+    rolling: &Rolling,
+    cfg: &RolloutConfig,
+) -> (Fold, RollOutcome) {
+    if mode(req.facts.gpu) != UpdateMode::Recreate {
+        let fold = fold_round(&req.facts, None, cfg);
+        return (fold, RollOutcome::Held(HoldReason::ModeNotRecreate));
     }
-    let pool = pool_key(req.gpu, req.model_key);
+    let pool = pool_key(req.facts.gpu, req.model_key);
     const ATTEMPTS: usize = 3;
     for attempt in 1..=ATTEMPTS {
-        let workload = match req.target_api.get(req.name).await {
-            Ok(w) => w,
-            Err(e) => return RollOutcome::Failed(format!("reading {}/{}: {e}", req.kind, req.name)),
+        let (workload, facts, blocked) = match read_workload(&req).await {
+            Ok(read) => read,
+            Err(message) => return (fold_round(&req.facts, None, cfg), RollOutcome::Failed(message)),
         };
-        let facts = workload_facts(&workload, req.kind);
         if !facts.rollout_in_progress {
             rolling.set(&pool, req.model_key, false);
         }
-        let pdbs = match req.pdb_api.list(&ListParams::default()).await {
-            Ok(l) => l.items,
-            // Unknown budgets: never roll blind.
-            Err(e) => return RollOutcome::Failed(format!("listing PodDisruptionBudgets: {e}")),
-        };
-        let (replicas, ready, desired, min) = req.replicas;
-        let input = RollInput {
-            mode,
-            in_force: req.allocation.in_force.as_ref().map(from_values),
-            pods: req.pods.iter().map(pod_allocation).collect(),
-            drift_since_ms: req.allocation.drift_since.as_ref().map(time_ms),
-            urgency: req.urgency,
-            replicas,
-            ready_replicas: ready,
-            desired_replicas: desired,
-            min_replicas: min,
-            max_unavailable: facts.max_unavailable,
-            rollout_in_progress: facts.rollout_in_progress,
+        let roll = RollFacts {
+            workload: &facts,
+            disruption_blocked: blocked,
             pool_busy: rolling.busy_for(&pool, req.model_key),
-            disruption_blocked: disruption_blocked(&pdbs, &facts.template_labels),
-            template_at_in_force: req
-                .allocation
-                .in_force
-                .as_ref()
-                .is_some_and(|a| facts.template_hash.as_deref() == Some(allocation_hash(a).as_str())),
-            now_ms: req.now_ms,
         };
-        let reason = match rollout::decide_roll(&input, cfg) {
-            RollDecision::Hold(h) => return RollOutcome::Held(h),
+        let fold = fold_round(&req.facts, Some(roll), cfg);
+        let reason = match fold.roll {
+            RollDecision::Hold(h) => return (fold, RollOutcome::Held(h)),
             RollDecision::Roll(r) => r,
         };
-        let Some(target) = req.allocation.in_force.as_ref() else {
-            return RollOutcome::Held(HoldReason::NoRecommendation);
+        let Some(target) = fold.kept.in_force.as_ref().map(to_values) else {
+            return (fold, RollOutcome::Held(HoldReason::NoRecommendation));
         };
-        let hash = allocation_hash(target);
-        let patch = serde_json::json!({
-            "metadata": { "resourceVersion": workload.metadata.resource_version },
-            "spec": { "template": { "metadata": { "annotations": { TEMPLATE_HASH_ANNOTATION: hash } } } }
-        });
-        let params = PatchParams {
-            field_manager: Some(super::status::FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
-        match req
-            .target_api
-            .patch(req.name, &params, &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
+        let hash = allocation_hash(&target);
+        match patch_template(&req, &workload, &hash).await {
+            Ok(()) => {
                 rolling.set(&pool, req.model_key, true);
-                let before = input.pods.iter().flatten().next().copied();
-                let message = match before {
-                    Some(b) => format!(
-                        "rolling {}/{}: memory {} → {} MiB, compute {:.2} → {:.2} ({})",
-                        req.kind,
-                        req.name,
-                        b.memory_mib,
-                        target.gpu_memory_mib,
-                        b.compute_fraction,
-                        target.compute_fraction,
-                        reason.label()
-                    ),
-                    None => format!(
-                        "rolling {}/{} to {} MiB ({})",
-                        req.kind,
-                        req.name,
-                        target.gpu_memory_mib,
-                        reason.label()
-                    ),
-                };
+                let message = roll_message(&req, &target, reason.label());
                 info!(%message, "roll started");
-                return RollOutcome::Rolled {
+                let rolled = RollOutcome::Rolled {
                     reason: reason.label(),
                     hash,
                     message,
                 };
+                return (fold, rolled);
             }
             Err(kube::Error::Api(e)) if e.code == 409 && attempt < ATTEMPTS => {
                 debug!(attempt, "workload changed under the roll: re-reading");
             }
             Err(e) => {
                 warn!(error = %e, "roll patch failed");
-                return RollOutcome::Failed(e.to_string());
+                return (fold, RollOutcome::Failed(e.to_string()));
             }
         }
     }
-    RollOutcome::Failed("the workload kept changing (409 Conflict on every attempt)".into())
+    let message = "the workload kept changing (409 Conflict on every attempt)".into();
+    (fold_round(&req.facts, None, cfg), RollOutcome::Failed(message))
 }
 
-/// The drift clock after this round (pure): started when pods first drift from the allocation in force.
-pub fn next_drift_since(
-    allocation: &AllocationStatus,
-    pods: &[Pod],
-    now_ms: u64,
-    cfg: &RolloutConfig,
-) -> Option<Time> {
-    let target = allocation.in_force.as_ref().map(from_values)?;
-    let pods: Vec<Option<Allocation>> = pods.iter().map(pod_allocation).collect();
-    let d = rollout::drift(&target, &pods, cfg.drift_threshold);
-    rollout::drift_since(allocation.drift_since.as_ref().map(time_ms), d, now_ms).and_then(ms_time)
+/// The roll itself: the template's hash annotation, as a merge patch carrying the `resourceVersion` read.
+async fn patch_template(
+    req: &RollRequest<'_>,
+    workload: &DynamicObject,
+    hash: &str,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({
+        "metadata": { "resourceVersion": workload.metadata.resource_version },
+        "spec": { "template": { "metadata": { "annotations": { TEMPLATE_HASH_ANNOTATION: hash } } } }
+    });
+    let params = PatchParams {
+        field_manager: Some(super::status::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    req.target_api
+        .patch(req.name, &params, &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+/// The roll's Event: before (a pod's allocation, when one is known) → after, and why.
+fn roll_message(req: &RollRequest<'_>, target: &AllocationValues, reason: &str) -> String {
+    match req.facts.pods.iter().find_map(pod_allocation) {
+        Some(b) => format!(
+            "rolling {}/{}: memory {} → {} MiB, compute {:.2} → {:.2} ({reason})",
+            req.kind,
+            req.name,
+            b.memory_mib,
+            target.gpu_memory_mib,
+            b.compute_fraction,
+            target.compute_fraction,
+        ),
+        None => format!(
+            "rolling {}/{} to {} MiB ({reason})",
+            req.kind, req.name, target.gpu_memory_mib
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -585,3 +585,50 @@ fn roll_a_shrink_rolls_only_to_give_memory_back() {
     i.pods = vec![Some(alloc(30_000, 0.8)); 2];
     assert_eq!(decide_roll(&i, &cfg()), RollDecision::Roll(RollReason::Shrink));
 }
+
+/// The fold takes the steps in the order both callers need them: a recommendation held for the window comes into
+/// force, the pods that run the old allocation drift from then on, and once the drift has lasted the window they
+/// roll; a template that already carries the allocation in force holds the roll.
+#[test]
+fn fold_brings_a_stable_recommendation_into_force_then_rolls_the_drift() {
+    let cfg = cfg();
+    let pods = [Some(alloc(40_000, 0.3)), Some(alloc(40_000, 0.3)), None];
+    let never = |_: &Allocation| false;
+    let fold_at = |kept: Kept, now_ms: u64, carries: &dyn Fn(&Allocation) -> bool| {
+        fold(
+            &FoldInput {
+                mode: UpdateMode::Recreate,
+                fixed: Fixed::default(),
+                kept,
+                recommended: Some(alloc(20_000, 0.3)),
+                urgency: Urgency::default(),
+                pods: &pods,
+                workload: Workload {
+                    replicas: 3,
+                    ready_replicas: 3,
+                    desired_replicas: 3,
+                    min_replicas: 1,
+                    ..Workload::default()
+                },
+                template_carries: carries,
+                now_ms,
+            },
+            &cfg,
+        )
+    };
+    let first = fold_at(Kept::default(), 0, &never);
+    assert_eq!(first.reason, InForceReason::NoRecommendation);
+    assert_eq!((first.kept.in_force, first.kept.drift_since_ms), (None, None));
+    assert_eq!(first.roll, RollDecision::Hold(HoldReason::NoRecommendation));
+    let stable = fold_at(first.kept, 30 * MIN, &never);
+    assert_eq!(stable.reason, InForceReason::Stable);
+    assert_eq!(stable.drift, Drift::Shrink);
+    assert_eq!(stable.drifted, vec![true, true, false]);
+    assert_eq!(stable.kept.drift_since_ms, Some(30 * MIN));
+    assert_eq!(stable.roll, RollDecision::Hold(HoldReason::Settling));
+    let lasted = fold_at(stable.kept, 60 * MIN, &never);
+    assert_eq!(lasted.kept.drift_since_ms, Some(30 * MIN));
+    assert_eq!(lasted.roll, RollDecision::Roll(RollReason::Shrink));
+    let rolled = fold_at(stable.kept, 60 * MIN, &|a| *a == alloc(20_000, 0.3));
+    assert_eq!(rolled.roll, RollDecision::Hold(HoldReason::RolloutInProgress));
+}

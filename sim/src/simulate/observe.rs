@@ -118,6 +118,35 @@ pub struct DecisionRecord {
     pub moving: MoveRecord,
 }
 
+/// One model's allocation round as the simulator folded it (`World::recording_allocations`): what it gathered, and
+/// what `core::rollout::fold` decided. The controller's parity test rebuilds the cluster this describes and checks
+/// the controller folds the same.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocationRecord {
+    /// The model's name.
+    pub model: String,
+    /// `gpu.updateMode`.
+    pub mode: tessera_core::rollout::UpdateMode,
+    /// The values the policy fixes.
+    pub fixed: tessera_core::rollout::Fixed,
+    /// What the last round kept.
+    pub kept: tessera_core::rollout::Kept,
+    /// The model's recommendation this round.
+    pub recommended: Option<tessera_core::rollout::Allocation>,
+    /// What the model's ready replicas showed.
+    pub urgency: tessera_core::rollout::Urgency,
+    /// The live replicas' allocations.
+    pub pods: Vec<Option<tessera_core::rollout::Allocation>>,
+    /// The workload's state.
+    pub workload: tessera_core::rollout::Workload,
+    /// The allocation the last roll put into the pod template.
+    pub rolled_to: Option<tessera_core::rollout::Allocation>,
+    /// Now (Unix ms of the simulated clock).
+    pub now_ms: u64,
+    /// The fold's answer.
+    pub fold: tessera_core::rollout::Fold,
+}
+
 /// Where a model's replicas were relative to a draining GPU at a decision, and the move step taken
 /// (`core::pack::consolidate::move_step`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -92,24 +92,84 @@ async fn run_roll(
     pdb_api: Api<PodDisruptionBudget>,
 ) -> RollOutcome {
     let g = gpu(crate::crd::UpdateMode::Recreate);
-    roll(
+    // `alloc` is what the last round left: no recommendation this round keeps it in force, drifting since then.
+    let (_, outcome) = fold_and_roll(
         RollRequest {
             target_api,
             pdb_api,
             kind: "Deployment",
             name: "llama",
-            pods,
-            allocation: alloc,
-            gpu: &g,
             model_key: "team-a/llama",
-            replicas: (2, 2, 2, 1),
-            urgency: Default::default(),
-            now_ms: 40 * MIN,
+            facts: AllocationFacts {
+                pods,
+                previous: Some(alloc),
+                recommendation: None,
+                gpu: &g,
+                replicas: (2, 2, 2, 1),
+                urgency: Default::default(),
+                now_ms: 40 * MIN,
+            },
         },
         rolling,
         &RolloutConfig::default(),
     )
-    .await
+    .await;
+    outcome
+}
+
+/// The allocation status a reconcile with no pods folds from `previous` and `recommendation`.
+fn next_allocation(
+    previous: Option<&AllocationStatus>,
+    recommendation: Option<&RecommendationStatus>,
+    gpu: &GpuSpec,
+    urgency: Urgency,
+    now_ms: u64,
+    cfg: &RolloutConfig,
+) -> AllocationStatus {
+    let facts = AllocationFacts {
+        pods: &[],
+        previous,
+        recommendation,
+        gpu,
+        replicas: (0, 0, 0, 0),
+        urgency,
+        now_ms,
+    };
+    status_of(previous, &fold_round(&facts, None, cfg))
+}
+
+/// The fold over `pods` with `in_force` kept from the last round (and no recommendation: it stays in force).
+fn fold_over(
+    in_force: Option<&AllocationValues>,
+    pods: &[Pod],
+    urgency: Urgency,
+    cfg: &RolloutConfig,
+) -> Fold {
+    let previous = AllocationStatus {
+        in_force: in_force.cloned(),
+        ..AllocationStatus::default()
+    };
+    let g = gpu(crate::crd::UpdateMode::Initial);
+    let facts = AllocationFacts {
+        pods,
+        previous: Some(&previous),
+        recommendation: None,
+        gpu: &g,
+        replicas: (0, 0, 0, 0),
+        urgency,
+        now_ms: 0,
+    };
+    fold_round(&facts, None, cfg)
+}
+
+/// How many pods the fold finds behind `in_force` while `urgency` hurries them.
+fn urgently_behind(
+    in_force: &AllocationValues,
+    pods: &[Pod],
+    urgency: Urgency,
+    cfg: &RolloutConfig,
+) -> usize {
+    fold_over(Some(in_force), pods, urgency, cfg).behind
 }
 
 #[tokio::test]
@@ -411,8 +471,15 @@ fn roll_initial_names_the_pods_an_urgent_growth_leaves_behind() {
 /// allocation is unknown.
 #[test]
 fn deletion_cost_marks_follow_the_allocation_in_force() {
-    use super::{DRIFTED_COST, deletion_cost_changes, marked_count};
+    use super::DRIFTED_COST;
     let cfg = RolloutConfig::default();
+    // The marks follow the fold's judgement of each pod.
+    let deletion_cost_changes = |in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &RolloutConfig| {
+        super::deletion_cost_changes(pods, &fold_over(in_force, pods, Urgency::default(), cfg).drifted)
+    };
+    let marked_count = |in_force: Option<&AllocationValues>, pods: &[Pod], cfg: &RolloutConfig| {
+        super::marked_count(pods, &fold_over(in_force, pods, Urgency::default(), cfg).drifted)
+    };
     let named = |name: &str, mut p: Pod, cost: Option<String>| {
         p.metadata.name = Some(name.into());
         if let Some(c) = cost {

@@ -8,8 +8,13 @@
 //! Deployment then surges a new pod (which the webhook gives the allocation in force) before each old one goes.
 //! Here the old pods leave the way consolidation's moves do (`core::pack::consolidate::move_step`): one surge, then
 //! the old pod's retirement once the new one is ready.
+//!
+//! Both callers take this half of the round in one call, `core::rollout::fold`; here the simulator only gathers its
+//! inputs from the replicas and applies the answer (the roll's surge and retirements).
 
-use tessera_core::rollout::{self, Allocation, Fixed, RollDecision, RollInput, Urgency};
+use std::sync::{Arc, Mutex};
+
+use tessera_core::rollout::{self, Allocation, Fixed, FoldInput, Kept, RollDecision, Urgency, Workload};
 
 use super::*;
 
@@ -26,6 +31,8 @@ pub(super) struct AllocationState {
     rolled_to: Option<Allocation>,
     /// The replicas that roll replaces (those running when it began); empty when no roll is in progress.
     pub(super) replacing: Vec<usize>,
+    /// Where each fold is recorded, when asked for ([`World::recording_allocations`]).
+    records: Option<Arc<Mutex<Vec<observe::AllocationRecord>>>>,
 }
 
 impl AllocationState {
@@ -38,6 +45,22 @@ impl AllocationState {
             in_force: alloc.map(|a| fixed_of(setup).apply(a)),
             ..AllocationState::default()
         }
+    }
+
+    /// What the last fold kept, as the next one reads it.
+    fn kept(&self) -> Kept {
+        Kept {
+            candidate: self.candidate,
+            in_force: self.in_force,
+            drift_since_ms: self.drift_since_ms,
+        }
+    }
+
+    /// Keeps what a fold decided for the next round.
+    fn keep(&mut self, kept: Kept) {
+        self.candidate = kept.candidate;
+        self.in_force = kept.in_force;
+        self.drift_since_ms = kept.drift_since_ms;
     }
 }
 
@@ -63,14 +86,22 @@ pub(super) fn allocation_of(r: &Recommendation) -> Allocation {
 }
 
 impl World<'_> {
-    /// Tessera's allocation step for model `m` after its replica decision (the controller's step 6): fold the
-    /// model's recommendation into the allocation in force with the `urgency` its ready replicas' documents show,
-    /// then, under `Recreate`, decide a roll of the `live` replicas. `desired` is the replica decision.
+    /// Records every allocation fold into `sink` (for the controller parity test; costs memory on long runs).
+    pub fn recording_allocations(mut self, sink: Arc<Mutex<Vec<observe::AllocationRecord>>>) -> Self {
+        for rt in &mut self.models {
+            rt.allocation.records = Some(Arc::clone(&sink));
+        }
+        self
+    }
+
+    /// Tessera's allocation step for model `m` after its replica decision (the controller's step 7): gathers what
+    /// `core::rollout::fold` reads (the model's recommendation, the `urgency` its ready replicas' documents show,
+    /// the `live` replicas' allocations, the roll in progress), folds, and applies a roll. `desired` is the replica
+    /// decision.
     pub(super) fn fold_allocation(&mut self, m: usize, urgency: Urgency, live: &[usize], desired: u32) {
         let cfg = self.sc.settings.rollout();
         let now_ms = secs_to_ms(self.now);
         let setup = &self.sc.models[m];
-        let fixed = fixed_of(setup);
         let min_replicas = self.models[m].policy.as_ref().map_or(0, |p| p.min_replicas);
         let recommended = self.models[m].rec.as_ref().map(allocation_of);
         let pods: Vec<Option<Allocation>> = live.iter().map(|&r| self.replicas[r].allocation).collect();
@@ -85,51 +116,58 @@ impl World<'_> {
             .enumerate()
             .any(|(o, rt)| o != m && !rt.allocation.replacing.is_empty());
         let st = &mut self.models[m].allocation;
-        st.candidate = rollout::track(
-            st.candidate.as_ref(),
-            recommended,
-            st.in_force.as_ref(),
-            now_ms,
-            &cfg,
-        );
-        let (force, _) = rollout::in_force(&fixed, st.candidate.as_ref(), st.in_force, urgency, now_ms, &cfg);
-        st.in_force = force;
         // A roll is over once every replica it replaces is gone.
         st.replacing.retain(|r| live.contains(r));
-        let drift = force.map_or(rollout::Drift::Unknown, |f| {
-            rollout::drift(&f, &pods, cfg.drift_threshold)
-        });
-        st.drift_since_ms = rollout::drift_since(st.drift_since_ms, drift, now_ms);
-        let behind = force.map_or(0, |f| {
-            rollout::urgently_below(&f, &pods, cfg.drift_threshold, urgency)
-        });
-        let input = RollInput {
+        let rolled_to = st.rolled_to;
+        let carries = |a: &Allocation| rolled_to == Some(*a);
+        let input = FoldInput {
             mode: self.sc.settings.update_mode.core(),
-            in_force: force,
-            pods,
-            drift_since_ms: st.drift_since_ms,
+            fixed: fixed_of(setup),
+            kept: st.kept(),
+            recommended,
             urgency,
-            replicas: live.len() as i32,
-            ready_replicas: ready as i32,
-            desired_replicas: desired as i32,
-            min_replicas: min_replicas as i32,
-            // The roll surges one new pod before each old one goes (maxSurge 1, maxUnavailable 0).
-            max_unavailable: 0,
-            rollout_in_progress: !st.replacing.is_empty(),
-            pool_busy,
-            disruption_blocked: false,
-            template_at_in_force: st.rolled_to.is_some() && st.rolled_to == force,
+            pods: &pods,
+            workload: Workload {
+                replicas: live.len() as i32,
+                ready_replicas: ready as i32,
+                desired_replicas: desired as i32,
+                min_replicas: min_replicas as i32,
+                // The roll surges one new pod before each old one goes (maxSurge 1, maxUnavailable 0).
+                max_unavailable: 0,
+                rollout_in_progress: !st.replacing.is_empty(),
+                pool_busy,
+                disruption_blocked: false,
+            },
+            template_carries: &carries,
             now_ms,
         };
-        if behind > 0 {
-            self.models[m].rounds_behind_while_urgent += 1;
+        let fold = rollout::fold(&input, &cfg);
+        if let Some(sink) = &st.records
+            && let Ok(mut records) = sink.lock()
+        {
+            records.push(observe::AllocationRecord {
+                model: setup.name.clone(),
+                mode: input.mode,
+                fixed: input.fixed,
+                kept: input.kept,
+                recommended,
+                urgency,
+                pods: pods.clone(),
+                workload: input.workload,
+                rolled_to,
+                now_ms,
+                fold: fold.clone(),
+            });
         }
-        let st = &mut self.models[m].allocation;
-        if let RollDecision::Roll(reason) = rollout::decide_roll(&input, &cfg) {
+        st.keep(fold.kept);
+        if let RollDecision::Roll(reason) = fold.roll {
             tracing::debug!(model = %setup.name, reason = reason.label(), replicas = live.len(), "rolling onto the allocation in force");
-            st.rolled_to = force;
+            st.rolled_to = fold.kept.in_force;
             st.replacing = live.to_vec();
             *self.rollouts.rolls.entry(reason.label().to_owned()).or_default() += 1;
+        }
+        if fold.behind > 0 {
+            self.models[m].rounds_behind_while_urgent += 1;
         }
     }
 
