@@ -39,6 +39,23 @@ pub fn note(pod: &str, doc: &SidecarStatus) -> Option<String> {
     })
 }
 
+/// The gate events' part of a reconcile: a pod that started because its GPU's start-up Lease was held past the
+/// gate's bound gets one Warning Event. `ready_pods` (pod name, sidecar URL) and `sidecars` are in the same order.
+pub async fn publish_round(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    ns: &str,
+    ready_pods: &[(String, String)],
+    sidecars: &[Option<SidecarStatus>],
+) {
+    let docs: Vec<(String, &SidecarStatus)> = ready_pods
+        .iter()
+        .zip(sidecars.iter())
+        .filter_map(|((pod, _), st)| st.as_ref().map(|st| (format!("{ns}/{pod}"), st)))
+        .collect();
+    publish_timeouts(ctx, obj, &docs).await;
+}
+
 /// Publishes the Event for every pod of `docs` (`namespace/name`, its sidecar's document) whose gate opened by
 /// timeout and was not reported before.
 pub async fn publish_timeouts(ctx: &Context, obj: &InferenceAutoscaler, docs: &[(String, &SidecarStatus)]) {

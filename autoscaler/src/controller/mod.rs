@@ -39,12 +39,15 @@ pub mod neighbours;
 mod objective;
 pub mod owner_events;
 pub mod owners;
+mod pollers;
 pub mod reconcile;
 pub mod rollout;
+mod serving;
 pub mod signals;
 pub mod sleep;
 pub mod sleep_room;
 pub mod status;
+mod term;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -53,24 +56,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use axum::routing::get;
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::runtime::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::watch;
-use tracing::{info, warn};
 
 use crate::crd::InferenceAutoscaler;
-use crate::leader::{ElectionConfig, LeaderElector};
 use context::{Context, Settings};
 use metrics::Metrics;
-use signals::{ActivatorPoller, HttpSignals, SignalSource};
+use signals::{ActivatorPoller, SignalSource};
 
 /// `tessera autoscaler` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -178,27 +176,10 @@ struct Health {
 }
 
 /// Runs the controller until SIGTERM or Ctrl-C (`--no-kube` is the local page's: [`crate::run`] dispatches it).
+/// Every replica serves (`/metrics`, `/ui`, `/live`, `/ready`), polls the activators and answers KEDA; only the
+/// leader reconciles and runs the pool manager, one leadership term at a time ([`term::lead`]).
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    if args.ui.no_kube {
-        anyhow::bail!("--no-kube serves the /ui page alone: run it through tessera_autoscaler::run");
-    }
-    if args.renew_deadline >= args.lease_duration {
-        anyhow::bail!(
-            "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?}), or a leader could still be \
-             writing after another replica took over",
-            args.renew_deadline,
-            args.lease_duration
-        );
-    }
-    if args.activator_max_age <= args.activator_poll_interval {
-        anyhow::bail!(
-            "--activator-max-age ({:?}) must be longer than --activator-poll-interval ({:?}), or every document \
-             would be stale before the next poll and no model could ever be scaled to zero",
-            args.activator_max_age,
-            args.activator_poll_interval
-        );
-    }
-    args.keda.validate()?;
+    validate(&args)?;
     // Read the pools first: a typo in the file should stop the process at once, not at the first election.
     let pools = match &args.pools_config {
         Some(path) => Some(Arc::new(
@@ -228,147 +209,154 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         shutdown_tx.send_replace(true);
     });
 
-    let listener = tokio::net::TcpListener::bind(args.metrics_listen)
-        .await
-        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
-    info!(listen = %listener.local_addr()?, "serving /metrics, /ui, /live, /ready");
-    // Models not reconciled for 10 sync periods are gone (deleted, or another replica leads).
-    let ui = Arc::new(crate::ui::Store::new(
-        args.ui.settings(),
-        false,
-        crate::ui::now_ms(),
-        args.sync_period * 10,
-    ));
-    tokio::spawn(
-        ui.clone()
-            .run_recorder(Duration::from_secs(60), shutdown_rx.clone()),
-    );
-    let app = graceful.ready_gate(
-        Router::new()
-            .route("/live", get(|| async { "ok" }))
-            .route("/ready", get(serve_ready))
-            .with_state(health.clone())
-            .merge(health.metrics.router())
-            .merge(crate::ui::router(ui.clone())),
-    );
-    let mut server_shutdown = shutdown_rx.clone();
-    let limits = args.conn.limits();
-    let server = tokio::spawn(async move {
-        // The page and /metrics are read by people and Prometheus only; bounded connections all the same.
-        tessera_runtime::serve::serve(listener, app, limits, async move {
-            let _ = server_shutdown.wait_for(|s| *s).await;
-        })
-        .await;
-        Ok::<(), std::io::Error>(())
-    });
-
-    let objective_key = match &args.objective_key_file {
-        Some(path) => Some(tessera_runtime::token::ObjectiveKey::from_file(path)?),
-        None => {
-            warn!(
-                "no --objective-key-file: latency objectives are not handed to running sidecars (they refuse a \
-                 hand-over without their namespace's token); spec edits reach pods as they are recreated"
-            );
-            None
-        }
-    };
-    let source: Arc<dyn SignalSource> = Arc::new(
-        HttpSignals::new(args.scrape_timeout, args.max_document_size)
-            .context("building the HTTP client for sidecars")?
-            .with_objective_key(objective_key),
-    );
-    // The gpu-agents' /v1/gpus, for the page's per-GPU table (bounded like the sidecars' reads).
-    let agent_client = reqwest::Client::builder()
-        .timeout(args.scrape_timeout)
-        .build()
-        .context("building the HTTP client for gpu-agents")?;
-    let activators = ActivatorPoller::new(&args.activator_urls);
-    match &args.activator_service {
-        Some((ns, name)) => {
-            if !args.activator_urls.is_empty() {
-                anyhow::bail!(
-                    "--activator-service and --activator-url are exclusive: the Service's pods are the activators"
-                );
-            }
-            tokio::spawn(discovery::follow_service(
-                client.clone(),
-                ns.clone(),
-                name.clone(),
-                activators.clone(),
-            ));
-        }
-        None if args.activator_urls.is_empty() => warn!(
-            "neither --activator-service nor --activator-url: models will not be scaled to zero and \
-             requestsPerSecondPerReplica has no data"
-        ),
-        None => {}
-    }
-    tokio::spawn(activators.clone().run(
+    let (ui, server) = serving::serve(&args, &graceful, health.clone(), shutdown_rx.clone()).await?;
+    let source = pollers::signal_source(&args)?;
+    let page = term::PoolPage::new(&args)?;
+    let activators = pollers::start(
+        &args,
+        &client,
         source.clone(),
         metrics.clone(),
-        args.activator_poll_interval,
-        args.activator_max_age,
-        SystemTime::now,
         shutdown_rx.clone(),
-    ));
-
-    // KEDA's scaler, on every replica (not only the leader): KEDA round-robins over the Service, and each replica
-    // answers from its own watch of the leader's decisions and its own activator poll.
-    let keda_server = if args.keda.keda_scaler_listen.is_some() {
-        let keda_source = crate::keda::cluster::ClusterSource::start(
-            match &args.watch_namespace {
-                Some(ns) => Api::namespaced(client.clone(), ns),
-                None => Api::all(client.clone()),
-            },
-            activators.clone(),
-            args.activator_max_age,
-            shutdown_rx.clone(),
-        );
-        crate::keda::serve(
-            &args.keda,
-            args.conn.limits(),
-            keda_source,
-            metrics.keda.clone(),
-            shutdown_rx.clone(),
-        )
-        .await?
-    } else {
-        None
-    };
-
-    let (leader_tx, mut leader_rx) = watch::channel(!args.leader_elect);
-    let election = if args.leader_elect {
-        let elector = LeaderElector::new(
-            Api::<Lease>::namespaced(client.clone(), &args.lease_namespace),
-            ElectionConfig {
-                lease_name: args.lease_name.clone(),
-                identity: identity.clone(),
-                lease_duration: args.lease_duration,
-                renew_deadline: args.renew_deadline,
-                retry_period: args.retry_period,
-            },
-        );
-        Some(tokio::spawn(elector.run(leader_tx, shutdown_rx.clone(), || {
-            crate::unix_ms(SystemTime::now())
-        })))
-    } else {
-        drop(leader_tx);
-        None
-    };
+    )?;
+    let keda_server = keda_scaler(&args, &client, &activators, &metrics, shutdown_rx.clone()).await?;
+    let (mut leader_rx, election) = term::elect(&args, &client, &identity, shutdown_rx.clone());
     health.ready.store(true, Ordering::Relaxed);
 
+    let ctx = context(
+        &args,
+        &client,
+        &identity,
+        source,
+        activators,
+        metrics.clone(),
+        ui,
+        &shutdown_rx,
+    );
+    let mut shutdown = shutdown_rx.clone();
+    loop {
+        // Stand by until this replica leads (or shutdown).
+        tokio::select! {
+            r = leader_rx.wait_for(|l| *l) => if r.is_err() && args.leader_elect { break },
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+        term::lead(
+            &args,
+            &ctx,
+            pools.clone(),
+            &page,
+            &mut leader_rx,
+            &shutdown_rx,
+            &identity,
+        )
+        .await;
+        if *shutdown.borrow() {
+            break;
+        }
+    }
+    if let Some(e) = election {
+        // The elector releases the lease on shutdown so a standby takes over at once.
+        let _ = tokio::time::timeout(Duration::from_secs(5), e).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    if let Some(k) = keda_server {
+        let _ = tokio::time::timeout(Duration::from_secs(5), k).await;
+    }
+    Ok(())
+}
+
+/// Flags that only make sense together, checked before anything starts.
+fn validate(args: &Args) -> anyhow::Result<()> {
+    if args.ui.no_kube {
+        anyhow::bail!("--no-kube serves the /ui page alone: run it through tessera_autoscaler::run");
+    }
+    if args.renew_deadline >= args.lease_duration {
+        anyhow::bail!(
+            "--renew-deadline ({:?}) must be shorter than --lease-duration ({:?}), or a leader could still be \
+             writing after another replica took over",
+            args.renew_deadline,
+            args.lease_duration
+        );
+    }
+    if args.activator_max_age <= args.activator_poll_interval {
+        anyhow::bail!(
+            "--activator-max-age ({:?}) must be longer than --activator-poll-interval ({:?}), or every document \
+             would be stale before the next poll and no model could ever be scaled to zero",
+            args.activator_max_age,
+            args.activator_poll_interval
+        );
+    }
+    args.keda.validate()?;
+    Ok(())
+}
+
+/// KEDA's scaler, on every replica (not only the leader): KEDA round-robins over the Service, and each replica
+/// answers from its own watch of the leader's decisions and its own activator poll.
+async fn keda_scaler(
+    args: &Args,
+    client: &kube::Client,
+    activators: &ActivatorPoller,
+    metrics: &Metrics,
+    shutdown_rx: watch::Receiver<bool>,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    if args.keda.keda_scaler_listen.is_none() {
+        return Ok(None);
+    }
+    let keda_source = crate::keda::cluster::ClusterSource::start(
+        watched(args, client),
+        activators.clone(),
+        args.activator_max_age,
+        shutdown_rx.clone(),
+    );
+    crate::keda::serve(
+        &args.keda,
+        args.conn.limits(),
+        keda_source,
+        metrics.keda.clone(),
+        shutdown_rx,
+    )
+    .await
+}
+
+/// The API of `K` in `--watch-namespace`, or in every namespace.
+fn watched<K>(args: &Args, client: &kube::Client) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    match &args.watch_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The reconcile's context: clients, settings from the flags, and the state one process keeps between rounds.
+#[allow(clippy::too_many_arguments)]
+fn context(
+    args: &Args,
+    client: &kube::Client,
+    identity: &str,
+    source: Arc<dyn SignalSource>,
+    activators: ActivatorPoller,
+    metrics: Arc<Metrics>,
+    ui: Arc<crate::ui::Store>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> Arc<Context> {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: "tessera-autoscaler".into(),
-            instance: Some(identity.clone()),
+            instance: Some(identity.to_owned()),
         },
     );
-    let ctx = Arc::new(Context {
+    Arc::new(Context {
         client: client.clone(),
         signals: source,
         activators,
-        metrics: metrics.clone(),
+        metrics,
         recorder,
         settings: Settings {
             sync_period: args.sync_period,
@@ -391,128 +379,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         ui,
         objects: std::sync::RwLock::new(None),
         neighbours: neighbours::Book::default(),
-        scalers: owners::HpaCache::start(
-            match &args.watch_namespace {
-                Some(ns) => Api::namespaced(client.clone(), ns),
-                None => Api::all(client.clone()),
-            },
-            shutdown_rx.clone(),
-        ),
-    });
-
-    let mut shutdown = shutdown_rx.clone();
-    loop {
-        // Stand by until this replica leads (or shutdown).
-        tokio::select! {
-            r = leader_rx.wait_for(|l| *l) => if r.is_err() && args.leader_elect { break },
-            _ = shutdown.wait_for(|s| *s) => break,
-        }
-        metrics.set_leader(true);
-        info!(%identity, "leading: starting the controller");
-        // A new term starts from empty history: windows restart, which only delays scale-downs (safe).
-        if let Ok(mut s) = ctx.states.lock() {
-            s.clear();
-        }
-        let api: Api<InferenceAutoscaler> = match &args.watch_namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        };
-        let controller = controller_stream(api, ctx.clone(), ctx.activators.subscribe());
-        tokio::pin!(controller);
-        // The pool manager is leader-only too: it creates and deletes capacity pods.
-        let pool_token = tokio_util::sync::CancellationToken::new();
-        let pool_task = pools.clone().map(|cfg| {
-            let (client, token, interval) = (client.clone(), pool_token.clone(), args.pool_interval);
-            let pool_metrics = metrics.pool.clone();
-            let link = ctx.consolidation.clone();
-            let page = ctx.ui.clone();
-            let agents = agent_client.clone();
-            let (agent_metrics, max_document) = (metrics.clone(), args.max_document_size);
-            let (kube, pool_ns) = (client.clone(), cfg.namespace.clone());
-            // The /ui page's per-GPU table: each pool's capacity pods and tenants, as the pool manager sees them,
-            // with each tenant's measured use from its capacity pod's gpu-agent (read off the pool manager's
-            // loop, each read bounded by --scrape-timeout).
-            // The start-up lease holders come from the gate's Leases in the pool namespace (one list per round).
-            let observer: crate::pool::PoolObserver = Arc::new(move |pool, shape, index| {
-                let (page, index, pool, client, shape) = (
-                    page.clone(),
-                    index.clone(),
-                    pool.to_owned(),
-                    agents.clone(),
-                    *shape,
-                );
-                let (kube, pool_ns) = (kube.clone(), pool_ns.clone());
-                let agent_metrics = agent_metrics.clone();
-                tokio::spawn(async move {
-                    let refused = |reason: &'static str| agent_metrics.scrape_failure("gpu_agent", reason);
-                    let port = u16::try_from(crate::pool::capacity::AGENT_PORT).unwrap_or(9091);
-                    let (read, leases) = tokio::join!(
-                        crate::ui::observe::read_agents(&client, &index, port, max_document, &refused),
-                        crate::ui::observe::read_startup_leases(&kube, &pool_ns)
-                    );
-                    let holders =
-                        crate::ui::observe::startup_holders(&leases, crate::unix_ms(SystemTime::now()));
-                    page.set_pool_gpus(
-                        &pool,
-                        crate::ui::observe::gpus_from_pool(&index, &pool, &shape, &read, &holders),
-                    );
-                });
-            });
-            tokio::spawn(async move {
-                if let Err(e) = crate::pool::run_pools_with_metrics(
-                    client,
-                    cfg,
-                    interval,
-                    pool_metrics,
-                    Some(observer),
-                    link,
-                    token,
-                )
-                .await
-                {
-                    warn!(error = %e, "the GPU pool manager stopped");
-                }
-            })
-        });
-        let lost = async {
-            if args.leader_elect {
-                let _ = leader_rx.wait_for(|l| !*l).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            _ = &mut controller => warn!("the controller stream ended"),
-            _ = lost => if !*shutdown_rx.borrow() { warn!("lost leadership: stopping the controller") },
-            _ = shutdown.wait_for(|s| *s) => {}
-        }
-        metrics.set_leader(false);
-        pool_token.cancel();
-        if let Some(mut t) = pool_task {
-            // A follower must not keep creating or deleting capacity pods: a manager that did not stop in time is
-            // aborted (its JoinSet of per-pool managers aborts with it), never left running detached.
-            if tokio::time::timeout(Duration::from_secs(5), &mut t)
-                .await
-                .is_err()
-            {
-                warn!("the GPU pool manager did not stop within 5 s of losing leadership: aborting it");
-                t.abort();
-                let _ = t.await;
-            }
-        }
-        if *shutdown.borrow() {
-            break;
-        }
-    }
-    if let Some(e) = election {
-        // The elector releases the lease on shutdown so a standby takes over at once.
-        let _ = tokio::time::timeout(Duration::from_secs(5), e).await;
-    }
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    if let Some(k) = keda_server {
-        let _ = tokio::time::timeout(Duration::from_secs(5), k).await;
-    }
-    Ok(())
+        scalers: owners::HpaCache::start(watched(args, client), shutdown_rx.clone()),
+    })
 }
 
 /// The kube-runtime controller over InferenceAutoscalers. Every change of an object triggers it, including this

@@ -221,7 +221,6 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     }
     let now_k8s = status::k8s_time(now_sys);
     let now = timestamp(now_sys);
-    let generation = obj.metadata.generation;
 
     // 1. The spec.
     let policy = match obj.spec.to_policy() {
@@ -247,31 +246,15 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         &g.observed.sidecars,
     )
     .await;
-    let slo = tessera_core::recommend::Objective::of(&r.policy, None).ttft_slo_secs;
-    let seen = super::neighbours::pods_seen(&g.all_pods, &g.ready_pods, &g.observed.sidecars, slo);
-    let flex_neighbours = ctx.neighbours.record(&key, seen, now_sys);
+    let flex_neighbours = neighbours_seen(ctx, &key, &g, &r, now_sys);
 
     // 6. Apply: pods leaving a draining GPU are marked first (a failed mark holds the count), then `/scale`.
     let current = g.scale_count();
     let moving = g.placed.decided(r.placement, r.step);
     let (replicas, applied) = apply_count(ctx, obj, &g, &moving, &r).await;
-    // Sleep mode: the pod the count keeps at zero is told to sleep; a model that does not sleep now has every
-    // instruction taken off. Only where Tessera owns `/scale` (KEDA's zero deletes the pod).
+    // Sleep mode, only where Tessera owns `/scale` (KEDA's zero deletes the pod).
     if matches!(applied, Applied::Scaled | Applied::Unchanged) {
-        let wrote = super::sleep::instruct(
-            ctx,
-            obj,
-            &g.all_pods,
-            &g.rest_docs,
-            &r,
-            &g.let_go,
-            now.as_millis(),
-        )
-        .await;
-        // The sleepers a new sleeper displaces are let go once it is told to sleep; this model's own on a GPU
-        // given back at once.
-        let displaced = wrote.then_some(&g.room);
-        super::sleep_room::mark(ctx, obj, displaced, &g.let_go, now.as_millis()).await;
+        super::sleep::apply(ctx, obj, &g.all_pods, &g.sleep, &r, now.as_millis()).await;
     }
     let decision = &r.decision;
     if !matches!(applied, Applied::Failed(_) | Applied::Conflict(_))
@@ -285,25 +268,153 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         reason = decision.reason.label(),
         "decided"
     );
-    let docs: Vec<SidecarStatus> = g.observed.sidecars.iter().flatten().cloned().collect();
-    let ready = r.input.ready_replicas;
-    let seen = crate::ui::observe::model_from_reconcile(
-        obj,
-        &r.policy,
-        &docs,
-        decision,
-        r.constraint,
-        ready,
-        r.class.as_ref(),
-        now.as_millis(),
-    );
-    ctx.ui.observe_model(seen, now.as_millis());
+    publish_to_page(ctx, obj, &g, &r, now);
     if let Some(c) = &r.class {
         super::class::announce(ctx, obj, c).await;
     }
     let recommendation = status::largest_recommendation(&g.recommendations);
 
     // 7. The allocation in force, and under `updateMode: Recreate` a roll onto it.
+    let (allocation, in_sync) =
+        allocation_round(ctx, obj, &g, &r, recommendation.as_ref(), now, &now_k8s).await;
+    let injected = super::injection::announce(ctx, obj, &g.all_pods).await;
+    // The surge is remembered only when `/scale` really carries it (written now, or already there): a failed
+    // write must not make the next round take a replica off a count that never had it.
+    let surge_in_force = matches!(applied, Applied::Scaled) || replicas == current;
+    let outcome = Outcome {
+        obj,
+        g: &g,
+        r: &r,
+        applied: &applied,
+        recommendation,
+        allocation,
+        ledger: ledger_copy,
+        flex_neighbours,
+        moving: &moving,
+        surge_in_force,
+        in_sync,
+        injected,
+        now_sys,
+        now_k8s: &now_k8s,
+    };
+    write_status(&ias_api, obj, |prev| round_status(prev, &outcome)).await
+}
+
+/// What a round decided and applied, for its status write (rebuilt on a conflict from the fresh status).
+struct Outcome<'a> {
+    obj: &'a InferenceAutoscaler,
+    g: &'a Gathered,
+    r: &'a Round,
+    applied: &'a Applied,
+    recommendation: Option<crd::RecommendationStatus>,
+    allocation: crd::AllocationStatus,
+    ledger: Option<crd::ColdStartLedgerStatus>,
+    flex_neighbours: Option<crd::FlexNeighboursStatus>,
+    moving: &'a super::consolidate::Move,
+    surge_in_force: bool,
+    in_sync: Option<(bool, String, String)>,
+    injected: (bool, &'static str, String),
+    now_sys: SystemTime,
+    now_k8s: &'a Time,
+}
+
+/// The status after a round, from `prev` (the object's, or a fresh read after a conflict): the decision's
+/// conditions and fields, then each feature's part (allocation, cold-start ledger, sleep, flex neighbours, class)
+/// and the conditions of consolidation, the allocation, injection and isolation.
+fn round_status(prev: Option<&InferenceAutoscalerStatus>, o: &Outcome<'_>) -> InferenceAutoscalerStatus {
+    let (obj, g, r) = (o.obj, o.g, o.r);
+    let generation = obj.metadata.generation;
+    let now_k8s = o.now_k8s;
+    let mut st = status::after_decision(
+        prev,
+        generation,
+        &g.target,
+        r.input.ready_replicas,
+        &r.decision,
+        r.constraint,
+        o.applied,
+        o.recommendation.clone(),
+        now_k8s,
+    );
+    st.allocation = Some(o.allocation.clone());
+    st.cold_start_ledger = o.ledger.clone();
+    st.rest = super::sleep::status(r, g.sleep.sleeping);
+    st.flex_neighbours =
+        super::neighbours::carry(st.flex_neighbours.take(), o.flex_neighbours.clone(), o.now_sys);
+    status::set_workload_class(&mut st, r.class.as_ref());
+    let had = st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == super::consolidate::CONSOLIDATING);
+    let conditions = [
+        o.moving
+            .condition(had, o.surge_in_force)
+            .map(|(ok, reason, message)| (super::consolidate::CONSOLIDATING, ok, reason.to_owned(), message)),
+        o.in_sync
+            .clone()
+            .map(|(ok, reason, message)| (super::rollout::ALLOCATION_IN_SYNC, ok, reason, message)),
+        Some((
+            super::injection::SIDECARS_INJECTED,
+            o.injected.0,
+            o.injected.1.to_owned(),
+            o.injected.2.clone(),
+        )),
+        super::isolation::condition(obj.status.as_ref(), r),
+    ];
+    for (type_, ok, reason, message) in conditions.into_iter().flatten() {
+        status::set_condition(
+            &mut st.conditions,
+            type_,
+            ok,
+            &reason,
+            &message,
+            generation,
+            now_k8s,
+        );
+    }
+    st
+}
+
+/// The flex lane's neighbours: what the model's ready pods show of their GPU neighbours this round, kept in the
+/// process's book (`super::neighbours`).
+fn neighbours_seen(
+    ctx: &Context,
+    key: &str,
+    g: &Gathered,
+    r: &Round,
+    now_sys: SystemTime,
+) -> Option<crd::FlexNeighboursStatus> {
+    let slo = tessera_core::recommend::Objective::of(&r.policy, None).ttft_slo_secs;
+    let seen = super::neighbours::pods_seen(&g.all_pods, &g.ready_pods, &g.observed.sidecars, slo);
+    ctx.neighbours.record(key, seen, now_sys)
+}
+
+/// The `/ui` page's view of this model after its round.
+fn publish_to_page(ctx: &Context, obj: &InferenceAutoscaler, g: &Gathered, r: &Round, now: Timestamp) {
+    let docs: Vec<SidecarStatus> = g.observed.sidecars.iter().flatten().cloned().collect();
+    let seen = crate::ui::observe::model_from_reconcile(
+        obj,
+        &r.policy,
+        &docs,
+        &r.decision,
+        r.constraint,
+        r.input.ready_replicas,
+        r.class.as_ref(),
+        now.as_millis(),
+    );
+    ctx.ui.observe_model(seen, now.as_millis());
+}
+
+/// Step 7: the allocation half of the round (`super::allocation`) on what was gathered and decided.
+async fn allocation_round(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    g: &Gathered,
+    r: &Round,
+    recommendation: Option<&crd::RecommendationStatus>,
+    now: Timestamp,
+    now_k8s: &Time,
+) -> (crd::AllocationStatus, Option<(bool, String, String)>) {
     let gpu = obj.spec.gpu.clone().unwrap_or_default();
     let as_i32 = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     let round = AllocationRound {
@@ -311,75 +422,18 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         target: &g.target,
         all_pods: &g.all_pods,
         gpu: &gpu,
-        recommendation: recommendation.as_ref(),
+        recommendation,
         urgency: r.urgency,
         replicas: (
-            as_i32(current),
-            as_i32(ready),
-            as_i32(decision.desired_replicas),
+            as_i32(g.scale_count()),
+            as_i32(r.input.ready_replicas),
+            as_i32(r.decision.desired_replicas),
             obj.spec.min_replicas,
         ),
         now_ms: now.as_millis(),
-        now_k8s: &now_k8s,
+        now_k8s,
     };
-    let (allocation, in_sync) = allocation_and_roll(ctx, obj, round).await;
-    let injected = super::injection::announce(ctx, obj, &g.all_pods).await;
-    // The surge is remembered only when `/scale` really carries it (written now, or already there): a failed
-    // write must not make the next round take a replica off a count that never had it.
-    let surge_in_force = matches!(applied, Applied::Scaled) || replicas == current;
-    write_status(&ias_api, obj, |prev| {
-        let mut st = status::after_decision(
-            prev,
-            generation,
-            &g.target,
-            ready,
-            decision,
-            r.constraint,
-            &applied,
-            recommendation.clone(),
-            &now_k8s,
-        );
-        st.allocation = Some(allocation.clone());
-        st.cold_start_ledger = ledger_copy.clone();
-        st.rest = super::sleep::status(&r, g.sleeping);
-        st.flex_neighbours =
-            super::neighbours::carry(st.flex_neighbours.take(), flex_neighbours.clone(), now_sys);
-        status::set_workload_class(&mut st, r.class.as_ref());
-        let had = st
-            .conditions
-            .iter()
-            .any(|c| c.type_ == super::consolidate::CONSOLIDATING);
-        let conditions = [
-            moving
-                .condition(had, surge_in_force)
-                .map(|(ok, reason, message)| {
-                    (super::consolidate::CONSOLIDATING, ok, reason.to_owned(), message)
-                }),
-            in_sync
-                .clone()
-                .map(|(ok, reason, message)| (super::rollout::ALLOCATION_IN_SYNC, ok, reason, message)),
-            Some((
-                super::injection::SIDECARS_INJECTED,
-                injected.0,
-                injected.1.to_owned(),
-                injected.2.clone(),
-            )),
-            super::isolation::condition(obj.status.as_ref(), &r),
-        ];
-        for (type_, ok, reason, message) in conditions.into_iter().flatten() {
-            status::set_condition(
-                &mut st.conditions,
-                type_,
-                ok,
-                &reason,
-                &message,
-                generation,
-                &now_k8s,
-            );
-        }
-        st
-    })
-    .await
+    allocation_and_roll(ctx, obj, round).await
 }
 
 /// Applies the round's count: marks the pods a retire takes off a draining GPU (a failed mark holds the count
@@ -473,15 +527,8 @@ pub(super) struct Gathered {
     placed: super::consolidate::Move,
     /// Other autoscalers (HPAs, KEDA's among them) on the same workload; `None` when they could not be listed.
     others: Option<Vec<tessera_core::keda::OtherScaler>>,
-    /// Sleep mode: every pod's sidecar document that could be read (asleep ones too), by pod name, and how many
-    /// replicas are asleep (counted in `/scale`, not in the round's running replicas).
-    rest_docs: Vec<(String, SidecarStatus)>,
-    sleeping: u32,
-    /// Sleepers let go (`super::sleep_room`): in `/scale`'s count, neither running nor asleep; and which.
-    leaving: u32,
-    let_go: Vec<super::sleep_room::LetGo>,
-    /// Its last running replica's room on its GPU: the other models' sleepers the budget lets go once it falls asleep.
-    room: tessera_core::pack::sleeping::Room,
+    /// What sleep mode gathered: the documents of every pod (asleep ones too), the replicas asleep or let go.
+    sleep: super::sleep::Gathered,
     /// Each ready replica's pod name and sidecar URL, in `observed.sidecars`' order (where the objective is
     /// handed over, and whose GPU neighbours the flex lane reads).
     ready_pods: Vec<(String, String)>,
@@ -490,7 +537,7 @@ pub(super) struct Gathered {
 impl Gathered {
     /// `/scale`'s count as read: the running replicas, the sleeping ones and those let go.
     fn scale_count(&self) -> u32 {
-        self.observed.replicas + self.sleeping + self.leaving
+        self.observed.replicas + self.sleep.sleeping + self.sleep.leaving
     }
 }
 
@@ -514,7 +561,103 @@ pub(super) async fn gather(
     // 2. The target's /scale.
     let ar = target_resource(&spec.scale_target_ref.api_version, &spec.scale_target_ref.kind)?;
     let target_api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &ns, &ar);
-    let scale = match target_api.get_scale(&spec.scale_target_ref.name).await {
+    let (current, selector) = read_scale(ctx, obj, ias_api, &target_api, &target, now_sys).await?;
+
+    // 3. Ready pods and their sidecars.
+    let all_pods = list_pods(ctx, &ns, &target, current, &selector).await?;
+    // Consolidation: this round moves these pods if a pool drains their GPU (surge, then retire by deletion cost,
+    // which only a ReplicaSet honours: a Deployment's pods, not a StatefulSet's).
+    let movable = if super::deletion_cost::honoured_by(&spec.scale_target_ref.kind) {
+        all_pods.iter().filter_map(crate::pool::state::pod_key).collect()
+    } else {
+        Vec::new()
+    };
+    ctx.consolidation.managed.set(&key, movable);
+    let ready_pods = all_pods
+        .iter()
+        .filter_map(|p| ready_pod_url(p, ctx.settings.sidecar_port))
+        .collect::<Vec<_>>();
+    let (sidecars, recommendations) = read_sidecars(ctx, &ready_pods).await;
+    super::gate_events::publish_round(ctx, obj, &ns, &ready_pods, &sidecars).await;
+    // Sleep mode reads what is asleep and the wakes measured (the instruction is written per pod).
+    let ready_docs: Vec<(String, SidecarStatus)> = ready_pods
+        .iter()
+        .map(|(pod, _)| pod.clone())
+        .zip(sidecars.iter())
+        .filter_map(|(pod, st)| st.clone().map(|st| (pod, st)))
+        .collect();
+    let cold_start = observed_cold_start(&all_pods);
+    let mut sleep = super::sleep::gather(ctx, obj, &all_pods, ready_docs, current, cold_start).await;
+
+    // 4. Demand (the activators' documents, polled in the background), the share's room, the cold start measured
+    // from the pods (every replica, the first included, starts as a pod here) and the budget group's claims.
+    let keys: Vec<String> = spec.model_names.iter().map(|m| model_key(&ns, m)).collect();
+    let demand = demand_from(
+        &ctx.activators.samples(),
+        &keys,
+        now_ms,
+        ctx.settings.activator_max_age,
+    );
+    let peers = budget_peers(ctx, policy, &ns, &key, now_sys).await;
+    let status = obj.status.as_ref();
+    let movable = super::deletion_cost::honoured_by(&spec.scale_target_ref.kind);
+    let placed = super::consolidate::placement(
+        &all_pods,
+        super::isolation::leaving(status, &ctx.consolidation, movable),
+    );
+    let class = super::class::signals(
+        obj,
+        &all_pods,
+        scale::inputs::mix_from(
+            &ctx.activators.samples(),
+            &keys,
+            now_ms,
+            ctx.settings.activator_max_age,
+        ),
+    );
+    let observed = Observed {
+        name,
+        // The round reads the running replicas: a sleeping one (or one let go) is `/scale`'s but not the rule's
+        // (`Round::pods`).
+        replicas: current - sleep.sleeping - sleep.leaving,
+        surged: super::consolidate::surged(obj.status.as_ref()),
+        room: share_room(obj, &sidecars),
+        sidecars,
+        demand,
+        external_rate: None,
+        leads: scale::joint::LeadTimes::one(cold_start),
+        peers,
+        placement: placed.placement,
+        max_signal_age: ctx.settings.max_signal_age,
+        class: Some(class),
+        sleep: sleep.round.take(),
+        isolation: Some(super::isolation::facts(status, &all_pods, &ctx.consolidation)),
+    };
+    Ok(Gathered {
+        observed,
+        target_api,
+        target,
+        all_pods,
+        recommendations,
+        keys,
+        placed,
+        others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
+        sleep,
+        ready_pods,
+    })
+}
+
+/// The target's `/scale`: its count and the selector of its pods. A failure to read it is reported in status and
+/// an Event.
+async fn read_scale(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    ias_api: &Api<InferenceAutoscaler>,
+    target_api: &Api<DynamicObject>,
+    target: &str,
+    now_sys: SystemTime,
+) -> Result<(u32, String), Error> {
+    let scale = match target_api.get_scale(&obj.spec.scale_target_ref.name).await {
         Ok(s) => s,
         Err(source) => {
             let message = format!("could not read {target}/scale: {source}");
@@ -540,7 +683,10 @@ pub(super) async fn gather(
                 )
             })
             .await?;
-            return Err(Error::GetScale { target, source });
+            return Err(Error::GetScale {
+                target: target.to_owned(),
+                source,
+            });
         }
     };
     let current = scale
@@ -554,34 +700,41 @@ pub(super) async fn gather(
         .as_ref()
         .and_then(|s| s.selector.clone())
         .unwrap_or_default();
+    Ok((current, selector))
+}
 
-    // 3. Ready pods and their sidecars.
-    let all_pods = if current == 0 || selector.is_empty() {
-        Vec::new()
-    } else {
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-        let list = pods
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|source| Error::ListPods {
-                target: target.clone(),
-                selector: selector.clone(),
-                source,
-            })?;
-        list.items
-    };
-    // Consolidation: this round moves these pods if a pool drains their GPU (surge, then retire by deletion cost,
-    // which only a ReplicaSet honours: a Deployment's pods, not a StatefulSet's).
-    let movable = if super::deletion_cost::honoured_by(&spec.scale_target_ref.kind) {
-        all_pods.iter().filter_map(crate::pool::state::pod_key).collect()
-    } else {
-        Vec::new()
-    };
-    ctx.consolidation.managed.set(&key, movable);
-    let ready_pods = all_pods
-        .iter()
-        .filter_map(|p| ready_pod_url(p, ctx.settings.sidecar_port))
-        .collect::<Vec<_>>();
+/// The target's pods, ready or not (none to list at zero or without a selector).
+async fn list_pods(
+    ctx: &Context,
+    ns: &str,
+    target: &str,
+    current: u32,
+    selector: &str,
+) -> Result<Vec<Pod>, Error> {
+    if current == 0 || selector.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|source| Error::ListPods {
+            target: target.to_owned(),
+            selector: selector.to_owned(),
+            source,
+        })?;
+    Ok(list.items)
+}
+
+/// Every ready replica's sidecar document, read concurrently (`None`: unreadable, counted as missing, never as
+/// idle), and the fresh replicas' recommendations.
+async fn read_sidecars(
+    ctx: &Context,
+    ready_pods: &[(String, String)],
+) -> (
+    Vec<Option<SidecarStatus>>,
+    Vec<tessera_core::recommend::Recommendation>,
+) {
     let statuses =
         futures::future::join_all(ready_pods.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
     let mut recommendations = Vec::new();
@@ -602,140 +755,31 @@ pub(super) async fn gather(
             }
         }
     }
+    (sidecars, recommendations)
+}
 
-    // A pod that started because its GPU's start-up Lease was held past the gate's bound: one Warning Event each.
-    let gate_docs: Vec<(String, &SidecarStatus)> = ready_pods
-        .iter()
-        .zip(sidecars.iter())
-        .filter_map(|((pod, _), st)| st.as_ref().map(|st| (format!("{ns}/{pod}"), st)))
-        .collect();
-    super::gate_events::publish_timeouts(ctx, obj, &gate_docs).await;
-
-    // Sleep mode: a sleeping replica is not ready, so its sidecar is read here too (the round reads what is asleep
-    // and the wakes measured; the instruction is written per pod).
-    let mut rest_docs: Vec<(String, SidecarStatus)> = ready_pods
-        .iter()
-        .map(|(pod, _)| pod.clone())
-        .zip(sidecars.iter())
-        .filter_map(|(pod, st)| st.clone().map(|st| (pod, st)))
-        .collect();
-    if spec.sleep.is_some() {
-        let asleep: Vec<(String, String)> = all_pods
-            .iter()
-            .filter(|p| !crate::pod_ready(p))
-            .filter_map(|p| pod_url(p, ctx.settings.sidecar_port))
-            .collect();
-        let read =
-            futures::future::join_all(asleep.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
-        for ((pod, _), result) in asleep.into_iter().zip(read) {
-            if let Ok(st) = result {
-                rest_docs.push((pod, st));
-            }
-        }
-    }
-    // Sleepers let go (the sleeper budget, their GPU given back) are leaving: neither running nor asleep.
-    let let_go = if spec.sleep.is_some() {
-        super::sleep_room::let_go(&all_pods, &ctx.consolidation.sleepers)
-    } else {
-        Vec::new()
-    };
-    rest_docs.retain(|(pod, _)| !let_go.iter().any(|l| &l.pod == pod));
-    let (mut sleep_facts, sleeping) =
-        super::sleep::facts(&rest_docs.iter().map(|(_, d)| d).collect::<Vec<_>>());
-    let (sleeping, leaving) = if spec.sleep.is_some() {
-        let sleeping = sleeping.min(current);
-        let leaving = u32::try_from(let_go.len()).unwrap_or(u32::MAX);
-        (sleeping, leaving.min(current - sleeping))
-    } else {
-        (0, 0)
-    };
-    let cold_start = observed_cold_start(&all_pods);
-    let room = match &spec.sleep {
-        Some(s) => super::sleep_room::facts(
-            &ctx.consolidation.sleepers,
-            &s.policy(),
-            &mut sleep_facts,
-            &all_pods,
-            &rest_docs,
-            cold_start,
-        ),
-        None => tessera_core::pack::sleeping::Room::default(),
-    };
-
-    // 4. Demand (the activators' documents, polled in the background), the share's room, the cold start measured
-    // from the pods (every replica, the first included, starts as a pod here) and the budget group's claims.
-    let keys: Vec<String> = spec.model_names.iter().map(|m| model_key(&ns, m)).collect();
-    let demand = demand_from(
-        &ctx.activators.samples(),
-        &keys,
-        now_ms,
-        ctx.settings.activator_max_age,
-    );
+/// A cold-start budget group's claims in the namespace: the members this process has not decided for yet are
+/// read from their status (`namespace_claims`). None without a group.
+async fn budget_peers(
+    ctx: &Context,
+    policy: &scale::ScalePolicy,
+    ns: &str,
+    key: &str,
+    now_sys: SystemTime,
+) -> Vec<tessera_core::scale::coldstart::BudgetClaim> {
     let grouped = policy
         .scale_to_zero
         .as_ref()
         .is_some_and(|z| z.cold_start_budget_group.is_some());
-    // A group's members this process has not decided for yet are read from their status (`namespace_claims`).
-    let peers = if grouped {
-        let watched = watched_objects(&ctx.objects).await;
-        let now = timestamp(now_sys);
-        ctx.states
-            .lock()
-            .map(|s| namespace_claims(&s, &watched, &ns, &key, now))
-            .unwrap_or_default()
-    } else {
-        Vec::new()
-    };
-    let status = obj.status.as_ref();
-    let movable = super::deletion_cost::honoured_by(&spec.scale_target_ref.kind);
-    let placed = super::consolidate::placement(
-        &all_pods,
-        super::isolation::leaving(status, &ctx.consolidation, movable),
-    );
-    let class = super::class::signals(
-        obj,
-        &all_pods,
-        scale::inputs::mix_from(
-            &ctx.activators.samples(),
-            &keys,
-            now_ms,
-            ctx.settings.activator_max_age,
-        ),
-    );
-    let observed = Observed {
-        name,
-        // The round reads the running replicas: a sleeping one (or one let go) is `/scale`'s but not the rule's
-        // (`Round::pods`).
-        replicas: current - sleeping - leaving,
-        surged: super::consolidate::surged(obj.status.as_ref()),
-        room: share_room(obj, &sidecars),
-        sidecars,
-        demand,
-        external_rate: None,
-        leads: scale::joint::LeadTimes::one(cold_start),
-        peers,
-        placement: placed.placement,
-        max_signal_age: ctx.settings.max_signal_age,
-        class: Some(class),
-        sleep: spec.sleep.as_ref().map(|s| (s.policy(), sleep_facts)),
-        isolation: Some(super::isolation::facts(status, &all_pods, &ctx.consolidation)),
-    };
-    Ok(Gathered {
-        observed,
-        target_api,
-        target,
-        all_pods,
-        recommendations,
-        keys,
-        placed,
-        others: ctx.scalers.other_scalers(&ns, &spec.scale_target_ref),
-        rest_docs,
-        sleeping,
-        leaving,
-        let_go,
-        room,
-        ready_pods,
-    })
+    if !grouped {
+        return Vec::new();
+    }
+    let watched = watched_objects(&ctx.objects).await;
+    let now = timestamp(now_sys);
+    ctx.states
+        .lock()
+        .map(|s| namespace_claims(&s, &watched, ns, key, now))
+        .unwrap_or_default()
 }
 
 /// The round on the model's history (`ctx.states`, resumed from status when this process has none), the history

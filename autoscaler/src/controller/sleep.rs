@@ -21,6 +21,97 @@ use tracing::warn;
 use super::context::{Context, publish};
 use crate::crd::{InferenceAutoscaler, RestStatus};
 
+/// What sleep mode gathered for a round, and what applying the round's sleep needs.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    /// Every pod's sidecar document that could be read (asleep ones too), by pod name; the sleepers let go left out.
+    pub docs: Vec<(String, SidecarStatus)>,
+    /// Replicas asleep: counted in `/scale`, not in the round's running replicas.
+    pub sleeping: u32,
+    /// Sleepers let go (`super::sleep_room`): in `/scale`'s count, neither running nor asleep; and which.
+    pub leaving: u32,
+    /// The sleepers let go.
+    pub let_go: Vec<super::sleep_room::LetGo>,
+    /// Its last running replica's room on its GPU: the other models' sleepers the budget lets go once it falls
+    /// asleep.
+    pub room: tessera_core::pack::sleeping::Room,
+    /// The round's sleep input: the policy and what the replicas show (`None` without `spec.sleep`).
+    pub round: Option<(tessera_core::sleep::rule::SleepPolicy, SleepFacts)>,
+}
+
+/// Sleep mode's half of a reconcile's gathering: `ready` (each ready replica's pod name and readable document) and,
+/// with `spec.sleep`, the documents of the pods not ready (a sleeping replica is not ready, so its sidecar is read
+/// here too), the sleepers let go, how many replicas are asleep or leaving of `/scale`'s `current`, and the room on
+/// the GPU of its last running replica (with the `cold_start` measured from the pods).
+pub async fn gather(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    all_pods: &[Pod],
+    ready: Vec<(String, SidecarStatus)>,
+    current: u32,
+    cold_start: Option<Duration>,
+) -> Gathered {
+    let mut docs = ready;
+    let Some(sleep) = obj.spec.sleep.as_ref() else {
+        return Gathered {
+            docs,
+            ..Gathered::default()
+        };
+    };
+    let asleep: Vec<(String, String)> = all_pods
+        .iter()
+        .filter(|p| !crate::pod_ready(p))
+        .filter_map(|p| super::reconcile::pod_url(p, ctx.settings.sidecar_port))
+        .collect();
+    let read = futures::future::join_all(asleep.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
+    for ((pod, _), result) in asleep.into_iter().zip(read) {
+        if let Ok(st) = result {
+            docs.push((pod, st));
+        }
+    }
+    // Sleepers let go (the sleeper budget, their GPU given back) are leaving: neither running nor asleep.
+    let let_go = super::sleep_room::let_go(all_pods, &ctx.consolidation.sleepers);
+    docs.retain(|(pod, _)| !let_go.iter().any(|l| &l.pod == pod));
+    let (mut sleep_facts, sleeping) = facts(&docs.iter().map(|(_, d)| d).collect::<Vec<_>>());
+    let sleeping = sleeping.min(current);
+    let leaving = u32::try_from(let_go.len())
+        .unwrap_or(u32::MAX)
+        .min(current - sleeping);
+    let policy = sleep.policy();
+    let room = super::sleep_room::facts(
+        &ctx.consolidation.sleepers,
+        &policy,
+        &mut sleep_facts,
+        all_pods,
+        &docs,
+        cold_start,
+    );
+    Gathered {
+        docs,
+        sleeping,
+        leaving,
+        let_go,
+        room,
+        round: Some((policy, sleep_facts)),
+    }
+}
+
+/// Applies the round's sleep where Tessera owns `/scale` (KEDA's zero deletes the pod): the pod the count keeps
+/// at zero is told to sleep, a model that does not sleep now has every instruction taken off, and the sleepers a
+/// new sleeper displaces are let go once it is told to sleep (this model's own on a GPU given back at once).
+pub async fn apply(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    pods: &[Pod],
+    g: &Gathered,
+    r: &Round,
+    now_ms: u64,
+) {
+    let wrote = instruct(ctx, obj, pods, &g.docs, r, &g.let_go, now_ms).await;
+    let displaced = wrote.then_some(&g.room);
+    super::sleep_room::mark(ctx, obj, displaced, &g.let_go, now_ms).await;
+}
+
 /// What the round reads of the model's sleep from every replica's sidecar document (asleep ones included), and
 /// how many replicas are asleep.
 pub fn facts(docs: &[&SidecarStatus]) -> (SleepFacts, u32) {
