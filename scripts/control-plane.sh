@@ -11,6 +11,13 @@
 #   scripts/control-plane.sh down DIR        stop everything `up` started in DIR (pid files) and remove DIR
 #   scripts/control-plane.sh kubeconfig DIR  print the admin kubeconfig's path
 #
+# With TESSERA_CONTROL_PLANE_REAL_NODE=1 (set by scripts/real-node.sh, which joins a real kubelet to it), `up`
+# starts no kwok and no fake nodes, and the API server listens where a pod can reach it with no service proxy:
+# at the `kubernetes` Service's ClusterIP, 10.96.0.1:443, an address real-node.sh puts on the node's bridge
+# (in-cluster clients dial KUBERNETES_SERVICE_HOST:443, and no kube-proxy runs). It also routes webhook calls to
+# a Service's endpoints (pod addresses on the bridge) instead of its ClusterIP, and authenticates to kubelets with
+# a client certificate (logs, exec).
+#
 # What is built, and why this way: kube-apiserver, kube-controller-manager and kube-scheduler from the published
 # k8s.io/kubernetes module of one release, through the wrapper module in scripts/control-plane/kubernetes (its
 # go.mod maps each k8s.io/* staging module to its published version, which is how the tree builds outside its own
@@ -174,6 +181,10 @@ certs() { # dir
     # Towards aggregated APIs (KEDA's metrics adapter) it is the front proxy: the adapter trusts the identity
     # headers only from this name, signed by the CA named in --requestheader-client-ca-file.
     sign front-proxy-client "/CN=front-proxy-client"
+    # The API server towards a real kubelet (logs, exec); the kubelet authorizes it through a SubjectAccessReview.
+    if [ "${TESSERA_CONTROL_PLANE_REAL_NODE:-0}" = 1 ]; then
+      sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    fi
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
   ) || die "generating certificates with openssl failed"
@@ -243,15 +254,26 @@ EOF
 }
 
 up() {
-  build
+  # A real node's control plane runs no KEDA (scripts/real-node.sh): it needs the control plane's binaries only.
+  if [ "${TESSERA_CONTROL_PLANE_REAL_NODE:-0}" = 1 ]; then
+    build_control_plane
+    link_into_clone control-plane "$cache"
+  else
+    build
+  fi
   local d=${1:-}
   if [ -z "$d" ]; then d="$(mktemp -d "${TMPDIR:-/tmp}/tessera-control-plane.XXXXXX")"; else mkdir -p "$d"; fi
   d="$(cd "$d" && pwd)"
   local started=$SECONDS
   certs "$d"
-  local etcd_port peer_port api_port
+  local etcd_port peer_port api_port api_address=127.0.0.1 real_node_flags=()
   etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
-  local server="https://127.0.0.1:$api_port"
+  if [ "${TESSERA_CONTROL_PLANE_REAL_NODE:-0}" = 1 ]; then
+    api_address=10.96.0.1 api_port=443
+    real_node_flags=(--enable-aggregator-routing=true
+      --kubelet-client-certificate "$d/apiserver-kubelet-client.crt" --kubelet-client-key "$d/apiserver-kubelet-client.key")
+  fi
+  local server="https://$api_address:$api_port"
   echo "$server" >"$d/server"
   for n in admin controller-manager scheduler kwok; do kubeconfig_for "$d" "$n" "$server"; done
 
@@ -287,7 +309,7 @@ EOF2
   # through that Service.
   start "$d" kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --secure-port "$api_port" --advertise-address 127.0.0.1 \
+    --bind-address "$api_address" --secure-port "$api_port" --advertise-address "$api_address" \
     --endpoint-reconciler-type none \
     --tls-cert-file "$d/apiserver.crt" --tls-private-key-file "$d/apiserver.key" \
     --client-ca-file "$d/ca.crt" \
@@ -302,7 +324,7 @@ EOF2
     --enable-admission-plugins NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
     --allow-privileged=true \
     --audit-policy-file "$d/audit-policy.yaml" --audit-log-path "$d/audit.log" --audit-log-format json \
-    --cert-dir "$d/apiserver-certs"
+    --cert-dir "$d/apiserver-certs" "${real_node_flags[@]}"
   deadline=$((SECONDS + 120))
   until [ "$(api "$d" GET /readyz 2>/dev/null)" = ok ]; do
     alive_or_fail "$d" kube-apiserver
@@ -325,6 +347,21 @@ EOF2
     --authentication-kubeconfig "$d/scheduler.kubeconfig" \
     --authorization-kubeconfig "$d/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$(free_port)" --leader-elect=false
+
+  if [ "${TESSERA_CONTROL_PLANE_REAL_NODE:-0}" = 1 ]; then
+    # The node is scripts/real-node.sh's to join; pods need only the default ServiceAccount from here.
+    deadline=$((SECONDS + 60))
+    until api "$d" GET /api/v1/namespaces/default/serviceaccounts/default >/dev/null 2>&1; do
+      for c in kube-controller-manager kube-scheduler; do alive_or_fail "$d" "$c"; done
+      [ $SECONDS -lt $deadline ] || fail_start "$d" kube-controller-manager "the default ServiceAccount did not appear within 60 s"
+      sleep 0.5
+    done
+    log "control plane up in $((SECONDS - started)) s (for a real node: no kwok)"
+    echo "DIR=$d"
+    echo "KUBECONFIG=$d/admin.kubeconfig"
+    echo "SERVER=$server"
+    return 0
+  fi
 
   log "kwok and the fake nodes"
   start "$d" kwok "$bin/kwok" --kubeconfig "$d/kwok.kubeconfig" --manage-all-nodes=true \
