@@ -102,6 +102,8 @@ impl ModelSpec {
         "opt-125m",
         "qwen3-14b",
         "llama-3.1-70b",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
     ];
 
     /// A real model's numbers; sources for each are in `docs/emulator.md`.
@@ -157,6 +159,26 @@ impl ModelSpec {
                 max_model_len: 131_072,
                 overhead_bytes: gib(2.0),
             },
+            // Llama-3.2-1B-Instruct, bf16: 16 layers, 8 KV heads, head dim 64, tied embeddings; 1.24B parameters
+            // (2.30 GiB of weights). Its overhead is not measured here: the 8B's small-activation figure, scaled.
+            "llama-3.2-1b" | "meta-llama/llama-3.2-1b-instruct" => ModelSpec {
+                name: "meta-llama/Llama-3.2-1B-Instruct".into(),
+                params: 1.24e9,
+                weights_bytes: gib(2.30),
+                bytes_per_kv_token: kv_bytes_per_token(16, 8, 64, 2),
+                max_model_len: 131_072,
+                overhead_bytes: gib(0.8),
+            },
+            // Llama-3.2-3B-Instruct, bf16: 28 layers, 8 KV heads, head dim 128, tied embeddings; 3.21B parameters
+            // (5.98 GiB of weights). Overhead as for the 1B.
+            "llama-3.2-3b" | "meta-llama/llama-3.2-3b-instruct" => ModelSpec {
+                name: "meta-llama/Llama-3.2-3B-Instruct".into(),
+                params: 3.21e9,
+                weights_bytes: gib(5.98),
+                bytes_per_kv_token: kv_bytes_per_token(28, 8, 128, 2),
+                max_model_len: 131_072,
+                overhead_bytes: gib(1.0),
+            },
             _ => return Err(ModelError::UnknownModelPreset(name.to_owned())),
         };
         Ok(spec)
@@ -178,7 +200,15 @@ pub struct GpuSpec {
 
 impl GpuSpec {
     /// Names accepted by [`GpuSpec::preset`].
-    pub const PRESETS: &'static [&'static str] = &["a100-80gb", "a100-40gb", "h100-80gb", "l4"];
+    pub const PRESETS: &'static [&'static str] = &[
+        "a100-80gb",
+        "a100-40gb",
+        "h100-80gb",
+        "h200",
+        "l40s",
+        "l4",
+        "b200",
+    ];
 
     /// A real GPU's datasheet numbers; sources in `docs/emulator.md`.
     pub fn preset(name: &str) -> Result<GpuSpec, ModelError> {
@@ -212,6 +242,30 @@ impl GpuSpec {
                 memory_bytes: gib(22.0),
                 hbm_bandwidth_bytes_per_s: 300e9,
                 flops: 121e12,
+            },
+            // H200 SXM: 141 GB HBM3e at 4.8 TB/s, 989 TFLOPS dense bf16 (NVIDIA's H200 datasheet; the same SMs as
+            // the H100 SXM); the lent H200 reported 143,771 MiB total (docs/performance.md, "Sleep mode on a GPU").
+            "h200" | "h200-141gb" => GpuSpec {
+                name: "h200".into(),
+                memory_bytes: 143_771 << 20,
+                hbm_bandwidth_bytes_per_s: 4.8e12,
+                flops: 989e12,
+            },
+            // L40S: 48 GB GDDR6 at 864 GB/s, 362 TFLOPS dense bf16 (NVIDIA's L40S datasheet: 733 with sparsity);
+            // nvidia-smi reports 46,068 MiB with ECC on.
+            "l40s" => GpuSpec {
+                name: "l40s".into(),
+                memory_bytes: 46_068 << 20,
+                hbm_bandwidth_bytes_per_s: 864e9,
+                flops: 362e12,
+            },
+            // B200 (HGX): 180 GB HBM3e at 8 TB/s, 2.25 PFLOPS dense bf16 (NVIDIA's HGX B200 figures: 4.5 with
+            // sparsity); the datasheet's 180 GB taken as what CUDA reports, not measured here.
+            "b200" => GpuSpec {
+                name: "b200".into(),
+                memory_bytes: 180_000_000_000,
+                hbm_bandwidth_bytes_per_s: 8.0e12,
+                flops: 2.25e15,
             },
             _ => return Err(ModelError::UnknownGpuPreset(name.to_owned())),
         };

@@ -285,6 +285,12 @@ pub fn gpu_preset(dcgm_model: &str) -> Option<&'static str> {
     let m = dcgm_model.to_ascii_uppercase();
     if m.contains("H100") {
         Some("h100-80gb")
+    } else if m.contains("H200") {
+        Some("h200")
+    } else if m.contains("B200") {
+        Some("b200")
+    } else if m.contains("L40S") {
+        Some("l40s")
     } else if m.contains("A100") && m.contains("40GB") {
         Some("a100-40gb")
     } else if m.contains("A100") {
@@ -479,8 +485,11 @@ pub fn scenario(
             cold_start_budget_group: None,
             cold_start: ColdStartFile::default(),
             compute_fraction: ComputeFraction::Auto,
+            workload_class: tessera_api::crd::WorkloadClassSpec::Auto,
             traffic: TrafficFile {
                 trace: TraceKind::Observed,
+                synthetic: None,
+                prompt_scale: None,
                 file: None,
                 model: None,
                 function: None,

@@ -41,7 +41,7 @@ pub enum SpecModelError {
 pub const KEY: &str = "inference_autoscaler";
 
 /// The scenario's model fields a spec sets: written once, in the spec, or in the scenario's own names.
-const OWNED: [(&str, &str); 10] = [
+const OWNED: [(&str, &str); 11] = [
     ("min_replicas", "minReplicas"),
     ("max_replicas", "maxReplicas"),
     ("targets", "targets"),
@@ -52,6 +52,7 @@ const OWNED: [(&str, &str); 10] = [
     ("cold_start_miss_budget", "scaleToZero.coldStartMissBudget"),
     ("cold_start_budget_group", "scaleToZero.coldStartBudgetGroup"),
     ("compute_fraction", "gpu.computeFraction"),
+    ("workload_class", "workloadClass"),
 ];
 
 /// The policy a model's spec describes, as the controller reads it (`None` without a spec or with an invalid one,
@@ -144,6 +145,9 @@ fn fields(spec: &InferenceAutoscalerSpec, policy: &ScalePolicy) -> Result<Mappin
         if let Some(g) = &z.cold_start_budget_group {
             out.insert("cold_start_budget_group".into(), g.clone().into());
         }
+    }
+    if let Some(class) = spec.workload_class.pinned() {
+        out.insert("workload_class".into(), class.as_str().into());
     }
     // The spec writes the share as a string ("auto" or "0.25"); to_policy has checked that it parses.
     if let Some(cf) = spec.gpu.as_ref().and_then(|g| g.compute_fraction.as_deref()) {

@@ -198,8 +198,9 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
         s,
         "<h1>Tessera what-if simulation: {}</h1><p>{}</p><p>{} models on <b>{}</b>, {:.0} minutes simulated, {} \
          requests, seed {}. Every strategy saw the same arrivals (digest <code>{}</code>). Lower bound: <b>{:.2} \
-         GPU-hours</b> for a policy meeting every TTFT objective, {:.2} for one meeting it for {:.0}% of requests \
-         through its cold starts; sharing model <code>{}</code>.</p>",
+         GPU-hours</b> for a policy meeting every TTFT objective with cold starts free, {:.2} through its cold \
+         starts, {:.2} for one meeting it for {:.0}% of requests through its cold starts; sharing model \
+         <code>{}</code>.</p>",
         esc(&r.scenario),
         esc(&r.description),
         r.models.len(),
@@ -209,6 +210,7 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
         r.seed,
         r.strategies.first().map_or("", |x| x.arrival_digest.as_str()),
         r.lower_bound_gpu_hours,
+        r.lower_bound_with_cold_starts_gpu_hours,
         r.lower_bound_at_goal_gpu_hours,
         r.attainment_goal * 100.0,
         esc(&r.sharing_model)

@@ -89,6 +89,22 @@ pub struct Args {
     /// Print the result as a Markdown table (what `scripts/sim-results.sh` puts in docs/simulator.md).
     #[arg(long, env = "TESSERA_SIMULATE_MARKDOWN")]
     pub markdown: bool,
+    /// Let sleeping pods lend their room beyond their residue to new replicas, as the chart's
+    /// `gpuPools.lendSleepers: true` does (off by default, as in the chart; overrides `strategies.lend_sleepers`).
+    #[arg(long, env = "TESSERA_SIMULATE_LEND_SLEEPERS")]
+    pub lend_sleepers: bool,
+}
+
+impl Args {
+    /// What these flags set over the scenario file, with `seed` for this run.
+    fn overrides(&self, seed: Option<u64>) -> scenario::Overrides {
+        scenario::Overrides {
+            seed,
+            duration: self.duration,
+            // The flag only turns lending on: without it the scenario's own setting stands.
+            lend_sleepers: self.lend_sleepers.then_some(true),
+        }
+    }
 }
 
 /// The seeds of a sweep (`--seeds`), parsed by [`sweep::parse_seeds`].
@@ -320,6 +336,7 @@ pub fn simulate_strategies(
         sharing_model: sc.settings.sharing_model.name().to_string(),
         compute_oversubscription: sc.settings.compute_oversubscription(),
         update_mode: sc.settings.update_mode,
+        lend_sleepers: sc.settings.lend_sleepers,
         models: sc.models.iter().map(|m| m.name.clone()).collect(),
         requests_per_model: sc.arrivals.iter().map(|a| a.len() as u64).collect(),
         forced_memory_gpu_hours: bounds.forced_memory,
@@ -461,7 +478,7 @@ fn run_blocking(args: &Args, assumptions: &[String]) -> anyhow::Result<()> {
     if let Some(seeds) = &args.seeds {
         return run_sweep(args, &source, &seeds.0);
     }
-    let sc = scenario::load(&source, args.seed, args.duration)?;
+    let sc = scenario::load_with(&source, args.overrides(args.seed))?;
     let requests: usize = sc.arrivals.iter().map(Vec::len).sum();
     tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
     let bar = progress_bar(args.quiet, sc.duration, "virtual s");
@@ -553,13 +570,13 @@ fn print_result(
 fn run_sweep(args: &Args, source: &Source, seeds: &[u64]) -> anyhow::Result<()> {
     let started = Instant::now();
     // Loaded once up front so a bad scenario fails before anything runs, and for the name and the goal.
-    let first = scenario::load(source, seeds.first().copied(), args.duration)?;
+    let first = scenario::load_with(source, args.overrides(seeds.first().copied()))?;
     tracing::info!(scenario = %first.name, seeds = seeds.len(), "sweeping seeds");
     let bar = progress_bar(args.quiet, seeds.len() as f64, "seeds");
     bar.set_message("seeds");
     let done = AtomicUsize::new(0);
     let results = par_map(seeds, |&seed| -> anyhow::Result<sweep::SeedResult> {
-        let sc = scenario::load(source, Some(seed), args.duration)?;
+        let sc = scenario::load_with(source, args.overrides(Some(seed)))?;
         let report = simulate_strategies(&sc, &args.strategies, Extras::NONE, &mut |_, _| {})
             .with_context(|| format!("seed {seed}"))?;
         let n = done.fetch_add(1, AtomicOrdering::Relaxed) + 1;

@@ -50,6 +50,10 @@ pub struct Report {
     /// How Tessera's allocation in force reached pods (`initial` or `recreate`, the policy's `gpu.updateMode`).
     #[serde(default)]
     pub update_mode: UpdateMode,
+    /// Whether sleeping pods lent their room beyond their residue (`strategies.lend_sleepers`, the chart's
+    /// `gpuPools.lendSleepers`; off by default).
+    #[serde(default)]
+    pub lend_sleepers: bool,
     /// Models the scenario gives a sleep-mode wake (`cold_start.sleep_wake`): Tessera's rounds decide whether
     /// their last replica sleeps at zero (`core::sleep::rule`), as the controller's do.
     #[serde(default)]
@@ -271,6 +275,9 @@ pub struct ModelReport {
     pub memory_gpu_hours: f64,
     /// Replicas started after time 0.
     pub cold_starts: u64,
+    /// Of those, the starts from zero replicas (a request found none).
+    #[serde(default)]
+    pub starts_from_zero: u64,
     /// Preemptions.
     pub preemptions: u64,
     /// KV cache per replica at the end, GiB (Tessera: the recommendation in force).
@@ -305,6 +312,10 @@ pub struct ModelReport {
     /// and `Initial` leaves running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub behind_while_urgent: Option<f64>,
+    /// Tessera: the workload class its rounds ended the run in, where it came from and why (`core::class`, as in
+    /// `status.workloadClass` and `workloadClassReason`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_class: Option<ClassReport>,
     /// Tessera: why the model kept a warm replica instead of going to zero (`core::scale::joint::WarmFloor`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_floor: Option<String>,
@@ -391,6 +402,21 @@ impl ModelReport {
     }
 }
 
+/// A model's workload class at the end of a run, as the controller's status says it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassReport {
+    /// `realtime`, `nearRealtime` or `batch`.
+    pub class: String,
+    /// Where it came from: `pinned`, `declared`, `observed`, `default`.
+    pub source: String,
+    /// Why.
+    pub reason: String,
+    /// The knobs whose values came from the class (`status.policyFromClass`); the rest the model set itself.
+    pub policy_from_class: Vec<String>,
+    /// The class's policy in words (`status.classPolicy`).
+    pub policy: String,
+}
+
 impl Report {
     /// The strategy with this name.
     pub fn strategy(&self, name: &str) -> Option<&StrategyReport> {
@@ -457,7 +483,7 @@ impl Report {
         row(&mut o, "GPU compute busy, held GPUs", &|s| {
             format!("{:.1}%", s.compute_ratio * 100.0)
         });
-        row(&mut o, "GPU compute allocated, held GPUs", &|s| {
+        row(&mut o, "GPU compute shares held (¹)", &|s| {
             format!("{:.1}%", s.compute_allocated_ratio * 100.0)
         });
         row(&mut o, "TTFT p50", &|s| secs(s.ttft_p50));
@@ -481,6 +507,9 @@ impl Report {
                 .map_or_else(|| "—".to_owned(), |c| format!("{}, {}", c.drains, c.moves))
         });
         row(&mut o, "requests failed", &|s| s.failed.to_string());
+        if let Some(note) = self.compute_shares_note() {
+            let _ = writeln!(o, "{note}");
+        }
         let _ = writeln!(o);
         for s in &self.strategies {
             let _ = writeln!(o, "{} — {}", s.strategy, s.description);
@@ -547,6 +576,9 @@ impl Report {
                 );
             }
             if let Some(note) = self.sleep_mode_note() {
+                let _ = writeln!(o, "{note}");
+            }
+            if let Some(note) = Self::class_note(t) {
                 let _ = writeln!(o, "{note}");
             }
             if let Some(r) = t.rollouts.as_ref().filter(|r| !r.rolls.is_empty()) {
@@ -629,6 +661,51 @@ impl Report {
         o
     }
 
+    /// Each model's workload class at the end of Tessera's run, where it came from, and which knobs its
+    /// defaults set (`core::class`, the round's first step, as the controller runs it).
+    pub fn class_note(t: &StrategyReport) -> Option<String> {
+        let classes = per_model(&t.models, |m| {
+            m.workload_class.as_ref().map(|c| {
+                let from = if c.policy_from_class.is_empty() {
+                    "no knob from the class".to_owned()
+                } else {
+                    format!("from the class: {}", c.policy_from_class.join(", "))
+                };
+                format!("{} ({}: {}; {from})", c.class, c.source, c.reason)
+            })
+        });
+        (!classes.is_empty()).then(|| {
+            format!(
+                "Workload class (core::class, as status.workloadClass; the class's defaults fill the knobs a model \
+                 leaves unset): {}.",
+                classes.join("; ")
+            )
+        })
+    }
+
+    /// Why a strategy's compute shares add up to more than the GPUs it held, when one's do: under MPS a share is
+    /// a cap that reserves nothing, and the pool hands out up to `compute_oversubscription` GPUs' worth per GPU.
+    pub fn compute_shares_note(&self) -> Option<String> {
+        let over: Vec<String> = self
+            .strategies
+            .iter()
+            .filter(|s| s.compute_allocated_ratio > 1.0 + 1e-9)
+            .map(|s| format!("{} {:.0}%", s.strategy, s.compute_allocated_ratio * 100.0))
+            .collect();
+        if over.is_empty() {
+            return None;
+        }
+        Some(format!(
+            "(¹) compute shares held over the GPUs held, starting and idle replicas included: {}. Over 100% because \
+             under `{}` a share is a cap on the SMs a replica may use (MPS's active-thread percentage), not a \
+             reservation, and the pool hands out up to {}× a GPU's worth of caps per GPU \
+             (computeOversubscription); how busy the GPUs were is the \"GPU compute busy\" row.",
+            over.join(", "),
+            self.sharing_model,
+            self.compute_oversubscription
+        ))
+    }
+
     /// What sleep mode did for the scenario's sleep-mode models, against the same run without it; `None` without
     /// such a model.
     pub fn sleep_mode_note(&self) -> Option<String> {
@@ -637,10 +714,16 @@ impl Report {
         }
         let mut note = format!(
             "Sleep mode ({}): at zero, Tessera puts a model's last replica to sleep where its wake meets the TTFT \
-             objective that a cold start would miss (core::sleep::rule); a sleeping pod keeps its residue on its \
-             GPU, lends the rest of its share only where the alternative is opening a GPU, and wakes there if its \
-             share fits again",
-            self.sleep_mode_models.join(", ")
+             objective that a cold start would miss (core::sleep::rule); {}, and wakes there if its share fits \
+             again",
+            self.sleep_mode_models.join(", "),
+            if self.lend_sleepers {
+                "a sleeping pod keeps its residue on its GPU and lends the rest of its share only where the \
+                 alternative is opening a GPU (lend_sleepers on)"
+            } else {
+                "a sleeping pod keeps its whole share on its GPU (the chart's default; `--lend-sleepers` lends the \
+                 room beyond its residue, as gpuPools.lendSleepers does)"
+            }
         );
         if let Some(t) = self.strategy("tessera") {
             let _ = write!(

@@ -114,6 +114,10 @@ pub struct ScenarioFile {
     pub batch: Option<BatchFile>,
 }
 
+fn is_auto_class(c: &tessera_api::crd::WorkloadClassSpec) -> bool {
+    c.pinned().is_none()
+}
+
 fn default_seed() -> u64 {
     1
 }
@@ -193,6 +197,11 @@ pub struct StrategySettings {
     /// before it is rolled, unless the growth is urgent (the controller's `--rollout-stability-window`).
     #[serde(with = "humantime_serde")]
     pub rollout_stability_window: Duration,
+    /// Tessera, sleep mode: lend a sleeping replica's room beyond its residue to a new replica where the
+    /// alternative is opening a GPU (the chart's `gpuPools.lendSleepers`, off by default: a sleeping replica then
+    /// keeps its whole share, and what the table shows is what the chart's defaults do). `--lend-sleepers` turns
+    /// it on for one run.
+    pub lend_sleepers: bool,
 }
 
 /// `gpu.updateMode` as the simulator runs it (`Off` applies nothing, so it has no what-if to show).
@@ -279,6 +288,7 @@ impl Default for StrategySettings {
                 .max_moves,
             update_mode: UpdateMode::default(),
             rollout_stability_window: tessera_core::rollout::RolloutConfig::default().stability_window,
+            lend_sleepers: false,
         }
     }
 }
@@ -340,6 +350,11 @@ pub struct ModelFile {
     /// Tessera: the replica's compute share: `auto` (the recommendation) or a number in (0, 1].
     #[serde(default)]
     pub compute_fraction: ComputeFraction,
+    /// Tessera: the workload class, as the InferenceAutoscaler's `workloadClass`: `auto` (the default: detected
+    /// from what the model declares and from its traffic, as the controller does, `core::class`), or
+    /// `realtime`, `nearRealtime`, `batch` to pin it. The class's defaults fill the knobs the model leaves unset.
+    #[serde(default, skip_serializing_if = "is_auto_class")]
+    pub workload_class: tessera_api::crd::WorkloadClassSpec,
     /// The model's traffic.
     pub traffic: TrafficFile,
     /// The `hami-static` peer: the share and memory a user declares for this model.
@@ -479,6 +494,9 @@ pub enum TraceKind {
     /// Counts per step and token histograms read from Prometheus (`simulate --prometheus` writes it inline as
     /// `traffic.observed`).
     Observed,
+    /// A synthetic shape (`traffic.synthetic`: `diurnal` or `on_off`, `crate::trace::synthetic`), with lengths
+    /// drawn from an Azure LLM trace (`tokens_from`).
+    Synthetic,
 }
 
 /// One model's traffic.
@@ -512,6 +530,14 @@ pub struct TrafficFile {
     /// Length of the window; absent = to the end of the trace.
     #[serde(default, with = "humantime_serde")]
     pub window: Option<Duration>,
+    /// `trace: synthetic`: the shape (`{shape: diurnal, mean_rps, peak_to_trough, period}` or
+    /// `{shape: on_off, rps, on, off}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synthetic: Option<crate::trace::synthetic::Shape>,
+    /// `trace: synthetic`: every drawn prompt times this (long-context traffic from a chat trace's lengths),
+    /// capped so that prompt and output fit the model's `max_model_len`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_scale: Option<f64>,
     /// `trace: observed`: the counts per step and the token histograms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed: Option<ObservedTraffic>,
@@ -750,7 +776,32 @@ impl ScenarioFile {
                         }
                     }
                 },
+                TraceKind::Synthetic => match &t.synthetic {
+                    None => p.push(format!(
+                        "{at}.traffic.synthetic is required for trace: synthetic ({{shape: diurnal, mean_rps, \
+                         peak_to_trough, period}} or {{shape: on_off, rps, on, off}})"
+                    )),
+                    Some(shape) => {
+                        if let Some(e) = shape.problem() {
+                            p.push(format!("{at}.traffic.synthetic: {e}"));
+                        }
+                        if t.file.is_some() || t.model.is_some() || t.function.is_some() {
+                            p.push(format!(
+                                "{at}.traffic: file, model and function do not apply to trace: synthetic \
+                                 (tokens_from names where its lengths are drawn from)"
+                            ));
+                        }
+                    }
+                },
                 _ => {}
+            }
+            if t.prompt_scale.is_some() && t.trace != TraceKind::Synthetic {
+                p.push(format!(
+                    "{at}.traffic.prompt_scale only applies to trace: synthetic"
+                ));
+            }
+            if t.synthetic.is_some() && t.trace != TraceKind::Synthetic {
+                p.push(format!("{at}.traffic.synthetic only applies to trace: synthetic"));
             }
             if t.observed.is_some() && t.trace != TraceKind::Observed {
                 p.push(format!("{at}.traffic.observed only applies to trace: observed"));
@@ -806,6 +857,10 @@ pub struct ModelSetup {
     /// Tessera's whole policy when the model carries an InferenceAutoscaler spec, as the controller reads it
     /// (`behavior`, tolerance and panic mode included, which the fields above do not hold).
     pub policy: Option<tessera_core::scale::ScalePolicy>,
+    /// The class the model pins (`workload_class`); `None` detects it.
+    pub workload_class: Option<tessera_core::class::WorkloadClass>,
+    /// Which class knobs the model set itself (a class's default never overrides them).
+    pub class_explicit: tessera_core::class::Explicit,
 }
 
 impl ModelSetup {
@@ -867,12 +922,40 @@ pub enum Source {
     File(PathBuf),
 }
 
+/// What the command line sets over a scenario file's own values.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Overrides {
+    /// The seed of every draw.
+    pub seed: Option<u64>,
+    /// The simulated time.
+    pub duration: Option<Duration>,
+    /// `strategies.lend_sleepers` (`--lend-sleepers`).
+    pub lend_sleepers: Option<bool>,
+}
+
 /// Reads, validates and resolves a scenario; `seed` and `duration` override the file's.
 pub fn load(
     source: &Source,
     seed: Option<u64>,
     duration: Option<Duration>,
 ) -> Result<Scenario, ScenarioError> {
+    load_with(
+        source,
+        Overrides {
+            seed,
+            duration,
+            ..Overrides::default()
+        },
+    )
+}
+
+/// Reads, validates and resolves a scenario, with `overrides` over the file's values.
+pub fn load_with(source: &Source, overrides: Overrides) -> Result<Scenario, ScenarioError> {
+    let Overrides {
+        seed,
+        duration,
+        lend_sleepers,
+    } = overrides;
     let (text, name, dir) = match source {
         Source::Default => (
             DEFAULT_SCENARIO.to_string(),
@@ -897,6 +980,9 @@ pub fn load(
     }
     if let Some(d) = duration {
         file.duration = d;
+    }
+    if let Some(lend) = lend_sleepers {
+        file.strategies.lend_sleepers = lend;
     }
     resolve(&file, &name, dir.as_deref())
 }
@@ -976,6 +1062,28 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
                 })?;
                 function_arrivals(row, &transform, duration, &tokens, &mut rng).map_err(traffic_err)?
             }
+            TraceKind::Synthetic => {
+                let shape = t
+                    .synthetic
+                    .as_ref()
+                    .ok_or_else(|| traffic_err("trace: synthetic needs traffic.synthetic".into()))?;
+                let tokens = traces
+                    .llm(t.tokens_from.as_deref(), dir)
+                    .map_err(trace_err)?
+                    .token_pairs();
+                // A prompt longer than the model's context would be refused by vLLM: the scale stops short of it.
+                let max_len = m.max_model_len.unwrap_or(spec.max_model_len);
+                crate::trace::synthetic::synthetic_arrivals(
+                    shape,
+                    &transform,
+                    duration,
+                    &tokens,
+                    t.prompt_scale.unwrap_or(1.0),
+                    max_len,
+                    &mut rng,
+                )
+                .map_err(traffic_err)?
+            }
             TraceKind::Observed => {
                 let o = t
                     .observed
@@ -1008,6 +1116,11 @@ pub fn resolve(file: &ScenarioFile, name: &str, dir: Option<&Path>) -> Result<Sc
             hami: m.hami,
             today: m.today.clone(),
             policy: super::crd_model::policy(m.inference_autoscaler.as_ref()),
+            workload_class: m.workload_class.pinned(),
+            class_explicit: tessera_core::class::Explicit {
+                cold_start_miss_budget: m.cold_start_miss_budget.is_some(),
+                ttft_slo_percentile: m.ttft_slo_percentile.is_some(),
+            },
         });
         arrivals.push(a);
     }

@@ -95,8 +95,19 @@ pub fn advice(r: &Report, t: &StrategyReport, i: usize) -> Option<String> {
         r.scale_to_zero_after_secs.get(i).copied().flatten(),
         &m.warm_floor,
     ) {
+        // The floor is what the rule asked for while a cold start would miss; what the run did is what the line
+        // says, so a model that still went to zero (its misses within a budget, a floor that came late) is not
+        // told to "keep one warm" beside its own cold starts.
+        (Some(_), Some(_)) if m.starts_from_zero == 0 => {
+            line.push_str("; kept one replica warm (a cold start would miss the TTFT objective)")
+        }
         (Some(_), Some(_)) => {
-            line.push_str("; keep one replica warm (a cold start would miss the TTFT objective)")
+            let _ = write!(
+                line,
+                "; kept one replica warm while a cold start would miss the TTFT objective, and still started from \
+                 zero {} time(s) ({} cold start(s) in all)",
+                m.starts_from_zero, m.cold_starts
+            );
         }
         (Some(after), None) => {
             let _ = write!(
@@ -248,6 +259,7 @@ mod tests {
             replicas_mean: 1.2,
             memory_gpu_hours: 0.0,
             cold_starts: 0,
+            starts_from_zero: 0,
             preemptions: 0,
             kv_cache_gib: 6.0,
             compute_fraction: 0.4,
@@ -259,6 +271,7 @@ mod tests {
             latency_on_share: None,
             prefill_bound: None,
             behind_while_urgent: None,
+            workload_class: None,
             warm_floor: None,
             isolated: None,
             held_by: Default::default(),
@@ -279,6 +292,19 @@ mod tests {
         assert!(line.starts_with("support-chat: 0.40 GPU per replica"), "{line}");
         assert!(
             line.contains("6.0 GiB KV") && line.contains("scale to zero after 10m"),
+            "{line}"
+        );
+        // Issue 57: a warm floor beside starts from zero says what happened, not "keep one replica warm".
+        let mut t = t;
+        t.models[0].warm_floor = Some("cold start 28 s > TTFT objective 3 s".into());
+        let line = advice(&r, &t, 0).unwrap();
+        assert!(line.contains("; kept one replica warm (a cold start"), "{line}");
+        t.models[0].starts_from_zero = 8;
+        t.models[0].cold_starts = 9;
+        let line = advice(&r, &t, 0).unwrap();
+        assert!(
+            line.contains("still started from zero 8 time(s) (9 cold start(s) in all)")
+                && !line.contains("keep one replica warm"),
             "{line}"
         );
     }

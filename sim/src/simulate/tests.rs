@@ -38,6 +38,8 @@ fn model(name: &str, min_replicas: u32, max_replicas: u32) -> ModelSetup {
         hami: HamiFile::default(),
         today: None,
         policy: None,
+        workload_class: None,
+        class_explicit: tessera_core::class::Explicit::default(),
     }
 }
 
@@ -229,6 +231,99 @@ fn sleep_mode_is_the_tables_run_and_the_extra_run_goes_without() {
     let none = run(&scenario(vec![model("m", 0, 1)], vec![at(&[0.0])], 60.0));
     assert!(none.sleep_mode_models.is_empty() && none.sleep_mode_note().is_none());
     assert_eq!(none.tessera_without_sleep, None);
+}
+
+/// Issue 57, "the table's Tessera row is what the chart's defaults do": a sleeping pod keeps its whole share, as
+/// the pool does without `gpuPools.lendSleepers`, so a newcomer that needs its room opens a GPU and the sleeper
+/// wakes where it slept; with lending on, the newcomer takes the room and the sleeper's next start is cold.
+#[test]
+fn a_sleeping_pod_keeps_its_whole_share_unless_lending_is_on() {
+    // Whole-GPU compute caps: two fill one GPU under the 2x MPS oversubscription, so the newcomer fits beside the
+    // busy model only in the sleeper's room.
+    let whole = |mut m: ModelSetup| {
+        m.compute_fraction = ComputeFraction::Fixed(1.0);
+        m
+    };
+    let mut sleeper = whole(model("sleeper", 0, 1));
+    sleeper.sleep_wake_secs = Some(0.5);
+    let busy = whole(model("busy", 1, 1));
+    // An objective its cold start meets, so it goes to zero (no warm floor) and comes back at 300 s while the
+    // sleeper sleeps, busy until after the sleeper's request at 600 s.
+    let mut newcomer = whole(model("newcomer", 0, 1));
+    newcomer.slo_ttft = 60.0;
+    let busy_at: Vec<f64> = (0..90).map(|i| f64::from(i) * 10.0).collect();
+    let mut sc = scenario(
+        vec![sleeper, busy, newcomer],
+        vec![
+            at(&[0.0, 600.0]),
+            at(&busy_at),
+            at(&[0.0, 300.0, 350.0, 400.0, 450.0, 500.0, 550.0, 600.0, 650.0]),
+        ],
+        900.0,
+    );
+    // No drain: consolidation would empty the sleeper's GPU and lose it either way.
+    sc.settings.consolidation = false;
+    let kept = run(&sc).strategy("tessera").unwrap().clone();
+    assert_eq!((kept.sleep_wakes, kept.sleepers_lost), (1, 0), "{kept:?}");
+    sc.settings.lend_sleepers = true;
+    let r = run(&sc);
+    let lent = r.strategy("tessera").unwrap().clone();
+    assert_eq!((lent.sleep_wakes, lent.sleepers_lost), (0, 1), "{lent:?}");
+    assert!(r.table().contains("lend_sleepers on"), "{}", r.table());
+}
+
+/// Issue 57: the simulator's round runs the workload-class step the controller runs, and the report names each
+/// model's class and the knobs its defaults set. A model pinned to `batch` gets the batch class's cold-start miss
+/// budget (half its requests may wait through a start) in the policy its rounds decide with.
+#[test]
+fn the_class_step_runs_in_the_simulators_round_and_the_report_names_it() {
+    let arrivals = || vec![at(&[0.0, 5.0, 10.0, 400.0, 405.0, 800.0])];
+    let realtime = run(&scenario(vec![model("m", 0, 1)], arrivals(), 1200.0));
+    let t = realtime.strategy("tessera").unwrap();
+    let class = t.models[0].workload_class.clone().unwrap();
+    assert_eq!(class.class, "realtime", "{class:?}");
+    assert!(class.policy.contains("warm replica kept"), "{class:?}");
+    let mut m = model("m", 0, 1);
+    m.workload_class = Some(tessera_core::class::WorkloadClass::Batch);
+    let batch = run(&scenario(vec![m], arrivals(), 1200.0));
+    let t = batch.strategy("tessera").unwrap();
+    let class = t.models[0].workload_class.clone().unwrap();
+    assert_eq!(
+        (class.class.as_str(), class.source.as_str()),
+        ("batch", "pinned"),
+        "{class:?}"
+    );
+    assert!(
+        class
+            .policy_from_class
+            .iter()
+            .any(|f| f == "scaleToZero.coldStartMissBudget"),
+        "{class:?}"
+    );
+    // The batch class's cold-start budget is in the policy the round decided with.
+    assert!(class.policy.contains("cold-start budget 50.0%"), "{class:?}");
+    assert!(
+        batch.table().contains("Workload class") && batch.table().contains("m batch (pinned"),
+        "{}",
+        batch.table()
+    );
+    let json = serde_json::to_string(&batch).unwrap();
+    assert!(
+        json.contains("\"policy_from_class\""),
+        "report.json names the class: {json}"
+    );
+}
+
+/// Issue 57: "GPU compute allocated 112%" is explained where it is shown: under MPS a share is a cap.
+#[test]
+fn compute_shares_over_the_gpus_held_are_explained() {
+    let mut r = run(&scenario(vec![model("m", 1, 1)], vec![at(&[0.0])], 60.0));
+    assert!(r.compute_shares_note().is_none());
+    let t = r.strategies.iter_mut().find(|s| s.strategy == "tessera").unwrap();
+    t.compute_allocated_ratio = 1.12;
+    let note = r.compute_shares_note().unwrap();
+    assert!(note.contains("tessera 112%") && note.contains("a cap"), "{note}");
+    assert!(r.table().contains(&note), "{}", r.table());
 }
 
 /// A replica alone on its GPU does not sleep there: asleep it would hold the GPU as a warm replica does, and be

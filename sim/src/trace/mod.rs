@@ -14,6 +14,7 @@ pub mod azure_functions;
 pub mod azure_llm;
 pub mod formats;
 pub mod observed;
+pub mod synthetic;
 pub mod transform;
 
 use std::io::Read;

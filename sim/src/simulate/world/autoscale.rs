@@ -1,6 +1,7 @@
 //! The autoscaler's side of a run: each model's replica round (the core rule's decision, consolidation's
 //! move step, the baselines' own rules), GPU draining, and Tessera's recommendation round.
 
+use tessera_core::class::{ClassSignals, Declared};
 use tessera_core::round;
 use tessera_core::wire::sidecar::SidecarStatus;
 
@@ -148,7 +149,15 @@ impl World<'_> {
             peers,
             placement,
             max_signal_age: inputs::MAX_SIGNAL_AGE,
-            class: None,
+            // The class step runs for Tessera as the controller runs it; the baselines scale as their products do.
+            class: tessera.then(|| ClassSignals {
+                declared: Declared {
+                    pinned: setup.workload_class,
+                    ..Declared::default()
+                },
+                mix: rt.mix,
+                explicit: setup.class_explicit,
+            }),
             // Sleep mode is Tessera's: the baselines' products cannot put a pod to sleep.
             sleep: if tessera { self.sleep_facts(m, live) } else { None },
             isolation: self.isolation_facts(m, live),
@@ -161,6 +170,9 @@ impl World<'_> {
         let rt = &mut self.models[m];
         if let Some(w) = r.joint.warm_floor {
             rt.warm_floor = Some(w);
+        }
+        if r.class.is_some() {
+            rt.class.clone_from(&r.class);
         }
         rt.rounds_zero_within_budget += u32::from(r.joint.zero_within_budget.is_some());
         rt.rounds_latency_on_share += u32::from(r.joint.latency == LatencyOwner::Share);

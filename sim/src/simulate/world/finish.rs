@@ -98,6 +98,7 @@ impl World<'_> {
                 replicas_mean: rt.replica_seconds / duration,
                 memory_gpu_hours: rt.memory_byte_seconds / self.sc.gpu.memory_bytes as f64 / 3600.0,
                 cold_starts: rt.cold_starts,
+                starts_from_zero: rt.starts_from_zero,
                 preemptions,
                 kv_cache_gib: kv,
                 compute_fraction: cf,
@@ -145,6 +146,13 @@ impl World<'_> {
                 latency_on_share: share_of_rounds(rt.rounds_latency_on_share),
                 prefill_bound: share_of_rounds(rt.rounds_prefill_bound),
                 behind_while_urgent: share_of_rounds(rt.rounds_behind_while_urgent),
+                workload_class: rt.class.as_ref().map(|c| super::super::report::ClassReport {
+                    class: c.held.class.as_str().to_owned(),
+                    source: c.held.source.as_str().to_owned(),
+                    reason: c.held.reason.clone(),
+                    policy_from_class: c.resolved.from_class.iter().map(|f| (*f).to_owned()).collect(),
+                    policy: c.resolved.summary(),
+                }),
                 warm_floor: rt.warm_floor.map(|w| {
                     let mut why = format!(
                         "cold start {:.0} s > TTFT objective {:.0} s",

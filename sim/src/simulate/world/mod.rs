@@ -267,6 +267,11 @@ struct ModelRt {
     rounds_behind_while_urgent: u32,
     /// Tessera: the warm floor the joint rule kept, if any.
     warm_floor: Option<joint::WarmFloor>,
+    /// Tessera: what the activator counted of the model's requests, since the run began (the class step's
+    /// request mix, `core::class::RequestMix`).
+    mix: tessera_core::class::RequestMix,
+    /// Tessera: the workload class of the last round, and the defaults it supplied.
+    class: Option<tessera_core::class::ClassRound>,
     last_request_at: Option<f64>,
     next_arrival: usize,
     requests: Vec<ReqState>,
@@ -325,10 +330,11 @@ pub struct World<'a> {
     gpu_loading_until: BTreeMap<GpuId, f64>,
     gpu_empty_since: BTreeMap<GpuId, f64>,
     /// Sleep mode (packing strategies, models with a `sleep_wake`): the GPU each model at zero left its sleeping
-    /// pod on, and the share it had there. A sleeping pod stays bound to its GPU (its CUDA context) but lends its
-    /// memory and compute: the packer counts none of it, and a new replica takes that room where the alternative
-    /// is opening a GPU (`Packer::place_beside_sleeping`). It wakes only where its full share fits again, and it goes when its GPU is
-    /// given back; either way the next start is a cold one.
+    /// pod on, and the share it had there. A sleeping pod stays bound to its GPU (its CUDA context); every
+    /// placement holds what it keeps there ([`World::held_asleep`]: its whole share, or with `lend_sleepers` its
+    /// residue, the rest lent to a new replica where the alternative is opening a GPU,
+    /// `Packer::place_beside_sleeping`). It wakes only where its full share fits again, and it goes when its GPU
+    /// is given back; then its next start is a cold one.
     sleepers: BTreeMap<usize, (GpuId, ReplicaRequest)>,
     /// The replicas on each shared GPU (packing strategies): whose activity a step contends with.
     tenants: BTreeMap<GpuId, Vec<usize>>,
@@ -407,6 +413,8 @@ impl<'a> World<'a> {
                 rounds_prefill_bound: 0,
                 rounds_behind_while_urgent: 0,
                 warm_floor: None,
+                mix: tessera_core::class::RequestMix::default(),
+                class: None,
                 last_request_at: None,
                 next_arrival: 0,
                 requests: vec![ReqState::default(); sc.arrivals[i].len()],
@@ -747,9 +755,10 @@ impl<'a> World<'a> {
             if from_zero {
                 self.note_idle_gap(m);
             }
-            let others_residue = self.residues(Some(m));
-            let all_residue = self.residues(None);
+            let others_asleep = self.held_asleep(Some(m));
+            let all_asleep = self.held_asleep(None);
             let residue = self.sc.settings.sleep_residue_mib;
+            let lend = self.sc.settings.lend_sleepers;
             let Some(packer) = self.packer.as_mut() else {
                 unreachable!("checked above")
             };
@@ -765,7 +774,7 @@ impl<'a> World<'a> {
                 _ => None,
             };
             let woke = sleeper.and_then(|(g, wake)| {
-                packer.with_held(others_residue, |packer| {
+                packer.with_held(others_asleep, |packer| {
                     let room = packer.gpu(g).is_some_and(|s| !s.is_draining());
                     (room && packer.assign(g, request.clone()).is_ok()).then_some((g, wake))
                 })
@@ -777,12 +786,13 @@ impl<'a> World<'a> {
             }
             let g = match woke {
                 Some((g, _)) => g,
-                // A sleeping pod's room beyond its residue is lent only where the alternative is opening a GPU
-                // (`core::pack`).
+                // With lending, a sleeping pod's room beyond its residue is lent only where the alternative is
+                // opening a GPU (`core::pack`); without, its whole share is held and nothing is lent.
                 None => {
                     let sleeping: Vec<(GpuId, ReplicaRequest)> = self
                         .sleepers
                         .iter()
+                        .filter(|_| lend)
                         .map(|(m, (g, share))| {
                             let mut share = share.clone();
                             share.id = format!("asleep/{m}");
@@ -791,7 +801,7 @@ impl<'a> World<'a> {
                         })
                         .collect();
                     packer
-                        .with_held(all_residue, |packer| {
+                        .with_held(all_asleep, |packer| {
                             packer.place_beside_sleeping(request, sleeping)
                         })
                         .map_err(|source| SimError::Pack {
@@ -911,6 +921,14 @@ impl<'a> World<'a> {
         let rt = &mut self.models[m];
         rt.recent.push_back(self.now);
         rt.arrived += 1;
+        // The activator counts the prompt's length in bytes; a trace holds tokens, about four bytes each in
+        // English text. Whether a request streamed is not in the traces: left uncounted, as the activator leaves
+        // a body that does not say.
+        rt.mix.count(
+            tessera_core::class::Lane::Default,
+            None,
+            Some((a.prompt_tokens as usize).saturating_mul(4)),
+        );
         rt.last_request_at = Some(self.now);
         if !self.route(m, i) {
             self.models[m].held.push_back(i);

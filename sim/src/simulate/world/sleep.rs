@@ -2,9 +2,11 @@
 //! `core::round`), a model's last replica at zero stays on its GPU as a sleeper holding its residue, the GPU's
 //! sleeper budget admits or evicts (`core::pack::sleeping::admit`), and a wake goes to the sleeper's own GPU.
 //!
-//! A sleeper keeps its residue (`sleep_residue_mib`, its CUDA context) on its GPU: every placement is made with
-//! every sleeper's residue held ([`World::with_residue_held`]). The rest of its share it lends: a new replica takes
-//! that room only where the alternative is opening a GPU (`Packer::place_beside_sleeping`). A GPU that holds
+//! A sleeper keeps its whole share on its GPU, as the pool keeps a sleeping pod's reservation by default; with
+//! `lend_sleepers` (the chart's `gpuPools.lendSleepers`) it keeps only its residue (`sleep_residue_mib`, its CUDA
+//! context) and lends the rest: a new replica takes that room only where the alternative is opening a GPU
+//! (`Packer::place_beside_sleeping`). Every placement is made with what the sleepers keep held
+//! ([`World::held_asleep`]). A GPU that holds
 //! only sleepers is given back after the release grace like an empty one (a GPU costs far more than the cold
 //! starts its sleepers save), and its sleepers are lost.
 
@@ -129,16 +131,24 @@ impl World<'_> {
         }
     }
 
-    /// Every sleeper's residue but `waking`'s (whose whole share is about to be placed), as packer requests on
-    /// their GPUs, for [`tessera_core::pack::Packer::with_held`].
-    pub(super) fn residues(&self, waking: Option<usize>) -> Vec<(GpuId, ReplicaRequest)> {
+    /// What every sleeper but `waking` (whose whole share is about to be placed) keeps on its GPU, as packer
+    /// requests for [`tessera_core::pack::Packer::with_held`]: its residue where sleepers lend their room
+    /// (`lend_sleepers`), else its whole share, as the pool keeps a sleeping pod's reservation without lending.
+    pub(super) fn held_asleep(&self, waking: Option<usize>) -> Vec<(GpuId, ReplicaRequest)> {
         let residue = self.sc.settings.sleep_residue_mib;
+        let lend = self.sc.settings.lend_sleepers;
         self.sleepers
             .iter()
             .filter(|&(&m, _)| Some(m) != waking)
-            .map(|(&m, (g, _))| {
+            .map(|(&m, (g, share))| {
                 let model = self.sc.models[m].name.clone();
-                (*g, ReplicaRequest::new(format!("residue/{m}"), model, 0, residue))
+                let id = format!("asleep/{m}");
+                let held = if lend {
+                    ReplicaRequest::new(id, model, 0, residue)
+                } else {
+                    ReplicaRequest::new(id, model, share.compute_milli, share.memory_mib)
+                };
+                (*g, held)
             })
             .collect()
     }
