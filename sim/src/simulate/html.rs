@@ -392,14 +392,16 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
 fn at_a_glance(s: &mut String, r: &Report, price: &super::summary::Price) {
     let today = super::summary::today(r);
     let usd = |h: f64| h * price.usd_per_gpu_hour;
-    s.push_str(
+    let _ = write!(
+        s,
         "<h2>At a glance</h2><table><tr><th>strategy</th><th>GPU-hours</th><th>cost</th><th>saved vs today</th>\
-         <th>TTFT within SLO</th></tr>",
+         <th>TTFT within SLO</th><th>{:.0}% goal</th></tr>",
+        r.attainment_goal * 100.0
     );
     if let Some((h, "observed")) = today {
         let _ = write!(
             s,
-            "<tr><td>today (observed)</td><td>{h:.2}</td><td>${:.2}</td><td>—</td><td>—</td></tr>",
+            "<tr><td>today (observed)</td><td>{h:.2}</td><td>${:.2}</td><td>—</td><td>—</td><td>—</td></tr>",
             usd(h)
         );
     }
@@ -410,17 +412,22 @@ fn at_a_glance(s: &mut String, r: &Report, price: &super::summary::Price) {
         };
         let _ = write!(
             s,
-            "<tr><td>{}</td><td>{:.2}</td><td>${:.2}</td><td>{saved}</td><td>{:.1}%</td></tr>",
+            "<tr><td>{}</td><td>{:.2}</td><td>${:.2}</td><td>{saved}</td><td>{:.1}%</td><td>{}</td></tr>",
             esc(&st.strategy),
             st.gpu_hours,
             usd(st.gpu_hours),
-            st.slo_attainment * 100.0
+            st.slo_attainment * 100.0,
+            if st.slo_attainment >= r.attainment_goal {
+                "met"
+            } else {
+                "<b>missed</b>"
+            }
         );
     }
     for f in &r.failures {
         let _ = write!(
             s,
-            "<tr><td>{}</td><td colspan=\"4\" style=\"text-align:left\">unable: {}</td></tr>",
+            "<tr><td>{}</td><td colspan=\"5\" style=\"text-align:left\">unable: {}</td></tr>",
             esc(&f.strategy),
             esc(&f.line())
         );

@@ -478,6 +478,7 @@ fn run_blocking(args: &Args, assumptions: &[String]) -> anyhow::Result<()> {
     if let Some(seeds) = &args.seeds {
         return run_sweep(args, &source, &seeds.0);
     }
+    let bundled = source == Source::Default;
     let sc = scenario::load_with(&source, args.overrides(args.seed))?;
     let requests: usize = sc.arrivals.iter().map(Vec::len).sum();
     tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
@@ -526,7 +527,7 @@ fn run_blocking(args: &Args, assumptions: &[String]) -> anyhow::Result<()> {
         || report.markdown(),
         || report.summary_line(),
         || {
-            let mut o = summary::first_screen(&report, &price, assumptions);
+            let mut o = summary::first_screen(&report, &price, assumptions, bundled);
             if args.explain {
                 o.push_str("\n──── explained ────\n");
                 if !report.description.is_empty() {

@@ -914,7 +914,7 @@ impl Scenario {
 }
 
 /// Where the scenario came from: a file (trace paths are relative to its folder) or the embedded default.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Source {
     /// The bundled default scenario.
     Default,

@@ -133,10 +133,17 @@ pub fn advice(r: &Report, t: &StrategyReport, i: usize) -> Option<String> {
     Some(line)
 }
 
-/// The first screen.
-pub fn first_screen(r: &Report, price: &Price, assumptions: &[String]) -> String {
+/// The first screen; `bundled` when the run is the bundled example rather than the user's own scenario or history.
+pub fn first_screen(r: &Report, price: &Price, assumptions: &[String], bundled: bool) -> String {
     let mut o = String::new();
     let total: u64 = r.requests_per_model.iter().sum();
+    if bundled {
+        let _ = writeln!(
+            o,
+            "This is the bundled example (public traces, not your traffic). For your cluster: tessera simulate \
+             --prometheus URL --since 1d; for your own traffic: a scenario file (docs/simulator.md).\n"
+        );
+    }
     let _ = writeln!(
         o,
         "{}: {} models on {}, {} simulated, {} requests",
@@ -155,10 +162,20 @@ pub fn first_screen(r: &Report, price: &Price, assumptions: &[String]) -> String
             format!("${usd:.2}")
         }
     };
+    // Whether a strategy met the run's attainment goal: a saving that misses it is not one.
+    let goal = r.attainment_goal * 100.0;
+    let goal_head = format!("{goal:.0}% goal");
+    let meets = |s: &StrategyReport| {
+        if s.slo_attainment >= r.attainment_goal {
+            "met"
+        } else {
+            "MISSED"
+        }
+    };
     let _ = writeln!(
         o,
-        "\n{:<12} {:>10} {:>10} {:>16} {:>14}",
-        "strategy", "GPU-hours", "cost", "saved vs today", "TTFT within SLO"
+        "\n{:<12} {:>10} {:>10} {:>16} {:>14} {:>9}",
+        "strategy", "GPU-hours", "cost", "saved vs today", "TTFT within SLO", goal_head
     );
     if let Some((h, "observed")) = today {
         let _ = writeln!(
@@ -182,12 +199,13 @@ pub fn first_screen(r: &Report, price: &Price, assumptions: &[String]) -> String
         };
         let _ = writeln!(
             o,
-            "{:<12} {:>10.2} {:>10} {:>16} {:>13.1}%",
+            "{:<12} {:>10.2} {:>10} {:>16} {:>13.1}% {:>9}",
             name,
             s.gpu_hours,
             cost(s.gpu_hours),
             saved,
-            s.slo_attainment * 100.0
+            s.slo_attainment * 100.0,
+            meets(s)
         );
     }
     for f in &r.failures {
@@ -236,7 +254,8 @@ pub fn first_screen(r: &Report, price: &Price, assumptions: &[String]) -> String
     }
     let _ = writeln!(
         o,
-        "\nWhy, per model and per strategy: --explain. Charts: --out DIR (report.html). Docs: docs/simulator.md."
+        "\nWhy, per model and per strategy: --explain. Charts: --out DIR (report.html). Your cluster: --prometheus \
+         URL. Docs: docs/simulator.md."
     );
     o
 }
@@ -307,6 +326,36 @@ mod tests {
                 && !line.contains("keep one replica warm"),
             "{line}"
         );
+    }
+
+    /// Issue 58: the first table marks which strategies met the goal, and the bundled example says it is one and
+    /// how to run the user's own cluster instead.
+    #[test]
+    fn the_first_screen_marks_the_goal_and_names_the_bundled_example() {
+        let strategy = |name: &str, hours: f64, attainment: f64| StrategyReport {
+            strategy: name.into(),
+            gpu_hours: hours,
+            slo_attainment: attainment,
+            ..empty_strategy()
+        };
+        let r = Report {
+            attainment_goal: 0.99,
+            strategies: vec![
+                strategy("static", 10.0, 0.9997),
+                strategy("hami-static", 5.0, 0.881),
+            ],
+            ..empty_report()
+        };
+        let price = Price::for_report(&r, Some(2.0));
+        let bundled = first_screen(&r, &price, &[], true);
+        assert!(bundled.starts_with("This is the bundled example"), "{bundled}");
+        assert!(bundled.contains("--prometheus URL --since 1d"), "{bundled}");
+        assert!(bundled.contains("99% goal"), "{bundled}");
+        let row = |name: &str| bundled.lines().find(|l| l.starts_with(name)).unwrap().to_owned();
+        assert!(row("static").ends_with("met"), "{bundled}");
+        assert!(row("hami-static").ends_with("MISSED"), "{bundled}");
+        let own = first_screen(&r, &price, &[], false);
+        assert!(!own.contains("bundled example"), "{own}");
     }
 
     fn empty_strategy() -> StrategyReport {
