@@ -261,16 +261,21 @@ pub struct ActivatorCounts {
     pub queued: u64,
     /// When the last request arrived (ms of virtual time).
     pub last_request_at_ms: Option<u64>,
+    /// What the activator counted of the requests (lanes, streaming, prompt lengths): the class step's input.
+    pub mix: tessera_core::class::RequestMix,
 }
 
 /// The activator's stats document for one model `key` observed at `at_ms`.
 pub fn activator_doc(key: &str, at_ms: u64, counts: ActivatorCounts) -> ActivatorStats {
-    let stats = ModelStats::counts(
-        counts.requests_total,
-        counts.in_flight,
-        counts.queued,
-        counts.last_request_at_ms,
-    );
+    let stats = ModelStats {
+        mix: counts.mix,
+        ..ModelStats::counts(
+            counts.requests_total,
+            counts.in_flight,
+            counts.queued,
+            counts.last_request_at_ms,
+        )
+    };
     ActivatorStats::new(ACTIVATOR, 0, at_ms, [(key.to_owned(), stats)])
 }
 

@@ -99,6 +99,7 @@ impl World<'_> {
             in_flight: self.in_flight(m) as u64,
             queued: rt.held.len() as u64,
             last_request_at_ms: rt.last_request_at.map(secs_to_ms),
+            mix: rt.mix,
         };
         let previous = observe::ActivatorCounts {
             requests_total: rt.arrived - since_poll,
@@ -155,7 +156,13 @@ impl World<'_> {
                     pinned: setup.workload_class,
                     ..Declared::default()
                 },
-                mix: rt.mix,
+                // Read from the activator's document, as the controller reads it (`inputs::mix_from`).
+                mix: inputs::mix_from(
+                    std::slice::from_ref(&sample),
+                    std::slice::from_ref(&key),
+                    now_ms,
+                    inputs::ACTIVATOR_MAX_AGE,
+                ),
                 explicit: setup.class_explicit,
             }),
             // Sleep mode is Tessera's: the baselines' products cannot put a pod to sleep.
