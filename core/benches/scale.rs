@@ -85,6 +85,7 @@ fn input() -> ScaleInput {
                 running: Some(10 + i),
                 ttft_p95: Some(Duration::from_millis(400 + u64::from(i) * 20)),
                 ttft_p99: Some(Duration::from_millis(600 + u64::from(i) * 30)),
+                queue_p95: None,
                 fresh: i != 5,
             })
             .collect(),

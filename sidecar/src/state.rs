@@ -406,6 +406,7 @@ impl State {
                     .as_ref()
                     .map(RecentLatency::ttft_buckets_of)
                     .unwrap_or_default(),
+                queue_time_seconds: quantiles(w.queue_time),
             }
         })
     }
@@ -895,6 +896,14 @@ pub(crate) mod tests {
         assert!(w.decode_time_seconds.p95.is_some());
         // Two of the four scrapes found requests running or waiting.
         assert_eq!(w.active_ratio, Some(0.5));
+        // The short window carries the same requests' queue time, which the autoscaler reads to tell a queue from
+        // a prefill (`core::scale::cause`).
+        let now = st.status(30.0);
+        let queue = now.recent.as_ref().unwrap().queue_time_seconds;
+        assert_eq!(queue.count, Some(61.0));
+        let signals = tessera_core::scale::inputs::replica_signals(&now, std::time::Duration::from_secs(60));
+        let read = signals.queue_p95.unwrap().as_secs_f64();
+        assert!((read - queue.p95.unwrap()).abs() < 1e-9 && read > 0.0, "{queue:?} read as {read}");
         // Read back as the autoscaler reads it (serde_json may move a float's last bit: compare within it).
         let json = serde_json::to_string(&st.status(30.0)).unwrap();
         let back = serde_json::from_str::<SidecarStatus>(&json)

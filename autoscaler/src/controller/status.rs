@@ -399,6 +399,7 @@ mod tests {
             scaling_active: true,
             scaling_limited: limited,
             history_horizon: std::time::Duration::from_secs(300),
+            prefill_held: None,
         }
     }
 

@@ -84,6 +84,8 @@ impl Constraint {
                 Self::ScaleToZero
             }
             ScaleReason::InvalidPolicy => Self::None,
+            // The TTFT target held at the count because the time is prefill (`scale::cause`).
+            ScaleReason::WithinTolerance if d.prefill_held.is_some() => Self::Prefill,
             ScaleReason::ScaleUp | ScaleReason::ScaleDown | ScaleReason::WithinTolerance => {
                 match d.leading_signal {
                     Some(Signal::TtftP95) if joint::latency_without_queue(input, d) => Self::Prefill,
@@ -156,6 +158,7 @@ mod tests {
                     running: Some(2),
                     ttft_p95: Some(Duration::from_millis(ttft_ms)),
                     ttft_p99: None,
+                    queue_p95: None,
                     fresh: true,
                 })
                 .collect(),

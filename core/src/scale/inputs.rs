@@ -201,6 +201,13 @@ pub fn replica_signals(status: &SidecarStatus, max_age: Duration) -> ReplicaSign
         ttft_p95: ttft(|q| q.p95),
         // The same window's p99, for a guard on it (`SloPercentile::P99`).
         ttft_p99: ttft(|q| q.p99),
+        // The short window's only: a queue time over ten minutes says nothing of the TTFT the target reads now.
+        queue_p95: status
+            .recent
+            .as_ref()
+            .and_then(|r| r.queue_time_seconds.p95)
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64),
         fresh,
     }
 }

@@ -501,7 +501,9 @@ pub fn decide(input: &ScaleInput, joint: &JointPolicy, state: &ScaleState, now: 
     {
         d.message = format!("{}; {joint}", d.message);
     }
-    if latency_without_queue(input, &d) {
+    if let Some(held) = d.prefill_held {
+        d.message = format!("{}; {held}", d.message);
+    } else if latency_without_queue(input, &d) {
         d.message = format!(
             "{}; no request is waiting on any replica or at the activator: the time is in prefill (long prompts, or \
              SMs shared with busy co-tenants), which another replica shortens only by splitting bursts",
@@ -921,6 +923,7 @@ pub(super) mod tests {
             running: Some(3),
             ttft_p95: Some(Duration::from_millis(2_000)),
             ttft_p99: None,
+            queue_p95: None,
             fresh: true,
         };
         let input = |waiting: Vec<Option<u32>>, held| {
@@ -954,6 +957,54 @@ pub(super) mod tests {
             assert!(!latency_without_queue(&busy, &d), "{busy:?}");
             assert!(!d.message.contains("prefill"), "{}", d.message);
         }
+    }
+
+    /// The same replicas with the window's queue time (`recent.queueTimeSeconds`): 50 ms of waiting against a TTFT
+    /// 1 s over its target, so no count of replicas brings it under; the target asks for none, the message says
+    /// why and the constraint is prefill. A window that queued 1.5 s keeps today's answer (more replicas).
+    #[test]
+    fn a_prefill_bound_ttft_over_the_window_asks_for_no_replica() {
+        use crate::scale::constraint::Constraint;
+        use crate::scale::{ReplicaSignals, ScaleInput, ScaleState, Timestamp};
+        let input = |queue_ms| ScaleInput {
+            current_replicas: 2,
+            ready_replicas: 2,
+            replicas: vec![
+                ReplicaSignals {
+                    kv_cache_usage: Some(0.05),
+                    waiting: Some(0),
+                    running: Some(3),
+                    ttft_p95: Some(Duration::from_millis(2_000)),
+                    queue_p95: Some(Duration::from_millis(queue_ms)),
+                    fresh: true,
+                    ..ReplicaSignals::default()
+                };
+                2
+            ],
+            ..ScaleInput::default()
+        };
+        let p = ScalePolicy {
+            max_replicas: 8,
+            ttft_slo: Some(Duration::from_secs(3)),
+            ..policy()
+        };
+        let j = alone(&p, ShareRoom::Fixed, 2.0, None);
+        let decide_on =
+            |i: &ScaleInput| decide(i, &j, &ScaleState::default(), Timestamp::from_millis(60_000));
+        let prefill = input(50);
+        let d = decide_on(&prefill);
+        assert_eq!(d.desired_replicas, 2, "{}", d.message);
+        assert!(d.prefill_held.is_some());
+        assert!(
+            d.message.contains("asks for no replica: the time is in prefill"),
+            "{}",
+            d.message
+        );
+        assert_eq!(Constraint::of(&prefill, &j, &d), Constraint::Prefill);
+        let queued = input(1_500);
+        let d = decide_on(&queued);
+        assert!(d.desired_replicas > 2, "{}", d.message);
+        assert_eq!(d.prefill_held, None);
     }
 
     #[test]

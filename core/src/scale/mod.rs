@@ -42,6 +42,7 @@
 //! back until an hour of demand is counted again.
 
 mod behavior;
+pub mod cause;
 pub mod coldstart;
 pub mod constraint;
 pub mod inputs;
@@ -444,6 +445,9 @@ pub struct ReplicaSignals {
     pub ttft_p95: Option<Duration>,
     /// p99 time to first token over the same window (what the SLO guard reads at [`SloPercentile::P99`]).
     pub ttft_p99: Option<Duration>,
+    /// p95 of the time requests waited in vLLM's queue over the same window (`vllm:request_queue_time_seconds`),
+    /// when the sidecar reports it: what tells a queue from a prefill ([`cause`]).
+    pub queue_p95: Option<Duration>,
     /// False when the status could not be read or is older than the controller accepts: the values are then ignored
     /// and the replica counts as "missing" (never a reason to scale down).
     pub fresh: bool,
@@ -660,6 +664,9 @@ pub struct ScaleDecision {
     pub scaling_limited: bool,
     /// How long [`ScaleState`] must keep history for this policy (set from the policy by `decide`).
     pub history_horizon: Duration,
+    /// Set when the TTFT target's proposal was held at the count because the time is in prefill
+    /// ([`cause::hold_prefill_bound`]).
+    pub prefill_held: Option<cause::TtftCause>,
 }
 
 impl ScaleDecision {
@@ -685,6 +692,7 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
         scaling_active: true,
         scaling_limited: false,
         history_horizon: policy.history_horizon(),
+        prefill_held: None,
     };
     if let Err(errors) = policy.validate() {
         d.reason = ScaleReason::InvalidPolicy;
@@ -706,6 +714,8 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
         .iter()
         .map(|(signal, target)| ratio::propose(signal, target, input, policy))
         .collect();
+    // 1b. A TTFT over its target that another replica would not shorten (the time is prefill) asks for none.
+    d.prefill_held = cause::hold_prefill_bound(&mut d.signals, input, current);
     let any_missing = d.signals.iter().any(|s| s.proposed.is_none());
     let best = d
         .signals

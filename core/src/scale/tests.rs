@@ -31,6 +31,7 @@ fn replica(kv: f64) -> ReplicaSignals {
         running: Some(1),
         ttft_p95: None,
         ttft_p99: None,
+        queue_p95: None,
         fresh: true,
     }
 }
@@ -633,6 +634,7 @@ fn arb_replica() -> impl Strategy<Value = ReplicaSignals> {
             running,
             ttft_p95: ttft.map(Duration::from_millis),
             ttft_p99: ttft.map(|t| Duration::from_millis(t + t / 4)),
+            queue_p95: None,
             fresh,
         })
 }

@@ -353,6 +353,11 @@ pub struct RecentLatency {
     /// (`core::scale::inputs::pooled_ttft`). Empty from older sidecars and in windows with no first token.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ttft_buckets: Vec<crate::metrics::Bucket>,
+    /// Time requests waited in vLLM's queue between `start` and `end` (`vllm:request_queue_time_seconds`,
+    /// observed when a request finishes), seconds: what tells a queue from a prefill (`core::scale::cause`).
+    /// All `null` from older sidecars and vLLMs without the histogram.
+    #[serde(default)]
+    pub queue_time_seconds: Quantiles,
 }
 
 impl RecentLatency {

@@ -178,6 +178,8 @@ pub struct Scrape {
     pub ttft: Histogram,
     /// Its cumulative inter-token latency histogram.
     pub itl: Histogram,
+    /// Its cumulative queue-time histogram (`vllm:request_queue_time_seconds`).
+    pub queue: Histogram,
 }
 
 /// The sidecar's `/v1/status` at `now` for a replica whose scrapes (oldest first) are `scrapes`, with a
@@ -208,6 +210,14 @@ pub fn sidecar_status<'a>(
                     ..Quantiles::default()
                 },
                 ttft_buckets: RecentLatency::ttft_buckets_of(&window),
+                // The window's queue time as the sidecar reads it (`WindowSummary`'s difference of the two pages).
+                queue_time_seconds: {
+                    let q = last.queue.to_cumulative().delta(&first.queue.to_cumulative());
+                    Quantiles {
+                        p95: inputs::window_ttft_quantile(&q, None, 0.95).map(|d| d.as_secs_f64()),
+                        ..Quantiles::default()
+                    }
+                },
                 ..RecentLatency::default()
             }
         })

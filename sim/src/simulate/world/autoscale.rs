@@ -183,7 +183,9 @@ impl World<'_> {
         }
         rt.rounds_zero_within_budget += u32::from(r.joint.zero_within_budget.is_some());
         rt.rounds_latency_on_share += u32::from(r.joint.latency == LatencyOwner::Share);
-        rt.rounds_prefill_bound += u32::from(joint::latency_without_queue(&r.input, &r.decision));
+        rt.rounds_prefill_bound += u32::from(
+            r.decision.prefill_held.is_some() || joint::latency_without_queue(&r.input, &r.decision),
+        );
         rt.rounds += 1;
         *rt.held_by.entry(r.constraint).or_default() += 1;
         rt.next_unit = r.joint.next_unit;

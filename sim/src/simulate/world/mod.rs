@@ -1126,6 +1126,7 @@ impl<'a> World<'a> {
                 },
                 ttft: st.ttft.clone(),
                 itl: st.itl.clone(),
+                queue: st.queue_time.clone(),
             });
             // Keep one snapshot at or before the window's start, the base of the window's difference.
             while rep.scrapes.get(1).is_some_and(|s| s.at <= rec_horizon) {
