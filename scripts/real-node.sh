@@ -80,18 +80,18 @@ gobuild() { # wrapper-dir output package [tags] [ldflags]
   log "built $(basename "$out") in $((SECONDS - started)) s"
 }
 
-need_runc() {
-  command -v runc >/dev/null && return 0
+need_deb() { # command debian-package why
+  command -v "$1" >/dev/null && return 0
   local as_root=""
   [ "$(id -u)" -ne 0 ] && as_root="sudo"
-  log "installing Debian's runc"
-  { $as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends runc; } \
-    || die "could not install Debian's runc (containerd runs every container through it)"
+  log "installing Debian's $2"
+  { $as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends "$2"; } \
+    || die "could not install Debian's $2 ($3)"
 }
 
 build() {
-  need_runc
-  command -v skopeo >/dev/null || die "skopeo is missing (scripts/image.sh installs Debian's)"
+  need_deb runc runc "containerd runs every container through it"
+  need_deb skopeo skopeo "the pause image is pushed to the registry with it"
   if [ -f "$stamp" ]; then return 0; fi
   command -v go >/dev/null || die "go is not installed: the node is built from source with the Go toolchain"
   local started=$SECONDS

@@ -10,6 +10,8 @@
 #   - prometheus (Debian's package, for the simulate --prometheus test; TESSERA_SKIP_PROMETHEUS=1 opts out)
 #   - a Kubernetes control plane built from upstream Go modules, into a cache outside the clone
 #     (scripts/control-plane.sh; TESSERA_SKIP_CONTROL_PLANE=1 opts out of the control-plane tier)
+#   - a real node: a kubelet, containerd and the CNI plugins built from upstream Go modules, into the same cache
+#     (scripts/real-node.sh; needs root; TESSERA_SKIP_REAL_NODE=1 opts out of the real-node tier)
 # A tool that cannot be installed FAILS the run. The documented opt-outs (README, "Running the tests"):
 #   TESSERA_SKIP_K6=1 skips the k6 tests, TESSERA_SKIP_KUBERNETES_VALIDATE=1 the CRD schema validation;
 #   each skip is printed.
@@ -136,6 +138,21 @@ control_plane_tier() {
   cargo test --locked -p tessera --test control_plane -- --ignored --test-threads=1 --nocapture
 }
 unless_skipped TESSERA_SKIP_CONTROL_PLANE "the control-plane tier" control_plane_tier
+
+log "real-node tier: the chart from a local OCI registry, its pods and a model run by a real kubelet and containerd"
+# scripts/real-node.sh builds the kubelet (from the control plane's own wrapper and Go build cache), containerd, its
+# runc shim, the CNI plugins and Kubernetes' pause into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/real-node (a
+# failed build fails the run), then the test starts a registry, a control plane and the node on this machine (one at
+# a time; root), installs the chart from the registry and runs stories a-d (tessera/tests/real_node.rs). The
+# image is the image tier's archive (the debug build), built here when that tier was skipped.
+real_node_tier() {
+  scripts/real-node.sh build
+  local archive
+  archive="target/image/tessera-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1).oci.tar"
+  [ -f "$archive" ] || TESSERA_BIN=target/debug/tessera scripts/image.sh build >/dev/null
+  TESSERA_IMAGE_ARCHIVE="$archive" cargo test --locked -p tessera --test real_node -- --ignored --nocapture
+}
+unless_skipped TESSERA_SKIP_REAL_NODE "the real-node tier" real_node_tier
 
 log "GPU tier: two real vLLM replicas sharing one GPU (MPS, time-slicing), measured against the sharing model"
 # Only where this machine has an NVIDIA GPU (`nvidia-smi -L` lists one): scripts/sharing-real.sh installs vLLM for

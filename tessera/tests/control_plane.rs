@@ -37,11 +37,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 mod support;
+use support::cluster::eventually;
 use support::{Killed, free_port, http_client, workspace};
 
 /// One control plane at a time: each is five processes, and the machine this runs on may have two cores.
@@ -90,11 +90,7 @@ impl ControlPlane {
     }
 
     async fn client(&self) -> kube::Client {
-        let kc = Kubeconfig::read_from(&self.kubeconfig).expect("read the admin kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .expect("a client config from the admin kubeconfig");
-        kube::Client::try_from(config).expect("a kube client")
+        support::cluster::client(&self.kubeconfig).await
     }
 
     /// A kubeconfig that authenticates with `token` (a ServiceAccount's), written into the control plane's dir.
@@ -115,11 +111,7 @@ impl ControlPlane {
     }
 
     async fn token_client(&self, kubeconfig: &Path) -> kube::Client {
-        let kc = Kubeconfig::read_from(kubeconfig).expect("read a token kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .expect("a client config from a token kubeconfig");
-        kube::Client::try_from(config).expect("a kube client")
+        support::cluster::client(kubeconfig).await
     }
 
     /// Runs helm (installed by scripts/check-chart.sh into .tools/bin) against this control plane.
@@ -250,24 +242,6 @@ where
         std::panic::resume_unwind(panic);
     }
     eprintln!("story done in {:.1} s", started.elapsed().as_secs_f64());
-}
-
-/// Polls `f` every 200 ms until it returns `Some`, failing with `what` after `within`.
-async fn eventually<T, Fut>(what: &str, within: Duration, mut f: impl FnMut() -> Fut) -> T
-where
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn ias_resource() -> ApiResource {

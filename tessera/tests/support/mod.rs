@@ -15,6 +15,8 @@ pub mod admission;
 pub mod apiserver;
 /// The Batch API's client side: upload, create, poll.
 pub mod batch;
+/// A kube client from a kubeconfig and polling a real cluster (the control-plane and real-node tiers).
+pub mod cluster;
 /// A CA with a server and a client certificate, for TLS with client certificates.
 pub mod pki;
 pub mod pool;
