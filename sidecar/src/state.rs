@@ -903,7 +903,10 @@ pub(crate) mod tests {
         assert_eq!(queue.count, Some(61.0));
         let signals = tessera_core::scale::inputs::replica_signals(&now, std::time::Duration::from_secs(60));
         let read = signals.queue_p95.unwrap().as_secs_f64();
-        assert!((read - queue.p95.unwrap()).abs() < 1e-9 && read > 0.0, "{queue:?} read as {read}");
+        assert!(
+            (read - queue.p95.unwrap()).abs() < 1e-9 && read > 0.0,
+            "{queue:?} read as {read}"
+        );
         // Read back as the autoscaler reads it (serde_json may move a float's last bit: compare within it).
         let json = serde_json::to_string(&st.status(30.0)).unwrap();
         let back = serde_json::from_str::<SidecarStatus>(&json)
