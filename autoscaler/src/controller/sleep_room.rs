@@ -202,24 +202,51 @@ pub async fn mark(
         .to_string();
         let patch = serde_json::json!({ "metadata": { "annotations": { evict::ANNOTATION: value } } });
         let api: Api<Pod> = Api::namespaced(ctx.client.clone(), pod_ns);
-        match api
+        let result = api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                ctx.metrics.sleeper_let_go(reason);
-                info!(pod = %pod_key, reason = reason.message(), "sleeping pod let go");
-                let mut note = format!("{pod_key}: let go ({value}): {}", reason.message());
-                if !why.is_empty() {
-                    note.push_str(&format!(" ({why})"));
-                }
-                publish(ctx, obj, EventType::Normal, "SleeperLetGo", "Sleep", &note).await;
+            .await;
+        // A pod already gone was let go all the same: the round that found it let go (its GPU given back) counted it
+        // as leaving and scaled the model down, and the Deployment removed it before this mark was written. Its
+        // Event is still the only record of why.
+        let gone = matches!(&result, Err(kube::Error::Api(ae)) if ae.code == 404);
+        match result {
+            Ok(_) => let_go_event(ctx, obj, &pod_key, reason, &value, &why, "").await,
+            Err(_) if gone => {
+                let_go_event(
+                    ctx,
+                    obj,
+                    &pod_key,
+                    reason,
+                    &value,
+                    &why,
+                    " (the pod had already left with the scale-down)",
+                )
+                .await;
             }
             Err(e) => {
                 warn!(pod = %pod_key, error = %e, "could not mark a sleeping pod let go; the next round tries again")
             }
         }
     }
+}
+
+/// The metric, the log line and the Event of one sleeping pod let go.
+async fn let_go_event(
+    ctx: &Context,
+    obj: &InferenceAutoscaler,
+    pod_key: &str,
+    reason: EvictReason,
+    value: &str,
+    why: &str,
+    gone: &str,
+) {
+    ctx.metrics.sleeper_let_go(reason);
+    info!(pod = %pod_key, reason = reason.message(), "sleeping pod let go");
+    let mut note = format!("{pod_key}: let go ({value}): {}{gone}", reason.message());
+    if !why.is_empty() {
+        note.push_str(&format!(" ({why})"));
+    }
+    publish(ctx, obj, EventType::Normal, "SleeperLetGo", "Sleep", &note).await;
 }
 
 #[cfg(test)]
