@@ -136,6 +136,10 @@ log "control-plane tier: the chart, the webhook, the controller and the activato
 control_plane_tier() {
   scripts/control-plane.sh build
   cargo test --locked -p tessera --test control_plane -- --ignored --test-threads=1 --nocapture
+  # The small fleet (issue 59): scripts/bench-fleet.sh at 24 models, every decision made, every burst and wake-up
+  # reacted to within bounds, the standby taking over (tessera/tests/fleet.rs; about 2 minutes).
+  cargo build --locked -p tessera --example fleet
+  cargo test --locked -p tessera --test fleet -- --ignored --nocapture
 }
 unless_skipped TESSERA_SKIP_CONTROL_PLANE "the control-plane tier" control_plane_tier
 
