@@ -10,6 +10,8 @@
 //!    `|value/target − 1| ≤ tolerance` (default 0.1). Replicas whose data is missing or stale count as 100% of target
 //!    when the others say "scale down" and 0% when they say "scale up", so missing data never causes a scale-down.
 //!    Pods that are not ready yet count as 0% on the way up. See `scale/ratio.rs`.
+//!    A `ttftP95` target over while the time is prefill, not a queue (the window's queue time under the TTFT's
+//!    excess, nothing waiting: [`cause`]), asks for no replica: its proposal is held at the current count.
 //! 2. **Maximum over signals**; if any configured signal could not be computed at all, no scale-down this round
 //!    (HPA skips scale-down when a metric fails).
 //! 3. **TTFT SLO guard**: when a fresh replica's p95 (or p99: [`SloPercentile`]) time to first token is over
