@@ -116,20 +116,7 @@ impl ControlPlane {
 
     /// Runs helm (installed by scripts/check-chart.sh into .tools/bin) against this control plane.
     fn helm(&self, args: &[&str]) -> Output {
-        let helm = workspace().join(".tools/bin/helm");
-        assert!(
-            helm.exists(),
-            "{} is missing: scripts/check-chart.sh installs it (scripts/test.sh runs that first)",
-            helm.display()
-        );
-        Command::new(helm)
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .current_dir(workspace())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run helm")
+        support::cluster::helm(&self.kubeconfig, args)
     }
 
     /// `helm install tessera charts/tessera -n tessera-system --create-namespace --wait` with `sets`, as a user
@@ -785,14 +772,7 @@ fn b_the_api_server_calls_the_webhook_on_pod_creation_and_admits_pods_when_it_is
 
         // The webhook down: a new pod is admitted unchanged (failurePolicy Ignore), promptly.
         drop(webhook);
-        deployments
-            .patch(
-                "llama",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": 2}})),
-            )
-            .await
-            .unwrap();
+        support::cluster::merge_patch(&deployments, "llama", json!({"spec": {"replicas": 2}})).await;
         let started = Instant::now();
         let pods = eventually(
             "a second pod with the webhook down",
@@ -817,14 +797,7 @@ fn b_the_api_server_calls_the_webhook_on_pod_creation_and_admits_pods_when_it_is
         // Back up: the next pod is injected again.
         let _webhook = hook.start();
         hook.wait_ready().await;
-        deployments
-            .patch(
-                "llama",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": 3}})),
-            )
-            .await
-            .unwrap();
+        support::cluster::merge_patch(&deployments, "llama", json!({"spec": {"replicas": 3}})).await;
         let pods = eventually("a third pod", Duration::from_secs(60), || async {
             let p = running_pods(&client, "models", "llama").await;
             (p.len() == 3).then_some(p)

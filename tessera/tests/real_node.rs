@@ -64,14 +64,7 @@ fn script(args: &[&str], env: &[(&str, &str)]) -> String {
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("run {}: {e}", args[0]));
-    assert!(
-        out.status.success(),
-        "{} failed:\n{}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    support::cluster::succeeded(&out, &args.join(" "))
 }
 
 /// The registry, the control plane and the node, stopped (in that order's reverse) on drop.
@@ -136,28 +129,8 @@ impl RealNode {
 
     /// Runs helm (installed by scripts/check-chart.sh into .tools/bin) against this cluster.
     fn helm(&self, args: &[&str]) -> String {
-        let helm = workspace().join(".tools/bin/helm");
-        assert!(
-            helm.exists(),
-            "{} is missing: scripts/check-chart.sh installs it",
-            helm.display()
-        );
-        let out = Command::new(helm)
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .current_dir(workspace())
-            .stdin(Stdio::null())
-            .output()
-            .expect("run helm");
-        assert!(
-            out.status.success(),
-            "helm {} failed:\n{}\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let out = support::cluster::helm(&self.kubeconfig, args);
+        support::cluster::succeeded(&out, &format!("helm {}", args.join(" ")))
     }
 
     /// The last lines of one of the node's logs (kubelet, containerd).
@@ -687,14 +660,12 @@ async fn story_b(node: &RealNode, client: &kube::Client, model_ip: &str) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), "models");
     let old = ready_pods(client, "models", "app=llama").await.remove(0);
     let old_name = old.metadata.name.clone().unwrap();
-    ias_api(client, "models")
-        .patch(
-            "llama",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"minReplicas": 0}})),
-        )
-        .await
-        .unwrap();
+    support::cluster::merge_patch(
+        &ias_api(client, "models"),
+        "llama",
+        json!({"spec": {"minReplicas": 0}}),
+    )
+    .await;
     let t = Instant::now();
     eventually(
         "the controller to scale to zero when idle",

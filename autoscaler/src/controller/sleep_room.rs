@@ -205,13 +205,12 @@ pub async fn mark(
         let result = api
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await;
-        // A pod already gone was let go all the same: the round that found it let go (its GPU given back) counted it
-        // as leaving and scaled the model down, and the Deployment removed it before this mark was written. Its
-        // Event is still the only record of why.
-        let gone = matches!(&result, Err(kube::Error::Api(ae)) if ae.code == 404);
         match result {
             Ok(_) => let_go_event(ctx, obj, &pod_key, reason, &value, &why, "").await,
-            Err(_) if gone => {
+            // A pod already gone was let go all the same: the round that found it let go (its GPU given back)
+            // counted it as leaving and scaled the model down, and the Deployment removed it before this mark was
+            // written. Its Event is still the only record of why.
+            Err(kube::Error::Api(ae)) if ae.code == 404 => {
                 let_go_event(
                     ctx,
                     obj,
