@@ -24,7 +24,8 @@
 # - webhook_p99_ms: not measured yet (`na`): the webhook is not in this bench (see docs/performance.md).
 # - failover: the leader is killed (SIGKILL) at the end; the time until the standby holds the Lease.
 #
-# Environment: TESSERA_BIN (default target/release/tessera), TESSERA_FLEET_BIN (default
+# Environment: TESSERA_FLEET_CONTROLLER_LOG (the controllers' RUST_LOG, default info; ...,tessera_autoscaler::controller::reconcile=debug
+# logs which status fields each write changed), TESSERA_BIN (default target/release/tessera), TESSERA_FLEET_BIN (default
 # target/release/examples/fleet; build both with `cargo build --release -p tessera --bin tessera --example fleet`).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -150,7 +151,7 @@ KUBECONFIG="$dir/tessera-activator.kubeconfig" RUST_LOG=warn "$tessera" activato
   --admin-listen "127.0.0.1:$act_admin" --hold-timeout 10s >"$dir/activator.log" 2>&1 &
 pids+=("$!")
 controller() { # identity metrics-port
-  KUBECONFIG="$dir/tessera-autoscaler.kubeconfig" RUST_LOG=info "$tessera" autoscaler --metrics-listen "127.0.0.1:$2" \
+  KUBECONFIG="$dir/tessera-autoscaler.kubeconfig" RUST_LOG=${TESSERA_FLEET_CONTROLLER_LOG:-info} "$tessera" autoscaler --metrics-listen "127.0.0.1:$2" \
     --sync-period "$sync_period" --sidecar-port "$sidecar_port" --activator-url "http://127.0.0.1:$act_admin" \
     --lease-namespace default --identity "$1" >"$dir/$1.log" 2>&1 &
   echo $!

@@ -261,7 +261,10 @@ async fn streaming_passes_through_chunk_by_chunk() {
     let _server = tokio::spawn(serve_backend(listener, backend));
     let act = Tessera::activator(&["--backend", &format!("m=http://127.0.0.1:{port}")]);
     let mut resp = support::post_json(&client(), &act.url("/v1/stream-gated"), &chat("m")).await;
-    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    if resp.headers()["content-type"] != "text/event-stream" {
+        let status = resp.status();
+        panic!("not a stream: {status} {}", resp.text().await.unwrap_or_default());
+    }
     // The first event arrives while the backend is still blocked before its second: nothing is buffered.
     let first = next_chunk(&mut resp).await;
     assert!(first.contains("\"n\":1"), "{first}");

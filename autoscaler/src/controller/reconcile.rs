@@ -884,8 +884,8 @@ async fn apply(
 }
 
 /// Writes status with the object's `resourceVersion`; on 409 Conflict, re-reads and rebuilds from the fresh status.
-/// A status equal to the one the object already has is not written: every sync would otherwise patch each object
-/// (and wake every watcher of it) for nothing.
+/// A status equal on the wire to the one the object already has is not written: every sync would otherwise patch
+/// each object (and wake every watcher of it) for nothing.
 async fn write_status(
     api: &Api<InferenceAutoscaler>,
     obj: &InferenceAutoscaler,
@@ -901,9 +901,12 @@ async fn write_status(
     const ATTEMPTS: usize = 3;
     for attempt in 1..=ATTEMPTS {
         let status = build(previous.as_ref());
-        if previous.as_ref() == Some(&status) {
+        // Compared as the API server would store them (a `metav1.Time` keeps whole seconds), not as Rust values.
+        let changed = status::changed_fields(previous.as_ref(), &status);
+        if changed.is_empty() {
             return Ok(());
         }
+        debug!(model = %name, ?changed, "writing status");
         let patch = status::merge_patch(&status, rv.as_deref());
         match api.patch_status(&name, &params, &Patch::Merge(&patch)).await {
             Ok(_) => return Ok(()),

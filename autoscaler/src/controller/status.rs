@@ -20,10 +20,42 @@ use tessera_core::scale::{ScaleDecision, ScaleReason};
 
 use crate::crd::{InferenceAutoscalerStatus, RecommendationStatus, SignalStatus};
 
-/// A status timestamp; a clock before 1970 reads as the epoch.
+/// A status timestamp, in whole seconds; a clock before 1970 reads as the epoch.
+///
+/// Whole seconds because that is all a `metav1.Time` keeps on the wire: a status built with the nanoseconds would
+/// never equal the one read back from the API server, so `write_status` would patch every object on every sync
+/// (and wake every watcher of it) though nothing changed (the fleet bench saw one status write per model per round).
 pub fn k8s_time(t: std::time::SystemTime) -> Time {
     use k8s_openapi::jiff::Timestamp;
-    Time(Timestamp::try_from(t).unwrap_or(Timestamp::UNIX_EPOCH))
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    Time(Timestamp::from_second(secs).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// The top-level fields of `next` that differ from `prev` (its camelCase names) as the API server stores them:
+/// empty when writing `next` would change nothing. On the wire, not as Rust values: a `metav1.Time` keeps whole
+/// seconds, so a time built from milliseconds (`classSince`) never equals the one read back, and comparing the
+/// values made the controller patch every model's status on every sync (the fleet bench: one write per model per
+/// round). The names go into the debug line of each write.
+pub fn changed_fields(
+    prev: Option<&InferenceAutoscalerStatus>,
+    next: &InferenceAutoscalerStatus,
+) -> Vec<String> {
+    let as_map = |s: Option<&InferenceAutoscalerStatus>| match s.map(serde_json::to_value) {
+        Some(Ok(serde_json::Value::Object(m))) => m,
+        _ => serde_json::Map::new(),
+    };
+    let (before, after) = (as_map(prev), as_map(Some(next)));
+    let mut keys: Vec<String> = before
+        .keys()
+        .chain(after.keys())
+        .filter(|k| before.get(*k) != after.get(*k))
+        .cloned()
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
 }
 
 /// The field manager written on every patch, so `kubectl get -o yaml --show-managed-fields` shows who set replicas.
@@ -295,10 +327,9 @@ pub fn set_workload_class(
     // Same bound as a condition's message: the API server limits the object's size, not us.
     st.workload_class_reason = Some(c.held.reason.chars().take(1024).collect());
     st.workload_class_source = Some(c.held.source.as_str().to_owned());
-    let since = i64::try_from(c.held.since.as_millis()).unwrap_or(i64::MAX);
-    st.class_since = k8s_openapi::jiff::Timestamp::from_millisecond(since)
-        .ok()
-        .map(Time);
+    st.class_since = Some(k8s_time(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(c.held.since.as_millis()),
+    ));
     st.class_policy = Some(c.resolved.summary());
     st.policy_from_class = c.resolved.from_class.iter().map(|f| (*f).to_owned()).collect();
 }
@@ -371,6 +402,48 @@ mod tests {
 
     use k8s_openapi::jiff::Timestamp;
     use tessera_core::scale::{Signal, SignalDecision};
+
+    #[test]
+    fn a_status_that_differs_only_below_a_second_is_not_a_change() {
+        let at = |ms| Some(super::Time(Timestamp::from_millisecond(ms).unwrap()));
+        let stored = super::InferenceAutoscalerStatus {
+            class_since: at(1_764_700_000_000),
+            ..Default::default()
+        };
+        let built = super::InferenceAutoscalerStatus {
+            class_since: at(1_764_700_000_456),
+            ..stored.clone()
+        };
+        assert_ne!(stored, built, "the Rust values differ");
+        assert!(super::changed_fields(Some(&stored), &built).is_empty());
+        let later = super::InferenceAutoscalerStatus {
+            class_since: at(1_764_700_001_000),
+            desired_replicas: 2,
+            ..stored.clone()
+        };
+        assert_eq!(
+            super::changed_fields(Some(&stored), &later),
+            ["classSince", "desiredReplicas"]
+        );
+        assert_eq!(
+            super::changed_fields(None, &later),
+            ["classSince", "desiredReplicas", "readyReplicas", "replicas"]
+        );
+    }
+
+    #[test]
+    fn a_status_time_reads_back_equal_from_the_wire() {
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_nanos(1_764_700_000_123_456_789);
+        let t = super::k8s_time(now);
+        let wire = serde_json::to_string(&t).unwrap();
+        let back: super::Time = serde_json::from_str(&wire).unwrap();
+        assert_eq!(back, t, "{wire}");
+        assert_eq!(t.0.as_second(), 1_764_700_000);
+        assert_eq!(
+            super::k8s_time(std::time::UNIX_EPOCH - std::time::Duration::from_secs(5)).0,
+            Timestamp::UNIX_EPOCH
+        );
+    }
 
     use super::*;
 
