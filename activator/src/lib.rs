@@ -34,7 +34,8 @@
 //! `--lane-max-held`), and is then answered `429` with `Retry-After`.
 //!
 //! On the public port (`--listen`), besides the API: `GET /v1/models` and `GET /namespaces/<ns>/v1/models` (the
-//! models of one namespace), `/live`, `/ready` (fails from SIGTERM on; see [`tessera_runtime`]).
+//! models of one namespace, each as its server describes it, `max_model_len` included: [`models`]), `/live`,
+//! `/ready` (fails from SIGTERM on; see [`tessera_runtime`]).
 //! On the admin listener (`--admin-listen`, [`admin`]), which tenants must not reach: `GET /tessera/v1/stats`
 //! (the [`tessera_core::wire::activator::ActivatorStats`] document the controller reads, keyed by
 //! `<namespace>/<model>`) and `/metrics`, both of which describe every namespace's traffic.
@@ -48,6 +49,7 @@ pub mod keepalive;
 pub mod kube;
 pub mod lanes;
 pub mod metrics;
+pub mod models;
 pub mod proxy;
 pub mod router;
 
@@ -500,50 +502,19 @@ pub fn backend_client(idle_timeout: Duration) -> Client<HttpConnector, http_body
 }
 
 async fn list_default_models(State(app): State<Arc<App>>) -> Response {
-    models_of(&app, &app.default_namespace)
+    models::list(&app, &app.default_namespace).await
 }
 
 async fn list_models(State(app): State<Arc<App>>, Path(namespace): Path<String>) -> Response {
-    models_of(&app, &namespace)
+    models::list(&app, &namespace).await
 }
 
 async fn get_default_model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    model_of(&app, &app.default_namespace, &id)
+    models::one(&app, &app.default_namespace, &id).await
 }
 
 async fn get_model(State(app): State<Arc<App>>, Path((namespace, id)): Path<(String, String)>) -> Response {
-    model_of(&app, &namespace, &id)
-}
-
-/// `GET /v1/models/{id}` as OpenAI answers it: the model object, or 404 with `model_not_found`. Model names may
-/// hold slashes (`meta-llama/Llama-3.1-8B`), hence the catch-all segment.
-fn model_of(app: &App, namespace: &str, id: &str) -> Response {
-    if app.router.model_names(namespace).iter().any(|m| m == id) {
-        return axum::Json(model_object(id, namespace)).into_response();
-    }
-    let models_path = if namespace == app.default_namespace {
-        "/v1/models".to_string()
-    } else {
-        format!("/namespaces/{namespace}/v1/models")
-    };
-    let body = serde_json::json!({ "error": {
-        "message": format!("the model `{id}` does not exist in namespace `{namespace}`; GET {models_path} lists the models this gateway serves there"),
-        "type": "invalid_request_error", "param": "model", "code": "model_not_found" } });
-    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
-}
-
-fn model_object(id: &str, namespace: &str) -> serde_json::Value {
-    serde_json::json!({ "id": id, "object": "model", "created": 0, "owned_by": namespace })
-}
-
-fn models_of(app: &App, namespace: &str) -> Response {
-    let data: Vec<serde_json::Value> = app
-        .router
-        .model_names(namespace)
-        .into_iter()
-        .map(|id| model_object(&id, namespace))
-        .collect();
-    axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
+    models::one(&app, &namespace, &id).await
 }
 
 async fn not_found(uri: http::Uri) -> Response {

@@ -311,6 +311,9 @@ pub struct ModelEntry {
     flex_held: AtomicU64,
     /// A flex request arrived since the lanes' poller last looked.
     wants_gauges: AtomicBool,
+    /// The model object its server last gave for it (`GET /v1/models`) and when it was read: what the gateway's
+    /// `/v1/models` answers with, also while the model is at zero (crate::models).
+    card: Mutex<Option<(Instant, serde_json::Value)>>,
 
     /// Rotates the starting point of the least-outstanding scan so ties spread round-robin.
     rr: AtomicUsize,
@@ -368,6 +371,7 @@ impl ModelEntry {
             flex_waiting: AtomicU64::new(0),
             flex_held: AtomicU64::new(0),
             wants_gauges: AtomicBool::new(false),
+            card: Mutex::new(None),
 
             rr: AtomicUsize::new(0),
         }
@@ -532,6 +536,16 @@ impl ModelEntry {
     /// Marks that a flex request arrived: the poller reads this model's gauges from now on.
     pub fn want_gauges(&self) {
         self.wants_gauges.store(true, Ordering::Relaxed);
+    }
+
+    /// The model object its server last described it with, and when that was read.
+    pub fn card(&self) -> Option<(Instant, serde_json::Value)> {
+        lock(&self.card).clone()
+    }
+
+    /// Keeps the model object its server gave, read at `at`.
+    pub fn set_card(&self, at: Instant, card: serde_json::Value) {
+        *lock(&self.card) = Some((at, card));
     }
 
     /// The ready backends now.

@@ -649,3 +649,25 @@ async fn vllm_sim_replica_dying_between_requests_is_routed_around() {
     assert_eq!(s["models"]["default/qwen"]["readyBackends"], 1);
     assert_eq!(s["models"]["default/qwen"]["rejectedTotal"], 0);
 }
+
+#[tokio::test]
+async fn models_are_listed_as_their_server_describes_them_also_at_zero() {
+    let (sim, act) = qwen_behind_activator().await;
+    let direct: serde_json::Value = support::get_json(&client(), &sim.url("/v1/models")).await;
+    let max_len = direct["data"][0]["max_model_len"].clone();
+    assert!(
+        max_len.is_u64(),
+        "the emulator says its max_model_len as vLLM does: {direct}"
+    );
+    let listed: serde_json::Value = support::get_json(&client(), &act.url("/v1/models")).await;
+    assert_eq!(
+        listed["data"][0], direct["data"][0],
+        "vLLM's object, passed through"
+    );
+    let one: serde_json::Value = support::get_json(&client(), &act.url("/v1/models/qwen")).await;
+    assert_eq!(one["max_model_len"], max_len);
+    // The server gone (a model at zero): the gateway still says what it said, not a bare object.
+    drop(sim);
+    let listed: serde_json::Value = support::get_json(&client(), &act.url("/v1/models")).await;
+    assert_eq!(listed["data"][0]["max_model_len"], max_len, "{listed}");
+}
