@@ -180,14 +180,14 @@ pub struct Args {
     #[arg(long, env = "TESSERA_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
     pub retry_after: Duration,
 
-    /// Largest request body accepted, in bytes (the body is read to find its `model`). A larger
+    /// Largest request body accepted (`16MiB`, `16Mi`, bytes; the body is read to find its `model`). A larger
     /// `Content-Length` is refused (413) before reading; a chunked body is cut off at the limit.
-    #[arg(long, env = "TESSERA_MAX_BODY_SIZE", default_value_t = 16 * 1024 * 1024)]
+    #[arg(long, env = "TESSERA_MAX_BODY_SIZE", default_value = "16MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
     pub max_body_size: usize,
 
     /// Most bytes of request bodies buffered at once, all requests together (held requests keep theirs); a
     /// body that would exceed it is shed with 429 + Retry-After. Bounds the activator's memory.
-    #[arg(long, env = "TESSERA_MAX_BUFFERED_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
+    #[arg(long, env = "TESSERA_MAX_BUFFERED_BODY_BYTES", default_value = "256MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
     pub max_buffered_body_bytes: usize,
 
     /// Client connection bounds: `--header-read-timeout` (a silent, trickling or half-open connection is
@@ -283,8 +283,8 @@ pub struct Args {
     /// Flex lane: most bytes of request bodies held by waiting flex-tier requests and batch lines, all together.
     /// A flex request that starts waiting moves its body out of `--max-buffered-body-bytes` into this budget (or
     /// is answered 429 `overloaded_lane_held` when it is full), so waiting flex bodies never take real time's.
-    #[arg(long, env = "TESSERA_LANE_MAX_HELD_BODY_BYTES", default_value_t = 64 * 1024 * 1024,
-        value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "TESSERA_LANE_MAX_HELD_BODY_BYTES", default_value = "64MiB",
+        value_parser = tessera_runtime::size::parse_bytes_nonzero)]
     pub lane_max_held_body_bytes: u64,
 
     /// Flex lane: longest a flex request waits for a backend with room before a 429 with Retry-After (never a

@@ -9,10 +9,6 @@
 //! `*_scrape_failures_total{reason="too_large"}`) and treats the document as missing, which never scales a
 //! model down.
 
-/// The default bound on one document read from a pod: generous for a sidecar's status (a few tens of KiB with
-/// its window buckets) or an activator's stats with thousands of models, far below any role's memory limit.
-pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 8 * 1024 * 1024;
-
 /// Why a capped body could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum BodyError {

@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod pod;
 pub mod security;
 pub mod serve;
+pub mod size;
 pub mod token;
 pub mod watch_events;
 

@@ -8,9 +8,9 @@
 
 use clap::{Args as ClapArgs, ValueEnum};
 
-use crate::emulator::parse_bytes;
 use crate::model::sharing::{SteadyState, StepCost, host_time_s, steady_state};
 use crate::model::{EngineConfig, GIB, GpuSpec, ModelSpec, SharingModel};
+use tessera_runtime::size::parse_bytes;
 
 /// How the tenants share the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -47,3 +47,30 @@ fn a_role_still_logs_what_it_does() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--listen"), "{err}");
 }
+
+/// One byte-size parser for every role: the units a platform engineer writes (Kubernetes' `Mi`, vLLM's `MiB`,
+/// decimal `MB`) are taken everywhere a flag holds bytes, and a wrong one is named with the accepted forms.
+#[test]
+fn byte_sizes_are_taken_with_units_by_every_role() {
+    for (role, flag, value) in [
+        ("activator", "--max-body-size", "16MiB"),
+        ("activator", "--max-buffered-body-bytes", "256Mi"),
+        ("autoscaler", "--max-document-size", "8MB"),
+        ("vllm-sim", "--kv-cache-memory-bytes", "2GiB"),
+    ] {
+        // `--help` after the flag: clap parses the value first, so a refused value fails before help is printed.
+        let out = tessera(&[role, flag, value, "--help"]);
+        assert!(
+            out.status.success(),
+            "{role} {flag} {value}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = tessera(&["activator", "--max-body-size", "16 parsecs"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--max-body-size") && err.contains("not a byte size") && err.contains("MiB/Mi"),
+        "{err}"
+    );
+}

@@ -692,7 +692,8 @@ async fn story_b(node: &RealNode, client: &kube::Client, model_ip: &str) {
     });
     let mut terminating_seen = None;
     let mut last_status = None;
-    let mut log = None;
+    let mut log: Option<String> = None;
+    let mut reads = 0_u32;
     let gone = Instant::now() + Duration::from_secs(60);
     loop {
         match pods.get_opt(&old_name).await.unwrap() {
@@ -701,7 +702,12 @@ async fn story_b(node: &RealNode, client: &kube::Client, model_ip: &str) {
                 if p.metadata.deletion_timestamp.is_some() && terminating_seen.is_none() {
                     terminating_seen = Some(sent.elapsed());
                 }
-                if let Some(l) = node.container_log("models", &old_name, "vllm") {
+                // The longest read wins: the kubelet removes the log with the pod, and a read racing that
+                // removal (or a rotation) must not replace what an earlier read saw.
+                reads += 1;
+                if let Some(l) = node.container_log("models", &old_name, "vllm")
+                    && l.len() >= log.as_ref().map_or(0, String::len)
+                {
                     log = Some(l);
                 }
                 last_status = p.status.clone();
@@ -725,7 +731,7 @@ async fn story_b(node: &RealNode, client: &kube::Client, model_ip: &str) {
     let log = log.unwrap_or_default();
     assert!(
         log.contains("shutdown requested"),
-        "the server's log shows no SIGTERM (the kubelet's stop signal):\n{log}"
+        "the server's log shows no SIGTERM (the kubelet's stop signal), longest of {reads} reads:\n{log}"
     );
     let exit = last_status
         .and_then(|s| s.container_statuses)

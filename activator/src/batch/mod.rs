@@ -51,7 +51,7 @@ pub struct BatchArgs {
     pub batch_max_requests: u64,
 
     /// Largest file accepted by `POST /v1/files`, in bytes (200 MB, as OpenAI).
-    #[arg(long, env = "TESSERA_BATCH_MAX_FILE_BYTES", default_value_t = 200 * 1024 * 1024)]
+    #[arg(long, env = "TESSERA_BATCH_MAX_FILE_BYTES", default_value = "200MiB", value_parser = tessera_runtime::size::parse_bytes)]
     pub batch_max_file_bytes: u64,
 
     /// Lines of one batch in flight at once (each also passes the flex lane's gate). More lines waiting at the
@@ -78,7 +78,7 @@ pub struct BatchArgs {
 
     /// Most bytes of files (uploads and results) one namespace may keep in the store, so one tenant cannot fill
     /// the volume every namespace shares (the chart's default claim is 20Gi).
-    #[arg(long, env = "TESSERA_BATCH_MAX_NAMESPACE_BYTES", default_value_t = 4 * 1024 * 1024 * 1024)]
+    #[arg(long, env = "TESSERA_BATCH_MAX_NAMESPACE_BYTES", default_value = "4GiB", value_parser = tessera_runtime::size::parse_bytes)]
     pub batch_max_namespace_bytes: u64,
 
     /// Most batches not finished yet one namespace may have; creating another is refused with 429.
@@ -92,12 +92,12 @@ pub struct BatchArgs {
 
     /// Largest answer kept for one line, in bytes; a longer one is recorded in the error file as
     /// `response_too_large`.
-    #[arg(long, env = "TESSERA_BATCH_MAX_ANSWER_BYTES", default_value_t = 8 * 1024 * 1024)]
+    #[arg(long, env = "TESSERA_BATCH_MAX_ANSWER_BYTES", default_value = "8MiB", value_parser = tessera_runtime::size::parse_bytes)]
     pub batch_max_answer_bytes: u64,
 
     /// Most bytes of answers the runner holds at once, over every line in flight of every batch (a line waits for
     /// room before it is sent). At least `--batch-max-answer-bytes`.
-    #[arg(long, env = "TESSERA_BATCH_MAX_ANSWER_BYTES_IN_FLIGHT", default_value_t = 64 * 1024 * 1024)]
+    #[arg(long, env = "TESSERA_BATCH_MAX_ANSWER_BYTES_IN_FLIGHT", default_value = "64MiB", value_parser = tessera_runtime::size::parse_bytes)]
     pub batch_max_answer_bytes_in_flight: u64,
 
     /// How often a running batch's `request_counts` are written to the store (and a cancel looked for).

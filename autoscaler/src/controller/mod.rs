@@ -93,10 +93,11 @@ pub struct Args {
     #[arg(long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub scrape_timeout: Duration,
     /// The most bytes read of one document from a pod (a sidecar's /v1/status, an activator's stats, a
-    /// gpu-agent's /v1/gpus). A larger answer is refused and counted
+    /// gpu-agent's /v1/gpus; `8MiB`, `8Mi` or bytes): generous for a sidecar's status (tens of KiB) or an
+    /// activator's stats with thousands of models, far below any role's memory limit. A larger answer is refused and counted
     /// (`tessera_autoscaler_scrape_failures_total{reason="too_large"}`), and the document counts as missing:
     /// a tenant's pod chooses what it answers and must not be able to run the autoscaler out of memory.
-    #[arg(long, env = "TESSERA_MAX_DOCUMENT_SIZE", default_value_t = tessera_runtime::body::DEFAULT_MAX_DOCUMENT_BYTES)]
+    #[arg(long, env = "TESSERA_MAX_DOCUMENT_SIZE", default_value = "8MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
     pub max_document_size: usize,
     /// File holding the secret key (≥ 32 bytes) the sidecars' objective tokens derive from, the same the webhook
     /// holds (the chart's `<release>-objective-key` Secret). Each hand-over of an objective (`PUT /v1/objective`)

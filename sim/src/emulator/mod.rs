@@ -27,6 +27,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+pub(crate) use tessera_runtime::size::parse_bytes;
 use tokio::sync::Mutex;
 use tracing::info;
 
@@ -116,28 +117,6 @@ pub struct Args {
     /// Graceful shutdown (`--drain-period`).
     #[command(flatten)]
     pub drain: tessera_runtime::DrainArgs,
-}
-
-pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count (e.g. 8589934592, 8G, 8Gi)"))?;
-    let mult: f64 = match unit.trim() {
-        "" | "B" => 1.0,
-        "K" | "KB" => 1e3,
-        "M" | "MB" => 1e6,
-        "G" | "GB" => 1e9,
-        "Ki" | "KiB" => 1024.0,
-        "Mi" | "MiB" => 1024.0 * 1024.0,
-        "Gi" | "GiB" => GIB as f64,
-        u => return Err(format!("unknown unit {u:?} in {s:?}; use K, M, G, Ki, Mi or Gi")),
-    };
-    Ok((n * mult) as u64)
 }
 
 /// Everything the handlers share.
@@ -483,6 +462,6 @@ mod tests {
         assert_eq!(parse_bytes("1024").unwrap(), 1024);
         assert_eq!(parse_bytes("8Gi").unwrap(), 8 * GIB);
         assert_eq!(parse_bytes("2G").unwrap(), 2_000_000_000);
-        assert!(parse_bytes("8X").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("8X").unwrap_err().contains("not a byte size"));
     }
 }
