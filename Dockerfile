@@ -19,10 +19,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p tessera \
       --config 'profile.release.strip="symbols"' --config 'profile.release.debug=false' \
- && install -D -m 0755 target/release/tessera /out/tessera
+ && install -D -m 0755 target/release/tessera /out/tessera \
+ && install -D -m 0755 target/release/tessera-sidecar /out/tessera-sidecar
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/tessera /usr/local/bin/tessera
+# The sidecar-only binary the webhook injects beside every replica (it links the sidecar alone: less memory per pod).
+COPY --from=build /out/tessera-sidecar /usr/local/bin/tessera-sidecar
 # Where the NVIDIA container toolkit puts the driver's user-space libraries (NVML) on Debian-based images.
 ENV LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu:/usr/lib/aarch64-linux-gnu:/usr/lib64
 USER 65532:65532

@@ -41,15 +41,21 @@ build() {
     bin=${CARGO_TARGET_DIR:-target}/release/tessera
   fi
   [ -x "$bin" ] || die "$bin is not an executable (set TESSERA_BIN or build first)"
+  # The sidecar-only binary cargo builds beside it (the webhook injects /usr/local/bin/tessera-sidecar).
+  local sidecar_bin
+  sidecar_bin="$(dirname "$bin")/tessera-sidecar"
+  [ -x "$sidecar_bin" ] || die "$sidecar_bin is missing: cargo builds it with tessera (cargo build -p tessera)"
   mkdir -p "$out_dir"
   local revision epoch
   revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
   epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
   # The symbols are dropped as the Dockerfile's build does (profile.release.strip); objcopy is deterministic.
   objcopy --strip-all "$bin" "$out_dir/tessera.stripped"
-  python3 scripts/oci_image.py --binary "$out_dir/tessera.stripped" --out "$archive" \
+  objcopy --strip-all "$sidecar_bin" "$out_dir/tessera-sidecar.stripped"
+  python3 scripts/oci_image.py --binary "$out_dir/tessera.stripped" \
+    --sidecar-binary "$out_dir/tessera-sidecar.stripped" --out "$archive" \
     --version "$version" --revision "$revision" --created "$epoch"
-  rm -f "$out_dir/tessera.stripped"
+  rm -f "$out_dir/tessera.stripped" "$out_dir/tessera-sidecar.stripped"
   echo "image=$archive"
 }
 
@@ -111,6 +117,19 @@ PY
   case "$got" in
     "tessera $version"*) ;;
     *) die "the entrypoint printed '$got', not 'tessera $version'" ;;
+  esac
+  # The command the webhook gives the injected sidecar, under the same constraints.
+  python3 - "$bundle" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1] + "/config.json"))
+spec["process"]["args"] = ["/usr/local/bin/tessera-sidecar", "--version"]
+json.dump(spec, open(sys.argv[1] + "/config.json", "w"))
+PY
+  got=$(runc run --bundle "$bundle" "tessera-smoke-sidecar-$$" 2>&1) || die "runc could not run /usr/local/bin/tessera-sidecar: $got"
+  echo "runc (uid 65532, read-only root, no capabilities): $got"
+  case "$got" in
+    "tessera-sidecar $version"*) ;;
+    *) die "/usr/local/bin/tessera-sidecar printed '$got', not 'tessera-sidecar $version'" ;;
   esac
 }
 

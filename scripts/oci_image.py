@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Writes Tessera's OCI image as an OCI archive, byte for byte the same for the same inputs (scripts/image.sh).
 
-    oci_image.py --binary PATH --out FILE --version V --revision R --created EPOCH [--source URL] [--licenses L]
+    oci_image.py --binary PATH [--sidecar-binary PATH] --out FILE --version V --revision R --created EPOCH
+                 [--source URL] [--licenses L]
 
-One layer, no base image: the stripped `tessera` binary at /usr/local/bin/tessera, the glibc pieces it links
+One layer, no base image: the stripped `tessera` binary at /usr/local/bin/tessera (and the sidecar-only
+`tessera-sidecar` beside it, which the webhook injects), the glibc pieces they link
 (found with ldd, as the distroless "cc" base the Dockerfile uses carries them), CA certificates, /etc/passwd and
 /etc/group with the non-root user 65532 ("nonroot", as distroless names it), and an empty /tmp. Reproducible:
 entries sorted, every mtime SOURCE_DATE_EPOCH, owners root (files) and modes normalised, gzip without a name or
@@ -74,6 +76,7 @@ def gz(data: bytes) -> bytes:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", required=True)
+    ap.add_argument("--sidecar-binary", help="the tessera-sidecar binary, at /usr/local/bin/tessera-sidecar")
     ap.add_argument("--out", required=True)
     ap.add_argument("--version", required=True)
     ap.add_argument("--revision", required=True)
@@ -84,9 +87,15 @@ def main() -> int:
     a = ap.parse_args()
 
     files: dict[str, tuple[bytes, int]] = {}
-    with open(a.binary, "rb") as f:
-        files["/usr/local/bin/tessera"] = (f.read(), 0o755)
-    for lib in linked_libraries(a.binary):
+    binaries = {"/usr/local/bin/tessera": a.binary}
+    if a.sidecar_binary:
+        binaries["/usr/local/bin/tessera-sidecar"] = a.sidecar_binary
+    libs: set[str] = set()
+    for path, binary in binaries.items():
+        with open(binary, "rb") as f:
+            files[path] = (f.read(), 0o755)
+        libs.update(linked_libraries(binary))
+    for lib in sorted(libs):
         real = os.path.realpath(lib)
         with open(real, "rb") as f:
             # Under the name the binary asks for (the soname), so no symlink is needed.

@@ -1,11 +1,12 @@
 //! `tessera`: one binary, one subcommand per role, so one image serves every role.
 //!
-//! This file only parses arguments, sets up logging, and hands over to the role's crate.
+//! This file only parses arguments, sets up logging, and hands over to the role's crate. The sidecar beside each
+//! replica also ships as `tessera-sidecar` (src/bin/tessera-sidecar.rs), which links the sidecar alone.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+use tessera::{LogFormat, init_logging, report};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,12 +21,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,41 +80,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// `Error: <what>` and each cause below it once: a cause whose text the line above already says (an error
-/// that formats its source into its own message) is not printed again.
-fn report(e: &anyhow::Error) -> String {
-    let mut out = format!("Error: {e}");
-    let mut last = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !last.contains(&text) {
-            out.push_str(&format!("\n  caused by: {text}"));
-        }
-        last = text;
-    }
-    out
-}
-
 /// The roles log what they do (info); the commands a person runs at a terminal (simulate, pack, sharing,
 /// crdgen) print their answer on stdout and log only what went wrong, unless RUST_LOG says otherwise.
 fn default_level(command: &Command) -> &'static str {
     match command {
         Command::Simulate(_) | Command::Pack(_) | Command::Sharing(_) | Command::Crdgen => "warn",
         _ => "info",
-    }
-}
-
-fn init_logging(format: LogFormat, default_level: &str) {
-    use tracing_subscriber::EnvFilter;
-    // Logs go to stderr so that commands whose stdout is data (crdgen, simulate, pack) stay pipeable.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colour only for a terminal: a redirected log keeps no escape codes.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }

@@ -642,6 +642,23 @@ async fn story_d(client: &kube::Client) {
                 "{who}: seccomp filter mode (RuntimeDefault) {f:?}"
             );
             assert!(root.split(',').any(|o| o == "ro"), "{who}: root mounted {root}");
+            if container == "tessera-sidecar" {
+                // The injected sidecar runs the image's sidecar-only binary (less memory beside every replica).
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let exe = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+                assert_eq!(
+                    exe,
+                    b"/usr/local/bin/tessera-sidecar",
+                    "{who}: {}",
+                    String::from_utf8_lossy(&cmdline)
+                );
+                let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                    .unwrap_or_default()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().to_owned()))
+                    .unwrap_or_default();
+                eprintln!("{who}: /usr/local/bin/tessera-sidecar, VmRSS {rss} (debug build)");
+            }
             rows.push(format!(
                 "{who:<62} Uid {} CapEff {} NoNewPrivs {} Seccomp {} root {}",
                 f["Uid"], f["CapEff"], f["NoNewPrivs"], f["Seccomp"], root

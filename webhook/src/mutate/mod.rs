@@ -46,6 +46,9 @@ pub const ANNOTATION_ITL_SLO: &str = "tessera.dev/itl-slo";
 pub use crate::policy::LABEL_AUTOSCALER;
 /// The injected container's name.
 pub const SIDECAR_NAME: &str = tessera_core::wire::sidecar::CONTAINER_NAME;
+/// The injected container's command: the image's sidecar-only binary (`tessera-sidecar`, same subcommands and
+/// flags as `tessera sidecar`). An image given with `--sidecar-image` must hold it at this path.
+pub const SIDECAR_COMMAND: &str = "/usr/local/bin/tessera-sidecar";
 /// The sidecar's named port.
 pub const SIDECAR_PORT_NAME: &str = "tessera";
 /// Volume names the webhook adds for MPS.

@@ -202,6 +202,9 @@ pub fn sidecar(
     Container {
         name: SIDECAR_NAME.into(),
         image: Some(cfg.sidecar_image.clone()),
+        // The image's lean binary for this role (it links the sidecar alone): it runs beside every replica, and
+        // in the one `tessera` binary the code pages it touches cost about 5 MiB of RSS more per pod.
+        command: Some(vec![SIDECAR_COMMAND.into()]),
         args: Some(args),
         // A native sidecar: starts before the app containers, runs beside them, never blocks pod completion.
         restart_policy: Some("Always".into()),
