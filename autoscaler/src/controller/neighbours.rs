@@ -58,16 +58,24 @@ impl Book {
     pub fn record(&self, key: &str, pods: Vec<PodSeen>, now: SystemTime) -> Option<FlexNeighboursStatus> {
         let mut book = self.0.lock().unwrap_or_else(|e| e.into_inner());
         book.retain(|_, (at, _)| now.duration_since(*at).unwrap_or_default() <= FORGET_AFTER);
+        // Only the GPUs this model's pods share matter to its figures: the other models' pods elsewhere are left
+        // out, so a round costs what its own GPUs hold, not the whole fleet's pods (each of N models' rounds
+        // walking every model's pods made the controller's CPU per model grow with the fleet).
+        let own_gpus: std::collections::HashSet<String> = pods.iter().filter_map(|p| p.gpu.clone()).collect();
         book.insert(key.to_owned(), (now, pods));
         let tenants: Vec<Tenant<(&str, &str), &str, &str>> = book
             .iter()
             .flat_map(|(model, (_, pods))| {
-                pods.iter().map(move |p| Tenant {
-                    pod: (model.as_str(), p.name.as_str()),
-                    model: model.as_str(),
-                    gpu: p.gpu.as_deref(),
-                    pressure: p.pressure,
-                })
+                let own = model == key;
+                let gpus = &own_gpus;
+                pods.iter()
+                    .filter(move |p| own || p.gpu.as_ref().is_some_and(|g| gpus.contains(g)))
+                    .map(move |p| Tenant {
+                        pod: (model.as_str(), p.name.as_str()),
+                        model: model.as_str(),
+                        gpu: p.gpu.as_deref(),
+                        pressure: p.pressure,
+                    })
             })
             .collect();
         let own = &book.get(key)?.1;
