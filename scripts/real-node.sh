@@ -321,9 +321,12 @@ containerRuntimeEndpoint: "unix://$n/containerd.sock"
 podLogsDir: "$n/pod-logs"
 resolvConf: /etc/resolv.conf
 serializeImagePulls: false
-evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
-imageGCHighThresholdPercent: 99
-imageGCLowThresholdPercent: 98
+# Absolute, not percentages: 1% of a 252 GB disk is 2.5 GB, and a cold run on a busy machine dipped under it
+# (disk pressure: the replacement pod of story c was never admitted, and image GC removed the test image).
+evictionHard: {memory.available: 100Mi, nodefs.available: 512Mi, imagefs.available: 512Mi, nodefs.inodesFree: 1%}
+# 100 turns image garbage collection off: this node lives for one test, and its images are what it tests.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 EOF
   log "kubelet $KUBERNETES_VERSION as $NODE ($NODE_IP)"
   start "$n" kubelet "$bin/kubelet" --config "$n/kubelet.yaml" --kubeconfig "$n/kubelet.kubeconfig" \
