@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tessera_core::metrics::VllmSnapshot;
@@ -56,23 +56,12 @@ pub async fn run(router: Arc<Router>, client: Client<HttpConnector, Full<Bytes>>
 
 /// Reads one backend's gauges into it; a failure leaves the last reading to age (stale gauges read as unknown).
 async fn read(client: &Client<HttpConnector, Full<Bytes>>, backend: &Arc<Backend>, timeout: Duration) {
-    let Ok(uri) = backend.uri_for("/metrics") else {
-        return;
-    };
-    let fetch = async {
-        let resp = client.get(uri).await.map_err(|e| e.to_string())?;
-        if !resp.status().is_success() {
-            return Err(format!("status {}", resp.status()));
-        }
-        let body = Limited::new(resp.into_body(), MAX_PAGE_BYTES)
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        String::from_utf8(body.to_vec()).map_err(|e| e.to_string())
-    };
-    match tokio::time::timeout(timeout, fetch).await {
-        Ok(Ok(page)) => match VllmSnapshot::from_text(&page) {
+    let fetch = backend
+        .get_capped(client, "/metrics", MAX_PAGE_BYTES, timeout)
+        .await
+        .and_then(|body| String::from_utf8(body.to_vec()).map_err(|e| e.to_string()));
+    match fetch {
+        Ok(page) => match VllmSnapshot::from_text(&page) {
             Ok(snap) => {
                 let capacity = snap
                     .num_gpu_blocks()
@@ -87,7 +76,6 @@ async fn read(client: &Client<HttpConnector, Full<Bytes>>, backend: &Arc<Backend
             }
             Err(e) => debug!(backend = %backend.base, error = %e, "lanes: unreadable /metrics"),
         },
-        Ok(Err(e)) => debug!(backend = %backend.base, error = %e, "lanes: /metrics failed"),
-        Err(_) => debug!(backend = %backend.base, "lanes: /metrics timed out"),
+        Err(e) => debug!(backend = %backend.base, error = %e, "lanes: /metrics failed"),
     }
 }

@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use futures::StreamExt;
-use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -50,31 +48,12 @@ pub fn card_from(list: &serde_json::Value, id: &str) -> Option<serde_json::Value
 
 /// `GET {backend}/v1/models`, parsed; `None` on any failure (logged at debug: the bare object serves).
 async fn ask(app: &App, backend: &Backend) -> Option<serde_json::Value> {
-    let uri = backend.uri_for("/v1/models").ok()?;
-    let request = http::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
-    let read = async {
-        let response = app.client.request(request).await.map_err(|e| e.to_string())?;
-        if !response.status().is_success() {
-            return Err(format!("answered {}", response.status()));
-        }
-        let body = Limited::new(response.into_body(), MAX_LIST_BYTES)
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| e.to_string())
-    };
-    match tokio::time::timeout(ASK_TIMEOUT, read).await {
-        Ok(Ok(list)) => Some(list),
-        Ok(Err(e)) => {
-            debug!(backend = %backend.base, error = %e, "could not read the server's /v1/models");
-            None
-        }
-        Err(_) => {
-            debug!(backend = %backend.base, "the server's /v1/models did not answer in time");
-            None
-        }
-    }
+    let list = backend
+        .get_capped(&app.client, "/v1/models", MAX_LIST_BYTES, ASK_TIMEOUT)
+        .await
+        .and_then(|body| serde_json::from_slice::<serde_json::Value>(&body).map_err(|e| e.to_string()));
+    list.map_err(|e| debug!(backend = %backend.base, error = %e, "could not read the server's /v1/models"))
+        .ok()
 }
 
 /// The model's object: its card when fresh; else read again from a ready server (and kept); else the card it

@@ -13,7 +13,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use bytes::Bytes;
 use http::Uri;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
 use tessera_core::class::{Lane, RequestMix};
 use tessera_core::lanes::{BackendRoom, LaneLimits, NoRoom, admit_flex};
 use tessera_core::wire::activator::{ActivatorStats, ModelStats, model_key};
@@ -126,6 +130,33 @@ impl Backend {
     /// The full URI for `path_and_query` on this backend.
     pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::uri::InvalidUri> {
         format!("{}{}", self.base, path_and_query).parse()
+    }
+
+    /// `GET path` on this backend: the body of a 2xx answer, at most `limit` bytes, within `timeout`; otherwise
+    /// why not, in words for a debug line (what the gateway reads of a backend beside the traffic: its gauges,
+    /// its model list).
+    pub async fn get_capped(
+        &self,
+        client: &Client<HttpConnector, Full<Bytes>>,
+        path: &str,
+        limit: usize,
+        timeout: std::time::Duration,
+    ) -> Result<Bytes, String> {
+        let uri = self.uri_for(path).map_err(|e| e.to_string())?;
+        let fetch = async {
+            let resp = client.get(uri).await.map_err(|e| e.to_string())?;
+            if !resp.status().is_success() {
+                return Err(format!("status {}", resp.status()));
+            }
+            Limited::new(resp.into_body(), limit)
+                .collect()
+                .await
+                .map(http_body_util::Collected::to_bytes)
+                .map_err(|e| e.to_string())
+        };
+        tokio::time::timeout(timeout, fetch)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
     }
 }
 
