@@ -122,6 +122,13 @@ pub struct Args {
     /// floor is one sequence, vLLM's own minimum.
     #[arg(long, env = "TESSERA_KV_TARGET_UTILIZATION")]
     pub kv_target_utilization: Option<f64>,
+    /// How many GPUs' worth of compute caps this server's pool hands out per GPU (the pool's
+    /// `computeOversubscription`, 1–4; the webhook passes it for fractional pods). The compute share is then never
+    /// recommended below what the replica's GPU memory already pays for (oversubscription × its memory / the
+    /// GPU's): a smaller cap packs nothing tighter and only slows the server while its GPU is idle. Without it,
+    /// no such floor.
+    #[arg(long, env = "TESSERA_COMPUTE_OVERSUBSCRIPTION")]
+    pub compute_oversubscription: Option<f64>,
     /// Directory holding the model's config.json (and its safetensors files), as vLLM loads it. From it come the
     /// exact KV bytes per token in every memory mode (2 × layers × kv_heads × head_dim × dtype bytes; one latent
     /// per layer for MLA models), and the weight bytes as a floor for non-KV memory. The webhook mounts the vLLM
@@ -162,6 +169,7 @@ impl Args {
             max_step_down_ratio: self.max_step_down,
             max_gpu_memory_utilization: self.max_gpu_memory_utilization,
             kv_target_utilization: self.kv_target_utilization,
+            compute_oversubscription: self.compute_oversubscription,
             ..Default::default()
         }
     }
@@ -198,6 +206,14 @@ impl Args {
             return Err(ConfigError::Value(format!(
                 "--kv-target-utilization {u} must be in (0, 1]: the KV-cache utilization the replica count scales on \
                  (targets.kvCacheUtilization, e.g. 0.7), or left out"
+            )));
+        }
+        if let Some(o) = self.compute_oversubscription
+            && !(o.is_finite() && (1.0..=4.0).contains(&o))
+        {
+            return Err(ConfigError::Value(format!(
+                "--compute-oversubscription {o} must be in [1, 4]: the GPUs' worth of compute caps the pool hands out \
+                 per GPU (its computeOversubscription, e.g. 2 under MPS), or left out"
             )));
         }
         for (flag, slo) in [("--ttft-slo", self.ttft_slo), ("--itl-slo", self.itl_slo)] {

@@ -560,6 +560,9 @@ fn real_pods_fractional_mode() {
         let args = sidecar.args.unwrap();
         assert_eq!(flag(&args, "--gpu-compute-fraction").as_deref(), Some("0.3"));
         assert!(args.contains(&"--gpu-shared".to_string()));
+        // The pool's oversubscription (an MPS pool: 2 by default), so the share never drops below what the
+        // replica's memory pays for.
+        assert_eq!(flag(&args, "--compute-oversubscription").as_deref(), Some("2"));
     }
 }
 

@@ -45,6 +45,14 @@ pub struct Config {
     /// to relieve a cache a fraction of their size. `None`: one sequence, vLLM's own minimum.
     #[serde(default)]
     pub kv_target_utilization: Option<f64>,
+    /// How many GPUs' worth of compute caps the replica's pool hands out per GPU (`computeOversubscription`:
+    /// 2.0 under MPS by default, 1.0 otherwise), when known. The share is then never below what the replica's
+    /// GPU memory already pays for: `oversubscription × memory / GPU memory`. A GPU full on memory is then at
+    /// most full on compute caps, so a smaller share packs nothing tighter; it only caps the replica's SMs while
+    /// the GPU may be idle (measured: docs/simulator-experiments.md, "The share memory pays for"). `None`: no
+    /// floor beyond `min_compute_fraction`.
+    #[serde(default)]
+    pub compute_oversubscription: Option<f64>,
 }
 
 impl Default for Config {
@@ -67,6 +75,7 @@ impl Default for Config {
             saturation_busy_ratio: 0.95,
             saturation_min_ratio: 0.1,
             kv_target_utilization: None,
+            compute_oversubscription: None,
         }
     }
 }
@@ -111,6 +120,9 @@ impl Config {
         in_range("saturation_min_ratio", self.saturation_min_ratio, 0.0, 1.0)?;
         if let Some(u) = self.kv_target_utilization {
             in_range("kv_target_utilization", u, 0.01, 1.0)?;
+        }
+        if let Some(o) = self.compute_oversubscription {
+            in_range("compute_oversubscription", o, 1.0, 4.0)?;
         }
         if self.min_samples == 0 {
             return Err(ConfigError {

@@ -45,6 +45,11 @@
 //!    recommendation (or the current share; whole GPU when unknown). Missing data never shrinks the share.
 //! 4. Bounded step per update from the previous recommendation (or the current share): at most
 //!    `× compute_max_step_up` up and `compute_max_step_down_ratio` down; then `[min_compute_fraction, 1]`.
+//! 5. When the pool's compute oversubscription is known (`compute_oversubscription`), never below the share the
+//!    replica's GPU memory already pays for: `oversubscription × memory / GPU memory`, rounded down to
+//!    hundredths. A GPU full on memory is then at most full on caps, so a smaller share packs nothing tighter;
+//!    it would only slow the replica while its GPU is idle (measured: docs/simulator-experiments.md, "The share
+//!    memory pays for").
 //!
 //! **Memory figures** (bytes per KV token, which convert tokens to bytes; non-KV memory: weights, activation peak
 //! and CUDA context) come only from the derivations that are true in vLLM's memory mode, which `cache_config_info`
@@ -385,7 +390,7 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
     let previous_share = input.previous.map(|r| r.compute_fraction);
     let compute = recommend_compute(&window, &input.compute, previous_share, config);
     reasons.extend(compute.reasons);
-    let compute_fraction = compute.share;
+    let compute_fraction = memory_paid_share(compute.share, need, total, config, &mut reasons);
 
     Outcome::Ready(Recommendation {
         kv_cache_memory_bytes: kv_bytes,
@@ -399,6 +404,34 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         non_kv_source,
         reasons,
     })
+}
+
+/// The compute share's last rule: never below the share the replica's GPU memory already pays for in a pool
+/// handing out `oversubscription` GPUs' worth of caps per GPU (see [`Config::compute_oversubscription`]). Rounded
+/// *down* to hundredths, so that replicas filling a GPU's memory never add up to more caps than it hands out.
+fn memory_paid_share(share: f64, need: u64, total: u64, config: &Config, reasons: &mut Vec<Reason>) -> f64 {
+    let Some(o) = config
+        .compute_oversubscription
+        .filter(|o| o.is_finite() && *o >= 1.0)
+    else {
+        return share;
+    };
+    let memory_fraction = need as f64 / total.max(1) as f64;
+    let paid = ((o * memory_fraction * 100.0 + 1e-9).floor() / 100.0).min(1.0);
+    if paid <= share {
+        return share;
+    }
+    reasons.push(Reason {
+        field: Field::ComputeFraction,
+        code: ReasonCode::MemoryPaysForShare,
+        message: format!(
+            "raised {share:.2} → {paid:.2}: the replica's {:.1}% of the GPU's memory, in a pool handing out {o} \
+             GPUs of compute caps per GPU, already pays for {paid:.2}; a smaller cap packs nothing tighter and only \
+             slows the replica while its GPU is idle",
+            memory_fraction * 100.0
+        ),
+    });
+    paid
 }
 
 /// Rule 4's floor, in tokens, and why: vLLM refuses to start a cache that cannot hold one `max_model_len`

@@ -57,6 +57,9 @@ pub enum ReasonCode {
     /// More compute was asked for at the whole GPU (share 1.00): a share cannot exceed 1, so the next unit of
     /// capacity is another replica (what the replica-scaling policy reads).
     ReplicaIsNextUnit,
+    /// Raised to the share the replica's GPU memory already pays for (`oversubscription × memory / GPU memory`):
+    /// a smaller cap would pack nothing tighter.
+    MemoryPaysForShare,
 }
 
 /// One explanation: which field, why (code), and a human sentence with the numbers.

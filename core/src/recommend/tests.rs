@@ -856,3 +856,75 @@ proptest! {
         );
     }
 }
+
+/// The share's last rule: with the pool's compute oversubscription known, the share is never below what the
+/// replica's GPU memory already pays for (`oversubscription × memory / GPU memory`, rounded down to hundredths),
+/// the reason names the numbers; a share above it is untouched; without the setting nothing changes; the setting is
+/// validated to [1, 4].
+#[test]
+fn the_share_is_never_below_what_the_replicas_memory_pays_for() {
+    let w = cwin(60, Some(1.0), 0.0);
+    // Share 0.25 with TTFT 0.1 s against a 2 s objective: the latency rule takes it to 0.19 (a 25% step).
+    let input = |c: &Config| {
+        recommend(
+            &Input {
+                window: &w,
+                geometry: geometry(),
+                memory: memory(),
+                previous: None,
+                compute: facts(Some(0.25), Some(2.0), lat(0.1, 500.0)),
+            },
+            c,
+        )
+    };
+    let plain = ready(input(&Config::default()));
+    assert_eq!(plain.compute_fraction, 0.19);
+    assert!(!codes(&plain).contains(&ReasonCode::MemoryPaysForShare));
+    for o in [1.0, 2.0, 4.0] {
+        let cfg = Config {
+            compute_oversubscription: Some(o),
+            ..Config::default()
+        };
+        assert!(cfg.validate().is_ok());
+        let r = ready(input(&cfg));
+        assert_eq!(r.gpu_memory_mib, plain.gpu_memory_mib, "memory is not touched");
+        let paid = ((o * r.gpu_memory_mib as f64 / (80.0 * 1024.0) * 100.0).floor() / 100.0).min(1.0);
+        assert!(paid > 0.19, "the example must exercise the floor ({paid})");
+        assert!(
+            (r.compute_fraction - paid).abs() < 1e-9,
+            "{o}: {} vs {paid}",
+            r.compute_fraction
+        );
+        let why = r
+            .reasons
+            .iter()
+            .find(|x| x.code == ReasonCode::MemoryPaysForShare)
+            .expect("reason");
+        assert_eq!(why.field, Field::ComputeFraction);
+        assert!(why.message.contains(&format!("{paid:.2}")), "{}", why.message);
+    }
+    // A share the latency rule already puts above the floor is kept: 1.5 s over a 1 s target at 0.6 → 0.9.
+    let cfg = Config {
+        compute_oversubscription: Some(2.0),
+        ..Config::default()
+    };
+    let r = ready(recommend(
+        &Input {
+            window: &w,
+            geometry: geometry(),
+            memory: memory(),
+            previous: None,
+            compute: facts(Some(0.6), Some(2.0), lat(1.5, 100.0)),
+        },
+        &cfg,
+    ));
+    assert_eq!(r.compute_fraction, 0.9);
+    assert!(!codes(&r).contains(&ReasonCode::MemoryPaysForShare));
+    for bad in [0.5, 4.5, f64::NAN] {
+        let c = Config {
+            compute_oversubscription: Some(bad),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err(), "{bad}");
+    }
+}

@@ -159,6 +159,11 @@ pub fn sidecar(
         ]);
         if let Some(pool) = cfg.pools.as_deref().and_then(|p| p.pool(&need.pool)) {
             args.extend(["--gpu-memory-mib".into(), pool.gpu_memory_mib.to_string()]);
+            // The compute share is never recommended below what the replica's memory pays for in this pool.
+            args.extend([
+                "--compute-oversubscription".into(),
+                pool.compute_oversubscription().to_string(),
+            ]);
         }
         env.push(EnvVar {
             name: "NVIDIA_VISIBLE_DEVICES".into(),

@@ -422,7 +422,7 @@ impl World<'_> {
     pub(super) fn on_recommend(&mut self) {
         let window = self.sc.settings.recommend_window.as_secs_f64();
         for m in 0..self.models.len() {
-            let cfg = sidecar_config(&self.sc.models[m]);
+            let cfg = sidecar_config(&self.sc.models[m], self.sc.settings.compute_oversubscription());
             let mut best: Option<Recommendation> = None;
             for &r in &self.models[m].replicas {
                 let rep = &self.replicas[r];
@@ -548,10 +548,12 @@ pub(super) fn compute_facts(
 }
 
 /// The recommendation settings of a model's sidecars, as the webhook starts them: the defaults, and the replica
-/// count's KV-utilization target (`--kv-target-utilization`, from the policy's `targets.kvCacheUtilization`).
-fn sidecar_config(setup: &ModelSetup) -> recommend::Config {
+/// count's KV-utilization target (`--kv-target-utilization`, from the policy's `targets.kvCacheUtilization`) and
+/// the pool's compute oversubscription (`--compute-oversubscription`, from the pool's `computeOversubscription`).
+fn sidecar_config(setup: &ModelSetup, oversubscription: f64) -> recommend::Config {
     recommend::Config {
         kv_target_utilization: setup.targets.kv_cache_utilization,
+        compute_oversubscription: Some(oversubscription),
         ..recommend::Config::default()
     }
 }
@@ -564,7 +566,7 @@ fn sidecar_config(setup: &ModelSetup) -> recommend::Config {
 pub fn calibrate(sc: &Scenario, histories: &[ReplicaHistory]) -> Vec<Option<Recommendation>> {
     (0..sc.models.len())
         .map(|m| {
-            let cfg = sidecar_config(&sc.models[m]);
+            let cfg = sidecar_config(&sc.models[m], sc.settings.compute_oversubscription());
             let mut best: Option<Recommendation> = None;
             for h in histories.iter().filter(|h| h.model == m) {
                 let mut prev: Option<Recommendation> = None;
