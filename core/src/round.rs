@@ -216,7 +216,7 @@ pub fn round(policy: &ScalePolicy, observed: &Observed, state: &mut ScaleState, 
     };
     let isolation = observed
         .isolation
-        .map(|facts| isolation::isolation(policy, &input, facts));
+        .map(|facts| isolation::isolation(policy, &input, facts, observed.room));
     Round {
         urgency,
         step: consolidate::move_step(placement),

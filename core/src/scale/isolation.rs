@@ -8,6 +8,12 @@
 //! the model's replicas to hold whole GPUs — co-tenants moved make-before-break, no cap oversubscribed on them —
 //! before its attainment falls below what the same replica count on whole GPUs gives.
 //!
+//! Only once the share cannot grow: while the model's share is Tessera's to size and below the whole GPU
+//! ([`ShareRoom::Auto`] under 1), a bigger share is the cheaper unit (the joint policy's next unit, a fraction of
+//! a GPU) and whole GPUs are not bought. Measured over the simulator's corpus: buying whole GPUs for a model whose
+//! cap was the limit held 10–35% more GPU-hours on five scenarios for at most 0.3 point of attainment
+//! (docs/simulator-experiments.md, "Whole GPUs only once the share is whole").
+//!
 //! The rule is stateless beyond the one bit it decides: once isolated, the model stays isolated while it is at
 //! its ceiling or its signals are missing (missing data never gives capacity back); below the ceiling the replica
 //! loops have room again, and new replicas may share once more (the running ones keep their GPUs until they go,
@@ -15,6 +21,7 @@
 
 use std::time::Duration;
 
+use super::joint::ShareRoom;
 use super::{ScaleInput, ScalePolicy};
 
 /// Whether the model's replicas should hold whole GPUs, and why.
@@ -57,9 +64,14 @@ pub struct IsolationFacts {
     pub isolated: bool,
 }
 
-/// The rule (see the module docs). `input` and `policy` are the round's own: the live replica count, each
-/// fresh replica's TTFT percentiles and queue, `max_replicas` and `ttft_slo`.
-pub fn isolation(policy: &ScalePolicy, input: &ScaleInput, facts: IsolationFacts) -> Isolation {
+/// The rule (see the module docs). `input`, `policy` and `room` are the round's own: the live replica count, each
+/// fresh replica's TTFT percentiles and queue, `max_replicas` and `ttft_slo`, and what the share can still do.
+pub fn isolation(
+    policy: &ScalePolicy,
+    input: &ScaleInput,
+    facts: IsolationFacts,
+    room: ShareRoom,
+) -> Isolation {
     let at_ceiling = input.current_replicas >= policy.max_replicas;
     let percentile = policy.guard_percentile(input);
     let fresh: Vec<_> = input.replicas.iter().filter(|r| r.fresh).collect();
@@ -77,6 +89,10 @@ pub fn isolation(policy: &ScalePolicy, input: &ScaleInput, facts: IsolationFacts
         return Isolation::Share;
     };
     if !(facts.shares_gpu && at_ceiling && over(slo)) {
+        return Isolation::Share;
+    }
+    // A share that can still grow is the cheaper unit: the joint policy asks for it, not for whole GPUs.
+    if room.can_grow() {
         return Isolation::Share;
     }
     let queued =
@@ -119,6 +135,12 @@ mod tests {
         }
     }
 
+    /// The share in force is the whole GPU's: nothing left to grow.
+    const WHOLE: ShareRoom = ShareRoom::Auto {
+        share: 1.0,
+        memory_fraction: Some(0.5),
+    };
+
     const SHARING: IsolationFacts = IsolationFacts {
         shares_gpu: true,
         isolated: false,
@@ -127,11 +149,11 @@ mod tests {
     #[test]
     fn at_the_ceiling_over_the_objective_while_sharing_it_isolates() {
         assert_eq!(
-            isolation(&policy(4), &input(4, Some(3.0), 0), SHARING),
+            isolation(&policy(4), &input(4, Some(3.0), 0), SHARING, WHOLE),
             Isolation::Isolate(IsolationReason::CoTenantsAtCeiling)
         );
         assert_eq!(
-            isolation(&policy(4), &input(4, Some(3.0), 5), SHARING),
+            isolation(&policy(4), &input(4, Some(3.0), 5), SHARING, WHOLE),
             Isolation::Isolate(IsolationReason::QueuedAtCeiling)
         );
     }
@@ -140,12 +162,12 @@ mod tests {
     fn below_the_ceiling_under_the_objective_or_alone_it_shares() {
         // Room for another replica: the SLO guard's job.
         assert_eq!(
-            isolation(&policy(4), &input(3, Some(3.0), 0), SHARING),
+            isolation(&policy(4), &input(3, Some(3.0), 0), SHARING, WHOLE),
             Isolation::Share
         );
         // Within the objective.
         assert_eq!(
-            isolation(&policy(4), &input(4, Some(1.0), 0), SHARING),
+            isolation(&policy(4), &input(4, Some(1.0), 0), SHARING, WHOLE),
             Isolation::Share
         );
         // Nothing to buy: its GPUs are its own already.
@@ -154,16 +176,19 @@ mod tests {
             isolated: false,
         };
         assert_eq!(
-            isolation(&policy(4), &input(4, Some(3.0), 0), alone),
+            isolation(&policy(4), &input(4, Some(3.0), 0), alone, WHOLE),
             Isolation::Share
         );
         // No objective, no breach.
         let mut p = policy(4);
         p.ttft_slo = None;
-        assert_eq!(isolation(&p, &input(4, Some(3.0), 0), SHARING), Isolation::Share);
+        assert_eq!(
+            isolation(&p, &input(4, Some(3.0), 0), SHARING, WHOLE),
+            Isolation::Share
+        );
         // No latency measured yet: nothing is over.
         assert_eq!(
-            isolation(&policy(4), &input(4, None, 0), SHARING),
+            isolation(&policy(4), &input(4, None, 0), SHARING, WHOLE),
             Isolation::Share
         );
     }
@@ -176,18 +201,49 @@ mod tests {
         };
         // Within the objective now, because it is isolated: still at the ceiling, so it stays.
         assert_eq!(
-            isolation(&policy(4), &input(4, Some(0.5), 0), held),
+            isolation(&policy(4), &input(4, Some(0.5), 0), held, WHOLE),
             Isolation::Isolate(IsolationReason::Held)
         );
         // Signals missing: never give capacity back on missing data.
         assert_eq!(
-            isolation(&policy(4), &input(2, None, 0), held),
+            isolation(&policy(4), &input(2, None, 0), held, WHOLE),
             Isolation::Isolate(IsolationReason::Held)
         );
         // Off the ceiling with signals: the replica loops have room again.
         assert_eq!(
-            isolation(&policy(4), &input(2, Some(0.5), 0), held),
+            isolation(&policy(4), &input(2, Some(0.5), 0), held, WHOLE),
             Isolation::Share
+        );
+    }
+
+    /// A share below the whole GPU is the cheaper unit at the ceiling: no whole GPUs while it can grow; a share
+    /// the policy fixes (or none known yet) cannot grow, so whole GPUs are still bought; once isolated, a smaller
+    /// share in force does not undo it while at the ceiling.
+    #[test]
+    fn whole_gpus_only_once_the_share_cannot_grow() {
+        let at_ceiling = input(4, Some(3.0), 0);
+        let partial = ShareRoom::Auto {
+            share: 0.78,
+            memory_fraction: Some(0.25),
+        };
+        assert_eq!(
+            isolation(&policy(4), &at_ceiling, SHARING, partial),
+            Isolation::Share
+        );
+        for room in [WHOLE, ShareRoom::Fixed, ShareRoom::Unknown] {
+            assert_eq!(
+                isolation(&policy(4), &at_ceiling, SHARING, room),
+                Isolation::Isolate(IsolationReason::CoTenantsAtCeiling),
+                "{room:?}"
+            );
+        }
+        let held = IsolationFacts {
+            shares_gpu: false,
+            isolated: true,
+        };
+        assert_eq!(
+            isolation(&policy(4), &at_ceiling, held, partial),
+            Isolation::Isolate(IsolationReason::Held)
         );
     }
 }

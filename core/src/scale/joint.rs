@@ -60,6 +60,11 @@ pub enum ShareRoom {
 }
 
 impl ShareRoom {
+    /// Whether the share can still grow: Tessera sizes it and it is below the whole GPU.
+    pub fn can_grow(&self) -> bool {
+        matches!(*self, ShareRoom::Auto { share, .. } if share.is_finite() && share > 0.0 && share < WHOLE)
+    }
+
     /// What a model's share can do: it can grow only when the model shares GPUs (`fractional`) with a share
     /// Tessera manages (`auto`, not fixed by the policy); then it is the share in force (`in_force`: the compute
     /// share and the GPU memory, MiB, new replicas get), unknown while nothing is in force. `gpu_memory_bytes`
