@@ -39,7 +39,7 @@ enum Command {
     Simulate(tessera_sim::simulate::Args),
     /// Pack a GPU-sharing pod trace onto GPUs and compare with the lower bound.
     Pack(tessera_sim::pack::Args),
-    /// What if N replicas share one GPU: step time, TPOT and throughput alone and shared, from the sharing physics.
+    /// What if replicas share one GPU: TPOT, throughput and TTFT, alone and shared, from the sharing physics.
     Sharing(tessera_sim::sharing_calc::Args),
     /// Run an emulated vLLM server (OpenAI API and vLLM's /metrics) with a realistic performance model.
     VllmSim(tessera_sim::emulator::Args),

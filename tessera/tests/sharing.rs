@@ -134,3 +134,124 @@ fn bad_input_is_refused_with_the_fix() {
     assert!(!ok);
     assert!(stderr.contains("known presets"), "{stderr}");
 }
+
+/// "What if my 8B chat and my 3B model share a GPU": two different tenants, each with its own share and batch,
+/// and the TTFT of a 2,000-token prompt alone and shared. The script line carries each tenant's figures under
+/// `t1_` and `t2_`, and the figures follow the shares: the tenant with more SMs prefills faster.
+#[test]
+fn two_different_tenants_with_a_prompt() {
+    let (ok, stdout, stderr) = sharing(&[
+        "--gpu",
+        "h100-80gb",
+        "--prompt",
+        "2000",
+        "--tenant",
+        "model=llama-3.1-8b,share=0.6,batch=32",
+        "--tenant",
+        "model=llama-3.2-3b,share=0.4,batch=64,context=500",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("t1 meta-llama/Llama-3.1-8B-Instruct"), "{stdout}");
+    assert!(stdout.contains("t2 meta-llama/Llama-3.2-3B-Instruct"), "{stdout}");
+    assert!(stdout.contains("prefill of a 2000-token prompt"), "{stdout}");
+    let kv = last_line(&stdout);
+    assert_eq!(kv["tenants"], 2.0);
+    assert_eq!(kv["fits"], 1.0);
+    for t in ["t1", "t2"] {
+        let k = |key: &str| kv[&format!("{t}_{key}")];
+        assert!(k("tpot_shared_ms") > k("tpot_alone_ms"), "{t}: {stdout}");
+        assert!((k("tpot_ratio") - k("tpot_shared_ms") / k("tpot_alone_ms")).abs() < 1e-3);
+        assert!(k("ttft_shared_ms") > k("ttft_alone_ms"), "{t}: {stdout}");
+        // A prefill is bound by the SMs: at a share s it takes about 1/s as long, never more than that plus
+        // the neighbour's bandwidth.
+        assert!(k("ttft_ratio") > 1.2, "{t}: {stdout}");
+    }
+    // The 8B at 0.6 of the SMs stretches its prefill less than the 3B at 0.4.
+    assert!(kv["t1_ttft_ratio"] < kv["t2_ttft_ratio"], "{stdout}");
+    let sum = kv["t1_throughput_ratio"] + kv["t2_throughput_ratio"];
+    assert!((kv["aggregate_ratio"] - sum).abs() < 1e-3, "{stdout}");
+    assert!(
+        kv["aggregate_ratio"] > 1.0 && kv["aggregate_ratio"] < 2.0,
+        "{stdout}"
+    );
+}
+
+/// `--prompt` with identical tenants adds the TTFT keys to the same script line, before `fits`.
+#[test]
+fn identical_tenants_with_a_prompt() {
+    let (ok, stdout, stderr) = sharing(&[&WORKED_EXAMPLE[..], &["--prompt", "3000"]].concat());
+    assert!(ok, "{stderr}");
+    let line = stdout.lines().last().unwrap();
+    assert!(line.ends_with("fits=true"), "{stdout}");
+    let kv = last_line(&stdout);
+    // 3,000 tokens on an A100 (2,048 a step): two chunks; at half the SMs beside a busy 14B decoder.
+    assert!(stdout.contains("(2 steps"), "{stdout}");
+    assert!(kv["ttft_ratio"] > 1.9, "{stdout}");
+    assert!((kv["ttft_ratio"] - kv["ttft_shared_ms"] / kv["ttft_alone_ms"]).abs() < 1e-3);
+}
+
+/// `--help` names every GPU and model preset the calculator accepts, and the new flags.
+#[test]
+fn help_names_the_presets_and_the_new_flags() {
+    let (ok, stdout, _) = sharing(&["--help"]);
+    assert!(ok);
+    let flat = stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    for p in [
+        "a100-80gb",
+        "a100-40gb",
+        "h100-80gb",
+        "h200",
+        "l40s",
+        "l4",
+        "b200",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
+        "qwen3-14b",
+    ] {
+        assert!(flat.contains(p), "{p} missing from --help: {stdout}");
+    }
+    for flag in ["--tenant <SPEC>", "--prompt <PROMPT>", "--host-time <HOST_TIME>"] {
+        assert!(flat.contains(flag), "{flag} missing from --help: {stdout}");
+    }
+}
+
+#[test]
+fn bad_tenants_are_refused_with_the_fix() {
+    for (args, want) in [
+        (
+            vec!["--gpu", "a100", "--tenant", "share=0.5"],
+            "--tenant #1 names no model",
+        ),
+        (
+            vec![
+                "--gpu",
+                "a100",
+                "--tenant",
+                "model=qwen3-14b",
+                "--tenant",
+                "model=qwen3-14b,share=2",
+            ],
+            "share=2 in --tenant #2 is outside (0, 1]",
+        ),
+        (
+            vec!["--gpu", "a100", "--tenant", "model=qwen3-14b,colour=red"],
+            "unknown key \"colour\"",
+        ),
+        (
+            vec!["--gpu", "a100", "--tenants", "3", "--tenant", "model=qwen3-14b"],
+            "cannot be used with",
+        ),
+        (
+            vec!["--gpu", "a100", "--model", "qwen3-14b", "--prompt", "0"],
+            "--prompt 0 must be at least 1 token",
+        ),
+        (
+            vec!["--gpu", "a100", "--model", "qwen3-14b", "--host-time", "3"],
+            "needs a unit",
+        ),
+    ] {
+        let (ok, stdout, stderr) = sharing(&args);
+        assert!(!ok, "{args:?} must fail: {stdout}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+}

@@ -615,14 +615,7 @@ impl Engine {
     }
 
     fn step_timing(&self, tokens: u64, kv_tokens_read: u64, seqs: u64) -> (GpuWork, StepTiming) {
-        let bytes =
-            self.model.weights_bytes as f64 + kv_tokens_read as f64 * self.model.bytes_per_kv_token as f64;
-        let cost = StepCost {
-            memory_s: bytes / (self.gpu.hbm_bandwidth_bytes_per_s * self.cfg.memory_efficiency),
-            compute_s: 2.0 * self.model.params * tokens as f64
-                / (self.gpu.flops * self.cfg.compute_efficiency),
-            overhead_s: self.host_time_s(seqs),
-        };
+        let cost = step_cost(&self.gpu, &self.model, &self.cfg, tokens, kv_tokens_read, seqs);
         let work = GpuWork {
             memory_s: cost.memory_s,
             compute_s: cost.compute_s,
@@ -632,16 +625,6 @@ impl Engine {
             .sharing
             .step(cost, self.cfg.compute_fraction, &self.neighbours);
         (work, timing)
-    }
-
-    /// The host part of a step with `seqs` scheduled sequences: the configured fixed part, plus what grows with
-    /// the model and the batch unless the configuration turns the scaling off.
-    fn host_time_s(&self, seqs: u64) -> f64 {
-        if self.cfg.host_scales_with_model {
-            host_time_s(self.cfg.step_overhead_s, self.model.params, seqs)
-        } else {
-            self.cfg.step_overhead_s
-        }
     }
 
     /// Tells the engine which co-tenants of its GPU are in a step now; steps that start from now on are timed
@@ -758,6 +741,35 @@ impl Engine {
 pub fn capped_max_tokens(max_model_len: u32, prompt_tokens: u32, asked: Option<u32>) -> Option<u32> {
     let room = max_model_len.checked_sub(prompt_tokens).filter(|r| *r > 0)?;
     Some(asked.map_or(room, |m| m.min(room)))
+}
+
+/// One step's cost on the roofline, alone with the whole GPU: the weights and `kv_tokens_read` tokens of KV read
+/// over the achieved bandwidth, 2 × params FLOPs per scheduled token over the achieved compute, and the host part
+/// for `seqs` scheduled sequences ([`host_part_s`]). The engine's steps and `tessera sharing` price steps with it.
+pub fn step_cost(
+    gpu: &GpuSpec,
+    model: &ModelSpec,
+    cfg: &EngineConfig,
+    tokens: u64,
+    kv_tokens_read: u64,
+    seqs: u64,
+) -> StepCost {
+    let bytes = model.weights_bytes as f64 + kv_tokens_read as f64 * model.bytes_per_kv_token as f64;
+    StepCost {
+        memory_s: bytes / (gpu.hbm_bandwidth_bytes_per_s * cfg.memory_efficiency),
+        compute_s: 2.0 * model.params * tokens as f64 / (gpu.flops * cfg.compute_efficiency),
+        overhead_s: host_part_s(model, cfg, seqs),
+    }
+}
+
+/// The host part of a step with `seqs` scheduled sequences: the configured fixed part, plus what grows with the
+/// model and the batch unless the configuration turns the scaling off.
+pub fn host_part_s(model: &ModelSpec, cfg: &EngineConfig, seqs: u64) -> f64 {
+    if cfg.host_scales_with_model {
+        host_time_s(cfg.step_overhead_s, model.params, seqs)
+    } else {
+        cfg.step_overhead_s
+    }
 }
 
 #[cfg(test)]

@@ -392,28 +392,66 @@ pub struct SteadyState {
 
 /// The steady state of `tenants` identical tenants running `cost` back to back at SM cap `share`.
 pub fn steady_state(model: SharingModel, cost: StepCost, share: f64, tenants: u32) -> SteadyState {
-    let alone = model.step(cost, 1.0, &Neighbours::default());
-    let mut shared = model.step(cost, share, &Neighbours::default());
-    if tenants > 1 {
-        // The duty is a fixed point: more overlap stretches the GPU part, which raises the duty. The map is
-        // monotone and bounded, so damped iteration from the alone duty converges.
-        let mut duty = shared.busy;
-        for _ in 0..200 {
-            let n = Neighbour {
-                work: cost.gpu(),
-                cap: share,
+    let same = vec![(cost, share); tenants.max(1) as usize];
+    steady_states(model, &same).0[0]
+}
+
+/// Everyone but tenant `i` of `tenants` (each `(cost, share)`, at its `duty`), as a step of `i` sees them.
+pub fn neighbours_of(i: usize, tenants: &[(StepCost, f64)], duty: &[f64]) -> Neighbours {
+    Neighbours(
+        tenants
+            .iter()
+            .zip(duty)
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, (&(c, cap), &duty))| Neighbour {
+                work: c.gpu(),
+                cap,
                 duty,
-            };
-            let others = Neighbours(vec![n; (tenants - 1) as usize]);
-            shared = model.step(cost, share, &others);
-            let next = 0.5 * (duty + shared.busy);
-            if (next - duty).abs() < 1e-12 {
+            })
+            .collect(),
+    )
+}
+
+/// The steady state of tenants that may differ, each `(cost, share)` stepping back to back: every tenant's duty
+/// is what its own (stretched) steps give beside the others' duties. Returns each one's [`SteadyState`] and its
+/// duty (the share of its step on the GPU). The duties are a fixed point: more overlap stretches the GPU part,
+/// which raises the duty; the map is monotone and bounded, so damped simultaneous iteration from each one's duty
+/// at its cap alone converges (for identical tenants, every duty moves alike).
+pub fn steady_states(model: SharingModel, tenants: &[(StepCost, f64)]) -> (Vec<SteadyState>, Vec<f64>) {
+    let none = Neighbours::default();
+    let mut shared: Vec<StepTiming> = tenants.iter().map(|&(c, s)| model.step(c, s, &none)).collect();
+    let mut duty: Vec<f64> = shared.iter().map(|t| t.busy).collect();
+    if tenants.len() > 1 {
+        for _ in 0..200 {
+            for (i, &(c, s)) in tenants.iter().enumerate() {
+                shared[i] = model.step(c, s, &neighbours_of(i, tenants, &duty));
+            }
+            let next: Vec<f64> = duty
+                .iter()
+                .zip(&shared)
+                .map(|(d, t)| 0.5 * (d + t.busy))
+                .collect();
+            let moved = next
+                .iter()
+                .zip(&duty)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            duty = next;
+            if moved < 1e-12 {
                 break;
             }
-            duty = next;
         }
     }
-    SteadyState { alone, shared }
+    let states = tenants
+        .iter()
+        .zip(shared)
+        .map(|(&(c, _), shared)| SteadyState {
+            alone: model.step(c, 1.0, &none),
+            shared,
+        })
+        .collect();
+    (states, duty)
 }
 
 #[cfg(test)]
