@@ -649,6 +649,17 @@ fn ms(s: f64) -> f64 {
     s * 1000.0
 }
 
+/// One tenant's step alone, by part: `1.23 ms on the GPU (memory …, compute …) + … ms host`.
+fn step_parts(t: &TenantAnswer) -> String {
+    format!(
+        "{:.2} ms on the GPU (memory {:.2} ms, compute {:.2} ms) + {:.2} ms host",
+        ms(t.state.alone.gpu_s),
+        ms(t.cost.memory_s),
+        ms(t.cost.compute_s),
+        ms(t.cost.overhead_s)
+    )
+}
+
 fn gpu_line(gpu: &GpuSpec) -> String {
     format!(
         "GPU {}: {:.0} GB/s, {:.0} TFLOPS{}\n",
@@ -736,13 +747,7 @@ fn render_identical(args: &Args, a: &Answer) -> String {
             fits_word(ok)
         ));
     }
-    out.push_str(&format!(
-        "one step alone: {:.2} ms on the GPU (memory {:.2} ms, compute {:.2} ms) + {:.2} ms host\n",
-        ms(t.state.alone.gpu_s),
-        ms(t.cost.memory_s),
-        ms(t.cost.compute_s),
-        ms(t.cost.overhead_s)
-    ));
+    out.push_str(&format!("one step alone: {}\n", step_parts(t)));
     out.push_str(&format!(
         "alone (whole GPU):  step {:.2} ms, TPOT {:.2} ms, GPU busy {:.0}% of the step, {:.0} tokens/s\n",
         t.tpot_alone_ms(),
@@ -823,14 +828,7 @@ fn render_distinct(a: &Answer) -> String {
     }
     let mut keys = format!("tenants={} ", a.tenants.len());
     for (i, t) in a.tenants.iter().enumerate() {
-        out.push_str(&format!(
-            "t{}: one step alone {:.2} ms on the GPU (memory {:.2} ms, compute {:.2} ms) + {:.2} ms host\n",
-            i + 1,
-            ms(t.state.alone.gpu_s),
-            ms(t.cost.memory_s),
-            ms(t.cost.compute_s),
-            ms(t.cost.overhead_s)
-        ));
+        out.push_str(&format!("t{}: one step alone {}\n", i + 1, step_parts(t)));
         out.push_str(&format!(
             "    alone (whole GPU): TPOT {:.2} ms, GPU busy {:.0}% of the step, {:.0} tokens/s\n",
             t.tpot_alone_ms(),
