@@ -43,6 +43,7 @@ mod pollers;
 pub mod reconcile;
 pub mod rollout;
 mod serving;
+pub mod sidecar_url;
 pub mod signals;
 pub mod sleep;
 pub mod sleep_room;

@@ -61,7 +61,7 @@ pub async fn gather(
     let asleep: Vec<(String, String)> = all_pods
         .iter()
         .filter(|p| !crate::pod_ready(p))
-        .filter_map(|p| super::reconcile::pod_url(p, ctx.settings.sidecar_port))
+        .filter_map(|p| super::sidecar_url::pod_url(p, ctx.settings.sidecar_port))
         .collect();
     let read = futures::future::join_all(asleep.iter().map(|(_, url)| ctx.signals.sidecar_status(url))).await;
     for ((pod, _), result) in asleep.into_iter().zip(read) {
