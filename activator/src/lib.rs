@@ -114,161 +114,169 @@ impl ActivatorError {
     }
 }
 
+// `--help` headings: the flags grouped by what a platform engineer sets them for.
+const SERVING: &str = "Serving and shutdown";
+const BACKENDS: &str = "Static backends (no Kubernetes)";
+const KUBE: &str = "Kubernetes";
+const HOLD: &str = "Holding requests (scale from zero)";
+const LIMITS: &str = "Limits and timeouts";
+const LANE: &str = "Flex lane (service_tier: flex, batch)";
+
 /// `tessera activator` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Address of the public port: the OpenAI API every client reaches, /live and /ready.
-    #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(help_heading = SERVING, long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
 
     /// Address of the admin listener: /tessera/v1/stats (the demand the autoscaler reads, --activator-url or
     /// --activator-service there), /metrics, /live and /ready. Both documents describe every namespace's traffic,
     /// so they are not served on --listen; keep this port reachable only by the control plane and Prometheus
     /// (the chart's NetworkPolicy does).
-    #[arg(long, env = "TESSERA_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(help_heading = SERVING, long, env = "TESSERA_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
     pub admin_listen: SocketAddr,
 
     /// A static backend, `<model>=<url>` (repeatable, or comma-separated in the environment variable). With
     /// none, backends come from Kubernetes EndpointSlices and InferenceAutoscalers.
-    #[arg(long = "backend", env = "TESSERA_BACKENDS", value_delimiter = ',')]
+    #[arg(help_heading = BACKENDS, long = "backend", env = "TESSERA_BACKENDS", value_delimiter = ',')]
     pub backends: Vec<StaticBackend>,
 
     /// The sidecar of a static backend, `<model>=<url>` (repeatable; the n-th `--sidecar` of a model belongs to
     /// its n-th `--backend`). The backend is then ready only while its sidecar's `/ready` is (a sleeping replica is
     /// not), and the first request held for the model asks the sidecar to wake it (`POST /tessera/v1/wake`).
-    #[arg(long = "sidecar", env = "TESSERA_SIDECARS", value_delimiter = ',')]
+    #[arg(help_heading = BACKENDS, long = "sidecar", env = "TESSERA_SIDECARS", value_delimiter = ',')]
     pub sidecars: Vec<StaticSidecar>,
 
     /// Kubernetes mode: the port of the replicas' sidecars (the webhook's `--sidecar-port`, 9090 by default). With it,
     /// the first request held for a model asks the sidecar of each of its not-ready, not-terminating endpoints to
     /// wake (`POST /tessera/v1/wake`): a sleeping replica is not ready, and wakes at once rather than when the
     /// controller next withdraws its instruction. Without it, Kubernetes mode wakes nothing itself.
-    #[arg(long, env = "TESSERA_SIDECAR_PORT")]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_SIDECAR_PORT")]
     pub sidecar_port: Option<u16>,
 
     /// A streamed request (`"stream": true`) held this long without a replica gets response headers (200,
     /// text/event-stream) and an SSE comment line, then one every interval until the stream starts, so clients
     /// and proxies with idle timeouts keep the connection. 0 turns it off. Non-streamed requests never get
     /// anything early.
-    #[arg(long, env = "TESSERA_KEEPALIVE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(help_heading = HOLD, long, env = "TESSERA_KEEPALIVE_INTERVAL", value_parser = humantime::parse_duration, default_value = "5s")]
     pub keepalive_interval: Duration,
 
     /// Namespace of requests that name none (`/v1/...` rather than `/namespaces/<ns>/v1/...`) and of every
     /// `--backend`. Default: `--namespace` when set, else `default`.
-    #[arg(long, env = "TESSERA_DEFAULT_NAMESPACE")]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_DEFAULT_NAMESPACE")]
     pub default_namespace: Option<String>,
 
     /// Most requests held per model while it has no ready backend; beyond it the activator answers 503
     /// (0: never hold, answer 503 at once).
-    #[arg(long, env = "TESSERA_QUEUE_SIZE", default_value_t = 100)]
+    #[arg(help_heading = HOLD, long, env = "TESSERA_QUEUE_SIZE", default_value_t = 100)]
     pub queue_size: u64,
 
     /// Most requests held at once, all models together; beyond it the activator sheds with 429 + Retry-After.
-    #[arg(long, env = "TESSERA_MAX_HELD", default_value_t = 1000)]
+    #[arg(help_heading = HOLD, long, env = "TESSERA_MAX_HELD", default_value_t = 1000)]
     pub max_held: u64,
 
     /// Most requests admitted at once (reading their body, held, forwarded or streaming back), all models
     /// together; beyond it the activator sheds with 429 + Retry-After before reading the body.
-    #[arg(long, env = "TESSERA_MAX_IN_FLIGHT", default_value_t = 4096)]
+    #[arg(help_heading = LIMITS, long, env = "TESSERA_MAX_IN_FLIGHT", default_value_t = 4096)]
     pub max_in_flight: u64,
 
     /// Longest a request is held waiting for a backend before a 503 (covers a cold start of the model server).
-    #[arg(long, env = "TESSERA_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
+    #[arg(help_heading = HOLD, long, env = "TESSERA_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "60s")]
     pub hold_timeout: Duration,
 
     /// `Retry-After` sent with the activator's own 503 answers (rounded to whole seconds, at least 1).
-    #[arg(long, env = "TESSERA_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(help_heading = HOLD, long, env = "TESSERA_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
     pub retry_after: Duration,
 
     /// Largest request body accepted (`16MiB`, `16Mi`, bytes; the body is read to find its `model`). A larger
     /// `Content-Length` is refused (413) before reading; a chunked body is cut off at the limit.
-    #[arg(long, env = "TESSERA_MAX_BODY_SIZE", default_value = "16MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
+    #[arg(help_heading = LIMITS, long, env = "TESSERA_MAX_BODY_SIZE", default_value = "16MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
     pub max_body_size: usize,
 
     /// Most bytes of request bodies buffered at once, all requests together (held requests keep theirs); a
     /// body that would exceed it is shed with 429 + Retry-After. Bounds the activator's memory.
-    #[arg(long, env = "TESSERA_MAX_BUFFERED_BODY_BYTES", default_value = "256MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
+    #[arg(help_heading = LIMITS, long, env = "TESSERA_MAX_BUFFERED_BODY_BYTES", default_value = "256MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
     pub max_buffered_body_bytes: usize,
 
     /// Client connection bounds: `--header-read-timeout` (a silent, trickling or half-open connection is
     /// closed) and `--client-idle-timeout` (no request in flight).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = LIMITS)]
     pub conn: tessera_runtime::serve::ConnArgs,
 
     /// Longest a client may take to send its whole request body (then 408).
-    #[arg(long, env = "TESSERA_BODY_READ_TIMEOUT", value_parser = nonzero_duration, default_value = "30s")]
+    #[arg(help_heading = LIMITS, long, env = "TESSERA_BODY_READ_TIMEOUT", value_parser = nonzero_duration, default_value = "30s")]
     pub body_read_timeout: Duration,
 
     /// Longest a backend may take to send response headers after the request was sent (then 504). A
     /// non-streaming completion sends its headers only when it is done, so keep this above the longest
     /// generation.
-    #[arg(long, env = "TESSERA_RESPONSE_HEADER_TIMEOUT", value_parser = nonzero_duration, default_value = "10m")]
+    #[arg(help_heading = LIMITS, long, env = "TESSERA_RESPONSE_HEADER_TIMEOUT", value_parser = nonzero_duration, default_value = "10m")]
     pub response_header_timeout: Duration,
 
     /// Longest a backend may go without sending anything of a response body it has started (a stalled stream):
     /// then the client's connection is aborted, as for a backend that died, and the backend is released. Keep it
     /// above the longest gap between two tokens of a loaded server.
-    #[arg(long, env = "TESSERA_UPSTREAM_STREAM_TIMEOUT", value_parser = nonzero_duration, default_value = "2m")]
+    #[arg(help_heading = LIMITS, long, env = "TESSERA_UPSTREAM_STREAM_TIMEOUT", value_parser = nonzero_duration, default_value = "2m")]
     pub upstream_stream_timeout: Duration,
 
     /// How long an idle pooled connection to a backend is kept. Must stay below the backend's keep-alive
     /// (vLLM/uvicorn closes idle connections after 5 s): reusing a connection the backend is closing fails the
     /// request after it was sent, which cannot safely be retried.
-    #[arg(long, env = "TESSERA_UPSTREAM_IDLE_TIMEOUT", value_parser = nonzero_duration, default_value = "4s")]
+    #[arg(help_heading = LIMITS, long, env = "TESSERA_UPSTREAM_IDLE_TIMEOUT", value_parser = nonzero_duration, default_value = "4s")]
     pub upstream_idle_timeout: Duration,
 
     /// Static backends: the path probed for readiness (vLLM serves `/health`).
-    #[arg(long, env = "TESSERA_HEALTH_PATH", default_value = "/health")]
+    #[arg(help_heading = BACKENDS, long, env = "TESSERA_HEALTH_PATH", default_value = "/health")]
     pub health_path: String,
 
     /// Static backends: probe interval while nobody is waiting.
-    #[arg(long, env = "TESSERA_PROBE_INTERVAL", value_parser = nonzero_duration, default_value = "5s")]
+    #[arg(help_heading = BACKENDS, long, env = "TESSERA_PROBE_INTERVAL", value_parser = nonzero_duration, default_value = "5s")]
     pub probe_interval: Duration,
 
     /// Static backends: probe interval while requests are held for a model with no ready backend (bounds the
     /// latency a scale from zero adds beyond the backend turning ready).
-    #[arg(long, env = "TESSERA_PROBE_INTERVAL_HELD", value_parser = nonzero_duration, default_value = "5ms")]
+    #[arg(help_heading = BACKENDS, long, env = "TESSERA_PROBE_INTERVAL_HELD", value_parser = nonzero_duration, default_value = "5ms")]
     pub probe_interval_held: Duration,
 
     /// Kubernetes: watch only this namespace (default: all namespaces).
-    #[arg(long, env = "TESSERA_NAMESPACE")]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_NAMESPACE")]
     pub namespace: Option<String>,
 
     /// Kubernetes: the EndpointSlice port name to route to (default: the slice's only or first port).
-    #[arg(long, env = "TESSERA_PORT_NAME")]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_PORT_NAME")]
     pub port_name: Option<String>,
 
     /// This instance's name in the stats document and its Events (the pod name in a cluster; default: the
     /// listen address).
-    #[arg(long, env = "TESSERA_INSTANCE")]
+    #[arg(help_heading = SERVING, long, env = "TESSERA_INSTANCE")]
     pub instance: Option<String>,
 
     /// Flex lane (`service_tier: flex`, a vLLM `priority` above 0): admitted freely while the backend's KV-cache
     /// usage is under this fraction.
-    #[arg(long, env = "TESSERA_LANE_ADMIT_BELOW", default_value_t = 0.5)]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_ADMIT_BELOW", default_value_t = 0.5)]
     pub lane_admit_below: f64,
 
     /// Flex lane: no flex request goes to a backend at or above this KV-cache usage; between
     /// `--lane-admit-below` and this, at most `--lane-throttle-in-flight` are in flight per backend.
-    #[arg(long, env = "TESSERA_LANE_STOP_AT", default_value_t = 0.6)]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_STOP_AT", default_value_t = 0.6)]
     pub lane_stop_at: f64,
 
     /// Flex lane: no flex request goes to a backend while another model on its GPU is at or above this share of
     /// the TTFT p95 its replica count scales up at (the controller publishes it in the InferenceAutoscaler's
     /// status, `flexPaused`).
-    #[arg(long, env = "TESSERA_LANE_NEIGHBOUR_STOP_AT", default_value_t = 0.8)]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_NEIGHBOUR_STOP_AT", default_value_t = 0.8)]
     pub lane_neighbour_stop_at: f64,
 
     /// Flex lane: no flex request goes to a backend with more requests than this waiting in its own queue.
-    #[arg(long, env = "TESSERA_LANE_MAX_WAITING", default_value_t = 0.0)]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_MAX_WAITING", default_value_t = 0.0)]
     pub lane_max_waiting: f64,
 
     /// Flex lane: flex requests in flight per backend in the throttled band (and while its gauges are unknown).
-    #[arg(long, env = "TESSERA_LANE_THROTTLE_IN_FLIGHT", default_value_t = 1)]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_THROTTLE_IN_FLIGHT", default_value_t = 1)]
     pub lane_throttle_in_flight: u64,
 
     /// Flex lane: flex requests in flight per backend below `--lane-admit-below`.
-    #[arg(long, env = "TESSERA_LANE_MAX_IN_FLIGHT", default_value_t = 64)]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_MAX_IN_FLIGHT", default_value_t = 64)]
     pub lane_max_in_flight: u64,
 
     /// Flex lane: most flex-tier requests and batch lines waiting at once, all models together (for a backend
@@ -276,45 +284,45 @@ pub struct Args {
     /// with `--lane-retry-after`. A waiting flex request holds none of `--max-in-flight`, `--max-held` or
     /// `--queue-size`, so no flood of them can shed a real-time request; it counts in `--max-in-flight` only
     /// while its body is read, and once sent it is bounded by the gate's per-backend `--lane-max-in-flight`.
-    #[arg(long, env = "TESSERA_LANE_MAX_HELD", default_value_t = 512,
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_MAX_HELD", default_value_t = 512,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub lane_max_held: u64,
 
     /// Flex lane: most bytes of request bodies held by waiting flex-tier requests and batch lines, all together.
     /// A flex request that starts waiting moves its body out of `--max-buffered-body-bytes` into this budget (or
     /// is answered 429 `overloaded_lane_held` when it is full), so waiting flex bodies never take real time's.
-    #[arg(long, env = "TESSERA_LANE_MAX_HELD_BODY_BYTES", default_value = "64MiB",
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_MAX_HELD_BODY_BYTES", default_value = "64MiB",
         value_parser = tessera_runtime::size::parse_bytes_nonzero)]
     pub lane_max_held_body_bytes: u64,
 
     /// Flex lane: longest a flex request waits for a backend with room before a 429 with Retry-After (never a
     /// timeout at the client).
-    #[arg(long, env = "TESSERA_LANE_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_HOLD_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub lane_hold_timeout: Duration,
 
     /// Flex lane: how often backends' gauges are read (only for models with flex traffic) and a waiting flex
     /// request looks for room again.
-    #[arg(long, env = "TESSERA_LANE_POLL_INTERVAL", value_parser = nonzero_duration, default_value = "200ms")]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_POLL_INTERVAL", value_parser = nonzero_duration, default_value = "200ms")]
     pub lane_poll_interval: Duration,
 
     /// Flex lane: `Retry-After` on its 429 (rounded to whole seconds, at least 1).
-    #[arg(long, env = "TESSERA_LANE_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_RETRY_AFTER", value_parser = humantime::parse_duration, default_value = "5s")]
     pub lane_retry_after: Duration,
 
     /// Set each request's vLLM `priority` from its lane: flex-tier requests and batch lines always get the
     /// batch class's 10, replacing any priority of their own (so none runs ahead of real time); a priority-tier
     /// request without one gets -1; real-time requests keep theirs. Only for servers started with
     /// `--scheduling-policy priority`: vLLM refuses a non-zero priority otherwise.
-    #[arg(long, env = "TESSERA_LANE_PRIORITY")]
+    #[arg(help_heading = LANE, long, env = "TESSERA_LANE_PRIORITY")]
     pub lane_priority: bool,
 
     /// Graceful shutdown (`--drain-period`): after SIGTERM `/ready` fails while requests are still served; at
     /// the end, requests still held are answered 503 + Retry-After.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = SERVING)]
     pub drain: tessera_runtime::DrainArgs,
 
     /// The OpenAI Files and Batches API (`--batch-store` and its bounds).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Batch API (Files and Batches)")]
     pub batch: batch::BatchArgs,
 }
 

@@ -24,6 +24,7 @@ pub mod body;
 pub mod kube_client;
 pub mod metrics;
 pub mod pod;
+pub mod report;
 pub mod security;
 pub mod serve;
 pub mod size;

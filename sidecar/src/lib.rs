@@ -29,132 +29,139 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
+// `--help` headings: the flags grouped by what a platform engineer sets them for.
+const SCRAPE: &str = "vLLM and scraping";
+const SERVING: &str = "Serving and shutdown";
+const FACTS: &str = "GPU and memory facts";
+const RECOMMEND: &str = "Memory recommendation";
+const COMPUTE: &str = "Compute share and latency objective";
+
 /// `tessera sidecar` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Base URL of the vLLM server, e.g. http://127.0.0.1:8000 (its /metrics is scraped).
-    #[arg(long, env = "TESSERA_VLLM_URL", default_value = "http://127.0.0.1:8000")]
+    #[arg(help_heading = SCRAPE, long, env = "TESSERA_VLLM_URL", default_value = "http://127.0.0.1:8000")]
     pub vllm_url: String,
     /// Address to serve /metrics, /v1/status, /live and /ready on.
-    #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:9090")]
+    #[arg(help_heading = SERVING, long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:9090")]
     pub listen: std::net::SocketAddr,
     /// Client connection bounds (`--header-read-timeout`, `--client-idle-timeout`): a silent, trickling or idle
     /// connection is closed.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = SERVING)]
     pub conn: tessera_runtime::serve::ConnArgs,
     /// How often to scrape vLLM's /metrics.
-    #[arg(long, env = "TESSERA_SCRAPE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SCRAPE, long, env = "TESSERA_SCRAPE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub scrape_interval: Duration,
     /// Longest a scrape may take (connect, headers and body); a slower answer counts as an error.
-    #[arg(long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SCRAPE, long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub scrape_timeout: Duration,
     /// How much history the recommendation and the window summary look at.
-    #[arg(long, env = "TESSERA_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SCRAPE, long, env = "TESSERA_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
     pub window: Duration,
     /// Trailing window of the short-window latency in /v1/status (`recent`), which the autoscaler's TTFT SLO
     /// guard reads: about its sync cadence, so one excursion does not keep firing for the whole --window.
-    #[arg(long, env = "TESSERA_LATENCY_WINDOW", default_value = "1m", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SCRAPE, long, env = "TESSERA_LATENCY_WINDOW", default_value = "1m", value_parser = humantime::parse_duration)]
     pub latency_window: Duration,
     /// Total GPU memory in MiB, used when NVML is not available (NVML's figure wins when it is).
-    #[arg(long, env = "TESSERA_GPU_MEMORY_MIB")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_GPU_MEMORY_MIB")]
     pub gpu_memory_mib: Option<u64>,
     /// Bytes of KV cache per token: 2 × layers × kv_heads × head_dim × dtype bytes (1× for MLA models).
     /// Without it, it is derived from vLLM's kv_cache_memory_bytes or the measured process memory.
-    #[arg(long, env = "TESSERA_BYTES_PER_KV_TOKEN")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_BYTES_PER_KV_TOKEN")]
     pub bytes_per_kv_token: Option<u64>,
     /// Non-KV GPU memory (weights + activation peak + CUDA context), MiB. Without it, it is measured (NVML on a
     /// dedicated GPU) or derived from vLLM's gpu_memory_utilization × total − KV cache.
-    #[arg(long, env = "TESSERA_NON_KV_MEMORY_MIB")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_NON_KV_MEMORY_MIB")]
     pub non_kv_memory_mib: Option<u64>,
     /// The server's --max-model-len: the KV cache is never recommended below one such sequence. Without it, it
     /// is read from vLLM's /v1/models (`max_model_len` of each model card).
-    #[arg(long, env = "TESSERA_MAX_MODEL_LEN")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_MAX_MODEL_LEN")]
     pub max_model_len: Option<u64>,
     /// NVML index of the GPU this server uses.
-    #[arg(long, env = "TESSERA_NVML_DEVICE_INDEX", default_value_t = 0)]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_NVML_DEVICE_INDEX", default_value_t = 0)]
     pub nvml_device_index: u32,
     /// Do not try NVML at all (the GPU total then comes from --gpu-memory-mib).
-    #[arg(long, env = "TESSERA_NO_NVML")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_NO_NVML")]
     pub no_nvml: bool,
     /// The GPU is shared with other servers: its used memory and busy time are not this server's, so only its
     /// total is used (per-pod use comes from the gpu-agent).
-    #[arg(long, env = "TESSERA_GPU_SHARED")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_GPU_SHARED")]
     pub gpu_shared: bool,
     /// Percentile of KV usage to size for (0.95 = p95).
-    #[arg(long, env = "TESSERA_PERCENTILE", default_value_t = 0.95)]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_PERCENTILE", default_value_t = 0.95)]
     pub percentile: f64,
     /// Headroom over that percentile (0.2 = +20%).
-    #[arg(long, env = "TESSERA_HEADROOM", default_value_t = 0.2)]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_HEADROOM", default_value_t = 0.2)]
     pub headroom: f64,
     /// Fewest good scrapes in the window before recommending.
-    #[arg(long, env = "TESSERA_MIN_SAMPLES", default_value_t = 12)]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_MIN_SAMPLES", default_value_t = 12)]
     pub min_samples: usize,
     /// Shortest window before recommending.
-    #[arg(long, env = "TESSERA_MIN_WINDOW", default_value = "1m", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_MIN_WINDOW", default_value = "1m", value_parser = humantime::parse_duration)]
     pub min_window: Duration,
     /// Largest growth per update, as a factor of what runs now.
-    #[arg(long, env = "TESSERA_MAX_STEP_UP", default_value_t = 2.0)]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_MAX_STEP_UP", default_value_t = 2.0)]
     pub max_step_up: f64,
     /// Largest shrink per update, as a fraction of what runs now.
-    #[arg(long, env = "TESSERA_MAX_STEP_DOWN", default_value_t = 0.1)]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_MAX_STEP_DOWN", default_value_t = 0.1)]
     pub max_step_down: f64,
     /// The most of the GPU's memory a replica may be given, 0–1.
-    #[arg(long, env = "TESSERA_MAX_GPU_MEMORY_UTILIZATION", default_value_t = 0.95)]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_MAX_GPU_MEMORY_UTILIZATION", default_value_t = 0.95)]
     pub max_gpu_memory_utilization: f64,
     /// The GPU compute share this server runs with, 0–1 (the webhook sets it from the
     /// tessera.dev/gpu-compute-fraction annotation; 1 = whole GPU). Latency is observed at this share, so the
     /// compute recommendation scales from it.
-    #[arg(long, env = "TESSERA_GPU_COMPUTE_FRACTION", default_value_t = 1.0)]
+    #[arg(help_heading = COMPUTE, long, env = "TESSERA_GPU_COMPUTE_FRACTION", default_value_t = 1.0)]
     pub gpu_compute_fraction: f64,
     /// Time-to-first-token p95 objective, e.g. 2s. With it, the compute share is sized so the window's TTFT p95
     /// sits near half of it (shrinking in bounded steps while there is room, growing when over). Without any
     /// objective the compute share is never shrunk.
-    #[arg(long, env = "TESSERA_TTFT_SLO", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = COMPUTE, long, env = "TESSERA_TTFT_SLO", value_parser = humantime::parse_duration)]
     pub ttft_slo: Option<Duration>,
     /// Inter-token latency p95 objective, e.g. 100ms: decode steps slow down as the share shrinks, so this keeps
     /// streaming speed. Combined with --ttft-slo, the objective needing the larger share wins.
-    #[arg(long, env = "TESSERA_ITL_SLO", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = COMPUTE, long, env = "TESSERA_ITL_SLO", value_parser = humantime::parse_duration)]
     pub itl_slo: Option<Duration>,
     /// The KV-cache utilization the model's replica count scales on (its InferenceAutoscaler's
     /// `targets.kvCacheUtilization`, 0–1; the webhook passes it). The recommended cache then holds one
     /// max_model_len sequence below it (max_model_len / target tokens), so one request alone never asks for another
     /// replica, which would load the weights again to relieve a cache a fraction of their size. Without it the
     /// floor is one sequence, vLLM's own minimum.
-    #[arg(long, env = "TESSERA_KV_TARGET_UTILIZATION")]
+    #[arg(help_heading = RECOMMEND, long, env = "TESSERA_KV_TARGET_UTILIZATION")]
     pub kv_target_utilization: Option<f64>,
     /// How many GPUs' worth of compute caps this server's pool hands out per GPU (the pool's
     /// `computeOversubscription`, 1–4; the webhook passes it for fractional pods). The compute share is then never
     /// recommended below what the replica's GPU memory already pays for (oversubscription × its memory / the
     /// GPU's): a smaller cap packs nothing tighter and only slows the server while its GPU is idle. Without it,
     /// no such floor.
-    #[arg(long, env = "TESSERA_COMPUTE_OVERSUBSCRIPTION")]
+    #[arg(help_heading = COMPUTE, long, env = "TESSERA_COMPUTE_OVERSUBSCRIPTION")]
     pub compute_oversubscription: Option<f64>,
     /// Directory holding the model's config.json (and its safetensors files), as vLLM loads it. From it come the
     /// exact KV bytes per token in every memory mode (2 × layers × kv_heads × head_dim × dtype bytes; one latent
     /// per layer for MLA models), and the weight bytes as a floor for non-KV memory. The webhook mounts the vLLM
     /// container's model volume read-only and passes its path. Read at start-up, and again once a minute while
     /// config.json is missing (a model still downloading).
-    #[arg(long, env = "TESSERA_MODEL_DIR")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_MODEL_DIR")]
     pub model_dir: Option<std::path::PathBuf>,
     /// vLLM's --tensor-parallel-size: each GPU holds its share of the KV heads and of the weights.
-    #[arg(long, env = "TESSERA_TENSOR_PARALLEL_SIZE", default_value_t = 1)]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_TENSOR_PARALLEL_SIZE", default_value_t = 1)]
     pub tensor_parallel_size: u32,
     /// vLLM's --dtype (auto, float16, bfloat16, float32): the KV element width when vLLM's cache_dtype is auto.
-    #[arg(long, env = "TESSERA_MODEL_DTYPE", default_value = "auto")]
+    #[arg(help_heading = FACTS, long, env = "TESSERA_MODEL_DTYPE", default_value = "auto")]
     pub model_dtype: String,
     /// The per-GPU start-up gate (fractional pods only).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Start-up gate")]
     pub gate: gate::GateArgs,
     /// Sleep mode (`--rest-file`): the controller's instruction, performed and checked here.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Sleep mode")]
     pub rest: rest::RestArgs,
     /// The token the controller must send to hand this sidecar a latency objective (`PUT /v1/objective`,
     /// `Authorization: Bearer …`): this namespace's HMAC of the chart's objective key, injected by the webhook.
     /// Without it the sidecar refuses every objective over HTTP and keeps --ttft-slo/--itl-slo.
-    #[arg(long, env = "TESSERA_OBJECTIVE_TOKEN", hide_env_values = true)]
+    #[arg(help_heading = COMPUTE, long, env = "TESSERA_OBJECTIVE_TOKEN", hide_env_values = true)]
     pub objective_token: Option<String>,
     /// Graceful shutdown (`--drain-period`).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = SERVING)]
     pub drain: tessera_runtime::DrainArgs,
 }
 

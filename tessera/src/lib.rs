@@ -11,20 +11,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// `Error: <what>` and each cause below it once: a cause whose text the line above already says (an error
-/// that formats its source into its own message) is not printed again.
-pub fn report(e: &anyhow::Error) -> String {
-    let mut out = format!("Error: {e}");
-    let mut last = e.to_string();
-    for cause in e.chain().skip(1) {
-        let text = cause.to_string();
-        if !last.contains(&text) {
-            out.push_str(&format!("\n  caused by: {text}"));
-        }
-        last = text;
-    }
-    out
-}
+/// The one-report error format (`Error:` and each cause once; a backtrace only on request), shared with the
+/// simulator's stand-alone example.
+pub use tessera_runtime::report::report;
 
 /// Logs to stderr at `default_level` unless RUST_LOG says otherwise.
 pub fn init_logging(format: LogFormat, default_level: &str) {

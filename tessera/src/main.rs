@@ -16,8 +16,9 @@ use tessera::{LogFormat, init_logging, report};
 fractional GPUs, and inference-aware autoscaling with scale to zero."
 )]
 struct Cli {
-    /// Log format: human-readable text or one JSON object per line. The level comes from RUST_LOG (default info).
-    #[arg(long, global = true, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    /// Log format: human-readable text or one JSON object per line. The level comes from RUST_LOG (default info;
+    /// warn for simulate, pack, sharing and crdgen).
+    #[arg(long, global = true, help_heading = "Logging", env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -54,8 +55,9 @@ async fn main() -> ExitCode {
     match run(cli.command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One report, whatever RUST_BACKTRACE says: a user error is not a crash, and its backtrace (anyhow
-            // captures one when the variable is set, as many Rust users have it) only buries the message.
+            // One report, whatever RUST_BACKTRACE=1 says: a user error is not a crash, and its backtrace (anyhow
+            // captures one when the variable is set, as many Rust users have it) only buries the message. Asked
+            // for with RUST_LIB_BACKTRACE=1 or RUST_BACKTRACE=full (tessera_runtime::report).
             eprintln!("{}", report(&e));
             ExitCode::FAILURE
         }

@@ -71,103 +71,110 @@ use context::{Context, Settings};
 use metrics::Metrics;
 use signals::{ActivatorPoller, SignalSource};
 
+// `--help` headings: the flags grouped by what a platform engineer sets them for.
+const SERVING: &str = "Serving";
+const KUBE: &str = "Scaling rounds";
+const SIDECARS: &str = "Sidecars";
+const ACTIVATOR: &str = "Activator";
+const LEADER: &str = "Leader election";
+
 /// `tessera autoscaler` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Address to serve /metrics, /live and /ready on.
-    #[arg(long, env = "TESSERA_METRICS_LISTEN", default_value = "0.0.0.0:9091")]
+    #[arg(help_heading = SERVING, long, env = "TESSERA_METRICS_LISTEN", default_value = "0.0.0.0:9091")]
     pub metrics_listen: SocketAddr,
     /// Client connection bounds (`--header-read-timeout`, `--client-idle-timeout`): a silent, trickling or idle
     /// connection is closed.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = SERVING)]
     pub conn: tessera_runtime::serve::ConnArgs,
     /// Only watch InferenceAutoscalers in this namespace (default: all namespaces).
-    #[arg(long, env = "TESSERA_WATCH_NAMESPACE")]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
     /// How often every InferenceAutoscaler is decided again (HPA's --horizontal-pod-autoscaler-sync-period).
-    #[arg(long, env = "TESSERA_SYNC_PERIOD", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_SYNC_PERIOD", default_value = "15s", value_parser = humantime::parse_duration)]
     pub sync_period: Duration,
     /// Port of the tessera sidecar on each model pod (override per pod with the tessera.dev/sidecar-port annotation).
-    #[arg(long, env = "TESSERA_SIDECAR_PORT", default_value_t = 9090)]
+    #[arg(help_heading = SIDECARS, long, env = "TESSERA_SIDECAR_PORT", default_value_t = 9090)]
     pub sidecar_port: u16,
     /// Timeout for each sidecar /v1/status and activator stats request.
-    #[arg(long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SIDECARS, long, env = "TESSERA_SCRAPE_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
     pub scrape_timeout: Duration,
     /// The most bytes read of one document from a pod (a sidecar's /v1/status, an activator's stats, a
     /// gpu-agent's /v1/gpus; `8MiB`, `8Mi` or bytes): generous for a sidecar's status (tens of KiB) or an
     /// activator's stats with thousands of models, far below any role's memory limit. A larger answer is refused and counted
     /// (`tessera_autoscaler_scrape_failures_total{reason="too_large"}`), and the document counts as missing:
     /// a tenant's pod chooses what it answers and must not be able to run the autoscaler out of memory.
-    #[arg(long, env = "TESSERA_MAX_DOCUMENT_SIZE", default_value = "8MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
+    #[arg(help_heading = SIDECARS, long, env = "TESSERA_MAX_DOCUMENT_SIZE", default_value = "8MiB", value_parser = tessera_runtime::size::parse_bytes_usize)]
     pub max_document_size: usize,
     /// File holding the secret key (≥ 32 bytes) the sidecars' objective tokens derive from, the same the webhook
     /// holds (the chart's `<release>-objective-key` Secret). Each hand-over of an objective (`PUT /v1/objective`)
     /// carries the pod namespace's token; without the key none does and sidecars refuse them (401), so spec edits
     /// of `ttftSlo`/`itlSlo` reach pods only as they are recreated.
-    #[arg(long, env = "TESSERA_OBJECTIVE_KEY_FILE")]
+    #[arg(help_heading = SIDECARS, long, env = "TESSERA_OBJECTIVE_KEY_FILE")]
     pub objective_key_file: Option<std::path::PathBuf>,
     /// A sidecar snapshot older than this counts as missing data (never a reason to scale down).
-    #[arg(long, env = "TESSERA_MAX_SIGNAL_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = SIDECARS, long, env = "TESSERA_MAX_SIGNAL_AGE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub max_signal_age: Duration,
     /// The activator's admin Service as NAMESPACE/NAME: every activator pod is found through its EndpointSlices
     /// and its stats read directly on its admin listener (the slice's port named `admin`, else 9090), since
     /// behind a Service each pod sees only its share of the requests. The usual setting in a cluster (the
     /// chart's `<release>-activator-admin`).
-    #[arg(long, env = "TESSERA_ACTIVATOR_SERVICE", value_parser = discovery::parse_service)]
+    #[arg(help_heading = ACTIVATOR, long, env = "TESSERA_ACTIVATOR_SERVICE", value_parser = discovery::parse_service)]
     pub activator_service: Option<(String, String)>,
     /// Base URL of an activator's admin listener (its `--admin-listen`, e.g. http://127.0.0.1:9090), whose
     /// stats to read (repeatable, one per activator process), for static setups without --activator-service. Neither: models are never scaled to zero and the request-rate signal has no
     /// data.
-    #[arg(long = "activator-url", env = "TESSERA_ACTIVATOR_URLS", value_delimiter = ',')]
+    #[arg(help_heading = ACTIVATOR, long = "activator-url", env = "TESSERA_ACTIVATOR_URLS", value_delimiter = ',')]
     pub activator_urls: Vec<String>,
     /// How often to read every activator pod's stats; a held request wakes its model's reconcile within this.
-    #[arg(long, env = "TESSERA_ACTIVATOR_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = ACTIVATOR, long, env = "TESSERA_ACTIVATOR_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub activator_poll_interval: Duration,
     /// An activator document older than this (or a failed poll) makes the demand unknown: no scale to zero.
-    #[arg(long, env = "TESSERA_ACTIVATOR_MAX_AGE", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = ACTIVATOR, long, env = "TESSERA_ACTIVATOR_MAX_AGE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub activator_max_age: Duration,
     /// `gpu.updateMode`: a recommendation must stay within 5% of itself this long before it comes into force
     /// (new pods get it), and running pods must have drifted this long before a `Recreate` roll. A growth while
     /// vLLM preempts is applied at once.
-    #[arg(long, env = "TESSERA_ROLLOUT_STABILITY_WINDOW", default_value = "30m", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_ROLLOUT_STABILITY_WINDOW", default_value = "30m", value_parser = humantime::parse_duration)]
     pub rollout_stability_window: Duration,
     /// `Recreate`: running pods whose memory or compute differs from the allocation in force by more than this
     /// fraction (0.15 = 15%) are rolled.
-    #[arg(long, env = "TESSERA_ROLLOUT_DRIFT_THRESHOLD", default_value_t = 0.15)]
+    #[arg(help_heading = KUBE, long, env = "TESSERA_ROLLOUT_DRIFT_THRESHOLD", default_value_t = 0.15)]
     pub rollout_drift_threshold: f64,
     /// Elect a leader with a Lease so several replicas can run (only the leader reconciles).
-    #[arg(long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(help_heading = LEADER, long, env = "TESSERA_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
     /// Name of the leader Lease.
-    #[arg(long, env = "TESSERA_LEASE_NAME", default_value = "tessera-autoscaler")]
+    #[arg(help_heading = LEADER, long, env = "TESSERA_LEASE_NAME", default_value = "tessera-autoscaler")]
     pub lease_name: String,
     /// Namespace of the leader Lease (in a pod: its own namespace via the downward API).
-    #[arg(long, env = "TESSERA_LEASE_NAMESPACE", default_value = "default")]
+    #[arg(help_heading = LEADER, long, env = "TESSERA_LEASE_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
     /// This replica's identity in the Lease and in Events (in a pod: its name via the downward API).
-    #[arg(long, env = "TESSERA_IDENTITY")]
+    #[arg(help_heading = LEADER, long, env = "TESSERA_IDENTITY")]
     pub identity: Option<String>,
     /// How long a Lease lives without renewal.
-    #[arg(long, env = "TESSERA_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = LEADER, long, env = "TESSERA_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: Duration,
     /// A leader that could not renew for this long stops reconciling (must be shorter than --lease-duration).
-    #[arg(long, env = "TESSERA_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = LEADER, long, env = "TESSERA_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub renew_deadline: Duration,
     /// How often to try to acquire or renew the Lease.
-    #[arg(long, env = "TESSERA_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = LEADER, long, env = "TESSERA_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     pub retry_period: Duration,
     /// GPU pools (YAML, e.g. deploy/examples/gpu-pools.yaml) whose capacity pods the leader manages. Unset: no
     /// pool manager runs here (whole-GPU replicas need none).
-    #[arg(long, env = "TESSERA_POOLS_CONFIG")]
+    #[arg(help_heading = "GPU pools", long, env = "TESSERA_POOLS_CONFIG")]
     pub pools_config: Option<std::path::PathBuf>,
     /// How often the pool manager reconciles capacity pods and reservations.
-    #[arg(long, env = "TESSERA_POOL_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(help_heading = "GPU pools", long, env = "TESSERA_POOL_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub pool_interval: Duration,
     /// The GPU workloads page (`/ui`) and its local mode.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "/ui page")]
     pub ui: crate::ui::PageArgs,
     /// KEDA's external scaler (`--keda-scaler-listen`).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "KEDA external scaler")]
     pub keda: crate::keda::KedaArgs,
 }
 

@@ -262,3 +262,33 @@ async fn decide(
         let _ = out.changes.send(model);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// `--policy`'s help states the default in words (no internal name in `--help`): it must say what
+    /// [`super::DEFAULT_POLICY`] holds.
+    #[test]
+    fn the_policy_flags_help_states_the_default_policy() {
+        let spec: serde_yaml::Value = serde_yaml::from_str(super::DEFAULT_POLICY).unwrap();
+        assert_eq!(spec["minReplicas"].as_u64(), Some(0));
+        assert_eq!(spec["maxReplicas"].as_u64(), Some(8));
+        assert_eq!(spec["scaleToZero"]["idleAfter"].as_str(), Some("10m"));
+        assert_eq!(spec["targets"]["kvCacheUtilization"].as_f64(), Some(0.8));
+        let cmd = <crate::keda::KedaArgs as clap::Args>::augment_args(clap::Command::new("autoscaler"));
+        let help = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == "policy")
+            .and_then(|a| a.get_help().map(|h| h.to_string()))
+            .unwrap();
+        for words in [
+            "minReplicas 0",
+            "maxReplicas 8",
+            "10m idle",
+            "utilization target of 0.8",
+        ] {
+            assert!(help.contains(words), "{words:?} not in {help:?}");
+        }
+    }
+}

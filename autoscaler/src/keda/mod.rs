@@ -63,8 +63,9 @@ pub struct KedaArgs {
     #[arg(long, env = "TESSERA_KEDA_STREAM_MAX_AGE", default_value = "10m", value_parser = tessera_runtime::serve::nonzero_duration)]
     pub keda_stream_max_age: Duration,
     /// With --no-kube: the InferenceAutoscaler spec (YAML, the `spec:` of an InferenceAutoscaler or the whole
-    /// object) every --sidecar model is decided with. Default: `local::DEFAULT_POLICY`.
-    #[arg(long, env = "TESSERA_POLICY")]
+    /// object) every --sidecar model is decided with. Default: minReplicas 0, maxReplicas 8, scale to zero after
+    /// 10m idle, a KV-cache utilization target of 0.8, and otherwise the InferenceAutoscaler's defaults.
+    #[arg(long, help_heading = "Without Kubernetes (--no-kube)", env = "TESSERA_POLICY")]
     pub policy: Option<PathBuf>,
 }
 

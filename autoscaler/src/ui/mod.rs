@@ -69,21 +69,40 @@ impl std::str::FromStr for SidecarTarget {
 pub struct PageArgs {
     /// Run without Kubernetes: serve only /ui (and /metrics) from the sidecars given with --sidecar. Read-only:
     /// nothing is scaled.
-    #[arg(long, env = "TESSERA_NO_KUBE")]
+    #[arg(
+        help_heading = "Without Kubernetes (--no-kube)",
+        long,
+        env = "TESSERA_NO_KUBE"
+    )]
     pub no_kube: bool,
     /// With --no-kube: a sidecar to show, NAME=URL (repeatable, or comma-separated in the environment variable;
     /// repeat a NAME once per replica of that model).
-    #[arg(long = "sidecar", env = "TESSERA_SIDECARS", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Without Kubernetes (--no-kube)",
+        long = "sidecar",
+        env = "TESSERA_SIDECARS",
+        value_delimiter = ','
+    )]
     pub sidecars: Vec<SidecarTarget>,
     /// Price of one GPU-hour for the page's savings. Default: AWS p4d.24xlarge (8 × A100) on demand in us-east-1,
     /// $32.77/h ÷ 8.
-    #[arg(long, env = "TESSERA_GPU_HOUR_PRICE", default_value_t = view::DEFAULT_PRICE_PER_GPU_HOUR)]
+    #[arg(help_heading = "/ui page", long, env = "TESSERA_GPU_HOUR_PRICE", default_value_t = view::DEFAULT_PRICE_PER_GPU_HOUR)]
     pub gpu_hour_price: f64,
     /// GPU memory (MiB) the page assumes where a replica's sidecar does not report its GPU.
-    #[arg(long, env = "TESSERA_UI_GPU_MEMORY_MIB", default_value_t = 81920)]
+    #[arg(
+        help_heading = "/ui page",
+        long,
+        env = "TESSERA_UI_GPU_MEMORY_MIB",
+        default_value_t = 81920
+    )]
     pub ui_gpu_memory_mib: u64,
     /// MiB kept free on every GPU when the page packs recommendations (as a pool's memoryHeadroomMiB).
-    #[arg(long, env = "TESSERA_UI_HEADROOM_MIB", default_value_t = 1024)]
+    #[arg(
+        help_heading = "/ui page",
+        long,
+        env = "TESSERA_UI_HEADROOM_MIB",
+        default_value_t = 1024
+    )]
     pub ui_headroom_mib: u64,
 }
 

@@ -58,8 +58,8 @@ pub struct RestArgs {
     /// the replica's liveness.
     #[arg(long, env = "TESSERA_REST_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub rest_timeout: Duration,
-    /// A risky set-up of this server for sleep mode (repeatable; the webhook passes what `core::sleep::risk` finds
-    /// in vLLM's command line and image). Reported as `rest.risks`; the controller decides whether to sleep anyway
+    /// A risky set-up of this server for sleep mode (repeatable; the webhook passes the risks it finds in vLLM's
+    /// command line and image). Reported as `rest.risks`; the controller decides whether to sleep anyway
     /// (`spec.sleep.allowRisky`).
     #[arg(long = "sleep-risk")]
     pub sleep_risks: Vec<String>,

@@ -482,17 +482,17 @@ fn run_blocking(args: &Args, assumptions: &[String]) -> anyhow::Result<()> {
     let sc = scenario::load_with(&source, args.overrides(args.seed))?;
     let requests: usize = sc.arrivals.iter().map(Vec::len).sum();
     tracing::info!(scenario = %sc.name, models = sc.models.len(), requests, seed = sc.seed, "simulating");
-    let bar = progress_bar(args.quiet, sc.duration, "virtual s");
+    // One overall bar: the strategies run side by side, so it shows how far all of them got together.
+    let mut overall = Overall::new(&sc, &args.strategies);
+    let bar = progress_bar(args.quiet, overall.len(), "virtual s, all strategies");
     let mut phase_seen = None;
     let report = simulate_strategies(&sc, &args.strategies, Extras::ALL, &mut |phase, t| {
-        if phase_seen != Some(phase) {
-            phase_seen = Some(phase);
-            bar.set_message(match phase {
-                Phase::StaticSizing => "sizing static".to_string(),
-                Phase::Strategy(k) => k.name().to_string(),
-            });
+        let sizing = phase == Phase::StaticSizing;
+        if phase_seen != Some(sizing) {
+            phase_seen = Some(sizing);
+            bar.set_message(if sizing { "sizing static" } else { "strategies" });
         }
-        bar.set_position(t as u64);
+        bar.set_position(overall.advance(phase, t) as u64);
     })?;
     bar.finish_and_clear();
     if report.strategies.is_empty() && !report.failures.is_empty() {
@@ -609,6 +609,57 @@ fn run_sweep(args: &Args, source: &Source, seeds: &[u64]) -> anyhow::Result<()> 
         || sweep.table(),
     );
     Ok(())
+}
+
+/// A single run's progress, all strategies together: the strategies run in parallel and each reports the
+/// virtual seconds it reached, so the position is the sum of each run's furthest point. It only moves forward
+/// (a bar set to whichever run spoke last jumped between them and ran backwards), and ends at
+/// [`Overall::len`]: the scenario's duration once per strategy run that reports.
+#[derive(Debug)]
+struct Overall {
+    duration: f64,
+    runs: usize,
+    reached: Vec<(StrategyKind, f64)>,
+}
+
+impl Overall {
+    /// For the strategies `kinds` (empty: all) on `sc`, as [`simulate_strategies`] runs them: each once, and the
+    /// HPA baseline as well when only Tessera's calibration needs it.
+    fn new(sc: &Scenario, kinds: &[StrategyKind]) -> Overall {
+        let mut kinds: Vec<StrategyKind> = if kinds.is_empty() {
+            StrategyKind::ALL.to_vec()
+        } else {
+            kinds.to_vec()
+        };
+        kinds.sort();
+        kinds.dedup();
+        let calibration = kinds.contains(&StrategyKind::Tessera)
+            && sc.settings.calibrate_from_baseline
+            && !kinds.contains(&StrategyKind::Hpa);
+        Overall {
+            duration: sc.duration,
+            runs: kinds.len() + usize::from(calibration),
+            reached: Vec::new(),
+        }
+    }
+
+    /// Where the bar ends: the duration once per run.
+    fn len(&self) -> f64 {
+        self.duration * self.runs as f64
+    }
+
+    /// Records that `phase` reached `t` virtual seconds and returns the overall position, never less than the
+    /// last one. The static sizing (several trial runs per model, each from 0) moves nothing.
+    fn advance(&mut self, phase: Phase, t: f64) -> f64 {
+        if let Phase::Strategy(kind) = phase {
+            let t = t.clamp(0.0, self.duration);
+            match self.reached.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, r)) => *r = r.max(t),
+                None => self.reached.push((kind, t)),
+            }
+        }
+        self.reached.iter().map(|(_, t)| t).sum::<f64>().min(self.len())
+    }
 }
 
 fn progress_bar(quiet: bool, len: f64, unit: &str) -> indicatif::ProgressBar {

@@ -931,3 +931,38 @@ fn batch_jobs_every_way_answer_every_line_by_the_deadline() {
     assert!(pool.jobs[0].met(), "{pool:?}");
     assert!((pool.gpu_hours() - 2.0 * 0.5).abs() < 1e-9, "{pool:?}");
 }
+
+/// The progress bar of a single run: strategies report side by side (and the static sizing's trial runs each
+/// start again from 0), yet the one overall position only moves forward and ends at the duration once per run.
+#[test]
+fn the_overall_progress_only_moves_forward() {
+    let sc = scenario(
+        vec![model("a", 1, 2)],
+        vec![at(&[1.0, 11.0, 21.0, 31.0, 41.0])],
+        60.0,
+    );
+    let mut overall = Overall::new(&sc, &[]);
+    assert_eq!(overall.len(), 60.0 * StrategyKind::ALL.len() as f64);
+    let mut positions = Vec::new();
+    simulate(&sc, &mut |phase, t| positions.push(overall.advance(phase, t))).unwrap();
+    assert!(!positions.is_empty());
+    assert!(
+        positions.windows(2).all(|w| w[1] >= w[0]),
+        "the bar ran backwards: {positions:?}"
+    );
+    assert!(*positions.last().unwrap() <= overall.len());
+    // Interleaved reports from two runs, one of them late with an earlier time, and a sizing trial from 0.
+    let mut o = Overall::new(&sc, &[StrategyKind::Hpa, StrategyKind::Tessera]);
+    assert_eq!(o.len(), 120.0);
+    let seq = [
+        (Phase::StaticSizing, 50.0),
+        (Phase::Strategy(StrategyKind::Hpa), 30.0),
+        (Phase::Strategy(StrategyKind::Tessera), 10.0),
+        (Phase::Strategy(StrategyKind::Hpa), 20.0),
+        (Phase::StaticSizing, 0.0),
+        (Phase::Strategy(StrategyKind::Tessera), 60.0),
+        (Phase::Strategy(StrategyKind::Hpa), 60.0),
+    ];
+    let got: Vec<f64> = seq.iter().map(|&(p, t)| o.advance(p, t)).collect();
+    assert_eq!(got, vec![0.0, 30.0, 40.0, 40.0, 40.0, 90.0, 120.0]);
+}

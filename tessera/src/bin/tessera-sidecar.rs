@@ -18,7 +18,7 @@ use tessera::{LogFormat, init_logging, report};
 )]
 struct Cli {
     /// Log format: human-readable text or one JSON object per line. The level comes from RUST_LOG (default info).
-    #[arg(long, global = true, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, help_heading = "Logging", env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
