@@ -177,13 +177,7 @@ pub fn simulate_strategies(
             p(phase, t);
         }
     };
-    let mut kinds: Vec<StrategyKind> = if kinds.is_empty() {
-        StrategyKind::ALL.to_vec()
-    } else {
-        kinds.to_vec()
-    };
-    kinds.sort();
-    kinds.dedup();
+    let mut kinds = strategy_list(kinds);
     let n = sc.models.len();
     // (a) Static sizing (static and hami-static): the smallest whole-GPU count per model that meets the SLO
     // target alone.
@@ -622,17 +616,23 @@ struct Overall {
     reached: Vec<(StrategyKind, f64)>,
 }
 
+/// The strategies a run takes, in order and each once: `kinds`, or all of them when empty.
+fn strategy_list(kinds: &[StrategyKind]) -> Vec<StrategyKind> {
+    let mut kinds: Vec<StrategyKind> = if kinds.is_empty() {
+        StrategyKind::ALL.to_vec()
+    } else {
+        kinds.to_vec()
+    };
+    kinds.sort();
+    kinds.dedup();
+    kinds
+}
+
 impl Overall {
     /// For the strategies `kinds` (empty: all) on `sc`, as [`simulate_strategies`] runs them: each once, and the
     /// HPA baseline as well when only Tessera's calibration needs it.
     fn new(sc: &Scenario, kinds: &[StrategyKind]) -> Overall {
-        let mut kinds: Vec<StrategyKind> = if kinds.is_empty() {
-            StrategyKind::ALL.to_vec()
-        } else {
-            kinds.to_vec()
-        };
-        kinds.sort();
-        kinds.dedup();
+        let kinds = strategy_list(kinds);
         let calibration = kinds.contains(&StrategyKind::Tessera)
             && sc.settings.calibrate_from_baseline
             && !kinds.contains(&StrategyKind::Hpa);
