@@ -11,7 +11,7 @@
 //! Only once the share cannot grow: while the model's share is Tessera's to size and below the whole GPU
 //! ([`ShareRoom::Auto`] under 1), a bigger share is the cheaper unit (the joint policy's next unit, a fraction of
 //! a GPU) and whole GPUs are not bought. Measured over the simulator's corpus: buying whole GPUs for a model whose
-//! cap was the limit held 10–35% more GPU-hours on five scenarios for at most 0.3 point of attainment
+//! cap was the limit held 5–50% more GPU-hours on six scenarios for at most 0.28 point of attainment
 //! (docs/simulator-experiments.md, "Whole GPUs only once the share is whole").
 //!
 //! The rule is stateless beyond the one bit it decides: once isolated, the model stays isolated while it is at
