@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use tessera_core::pack::consolidate::ConsolidationConfig;
 use tessera_core::pack::{
-    GPU_COMPUTE_MILLI, GpuShape, MAX_COMPUTE_OVERSUBSCRIPTION_MILLI, default_compute_oversubscription,
+    GPU_COMPUTE_MILLI, GpuShape, MAX_COMPUTE_OVERSUBSCRIPTION, default_compute_oversubscription,
 };
 
 /// How tenants share a GPU. See `docs/fractional-gpus.md` for what each isolates.
@@ -388,7 +388,7 @@ impl PoolsConfig {
                     ),
                 ));
             }
-            let most = f64::from(MAX_COMPUTE_OVERSUBSCRIPTION_MILLI) / f64::from(GPU_COMPUTE_MILLI);
+            let most = MAX_COMPUTE_OVERSUBSCRIPTION;
             let oversubscription = p.compute_oversubscription();
             // Memory and headroom passed above, so the packer's refusal is about the oversubscription.
             if p.try_shape().is_err() {

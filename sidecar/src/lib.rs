@@ -215,11 +215,12 @@ impl Args {
                  (targets.kvCacheUtilization, e.g. 0.7), or left out"
             )));
         }
+        let most = tessera_core::pack::MAX_COMPUTE_OVERSUBSCRIPTION;
         if let Some(o) = self.compute_oversubscription
-            && !(o.is_finite() && (1.0..=4.0).contains(&o))
+            && !(o.is_finite() && (1.0..=most).contains(&o))
         {
             return Err(ConfigError::Value(format!(
-                "--compute-oversubscription {o} must be in [1, 4]: the GPUs' worth of compute caps the pool hands out \
+                "--compute-oversubscription {o} must be in [1, {most}]: the GPUs' worth of compute caps the pool hands out \
                  per GPU (its computeOversubscription, e.g. 2 under MPS), or left out"
             )));
         }

@@ -33,6 +33,11 @@ pub const GPU_COMPUTE_MILLI: u32 = 1000;
 /// The most compute a GPU may hand out, milli: four times the GPU (see [`GpuShape::compute_milli`]).
 pub const MAX_COMPUTE_OVERSUBSCRIPTION_MILLI: u32 = 4 * GPU_COMPUTE_MILLI;
 
+/// The same bound in GPUs' worth of compute per GPU (a pool's `computeOversubscription`, the sidecar's
+/// `--compute-oversubscription`).
+pub const MAX_COMPUTE_OVERSUBSCRIPTION: f64 =
+    MAX_COMPUTE_OVERSUBSCRIPTION_MILLI as f64 / GPU_COMPUTE_MILLI as f64;
+
 /// How many GPUs' worth of compute shares an MPS pool hands out per GPU unless told otherwise. An MPS share
 /// caps a client's SMs and reserves nothing, and a fractional replica is busy only part of the time, so caps
 /// adding up to twice the GPU meet rarely; when they do, each tenant gets SMs in proportion to its cap and

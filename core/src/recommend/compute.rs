@@ -280,3 +280,37 @@ pub fn recommend_compute(
     let share = ((desired * 100.0 - 1e-9).ceil() / 100.0).clamp(config.min_compute_fraction, 1.0);
     ComputeDecision { share, reasons }
 }
+
+/// The compute share's last rule: never below the share the replica's GPU memory already pays for in a pool
+/// handing out `oversubscription` GPUs' worth of caps per GPU (see [`Config::compute_oversubscription`]). Rounded
+/// *down* to hundredths, so that replicas filling a GPU's memory never add up to more caps than it hands out.
+pub(super) fn memory_paid_share(
+    share: f64,
+    need: u64,
+    total: u64,
+    config: &Config,
+    reasons: &mut Vec<Reason>,
+) -> f64 {
+    let Some(o) = config
+        .compute_oversubscription
+        .filter(|o| o.is_finite() && *o >= 1.0)
+    else {
+        return share;
+    };
+    let memory_fraction = need as f64 / total.max(1) as f64;
+    let paid = ((o * memory_fraction * 100.0 + 1e-9).floor() / 100.0).min(1.0);
+    if paid <= share {
+        return share;
+    }
+    reasons.push(Reason {
+        field: Field::ComputeFraction,
+        code: ReasonCode::MemoryPaysForShare,
+        message: format!(
+            "raised {share:.2} → {paid:.2}: the replica's {:.1}% of the GPU's memory, in a pool handing out {o} \
+             GPUs of compute caps per GPU, already pays for {paid:.2}; a smaller cap packs nothing tighter and only \
+             slows the replica while its GPU is idle",
+            memory_fraction * 100.0
+        ),
+    });
+    paid
+}

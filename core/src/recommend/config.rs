@@ -122,7 +122,12 @@ impl Config {
             in_range("kv_target_utilization", u, 0.01, 1.0)?;
         }
         if let Some(o) = self.compute_oversubscription {
-            in_range("compute_oversubscription", o, 1.0, 4.0)?;
+            in_range(
+                "compute_oversubscription",
+                o,
+                1.0,
+                crate::pack::MAX_COMPUTE_OVERSUBSCRIPTION,
+            )?;
         }
         if self.min_samples == 0 {
             return Err(ConfigError {

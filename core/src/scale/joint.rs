@@ -440,7 +440,7 @@ fn share_policy(policy: &ScalePolicy, room: ShareRoom, share_step: f64) -> Joint
         ShareRoom::Auto {
             share,
             memory_fraction,
-        } if share.is_finite() && share > 0.0 && share < WHOLE => {
+        } if room.can_grow() => {
             let grown = (share * share_step.max(1.0)).min(1.0);
             let mut p = policy.clone();
             p.targets.ttft_p95 = None;
