@@ -745,7 +745,7 @@ pub fn capped_max_tokens(max_model_len: u32, prompt_tokens: u32, asked: Option<u
 
 /// One step's cost on the roofline, alone with the whole GPU: the weights and `kv_tokens_read` tokens of KV read
 /// over the achieved bandwidth, 2 × params FLOPs per scheduled token over the achieved compute, and the host part
-/// for `seqs` scheduled sequences ([`host_part_s`]). The engine's steps and `tessera sharing` price steps with it.
+/// for `seqs` scheduled sequences (`host_part_s`). The engine's steps and `tessera sharing` price steps with it.
 pub fn step_cost(
     gpu: &GpuSpec,
     model: &ModelSpec,
@@ -764,7 +764,7 @@ pub fn step_cost(
 
 /// The host part of a step with `seqs` scheduled sequences: the configured fixed part, plus what grows with the
 /// model and the batch unless the configuration turns the scaling off.
-pub fn host_part_s(model: &ModelSpec, cfg: &EngineConfig, seqs: u64) -> f64 {
+fn host_part_s(model: &ModelSpec, cfg: &EngineConfig, seqs: u64) -> f64 {
     if cfg.host_scales_with_model {
         host_time_s(cfg.step_overhead_s, model.params, seqs)
     } else {

@@ -28,9 +28,7 @@ mod histogram;
 pub mod sharing;
 mod spec;
 
-pub use engine::{
-    Engine, EngineEvent, EngineStats, FinishReason, Request, capped_max_tokens, host_part_s, step_cost,
-};
+pub use engine::{Engine, EngineEvent, EngineStats, FinishReason, Request, capped_max_tokens, step_cost};
 pub use histogram::{
     Histogram, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, PARAMS_N_BUCKETS, REQUEST_LATENCY_BUCKETS,
     TTFT_BUCKETS, buckets_1_2_5,
