@@ -39,7 +39,20 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 # shellcheck source=scripts/tools-cache.sh
 . "$repo/scripts/tools-cache.sh"
 
-KUBERNETES_VERSION=1.34.4
+# Kubernetes 1.36 for Dynamic Resource Allocation with consumable capacity (issue 56). What 1.36.3's
+# pkg/features/kube_features.go and pkg/controlplane/instance.go say, so no --feature-gates and no --runtime-config
+# are needed by any component here (nor by real-node.sh's kubelet):
+#   - resource.k8s.io/v1 is a stable group served by default (v1beta1 and v1beta2 are off by default);
+#     DynamicResourceAllocation is GA and locked on since 1.35;
+#   - DRAConsumableCapacity (KEP-5075: allowMultipleAllocations devices, capacity request policies, consumedCapacity
+#     and shareID in allocations) is beta and on by default from 1.36; the API server (fields kept), the scheduler
+#     (the allocator counts consumed capacity) and the kubelet's DRA manager (shareID) all read that one gate, and
+#     the default ("incubating") allocator supports it. It needs only DynamicResourceAllocation;
+#   - also on by default in 1.36: DRAPrioritizedList and DRAAdminAccess (GA), DRAPartitionableDevices,
+#     DRADeviceTaints, DRADeviceBindingConditions, DRAExtendedResource, DRAResourceClaimDeviceStatus (beta);
+#     DRADeviceTaintRules stays off (its API is an off-by-default beta), as do the 1.36 alphas. None of these is
+#     needed for allowMultipleAllocations.
+KUBERNETES_VERSION=1.36.3
 ETCD_VERSION=3.6.16
 KWOK_VERSION=0.8.0
 # The KEDA operator, for the story where KEDA scales a Deployment from Tessera's external scaler. Built after the
@@ -117,7 +130,7 @@ build_control_plane() {
   local started=$SECONDS
   log "building the control plane (Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION) into $bin"
   mkdir -p "$bin" "$cache/go/mod" "$cache/go/build"
-  rm -f "$bin"/.tessera-built-*
+  rm -f "$bin"/.tessera-built-k8s-*  # KEDA's stamp is its own: a Kubernetes move does not rebuild KEDA
   # The version the API server reports: Helm checks a chart's kubeVersion against it, and kubectl prints it.
   local kv="-X k8s.io/component-base/version.gitVersion=v$KUBERNETES_VERSION"
   kv+=" -X k8s.io/component-base/version.gitMajor=${KUBERNETES_VERSION%%.*}"

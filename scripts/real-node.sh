@@ -32,7 +32,8 @@
 #     (put on the bridge too; scripts/control-plane.sh with TESSERA_CONTROL_PLANE_REAL_NODE=1), which is what every
 #     in-cluster client dials, and it calls webhooks at their Service's endpoints; Tessera's roles find each other
 #     through EndpointSlices, never through a ClusterIP or a DNS name;
-#   - cgroupfs driver on cgroup v1 (kubelet 1.34 still runs there: failCgroupV1 defaults to false), pods under
+#   - cgroupfs driver on cgroup v1 (kubelet 1.36 still runs there, but only when told: failCgroupV1 defaults to true
+#     since 1.35, and the kubelet's config sets it false), pods under
 #     /sys/fs/cgroup/*/kubepods;
 #   - the kubelet sets the kernel tunables it wants (vm.overcommit_memory, kernel.panic, ...) and the bridge plugin
 #     turns IPv4 forwarding on: `up` records the values it found and `down` puts them back, and removes the bridge.
@@ -102,6 +103,11 @@ build() {
   kv+=" -X k8s.io/component-base/version.gitMajor=${KUBERNETES_VERSION%%.*}"
   kv+=" -X k8s.io/component-base/version.gitMinor=$(echo "$KUBERNETES_VERSION" | cut -d. -f2)"
   kv+=" -X k8s.io/component-base/version.gitTreeState=clean"
+  # A kubelet of another version (the control plane's moved) is rebuilt; containerd and CNI keep theirs when theirs
+  # did not move.
+  if [ -x "$bin/kubelet" ] && ! "$bin/kubelet" --version 2>/dev/null | grep -qx "Kubernetes v$KUBERNETES_VERSION"; then
+    rm -f "$bin/kubelet"
+  fi
   [ -x "$bin/kubelet" ] || gobuild kubernetes "$bin/kubelet" k8s.io/kubernetes/cmd/kubelet "" "$kv"
   # containerd's own release tags: no btrfs/devmapper snapshotters (cgo, unused here); the shim without gRPC.
   local cv="-X github.com/containerd/containerd/v2/version.Version=v$CONTAINERD_VERSION"

@@ -136,6 +136,9 @@ log "control-plane tier: the chart, the webhook, the controller and the activato
 control_plane_tier() {
   scripts/control-plane.sh build
   cargo test --locked -p tessera --test control_plane -- --ignored --test-threads=1 --nocapture
+  # DRA story d (issue 56): the real `tessera dra-plugin` registered, preparing and unpreparing a claim allocated
+  # through the API server, driven over its sockets as the kubelet drives it (tessera/tests/dra_plugin.rs).
+  cargo test --locked -p tessera --test dra_plugin -- --ignored --nocapture
   # The small fleet (issue 59): scripts/bench-fleet.sh at 24 models, every decision made, every burst and wake-up
   # reacted to within bounds, the standby taking over (tessera/tests/fleet.rs; about 2 minutes).
   cargo build --locked -p tessera --example fleet

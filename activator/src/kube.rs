@@ -175,8 +175,9 @@ impl SliceBackends {
         });
         let ipv6 = slice.address_type == "IPv6";
         let host = |a: &String| if ipv6 { format!("[{a}]") } else { a.clone() };
-        let not_ready = slice
-            .endpoints
+        // `endpoints` became optional in 1.36's schema; an absent list is an empty one.
+        let endpoints = slice.endpoints.as_deref().unwrap_or_default();
+        let not_ready = endpoints
             .iter()
             .filter(|e| {
                 let c = e.conditions.as_ref();
@@ -188,8 +189,7 @@ impl SliceBackends {
         let urls = match port {
             // A slice with no usable port has no backends (e.g. the Service has no matching port yet).
             None => Vec::new(),
-            Some(port) => slice
-                .endpoints
+            Some(port) => endpoints
                 .iter()
                 // `ready` unset means ready (API docs: "nil should be interpreted as true"); a terminating
                 // endpoint is reported not ready, so it gets no new requests.

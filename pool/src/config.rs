@@ -5,6 +5,7 @@
 //! image: ghcr.io/tessera-dev/tessera:0.1.0
 //! reservationTtl: 2m                 # a reservation whose pod never appears is dropped after this
 //! lendSleepers: false                # lend a sleeping replica's room rather than open a GPU (docs/fractional-gpus.md)
+//! mode: capacity-pods                # or dra: fractions as DRA claims the kube-scheduler allocates (docs/fractional-gpus.md)
 //! pools:
 //!   - name: a100-80gb
 //!     nodeSelector: { nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB }
@@ -233,6 +234,19 @@ impl PoolSpec {
     }
 }
 
+/// How a fraction is written (DESIGN.md, "Two ways to express a fraction, one decision").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolMode {
+    /// Capacity pods hold whole GPUs; tenants carry reservations (annotations) the webhook books.
+    #[default]
+    CapacityPods,
+    /// Dynamic Resource Allocation: each GPU node publishes a ResourceSlice of the driver `gpu.tessera.dev`, each
+    /// replica gets a ResourceClaim from a template sized by its recommendation, and the kube-scheduler allocates
+    /// memory and compute on a device (`tessera_dra`).
+    Dra,
+}
+
 /// The whole pool configuration.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -260,6 +274,9 @@ pub struct PoolsConfig {
     /// Leases (the chart grants both only with `gpuPools.lendSleepers`).
     #[serde(default)]
     pub lend_sleepers: bool,
+    /// How fractions are written: capacity pods (the default) or DRA claims.
+    #[serde(default)]
+    pub mode: PoolMode,
     /// The pools.
     pub pools: Vec<PoolSpec>,
 }

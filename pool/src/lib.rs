@@ -32,13 +32,15 @@
 
 pub mod capacity;
 pub mod config;
+pub mod dra;
 mod manager;
 pub mod metrics;
 mod shared;
 pub mod sleepers;
 pub mod state;
 
-pub use config::{ConsolidationSpec, PoolConfigError, PoolSpec, PoolsConfig, SharingMode};
+pub use config::{ConsolidationSpec, PoolConfigError, PoolMode, PoolSpec, PoolsConfig, SharingMode};
+pub use dra::DraView;
 pub use manager::{
     Placement, PoolManager, PoolObserver, ReconcileReport, ReserveRequest, run_pools, run_pools_with_metrics,
 };

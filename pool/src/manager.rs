@@ -599,6 +599,10 @@ pub async fn run_pools_with_metrics(
     link: ConsolidationLink,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(), PoolError> {
+    if cfg.mode == crate::PoolMode::Dra {
+        // No capacity pods: the scheduler books claims on the slices this publishes (`dra`).
+        return crate::dra::run_dra_pools(client, cfg, interval, link.dra.clone(), metrics, shutdown).await;
+    }
     let mut tasks = tokio::task::JoinSet::new();
     for pool in &cfg.pools {
         let m = PoolManager::new(client.clone(), cfg.clone(), &pool.name)?

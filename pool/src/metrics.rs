@@ -9,6 +9,11 @@
 //! - `tessera_pool_capacity_pods{pool}`: capacity pods in the index after the last reconcile.
 //! - `tessera_pool_drains_total{pool,result}`: consolidation drains by step: `started`, `drained` (the GPU emptied),
 //!   `timed_out`, `disabled`, `ended_by_placement` (a new replica had to go on it).
+//! - `mode: dra`, from each pass's index of slices and allocated claims (one series per published GPU):
+//!   `tessera_pool_dra_memory_used_mib{node,device}`, `tessera_pool_dra_compute_used_milli{node,device}` and
+//!   `tessera_pool_dra_claims{node,device}` (what the scheduler booked), `tessera_pool_dra_gpus{placement}` — GPUs
+//!   holding a claim (`scheduler`) against an offline packing of the same claims (`packer`) and its lower bound
+//!   (`bound`) — and `tessera_pool_dra_overbooked_claims` (claims over their device's capacity: never expected).
 
 use std::sync::atomic::AtomicI64;
 
@@ -22,6 +27,17 @@ use tessera_runtime::metrics::register;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolLabels {
     pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeviceLabels {
+    node: String,
+    device: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlacementLabels {
+    placement: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -39,6 +55,11 @@ pub struct PoolMetrics {
     deleted: Family<PoolLabels, Counter>,
     capacity_pods: Family<PoolLabels, Gauge<i64, AtomicI64>>,
     drains: Family<ResultLabels, Counter>,
+    dra_memory: Family<DeviceLabels, Gauge<i64, AtomicI64>>,
+    dra_compute: Family<DeviceLabels, Gauge<i64, AtomicI64>>,
+    dra_claims: Family<DeviceLabels, Gauge<i64, AtomicI64>>,
+    dra_gpus: Family<PlacementLabels, Gauge<i64, AtomicI64>>,
+    dra_overbooked: Gauge<i64, AtomicI64>,
 }
 
 impl PoolMetrics {
@@ -65,7 +86,64 @@ impl PoolMetrics {
                 "drains",
                 "Consolidation drains of a GPU, by step (started, drained, timed_out, disabled, ended_by_placement)",
             ),
+            dra_memory: register(
+                r,
+                "dra_memory_used_mib",
+                "DRA: GPU memory the scheduler booked on a device, MiB",
+            ),
+            dra_compute: register(
+                r,
+                "dra_compute_used_milli",
+                "DRA: compute the scheduler booked on a device, milli-GPUs",
+            ),
+            dra_claims: register(r, "dra_claims", "DRA: claims allocated on a device"),
+            dra_gpus: register(
+                r,
+                "dra_gpus",
+                "DRA: GPUs holding a claim (scheduler) against an offline packing of the same claims (packer) and its lower bound (bound)",
+            ),
+            dra_overbooked: register(
+                r,
+                "dra_overbooked_claims",
+                "DRA: claims over their device's capacity (never expected)",
+            ),
         }
+    }
+
+    /// Sets the DRA gauges from one pass's index; devices no longer published lose their series.
+    pub fn dra(&self, index: &tessera_dra::index::DraIndex) {
+        for f in [&self.dra_memory, &self.dra_compute, &self.dra_claims] {
+            f.clear();
+        }
+        for room in index.rooms() {
+            let l = DeviceLabels {
+                node: room.pool.clone(),
+                device: room.device.clone(),
+            };
+            self.dra_memory
+                .get_or_create(&l)
+                .set(i64::try_from(room.memory_used_mib).unwrap_or(i64::MAX));
+            self.dra_compute
+                .get_or_create(&l)
+                .set(i64::from(room.compute_used_milli));
+            self.dra_claims
+                .get_or_create(&l)
+                .set(i64::try_from(room.claims.len()).unwrap_or(i64::MAX));
+        }
+        let (held, packed, bound) = index.placement_gap();
+        for (placement, n) in [
+            ("scheduler", held as i64),
+            ("packer", packed as i64),
+            ("bound", i64::from(bound)),
+        ] {
+            self.dra_gpus
+                .get_or_create(&PlacementLabels {
+                    placement: placement.into(),
+                })
+                .set(n);
+        }
+        self.dra_overbooked
+            .set(i64::try_from(index.overbooked.len()).unwrap_or(i64::MAX));
     }
 
     /// Counts one consolidation step of `pool` (`started`, `drained`, `timed_out`, ...).

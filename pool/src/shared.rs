@@ -19,6 +19,9 @@ pub struct ConsolidationLink {
     pub managed: ManagedPods,
     /// Both ways, for sleeping pods: each GPU's sleepers and budget, and what each sleeper is worth.
     pub sleepers: crate::sleepers::SleepLink,
+    /// Pool managers → controller, in `mode: dra`: that the mode is on, and the slices' index with the claims the
+    /// scheduler allocated.
+    pub dra: crate::dra::DraView,
 }
 
 /// A set of capacity pods, by pool, as the pool managers last published it. Cheap to clone; clones share.

@@ -150,12 +150,120 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    reflect_modified(api, |_| {})
+}
+
+/// [`reflect`], each object passed through `modify` before it is stored (to drop fields nothing reads).
+pub fn reflect_modified<K>(
+    api: kube::Api<K>,
+    modify: impl FnMut(&mut K) + Send + 'static,
+) -> (
+    reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher_config())
         .default_backoff()
+        .modify(modify)
         .reflect(writer)
         .applied_objects();
     (reader, stream)
+}
+
+/// A watched cache that answers only once its first list is in: until then (or where the watch never starts, for
+/// want of RBAC) [`Cached::store`] is `None`, so a cache that cannot answer never stands in for an empty one.
+pub struct Cached<K: kube::Resource + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: std::sync::Arc<std::sync::RwLock<Option<reflector::Store<K>>>>,
+}
+
+impl<K: kube::Resource + 'static> std::fmt::Debug for Cached<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ready = self.store.read().is_ok_and(|s| s.is_some());
+        f.debug_struct("Cached").field("ready", &ready).finish()
+    }
+}
+
+impl<K: kube::Resource + 'static> Clone for Cached<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+        }
+    }
+}
+
+impl<K: kube::Resource + 'static> Default for Cached<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn default() -> Self {
+        Self {
+            store: std::sync::Arc::default(),
+        }
+    }
+}
+
+impl<K> Cached<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    /// Watches `api` until `stop` (objects passed through `modify` before they are stored); a failed try is logged
+    /// at debug naming `what` and retried with backoff.
+    pub fn start(
+        api: kube::Api<K>,
+        what: &'static str,
+        modify: impl FnMut(&mut K) + Send + 'static,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        use futures::StreamExt;
+        let cache = Self::default();
+        let (reader, stream) = reflect_modified(api, modify);
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                tokio::select! {
+                    next = stream.next() => match next {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => tracing::debug!(error = %e, "watching {what} failed; retrying"),
+                        None => return,
+                    },
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        });
+        let published = cache.store.clone();
+        tokio::spawn(async move {
+            if reader.wait_until_ready().await.is_ok()
+                && let Ok(mut s) = published.write()
+            {
+                *s = Some(reader);
+            }
+        });
+        cache
+    }
+}
+
+impl<K: kube::Resource + 'static> Cached<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    /// The store, once its first list is in.
+    pub fn store(&self) -> Option<reflector::Store<K>> {
+        self.store.read().ok()?.clone()
+    }
 }
 
 #[cfg(test)]

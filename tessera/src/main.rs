@@ -36,6 +36,9 @@ enum Command {
     Activator(tessera_activator::Args),
     /// Run the mutating admission webhook: inject the sidecar, set vLLM's memory flags, place fractional pods.
     Webhook(tessera_webhook::Args),
+    /// Run on a GPU node as the kubelet plugin of the DRA driver gpu.tessera.dev: prepare claims (CDI specs with
+    /// the GPU and the claim's MPS limits) and publish the node's ResourceSlice.
+    DraPlugin(tessera_dra::plugin::Args),
     /// Replay real traffic through Tessera's decisions and compare it with whole-GPU baselines.
     Simulate(tessera_sim::simulate::Args),
     /// Pack a GPU-sharing pod trace onto GPUs and compare with the lower bound.
@@ -71,6 +74,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Autoscaler(args) => tessera_autoscaler::run(args).await,
         Command::Activator(args) => tessera_activator::run(args).await,
         Command::Webhook(args) => tessera_webhook::run(args).await,
+        Command::DraPlugin(args) => Ok(tessera_dra::plugin::run(args).await?),
         Command::Simulate(args) => tessera_sim::simulate::run(args).await,
         Command::Pack(args) => tessera_sim::pack::run(args).await,
         Command::Sharing(args) => tessera_sim::sharing_calc::run(args).await,

@@ -375,6 +375,8 @@ impl Admitter {
         };
         match &plan {
             Plan::Unchanged(_) | Plan::Whole(_) => {}
+            // DRA mode books nothing here: the scheduler allocates the claim the mutation points the pod at.
+            Plan::Fractional(_) if mutate::writes_claims(&self.config) => {}
             Plan::Fractional(need) => {
                 if req.dry_run {
                     return self.unchanged(base, req, Some((&pod, &namespace)), Unchanged::DryRun);

@@ -566,6 +566,92 @@ fn real_pods_fractional_mode() {
     }
 }
 
+/// `mode: dra`: the same real pods get a claim from the template the controller writes for the allocation
+/// (`llama3-gpu-20480mi-300m`), their vLLM bounded to it, no reservation, node pin or GPU UUID (the scheduler picks
+/// the device after admission, the kubelet plugin hands it over), and a sidecar with no start-up gate.
+#[test]
+fn real_pods_dra_mode() {
+    let cfg = Config {
+        pools: Some(Arc::new(
+            PoolsConfig::from_yaml(&POOLS.replace("pools:\n", "mode: dra\npools:\n")).unwrap(),
+        )),
+        ..config()
+    };
+    let frac = policy("fractional", "Off");
+    for row in TABLE {
+        let raw = load(row.file);
+        let ctx = Context {
+            config: &cfg,
+            policy: Some(&frac),
+            placement: None,
+        };
+        let (out, label) = run(&raw, &ctx);
+        if row.fractional != "fractional" {
+            assert_eq!(label, row.fractional, "{}: left as with capacity pods", row.file);
+            continue;
+        }
+        assert_eq!(label, "dra", "{}", row.file);
+        let pod: Pod = serde_json::from_value(out.clone()).unwrap();
+        let spec = pod.spec.as_ref().unwrap();
+        let claims = spec.resource_claims.as_ref().expect("a pod claim");
+        assert_eq!(claims.len(), 1, "{}", row.file);
+        assert_eq!(claims[0].name, tessera_dra::POD_CLAIM);
+        assert_eq!(
+            claims[0].resource_claim_template_name.as_deref(),
+            Some("llama3-gpu-20480mi-300m")
+        );
+        let vllm = &spec.containers[mutate::vllm_container(&pod).unwrap()];
+        let res = vllm.resources.as_ref().unwrap();
+        assert_eq!(
+            res.claims.as_ref().map(|c| c[0].name.as_str()),
+            Some(tessera_dra::POD_CLAIM)
+        );
+        assert!(
+            res.limits
+                .as_ref()
+                .and_then(|l| l.get("nvidia.com/gpu"))
+                .is_none(),
+            "{}: the whole-GPU request is gone",
+            row.file
+        );
+        assert!(mutate::required_node_terms(spec).is_none() || raw["spec"]["affinity"].is_object());
+        let env = |n: &str| vllm.env.iter().flatten().any(|e| e.name == n);
+        assert!(
+            !env("NVIDIA_VISIBLE_DEVICES") && !env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+            "{}: the plugin's",
+            row.file
+        );
+        let ann = pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann["tessera.dev/gpu-memory"], "20480");
+        assert!(
+            !ann.contains_key("tessera.dev/capacity-pod") && !ann.contains_key("tessera.dev/reservation")
+        );
+        if !row.file.starts_with("handwritten") {
+            let words = vllm_words(&out);
+            assert!(
+                words.iter().any(|w| w.contains("0.25")),
+                "{}: vLLM bounded to 20480 of 81920 MiB: {words:?}",
+                row.file
+            );
+        }
+        let args = containers(&out, "initContainers").pop().unwrap().args.unwrap();
+        assert_eq!(flag(&args, "--gpu-compute-fraction").as_deref(), Some("0.3"));
+        assert!(
+            flag(&args, "--gpu-uuid").is_none(),
+            "no GPU known at admission: no gate"
+        );
+    }
+    // Without an InferenceAutoscaler nothing writes the template: the pod is left alone, with the reason.
+    let raw = load(TABLE.iter().find(|r| r.fractional == "fractional").unwrap().file);
+    let ctx = Context {
+        config: &cfg,
+        policy: None,
+        placement: None,
+    };
+    let (_, label) = run(&raw, &ctx);
+    assert_ne!(label, "dra");
+}
+
 #[test]
 fn invalid_settings_are_denied_with_field_value_and_fix() {
     let cfg = config();

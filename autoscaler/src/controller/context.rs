@@ -75,6 +75,10 @@ pub struct Context {
     pub scalers: super::owners::HpaCache,
     /// Every model's pods, their GPUs and TTFT pressure, for the flex lane's neighbour figures.
     pub neighbours: super::neighbours::Book,
+    /// Every pod in the watched scope, from one watch: what each round reads instead of listing its model's pods.
+    pub pods: super::pods::PodCache,
+    /// DRA mode: the claim templates (`namespace/name`) this process wrote, so each is written once.
+    pub dra_templates: Mutex<HashSet<String>>,
 }
 
 impl Context {

@@ -53,7 +53,7 @@ pub fn targets_from_slices<'a>(
             .find(|p| p.name.as_deref() == Some(ADMIN_PORT_NAME))
             .and_then(|p| p.port)
             .unwrap_or(DEFAULT_ACTIVATOR_ADMIN_PORT);
-        for ep in &slice.endpoints {
+        for ep in slice.endpoints.as_deref().unwrap_or_default() {
             // Kubernetes: a nil condition means "unknown", which consumers should read as true.
             let conditions = ep.conditions.as_ref();
             let serving = conditions.and_then(|c| c.serving.or(c.ready)).unwrap_or(true);

@@ -25,6 +25,7 @@
 //! every known activator pod gave a fresh document, and without them a model is never scaled to zero.
 
 pub mod allocation;
+pub mod claims;
 pub mod class;
 pub mod coldstart;
 pub mod consolidate;
@@ -39,6 +40,7 @@ pub mod neighbours;
 mod objective;
 pub mod owner_events;
 pub mod owners;
+pub mod pods;
 mod pollers;
 pub mod reconcile;
 pub mod rollout;
@@ -388,6 +390,8 @@ fn context(
         ui,
         objects: std::sync::RwLock::new(None),
         neighbours: neighbours::Book::default(),
+        dra_templates: Mutex::new(HashSet::new()),
+        pods: pods::PodCache::start(watched(args, client), shutdown_rx.clone()),
         scalers: owners::HpaCache::start(watched(args, client), shutdown_rx.clone()),
     })
 }

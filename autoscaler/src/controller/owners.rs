@@ -2,14 +2,12 @@
 //! them (KEDA makes one HPA per ScaledObject and labels it). The rule that reads them is
 //! [`tessera_core::keda::ownership`]: one owner per `/scale`.
 
-use futures::StreamExt;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use kube::api::Api;
-use kube::runtime::reflector::Store;
 use tessera_core::keda::OtherScaler;
-use tracing::debug;
 
 use crate::crd::ScaleTargetRef;
+use crate::kube_client::Cached;
 
 /// The label KEDA puts on the HPA it makes for a ScaledObject, naming it.
 pub const KEDA_SCALED_OBJECT_LABEL: &str = "scaledobject.keda.sh/name";
@@ -17,44 +15,18 @@ pub const KEDA_SCALED_OBJECT_LABEL: &str = "scaledobject.keda.sh/name";
 /// Every HorizontalPodAutoscaler the controller may see, watched (one watch, not a list per reconcile); `None`
 /// until the first list arrived or where no watch runs.
 #[derive(Debug, Clone, Default)]
-pub struct HpaCache {
-    store: std::sync::Arc<std::sync::RwLock<Option<Store<HorizontalPodAutoscaler>>>>,
-}
+pub struct HpaCache(Cached<HorizontalPodAutoscaler>);
 
 impl HpaCache {
     /// Starts watching `api`; the cache answers once the first list is in. A watch that cannot start (RBAC of an
     /// older chart) leaves it unanswered: the spec's `scaledBy` is then taken at its word.
-    pub fn start(api: Api<HorizontalPodAutoscaler>, mut stop: tokio::sync::watch::Receiver<bool>) -> Self {
-        let cache = Self::default();
-        let (reader, stream) = crate::kube_client::reflect(api);
-        tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            loop {
-                tokio::select! {
-                    next = stream.next() => match next {
-                        Some(Ok(_)) => {}
-                        Some(Err(e)) => debug!(error = %e, "watching HorizontalPodAutoscalers failed; retrying"),
-                        None => return,
-                    },
-                    _ = stop.wait_for(|s| *s) => return,
-                }
-            }
-        });
-        let published = cache.store.clone();
-        tokio::spawn(async move {
-            if reader.wait_until_ready().await.is_ok()
-                && let Ok(mut s) = published.write()
-            {
-                *s = Some(reader);
-            }
-        });
-        cache
+    pub fn start(api: Api<HorizontalPodAutoscaler>, stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self(Cached::start(api, "HorizontalPodAutoscalers", |_| {}, stop))
     }
 
     /// The HPAs in `namespace` whose `scaleTargetRef` is `target`; `None` while the cache has no list.
     pub fn other_scalers(&self, namespace: &str, target: &ScaleTargetRef) -> Option<Vec<OtherScaler>> {
-        let guard = self.store.read().ok()?;
-        let store = guard.as_ref()?;
+        let store = self.0.store()?;
         let hpas: Vec<HorizontalPodAutoscaler> = store
             .state()
             .iter()
@@ -70,12 +42,10 @@ pub fn targeting(hpas: &[HorizontalPodAutoscaler], target: &ScaleTargetRef) -> V
     let group = |api_version: &str| api_version.split_once('/').map_or("", |(g, _)| g).to_owned();
     hpas.iter()
         .filter(|h| {
-            h.spec.as_ref().is_some_and(|s| {
-                let r = &s.scale_target_ref;
-                r.kind == target.kind
-                    && r.name == target.name
-                    && group(r.api_version.as_deref().unwrap_or_default()) == group(&target.api_version)
-            })
+            let r = &h.spec.scale_target_ref;
+            r.kind == target.kind
+                && r.name == target.name
+                && group(r.api_version.as_deref().unwrap_or_default()) == group(&target.api_version)
         })
         .map(|h| OtherScaler {
             hpa: h.metadata.name.clone().unwrap_or_default(),
@@ -102,7 +72,7 @@ mod tests {
                 labels: keda.map(|so| [(KEDA_SCALED_OBJECT_LABEL.to_owned(), so.to_owned())].into()),
                 ..ObjectMeta::default()
             },
-            spec: Some(HorizontalPodAutoscalerSpec {
+            spec: HorizontalPodAutoscalerSpec {
                 scale_target_ref: CrossVersionObjectReference {
                     api_version: Some("apps/v1".into()),
                     kind: kind.into(),
@@ -110,7 +80,7 @@ mod tests {
                 },
                 max_replicas: 3,
                 ..HorizontalPodAutoscalerSpec::default()
-            }),
+            },
             status: None,
         }
     }

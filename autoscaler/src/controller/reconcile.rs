@@ -277,6 +277,8 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let (allocation, in_sync) =
         allocation_round(ctx, obj, &g, &r, recommendation.as_ref(), now, &now_k8s).await;
     let injected = super::injection::announce(ctx, obj, &g.all_pods).await;
+    // In DRA mode the allocation in force is also a claim template, and a claim that fits nowhere is explained.
+    let claims = super::claims::apply(ctx, obj, &allocation, &g.all_pods).await;
     // The surge is remembered only when `/scale` really carries it (written now, or already there): a failed
     // write must not make the next round take a replica off a count that never had it.
     let surge_in_force = matches!(applied, Applied::Scaled) || replicas == current;
@@ -293,6 +295,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
         surge_in_force,
         in_sync,
         injected,
+        claims,
         now_sys,
         now_k8s: &now_k8s,
     };
@@ -313,6 +316,7 @@ struct Outcome<'a> {
     surge_in_force: bool,
     in_sync: Option<(bool, String, String)>,
     injected: (bool, &'static str, String),
+    claims: Option<(bool, &'static str, String)>,
     now_sys: SystemTime,
     now_k8s: &'a Time,
 }
@@ -359,6 +363,14 @@ fn round_status(prev: Option<&InferenceAutoscalerStatus>, o: &Outcome<'_>) -> In
             o.injected.2.clone(),
         )),
         super::isolation::condition(obj.status.as_ref(), r),
+        o.claims.clone().map(|(ok, reason, message)| {
+            (
+                super::claims::GPU_CLAIMS_ALLOCATED,
+                ok,
+                reason.to_owned(),
+                message,
+            )
+        }),
     ];
     for (type_, ok, reason, message) in conditions.into_iter().flatten() {
         status::set_condition(
@@ -712,6 +724,10 @@ async fn list_pods(
 ) -> Result<Vec<Pod>, Error> {
     if current == 0 || selector.is_empty() {
         return Ok(Vec::new());
+    }
+    // From the watch when it can answer (`super::pods`): no request per model per round.
+    if let Some(pods) = ctx.pods.matching(ns, selector) {
+        return Ok(pods);
     }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods

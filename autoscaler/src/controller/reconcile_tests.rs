@@ -179,6 +179,8 @@ pub(super) fn test_context(
         objects: std::sync::RwLock::new(None),
         scalers: crate::controller::owners::HpaCache::default(),
         neighbours: crate::controller::neighbours::Book::default(),
+        dra_templates: std::sync::Mutex::default(),
+        pods: crate::controller::pods::PodCache::default(),
     })
 }
 

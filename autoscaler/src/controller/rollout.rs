@@ -391,7 +391,12 @@ pub fn disruption_blocked(
             .and_then(|s| s.selector.as_ref())
             .and_then(|sel| sel.match_labels.as_ref())
             .is_some_and(|ml| !ml.is_empty() && ml.iter().all(|(k, v)| labels.get(k) == Some(v)));
-        selects && pdb.status.as_ref().is_some_and(|s| s.disruptions_allowed <= 0)
+        // An absent count is the API's default, 0: no disruption allowed.
+        selects
+            && pdb
+                .status
+                .as_ref()
+                .is_some_and(|s| s.disruptions_allowed.unwrap_or(0) <= 0)
     })
 }
 

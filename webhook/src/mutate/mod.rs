@@ -24,6 +24,7 @@ use tessera_pool::{
 
 use crate::vllm;
 
+mod dra;
 mod sidecar;
 mod sleep;
 
@@ -597,7 +598,8 @@ pub fn plan(pod: &Pod, ctx: &Context<'_>) -> Result<Plan, Deny> {
         ))));
     };
     // A pod Tessera already placed (re-invocation) no longer asks for a GPU; its annotations say where it sits.
-    let placed = existing_placement(pod, None).is_some();
+    // Placed already (a re-invocation): its GPU request is gone, so the count below cannot tell.
+    let placed = existing_placement(pod, None).is_some() || dra::claimed(pod);
     match gpu_count(pod, &spec_pool.resource_name) {
         _ if placed => {}
         // At its ceiling and over its objective while sharing, the controller isolated the model: a new pod
@@ -700,6 +702,14 @@ pub fn existing_placement(pod: &Pod, pools_namespace: Option<&str>) -> Option<Pl
     })
 }
 
+/// Whether fractions are written as DRA claims (`mode: dra`) rather than reservations on capacity pods.
+pub fn writes_claims(config: &Config) -> bool {
+    config
+        .pools
+        .as_deref()
+        .is_some_and(|p| p.mode == tessera_pool::PoolMode::Dra)
+}
+
 /// Mutates `pod` in its context: the sidecar, vLLM's memory flags, and in fractional mode the placement.
 pub fn mutate(pod: &Pod, ctx: &Context<'_>) -> Result<Mutation, Deny> {
     Ok(apply_plan(pod, ctx, &plan(pod, ctx)?))
@@ -716,6 +726,14 @@ pub fn apply_plan(pod: &Pod, ctx: &Context<'_>, plan: &Plan) -> Mutation {
         Plan::Whole(Some(why)) => {
             notes.push(why.to_string());
             (why.label(), None)
+        }
+        Plan::Fractional(need) if dra::on(ctx) => {
+            let mut next = pod.clone();
+            if let Err(u) = dra::apply(&mut next, ctx, need, &mut notes) {
+                return Mutation::Unchanged(u);
+            }
+            inject_sidecar(&mut next, ctx, Some((need, None)));
+            return finish(pod, next, "dra", notes);
         }
         Plan::Fractional(need) => {
             let Some(placement) = ctx.placement.or(existing.as_ref()) else {
@@ -747,7 +765,12 @@ pub fn apply_plan(pod: &Pod, ctx: &Context<'_>, plan: &Plan) -> Mutation {
     if let Err(u) = result {
         return Mutation::Unchanged(u);
     }
-    inject_sidecar(&mut next, ctx, fractional.map(|(n, p, _, u)| (n, p, u)));
+    inject_sidecar(&mut next, ctx, fractional.map(|(n, p, _, u)| (n, Some((p, u)))));
+    finish(pod, next, label, notes)
+}
+
+/// The patch from `pod` to `next`, or why there is none.
+fn finish(pod: &Pod, next: Pod, label: &'static str, notes: Vec<String>) -> Mutation {
     let Ok(patch) = pod_patch(pod, next) else {
         return Mutation::Unchanged(Unchanged::Internal("pod does not serialize".into()));
     };
@@ -885,29 +908,20 @@ fn format_fraction(milli: u32) -> String {
     format_ratio(f64::from(milli) / 1000.0)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn apply_fractional(
+/// What every shared GPU needs of the vLLM container `vi`, whichever way the fraction is written: its memory
+/// flags bound to the share (`--gpu-memory-utilization`, and the recommended KV bytes where they belong to the
+/// recommended memory), and no request for the pool's whole-GPU resource.
+fn bound_vllm(
     pod: &mut Pod,
+    vi: usize,
     ctx: &Context<'_>,
     need: &FractionalNeed,
-    placement: &Placement,
-    node: &str,
-    uuid: &str,
+    pool: &tessera_pool::PoolSpec,
     notes: &mut Vec<String>,
 ) -> Result<(), Unchanged> {
-    let pools = ctx.config.pools.as_deref();
-    let Some(pool) = pools.and_then(|p| p.pool(&need.pool)) else {
-        return Err(Unchanged::NoPool(format!("no pool named {:?}", need.pool)));
-    };
-    let Some(vi) = vllm_container(pod) else {
-        return Err(Unchanged::NoVllmContainer {
-            asked: setting(pod, INJECT) == Some("true"),
-        });
-    };
     let kv_ok = kv_bytes_supported(pod, &pod_spec(pod).containers[vi]);
     let rec = in_force(ctx.policy);
-    let spec = pod_spec_mut(pod);
-    let c = &mut spec.containers[vi];
+    let c = &mut pod_spec_mut(pod).containers[vi];
     // A shared GPU must bound vLLM: its budget is the reserved share of the card, whatever the user wrote.
     let util = need.memory_mib as f64 / pool.gpu_memory_mib as f64;
     vllm::set_flag(c, "--gpu-memory-utilization", &format_ratio(util))
@@ -935,6 +949,31 @@ fn apply_fractional(
             map.remove(&pool.resource_name);
         }
     }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_fractional(
+    pod: &mut Pod,
+    ctx: &Context<'_>,
+    need: &FractionalNeed,
+    placement: &Placement,
+    node: &str,
+    uuid: &str,
+    notes: &mut Vec<String>,
+) -> Result<(), Unchanged> {
+    let pools = ctx.config.pools.as_deref();
+    let Some(pool) = pools.and_then(|p| p.pool(&need.pool)) else {
+        return Err(Unchanged::NoPool(format!("no pool named {:?}", need.pool)));
+    };
+    let Some(vi) = vllm_container(pod) else {
+        return Err(Unchanged::NoVllmContainer {
+            asked: setting(pod, INJECT) == Some("true"),
+        });
+    };
+    bound_vllm(pod, vi, ctx, need, pool, notes)?;
+    let spec = pod_spec_mut(pod);
+    let c = &mut spec.containers[vi];
     vllm::set_env(c, "NVIDIA_VISIBLE_DEVICES", uuid);
     if pool.sharing == SharingMode::Mps {
         apply_mps(spec, vi, ctx.config, need);

@@ -87,7 +87,7 @@ pub fn class_flags(policy: Option<&InferenceAutoscaler>) -> Vec<String> {
 pub fn sidecar(
     pod: &Pod,
     ctx: &Context<'_>,
-    fractional: Option<(&FractionalNeed, &Placement, &str)>,
+    fractional: Option<(&FractionalNeed, Option<(&Placement, &str)>)>,
 ) -> Container {
     let cfg = ctx.config;
     let vllm_c = vllm_container(pod).map(|i| &pod_spec(pod).containers[i]);
@@ -141,22 +141,27 @@ pub fn sidecar(
             value_from: None,
         });
     }
-    if let Some((need, placement, uuid)) = fractional {
+    if let Some((need, placed)) = fractional {
         args.extend([
             "--gpu-compute-fraction".into(),
             format_fraction(need.compute_milli),
             "--gpu-shared".into(),
-            // The start-up gate: tenants of one GPU start one at a time (docs/fractional-gpus.md); its lease
-            // lives beside the capacity pod.
-            "--gpu-uuid".into(),
-            uuid.to_string(),
-            "--gate-namespace".into(),
-            placement.namespace.clone(),
-            "--gate-max-wait".into(),
-            humantime::format_duration(GATE_MAX_WAIT).to_string(),
-            "--gate-state-dir".into(),
-            GATE_STATE_DIR.into(),
         ]);
+        // The start-up gate: tenants of one GPU start one at a time (docs/fractional-gpus.md); its lease lives
+        // beside the capacity pod. A DRA claim's device is chosen by the scheduler after admission, so such a pod
+        // has no GPU to gate on here.
+        if let Some((placement, uuid)) = placed {
+            args.extend([
+                "--gpu-uuid".into(),
+                uuid.to_string(),
+                "--gate-namespace".into(),
+                placement.namespace.clone(),
+                "--gate-max-wait".into(),
+                humantime::format_duration(GATE_MAX_WAIT).to_string(),
+                "--gate-state-dir".into(),
+                GATE_STATE_DIR.into(),
+            ]);
+        }
         if let Some(pool) = cfg.pools.as_deref().and_then(|p| p.pool(&need.pool)) {
             args.extend(["--gpu-memory-mib".into(), pool.gpu_memory_mib.to_string()]);
             // The compute share is never recommended below what the replica's memory pays for in this pool.
@@ -165,18 +170,21 @@ pub fn sidecar(
                 pool.compute_oversubscription().to_string(),
             ]);
         }
-        env.push(EnvVar {
-            name: "NVIDIA_VISIBLE_DEVICES".into(),
-            value: Some(uuid.to_string()),
-            value_from: None,
-        });
+        if let Some((_, uuid)) = placed {
+            env.push(EnvVar {
+                name: "NVIDIA_VISIBLE_DEVICES".into(),
+                value: Some(uuid.to_string()),
+                value_from: None,
+            });
+        }
     }
+    let gated = matches!(fractional, Some((_, Some(_))));
     let mut mounts: Option<Vec<VolumeMount>> = None;
     if let Some((dir, mount)) = vllm_c.and_then(model_volume) {
         args.extend(["--model-dir".into(), dir]);
         mounts = Some(vec![mount]);
     }
-    if fractional.is_some() {
+    if gated {
         mounts.get_or_insert_with(Vec::new).push(VolumeMount {
             name: GATE_STATE_VOLUME.into(),
             mount_path: GATE_STATE_DIR.into(),
@@ -250,14 +258,14 @@ pub fn sidecar(
 pub(super) fn inject_sidecar(
     pod: &mut Pod,
     ctx: &Context<'_>,
-    fractional: Option<(&FractionalNeed, &Placement, &str)>,
+    fractional: Option<(&FractionalNeed, Option<(&Placement, &str)>)>,
 ) {
     let container = sidecar(pod, ctx, fractional);
     let sleeps = vllm_container(pod).is_some_and(|i| super::sleep::sleep_mode(&pod_spec(pod).containers[i]));
     if sleeps {
         super::sleep::apply(pod, ctx.config.sidecar_port);
     }
-    if fractional.is_some() {
+    if matches!(fractional, Some((_, Some(_)))) {
         let volumes = pod_spec_mut(pod).volumes.get_or_insert_with(Vec::new);
         if !volumes.iter().any(|v| v.name == GATE_STATE_VOLUME) {
             volumes.push(Volume {
@@ -371,8 +379,8 @@ mod tests {
             placement: Some(&place),
         };
         let mut p = pod(Some("team-a"));
-        inject_sidecar(&mut p, &ctx, Some((&need, &place, "GPU-1")));
-        inject_sidecar(&mut p, &ctx, Some((&need, &place, "GPU-1")));
+        inject_sidecar(&mut p, &ctx, Some((&need, Some((&place, "GPU-1")))));
+        inject_sidecar(&mut p, &ctx, Some((&need, Some((&place, "GPU-1")))));
         let spec = p.spec.unwrap();
         let c = spec.init_containers.unwrap().pop().unwrap();
         let probe = c.startup_probe.unwrap();
