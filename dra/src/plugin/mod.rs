@@ -169,14 +169,19 @@ impl Args {
 /// Runs the plugin until SIGTERM or Ctrl-C: both sockets served, the node's slice published unless
 /// `--no-publish`. On a signal it stops at once (no drain: the kubelet's calls are retried).
 pub async fn run(args: Args) -> Result<(), PluginError> {
+    // With --gpus the flags alone make the inventory: a wrong one fails at once, naming itself, before the API
+    // is reached (and whether or not it can be).
+    let given = args.gpus.map(|n| Inventory::new(&args.inventory(n))).transpose()?;
     let client = tessera_runtime::kube_client::client()
         .await
         .map_err(|e| PluginError::Client(e.to_string()))?;
-    let gpus = match args.gpus {
-        Some(n) => n,
-        None => node_gpus(&client, &args.node, &args.gpu_resource, args.api_timeout).await?,
+    let inventory = match given {
+        Some(inventory) => inventory,
+        None => {
+            let gpus = node_gpus(&client, &args.node, &args.gpu_resource, args.api_timeout).await?;
+            Inventory::new(&args.inventory(gpus))?
+        }
     };
-    let inventory = Inventory::new(&args.inventory(gpus))?;
     let driver = Arc::new(Driver::open(
         args.driver(),
         inventory.clone(),
