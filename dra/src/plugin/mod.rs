@@ -171,7 +171,10 @@ impl Args {
 pub async fn run(args: Args) -> Result<(), PluginError> {
     // With --gpus the flags alone make the inventory: a wrong one fails at once, naming itself, before the API
     // is reached (and whether or not it can be).
-    let given = args.gpus.map(|n| Inventory::new(&args.inventory(n))).transpose()?;
+    let given = args
+        .gpus
+        .map(|n| Inventory::new(&args.inventory(n)))
+        .transpose()?;
     let client = tessera_runtime::kube_client::client()
         .await
         .map_err(|e| PluginError::Client(e.to_string()))?;
