@@ -77,6 +77,8 @@ pub struct Context {
     pub neighbours: super::neighbours::Book,
     /// Every pod in the watched scope, from one watch: what each round reads instead of listing its model's pods.
     pub pods: super::pods::PodCache,
+    /// Every Deployment in the watched scope: what `/scale` would answer for a Deployment target, without a read.
+    pub deployments: super::scales::DeploymentCache,
     /// DRA mode: the claim templates (`namespace/name`) this process wrote, so each is written once.
     pub dra_templates: Mutex<HashSet<String>>,
 }

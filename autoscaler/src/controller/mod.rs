@@ -44,6 +44,7 @@ pub mod pods;
 mod pollers;
 pub mod reconcile;
 pub mod rollout;
+pub mod scales;
 mod serving;
 pub mod sidecar_url;
 pub mod signals;
@@ -392,6 +393,7 @@ fn context(
         neighbours: neighbours::Book::default(),
         dra_templates: Mutex::new(HashSet::new()),
         pods: pods::PodCache::start(watched(args, client), shutdown_rx.clone()),
+        deployments: scales::DeploymentCache::start(watched(args, client), shutdown_rx.clone()),
         scalers: owners::HpaCache::start(watched(args, client), shutdown_rx.clone()),
     })
 }

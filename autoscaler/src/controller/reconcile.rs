@@ -668,6 +668,15 @@ async fn read_scale(
     target: &str,
     now_sys: SystemTime,
 ) -> Result<(u32, String), Error> {
+    // A Deployment's /scale from the watch when it can answer (`super::scales`): no request per model per round.
+    let r = &obj.spec.scale_target_ref;
+    if r.kind == "Deployment"
+        && r.api_version == "apps/v1"
+        && let Some(ns) = obj.metadata.namespace.as_deref()
+        && let Some(answer) = ctx.deployments.scale(ns, &r.name)
+    {
+        return Ok(answer);
+    }
     let scale = match target_api.get_scale(&obj.spec.scale_target_ref.name).await {
         Ok(s) => s,
         Err(source) => {

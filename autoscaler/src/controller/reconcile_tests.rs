@@ -181,6 +181,7 @@ pub(super) fn test_context(
         neighbours: crate::controller::neighbours::Book::default(),
         dra_templates: std::sync::Mutex::default(),
         pods: crate::controller::pods::PodCache::default(),
+        deployments: crate::controller::scales::DeploymentCache::default(),
     })
 }
 
