@@ -229,3 +229,29 @@ fn byte_sizes_are_taken_with_units_by_every_role() {
         "{err}"
     );
 }
+
+/// A scenario with several fields missing names them all in one run (serde alone names the first, so three gaps
+/// took three runs), with the first one's line.
+#[test]
+fn every_missing_scenario_field_in_one_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("gaps.yaml");
+    std::fs::write(
+        &file,
+        "name: gaps\nduration: 1h\nmodels:\n  - name: chat\n    preset: llama-3.1-8b\n    max_replicas: 2\n",
+    )
+    .expect("write the scenario");
+    let out = tessera(&["simulate", "--scenario", file.to_str().expect("utf-8")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing fields: "), "{err}");
+    for field in [
+        "`gpu`",
+        "`models[0].slo_ttft`",
+        "`models[0].hpa_requests_per_second_per_replica`",
+        "`models[0].traffic`",
+    ] {
+        assert!(err.contains(field), "{field} named with the others: {err}");
+    }
+    assert!(err.contains("line"), "the first one's place: {err}");
+}

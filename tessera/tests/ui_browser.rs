@@ -178,13 +178,13 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
     };
     assert!(page.contains("<svg"), "charts are inline SVG");
 
-    // The DOM after scripts ran, sorted by the "Replicas" column (column 2) descending through the page's #sort=
+    // The DOM after scripts ran, sorted by the "Replicas" column (column 4) descending through the page's #sort=
     // hook.
     let (dom, console) = headless(
         &browser,
         &work.path().join("profile"),
         &["--dump-dom", "--virtual-time-budget=2000"],
-        &ui.url("/ui#sort=-2"),
+        &ui.url("/ui#sort=-4"),
     );
     assert!(console.is_empty(), "the page logged to the console: {console:#?}");
     let chat_row = dom.find(r#"data-model="local/chat""#).expect("a row for chat");
@@ -261,6 +261,27 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
         "no shared GPUs in local mode"
     );
 
+    // At 1,400 px (a laptop) the models table fits: no sideways scroll (it needed about 1,900 px for one model).
+    let (laid_out, _) = headless(
+        &browser,
+        &work.path().join("profile-layout"),
+        &[
+            "--window-size=1400,900",
+            "--dump-dom",
+            "--virtual-time-budget=2000",
+        ],
+        &ui.url("/ui#layout"),
+    );
+    let overflow = laid_out
+        .split_once(r#"data-models-overflow=""#)
+        .and_then(|(_, rest)| rest.split('"').next())
+        .and_then(|v| v.parse::<u32>().ok())
+        .expect("the #layout hook ran");
+    assert_eq!(
+        overflow, 0,
+        "the models table scrolls sideways by {overflow} px at 1,400 px"
+    );
+
     // The screenshot, for people.
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-browser");
     std::fs::create_dir_all(&shots).expect("create the screenshot folder");
@@ -270,7 +291,7 @@ async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings(
         &browser,
         &work.path().join("profile-shot"),
         &[
-            "--window-size=1920,1000",
+            "--window-size=1400,1000",
             "--virtual-time-budget=2000",
             &format!("--screenshot={}", png.display()),
         ],

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tessera_sim::prometheus::convert::{self, ConvertOptions, Grid, ModelObservation};
+use tessera_sim::prometheus::convert::{self, ConvertOptions, Grid, ModelObservation, Observer};
 use tessera_sim::simulate::scenario::ScenarioFile;
 use tessera_sim::simulate::{Report, summary, today};
 use tessera_sim::trace::observed::{Bucket, TokenHistogram};
@@ -107,6 +107,7 @@ pub fn scenario(
     }
     let opts = ConvertOptions {
         name: "last-day".into(),
+        observer: Observer::AutoscalerPage,
         source: format!("this autoscaler's page history ({price_note})"),
         gpu: gpu.to_string(),
         gpu_reason: "from the GPU memory the sidecars report".into(),
@@ -175,6 +176,15 @@ impl Cache {
     }
 }
 
+/// `$1.23`, or `−$1.23` where Tessera would cost more.
+fn dollars(x: f64) -> String {
+    if x < -0.005 {
+        format!("−${:.2}", -x)
+    } else {
+        format!("${:.2}", x.max(0.0))
+    }
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
@@ -234,13 +244,13 @@ pub fn render(r: &Report, usd: f64, source: &str, assumptions: &[String]) -> Str
     let _ = write!(
         o,
         "<p>Over the last {}, the models here held <b>{today_total:.1} GPU-hours</b>; Tessera would hold \
-         <b>{:.1}</b> and meet the TTFT objective for {:.1}% of requests: <b>${:.2} saved</b> at ${usd:.2} per \
+         <b>{:.1}</b> and meet the TTFT objective for {:.1}% of requests: <b>{} saved</b> at ${usd:.2} per \
          GPU-hour ({}). The same numbers as <code>tessera simulate savings.yaml</code> on \
          <a href=\"/ui/savings.yaml\">this scenario</a>.</p>",
         humantime::format_duration(Duration::from_secs(r.duration_secs.round() as u64)),
         t.gpu_hours,
         t.slo_attainment * 100.0,
-        (today_total - t.gpu_hours) * usd,
+        dollars((today_total - t.gpu_hours) * usd),
         esc(source)
     );
     o.push_str(
@@ -256,22 +266,34 @@ pub fn render(r: &Report, usd: f64, source: &str, assumptions: &[String]) -> Str
         let advice = summary::advice(r, t, i).unwrap_or_default();
         let _ = write!(
             o,
-            "<tr><td>{}</td><td>{}</td><td>{today:.2}</td><td>{:.2}</td><td>${:.2}</td><td style=\"text-align:left\">{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{today:.2}</td><td>{:.2}</td><td>{}</td><td style=\"text-align:left\">{}</td></tr>",
             esc(&m.model),
             m.requests,
             m.memory_gpu_hours,
-            (today - m.memory_gpu_hours) * usd,
+            dollars((today - m.memory_gpu_hours) * usd),
             esc(advice.split_once(": ").map_or(advice.as_str(), |x| x.1))
         );
     }
+    // What packing leaves empty belongs to no model: its own row, so the column adds up to the total (a page
+    // once showed "$0.03 saved" on a model above a total of "$0.00").
+    let shares: f64 = t.models.iter().map(|m| m.memory_gpu_hours).sum();
+    let empty = (t.gpu_hours - shares).max(0.0);
     let _ = write!(
         o,
-        "<tr><th>total</th><th>{}</th><th>{today_total:.2}</th><th>{:.2}</th><th>${:.2}</th><th></th></tr></table>\
-         <p>Per model, Tessera's GPU-hours are its replicas' memory share of the GPUs they were packed on; the total \
-         also counts what packing leaves empty.</p><h2>What metrics cannot say, and what was assumed</h2><ul>",
+        "<tr><td>held with no model in it (what packing leaves empty)</td><td></td><td>0.00</td><td>{empty:.2}</td>\
+         <td>{}</td><td></td></tr>",
+        dollars(-empty * usd)
+    );
+    let _ = write!(
+        o,
+        "<tr><th>total</th><th>{}</th><th>{today_total:.2}</th><th>{:.2}</th><th>{}</th><th></th></tr></table>\
+         <p>Per model, Tessera's GPU-hours are its replicas' memory share of the GPUs they were packed on; the row \
+         above the total is the rest of those GPUs. \"What would do\" is the simulated day's, from its assumed \
+         prompt lengths: the live memory recommendation of each replica is on <a href=\"/ui\">/ui</a>.</p>\
+         <h2>What the page's history cannot say, and what was assumed</h2><ul>",
         t.requests,
         t.gpu_hours,
-        (today_total - t.gpu_hours) * usd
+        dollars((today_total - t.gpu_hours) * usd)
     );
     for a in assumptions {
         let _ = write!(o, "<li>{}</li>", esc(a));
@@ -335,6 +357,45 @@ mod tests {
             "{}",
             a.html
         );
+    }
+
+    /// The table's rows add up to its total (models' memory shares plus what packing leaves empty), and the page's
+    /// assumptions describe the page's own history, not a Prometheus it never read.
+    #[test]
+    fn the_rows_add_up_and_the_assumptions_are_the_pages() {
+        let models = day();
+        let now = 29_000_000 + 29;
+        let (file, assumptions) = scenario(&models, now, "a100-80gb", "list")
+            .expect("converts")
+            .expect("has history");
+        assert!(
+            assumptions
+                .iter()
+                .all(|a| !a.contains("Prometheus") && !a.contains("histograms")),
+            "{assumptions:?}"
+        );
+        assert!(
+            file.description.starts_with("Observed by this autoscaler's page"),
+            "{}",
+            file.description
+        );
+        let a = compute(&models, now, "a100-80gb", Some(1.0));
+        // The "saved" column: every row's dollars, then the total's.
+        let cells: Vec<f64> = a
+            .html
+            .split("<tr>")
+            .skip(2)
+            .filter_map(|row| {
+                let cell = row.split("<t").nth(5)?;
+                let v = cell.split_once('>')?.1.split('<').next()?;
+                let neg = v.starts_with('−');
+                let x: f64 = v.trim_start_matches('−').trim_start_matches('$').parse().ok()?;
+                Some(if neg { -x } else { x })
+            })
+            .collect();
+        assert_eq!(cells.len(), 4, "two models, the empty row, the total: {}", a.html);
+        let (rows, total) = cells.split_at(3);
+        assert!((rows.iter().sum::<f64>() - total[0]).abs() < 0.02, "{cells:?}");
     }
 
     #[test]

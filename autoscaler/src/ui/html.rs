@@ -102,7 +102,8 @@ th:first-child,td:first-child,td.l,th.l{text-align:left}
 th.sorted-asc::after{content:" ▲"}th.sorted-desc::after{content:" ▼"}
 td .s{display:block;color:var(--mute);font-size:12px}
 .over{color:var(--warn);font-weight:600}.ok{color:var(--good)}.mute{color:var(--mute)}
-.why{white-space:normal;min-width:240px;max-width:320px;text-align:left;font-size:12px}
+.why{white-space:normal;min-width:200px;max-width:280px;text-align:left;font-size:12px}
+th{white-space:normal}td .s{white-space:normal}td.class{max-width:190px}
 .scroll{overflow-x:auto}
 th .s{display:block;color:var(--mute);font-size:11px}
 th .s{font-weight:400}
@@ -128,6 +129,9 @@ document.querySelectorAll('table.sortable').forEach(function(t){
 // #sort=N (ascending) or #sort=-N (descending) sorts the models table by column N on load: shareable views.
 (function(){var m=/^#sort=(-?)(\d+)$/.exec(location.hash),t=document.getElementById('models');
   if(!m||!t)return;var th=t.querySelectorAll('th')[+m[2]];if(!th)return;th.click();if(m[1])th.click();})();
+// #layout records how many pixels the models table overflows its box (0: no sideways scroll) on <body>.
+(function(){if(location.hash!=='#layout')return;var w=document.querySelector('.scroll');if(!w)return;
+  document.body.setAttribute('data-models-overflow',String(Math.max(0,w.scrollWidth-w.clientWidth)));})();
 "#;
 
 /// One line of a chart: label, colour, `(minute, value)` points (NaN breaks the line).
@@ -339,6 +343,21 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         }
         None => out.push_str(r#"<td class="l class mute" data-v="">—</td>"#),
     }
+    // Latency next to the model (what a reader looks for first), before what it holds.
+    for (v, slo) in [(s.ttft_p95, s.ttft_slo), (s.itl_p95, s.itl_slo)] {
+        let over = matches!((v, slo), (Some(a), Some(b)) if a > b);
+        let class = if over { "over" } else { "" };
+        let objective = slo.map_or_else(
+            || "no objective".to_owned(),
+            |o| format!("objective {}", secs(Some(o))),
+        );
+        let _ = write!(
+            out,
+            r#"<td data-v="{}"><span class="{class}">{}</span><span class="s">{objective}</span></td>"#,
+            key(v),
+            secs(v)
+        );
+    }
     let bounds = match (r.min, r.max) {
         (Some(lo), Some(hi)) => format!("{lo}–{hi}"),
         _ => "no policy".to_owned(),
@@ -426,20 +445,6 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         key(s.prefix_cache_hit_ratio),
         pct(s.prefix_cache_hit_ratio)
     );
-    for (v, slo) in [(s.ttft_p95, s.ttft_slo), (s.itl_p95, s.itl_slo)] {
-        let over = matches!((v, slo), (Some(a), Some(b)) if a > b);
-        let class = if over { "over" } else { "" };
-        let objective = slo.map_or_else(
-            || "no objective".to_owned(),
-            |o| format!("objective {}", secs(Some(o))),
-        );
-        let _ = write!(
-            out,
-            r#"<td data-v="{}"><span class="{class}">{}</span><span class="s">{objective}</span></td>"#,
-            key(v),
-            secs(v)
-        );
-    }
     // Where a request's time goes: prefill (compute-bound, scales with SMs) and decode (memory-bound).
     let _ = write!(
         out,
@@ -661,7 +666,7 @@ pub fn render(view: &View, history: &History) -> String {
         view.models.len()
     );
     out.push_str(r#"<p class="note">Memory and compute read <i>now → recommended</i> per replica. Latencies are the worst replica's p95 over the sidecar's window; prefix-cache hit rate is the replicas' mean over it. Class: the workload class, whose defaults the policy's unset fields take (below it, where they came from): <i>realtime</i> (someone waits on each token: latency first; the class when unsure), <i>nearRealtime</i> (someone waits on the answer, traffic in bursts: a short wait or a cold start within the objective), <i>batch</i> (nobody waits on one request: throughput first); hover for why. — means not reported (older sidecars). Click a column to sort.</p>"#);
-    out.push_str(r#"<div class="scroll"><table class="sortable" id="models"><thead><tr><th class="l">Model</th><th class="l">Class</th><th>Replicas</th><th>GPUs held</th><th>GPU memory / replica<span class="s">now → recommended</span></th><th>Compute share<span class="s">now → recommended</span></th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>Prefix cache<span class="s">hit rate</span></th><th>TTFT p95</th><th>ITL p95</th><th>Prefill · decode<span class="s">p95</span></th><th class="l">Leading signal</th><th class="l">Why / last decisions</th></tr></thead><tbody>"#);
+    out.push_str(r#"<div class="scroll"><table class="sortable" id="models"><thead><tr><th class="l">Model</th><th class="l">Class</th><th>TTFT p95</th><th>ITL p95</th><th>Replicas</th><th>GPUs held</th><th>GPU memory / replica<span class="s">now → recommended</span></th><th>Compute share<span class="s">now → recommended</span></th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>Prefix cache<span class="s">hit rate</span></th><th>Prefill · decode<span class="s">p95</span></th><th class="l">Leading signal</th><th class="l">Why / last decisions</th></tr></thead><tbody>"#);
     for row in &view.models {
         model_row(&mut out, row, history, now_minute);
     }
@@ -742,8 +747,9 @@ pub fn render(view: &View, history: &History) -> String {
     }
     let _ = write!(
         out,
-        r#"<p class="note">GPUs needed: each replica's recommendation (memory MiB, compute share) packed with <code>tessera pack</code>'s packer onto GPUs of its own size; replicas without a recommendation keep a whole GPU. Money: GPUs freed × ${:.2}/GPU-hour × 730 h (set <code>--gpu-hour-price</code>). Also: <a href="/metrics">/metrics</a>.</p>"#,
-        o.price_per_gpu_hour
+        r#"<p class="note">GPUs needed: each replica's recommendation (memory MiB, compute share) packed with <code>tessera pack</code>'s packer onto GPUs of its own size; replicas without a recommendation keep a whole GPU. Money: GPUs freed × ${:.2}/GPU-hour ({}; set <code>--gpu-hour-price</code> to what you pay) × 730 h. Also: <a href="/metrics">/metrics</a>.</p>"#,
+        o.price_per_gpu_hour,
+        esc(&o.price_source)
     );
     out.push_str("</main><script>");
     out.push_str(JS);

@@ -84,10 +84,10 @@ pub struct PageArgs {
         value_delimiter = ','
     )]
     pub sidecars: Vec<SidecarTarget>,
-    /// Price of one GPU-hour for the page's savings. Default: AWS p4d.24xlarge (8 × A100) on demand in us-east-1,
-    /// $32.77/h ÷ 8.
-    #[arg(help_heading = "/ui page", long, env = "TESSERA_GPU_HOUR_PRICE", default_value_t = view::DEFAULT_PRICE_PER_GPU_HOUR)]
-    pub gpu_hour_price: f64,
+    /// Price of one GPU-hour (US dollars) for the page's savings. Default: the on-demand list price of the GPU the
+    /// replicas report, the one `tessera simulate` uses ($5.12 for an A100-80GB: AWS p4de.24xlarge ÷ 8).
+    #[arg(help_heading = "/ui page", long, env = "TESSERA_GPU_HOUR_PRICE", value_parser = tessera_sim::simulate::parse_price)]
+    pub gpu_hour_price: Option<f64>,
     /// GPU memory (MiB) the page assumes where a replica's sidecar does not report its GPU.
     #[arg(
         help_heading = "/ui page",
@@ -254,7 +254,12 @@ impl Store {
             let (models, gpu) = match self.inner.lock() {
                 Ok(mut inner) => {
                     let snap = self.snapshot_locked(&mut inner, at_ms);
-                    let gpu = day_savings::gpu_for_memory(snap.models.iter().find_map(|m| m.gpu_memory_mib));
+                    let gpu = day_savings::gpu_for_memory(Some(
+                        snap.models
+                            .iter()
+                            .find_map(|m| m.gpu_memory_mib)
+                            .unwrap_or(self.settings.default_gpu_memory_mib),
+                    ));
                     let models = inner
                         .history
                         .models
@@ -276,7 +281,7 @@ impl Store {
                 Err(_) => (Vec::new(), "a100-80gb"),
             };
             // The history lock is released before simulating: the page and the recorder go on meanwhile.
-            day_savings::compute(&models, minute, gpu, Some(self.settings.price_per_gpu_hour))
+            day_savings::compute(&models, minute, gpu, self.settings.price_per_gpu_hour)
         })
     }
 

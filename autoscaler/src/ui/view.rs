@@ -17,11 +17,6 @@ use tessera_core::workload::Classified;
 /// Hours in an average month (365 × 24 / 12), the unit cloud price lists use for a monthly figure.
 pub const HOURS_PER_MONTH: f64 = 730.0;
 
-/// Default price of one GPU-hour, US dollars: AWS EC2 `p4d.24xlarge` (8 × A100 40 GB) on demand in us-east-1,
-/// $32.77 per hour (AWS's public on-demand price list, <https://aws.amazon.com/ec2/pricing/on-demand/>), divided
-/// by its 8 GPUs and rounded: $4.10. Set `--gpu-hour-price` to what the cluster really pays.
-pub const DEFAULT_PRICE_PER_GPU_HOUR: f64 = 4.10;
-
 /// How a model's replicas get their GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 pub enum Sharing {
@@ -243,18 +238,30 @@ pub struct Snapshot {
 /// Page settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
-    /// Price of one GPU-hour.
-    pub price_per_gpu_hour: f64,
+    /// Price of one GPU-hour (`--gpu-hour-price`); `None`: the list price of the GPU the replicas report, the one
+    /// `tessera simulate` uses ([`Settings::price`]).
+    pub price_per_gpu_hour: Option<f64>,
     /// GPU memory assumed where a replica's GPU is unknown, MiB.
     pub default_gpu_memory_mib: u64,
     /// MiB kept free on every GPU when packing (as the pools' `memoryHeadroomMiB`).
     pub headroom_mib: u64,
 }
 
+impl Settings {
+    /// The price of one GPU-hour and where it comes from, for GPUs of `gpu_memory_mib` (unknown: the page's
+    /// default GPU): the user's, else the list price of that GPU's preset — one price for `/ui` and `/ui/savings`,
+    /// and the one `tessera simulate` prints for the same GPU.
+    pub fn price(&self, gpu_memory_mib: Option<u64>) -> (f64, String) {
+        let gpu =
+            super::day_savings::gpu_for_memory(Some(gpu_memory_mib.unwrap_or(self.default_gpu_memory_mib)));
+        tessera_sim::simulate::today::price_for(gpu, self.price_per_gpu_hour)
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            price_per_gpu_hour: DEFAULT_PRICE_PER_GPU_HOUR,
+            price_per_gpu_hour: None,
             default_gpu_memory_mib: 81920,
             headroom_mib: 1024,
         }
@@ -274,6 +281,8 @@ pub struct Overview {
     pub monthly_savings: f64,
     /// The price used.
     pub price_per_gpu_hour: f64,
+    /// Where it comes from (`--gpu-hour-price`, or the list price's source).
+    pub price_source: String,
     /// Replicas that have no recommendation yet (counted as a whole GPU each).
     pub replicas_without_recommendation: u32,
     /// Memory of the GPUs held, MiB.
@@ -375,8 +384,10 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
     let mut gpus: Vec<&GpuObservation> = snapshot.gpus.iter().collect();
     gpus.sort_by(|a, b| (&a.pool, &a.capacity_pod).cmp(&(&b.pool, &b.capacity_pod)));
 
+    let (price_per_gpu_hour, price_source) = settings.price(models.iter().find_map(|m| m.gpu_memory_mib));
     let mut o = Overview {
-        price_per_gpu_hour: settings.price_per_gpu_hour,
+        price_per_gpu_hour,
+        price_source,
         models: models.len(),
         ..Overview::default()
     };
@@ -472,7 +483,7 @@ pub fn view(snapshot: &Snapshot, settings: &Settings) -> View {
         })
         .sum();
     o.gpus_freed = o.gpus_held.saturating_sub(o.gpus_needed);
-    o.monthly_savings = o.gpus_freed as f64 * settings.price_per_gpu_hour * HOURS_PER_MONTH;
+    o.monthly_savings = o.gpus_freed as f64 * o.price_per_gpu_hour * HOURS_PER_MONTH;
 
     let gpu_rows = gpus
         .into_iter()
@@ -545,7 +556,8 @@ mod tests {
     /// Held: 2 + 3 + 1 = 6 GPUs. Needed: `code` fills one GPU alone. The others ask for 2 × (400 m, 30000) +
     /// 3 × (200 m, 10000) = 1400 m and 90000 MiB: more than one GPU on both counts, and two GPUs hold them
     /// (e.g. 400+400+200 m / 70000 MiB and 200+200 m / 20000 MiB). Needed = 1 + 2 = 3, freed = 3.
-    /// Money: 3 GPUs × $4.10 × 730 h = $8,979 a month.
+    /// Money: 3 GPUs × $5.12 (the A100-80GB's list price, as `tessera simulate` prices it) × 730 h = $11,212.80
+    /// a month.
     #[test]
     fn savings_on_a_hand_worked_example() {
         let snapshot = Snapshot {
@@ -561,7 +573,12 @@ mod tests {
         assert_eq!(o.gpus_held, 6);
         assert_eq!(o.gpus_needed, 3);
         assert_eq!(o.gpus_freed, 3);
-        assert!((o.monthly_savings - 8979.0).abs() < 1e-6, "{}", o.monthly_savings);
+        assert!(
+            (o.monthly_savings - 11_212.8).abs() < 1e-6,
+            "{}",
+            o.monthly_savings
+        );
+        assert!(o.price_source.contains("p4de.24xlarge"), "{}", o.price_source);
         assert_eq!(o.replicas_without_recommendation, 1);
         assert_eq!(o.replicas, 6);
         assert_eq!(o.memory_held_mib, 6 * 81920);
@@ -578,6 +595,31 @@ mod tests {
         assert_eq!(v.models[0].recommended_memory_mib, Some(30000));
     }
 
+    /// `/ui` and `/ui/savings` price a GPU-hour alike, and as `tessera simulate` does for that GPU (the page used
+    /// to say $4.10 where `simulate` said $5.12 for the same A100-80GB).
+    #[test]
+    fn one_price_for_the_page_the_savings_page_and_simulate() {
+        let s = Settings::default();
+        let list = |gpu| {
+            tessera_sim::simulate::today::list_price(gpu)
+                .expect("priced")
+                .usd_per_gpu_hour
+        };
+        assert_eq!(s.price(Some(81920)).0, list("a100-80gb"));
+        assert_eq!(
+            s.price(None).0,
+            list("a100-80gb"),
+            "unknown: the page's default GPU (80 GiB)"
+        );
+        assert_eq!(s.price(Some(40960)).0, list("a100-40gb"));
+        assert_eq!(s.price(Some(23034)).0, list("l4"));
+        let mine = Settings {
+            price_per_gpu_hour: Some(2.5),
+            ..s
+        };
+        assert_eq!(mine.price(Some(23034)), (2.5, "--gpu-hour-price".to_owned()));
+    }
+
     #[test]
     fn the_price_is_configurable_and_nothing_is_freed_without_recommendations() {
         let snapshot = Snapshot {
@@ -585,7 +627,7 @@ mod tests {
             ..Snapshot::default()
         };
         let settings = Settings {
-            price_per_gpu_hour: 2.0,
+            price_per_gpu_hour: Some(2.0),
             ..Settings::default()
         };
         let o = view(&snapshot, &settings).overview;

@@ -334,11 +334,71 @@ pub struct ModelObservation {
     pub waiting_max: Option<f64>,
 }
 
+/// Who observed the history a scenario is written from: what its arrivals, token lengths and today's replicas
+/// were read from, so the assumptions a report lists describe the source it really had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Observer {
+    /// `tessera simulate --prometheus`: vLLM's counters and histograms, per query step.
+    #[default]
+    Prometheus,
+    /// The autoscaler's `/ui` page history: per-minute rates and replica counts from the sidecars; no token
+    /// histograms (the caller states the lengths it assumed).
+    AutoscalerPage,
+}
+
+impl Observer {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Prometheus => "Prometheus",
+            Self::AutoscalerPage => "this autoscaler's page",
+        }
+    }
+
+    fn arrivals(self, step: Duration) -> String {
+        let step = humantime::format_duration(step);
+        match self {
+            Self::Prometheus => format!(
+                "arrivals: Prometheus counts requests per {step} step; within a step they are spread uniformly at \
+                 random (bursts shorter than a step are smoothed)"
+            ),
+            Self::AutoscalerPage => format!(
+                "arrivals: the page keeps finished requests per {step}; within a step they are spread uniformly at \
+                 random (bursts shorter than a step are smoothed)"
+            ),
+        }
+    }
+
+    fn token_lengths(self) -> Option<&'static str> {
+        match self {
+            Self::Prometheus => Some(
+                "token lengths: drawn from vLLM's prompt and generation histograms, uniform within a bucket, scaled \
+                 to the exact means; a request's prompt and output lengths are drawn independently",
+            ),
+            Self::AutoscalerPage => None,
+        }
+    }
+
+    fn today(self) -> &'static str {
+        match self {
+            Self::Prometheus => {
+                "today: every replica (pod exporting vllm:num_requests_running) holds one whole GPU; tensor \
+                 parallelism is not in the metrics"
+            }
+            Self::AutoscalerPage => {
+                "today: every replica the page counted holds one whole GPU; tensor parallelism is not in the \
+                 sidecars' documents"
+            }
+        }
+    }
+}
+
 /// The choices metrics cannot make.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConvertOptions {
     /// Scenario name.
     pub name: String,
+    /// Who observed the history (what the assumptions say it was read from).
+    pub observer: Observer,
     /// Where it came from (URL, window), for the description.
     pub source: String,
     /// GPU preset.
@@ -364,18 +424,10 @@ pub fn scenario(
     opts: &ConvertOptions,
 ) -> Result<(ScenarioFile, Vec<String>), PromError> {
     let step = Duration::from_secs_f64(grid.step);
-    let mut assumptions = vec![
-        format!(
-            "arrivals: Prometheus counts requests per {} step; within a step they are spread uniformly at random \
-             (bursts shorter than a step are smoothed)",
-            humantime::format_duration(step)
-        ),
-        "token lengths: drawn from vLLM's prompt and generation histograms, uniform within a bucket, scaled to the \
-         exact means; a request's prompt and output lengths are drawn independently"
-            .to_string(),
-        "today: every replica (pod exporting vllm:num_requests_running) holds one whole GPU; tensor parallelism is \
-         not in the metrics"
-            .to_string(),
+    let mut assumptions = vec![opts.observer.arrivals(step)];
+    assumptions.extend(opts.observer.token_lengths().map(str::to_owned));
+    assumptions.push(opts.observer.today().to_owned());
+    assumptions.extend([
         format!(
             "TTFT objective {} for every model, and Tessera may scale a model to zero after {} idle (--slo-ttft, \
              --scale-to-zero-after; edit the file per model)",
@@ -383,7 +435,7 @@ pub fn scenario(
             humantime::format_duration(opts.scale_to_zero_after)
         ),
         format!("GPU: {} ({})", opts.gpu, opts.gpu_reason),
-    ];
+    ]);
     let by_first_token = obs.iter().any(|o| o.first_tokens.iter().sum::<f64>() > 0.0);
     assumptions.insert(
         1,
@@ -530,7 +582,8 @@ pub fn scenario(
     let file = ScenarioFile {
         name: opts.name.clone(),
         description: format!(
-            "Observed by Prometheus: {}. What metrics cannot say, and what was assumed: {}.",
+            "Observed by {}: {}. What metrics cannot say, and what was assumed: {}.",
+            opts.observer.name(),
             opts.source,
             assumptions.join("; ")
         ),
@@ -750,6 +803,7 @@ mod tests {
     fn opts() -> ConvertOptions {
         ConvertOptions {
             name: "observed".into(),
+            observer: Observer::Prometheus,
             source: "http://p:9090".into(),
             gpu: "a100-80gb".into(),
             gpu_reason: "given".into(),

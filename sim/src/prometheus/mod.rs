@@ -455,6 +455,7 @@ async fn fetch_window(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
     }
     let opts = ConvertOptions {
         name: "observed".into(),
+        observer: convert::Observer::Prometheus,
         source: format!(
             "{} from {} to {}{}",
             client.url(),

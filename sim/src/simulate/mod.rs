@@ -19,6 +19,7 @@ pub mod batch_outcome;
 pub mod bound;
 pub mod crd_model;
 pub mod html;
+pub mod missing_fields;
 pub mod observe;
 pub mod peers;
 pub mod report;
@@ -111,7 +112,8 @@ impl Args {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seeds(pub Vec<u64>);
 
-fn parse_price(s: &str) -> Result<f64, String> {
+/// A price in US dollars per GPU-hour (`2.5` or `$2.5`), for every `--gpu-hour-price`.
+pub fn parse_price(s: &str) -> Result<f64, String> {
     match s.trim_start_matches('$').parse::<f64>() {
         Ok(p) if p.is_finite() && p >= 0.0 => Ok(p),
         _ => Err(format!("{s:?} is not a price in dollars per GPU-hour (e.g. 2.5)")),

@@ -566,10 +566,29 @@ impl ScenarioFile {
                 problems,
             },
         })?;
-        match expanded {
-            Some(expanded) => serde_yaml::from_value(expanded).map_err(yaml_err),
-            None => serde_yaml::from_str(yaml).map_err(yaml_err),
-        }
+        let parsed = match &expanded {
+            Some(expanded) => serde_yaml::from_value(expanded.clone()),
+            None => serde_yaml::from_str(yaml),
+        };
+        parsed.map_err(|e| {
+            // serde names one missing field per run: name them all at once, with the first one's line.
+            let value = expanded.or_else(|| serde_yaml::from_str(yaml).ok());
+            let all = value.map_or_else(Vec::new, |v| super::missing_fields::missing::<Self>(&v));
+            if all.len() > 1 {
+                ScenarioError::Yaml {
+                    path: path.to_string(),
+                    message: format!(
+                        "missing fields: {} (the first: {e})",
+                        all.iter()
+                            .map(|f| format!("`{f}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                }
+            } else {
+                yaml_err(e)
+            }
+        })
     }
 
     /// Every problem with the values, each naming its field (empty = valid). Presets are resolved here too.
