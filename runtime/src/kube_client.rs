@@ -260,6 +260,13 @@ impl<K: kube::Resource + 'static> Cached<K>
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
+    /// A cache over a store someone else fills (a test's, or a caller's own watch), answering at once.
+    pub fn of(store: reflector::Store<K>) -> Self {
+        Self {
+            store: std::sync::Arc::new(std::sync::RwLock::new(Some(store))),
+        }
+    }
+
     /// The store, once its first list is in.
     pub fn store(&self) -> Option<reflector::Store<K>> {
         self.store.read().ok()?.clone()

@@ -886,6 +886,10 @@ async fn apply(
         .await
     {
         Ok(_) => {
+            if let Some(ns) = obj.metadata.namespace.as_deref() {
+                ctx.deployments
+                    .wrote(ns, &obj.spec.scale_target_ref.name, replicas);
+            }
             info!(
                 %target, from = current, to = replicas,
                 reason = decision.reason.label(), message = %why, "scaled"
