@@ -48,6 +48,18 @@ use support::{Killed, free_port, http_client, workspace};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// A control plane started by `scripts/control-plane.sh up`, stopped (`down`) on drop.
+/// The pools file the chart renders (its `tessera-pools` ConfigMap), written where the chart's pods would mount
+/// it; its path, as `--pools-config` takes it.
+async fn chart_pools_file(cp: &ControlPlane, client: &kube::Client) -> String {
+    let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "tessera-system")
+        .get("tessera-pools")
+        .await
+        .expect("the chart's pools ConfigMap");
+    let pools = cp.dir.join("pools.yaml");
+    std::fs::write(&pools, &cm.data.expect("data")["pools.yaml"]).expect("write the pools file");
+    pools.to_str().expect("a UTF-8 path").to_owned()
+}
+
 struct ControlPlane {
     dir: PathBuf,
     kubeconfig: PathBuf,
@@ -1715,14 +1727,7 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
             "--set-json",
             r#"gpuPools.pools=[{"name":"l4","nodeSelector":{"nvidia.com/gpu.product":"NVIDIA-L4"},"gpuMemoryMiB":23034,"sharing":"time-slicing","maxGpus":4,"emptyGpuGracePeriod":"30s"}]"#,
         ]);
-        // The pools file the chart renders, as the chart's pods would mount it.
-        let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "tessera-system")
-            .get("tessera-pools")
-            .await
-            .expect("the chart's pools ConfigMap");
-        let pools = cp.dir.join("pools.yaml");
-        std::fs::write(&pools, &cm.data.expect("data")["pools.yaml"]).unwrap();
-        let pools_arg = pools.to_str().unwrap().to_owned();
+        let pools_arg = chart_pools_file(&cp, &client).await;
 
         let hook = LoopbackWebhook::set_up(&cp, &client, &["--pools-config", &pools_arg]).await;
         let _webhook = hook.start();
@@ -2489,13 +2494,7 @@ fn dra_claims_are_allocated_by_the_scheduler_rolled_onto_a_new_template_and_expl
             .get(tessera_dra::DEVICE_CLASS)
             .await
             .expect("the chart's DeviceClass");
-        let cm = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "tessera-system")
-            .get("tessera-pools")
-            .await
-            .expect("the chart's pools ConfigMap");
-        let pools = cp.dir.join("pools.yaml");
-        std::fs::write(&pools, &cm.data.expect("data")["pools.yaml"]).unwrap();
-        let pools_arg = pools.to_str().unwrap().to_owned();
+        let pools_arg = chart_pools_file(&cp, &client).await;
         let hook = LoopbackWebhook::set_up(&cp, &client, &["--pools-config", &pools_arg]).await;
         let _webhook = hook.start();
         hook.wait_ready().await;

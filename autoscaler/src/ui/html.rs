@@ -102,8 +102,8 @@ th:first-child,td:first-child,td.l,th.l{text-align:left}
 th.sorted-asc::after{content:" ▲"}th.sorted-desc::after{content:" ▼"}
 td .s{display:block;color:var(--mute);font-size:12px}
 .over{color:var(--warn);font-weight:600}.ok{color:var(--good)}.mute{color:var(--mute)}
-.why{white-space:normal;min-width:200px;max-width:280px;text-align:left;font-size:12px}
-th{white-space:normal}td .s{white-space:normal}td.class{max-width:190px}
+.why{white-space:normal;min-width:180px;max-width:260px;text-align:left;font-size:12px}
+th{white-space:normal}td .s{white-space:normal}td.class{max-width:170px}
 .scroll{overflow-x:auto}
 th .s{display:block;color:var(--mute);font-size:11px}
 th .s{font-weight:400}
