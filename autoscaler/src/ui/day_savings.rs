@@ -129,15 +129,6 @@ pub fn scenario(
     Ok(Some((file, assumptions)))
 }
 
-/// The GPU preset a reported GPU memory most likely is.
-pub fn gpu_for_memory(mib: Option<u64>) -> &'static str {
-    match mib {
-        Some(m) if m < 30 * 1024 => "l4",
-        Some(m) if m < 60 * 1024 => "a100-40gb",
-        _ => "a100-80gb",
-    }
-}
-
 /// A computed answer: the HTML fragment and the scenario YAML.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
@@ -408,7 +399,7 @@ mod tests {
         }];
         let err = scenario(&busy, 1439, "a100-80gb", "").expect_err("too many");
         assert!(err.contains("tessera simulate --prometheus"), "{err}");
-        assert_eq!(gpu_for_memory(Some(40_960)), "a100-40gb");
-        assert_eq!(gpu_for_memory(None), "a100-80gb");
+        assert_eq!(crate::ui::view::gpu_for_memory(Some(40_960)), "a100-40gb");
+        assert_eq!(crate::ui::view::gpu_for_memory(None), "a100-80gb");
     }
 }

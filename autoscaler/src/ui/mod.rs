@@ -254,7 +254,7 @@ impl Store {
             let (models, gpu) = match self.inner.lock() {
                 Ok(mut inner) => {
                     let snap = self.snapshot_locked(&mut inner, at_ms);
-                    let gpu = day_savings::gpu_for_memory(Some(
+                    let gpu = view::gpu_for_memory(Some(
                         snap.models
                             .iter()
                             .find_map(|m| m.gpu_memory_mib)

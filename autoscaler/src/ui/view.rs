@@ -247,13 +247,21 @@ pub struct Settings {
     pub headroom_mib: u64,
 }
 
+/// The GPU preset a reported GPU memory most likely is (what `/ui` prices and `/ui/savings` simulates).
+pub fn gpu_for_memory(mib: Option<u64>) -> &'static str {
+    match mib {
+        Some(m) if m < 30 * 1024 => "l4",
+        Some(m) if m < 60 * 1024 => "a100-40gb",
+        _ => "a100-80gb",
+    }
+}
+
 impl Settings {
     /// The price of one GPU-hour and where it comes from, for GPUs of `gpu_memory_mib` (unknown: the page's
     /// default GPU): the user's, else the list price of that GPU's preset — one price for `/ui` and `/ui/savings`,
     /// and the one `tessera simulate` prints for the same GPU.
     pub fn price(&self, gpu_memory_mib: Option<u64>) -> (f64, String) {
-        let gpu =
-            super::day_savings::gpu_for_memory(Some(gpu_memory_mib.unwrap_or(self.default_gpu_memory_mib)));
+        let gpu = gpu_for_memory(Some(gpu_memory_mib.unwrap_or(self.default_gpu_memory_mib)));
         tessera_sim::simulate::today::price_for(gpu, self.price_per_gpu_hour)
     }
 }
