@@ -60,47 +60,7 @@ async fn chart_pools_file(cp: &ControlPlane, client: &kube::Client) -> String {
     pools.to_str().expect("a UTF-8 path").to_owned()
 }
 
-struct ControlPlane {
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-    server: String,
-}
-
 impl ControlPlane {
-    fn up() -> ControlPlane {
-        let started = Instant::now();
-        let out = Command::new(workspace().join("scripts/control-plane.sh"))
-            .arg("up")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/control-plane.sh up");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "the control plane did not start (scripts/control-plane.sh up):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let field = |key: &str| {
-            stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .unwrap_or_else(|| panic!("no {key}= line from control-plane.sh up:\n{stdout}"))
-                .to_owned()
-        };
-        let cp = ControlPlane {
-            dir: PathBuf::from(field("DIR")),
-            kubeconfig: PathBuf::from(field("KUBECONFIG")),
-            server: field("SERVER"),
-        };
-        eprintln!(
-            "control plane up in {:.1} s at {} ({})",
-            started.elapsed().as_secs_f64(),
-            cp.server,
-            cp.dir.display()
-        );
-        cp
-    }
-
     async fn client(&self) -> kube::Client {
         support::cluster::client(&self.kubeconfig).await
     }
@@ -195,22 +155,7 @@ impl ControlPlane {
     }
 }
 
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        if std::thread::panicking() && std::env::var_os("TESSERA_CONTROL_PLANE_KEEP").is_some() {
-            eprintln!(
-                "TESSERA_CONTROL_PLANE_KEEP: left running in {} (scripts/control-plane.sh down {0})",
-                self.dir.display()
-            );
-            return;
-        }
-        let _ = Command::new(workspace().join("scripts/control-plane.sh"))
-            .arg("down")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .status();
-    }
-}
+use support::control_plane::ControlPlane;
 
 /// Runs one story on its own control plane, one at a time.
 fn story<F, Fut>(f: F)

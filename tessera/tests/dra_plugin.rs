@@ -33,61 +33,11 @@ use tessera_dra::plugin::testing::allocation;
 mod support;
 use support::Killed;
 use support::cluster::eventually;
-use support::workspace;
 
 const NODE: &str = "gpu-a";
 const NAMESPACE: &str = "models";
 
-/// A control plane from `scripts/control-plane.sh up`, stopped on drop (kept for inspection with
-/// `TESSERA_CONTROL_PLANE_KEEP=1` when the test failed).
-struct ControlPlane {
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl ControlPlane {
-    fn up() -> Self {
-        let out = Command::new(workspace().join("scripts/control-plane.sh"))
-            .arg("up")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run scripts/control-plane.sh up");
-        assert!(
-            out.status.success(),
-            "the control plane did not start (scripts/control-plane.sh up):\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let field = |key: &str| {
-            stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{key}=")))
-                .map(PathBuf::from)
-                .unwrap_or_else(|| panic!("no {key}= line from control-plane.sh up:\n{stdout}"))
-        };
-        Self {
-            dir: field("DIR"),
-            kubeconfig: field("KUBECONFIG"),
-        }
-    }
-}
-
-impl Drop for ControlPlane {
-    fn drop(&mut self) {
-        if std::thread::panicking() && std::env::var_os("TESSERA_CONTROL_PLANE_KEEP").is_some() {
-            eprintln!(
-                "TESSERA_CONTROL_PLANE_KEEP: left running in {}",
-                self.dir.display()
-            );
-            return;
-        }
-        let _ = Command::new(workspace().join("scripts/control-plane.sh"))
-            .arg("down")
-            .arg(&self.dir)
-            .stdin(Stdio::null())
-            .status();
-    }
-}
+use support::control_plane::ControlPlane;
 
 /// Why this run cannot hold the story, if it cannot (said on stderr by the caller).
 fn not_runnable() -> Option<String> {

@@ -17,6 +17,8 @@ pub mod apiserver;
 pub mod batch;
 /// A kube client from a kubeconfig and polling a real cluster (the control-plane and real-node tiers).
 pub mod cluster;
+/// A control plane of its own from `scripts/control-plane.sh up`, stopped on drop.
+pub mod control_plane;
 /// A CA with a server and a client certificate, for TLS with client certificates.
 pub mod pki;
 pub mod pool;
