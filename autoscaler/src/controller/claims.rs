@@ -22,7 +22,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use tessera_dra::claim::{ClaimShape, template, template_name};
-use tessera_dra::index::Fit;
+use tessera_dra::index::{DraIndex, Fit};
 use tracing::{info, warn};
 
 use super::context::{Context, publish};
@@ -73,7 +73,7 @@ pub async fn apply(
     };
     let name = template_name(&model, shape);
     ensure_template(ctx, &ns, &model, shape, &name).await;
-    let (ok, reason, message) = condition(ctx, &model, shape, pods);
+    let (ok, reason, message) = condition(ctx.consolidation.dra.index().as_deref(), &model, shape, pods);
     let was_false = obj
         .status
         .as_ref()
@@ -98,9 +98,10 @@ async fn ensure_template(ctx: &Context, ns: &str, model: &str, shape: ClaimShape
         return;
     }
     let api: Api<ResourceClaimTemplate> = Api::namespaced(ctx.client.clone(), ns);
+    let t = template(ns, model, shape);
     let body = serde_json::json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": template(ns, model, shape).metadata, "spec": template(ns, model, shape).spec,
+        "metadata": t.metadata, "spec": t.spec,
     });
     match api
         .patch(
@@ -145,8 +146,14 @@ async fn collect_old(api: &Api<ResourceClaimTemplate>, model: &str, keep: &str, 
     }
 }
 
-/// The condition for `model`'s pods: a Pending pod that the scheduler could not place is explained from the index.
-fn condition(ctx: &Context, model: &str, shape: ClaimShape, pods: &[Pod]) -> (bool, &'static str, String) {
+/// The condition for `model`'s pods: a Pending pod that the scheduler could not place is explained from the index
+/// (`None` until the pool manager's first pass built one). Pure: the caller reads the index.
+fn condition(
+    index: Option<&DraIndex>,
+    model: &str,
+    shape: ClaimShape,
+    pods: &[Pod],
+) -> (bool, &'static str, String) {
     let unschedulable: Vec<&str> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
@@ -177,7 +184,7 @@ fn condition(ctx: &Context, model: &str, shape: ClaimShape, pods: &[Pod]) -> (bo
         );
     }
     let names = unschedulable.join(", ");
-    match ctx.consolidation.dra.index().map(|i| i.fit(model, shape)) {
+    match index.map(|i| i.fit(model, shape)) {
         Some(Fit::Nowhere(why)) => (
             false,
             "NoGpuRoom",

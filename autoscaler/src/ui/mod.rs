@@ -254,12 +254,9 @@ impl Store {
             let (models, gpu) = match self.inner.lock() {
                 Ok(mut inner) => {
                     let snap = self.snapshot_locked(&mut inner, at_ms);
-                    let gpu = view::gpu_for_memory(Some(
-                        snap.models
-                            .iter()
-                            .find_map(|m| m.gpu_memory_mib)
-                            .unwrap_or(self.settings.default_gpu_memory_mib),
-                    ));
+                    let gpu = self
+                        .settings
+                        .gpu(snap.models.iter().find_map(|m| m.gpu_memory_mib));
                     let models = inner
                         .history
                         .models

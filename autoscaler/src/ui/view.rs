@@ -261,8 +261,12 @@ impl Settings {
     /// default GPU): the user's, else the list price of that GPU's preset — one price for `/ui` and `/ui/savings`,
     /// and the one `tessera simulate` prints for the same GPU.
     pub fn price(&self, gpu_memory_mib: Option<u64>) -> (f64, String) {
-        let gpu = gpu_for_memory(Some(gpu_memory_mib.unwrap_or(self.default_gpu_memory_mib)));
-        tessera_sim::simulate::today::price_for(gpu, self.price_per_gpu_hour)
+        tessera_sim::simulate::today::price_for(self.gpu(gpu_memory_mib), self.price_per_gpu_hour)
+    }
+
+    /// The GPU preset the page assumes for GPUs of `gpu_memory_mib` (unknown: the page's default GPU memory).
+    pub fn gpu(&self, gpu_memory_mib: Option<u64>) -> &'static str {
+        gpu_for_memory(Some(gpu_memory_mib.unwrap_or(self.default_gpu_memory_mib)))
     }
 }
 

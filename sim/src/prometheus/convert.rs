@@ -336,10 +336,9 @@ pub struct ModelObservation {
 
 /// Who observed the history a scenario is written from: what its arrivals, token lengths and today's replicas
 /// were read from, so the assumptions a report lists describe the source it really had.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observer {
     /// `tessera simulate --prometheus`: vLLM's counters and histograms, per query step.
-    #[default]
     Prometheus,
     /// The autoscaler's `/ui` page history: per-minute rates and replica counts from the sidecars; no token
     /// histograms (the caller states the lengths it assumed).
@@ -355,17 +354,15 @@ impl Observer {
     }
 
     fn arrivals(self, step: Duration) -> String {
-        let step = humantime::format_duration(step);
-        match self {
-            Self::Prometheus => format!(
-                "arrivals: Prometheus counts requests per {step} step; within a step they are spread uniformly at \
-                 random (bursts shorter than a step are smoothed)"
-            ),
-            Self::AutoscalerPage => format!(
-                "arrivals: the page keeps finished requests per {step}; within a step they are spread uniformly at \
-                 random (bursts shorter than a step are smoothed)"
-            ),
-        }
+        let counted = match self {
+            Self::Prometheus => "Prometheus counts requests",
+            Self::AutoscalerPage => "the page keeps finished requests",
+        };
+        format!(
+            "arrivals: {counted} per {} step; within a step they are spread uniformly at random (bursts shorter \
+             than a step are smoothed)",
+            humantime::format_duration(step)
+        )
     }
 
     fn token_lengths(self) -> Option<&'static str> {
