@@ -20,6 +20,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n==> %s\n' "$*"; }
+
+# Disk: a cold run needs about 25 GB (target/ about 8 GB, the Go module and build caches 11 GB, the vLLM venv 6 GB);
+# a CI run once ran out at 7 minutes. Incremental compilation would add as much again to target/ (12 of 21 GB in a
+# checkout here) for no gain in a run that compiles each crate once, so it is off unless CARGO_INCREMENTAL says.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+free_gb=$(df -Pk . | awk 'NR == 2 { printf "%d", $4 / 1048576 }')
+if [ "$free_gb" -lt 25 ]; then
+  echo "WARNING: $free_gb GB free on $(df -P . | awk 'NR == 2 { print $6 }'); a cold run (empty tools cache) needs about 25 GB," \
+       "a warm one about 10 GB. Free space there or point TESSERA_TOOLS_CACHE and CARGO_TARGET_DIR at a larger disk." >&2
+fi
 # unless_skipped VAR WHAT COMMAND...: runs COMMAND, unless VAR=1 opts out of WHAT (then says that it did not run).
 unless_skipped() {
   local var=$1 what=$2
