@@ -24,7 +24,29 @@ fn esc(s: &str) -> String {
 struct Line<'a> {
     name: &'a str,
     color: &'a str,
+    /// Its dash pattern (`stroke-dasharray`), `None` solid: past the palette's ten colours a line repeats a colour
+    /// with a dash, so no two lines of a chart look alike.
+    dash: Option<&'static str>,
     points: Vec<(f64, Option<f64>)>,
+}
+
+/// The `i`-th line's colour and dash: the palette's colours solid, then dashed, then dotted.
+fn style(i: usize) -> (&'static str, Option<&'static str>) {
+    const DASHES: &[Option<&str>] = &[None, Some("7 3"), Some("2 2")];
+    (
+        COLORS[i % COLORS.len()],
+        DASHES[(i / COLORS.len()) % DASHES.len()],
+    )
+}
+
+/// How a chart's y axis maps values.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Axis {
+    /// From 0 to a round ceiling: counts.
+    Linear,
+    /// Decades, from the one below the smallest positive value to the one above the largest: latencies, where one
+    /// replica's cold start (tens of seconds) beside everyone else's tenths would flatten every other line at 0.
+    Log,
 }
 
 /// One line per strategy, coloured by its position in the report.
@@ -35,28 +57,48 @@ fn strategy_lines<'a>(
     r.strategies
         .iter()
         .enumerate()
-        .map(|(i, st)| Line {
-            name: &st.strategy,
-            color: COLORS[i % COLORS.len()],
-            points: points(st),
+        .map(|(i, st)| {
+            let (color, dash) = style(i);
+            Line {
+                name: &st.strategy,
+                color,
+                dash,
+                points: points(st),
+            }
         })
         .collect()
 }
 
 /// A line chart as an SVG element. Step lines for counts (`step`), straight segments otherwise.
-fn chart(title: &str, y_label: &str, lines: &[Line<'_>], x_max: f64, step: bool) -> String {
+fn chart(title: &str, y_label: &str, lines: &[Line<'_>], x_max: f64, step: bool, axis: Axis) -> String {
     let (w, h) = (860.0, 260.0);
     let (left, right, top, bottom) = (56.0, 170.0, 28.0, 34.0);
     let pw = w - left - right;
     let ph = h - top - bottom;
-    let y_max = lines
-        .iter()
-        .flat_map(|l| l.points.iter().filter_map(|p| p.1))
-        .fold(0.0_f64, f64::max)
-        .max(1e-9);
-    let y_top = nice_ceiling(y_max);
+    let values = || lines.iter().flat_map(|l| l.points.iter().filter_map(|p| p.1));
+    let y_max = values().fold(0.0_f64, f64::max).max(1e-9);
+    let (y_bottom, y_top, ticks) = match axis {
+        Axis::Linear => {
+            let top = nice_ceiling(y_max);
+            (
+                0.0,
+                top,
+                (0..=4).map(|i| top * f64::from(i) / 4.0).collect::<Vec<_>>(),
+            )
+        }
+        Axis::Log => {
+            let (low, high) = decades(values());
+            (low, high, log_ticks(low, high))
+        }
+    };
     let x = |v: f64| left + pw * (v / x_max.max(1e-9));
-    let y = |v: f64| top + ph * (1.0 - v / y_top);
+    let y = |v: f64| match axis {
+        Axis::Linear => top + ph * (1.0 - v / y_top),
+        Axis::Log => {
+            let v = v.clamp(y_bottom, y_top);
+            top + ph * (1.0 - (v / y_bottom).log10() / (y_top / y_bottom).log10())
+        }
+    };
     let mut s = String::new();
     let _ = write!(
         s,
@@ -68,8 +110,7 @@ fn chart(title: &str, y_label: &str, lines: &[Line<'_>], x_max: f64, step: bool)
         r#"<text x="{left}" y="18" font-size="14" font-weight="bold">{}</text>"#,
         esc(title)
     );
-    for i in 0..=4 {
-        let v = y_top * f64::from(i) / 4.0;
+    for v in ticks {
         let yy = y(v);
         let _ = write!(
             s,
@@ -129,25 +170,60 @@ fn chart(title: &str, y_label: &str, lines: &[Line<'_>], x_max: f64, step: bool)
             }
         }
         let _ = prev_y;
+        let dash = l
+            .dash
+            .map(|d| format!(r#" stroke-dasharray="{d}""#))
+            .unwrap_or_default();
         let _ = write!(
             s,
-            r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.8"/>"#,
+            r#"<path d="{d}" fill="none" stroke="{}" stroke-width="1.8"{dash}/>"#,
             l.color
         );
         let ly = top + 14.0 * i as f64 + 6.0;
         let _ = write!(
             s,
-            r#"<rect x="{:.1}" y="{:.1}" width="12" height="3" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="11">{}</text>"#,
-            left + pw + 12.0,
-            ly - 3.0,
+            r#"<line x1="{:.1}" x2="{:.1}" y1="{:.1}" y2="{:.1}" stroke="{}" stroke-width="2.5"{dash}/><text x="{:.1}" y="{:.1}" font-size="11">{}</text>"#,
+            left + pw + 10.0,
+            left + pw + 26.0,
+            ly - 1.5,
+            ly - 1.5,
             l.color,
-            left + pw + 28.0,
+            left + pw + 30.0,
             ly + 1.0,
             esc(l.name)
         );
     }
     s.push_str("</svg>");
     s
+}
+
+/// The decades a log axis spans: from the power of ten at or below the smallest positive value to the one at or
+/// above the largest, at least one decade, and not below 1 ms (a TTFT chart has nothing to show under it).
+fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values
+        .filter(|v| *v > 0.0)
+        .fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if hi == 0.0 {
+        return (0.01, 1.0);
+    }
+    let low = 10f64.powf(lo.max(1e-3).log10().floor());
+    let high = 10f64.powf(hi.log10().ceil()).max(low * 10.0);
+    (low, high)
+}
+
+/// A log axis's ticks: each decade from `low` to `high`, and the 2 and 5 within each when it spans two decades or
+/// fewer (so a short span still reads).
+fn log_ticks(low: f64, high: f64) -> Vec<f64> {
+    let spans = (high / low).log10().round() as i32;
+    let mut ticks = Vec::new();
+    for k in 0..=spans {
+        let d = low * 10f64.powi(k);
+        ticks.push(d);
+        if spans <= 2 && k < spans {
+            ticks.extend([2.0 * d, 5.0 * d]);
+        }
+    }
+    ticks
 }
 
 fn nice_ceiling(v: f64) -> f64 {
@@ -163,8 +239,10 @@ fn nice_ceiling(v: f64) -> f64 {
 fn fmt_num(v: f64) -> String {
     if v >= 100.0 || v == v.round() {
         format!("{v:.0}")
-    } else {
+    } else if v >= 0.01 {
         format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
     }
 }
 
@@ -190,7 +268,8 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Tessera what-if: {}</title>\
          <style>body{{font-family:system-ui,sans-serif;margin:24px;max-width:1100px;color:#222}}\
          table{{border-collapse:collapse;margin:8px 0 20px}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:right}}\
-         th:first-child,td:first-child{{text-align:left}}code{{background:#f4f4f4;padding:1px 4px}}</style></head><body>",
+         th:first-child,td:first-child{{text-align:left}}td{{white-space:nowrap}}td.prose{{white-space:normal;text-align:left;min-width:16em}}\
+         code{{background:#f4f4f4;padding:1px 4px}}</style></head><body>",
         esc(&r.scenario)
     );
     let total: u64 = r.requests_per_model.iter().sum();
@@ -292,9 +371,12 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
             .map(|(&t, &g)| (t, Some(f64::from(g))))
             .collect()
     });
-    s.push_str(&chart("GPUs held", "GPUs", &lines, x_max, true));
+    s.push_str(&chart("GPUs held", "GPUs", &lines, x_max, true, Axis::Linear));
 
-    s.push_str("<h2>Time to first token over time</h2><p>p95 of the requests arriving in each interval.</p>");
+    s.push_str(
+        "<h2>Time to first token over time</h2><p>p95 of the requests arriving in each interval, on a log scale (a \
+         cold start's tens of seconds beside everyone else's tenths would flatten the other lines at 0).</p>",
+    );
     let lines = strategy_lines(r, |st| {
         st.series
             .ttft_t
@@ -303,7 +385,7 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
             .map(|(&t, &v)| (t, v))
             .collect()
     });
-    s.push_str(&chart("TTFT p95", "seconds", &lines, x_max, false));
+    s.push_str(&chart("TTFT p95", "seconds", &lines, x_max, false, Axis::Log));
 
     s.push_str("<h2>Replicas per model</h2>");
     for st in &r.strategies {
@@ -313,7 +395,8 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
             .enumerate()
             .map(|(m, name)| Line {
                 name,
-                color: COLORS[m % COLORS.len()],
+                color: style(m).0,
+                dash: style(m).1,
                 points: st
                     .series
                     .t
@@ -329,6 +412,7 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
             &lines,
             x_max,
             true,
+            Axis::Linear,
         ));
     }
 
@@ -346,7 +430,7 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
             let _ = write!(
                 s,
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.2}%</td><td>{:.2} / {}</td><td>{}</td>\
-                 <td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                 <td>{}</td><td>{:.1}</td><td>{}</td><td>{}</td><td class=\"prose\">{}</td><td class=\"prose\">{}</td></tr>",
                 esc(&m.model),
                 m.requests,
                 m.failed,
@@ -372,7 +456,7 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
     for z in &r.static_sizing {
         let _ = write!(
             s,
-            "<tr><td>{}</td><td>{}</td><td>{:.2}%</td><td style=\"text-align:left\">{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{:.2}%</td><td class=\"prose\">{}</td></tr>",
             esc(&z.model),
             z.replicas,
             z.attainment * 100.0,
@@ -427,7 +511,7 @@ fn at_a_glance(s: &mut String, r: &Report, price: &super::summary::Price) {
     for f in &r.failures {
         let _ = write!(
             s,
-            "<tr><td>{}</td><td colspan=\"5\" style=\"text-align:left\">unable: {}</td></tr>",
+            "<tr><td>{}</td><td colspan=\"5\" class=\"prose\">unable: {}</td></tr>",
             esc(&f.strategy),
             esc(&f.line())
         );
@@ -463,6 +547,64 @@ mod tests {
         assert_eq!(nice_ceiling(3.2), 5.0);
         assert_eq!(nice_ceiling(10.0), 10.0);
         assert_eq!(nice_ceiling(0.12), 0.2);
+    }
+
+    #[test]
+    fn a_log_axis_spans_whole_decades_around_the_values() {
+        // One 115 s spike beside tenths of a second: the axis runs 0.1 to 1000 s, so the tenths sit a third of the
+        // way up instead of at 0.
+        assert_eq!(decades([0.12, 0.4, 115.0].into_iter()), (0.1, 1000.0));
+        assert_eq!(log_ticks(0.1, 1000.0), vec![0.1, 1.0, 10.0, 100.0, 1000.0]);
+        // A short span gets 2 and 5 within each decade; zeros and no data do not break it.
+        assert_eq!(decades([0.0, 0.3, 0.7].into_iter()), (0.1, 1.0));
+        assert_eq!(log_ticks(0.1, 1.0), vec![0.1, 0.2, 0.5, 1.0]);
+        assert_eq!(decades(std::iter::empty()), (0.01, 1.0));
+        assert_eq!(decades([0.000_2].into_iter()), (0.001, 0.01));
+    }
+
+    #[test]
+    fn lines_past_the_palette_are_dashed_so_none_look_alike() {
+        let styles: Vec<_> = (0..2 * COLORS.len()).map(style).collect();
+        for (i, a) in styles.iter().enumerate() {
+            assert!(
+                styles[i + 1..].iter().all(|b| b != a),
+                "line {i} looks like a later one"
+            );
+        }
+        assert_eq!(style(0).1, None);
+        assert!(style(COLORS.len()).1.is_some());
+    }
+
+    #[test]
+    fn the_ttft_chart_puts_a_spike_and_the_tenths_on_one_readable_axis() {
+        let line = |name, last| Line {
+            name,
+            color: "#000",
+            dash: None,
+            points: vec![(0.0, Some(0.2)), (60.0, Some(last))],
+        };
+        let lines = [line("calm", 0.4), line("spike", 115.0)];
+        // The calm line's y coordinates: "M{x},{y}L{x},{y}".
+        let ys = |svg: &str| -> Vec<f64> {
+            let d = svg
+                .split("<path d=\"M")
+                .nth(1)
+                .and_then(|p| p.split('"').next())
+                .expect("a first path");
+            d.split('L')
+                .filter_map(|xy| xy.split(',').nth(1)?.parse().ok())
+                .collect()
+        };
+        // On a linear axis up to 200 s, 0.2 s and 0.4 s are the same pixel; on decades they are apart.
+        let linear = ys(&chart("TTFT p95", "seconds", &lines, 60.0, false, Axis::Linear));
+        let log = ys(&chart("TTFT p95", "seconds", &lines, 60.0, false, Axis::Log));
+        assert!((linear[0] - linear[1]).abs() < 1.0, "linear {linear:?}");
+        assert!((log[0] - log[1]).abs() > 10.0, "log {log:?}");
+        let svg = chart("TTFT p95", "seconds", &lines, 60.0, false, Axis::Log);
+        assert!(
+            svg.contains(">1000<") && svg.contains(">0.10<"),
+            "decade ticks: {svg}"
+        );
     }
 
     #[test]
