@@ -87,17 +87,21 @@ fn standing_claim(obj: &InferenceAutoscaler, now: Timestamp) -> Option<BudgetCla
     Some(claim)
 }
 
-/// A budget group's gauges as one member's round allotted it (`spend`), and the series of groups that no model
-/// this controller keeps a claim for names any more removed, so the labels stay bounded by the objects.
+/// A budget group's gauges as one member's round allotted it (`spend`).
 pub(super) fn publish_budget_metrics(
     metrics: &Metrics,
-    states: &HashMap<String, ScaleState>,
     ns: &str,
     spend: Option<&tessera_core::scale::coldstart::GroupSpend>,
 ) {
     if let Some(spend) = spend {
         metrics.budget_group(ns, spend);
     }
+}
+
+/// Removes the series of budget groups that no model this controller keeps a claim for names any more, so the
+/// labels stay bounded by the objects. It reads every model's state, so the controller runs it once per sync period
+/// (with `reconcile::forget_deleted`), not in each model's round.
+pub(super) fn forget_budget_groups(metrics: &Metrics, states: &HashMap<String, ScaleState>) {
     let named: HashSet<(&str, &str)> = states
         .iter()
         .filter_map(|(k, st)| Some((k.split_once('/')?.0, st.claim.as_ref()?.group.as_str())))

@@ -55,6 +55,9 @@ pub struct Context {
     pub states: Mutex<HashMap<String, ScaleState>>,
     /// Per-object time and `reconcile::trigger_hash` of the last full reconcile, to skip the echo of our own status writes.
     pub last_runs: Mutex<HashMap<String, (SystemTime, u64)>>,
+    /// When `last_runs` was last swept of deleted objects (`reconcile::forget_deleted`): once per sync period, not in
+    /// every object's round, whose cost would then grow with the fleet.
+    pub runs_swept_at: Mutex<Option<SystemTime>>,
     /// Objects (`namespace/name`) woken by a request held at an activator: their next reconcile runs in full
     /// even when it looks like the echo of a status write.
     pub woken: Mutex<HashSet<String>>,

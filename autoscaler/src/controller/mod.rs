@@ -384,6 +384,7 @@ fn context(
         clock: Arc::new(SystemTime::now),
         states: Mutex::new(HashMap::new()),
         last_runs: Mutex::new(HashMap::new()),
+        runs_swept_at: Mutex::new(None),
         woken: Mutex::new(HashSet::new()),
         gate_timeouts: Mutex::new(HashSet::new()),
         rolling: rollout::Rolling::default(),

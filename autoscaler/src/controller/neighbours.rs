@@ -8,7 +8,7 @@
 //! the activator knows neither. A model's entry older than [`FORGET_AFTER`] is not read (its controller round
 //! stopped: the model was deleted, or this process lost leadership and another writes).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
@@ -48,37 +48,115 @@ pub struct PodSeen {
     pub pressure: Option<f64>,
 }
 
-/// Every model's pods as its last round saw them, by `namespace/name` of the InferenceAutoscaler.
+/// Every model's pods as its last round saw them, by `namespace/name` of the InferenceAutoscaler, with an index of
+/// the models on each GPU.
 #[derive(Debug, Default)]
-pub struct Book(Mutex<HashMap<String, (SystemTime, Vec<PodSeen>)>>);
+pub struct Book(Mutex<Entries>);
+
+#[derive(Debug, Default)]
+struct Entries {
+    /// By model: when its round last recorded, and its pods.
+    models: HashMap<String, (SystemTime, Vec<PodSeen>)>,
+    /// By GPU (capacity pod): the models with a pod on it. A round reads its own GPUs' tenants through it, so its
+    /// cost is what its GPUs hold: walking every model's pods in each of N models' rounds made the controller's CPU
+    /// per model grow with the fleet (docs/performance.md, "Fleet scale").
+    on_gpu: HashMap<String, BTreeSet<String>>,
+    /// When entries older than [`FORGET_AFTER`] were last removed: once per [`FORGET_AFTER`], not every round (an
+    /// old entry is skipped when read in between).
+    swept_at: Option<SystemTime>,
+}
+
+impl Entries {
+    fn insert(&mut self, key: &str, at: SystemTime, pods: Vec<PodSeen>) {
+        self.remove(key);
+        for g in pods.iter().filter_map(|p| p.gpu.as_ref()) {
+            self.on_gpu.entry(g.clone()).or_default().insert(key.to_owned());
+        }
+        self.models.insert(key.to_owned(), (at, pods));
+    }
+
+    fn remove(&mut self, key: &str) {
+        let Some((_, pods)) = self.models.remove(key) else {
+            return;
+        };
+        for g in pods.iter().filter_map(|p| p.gpu.as_ref()) {
+            if let Some(models) = self.on_gpu.get_mut(g) {
+                models.remove(key);
+                if models.is_empty() {
+                    self.on_gpu.remove(g);
+                }
+            }
+        }
+    }
+
+    fn sweep(&mut self, now: SystemTime) {
+        if self
+            .swept_at
+            .is_some_and(|at| now.duration_since(at).unwrap_or_default() < FORGET_AFTER)
+        {
+            return;
+        }
+        self.swept_at = Some(now);
+        let stale: Vec<String> = self
+            .models
+            .iter()
+            .filter(|(_, (at, _))| !fresh(*at, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in stale {
+            self.remove(&k);
+        }
+    }
+}
+
+/// Pod `p` of `model` as the rule reads it.
+fn tenant<'a>(model: &'a str, p: &'a PodSeen) -> Tenant<(&'a str, &'a str), &'a str, &'a str> {
+    Tenant {
+        pod: (model, p.name.as_str()),
+        model,
+        gpu: p.gpu.as_deref(),
+        pressure: p.pressure,
+    }
+}
+
+/// Whether an entry recorded `at` is still read at `now`.
+fn fresh(at: SystemTime, now: SystemTime) -> bool {
+    now.duration_since(at).unwrap_or_default() <= FORGET_AFTER
+}
 
 impl Book {
     /// Records `key`'s pods seen at `now` and returns the figures for its pods on a shared GPU (`None`: no pod
     /// of this model has a neighbour whose pressure is known).
     pub fn record(&self, key: &str, pods: Vec<PodSeen>, now: SystemTime) -> Option<FlexNeighboursStatus> {
         let mut book = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        book.retain(|_, (at, _)| now.duration_since(*at).unwrap_or_default() <= FORGET_AFTER);
+        book.sweep(now);
+        book.insert(key, now, pods);
+        let book = &*book;
+        let own = &book.models.get(key)?.1;
         // Only the GPUs this model's pods share matter to its figures: the other models' pods elsewhere are left
-        // out, so a round costs what its own GPUs hold, not the whole fleet's pods (each of N models' rounds
-        // walking every model's pods made the controller's CPU per model grow with the fleet).
-        let own_gpus: std::collections::HashSet<String> = pods.iter().filter_map(|p| p.gpu.clone()).collect();
-        book.insert(key.to_owned(), (now, pods));
-        let tenants: Vec<Tenant<(&str, &str), &str, &str>> = book
+        // out, and so are models whose round went silent (older than FORGET_AFTER).
+        let own_gpus: HashSet<&str> = own.iter().filter_map(|p| p.gpu.as_deref()).collect();
+        let neighbours: BTreeSet<&str> = own_gpus
             .iter()
-            .flat_map(|(model, (_, pods))| {
-                let own = model == key;
-                let gpus = &own_gpus;
-                pods.iter()
-                    .filter(move |p| own || p.gpu.as_ref().is_some_and(|g| gpus.contains(g)))
-                    .map(move |p| Tenant {
-                        pod: (model.as_str(), p.name.as_str()),
-                        model: model.as_str(),
-                        gpu: p.gpu.as_deref(),
-                        pressure: p.pressure,
-                    })
-            })
+            .filter_map(|g| book.on_gpu.get(*g))
+            .flatten()
+            .map(String::as_str)
+            .filter(|m| *m != key)
             .collect();
-        let own = &book.get(key)?.1;
+        let mut tenants: Vec<Tenant<(&str, &str), &str, &str>> = own.iter().map(|p| tenant(key, p)).collect();
+        for model in neighbours {
+            let Some((at, pods)) = book.models.get(model) else {
+                continue;
+            };
+            if !fresh(*at, now) {
+                continue;
+            }
+            tenants.extend(
+                pods.iter()
+                    .filter(|p| p.gpu.as_deref().is_some_and(|g| own_gpus.contains(g)))
+                    .map(|p| tenant(model, p)),
+            );
+        }
         let pods: Vec<FlexNeighbour> = neighbour_pressures(&tenants)
             .into_iter()
             .filter(|((model, _), _)| *model == key)
@@ -229,6 +307,42 @@ mod tests {
         assert_eq!(
             book.record("team/eval", vec![seen("eval-0", Some("cap-a"), Some(0.1))], later),
             None
+        );
+    }
+
+    /// The index by GPU follows a model's pods: a pod that moved to another GPU is read there and no longer on the
+    /// one it left, and a forgotten model leaves the index (it stays bounded by the models that still run).
+    #[test]
+    fn a_moved_pod_is_read_on_its_new_gpu_only_and_the_silent_leave_the_index() {
+        let book = Book::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        book.record("team/chat", vec![seen("chat-0", Some("cap-a"), Some(0.9))], t0);
+        let on_a = |at| book.record("team/eval", vec![seen("eval-0", Some("cap-a"), Some(0.1))], at);
+        assert!(on_a(t0).is_some());
+        // chat moves to cap-b: eval on cap-a reads nothing of it; a pod of eval on cap-b does.
+        book.record(
+            "team/chat",
+            vec![seen("chat-1", Some("cap-b"), Some(0.8))],
+            t0 + Duration::from_secs(1),
+        );
+        assert_eq!(on_a(t0 + Duration::from_secs(2)), None);
+        let on_b = book
+            .record(
+                "team/eval",
+                vec![seen("eval-1", Some("cap-b"), None)],
+                t0 + Duration::from_secs(3),
+            )
+            .unwrap();
+        assert!((on_b.pods[0].pressure - 0.8).abs() < 1e-9);
+        // chat goes silent: once swept, neither its entry nor its GPU stays in the index.
+        let later = t0 + Duration::from_secs(4) + 2 * FORGET_AFTER;
+        book.record("team/eval", vec![seen("eval-1", Some("cap-b"), None)], later);
+        let entries = book.0.lock().unwrap();
+        assert!(!entries.models.contains_key("team/chat"));
+        assert_eq!(entries.on_gpu.keys().collect::<Vec<_>>(), vec!["cap-b"]);
+        assert_eq!(
+            entries.on_gpu["cap-b"].iter().collect::<Vec<_>>(),
+            vec!["team/eval"]
         );
     }
 }

@@ -44,8 +44,8 @@ use tracing::{debug, info, instrument, warn};
 
 use super::allocation::{AllocationRound, allocation_and_roll};
 use super::coldstart::{
-    ledger_status, namespace_claims, observed_cold_start, publish_budget_metrics, resume_state,
-    watched_objects,
+    forget_budget_groups, ledger_status, namespace_claims, observed_cold_start, publish_budget_metrics,
+    resume_state, watched_objects,
 };
 use super::signals::demand_from;
 use super::status::{self, Applied};
@@ -216,7 +216,16 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let now_sys = (ctx.clock)();
     if let Ok(mut runs) = ctx.last_runs.lock() {
         runs.insert(key.clone(), (now_sys, trigger_hash(obj)));
-        forget_deleted(&mut runs, ctx, now_sys);
+        if let Ok(mut swept) = ctx.runs_swept_at.lock()
+            && swept
+                .is_none_or(|at| now_sys.duration_since(at).unwrap_or_default() >= ctx.settings.sync_period)
+        {
+            *swept = Some(now_sys);
+            forget_deleted(&mut runs, ctx, now_sys);
+            if let Ok(states) = ctx.states.lock() {
+                forget_budget_groups(&ctx.metrics, &states);
+            }
+        }
     }
     let now_k8s = status::k8s_time(now_sys);
     let now = timestamp(now_sys);
@@ -831,10 +840,9 @@ fn take_round(
     let state = state.clone();
     // The ledger is kept under the policy the round decided with: a class may have set its budget.
     let ledger = ledger_status(obj, &r.policy, &state, now);
-    if let Some(s) = &states {
-        let ns = obj.namespace().unwrap_or_default();
-        publish_budget_metrics(&ctx.metrics, s, &ns, r.joint.budget_group.as_ref());
-    }
+    drop(states);
+    let ns = obj.namespace().unwrap_or_default();
+    publish_budget_metrics(&ctx.metrics, &ns, r.joint.budget_group.as_ref());
     (r, state, ledger)
 }
 

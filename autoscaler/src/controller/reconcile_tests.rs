@@ -166,6 +166,7 @@ pub(super) fn test_context(
         clock: Arc::new(move || now),
         states: Mutex::new(states),
         last_runs: Mutex::new(HashMap::new()),
+        runs_swept_at: Mutex::new(None),
         woken: Mutex::new(HashSet::new()),
         gate_timeouts: Mutex::new(HashSet::new()),
         rolling: crate::controller::rollout::Rolling::default(),

@@ -338,7 +338,7 @@ impl ActivatorPoller {
                     Ok(doc) => {
                         debug!(%url, models = doc.models.len(), "activator stats");
                         entry.previous = entry.latest.take();
-                        entry.latest = Some(doc);
+                        entry.latest = Some(Arc::new(doc));
                         entry.fetched_at_ms = Some(now_ms);
                         entry.last_error = None;
                     }

@@ -277,8 +277,8 @@ async fn replay(
         .map(|(i, d)| (format!("http://10.0.0.{}:9090", i + 1), d.clone().unwrap()))
         .collect();
     let mut docs = VecDeque::new();
-    docs.extend(rec.activator.previous.clone());
-    docs.extend(rec.activator.latest.clone());
+    docs.extend(rec.activator.previous.as_deref().cloned());
+    docs.extend(rec.activator.latest.as_deref().cloned());
     let clock_ms = rec.at_ms;
     let ctx = super::tests::test_context(
         client,

@@ -14,6 +14,7 @@
 //! no rate and no idle time (never a reason to go to zero).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Demand, ReplicaSignals, ScaleInput, SloPercentile, Timestamp};
@@ -213,12 +214,16 @@ pub fn replica_signals(status: &SidecarStatus, max_age: Duration) -> ReplicaSign
 }
 
 /// The last two stats documents of one activator pod, or why the last fetch failed.
+///
+/// The documents are shared (`Arc`): every model's round reads every pod's sample, and each document names every
+/// model the pod routes, so a copy per read made each round's cost grow with the fleet — at 1,000 models copying
+/// them was most of the controller's CPU (docs/performance.md, "Fleet scale"). Cloning a sample is now two counts.
 #[derive(Debug, Clone, Default)]
 pub struct ActivatorSample {
     /// The document before `latest` (for the rate).
-    pub previous: Option<ActivatorStats>,
+    pub previous: Option<Arc<ActivatorStats>>,
     /// The newest document.
-    pub latest: Option<ActivatorStats>,
+    pub latest: Option<Arc<ActivatorStats>>,
     /// When `latest` was fetched, on the controller's clock (Unix ms).
     pub fetched_at_ms: Option<u64>,
     /// Set when the last fetch failed: the demand is then unknown.
@@ -505,8 +510,8 @@ mod tests {
     fn sample(previous: Option<ActivatorStats>, latest: ActivatorStats) -> ActivatorSample {
         ActivatorSample {
             fetched_at_ms: Some(latest.observed_at_unix_ms),
-            previous,
-            latest: Some(latest),
+            previous: previous.map(Arc::new),
+            latest: Some(Arc::new(latest)),
             last_error: None,
         }
     }

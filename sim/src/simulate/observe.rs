@@ -301,8 +301,8 @@ pub fn activator_sample(
     let poll_ms = u64::try_from(poll.as_millis()).unwrap_or(u64::MAX);
     let previous = (now_ms >= poll_ms && poll_ms > 0).then(|| activator_doc(key, now_ms - poll_ms, previous));
     ActivatorSample {
-        previous,
-        latest: Some(activator_doc(key, now_ms, latest)),
+        previous: previous.map(std::sync::Arc::new),
+        latest: Some(std::sync::Arc::new(activator_doc(key, now_ms, latest))),
         fetched_at_ms: Some(now_ms),
         last_error: None,
     }
