@@ -158,6 +158,23 @@ fn echo_of_own_write(ctx: &Context, key: &str, hash: u64, now: SystemTime) -> Op
     (*last_hash == hash && elapsed < ctx.settings.sync_period / 2).then(|| ctx.settings.sync_period - elapsed)
 }
 
+/// What outlives its objects — deleted objects' history, budget groups no model names — is swept once per sync
+/// period, by whichever round comes first: each sweep reads every model, so doing it in every round made a round's
+/// cost grow with the fleet.
+fn sweep_when_due(runs: &mut HashMap<String, (SystemTime, u64)>, ctx: &Context, now: SystemTime) {
+    let Ok(mut swept) = ctx.runs_swept_at.lock() else {
+        return;
+    };
+    if swept.is_some_and(|at| now.duration_since(at).unwrap_or_default() < ctx.settings.sync_period) {
+        return;
+    }
+    *swept = Some(now);
+    forget_deleted(runs, ctx, now);
+    if let Ok(states) = ctx.states.lock() {
+        forget_budget_groups(&ctx.metrics, &states);
+    }
+}
+
 /// Deleted objects are never reconciled again, so their history would stay forever: forget objects not
 /// reconciled for 10 sync periods. A live object that is merely slow to come around loses only its windows (safe).
 fn forget_deleted(runs: &mut HashMap<String, (SystemTime, u64)>, ctx: &Context, now: SystemTime) {
@@ -216,16 +233,7 @@ async fn reconcile_inner(obj: &InferenceAutoscaler, ctx: &Context) -> Result<(),
     let now_sys = (ctx.clock)();
     if let Ok(mut runs) = ctx.last_runs.lock() {
         runs.insert(key.clone(), (now_sys, trigger_hash(obj)));
-        if let Ok(mut swept) = ctx.runs_swept_at.lock()
-            && swept
-                .is_none_or(|at| now_sys.duration_since(at).unwrap_or_default() >= ctx.settings.sync_period)
-        {
-            *swept = Some(now_sys);
-            forget_deleted(&mut runs, ctx, now_sys);
-            if let Ok(states) = ctx.states.lock() {
-                forget_budget_groups(&ctx.metrics, &states);
-            }
-        }
+        sweep_when_due(&mut runs, ctx, now_sys);
     }
     let now_k8s = status::k8s_time(now_sys);
     let now = timestamp(now_sys);

@@ -315,13 +315,19 @@ mod tests {
         ]
     }
 
-    #[test]
-    fn the_pages_day_is_the_scenario_simulate_runs_and_says_what_it_saved() {
+    /// The day, the minute the page is asked at, and the scenario it converts to with its assumptions.
+    fn day_scenario() -> (Vec<DayModel>, u32, ScenarioFile, Vec<String>) {
         let models = day();
         let now = 29_000_000 + 29;
         let (file, assumptions) = scenario(&models, now, "a100-80gb", "list")
             .expect("converts")
             .expect("has history");
+        (models, now, file, assumptions)
+    }
+
+    #[test]
+    fn the_pages_day_is_the_scenario_simulate_runs_and_says_what_it_saved() {
+        let (models, now, file, assumptions) = day_scenario();
         assert_eq!(file.models.len(), 2);
         let today: f64 = file
             .models
@@ -354,11 +360,7 @@ mod tests {
     /// assumptions describe the page's own history, not a Prometheus it never read.
     #[test]
     fn the_rows_add_up_and_the_assumptions_are_the_pages() {
-        let models = day();
-        let now = 29_000_000 + 29;
-        let (file, assumptions) = scenario(&models, now, "a100-80gb", "list")
-            .expect("converts")
-            .expect("has history");
+        let (models, now, file, assumptions) = day_scenario();
         assert!(
             assumptions
                 .iter()
