@@ -355,6 +355,27 @@ fn tessera(args: &[&str], kubeconfig: &Path, env: &[(&str, &str)]) -> Killed {
     Killed(child)
 }
 
+/// `tessera autoscaler` as the chart's autoscaler ServiceAccount (a token of its own), not leader-elected, deciding
+/// every second; `extra` adds the flags a story tests. Returns the process and its metrics port.
+async fn controller(cp: &ControlPlane, client: &kube::Client, extra: &[&str]) -> (Killed, u16) {
+    let kubeconfig = cp.token_kubeconfig(
+        "autoscaler",
+        &sa_token(client, "tessera-system", "tessera-autoscaler").await,
+    );
+    let metrics_port = free_port();
+    let metrics = format!("127.0.0.1:{metrics_port}");
+    let mut args = vec![
+        "autoscaler",
+        "--metrics-listen",
+        &metrics,
+        "--sync-period",
+        "1s",
+        "--leader-elect=false",
+    ];
+    args.extend_from_slice(extra);
+    (tessera(&args, &kubeconfig, &[]), metrics_port)
+}
+
 /// Waits until `url` answers 2xx.
 async fn wait_ok(url: &str, within: Duration) {
     let client = http_client(Duration::from_secs(5));
@@ -781,20 +802,7 @@ fn b_the_api_server_calls_the_webhook_on_pod_creation_and_admits_pods_when_it_is
             )
             .await
             .unwrap();
-        let token = sa_token(&client, "tessera-system", "tessera-autoscaler").await;
-        let metrics = format!("127.0.0.1:{}", free_port());
-        let _controller = tessera(
-            &[
-                "autoscaler",
-                "--metrics-listen",
-                &metrics,
-                "--sync-period",
-                "1s",
-                "--leader-elect=false",
-            ],
-            &cp.token_kubeconfig("autoscaler", &token),
-            &[],
-        );
+        let (_controller, _) = controller(&cp, &client, &[]).await;
         let injected = |want: &'static str| {
             let client = client.clone();
             move || {
@@ -1327,22 +1335,8 @@ async fn activator_and_controller(
         &["activator", "--listen", "127.0.0.1:0", "--hold-timeout", "90s"],
         &[("KUBECONFIG", act_kubeconfig.to_str().unwrap())],
     );
-    let ctl_kubeconfig = cp.token_kubeconfig(
-        "autoscaler",
-        &sa_token(client, "tessera-system", "tessera-autoscaler").await,
-    );
-    let (metrics, sidecar_port, activator_url) = (
-        format!("127.0.0.1:{}", free_port()),
-        sidecar_port.to_string(),
-        activator.admin_base(),
-    );
+    let (sidecar_port, activator_url) = (sidecar_port.to_string(), activator.admin_base());
     let mut args = vec![
-        "autoscaler",
-        "--metrics-listen",
-        &metrics,
-        "--sync-period",
-        "1s",
-        "--leader-elect=false",
         "--sidecar-port",
         &sidecar_port,
         "--activator-url",
@@ -1351,8 +1345,8 @@ async fn activator_and_controller(
         "300ms",
     ];
     args.extend_from_slice(extra);
-    let controller = tessera(&args, &ctl_kubeconfig, &[]);
-    (activator, controller)
+    let (ctl, _) = controller(cp, client, &args).await;
+    (activator, ctl)
 }
 
 /// A chat request for `llama` in `models` through the activator, sent in the background; returns once the
@@ -1677,27 +1671,12 @@ fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_a
         let hook = LoopbackWebhook::set_up(&cp, &client, &["--pools-config", &pools_arg]).await;
         let _webhook = hook.start();
         hook.wait_ready().await;
-        let ctl_kubeconfig = cp.token_kubeconfig(
-            "autoscaler",
-            &sa_token(&client, "tessera-system", "tessera-autoscaler").await,
-        );
-        let metrics_port = free_port();
-        let _controller = tessera(
-            &[
-                "autoscaler",
-                "--metrics-listen",
-                &format!("127.0.0.1:{metrics_port}"),
-                "--leader-elect=false",
-                "--sync-period",
-                "1s",
-                "--pools-config",
-                &pools_arg,
-                "--pool-interval",
-                "1s",
-            ],
-            &ctl_kubeconfig,
-            &[],
-        );
+        let (_controller, metrics_port) = controller(
+            &cp,
+            &client,
+            &["--pools-config", &pools_arg, "--pool-interval", "1s"],
+        )
+        .await;
         wait_ok(
             &format!("http://127.0.0.1:{metrics_port}/ready"),
             Duration::from_secs(60),
@@ -2444,19 +2423,10 @@ fn dra_claims_are_allocated_by_the_scheduler_rolled_onto_a_new_template_and_expl
         let _webhook = hook.start();
         hook.wait_ready().await;
         // The controller and pool manager with the chart's own ServiceAccount: its DRA grants are what it uses.
-        let ctl_kubeconfig = cp.token_kubeconfig(
-            "autoscaler",
-            &sa_token(&client, "tessera-system", "tessera-autoscaler").await,
-        );
-        let metrics_port = free_port();
-        let _controller = tessera(
+        let (_controller, metrics_port) = controller(
+            &cp,
+            &client,
             &[
-                "autoscaler",
-                "--metrics-listen",
-                &format!("127.0.0.1:{metrics_port}"),
-                "--leader-elect=false",
-                "--sync-period",
-                "1s",
                 "--pools-config",
                 &pools_arg,
                 "--pool-interval",
@@ -2465,9 +2435,8 @@ fn dra_claims_are_allocated_by_the_scheduler_rolled_onto_a_new_template_and_expl
                 "--rollout-stability-window",
                 "2s",
             ],
-            &ctl_kubeconfig,
-            &[],
-        );
+        )
+        .await;
         let metrics_url = format!("http://127.0.0.1:{metrics_port}/metrics");
         wait_ok(
             &format!("http://127.0.0.1:{metrics_port}/ready"),

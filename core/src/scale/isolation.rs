@@ -14,6 +14,11 @@
 //! cap was the limit held 5–50% more GPU-hours on six scenarios for at most 0.28 point of attainment
 //! (docs/simulator-experiments.md, "Whole GPUs only once the share is whole").
 //!
+//! Only once the ceiling serves: while some of the `max_replicas` asked for are still starting, the ready ones
+//! carry the load of all of them, so a TTFT over the objective then measures the start-up, not what the ceiling
+//! can do. Isolating then bought whole GPUs for the model's start-up burst and kept them for as long as it stayed at
+//! the ceiling (docs/simulator-experiments.md, "Isolation only once the ceiling serves").
+//!
 //! The rule is stateless beyond the one bit it decides: once isolated, the model stays isolated while it is at
 //! its ceiling or its signals are missing (missing data never gives capacity back); below the ceiling the replica
 //! loops have room again, and new replicas may share once more (the running ones keep their GPUs until they go,
@@ -88,7 +93,10 @@ pub fn isolation(
     let Some(slo) = policy.ttft_slo else {
         return Isolation::Share;
     };
-    if !(facts.shares_gpu && at_ceiling && over(slo)) {
+    // The ceiling is judged once it serves: replicas asked for but still starting have not yet taken their part
+    // of the load, so a TTFT over the objective then says the ceiling was reached, not that it falls short.
+    let ceiling_serving = input.ready_replicas >= policy.max_replicas;
+    if !(facts.shares_gpu && at_ceiling && ceiling_serving && over(slo)) {
         return Isolation::Share;
     }
     // A share that can still grow is the cheaper unit: the joint policy asks for it, not for whole GPUs.
@@ -213,6 +221,30 @@ mod tests {
         assert_eq!(
             isolation(&policy(4), &input(2, Some(0.5), 0), held, WHOLE),
             Isolation::Share
+        );
+    }
+
+    /// Replicas asked for but still starting have not taken their part of the load yet: the TTFT of the ready
+    /// ones says the ceiling was reached, not that it falls short, so nothing is isolated until all of it serves.
+    #[test]
+    fn a_ceiling_still_starting_is_not_judged() {
+        let mut starting = input(4, Some(3.0), 2);
+        starting.ready_replicas = 2;
+        starting.replicas.truncate(2);
+        assert_eq!(isolation(&policy(4), &starting, SHARING, WHOLE), Isolation::Share);
+        // Once every replica of the ceiling is ready and the objective is still missed, it isolates.
+        assert_eq!(
+            isolation(&policy(4), &input(4, Some(3.0), 2), SHARING, WHOLE),
+            Isolation::Isolate(IsolationReason::QueuedAtCeiling)
+        );
+        // Already isolated, a replica restarting does not give the whole GPUs back.
+        let held = IsolationFacts {
+            shares_gpu: false,
+            isolated: true,
+        };
+        assert_eq!(
+            isolation(&policy(4), &starting, held, WHOLE),
+            Isolation::Isolate(IsolationReason::Held)
         );
     }
 
