@@ -150,9 +150,25 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    reflect_modified(api, |_| {})
+}
+
+/// [`reflect`], each object passed through `modify` before it is stored (to drop fields nothing reads).
+pub fn reflect_modified<K>(
+    api: kube::Api<K>,
+    modify: impl FnMut(&mut K) + Send + 'static,
+) -> (
+    reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher_config())
         .default_backoff()
+        .modify(modify)
         .reflect(writer)
         .applied_objects();
     (reader, stream)
@@ -165,10 +181,6 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     store: std::sync::Arc<std::sync::RwLock<Option<reflector::Store<K>>>>,
-    /// How many watch events the store has taken, each counted after the store applied it, so what a reader
-    /// derives from the store (an index) can be kept until the count moves; `None` where whoever fills the store
-    /// does not count (then nothing derived from it may be kept).
-    changes: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl<K: kube::Resource + 'static> std::fmt::Debug for Cached<K>
@@ -188,7 +200,6 @@ where
     fn clone(&self) -> Self {
         Self {
             store: self.store.clone(),
-            changes: self.changes.clone(),
         }
     }
 }
@@ -200,7 +211,6 @@ where
     fn default() -> Self {
         Self {
             store: std::sync::Arc::default(),
-            changes: None,
         }
     }
 }
@@ -219,26 +229,14 @@ where
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         use futures::StreamExt;
-        let changes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let cache = Self {
-            changes: Some(changes.clone()),
-            ..Self::default()
-        };
-        // Every event, not only the objects applied: a delete and a re-list's swap change the store too.
-        let (reader, writer) = reflector::store();
-        let stream = watcher(api, watcher_config())
-            .default_backoff()
-            .modify(modify)
-            .reflect(writer);
+        let cache = Self::default();
+        let (reader, stream) = reflect_modified(api, modify);
         tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
             loop {
                 tokio::select! {
                     next = stream.next() => match next {
-                        // The reflector applied the event before yielding it: counted after the store moved.
-                        Some(Ok(_)) => {
-                            changes.fetch_add(1, std::sync::atomic::Ordering::Release);
-                        }
+                        Some(Ok(_)) => {}
                         Some(Err(e)) => tracing::debug!(error = %e, "watching {what} failed; retrying"),
                         None => return,
                     },
@@ -266,27 +264,7 @@ where
     pub fn of(store: reflector::Store<K>) -> Self {
         Self {
             store: std::sync::Arc::new(std::sync::RwLock::new(Some(store))),
-            changes: None,
         }
-    }
-
-    /// [`Cached::of`], for a filler that adds one to `changes` after each event its store applies.
-    pub fn of_counted(
-        store: reflector::Store<K>,
-        changes: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    ) -> Self {
-        Self {
-            changes: Some(changes),
-            ..Self::of(store)
-        }
-    }
-
-    /// How many events the store has taken so far (see the field); `None` where they are not counted. Read it
-    /// before the store's state: what is derived from that state is then at least as new as the count says.
-    pub fn changes(&self) -> Option<u64> {
-        self.changes
-            .as_ref()
-            .map(|c| c.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// The store, once its first list is in.

@@ -11,8 +11,7 @@
 //! empty. Its pods may be a watch event behind the API server; a pod deleted a moment ago still reads as there,
 //! its sidecar unreachable, which counts as missing data (never a scale-down).
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -21,25 +20,12 @@ use crate::kube_client::Cached;
 
 /// Every pod the controller may see; `None` until the first list arrived or where no watch runs.
 #[derive(Debug, Clone, Default)]
-pub struct PodCache {
-    cache: Cached<Pod>,
-    /// The cached pods by namespace, rebuilt when the watch has taken an event since: each model's round reads its
-    /// own namespace's pods, not every pod of the fleet (at 1,000 models the scan of all namespaces was 5% of the
-    /// controller's CPU, docs/performance.md "Fleet").
-    by_namespace: Arc<Mutex<ByNamespace>>,
-}
-
-#[derive(Debug, Default)]
-struct ByNamespace {
-    /// The watch's event count the index was built at; `None`: never built, or the store's events are not counted.
-    changes: Option<u64>,
-    pods: HashMap<String, Vec<Arc<Pod>>>,
-}
+pub struct PodCache(Cached<Pod>);
 
 impl PodCache {
     /// Starts watching `api` until `stop`; the cache answers once the first list is in.
     pub fn start(api: Api<Pod>, stop: tokio::sync::watch::Receiver<bool>) -> Self {
-        Self::over(Cached::start(
+        Self(Cached::start(
             api,
             "pods",
             |p: &mut Pod| p.metadata.managed_fields = None,
@@ -47,39 +33,17 @@ impl PodCache {
         ))
     }
 
-    /// Over a cache someone else fills (a test's store).
-    pub fn over(cache: Cached<Pod>) -> Self {
-        Self {
-            cache,
-            by_namespace: Arc::default(),
-        }
-    }
-
     /// The pods of `namespace` that `selector` (a `/scale` status selector) selects; `None` while the cache has
     /// no list or the selector is not one [`parse_selector`] reads.
     pub fn matching(&self, namespace: &str, selector: &str) -> Option<Vec<Pod>> {
         let requirements = parse_selector(selector)?;
-        // The count before the state: an index built from a newer state than its count is only rebuilt once more.
-        let changes = self.cache.changes();
-        let store = self.cache.store()?;
-        // A round that panicked while rebuilding left a whole index or none: either is safe to rebuild from.
-        let mut index = self.by_namespace.lock().unwrap_or_else(PoisonError::into_inner);
-        if changes.is_none() || index.changes != changes {
-            let mut pods: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
-            for p in store.state() {
-                if let Some(ns) = p.metadata.namespace.clone() {
-                    pods.entry(ns).or_default().push(p);
-                }
-            }
-            *index = ByNamespace { changes, pods };
-        }
+        let store = self.0.store()?;
         let empty = BTreeMap::new();
         Some(
-            index
-                .pods
-                .get(namespace)
-                .into_iter()
-                .flatten()
+            store
+                .state()
+                .iter()
+                .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
                 .filter(|p| {
                     let labels = p.metadata.labels.as_ref().unwrap_or(&empty);
                     requirements.iter().all(|r| r.matches(labels))
@@ -238,65 +202,5 @@ mod tests {
             "unreadable: the caller lists instead"
         );
         assert_eq!(parse_selector("a b=c"), None);
-    }
-
-    fn pod(ns: &str, name: &str, app: &str) -> Pod {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": {"app": app}}
-        }))
-        .expect("a Pod")
-    }
-
-    fn names(pods: Option<Vec<Pod>>) -> Vec<String> {
-        let mut n: Vec<_> = pods
-            .expect("the cache answers")
-            .into_iter()
-            .filter_map(|p| p.metadata.name)
-            .collect();
-        n.sort();
-        n
-    }
-
-    /// A model's round reads its own namespace's pods only, and the index follows the watch: kept while no event
-    /// came, rebuilt after one (an apply or a delete).
-    #[test]
-    fn the_namespace_index_answers_per_namespace_and_follows_the_watch() {
-        use kube::runtime::watcher::Event;
-        let (reader, mut writer) = kube::runtime::reflector::store();
-        let changes = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let event = |w: &mut kube::runtime::reflector::store::Writer<Pod>, e: Event<Pod>| {
-            w.apply_watcher_event(&e);
-            changes.fetch_add(1, std::sync::atomic::Ordering::Release);
-        };
-        event(&mut writer, Event::Apply(pod("a", "llama-1", "llama")));
-        event(&mut writer, Event::Apply(pod("b", "llama-1", "llama")));
-        event(&mut writer, Event::Apply(pod("a", "qwen-1", "qwen")));
-        let cache = PodCache::over(Cached::of_counted(reader, changes.clone()));
-        assert_eq!(names(cache.matching("a", "app=llama")), ["llama-1"]);
-        assert_eq!(names(cache.matching("b", "app=llama")), ["llama-1"]);
-        assert_eq!(names(cache.matching("c", "app=llama")), Vec::<String>::new());
-
-        // A pod the store holds but whose event was not counted yet is not read from the kept index...
-        writer.apply_watcher_event(&Event::Apply(pod("a", "llama-2", "llama")));
-        assert_eq!(names(cache.matching("a", "app=llama")), ["llama-1"]);
-        // ...and is once the count moves; a delete is seen the same way.
-        changes.fetch_add(1, std::sync::atomic::Ordering::Release);
-        assert_eq!(names(cache.matching("a", "app=llama")), ["llama-1", "llama-2"]);
-        event(&mut writer, Event::Delete(pod("a", "llama-1", "llama")));
-        assert_eq!(names(cache.matching("a", "app=llama")), ["llama-2"]);
-
-        // A store whose events nobody counts is read afresh each time.
-        let (reader, mut writer) = kube::runtime::reflector::store();
-        let uncounted = PodCache::over(Cached::of(reader));
-        writer.apply_watcher_event(&Event::Apply(pod("a", "llama-1", "llama")));
-        assert_eq!(names(uncounted.matching("a", "app=llama")), ["llama-1"]);
-        writer.apply_watcher_event(&Event::Delete(pod("a", "llama-1", "llama")));
-        assert_eq!(names(uncounted.matching("a", "app=llama")), Vec::<String>::new());
-        assert_eq!(
-            PodCache::default().matching("a", "app=llama"),
-            None,
-            "no list yet"
-        );
     }
 }
