@@ -43,7 +43,7 @@ unless_skipped() {
 }
 
 # The test tools' venv lives in the tools cache outside the clone, like the vLLM one, so a fresh clone (CI) does not
-# spend two minutes installing it again; .tools/venv links to it (the tests read that path).
+# spend a minute or two installing it again; .tools/venv links to it (the tests read that path).
 repo=$PWD
 # shellcheck source=scripts/tools-cache.sh
 . scripts/tools-cache.sh

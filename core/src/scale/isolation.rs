@@ -154,6 +154,12 @@ mod tests {
         isolated: false,
     };
 
+    /// Isolated last round: its GPUs are its own now.
+    const HELD: IsolationFacts = IsolationFacts {
+        shares_gpu: false,
+        isolated: true,
+    };
+
     #[test]
     fn at_the_ceiling_over_the_objective_while_sharing_it_isolates() {
         assert_eq!(
@@ -203,23 +209,19 @@ mod tests {
 
     #[test]
     fn once_isolated_it_stays_while_at_the_ceiling_or_blind() {
-        let held = IsolationFacts {
-            shares_gpu: false,
-            isolated: true,
-        };
         // Within the objective now, because it is isolated: still at the ceiling, so it stays.
         assert_eq!(
-            isolation(&policy(4), &input(4, Some(0.5), 0), held, WHOLE),
+            isolation(&policy(4), &input(4, Some(0.5), 0), HELD, WHOLE),
             Isolation::Isolate(IsolationReason::Held)
         );
         // Signals missing: never give capacity back on missing data.
         assert_eq!(
-            isolation(&policy(4), &input(2, None, 0), held, WHOLE),
+            isolation(&policy(4), &input(2, None, 0), HELD, WHOLE),
             Isolation::Isolate(IsolationReason::Held)
         );
         // Off the ceiling with signals: the replica loops have room again.
         assert_eq!(
-            isolation(&policy(4), &input(2, Some(0.5), 0), held, WHOLE),
+            isolation(&policy(4), &input(2, Some(0.5), 0), HELD, WHOLE),
             Isolation::Share
         );
     }
@@ -238,12 +240,8 @@ mod tests {
             Isolation::Isolate(IsolationReason::QueuedAtCeiling)
         );
         // Already isolated, a replica restarting does not give the whole GPUs back.
-        let held = IsolationFacts {
-            shares_gpu: false,
-            isolated: true,
-        };
         assert_eq!(
-            isolation(&policy(4), &starting, held, WHOLE),
+            isolation(&policy(4), &starting, HELD, WHOLE),
             Isolation::Isolate(IsolationReason::Held)
         );
     }
@@ -269,12 +267,8 @@ mod tests {
                 "{room:?}"
             );
         }
-        let held = IsolationFacts {
-            shares_gpu: false,
-            isolated: true,
-        };
         assert_eq!(
-            isolation(&policy(4), &at_ceiling, held, partial),
+            isolation(&policy(4), &at_ceiling, HELD, partial),
             Isolation::Isolate(IsolationReason::Held)
         );
     }
