@@ -85,6 +85,10 @@ struct Held {
     base: tokio::time::Instant,
     renewed_ms: std::sync::atomic::AtomicU64,
     max_age: Duration,
+    /// The batches whose result files this tenure has fenced ([`super::store::BatchStore::fence_data`]): once per batch per
+    /// tenure, since only a runner that held the lease before this one can have appends still queued. An entry is
+    /// dropped when its batch ends, so the set holds at most the batches not final yet.
+    fenced: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Held {
@@ -94,6 +98,7 @@ impl Held {
             base: tokio::time::Instant::now(),
             renewed_ms: std::sync::atomic::AtomicU64::new(0),
             max_age: lease * 3 / 4,
+            fenced: std::sync::Mutex::default(),
         }
     }
 
@@ -109,6 +114,24 @@ impl Held {
 
     fn lost(&self) {
         self.ok.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether `batch` still needs its fence in this tenure (and counts it as fenced from now on).
+    fn first_run(&self, batch: &str) -> bool {
+        // A poisoned lock only means another batch's task panicked mid-insert: the set is still a set.
+        let mut fenced = self
+            .fenced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        fenced.insert(batch.to_owned())
+    }
+
+    fn ended(&self, batch: &str) {
+        let mut fenced = self
+            .fenced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        fenced.remove(batch);
     }
 
     fn is_held(&self) -> bool {
@@ -643,6 +666,13 @@ async fn run_batch(
         },
         usage: Usage::default(),
     };
+    // A runner that held the lease before this tenure may have been paused, not killed, with answers queued for
+    // these files: fenced first, its late appends land in copies nobody reads, and what it had written before
+    // is recovered below as answered.
+    if held.first_run(&batch.id) {
+        b.store.fence_data(&batch.output_data).await?;
+        b.store.fence_data(&batch.error_data).await?;
+    }
     recover_file(b.store.as_ref(), &batch.output_data, true, &mut rec).await?;
     recover_file(b.store.as_ref(), &batch.error_data, false, &mut rec).await?;
     batch.request_counts = rec.counts;
@@ -689,6 +719,7 @@ async fn run_batch(
     b.app.metrics.batch_slack.remove(&labels);
     b.app.metrics.batch_remaining.remove(&labels);
     info!(batch = %batch.id, status = batch.status.as_str(), completed = batch.request_counts.completed, failed = batch.request_counts.failed, "batch ended");
+    held.ended(&batch.id);
     save(b, &batch).await
 }
 

@@ -6,6 +6,8 @@
 //!   a 200 MB upload is never held in memory;
 //! - append to a result file ([`BatchStore::append_data`]) and cut a torn last line ([`BatchStore::truncate_data`]):
 //!   results are kept as they complete, and a crash mid-write leaves at most one partial line to drop;
+//! - fence a result file ([`BatchStore::fence_data`]) when a runner takes a batch over: a runner that was paused
+//!   (not killed) past its lease may still have appends queued, and they must land where the taker never reads;
 //! - a small document per batch and per file, replaced whole (written to a temporary name and renamed, so a reader
 //!   never sees half of one);
 //! - a cancel marker the API writes and the runner reads, so the runner stays the batch record's only writer;
@@ -13,7 +15,8 @@
 //!   it).
 //!
 //! An S3-compatible store fits the same calls except append: it would write each flush of results as its own
-//! object under the result file's prefix and read them back in order. Not implemented yet.
+//! object under the result file's prefix and read them back in order, and fence by naming each lease version's
+//! objects apart and reading back only the versions the taker adopted. Not implemented yet.
 
 use std::path::{Path, PathBuf};
 
@@ -87,6 +90,13 @@ pub trait BatchStore: Send + Sync + std::fmt::Debug {
     fn data_len<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
     /// Cuts the data of `id` to `len` bytes.
     fn truncate_data<'a>(&'a self, id: &'a str, len: u64) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Replaces file data `id` by a copy of itself, so that no writer opened before this call reaches what is
+    /// read or appended after it. A writer's appends are queued before they reach the store (write-behind), so a
+    /// runner paused past its lease can land answers after a taker has read the file: the taker fences each
+    /// result file before reading it, and such late appends go to the old copy. A late append that reached the
+    /// store before the fence is in the copy, where the taker's recovery counts it as answered. Missing data is
+    /// left missing.
+    fn fence_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Removes a file: its document, its data and its entry in its namespace's listing.
     fn delete_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
     /// Writes a file's document, and lists it under its namespace.
@@ -252,6 +262,13 @@ impl LocalStore {
         Ok(self.root.join("files").join(format!("{id}.data")))
     }
 
+    /// Where [`BatchStore::fence_data`] builds its copy before renaming it into place (a crash leaves it behind;
+    /// the next fence or the file's deletion removes it).
+    fn fence_path(&self, id: &str) -> Result<PathBuf, StoreError> {
+        check_id(id)?;
+        Ok(self.root.join("files").join(format!("{id}.fence")))
+    }
+
     fn doc_path(&self, dir: &str, id: &str, ext: &str) -> Result<PathBuf, StoreError> {
         check_id(id)?;
         Ok(self.root.join(dir).join(format!("{id}.{ext}")))
@@ -404,6 +421,20 @@ impl BatchStore for LocalStore {
         })
     }
 
+    fn fence_data<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let (p, copy) = (self.data_path(id)?, self.fence_path(id)?);
+            // Copy, then rename over: the old inode stays open in any earlier writer and is unlinked here, so what
+            // such a writer appends later is written nowhere anyone reads. The name always holds a whole file.
+            match tokio::fs::copy(&p, &copy).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(io(&copy)(e)),
+            }
+            tokio::fs::rename(&copy, &p).await.map_err(io(&p))
+        })
+    }
+
     fn delete_file<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             // Any part may be missing (an upload refused before its document was written): remove what is there,
@@ -411,7 +442,11 @@ impl BatchStore for LocalStore {
             if let Some(f) = Self::read_doc::<FileObject>(self.doc_path("files", id, "json")?).await? {
                 remove_if_there(self.entry_path(&f.namespace, "files", id)?).await?;
             }
-            for path in [self.doc_path("files", id, "json")?, self.data_path(id)?] {
+            for path in [
+                self.doc_path("files", id, "json")?,
+                self.data_path(id)?,
+                self.fence_path(id)?,
+            ] {
                 remove_if_there(path).await?;
             }
             Ok(())
@@ -574,6 +609,48 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use tokio::io::AsyncReadExt;
+
+    #[tokio::test]
+    async fn a_writer_opened_before_a_fence_reaches_nothing_read_after_it() {
+        let dir = scratch_dir("store-fence");
+        let store = LocalStore::open(&dir).unwrap();
+        let read = |store: &LocalStore| {
+            let store = store.clone();
+            async move {
+                let mut s = String::new();
+                store
+                    .open_data("out-1")
+                    .await
+                    .unwrap()
+                    .read_to_string(&mut s)
+                    .await
+                    .unwrap();
+                s
+            }
+        };
+        // A runner's writer, and the answers it wrote before it was paused.
+        let mut stale = store.append_data("out-1").await.unwrap();
+        stale.write_all(b"a\n").await.unwrap();
+        stale.flush().await.unwrap();
+        // A taker fences the file, reads it and appends its own answers.
+        store.fence_data("out-1").await.unwrap();
+        assert_eq!(
+            read(&store).await,
+            "a\n",
+            "what reached the store before the fence is kept"
+        );
+        let mut taker = store.append_data("out-1").await.unwrap();
+        taker.write_all(b"b\n").await.unwrap();
+        taker.flush().await.unwrap();
+        // The paused runner wakes with an answer still queued: it lands nowhere the taker reads.
+        stale.write_all(b"b\n").await.unwrap();
+        stale.flush().await.unwrap();
+        assert_eq!(read(&store).await, "a\nb\n");
+        // Fencing data that does not exist yet leaves it missing; no copy is left behind.
+        store.fence_data("out-2").await.unwrap();
+        assert_eq!(store.data_len("out-2").await.unwrap(), 0);
+        assert!(!dir.join("files/out-1.fence").exists());
+    }
 
     #[tokio::test]
     async fn data_appends_and_truncates_and_ids_stay_inside() {
