@@ -610,24 +610,23 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
+    /// File data `id`, whole, as text.
+    async fn read_all(store: &LocalStore, id: &str) -> String {
+        let mut s = String::new();
+        store
+            .open_data(id)
+            .await
+            .unwrap()
+            .read_to_string(&mut s)
+            .await
+            .unwrap();
+        s
+    }
+
     #[tokio::test]
     async fn a_writer_opened_before_a_fence_reaches_nothing_read_after_it() {
         let dir = scratch_dir("store-fence");
         let store = LocalStore::open(&dir).unwrap();
-        let read = |store: &LocalStore| {
-            let store = store.clone();
-            async move {
-                let mut s = String::new();
-                store
-                    .open_data("out-1")
-                    .await
-                    .unwrap()
-                    .read_to_string(&mut s)
-                    .await
-                    .unwrap();
-                s
-            }
-        };
         // A runner's writer, and the answers it wrote before it was paused.
         let mut stale = store.append_data("out-1").await.unwrap();
         stale.write_all(b"a\n").await.unwrap();
@@ -635,7 +634,7 @@ mod tests {
         // A taker fences the file, reads it and appends its own answers.
         store.fence_data("out-1").await.unwrap();
         assert_eq!(
-            read(&store).await,
+            read_all(&store, "out-1").await,
             "a\n",
             "what reached the store before the fence is kept"
         );
@@ -645,7 +644,7 @@ mod tests {
         // The paused runner wakes with an answer still queued: it lands nowhere the taker reads.
         stale.write_all(b"b\n").await.unwrap();
         stale.flush().await.unwrap();
-        assert_eq!(read(&store).await, "a\nb\n");
+        assert_eq!(read_all(&store, "out-1").await, "a\nb\n");
         // Fencing data that does not exist yet leaves it missing; no copy is left behind.
         store.fence_data("out-2").await.unwrap();
         assert_eq!(store.data_len("out-2").await.unwrap(), 0);
@@ -661,15 +660,7 @@ mod tests {
         w.flush().await.unwrap();
         assert_eq!(store.data_len("out-1").await.unwrap(), 3);
         store.truncate_data("out-1", 2).await.unwrap();
-        let mut s = String::new();
-        store
-            .open_data("out-1")
-            .await
-            .unwrap()
-            .read_to_string(&mut s)
-            .await
-            .unwrap();
-        assert_eq!(s, "a\n");
+        assert_eq!(read_all(&store, "out-1").await, "a\n");
         assert!(matches!(store.get_file("../x").await, Err(StoreError::BadId(_))));
         assert!(store.get_batch("batch_none").await.unwrap().is_none());
         assert!(!store.cancel_requested("batch_x").await.unwrap());
