@@ -21,7 +21,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-log() { printf '\n==> %s\n' "$*"; }
+# Each step says when it started (minutes:seconds since the command began), so a slow run shows where the time went.
+log() { printf '\n==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # Disk: a cold run needs about 25 GB (target/ about 8 GB, the Go module and build caches 11 GB, the vLLM venv 6 GB);
 # a CI run once ran out at 7 minutes. Incremental compilation would add as much again to target/ (12 of 21 GB in a
@@ -145,7 +146,13 @@ await_prep() {
 # (each writes NAME.partial and moves it into place), so the next run starts it again.
 stop_prep() {
   local pid
-  for pid in "${prep_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  for pid in "${prep_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; kill -CONT -- "-$pid" 2>/dev/null || true; done
+}
+# pause_prep STOP|CONT: pauses or resumes every background lane (each is its own process group), for the tests
+# that compare two real-time phases: a build's load changes from one phase to the next (a link, a download).
+pause_prep() {
+  local pid
+  for pid in "${prep_pids[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
 }
 trap stop_prep EXIT
 go_steps=()
@@ -166,6 +173,16 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "cargo test"
 cargo test --workspace --all-targets --locked
+
+# Two tests compare real-time TTFT in one phase with a second beside other work (a running batch, a flex lane) and
+# allow 10%. A background build's load changes between the phases, which once made that 12% on these two cores, so
+# they run here, #[ignore]d in the run above, with the builds paused for their two minutes (SIGSTOP, then SIGCONT).
+log "the real-time ratio tests (a batch, a flex lane beside real-time traffic), the background builds paused"
+pause_prep STOP
+cargo test --locked -p tessera --test batch --test lanes -- --ignored --exact \
+  a_running_batch_leaves_real_time_ttft_within_ten_percent \
+  a_flex_lane_fills_room_without_slowing_real_time_and_is_refused_with_retry_after
+pause_prep CONT
 
 log "CRD drift: the committed YAML must be what 'tessera crdgen' prints"
 cargo run --quiet --locked -- crdgen | diff -u deploy/crds/inferenceautoscaler.yaml - \

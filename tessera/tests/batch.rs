@@ -499,6 +499,7 @@ const PHASE: Duration = Duration::from_secs(30);
 /// stays within 10% of the same load without the batch, and the batch still gets work done. The lanes test's
 /// set-up and load (`support::realtime`), with the batch runner in place of flex clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a real-time ratio: needs the cores steady; scripts/test.sh runs it with its background builds paused"]
 async fn a_running_batch_leaves_real_time_ttft_within_ten_percent() {
     let _alone = TIMING.write().await;
     use support::realtime::{ms, p95, realtime_load};

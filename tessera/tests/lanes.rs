@@ -149,6 +149,7 @@ async fn measure(gate: &[&str]) -> Measured {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a real-time ratio: needs the cores steady; scripts/test.sh runs it with its background builds paused"]
 async fn a_flex_lane_fills_room_without_slowing_real_time_and_is_refused_with_retry_after() {
     let m = measure(&[]).await;
     assert!(
