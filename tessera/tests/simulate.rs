@@ -427,3 +427,53 @@ fn a_seed_sweep_is_each_seed_run_alone_folded_together() {
         assert!(!o.status.success() && err.contains(says), "{bad:?}: {err}");
     }
 }
+
+/// Issue 57, "the table's Tessera row is what the chart's defaults do": a pool left at its defaults (the chart
+/// renders only what its values set) runs the rules the simulator's defaults run: the empty-GPU grace (it was ten
+/// minutes in the pool and one in the simulator, 18% of the default scenario's GPU-hours apart), consolidation, the
+/// MPS oversubscription, the sleeper budget and lending. So a scenario that sets none of these shows what that pool
+/// does, and the bundled ones that set the grace set the pool's.
+#[test]
+fn a_pool_left_at_its_defaults_runs_what_the_simulator_runs() {
+    let cfg = tessera_pool::PoolsConfig::from_yaml(
+        "pools:\n- name: p\n  gpuMemoryMiB: 81920\n  sharing: mps\n  maxGpus: 4\n",
+    )
+    .expect("a minimal pool");
+    let pool = &cfg.pools[0];
+    let sim = tessera_sim::simulate::scenario::StrategySettings::default();
+    assert_eq!(
+        pool.empty_gpu_grace_period, sim.gpu_release_grace,
+        "the empty-GPU grace"
+    );
+    assert_eq!(pool.consolidation(), sim.consolidation(), "consolidation");
+    assert_eq!(
+        pool.compute_oversubscription(),
+        sim.compute_oversubscription(),
+        "MPS oversubscription"
+    );
+    assert_eq!(
+        pool.max_sleepers_per_gpu, sim.max_sleepers_per_gpu,
+        "sleepers per GPU"
+    );
+    assert_eq!(
+        pool.sleep_residue_mib, sim.sleep_residue_mib,
+        "a sleeper's residue"
+    );
+    assert_eq!(cfg.lend_sleepers, sim.lend_sleepers, "lending a sleeper's room");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for name in [
+        "default",
+        "platform-mix-quiet",
+        "ceiling-bursty",
+        "pinned-half-gpu",
+    ] {
+        let path = root.join(format!("scenarios/{name}.yaml"));
+        let yaml = std::fs::read_to_string(&path).expect("a bundled scenario");
+        let file = tessera_sim::simulate::scenario::ScenarioFile::parse(&yaml, &path.display().to_string())
+            .expect("it parses");
+        assert_eq!(
+            file.strategies.gpu_release_grace, pool.empty_gpu_grace_period,
+            "{name}: the grace"
+        );
+    }
+}

@@ -71,14 +71,15 @@ impl ConsolidationConfig {
 }
 
 impl Default for ConsolidationConfig {
-    /// On, two moves per GPU, ten minutes of settling, thirty minutes to finish. The pool and the simulator settle
-    /// for their empty grace instead (ten minutes by default): a GPU that has stayed emptiable as long as an empty
-    /// GPU is kept is worth emptying. Measured in the simulator (`docs/simulator-experiments.md`, "Consolidation").
+    /// On, two moves per GPU, settling for the default empty grace ([`super::DEFAULT_EMPTY_GRACE`]), thirty minutes
+    /// to finish. The pool and the simulator settle for their own empty grace (that one unless set): a GPU that has
+    /// stayed emptiable as long as an empty GPU is kept is worth emptying. Measured in the simulator
+    /// (`docs/simulator-experiments.md`, "Consolidation").
     fn default() -> Self {
         Self {
             enabled: true,
             max_moves: 2,
-            settle: Duration::from_secs(600),
+            settle: super::DEFAULT_EMPTY_GRACE,
             drain_timeout: Duration::from_secs(1800),
         }
     }
@@ -344,9 +345,10 @@ mod tests {
         };
         // The lighter GPU is the cheaper to empty.
         assert_eq!((candidate.gpu, candidate.since, plan.gpu), (b, 1000, b));
-        let later = pool_step(&p, first.candidate(), 1000 + 599, &cfg, |_| true);
+        let settle = cfg.settle.as_secs();
+        let later = pool_step(&p, first.candidate(), 1000 + settle - 1, &cfg, |_| true);
         assert!(matches!(later, PoolStep::Settling { .. }), "{later:?}");
-        let due = pool_step(&p, later.candidate(), 1600, &cfg, |_| true);
+        let due = pool_step(&p, later.candidate(), 1000 + settle, &cfg, |_| true);
         assert_eq!(due, PoolStep::Drain(plan.clone()));
     }
 

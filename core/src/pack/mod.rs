@@ -25,7 +25,7 @@ use std::fmt;
 
 pub use bounds::{LpBound, lower_bound_l2, lower_bound_l2_counts, lower_bound_lp};
 pub use offline::{OfflineAlgorithm, OfflinePacking, pack_first_fit_decreasing, pack_offline};
-pub use release::{EmptyGpu, compute_milli, empty_gpu};
+pub use release::{DEFAULT_EMPTY_GRACE, EmptyGpu, compute_milli, empty_gpu};
 
 /// The compute capacity of one GPU in milli-GPUs. Integers, so sums are exact.
 pub const GPU_COMPUTE_MILLI: u32 = 1000;
