@@ -144,16 +144,14 @@ await_prep() {
 }
 # A run that stops early (a failed test) stops its background builds too; a build's partial output is never kept
 # (each writes NAME.partial and moves it into place), so the next run starts it again.
-stop_prep() {
-  local pid
-  for pid in "${prep_pids[@]}"; do kill -- "-$pid" 2>/dev/null || true; kill -CONT -- "-$pid" 2>/dev/null || true; done
-}
-# pause_prep STOP|CONT: pauses or resumes every background lane (each is its own process group), for the tests
-# that compare two real-time phases: a build's load changes from one phase to the next (a link, a download).
+# pause_prep SIGNAL: sends it to every background lane (each is its own process group). STOP and CONT pause and
+# resume them for the tests that compare two real-time phases (a build's load changes from one phase to the next).
 pause_prep() {
   local pid
   for pid in "${prep_pids[@]}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
 }
+# A paused lane only ends once continued.
+stop_prep() { pause_prep TERM; pause_prep CONT; }
 trap stop_prep EXIT
 go_steps=()
 # The registry's crane serves the image tier and the real node's images.
