@@ -72,7 +72,7 @@ fn default_spares() -> u32 {
 }
 
 fn default_headroom() -> u64 {
-    1024
+    tessera_core::pack::DEFAULT_HEADROOM_MIB
 }
 
 fn default_max_sleepers() -> u32 {

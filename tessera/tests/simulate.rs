@@ -460,6 +460,10 @@ fn a_pool_left_at_its_defaults_runs_what_the_simulator_runs() {
         "a sleeper's residue"
     );
     assert_eq!(cfg.lend_sleepers, sim.lend_sleepers, "lending a sleeper's room");
+    assert_eq!(
+        pool.memory_headroom_mib, sim.gpu_headroom_mib,
+        "the packer's headroom"
+    );
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     for name in [
         "default",
@@ -474,6 +478,10 @@ fn a_pool_left_at_its_defaults_runs_what_the_simulator_runs() {
         assert_eq!(
             file.strategies.gpu_release_grace, pool.empty_gpu_grace_period,
             "{name}: the grace"
+        );
+        assert_eq!(
+            file.strategies.gpu_headroom_mib, pool.memory_headroom_mib,
+            "{name}: the headroom"
         );
     }
 }

@@ -57,6 +57,12 @@ pub fn default_compute_oversubscription(mps: bool) -> f64 {
 }
 
 /// What one GPU of a pool offers.
+/// MiB of each GPU a pool never hands out unless told otherwise, and what the simulator keeps free: one
+/// CUDA context takes 300-500 MiB outside vLLM's own accounting, and a shared GPU holds one per tenant (MPS
+/// adds its server's), so 1 GiB covers two or three tenants' contexts plus fragmentation. One constant, so the
+/// simulator's savings are what a pool left at its defaults does.
+pub const DEFAULT_HEADROOM_MIB: u64 = 1024;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct GpuShape {
     /// The device's memory in MiB (e.g. 81920 for an 80 GiB card).

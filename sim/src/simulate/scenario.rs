@@ -273,7 +273,7 @@ impl Default for StrategySettings {
             static_attainment_target: 0.99,
             pod_start: Duration::from_secs(20),
             gpu_release_grace: tessera_core::pack::DEFAULT_EMPTY_GRACE,
-            gpu_headroom_mib: 512,
+            gpu_headroom_mib: tessera_core::pack::DEFAULT_HEADROOM_MIB,
             sleep_residue_mib: tessera_core::pack::sleeping::DEFAULT_RESIDUE_MIB,
             max_sleepers_per_gpu: 4,
             recommend_interval: Duration::from_secs(300),
