@@ -790,20 +790,9 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
             match sent {
                 Ok(Ok(resp)) => {
                     if held {
-                        app.metrics
-                            .hold_seconds
-                            .get_or_create(&labels)
-                            .observe(arrived.elapsed().as_secs_f64());
+                        observe_hold(&app, &labels, arrived);
                     }
-                    let code = resp.status().as_u16();
-                    app.metrics
-                        .requests
-                        .get_or_create(&CodeLabels {
-                            namespace: labels.namespace.clone(),
-                            model: labels.model.clone(),
-                            code,
-                        })
-                        .inc();
+                    count_response(&app, &labels, resp.status().as_u16());
                     // The backend has the body: its buffer and its share of the budget go now.
                     drop(budget);
                     return stream_back(resp, lease, in_flight, admitted, app.limits.stream_idle_timeout);
@@ -874,13 +863,30 @@ async fn forward(app: Arc<App>, entry: Arc<ModelEntry>, req: Forward) -> Respons
         };
         if !ready {
             let waited = fmt_duration(arrived.elapsed());
-            app.metrics
-                .hold_seconds
-                .get_or_create(&labels)
-                .observe(arrived.elapsed().as_secs_f64());
+            observe_hold(&app, &labels, arrived);
             return reject(&app, Some(&entry), RequestError::HoldTimeout { model, waited });
         }
     }
+}
+
+/// Observes how long a held request waited, from its arrival: once answered, or once given up on.
+fn observe_hold(app: &App, labels: &ModelLabels, arrived: Instant) {
+    app.metrics
+        .hold_seconds
+        .get_or_create(labels)
+        .observe(arrived.elapsed().as_secs_f64());
+}
+
+/// Counts a backend's answer by its status code.
+fn count_response(app: &App, labels: &ModelLabels, code: u16) {
+    app.metrics
+        .requests
+        .get_or_create(&CodeLabels {
+            namespace: labels.namespace.clone(),
+            model: labels.model.clone(),
+            code,
+        })
+        .inc();
 }
 
 /// Moves a flex-lane request that has to wait from its `--max-in-flight` place to one of `--lane-max-held`

@@ -735,6 +735,10 @@ fn a_bad_pools_config_fails_fast_and_says_where() {
 /// replica's KEDA scaler answers that decision from the status it watches. A second owner on the same workload (an
 /// HPA next to a Tessera-scaled model) is a `ScaleOwnerConflict`, with a Warning Event and nothing written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn scaled_by_keda_is_decided_and_served_but_never_written() {
     use tessera_keda::pb;
     let state: Shared = Arc::new(Mutex::new(Cluster {

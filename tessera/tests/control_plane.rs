@@ -1645,6 +1645,10 @@ fn is_capacity_pod(p: &Pod) -> bool {
 
 #[test]
 #[ignore = "needs the control plane: scripts/control-plane.sh build (scripts/test.sh runs it)"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 fn f_capacity_pods_are_bound_by_the_scheduler_fractional_pods_land_beside_them_and_empty_gpus_are_released() {
     story(|cp| async move {
         let client = cp.client().await;
@@ -2059,6 +2063,10 @@ async fn keda_metrics_adapter(
 
 #[test]
 #[ignore = "needs the control plane: scripts/control-plane.sh build (scripts/test.sh runs it)"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 fn h_the_keda_operator_and_its_hpa_scale_a_real_deployment_from_zero_to_three_and_back_on_tesseras_scaler() {
     story(|cp| async move {
         let client = cp.client().await;
@@ -2400,6 +2408,10 @@ fn metric(page: &str, name_and_labels: &str) -> Option<f64> {
 
 #[test]
 #[ignore = "needs the control plane: scripts/control-plane.sh build (scripts/test.sh runs it)"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 fn dra_claims_are_allocated_by_the_scheduler_rolled_onto_a_new_template_and_explained_when_they_fit_nowhere()
 {
     story(|cp| async move {

@@ -150,6 +150,10 @@ fn the_expression_parser_finds_every_metric_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn every_dashboard_metric_is_emitted_by_a_role() {
     let client = reqwest::Client::new();
     let mut emitted = BTreeSet::new();

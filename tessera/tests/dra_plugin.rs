@@ -173,6 +173,10 @@ fn dra_plugin_prepares_and_unprepares_a_claim_allocated_through_the_real_api_ser
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn story(cp: &ControlPlane, slot: &mut Option<Plugin>) {
     let client = support::cluster::client(&cp.kubeconfig).await;
     let version = client

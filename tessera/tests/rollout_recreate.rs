@@ -27,6 +27,10 @@ fn pod(name: &str, sidecar_port: u16, memory_mib: i64, compute: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn roll_recreate_through_the_real_binary_rolls_once_and_reports_in_sync() {
     let vllm = Tessera::vllm_sim(&["--served-model-name", "llama"]);
     let sidecar = Tessera::sidecar(

@@ -168,6 +168,10 @@ fn real_page() -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn sidecar_against_a_fake_vllm() {
     let base = real_page();
     let fake = Arc::new(Mutex::new(Fake {

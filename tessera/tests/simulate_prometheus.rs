@@ -679,6 +679,10 @@ async fn what_the_server_sends_is_printed_without_its_control_characters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "starts Debian's prometheus and replays a trace for a few minutes: scripts/test.sh runs it"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn real_prometheus_history_agrees_with_the_trace() {
     let span: f64 = env_or("TESSERA_PROM_TEST_SPAN", 240.0); // seconds of trace replayed
     let chat_every: usize = env_or("TESSERA_PROM_TEST_CHAT_EVERY", 3);

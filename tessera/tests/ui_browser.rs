@@ -115,6 +115,10 @@ async fn load(client: &reqwest::Client, vllm: &Tessera, model: &str, requests: u
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against real processes, told in order: each step starts from the state the last one left"
+)]
 async fn the_page_in_headless_chromium_shows_models_recommendations_and_savings() {
     let Some(browser) = chromium() else { return };
     let work = tempfile::tempdir().expect("tempdir");

@@ -855,110 +855,25 @@ async fn send_all(
     yield_now: &Arc<AtomicBool>,
 ) -> Result<Option<Stop>, StoreError> {
     let stopping = Arc::new(AtomicBool::new(false));
-    let (tx, mut rx) = mpsc::channel::<Answer>(b.limits.max_in_flight);
+    let (tx, rx) = mpsc::channel::<Answer>(b.limits.max_in_flight);
     // The writer: the only one appending to this batch's result files.
-    let writer = {
-        let b = b.clone();
-        let mut batch = batch.clone();
-        let mut ledger = rec.ledger.clone();
-        let held = held.clone();
-        tokio::spawn(async move {
-            let mut out = BufWriter::new(b.store.append_data(&batch.output_data).await?);
-            let mut err = BufWriter::new(b.store.append_data(&batch.error_data).await?);
-            let mut last_save = tokio::time::Instant::now();
-            let started = last_save;
-            let mut answered_here = 0u64;
-            while let Some(a) = rx.recv().await {
-                if !held.is_held() {
-                    // Another runner may own the files now: write nothing more.
-                    continue;
-                }
-                if !ledger.mark(a.index) {
-                    continue;
-                }
-                answered_here += 1;
-                b.app
-                    .metrics
-                    .batch_lines
-                    .get_or_create(&BatchLineLabels {
-                        namespace: batch.namespace.clone(),
-                        outcome: if a.ok { "completed" } else { "failed" },
-                    })
-                    .inc();
-                if a.ok {
-                    for part in &a.parts {
-                        out.write_all(part).await.map_err(io_err(&batch.output_data))?;
-                    }
-                    batch.request_counts.completed += 1;
-                    batch.usage.input_tokens += a.usage.input_tokens;
-                    batch.usage.output_tokens += a.usage.output_tokens;
-                    batch.usage.total_tokens += a.usage.total_tokens;
-                } else {
-                    for part in &a.parts {
-                        err.write_all(part).await.map_err(io_err(&batch.error_data))?;
-                    }
-                    batch.request_counts.failed += 1;
-                }
-                // Flush whenever nothing else is waiting (each answer reaches the store within one loop turn, and
-                // a busy batch still writes in large pieces), and at least every progress interval.
-                if rx.is_empty() || last_save.elapsed() >= b.limits.progress_interval {
-                    // Answers buffered by a runner that lost the lease meanwhile (paused past it) are the new
-                    // runner's to give: they are dropped, never flushed.
-                    if !held.is_held() {
-                        continue;
-                    }
-                    out.flush().await.map_err(io_err(&batch.output_data))?;
-                    err.flush().await.map_err(io_err(&batch.error_data))?;
-                    if last_save.elapsed() >= b.limits.progress_interval && held.is_held() {
-                        pace_gauges(
-                            &b,
-                            &batch,
-                            started.elapsed(),
-                            batch.request_counts.remaining(),
-                            answered_here,
-                        );
-                        b.store.put_batch(&batch).await?;
-                        last_save = tokio::time::Instant::now();
-                    }
-                }
-            }
-            if held.is_held() {
-                out.flush().await.map_err(io_err(&batch.output_data))?;
-                err.flush().await.map_err(io_err(&batch.error_data))?;
-            }
-            Ok::<_, StoreError>((ledger, batch.request_counts, batch.usage))
-        })
-    };
+    let writer = tokio::spawn(write_answers(
+        b.clone(),
+        batch.clone(),
+        rec.ledger.clone(),
+        held.clone(),
+        rx,
+    ));
     let deadline_ms = batch.expires_at.map_or(u64::MAX, |s| s.saturating_mul(1000));
     // Looks for a cancel and the deadline while lines are sent.
-    let watcher = {
-        let b = b.clone();
-        let id = batch.id.clone();
-        let stopping = stopping.clone();
-        let held = held.clone();
-        let yield_now = yield_now.clone();
-        tokio::spawn(async move {
-            loop {
-                if yield_now.load(Ordering::Relaxed) {
-                    stopping.store(true, Ordering::Relaxed);
-                    return Stop::Yield;
-                }
-                if b.store.cancel_requested(&id).await.unwrap_or(false) {
-                    stopping.store(true, Ordering::Relaxed);
-                    return Stop::Cancel;
-                }
-                if now_ms() >= deadline_ms {
-                    stopping.store(true, Ordering::Relaxed);
-                    return Stop::Expire;
-                }
-                if !held.is_held() {
-                    stopping.store(true, Ordering::Relaxed);
-                    return Stop::LostLease;
-                }
-                tokio::time::sleep(b.limits.progress_interval.min(Duration::from_millis(200))).await;
-            }
-        })
-    };
+    let watcher = tokio::spawn(watch_for_stop(
+        b.clone(),
+        batch.id.clone(),
+        stopping.clone(),
+        held.clone(),
+        yield_now.clone(),
+        deadline_ms,
+    ));
     let slots = Arc::new(Semaphore::new(b.limits.max_in_flight));
     let mut lines = Unanswered::open(b, batch).await?;
     let path = format!("/namespaces/{}{}", batch.namespace, batch.endpoint);
@@ -1015,6 +930,112 @@ async fn send_all(
         return Ok(Some(Stop::Incomplete));
     }
     Ok(stop)
+}
+
+/// Appends each answer to the result files, once per line, while this runner holds the lease, and saves the
+/// batch's progress every progress interval. Returns the ledger, counts and usage it ends with.
+async fn write_answers(
+    b: Arc<Batches>,
+    mut batch: BatchObject,
+    mut ledger: Ledger,
+    held: Arc<Held>,
+    mut rx: mpsc::Receiver<Answer>,
+) -> Result<(Ledger, RequestCounts, Usage), StoreError> {
+    let mut out = BufWriter::new(b.store.append_data(&batch.output_data).await?);
+    let mut err = BufWriter::new(b.store.append_data(&batch.error_data).await?);
+    let mut last_save = tokio::time::Instant::now();
+    let started = last_save;
+    let mut answered_here = 0u64;
+    while let Some(a) = rx.recv().await {
+        if !held.is_held() {
+            // Another runner may own the files now: write nothing more.
+            continue;
+        }
+        if !ledger.mark(a.index) {
+            continue;
+        }
+        answered_here += 1;
+        b.app
+            .metrics
+            .batch_lines
+            .get_or_create(&BatchLineLabels {
+                namespace: batch.namespace.clone(),
+                outcome: if a.ok { "completed" } else { "failed" },
+            })
+            .inc();
+        if a.ok {
+            for part in &a.parts {
+                out.write_all(part).await.map_err(io_err(&batch.output_data))?;
+            }
+            batch.request_counts.completed += 1;
+            batch.usage.input_tokens += a.usage.input_tokens;
+            batch.usage.output_tokens += a.usage.output_tokens;
+            batch.usage.total_tokens += a.usage.total_tokens;
+        } else {
+            for part in &a.parts {
+                err.write_all(part).await.map_err(io_err(&batch.error_data))?;
+            }
+            batch.request_counts.failed += 1;
+        }
+        // Flush whenever nothing else is waiting (each answer reaches the store within one loop turn, and
+        // a busy batch still writes in large pieces), and at least every progress interval.
+        if rx.is_empty() || last_save.elapsed() >= b.limits.progress_interval {
+            // Answers buffered by a runner that lost the lease meanwhile (paused past it) are the new
+            // runner's to give: they are dropped, never flushed.
+            if !held.is_held() {
+                continue;
+            }
+            out.flush().await.map_err(io_err(&batch.output_data))?;
+            err.flush().await.map_err(io_err(&batch.error_data))?;
+            if last_save.elapsed() >= b.limits.progress_interval && held.is_held() {
+                pace_gauges(
+                    &b,
+                    &batch,
+                    started.elapsed(),
+                    batch.request_counts.remaining(),
+                    answered_here,
+                );
+                b.store.put_batch(&batch).await?;
+                last_save = tokio::time::Instant::now();
+            }
+        }
+    }
+    if held.is_held() {
+        out.flush().await.map_err(io_err(&batch.output_data))?;
+        err.flush().await.map_err(io_err(&batch.error_data))?;
+    }
+    Ok((ledger, batch.request_counts, batch.usage))
+}
+
+/// Watches for the reasons to stop sending (a yield, a cancel, the deadline, a lost lease); sets `stopping` and
+/// returns the first one seen.
+async fn watch_for_stop(
+    b: Arc<Batches>,
+    id: String,
+    stopping: Arc<AtomicBool>,
+    held: Arc<Held>,
+    yield_now: Arc<AtomicBool>,
+    deadline_ms: u64,
+) -> Stop {
+    loop {
+        if yield_now.load(Ordering::Relaxed) {
+            stopping.store(true, Ordering::Relaxed);
+            return Stop::Yield;
+        }
+        if b.store.cancel_requested(&id).await.unwrap_or(false) {
+            stopping.store(true, Ordering::Relaxed);
+            return Stop::Cancel;
+        }
+        if now_ms() >= deadline_ms {
+            stopping.store(true, Ordering::Relaxed);
+            return Stop::Expire;
+        }
+        if !held.is_held() {
+            stopping.store(true, Ordering::Relaxed);
+            return Stop::LostLease;
+        }
+        tokio::time::sleep(b.limits.progress_interval.min(Duration::from_millis(200))).await;
+    }
 }
 
 /// Sets a running batch's pace gauges: lines left, and the slack to its deadline at the rate this runner has

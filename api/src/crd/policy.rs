@@ -71,6 +71,67 @@ impl InferenceAutoscalerSpec {
                 "scaleTargetRef.apiVersion {api_version:?} must be group/version (e.g. apps/v1) or a core version (v1)"
             ));
         }
+        let durations = self.durations(&mut errors);
+        let ttft_slo_percentile = self.slo_percentile(&mut errors);
+        durations.check_slos(&mut errors);
+        self.check_gpu(&mut errors);
+        self.check_model_names(&mut errors);
+        let behavior = self.behavior.clone().unwrap_or_default();
+        let policy = scale::ScalePolicy {
+            min_replicas: min,
+            max_replicas: max,
+            targets: scale::Targets {
+                kv_cache_utilization: self.targets.kv_cache_utilization,
+                waiting_requests_per_replica: self.targets.waiting_requests_per_replica,
+                ttft_p95: durations.ttft_target,
+                requests_per_second_per_replica: self.targets.requests_per_second_per_replica,
+            },
+            tolerance: scale::DEFAULT_TOLERANCE,
+            scale_to_zero: durations
+                .idle_after
+                .zip(self.scale_to_zero.as_ref())
+                .map(|(idle_after, z)| scale::ScaleToZero {
+                    idle_after,
+                    cold_start_miss_budget: z.cold_start_miss_budget,
+                    cold_start_budget_group: z.cold_start_budget_group.clone(),
+                }),
+            behavior: scale::Behavior {
+                scale_up: rules(
+                    behavior.scale_up.as_ref(),
+                    scale::ScalingRules::default_up(),
+                    "scaleUp",
+                    &mut errors,
+                ),
+                scale_down: rules(
+                    behavior.scale_down.as_ref(),
+                    scale::ScalingRules::default_down(),
+                    "scaleDown",
+                    &mut errors,
+                ),
+            },
+            panic: panic_mode(behavior.panic.as_ref()),
+            ttft_slo: durations.ttft_slo,
+            ttft_slo_percentile,
+            // Set each round by the joint policy from the model's cold start (`core::scale::lookahead`).
+            ttft_guard_lead: None,
+        };
+        // The core's checks carry the same wording as the CEL rules (maxReplicas >= minReplicas, etc.).
+        if let Err(core_errors) = policy.validate() {
+            for e in core_errors {
+                if !errors.contains(&e) {
+                    errors.push(e);
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(policy)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// The spec's durations, each reported when it does not parse; a `targets.ttftP95` of zero is reported too.
+    fn durations(&self, errors: &mut Vec<String>) -> Durations {
         let mut duration = |field: &str, v: &Option<String>| -> Option<Duration> {
             let s = v.as_deref()?;
             match parse_duration(s) {
@@ -93,59 +154,62 @@ impl InferenceAutoscalerSpec {
         if self.targets.ttft_p95.is_some() && ttft_target.is_some_and(|d| d.is_zero()) {
             errors.push("targets.ttftP95 must be more than 0".to_owned());
         }
-        let ttft_slo_percentile = match self.ttft_slo_percentile {
-            None => scale::SloPercentile::default(),
-            Some(n) => {
-                if self.ttft_slo.is_none() {
-                    errors.push(format!(
-                        "ttftSloPercentile {n} needs ttftSlo: it says which percentile the SLO holds (set ttftSlo, \
-                         e.g. 2s, or remove ttftSloPercentile)"
-                    ));
-                }
-                scale::SloPercentile::from_number(n).unwrap_or_else(|| {
-                    errors.push(format!(
-                        "ttftSloPercentile must be 95 or 99 (the percentiles the sidecar reports), got {n}"
-                    ));
-                    scale::SloPercentile::default()
-                })
-            }
+        Durations {
+            ttft_target,
+            ttft_slo,
+            itl_slo,
+            idle_after,
+        }
+    }
+
+    /// The percentile `ttftSlo` holds (`ttftSloPercentile`), the default when unset or invalid.
+    fn slo_percentile(&self, errors: &mut Vec<String>) -> scale::SloPercentile {
+        let Some(n) = self.ttft_slo_percentile else {
+            return scale::SloPercentile::default();
         };
-        if itl_slo.is_some_and(|d| d.is_zero()) {
-            errors.push(
-                "itlSlo must be more than 0 (e.g. 100ms), or left out for no inter-token objective"
-                    .to_owned(),
-            );
+        if self.ttft_slo.is_none() {
+            errors.push(format!(
+                "ttftSloPercentile {n} needs ttftSlo: it says which percentile the SLO holds (set ttftSlo, \
+                 e.g. 2s, or remove ttftSloPercentile)"
+            ));
         }
-        if ttft_slo.is_some_and(|d| d.is_zero()) {
-            errors.push(
-                "ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request"
-                    .to_owned(),
-            );
-        }
-        if let Some(gpu) = &self.gpu {
-            if let Some(m) = &gpu.memory {
-                match m {
-                    IntOrString::Int(n) if *n <= 0 => errors.push(format!(
-                        "gpu.memory must be \"auto\" or a positive number of MiB, got {n}"
-                    )),
-                    IntOrString::String(s) if s != "auto" => errors.push(format!(
-                        "gpu.memory must be \"auto\" or a positive number of MiB (unquoted), got {s:?}"
-                    )),
-                    _ => {}
-                }
-            }
-            if let Some(cf) = &gpu.compute_fraction
-                && cf != "auto"
-            {
-                match cf.parse::<f64>() {
-                    Ok(f) if f > 0.0 && f <= 1.0 => {}
-                    _ => errors.push(format!(
-                        "gpu.computeFraction must be \"auto\" or a fraction in (0, 1] as a quoted string like \
-                         \"0.25\", got {cf:?}"
-                    )),
-                }
+        scale::SloPercentile::from_number(n).unwrap_or_else(|| {
+            errors.push(format!(
+                "ttftSloPercentile must be 95 or 99 (the percentiles the sidecar reports), got {n}"
+            ));
+            scale::SloPercentile::default()
+        })
+    }
+
+    /// `gpu.memory` and `gpu.computeFraction`: "auto" or a value in range.
+    fn check_gpu(&self, errors: &mut Vec<String>) {
+        let Some(gpu) = &self.gpu else { return };
+        if let Some(m) = &gpu.memory {
+            match m {
+                IntOrString::Int(n) if *n <= 0 => errors.push(format!(
+                    "gpu.memory must be \"auto\" or a positive number of MiB, got {n}"
+                )),
+                IntOrString::String(s) if s != "auto" => errors.push(format!(
+                    "gpu.memory must be \"auto\" or a positive number of MiB (unquoted), got {s:?}"
+                )),
+                _ => {}
             }
         }
+        if let Some(cf) = &gpu.compute_fraction
+            && cf != "auto"
+        {
+            match cf.parse::<f64>() {
+                Ok(f) if f > 0.0 && f <= 1.0 => {}
+                _ => errors.push(format!(
+                    "gpu.computeFraction must be \"auto\" or a fraction in (0, 1] as a quoted string like \
+                     \"0.25\", got {cf:?}"
+                )),
+            }
+        }
+    }
+
+    /// `modelNames`: none empty, and present when a feature that finds requests by model name is on.
+    fn check_model_names(&self, errors: &mut Vec<String>) {
         for (i, name) in self.model_names.iter().enumerate() {
             if name.trim().is_empty() {
                 errors.push(format!("modelNames[{i}] is empty"));
@@ -168,56 +232,31 @@ impl InferenceAutoscalerSpec {
                 );
             }
         }
-        let behavior = self.behavior.clone().unwrap_or_default();
-        let policy = scale::ScalePolicy {
-            min_replicas: min,
-            max_replicas: max,
-            targets: scale::Targets {
-                kv_cache_utilization: self.targets.kv_cache_utilization,
-                waiting_requests_per_replica: self.targets.waiting_requests_per_replica,
-                ttft_p95: ttft_target,
-                requests_per_second_per_replica: self.targets.requests_per_second_per_replica,
-            },
-            tolerance: scale::DEFAULT_TOLERANCE,
-            scale_to_zero: idle_after
-                .zip(self.scale_to_zero.as_ref())
-                .map(|(idle_after, z)| scale::ScaleToZero {
-                    idle_after,
-                    cold_start_miss_budget: z.cold_start_miss_budget,
-                    cold_start_budget_group: z.cold_start_budget_group.clone(),
-                }),
-            behavior: scale::Behavior {
-                scale_up: rules(
-                    behavior.scale_up.as_ref(),
-                    scale::ScalingRules::default_up(),
-                    "scaleUp",
-                    &mut errors,
-                ),
-                scale_down: rules(
-                    behavior.scale_down.as_ref(),
-                    scale::ScalingRules::default_down(),
-                    "scaleDown",
-                    &mut errors,
-                ),
-            },
-            panic: panic_mode(behavior.panic.as_ref()),
-            ttft_slo,
-            ttft_slo_percentile,
-            // Set each round by the joint policy from the model's cold start (`core::scale::lookahead`).
-            ttft_guard_lead: None,
-        };
-        // The core's checks carry the same wording as the CEL rules (maxReplicas >= minReplicas, etc.).
-        if let Err(core_errors) = policy.validate() {
-            for e in core_errors {
-                if !errors.contains(&e) {
-                    errors.push(e);
-                }
-            }
+    }
+}
+
+/// The spec's durations that parsed.
+struct Durations {
+    ttft_target: Option<Duration>,
+    ttft_slo: Option<Duration>,
+    itl_slo: Option<Duration>,
+    idle_after: Option<Duration>,
+}
+
+impl Durations {
+    /// The latency objectives must be more than zero.
+    fn check_slos(&self, errors: &mut Vec<String>) {
+        if self.itl_slo.is_some_and(|d| d.is_zero()) {
+            errors.push(
+                "itlSlo must be more than 0 (e.g. 100ms), or left out for no inter-token objective"
+                    .to_owned(),
+            );
         }
-        if errors.is_empty() {
-            Ok(policy)
-        } else {
-            Err(errors)
+        if self.ttft_slo.is_some_and(|d| d.is_zero()) {
+            errors.push(
+                "ttftSlo must be more than 0 (e.g. 500ms): a zero SLO is breached by every request"
+                    .to_owned(),
+            );
         }
     }
 }

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use k8s_openapi::jiff;
 
 use super::history::{History, POINTS};
-use super::view::{ModelRow, Sharing, View};
+use super::view::{GpuRow, ModelObservation, ModelRow, Overview, Sharing, Signals, View};
 use tessera_core::pack::GPU_COMPUTE_MILLI;
 
 /// Escapes text for HTML element content and attribute values.
@@ -319,10 +319,24 @@ fn bar(out: &mut String, parts: &[(f64, &str)], total: f64) {
 
 fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u32) {
     let m = &row.model;
-    let r = &m.replicas;
-    let s = &m.signals;
     let key_attr = esc(&m.key());
     let _ = write!(out, r#"<tr data-model="{key_attr}">"#);
+    name_cells(out, m, &key_attr);
+    // Latency next to the model (what a reader looks for first), before what it holds.
+    latency_cells(out, &m.signals);
+    replica_cells(out, row);
+    // Memory: what the pods reserve now → what the recommendation asks for.
+    resource_cells(out, row);
+    kv_cell(out, m, history, now_minute);
+    load_cells(out, &m.signals);
+    leading_signal_cell(out, m);
+    // The last decisions, or why the recommendation is what it is.
+    why_cell(out, m);
+    out.push_str("</tr>");
+}
+
+/// The model (target, namespace, sharing) and its workload class with why.
+fn name_cells(out: &mut String, m: &ModelObservation, key_attr: &str) {
     let _ = write!(
         out,
         r#"<td data-v="{key_attr}" title="{}"><b>{}</b><span class="s">{} · {}</span></td>"#,
@@ -343,7 +357,10 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         }
         None => out.push_str(r#"<td class="l class mute" data-v="">—</td>"#),
     }
-    // Latency next to the model (what a reader looks for first), before what it holds.
+}
+
+/// TTFT and inter-token p95, each against its objective.
+fn latency_cells(out: &mut String, s: &Signals) {
     for (v, slo) in [(s.ttft_p95, s.ttft_slo), (s.itl_p95, s.itl_slo)] {
         let over = matches!((v, slo), (Some(a), Some(b)) if a > b);
         let class = if over { "over" } else { "" };
@@ -358,6 +375,11 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             secs(v)
         );
     }
+}
+
+/// Replicas now (→ desired), ready and the policy's bounds; GPUs held.
+fn replica_cells(out: &mut String, row: &ModelRow) {
+    let r = &row.model.replicas;
     let bounds = match (r.min, r.max) {
         (Some(lo), Some(hi)) => format!("{lo}–{hi}"),
         _ => "no policy".to_owned(),
@@ -373,7 +395,11 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         r.current, r.current, r.ready
     );
     let _ = write!(out, r#"<td class="gpus" data-v="{0}">{0:.2}</td>"#, row.gpus_held);
-    // Memory: what the pods reserve now → what the recommendation asks for.
+}
+
+/// GPU memory and compute share per replica: now → recommended.
+fn resource_cells(out: &mut String, row: &ModelRow) {
+    let m = &row.model;
     let reserved = row.reserved_memory_mib.map_or_else(|| "—".to_owned(), gib);
     match &m.recommendation {
         Some(rec) => {
@@ -414,6 +440,11 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             );
         }
     }
+}
+
+/// KV cache usage now, with its history.
+fn kv_cell(out: &mut String, m: &ModelObservation, history: &History, now_minute: u32) {
+    let s = &m.signals;
     let _ = write!(
         out,
         r#"<td class="kv" data-v="{}">{}"#,
@@ -427,6 +458,10 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         out.push_str("</span>");
     }
     out.push_str("</td>");
+}
+
+/// Waiting requests, requests per second, prefix-cache hit rate, prefill and decode times.
+fn load_cells(out: &mut String, s: &Signals) {
     let _ = write!(
         out,
         r#"<td data-v="{}">{}</td>"#,
@@ -455,6 +490,10 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
         secs(s.prefill_p50),
         secs(s.decode_p50)
     );
+}
+
+/// The signal leading the count, what holds it, and the update mode.
+fn leading_signal_cell(out: &mut String, m: &ModelObservation) {
     let _ = write!(
         out,
         r#"<td data-v="{}" class="l">{}<span class="s">{}update {}</span></td>"#,
@@ -466,7 +505,10 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             .unwrap_or_default(),
         esc(m.update_mode.as_deref().unwrap_or("—"))
     );
-    // The last decisions, or why the recommendation is what it is.
+}
+
+/// The last decisions, or why there is (no) recommendation.
+fn why_cell(out: &mut String, m: &ModelObservation) {
     out.push_str(r#"<td class="why">"#);
     if m.decisions.is_empty() {
         match (&m.recommendation, &m.no_recommendation_reason) {
@@ -501,7 +543,7 @@ fn model_row(out: &mut String, row: &ModelRow, history: &History, now_minute: u3
             esc(time(d.at_ms).get(11..16).unwrap_or(""))
         );
     }
-    out.push_str("</td></tr>");
+    out.push_str("</td>");
 }
 
 /// At most `n` characters, with an ellipsis when cut (the full text goes in a tooltip).
@@ -517,9 +559,19 @@ fn clip(s: &str, n: usize) -> String {
 
 /// The page.
 pub fn render(view: &View, history: &History) -> String {
-    let o = &view.overview;
     let now_minute = u32::try_from(view.at_ms / 60_000).unwrap_or(u32::MAX);
     let mut out = String::with_capacity(32 * 1024 + view.models.len() * 2048);
+    page_head(&mut out, view);
+    overview_cards(&mut out, &view.overview);
+    charts(&mut out, history, now_minute);
+    models_table(&mut out, view, history, now_minute);
+    gpus_table(&mut out, view);
+    page_foot(&mut out, &view.overview);
+    out
+}
+
+/// The document's head and the page header: mode, update time, history kept.
+fn page_head(out: &mut String, view: &View) {
     out.push_str(r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1"><meta http-equiv="refresh" content="30"><title>Tessera · GPU workloads</title><style>"#);
     out.push_str(CSS);
     out.push_str("</style></head><body><header><h1>Tessera · GPU workloads</h1>");
@@ -534,8 +586,10 @@ pub fn render(view: &View, history: &History) -> String {
         time(view.at_ms),
         time(view.history_since_ms)
     );
+}
 
-    // Overview cards.
+/// The overview cards: GPUs held, needed and freeable; memory and compute held against needed.
+fn overview_cards(out: &mut String, o: &Overview) {
     out.push_str(r#"<section class="cards" id="overview">"#);
     let _ = write!(
         out,
@@ -592,7 +646,7 @@ pub fn render(view: &View, history: &History) -> String {
             .map_or_else(String::new, |m| format!(" · measured {}", gib(m)))
     );
     bar(
-        &mut out,
+        out,
         &[
             (o.memory_reserved_mib as f64, "#c3cad6"),
             (o.memory_needed_mib as f64, "#1a56db"),
@@ -609,20 +663,22 @@ pub fn render(view: &View, history: &History) -> String {
             .map_or_else(String::new, |b| format!(" · busy {b:.1}"))
     );
     bar(
-        &mut out,
+        out,
         &[(o.compute_allocated, "#c3cad6"), (o.compute_needed, "#1a56db")],
         o.compute_allocated.max(o.compute_needed),
     );
     out.push_str("</div></section>");
+}
 
-    // Charts.
+/// GPUs and GPU memory, held against needed, over the history kept.
+fn charts(out: &mut String, history: &History, now_minute: u32) {
     out.push_str(r#"<section class="charts">"#);
     let ov: Vec<_> = history.overview.points().copied().collect();
     let pick = |f: fn(&super::history::OverviewPoint) -> f32| {
         downsample(&ov.iter().map(|(m, p)| (*m, f(p))).collect::<Vec<_>>(), 280)
     };
     chart(
-        &mut out,
+        out,
         "GPUs held vs needed (up to 24 h)",
         "GPUs",
         &[
@@ -640,7 +696,7 @@ pub fn render(view: &View, history: &History) -> String {
         now_minute,
     );
     chart(
-        &mut out,
+        out,
         "GPU memory reserved vs needed (up to 24 h)",
         "GiB",
         &[
@@ -658,8 +714,10 @@ pub fn render(view: &View, history: &History) -> String {
         now_minute,
     );
     out.push_str("</section>");
+}
 
-    // Models.
+/// One row per model.
+fn models_table(out: &mut String, view: &View, history: &History, now_minute: u32) {
     let _ = write!(
         out,
         r#"<h2>Models <span class="mute">({})</span></h2>"#,
@@ -668,14 +726,16 @@ pub fn render(view: &View, history: &History) -> String {
     out.push_str(r#"<p class="note">Memory and compute read <i>now → recommended</i> per replica. Latencies are the worst replica's p95 over the sidecar's window; prefix-cache hit rate is the replicas' mean over it. Class: the workload class, whose defaults the policy's unset fields take (below it, where they came from): <i>realtime</i> (someone waits on each token: latency first; the class when unsure), <i>nearRealtime</i> (someone waits on the answer, traffic in bursts: a short wait or a cold start within the objective), <i>batch</i> (nobody waits on one request: throughput first); hover for why. — means not reported (older sidecars). Click a column to sort.</p>"#);
     out.push_str(r#"<div class="scroll"><table class="sortable" id="models"><thead><tr><th class="l">Model</th><th class="l">Class</th><th>TTFT p95</th><th>ITL p95</th><th>Replicas</th><th>GPUs held</th><th>GPU memory / replica<span class="s">now → recommended</span></th><th>Compute share<span class="s">now → recommended</span></th><th>KV cache · 24 h</th><th>Waiting</th><th>Req/s</th><th>Prefix cache<span class="s">hit rate</span></th><th>Prefill · decode<span class="s">p95</span></th><th class="l">Leading signal</th><th class="l">Why / last decisions</th></tr></thead><tbody>"#);
     for row in &view.models {
-        model_row(&mut out, row, history, now_minute);
+        model_row(out, row, history, now_minute);
     }
     if view.models.is_empty() {
         out.push_str(r#"<tr><td colspan="15" class="mute">No managed models yet: create an InferenceAutoscaler (or pass --sidecar NAME=URL in local mode).</td></tr>"#);
     }
     out.push_str("</tbody></table></div>");
+}
 
-    // GPUs.
+/// The fractional pools' GPUs, or a note that there are none.
+fn gpus_table(out: &mut String, view: &View) {
     let _ = write!(
         out,
         r#"<h2>Shared GPUs <span class="mute">({})</span></h2>"#,
@@ -695,56 +755,65 @@ pub fn render(view: &View, history: &History) -> String {
     } else {
         out.push_str(r#"<table class="sortable" id="gpus"><thead><tr><th class="l">Capacity pod</th><th class="l">Node · GPU</th><th class="l">Tenants (reserved · measured)</th><th>Compute free</th><th>Memory free</th><th class="l">Start-up lease</th></tr></thead><tbody>"#);
         for g in &view.gpus {
-            let gpu = &g.gpu;
-            let _ = write!(
-                out,
-                r#"<tr><td data-v="{0}"><b>{0}</b><span class="s">pool {1}</span>{5}</td><td class="l" data-v="{2}">{2}<span class="s">{3}</span></td><td class="l" data-v="{4}">"#,
-                esc(&gpu.capacity_pod),
-                esc(&gpu.pool),
-                esc(gpu.node.as_deref().unwrap_or("—")),
-                esc(gpu.uuid.as_deref().unwrap_or("uuid unknown")),
-                gpu.tenants.len(),
-                // Consolidation is emptying it (its tenants fit on the other GPUs): say so, and since when.
-                gpu.draining_since.map_or_else(String::new, |t| format!(
-                    r#"<span class="s">draining since {}: its models move to other GPUs</span>"#,
-                    time(t.saturating_mul(1000))
-                ))
-            );
-            for t in &gpu.tenants {
-                let measured = match (t.measured_memory_mib, t.measured_sm) {
-                    (None, None) => String::new(),
-                    (m, s) => format!(" · {} / SM {}", m.map_or_else(|| "—".to_owned(), gib), pct(s)),
-                };
-                let _ = write!(
-                    out,
-                    r#"<div>{} <span class="mute">({})</span> {:.0}% · {}{measured}</div>"#,
-                    esc(&t.pod),
-                    esc(&t.model),
-                    f64::from(t.compute_milli) / 10.0,
-                    gib(t.memory_mib)
-                );
-            }
-            let _ = write!(
-                out,
-                r#"</td><td data-v="{0}">{1:.0}%{5}</td><td data-v="{2}">{3}</td><td class="l" data-v="{4}">{4}</td></tr>"#,
-                g.free_compute_milli,
-                f64::from(g.free_compute_milli) / 10.0,
-                g.free_memory_mib,
-                gib(g.free_memory_mib),
-                esc(gpu.startup_lease_holder.as_deref().unwrap_or("—")),
-                // An MPS pool hands out its caps more than once (computeOversubscription): say of how much.
-                if gpu.compute_milli == GPU_COMPUTE_MILLI {
-                    String::new()
-                } else {
-                    format!(
-                        r#"<span class="s">of {:.0}% (caps oversubscribed)</span>"#,
-                        f64::from(gpu.compute_milli) / 10.0
-                    )
-                }
-            );
+            gpu_row(out, g);
         }
         out.push_str("</tbody></table>");
     }
+}
+
+/// One shared GPU: its capacity pod, node, tenants and what is free.
+fn gpu_row(out: &mut String, g: &GpuRow) {
+    let gpu = &g.gpu;
+    let _ = write!(
+        out,
+        r#"<tr><td data-v="{0}"><b>{0}</b><span class="s">pool {1}</span>{5}</td><td class="l" data-v="{2}">{2}<span class="s">{3}</span></td><td class="l" data-v="{4}">"#,
+        esc(&gpu.capacity_pod),
+        esc(&gpu.pool),
+        esc(gpu.node.as_deref().unwrap_or("—")),
+        esc(gpu.uuid.as_deref().unwrap_or("uuid unknown")),
+        gpu.tenants.len(),
+        // Consolidation is emptying it (its tenants fit on the other GPUs): say so, and since when.
+        gpu.draining_since.map_or_else(String::new, |t| format!(
+            r#"<span class="s">draining since {}: its models move to other GPUs</span>"#,
+            time(t.saturating_mul(1000))
+        ))
+    );
+    for t in &gpu.tenants {
+        let measured = match (t.measured_memory_mib, t.measured_sm) {
+            (None, None) => String::new(),
+            (m, s) => format!(" · {} / SM {}", m.map_or_else(|| "—".to_owned(), gib), pct(s)),
+        };
+        let _ = write!(
+            out,
+            r#"<div>{} <span class="mute">({})</span> {:.0}% · {}{measured}</div>"#,
+            esc(&t.pod),
+            esc(&t.model),
+            f64::from(t.compute_milli) / 10.0,
+            gib(t.memory_mib)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"</td><td data-v="{0}">{1:.0}%{5}</td><td data-v="{2}">{3}</td><td class="l" data-v="{4}">{4}</td></tr>"#,
+        g.free_compute_milli,
+        f64::from(g.free_compute_milli) / 10.0,
+        g.free_memory_mib,
+        gib(g.free_memory_mib),
+        esc(gpu.startup_lease_holder.as_deref().unwrap_or("—")),
+        // An MPS pool hands out its caps more than once (computeOversubscription): say of how much.
+        if gpu.compute_milli == GPU_COMPUTE_MILLI {
+            String::new()
+        } else {
+            format!(
+                r#"<span class="s">of {:.0}% (caps oversubscribed)</span>"#,
+                f64::from(gpu.compute_milli) / 10.0
+            )
+        }
+    );
+}
+
+/// How the figures are computed, and the end of the document.
+fn page_foot(out: &mut String, o: &Overview) {
     let _ = write!(
         out,
         r#"<p class="note">GPUs needed: each replica's recommendation (memory MiB, compute share) packed with <code>tessera pack</code>'s packer onto GPUs of its own size; replicas without a recommendation keep a whole GPU. Money: GPUs freed × ${:.2}/GPU-hour ({}; set <code>--gpu-hour-price</code> to what you pay) × 730 h. Also: <a href="/metrics">/metrics</a>.</p>"#,
@@ -754,7 +823,6 @@ pub fn render(view: &View, history: &History) -> String {
     out.push_str("</main><script>");
     out.push_str(JS);
     out.push_str("</script></body></html>");
-    out
 }
 
 /// `1 model`, `2 models`: a count with its noun (the page said "1 models · 1 replicas").

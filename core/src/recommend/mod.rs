@@ -135,42 +135,10 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
     }
 
     // Rule 1: enough usable history.
-    let mut window: Vec<Observation> = input
-        .window
-        .iter()
-        .filter(|o| o.at_secs.is_finite())
-        .copied()
-        .collect();
-    window.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs));
-    let mut usage: Vec<f64> = window
-        .iter()
-        .filter_map(|o| o.kv_usage)
-        .filter(|u| u.is_finite())
-        .map(|u| u.clamp(0.0, 1.0))
-        .collect();
-    if usage.len() < config.min_samples {
-        return not_yet(
-            NotYetCode::TooFewSamples,
-            format!(
-                "{} KV usage samples in the window, {} needed",
-                usage.len(),
-                config.min_samples
-            ),
-        );
-    }
-    let span = match (window.first(), window.last()) {
-        (Some(a), Some(b)) => b.at_secs - a.at_secs,
-        _ => 0.0,
+    let (window, mut usage) = match usable_window(input.window, config) {
+        Ok(w) => w,
+        Err(o) => return o,
     };
-    if span < config.min_window_secs {
-        return not_yet(
-            NotYetCode::WindowTooShort,
-            format!(
-                "the window spans {span:.0} s, {:.0} s needed",
-                config.min_window_secs
-            ),
-        );
-    }
     // The memory mode decides which derivations are true (`mode`, `memory`); every figure is bounded (`bounds`).
     let mode = MemoryMode::of(&input.memory);
     let total = match memory::total(&input.memory) {
@@ -185,80 +153,26 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
     let tokens_now = geometry.tokens();
     let block_bytes = geometry.block_size.saturating_mul(bpt.value);
     let mut reasons = Vec::new();
-    let mut reason = |field, code, message: String| reasons.push(Reason { field, code, message });
 
     // Rule 2: percentile + headroom, never below the peak.
-    usage.sort_by(f64::total_cmp);
-    let p = percentile_sorted(&usage, config.percentile);
-    let peak = usage.last().copied().unwrap_or(0.0);
-    let peak_tokens = (peak * tokens_now as f64).ceil() as u64;
-    let pct_tokens = (p * (1.0 + config.headroom) * tokens_now as f64).ceil() as u64;
-    let mut target = if pct_tokens >= peak_tokens {
-        reason(
-            Field::KvCacheMemory,
-            ReasonCode::Percentile,
-            format!(
-                "p{:.0} KV usage {:.1}% of {tokens_now} tokens + {:.0}% headroom = {pct_tokens} tokens",
-                config.percentile * 100.0,
-                p * 100.0,
-                config.headroom * 100.0
-            ),
-        );
-        pct_tokens
-    } else {
-        reason(
-            Field::KvCacheMemory,
-            ReasonCode::ObservedPeak,
-            format!(
-                "peak KV usage {:.1}% of {tokens_now} tokens = {peak_tokens} tokens exceeds p{:.0} + headroom",
-                peak * 100.0,
-                config.percentile * 100.0
-            ),
-        );
-        peak_tokens
-    };
+    let (mut target, peak_tokens) = usage_target(&mut usage, tokens_now, config, &mut reasons);
 
     // Rule 3: pressure means grow, never shrink.
-    let preemptions = counter_increase(window.iter().filter_map(|o| o.preemptions_total));
-    let waited_full = window.iter().any(|o| {
-        matches!((o.kv_usage, o.requests_waiting), (Some(u), Some(w)) if u >= config.near_full_ratio && w > 0.0)
-    });
     let prev_tokens = input.previous.map(|r| r.kv_cache_tokens);
-    let pressure = preemptions > 0.0 || waited_full;
-    if pressure {
-        let grown = ((tokens_now as f64) * (1.0 + config.headroom)).ceil() as u64;
-        let floor = grown.max(prev_tokens.unwrap_or(0));
+    let pressure_floor = pressure_floor(&window, tokens_now, prev_tokens, config, &mut reasons);
+    let pressure = pressure_floor.is_some();
+    if let Some(floor) = pressure_floor {
         target = target.max(floor);
-        let (code, why) = if preemptions > 0.0 {
-            (
-                ReasonCode::Preemptions,
-                format!("{preemptions:.0} preemption(s) in the window"),
-            )
-        } else {
-            (
-                ReasonCode::WaitingAtFullKv,
-                format!(
-                    "requests waited while KV usage was ≥ {:.0}%",
-                    config.near_full_ratio * 100.0
-                ),
-            )
-        };
-        reason(
-            Field::KvCacheMemory,
-            code,
-            format!("{why}: grow to at least {floor} tokens (current {tokens_now} + headroom, never shrink)"),
-        );
     }
 
     // Rule 4: one max-length sequence, one block; below the replica count's KV target when it has one.
     let (min_tokens, why) = minimum_tokens(geometry, config.kv_target_utilization);
     if target < min_tokens {
         target = min_tokens;
-        reason(
-            Field::KvCacheMemory,
+        reasons.push(kv_reason(
             ReasonCode::MinimumSequence,
             format!("raised to {min_tokens} tokens: {why}"),
-        );
+        ));
     }
 
     // Rule 5: bounded step from the previous recommendation (or what runs now). Under pressure the reference
@@ -269,97 +183,40 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         None => tokens_now,
     }
     .max(1);
-    let step_max = ((reference as f64) * config.max_step_up).floor() as u64;
-    let step_min = ((reference as f64) * (1.0 - config.max_step_down_ratio)).ceil() as u64;
     // The step bound may not cap below what was used, below one sequence, or (under pressure) below what runs.
     let hard_floor = peak_tokens
         .max(min_tokens)
         .max(if pressure { tokens_now } else { 0 });
-    let cap = step_max.max(hard_floor);
-    if target > cap {
-        reason(
-            Field::KvCacheMemory,
-            ReasonCode::StepLimitedUp,
-            format!(
-                "growth capped at ×{} per update: {target} → {cap} tokens (from {reference})",
-                config.max_step_up
-            ),
-        );
-        target = cap;
-    } else if target < step_min {
-        reason(
-            Field::KvCacheMemory,
-            ReasonCode::StepLimitedDown,
-            format!(
-                "shrink limited to {:.0}% per update: {target} → {step_min} tokens (from {reference})",
-                config.max_step_down_ratio * 100.0
-            ),
-        );
-        target = step_min;
-    }
+    target = step_bounded(target, reference, hard_floor, config, &mut reasons);
 
     // Round up to whole blocks; then rule 6: clamp to what fits, which needs the non-KV memory. Without it the
     // KV size is still known (what `--kv-cache-memory-bytes` takes), and the reason says so.
     let blocks = target.div_ceil(geometry.block_size);
-    let (non_kv, non_kv_source) = match memory::non_kv(
-        tokens_now.saturating_mul(bpt.value),
-        &input.memory,
-        mode,
+    let (non_kv, non_kv_source) =
+        match memory::non_kv(tokens_now.saturating_mul(bpt.value), &input.memory, mode, total) {
+            Ok(n) => n,
+            Err(Outcome::NotYet { code, reason }) if code == NotYetCode::UnknownNonKvMemory => {
+                return only_kv_known(code, &reason, blocks, geometry.block_size, block_bytes, &bpt);
+            }
+            Err(o) => return o,
+        };
+    let gpu = Gpu {
         total,
+        non_kv,
+        non_kv_source,
+    };
+    let kv_bytes = match clamp_to_gpu(
+        blocks,
+        geometry.block_size,
+        block_bytes,
+        peak_tokens,
+        &gpu,
+        config,
+        &mut reasons,
     ) {
-        Ok(n) => n,
-        Err(Outcome::NotYet { code, reason }) if code == NotYetCode::UnknownNonKvMemory => {
-            return not_yet(
-                code,
-                format!(
-                    "{reason}. Until then only the KV cache is known: {} bytes ({} tokens at {} bytes each from {:?}) \
-                     for --kv-cache-memory-bytes, not clamped to the GPU",
-                    blocks.saturating_mul(block_bytes),
-                    blocks.saturating_mul(geometry.block_size),
-                    bpt.value,
-                    bpt.source
-                ),
-            );
-        }
+        Ok(b) => b,
         Err(o) => return o,
     };
-    let mut kv_bytes = blocks.saturating_mul(block_bytes);
-    let cap_total = (config.max_gpu_memory_utilization * total as f64).floor() as u64;
-    let cap_kv = cap_total.saturating_sub(non_kv);
-    let cap_kv_blocks = cap_kv / block_bytes.max(1);
-    if cap_kv_blocks == 0 {
-        // Not one block fits beside the non-KV memory: a KV size of zero is no recommendation (vLLM refuses it).
-        return not_yet(
-            NotYetCode::InconsistentInputs,
-            format!(
-                "non-KV memory {} ({non_kv_source:?}) leaves no room for one KV block within {:.0}% of the GPU's {}: \
-                 this model needs a larger GPU (or check --non-kv-memory-mib and --max-gpu-memory-utilization)",
-                gib(non_kv),
-                config.max_gpu_memory_utilization * 100.0,
-                gib(total)
-            ),
-        );
-    }
-    if blocks > cap_kv_blocks {
-        kv_bytes = cap_kv_blocks.saturating_mul(block_bytes);
-        let below_peak = cap_kv_blocks.saturating_mul(geometry.block_size) < peak_tokens;
-        reason(
-            Field::KvCacheMemory,
-            ReasonCode::ClampedToGpu,
-            format!(
-                "clamped to {} of KV: {:.0}% of {} minus {} non-KV memory is all that fits{}",
-                gib(kv_bytes),
-                config.max_gpu_memory_utilization * 100.0,
-                gib(total),
-                gib(non_kv),
-                if below_peak {
-                    " (below the observed peak: this model needs a larger GPU)"
-                } else {
-                    ""
-                }
-            ),
-        );
-    }
     let kv_tokens = kv_bytes / bpt.value.max(1);
 
     // GPU memory: non-KV plus KV, rounded up (MiB; hundredths of utilization), still within the cap.
@@ -369,10 +226,10 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
     let gpu_memory_utilization = ((util_exact * 100.0).ceil() / 100.0)
         .min(config.max_gpu_memory_utilization)
         .max(util_exact);
-    reason(
-        Field::GpuMemory,
-        ReasonCode::KvPlusNonKv,
-        format!(
+    reasons.push(Reason {
+        field: Field::GpuMemory,
+        code: ReasonCode::KvPlusNonKv,
+        message: format!(
             "{} KV + {} non-KV ({:?}) = {gpu_memory_mib} MiB = {:.1}% of {} (bytes/token {} from {:?}: {}; {:?} \
              mode)",
             gib(kv_bytes),
@@ -385,7 +242,7 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
             bpt.derivation,
             mode
         ),
-    );
+    });
 
     // Compute: the latency/saturation rule (see `recommend_compute`).
     let previous_share = input.previous.map(|r| r.compute_fraction);
@@ -405,6 +262,244 @@ pub fn recommend(input: &Input<'_>, config: &Config) -> Outcome {
         non_kv_source,
         reasons,
     })
+}
+
+fn kv_reason(code: ReasonCode, message: String) -> Reason {
+    Reason {
+        field: Field::KvCacheMemory,
+        code,
+        message,
+    }
+}
+
+/// Rule 1: the window's timed observations, oldest first, and its usable KV usage samples (clamped to 0–1); or
+/// why there is too little history to size anything.
+fn usable_window(window: &[Observation], config: &Config) -> Result<(Vec<Observation>, Vec<f64>), Outcome> {
+    let mut window: Vec<Observation> = window.iter().filter(|o| o.at_secs.is_finite()).copied().collect();
+    window.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs));
+    let usage: Vec<f64> = window
+        .iter()
+        .filter_map(|o| o.kv_usage)
+        .filter(|u| u.is_finite())
+        .map(|u| u.clamp(0.0, 1.0))
+        .collect();
+    if usage.len() < config.min_samples {
+        return Err(not_yet(
+            NotYetCode::TooFewSamples,
+            format!(
+                "{} KV usage samples in the window, {} needed",
+                usage.len(),
+                config.min_samples
+            ),
+        ));
+    }
+    let span = match (window.first(), window.last()) {
+        (Some(a), Some(b)) => b.at_secs - a.at_secs,
+        _ => 0.0,
+    };
+    if span < config.min_window_secs {
+        return Err(not_yet(
+            NotYetCode::WindowTooShort,
+            format!(
+                "the window spans {span:.0} s, {:.0} s needed",
+                config.min_window_secs
+            ),
+        ));
+    }
+    Ok((window, usage))
+}
+
+/// Rule 2: the target in tokens (percentile + headroom, or the peak when that is more) and the peak itself,
+/// which later rules may not go below. Sorts `usage`.
+fn usage_target(
+    usage: &mut [f64],
+    tokens_now: u64,
+    config: &Config,
+    reasons: &mut Vec<Reason>,
+) -> (u64, u64) {
+    usage.sort_by(f64::total_cmp);
+    let p = percentile_sorted(usage, config.percentile);
+    let peak = usage.last().copied().unwrap_or(0.0);
+    let peak_tokens = (peak * tokens_now as f64).ceil() as u64;
+    let pct_tokens = (p * (1.0 + config.headroom) * tokens_now as f64).ceil() as u64;
+    let target = if pct_tokens >= peak_tokens {
+        reasons.push(kv_reason(
+            ReasonCode::Percentile,
+            format!(
+                "p{:.0} KV usage {:.1}% of {tokens_now} tokens + {:.0}% headroom = {pct_tokens} tokens",
+                config.percentile * 100.0,
+                p * 100.0,
+                config.headroom * 100.0
+            ),
+        ));
+        pct_tokens
+    } else {
+        reasons.push(kv_reason(
+            ReasonCode::ObservedPeak,
+            format!(
+                "peak KV usage {:.1}% of {tokens_now} tokens = {peak_tokens} tokens exceeds p{:.0} + headroom",
+                peak * 100.0,
+                config.percentile * 100.0
+            ),
+        ));
+        peak_tokens
+    };
+    (target, peak_tokens)
+}
+
+/// Rule 3: under pressure (preemptions, or requests waiting at a nearly full cache) the floor the target may not
+/// go below: what runs now plus headroom, and never less than the previous recommendation. `None` without
+/// pressure.
+fn pressure_floor(
+    window: &[Observation],
+    tokens_now: u64,
+    prev_tokens: Option<u64>,
+    config: &Config,
+    reasons: &mut Vec<Reason>,
+) -> Option<u64> {
+    let preemptions = counter_increase(window.iter().filter_map(|o| o.preemptions_total));
+    let waited_full = window.iter().any(|o| {
+        matches!((o.kv_usage, o.requests_waiting), (Some(u), Some(w)) if u >= config.near_full_ratio && w > 0.0)
+    });
+    if !(preemptions > 0.0 || waited_full) {
+        return None;
+    }
+    let grown = ((tokens_now as f64) * (1.0 + config.headroom)).ceil() as u64;
+    let floor = grown.max(prev_tokens.unwrap_or(0));
+    let (code, why) = if preemptions > 0.0 {
+        (
+            ReasonCode::Preemptions,
+            format!("{preemptions:.0} preemption(s) in the window"),
+        )
+    } else {
+        (
+            ReasonCode::WaitingAtFullKv,
+            format!(
+                "requests waited while KV usage was ≥ {:.0}%",
+                config.near_full_ratio * 100.0
+            ),
+        )
+    };
+    reasons.push(kv_reason(
+        code,
+        format!("{why}: grow to at least {floor} tokens (current {tokens_now} + headroom, never shrink)"),
+    ));
+    Some(floor)
+}
+
+/// Rule 5: `target` within one step of `reference` (at most `× max_step_up` up, `max_step_down_ratio` down),
+/// except that growth is never capped below `hard_floor`.
+fn step_bounded(
+    target: u64,
+    reference: u64,
+    hard_floor: u64,
+    config: &Config,
+    reasons: &mut Vec<Reason>,
+) -> u64 {
+    let step_max = ((reference as f64) * config.max_step_up).floor() as u64;
+    let step_min = ((reference as f64) * (1.0 - config.max_step_down_ratio)).ceil() as u64;
+    let cap = step_max.max(hard_floor);
+    if target > cap {
+        reasons.push(kv_reason(
+            ReasonCode::StepLimitedUp,
+            format!(
+                "growth capped at ×{} per update: {target} → {cap} tokens (from {reference})",
+                config.max_step_up
+            ),
+        ));
+        cap
+    } else if target < step_min {
+        reasons.push(kv_reason(
+            ReasonCode::StepLimitedDown,
+            format!(
+                "shrink limited to {:.0}% per update: {target} → {step_min} tokens (from {reference})",
+                config.max_step_down_ratio * 100.0
+            ),
+        ));
+        step_min
+    } else {
+        target
+    }
+}
+
+/// The `not_yet` for unknown non-KV memory, extended with the KV size that is known without it.
+fn only_kv_known(
+    code: NotYetCode,
+    reason: &str,
+    blocks: u64,
+    block_size: u64,
+    block_bytes: u64,
+    bpt: &memory::BytesPerToken,
+) -> Outcome {
+    not_yet(
+        code,
+        format!(
+            "{reason}. Until then only the KV cache is known: {} bytes ({} tokens at {} bytes each from {:?}) \
+             for --kv-cache-memory-bytes, not clamped to the GPU",
+            blocks.saturating_mul(block_bytes),
+            blocks.saturating_mul(block_size),
+            bpt.value,
+            bpt.source
+        ),
+    )
+}
+
+/// The GPU memory the KV cache shares: the GPU's total and what the non-KV memory already takes of it.
+struct Gpu {
+    total: u64,
+    non_kv: u64,
+    non_kv_source: Source,
+}
+
+/// Rule 6: the KV bytes of `blocks`, clamped to what fits beside the non-KV memory within
+/// `max_gpu_memory_utilization`; `not_yet` when not one block fits.
+fn clamp_to_gpu(
+    blocks: u64,
+    block_size: u64,
+    block_bytes: u64,
+    peak_tokens: u64,
+    gpu: &Gpu,
+    config: &Config,
+    reasons: &mut Vec<Reason>,
+) -> Result<u64, Outcome> {
+    let cap_total = (config.max_gpu_memory_utilization * gpu.total as f64).floor() as u64;
+    let cap_kv = cap_total.saturating_sub(gpu.non_kv);
+    let cap_kv_blocks = cap_kv / block_bytes.max(1);
+    if cap_kv_blocks == 0 {
+        // Not one block fits beside the non-KV memory: a KV size of zero is no recommendation (vLLM refuses it).
+        return Err(not_yet(
+            NotYetCode::InconsistentInputs,
+            format!(
+                "non-KV memory {} ({:?}) leaves no room for one KV block within {:.0}% of the GPU's {}: \
+                 this model needs a larger GPU (or check --non-kv-memory-mib and --max-gpu-memory-utilization)",
+                gib(gpu.non_kv),
+                gpu.non_kv_source,
+                config.max_gpu_memory_utilization * 100.0,
+                gib(gpu.total)
+            ),
+        ));
+    }
+    if blocks <= cap_kv_blocks {
+        return Ok(blocks.saturating_mul(block_bytes));
+    }
+    let kv_bytes = cap_kv_blocks.saturating_mul(block_bytes);
+    let below_peak = cap_kv_blocks.saturating_mul(block_size) < peak_tokens;
+    reasons.push(kv_reason(
+        ReasonCode::ClampedToGpu,
+        format!(
+            "clamped to {} of KV: {:.0}% of {} minus {} non-KV memory is all that fits{}",
+            gib(kv_bytes),
+            config.max_gpu_memory_utilization * 100.0,
+            gib(gpu.total),
+            gib(gpu.non_kv),
+            if below_peak {
+                " (below the observed peak: this model needs a larger GPU)"
+            } else {
+                ""
+            }
+        ),
+    ));
+    Ok(kv_bytes)
 }
 
 /// Rule 4's floor, in tokens, and why: vLLM refuses to start a cache that cannot hold one `max_model_len`

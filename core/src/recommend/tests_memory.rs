@@ -274,15 +274,23 @@ struct Case {
     want: Result<(Source, Source), (NotYetCode, Vec<&'static str>)>,
 }
 
+/// The server: a 2-layer model (512 B/token) on an 80 GiB GPU, 1 GiB of KV in 8,192 blocks of 128.
+const TABLE_GEOMETRY: KvGeometry = KvGeometry {
+    num_gpu_blocks: 16_384,
+    block_size: 128,
+    max_model_len: Some(2048),
+};
+
 #[test]
 fn cache_config_combinations_table() {
-    // The server: a 2-layer model (512 B/token) on an 80 GiB GPU, 1 GiB of KV in 8,192 blocks of 128.
+    for c in cache_config_cases() {
+        assert_case(&c);
+    }
+}
+
+#[expect(clippy::too_many_lines, reason = "a table of cases, clearest in one place")]
+fn cache_config_cases() -> Vec<Case> {
     let total = 80 * GIB;
-    let geometry = KvGeometry {
-        num_gpu_blocks: 16_384,
-        block_size: 128,
-        max_model_len: Some(2048),
-    };
     let gpu = MemoryFacts {
         gpu_total_bytes: Some(total),
         ..Default::default()
@@ -299,7 +307,7 @@ fn cache_config_combinations_table() {
         ..with_model
     };
     let kv_1gib = "1073741824";
-    let cases = vec![
+    vec![
         Case {
             name: "budget mode, bytes from the model: the budget rule gives non-KV",
             labels: vec![
@@ -454,36 +462,37 @@ fn cache_config_combinations_table() {
             mode: MemoryMode::Unknown,
             want: Ok((Source::ModelConfig, Source::MeasuredProcessMemory)),
         },
-    ];
-    for c in cases {
-        let mem = c.memory.with_cache_config(&labels(&c.labels));
-        assert_eq!(MemoryMode::of(&mem), c.mode, "{}", c.name);
-        let out = run(geometry, mem);
-        match (&out, &c.want) {
-            (Outcome::Ready(r), Ok((bpt_source, non_kv_source))) => {
-                assert_eq!(r.bytes_per_kv_token_source, *bpt_source, "{}", c.name);
-                assert_eq!(r.non_kv_source, *non_kv_source, "{}", c.name);
-                if *bpt_source == Source::ModelConfig {
-                    assert_eq!(r.bytes_per_kv_token, 512, "{}", c.name);
-                }
-                // Every mode's sentence reaches the reasons.
-                assert!(
-                    r.reasons
-                        .iter()
-                        .any(|x| x.message.contains(&format!("{:?} mode", c.mode))),
-                    "{}: {:?}",
-                    c.name,
-                    r.reasons
-                );
+    ]
+}
+
+fn assert_case(c: &Case) {
+    let mem = c.memory.with_cache_config(&labels(&c.labels));
+    assert_eq!(MemoryMode::of(&mem), c.mode, "{}", c.name);
+    let out = run(TABLE_GEOMETRY, mem);
+    match (&out, &c.want) {
+        (Outcome::Ready(r), Ok((bpt_source, non_kv_source))) => {
+            assert_eq!(r.bytes_per_kv_token_source, *bpt_source, "{}", c.name);
+            assert_eq!(r.non_kv_source, *non_kv_source, "{}", c.name);
+            if *bpt_source == Source::ModelConfig {
+                assert_eq!(r.bytes_per_kv_token, 512, "{}", c.name);
             }
-            (Outcome::NotYet { code, reason }, Err((want_code, words))) => {
-                assert_eq!(code, want_code, "{}: {reason}", c.name);
-                for w in words {
-                    assert!(reason.contains(w), "{}: `{w}` not in: {reason}", c.name);
-                }
-            }
-            (got, want) => panic!("{}: got {got:?}, wanted {want:?}", c.name),
+            // Every mode's sentence reaches the reasons.
+            assert!(
+                r.reasons
+                    .iter()
+                    .any(|x| x.message.contains(&format!("{:?} mode", c.mode))),
+                "{}: {:?}",
+                c.name,
+                r.reasons
+            );
         }
+        (Outcome::NotYet { code, reason }, Err((want_code, words))) => {
+            assert_eq!(code, want_code, "{}: {reason}", c.name);
+            for w in words {
+                assert!(reason.contains(w), "{}: `{w}` not in: {reason}", c.name);
+            }
+        }
+        (got, want) => panic!("{}: got {got:?}, wanted {want:?}", c.name),
     }
 }
 

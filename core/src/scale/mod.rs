@@ -711,46 +711,7 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
     }
 
     // 1–2. Per-signal proposals and their maximum.
-    d.signals = policy
-        .targets
-        .iter()
-        .map(|(signal, target)| ratio::propose(signal, target, input, policy))
-        .collect();
-    // 1b. A TTFT over its target that another replica would not shorten (the time is prefill) asks for none.
-    d.prefill_held = cause::hold_prefill_bound(&mut d.signals, input, current);
-    let any_missing = d.signals.iter().any(|s| s.proposed.is_none());
-    let best = d
-        .signals
-        .iter()
-        .filter_map(|s| s.proposed.map(|p| (p, s.signal)))
-        .max_by_key(|(p, _)| *p);
-    let mut reason;
-    let mut raw = match best {
-        Some((p, signal)) => {
-            d.leading_signal = Some(signal);
-            reason = if p > current {
-                ScaleReason::ScaleUp
-            } else if p < current {
-                ScaleReason::ScaleDown
-            } else {
-                ScaleReason::WithinTolerance
-            };
-            p
-        }
-        None => {
-            reason = if d.signals.is_empty() {
-                ScaleReason::WithinTolerance
-            } else {
-                ScaleReason::MissingMetrics
-            };
-            d.scaling_active = d.signals.is_empty();
-            current
-        }
-    };
-    if any_missing && raw < current {
-        raw = current;
-        reason = ScaleReason::MissingMetrics;
-    }
+    let (mut raw, mut reason) = propose(&mut d, input, policy);
 
     // 3. TTFT SLO guard. Replicas asked for but not ready yet are the guard's earlier answer still starting:
     // asking for current+1 again on every sync while they load (minutes for a large model) would add one
@@ -799,55 +760,13 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
     d.recommendation = raw;
 
     // 5. Panic mode.
-    if let Some(panic) = &policy.panic {
-        let ready = input.ready_replicas.max(1);
-        let panic_rec = panic_recommendation(raw, state, now, panic.window);
-        // The guard's one extra replica is not a burst: with one ready replica, current+1 is already 200% of it,
-        // and panic would then skip the rate limits and hold the guard's own runaway for a stable window.
-        let triggered =
-            !guard_fired && f64::from(panic_rec) >= panic.threshold * f64::from(ready) && panic_rec > current;
-        let still = state
-            .last_panic_at
-            .is_some_and(|t| now.since(t) < panic.stable_window);
-        if triggered || still {
-            d.panicking = true;
-            d.panic_triggered = triggered;
-            // Never below what the panic already reached: Knative holds the panic peak until the stable window ends.
-            let floor = current.max(state.panic_peak);
-            let want = if triggered { panic_rec } else { raw };
-            let desired = want.max(floor);
-            let clamped = desired.clamp(policy.active_floor(), policy.max_replicas);
-            d.desired_replicas = clamped;
-            d.scaling_limited = clamped < desired;
-            d.reason = if clamped < desired {
-                ScaleReason::TooManyReplicas
-            } else if triggered || want < floor {
-                ScaleReason::Panic
-            } else {
-                reason
-            };
-            if d.message.is_empty() {
-                d.message = if triggered {
-                    format!(
-                        "panic mode: demand asks for {panic_rec} replicas, {:.1}x the {ready} ready; scaling {} -> {} \
-                         and not scaling down for {}s",
-                        f64::from(panic_rec) / f64::from(ready),
-                        current,
-                        clamped,
-                        panic.stable_window.as_secs()
-                    )
-                } else {
-                    format!(
-                        "panic mode until {}s pass without a burst: recommendation {raw}, holding at least {floor}; \
-                         {} -> {}",
-                        panic.stable_window.as_secs(),
-                        current,
-                        clamped
-                    )
-                };
-            }
-            return d;
-        }
+    let asked = Proposal {
+        raw,
+        reason,
+        guard_fired,
+    };
+    if panic_mode(&mut d, asked, input, policy, state, now) {
+        return d;
     }
 
     // 6. Stabilization windows.
@@ -868,6 +787,134 @@ pub fn decide(input: &ScaleInput, policy: &ScalePolicy, state: &ScaleState, now:
         d.message = describe(&d, stabilized);
     }
     d
+}
+
+/// Steps 1–2: each signal's proposal (into `d.signals`) and the count the largest asks for, with why. A signal
+/// that could not be computed holds the count: missing data never scales down.
+fn propose(d: &mut ScaleDecision, input: &ScaleInput, policy: &ScalePolicy) -> (u32, ScaleReason) {
+    let current = d.current_replicas;
+    d.signals = policy
+        .targets
+        .iter()
+        .map(|(signal, target)| ratio::propose(signal, target, input, policy))
+        .collect();
+    // 1b. A TTFT over its target that another replica would not shorten (the time is prefill) asks for none.
+    d.prefill_held = cause::hold_prefill_bound(&mut d.signals, input, current);
+    let any_missing = d.signals.iter().any(|s| s.proposed.is_none());
+    let best = d
+        .signals
+        .iter()
+        .filter_map(|s| s.proposed.map(|p| (p, s.signal)))
+        .max_by_key(|(p, _)| *p);
+    let mut reason;
+    let mut raw = match best {
+        Some((p, signal)) => {
+            d.leading_signal = Some(signal);
+            reason = if p > current {
+                ScaleReason::ScaleUp
+            } else if p < current {
+                ScaleReason::ScaleDown
+            } else {
+                ScaleReason::WithinTolerance
+            };
+            p
+        }
+        None => {
+            reason = if d.signals.is_empty() {
+                ScaleReason::WithinTolerance
+            } else {
+                ScaleReason::MissingMetrics
+            };
+            d.scaling_active = d.signals.is_empty();
+            current
+        }
+    };
+    if any_missing && raw < current {
+        raw = current;
+        reason = ScaleReason::MissingMetrics;
+    }
+    (raw, reason)
+}
+
+/// What steps 1–3 ask for, before scale-to-zero, panic, stabilization and rate limits.
+#[derive(Debug, Clone, Copy)]
+struct Proposal {
+    /// The replica count asked for.
+    raw: u32,
+    /// The rule behind it.
+    reason: ScaleReason,
+    /// Whether the TTFT SLO guard asked for it.
+    guard_fired: bool,
+}
+
+/// Step 5: panic mode, when a burst triggers it or its stable window still runs. Returns whether it settled `d`
+/// (panic skips stabilization and rate limits).
+fn panic_mode(
+    d: &mut ScaleDecision,
+    asked: Proposal,
+    input: &ScaleInput,
+    policy: &ScalePolicy,
+    state: &ScaleState,
+    now: Timestamp,
+) -> bool {
+    let Some(panic) = &policy.panic else {
+        return false;
+    };
+    let Proposal {
+        raw,
+        reason,
+        guard_fired,
+    } = asked;
+    let current = d.current_replicas;
+    let ready = input.ready_replicas.max(1);
+    let panic_rec = panic_recommendation(raw, state, now, panic.window);
+    // The guard's one extra replica is not a burst: with one ready replica, current+1 is already 200% of it,
+    // and panic would then skip the rate limits and hold the guard's own runaway for a stable window.
+    let triggered =
+        !guard_fired && f64::from(panic_rec) >= panic.threshold * f64::from(ready) && panic_rec > current;
+    let still = state
+        .last_panic_at
+        .is_some_and(|t| now.since(t) < panic.stable_window);
+    if !(triggered || still) {
+        return false;
+    }
+    d.panicking = true;
+    d.panic_triggered = triggered;
+    // Never below what the panic already reached: Knative holds the panic peak until the stable window ends.
+    let floor = current.max(state.panic_peak);
+    let want = if triggered { panic_rec } else { raw };
+    let desired = want.max(floor);
+    let clamped = desired.clamp(policy.active_floor(), policy.max_replicas);
+    d.desired_replicas = clamped;
+    d.scaling_limited = clamped < desired;
+    d.reason = if clamped < desired {
+        ScaleReason::TooManyReplicas
+    } else if triggered || want < floor {
+        ScaleReason::Panic
+    } else {
+        reason
+    };
+    if d.message.is_empty() {
+        d.message = if triggered {
+            format!(
+                "panic mode: demand asks for {panic_rec} replicas, {:.1}x the {ready} ready; scaling {} -> {} \
+                 and not scaling down for {}s",
+                f64::from(panic_rec) / f64::from(ready),
+                current,
+                clamped,
+                panic.stable_window.as_secs()
+            )
+        } else {
+            format!(
+                "panic mode until {}s pass without a burst: recommendation {raw}, holding at least {floor}; \
+                 {} -> {}",
+                panic.stable_window.as_secs(),
+                current,
+                clamped
+            )
+        };
+    }
+    true
 }
 
 /// Whether the TTFT SLO guard fires, and what it says: the worst fresh p95 over the objective now, or rising to

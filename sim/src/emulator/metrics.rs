@@ -200,6 +200,23 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         base: vec![("model_name", info.model_name.clone()), ("engine", "0".into())],
         created: Some(info.created_unix),
     };
+    v1_mfu_counters(&mut p);
+    v1_scheduler_state(&mut p, s, info);
+    v1_cache_counters(&mut p, s);
+    v1_token_counters(&mut p, s);
+    v1_request_counters(&mut p, s);
+    v1_histograms(&mut p, s);
+    let mut cc = info.cache_config.clone();
+    cc.push(("engine".into(), "0".into()));
+    p.info(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        &cc,
+    );
+    p.out
+}
+
+fn v1_mfu_counters(p: &mut Page) {
     // Model-FLOPs-utilization counters: vLLM 0.32 always publishes them and leaves them at 0 unless its MFU
     // metrics are switched on, as a default real server shows.
     for (base, help) in [
@@ -218,6 +235,10 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
     ] {
         p.counter(base, help, &[(vec![], 0.0)]);
     }
+}
+
+/// The scheduler's queues, the engine's sleep state and the KV cache's fill.
+fn v1_scheduler_state(p: &mut Page, s: &EngineStats, info: &PageInfo) {
     p.gauge(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
@@ -263,6 +284,9 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "KV-cache usage. 1 means 100 percent usage.",
         s.kv_usage,
     );
+}
+
+fn v1_cache_counters(p: &mut Page, s: &EngineStats) {
     p.counter(
         "vllm:prefix_cache_queries",
         "Prefix cache queries, in terms of number of queried tokens.",
@@ -296,6 +320,9 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "Multi-modal cache hits, in terms of number of cached items.",
         &[(vec![], 0.0)],
     );
+}
+
+fn v1_token_counters(p: &mut Page, s: &EngineStats) {
     p.counter(
         "vllm:num_preemptions",
         "Cumulative number of preemption from the engine.",
@@ -342,6 +369,9 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "Number of generation tokens processed.",
         &[(vec![], s.generation_tokens as f64)],
     );
+}
+
+fn v1_request_counters(p: &mut Page, s: &EngineStats) {
     p.counter(
         "vllm:request_success",
         "Count of successfully processed requests.",
@@ -366,6 +396,9 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
             (vec![("reason", "max_num_queued_tokens".into())], 0.0),
         ],
     );
+}
+
+fn v1_histograms(p: &mut Page, s: &EngineStats) {
     p.histogram(
         "vllm:request_prompt_tokens",
         "Number of prefill tokens processed.",
@@ -446,14 +479,6 @@ fn render_v1(s: &EngineStats, info: &PageInfo) -> String {
         "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
         &s.request_prefill_kv_computed_tokens,
     );
-    let mut cc = info.cache_config.clone();
-    cc.push(("engine".into(), "0".into()));
-    p.info(
-        "vllm:cache_config_info",
-        "Information of the LLMEngine CacheConfig",
-        &cc,
-    );
-    p.out
 }
 
 fn render_v0(s: &EngineStats, info: &PageInfo) -> String {

@@ -420,6 +420,31 @@ pub fn scenario(
     grid: &Grid,
     opts: &ConvertOptions,
 ) -> Result<(ScenarioFile, Vec<String>), PromError> {
+    let mut assumptions = common_assumptions(obs, grid, opts);
+    let mut models = Vec::new();
+    for o in obs {
+        models.push(model_file(o, grid, opts, &mut assumptions)?);
+    }
+    let file = ScenarioFile {
+        name: opts.name.clone(),
+        description: format!(
+            "Observed by {}: {}. What metrics cannot say, and what was assumed: {}.",
+            opts.observer.name(),
+            opts.source,
+            assumptions.join("; ")
+        ),
+        seed: opts.seed,
+        duration: Duration::from_secs_f64(grid.step * grid.steps as f64),
+        gpu: opts.gpu.clone(),
+        strategies: StrategySettings::default(),
+        models,
+        batch: None,
+    };
+    Ok((file, assumptions))
+}
+
+/// What was assumed for every model alike; a model's own assumptions follow these.
+fn common_assumptions(obs: &[ModelObservation], grid: &Grid, opts: &ConvertOptions) -> Vec<String> {
     let step = Duration::from_secs_f64(grid.step);
     let mut assumptions = vec![opts.observer.arrivals(step)];
     assumptions.extend(opts.observer.token_lengths().map(str::to_owned));
@@ -445,153 +470,173 @@ pub fn scenario(
         }
         .to_string(),
     );
-    let mut models = Vec::new();
-    for o in obs {
-        let from_first_tokens = o.first_tokens.iter().sum::<f64>() > 0.0;
-        let requests = if from_first_tokens {
-            whole_counts(&arrivals_from_first_tokens(
-                &o.first_tokens,
-                &o.ttft_seconds,
-                grid.step,
-            ))
-        } else {
-            whole_counts(&o.finished)
-        };
-        let total: u64 = requests.iter().map(|&n| u64::from(n)).sum();
-        let hist = |h: &Option<TokenHistogram>, metric: &str| -> Result<TokenHistogram, PromError> {
-            match h {
-                Some(h) if h.total() > 0.0 && h.mean > 0.0 => Ok(h.clone()),
-                _ if total == 0 => Ok(TokenHistogram {
-                    mean: 1.0,
-                    buckets: vec![crate::trace::observed::Bucket {
-                        le: f64::INFINITY,
-                        count: 0.0,
-                    }],
-                }),
-                _ => Err(PromError::MissingMetric {
-                    model: super::error::printable(&o.name),
-                    metric: metric.to_string(),
-                    why: "the prompt and output lengths of its requests cannot be known".to_string(),
-                    extra: String::new(),
-                }),
-            }
-        };
-        let prompt_tokens = hist(&o.prompt_tokens, "vllm:request_prompt_tokens_bucket/_sum/_count")?;
-        let output_tokens = hist(
-            &o.output_tokens,
-            "vllm:request_generation_tokens_bucket/_sum/_count",
-        )?;
-        let preset = match opts.presets.get(&o.name) {
-            Some(p) => p.clone(),
-            None => match guess_preset(&o.name) {
-                Some(p) => p.to_string(),
-                None => {
-                    assumptions.push(format!(
-                        "model {}: its architecture is not in the metrics and its name matches no preset: assumed \
-                         llama-3.1-8b (set --model-preset {}=PRESET; presets: {})",
-                        o.name,
-                        o.name,
-                        ModelSpec::PRESETS.join(", ")
-                    ));
-                    "llama-3.1-8b".to_string()
-                }
-            },
-        };
-        let points = &o.replicas[1.min(o.replicas.len())..];
-        let replica_hours: f64 = points.iter().sum::<f64>() * grid.step / 3600.0;
-        let replicas_max = points.iter().copied().fold(0.0, f64::max).round() as u32;
-        let replicas_mean = if points.is_empty() {
-            0.0
-        } else {
-            points.iter().sum::<f64>() / points.len() as f64
-        };
-        let secs = |s: Option<f64>| {
-            s.filter(|x| x.is_finite() && *x >= 0.0)
-                .map(Duration::from_secs_f64)
-        };
-        let slo = opts.slo_ttft;
-        models.push(ModelFile {
-            // The label as the scenario, the report and the terminal show it (a label value is anyone's text).
-            name: super::error::printable(&o.name),
-            preset: Some(preset),
-            spec: None,
-            max_model_len: opts.max_model_len,
-            slo_ttft: slo,
-            slo_itl: None,
-            ttft_slo_percentile: None,
-            min_replicas: 0,
-            max_replicas: (replicas_max * 2).max(4),
-            targets: TargetsFile {
-                kv_cache_utilization: Some(0.7),
-                waiting_requests_per_replica: Some(2.0),
-                ttft_p95: Some(slo / 2),
-                requests_per_second_per_replica: None,
-            },
-            // What one whole A100 sustains for an 8B chat model, as in the default scenario; edit per model.
-            hpa_requests_per_second_per_replica: 5.0,
-            scale_to_zero_after: Some(opts.scale_to_zero_after),
-            cold_start_miss_budget: None,
-            cold_start_budget_group: None,
-            cold_start: ColdStartFile::default(),
-            compute_fraction: ComputeFraction::Auto,
-            workload_class: tessera_api::crd::WorkloadClassSpec::Auto,
-            traffic: TrafficFile {
-                trace: TraceKind::Observed,
-                synthetic: None,
-                prompt_scale: None,
-                file: None,
-                model: None,
-                function: None,
-                tokens_from: None,
-                rate: 1.0,
-                shift: Duration::ZERO,
-                window_start: Duration::ZERO,
-                window: None,
-                observed: Some(ObservedTraffic {
-                    step,
-                    requests: StepCounts(requests),
-                    // Counted at the first token, the counts are already arrivals. Counted at the finish, they move
-                    // back by the mean end-to-end latency: milliseconds are all a mean over the window can claim.
-                    finish_to_arrival: if from_first_tokens {
-                        Duration::ZERO
-                    } else {
-                        secs(o.e2e_mean.map(|x| (x * 1000.0).round() / 1000.0)).unwrap_or_default()
-                    },
-                    prompt_tokens,
-                    output_tokens,
-                }),
-            },
-            hami: HamiFile::default(),
-            today: Some(TodayFile {
-                gpu_hours: replica_hours,
-                replicas_mean,
-                replicas_max,
-                gpus_per_replica: 1.0,
-                ttft_p95: secs(o.ttft_p95),
-                itl_p95: secs(o.itl_p95),
-                kv_cache_usage_max: o.kv_max.filter(|x| x.is_finite()),
-                running_max: o.running_max.filter(|x| x.is_finite()),
-                waiting_max: o.waiting_max.filter(|x| x.is_finite()),
-            }),
-            inference_autoscaler: None,
-        });
-    }
-    let file = ScenarioFile {
-        name: opts.name.clone(),
-        description: format!(
-            "Observed by {}: {}. What metrics cannot say, and what was assumed: {}.",
-            opts.observer.name(),
-            opts.source,
-            assumptions.join("; ")
-        ),
-        seed: opts.seed,
-        duration: Duration::from_secs_f64(grid.step * grid.steps as f64),
-        gpu: opts.gpu.clone(),
-        strategies: StrategySettings::default(),
-        models,
-        batch: None,
+    assumptions
+}
+
+/// One model of the scenario; the preset it was given when none could be told is added to `assumptions`.
+fn model_file(
+    o: &ModelObservation,
+    grid: &Grid,
+    opts: &ConvertOptions,
+    assumptions: &mut Vec<String>,
+) -> Result<ModelFile, PromError> {
+    let step = Duration::from_secs_f64(grid.step);
+    let from_first_tokens = o.first_tokens.iter().sum::<f64>() > 0.0;
+    let requests = if from_first_tokens {
+        whole_counts(&arrivals_from_first_tokens(
+            &o.first_tokens,
+            &o.ttft_seconds,
+            grid.step,
+        ))
+    } else {
+        whole_counts(&o.finished)
     };
-    Ok((file, assumptions))
+    let total: u64 = requests.iter().map(|&n| u64::from(n)).sum();
+    let prompt_tokens = token_histogram(
+        o,
+        &o.prompt_tokens,
+        total,
+        "vllm:request_prompt_tokens_bucket/_sum/_count",
+    )?;
+    let output_tokens = token_histogram(
+        o,
+        &o.output_tokens,
+        total,
+        "vllm:request_generation_tokens_bucket/_sum/_count",
+    )?;
+    let preset = preset_of(o, opts, assumptions);
+    let slo = opts.slo_ttft;
+    let today = today_file(o, grid);
+    Ok(ModelFile {
+        // The label as the scenario, the report and the terminal show it (a label value is anyone's text).
+        name: super::error::printable(&o.name),
+        preset: Some(preset),
+        spec: None,
+        max_model_len: opts.max_model_len,
+        slo_ttft: slo,
+        slo_itl: None,
+        ttft_slo_percentile: None,
+        min_replicas: 0,
+        max_replicas: (today.replicas_max * 2).max(4),
+        targets: TargetsFile {
+            kv_cache_utilization: Some(0.7),
+            waiting_requests_per_replica: Some(2.0),
+            ttft_p95: Some(slo / 2),
+            requests_per_second_per_replica: None,
+        },
+        // What one whole A100 sustains for an 8B chat model, as in the default scenario; edit per model.
+        hpa_requests_per_second_per_replica: 5.0,
+        scale_to_zero_after: Some(opts.scale_to_zero_after),
+        cold_start_miss_budget: None,
+        cold_start_budget_group: None,
+        cold_start: ColdStartFile::default(),
+        compute_fraction: ComputeFraction::Auto,
+        workload_class: tessera_api::crd::WorkloadClassSpec::Auto,
+        traffic: TrafficFile {
+            trace: TraceKind::Observed,
+            synthetic: None,
+            prompt_scale: None,
+            file: None,
+            model: None,
+            function: None,
+            tokens_from: None,
+            rate: 1.0,
+            shift: Duration::ZERO,
+            window_start: Duration::ZERO,
+            window: None,
+            observed: Some(ObservedTraffic {
+                step,
+                requests: StepCounts(requests),
+                // Counted at the first token, the counts are already arrivals. Counted at the finish, they move
+                // back by the mean end-to-end latency: milliseconds are all a mean over the window can claim.
+                finish_to_arrival: if from_first_tokens {
+                    Duration::ZERO
+                } else {
+                    secs(o.e2e_mean.map(|x| (x * 1000.0).round() / 1000.0)).unwrap_or_default()
+                },
+                prompt_tokens,
+                output_tokens,
+            }),
+        },
+        hami: HamiFile::default(),
+        today: Some(today),
+        inference_autoscaler: None,
+    })
+}
+
+/// A model's prompt or output lengths; a model that served no request gets a placeholder, since none is drawn.
+fn token_histogram(
+    o: &ModelObservation,
+    h: &Option<TokenHistogram>,
+    total: u64,
+    metric: &str,
+) -> Result<TokenHistogram, PromError> {
+    match h {
+        Some(h) if h.total() > 0.0 && h.mean > 0.0 => Ok(h.clone()),
+        _ if total == 0 => Ok(TokenHistogram {
+            mean: 1.0,
+            buckets: vec![crate::trace::observed::Bucket {
+                le: f64::INFINITY,
+                count: 0.0,
+            }],
+        }),
+        _ => Err(PromError::MissingMetric {
+            model: super::error::printable(&o.name),
+            metric: metric.to_string(),
+            why: "the prompt and output lengths of its requests cannot be known".to_string(),
+            extra: String::new(),
+        }),
+    }
+}
+
+/// The preset given for the model, else the one its name contains, else llama-3.1-8b with an assumption saying so.
+fn preset_of(o: &ModelObservation, opts: &ConvertOptions, assumptions: &mut Vec<String>) -> String {
+    match opts.presets.get(&o.name) {
+        Some(p) => p.clone(),
+        None => match guess_preset(&o.name) {
+            Some(p) => p.to_string(),
+            None => {
+                assumptions.push(format!(
+                    "model {}: its architecture is not in the metrics and its name matches no preset: assumed \
+                     llama-3.1-8b (set --model-preset {}=PRESET; presets: {})",
+                    o.name,
+                    o.name,
+                    ModelSpec::PRESETS.join(", ")
+                ));
+                "llama-3.1-8b".to_string()
+            }
+        },
+    }
+}
+
+/// Today's setup as the metrics show it: replicas over the window (its first point left out) and the latencies and
+/// gauges read.
+fn today_file(o: &ModelObservation, grid: &Grid) -> TodayFile {
+    let points = &o.replicas[1.min(o.replicas.len())..];
+    let replica_hours: f64 = points.iter().sum::<f64>() * grid.step / 3600.0;
+    let replicas_max = points.iter().copied().fold(0.0, f64::max).round() as u32;
+    let replicas_mean = if points.is_empty() {
+        0.0
+    } else {
+        points.iter().sum::<f64>() / points.len() as f64
+    };
+    TodayFile {
+        gpu_hours: replica_hours,
+        replicas_mean,
+        replicas_max,
+        gpus_per_replica: 1.0,
+        ttft_p95: secs(o.ttft_p95),
+        itl_p95: secs(o.itl_p95),
+        kv_cache_usage_max: o.kv_max.filter(|x| x.is_finite()),
+        running_max: o.running_max.filter(|x| x.is_finite()),
+        waiting_max: o.waiting_max.filter(|x| x.is_finite()),
+    }
+}
+
+/// Seconds as a duration, where they are a duration at all (a quantile over no requests is NaN).
+fn secs(s: Option<f64>) -> Option<Duration> {
+    s.filter(|x| x.is_finite() && *x >= 0.0)
+        .map(Duration::from_secs_f64)
 }
 
 /// The scenario as YAML a person reads: a header of what it is and what was assumed, then the file with its

@@ -166,24 +166,15 @@ pub async fn fetch(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
     }
 }
 
+/// vLLM's finished-request counter: which models there are, and the requests they finished.
+const FINISHED_METRIC: &str = "vllm:e2e_request_latency_seconds_count";
+/// Requests that got their first token (arrivals come from these: see convert::arrivals_from_first_tokens).
+const FIRST_TOKEN_METRIC: &str = "vllm:time_to_first_token_seconds_count";
+/// The seconds those requests waited for it.
+const FIRST_TOKEN_WAIT_METRIC: &str = "vllm:time_to_first_token_seconds_sum";
+
 async fn fetch_window(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
-    if a.step < Duration::from_secs(1) {
-        return Err(PromError::Config("--step must be at least 1s".into()));
-    }
-    if a.since < a.step || a.since > Duration::from_secs(7 * 86_400) {
-        return Err(PromError::Config(format!(
-            "--since must be between --step ({}) and 7d, got {}",
-            humantime::format_duration(a.step),
-            humantime::format_duration(a.since)
-        )));
-    }
-    if let Some(g) = &a.gpu {
-        crate::model::GpuSpec::preset(g).map_err(|e| PromError::Config(format!("--gpu: {e}")))?;
-    }
-    for (name, p) in &a.model_preset {
-        crate::model::ModelSpec::preset(p)
-            .map_err(|e| PromError::Config(format!("--model-preset {name}={p}: {e}")))?;
-    }
+    check_args(a)?;
     let client = PromClient::new(&ClientConfig {
         url: url.to_string(),
         bearer_token_file: a.bearer_token_file.clone(),
@@ -200,259 +191,26 @@ async fn fetch_window(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         .as_secs_f64()
         .floor();
     let grid = Grid::ending_at(until, a.since.as_secs_f64(), a.step.as_secs_f64());
-    let f = a.matchers();
-    let sel = |metric: &str| format!("{metric}{{{f}}}");
-    let range = format!("{}s", (grid.step * grid.steps as f64).round() as u64);
-    let step_range = format!("{}s", grid.step.round() as u64);
-    let end = grid.end();
-
-    // Which models: every model_name with vLLM's finished-request counter in the window.
-    let finished_metric = "vllm:e2e_request_latency_seconds_count";
-    let found = client
-        .query(
-            &format!(
-                "count by (model_name) (last_over_time({}[{range}]))",
-                sel(finished_metric)
-            ),
-            end,
-        )
-        .await?;
-    let mut names: Vec<String> = found
-        .iter()
-        .map(|s| s.label("model_name").to_string())
-        .filter(|n| !n.is_empty())
-        .collect();
-    names.sort();
-    names.dedup();
-    if names.is_empty() {
-        let any_vllm = client
-            .query(
-                &format!(
-                    "count(last_over_time({{__name__=~\"vllm:.+\"{}}}[{range}]))",
-                    if f.is_empty() {
-                        String::new()
-                    } else {
-                        format!(",{f}")
-                    }
-                ),
-                end,
-            )
-            .await?;
-        if any_vllm.iter().all(|s| s.points.iter().all(|p| p.1 == 0.0)) {
-            return Err(PromError::NoVllmMetrics {
-                url: client.url().to_string(),
-                selector: if f.is_empty() {
-                    String::new()
-                } else {
-                    format!("{{{f}}}")
-                },
-                from: rfc3339(grid.start),
-                to: rfc3339(end),
-            });
-        }
-        return Err(PromError::MissingMetric {
-            model: "every model".into(),
-            metric: finished_metric.into(),
-            why: "no request can be counted (other vllm: series are there)".into(),
-            extra: String::new(),
-        });
-    }
+    let w = Window {
+        client: &client,
+        grid,
+        filter: a.matchers(),
+        range: format!("{}s", (grid.step * grid.steps as f64).round() as u64),
+        end: grid.end(),
+    };
+    let names = w.model_names().await?;
     tracing::info!(
         models = names.len(),
         steps = grid.steps,
         url = client.url(),
         "reading Prometheus"
     );
-
-    // Requests finished per step, and requests that got their first token per step with the seconds they waited
-    // for it (arrivals come from these: see convert::arrivals_from_first_tokens): the raw counters, one series per
-    // pod, differenced here. Asked model by model, so one answer holds one model's pods, not the cluster's (each
-    // answer is capped).
-    let first_token_metric = "vllm:time_to_first_token_seconds_count";
-    let first_token_wait_metric = "vllm:time_to_first_token_seconds_sum";
-    // Per model: finished, first tokens, their summed wait, and when each point was scraped (a pod's counters are
-    // read by the same scrape, so the first-token counter's times serve all three).
-    let mut read: [Vec<Series>; 4] = Default::default();
-    for name in &names {
-        let m = model_matchers(name, &f);
-        let queries = [
-            format!("{finished_metric}{{{m}}}"),
-            format!("{first_token_metric}{{{m}}}"),
-            format!("{first_token_wait_metric}{{{m}}}"),
-            format!("timestamp({first_token_metric}{{{m}}})"),
-        ];
-        for (query, into) in queries.iter().zip(read.iter_mut()) {
-            into.extend(client.query_range(query, grid.start, end, grid.step).await?);
-        }
-    }
-    let [counters, first_tokens, first_token_waits, stamps] = read;
-    // Replicas: pods exporting vLLM's running gauge.
-    let replicas = client
-        .query_range(
-            &format!(
-                "count by (model_name) (group by (model_name, instance, pod, engine) ({}))",
-                sel("vllm:num_requests_running")
-            ),
-            grid.start,
-            end,
-            grid.step,
-        )
-        .await?;
-    // The history must cover the window; a server whose retention (or whose scraping) began later would make a
-    // quiet first part look idle.
-    let first_seen = replicas
-        .iter()
-        .chain(counters.iter())
-        .filter_map(|s| s.points.first().map(|p| p.0))
-        .fold(f64::INFINITY, f64::min);
-    let span = end - grid.start;
-    if first_seen.is_finite() && first_seen - grid.start > 0.1 * span {
-        let covered = ((end - first_seen) / grid.step).floor() * grid.step;
-        return Err(PromError::Partial {
-            first_seen: rfc3339(first_seen),
-            percent: (first_seen - grid.start) / span * 100.0,
-            from: rfc3339(grid.start),
-            to: rfc3339(end),
-            suggest: humantime::format_duration(Duration::from_secs_f64(covered.max(grid.step))).to_string(),
-            covered_s: covered,
-        });
-    }
-
-    let by_model = |list: &[Series]| -> BTreeMap<String, Series> {
-        list.iter()
-            .map(|s| (s.label("model_name").to_string(), s.clone()))
-            .collect()
-    };
-    let scalar = async |q: String| -> Result<BTreeMap<String, f64>, PromError> {
-        Ok(client
-            .query(&q, end)
-            .await?
-            .into_iter()
-            .filter_map(|s| {
-                let v = s.points.first()?.1;
-                v.is_finite().then(|| (s.label("model_name").to_string(), v))
-            })
-            .collect())
-    };
-    // Token histograms: the raw bucket, sum and count series of each model's pods on a coarser grid, counted
-    // exactly (see convert::histogram_over); asked model by model like the request counters.
-    let hgrid = convert::histogram_grid(&grid);
-    let histogram = async |base: &str| -> Result<BTreeMap<String, TokenHistogram>, PromError> {
-        let mut out = BTreeMap::new();
-        for name in &names {
-            let m = model_matchers(name, &f);
-            let mut read: [Vec<Series>; 3] = Default::default();
-            for (suffix, into) in ["_bucket", "_sum", "_count"].iter().zip(read.iter_mut()) {
-                *into = client
-                    .query_range(&format!("{base}{suffix}{{{m}}}"), hgrid.start, end, hgrid.step)
-                    .await?;
-            }
-            if let Some(h) = convert::histogram_over(&read[0], &read[1], &read[2], &hgrid) {
-                out.insert(name.clone(), h);
-            }
-        }
-        Ok(out)
-    };
-    let prompt = histogram("vllm:request_prompt_tokens").await?;
-    let output = histogram("vllm:request_generation_tokens").await?;
-    let e2e = scalar(format!(
-        "sum by (model_name) (increase({}[{range}])) / sum by (model_name) (increase({}[{range}]))",
-        sel("vllm:e2e_request_latency_seconds_sum"),
-        sel(finished_metric)
-    ))
-    .await?;
-    let quantile = |metric: String| {
-        format!("histogram_quantile(0.95, sum by (model_name, le) (increase({metric}[{range}])))")
-    };
-    let ttft = scalar(quantile(sel("vllm:time_to_first_token_seconds_bucket"))).await?;
-    let mut itl = scalar(quantile(sel("vllm:inter_token_latency_seconds_bucket"))).await?;
-    if itl.is_empty() {
-        // vLLM before 0.10 names it time per output token.
-        itl = scalar(quantile(sel("vllm:time_per_output_token_seconds_bucket"))).await?;
-    }
-    let gauge_max = |m: &str| format!("max by (model_name) (max_over_time({}[{range}]))", sel(m));
-    let mut kv = scalar(gauge_max("vllm:kv_cache_usage_perc")).await?;
-    if kv.is_empty() {
-        // Deprecated in vLLM 0.9.2, removed in 0.12: older servers only have this one.
-        kv = scalar(gauge_max("vllm:gpu_cache_usage_perc")).await?;
-    }
-    let running = scalar(gauge_max("vllm:num_requests_running")).await?;
-    let waiting = scalar(gauge_max("vllm:num_requests_waiting")).await?;
-    let _ = step_range;
-
-    let (gpu, gpu_reason) = match &a.gpu {
-        Some(g) => (g.clone(), "--gpu".to_string()),
-        None => {
-            // DCGM's exporter labels every GPU series with the card's model name.
-            let cards = client
-                .query(
-                    &format!("count by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL[{range}]))"),
-                    end,
-                )
-                .await
-                .unwrap_or_default();
-            let best = cards
-                .iter()
-                .filter_map(|s| {
-                    Some((
-                        convert::gpu_preset(s.label("modelName"))?,
-                        s.points.first()?.1,
-                        s.label("modelName"),
-                    ))
-                })
-                .max_by(|a, b| a.1.total_cmp(&b.1));
-            match best {
-                Some((preset, n, card)) => (
-                    preset.to_string(),
-                    format!("DCGM reports {n:.0} {card}; the most common card is simulated"),
-                ),
-                None => (
-                    "a100-80gb".to_string(),
-                    "not in the metrics (no DCGM exporter scraped): assumed; set --gpu".to_string(),
-                ),
-            }
-        }
-    };
-
-    let replicas = by_model(&replicas);
-    let mut obs = Vec::with_capacity(names.len());
-    for name in &names {
-        let stamps: Vec<&Series> = stamps.iter().filter(|s| s.label("model_name") == name).collect();
-        let mine = |list: &[Series]| -> Vec<f64> {
-            let series: Vec<&Series> = list.iter().filter(|s| s.label("model_name") == name).collect();
-            convert::counts_per_step(&series, &stamps, &grid)
-        };
-        let (finished, first, waits) = (mine(&counters), mine(&first_tokens), mine(&first_token_waits));
-        tracing::debug!(
-            model = %name,
-            finished = finished.iter().sum::<f64>(),
-            first_tokens = first.iter().sum::<f64>(),
-            "requests counted"
-        );
-        obs.push(ModelObservation {
-            name: name.clone(),
-            finished,
-            first_tokens: first,
-            ttft_seconds: waits,
-            replicas: convert::on_grid(replicas.get(name), &grid),
-            prompt_tokens: prompt.get(name).cloned(),
-            output_tokens: output.get(name).cloned(),
-            e2e_mean: e2e.get(name).copied(),
-            ttft_p95: ttft.get(name).copied(),
-            itl_p95: itl.get(name).copied(),
-            kv_max: kv.get(name).copied(),
-            running_max: running.get(name).copied(),
-            waiting_max: waiting.get(name).copied(),
-        });
-        if !replicas.contains_key(name) {
-            return Err(PromError::MissingMetric {
-                model: error::printable(name),
-                metric: "vllm:num_requests_running".into(),
-                why: "how many replicas served it today cannot be known".into(),
-                extra: String::new(),
-            });
-        }
-    }
+    let counters = w.request_counters(&names).await?;
+    let replicas = w.replicas(&counters).await?;
+    let summaries = w.summaries(&names).await?;
+    let (gpu, gpu_reason) = w.gpu(a.gpu.as_ref()).await;
+    let obs = observations(&names, &grid, &counters, &replicas, &summaries)?;
+    let f = &w.filter;
     let opts = ConvertOptions {
         name: "observed".into(),
         observer: convert::Observer::Prometheus,
@@ -460,7 +218,7 @@ async fn fetch_window(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
             "{} from {} to {}{}",
             client.url(),
             rfc3339(grid.start),
-            rfc3339(end),
+            rfc3339(w.end),
             if f.is_empty() {
                 String::new()
             } else {
@@ -483,4 +241,384 @@ async fn fetch_window(url: &str, a: &PromArgs) -> Result<Fetched, PromError> {
         assumptions,
         yaml,
     })
+}
+
+/// The flags' values a query cannot check, refused before the first one is sent.
+fn check_args(a: &PromArgs) -> Result<(), PromError> {
+    if a.step < Duration::from_secs(1) {
+        return Err(PromError::Config("--step must be at least 1s".into()));
+    }
+    if a.since < a.step || a.since > Duration::from_secs(7 * 86_400) {
+        return Err(PromError::Config(format!(
+            "--since must be between --step ({}) and 7d, got {}",
+            humantime::format_duration(a.step),
+            humantime::format_duration(a.since)
+        )));
+    }
+    if let Some(g) = &a.gpu {
+        crate::model::GpuSpec::preset(g).map_err(|e| PromError::Config(format!("--gpu: {e}")))?;
+    }
+    for (name, p) in &a.model_preset {
+        crate::model::ModelSpec::preset(p)
+            .map_err(|e| PromError::Config(format!("--model-preset {name}={p}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The raw request counters of every model's pods, one series per pod (differenced in [`observations`]).
+struct Counters {
+    finished: Vec<Series>,
+    first_tokens: Vec<Series>,
+    first_token_waits: Vec<Series>,
+    /// When each point was scraped (a pod's counters are read by the same scrape, so the first-token counter's
+    /// times serve all three).
+    stamps: Vec<Series>,
+}
+
+/// Per model, what one number or one histogram over the window says.
+struct Summaries {
+    prompt: BTreeMap<String, TokenHistogram>,
+    output: BTreeMap<String, TokenHistogram>,
+    e2e: BTreeMap<String, f64>,
+    ttft: BTreeMap<String, f64>,
+    itl: BTreeMap<String, f64>,
+    kv: BTreeMap<String, f64>,
+    running: BTreeMap<String, f64>,
+    waiting: BTreeMap<String, f64>,
+}
+
+/// The queries over one window: its grid, and the user's matchers every vLLM query carries.
+struct Window<'a> {
+    client: &'a PromClient,
+    grid: Grid,
+    /// [`PromArgs::matchers`].
+    filter: String,
+    /// The whole window as a PromQL range (`3600s`).
+    range: String,
+    end: f64,
+}
+
+impl Window<'_> {
+    /// A metric's selector with the user's matchers.
+    fn sel(&self, metric: &str) -> String {
+        let f = &self.filter;
+        format!("{metric}{{{f}}}")
+    }
+
+    /// Every model_name with vLLM's finished-request counter in the window; with none, why not.
+    async fn model_names(&self) -> Result<Vec<String>, PromError> {
+        let (f, range, end) = (&self.filter, &self.range, self.end);
+        let found = self
+            .client
+            .query(
+                &format!(
+                    "count by (model_name) (last_over_time({}[{range}]))",
+                    self.sel(FINISHED_METRIC)
+                ),
+                end,
+            )
+            .await?;
+        let mut names: Vec<String> = found
+            .iter()
+            .map(|s| s.label("model_name").to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        names.dedup();
+        if !names.is_empty() {
+            return Ok(names);
+        }
+        let any_vllm = self
+            .client
+            .query(
+                &format!(
+                    "count(last_over_time({{__name__=~\"vllm:.+\"{}}}[{range}]))",
+                    if f.is_empty() {
+                        String::new()
+                    } else {
+                        format!(",{f}")
+                    }
+                ),
+                end,
+            )
+            .await?;
+        if any_vllm.iter().all(|s| s.points.iter().all(|p| p.1 == 0.0)) {
+            return Err(PromError::NoVllmMetrics {
+                url: self.client.url().to_string(),
+                selector: if f.is_empty() {
+                    String::new()
+                } else {
+                    format!("{{{f}}}")
+                },
+                from: rfc3339(self.grid.start),
+                to: rfc3339(end),
+            });
+        }
+        Err(PromError::MissingMetric {
+            model: "every model".into(),
+            metric: FINISHED_METRIC.into(),
+            why: "no request can be counted (other vllm: series are there)".into(),
+            extra: String::new(),
+        })
+    }
+
+    /// Requests finished per step, and requests that got their first token per step with the seconds they waited
+    /// for it: the raw counters, one series per pod. Asked model by model, so one answer holds one model's pods,
+    /// not the cluster's (each answer is capped).
+    async fn request_counters(&self, names: &[String]) -> Result<Counters, PromError> {
+        let (grid, end) = (&self.grid, self.end);
+        let mut read: [Vec<Series>; 4] = Default::default();
+        for name in names {
+            let m = model_matchers(name, &self.filter);
+            let queries = [
+                format!("{FINISHED_METRIC}{{{m}}}"),
+                format!("{FIRST_TOKEN_METRIC}{{{m}}}"),
+                format!("{FIRST_TOKEN_WAIT_METRIC}{{{m}}}"),
+                format!("timestamp({FIRST_TOKEN_METRIC}{{{m}}})"),
+            ];
+            for (query, into) in queries.iter().zip(read.iter_mut()) {
+                into.extend(self.client.query_range(query, grid.start, end, grid.step).await?);
+            }
+        }
+        let [finished, first_tokens, first_token_waits, stamps] = read;
+        Ok(Counters {
+            finished,
+            first_tokens,
+            first_token_waits,
+            stamps,
+        })
+    }
+
+    /// Replicas per step: pods exporting vLLM's running gauge. The history must cover the window; a server whose
+    /// retention (or whose scraping) began later would make a quiet first part look idle.
+    async fn replicas(&self, counters: &Counters) -> Result<Vec<Series>, PromError> {
+        let (grid, end) = (&self.grid, self.end);
+        let replicas = self
+            .client
+            .query_range(
+                &format!(
+                    "count by (model_name) (group by (model_name, instance, pod, engine) ({}))",
+                    self.sel("vllm:num_requests_running")
+                ),
+                grid.start,
+                end,
+                grid.step,
+            )
+            .await?;
+        let first_seen = replicas
+            .iter()
+            .chain(counters.finished.iter())
+            .filter_map(|s| s.points.first().map(|p| p.0))
+            .fold(f64::INFINITY, f64::min);
+        let span = end - grid.start;
+        if first_seen.is_finite() && first_seen - grid.start > 0.1 * span {
+            let covered = ((end - first_seen) / grid.step).floor() * grid.step;
+            return Err(PromError::Partial {
+                first_seen: rfc3339(first_seen),
+                percent: (first_seen - grid.start) / span * 100.0,
+                from: rfc3339(grid.start),
+                to: rfc3339(end),
+                suggest: humantime::format_duration(Duration::from_secs_f64(covered.max(grid.step)))
+                    .to_string(),
+                covered_s: covered,
+            });
+        }
+        Ok(replicas)
+    }
+
+    /// One number per model, from an instant query at the window's end.
+    async fn scalar(&self, q: String) -> Result<BTreeMap<String, f64>, PromError> {
+        Ok(self
+            .client
+            .query(&q, self.end)
+            .await?
+            .into_iter()
+            .filter_map(|s| {
+                let v = s.points.first()?.1;
+                v.is_finite().then(|| (s.label("model_name").to_string(), v))
+            })
+            .collect())
+    }
+
+    /// Token histograms: the raw bucket, sum and count series of each model's pods on a coarser grid, counted
+    /// exactly (see convert::histogram_over); asked model by model like the request counters.
+    async fn histogram(
+        &self,
+        names: &[String],
+        hgrid: &Grid,
+        base: &str,
+    ) -> Result<BTreeMap<String, TokenHistogram>, PromError> {
+        let mut out = BTreeMap::new();
+        for name in names {
+            let m = model_matchers(name, &self.filter);
+            let mut read: [Vec<Series>; 3] = Default::default();
+            for (suffix, into) in ["_bucket", "_sum", "_count"].iter().zip(read.iter_mut()) {
+                *into = self
+                    .client
+                    .query_range(
+                        &format!("{base}{suffix}{{{m}}}"),
+                        hgrid.start,
+                        self.end,
+                        hgrid.step,
+                    )
+                    .await?;
+            }
+            if let Some(h) = convert::histogram_over(&read[0], &read[1], &read[2], hgrid) {
+                out.insert(name.clone(), h);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The token histograms, latencies and gauge peaks of every model over the window.
+    async fn summaries(&self, names: &[String]) -> Result<Summaries, PromError> {
+        let range = &self.range;
+        let hgrid = convert::histogram_grid(&self.grid);
+        let prompt = self
+            .histogram(names, &hgrid, "vllm:request_prompt_tokens")
+            .await?;
+        let output = self
+            .histogram(names, &hgrid, "vllm:request_generation_tokens")
+            .await?;
+        let e2e = self
+            .scalar(format!(
+                "sum by (model_name) (increase({}[{range}])) / sum by (model_name) (increase({}[{range}]))",
+                self.sel("vllm:e2e_request_latency_seconds_sum"),
+                self.sel(FINISHED_METRIC)
+            ))
+            .await?;
+        let quantile = |metric: String| {
+            format!("histogram_quantile(0.95, sum by (model_name, le) (increase({metric}[{range}])))")
+        };
+        let ttft = self
+            .scalar(quantile(self.sel("vllm:time_to_first_token_seconds_bucket")))
+            .await?;
+        let mut itl = self
+            .scalar(quantile(self.sel("vllm:inter_token_latency_seconds_bucket")))
+            .await?;
+        if itl.is_empty() {
+            // vLLM before 0.10 names it time per output token.
+            itl = self
+                .scalar(quantile(self.sel("vllm:time_per_output_token_seconds_bucket")))
+                .await?;
+        }
+        let gauge_max = |m: &str| format!("max by (model_name) (max_over_time({}[{range}]))", self.sel(m));
+        let mut kv = self.scalar(gauge_max("vllm:kv_cache_usage_perc")).await?;
+        if kv.is_empty() {
+            // Deprecated in vLLM 0.9.2, removed in 0.12: older servers only have this one.
+            kv = self.scalar(gauge_max("vllm:gpu_cache_usage_perc")).await?;
+        }
+        let running = self.scalar(gauge_max("vllm:num_requests_running")).await?;
+        let waiting = self.scalar(gauge_max("vllm:num_requests_waiting")).await?;
+        Ok(Summaries {
+            prompt,
+            output,
+            e2e,
+            ttft,
+            itl,
+            kv,
+            running,
+            waiting,
+        })
+    }
+
+    /// The GPU preset and why: `--gpu`, else the most common card DCGM reports, else an assumption.
+    async fn gpu(&self, given: Option<&String>) -> (String, String) {
+        let range = &self.range;
+        match given {
+            Some(g) => (g.clone(), "--gpu".to_string()),
+            None => {
+                // DCGM's exporter labels every GPU series with the card's model name.
+                let cards = self
+                    .client
+                    .query(
+                        &format!("count by (modelName) (last_over_time(DCGM_FI_DEV_GPU_UTIL[{range}]))"),
+                        self.end,
+                    )
+                    .await
+                    .unwrap_or_default();
+                let best = cards
+                    .iter()
+                    .filter_map(|s| {
+                        Some((
+                            convert::gpu_preset(s.label("modelName"))?,
+                            s.points.first()?.1,
+                            s.label("modelName"),
+                        ))
+                    })
+                    .max_by(|a, b| a.1.total_cmp(&b.1));
+                match best {
+                    Some((preset, n, card)) => (
+                        preset.to_string(),
+                        format!("DCGM reports {n:.0} {card}; the most common card is simulated"),
+                    ),
+                    None => (
+                        "a100-80gb".to_string(),
+                        "not in the metrics (no DCGM exporter scraped): assumed; set --gpu".to_string(),
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// Each model's observation: its pods' counters differenced per step, with its replicas and summaries.
+fn observations(
+    names: &[String],
+    grid: &Grid,
+    counters: &Counters,
+    replicas: &[Series],
+    s: &Summaries,
+) -> Result<Vec<ModelObservation>, PromError> {
+    let replicas: BTreeMap<String, Series> = replicas
+        .iter()
+        .map(|s| (s.label("model_name").to_string(), s.clone()))
+        .collect();
+    let mut obs = Vec::with_capacity(names.len());
+    for name in names {
+        let stamps: Vec<&Series> = counters
+            .stamps
+            .iter()
+            .filter(|s| s.label("model_name") == name)
+            .collect();
+        let mine = |list: &[Series]| -> Vec<f64> {
+            let series: Vec<&Series> = list.iter().filter(|s| s.label("model_name") == name).collect();
+            convert::counts_per_step(&series, &stamps, grid)
+        };
+        let (finished, first, waits) = (
+            mine(&counters.finished),
+            mine(&counters.first_tokens),
+            mine(&counters.first_token_waits),
+        );
+        tracing::debug!(
+            model = %name,
+            finished = finished.iter().sum::<f64>(),
+            first_tokens = first.iter().sum::<f64>(),
+            "requests counted"
+        );
+        obs.push(ModelObservation {
+            name: name.clone(),
+            finished,
+            first_tokens: first,
+            ttft_seconds: waits,
+            replicas: convert::on_grid(replicas.get(name), grid),
+            prompt_tokens: s.prompt.get(name).cloned(),
+            output_tokens: s.output.get(name).cloned(),
+            e2e_mean: s.e2e.get(name).copied(),
+            ttft_p95: s.ttft.get(name).copied(),
+            itl_p95: s.itl.get(name).copied(),
+            kv_max: s.kv.get(name).copied(),
+            running_max: s.running.get(name).copied(),
+            waiting_max: s.waiting.get(name).copied(),
+        });
+        if !replicas.contains_key(name) {
+            return Err(PromError::MissingMetric {
+                model: error::printable(name),
+                metric: "vllm:num_requests_running".into(),
+                why: "how many replicas served it today cannot be known".into(),
+                extra: String::new(),
+            });
+        }
+    }
+    Ok(obs)
 }

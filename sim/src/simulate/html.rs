@@ -263,6 +263,18 @@ pub fn render(r: &Report) -> String {
 /// the cost against today's setup, and the advice per model, then the charts and the details.
 pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
     let mut s = String::new();
+    intro(&mut s, r);
+    at_a_glance(&mut s, r, price);
+    summary_table(&mut s, r);
+    charts(&mut s, r);
+    per_model_tables(&mut s, r);
+    static_sizing_table(&mut s, r);
+    let _ = writeln!(s, "<p><code>{}</code></p></body></html>", esc(&r.summary_line()));
+    s
+}
+
+/// The page's head and the run in a paragraph: the scenario, the arrivals, the lower bounds.
+fn intro(s: &mut String, r: &Report) {
     let _ = write!(
         s,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Tessera what-if: {}</title>\
@@ -297,7 +309,10 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
     if let Some(note) = r.sleep_mode_note() {
         let _ = write!(s, "<p><b>Not yet in the controller:</b> {}</p>", esc(&note));
     }
-    at_a_glance(&mut s, r, price);
+}
+
+/// Every strategy's totals side by side, one row per number.
+fn summary_table(s: &mut String, r: &Report) {
     s.push_str("<h2>Summary</h2><table><tr><th></th>");
     for st in &r.strategies {
         let _ = write!(s, "<th>{}</th>", esc(&st.strategy));
@@ -360,7 +375,10 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
         s.push_str("</tr>");
     }
     s.push_str("</table>");
+}
 
+/// GPUs held and TTFT p95 over time for every strategy, then each strategy's replicas per model.
+fn charts(s: &mut String, r: &Report) {
     let x_max = r.duration_secs;
     s.push_str("<h2>GPUs held over time</h2>");
     let lines = strategy_lines(r, |st| {
@@ -415,7 +433,10 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
             Axis::Linear,
         ));
     }
+}
 
+/// Per strategy, one row per model, and where its memory went.
+fn per_model_tables(s: &mut String, r: &Report) {
     s.push_str("<h2>Per model</h2>");
     for st in &r.strategies {
         let _ = write!(
@@ -452,6 +473,9 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
         }
         let _ = write!(s, "</table><p>{}</p>", esc(&r.where_memory_goes(st)));
     }
+}
+
+fn static_sizing_table(s: &mut String, r: &Report) {
     s.push_str("<h2>Static sizing</h2><table><tr><th>model</th><th>replicas</th><th>attainment alone</th><th>why</th></tr>");
     for z in &r.static_sizing {
         let _ = write!(
@@ -463,12 +487,7 @@ pub fn render_priced(r: &Report, price: &super::summary::Price) -> String {
             esc(&z.reason)
         );
     }
-    let _ = writeln!(
-        s,
-        "</table><p><code>{}</code></p></body></html>",
-        esc(&r.summary_line())
-    );
-    s
+    s.push_str("</table>");
 }
 
 /// The first screen of the terminal output as HTML: per strategy GPU-hours, cost, saved vs today, TTFT

@@ -180,145 +180,21 @@ pub fn simulate_strategies(
         }
     };
     let mut kinds = strategy_list(kinds);
-    let n = sc.models.len();
-    // (a) Static sizing (static and hami-static): the smallest whole-GPU count per model that meets the SLO
-    // target alone.
-    let needs_sizing = kinds
-        .iter()
-        .any(|k| matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
-    let mut sizing = Vec::new();
     let mut failures: Vec<report::StrategyFailure> = Vec::new();
-    if needs_sizing {
-        match par_map(&(0..n).collect::<Vec<_>>(), |&m| size_static(sc, m, &tell))
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()
-        {
-            Ok(s) => sizing = s,
-            // A model no whole GPU can run fails both strategies sized this way; the others still run.
-            Err(e) => {
-                for k in [StrategyKind::Static, StrategyKind::HamiStatic] {
-                    if kinds.contains(&k) {
-                        failures.push(report::StrategyFailure::of(k, &e));
-                    }
-                }
-                kinds.retain(|k| !matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
-            }
-        }
-    }
-    let static_replicas: Vec<u32> = sizing.iter().map(|s| s.replicas).collect();
-    // `shown`: the run tells `progress` how far it got (an extra run beside it does not, so the bar does not jump).
-    let run_on = |sc: &Scenario,
-                  kind: StrategyKind,
-                  initial: Vec<Option<tessera_core::recommend::Recommendation>>,
-                  shown: bool,
-                  batch: Option<world::BatchPlan>| {
-        World::new(
-            sc,
-            Plan {
-                kind,
-                static_replicas: static_replicas.clone(),
-                initial_recommendations: initial,
-                only_models: Vec::new(),
-                batch,
-            },
-        )?
-        .run(&mut |t| {
-            if shown {
-                tell(Phase::Strategy(kind), t);
-            }
-        })
+    let sizing = size_statics(sc, &mut kinds, &mut failures, &tell);
+    let runner = Runner {
+        static_replicas: sizing.iter().map(|s| s.replicas).collect(),
+        tell: &tell,
     };
-    let run = |kind, initial| run_on(sc, kind, initial, true, None);
-    let tessera = kinds.contains(&StrategyKind::Tessera);
-    // Everything but Tessera at once; the HPA baseline also when only Tessera needs it (for calibration).
-    let mut first: Vec<StrategyKind> = kinds
-        .iter()
-        .copied()
-        .filter(|&k| k != StrategyKind::Tessera)
-        .collect();
-    let hpa_only_for_calibration =
-        tessera && sc.settings.calibrate_from_baseline && !first.contains(&StrategyKind::Hpa);
-    if hpa_only_for_calibration {
-        first.push(StrategyKind::Hpa);
-    }
-    let mut reports = Vec::new();
-    let mut hpa_histories = None;
+    let (mut reports, hpa_histories) = runner.baselines(sc, &kinds, &mut failures);
     let mut no_sleep = None;
     let mut batch_comparison = None;
-    for (kind, r) in first.iter().zip(par_map(&first, |&k| run(k, Vec::new()))) {
-        // One strategy's failure (a declared share vLLM would refuse to start in) is reported, not the run's.
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => {
-                if !(hpa_only_for_calibration && *kind == StrategyKind::Hpa) {
-                    failures.push(report::StrategyFailure::of(*kind, &e));
-                }
-                continue;
-            }
-        };
-        if *kind == StrategyKind::Hpa {
-            hpa_histories = Some(r.histories);
-            if hpa_only_for_calibration {
-                continue;
-            }
-        }
-        reports.push(r.report);
-    }
-    if tessera {
-        // Tessera starts from what its sidecars would have recommended watching the whole-GPU baseline.
-        let initial = match hpa_histories {
-            Some(h) if sc.settings.calibrate_from_baseline => world::calibrate(sc, &h),
-            _ => vec![None; n],
-        };
-        // What sleep mode saved: the same run with sleep mode off, beside the run itself, on its own thread; and
-        // with batch jobs in the scenario, Tessera's run with them paced into its spare room (`batch.rs`).
-        let paced = sc.batch.as_ref().map(|_| world::BatchPlan {
-            mode: world::BatchMode::Paced,
-            interactive: true,
-        });
-        let worlds: Vec<(&Scenario, bool, Option<world::BatchPlan>)> = std::iter::once((sc, true, None))
-            .chain(
-                without_sleep
-                    .as_ref()
-                    .filter(|_| extras.without_sleep)
-                    .map(|w| (w, false, None)),
-            )
-            .chain(paced.map(|p| (sc, false, Some(p))))
-            .collect();
-        let mut runs = par_map(&worlds, |&(w, shown, batch)| {
-            run_on(w, StrategyKind::Tessera, initial.clone(), shown, batch)
-        })
-        .into_iter();
-        let alone = match runs.next() {
-            Some(Ok(r)) => Some(r.report),
-            Some(Err(e)) => {
-                failures.push(report::StrategyFailure::of(StrategyKind::Tessera, &e));
-                None
-            }
-            None => None,
-        };
-        if without_sleep.is_some()
-            && extras.without_sleep
-            && let Some(Ok(r)) = runs.next()
-        {
-            let r = r.report;
-            no_sleep = Some(report::Outcome {
-                gpu_hours: r.gpu_hours,
-                slo_attainment: r.slo_attainment,
-                sleep_wakes: r.sleep_wakes,
-                sleepers_lost: r.sleepers_lost,
-            });
-        }
-        if let (Some(alone), Some(paced)) = (&alone, runs.next()) {
-            let only =
-                |p: world::BatchPlan| run_on(sc, StrategyKind::Tessera, initial.clone(), false, Some(p));
-            let alone_side = batch::Interactive {
-                gpu_hours: alone.gpu_hours,
-                attainment: alone.slo_attainment,
-            };
-            batch_comparison = batch::compare(sc, alone_side, paced?, &only)?;
-        }
-        if let Some(r) = alone {
+    if kinds.contains(&StrategyKind::Tessera) {
+        let without_sleep = without_sleep.as_ref().filter(|_| extras.without_sleep);
+        let t = runner.tessera(sc, without_sleep, hpa_histories, &mut failures)?;
+        no_sleep = t.without_sleep;
+        batch_comparison = t.batch;
+        if let Some(r) = t.report {
             reports.push(r);
         }
     }
@@ -358,6 +234,191 @@ pub fn simulate_strategies(
             .collect(),
         slo_ttft_secs: sc.models.iter().map(|m| m.slo_ttft).collect(),
     })
+}
+
+/// (a) Static sizing (static and hami-static), when one of them runs: the smallest whole-GPU count per model that
+/// meets the SLO target alone. A model no whole GPU can run fails both strategies sized this way, which leave
+/// `kinds`; the others still run.
+fn size_statics(
+    sc: &Scenario,
+    kinds: &mut Vec<StrategyKind>,
+    failures: &mut Vec<report::StrategyFailure>,
+    tell: &(dyn Fn(Phase, f64) + Sync),
+) -> Vec<StaticSizing> {
+    let needs_sizing = kinds
+        .iter()
+        .any(|k| matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
+    if !needs_sizing {
+        return Vec::new();
+    }
+    match par_map(&(0..sc.models.len()).collect::<Vec<_>>(), |&m| {
+        size_static(sc, m, tell)
+    })
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            for k in [StrategyKind::Static, StrategyKind::HamiStatic] {
+                if kinds.contains(&k) {
+                    failures.push(report::StrategyFailure::of(k, &e));
+                }
+            }
+            kinds.retain(|k| !matches!(k, StrategyKind::Static | StrategyKind::HamiStatic));
+            Vec::new()
+        }
+    }
+}
+
+/// Runs strategies' worlds, each with the static sizing every plan carries.
+struct Runner<'a> {
+    static_replicas: Vec<u32>,
+    tell: &'a (dyn Fn(Phase, f64) + Sync),
+}
+
+/// Tessera's part of the report: its own section, and what its extra runs beside it showed.
+struct TesseraRuns {
+    report: Option<report::StrategyReport>,
+    without_sleep: Option<report::Outcome>,
+    batch: Option<batch_outcome::BatchComparison>,
+}
+
+impl Runner<'_> {
+    /// One world. `shown`: the run tells `progress` how far it got (an extra run beside it does not, so the bar
+    /// does not jump).
+    fn run(
+        &self,
+        sc: &Scenario,
+        kind: StrategyKind,
+        initial: Vec<Option<tessera_core::recommend::Recommendation>>,
+        shown: bool,
+        batch: Option<world::BatchPlan>,
+    ) -> Result<world::RunResult, SimError> {
+        World::new(
+            sc,
+            Plan {
+                kind,
+                static_replicas: self.static_replicas.clone(),
+                initial_recommendations: initial,
+                only_models: Vec::new(),
+                batch,
+            },
+        )?
+        .run(&mut |t| {
+            if shown {
+                (self.tell)(Phase::Strategy(kind), t);
+            }
+        })
+    }
+
+    /// Everything but Tessera at once; the HPA baseline also when only Tessera needs it (for calibration), then
+    /// kept out of the reports. Returns the reports and the HPA run's histories.
+    fn baselines(
+        &self,
+        sc: &Scenario,
+        kinds: &[StrategyKind],
+        failures: &mut Vec<report::StrategyFailure>,
+    ) -> (Vec<report::StrategyReport>, Option<Vec<world::ReplicaHistory>>) {
+        let tessera = kinds.contains(&StrategyKind::Tessera);
+        let mut first: Vec<StrategyKind> = kinds
+            .iter()
+            .copied()
+            .filter(|&k| k != StrategyKind::Tessera)
+            .collect();
+        let hpa_only_for_calibration =
+            tessera && sc.settings.calibrate_from_baseline && !first.contains(&StrategyKind::Hpa);
+        if hpa_only_for_calibration {
+            first.push(StrategyKind::Hpa);
+        }
+        let mut reports = Vec::new();
+        let mut hpa_histories = None;
+        for (kind, r) in first
+            .iter()
+            .zip(par_map(&first, |&k| self.run(sc, k, Vec::new(), true, None)))
+        {
+            // One strategy's failure (a declared share vLLM would refuse to start in) is reported, not the run's.
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    if !(hpa_only_for_calibration && *kind == StrategyKind::Hpa) {
+                        failures.push(report::StrategyFailure::of(*kind, &e));
+                    }
+                    continue;
+                }
+            };
+            if *kind == StrategyKind::Hpa {
+                hpa_histories = Some(r.histories);
+                if hpa_only_for_calibration {
+                    continue;
+                }
+            }
+            reports.push(r.report);
+        }
+        (reports, hpa_histories)
+    }
+
+    /// Tessera, starting from what its sidecars would have recommended watching the whole-GPU baseline; beside it
+    /// on their own threads, the same run with sleep mode off (`without_sleep`: what sleep mode saved) and, with
+    /// batch jobs in the scenario, the run with them paced into its spare room (`batch.rs`).
+    fn tessera(
+        &self,
+        sc: &Scenario,
+        without_sleep: Option<&Scenario>,
+        hpa_histories: Option<Vec<world::ReplicaHistory>>,
+        failures: &mut Vec<report::StrategyFailure>,
+    ) -> Result<TesseraRuns, SimError> {
+        let initial = match hpa_histories {
+            Some(h) if sc.settings.calibrate_from_baseline => world::calibrate(sc, &h),
+            _ => vec![None; sc.models.len()],
+        };
+        let paced = sc.batch.as_ref().map(|_| world::BatchPlan {
+            mode: world::BatchMode::Paced,
+            interactive: true,
+        });
+        let worlds: Vec<(&Scenario, bool, Option<world::BatchPlan>)> = std::iter::once((sc, true, None))
+            .chain(without_sleep.map(|w| (w, false, None)))
+            .chain(paced.map(|p| (sc, false, Some(p))))
+            .collect();
+        let mut runs = par_map(&worlds, |&(w, shown, batch)| {
+            self.run(w, StrategyKind::Tessera, initial.clone(), shown, batch)
+        })
+        .into_iter();
+        let alone = match runs.next() {
+            Some(Ok(r)) => Some(r.report),
+            Some(Err(e)) => {
+                failures.push(report::StrategyFailure::of(StrategyKind::Tessera, &e));
+                None
+            }
+            None => None,
+        };
+        let mut no_sleep = None;
+        if without_sleep.is_some()
+            && let Some(Ok(r)) = runs.next()
+        {
+            let r = r.report;
+            no_sleep = Some(report::Outcome {
+                gpu_hours: r.gpu_hours,
+                slo_attainment: r.slo_attainment,
+                sleep_wakes: r.sleep_wakes,
+                sleepers_lost: r.sleepers_lost,
+            });
+        }
+        let mut batch_comparison = None;
+        if let (Some(alone), Some(paced)) = (&alone, runs.next()) {
+            let only =
+                |p: world::BatchPlan| self.run(sc, StrategyKind::Tessera, initial.clone(), false, Some(p));
+            let alone_side = batch::Interactive {
+                gpu_hours: alone.gpu_hours,
+                attainment: alone.slo_attainment,
+            };
+            batch_comparison = batch::compare(sc, alone_side, paced?, &only)?;
+        }
+        Ok(TesseraRuns {
+            report: alone,
+            without_sleep: no_sleep,
+            batch: batch_comparison,
+        })
+    }
 }
 
 /// The static rule for model `m` alone: the smallest whole-GPU count whose TTFT meets the SLO target.

@@ -426,6 +426,24 @@ impl Report {
     /// The human table plus the last line for scripts.
     pub fn table(&self) -> String {
         let mut o = String::new();
+        self.table_heading(&mut o);
+        self.table_rows(&mut o);
+        self.table_per_model(&mut o);
+        if let (Some(st), Some(t)) = (self.strategy("static"), self.strategy("tessera"))
+            && st.gpu_hours > 0.0
+        {
+            self.table_saving(&mut o, st, t);
+            self.table_tessera_notes(&mut o, t);
+        }
+        for f in &self.failures {
+            let _ = writeln!(o, "{}", f.line());
+        }
+        let _ = writeln!(o, "{}", self.summary_line());
+        o
+    }
+
+    /// The scenario, the lower bounds and the settings every strategy ran under.
+    fn table_heading(&self, o: &mut String) {
         let total: u64 = self.requests_per_model.iter().sum();
         let _ = writeln!(
             o,
@@ -451,6 +469,10 @@ impl Report {
             self.update_mode.label()
         );
         let _ = writeln!(o);
+    }
+
+    /// Every strategy's totals side by side, one row per number.
+    fn table_rows(&self, o: &mut String) {
         let names: Vec<&str> = self.strategies.iter().map(|s| s.strategy.as_str()).collect();
         let _ = write!(o, "{:<34}", "");
         for n in &names {
@@ -464,53 +486,55 @@ impl Report {
             }
             let _ = writeln!(o);
         };
-        row(&mut o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
-        row(&mut o, "× lower bound", &|s| {
+        row(o, "GPU-hours", &|s| format!("{:.2}", s.gpu_hours));
+        row(o, "× lower bound", &|s| {
             times(s.gpu_hours, self.lower_bound_gpu_hours)
         });
-        row(&mut o, "× bound at goal", &|s| {
+        row(o, "× bound at goal", &|s| {
             times(s.gpu_hours, self.lower_bound_at_goal_gpu_hours)
         });
-        row(&mut o, "GPUs held (mean / peak)", &|s| {
+        row(o, "GPUs held (mean / peak)", &|s| {
             format!("{:.1} / {}", s.gpus_mean, s.gpus_peak)
         });
-        row(&mut o, "GPU memory used, held GPUs", &|s| {
+        row(o, "GPU memory used, held GPUs", &|s| {
             format!("{:.1}%", s.memory_used_ratio * 100.0)
         });
-        row(&mut o, "GPU memory reserved, held GPUs", &|s| {
+        row(o, "GPU memory reserved, held GPUs", &|s| {
             format!("{:.1}%", s.memory_reserved_ratio * 100.0)
         });
-        row(&mut o, "GPU compute busy, held GPUs", &|s| {
+        row(o, "GPU compute busy, held GPUs", &|s| {
             format!("{:.1}%", s.compute_ratio * 100.0)
         });
-        row(&mut o, "GPU compute shares held (¹)", &|s| {
+        row(o, "GPU compute shares held (¹)", &|s| {
             format!("{:.1}%", s.compute_allocated_ratio * 100.0)
         });
-        row(&mut o, "TTFT p50", &|s| secs(s.ttft_p50));
-        row(&mut o, "TTFT p95", &|s| secs(s.ttft_p95));
-        row(&mut o, "TTFT p99", &|s| secs(s.ttft_p99));
-        row(&mut o, "TTFT SLO attainment", &|s| {
+        row(o, "TTFT p50", &|s| secs(s.ttft_p50));
+        row(o, "TTFT p95", &|s| secs(s.ttft_p95));
+        row(o, "TTFT p99", &|s| secs(s.ttft_p99));
+        row(o, "TTFT SLO attainment", &|s| {
             format!("{:.2}%", s.slo_attainment * 100.0)
         });
-        row(&mut o, "cold starts (from zero)", &|s| {
+        row(o, "cold starts (from zero)", &|s| {
             format!("{} ({})", s.cold_starts, s.starts_from_zero)
         });
-        row(&mut o, "requests held at activator", &|s| {
-            s.held_requests.to_string()
-        });
-        row(&mut o, "added latency (mean / max)", &|s| {
+        row(o, "requests held at activator", &|s| s.held_requests.to_string());
+        row(o, "added latency (mean / max)", &|s| {
             format!("{:.1}/{:.1}s", s.held_mean_secs, s.held_max_secs)
         });
-        row(&mut o, "preemptions", &|s| s.preemptions.to_string());
-        row(&mut o, "GPUs drained, replicas moved", &|s| {
+        row(o, "preemptions", &|s| s.preemptions.to_string());
+        row(o, "GPUs drained, replicas moved", &|s| {
             s.consolidation
                 .map_or_else(|| "—".to_owned(), |c| format!("{}, {}", c.drains, c.moves))
         });
-        row(&mut o, "requests failed", &|s| s.failed.to_string());
+        row(o, "requests failed", &|s| s.failed.to_string());
         if let Some(note) = self.compute_shares_note() {
             let _ = writeln!(o, "{note}");
         }
         let _ = writeln!(o);
+    }
+
+    /// Per strategy, one row per model.
+    fn table_per_model(&self, o: &mut String) {
         for s in &self.strategies {
             let _ = writeln!(o, "{} — {}", s.strategy, s.description);
             let _ = writeln!(
@@ -533,132 +557,131 @@ impl Report {
                 );
             }
         }
-        if let (Some(st), Some(t)) = (self.strategy("static"), self.strategy("tessera"))
-            && st.gpu_hours > 0.0
-        {
+    }
+
+    /// What Tessera saved against static, and what bounds that saving.
+    fn table_saving(&self, o: &mut String, st: &StrategyReport, t: &StrategyReport) {
+        let _ = writeln!(
+            o,
+            "\nTessera holds {:.1}% fewer GPU-hours than static and meets the TTFT SLO for {:.2}% of requests.",
+            (1.0 - t.gpu_hours / st.gpu_hours) * 100.0,
+            t.slo_attainment * 100.0
+        );
+        // What bounds the saving, from the run itself: the fuller dimension of the held GPUs is the one that
+        // stops more replicas sharing them, and the shares actually allocated say how much of what is held
+        // the replicas asked for (the rest is fragmentation, the release grace and draining).
+        // Compute is full at the pool's oversubscription, not at one GPU's worth of shares.
+        let compute_full = t.compute_allocated_ratio / self.compute_oversubscription.max(1.0);
+        let (binding, other) = if compute_full >= t.memory_reserved_ratio {
+            ("compute shares", "memory")
+        } else {
+            ("memory", "compute shares")
+        };
+        let _ = writeln!(
+            o,
+            "What bounds it: held GPUs are {:.0}% allocated on compute (of {}× a GPU handed out) and {:.0}% \
+             reserved on memory, so {binding} \
+             (not {other}) limit packing; replicas × shares add up to {:.1} of the {:.1} GPUs held on average. \
+             Each model's share and replica count, with reasons: --out DIR → report.json; docs/simulator.md.",
+            t.compute_allocated_ratio * 100.0,
+            self.compute_oversubscription,
+            t.memory_reserved_ratio * 100.0,
+            t.compute_allocated_ratio * t.gpus_mean,
+            t.gpus_mean
+        );
+    }
+
+    /// Why Tessera's replicas, shares and rolls came out as they did, one line per cause that occurred.
+    fn table_tessera_notes(&self, o: &mut String, t: &StrategyReport) {
+        // The joint rule (`core::scale::joint`): who answered the latency target, per model.
+        let owners = per_model_percent(&t.models, |m| m.latency_on_share);
+        let floors = per_model(&t.models, |m| m.warm_floor.as_ref().map(|w| format!("({w})")));
+        if !floors.is_empty() {
             let _ = writeln!(
                 o,
-                "\nTessera holds {:.1}% fewer GPU-hours than static and meets the TTFT SLO for {:.2}% of requests.",
-                (1.0 - t.gpu_hours / st.gpu_hours) * 100.0,
-                t.slo_attainment * 100.0
+                "Kept one warm replica instead of scaling to zero, because a cold start would miss the TTFT \
+                 objective: {}.",
+                floors.join(", ")
             );
-            // What bounds the saving, from the run itself: the fuller dimension of the held GPUs is the one that
-            // stops more replicas sharing them, and the shares actually allocated say how much of what is held
-            // the replicas asked for (the rest is fragmentation, the release grace and draining).
-            // Compute is full at the pool's oversubscription, not at one GPU's worth of shares.
-            let compute_full = t.compute_allocated_ratio / self.compute_oversubscription.max(1.0);
-            let (binding, other) = if compute_full >= t.memory_reserved_ratio {
-                ("compute shares", "memory")
-            } else {
-                ("memory", "compute shares")
-            };
+        }
+        if let Some(note) = self.sleep_mode_note() {
+            let _ = writeln!(o, "{note}");
+        }
+        if let Some(note) = Self::class_note(t) {
+            let _ = writeln!(o, "{note}");
+        }
+        if let Some(r) = t.rollouts.as_ref().filter(|r| !r.rolls.is_empty()) {
+            let reasons: Vec<String> = r.rolls.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let _ = writeln!(
                 o,
-                "What bounds it: held GPUs are {:.0}% allocated on compute (of {}× a GPU handed out) and {:.0}% \
-                 reserved on memory, so {binding} \
-                 (not {other}) limit packing; replicas × shares add up to {:.1} of the {:.1} GPUs held on average. \
-                 Each model's share and replica count, with reasons: --out DIR → report.json; docs/simulator.md.",
-                t.compute_allocated_ratio * 100.0,
-                self.compute_oversubscription,
-                t.memory_reserved_ratio * 100.0,
-                t.compute_allocated_ratio * t.gpus_mean,
-                t.gpus_mean
+                "Rolled running replicas onto the allocation in force {} time(s) ({}), replacing {} replica(s), \
+                 each by a surge before the old one went.",
+                r.rolls.values().sum::<u32>(),
+                reasons.join(", "),
+                r.replaced
             );
-            // The joint rule (`core::scale::joint`): who answered the latency target, per model.
-            let owners = per_model_percent(&t.models, |m| m.latency_on_share);
-            let floors = per_model(&t.models, |m| m.warm_floor.as_ref().map(|w| format!("({w})")));
-            if !floors.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "Kept one warm replica instead of scaling to zero, because a cold start would miss the TTFT \
-                     objective: {}.",
-                    floors.join(", ")
-                );
-            }
-            if let Some(note) = self.sleep_mode_note() {
-                let _ = writeln!(o, "{note}");
-            }
-            if let Some(note) = Self::class_note(t) {
-                let _ = writeln!(o, "{note}");
-            }
-            if let Some(r) = t.rollouts.as_ref().filter(|r| !r.rolls.is_empty()) {
-                let reasons: Vec<String> = r.rolls.iter().map(|(k, n)| format!("{k} {n}")).collect();
-                let _ = writeln!(
-                    o,
-                    "Rolled running replicas onto the allocation in force {} time(s) ({}), replacing {} replica(s), \
-                     each by a surge before the old one went.",
-                    r.rolls.values().sum::<u32>(),
-                    reasons.join(", "),
-                    r.replaced
-                );
-            }
-            if let Some(c) = t.consolidation.filter(|c| c.drains > 0) {
-                let _ = writeln!(
-                    o,
-                    "Consolidation drained {} GPU(s) ({} emptied, {} called off), moving {} replica(s), each by a \
-                     surge onto another GPU before the old one went.",
-                    c.drains, c.drained, c.cancelled, c.moves
-                );
-            }
-            if !owners.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "Latency target on the share rule (a bigger share was the cheaper next unit) in this share of \
-                     each model's replica decisions; otherwise on the replica count: {}.",
-                    owners.join(", ")
-                );
-            }
-            let _ = writeln!(o, "{}", self.where_memory_goes(t));
-            // What held each model's count (`core::scale::constraint`), its two most frequent, as a status would say
-            // it each round.
-            let held = per_model(&t.models, |m| m.held_by_ranked(2));
-            if !held.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "What held each model's replica count (status.constraint; the two most frequent, share of its \
-                     decisions): {}.",
-                    held.join(", ")
-                );
-            }
-            let next = per_model(&t.models, |m| m.next_unit.clone());
-            if !next.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "What the next unit of latency capacity costs, at each model's last decision (fractions of a \
-                     GPU): {}.",
-                    next.join("; ")
-                );
-            }
-            let prefill = per_model_percent(&t.models, |m| m.prefill_bound.filter(|f| *f > 0.0));
-            if !prefill.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "TTFT target over with no request waiting (the time was prefill, which another replica shortens \
-                     only by splitting bursts) in this share of each model's replica decisions: {}.",
-                    prefill.join(", ")
-                );
-            }
-            let behind = per_model_percent(&t.models, |m| m.behind_while_urgent.filter(|f| *f > 0.0));
-            if !behind.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "Running replicas held less than the allocation in force while it was urgent (a replica over the \
-                     TTFT objective, or vLLM preempting), in this share of each model's decisions — what \
-                     updateMode {} {}: {}.",
-                    self.update_mode.label(),
-                    match self.update_mode {
-                        UpdateMode::Recreate => "rolls at once, once nothing holds the roll",
-                        UpdateMode::Initial => "leaves running (Recreate would roll them at once)",
-                    },
-                    behind.join(", ")
-                );
-            }
         }
-        for f in &self.failures {
-            let _ = writeln!(o, "{}", f.line());
+        if let Some(c) = t.consolidation.filter(|c| c.drains > 0) {
+            let _ = writeln!(
+                o,
+                "Consolidation drained {} GPU(s) ({} emptied, {} called off), moving {} replica(s), each by a \
+                 surge onto another GPU before the old one went.",
+                c.drains, c.drained, c.cancelled, c.moves
+            );
         }
-        let _ = writeln!(o, "{}", self.summary_line());
-        o
+        if !owners.is_empty() {
+            let _ = writeln!(
+                o,
+                "Latency target on the share rule (a bigger share was the cheaper next unit) in this share of \
+                 each model's replica decisions; otherwise on the replica count: {}.",
+                owners.join(", ")
+            );
+        }
+        let _ = writeln!(o, "{}", self.where_memory_goes(t));
+        // What held each model's count (`core::scale::constraint`), its two most frequent, as a status would say
+        // it each round.
+        let held = per_model(&t.models, |m| m.held_by_ranked(2));
+        if !held.is_empty() {
+            let _ = writeln!(
+                o,
+                "What held each model's replica count (status.constraint; the two most frequent, share of its \
+                 decisions): {}.",
+                held.join(", ")
+            );
+        }
+        let next = per_model(&t.models, |m| m.next_unit.clone());
+        if !next.is_empty() {
+            let _ = writeln!(
+                o,
+                "What the next unit of latency capacity costs, at each model's last decision (fractions of a \
+                 GPU): {}.",
+                next.join("; ")
+            );
+        }
+        let prefill = per_model_percent(&t.models, |m| m.prefill_bound.filter(|f| *f > 0.0));
+        if !prefill.is_empty() {
+            let _ = writeln!(
+                o,
+                "TTFT target over with no request waiting (the time was prefill, which another replica shortens \
+                 only by splitting bursts) in this share of each model's replica decisions: {}.",
+                prefill.join(", ")
+            );
+        }
+        let behind = per_model_percent(&t.models, |m| m.behind_while_urgent.filter(|f| *f > 0.0));
+        if !behind.is_empty() {
+            let _ = writeln!(
+                o,
+                "Running replicas held less than the allocation in force while it was urgent (a replica over the \
+                 TTFT objective, or vLLM preempting), in this share of each model's decisions — what \
+                 updateMode {} {}: {}.",
+                self.update_mode.label(),
+                match self.update_mode {
+                    UpdateMode::Recreate => "rolls at once, once nothing holds the roll",
+                    UpdateMode::Initial => "leaves running (Recreate would roll them at once)",
+                },
+                behind.join(", ")
+            );
+        }
     }
 
     /// Each model's workload class at the end of Tessera's run, where it came from, and which knobs its

@@ -594,6 +594,32 @@ impl ScenarioFile {
     /// Every problem with the values, each naming its field (empty = valid). Presets are resolved here too.
     pub fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
+        self.validate_settings(&mut p);
+        if self.models.is_empty() {
+            p.push("models: at least one model is needed".to_string());
+        }
+        let mut names = HashSet::new();
+        for (i, m) in self.models.iter().enumerate() {
+            let at = format!("models[{i}] ({})", m.name);
+            if m.name.trim().is_empty() {
+                p.push(format!("models[{i}].name must not be empty"));
+            }
+            if !names.insert(m.name.clone()) {
+                p.push(format!(
+                    "{at}: the name is used twice; model names must be unique"
+                ));
+            }
+            m.validate(&at, &mut p);
+        }
+        if let Some(b) = &self.batch {
+            let names: Vec<String> = self.models.iter().map(|m| m.name.clone()).collect();
+            p.extend(b.validate(&names, self.duration));
+        }
+        p
+    }
+
+    /// The run's own values: its duration, its GPU and the strategies' settings.
+    fn validate_settings(&self, p: &mut Vec<String>) {
         if self.duration.is_zero() {
             p.push("duration must be above 0 (e.g. `1h`)".to_string());
         }
@@ -637,200 +663,201 @@ impl ScenarioFile {
                 s.sharing_model.name()
             ));
         }
-        if self.models.is_empty() {
-            p.push("models: at least one model is needed".to_string());
-        }
-        let mut names = HashSet::new();
-        for (i, m) in self.models.iter().enumerate() {
-            let at = format!("models[{i}] ({})", m.name);
-            if m.name.trim().is_empty() {
-                p.push(format!("models[{i}].name must not be empty"));
+    }
+}
+
+impl ModelFile {
+    /// Every problem with this model's values (its name aside, which needs the others'); `at` names the model.
+    fn validate(&self, at: &str, p: &mut Vec<String>) {
+        match (&self.preset, &self.spec) {
+            (Some(_), Some(_)) => p.push(format!("{at}: give either preset or spec, not both")),
+            (None, None) => p.push(format!(
+                "{at}: give preset (one of {}) or spec",
+                ModelSpec::PRESETS.join(", ")
+            )),
+            (Some(name), None) => {
+                if let Err(e) = ModelSpec::preset(name) {
+                    p.push(format!("{at}.preset: {e}"));
+                }
             }
-            if !names.insert(m.name.clone()) {
+            (None, Some(spec)) => {
+                if spec.weights_bytes == 0
+                    || spec.bytes_per_kv_token == 0
+                    || spec.params.is_nan()
+                    || spec.params <= 0.0
+                {
+                    p.push(format!(
+                        "{at}.spec: params, weights_bytes and bytes_per_kv_token must be above 0"
+                    ));
+                }
+            }
+        }
+        if self.slo_ttft.is_zero() {
+            p.push(format!("{at}.slo_ttft must be above 0 (e.g. `2s`)"));
+        }
+        if let Some(n) = self.ttft_slo_percentile
+            && SloPercentile::from_number(n).is_none()
+        {
+            p.push(format!(
+                "{at}.ttft_slo_percentile must be 95 or 99 (the percentiles the sidecar reports), got {n}"
+            ));
+        }
+        if self.slo_itl.is_some_and(|d| d.is_zero()) {
+            p.push(format!(
+                "{at}.slo_itl must be above 0 (e.g. `100ms`), or left out for no objective"
+            ));
+        }
+        if self.max_replicas == 0 {
+            p.push(format!("{at}.max_replicas must be at least 1"));
+        }
+        if self.min_replicas > self.max_replicas {
+            p.push(format!(
+                "{at}: min_replicas ({}) exceeds max_replicas ({})",
+                self.min_replicas, self.max_replicas
+            ));
+        }
+        if self.min_replicas == 0 && self.scale_to_zero_after.is_none() {
+            p.push(format!(
+                "{at}: min_replicas 0 needs scale_to_zero_after (e.g. `5m`), or set min_replicas: 1"
+            ));
+        }
+        self.validate_cold_start_budget(at, p);
+        if !(self.hpa_requests_per_second_per_replica > 0.0
+            && self.hpa_requests_per_second_per_replica.is_finite())
+        {
+            p.push(format!(
+                "{at}.hpa_requests_per_second_per_replica must be above 0"
+            ));
+        }
+        if !(self.cold_start.load_bandwidth_gbps > 0.0 && self.cold_start.load_bandwidth_gbps.is_finite()) {
+            p.push(format!(
+                "{at}.cold_start.load_bandwidth_gbps must be above 0 (GB/s)"
+            ));
+        }
+        if let ComputeFraction::Fixed(f) = self.compute_fraction
+            && !(f > 0.0 && f <= 1.0)
+        {
+            p.push(format!(
+                "{at}.compute_fraction must be `auto` or in (0, 1], got {f}"
+            ));
+        }
+        let unit = |x: f64| x > 0.0 && x <= 1.0;
+        if !unit(self.hami.cores) || !unit(self.hami.memory_fraction) {
+            p.push(format!("{at}.hami: cores and memory_fraction must be in (0, 1]"));
+        }
+        self.traffic.validate(at, p);
+    }
+
+    /// The cold-start miss budget and the group sharing it.
+    fn validate_cold_start_budget(&self, at: &str, p: &mut Vec<String>) {
+        if let Some(b) = self.cold_start_miss_budget {
+            if !coldstart::is_miss_budget(b) {
                 p.push(format!(
-                    "{at}: the name is used twice; model names must be unique"
+                    "{at}.cold_start_miss_budget is a share of requests in [0, 0.5] (0.005 = 0.5%), got {b}"
                 ));
             }
-            match (&m.preset, &m.spec) {
-                (Some(_), Some(_)) => p.push(format!("{at}: give either preset or spec, not both")),
-                (None, None) => p.push(format!(
-                    "{at}: give preset (one of {}) or spec",
-                    ModelSpec::PRESETS.join(", ")
+            if self.scale_to_zero_after.is_none() {
+                p.push(format!(
+                    "{at}.cold_start_miss_budget needs scale_to_zero_after: it lets a model go to zero"
+                ));
+            }
+        }
+        if let Some(g) = &self.cold_start_budget_group {
+            if self.cold_start_miss_budget.is_none() {
+                p.push(format!(
+                    "{at}.cold_start_budget_group '{g}' needs cold_start_miss_budget: the group shares that budget"
+                ));
+            }
+            if !coldstart::is_group_name(g) {
+                p.push(format!(
+                    "{at}.cold_start_budget_group must be 1-63 lowercase letters, digits or '-', starting and \
+                     ending with a letter or digit, got '{g}'"
+                ));
+            }
+        }
+    }
+}
+
+impl TrafficFile {
+    /// Every problem with the traffic's values; `at` names the model.
+    fn validate(&self, at: &str, p: &mut Vec<String>) {
+        if !(self.rate > 0.0 && self.rate.is_finite()) {
+            p.push(format!("{at}.traffic.rate must be above 0, got {}", self.rate));
+        }
+        match self.trace {
+            TraceKind::AzureFunctions if self.function.is_none() => p.push(format!(
+                "{at}.traffic.function is required for azure_functions (a unique prefix of HashFunction)"
+            )),
+            TraceKind::AzureFunctions if self.model.is_some() => p.push(format!(
+                "{at}.traffic.model applies to csv and burstgpt files, not azure_functions"
+            )),
+            TraceKind::AzureLlm | TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
+                if self.function.is_some() || self.tokens_from.is_some() =>
+            {
+                p.push(format!(
+                    "{at}.traffic: function and tokens_from only apply to trace: azure_functions"
+                ))
+            }
+            TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
+                if self.file.as_deref().is_none_or(|f| f == "builtin") =>
+            {
+                p.push(format!(
+                    "{at}.traffic.file is required for this trace format (no trace is bundled)"
+                ))
+            }
+            TraceKind::AzureLlm | TraceKind::Mooncake if self.model.is_some() => p.push(format!(
+                "{at}.traffic.model applies to csv and burstgpt files (this format holds one model)"
+            )),
+            TraceKind::Observed => match &self.observed {
+                None => p.push(format!(
+                    "{at}.traffic.observed is required for trace: observed (step, requests, prompt_tokens, \
+                     output_tokens; `tessera simulate --prometheus` writes it)"
                 )),
-                (Some(name), None) => {
-                    if let Err(e) = ModelSpec::preset(name) {
-                        p.push(format!("{at}.preset: {e}"));
+                Some(o) => {
+                    if let Err(e) = o.check() {
+                        p.push(format!("{at}.traffic.observed: {e}"));
                     }
-                }
-                (None, Some(spec)) => {
-                    if spec.weights_bytes == 0
-                        || spec.bytes_per_kv_token == 0
-                        || spec.params.is_nan()
-                        || spec.params <= 0.0
+                    if self.file.is_some()
+                        || self.model.is_some()
+                        || self.function.is_some()
+                        || self.tokens_from.is_some()
                     {
                         p.push(format!(
-                            "{at}.spec: params, weights_bytes and bytes_per_kv_token must be above 0"
+                            "{at}.traffic: file, model, function and tokens_from do not apply to trace: observed"
                         ));
                     }
                 }
-            }
-            if m.slo_ttft.is_zero() {
-                p.push(format!("{at}.slo_ttft must be above 0 (e.g. `2s`)"));
-            }
-            if let Some(n) = m.ttft_slo_percentile
-                && SloPercentile::from_number(n).is_none()
-            {
-                p.push(format!(
-                    "{at}.ttft_slo_percentile must be 95 or 99 (the percentiles the sidecar reports), got {n}"
-                ));
-            }
-            if m.slo_itl.is_some_and(|d| d.is_zero()) {
-                p.push(format!(
-                    "{at}.slo_itl must be above 0 (e.g. `100ms`), or left out for no objective"
-                ));
-            }
-            if m.max_replicas == 0 {
-                p.push(format!("{at}.max_replicas must be at least 1"));
-            }
-            if m.min_replicas > m.max_replicas {
-                p.push(format!(
-                    "{at}: min_replicas ({}) exceeds max_replicas ({})",
-                    m.min_replicas, m.max_replicas
-                ));
-            }
-            if m.min_replicas == 0 && m.scale_to_zero_after.is_none() {
-                p.push(format!(
-                    "{at}: min_replicas 0 needs scale_to_zero_after (e.g. `5m`), or set min_replicas: 1"
-                ));
-            }
-            if let Some(b) = m.cold_start_miss_budget {
-                if !coldstart::is_miss_budget(b) {
-                    p.push(format!(
-                        "{at}.cold_start_miss_budget is a share of requests in [0, 0.5] (0.005 = 0.5%), got {b}"
-                    ));
-                }
-                if m.scale_to_zero_after.is_none() {
-                    p.push(format!(
-                        "{at}.cold_start_miss_budget needs scale_to_zero_after: it lets a model go to zero"
-                    ));
-                }
-            }
-            if let Some(g) = &m.cold_start_budget_group {
-                if m.cold_start_miss_budget.is_none() {
-                    p.push(format!(
-                        "{at}.cold_start_budget_group '{g}' needs cold_start_miss_budget: the group shares that budget"
-                    ));
-                }
-                if !coldstart::is_group_name(g) {
-                    p.push(format!(
-                        "{at}.cold_start_budget_group must be 1-63 lowercase letters, digits or '-', starting and \
-                         ending with a letter or digit, got '{g}'"
-                    ));
-                }
-            }
-            if !(m.hpa_requests_per_second_per_replica > 0.0
-                && m.hpa_requests_per_second_per_replica.is_finite())
-            {
-                p.push(format!(
-                    "{at}.hpa_requests_per_second_per_replica must be above 0"
-                ));
-            }
-            if !(m.cold_start.load_bandwidth_gbps > 0.0 && m.cold_start.load_bandwidth_gbps.is_finite()) {
-                p.push(format!(
-                    "{at}.cold_start.load_bandwidth_gbps must be above 0 (GB/s)"
-                ));
-            }
-            if let ComputeFraction::Fixed(f) = m.compute_fraction
-                && !(f > 0.0 && f <= 1.0)
-            {
-                p.push(format!(
-                    "{at}.compute_fraction must be `auto` or in (0, 1], got {f}"
-                ));
-            }
-            let unit = |x: f64| x > 0.0 && x <= 1.0;
-            if !unit(m.hami.cores) || !unit(m.hami.memory_fraction) {
-                p.push(format!("{at}.hami: cores and memory_fraction must be in (0, 1]"));
-            }
-            let t = &m.traffic;
-            if !(t.rate > 0.0 && t.rate.is_finite()) {
-                p.push(format!("{at}.traffic.rate must be above 0, got {}", t.rate));
-            }
-            match t.trace {
-                TraceKind::AzureFunctions if t.function.is_none() => p.push(format!(
-                    "{at}.traffic.function is required for azure_functions (a unique prefix of HashFunction)"
+            },
+            TraceKind::Synthetic => match &self.synthetic {
+                None => p.push(format!(
+                    "{at}.traffic.synthetic is required for trace: synthetic ({{shape: diurnal, mean_rps, \
+                     peak_to_trough, period}} or {{shape: on_off, rps, on, off}})"
                 )),
-                TraceKind::AzureFunctions if t.model.is_some() => p.push(format!(
-                    "{at}.traffic.model applies to csv and burstgpt files, not azure_functions"
-                )),
-                TraceKind::AzureLlm | TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
-                    if t.function.is_some() || t.tokens_from.is_some() =>
-                {
-                    p.push(format!(
-                        "{at}.traffic: function and tokens_from only apply to trace: azure_functions"
-                    ))
-                }
-                TraceKind::Csv | TraceKind::Burstgpt | TraceKind::Mooncake
-                    if t.file.as_deref().is_none_or(|f| f == "builtin") =>
-                {
-                    p.push(format!(
-                        "{at}.traffic.file is required for this trace format (no trace is bundled)"
-                    ))
-                }
-                TraceKind::AzureLlm | TraceKind::Mooncake if t.model.is_some() => p.push(format!(
-                    "{at}.traffic.model applies to csv and burstgpt files (this format holds one model)"
-                )),
-                TraceKind::Observed => match &t.observed {
-                    None => p.push(format!(
-                        "{at}.traffic.observed is required for trace: observed (step, requests, prompt_tokens, \
-                         output_tokens; `tessera simulate --prometheus` writes it)"
-                    )),
-                    Some(o) => {
-                        if let Err(e) = o.check() {
-                            p.push(format!("{at}.traffic.observed: {e}"));
-                        }
-                        if t.file.is_some() || t.model.is_some() || t.function.is_some() || t.tokens_from.is_some() {
-                            p.push(format!(
-                                "{at}.traffic: file, model, function and tokens_from do not apply to trace: observed"
-                            ));
-                        }
+                Some(shape) => {
+                    if let Some(e) = shape.problem() {
+                        p.push(format!("{at}.traffic.synthetic: {e}"));
                     }
-                },
-                TraceKind::Synthetic => match &t.synthetic {
-                    None => p.push(format!(
-                        "{at}.traffic.synthetic is required for trace: synthetic ({{shape: diurnal, mean_rps, \
-                         peak_to_trough, period}} or {{shape: on_off, rps, on, off}})"
-                    )),
-                    Some(shape) => {
-                        if let Some(e) = shape.problem() {
-                            p.push(format!("{at}.traffic.synthetic: {e}"));
-                        }
-                        if t.file.is_some() || t.model.is_some() || t.function.is_some() {
-                            p.push(format!(
-                                "{at}.traffic: file, model and function do not apply to trace: synthetic \
-                                 (tokens_from names where its lengths are drawn from)"
-                            ));
-                        }
+                    if self.file.is_some() || self.model.is_some() || self.function.is_some() {
+                        p.push(format!(
+                            "{at}.traffic: file, model and function do not apply to trace: synthetic \
+                             (tokens_from names where its lengths are drawn from)"
+                        ));
                     }
-                },
-                _ => {}
-            }
-            if t.prompt_scale.is_some() && t.trace != TraceKind::Synthetic {
-                p.push(format!(
-                    "{at}.traffic.prompt_scale only applies to trace: synthetic"
-                ));
-            }
-            if t.synthetic.is_some() && t.trace != TraceKind::Synthetic {
-                p.push(format!("{at}.traffic.synthetic only applies to trace: synthetic"));
-            }
-            if t.observed.is_some() && t.trace != TraceKind::Observed {
-                p.push(format!("{at}.traffic.observed only applies to trace: observed"));
-            }
+                }
+            },
+            _ => {}
         }
-        if let Some(b) = &self.batch {
-            let names: Vec<String> = self.models.iter().map(|m| m.name.clone()).collect();
-            p.extend(b.validate(&names, self.duration));
+        if self.prompt_scale.is_some() && self.trace != TraceKind::Synthetic {
+            p.push(format!(
+                "{at}.traffic.prompt_scale only applies to trace: synthetic"
+            ));
         }
-        p
+        if self.synthetic.is_some() && self.trace != TraceKind::Synthetic {
+            p.push(format!("{at}.traffic.synthetic only applies to trace: synthetic"));
+        }
+        if self.observed.is_some() && self.trace != TraceKind::Observed {
+            p.push(format!("{at}.traffic.observed only applies to trace: observed"));
+        }
     }
 }
 
