@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use tessera_core::recommend::Objective;
+use tessera_core::wire::sidecar::Objective;
 
 use crate::Shared;
 

@@ -121,7 +121,7 @@ impl State {
     /// Takes the objective the controller hands over (the InferenceAutoscaler's, edited or not): the share rule
     /// sizes to it from the next recommendation on, and `/v1/status` reports it, with no restart (the flags were
     /// only the objective at admission). Returns whether it changed anything.
-    pub fn set_objective(&mut self, o: &recommend::Objective) -> bool {
+    pub fn set_objective(&mut self, o: &tessera_core::wire::sidecar::Objective) -> bool {
         let changed = (
             self.settings.ttft_slo_secs,
             self.settings.itl_slo_secs,
@@ -688,7 +688,7 @@ pub(crate) mod tests {
             ),
             (Some(2.0), Some(95), None)
         );
-        let edited = recommend::Objective {
+        let edited = tessera_core::wire::sidecar::Objective {
             ttft_slo_secs: Some(1.0),
             ttft_slo_percentile: 99,
             itl_slo_secs: Some(0.05),

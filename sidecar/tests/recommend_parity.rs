@@ -10,8 +10,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use tessera_core::metrics::VllmSnapshot;
-use tessera_core::recommend::{Objective, Outcome};
+use tessera_core::recommend::Outcome;
 use tessera_core::scale::SloPercentile;
+use tessera_core::wire::sidecar::Objective;
 use tessera_sidecar::gpu::GpuReading;
 use tessera_sidecar::state::{Settings, State};
 use tessera_sim::simulate::observe::{RecommendationRecord, SidecarSetup};

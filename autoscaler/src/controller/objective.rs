@@ -1,10 +1,10 @@
 //! Handing the InferenceAutoscaler's latency objective to each replica's sidecar, so an edit of `ttftSlo`,
 //! `ttftSloPercentile` or `itlSlo` reaches the compute-share rule within one sync, with no pod recreated. Which sidecars need
-//! it is [`tessera_core::recommend::Objective::handover`]; this only sends it.
+//! it is [`tessera_core::wire::sidecar::Objective::handover`]; this only sends it.
 
 use futures::future::join_all;
-use tessera_core::recommend::Objective;
 use tessera_core::scale::ScalePolicy;
+use tessera_core::wire::sidecar::Objective;
 use tessera_core::wire::sidecar::SidecarStatus;
 use tracing::{debug, info};
 

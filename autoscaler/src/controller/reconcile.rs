@@ -412,7 +412,7 @@ fn neighbours_seen(
     r: &Round,
     now_sys: SystemTime,
 ) -> Option<crd::FlexNeighboursStatus> {
-    let slo = tessera_core::recommend::Objective::of(&r.policy, None).ttft_slo_secs;
+    let slo = tessera_core::wire::sidecar::Objective::of(&r.policy, None).ttft_slo_secs;
     let seen = super::neighbours::pods_seen(&g.all_pods, &g.ready_pods, &g.observed.sidecars, slo);
     ctx.neighbours.record(key, seen, now_sys)
 }

@@ -1,8 +1,8 @@
 //! An SLO edit (`ttftSlo`, `ttftSloPercentile`, `itlSlo`) on a running model reaches the share rule within one sync: the reconcile that reads the edited
 //! spec hands the sidecars the new objective (no pod recreated), and hands nothing while they hold it.
 
-use tessera_core::recommend::Objective;
 use tessera_core::wire::sidecar::ComputeStatus;
+use tessera_core::wire::sidecar::Objective;
 
 use super::*;
 

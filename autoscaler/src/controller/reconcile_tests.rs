@@ -38,7 +38,7 @@ struct FakeSignals {
     /// The objective every sidecar reports holding (`compute`); a hand-over replaces it, as the sidecar does.
     compute: Mutex<Option<tessera_core::wire::sidecar::ComputeStatus>>,
     /// Every objective handed over, with the sidecar it went to.
-    handed: Mutex<Vec<(String, tessera_core::recommend::Objective)>>,
+    handed: Mutex<Vec<(String, tessera_core::wire::sidecar::Objective)>>,
     /// The time to first token's p95 over the short window every sidecar reports, seconds, if any.
     ttft_p95: Option<f64>,
 }
@@ -82,7 +82,7 @@ impl SignalSource for FakeSignals {
         &self,
         base: &str,
         _namespace: &str,
-        objective: &tessera_core::recommend::Objective,
+        objective: &tessera_core::wire::sidecar::Objective,
     ) -> BoxFuture<'_, Result<(), FetchError>> {
         self.handed.lock().unwrap().push((base.to_owned(), *objective));
         if let Some(c) = self.compute.lock().unwrap().as_mut() {

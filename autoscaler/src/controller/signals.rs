@@ -102,7 +102,7 @@ pub trait SignalSource: Send + Sync {
         &self,
         base: &str,
         namespace: &str,
-        objective: &tessera_core::recommend::Objective,
+        objective: &tessera_core::wire::sidecar::Objective,
     ) -> BoxFuture<'_, Result<(), FetchError>> {
         let _ = (base, namespace, objective);
         Box::pin(async { Ok(()) })
@@ -205,7 +205,7 @@ impl SignalSource for HttpSignals {
         &self,
         base: &str,
         namespace: &str,
-        objective: &tessera_core::recommend::Objective,
+        objective: &tessera_core::wire::sidecar::Objective,
     ) -> BoxFuture<'_, Result<(), FetchError>> {
         let url = format!("{}/v1/objective", base.trim_end_matches('/'));
         let objective = *objective;
@@ -457,7 +457,7 @@ mod tests {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
         let key = tessera_runtime::token::ObjectiveKey::from_bytes(&[b'c'; 32], "test").unwrap();
-        let o = tessera_core::recommend::Objective::default();
+        let o = tessera_core::wire::sidecar::Objective::default();
         let plain = HttpSignals::new(Duration::from_secs(2), 1024).unwrap();
         plain.hand_objective(&base, "team-a", &o).await.unwrap();
         let keyed = plain.clone().with_objective_key(Some(key.clone()));

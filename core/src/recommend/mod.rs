@@ -66,8 +66,8 @@
 //! - `geometry.rs`: bytes per token and weight bytes from the model's files (standard, sliding-window, MLA,
 //!   hybrid = not sized);
 //! - `bounds.rs`: the plausibility bounds every derived figure must pass;
-//! - `compute.rs`: the compute share; `objective.rs`: the latency objective it sizes to, and when the controller
-//!   hands a sidecar a new one (an edit of `ttftSlo`, `ttftSloPercentile` or `itlSlo`);
+//! - `compute.rs`: the compute share, sized to the latency objective ([`crate::wire::sidecar::Objective`]: the
+//!   body the controller hands a sidecar on an edit of `ttftSlo`, `ttftSloPercentile` or `itlSlo`);
 //! - `types.rs`, `config.rs`, `outcome.rs`: the inputs, the tunables, the outputs and their reasons;
 //! - `tests.rs` (sizing and compute rules), `tests_memory.rs` (modes, geometry on real configs, bounds).
 
@@ -77,7 +77,6 @@ mod config;
 pub mod geometry;
 mod memory;
 mod mode;
-mod objective;
 mod outcome;
 #[cfg(test)]
 mod tests;
@@ -91,7 +90,6 @@ pub use compute::{ComputeDecision, recommend_compute};
 pub use config::{Config, ConfigError};
 pub use geometry::{CacheDtype, Dtype, ModelFacts, ModelGeometry};
 pub use mode::MemoryMode;
-pub use objective::Objective;
 pub use outcome::*;
 pub use types::*;
 

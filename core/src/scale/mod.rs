@@ -51,6 +51,7 @@ pub mod inputs;
 pub mod isolation;
 pub mod joint;
 pub mod lookahead;
+mod objective;
 mod ratio;
 mod state;
 pub use state::{Recommendation, ScaleEvent, ScaleState};

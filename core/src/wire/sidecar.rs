@@ -474,6 +474,55 @@ pub struct PodGpuUse {
     pub sm_utilization: Option<f64>,
 }
 
+/// The latency objective a replica's compute share is sized to, the body of the sidecar's `PUT /v1/objective`:
+/// the InferenceAutoscaler's (`ttftSlo`,
+/// `ttftSloPercentile`, `itlSlo`), so it can change while pods run. A command-line flag set at admission would keep
+/// the old one until the pod is recreated; instead the controller compares, every sync, the objective each sidecar
+/// reports holding ([`ComputeStatus`]) with the spec's and hands over the spec's where they differ
+/// ([`Objective::handover`]). The admission flags (`--ttft-slo`, `--itl-slo`) remain the one a sidecar starts with.
+/// How a policy makes one is `tessera_core::scale`'s ([`Objective::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Objective {
+    /// Time to first token, seconds (`ttftSlo`); `None`: no TTFT objective.
+    #[serde(default)]
+    pub ttft_slo_secs: Option<f64>,
+    /// Which percentile of the TTFT the objective holds, 95 or 99 (`ttftSloPercentile`).
+    #[serde(default = "p95")]
+    pub ttft_slo_percentile: u32,
+    /// Inter-token latency p95, seconds (`itlSlo`); `None`: no inter-token objective.
+    #[serde(default)]
+    pub itl_slo_secs: Option<f64>,
+}
+
+fn p95() -> u32 {
+    95
+}
+
+impl Objective {
+    /// What to hand a sidecar reporting `held`, or `None` when it holds it already. Without an inter-token
+    /// objective of its own (`itl_slo_secs: None`) this keeps the replica's (the `tessera.dev/itl-slo` annotation
+    /// it was admitted with), so an InferenceAutoscaler that names none never erases one. A sidecar that reports
+    /// no objective (older than the hand-over) is handed it; it answers 404 and keeps its flags.
+    pub fn handover(&self, held: Option<&ComputeStatus>) -> Option<Objective> {
+        let want = Objective {
+            itl_slo_secs: self.itl_slo_secs.or(held.and_then(|h| h.itl_slo_secs)),
+            ..*self
+        };
+        let Some(held) = held else { return Some(want) };
+        // Seconds travel through JSON as decimals: equal within a microsecond is the same objective.
+        let same = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => (a - b).abs() < 1e-6,
+            (None, None) => true,
+            _ => false,
+        };
+        let holds = same(want.ttft_slo_secs, held.ttft_slo_secs)
+            && same(want.itl_slo_secs, held.itl_slo_secs)
+            && want.ttft_slo_percentile == held.ttft_slo_percentile.unwrap_or(95);
+        (!holds).then_some(want)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
