@@ -400,23 +400,8 @@ struct RollInput {
     pub drift_since_ms: Option<u64>,
     /// What the model's replicas show this round ([`Urgency::of`]).
     pub urgency: Urgency,
-    /// The workload's replicas (spec) and how many are ready.
-    pub replicas: i32,
-    /// Replicas ready now.
-    pub ready_replicas: i32,
-    /// The replicas the autoscaler wants; differs from `replicas` while scaling.
-    pub desired_replicas: i32,
-    /// The policy's floor.
-    pub min_replicas: i32,
-    /// How many ready pods the workload's strategy may take down at once during the roll (`maxUnavailable`
-    /// resolved; 0 for a surge-only Deployment strategy).
-    pub max_unavailable: i32,
-    /// The workload is still rolling out a previous template (observedGeneration behind, or updated < replicas).
-    pub rollout_in_progress: bool,
-    /// Another model of the same pool is being rolled now.
-    pub pool_busy: bool,
-    /// A PodDisruptionBudget covering the pods allows no disruption now.
-    pub disruption_blocked: bool,
+    /// What the roll reads of the workload: its replicas, its strategy's budget, what else is rolling.
+    pub workload: Workload,
     /// The workload's pod template already carries the allocation in force (a roll to it was made; its pods are
     /// just not replaced yet): rolling again would change nothing.
     pub template_at_in_force: bool,
@@ -509,13 +494,14 @@ impl HoldReason {
 /// Whether to roll the model's running pods now. See the module documentation for the rules.
 fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
     use HoldReason as H;
+    let w = &input.workload;
     if input.mode != UpdateMode::Recreate {
         return RollDecision::Hold(H::ModeNotRecreate);
     }
     let Some(target) = input.in_force else {
         return RollDecision::Hold(H::NoRecommendation);
     };
-    if input.replicas <= 0 || input.pods.is_empty() {
+    if w.replicas <= 0 || input.pods.is_empty() {
         return RollDecision::Hold(H::NoPods);
     }
     let d = drift(&target, &input.pods, cfg.drift_threshold);
@@ -524,22 +510,20 @@ fn decide_roll(input: &RollInput, cfg: &RolloutConfig) -> RollDecision {
         Drift::None => return RollDecision::Hold(H::InSync),
         Drift::Grow | Drift::Shrink => {}
     }
-    if input.desired_replicas != input.replicas {
+    if w.desired_replicas != w.replicas {
         return RollDecision::Hold(H::Scaling);
     }
-    if input.rollout_in_progress {
+    if w.rollout_in_progress {
         return RollDecision::Hold(H::RolloutInProgress);
     }
-    if input.pool_busy {
+    if w.pool_busy {
         return RollDecision::Hold(H::PoolBusy);
     }
-    if input.disruption_blocked {
+    if w.disruption_blocked {
         return RollDecision::Hold(H::DisruptionBudget);
     }
     // Make-before-break: every replica ready first, and what the strategy takes down must leave minReplicas.
-    if input.ready_replicas < input.replicas
-        || input.ready_replicas - input.max_unavailable.max(0) < input.min_replicas
-    {
+    if w.ready_replicas < w.replicas || w.ready_replicas - w.max_unavailable.max(0) < w.min_replicas {
         return RollDecision::Hold(H::BelowMinReady);
     }
     let window = u64::try_from(cfg.stability_window.as_millis()).unwrap_or(u64::MAX);
@@ -689,7 +673,6 @@ pub fn fold(input: &FoldInput<'_>, cfg: &RolloutConfig) -> Fold {
         .map(|p| force.zip(*p).is_some_and(|(f, a)| drifted(&f, &a, threshold)))
         .collect();
     let behind = force.map_or(0, |f| urgently_below(&f, input.pods, threshold, input.urgency));
-    let w = input.workload;
     let roll = decide_roll(
         &RollInput {
             mode: input.mode,
@@ -697,14 +680,7 @@ pub fn fold(input: &FoldInput<'_>, cfg: &RolloutConfig) -> Fold {
             pods: input.pods.to_vec(),
             drift_since_ms,
             urgency: input.urgency,
-            replicas: w.replicas,
-            ready_replicas: w.ready_replicas,
-            desired_replicas: w.desired_replicas,
-            min_replicas: w.min_replicas,
-            max_unavailable: w.max_unavailable,
-            rollout_in_progress: w.rollout_in_progress,
-            pool_busy: w.pool_busy,
-            disruption_blocked: w.disruption_blocked,
+            workload: input.workload,
             template_at_in_force: force.is_some_and(|f| (input.template_carries)(&f)),
             now_ms,
         },

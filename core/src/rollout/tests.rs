@@ -21,17 +21,16 @@ fn input(in_force: Allocation, pods: Vec<Option<Allocation>>) -> RollInput {
     RollInput {
         mode: UpdateMode::Recreate,
         in_force: Some(in_force),
-        replicas: pods.len() as i32,
-        ready_replicas: pods.len() as i32,
-        desired_replicas: pods.len() as i32,
+        workload: Workload {
+            replicas: pods.len() as i32,
+            ready_replicas: pods.len() as i32,
+            desired_replicas: pods.len() as i32,
+            min_replicas: 1,
+            ..Workload::default()
+        },
         pods,
         drift_since_ms: Some(0),
         urgency: Urgency::default(),
-        min_replicas: 1,
-        max_unavailable: 0,
-        rollout_in_progress: false,
-        pool_busy: false,
-        disruption_blocked: false,
         template_at_in_force: false,
         now_ms: 31 * MIN,
     }
@@ -124,13 +123,13 @@ fn in_force_a_compute_growth_is_urgent_only_over_the_ttft_objective_and_never_sh
 #[test]
 fn roll_refused_while_the_workload_is_mid_rollout_or_scaling() {
     let mut i = input(alloc(20_000, 0.3), vec![Some(alloc(40_000, 0.3)); 2]);
-    i.rollout_in_progress = true;
+    i.workload.rollout_in_progress = true;
     assert_eq!(
         decide_roll(&i, &cfg()),
         RollDecision::Hold(HoldReason::RolloutInProgress)
     );
-    i.rollout_in_progress = false;
-    i.desired_replicas = 3;
+    i.workload.rollout_in_progress = false;
+    i.workload.desired_replicas = 3;
     assert_eq!(decide_roll(&i, &cfg()), RollDecision::Hold(HoldReason::Scaling));
 }
 
@@ -297,14 +296,16 @@ fn arb_input() -> impl Strategy<Value = RollInput> {
                     preempting: flags[0],
                     ttft_over_slo: flags[0],
                 },
-                replicas,
-                ready_replicas: ready.min(replicas),
-                desired_replicas: desired,
-                min_replicas: min,
-                max_unavailable: unavail,
-                rollout_in_progress: flags[1],
-                pool_busy: flags[2],
-                disruption_blocked: flags[3],
+                workload: Workload {
+                    replicas,
+                    ready_replicas: ready.min(replicas),
+                    desired_replicas: desired,
+                    min_replicas: min,
+                    max_unavailable: unavail,
+                    rollout_in_progress: flags[1],
+                    pool_busy: flags[2],
+                    disruption_blocked: flags[3],
+                },
                 template_at_in_force: flags[4],
                 now_ms: now,
             },
@@ -315,16 +316,16 @@ proptest! {
     #[test]
     fn roll_never_below_min_replicas_ready(i in arb_input()) {
         if let RollDecision::Roll(_) = decide_roll(&i, &cfg()) {
-            prop_assert!(i.ready_replicas == i.replicas);
-            prop_assert!(i.ready_replicas - i.max_unavailable >= i.min_replicas);
+            prop_assert!(i.workload.ready_replicas == i.workload.replicas);
+            prop_assert!(i.workload.ready_replicas - i.workload.max_unavailable >= i.workload.min_replicas);
         }
     }
 
     #[test]
     fn roll_never_two_rolls_at_once(i in arb_input()) {
         if let RollDecision::Roll(_) = decide_roll(&i, &cfg()) {
-            prop_assert!(!i.rollout_in_progress && !i.pool_busy && !i.disruption_blocked);
-            prop_assert_eq!(i.desired_replicas, i.replicas);
+            prop_assert!(!i.workload.rollout_in_progress && !i.workload.pool_busy && !i.workload.disruption_blocked);
+            prop_assert_eq!(i.workload.desired_replicas, i.workload.replicas);
         }
     }
 
